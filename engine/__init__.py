@@ -1,0 +1,1 @@
+"""Trellis engine: the pure core (intents, events, decide/evolve) and the engine service."""

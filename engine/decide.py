@@ -1,0 +1,219 @@
+"""decide(state, intent, context) -> Decision: the pure heart of the engine.
+
+No I/O and no clock reads: time arrives in the Context. A rejection that records nothing is
+raised as IntentRejected; everything that changes the world comes back as events.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from engine.errors import IntentRejected
+from engine.events import (
+    ComponentDrained,
+    ComponentFaulted,
+    ComponentRecovered,
+    ComponentRemoved,
+    ComponentUndrained,
+    Event,
+    LinkAdded,
+    NodeAdded,
+    TopologyImported,
+)
+from engine.intents import AddLink, AddNode, Drain, ImportTopology, Remove, ReportFault, Undrain
+from engine.model import LinkSpec, NodeSpec
+from engine.state import DomainState
+
+
+class Context(msgspec.Struct, frozen=True, kw_only=True):
+    """Who asks, where, and when (time comes from the Clock port, never from here)."""
+
+    domain: str
+    actor: str
+    verb: str
+    now: datetime
+
+
+class Decision(msgspec.Struct, frozen=True):
+    events: list[Event]
+    result: Any
+
+
+class ImportResult(msgspec.Struct, frozen=True, kw_only=True):
+    domain: str
+    unchanged: bool
+    nodes: int
+    links: int
+    added: list[str] = []
+    updated: list[str] = []
+    removed: list[str] = []
+
+
+class ComponentResult(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    component: str
+    changed: bool
+    health: str = "healthy"
+    drained: bool = False
+    removed: list[str] = []
+
+
+def decide(state: DomainState, intent: msgspec.Struct, ctx: Context) -> Decision:
+    """Decide what an intent means for the domain.
+
+    Raises:
+        IntentRejected: the intent is refused and nothing is recorded.
+    """
+    if not state.exists and not isinstance(intent, ImportTopology):
+        raise IntentRejected(
+            "not_found",
+            f"domain {ctx.domain!r} does not exist; import a topology first",
+            {"domain": ctx.domain},
+        )
+    match intent:
+        case ImportTopology():
+            return _import_topology(state, intent, ctx)
+        case AddNode(node=node, reason=reason):
+            _require_unused_id(state, node.id)
+            return Decision([NodeAdded(node=node, reason=reason)], _component_result(node.id))
+        case AddLink(link=link, reason=reason):
+            _require_unused_id(state, link.id)
+            specs = [c.spec for c in state.links.values()]
+            _check_links([link], {n: s.spec for n, s in state.nodes.items()}, existing=specs)
+            return Decision([LinkAdded(link=link, reason=reason)], _component_result(link.id))
+        case Remove():
+            return _remove(state, intent)
+        case Drain(id=cid, reason=reason):
+            return _mark(state, cid, "drained", True, ComponentDrained(component=cid, reason=reason))
+        case Undrain(id=cid, reason=reason):
+            undrained = ComponentUndrained(component=cid, reason=reason)
+            return _mark(state, cid, "drained", False, undrained)
+        case ReportFault(component=cid, state=health, detail=detail):
+            event: Event = (
+                ComponentRecovered(component=cid, detail=detail)
+                if health == "healthy"
+                else ComponentFaulted(component=cid, state=health, detail=detail)
+            )
+            return _mark(state, cid, "health", health, event)
+    raise IntentRejected("invalid", f"{ctx.verb} is not served by this engine version")
+
+
+def _import_topology(state: DomainState, intent: ImportTopology, ctx: Context) -> Decision:
+    nodes = {n.id: n for n in intent.nodes}
+    _check_unique_ids([n.id for n in intent.nodes] + [lk.id for lk in intent.links])
+    _check_links(intent.links, nodes)
+
+    old = {k: v.spec for k, v in state.nodes.items()} | {k: v.spec for k, v in state.links.items()}
+    new: dict[str, NodeSpec | LinkSpec] = {**nodes, **{lk.id: lk for lk in intent.links}}
+    added = sorted(new.keys() - old.keys())
+    removed = sorted(old.keys() - new.keys())
+    updated = sorted(k for k in new.keys() & old.keys() if new[k] != old[k])
+    result = ImportResult(
+        domain=ctx.domain,
+        unchanged=not (added or removed or updated),
+        nodes=len(intent.nodes),
+        links=len(intent.links),
+        added=added,
+        updated=updated,
+        removed=removed,
+    )
+    if result.unchanged:
+        return Decision([], result)  # idempotent by content: same fabric, nothing to record
+    event = TopologyImported(
+        nodes=list(intent.nodes),
+        links=list(intent.links),
+        added=added,
+        updated=updated,
+        removed=removed,
+        reason=intent.reason,
+    )
+    return Decision([event], result)
+
+
+def _remove(state: DomainState, intent: Remove) -> Decision:
+    cid = intent.id
+    if cid in state.nodes:
+        attached = sorted(k for k, v in state.links.items() if cid in (v.spec.a, v.spec.b))
+        event = ComponentRemoved(component=cid, kind="node", links=attached, reason=intent.reason)
+        return Decision([event], ComponentResult(component=cid, changed=True, removed=attached))
+    if cid in state.links:
+        event = ComponentRemoved(component=cid, kind="link", reason=intent.reason)
+        return Decision([event], ComponentResult(component=cid, changed=True))
+    raise IntentRejected("not_found", f"no node or link {cid!r}", {"id": cid})
+
+
+def _mark(state: DomainState, cid: str, field: str, value: object, event: Event) -> Decision:
+    """Drain, undrain and health reports: idempotent, so a repeated report records nothing."""
+    component = state.component(cid)
+    if component is None:
+        raise IntentRejected("not_found", f"no node or link {cid!r}", {"id": cid})
+    changed = getattr(component, field) != value
+    after = msgspec.structs.replace(component, **{field: value}) if changed else component
+    result = ComponentResult(
+        component=cid, changed=changed, health=after.health, drained=after.drained
+    )
+    return Decision([event] if changed else [], result)
+
+
+def _component_result(cid: str) -> ComponentResult:
+    return ComponentResult(component=cid, changed=True)
+
+
+def _require_unused_id(state: DomainState, cid: str) -> None:
+    if state.component(cid) is not None:
+        raise IntentRejected("conflict", f"{cid!r} already exists", {"id": cid})
+
+
+def _check_unique_ids(ids: list[str]) -> None:
+    dupes = sorted(k for k, n in Counter(ids).items() if n > 1)
+    if dupes:
+        raise IntentRejected(
+            "invalid", f"ids must be unique across nodes and links: {', '.join(dupes)}", {"ids": dupes}
+        )
+
+
+def _check_links(
+    links: list[LinkSpec], nodes: dict[str, NodeSpec], existing: list[LinkSpec] = ()  # type: ignore[assignment]
+) -> None:
+    """Links join known nodes; an end on an OCS names a port in range, one cable per port."""
+    used: set[tuple[str, int]] = set()
+    for lk in existing:
+        used |= _ocs_ports(lk)
+    for lk in links:
+        for end, port in ((lk.a, lk.a_port), (lk.b, lk.b_port)):
+            node = nodes.get(end)
+            if node is None:
+                raise IntentRejected(
+                    "invalid", f"link {lk.id} names unknown node {end!r}", {"link": lk.id}
+                )
+            if node.kind == "ocs":
+                if port is None:
+                    raise IntentRejected(
+                        "invalid", f"link {lk.id} ends on ocs {end} without a port", {"link": lk.id}
+                    )
+                if port >= (node.ports or 0):
+                    raise IntentRejected(
+                        "invalid",
+                        f"link {lk.id}: port {port} is outside ocs {end}'s {node.ports} ports",
+                        {"link": lk.id},
+                    )
+            elif port is not None:
+                raise IntentRejected(
+                    "invalid", f"link {lk.id} gives a port for {end}, which is no ocs", {"link": lk.id}
+                )
+        ports = _ocs_ports(lk)
+        taken = sorted(f"{ocs}:{port}" for ocs, port in ports & used)
+        if taken:
+            raise IntentRejected(
+                "invalid", f"link {lk.id}: ocs port {', '.join(taken)} already has a cable",
+                {"link": lk.id, "ports": taken},
+            )
+        used |= ports
+
+
+def _ocs_ports(lk: LinkSpec) -> set[tuple[str, int]]:
+    ends = ((lk.a, lk.a_port), (lk.b, lk.b_port))
+    return {(node, port) for node, port in ends if port is not None}

@@ -1,0 +1,45 @@
+"""One error tree for the whole engine; the wire `code` is the contract's (ARCHITECTURE §3)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+ErrorCode = Literal[
+    "invalid",
+    "not_found",
+    "forbidden",
+    "conflict",
+    "no_capacity",
+    "no_path",
+    "quota",
+    "unavailable",
+]
+ERROR_CODES: tuple[str, ...] = ErrorCode.__args__  # type: ignore[attr-defined]
+
+
+class TrellisError(Exception):
+    """Base of every error Trellis raises on purpose."""
+
+
+class IntentRejected(TrellisError):
+    """An intent the engine refuses; becomes an `{"ok": false, "error": ...}` reply."""
+
+    def __init__(self, code: ErrorCode, message: str, details: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.code: ErrorCode = code
+        self.message = message
+        self.details: dict[str, Any] = details or {}
+
+
+class ConcurrencyConflict(TrellisError):
+    """Another writer appended to the domain first (expected version was stale)."""
+
+    def __init__(self, domain: str, expected: int, actual: int | None = None):
+        super().__init__(f"domain {domain!r}: expected version {expected}, found {actual}")
+        self.domain = domain
+        self.expected = expected
+        self.actual = actual
+
+
+class StoreUnavailable(TrellisError):
+    """The event store cannot be reached or cannot commit now; safe to retry."""

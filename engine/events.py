@@ -1,0 +1,212 @@
+"""Events: immutable facts in the log (ARCHITECTURE §6), a tagged union keyed by `type`.
+
+Stored events are contracts forever: add fields only, with defaults; never rename or retype.
+A change that cannot be additive bumps `SCHEMA_VERSIONS[type]` and adds an upcaster in
+`engine.upcast`, so old payloads stay readable.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+import msgspec
+
+from engine.ids import Id, Labels
+from engine.model import LinkSpec, NodeSpec
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=True):
+    """Base of every event; the class name is the `type` tag."""
+
+
+# ---- topology ----
+
+
+class TopologyImported(Event):
+    """The domain's topology now equals this document; `added`/`updated`/`removed` say what moved."""
+
+    nodes: list[NodeSpec]
+    links: list[LinkSpec]
+    added: list[str] = []
+    updated: list[str] = []
+    removed: list[str] = []
+    reason: str = ""
+
+
+class NodeAdded(Event):
+    node: NodeSpec
+    reason: str = ""
+
+
+class LinkAdded(Event):
+    link: LinkSpec
+    reason: str = ""
+
+
+class ComponentRemoved(Event):
+    """A node or link left the fabric; removing a node also removes the `links` attached to it."""
+
+    component: str
+    kind: Literal["node", "link"]
+    links: list[str] = []
+    reason: str = ""
+
+
+class ComponentDrained(Event):
+    component: str
+    reason: str = ""
+
+
+class ComponentUndrained(Event):
+    component: str
+    reason: str = ""
+
+
+class ComponentFaulted(Event):
+    component: str
+    state: Literal["failed", "degraded"]
+    detail: str = ""
+
+
+class ComponentRecovered(Event):
+    component: str
+    detail: str = ""
+
+
+# ---- compositions ----
+
+
+class DeviceBinding(msgspec.Struct, frozen=True, kw_only=True):
+    """One device reached over one reserved path (node ids host first, link/circuit ids)."""
+
+    device: str
+    path: list[str]
+    links: list[str]
+    hops: int
+    latency_ns: int
+    bandwidth_gbps: float = 0.0
+    capacity_gib: float | None = None
+
+
+class CompositionRequested(Event):
+    composition_id: Id
+    tenant: Id
+    host: str
+    request: msgspec.Raw = msgspec.Raw(b"{}")
+    labels: Labels = {}
+    reason: str = ""
+    expires_at: datetime | None = None
+
+
+class CompositionRejected(Event):
+    tenant: Id
+    code: str
+    message: str
+    details: dict[str, object] = {}
+    request: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+class DevicesReserved(Event):
+    composition_id: Id
+    devices: list[DeviceBinding]
+
+
+class CircuitCreated(Event):
+    ocs: str
+    a_port: int
+    b_port: int
+    host: str
+    composition_id: str = ""
+
+
+class CircuitRemoved(Event):
+    ocs: str
+    a_port: int
+    b_port: int
+    host: str
+    reason: str = ""
+
+
+class PathEstablished(Event):
+    composition_id: Id
+    device: str
+    path: list[str]
+
+
+class CompositionActivated(Event):
+    composition_id: Id
+
+
+class CompositionImpaired(Event):
+    composition_id: Id
+    component: str
+    reason: str = ""
+
+
+class PathRerouted(Event):
+    composition_id: Id
+    device: str
+    old_path: list[str]
+    binding: DeviceBinding
+    reason: str = ""
+
+
+class DeviceReplaced(Event):
+    composition_id: Id
+    old_device: str
+    binding: DeviceBinding
+    reason: str = ""
+
+
+class LeaseExtended(Event):
+    composition_id: Id
+    expires_at: datetime
+
+
+class LeaseExpired(Event):
+    composition_id: Id
+
+
+class CompositionReleased(Event):
+    composition_id: Id
+    reason: str = ""
+
+
+class CompositionFailed(Event):
+    composition_id: Id
+    reason: str = ""
+
+
+AnyEvent = (
+    TopologyImported
+    | NodeAdded
+    | LinkAdded
+    | ComponentRemoved
+    | ComponentDrained
+    | ComponentUndrained
+    | ComponentFaulted
+    | ComponentRecovered
+    | CompositionRequested
+    | CompositionRejected
+    | DevicesReserved
+    | CircuitCreated
+    | CircuitRemoved
+    | PathEstablished
+    | CompositionActivated
+    | CompositionImpaired
+    | PathRerouted
+    | DeviceReplaced
+    | LeaseExtended
+    | LeaseExpired
+    | CompositionReleased
+    | CompositionFailed
+)
+
+EVENT_TYPES: dict[str, type[Event]] = {cls.__name__: cls for cls in AnyEvent.__args__}  # type: ignore[attr-defined]
+
+# Current schema version of each event type's payload; bump together with an upcaster.
+SCHEMA_VERSIONS: dict[str, int] = dict.fromkeys(EVENT_TYPES, 1)
+
+decode_event = msgspec.json.Decoder(AnyEvent).decode
+encode = msgspec.json.Encoder().encode

@@ -1,0 +1,193 @@
+"""Intents: the commands clients send (ARCHITECTURE §3–4), one Struct per verb.
+
+The verb travels in the NATS subject, not in the body, so bodies carry no tag; `INTENTS` maps
+each (family, verb) to its Struct and `decode_intent` is the single strict decoder.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from engine.ids import Id, Labels, RequestId, Text
+from engine.model import DeviceKind, LinkSpec, Name, NodeSpec, NonNegFloat, PositiveFloat
+
+MAX_BODY_BYTES = 1024 * 1024
+
+Family = Literal["intent", "admin", "query"]
+
+
+class Intent(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Every intent carries a request_id; resending it returns the first answer."""
+
+    request_id: RequestId
+
+
+# ---- topology administration (trellis.admin.<domain>.<verb>) ----
+
+
+class ImportTopology(Intent):
+    nodes: list[NodeSpec] = []
+    links: list[LinkSpec] = []
+    reason: Text = ""
+
+
+class AddNode(Intent):
+    node: NodeSpec
+    reason: Text = ""
+
+
+class AddLink(Intent):
+    link: LinkSpec
+    reason: Text = ""
+
+
+class Remove(Intent):
+    id: Id
+    reason: Text = ""
+
+
+class Drain(Intent):
+    id: Id
+    reason: Text = ""
+    force: bool = False
+
+
+class Undrain(Intent):
+    id: Id
+    reason: Text = ""
+
+
+class ReportFault(Intent):
+    component: Id
+    state: Literal["failed", "degraded", "healthy"]
+    detail: Text = ""
+
+
+# ---- compositions (trellis.intent.<domain>.<tenant>.<verb>) ----
+
+
+class DeviceRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    kind: DeviceKind
+    count: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 1
+    models: list[Name] = []
+    min_generation: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    min_memory_gib: NonNegFloat | None = None
+    capacity_gib: PositiveFloat | None = None
+    bandwidth_gbps: NonNegFloat = 0.0
+
+
+class Constraints(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    max_hops: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    max_latency_ns: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    isolation: Literal["shared", "exclusive"] = "shared"
+    labels: Labels = {}
+
+
+class HostSelector(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    labels: Labels = {}
+
+
+class Compose(Intent):
+    host: Id | None = None
+    host_selector: HostSelector | None = None
+    devices: list[DeviceRequest] = []
+    device_ids: list[Id] = []
+    constraints: Constraints = Constraints()
+    lease_seconds: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    labels: Labels = {}
+    reason: Text = ""
+
+
+class Release(Intent):
+    composition_id: Id
+    reason: Text = ""
+
+
+class Extend(Intent):
+    composition_id: Id
+    lease_seconds: Annotated[int, msgspec.Meta(ge=1)]
+
+
+# ---- read-only queries (trellis.query.<domain>.<what>); no request_id needed ----
+
+
+class Query(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Queries change nothing, so they carry no request_id."""
+
+
+class TopologyQuery(Query):
+    pass
+
+
+class CompositionQuery(Query):
+    id: Id
+
+
+class ConnectionsQuery(Query):
+    host: Id | None = None
+    tenant: Id | None = None
+    device: Id | None = None
+
+
+class WhyQuery(Query):
+    id: Id
+    at: str | int | None = None
+
+
+class FreeQuery(Query):
+    kind: DeviceKind | None = None
+
+
+class BlastRadiusQuery(Query):
+    id: Id
+
+
+INTENTS: dict[tuple[Family, str], type[msgspec.Struct]] = {
+    ("intent", "compose"): Compose,
+    ("intent", "release"): Release,
+    ("intent", "extend"): Extend,
+    ("admin", "import-topology"): ImportTopology,
+    ("admin", "add-node"): AddNode,
+    ("admin", "add-link"): AddLink,
+    ("admin", "remove"): Remove,
+    ("admin", "drain"): Drain,
+    ("admin", "undrain"): Undrain,
+    ("admin", "report-fault"): ReportFault,
+    ("query", "topology"): TopologyQuery,
+    ("query", "composition"): CompositionQuery,
+    ("query", "connections"): ConnectionsQuery,
+    ("query", "why"): WhyQuery,
+    ("query", "free"): FreeQuery,
+    ("query", "blast-radius"): BlastRadiusQuery,
+}
+
+_DECODERS = {key: msgspec.json.Decoder(cls) for key, cls in INTENTS.items()}
+
+
+class InvalidIntent(ValueError):
+    """The body could not be decoded into the verb's Struct; the message says why."""
+
+
+def decode_intent(family: Family, verb: str, body: bytes) -> msgspec.Struct:
+    """Decode a request body strictly into the Struct for `family`/`verb`.
+
+    Raises:
+        InvalidIntent: unknown verb, body too large, malformed JSON, unknown fields, wrong types
+            or ids outside the allowed alphabet.
+    """
+    decoder = _DECODERS.get((family, verb))
+    if decoder is None:
+        known = sorted(v for f, v in INTENTS if f == family)
+        raise InvalidIntent(f"unknown {family} verb {verb!r}; expected one of {', '.join(known)}")
+    if len(body) > MAX_BODY_BYTES:
+        raise InvalidIntent(f"body is {len(body)} bytes; the limit is {MAX_BODY_BYTES}")
+    if family == "query" and not body.strip():
+        body = b"{}"  # an empty query body means "no filters"
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise InvalidIntent(f"invalid {verb} body: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise InvalidIntent(f"{verb} body is not valid JSON: {exc}") from None

@@ -1,0 +1,80 @@
+"""Fabric building blocks as they appear on the wire and in events: nodes and links.
+
+These Structs are part of stored events, so they follow the event rules: add fields only, with
+defaults; never rename or retype.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from engine.ids import Id, Labels
+
+NodeKind = Literal["host", "switch", "ocs", "device"]
+DeviceKind = Literal["gpu", "memory", "nic", "nvme", "accelerator"]
+Health = Literal["healthy", "degraded", "failed"]
+
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
+PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+
+# Fields that only make sense on a device node; validated in one place below.
+_DEVICE_FIELDS = ("vendor", "model", "generation", "memory_gib", "capacity_gib", "cost_per_hour")
+
+
+class Spec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Policy for every fabric spec: immutable, strict on input, compact on output."""
+
+
+class NodeSpec(Spec):
+    """A host, PCIe switch, optical circuit switch or pooled device."""
+
+    id: Id
+    kind: NodeKind
+    labels: Labels = {}
+    latency_ns: NonNegInt = 0
+    ports: Annotated[int, msgspec.Meta(ge=1, le=65536)] | None = None
+    device_kind: DeviceKind | None = None
+    vendor: Name | None = None
+    model: Name | None = None
+    generation: NonNegInt | None = None
+    memory_gib: NonNegFloat | None = None
+    capacity_gib: NonNegFloat | None = None
+    cost_per_hour: NonNegFloat | None = None
+
+    def __post_init__(self) -> None:
+        # msgspec turns ValueError here into a ValidationError naming this object.
+        if self.kind == "ocs" and self.ports is None:
+            raise ValueError(f"ocs {self.id} needs `ports`")
+        if self.kind != "ocs" and self.ports is not None:
+            raise ValueError(f"`ports` is only valid on an ocs, not on {self.kind} {self.id}")
+        if self.kind in ("host", "device") and self.latency_ns:
+            raise ValueError(f"`latency_ns` is only valid on a switch or ocs, not on {self.id}")
+        if self.kind == "device":
+            if self.device_kind is None:
+                raise ValueError(f"device {self.id} needs `device_kind`")
+            if self.device_kind == "memory" and self.capacity_gib is None:
+                raise ValueError(f"memory device {self.id} needs `capacity_gib`")
+        else:
+            extra = [f for f in ("device_kind", *_DEVICE_FIELDS) if getattr(self, f) is not None]
+            if extra:
+                raise ValueError(f"{', '.join(extra)} only valid on a device, not on {self.id}")
+
+
+class LinkSpec(Spec):
+    """A cable between two nodes; an end on an OCS names its port."""
+
+    id: Id
+    a: Id
+    b: Id
+    capacity_gbps: PositiveFloat
+    latency_ns: NonNegInt = 0
+    a_port: NonNegInt | None = None
+    b_port: NonNegInt | None = None
+
+    def __post_init__(self) -> None:
+        if self.a == self.b:
+            raise ValueError(f"link {self.id} connects {self.a} to itself")

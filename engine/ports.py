@@ -1,0 +1,72 @@
+"""Ports: the small Protocols the engine needs from the outside world (cosmicpython's style).
+
+The core never imports an adapter; `adapters.bootstrap` wires concrete ones in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
+from typing import Protocol
+
+import msgspec
+
+from engine.records import Head, PendingEvent, RecordedEvent
+
+
+class StoredReply(msgspec.Struct, frozen=True, kw_only=True):
+    """The committed answer to one request_id, kept to answer a resend."""
+
+    actor: str
+    request_id: str
+    verb: str
+    body_hash: str
+    reply: bytes
+
+
+class PendingReply(msgspec.Struct, frozen=True, kw_only=True):
+    """An answer to store with a batch. For a success `body` is the encoded result object and the
+    store wraps it with the position of batch event `event_index` (None: the position the domain
+    had before the batch); for a recorded rejection `body` is the whole error reply."""
+
+    actor: str
+    request_id: str
+    verb: str
+    body_hash: str
+    ok: bool
+    body: bytes
+    event_index: int | None = None
+
+
+class Appended(msgspec.Struct, frozen=True):
+    events: list[RecordedEvent]
+    replies: list[StoredReply]
+    head: Head
+
+
+class EventStore(Protocol):
+    """The append-only log plus the request-id table, in one database."""
+
+    async def domains(self) -> list[str]: ...
+
+    async def head(self, domain: str) -> Head: ...
+
+    def read(self, domain: str, after_version: int = 0) -> AsyncIterator[RecordedEvent]: ...
+
+    async def find_replies(
+        self, domain: str, keys: Sequence[tuple[str, str]]
+    ) -> dict[tuple[str, str], StoredReply]: ...
+
+    async def append(
+        self,
+        domain: str,
+        expected: Head,
+        events: Sequence[PendingEvent],
+        replies: Sequence[PendingReply],
+    ) -> Appended:
+        """Append atomically after `expected`; raise ConcurrencyConflict or StoreUnavailable."""
+        ...
+
+
+class Clock(Protocol):
+    def now(self) -> datetime: ...

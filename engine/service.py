@@ -1,0 +1,300 @@
+"""The engine service: one writer per domain, group commit, replies only after commit.
+
+Transport-agnostic: the NATS adapter hands `Engine.handle` a subject's parts and a body and
+sends back the bytes it returns. Everything that reaches the log goes through a DomainWriter,
+which drains its queue in batches: each batch is decided in arrival order on a scratch state
+and committed in one transaction together with its request ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Iterable
+
+import msgspec
+
+from engine import replies
+from engine.decide import Context, decide
+from engine.errors import ConcurrencyConflict, IntentRejected, StoreUnavailable
+from engine.ids import is_valid_id
+from engine.intents import Family, ImportTopology, InvalidIntent, decode_intent
+from engine.ports import Clock, EventStore, PendingReply, StoredReply
+from engine.queries import answer
+from engine.records import Head, PendingEvent
+from engine.state import DomainState, evolve
+
+log = logging.getLogger(__name__)
+
+OPERATOR = "operator"
+_encode = msgspec.json.Encoder().encode
+
+
+class _Request(msgspec.Struct, kw_only=True):
+    actor: str
+    verb: str
+    intent: msgspec.Struct
+    body_hash: str
+    reply: asyncio.Future[bytes]
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.actor, self.intent.request_id)  # type: ignore[attr-defined]
+
+
+class DomainWriter:
+    """The single writer of one domain's stream."""
+
+    def __init__(self, domain: str, store: EventStore, clock: Clock, max_batch: int):
+        self.domain = domain
+        self.state = DomainState(domain=domain)
+        self.head = Head()
+        self._store = store
+        self._clock = clock
+        self._max_batch = max_batch
+        self._queue: asyncio.Queue[_Request] = asyncio.Queue()
+        self._stale = True  # must catch up from the log before the next decision
+        self._task: asyncio.Task[None] | None = None
+
+    async def catch_up(self) -> None:
+        """Fold every event after our head into the state (start, or after a lost race)."""
+        state, head = self.state, self.head
+        async for recorded in self._store.read(self.domain, after_version=head.version):
+            state = evolve(state, recorded.event())
+            head = Head(recorded.version, recorded.position, recorded.hash)
+        self.state, self.head, self._stale = state, head, False
+
+    def submit(self, request: _Request) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"writer-{self.domain}")
+        self._queue.put_nowait(request)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            while len(batch) < self._max_batch and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            try:
+                await self._commit_batch(batch)
+            except Exception:  # a bug must not kill the writer; the clients get an answer
+                log.exception("domain %s: batch of %d failed", self.domain, len(batch))
+                self._stale = True
+                _answer_all(batch, replies.error("unavailable", "internal error; retry later"))
+
+    async def _commit_batch(self, batch: list[_Request]) -> None:
+        for _attempt in range(3):
+            try:
+                if self._stale:
+                    await self.catch_up()
+                await self._decide_and_append(batch)
+                return
+            except ConcurrencyConflict as exc:
+                # Another engine wrote to this domain: re-read the log and decide again.
+                log.info("domain %s: %s; catching up", self.domain, exc)
+                self._stale = True
+            except StoreUnavailable as exc:
+                # The commit may or may not have happened; the log is the truth, so re-read it
+                # before deciding anything else. Clients retry with the same request_id.
+                self._stale = True
+                _answer_all(batch, replies.error("unavailable", f"event store unavailable: {exc}"))
+                return
+        _answer_all(batch, replies.error("unavailable", "too much write contention; retry"))
+
+    async def _decide_and_append(self, batch: list[_Request]) -> None:
+        stored = await self._store.find_replies(self.domain, [r.key for r in batch])
+        state = self.state
+        events: list[PendingEvent] = []
+        pending: list[PendingReply] = []
+        # Per request: the final reply now, or ("first" | "resend", index into `pending`).
+        answers: list[bytes | tuple[str, int]] = []
+        first_in_batch: dict[tuple[str, str], int] = {}
+        now = self._clock.now()
+        for req in batch:
+            earlier = stored.get(req.key)
+            index = first_in_batch.get(req.key)
+            if earlier is not None:
+                answers.append(_resend(earlier.body_hash, earlier.reply, req))
+                continue
+            if index is not None:
+                same = pending[index].body_hash == req.body_hash
+                answers.append(("resend", index) if same else _conflict(req))
+                continue
+            ctx = Context(domain=self.domain, actor=req.actor, verb=req.verb, now=now)
+            try:
+                decision = decide(state, req.intent, ctx)
+            except IntentRejected as exc:
+                answers.append(replies.rejection(exc))
+                continue
+            for event in decision.events:
+                state = evolve(state, event)
+                events.append(
+                    PendingEvent.of(
+                        event,
+                        actor=req.actor,
+                        causation_id=req.intent.request_id,  # type: ignore[attr-defined]
+                        correlation_id=req.intent.request_id,  # type: ignore[attr-defined]
+                        at=now,
+                    )
+                )
+            first_in_batch[req.key] = len(pending)
+            answers.append(("first", len(pending)))
+            pending.append(
+                PendingReply(
+                    actor=req.actor,
+                    request_id=req.intent.request_id,  # type: ignore[attr-defined]
+                    verb=req.verb,
+                    body_hash=req.body_hash,
+                    ok=True,
+                    body=_encode(decision.result),
+                    event_index=len(events) - 1 if events else None,
+                )
+            )
+        committed: list[StoredReply] = []
+        if pending:
+            appended = await self._store.append(self.domain, self.head, events, pending)
+            self.state, self.head, committed = state, appended.head, appended.replies
+        # Only now, after the commit, does anyone hear back.
+        for req, ans in zip(batch, answers, strict=True):
+            if isinstance(ans, bytes):
+                _answer(req, ans)
+            else:
+                kind, index = ans
+                reply = committed[index].reply
+                _answer(req, replies.as_replayed(reply) if kind == "resend" else reply)
+
+
+class Engine:
+    """Routes requests to domain writers and answers queries from committed state."""
+
+    def __init__(
+        self,
+        store: EventStore,
+        clock: Clock,
+        *,
+        domains: Iterable[str] | None = None,
+        max_batch: int = 256,
+    ):
+        self._store = store
+        self._clock = clock
+        self._allowed = frozenset(domains) if domains else None
+        self._max_batch = max_batch
+        self._writers: dict[str, DomainWriter] = {}
+        self._loading = asyncio.Lock()  # loads are rare; one lock keeps them simple
+
+    @property
+    def domains(self) -> list[str]:
+        return sorted(d for d, w in self._writers.items() if w.state.exists)
+
+    def serves(self, domain: str) -> bool:
+        return self._allowed is None or domain in self._allowed
+
+    async def start(self) -> None:
+        """Rebuild every served domain's state from the log."""
+        for domain in await self._store.domains():
+            if self.serves(domain):
+                await self._writer(domain, create=True)
+
+    async def close(self) -> None:
+        for writer in self._writers.values():
+            await writer.close()
+
+    def state(self, domain: str) -> DomainState | None:
+        writer = self._writers.get(domain)
+        return writer.state if writer else None
+
+    async def handle(
+        self, family: Family, domain: str, tenant: str | None, verb: str, body: bytes
+    ) -> bytes:
+        """Answer one request; never raises for bad input."""
+        for what, token in (("domain", domain), ("tenant", tenant)):
+            if token is not None and not is_valid_id(token):
+                return replies.error("invalid", f"{what} {token!r} is not a valid id")
+        if not self.serves(domain):
+            return replies.error("not_found", f"this engine does not serve domain {domain!r}")
+        try:
+            intent = decode_intent(family, verb, body)
+        except InvalidIntent as exc:
+            return replies.error("invalid", str(exc))
+        try:
+            if family == "query":
+                return await self._query(domain, verb, intent)
+            writer = await self._writer(domain, create=isinstance(intent, ImportTopology))
+            if writer is None:
+                return _no_domain(domain)
+            request = _Request(
+                actor=tenant or OPERATOR,
+                verb=verb,
+                intent=intent,
+                body_hash=_body_hash(family, verb, intent),
+                reply=asyncio.get_running_loop().create_future(),
+            )
+            writer.submit(request)
+            return await request.reply
+        except StoreUnavailable as exc:
+            return replies.error("unavailable", f"event store unavailable: {exc}")
+
+    async def _query(self, domain: str, verb: str, query: msgspec.Struct) -> bytes:
+        writer = await self._writer(domain, create=False)
+        if writer is None:
+            return _no_domain(domain)
+        try:
+            result = answer(writer.state, query, verb)
+        except IntentRejected as exc:
+            return replies.rejection(exc)
+        return replies.ok(_encode(result), writer.head.position)
+
+    async def _writer(self, domain: str, *, create: bool) -> DomainWriter | None:
+        """The domain's writer, loaded from the log on first use; None for an unknown domain
+        unless `create` (only import-topology brings a domain into being)."""
+        writer = self._writers.get(domain)
+        if writer is not None:
+            return writer
+        async with self._loading:  # two first requests for a domain must not load it twice
+            writer = self._writers.get(domain)
+            if writer is None:
+                writer = DomainWriter(domain, self._store, self._clock, self._max_batch)
+                await writer.catch_up()
+                if not (writer.state.exists or create):
+                    return None  # keep no writer for names nobody created
+                self._writers[domain] = writer
+        return writer
+
+
+def _no_domain(domain: str) -> bytes:
+    return replies.error(
+        "not_found", f"domain {domain!r} does not exist; import a topology first", {"domain": domain}
+    )
+
+
+def _body_hash(family: str, verb: str, intent: msgspec.Struct) -> str:
+    """Hash of the decoded body, so key order and whitespace do not make a resend 'different'."""
+    return hashlib.sha256(f"{family}.{verb}\n".encode() + _encode(intent)).hexdigest()
+
+
+def _resend(first_hash: str, first_reply: bytes, req: _Request) -> bytes:
+    return replies.as_replayed(first_reply) if first_hash == req.body_hash else _conflict(req)
+
+
+def _conflict(req: _Request) -> bytes:
+    rid = req.intent.request_id  # type: ignore[attr-defined]
+    return replies.error(
+        "conflict",
+        f"request_id {rid!r} was already used with a different body",
+        {"request_id": rid},
+    )
+
+
+def _answer(req: _Request, reply: bytes) -> None:
+    if not req.reply.done():
+        req.reply.set_result(reply)
+
+
+def _answer_all(batch: list[_Request], reply: bytes) -> None:
+    for req in batch:
+        _answer(req, reply)
