@@ -1,0 +1,10 @@
+"""The Clock port on the system clock."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+
+class SystemClock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)

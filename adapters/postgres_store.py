@@ -1,0 +1,297 @@
+"""The EventStore port on PostgreSQL (asyncpg): the append-only log and the request-id table.
+
+Driver errors are translated at this boundary: a lost race becomes ConcurrencyConflict, a
+database that cannot be reached or cannot commit becomes StoreUnavailable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+import asyncpg
+
+from engine import replies
+from engine.errors import ConcurrencyConflict, StoreUnavailable
+from engine.ports import Appended, PendingReply, StoredReply
+from engine.records import Head, PendingEvent, RecordedEvent, chain_hash
+
+_CONFLICT_STATES = {"TR001", asyncpg.UniqueViolationError.sqlstate}
+_PAGE = 2000
+
+_COLUMNS = (
+    "id, domain, version, position, type, schema_version, recorded_at, actor, causation_id, "
+    "correlation_id, data, prev_hash, hash"
+)
+
+_INSERT_EVENTS = """
+INSERT INTO trellis_events (id, domain, version, type, schema_version, recorded_at, actor,
+                            causation_id, correlation_id, data, prev_hash, hash)
+SELECT e.id, $1, e.version, e.type, e.schema_version, e.recorded_at, e.actor,
+       e.causation_id, e.correlation_id, e.data::json, e.prev_hash, e.hash
+  FROM unnest($2::uuid[], $3::bigint[], $4::text[], $5::int[], $6::timestamptz[], $7::text[],
+              $8::text[], $9::text[], $10::text[], $11::text[], $12::text[])
+       AS e(id, version, type, schema_version, recorded_at, actor, causation_id,
+            correlation_id, data, prev_hash, hash)
+ ORDER BY e.version
+RETURNING version, position
+"""
+
+_INSERT_REPLIES = """
+INSERT INTO trellis_requests (domain, actor, request_id, verb, body_hash, reply, position)
+SELECT $1, r.actor, r.request_id, r.verb, r.body_hash, r.reply, r.position
+  FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bigint[])
+       AS r(actor, request_id, verb, body_hash, reply, position)
+"""
+
+
+@contextlib.contextmanager
+def _translated(domain: str, expected: int = 0) -> Iterator[None]:
+    """Map asyncpg's errors onto the engine's error tree."""
+    try:
+        yield
+    except asyncpg.PostgresError as exc:
+        if exc.sqlstate in _CONFLICT_STATES:
+            raise ConcurrencyConflict(domain, expected) from exc
+        if exc.sqlstate and exc.sqlstate[:2] in ("08", "53", "57", "58"):
+            # connection, resources, operator intervention (shutdown), system errors
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        raise
+    except (OSError, TimeoutError, asyncpg.InterfaceError) as exc:
+        raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+
+
+class PostgresEventStore:
+    """Append-only log in the schema named by the pool's search_path."""
+
+    def __init__(self, pool: asyncpg.Pool):
+        self._pool = pool
+
+    @classmethod
+    async def open(
+        cls, dsn: str, *, schema: str | None = None, min_size: int = 1, max_size: int = 8
+    ) -> PostgresEventStore:
+        """Connect a pool (optionally pinned to `schema`) and run the migrations."""
+        from adapters.migrations import migrate
+
+        settings = {"search_path": schema} if schema else {}
+        with _translated("*"):
+            pool = await asyncpg.create_pool(
+                dsn,
+                min_size=min_size,
+                max_size=max_size,
+                server_settings=settings,
+                timeout=5,
+                command_timeout=10,
+            )
+            async with pool.acquire() as conn:
+                await migrate(conn)
+        return cls(pool)
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    async def domains(self) -> list[str]:
+        with _translated("*"):
+            rows = await self._pool.fetch("SELECT domain FROM trellis_streams ORDER BY domain")
+        return [r["domain"] for r in rows]
+
+    async def head(self, domain: str) -> Head:
+        with _translated(domain):
+            row = await self._pool.fetchrow(
+                "SELECT version, position, hash FROM trellis_streams WHERE domain = $1", domain
+            )
+        return Head(row["version"], row["position"], row["hash"]) if row else Head()
+
+    async def read(self, domain: str, after_version: int = 0) -> AsyncIterator[RecordedEvent]:
+        """One domain's events in version order, paged so no transaction stays open."""
+        while True:
+            with _translated(domain):
+                rows = await self._pool.fetch(
+                    f"SELECT {_COLUMNS} FROM trellis_events WHERE domain = $1 AND version > $2 "
+                    "ORDER BY version LIMIT $3",
+                    domain,
+                    after_version,
+                    _PAGE,
+                )
+            for row in rows:
+                yield _recorded(row)
+            if len(rows) < _PAGE:
+                return
+            after_version = rows[-1]["version"]
+
+    async def read_all(self, after_position: int = 0) -> AsyncIterator[RecordedEvent]:
+        """Every domain's events in global position order (auditors, projections, the relay)."""
+        while True:
+            with _translated("*"):
+                rows = await self._pool.fetch(
+                    f"SELECT {_COLUMNS} FROM trellis_events WHERE position > $1 "
+                    "ORDER BY position LIMIT $2",
+                    after_position,
+                    _PAGE,
+                )
+            for row in rows:
+                yield _recorded(row)
+            if len(rows) < _PAGE:
+                return
+            after_position = rows[-1]["position"]
+
+    async def find_replies(
+        self, domain: str, keys: Sequence[tuple[str, str]]
+    ) -> dict[tuple[str, str], StoredReply]:
+        if not keys:
+            return {}
+        with _translated(domain):
+            rows = await self._pool.fetch(
+                "SELECT actor, request_id, verb, body_hash, reply FROM trellis_requests "
+                "WHERE domain = $1 AND (actor, request_id) IN "
+                "(SELECT * FROM unnest($2::text[], $3::text[]))",
+                domain,
+                [a for a, _ in keys],
+                [r for _, r in keys],
+            )
+        return {
+            (r["actor"], r["request_id"]): StoredReply(
+                actor=r["actor"],
+                request_id=r["request_id"],
+                verb=r["verb"],
+                body_hash=r["body_hash"],
+                reply=r["reply"].encode(),
+            )
+            for r in rows
+        }
+
+    async def append(
+        self,
+        domain: str,
+        expected: Head,
+        events: Sequence[PendingEvent],
+        replies_: Sequence[PendingReply],
+    ) -> Appended:
+        """Append `events` right after `expected` and store `replies_`, in one transaction."""
+        rows = _chain(domain, expected, events)
+        with _translated(domain, expected.version):
+            async with self._pool.acquire() as conn, conn.transaction():
+                positions: dict[int, int] = {}
+                if rows:
+                    inserted = await conn.fetch(_INSERT_EVENTS, domain, *zip(*rows, strict=True))
+                    positions = {r["version"]: r["position"] for r in inserted}
+                stored = _render_replies(expected, replies_, positions)
+                if stored:
+                    await conn.execute(
+                        _INSERT_REPLIES,
+                        domain,
+                        [s.actor for s in stored],
+                        [s.request_id for s in stored],
+                        [s.verb for s in stored],
+                        [s.body_hash for s in stored],
+                        [s.reply.decode() for s in stored],
+                        [_reply_position(expected, r, positions) for r in replies_],
+                    )
+        recorded = [
+            _recorded_from_row(domain, row, positions[row[1]]) for row in rows
+        ]
+        head = (
+            Head(recorded[-1].version, recorded[-1].position, recorded[-1].hash)
+            if recorded
+            else expected
+        )
+        return Appended(recorded, stored, head)
+
+
+def _chain(domain: str, expected: Head, events: Sequence[PendingEvent]) -> list[tuple[Any, ...]]:
+    """Number the events after `expected` and link each hash to the one before."""
+    rows = []
+    prev, version = expected.hash, expected.version
+    for ev in events:
+        version += 1
+        digest = chain_hash(
+            prev,
+            id=ev.id,
+            domain=domain,
+            version=version,
+            type=ev.type,
+            schema_version=ev.schema_version,
+            recorded_at=ev.recorded_at,
+            actor=ev.actor,
+            causation_id=ev.causation_id,
+            correlation_id=ev.correlation_id,
+            data=ev.data,
+        )
+        rows.append(
+            (
+                uuid.UUID(ev.id),
+                version,
+                ev.type,
+                ev.schema_version,
+                ev.recorded_at,
+                ev.actor,
+                ev.causation_id,
+                ev.correlation_id,
+                ev.data.decode(),
+                prev,
+                digest,
+            )
+        )
+        prev = digest
+    return rows
+
+
+def _reply_position(expected: Head, reply: PendingReply, positions: dict[int, int]) -> int:
+    if reply.event_index is None:
+        return expected.position
+    return positions[expected.version + reply.event_index + 1]
+
+
+def _render_replies(
+    expected: Head, pending: Sequence[PendingReply], positions: dict[int, int]
+) -> list[StoredReply]:
+    return [
+        StoredReply(
+            actor=p.actor,
+            request_id=p.request_id,
+            verb=p.verb,
+            body_hash=p.body_hash,
+            reply=replies.ok(p.body, _reply_position(expected, p, positions)) if p.ok else p.body,
+        )
+        for p in pending
+    ]
+
+
+def _recorded_from_row(domain: str, row: tuple[Any, ...], position: int) -> RecordedEvent:
+    (ev_id, version, type_, schema_version, at, actor, cause, corr, data, prev, digest) = row
+    return RecordedEvent(
+        id=str(ev_id),
+        domain=domain,
+        version=version,
+        position=position,
+        type=type_,
+        schema_version=schema_version,
+        recorded_at=at,
+        actor=actor,
+        causation_id=cause,
+        correlation_id=corr,
+        data=data.encode(),
+        prev_hash=prev,
+        hash=digest,
+    )
+
+
+def _recorded(row: asyncpg.Record) -> RecordedEvent:
+    return RecordedEvent(
+        id=str(row["id"]),
+        domain=row["domain"],
+        version=row["version"],
+        position=row["position"],
+        type=row["type"],
+        schema_version=row["schema_version"],
+        recorded_at=row["recorded_at"],
+        actor=row["actor"],
+        causation_id=row["causation_id"],
+        correlation_id=row["correlation_id"],
+        data=row["data"].encode(),
+        prev_hash=row["prev_hash"],
+        hash=row["hash"],
+    )
