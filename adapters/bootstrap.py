@@ -1,0 +1,114 @@
+"""The one place that wires concrete adapters to the engine (cosmicpython's bootstrap).
+
+`running_engine(settings)` brings up everything `trellis up` needs: the embedded servers when
+no URLs are configured, the Postgres event store (migrated), the engine with its state rebuilt
+from the log, and the NATS intake. Leaving the context stops all of it, in reverse order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import msgspec
+import nats
+from nats.aio.client import Client as NATS
+
+from adapters.clock import SystemClock
+from adapters.embedded import EmbeddedNats, EmbeddedPostgres, default_data_dir
+from adapters.nats_intake import NatsIntake
+from adapters.postgres_store import PostgresEventStore
+from adapters.settings import Settings
+from engine.service import Engine
+
+log = logging.getLogger(__name__)
+
+ENDPOINTS_FILE = "endpoints.json"
+
+
+class RunningEngine(msgspec.Struct, kw_only=True):
+    engine: Engine
+    store: PostgresEventStore
+    nc: NATS
+    nats_url: str
+    database_url: str
+    subject_prefix: str
+
+
+async def connect_nats(url: str, name: str = "trellis") -> NATS:
+    """A NATS connection that keeps reconnecting, so a NATS restart is a pause, not an exit."""
+    return await nats.connect(
+        url,
+        name=name,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.25,
+        connect_timeout=5,
+    )
+
+
+@contextlib.asynccontextmanager
+async def embedded_or_configured(settings: Settings) -> AsyncIterator[tuple[str, str]]:
+    """The (nats_url, database_url) to use, starting embedded servers for the unset ones."""
+    data_dir = settings.data_dir or default_data_dir()
+    with contextlib.ExitStack() as stack:
+        nats_url, database_url = settings.nats_url, settings.database_url
+        if not nats_url:
+            server = stack.enter_context(EmbeddedNats(data_dir))
+            await asyncio.to_thread(server.start)
+            nats_url = server.url
+        if not database_url:
+            pg = stack.enter_context(EmbeddedPostgres(data_dir))
+            await asyncio.to_thread(pg.start)
+            database_url = pg.url
+        yield nats_url, database_url
+
+
+@contextlib.asynccontextmanager
+async def running_engine(settings: Settings) -> AsyncIterator[RunningEngine]:
+    """Start the engine as configured; it serves until the context exits."""
+    async with contextlib.AsyncExitStack() as stack:
+        nats_url, database_url = await stack.enter_async_context(embedded_or_configured(settings))
+        store = await PostgresEventStore.open(database_url, schema=settings.db_schema)
+        stack.push_async_callback(store.close)
+        nc = await connect_nats(nats_url, name="trellis-engine")
+        stack.push_async_callback(nc.drain)
+        engine = Engine(store, SystemClock(), domains=settings.domains)
+        await engine.start()
+        stack.push_async_callback(engine.close)
+        intake = NatsIntake(nc, engine, prefix=settings.subject_prefix, domains=settings.domains)
+        await intake.start()
+        stack.push_async_callback(intake.stop)
+        endpoints = _write_endpoints(settings, nats_url)
+        stack.callback(endpoints.unlink, missing_ok=True)
+        log.info("engine serving %s on %s", settings.subject_prefix, nats_url)
+        yield RunningEngine(
+            engine=engine,
+            store=store,
+            nc=nc,
+            nats_url=nats_url,
+            database_url=database_url,
+            subject_prefix=settings.subject_prefix,
+        )
+
+
+def _write_endpoints(settings: Settings, nats_url: str) -> Path:
+    """Tell local CLI clients where a running engine listens (the embedded ports are random)."""
+    path = (settings.data_dir or default_data_dir()) / ENDPOINTS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"nats_url": nats_url, "subject_prefix": settings.subject_prefix}))
+    return path
+
+
+def find_nats_url(settings: Settings) -> str | None:
+    """TRELLIS_NATS_URL, else the URL a local `trellis up` wrote, else None."""
+    if settings.nats_url:
+        return settings.nats_url
+    path = (settings.data_dir or default_data_dir()) / ENDPOINTS_FILE
+    try:
+        return str(json.loads(path.read_text())["nats_url"])
+    except (OSError, ValueError, KeyError):
+        return None

@@ -1,0 +1,97 @@
+"""NATS in front of the engine: request-reply subjects of ARCHITECTURE §3, in a queue group.
+
+Each message is served in its own task, so intents that arrive together wait in the domain
+writer's queue at the same time and are committed as one batch (group commit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from engine import replies
+from engine.service import Engine
+
+log = logging.getLogger(__name__)
+
+QUEUE_GROUP = "trellis-engine"
+
+
+def subjects(prefix: str, domains: list[str] | None) -> list[str]:
+    """The subjects to serve: every domain by wildcard, or just the listed ones."""
+    tokens = domains or ["*"]
+    out = []
+    for d in tokens:
+        out += [f"{prefix}.intent.{d}.*.*", f"{prefix}.admin.{d}.*", f"{prefix}.query.{d}.*"]
+    return out
+
+
+class NatsIntake:
+    """Subscribes the engine to its subjects and answers each request after its commit."""
+
+    def __init__(
+        self,
+        nc: NATS,
+        engine: Engine,
+        *,
+        prefix: str = "trellis",
+        domains: list[str] | None = None,
+        max_in_flight: int = 10_000,
+    ):
+        self._nc = nc
+        self._engine = engine
+        self._prefix = prefix
+        self._domains = domains
+        self._depth = len(prefix.split("."))
+        self._subs: list[Any] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(max_in_flight)
+
+    async def start(self) -> None:
+        for subject in subjects(self._prefix, self._domains):
+            self._subs.append(await self._nc.subscribe(subject, queue=QUEUE_GROUP, cb=self._on_msg))
+        await self._nc.flush()
+
+    async def stop(self) -> None:
+        for sub in self._subs:
+            await sub.unsubscribe()
+        self._subs.clear()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _on_msg(self, msg: Msg) -> None:
+        await self._slots.acquire()  # backpressure: bounded work in flight
+        task = asyncio.create_task(self._serve(msg))
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._slots.release()
+
+    async def _serve(self, msg: Msg) -> None:
+        tokens = msg.subject.split(".")[self._depth :]
+        try:
+            reply = await self._route(tokens, msg.data)
+        except Exception:
+            log.exception("failed to serve %s", msg.subject)
+            reply = replies.error("unavailable", "internal error; retry later")
+        if msg.reply:
+            try:
+                await msg.respond(reply)
+            except Exception:  # the requester is gone or NATS is down; the log still has it
+                log.warning("could not reply on %s", msg.subject, exc_info=True)
+
+    async def _route(self, tokens: list[str], body: bytes) -> bytes:
+        match tokens:
+            case ["intent", domain, tenant, verb]:
+                return await self._engine.handle("intent", domain, tenant, verb, body)
+            case ["admin", domain, verb]:
+                return await self._engine.handle("admin", domain, None, verb, body)
+            case ["query", domain, verb]:
+                return await self._engine.handle("query", domain, None, verb, body)
+        return replies.error("invalid", f"unknown subject {'.'.join(tokens)!r}")
