@@ -30,7 +30,9 @@ class TrellisClient:
     ) -> dict[str, Any]:
         return await self.raw(f"intent.{domain}.{tenant}.{verb}", _with_request_id(body))
 
-    async def query(self, domain: str, what: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def query(
+        self, domain: str, what: str, body: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         return await self.raw(f"query.{domain}.{what}", msgspec.json.encode(body or {}))
 
 

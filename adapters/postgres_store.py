@@ -190,9 +190,7 @@ class PostgresEventStore:
                         [s.reply.decode() for s in stored],
                         [_reply_position(expected, r, positions) for r in replies_],
                     )
-        recorded = [
-            _recorded_from_row(domain, row, positions[row[1]]) for row in rows
-        ]
+        recorded = [_recorded_from_row(domain, row, positions[row[1]]) for row in rows]
         head = (
             Head(recorded[-1].version, recorded[-1].position, recorded[-1].hash)
             if recorded

@@ -53,7 +53,7 @@ class ImportResult(msgspec.Struct, frozen=True, kw_only=True):
     removed: list[str] = []
 
 
-class ComponentResult(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class ComponentResult(msgspec.Struct, frozen=True, kw_only=True):
     component: str
     changed: bool
     health: str = "healthy"
@@ -87,7 +87,9 @@ def decide(state: DomainState, intent: msgspec.Struct, ctx: Context) -> Decision
         case Remove():
             return _remove(state, intent)
         case Drain(id=cid, reason=reason):
-            return _mark(state, cid, "drained", True, ComponentDrained(component=cid, reason=reason))
+            return _mark(
+                state, cid, "drained", True, ComponentDrained(component=cid, reason=reason)
+            )
         case Undrain(id=cid, reason=reason):
             undrained = ComponentUndrained(component=cid, reason=reason)
             return _mark(state, cid, "drained", False, undrained)
@@ -171,12 +173,16 @@ def _check_unique_ids(ids: list[str]) -> None:
     dupes = sorted(k for k, n in Counter(ids).items() if n > 1)
     if dupes:
         raise IntentRejected(
-            "invalid", f"ids must be unique across nodes and links: {', '.join(dupes)}", {"ids": dupes}
+            "invalid",
+            f"ids must be unique across nodes and links: {', '.join(dupes)}",
+            {"ids": dupes},
         )
 
 
 def _check_links(
-    links: list[LinkSpec], nodes: dict[str, NodeSpec], existing: list[LinkSpec] = ()  # type: ignore[assignment]
+    links: list[LinkSpec],
+    nodes: dict[str, NodeSpec],
+    existing: list[LinkSpec] = (),  # type: ignore[assignment]
 ) -> None:
     """Links join known nodes; an end on an OCS names a port in range, one cable per port."""
     used: set[tuple[str, int]] = set()
@@ -202,13 +208,16 @@ def _check_links(
                     )
             elif port is not None:
                 raise IntentRejected(
-                    "invalid", f"link {lk.id} gives a port for {end}, which is no ocs", {"link": lk.id}
+                    "invalid",
+                    f"link {lk.id} gives a port for {end}, which is no ocs",
+                    {"link": lk.id},
                 )
         ports = _ocs_ports(lk)
         taken = sorted(f"{ocs}:{port}" for ocs, port in ports & used)
         if taken:
             raise IntentRejected(
-                "invalid", f"link {lk.id}: ocs port {', '.join(taken)} already has a cable",
+                "invalid",
+                f"link {lk.id}: ocs port {', '.join(taken)} already has a cable",
                 {"link": lk.id, "ports": taken},
             )
         used |= ports

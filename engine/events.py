@@ -8,11 +8,12 @@ A change that cannot be additive bumps `SCHEMA_VERSIONS[type]` and adds an upcas
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
 from engine.ids import Id, Labels
+from engine.intents import Compose
 from engine.model import LinkSpec, NodeSpec
 
 
@@ -24,7 +25,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=Tru
 
 
 class TopologyImported(Event):
-    """The domain's topology now equals this document; `added`/`updated`/`removed` say what moved."""
+    """The domain's topology now equals this document; added/updated/removed say what moved."""
 
     nodes: list[NodeSpec]
     links: list[LinkSpec]
@@ -93,7 +94,7 @@ class CompositionRequested(Event):
     composition_id: Id
     tenant: Id
     host: str
-    request: msgspec.Raw = msgspec.Raw(b"{}")
+    request: Compose | None = None
     labels: Labels = {}
     reason: str = ""
     expires_at: datetime | None = None
@@ -103,8 +104,8 @@ class CompositionRejected(Event):
     tenant: Id
     code: str
     message: str
-    details: dict[str, object] = {}
-    request: msgspec.Raw = msgspec.Raw(b"{}")
+    details: dict[str, Any] = {}
+    request: Compose | None = None
 
 
 class DevicesReserved(Event):

@@ -1,4 +1,4 @@
-"""Intents: the commands clients send (ARCHITECTURE §3–4), one Struct per verb.
+"""Intents: the commands clients send (ARCHITECTURE §3-4), one Struct per verb.
 
 The verb travels in the NATS subject, not in the body, so bodies carry no tag; `INTENTS` maps
 each (family, verb) to its Struct and `decode_intent` is the single strict decoder.

@@ -25,7 +25,9 @@ Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 _DEVICE_FIELDS = ("vendor", "model", "generation", "memory_gib", "capacity_gib", "cost_per_hour")
 
 
-class Spec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+class Spec(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True
+):
     """Policy for every fabric spec: immutable, strict on input, compact on output."""
 
 

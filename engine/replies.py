@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -17,7 +17,8 @@ class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
 
 class OkReply(msgspec.Struct, frozen=True, kw_only=True):
     ok: Literal[True] = True
-    result: msgspec.Raw
+    # Already-encoded result object (each verb documents its own shape).
+    result: Annotated[msgspec.Raw, msgspec.Meta(extra_json_schema={"type": "object"})]
     position: int
     replayed: bool = False
 

@@ -268,7 +268,9 @@ class Engine:
 
 def _no_domain(domain: str) -> bytes:
     return replies.error(
-        "not_found", f"domain {domain!r} does not exist; import a topology first", {"domain": domain}
+        "not_found",
+        f"domain {domain!r} does not exist; import a topology first",
+        {"domain": domain},
     )
 
 
