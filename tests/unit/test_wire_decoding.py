@@ -32,7 +32,7 @@ def test_rejects_bad_drain_bodies_with_a_readable_reason(body: bytes, reason: st
 
 
 def test_rejects_unknown_verbs_and_names_the_known_ones() -> None:
-    with pytest.raises(InvalidIntent, match="expected one of .*drain"):
+    with pytest.raises(InvalidIntent, match=r"expected one of .*drain"):
         decode_intent("admin", "explode", b"{}")
 
 
