@@ -1,0 +1,37 @@
+# The same gates run locally and in CI (.ci/run): `make check` and `make test`.
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: test demo check up clean install
+
+install: $(VENV)/.installed
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+
+# Reinstall only when the build inputs change; the editable install rebuilds the extension.
+$(VENV)/.installed: $(BIN)/python pyproject.toml setup.py $(wildcard ext/*.pyx ext/*.pxd)
+	$(BIN)/python -m pip install -e '.[dev]'
+	touch $@
+
+test: install
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+demo: install
+	$(BIN)/python -m adapters.demo
+
+check: install
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/mypy engine adapters projections ext
+
+up: install
+	$(BIN)/trellis up
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -f ext/*.c ext/*.so ext/*.html
+	find . -path ./.git -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,1 @@
+"""Projections: read models folded from the event log, checkpointed and rebuildable."""
