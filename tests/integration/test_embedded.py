@@ -1,0 +1,196 @@
+"""The embedded default servers: real processes that start, answer, stop and come back."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import asyncpg
+import nats
+import pytest
+
+from adapters.embedded import (
+    EmbeddedNats,
+    EmbeddedPostgres,
+    EmbeddedServerError,
+    default_data_dir,
+    free_port,
+)
+
+
+async def _nats_round_trip(url: str) -> None:
+    nc = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
+    try:
+        subject = f"t{uuid.uuid4().hex[:12]}.ping"
+        sub = await nc.subscribe(subject)
+        await nc.publish(subject, b"hello")
+        msg = await sub.next_msg(timeout=5)
+        assert msg.data == b"hello"
+        info = await nc.jetstream().account_info()
+        assert info.limits is not None
+    finally:
+        await nc.close()
+
+
+async def _stream_count(url: str) -> int:
+    nc = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
+    try:
+        info = await nc.jetstream().account_info()
+        return int(info.streams)
+    finally:
+        await nc.close()
+
+
+def _accepts_tcp(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+async def test_nats_serves_jetstream_and_keeps_streams_across_a_restart(tmp_path: Path) -> None:
+    server = EmbeddedNats(tmp_path)
+    with server:
+        assert server.url == f"nats://127.0.0.1:{server.port}"
+        await _nats_round_trip(server.url)
+        nc = await nats.connect(server.url)
+        try:
+            await nc.jetstream().add_stream(name="KEEP", subjects=["keep.>"])
+            await nc.jetstream().publish("keep.one", b"1")
+        finally:
+            await nc.close()
+        port = server.port
+
+        server.stop()
+        server.stop()  # idempotent
+        assert not server.running
+        assert not _accepts_tcp(port)
+
+        server.start()
+        assert server.port == port
+        await _nats_round_trip(server.url)
+        assert await _stream_count(server.url) == 1
+    assert not server.running
+
+
+async def test_postgres_serves_sql_and_keeps_data_across_a_restart(tmp_path: Path) -> None:
+    server = EmbeddedPostgres(tmp_path)
+    with server:
+        assert server.url == f"postgresql://postgres@127.0.0.1:{server.port}/trellis"
+        conn = await asyncpg.connect(server.url)
+        try:
+            assert await conn.fetchval("select 1") == 1
+            await conn.execute("create table survivor (id int primary key)")
+            await conn.execute("insert into survivor values (42)")
+        finally:
+            await conn.close()
+        port = server.port
+
+        server.stop()
+        server.stop()  # idempotent
+        assert not server.running
+        assert not _accepts_tcp(port)
+
+        server.start()
+        assert server.port == port
+        conn = await asyncpg.connect(server.url)
+        try:
+            assert await conn.fetchval("select id from survivor") == 42
+        finally:
+            await conn.close()
+    assert not server.running
+
+
+async def test_nats_comes_back_while_a_client_stays_connected(tmp_path: Path) -> None:
+    with EmbeddedNats(tmp_path) as server:
+        reconnected = asyncio.Event()
+
+        async def on_reconnect() -> None:
+            reconnected.set()
+
+        nc = await nats.connect(
+            server.url, reconnect_time_wait=0.05, max_reconnect_attempts=-1,
+            reconnected_cb=on_reconnect,
+        )  # fmt: skip
+        try:
+            server.stop()
+            server.start()
+            await asyncio.wait_for(reconnected.wait(), timeout=10)
+            sub = await nc.subscribe("back.again")
+            await nc.publish("back.again", b"yes")
+            assert (await sub.next_msg(timeout=5)).data == b"yes"
+        finally:
+            await nc.close()
+
+
+def test_start_fails_clearly_when_the_port_is_taken(tmp_path: Path) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        with pytest.raises(EmbeddedServerError, match=f"port 127.0.0.1:{port} is already in use"):
+            EmbeddedNats(tmp_path, port=port).start()
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """Local addresses with a LISTEN socket on ``port``, read from /proc/net/tcp{,6}."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, port_hex = local.split(":")
+            if state == "0A" and int(port_hex, 16) == port:
+                found.add(address)
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux /proc/net/tcp")
+def test_servers_listen_on_loopback_only(tmp_path: Path) -> None:
+    with EmbeddedNats(tmp_path / "n") as nats_server, EmbeddedPostgres(tmp_path / "p") as pg:
+        for port in (nats_server.port, pg.port):
+            # 127.0.0.1 in /proc's little-endian hex; no wildcard, no IPv6 listener.
+            assert _listening_addresses(port) == {"0100007F"}
+
+
+def test_free_port_returns_a_bindable_port() -> None:
+    port = free_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+def test_default_data_dir_honours_trellis_data_dir(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("TRELLIS_DATA_DIR", str(tmp_path / "here"))
+    assert default_data_dir() == tmp_path / "here"
+    monkeypatch.delenv("TRELLIS_DATA_DIR")
+    assert default_data_dir().name == "trellis"
+    assert os.fspath(default_data_dir()) != os.fspath(tmp_path / "here")
+
+
+def test_servers_left_running_are_stopped_when_python_exits(tmp_path: Path) -> None:
+    # The owner "forgets" stop(); the atexit hook must not leave orphans behind.
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from adapters.embedded import EmbeddedNats, EmbeddedPostgres\n"
+        f"d = Path({str(tmp_path)!r})\n"
+        "n, p = EmbeddedNats(d), EmbeddedPostgres(d)\n"
+        "n.start(); p.start()\n"
+        "print(n.pid, p.pid, n.port, p.port)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    nats_pid, pg_pid, nats_port, pg_port = map(int, result.stdout.split())
+    for pid in (nats_pid, pg_pid):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not _accepts_tcp(nats_port)
+    assert not _accepts_tcp(pg_port)
