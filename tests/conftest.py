@@ -1,0 +1,89 @@
+"""Shared fixtures: real NATS and PostgreSQL servers, unique schemas and subject prefixes.
+
+Set ``TRELLIS_NATS_URL`` / ``TRELLIS_DATABASE_URL`` (each on its own) to reuse running servers;
+otherwise an embedded nats-server / PostgreSQL is started once per session on a free port.
+Every test gets its own schema and subject prefix, so tests run in any order and in parallel
+sessions against the same servers.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import NamedTuple
+
+import asyncpg
+import pytest
+import pytest_asyncio
+
+from adapters.embedded import EmbeddedNats, EmbeddedPostgres
+
+
+class Servers(NamedTuple):
+    """Where the session's servers listen."""
+
+    nats_url: str
+    database_url: str
+
+
+@pytest.fixture(scope="session")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    """NATS and PostgreSQL for the whole session: reused from the environment or embedded.
+
+    Sync on purpose: starting servers needs no event loop, and the async tests keep their own
+    function-scoped loops.
+    """
+    started: list[EmbeddedNats | EmbeddedPostgres] = []
+    try:
+        nats_url = os.environ.get("TRELLIS_NATS_URL")
+        if not nats_url:
+            nats = EmbeddedNats(tmp_path_factory.mktemp("nats"))
+            started.append(nats)
+            nats.start()
+            nats_url = nats.url
+        database_url = os.environ.get("TRELLIS_DATABASE_URL")
+        if not database_url:
+            postgres = EmbeddedPostgres(tmp_path_factory.mktemp("postgres"))
+            started.append(postgres)
+            postgres.start()
+            database_url = postgres.url
+        yield Servers(nats_url=nats_url, database_url=database_url)
+    finally:
+        for server in reversed(started):
+            server.stop()
+
+
+@pytest.fixture(scope="session")
+def nats_url(servers: Servers) -> str:
+    """URL of the session's NATS server (JetStream enabled)."""
+    return servers.nats_url
+
+
+@pytest.fixture(scope="session")
+def database_url(servers: Servers) -> str:
+    """URL of the session's PostgreSQL database."""
+    return servers.database_url
+
+
+@pytest_asyncio.fixture
+async def pg_schema(database_url: str) -> AsyncIterator[str]:
+    """A fresh, empty schema (``t_<12 hex>``) that is dropped with everything in it afterwards."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(f"create schema {name}")
+    finally:
+        await conn.close()
+    yield name
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(f"drop schema if exists {name} cascade")
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def subject_prefix() -> str:
+    """A unique NATS subject token (``t<12 hex>``) for every subject and stream a test uses."""
+    return f"t{uuid.uuid4().hex[:12]}"
