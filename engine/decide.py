@@ -7,11 +7,11 @@ raised as IntentRejected; everything that changes the world comes back as events
 from __future__ import annotations
 
 from collections import Counter
-from datetime import datetime
-from typing import Any
 
 import msgspec
 
+from engine.compose import compose, extend, release
+from engine.context import Context, Decision
 from engine.errors import IntentRejected
 from engine.events import (
     ComponentDrained,
@@ -19,28 +19,26 @@ from engine.events import (
     ComponentRecovered,
     ComponentRemoved,
     ComponentUndrained,
+    CompositionImpaired,
     Event,
     LinkAdded,
     NodeAdded,
     TopologyImported,
 )
-from engine.intents import AddLink, AddNode, Drain, ImportTopology, Remove, ReportFault, Undrain
+from engine.intents import (
+    AddLink,
+    AddNode,
+    Compose,
+    Drain,
+    Extend,
+    ImportTopology,
+    Release,
+    Remove,
+    ReportFault,
+    Undrain,
+)
 from engine.model import LinkSpec, NodeSpec
 from engine.state import DomainState
-
-
-class Context(msgspec.Struct, frozen=True, kw_only=True):
-    """Who asks, where, and when (time comes from the Clock port, never from here)."""
-
-    domain: str
-    actor: str
-    verb: str
-    now: datetime
-
-
-class Decision(msgspec.Struct, frozen=True):
-    events: list[Event]
-    result: Any
 
 
 class ImportResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -59,6 +57,7 @@ class ComponentResult(msgspec.Struct, frozen=True, kw_only=True):
     health: str = "healthy"
     drained: bool = False
     removed: list[str] = []
+    impaired: list[str] = []
 
 
 def decide(state: DomainState, intent: msgspec.Struct, ctx: Context) -> Decision:
@@ -99,7 +98,16 @@ def decide(state: DomainState, intent: msgspec.Struct, ctx: Context) -> Decision
                 if health == "healthy"
                 else ComponentFaulted(component=cid, state=health, detail=detail)
             )
-            return _mark(state, cid, "health", health, event)
+            decision = _mark(state, cid, "health", health, event)
+            if decision.events and health != "healthy":
+                decision = _impair_users(state, decision, cid, f"{cid} {health}: {detail}".strip())
+            return decision
+        case Compose():
+            return compose(state, intent, ctx)
+        case Release():
+            return release(state, intent, ctx)
+        case Extend():
+            return extend(state, intent, ctx)
     raise IntentRejected("invalid", f"{ctx.verb} is not served by this engine version")
 
 
@@ -124,6 +132,7 @@ def _import_topology(state: DomainState, intent: ImportTopology, ctx: Context) -
     )
     if result.unchanged:
         return Decision([], result)  # idempotent by content: same fabric, nothing to record
+    _refuse_if_in_use(state, removed + updated)
     event = TopologyImported(
         nodes=list(intent.nodes),
         links=list(intent.links),
@@ -137,6 +146,7 @@ def _import_topology(state: DomainState, intent: ImportTopology, ctx: Context) -
 
 def _remove(state: DomainState, intent: Remove) -> Decision:
     cid = intent.id
+    _refuse_if_in_use(state, [cid])
     if cid in state.nodes:
         attached = sorted(k for k, v in state.links.items() if cid in (v.spec.a, v.spec.b))
         event = ComponentRemoved(component=cid, kind="node", links=attached, reason=intent.reason)
@@ -226,3 +236,30 @@ def _check_links(
 def _ocs_ports(lk: LinkSpec) -> set[tuple[str, int]]:
     ends = ((lk.a, lk.a_port), (lk.b, lk.b_port))
     return {(node, port) for node, port in ends if port is not None}
+
+
+def _refuse_if_in_use(state: DomainState, components: list[str]) -> None:
+    """Nothing a live composition's path uses may be removed or re-specified under it."""
+    users = {
+        cid: sorted(c for c in components if comp.uses(c))
+        for cid, comp in state.compositions.items()
+    }
+    users = {cid: used for cid, used in users.items() if used}
+    if users:
+        in_use = sorted({c for used in users.values() for c in used})
+        raise IntentRejected(
+            "conflict",
+            f"{', '.join(in_use)} in use by {len(users)} live composition(s)",
+            {"in_use": in_use, "compositions": sorted(users)},
+        )
+
+
+def _impair_users(state: DomainState, decision: Decision, component: str, reason: str) -> Decision:
+    """A fault impairs every live composition whose path uses the component."""
+    impaired = [
+        CompositionImpaired(composition_id=cid, component=component, reason=reason)
+        for cid, comp in sorted(state.compositions.items())
+        if comp.uses(component) and component not in comp.impaired_by
+    ]
+    result = msgspec.structs.replace(decision.result, impaired=[e.composition_id for e in impaired])
+    return Decision([*decision.events, *impaired], result)

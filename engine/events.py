@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from engine.ids import Id, Labels
+from engine.ids import Id
 from engine.intents import Compose
 from engine.model import LinkSpec, NodeSpec
 
@@ -78,12 +78,26 @@ class ComponentRecovered(Event):
 # ---- compositions ----
 
 
+class CircuitRef(msgspec.Struct, frozen=True, kw_only=True):
+    """A cross-connect inside an OCS between two of its ports (a_port < b_port)."""
+
+    ocs: str
+    a_port: int
+    b_port: int
+
+
 class DeviceBinding(msgspec.Struct, frozen=True, kw_only=True):
-    """One device reached over one reserved path (node ids host first, link/circuit ids)."""
+    """One device reached over one reserved path.
+
+    `path` is node ids, host first; `links` the cables in path order; `circuits` the OCS
+    cross-connects the path passes. Memory devices carry the slice in `capacity_gib`.
+    """
 
     device: str
+    kind: str
     path: list[str]
     links: list[str]
+    circuits: list[CircuitRef] = []
     hops: int
     latency_ns: int
     bandwidth_gbps: float = 0.0
@@ -94,9 +108,8 @@ class CompositionRequested(Event):
     composition_id: Id
     tenant: Id
     host: str
-    request: Compose | None = None
-    labels: Labels = {}
-    reason: str = ""
+    request: Compose
+    requested_at: datetime
     expires_at: datetime | None = None
 
 
@@ -108,17 +121,17 @@ class CompositionRejected(Event):
     request: Compose | None = None
 
 
-class DevicesReserved(Event):
-    composition_id: Id
-    devices: list[DeviceBinding]
-
-
 class CircuitCreated(Event):
     ocs: str
     a_port: int
     b_port: int
     host: str
     composition_id: str = ""
+
+
+class DevicesReserved(Event):
+    composition_id: Id
+    devices: list[DeviceBinding]
 
 
 class CircuitRemoved(Event):
@@ -170,11 +183,15 @@ class LeaseExpired(Event):
 
 
 class CompositionReleased(Event):
+    """The composition is gone; every reservation it held returns to the pool."""
+
     composition_id: Id
     reason: str = ""
 
 
 class CompositionFailed(Event):
+    """The composition could not be established; every reservation it held is returned."""
+
     composition_id: Id
     reason: str = ""
 

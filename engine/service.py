@@ -150,8 +150,13 @@ class DomainWriter:
                     request_id=req.intent.request_id,  # type: ignore[attr-defined]
                     verb=req.verb,
                     body_hash=req.body_hash,
-                    ok=True,
-                    body=_encode(decision.result),
+                    # A recorded rejection (no_capacity, no_path) is stored like any answer.
+                    ok=decision.error is None,
+                    body=(
+                        _encode(decision.result)
+                        if decision.error is None
+                        else replies.rejection(decision.error)
+                    ),
                     event_index=len(events) - 1 if events else None,
                 )
             )

@@ -6,20 +6,36 @@ touches, so a batch can be decided on a scratch state and thrown away if its com
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Literal
+
 import msgspec
 
 from engine.events import (
+    CircuitCreated,
+    CircuitRemoved,
     ComponentDrained,
     ComponentFaulted,
     ComponentRecovered,
     ComponentRemoved,
     ComponentUndrained,
+    CompositionActivated,
+    CompositionFailed,
+    CompositionImpaired,
+    CompositionReleased,
+    CompositionRequested,
+    DeviceBinding,
+    DevicesReserved,
     Event,
+    LeaseExtended,
     LinkAdded,
     NodeAdded,
     TopologyImported,
 )
+from engine.intents import Compose
 from engine.model import Health, LinkSpec, NodeSpec
+
+CompositionState = Literal["pending", "active", "impaired", "released", "failed"]
 
 
 class NodeState(msgspec.Struct, frozen=True, kw_only=True):
@@ -39,12 +55,53 @@ class LinkState(msgspec.Struct, frozen=True, kw_only=True):
 Component = NodeState | LinkState
 
 
+class Composition(msgspec.Struct, frozen=True, kw_only=True):
+    """A live composition: a host plus devices over reserved paths."""
+
+    id: str
+    tenant: str
+    host: str
+    state: CompositionState
+    request: Compose
+    requested_at: datetime
+    expires_at: datetime | None = None
+    bindings: list[DeviceBinding] = []
+    impaired_by: list[str] = []
+
+    @property
+    def exclusive(self) -> bool:
+        return self.request.constraints.isolation == "exclusive"
+
+    def uses(self, component: str) -> bool:
+        """True when any of its paths passes `component` (a node, link or OCS)."""
+        return any(component in b.path or component in b.links for b in self.bindings)
+
+
+class Circuit(msgspec.Struct, frozen=True, kw_only=True):
+    ocs: str
+    a_port: int
+    b_port: int
+    host: str
+
+
 class DomainState(msgspec.Struct, frozen=True, kw_only=True):
-    """Everything `decide` needs about one domain. Maps are never mutated after construction."""
+    """Everything `decide` needs about one domain. Maps are never mutated after construction.
+
+    Besides the topology and the live compositions it keeps the indexes placement reads on
+    every request (owners, reserved bandwidth, circuits by port, switch tenants), updated by
+    `evolve` so a decision never scans all compositions.
+    """
 
     domain: str
     nodes: dict[str, NodeState] = {}
     links: dict[str, LinkState] = {}
+    compositions: dict[str, Composition] = {}
+    circuits: dict[str, Circuit] = {}  # "<ocs>:<port>" -> circuit, once for each of its ports
+    device_owner: dict[str, str] = {}  # whole device -> composition id
+    memory_used: dict[str, float] = {}  # memory device -> GiB sliced out
+    reserved_gbps: dict[str, float] = {}  # link -> bandwidth reserved by live paths
+    switch_tenants: dict[str, dict[str, int]] = {}  # switch -> tenant -> live paths through it
+    exclusive_tenants: dict[str, dict[str, int]] = {}  # switch -> tenant -> exclusive paths
 
     @property
     def exists(self) -> bool:
@@ -90,8 +147,106 @@ def evolve(state: DomainState, event: Event) -> DomainState:
             return _mark(state, cid, health=health, detail=detail)
         case ComponentRecovered(component=cid, detail=detail):
             return _mark(state, cid, health="healthy", detail=detail)
+        case CompositionRequested():
+            composition = Composition(
+                id=event.composition_id,
+                tenant=event.tenant,
+                host=event.host,
+                state="pending",
+                request=event.request,
+                requested_at=event.requested_at,
+                expires_at=event.expires_at,
+            )
+            return replace(state, compositions={**state.compositions, composition.id: composition})
+        case CircuitCreated(ocs=ocs, a_port=a, b_port=b, host=host):
+            circuit = Circuit(ocs=ocs, a_port=a, b_port=b, host=host)
+            return replace(
+                state, circuits={**state.circuits, f"{ocs}:{a}": circuit, f"{ocs}:{b}": circuit}
+            )
+        case CircuitRemoved(ocs=ocs, a_port=a, b_port=b):
+            gone = {f"{ocs}:{a}", f"{ocs}:{b}"}
+            return replace(
+                state, circuits={k: v for k, v in state.circuits.items() if k not in gone}
+            )
+        case DevicesReserved(composition_id=cid, devices=bindings):
+            composition = state.compositions[cid]
+            state = _reserve(state, composition, bindings, sign=1)
+            updated = replace(composition, bindings=[*composition.bindings, *bindings])
+            return replace(state, compositions={**state.compositions, cid: updated})
+        case CompositionActivated(composition_id=cid):
+            return _set_composition(state, cid, state="active")
+        case CompositionImpaired(composition_id=cid, component=component):
+            impaired_by = [*state.compositions[cid].impaired_by, component]
+            return _set_composition(state, cid, state="impaired", impaired_by=impaired_by)
+        case LeaseExtended(composition_id=cid, expires_at=expires_at):
+            return _set_composition(state, cid, expires_at=expires_at)
+        case CompositionReleased(composition_id=cid) | CompositionFailed(composition_id=cid):
+            composition = state.compositions[cid]
+            state = _reserve(state, composition, composition.bindings, sign=-1)
+            return replace(
+                state, compositions={k: v for k, v in state.compositions.items() if k != cid}
+            )
         case _:
             return state
+
+
+def _set_composition(domain: DomainState, cid: str, **changes: object) -> DomainState:
+    updated = msgspec.structs.replace(domain.compositions[cid], **changes)
+    return msgspec.structs.replace(domain, compositions={**domain.compositions, cid: updated})
+
+
+def _reserve(
+    state: DomainState, composition: Composition, bindings: list[DeviceBinding], sign: int
+) -> DomainState:
+    """Add (sign=1) or return (sign=-1) what `bindings` hold: devices, slices, bandwidth and
+    the composition's tenancy of every PCIe switch on its paths."""
+    owner = dict(state.device_owner)
+    memory = dict(state.memory_used)
+    reserved = dict(state.reserved_gbps)
+    tenants = dict(state.switch_tenants)
+    exclusive = dict(state.exclusive_tenants)
+    for binding in bindings:
+        if binding.capacity_gib is not None:
+            _count(memory, binding.device, sign * binding.capacity_gib)
+        elif sign > 0:
+            owner[binding.device] = composition.id
+        else:
+            owner.pop(binding.device, None)
+        for link in binding.links:
+            _count(reserved, link, sign * binding.bandwidth_gbps)
+        for node in binding.path:
+            if node in state.nodes and state.nodes[node].spec.kind == "switch":
+                _count_tenant(tenants, node, composition.tenant, sign)
+                if composition.exclusive:
+                    _count_tenant(exclusive, node, composition.tenant, sign)
+    return msgspec.structs.replace(
+        state,
+        device_owner=owner,
+        memory_used=memory,
+        reserved_gbps=reserved,
+        switch_tenants=tenants,
+        exclusive_tenants=exclusive,
+    )
+
+
+def _count(totals: dict[str, float], key: str, delta: float) -> None:
+    """Add `delta`; drop the key at zero so released resources leave no trace."""
+    total = totals.get(key, 0.0) + delta
+    if total > 1e-9:
+        totals[key] = total
+    else:
+        totals.pop(key, None)
+
+
+def _count_tenant(table: dict[str, dict[str, int]], switch: str, tenant: str, delta: int) -> None:
+    counts = dict(table.get(switch, {}))
+    counts[tenant] = counts.get(tenant, 0) + delta
+    if counts[tenant] <= 0:
+        del counts[tenant]
+    if counts:
+        table[switch] = counts
+    else:
+        table.pop(switch, None)
 
 
 def _respec(old, spec, cls):  # type: ignore[no-untyped-def]

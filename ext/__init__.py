@@ -9,7 +9,33 @@ import os
 import warnings
 from typing import Literal
 
-__all__ = ["IMPLEMENTATION", "hop_distances"]
+from ._paths_py import (
+    Circuit,
+    Conditions,
+    Fabric,
+    LinkInfo,
+    NodeInfo,
+    Path,
+    PathError,
+    PathRequest,
+    best_paths,
+)
+
+__all__ = [
+    "IMPLEMENTATION",
+    "Circuit",
+    "Conditions",
+    "Fabric",
+    "LinkInfo",
+    "NodeInfo",
+    "Path",
+    "PathError",
+    "PathRequest",
+    "best_paths",
+    "hop_distances",
+]
+
+# best_paths has only its networkx reference so far; the compiled twin follows (issue 4).
 
 IMPLEMENTATION: Literal["cython", "python"]
 

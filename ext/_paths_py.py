@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import operator
 from array import array
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence, Set as AbstractSet
+from typing import NamedTuple
+
+import networkx as nx
 
 
 def _validate(indptr: array[int], indices: array[int], source: int, max_hops: int) -> int:
@@ -79,3 +84,232 @@ def hop_distances(
                 dist[v] = d + 1
                 queue.append(v)
     return dist
+
+
+# ---- best paths under the section-5 rules (ARCHITECTURE.md section 5) ----
+
+
+class NodeInfo(NamedTuple):
+    """A fabric node as the path core sees it: its kind and pass-through latency."""
+
+    kind: str  # "host" | "switch" | "ocs" | "device"
+    latency_ns: int = 0
+
+
+class LinkInfo(NamedTuple):
+    """A cable; an end on an OCS names its port."""
+
+    id: str
+    a: str
+    b: str
+    capacity_gbps: float
+    latency_ns: int = 0
+    a_port: int | None = None
+    b_port: int | None = None
+
+
+class Conditions(NamedTuple):
+    """What changes between requests: health, reservations, circuits, tenancy of switches."""
+
+    unusable: AbstractSet[str] = frozenset()  # node and link ids that carry no path
+    reserved_gbps: Mapping[str, float] = {}  # link id -> bandwidth already reserved
+    circuits: Mapping[str, tuple[int, str]] = {}  # "<ocs>:<port>" -> (other port, owner host)
+    switch_tenants: Mapping[str, Mapping[str, int]] = {}  # switch -> tenants with live paths
+    exclusive_tenants: Mapping[str, Mapping[str, int]] = {}  # switch -> tenants holding it
+
+
+class PathRequest(NamedTuple):
+    host: str
+    tenant: str
+    exclusive: bool = False
+    max_hops: int | None = None
+    max_latency_ns: int | None = None
+    bandwidth_gbps: float = 0.0
+    isolation: bool = True  # False ignores other tenants' switches (the why-not funnel asks)
+
+
+class Circuit(NamedTuple):
+    ocs: str
+    a_port: int  # the lower port
+    b_port: int
+    new: bool  # False: an existing circuit of the same host is reused
+
+
+class Path(NamedTuple):
+    device: str
+    nodes: tuple[str, ...]  # host first, device last
+    links: tuple[str, ...]
+    circuits: tuple[Circuit, ...]
+    hops: int  # links plus circuits
+    latency_ns: int
+
+
+class PathError(ValueError):
+    """The request names something the fabric cannot search from."""
+
+
+# Bandwidth is compared with a little slack so reservations that add up exactly still fit.
+_EPSILON = 1e-9
+
+
+class Fabric:
+    """The static topology as a networkx MultiGraph; rebuilt only when the topology changes."""
+
+    def __init__(self, nodes: Mapping[str, NodeInfo], links: Sequence[LinkInfo]):
+        graph = nx.MultiGraph()
+        for node_id, info in nodes.items():
+            graph.add_node(node_id, kind=info.kind, latency_ns=info.latency_ns)
+        self.ports: dict[str, dict[int, LinkInfo]] = {}  # ocs -> port -> the cable on it
+        for link in links:
+            graph.add_edge(link.a, link.b, key=link.id, link=link)
+            for end, port in ((link.a, link.a_port), (link.b, link.b_port)):
+                if port is not None:
+                    self.ports.setdefault(end, {})[port] = link
+        self.graph = graph
+
+    def kind(self, node: str) -> str:
+        return str(self.graph.nodes[node]["kind"])
+
+
+def best_paths(
+    fabric: Fabric, conditions: Conditions, request: PathRequest, targets: AbstractSet[str]
+) -> dict[str, Path]:
+    """The best feasible path from the host to each reachable target device, in one search.
+
+    Best means: fewest hops, then lowest latency, then the smallest sequence of node ids, then
+    the fewest new circuits, then the smallest sequence of link ids. The search is a
+    label-setting Dijkstra over (hops, latency, nodes, new circuits, links); a vertex is a node,
+    or for an OCS the port a path enters on. With a latency bound a vertex keeps every label on
+    the (hops, latency) Pareto front, so a longer but faster path is not lost to a shorter slow
+    one. Labels never revisit a node.
+
+    Raises:
+        PathError: the host is unknown, not a host, or unusable.
+    """
+    graph = fabric.graph
+    host = request.host
+    if host not in graph or fabric.kind(host) != "host":
+        raise PathError(f"{host!r} is not a host of this fabric")
+    if host in conditions.unusable:
+        raise PathError(f"host {host!r} is not usable")
+
+    found: dict[str, Path] = {}
+    best_latency: dict[object, int] = {}  # vertex -> lowest latency settled there
+    tie = itertools.count()
+    start = (0, 0, (host,), 0, (), next(tie), host, ())
+    heap = [start]
+    while heap and len(found) < len(targets):
+        hops, latency, nodes, new, links, _, vertex, circuits = heapq.heappop(heap)
+        if latency >= best_latency.get(vertex, _NEVER):
+            continue  # dominated: a label with fewer or equal hops got here at least as fast
+        best_latency[vertex] = latency if request.max_latency_ns is not None else -1
+        node = nodes[-1]
+        if node != host and fabric.kind(node) == "device":
+            found.setdefault(node, Path(node, nodes, links, circuits, hops, latency))
+            continue
+        for step in _steps(fabric, conditions, request, vertex, nodes, targets):
+            s_hops, s_latency, s_nodes, s_new, s_links, s_vertex, s_circuit = step
+            total_hops, total_latency = hops + s_hops, latency + s_latency
+            if request.max_hops is not None and total_hops > request.max_hops:
+                continue
+            if request.max_latency_ns is not None and total_latency > request.max_latency_ns:
+                continue
+            heapq.heappush(
+                heap,
+                (
+                    total_hops,
+                    total_latency,
+                    nodes + s_nodes,
+                    new + s_new,
+                    links + s_links,
+                    next(tie),
+                    s_vertex,
+                    circuits + s_circuit,
+                ),
+            )
+    return found
+
+
+_NEVER = 1 << 62
+
+
+def _steps(  # type: ignore[no-untyped-def]
+    fabric: Fabric,
+    conditions: Conditions,
+    request: PathRequest,
+    vertex,
+    nodes: tuple[str, ...],
+    targets: AbstractSet[str],
+):
+    """Moves from a vertex: over one cable, or for an OCS entry port through a circuit and out
+    over the cable on the exit port. Yields (hops, latency, nodes, new circuits, links, vertex,
+    circuits) increments."""
+    if isinstance(vertex, tuple):  # (ocs, entry port)
+        ocs, port = vertex
+        existing = conditions.circuits.get(f"{ocs}:{port}")
+        if existing is not None:
+            other, owner = existing
+            exits = [(other, 0)] if owner == request.host else []
+        else:
+            exits = [
+                (p, 1)
+                for p in sorted(fabric.ports.get(ocs, {}))
+                if p != port and f"{ocs}:{p}" not in conditions.circuits
+            ]
+        for exit_port, new in exits:
+            link = fabric.ports[ocs][exit_port]
+            far = link.b if link.a == ocs else link.a
+            arrival = _arrive(fabric, conditions, request, link, far, nodes, targets)
+            if arrival is not None:
+                latency, s_vertex = arrival
+                circuit = Circuit(ocs, min(port, exit_port), max(port, exit_port), bool(new))
+                yield 2, latency, (far,), new, (link.id,), s_vertex, (circuit,)
+        return
+    for _, far, data in fabric.graph.edges(vertex, data=True):
+        link: LinkInfo = data["link"]
+        arrival = _arrive(fabric, conditions, request, link, far, nodes, targets)
+        if arrival is not None:
+            latency, s_vertex = arrival
+            yield 1, latency, (far,), 0, (link.id,), s_vertex, ()
+
+
+def _arrive(  # type: ignore[no-untyped-def]
+    fabric: Fabric,
+    conditions: Conditions,
+    request: PathRequest,
+    link: LinkInfo,
+    far: str,
+    nodes: tuple[str, ...],
+    targets: AbstractSet[str],
+):
+    """Cross `link` to `far` if the rules allow; return (latency added, vertex reached)."""
+    if far in nodes or link.id in conditions.unusable or far in conditions.unusable:
+        return None
+    free = link.capacity_gbps - conditions.reserved_gbps.get(link.id, 0.0)
+    if free + _EPSILON < request.bandwidth_gbps:
+        return None
+    kind = fabric.kind(far)
+    latency = link.latency_ns
+    if kind == "device":
+        return (latency, far) if far in targets else None
+    if kind == "host":
+        return None  # hosts are endpoints, never passed through
+    latency += fabric.graph.nodes[far]["latency_ns"]
+    if kind == "switch":
+        if request.isolation and not _may_use_switch(conditions, request, far):
+            return None
+        return latency, far
+    port = link.a_port if link.a == far else link.b_port
+    return latency, (far, port)
+
+
+def _may_use_switch(conditions: Conditions, request: PathRequest, switch: str) -> bool:
+    """Exclusive isolation: nobody else's path through a switch another tenant holds, and an
+    exclusive request only through switches no other tenant uses."""
+    holders = conditions.exclusive_tenants.get(switch, {})
+    if any(t != request.tenant for t in holders):
+        return False
+    if request.exclusive:
+        users = conditions.switch_tenants.get(switch, {})
+        return all(t == request.tenant for t in users)
+    return True
