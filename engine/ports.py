@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 
@@ -70,3 +70,30 @@ class EventStore(Protocol):
 
 class Clock(Protocol):
     def now(self) -> datetime: ...
+
+
+class ReadModels(Protocol):
+    """Projections the queries `composition`, `connections` and `why` answer from.
+
+    Rows are plain JSON-ready dicts in the shapes of ARCHITECTURE section 4.
+    """
+
+    async def wait_for(self, position: int, timeout: float = 5.0) -> bool:
+        """Block until the projections include `position`; False if that took too long."""
+        ...
+
+    async def composition(self, domain: str, composition_id: str) -> dict[str, Any] | None: ...
+
+    async def connections(
+        self,
+        domain: str,
+        *,
+        host: str | None = None,
+        tenant: str | None = None,
+        device: str | None = None,
+    ) -> list[dict[str, Any]]: ...
+
+    async def why(self, domain: str, target: str) -> dict[str, Any] | None:
+        """What `target` (device, host, composition or link) is connected to now, the chain of
+        events that made it so, and one plain sentence; None if the id is unknown."""
+        ...
