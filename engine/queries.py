@@ -1,4 +1,9 @@
-"""Read-only answers computed from a domain's state (trellis.query.<domain>.<what>)."""
+"""Read-only answers computed from a domain's state (trellis.query.<domain>.<what>).
+
+`topology`, `free` and `blast-radius` are answered here from the writer's state. `composition`,
+`connections` and `why` carry history (who asked, when, which events), so they are answered
+from the projections (engine.ports.ReadModels) by the service.
+"""
 
 from __future__ import annotations
 
@@ -7,34 +12,89 @@ from typing import Any
 import msgspec
 
 from engine.errors import IntentRejected
-from engine.intents import TopologyQuery
+from engine.intents import BlastRadiusQuery, FreeQuery, TopologyQuery
 from engine.state import DomainState, LinkState, NodeState, usable
+
+STATE_QUERIES = ("topology", "free", "blast-radius")
 
 
 def answer(state: DomainState, query: msgspec.Struct, what: str) -> dict[str, Any]:
     """Answer `query` from `state`.
 
     Raises:
-        IntentRejected: `not_found` for an unknown domain, `invalid` for a query not served yet.
+        IntentRejected: `not_found` for an unknown domain or component.
     """
     if not state.exists:
         raise IntentRejected("not_found", f"domain {state.domain!r} does not exist")
     match query:
         case TopologyQuery():
             return topology(state)
-    raise IntentRejected("invalid", f"query {what!r} is not served by this engine version")
+        case FreeQuery(kind=kind):
+            return free(state, kind)
+        case BlastRadiusQuery(id=component):
+            return blast_radius(state, component)
+    raise IntentRejected("invalid", f"query {what!r} is not answered from state")
 
 
 def topology(state: DomainState) -> dict[str, Any]:
-    """Nodes and links with health and free capacity; circuits (none until compositions)."""
+    """Nodes and links with health and free capacity; circuits with their owning host."""
+    circuits = {(c.ocs, c.a_port, c.b_port): c for c in state.circuits.values()}
     return {
         "nodes": [_describe(n) for _, n in sorted(state.nodes.items())],
         "links": [
-            {**_describe(lk), "free_gbps": lk.spec.capacity_gbps if usable(lk) else 0.0}
+            {**_describe(lk), "free_gbps": _free_gbps(state, lk)}
             for _, lk in sorted(state.links.items())
         ],
-        "circuits": [],
+        "circuits": [
+            {"ocs": c.ocs, "a_port": c.a_port, "b_port": c.b_port, "host": c.host}
+            for _, c in sorted(circuits.items())
+        ],
     }
+
+
+def free(state: DomainState, kind: str | None) -> dict[str, Any]:
+    """Usable devices with capacity left: whole devices nobody holds, pools with GiB to spare."""
+    devices = []
+    for device_id, node in sorted(state.nodes.items()):
+        spec = node.spec
+        if spec.kind != "device" or (kind and spec.device_kind != kind) or not usable(node):
+            continue
+        if device_id in state.device_owner:
+            continue
+        row = msgspec.to_builtins(spec)
+        if spec.device_kind == "memory":
+            left = (spec.capacity_gib or 0.0) - state.memory_used.get(device_id, 0.0)
+            if left <= 1e-9:
+                continue
+            row["free_gib"] = left
+        devices.append(row)
+    return {"devices": devices}
+
+
+def blast_radius(state: DomainState, component: str) -> dict[str, Any]:
+    """What a failure of `component` would hit, without changing anything."""
+    if state.component(component) is None:
+        raise IntentRejected("not_found", f"no node or link {component!r}", {"id": component})
+    hit = [c for _, c in sorted(state.compositions.items()) if c.uses(component)]
+    return {
+        "compositions": [
+            {
+                "composition_id": c.id,
+                "tenant": c.tenant,
+                "host": c.host,
+                "state": c.state,
+                "devices": [b.device for b in c.bindings if component in b.path + b.links],
+            }
+            for c in hit
+        ],
+        "tenants": sorted({c.tenant for c in hit}),
+    }
+
+
+def _free_gbps(state: DomainState, link: LinkState) -> float:
+    if not usable(link):
+        return 0.0
+    return max(0.0, link.spec.capacity_gbps - state.reserved_gbps.get(link.spec.id, 0.0))
 
 
 def _describe(component: NodeState | LinkState) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import msgspec
 
@@ -19,9 +19,17 @@ from engine import replies
 from engine.decide import Context, decide
 from engine.errors import ConcurrencyConflict, IntentRejected, StoreUnavailable
 from engine.ids import is_valid_id
-from engine.intents import Family, ImportTopology, InvalidIntent, decode_intent
-from engine.ports import Clock, EventStore, PendingReply, StoredReply
-from engine.queries import answer
+from engine.intents import (
+    CompositionQuery,
+    ConnectionsQuery,
+    Family,
+    ImportTopology,
+    InvalidIntent,
+    WhyQuery,
+    decode_intent,
+)
+from engine.ports import Clock, EventStore, PendingReply, ReadModels, StoredReply
+from engine.queries import STATE_QUERIES, answer
 from engine.records import Head, PendingEvent
 from engine.state import DomainState, evolve
 
@@ -46,8 +54,16 @@ class _Request(msgspec.Struct, kw_only=True):
 class DomainWriter:
     """The single writer of one domain's stream."""
 
-    def __init__(self, domain: str, store: EventStore, clock: Clock, max_batch: int):
+    def __init__(
+        self,
+        domain: str,
+        store: EventStore,
+        clock: Clock,
+        max_batch: int,
+        on_commit: Callable[[], None] | None = None,
+    ):
         self.domain = domain
+        self._on_commit = on_commit
         self.state = DomainState(domain=domain)
         self.head = Head()
         self._store = store
@@ -164,6 +180,8 @@ class DomainWriter:
         if pending:
             appended = await self._store.append(self.domain, self.head, events, pending)
             self.state, self.head, committed = state, appended.head, appended.replies
+            if events and self._on_commit is not None:
+                self._on_commit()  # e.g. wake the projection runner
         # Only now, after the commit, does anyone hear back.
         for req, ans in zip(batch, answers, strict=True):
             if isinstance(ans, bytes):
@@ -184,9 +202,13 @@ class Engine:
         *,
         domains: Iterable[str] | None = None,
         max_batch: int = 256,
+        read_models: ReadModels | None = None,
+        on_commit: Callable[[], None] | None = None,
     ):
         self._store = store
         self._clock = clock
+        self._read_models = read_models
+        self._on_commit = on_commit
         self._allowed = frozenset(domains) if domains else None
         self._max_batch = max_batch
         self._writers: dict[str, DomainWriter] = {}
@@ -248,11 +270,47 @@ class Engine:
         writer = await self._writer(domain, create=False)
         if writer is None:
             return _no_domain(domain)
+        head = writer.head.position
         try:
-            result = answer(writer.state, query, verb)
+            if verb in STATE_QUERIES:
+                result = answer(writer.state, query, verb)
+            else:
+                result = await self._read_model_query(domain, query, head)
         except IntentRejected as exc:
             return replies.rejection(exc)
-        return replies.ok(_encode(result), writer.head.position)
+        return replies.ok(_encode(result), head)
+
+    async def _read_model_query(
+        self, domain: str, query: msgspec.Struct, head: int
+    ) -> dict[str, object]:
+        """History-bearing queries, answered from projections that include every committed
+        event up to `head` (read-your-writes: a client that just composed sees it)."""
+        models = self._read_models
+        if models is None:
+            raise IntentRejected("unavailable", "this engine runs without projections")
+        if not await models.wait_for(head):
+            raise IntentRejected("unavailable", "projections are behind the log; retry")
+        match query:
+            case CompositionQuery(id=cid):
+                row = await models.composition(domain, cid)
+                if row is None:
+                    raise IntentRejected("not_found", f"no composition {cid!r}", {"id": cid})
+                return row
+            case ConnectionsQuery(host=host, tenant=tenant, device=device):
+                rows = await models.connections(domain, host=host, tenant=tenant, device=device)
+                return {"connections": rows}
+            case WhyQuery(id=target, at=at):
+                if at is not None and not _is_now(at, head):
+                    raise IntentRejected(
+                        "invalid",
+                        "`why` at a past moment needs the auditor (not served yet); omit `at`",
+                        {"at": at},
+                    )
+                row = await models.why(domain, target)
+                if row is None:
+                    raise IntentRejected("not_found", f"nothing named {target!r}", {"id": target})
+                return row
+        raise IntentRejected("invalid", "unknown query")
 
     async def _writer(self, domain: str, *, create: bool) -> DomainWriter | None:
         """The domain's writer, loaded from the log on first use; None for an unknown domain
@@ -263,12 +321,19 @@ class Engine:
         async with self._loading:  # two first requests for a domain must not load it twice
             writer = self._writers.get(domain)
             if writer is None:
-                writer = DomainWriter(domain, self._store, self._clock, self._max_batch)
+                writer = DomainWriter(
+                    domain, self._store, self._clock, self._max_batch, self._on_commit
+                )
                 await writer.catch_up()
                 if not (writer.state.exists or create):
                     return None  # keep no writer for names nobody created
                 self._writers[domain] = writer
         return writer
+
+
+def _is_now(at: str | int, head: int) -> bool:
+    """`at` names the present when it is the current position (or a later one)."""
+    return isinstance(at, int) and at >= head
 
 
 def _no_domain(domain: str) -> bytes:
