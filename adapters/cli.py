@@ -20,14 +20,15 @@ from typing import Any
 
 import msgspec
 
+from adapters import render
 from adapters.bootstrap import connect_nats, find_nats_url, running_engine
 from adapters.client import TrellisClient
 from adapters.migrations import SCHEMA_DIR
-from adapters.render import import_summary, topology_tables
 from adapters.settings import Settings
 from engine.contract import json_schemas
 
 DEFAULT_DOMAIN = "default"
+DEFAULT_TENANT = "default"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -74,12 +75,84 @@ def _parser() -> argparse.ArgumentParser:
     _client_options(show)
     show.set_defaults(run=_topology_show)
 
+    _composition_commands(sub)
+    _query_commands(sub)
+
     schema = sub.add_parser("schema", help="the wire contract as JSON Schema")
     schema_sub = schema.add_subparsers(metavar="ACTION")
     export = schema_sub.add_parser("export", help="write schema/json/*.schema.json")
     export.add_argument("--dir", type=Path, default=SCHEMA_DIR / "json")
     export.set_defaults(run=_schema_export)
     return parser
+
+
+def _composition_commands(sub: Any) -> None:
+    compose = sub.add_parser("compose", help="compose a host and devices (flags or --file)")
+    compose.add_argument("--file", type=Path, help="a compose body (JSON) instead of flags")
+    compose.add_argument("--host", help="the host to compose on")
+    compose.add_argument(
+        "--host-label", action="append", default=[], metavar="K=V", help="pick a host by label"
+    )
+    compose.add_argument("--gpu", type=int, default=0, metavar="N", help="number of GPUs")
+    compose.add_argument("--model", action="append", default=[], help="acceptable GPU model")
+    compose.add_argument("--min-generation", type=int)
+    compose.add_argument("--memory", type=float, metavar="GIB", help="a memory slice of GIB")
+    compose.add_argument("--nic", type=int, default=0, metavar="N")
+    compose.add_argument("--nvme", type=int, default=0, metavar="N")
+    compose.add_argument("--device-id", action="append", default=[], help="a specific device")
+    compose.add_argument("--bandwidth", type=float, default=0.0, metavar="GBPS", help="per device")
+    compose.add_argument("--max-hops", type=int)
+    compose.add_argument("--max-latency-ns", type=int)
+    compose.add_argument("--exclusive", action="store_true", help="no switch shared with others")
+    compose.add_argument(
+        "--label", action="append", default=[], metavar="K=V", help="device label constraint"
+    )
+    compose.add_argument("--lease", type=int, metavar="SECONDS", help="lease length")
+    compose.add_argument("--reason", default="")
+    _intent_options(compose)
+    compose.set_defaults(run=_compose)
+
+    release = sub.add_parser("release", help="release a composition")
+    release.add_argument("composition_id")
+    release.add_argument("--reason", default="")
+    _intent_options(release)
+    release.set_defaults(run=_release)
+
+    extend = sub.add_parser("extend", help="extend a composition's lease")
+    extend.add_argument("composition_id")
+    extend.add_argument("--lease", type=int, required=True, metavar="SECONDS")
+    _intent_options(extend)
+    extend.set_defaults(run=_extend)
+
+
+def _query_commands(sub: Any) -> None:
+    conn = sub.add_parser("connections", help="what is connected to what, and why")
+    conn.add_argument("--host")
+    conn.add_argument("--tenant", help="only this tenant's connections")
+    conn.add_argument("--device")
+    _client_options(conn)
+    conn.set_defaults(run=_connections)
+
+    why = sub.add_parser("why", help="why a device, host, composition or link is as it is")
+    why.add_argument("id")
+    _client_options(why)
+    why.set_defaults(run=_why)
+
+    free = sub.add_parser("free", help="usable devices with capacity left")
+    free.add_argument("--kind", choices=["gpu", "memory", "nic", "nvme", "accelerator"])
+    _client_options(free)
+    free.set_defaults(run=_free)
+
+    blast = sub.add_parser("blast-radius", help="what a failure of a component would hit")
+    blast.add_argument("id")
+    _client_options(blast)
+    blast.set_defaults(run=_blast_radius)
+
+
+def _intent_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tenant", default=os.environ.get("TRELLIS_TENANT", DEFAULT_TENANT))
+    p.add_argument("--request-id", help="resend-safe id (default: a fresh one)")
+    _client_options(p)
 
 
 def _client_options(p: argparse.ArgumentParser) -> None:
@@ -111,12 +184,7 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _topology_import(args: argparse.Namespace) -> int:
-    try:
-        doc = msgspec.json.decode(args.file.read_bytes())
-    except (OSError, msgspec.DecodeError) as exc:
-        raise CliError(f"cannot read {args.file}: {exc}") from None
-    if not isinstance(doc, dict):
-        raise CliError(f"{args.file} must hold a JSON object with nodes and links")
+    doc = _read_json(args.file)
     body = {**doc, "reason": args.reason or doc.get("reason", f"imported from {args.file.name}")}
     # A fresh id per run: importing A, then B, then A again must import A, not replay its
     # first answer. Importing the same content twice is a no-op anyway (idempotent by content).
@@ -124,12 +192,110 @@ def _topology_import(args: argparse.Namespace) -> int:
     reply = _request(
         args, f"admin.{args.domain}.import-topology", {**body, "request_id": request_id}
     )
-    return _print_reply(args, reply, import_summary)
+    return _print_reply(args, reply, render.import_summary)
 
 
 def _topology_show(args: argparse.Namespace) -> int:
     reply = _request(args, f"query.{args.domain}.topology", {})
-    return _print_reply(args, reply, topology_tables)
+    return _print_reply(args, reply, render.topology_tables)
+
+
+def _compose(args: argparse.Namespace) -> int:
+    body = _read_json(args.file) if args.file else _compose_body(args)
+    return _send_intent(args, "compose", body, render.compose_summary)
+
+
+def _compose_body(args: argparse.Namespace) -> dict[str, Any]:
+    devices: list[dict[str, Any]] = []
+    shared = {"bandwidth_gbps": args.bandwidth} if args.bandwidth else {}
+    if args.gpu:
+        gpu: dict[str, Any] = {"kind": "gpu", "count": args.gpu, **shared}
+        if args.model:
+            gpu["models"] = args.model
+        if args.min_generation is not None:
+            gpu["min_generation"] = args.min_generation
+        devices.append(gpu)
+    if args.memory:
+        devices.append({"kind": "memory", "capacity_gib": args.memory, **shared})
+    for kind in ("nic", "nvme"):
+        if getattr(args, kind):
+            devices.append({"kind": kind, "count": getattr(args, kind), **shared})
+    constraints: dict[str, Any] = {"isolation": "exclusive" if args.exclusive else "shared"}
+    if args.max_hops is not None:
+        constraints["max_hops"] = args.max_hops
+    if args.max_latency_ns is not None:
+        constraints["max_latency_ns"] = args.max_latency_ns
+    if args.label:
+        constraints["labels"] = _pairs(args.label)
+    body: dict[str, Any] = {"constraints": constraints, "reason": args.reason}
+    if args.host:
+        body["host"] = args.host
+    else:
+        body["host_selector"] = {"labels": _pairs(args.host_label)}
+    if devices:
+        body["devices"] = devices
+    if args.device_id:
+        body["device_ids"] = args.device_id
+    if args.lease:
+        body["lease_seconds"] = args.lease
+    return body
+
+
+def _release(args: argparse.Namespace) -> int:
+    body = {"composition_id": args.composition_id, "reason": args.reason}
+    return _send_intent(args, "release", body, render.release_summary)
+
+
+def _extend(args: argparse.Namespace) -> int:
+    body = {"composition_id": args.composition_id, "lease_seconds": args.lease}
+    return _send_intent(args, "extend", body, render.extend_summary)
+
+
+def _connections(args: argparse.Namespace) -> int:
+    filters = {k: getattr(args, k) for k in ("host", "tenant", "device") if getattr(args, k)}
+    reply = _request(args, f"query.{args.domain}.connections", filters)
+    return _print_reply(args, reply, render.connections_table)
+
+
+def _why(args: argparse.Namespace) -> int:
+    reply = _request(args, f"query.{args.domain}.why", {"id": args.id})
+    return _print_reply(args, reply, render.why_text)
+
+
+def _free(args: argparse.Namespace) -> int:
+    reply = _request(args, f"query.{args.domain}.free", {"kind": args.kind} if args.kind else {})
+    return _print_reply(args, reply, render.free_table)
+
+
+def _blast_radius(args: argparse.Namespace) -> int:
+    reply = _request(args, f"query.{args.domain}.blast-radius", {"id": args.id})
+    return _print_reply(args, reply, render.blast_radius_table)
+
+
+def _send_intent(args: argparse.Namespace, verb: str, body: dict[str, Any], show: Any) -> int:
+    body = {**body, "request_id": args.request_id or body.get("request_id") or str(uuid.uuid4())}
+    reply = _request(args, f"intent.{args.domain}.{args.tenant}.{verb}", body)
+    return _print_reply(args, reply, show)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        doc = msgspec.json.decode(path.read_bytes())
+    except (OSError, msgspec.DecodeError) as exc:
+        raise CliError(f"cannot read {path}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise CliError(f"{path} must hold a JSON object")
+    return doc
+
+
+def _pairs(items: list[str]) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise CliError(f"expected K=V, got {item!r}")
+        pairs[key] = value
+    return pairs
 
 
 def _schema_export(args: argparse.Namespace) -> int:
@@ -176,8 +342,7 @@ def _print_reply(args: argparse.Namespace, reply: dict[str, Any], render: Any) -
     elif reply.get("ok"):
         print(render(reply["result"], reply))
     else:
-        err = reply["error"]
-        print(f"error [{err['code']}]: {err['message']}", file=sys.stderr)
+        print(render.error_text(reply["error"]), file=sys.stderr)
     return 0 if reply.get("ok") else 1
 
 

@@ -81,3 +81,99 @@ def _condition(component: dict[str, Any]) -> str:
 
 def _end(node: str, port: int | None) -> str:
     return node if port is None else f"{node}:{port}"
+
+
+def error_text(error: dict[str, Any]) -> str:
+    """The error line, plus the why-not funnel when there is one."""
+    lines = [f"error [{error['code']}]: {error['message']}"]
+    funnel = error.get("details", {}).get("funnel")
+    if funnel:
+        rows = [[f["stage"], f["removed"], f["remaining"]] for f in funnel]
+        lines.append(table(["constraint", "removed", "remaining"], rows))
+    return "\n".join(lines)
+
+
+def compose_summary(result: dict[str, Any], reply: dict[str, Any]) -> str:
+    expires = result.get("expires_at") or "no lease"
+    head = (
+        f"composition {result['composition_id']} on {result['host']}: {result['state']}"
+        f" (expires: {expires}) at position {reply['position']}"
+        + (" (replayed)" if reply.get("replayed") else "")
+    )
+    rows = [
+        [
+            d["id"],
+            d["kind"] + (f" {d['capacity_gib']:g} GiB" if d.get("capacity_gib") else ""),
+            " > ".join(d["path"]),
+            d["hops"],
+            d["latency_ns"],
+            f"{d['bandwidth_gbps']:g}",
+        ]
+        for d in result["devices"]
+    ]
+    return head + "\n" + table(["device", "kind", "path", "hops", "ns", "gbps"], rows)
+
+
+def release_summary(result: dict[str, Any], reply: dict[str, Any]) -> str:
+    circuits = ", ".join(result["circuits_removed"]) or "none"
+    return (
+        f"composition {result['composition_id']} released at position {reply['position']}; "
+        f"returned {', '.join(result['devices'])}; circuits removed: {circuits}"
+    )
+
+
+def extend_summary(result: dict[str, Any], reply: dict[str, Any]) -> str:
+    return f"composition {result['composition_id']} now expires at {result['expires_at']}"
+
+
+def connections_table(result: dict[str, Any], reply: dict[str, Any]) -> str:
+    rows = [
+        [
+            c["device"],
+            c["host"],
+            c["composition_id"],
+            c["tenant"],
+            " > ".join(c["path"]),
+            f"{c['bandwidth_gbps']:g}",
+            c["since"][:19],
+            c["why"]["reason"] or c["why"]["request_id"],
+        ]
+        for c in result["connections"]
+    ]
+    headers = ["device", "host", "composition", "tenant", "path", "gbps", "since", "why"]
+    return table(headers, rows) + f"\n{len(rows)} connections at position {reply['position']}"
+
+
+def why_text(result: dict[str, Any], reply: dict[str, Any]) -> str:
+    rows = [
+        [e["position"], e["type"], str(e["time"])[:19], e["actor"], e["request_id"]]
+        for e in result.get("chain", [])
+    ]
+    chain = table(["position", "event", "time", "actor", "request_id"], rows) if rows else ""
+    return result["text"] + ("\n\n" + chain if chain else "")
+
+
+def free_table(result: dict[str, Any], reply: dict[str, Any]) -> str:
+    rows = [
+        [
+            d["id"],
+            d["device_kind"],
+            " ".join(str(d[k]) for k in ("vendor", "model") if k in d),
+            d.get("generation", ""),
+            f"{d['free_gib']:g} GiB free" if "free_gib" in d else _capacity(d),
+            ", ".join(f"{k}={v}" for k, v in sorted(d.get("labels", {}).items())),
+        ]
+        for d in result["devices"]
+    ]
+    headers = ["device", "kind", "model", "gen", "capacity", "labels"]
+    return table(headers, rows) + f"\n{len(rows)} usable devices free"
+
+
+def blast_radius_table(result: dict[str, Any], reply: dict[str, Any]) -> str:
+    rows = [
+        [c["composition_id"], c["tenant"], c["host"], c["state"], ", ".join(c["devices"])]
+        for c in result["compositions"]
+    ]
+    tenants = ", ".join(result["tenants"]) or "none"
+    headers = ["composition", "tenant", "host", "state", "devices on that path"]
+    return table(headers, rows) + f"\ntenants affected: {tenants}"
