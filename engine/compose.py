@@ -240,8 +240,9 @@ def _candidate_hosts(state: DomainState, intent: Compose) -> list[str] | Rejecti
     ]
     if not hosts:
         message = f"no usable host matches the selector {wanted}"
-        details = {"selector": wanted, "funnel": []}
-        return Rejection(code="no_capacity", message=message, details=details)
+        return Rejection(
+            code="no_capacity", message=message, details={"selector": wanted, "funnel": []}
+        )
     return hosts
 
 

@@ -133,10 +133,12 @@ def evolve(state: DomainState, event: Event) -> DomainState:
         case LinkAdded(link=link):
             return replace(state, links={**state.links, link.id: LinkState(spec=link)})
         case ComponentRemoved(component=cid, kind="node", links=attached):
-            nodes = {k: v for k, v in state.nodes.items() if k != cid}
             gone = set(attached)
-            links = {k: v for k, v in state.links.items() if k not in gone}
-            return replace(state, nodes=nodes, links=links)
+            return replace(
+                state,
+                nodes={k: v for k, v in state.nodes.items() if k != cid},
+                links={k: v for k, v in state.links.items() if k not in gone},
+            )
         case ComponentRemoved(component=cid, kind="link"):
             return replace(state, links={k: v for k, v in state.links.items() if k != cid})
         case ComponentDrained(component=cid):

@@ -7,7 +7,8 @@ import itertools
 import operator
 from array import array
 from collections import deque
-from collections.abc import Mapping, Sequence, Set as AbstractSet
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import NamedTuple
 
 import networkx as nx
@@ -266,11 +267,11 @@ def _steps(  # type: ignore[no-untyped-def]
                 yield 2, latency, (far,), new, (link.id,), s_vertex, (circuit,)
         return
     for _, far, data in fabric.graph.edges(vertex, data=True):
-        link: LinkInfo = data["link"]
-        arrival = _arrive(fabric, conditions, request, link, far, nodes, targets)
+        cable: LinkInfo = data["link"]
+        arrival = _arrive(fabric, conditions, request, cable, far, nodes, targets)
         if arrival is not None:
             latency, s_vertex = arrival
-            yield 1, latency, (far,), 0, (link.id,), s_vertex, ()
+            yield 1, latency, (far,), 0, (cable.id,), s_vertex, ()
 
 
 def _arrive(  # type: ignore[no-untyped-def]
