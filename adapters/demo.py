@@ -14,7 +14,18 @@ from typing import Any
 
 from adapters.bootstrap import connect_nats, running_engine
 from adapters.client import TrellisClient
-from adapters.render import import_summary, table, topology_tables
+from adapters.render import (
+    blast_radius_table,
+    compose_summary,
+    connections_table,
+    error_text,
+    free_table,
+    import_summary,
+    release_summary,
+    table,
+    topology_tables,
+    why_text,
+)
 from adapters.settings import Settings
 from engine.records import verify_chain
 
@@ -77,6 +88,9 @@ async def session(client: TrellisClient, domain: str) -> None:
     print(outcome(await client.admin("nowhere", "drain", {"id": "sw-r1"})))
     print(outcome(await client.raw(f"admin.{domain}.drain", b"{not json")))
 
+    say("firmware done: undrain sw-r2")
+    print(outcome(await client.admin(domain, "undrain", {"id": "sw-r2"})))
+
     say("the fabric now (trellis topology show)")
     reply = await client.query(domain, "topology")
     print(topology_tables(reply["result"], reply))
@@ -92,6 +106,73 @@ async def session(client: TrellisClient, domain: str) -> None:
     ms = (time.perf_counter() - t0) * 1000
     positions = sorted(r["position"] for r in burst if r["ok"])
     print(f"{len(positions)} ok in {ms:.1f} ms, positions {positions[0]}..{positions[-1]}")
+
+
+async def compositions(client: TrellisClient, domain: str) -> None:
+    """A realistic mix over NATS: GPUs of several generations, memory slices, NICs; a refusal
+    explained; a fault that impairs; and the answer to "what is connected to what, and why"."""
+    say("acme composes a decode node: 2 GPUs (H100/H200), a 512 GiB CXL slice, a NIC")
+    decode = {
+        "host": "host-01",
+        "devices": [
+            {"kind": "gpu", "count": 2, "models": ["H100", "H200"], "bandwidth_gbps": 32},
+            {"kind": "memory", "capacity_gib": 512, "bandwidth_gbps": 64},
+            {"kind": "nic", "bandwidth_gbps": 16},
+        ],
+        "constraints": {"max_hops": 6, "max_latency_ns": 2000},
+        "lease_seconds": 3600,
+        "labels": {"workload": "decode", "model": "llama-70b"},
+        "reason": "decode pool scale-up for the evening peak",
+    }
+    reply = await client.intent(domain, "acme", "compose", decode)
+    print(compose_summary(reply["result"], reply))
+    acme_decode = reply["result"]["composition_id"]
+
+    say("globex takes a newest-generation GPU on any rack-r2 host, isolated from other tenants")
+    training = {
+        "host_selector": {"labels": {"rack": "r2"}},
+        "devices": [
+            {"kind": "gpu", "min_generation": 10},
+            {"kind": "memory", "capacity_gib": 1024},
+        ],
+        "constraints": {"isolation": "exclusive"},
+        "reason": "fine-tuning run 42",
+    }
+    reply = await client.intent(domain, "globex", "compose", training)
+    print(compose_summary(reply["result"], reply))
+    globex = reply["result"]["composition_id"]
+
+    say("acme asks for more than the pool holds: refused, with the why-not funnel")
+    greedy = {"host": "host-02", "devices": [{"kind": "gpu", "count": 6, "models": ["B200"]}]}
+    print(error_text((await client.intent(domain, "acme", "compose", greedy))["error"]))
+
+    say("acme wants a pool GPU within 2 hops: no such path, and the nearest miss")
+    near = {"host": "host-02", "devices": [{"kind": "gpu"}], "constraints": {"max_hops": 2,
+            "labels": {"rack": "pool"}}}  # fmt: skip
+    print(error_text((await client.intent(domain, "acme", "compose", near))["error"]))
+
+    say("before maintenance: what would a failure of sw-pool hit?")
+    reply = await client.query(domain, "blast-radius", {"id": "sw-pool"})
+    print(blast_radius_table(reply["result"], reply))
+
+    say("telemetry: the uplink l-021 from sw-pool to the OCS fails")
+    fault = {"component": "l-021", "state": "failed", "detail": "laser bias out of range"}
+    print(outcome(await client.admin(domain, "report-fault", fault)))
+
+    say("what is connected to what, and why (trellis connections)")
+    reply = await client.query(domain, "connections")
+    print(connections_table(reply["result"], reply))
+
+    for target in ("gpu-002", "host-01", acme_decode):
+        say(f"why {target}?")
+        reply = await client.query(domain, "why", {"id": target})
+        print(why_text(reply["result"], reply) if reply["ok"] else outcome(reply))
+
+    say("globex is done: release returns every device, slice and circuit")
+    reply = await client.intent(domain, "globex", "release", {"composition_id": globex})
+    print(release_summary(reply["result"], reply))
+    reply = await client.query(domain, "free", {"kind": "gpu"})
+    print(free_table(reply["result"], reply))
 
 
 async def show_log(running: Any, domain: str) -> None:
@@ -115,7 +196,9 @@ async def main() -> None:
         print(f"engine up: NATS {running.nats_url}, Postgres {running.database_url}")
         nc = await connect_nats(running.nats_url, name="trellis-demo")
         try:
-            await session(TrellisClient(nc, prefix=running.subject_prefix), domain)
+            client = TrellisClient(nc, prefix=running.subject_prefix)
+            await session(client, domain)
+            await compositions(client, domain)
         finally:
             await nc.close()
         await show_log(running, domain)
