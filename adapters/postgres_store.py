@@ -20,6 +20,11 @@ from engine.records import Head, PendingEvent, RecordedEvent, chain_hash
 
 _CONFLICT_STATES = {"TR001", asyncpg.UniqueViolationError.sqlstate}
 _PAGE = 2000
+# A hung database must turn into `unavailable` well inside a client's 10 s request timeout:
+# connecting, acquiring, running a statement and resetting a broken connection are each bounded.
+CONNECT_TIMEOUT_S = 2.0
+COMMAND_TIMEOUT_S = 2.5
+ACQUIRE_TIMEOUT_S = 2.0
 
 _COLUMNS = (
     "id, domain, version, position, type, schema_version, recorded_at, actor, causation_id, "
@@ -83,33 +88,39 @@ class PostgresEventStore:
                 min_size=min_size,
                 max_size=max_size,
                 server_settings=settings,
-                timeout=5,
-                command_timeout=10,
+                timeout=CONNECT_TIMEOUT_S,
+                command_timeout=COMMAND_TIMEOUT_S,
             )
-            async with pool.acquire() as conn:
+            async with pool.acquire(timeout=ACQUIRE_TIMEOUT_S) as conn:
                 await migrate(conn)
         return cls(pool)
 
     async def close(self) -> None:
         await self._pool.close()
 
+    async def _fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
+        # acquire(timeout=) also bounds the reset of a connection that broke mid-query.
+        async with self._pool.acquire(timeout=ACQUIRE_TIMEOUT_S) as conn:
+            rows: list[asyncpg.Record] = await conn.fetch(query, *args)
+            return rows
+
     async def domains(self) -> list[str]:
         with _translated("*"):
-            rows = await self._pool.fetch("SELECT domain FROM trellis_streams ORDER BY domain")
+            rows = await self._fetch("SELECT domain FROM trellis_streams ORDER BY domain")
         return [r["domain"] for r in rows]
 
     async def head(self, domain: str) -> Head:
         with _translated(domain):
-            row = await self._pool.fetchrow(
+            rows = await self._fetch(
                 "SELECT version, position, hash FROM trellis_streams WHERE domain = $1", domain
             )
-        return Head(row["version"], row["position"], row["hash"]) if row else Head()
+        return Head(rows[0]["version"], rows[0]["position"], rows[0]["hash"]) if rows else Head()
 
     async def read(self, domain: str, after_version: int = 0) -> AsyncIterator[RecordedEvent]:
         """One domain's events in version order, paged so no transaction stays open."""
         while True:
             with _translated(domain):
-                rows = await self._pool.fetch(
+                rows = await self._fetch(
                     f"SELECT {_COLUMNS} FROM trellis_events WHERE domain = $1 AND version > $2 "
                     "ORDER BY version LIMIT $3",
                     domain,
@@ -126,7 +137,7 @@ class PostgresEventStore:
         """Every domain's events in global position order (auditors, projections, the relay)."""
         while True:
             with _translated("*"):
-                rows = await self._pool.fetch(
+                rows = await self._fetch(
                     f"SELECT {_COLUMNS} FROM trellis_events WHERE position > $1 "
                     "ORDER BY position LIMIT $2",
                     after_position,
@@ -144,7 +155,7 @@ class PostgresEventStore:
         if not keys:
             return {}
         with _translated(domain):
-            rows = await self._pool.fetch(
+            rows = await self._fetch(
                 "SELECT actor, request_id, verb, body_hash, reply FROM trellis_requests "
                 "WHERE domain = $1 AND (actor, request_id) IN "
                 "(SELECT * FROM unnest($2::text[], $3::text[]))",
@@ -173,7 +184,7 @@ class PostgresEventStore:
         """Append `events` right after `expected` and store `replies_`, in one transaction."""
         rows = _chain(domain, expected, events)
         with _translated(domain, expected.version):
-            async with self._pool.acquire() as conn, conn.transaction():
+            async with self._pool.acquire(timeout=ACQUIRE_TIMEOUT_S) as conn, conn.transaction():
                 positions: dict[int, int] = {}
                 if rows:
                     inserted = await conn.fetch(_INSERT_EVENTS, domain, *zip(*rows, strict=True))

@@ -112,6 +112,8 @@ def decide(state: DomainState, intent: msgspec.Struct, ctx: Context) -> Decision
 
 
 def _import_topology(state: DomainState, intent: ImportTopology, ctx: Context) -> Decision:
+    if not state.exists and not intent.nodes:
+        raise IntentRejected("invalid", "an empty topology does not create a domain")
     nodes = {n.id: n for n in intent.nodes}
     _check_unique_ids([n.id for n in intent.nodes] + [lk.id for lk in intent.links])
     _check_links(intent.links, nodes)

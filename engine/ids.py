@@ -13,12 +13,16 @@ import msgspec
 ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 _ID_RE = re.compile(ID_PATTERN)
 
+# No control characters in free text: PostgreSQL text and jsonb cannot hold NUL, and a value
+# the log cannot store must be refused at the door (`invalid`), not fail a whole batch later.
+PLAIN_TEXT = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*$"
+
 Id = Annotated[str, msgspec.Meta(pattern=ID_PATTERN)]
 # Request ids are opaque client tokens (often uuids); they never become subject tokens.
-RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
-Label = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
-Labels = dict[Label, Annotated[str, msgspec.Meta(max_length=256)]]
-Text = Annotated[str, msgspec.Meta(max_length=2048)]
+RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=PLAIN_TEXT)]
+Label = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=PLAIN_TEXT)]
+Labels = dict[Label, Annotated[str, msgspec.Meta(max_length=256, pattern=PLAIN_TEXT)]]
+Text = Annotated[str, msgspec.Meta(max_length=2048, pattern=PLAIN_TEXT)]
 
 
 def is_valid_id(value: str) -> bool:

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from engine.ids import Id, Labels, RequestId, Text
+from engine.ids import ID_PATTERN, PLAIN_TEXT, Id, Labels, RequestId, Text
 from engine.model import DeviceKind, LinkSpec, Name, NodeSpec, NonNegFloat, PositiveFloat
 
 MAX_BODY_BYTES = 1024 * 1024
@@ -133,7 +133,7 @@ class ConnectionsQuery(Query):
 
 class WhyQuery(Query):
     id: Id
-    at: str | int | None = None
+    at: Text | int | None = None
 
 
 class FreeQuery(Query):
@@ -188,6 +188,21 @@ def decode_intent(family: Family, verb: str, body: bytes) -> msgspec.Struct:
     try:
         return decoder.decode(body)
     except msgspec.ValidationError as exc:
-        raise InvalidIntent(f"invalid {verb} body: {exc}") from None
+        raise InvalidIntent(f"invalid {verb} body: {_readable(str(exc))}") from None
     except msgspec.DecodeError as exc:
         raise InvalidIntent(f"{verb} body is not valid JSON: {exc}") from None
+
+
+_PATTERN_WORDS = {
+    f"Expected `str` matching regex {ID_PATTERN!r}": (
+        "Expected an id (1-64 letters, digits, '_' or '-')"
+    ),
+    f"Expected `str` matching regex {PLAIN_TEXT!r}": "Expected text without control characters",
+}
+
+
+def _readable(message: str) -> str:
+    """Say what our id and text patterns mean instead of quoting the regex."""
+    for regex, words in _PATTERN_WORDS.items():
+        message = message.replace(regex, words)
+    return message

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from engine.ids import Id, Labels
+from engine.ids import PLAIN_TEXT, Id, Labels
 
 NodeKind = Literal["host", "switch", "ocs", "device"]
 DeviceKind = Literal["gpu", "memory", "nic", "nvme", "accelerator"]
@@ -19,7 +19,7 @@ Health = Literal["healthy", "degraded", "failed"]
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
-Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=PLAIN_TEXT)]
 
 # Fields that only make sense on a device node; validated in one place below.
 _DEVICE_FIELDS = ("vendor", "model", "generation", "memory_gib", "capacity_gib", "cost_per_hour")

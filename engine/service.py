@@ -96,12 +96,22 @@ class DomainWriter:
             batch = [await self._queue.get()]
             while len(batch) < self._max_batch and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
-            try:
-                await self._commit_batch(batch)
-            except Exception:  # a bug must not kill the writer; the clients get an answer
-                log.exception("domain %s: batch of %d failed", self.domain, len(batch))
-                self._stale = True
-                _answer_all(batch, replies.error("unavailable", "internal error; retry later"))
+            await self._commit_isolating_failures(batch)
+
+    async def _commit_isolating_failures(self, batch: list[_Request]) -> None:
+        """Commit the batch; if it fails unexpectedly, retry its requests one by one so a
+        single poisonous request cannot take the others down with it."""
+        try:
+            await self._commit_batch(batch)
+            return
+        except Exception:  # a bug must not kill the writer; the clients get an answer
+            log.exception("domain %s: batch of %d failed", self.domain, len(batch))
+            self._stale = True
+        if len(batch) == 1:
+            _answer_all(batch, replies.error("unavailable", "internal error; retry later"))
+            return
+        for request in batch:
+            await self._commit_isolating_failures([request])
 
     async def _commit_batch(self, batch: list[_Request]) -> None:
         for _attempt in range(3):

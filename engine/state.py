@@ -93,6 +93,7 @@ class DomainState(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     domain: str
+    created: bool = False  # set by the first TopologyImported; an emptied fabric still exists
     nodes: dict[str, NodeState] = {}
     links: dict[str, LinkState] = {}
     compositions: dict[str, Composition] = {}
@@ -105,8 +106,8 @@ class DomainState(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def exists(self) -> bool:
-        """A domain exists from its first topology event on."""
-        return bool(self.nodes or self.links)
+        """A domain exists from its first topology import on."""
+        return self.created
 
     def component(self, component_id: str) -> Component | None:
         return self.nodes.get(component_id) or self.links.get(component_id)
@@ -125,6 +126,7 @@ def evolve(state: DomainState, event: Event) -> DomainState:
             # Components that stay keep their health and drain marks; the specs are replaced.
             return replace(
                 state,
+                created=True,
                 nodes={n.id: _respec(state.nodes.get(n.id), n, NodeState) for n in nodes},
                 links={lk.id: _respec(state.links.get(lk.id), lk, LinkState) for lk in links},
             )

@@ -158,16 +158,6 @@ async def test_rejects_bad_input_as_invalid_and_writes_nothing(
     await still_serving(h)
 
 
-NUL_REQUEST_ID = (
-    "BUG: engine/ids.py RequestId accepts any 1..128-char string, including U+0000 (sent as the "
-    "JSON escape \\u0000); PostgreSQL text cannot hold NUL, so the append in "
-    "adapters/postgres_store.py raises CharacterNotInRepertoireError (22021), which _translated "
-    "re-raises untranslated and DomainWriter._run (engine/service.py) answers with `unavailable` "
-    "'internal error' for the whole batch"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=NUL_REQUEST_ID)
 async def test_rejects_a_request_id_with_a_nul_character_as_invalid(
     h: Harness, database_url: str, pg_schema: str
 ) -> None:
@@ -180,9 +170,6 @@ async def test_rejects_a_request_id_with_a_nul_character_as_invalid(
     assert "request_id" in expect_error(reply, "invalid")["message"]
 
 
-@pytest.mark.xfail(
-    strict=True, reason=NUL_REQUEST_ID + "; so one bad client fails everybody's intents"
-)
 async def test_one_bad_request_does_not_spoil_the_intents_committed_with_it(h: Harness) -> None:
     # Given: many good intents in flight, with one whose request_id the database cannot store.
     await imported(h)

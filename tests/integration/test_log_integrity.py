@@ -106,14 +106,6 @@ async def test_the_database_refuses_to_change_or_remove_stored_replies(
     assert await sql.fetch("SELECT * FROM trellis_requests ORDER BY position") == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: schema/001_event_log.sql guards trellis_requests against UPDATE and DELETE only "
-        "(trigger trellis_requests_no_update); TRUNCATE goes through, and afterwards every "
-        "resent request_id is decided and executed a second time"
-    ),
-)
 async def test_the_database_refuses_to_truncate_stored_replies(
     h: Harness, sql: asyncpg.Connection
 ) -> None:
@@ -124,6 +116,27 @@ async def test_the_database_refuses_to_truncate_stored_replies(
         await sql.execute("TRUNCATE trellis_requests")
 
     assert await sql.fetch("SELECT * FROM trellis_requests ORDER BY position") == before
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "UPDATE trellis_streams SET version = version + 5",
+        "DELETE FROM trellis_streams",
+        "TRUNCATE trellis_streams",
+        "INSERT INTO trellis_streams VALUES ('x', 1, 1, repeat('0', 64))",
+    ],
+)
+async def test_only_the_log_itself_may_move_a_stream_head(
+    h: Harness, sql: asyncpg.Connection, statement: str
+) -> None:
+    await with_some_history(h)
+    before = await sql.fetch("SELECT * FROM trellis_streams ORDER BY domain")
+
+    with pytest.raises(asyncpg.PostgresError, match="not allowed"):
+        await sql.execute(statement)
+
+    assert await sql.fetch("SELECT * FROM trellis_streams ORDER BY domain") == before
 
 
 # ---- the hash chain ----
