@@ -194,16 +194,6 @@ def process_tree(pid: int) -> list[int]:
     return tree
 
 
-@pytest.mark.slow  # waits out the client's 10 s timeout while the bug below stands
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: PostgresEventStore.open (adapters/postgres_store.py) uses command_timeout=10; "
-        "against a hung (not down) Postgres the first store call times out after 10 s and "
-        "asyncpg's Pool.release then spends up to another 10 s resetting the dead connection, "
-        "so `unavailable` comes after ~20 s, long after TrellisClient's 10 s timeout"
-    ),
-)
 async def test_a_hung_postgres_gives_unavailable_within_the_client_timeout(
     nats_url: str, subject_prefix: str, own_postgres: EmbeddedPostgres
 ) -> None:
