@@ -180,9 +180,15 @@ def best_paths(
     Best means: fewest hops, then lowest latency, then the smallest sequence of node ids, then
     the fewest new circuits, then the smallest sequence of link ids. The search is a
     label-setting Dijkstra over (hops, latency, nodes, new circuits, links); a vertex is a node,
-    or for an OCS the port a path enters on. With a latency bound a vertex keeps every label on
-    the (hops, latency) Pareto front, so a longer but faster path is not lost to a shorter slow
-    one. Labels never revisit a node.
+    or for an OCS the port a path enters on. Labels never revisit a node.
+
+    Labels are popped best first, so a label is dominated at its vertex by an earlier one
+    that (with a latency bound) was at least as fast and that passed no OCS this one avoids.
+    The OCS condition keeps the search exact: if the rest of the best path needs an OCS the
+    earlier label used up, cutting the walk short at the first shared node gives a better
+    path unless that node is an OCS, whose circuit cannot be re-paired (a switch can be
+    cut there; an OCS cannot). The latency condition keeps the (hops, latency) Pareto front,
+    so a longer but faster path is not lost to a shorter slow one.
 
     Raises:
         PathError: the host is unknown, not a host, or unusable.
@@ -195,15 +201,20 @@ def best_paths(
         raise PathError(f"host {host!r} is not usable")
 
     found: dict[str, Path] = {}
-    best_latency: dict[object, int] = {}  # vertex -> lowest latency settled there
+    settled: dict[object, list[tuple[int, frozenset[str]]]] = {}  # vertex -> (latency, OCS used)
+    bounded = request.max_latency_ns is not None
     tie = itertools.count()
     start = (0, 0, (host,), 0, (), next(tie), host, ())
     heap = [start]
     while heap and len(found) < len(targets):
         hops, latency, nodes, new, links, _, vertex, circuits = heapq.heappop(heap)
-        if latency >= best_latency.get(vertex, _NEVER):
-            continue  # dominated: a label with fewer or equal hops got here at least as fast
-        best_latency[vertex] = latency if request.max_latency_ns is not None else -1
+        used = frozenset(c.ocs for c in circuits)
+        if isinstance(vertex, tuple):
+            used |= {vertex[0]}
+        labels = settled.setdefault(vertex, [])
+        if any((not bounded or lat <= latency) and ocs <= used for lat, ocs in labels):
+            continue  # dominated (see above)
+        labels.append((latency, used))
         node = nodes[-1]
         if node != host and fabric.kind(node) == "device":
             found.setdefault(node, Path(node, nodes, links, circuits, hops, latency))
@@ -229,9 +240,6 @@ def best_paths(
                 ),
             )
     return found
-
-
-_NEVER = 1 << 62
 
 
 def _steps(  # type: ignore[no-untyped-def]
