@@ -125,6 +125,12 @@ class FabricBuilder:
             self.link(a, b, gbps=gbps, ns=ns)
         return self
 
+    def free_port(self, node: str) -> int | None:
+        """The lowest port of OCS `node` without a cable, or None when all have one."""
+        spec = self.nodes[node]
+        cabled = self._cabled.get(node, set())
+        return next((p for p in range(spec.ports or 0) if p not in cabled), None)
+
     # ---- results ----
 
     def imported(self) -> TopologyImported:
@@ -147,7 +153,8 @@ class FabricBuilder:
             return port
         cabled = self._cabled.setdefault(node, set())
         if port is None:
-            port = next(p for p in range(spec.ports or 0) if p not in cabled)
+            port = self.free_port(node)
+            assert port is not None, f"every port of {node} has a cable"
         assert port not in cabled, f"{node}:{port} already has a cable"
         cabled.add(port)
         return port
