@@ -773,23 +773,16 @@ def test_a_fault_on_an_unused_component_or_a_recovery_impairs_nothing() -> None:
     assert not [e for e in events if isinstance(e, CompositionImpaired)]
 
 
-# ---- known bugs ----
+# ---- regressions ----
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: ext/_paths_py.py best_paths() prunes a label when its vertex was already "
-        "settled, but with an existing circuit the settled (better) label may have used the "
-        "OCS the rest of the path needs, so a feasible simple path is lost and compose says "
-        "no_path"
-    ),
-)
+# best_paths used to drop every later label at a settled vertex, losing this path (fixed in
+# b84f784: a label only dominates one that passed every OCS it passed).
 def test_a_feasible_path_is_found_when_the_best_prefix_uses_an_ocs_the_rest_needs() -> None:
     # h -p0- o, o -p1- s1, s1 -p2- o, o -p3- s4 - {gb, gd}, and h - s2 - s3 - s1.
     # gb is composed while l-hx is down (circuit p2-p3 over the long way round), then ga over
     # o (circuit p0-p1). gd is reachable exactly like gb: h s2 s3 s1 o(p2-p3) s4 gd, 7 hops.
-    # The search settles s1 first via o (h o s1 < h s2 s3 s1) and from there o is used up.
+    # The best label to s1 goes over o (h o s1 < h s2 s3 s1), and from there o is used up.
     b = FabricBuilder().host("h").ocs("o", ports=4)
     for switch in ("s1", "s2", "s3", "s4"):
         b.switch(switch)
