@@ -545,21 +545,34 @@ def test_a_memory_request_takes_the_closest_pool_with_enough_free() -> None:
     assert [d.id for d in result.devices] == ["m-far"]
 
 
+def test_a_memory_entry_with_count_n_takes_slices_from_n_different_pools() -> None:
+    # docs/architecture.md (as built): count n interleaves across n pools.
+    b = FabricBuilder().host("h").memory("m1", 100).memory("m2", 100)
+    state = b.chain("h", "m1").chain("h", "m2").state()
+    entries = [{"kind": "memory", "capacity_gib": 10, "count": 2}]
+    state, result = composed(state, "t", host="h", devices=entries)
+    assert [d.id for d in result.devices] == ["m1", "m2"]
+    assert state.memory_used == {"m1": 10, "m2": 10}
+    one_pool = FabricBuilder().host("h").memory("m", 100).chain("h", "m").state()
+    error = rejected(*compose(one_pool, "t", host="h", devices=entries), "no_capacity")
+    assert (error.details["found"], funnel(error)[2]) == (1, ("free", 1, 0))
+
+
 @pytest.mark.xfail(
     strict=True,
     reason=(
         "BUG: engine/placement.py place() adds every pick to `picked` and _free() refuses a "
-        "picked device even for memory slices, so one request cannot take two slices of one "
-        "pool although the pool has that much free (placement even tracks memory_used per "
-        "pick for exactly this)"
+        "picked device even for a slice of a later, separate memory entry, so "
+        "[{memory 10}, {memory 20}] fails on one 100 GiB pool although each entry takes its "
+        "slice from one pool with that much free"
     ),
 )
-def test_two_memory_slices_of_one_request_may_come_from_the_same_pool() -> None:
+def test_two_separate_memory_entries_may_take_their_slices_from_the_same_pool() -> None:
     state = FabricBuilder().host("h").memory("m", 100).chain("h", "m").state()
-    entries = [{"kind": "memory", "capacity_gib": 10, "count": 2}]
+    entries = [{"kind": "memory", "capacity_gib": 10}, {"kind": "memory", "capacity_gib": 20}]
     state, result = composed(state, "t", host="h", devices=entries)
-    assert [d.id for d in result.devices] == ["m", "m"]
-    assert state.memory_used == {"m": 20}
+    assert [(d.id, d.capacity_gib) for d in result.devices] == [("m", 10), ("m", 20)]
+    assert state.memory_used == {"m": 30}
 
 
 # ---- device_ids ----
