@@ -558,21 +558,14 @@ def test_a_memory_entry_with_count_n_takes_slices_from_n_different_pools() -> No
     assert (error.details["found"], funnel(error)[2]) == (1, ("free", 1, 0))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: engine/placement.py place() adds every pick to `picked` and _free() refuses a "
-        "picked device even for a slice of a later, separate memory entry, so "
-        "[{memory 10}, {memory 20}] fails on one 100 GiB pool although each entry takes its "
-        "slice from one pool with that much free"
-    ),
-)
-def test_two_separate_memory_entries_may_take_their_slices_from_the_same_pool() -> None:
+def test_a_composition_holds_at_most_one_slice_of_a_pool() -> None:
+    # One binding per device keeps "one row per connected device"; a bigger slice is asked
+    # for with a bigger capacity_gib (docs/architecture.md, section 11).
     state = FabricBuilder().host("h").memory("m", 100).chain("h", "m").state()
     entries = [{"kind": "memory", "capacity_gib": 10}, {"kind": "memory", "capacity_gib": 20}]
-    state, result = composed(state, "t", host="h", devices=entries)
-    assert [(d.id, d.capacity_gib) for d in result.devices] == [("m", 10), ("m", 20)]
-    assert state.memory_used == {"m": 30}
+    _, error = compose(state, "t", host="h", devices=entries)
+    assert error.code == "no_capacity"
+    assert (error.details["entry"], funnel(error)[2]) == (1, ("free", 1, 0))
 
 
 # ---- device_ids ----
