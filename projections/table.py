@@ -1,0 +1,205 @@
+"""Projection tables as a batch's fold sees them: rows fetched in bulk, changed in memory and
+written back in bulk, inside the runner's transaction.
+
+Why not one SQL statement per event: a statement is a network round trip, and replaying the log
+would then run at round-trip speed, far below the rate of merely reading the log (ARCHITECTURE
+§10 asks rebuilds to reach 30% of that). Instead each batch costs a few statements per table,
+whatever its size: one SELECT for the rows its events touch, one DELETE and one upsert at the
+end. The fold between them is plain Python over dicts, one `match` arm per event type in each
+projection module. The statements are generated from the column list below, so a table's SQL
+shape lives next to its definition and cannot drift from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import asyncpg
+import msgspec
+
+Row = dict[str, Any]
+Key = tuple[Any, ...]
+
+_json_encode = msgspec.json.Encoder().encode
+_json_decode = msgspec.json.Decoder().decode
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column and its Postgres type. jsonb travels as text and is cast on the server, so the
+    connection needs no custom codecs (the runner may be handed someone else's pool)."""
+
+    name: str
+    type: str
+
+
+@dataclass(frozen=True)
+class Table:
+    """One projection table: its columns, primary key and the key prefix rows are grouped by."""
+
+    name: str
+    columns: tuple[Column, ...]
+    key: tuple[str, ...]
+    group: tuple[str, ...] = ()  # a key prefix fetched whole, e.g. all rows of one composition
+
+    @cached_property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    @cached_property
+    def types(self) -> dict[str, str]:
+        return {c.name: c.type for c in self.columns}
+
+    @cached_property
+    def json_columns(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns if c.type == "jsonb")
+
+    def _unnest(self, columns: Iterable[str]) -> str:
+        # jsonb arrays are sent as text[]; everything else as an array of its own type.
+        return ", ".join(
+            f"${i}::{'text' if self.types[c] == 'jsonb' else self.types[c]}[]"
+            for i, c in enumerate(columns, 1)
+        )
+
+    def _select_by(self, columns: tuple[str, ...]) -> str:
+        return (
+            f"SELECT {', '.join(self.names)}\n"
+            f"  FROM {self.name}\n"
+            f" WHERE ({', '.join(columns)}) IN (SELECT * FROM unnest({self._unnest(columns)}))"
+        )
+
+    @cached_property
+    def select_by_key(self) -> str:
+        return self._select_by(self.key)
+
+    @cached_property
+    def select_by_group(self) -> str:
+        return self._select_by(self.group)
+
+    @cached_property
+    def delete_by_key(self) -> str:
+        return (
+            f"DELETE FROM {self.name}\n"
+            f" WHERE ({', '.join(self.key)}) IN (SELECT * FROM unnest({self._unnest(self.key)}))"
+        )
+
+    @cached_property
+    def upsert(self) -> str:
+        values = ", ".join(
+            f"u.{c}::jsonb" if c in self.json_columns else f"u.{c}" for c in self.names
+        )
+        updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in self.names if c not in self.key)
+        on_conflict = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
+        return (
+            f"INSERT INTO {self.name} ({', '.join(self.names)})\n"
+            f"SELECT {values}\n"
+            f"  FROM unnest({self._unnest(self.names)}) AS u({', '.join(self.names)})\n"
+            f"    ON CONFLICT ({', '.join(self.key)}) {on_conflict}"
+        )
+
+    def key_of(self, row: Row) -> Key:
+        return tuple(row[c] for c in self.key)
+
+
+class Rows:
+    """One table's rows for the length of one batch: a cache over the database plus the changes.
+
+    `get` and `group` fetch what is not cached yet (one statement each; `prefetch` and
+    `prefetch_groups` fetch many keys in one), `put` and `delete` change the cache, and `flush`
+    writes every changed key once, in its final state. Missing rows are cached as None so a key
+    is fetched at most once per batch.
+    """
+
+    def __init__(self, table: Table, conn: asyncpg.Connection):
+        self.table = table
+        self._conn = conn
+        self._rows: dict[Key, Row | None] = {}
+        self._dirty: set[Key] = set()
+        self._groups: dict[Key, set[Key]] = {}  # group prefix -> keys cached under it
+        self._fetched_groups: set[Key] = set()
+
+    async def prefetch(self, keys: Iterable[Key]) -> None:
+        """Fetch every key not cached yet, in one statement."""
+        missing = sorted({k for k in keys if k not in self._rows})
+        if not missing:
+            return
+        records = await self._conn.fetch(self.table.select_by_key, *zip(*missing, strict=True))
+        for record in records:
+            self._cache(self._decode(record))
+        for key in missing:
+            self._rows.setdefault(key, None)
+
+    async def prefetch_groups(self, prefixes: Iterable[Key]) -> None:
+        """Fetch every row under each prefix not fetched yet, in one statement."""
+        missing = sorted({p for p in prefixes if p not in self._fetched_groups})
+        if not missing:
+            return
+        records = await self._conn.fetch(self.table.select_by_group, *zip(*missing, strict=True))
+        for record in records:
+            self._cache(self._decode(record))
+        self._fetched_groups.update(missing)
+
+    async def get(self, key: Key) -> Row | None:
+        if key not in self._rows:
+            await self.prefetch([key])
+        return self._rows[key]
+
+    async def group(self, prefix: Key) -> list[Row]:
+        """The live rows under `prefix` (changes of this batch included), in key order."""
+        await self.prefetch_groups([prefix])
+        keys = sorted(self._groups.get(prefix, ()))
+        return [row for k in keys if (row := self._rows[k]) is not None]
+
+    def put(self, row: Row) -> None:
+        """Insert or replace a row; it is written by `flush`."""
+        key = self.table.key_of(row)
+        self._rows[key] = row
+        self._dirty.add(key)
+        if self.table.group:
+            self._groups.setdefault(key[: len(self.table.group)], set()).add(key)
+
+    def delete(self, key: Key) -> None:
+        self._rows[key] = None
+        self._dirty.add(key)
+
+    def cached(self) -> list[Row]:
+        """Every live row cached so far (for folds that scan what the batch already fetched)."""
+        return [row for row in self._rows.values() if row is not None]
+
+    async def flush(self) -> None:
+        """Write every changed key in its final state: deletes first, then one bulk upsert."""
+        gone = sorted(k for k in self._dirty if self._rows[k] is None)
+        kept = [row for k in sorted(self._dirty) if (row := self._rows[k]) is not None]
+        if gone:
+            await self._conn.execute(self.table.delete_by_key, *zip(*gone, strict=True))
+        if kept:
+            await self._conn.execute(self.table.upsert, *self._columns(kept))
+        self._dirty.clear()
+
+    def _cache(self, row: Row) -> None:
+        # A row this batch already holds is newer than the database's copy.
+        key = self.table.key_of(row)
+        if key in self._rows:
+            return
+        self._rows[key] = row
+        if self.table.group:
+            self._groups.setdefault(key[: len(self.table.group)], set()).add(key)
+
+    def _decode(self, record: asyncpg.Record) -> Row:
+        row = dict(record)
+        for c in self.table.json_columns:
+            row[c] = _json_decode(row[c])
+        return row
+
+    def _columns(self, rows: list[Row]) -> list[list[Any]]:
+        """Column-wise arrays for unnest, jsonb values encoded as text."""
+        arrays = []
+        for c in self.table.names:
+            if c in self.table.json_columns:
+                arrays.append([_json_encode(row[c]).decode() for row in rows])
+            else:
+                arrays.append([row[c] for row in rows])
+        return arrays
