@@ -1,0 +1,750 @@
+"""Projections and read models, fed by real intents over NATS into the Postgres log.
+
+The scenario composes for three tenants in one hall (and one in a second hall), releases one
+composition, extends a lease, drains and faults devices and fails a switch. Tests then read
+the projection tables and the read models, rebuild from scratch and compare, and break the
+runner mid-batch to check that rows and checkpoints only ever move together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import msgspec
+import pytest
+import pytest_asyncio
+from fabrics import expect_ok
+from harness import Harness, serving
+
+from engine.records import PendingEvent
+from projections.base import Fact, Projection
+from projections.devices import DevicesProjection
+from projections.read_models import PostgresReadModels
+from projections.runner import ProjectionRunner, ProjectionStalled, default_projections
+
+HALL = "hall-1"
+OTHER_HALL = "hall-2"
+FABRIC = json.loads((Path(__file__).parents[2] / "examples" / "fabric.json").read_text())
+
+
+# ---- fixtures ----
+
+
+@pytest_asyncio.fixture
+async def h(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str
+) -> AsyncIterator[Harness]:
+    async with serving(nats_url, database_url, pg_schema, subject_prefix) as harness:
+        yield harness
+
+
+@pytest_asyncio.fixture
+async def pool(database_url: str, pg_schema: str) -> AsyncIterator[asyncpg.Pool]:
+    """A pool in the test's schema for probes and for runners built by the tests."""
+    p = await asyncpg.create_pool(
+        database_url, min_size=1, max_size=6, server_settings={"search_path": pg_schema}
+    )
+    yield p
+    await p.close()
+
+
+class Scenario(msgspec.Struct, kw_only=True):
+    """What the scenario did: compose results by tenant and the last committed position."""
+
+    acme: dict[str, Any]
+    globex: dict[str, Any]
+    initech: dict[str, Any]
+    other_hall: dict[str, Any]
+    extended: dict[str, Any]
+    last: int
+
+
+async def play(h: Harness) -> Scenario:
+    """Given: two halls with the example fabric, and a day's worth of intents."""
+    client = h.client
+    expect_ok(await client.admin(HALL, "import-topology", FABRIC))
+    expect_ok(await client.admin(OTHER_HALL, "import-topology", FABRIC))
+    acme = expect_ok(
+        await client.intent(
+            HALL,
+            "acme",
+            "compose",
+            {
+                "request_id": "r-acme",
+                "host": "host-01",
+                "devices": [
+                    {"kind": "gpu", "count": 2, "bandwidth_gbps": 64},
+                    {"kind": "memory", "capacity_gib": 512, "bandwidth_gbps": 64},
+                ],
+                "constraints": {"max_hops": 6},
+                "lease_seconds": 3600,
+                "labels": {"workload": "decode"},
+                "reason": "decode pool scale-up",
+            },
+        )
+    )
+    globex = expect_ok(
+        await client.intent(
+            HALL,
+            "globex",
+            "compose",
+            {"request_id": "r-globex", "host": "host-03", "devices": [{"kind": "gpu"}]},
+        )
+    )
+    initech = expect_ok(
+        await client.intent(
+            HALL,
+            "initech",
+            "compose",
+            {
+                "request_id": "r-initech",
+                "host": "host-02",
+                "devices": [{"kind": "gpu"}, {"kind": "memory", "capacity_gib": 128}],
+                "reason": "batch job",
+            },
+        )
+    )
+    other_hall = expect_ok(
+        await client.intent(
+            OTHER_HALL,
+            "acme",
+            "compose",
+            {"request_id": "r-acme", "host": "host-01", "devices": [{"kind": "gpu"}]},
+        )
+    )
+    expect_ok(
+        await client.intent(
+            HALL,
+            "initech",
+            "release",
+            {"request_id": "r-initech-done", "composition_id": initech["composition_id"]},
+        )
+    )
+    extended = expect_ok(
+        await client.intent(
+            HALL,
+            "acme",
+            "extend",
+            {
+                "request_id": "r-acme-more",
+                "composition_id": acme["composition_id"],
+                "lease_seconds": 600,
+            },
+        )
+    )
+    expect_ok(
+        await client.admin(
+            HALL, "drain", {"request_id": "r-drain", "id": "gpu-012", "reason": "firmware"}
+        )
+    )
+    expect_ok(
+        await client.admin(
+            HALL,
+            "report-fault",
+            {"request_id": "r-ecc", "component": "gpu-011", "state": "degraded", "detail": "ecc"},
+        )
+    )
+    fault = await client.admin(
+        HALL,
+        "report-fault",
+        {"request_id": "r-fault", "component": "sw-pool", "state": "failed", "detail": "psu"},
+    )
+    assert expect_ok(fault)["impaired"] == [acme["composition_id"]]
+    return Scenario(
+        acme=acme,
+        globex=globex,
+        initech=initech,
+        other_hall=other_hall,
+        extended=extended,
+        last=fault["position"],
+    )
+
+
+@pytest_asyncio.fixture
+async def played(h: Harness) -> Scenario:
+    return await play(h)
+
+
+@pytest_asyncio.fixture
+async def runner(
+    h: Harness, pool: asyncpg.Pool, played: Scenario
+) -> AsyncIterator[ProjectionRunner]:
+    """A runner in the background, caught up with the scenario."""
+    r = ProjectionRunner(pool, h.store)
+    await r.start()
+    assert await r.wait_for(played.last, timeout=10)
+    yield r
+    await r.close()
+
+
+@pytest_asyncio.fixture
+async def models(runner: ProjectionRunner) -> PostgresReadModels:
+    return PostgresReadModels(runner.pool, runner)
+
+
+# ---- probes ----
+
+PROJECTION_TABLES = [
+    "proj_compositions",
+    "proj_connections",
+    "proj_connection_requests",
+    "proj_devices",
+    "proj_components",
+    "proj_device_holds",
+]
+
+
+async def dump(pool: asyncpg.Pool) -> dict[str, list[str]]:
+    """Every row of every projection table and the checkpoints, as sorted canonical JSON."""
+    tables = [*PROJECTION_TABLES, "trellis_checkpoints"]
+    return {
+        t: [r[0] for r in await pool.fetch(f"SELECT to_jsonb(t)::text FROM {t} AS t ORDER BY 1")]
+        for t in tables
+    }
+
+
+JSONB_COLUMNS = {"labels", "devices", "impaired_by", "chain", "path", "links", "why"}
+
+
+async def rows(pool: asyncpg.Pool, sql: str, *args: Any) -> list[dict[str, Any]]:
+    """Query rows as dicts, jsonb columns decoded."""
+    out = []
+    for record in await pool.fetch(sql, *args):
+        row = dict(record)
+        for k in JSONB_COLUMNS & row.keys():
+            row[k] = json.loads(row[k])
+        out.append(row)
+    return out
+
+
+async def checkpoints(pool: asyncpg.Pool) -> dict[str, int]:
+    return dict(await pool.fetch("SELECT name, position FROM trellis_checkpoints"))
+
+
+async def highest_position_in_rows(pool: asyncpg.Pool) -> int:
+    """The highest log position any projection row mentions (0 if none)."""
+    found = await pool.fetchval(
+        """
+        SELECT coalesce(max(p), 0) FROM (
+            SELECT updated_position AS p FROM proj_compositions
+            UNION ALL
+            SELECT (e->>'position')::bigint FROM proj_compositions, jsonb_array_elements(chain) e
+            UNION ALL
+            SELECT (why->>'position')::bigint FROM proj_connections
+            UNION ALL
+            SELECT (why->>'position')::bigint FROM proj_connection_requests
+            UNION ALL
+            SELECT (e->>'position')::bigint FROM proj_components, jsonb_array_elements(chain) e
+        ) AS mentioned
+        """
+    )
+    return int(found)
+
+
+async def log_position(pool: asyncpg.Pool, domain: str, type_: str, request_id: str) -> int:
+    position: int = await pool.fetchval(
+        "SELECT position FROM trellis_events WHERE domain = $1 AND type = $2 AND causation_id = $3",
+        domain,
+        type_,
+        request_id,
+    )
+    return position
+
+
+# ---- the projection tables ----
+
+
+async def test_connections_hold_one_row_per_bound_device_with_its_request(
+    runner: ProjectionRunner, pool: asyncpg.Pool, played: Scenario
+) -> None:
+    connections = await rows(
+        pool, "SELECT * FROM proj_connections WHERE domain = $1 ORDER BY device", HALL
+    )
+    acme, globex = played.acme, played.globex
+    expected = {(acme["composition_id"], d["id"]): d for d in acme["devices"]} | {
+        (globex["composition_id"], d["id"]): d for d in globex["devices"]
+    }
+    # The released composition left no rows behind.
+    assert {(c["composition_id"], c["device"]) for c in connections} == set(expected)
+    requested = await log_position(pool, HALL, "CompositionRequested", "r-acme")
+    reserved_at = await pool.fetchval(
+        "SELECT recorded_at FROM trellis_events WHERE domain = $1 AND type = 'DevicesReserved'"
+        " AND causation_id = 'r-acme'",
+        HALL,
+    )
+    for c in connections:
+        device = expected[(c["composition_id"], c["device"])]
+        assert c["path"] == device["path"]
+        assert c["path"][0] == c["host"]
+        assert c["bandwidth_gbps"] == device["bandwidth_gbps"]
+        assert c["capacity_gib"] == device["capacity_gib"]
+        assert len(c["links"]) == len(c["path"]) - 1  # cables; circuits count as hops too
+        if c["tenant"] == "acme":
+            assert c["host"] == "host-01"
+            assert c["since"] == reserved_at
+            assert c["why"] == {
+                "request_id": "r-acme",
+                "actor": "acme",
+                "reason": "decode pool scale-up",
+                "labels": {"workload": "decode"},
+                "constraints": {
+                    "max_hops": 6,
+                    "max_latency_ns": None,
+                    "isolation": "shared",
+                    "labels": {},
+                },
+                "position": requested,
+            }
+        else:
+            assert (c["tenant"], c["host"], c["why"]["request_id"]) == (
+                "globex",
+                "host-03",
+                "r-globex",
+            )
+    other = await rows(pool, "SELECT * FROM proj_connections WHERE domain = $1", OTHER_HALL)
+    assert [(c["composition_id"], c["device"]) for c in other] == [
+        (played.other_hall["composition_id"], played.other_hall["devices"][0]["id"])
+    ]
+
+
+async def test_compositions_keep_every_composition_with_its_state_and_chain(
+    runner: ProjectionRunner, pool: asyncpg.Pool, played: Scenario
+) -> None:
+    found = {
+        r["composition_id"]: r
+        for r in await rows(pool, "SELECT * FROM proj_compositions WHERE domain = $1", HALL)
+    }
+    acme = found[played.acme["composition_id"]]
+    assert (acme["tenant"], acme["host"], acme["state"]) == ("acme", "host-01", "impaired")
+    assert acme["devices"] == played.acme["devices"]
+    assert acme["impaired_by"] == [{"component": "sw-pool", "reason": "sw-pool failed: psu"}]
+    assert (acme["labels"], acme["reason"], acme["request_id"]) == (
+        {"workload": "decode"},
+        "decode pool scale-up",
+        "r-acme",
+    )
+    assert msgspec.to_builtins(acme["expires_at"]) == played.extended["expires_at"]
+    assert found[played.globex["composition_id"]]["state"] == "active"
+    assert found[played.initech["composition_id"]]["state"] == "released"
+    # The chain is exactly the log's events that name the composition, in order.
+    for cid, row in found.items():
+        log = await pool.fetch(
+            "SELECT type, position, actor, causation_id FROM trellis_events"
+            " WHERE domain = $1 AND data->>'composition_id' = $2 ORDER BY position",
+            HALL,
+            cid,
+        )
+        assert [(e["type"], e["position"], e["actor"], e["request_id"]) for e in row["chain"]] == [
+            tuple(e) for e in log
+        ]
+        assert row["updated_position"] == log[-1]["position"]
+    types = [e["type"] for e in acme["chain"]]
+    assert types[0] == "CompositionRequested"
+    assert types[-2:] == ["LeaseExtended", "CompositionImpaired"]
+    assert types.count("PathEstablished") == 3
+
+
+async def test_devices_show_attributes_health_and_holder(
+    runner: ProjectionRunner, pool: asyncpg.Pool, played: Scenario
+) -> None:
+    devices = {
+        r["device"]: r
+        for r in await rows(pool, "SELECT * FROM proj_devices WHERE domain = $1", HALL)
+    }
+    assert set(devices) == {n["id"] for n in FABRIC["nodes"] if n["kind"] == "device"}
+    owners = {d: r["owner"] for d, r in devices.items() if r["owner"]}
+    assert owners == {
+        d["id"]: c["composition_id"]
+        for c in (played.acme, played.globex)
+        for d in c["devices"]
+        if d["capacity_gib"] is None
+    }
+    initech_gpu = played.initech["devices"][0]["id"]
+    assert devices[initech_gpu]["owner"] is None  # given back by the release
+    mem = devices["mem-01"]
+    assert (mem["memory_used_gib"], mem["capacity_gib"], mem["device_kind"]) == (
+        512.0,
+        2048.0,
+        "memory",
+    )
+    assert devices["gpu-001"]["memory_used_gib"] is None
+    assert (devices["gpu-012"]["drained"], devices["gpu-012"]["health"]) == (True, "healthy")
+    assert devices["gpu-011"]["health"] == "degraded"
+    spec = next(n for n in FABRIC["nodes"] if n["id"] == "gpu-004")
+    row = devices["gpu-004"]
+    assert (row["vendor"], row["model"], row["generation"], row["memory_gib"]) == (
+        spec["vendor"],
+        spec["model"],
+        spec["generation"],
+        spec["memory_gib"],
+    )
+    assert (row["cost_per_hour"], row["labels"]) == (spec["cost_per_hour"], spec["labels"])
+    components = {
+        r["id"]: r
+        for r in await rows(pool, "SELECT * FROM proj_components WHERE domain = $1", HALL)
+    }
+    assert set(components) == {n["id"] for n in FABRIC["nodes"]} | {
+        lk["id"] for lk in FABRIC["links"]
+    }
+    assert (components["sw-pool"]["kind"], components["sw-pool"]["health"]) == ("switch", "failed")
+    assert [e["type"] for e in components["sw-pool"]["chain"]] == [
+        "TopologyImported",
+        "ComponentFaulted",
+    ]
+    assert components["l-001"]["kind"] == "link"
+    # What a release gives back, it gives back exactly: initech's holds are gone.
+    holds = await rows(pool, "SELECT * FROM proj_device_holds WHERE domain = $1", HALL)
+    assert {h["composition_id"] for h in holds} == {
+        played.acme["composition_id"],
+        played.globex["composition_id"],
+    }
+
+
+# ---- rebuild, atomicity, crashes ----
+
+
+async def test_rebuild_yields_exactly_the_rows_folded_live(
+    h: Harness, runner: ProjectionRunner, pool: asyncpg.Pool, played: Scenario
+) -> None:
+    assert sorted(runner.tables) == sorted(PROJECTION_TABLES)
+    live = await dump(pool)
+    assert all(live[t] for t in PROJECTION_TABLES), "the scenario fills every table"
+    replayed = await runner.rebuild()
+    assert replayed == await pool.fetchval("SELECT count(*) FROM trellis_events")
+    assert await dump(pool) == live
+    # Batch boundaries change nothing: replay one and two events per transaction.
+    for size in (1, 2):
+        small = ProjectionRunner(pool, h.store, batch_size=size)
+        await small.rebuild()
+        assert await dump(pool) == live
+
+
+async def test_two_runners_on_the_same_tables_fold_each_event_once(
+    h: Harness, runner: ProjectionRunner, pool: asyncpg.Pool, played: Scenario
+) -> None:
+    live = await dump(pool)
+    await runner.stop()
+    await pool.execute(f"TRUNCATE {', '.join(PROJECTION_TABLES)}")
+    await pool.execute("UPDATE trellis_checkpoints SET position = 0")
+    first = ProjectionRunner(pool, h.store, batch_size=2)
+    second = ProjectionRunner(pool, h.store, batch_size=3)
+    await asyncio.gather(first.catch_up(), second.catch_up())
+    assert first.position == second.position == played.last
+    assert await dump(pool) == live
+
+
+class Broken:
+    """A projection that behaves like `inner` until it meets `position`, then `fails`."""
+
+    def __init__(self, inner: Projection, position: int, fail: Any):
+        self.inner, self.position, self.fail = inner, position, fail
+        self.name, self.tables = inner.name, inner.tables
+
+    async def apply(self, conn: asyncpg.Connection, facts: Sequence[Fact]) -> None:
+        if any(f.record.position == self.position for f in facts):
+            await self.fail(conn)
+        await self.inner.apply(conn, facts)
+
+
+def with_broken_devices(position: int, fail: Any) -> list[Projection]:
+    # The devices projection folds last, so when it fails the other two have already written
+    # their rows of the batch into the transaction.
+    projections = default_projections()
+    assert isinstance(projections[-1], DevicesProjection)
+    return [*projections[:-1], Broken(projections[-1], position, fail)]
+
+
+async def test_a_failed_batch_leaves_rows_and_checkpoints_as_the_last_commit_did(
+    h: Harness, pool: asyncpg.Pool, played: Scenario
+) -> None:
+    reserved = await log_position(pool, HALL, "DevicesReserved", "r-globex")
+
+    async def boom(conn: asyncpg.Connection) -> None:
+        raise RuntimeError("disk full")
+
+    broken = ProjectionRunner(
+        pool, h.store, projections=with_broken_devices(reserved, boom), batch_size=4
+    )
+    with pytest.raises(RuntimeError, match="disk full"):
+        await broken.catch_up()
+    saved = await checkpoints(pool)
+    assert len(set(saved.values())) == 1, saved
+    (committed,) = set(saved.values())
+    assert 0 < committed < reserved
+    # Nothing of the failed batch is visible, though two projections had written their part.
+    assert await highest_position_in_rows(pool) <= committed
+    assert not await pool.fetchval(
+        "SELECT count(*) FROM proj_compositions WHERE request_id = 'r-globex'"
+    )
+    # A healthy runner resumes from the checkpoint and ends where a rebuild ends.
+    healthy = ProjectionRunner(pool, h.store, batch_size=4)
+    await healthy.catch_up()
+    resumed = await dump(pool)
+    await healthy.rebuild()
+    assert await dump(pool) == resumed
+
+
+async def test_a_runner_whose_session_dies_mid_batch_resumes_without_duplicates(
+    h: Harness, pool: asyncpg.Pool, database_url: str, played: Scenario
+) -> None:
+    target = await log_position(pool, HALL, "CompositionImpaired", "r-fault")
+    inside = asyncio.Event()
+    backend: list[int] = []
+
+    async def hang(conn: asyncpg.Connection) -> None:
+        backend.append(await conn.fetchval("SELECT pg_backend_pid()"))
+        inside.set()
+        await asyncio.Event().wait()  # until the database kills the session under it
+
+    crashing = ProjectionRunner(
+        pool, h.store, projections=with_broken_devices(target, hang), batch_size=5
+    )
+    await crashing.start()
+    await asyncio.wait_for(inside.wait(), 10)
+    # The crash: the runner's database session dies with the batch's transaction open.
+    killer = await asyncpg.connect(database_url)
+    try:
+        assert await killer.fetchval("SELECT pg_terminate_backend($1)", backend[0])
+    finally:
+        await killer.close()
+    await crashing.stop()
+    saved = await checkpoints(pool)
+    assert max(saved.values()) < target
+    assert await highest_position_in_rows(pool) <= min(saved.values())
+
+    fresh = ProjectionRunner(pool, h.store)
+    await fresh.start()
+    try:
+        assert await fresh.wait_for(played.last, timeout=10)
+    finally:
+        await fresh.stop()
+    resumed = await dump(pool)
+    chains = await pool.fetch("SELECT chain FROM proj_compositions")
+    for (chain,) in chains:
+        positions = [e["position"] for e in json.loads(chain)]
+        assert positions == sorted(set(positions))
+    await fresh.rebuild()
+    assert await dump(pool) == resumed
+
+
+async def test_an_undecodable_event_stalls_the_runner_after_everything_before_it(
+    h: Harness, pool: asyncpg.Pool, played: Scenario
+) -> None:
+    head = await h.store.head(HALL)
+    future = PendingEvent(
+        id="00000000-0000-4000-8000-000000000001",
+        type="EventFromTheFuture",
+        schema_version=1,
+        actor="operator",
+        causation_id="r-future",
+        correlation_id="r-future",
+        recorded_at=datetime(2026, 1, 1, tzinfo=UTC),
+        data=b"{}",
+    )
+    appended = await h.store.append(HALL, head, [future], [])
+    stuck = ProjectionRunner(pool, h.store, batch_size=1000)
+    with pytest.raises(ProjectionStalled) as stalled:
+        await stuck.catch_up()
+    assert stalled.value.position == appended.head.position
+    assert stuck.position == played.last
+    assert not await stuck.wait_for(appended.head.position, timeout=0.2)
+
+
+# ---- read models ----
+
+
+async def test_composition_answers_with_the_compose_result_and_its_story(
+    models: PostgresReadModels, played: Scenario
+) -> None:
+    acme = played.acme
+    found = await models.composition(HALL, acme["composition_id"])
+    assert found is not None
+    assert {k: found[k] for k in ("composition_id", "host", "devices")} == {
+        k: acme[k] for k in ("composition_id", "host", "devices")
+    }
+    assert found["expires_at"] == played.extended["expires_at"]
+    assert (found["state"], found["tenant"], found["labels"], found["reason"]) == (
+        "impaired",
+        "acme",
+        {"workload": "decode"},
+        "decode pool scale-up",
+    )
+    assert found["created_at"] < found["expires_at"]
+    assert found["impaired_by"] == [{"component": "sw-pool", "reason": "sw-pool failed: psu"}]
+    assert [e["request_id"] for e in found["chain"]][-2:] == ["r-acme-more", "r-fault"]
+    released = await models.composition(HALL, played.initech["composition_id"])
+    assert released is not None and released["state"] == "released"
+    assert released["devices"] == played.initech["devices"]
+    assert await models.composition(HALL, "c-unknown") is None
+    # Domains do not mix: the same tenant and request id make another composition elsewhere.
+    assert await models.composition(OTHER_HALL, acme["composition_id"]) is None
+
+
+async def test_connections_filter_by_host_tenant_and_device(
+    models: PostgresReadModels, played: Scenario
+) -> None:
+    every = await models.connections(HALL)
+    assert [set(r) for r in every] == [
+        {
+            "device",
+            "host",
+            "composition_id",
+            "tenant",
+            "path",
+            "bandwidth_gbps",
+            "capacity_gib",
+            "since",
+            "why",
+        }
+    ] * 4
+    acme_devices = [d["id"] for d in played.acme["devices"]]
+    by_host = await models.connections(HALL, host="host-01")
+    assert [r["device"] for r in by_host] == sorted(acme_devices)
+    by_tenant = await models.connections(HALL, tenant="globex")
+    assert [(r["device"], r["host"]) for r in by_tenant] == [
+        (played.globex["devices"][0]["id"], "host-03")
+    ]
+    by_device = await models.connections(HALL, device="mem-01")
+    assert [(r["composition_id"], r["capacity_gib"]) for r in by_device] == [
+        (played.acme["composition_id"], 512.0)
+    ]
+    assert by_device[0]["since"].endswith("Z")
+    assert by_device[0]["why"]["reason"] == "decode pool scale-up"
+    assert await models.connections(HALL, host="host-01", tenant="globex") == []
+    assert await models.connections(HALL, tenant="initech") == []  # released
+    assert await models.connections("no-such-hall") == []
+    assert len(await models.connections(OTHER_HALL)) == 1
+
+
+async def test_why_explains_a_connected_device_in_one_sentence(
+    models: PostgresReadModels, played: Scenario
+) -> None:
+    cid = played.acme["composition_id"]
+    answer = await models.why(HALL, "gpu-001")
+    assert answer is not None
+    (row,) = answer["connected_to"]
+    assert (answer["id"], answer["kind"], row["composition_id"]) == ("gpu-001", "device", cid)
+    assert answer["text"] == (
+        f"gpu-001 is connected to host-01 over sw-r1 in composition {cid} for tenant acme"
+        f" since {row['since']}, impaired by sw-pool, requested by acme (request r-acme):"
+        " decode pool scale-up."
+    )
+    types = [e["type"] for e in answer["chain"]]
+    assert types[0] == "TopologyImported" and "DevicesReserved" in types
+    positions = [e["position"] for e in answer["chain"]]
+    assert positions == sorted(set(positions))
+    memory = await models.why(HALL, "mem-01")
+    assert memory is not None
+    assert " with 512 GiB over sw-r1, ocs-1, sw-pool " in memory["text"]
+
+
+async def test_why_says_a_free_device_is_connected_to_nothing(
+    models: PostgresReadModels, played: Scenario
+) -> None:
+    free = await models.why(HALL, "gpu-005")
+    assert free is not None
+    assert (free["kind"], free["connected_to"]) == ("device", [])
+    assert free["text"] == "gpu-005 is connected to nothing; it is free and healthy."
+    assert [e["type"] for e in free["chain"]] == ["TopologyImported"]
+    degraded = await models.why(HALL, "gpu-011")
+    assert degraded is not None
+    assert degraded["text"] == "gpu-011 is connected to nothing; it is free and degraded (ecc)."
+    drained = await models.why(HALL, "gpu-012")
+    assert drained is not None
+    assert drained["text"] == (
+        "gpu-012 is connected to nothing; it is free and healthy and drained."
+    )
+    given_back = await models.why(HALL, played.initech["devices"][0]["id"])
+    assert given_back is not None and given_back["connected_to"] == []
+
+
+async def test_why_explains_a_host(models: PostgresReadModels, played: Scenario) -> None:
+    cid = played.acme["composition_id"]
+    busy = await models.why(HALL, "host-01")
+    assert busy is not None
+    assert busy["kind"] == "host"
+    assert [r["device"] for r in busy["connected_to"]] == ["gpu-001", "gpu-002", "mem-01"]
+    since = busy["connected_to"][0]["since"]
+    assert busy["text"] == (
+        f"host-01 is connected to gpu-001, gpu-002 and mem-01 in composition {cid} for tenant"
+        f" acme since {since}, impaired by sw-pool, requested by acme (request r-acme):"
+        " decode pool scale-up."
+    )
+    idle = await models.why(HALL, "host-04")
+    assert idle is not None
+    assert (idle["kind"], idle["connected_to"]) == ("host", [])
+    assert idle["text"] == "host-04 is connected to nothing; it is healthy."
+
+
+async def test_why_explains_a_composition(models: PostgresReadModels, played: Scenario) -> None:
+    cid = played.globex["composition_id"]
+    answer = await models.why(HALL, cid)
+    composition = await models.composition(HALL, cid)
+    assert answer is not None and composition is not None
+    assert answer["kind"] == "composition"
+    assert answer["chain"] == composition["chain"]
+    gpu = played.globex["devices"][0]["id"]
+    assert [r["device"] for r in answer["connected_to"]] == [gpu]
+    request = next(e for e in composition["chain"] if e["type"] == "CompositionRequested")
+    assert answer["text"] == (
+        f"composition {cid} of tenant globex connects host-03 to {gpu}"
+        f" since {composition['created_at']}, requested by globex (request r-globex);"
+        " it is active."
+    )
+    assert request["request_id"] == "r-globex"
+    gone = await models.why(HALL, played.initech["composition_id"])
+    assert gone is not None
+    assert gone["connected_to"] == []
+    assert gone["text"].startswith(
+        f"composition {played.initech['composition_id']} of tenant initech connected host-02 to "
+    )
+    assert gone["text"].endswith(
+        "requested by initech (request r-initech): batch job; it is released."
+    )
+
+
+async def test_why_explains_a_link_and_a_switch_by_the_paths_over_them(
+    models: PostgresReadModels, played: Scenario
+) -> None:
+    cid = played.acme["composition_id"]
+    link = await models.why(HALL, "l-001")  # host-01 -- sw-r1
+    assert link is not None
+    assert link["kind"] == "link"
+    assert {r["composition_id"] for r in link["connected_to"]} == {cid}
+    assert link["text"] == (
+        f"l-001 carries the paths from host-01 to gpu-001, gpu-002 and mem-01 in composition"
+        f" {cid} for tenant acme; it is healthy."
+    )
+    unused = await models.why(HALL, "l-020")
+    assert unused is not None
+    assert unused["text"] == "l-020 carries nothing; it is healthy."
+    switch = await models.why(HALL, "sw-pool")
+    assert switch is not None
+    assert switch["kind"] == "switch"
+    assert [r["device"] for r in switch["connected_to"]] == ["mem-01"]
+    assert switch["text"].endswith("; it is failed (psu).")
+    assert [e["type"] for e in switch["chain"]][-2:] == ["ComponentFaulted", "CompositionImpaired"]
+
+
+async def test_why_knows_nothing_of_an_unknown_id(
+    models: PostgresReadModels, played: Scenario
+) -> None:
+    assert await models.why(HALL, "gpu-999") is None
+    assert await models.why("no-such-hall", "gpu-001") is None
+
+
+async def test_wait_for_tells_when_the_projections_include_a_position(
+    runner: ProjectionRunner, pool: asyncpg.Pool, played: Scenario
+) -> None:
+    assert await runner.wait_for(played.last, timeout=0.1)
+    assert not await runner.wait_for(played.last + 1000, timeout=0.1)
+    # Read models served from another process watch the checkpoints instead.
+    watching = PostgresReadModels(pool)
+    assert await watching.wait_for(played.last, timeout=0.1)
+    assert not await watching.wait_for(played.last + 1000, timeout=0.1)
