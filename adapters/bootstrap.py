@@ -23,7 +23,9 @@ from adapters.embedded import EmbeddedNats, EmbeddedPostgres, default_data_dir
 from adapters.nats_intake import NatsIntake
 from adapters.postgres_store import PostgresEventStore
 from adapters.settings import Settings
+from engine.ports import Clock
 from engine.service import Engine
+from projections import PostgresReadModels, ProjectionRunner
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +35,7 @@ ENDPOINTS_FILE = "endpoints.json"
 class RunningEngine(msgspec.Struct, kw_only=True):
     engine: Engine
     store: PostgresEventStore
+    projections: ProjectionRunner
     nc: NATS
     nats_url: str
     database_url: str
@@ -68,31 +71,68 @@ async def embedded_or_configured(settings: Settings) -> AsyncIterator[tuple[str,
 
 
 @contextlib.asynccontextmanager
-async def running_engine(settings: Settings) -> AsyncIterator[RunningEngine]:
-    """Start the engine as configured; it serves until the context exits."""
+async def engine_on(
+    nats_url: str,
+    database_url: str,
+    *,
+    schema: str | None = None,
+    prefix: str = "trellis",
+    domains: list[str] | None = None,
+    clock: Clock | None = None,
+) -> AsyncIterator[RunningEngine]:
+    """The engine, its projections and its NATS intake on given servers, until the context
+    exits. Migrations run first; the engine's state is rebuilt from the log before it serves."""
     async with contextlib.AsyncExitStack() as stack:
-        nats_url, database_url = await stack.enter_async_context(embedded_or_configured(settings))
-        store = await PostgresEventStore.open(database_url, schema=settings.db_schema)
+        store = await PostgresEventStore.open(database_url, schema=schema)
         stack.push_async_callback(store.close)
-        nc = await connect_nats(nats_url, name="trellis-engine")
-        stack.push_async_callback(nc.drain)
-        engine = Engine(store, SystemClock(), domains=settings.domains)
+        runner = await ProjectionRunner.open(database_url, store, schema=schema)
+        stack.push_async_callback(runner.close)
+        await runner.start()
+        engine = Engine(
+            store,
+            clock or SystemClock(),
+            domains=domains,
+            read_models=PostgresReadModels(runner.pool, runner),
+            on_commit=runner.notify,
+        )
         await engine.start()
         stack.push_async_callback(engine.close)
-        intake = NatsIntake(nc, engine, prefix=settings.subject_prefix, domains=settings.domains)
+        nc = await connect_nats(nats_url, name="trellis-engine")
+        # close, not drain: intake.stop() below has already unsubscribed and waited for every
+        # request in flight, which is what a drain would do (and nats-py's drain can stall).
+        stack.push_async_callback(nc.close)
+        intake = NatsIntake(nc, engine, prefix=prefix, domains=domains)
         await intake.start()
         stack.push_async_callback(intake.stop)
-        endpoints = _write_endpoints(settings, nats_url)
-        stack.callback(endpoints.unlink, missing_ok=True)
-        log.info("engine serving %s on %s", settings.subject_prefix, nats_url)
         yield RunningEngine(
             engine=engine,
             store=store,
+            projections=runner,
             nc=nc,
             nats_url=nats_url,
             database_url=database_url,
-            subject_prefix=settings.subject_prefix,
+            subject_prefix=prefix,
         )
+
+
+@contextlib.asynccontextmanager
+async def running_engine(settings: Settings) -> AsyncIterator[RunningEngine]:
+    """Start the engine as configured (embedded servers for unset URLs); serve until exit."""
+    async with contextlib.AsyncExitStack() as stack:
+        nats_url, database_url = await stack.enter_async_context(embedded_or_configured(settings))
+        running = await stack.enter_async_context(
+            engine_on(
+                nats_url,
+                database_url,
+                schema=settings.db_schema,
+                prefix=settings.subject_prefix,
+                domains=settings.domains,
+            )
+        )
+        endpoints = _write_endpoints(settings, nats_url)
+        stack.callback(endpoints.unlink, missing_ok=True)
+        log.info("engine serving %s on %s", settings.subject_prefix, nats_url)
+        yield running
 
 
 def _write_endpoints(settings: Settings, nats_url: str) -> Path:

@@ -19,6 +19,7 @@ from engine.service import Engine
 log = logging.getLogger(__name__)
 
 QUEUE_GROUP = "trellis-engine"
+STOP_GRACE_S = 10.0
 
 
 def subjects(prefix: str, domains: list[str] | None) -> list[str]:
@@ -61,7 +62,12 @@ class NatsIntake:
             await sub.unsubscribe()
         self._subs.clear()
         if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            # Requests in flight get their answers; a request stuck past the grace period is
+            # cancelled (its client times out and resends with the same request_id).
+            _, stuck = await asyncio.wait(self._tasks, timeout=STOP_GRACE_S)
+            for task in stuck:
+                task.cancel()
+            await asyncio.gather(*stuck, return_exceptions=True)
 
     async def _on_msg(self, msg: Msg) -> None:
         await self._slots.acquire()  # backpressure: bounded work in flight

@@ -145,7 +145,12 @@ def release(state: DomainState, intent: Release, ctx: Context) -> Decision:
     removed = unused_circuits(state, composition)
     events += [
         CircuitRemoved(
-            ocs=c.ocs, a_port=c.a_port, b_port=c.b_port, host=composition.host, reason="unused"
+            ocs=c.ocs,
+            a_port=c.a_port,
+            b_port=c.b_port,
+            host=composition.host,
+            reason="unused",
+            composition_id=composition.id,
         )
         for c in removed
     ]

@@ -140,6 +140,7 @@ class CircuitRemoved(Event):
     b_port: int
     host: str
     reason: str = ""
+    composition_id: str = ""  # the composition whose release left the circuit unused
 
 
 class PathEstablished(Event):

@@ -92,7 +92,12 @@ class DomainWriter:
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def _run(self) -> None:
+        task = asyncio.current_task()
         while True:
+            if task is not None and task.cancelling():
+                # A cancellation that surfaced as a store error was answered as `unavailable`;
+                # it is still a request to stop.
+                raise asyncio.CancelledError
             batch = [await self._queue.get()]
             while len(batch) < self._max_batch and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
@@ -105,6 +110,11 @@ class DomainWriter:
             await self._commit_batch(batch)
             return
         except Exception:  # a bug must not kill the writer; the clients get an answer
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # asyncpg may surface a cancellation inside a dying transaction as another
+                # error; swallowing it would make close() wait forever.
+                raise
             log.exception("domain %s: batch of %d failed", self.domain, len(batch))
             self._stale = True
         if len(batch) == 1:
