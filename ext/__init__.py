@@ -1,5 +1,11 @@
 """Path core: the compiled Cython module, or its pure-Python reference as a fallback.
 
+One surface, two implementations: ``Fabric``, ``LiveConditions``, ``best_paths``,
+``best_devices`` and ``hop_distances`` come from ``ext._paths_c`` when it is built, else from
+the reference (``ext._paths_py``, the spec, and ``ext._live_py``, its incremental twins). The
+value types (``Conditions``, ``PathRequest``, ``Path``, ``Circuit``, ``NodeInfo``,
+``LinkInfo``) and ``PathError`` are the reference's in both.
+
 Set ``TRELLIS_PURE_PYTHON=1`` to force the reference (debugging, or checking a suspected drift).
 """
 
@@ -12,13 +18,11 @@ from typing import Literal
 from ._paths_py import (
     Circuit,
     Conditions,
-    Fabric,
     LinkInfo,
     NodeInfo,
     Path,
     PathError,
     PathRequest,
-    best_paths,
 )
 
 __all__ = [
@@ -27,25 +31,32 @@ __all__ = [
     "Conditions",
     "Fabric",
     "LinkInfo",
+    "LiveConditions",
     "NodeInfo",
     "Path",
     "PathError",
     "PathRequest",
+    "best_devices",
     "best_paths",
     "hop_distances",
 ]
 
-# best_paths has only its networkx reference so far; the compiled twin follows (issue 4).
-
 IMPLEMENTATION: Literal["cython", "python"]
 
-if os.environ.get("TRELLIS_PURE_PYTHON", "") not in ("", "0"):
-    from ._paths_py import hop_distances
+
+def _reference() -> None:
+    global Fabric, LiveConditions, best_devices, best_paths, hop_distances, IMPLEMENTATION
+    from ._live_py import LiveConditions, best_devices
+    from ._paths_py import Fabric, best_paths, hop_distances
 
     IMPLEMENTATION = "python"
+
+
+if os.environ.get("TRELLIS_PURE_PYTHON", "") not in ("", "0"):
+    _reference()
 else:
     try:
-        from ._paths_c import hop_distances
+        from ._paths_c import Fabric, LiveConditions, best_devices, best_paths, hop_distances
     except ImportError as exc:
         # Still correct, only slower; say why so a missing build is not mistaken for a slow host.
         warnings.warn(
@@ -54,8 +65,6 @@ else:
             RuntimeWarning,
             stacklevel=2,
         )
-        from ._paths_py import hop_distances
-
-        IMPLEMENTATION = "python"
+        _reference()
     else:
         IMPLEMENTATION = "cython"

@@ -1,13 +1,35 @@
-# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
-"""Compiled path core; must agree exactly with ``ext._paths_py`` (the spec), errors included."""
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
+"""Compiled path core; must agree exactly with ``ext._paths_py`` (the spec), errors included.
+
+Layout (section 5 of ARCHITECTURE.md, data layout in docs/architecture.md section 11):
+
+- ``Fabric``: the static topology, rebuilt only when the topology changes. Node and link ids
+  are numbered in sorted id order, so comparing index sequences compares the id strings the
+  way the reference does. CSR adjacency (link, far node, far end's OCS port slot), per-link
+  capacity and latency, per-node kind and latency, and the cabled ports of each OCS as *slots*
+  (grouped by OCS, in port order). A search vertex is a node, or a slot (an OCS entry port).
+- ``LiveConditions``: what changes between requests, as flat arrays: usable flags, free
+  bandwidth per link, circuit per slot (other slot, owner host), and per switch the number of
+  tenants with paths (and exclusive holds) and, when there is one, which. Each update touches
+  O(1) entries; a journal (``checkpoint``/``rollback``) lets a decision try picks and undo them.
+- The search runs without the GIL over buffers kept in a per-fabric workspace that grows only
+  when a search needs more than any search before (no allocation per step).
+"""
 
 import operator
 from array import array
 
 from cpython.array cimport array as carray, clone
-from libc.stdlib cimport free, malloc
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc, realloc
+from libc.string cimport memcpy, memset
+
+from ._paths_py import Circuit, Conditions, Path, PathError
 
 cdef carray _INT32_TEMPLATE = array("i")
+
+
+# ---- hop_distances (BFS over a CSR adjacency) ----
 
 
 cdef const int[:] _as_int32(object seq):
@@ -96,3 +118,1178 @@ def hop_distances(indptr, indices, source, max_hops):
     finally:
         free(queue)
     return result.tolist()
+
+
+# ---- the section-5 path search ----
+
+cdef enum:
+    HOST = 0
+    SWITCH = 1
+    OCS = 2
+    DEVICE = 3
+    NO_CIRCUIT = -1
+    DANGLING = -2  # a circuit whose other port has no cable: the reference raises KeyError
+    NOBODY = -2  # an owner or tenant that is no node or known tenant: equal to no request's
+    UNUSABLE = 1
+
+cdef double _EPSILON = 1e-9  # as _paths_py._EPSILON: reservations that add up exactly fit
+cdef int64_t _NO_LIMIT = (<int64_t>1) << 62
+
+_KINDS = {"host": HOST, "switch": SWITCH, "ocs": OCS, "device": DEVICE}
+
+
+cdef void* _alloc(Py_ssize_t count, size_t size) except NULL:
+    cdef void* p = malloc(<size_t>(count if count > 0 else 1) * size)
+    if p == NULL:
+        raise MemoryError()
+    return p
+
+
+ctypedef struct FabricData:
+    int32_t n_nodes
+    int32_t n_links
+    int32_t n_slots
+    int32_t n_ocs
+    int8_t* kind  # per node
+    int64_t* node_lat
+    int32_t* ocs_rank  # per node: its rank among OCS, or -1
+    int32_t* adj_ptr  # CSR over nodes: n_nodes + 1 offsets
+    int32_t* adj_link
+    int32_t* adj_far
+    int32_t* adj_slot  # the far end's slot when the far node is an OCS, else -1
+    int64_t* link_lat
+    double* link_cap
+    int32_t* slot_ocs  # per slot: its OCS node
+    int64_t* slot_port
+    int32_t* slot_link  # the cable on the port
+    int32_t* slot_far  # the node at the cable's other end
+    int32_t* slot_far_slot  # that end's slot when it is an OCS, else -1
+    int32_t* ocs_slots  # per OCS rank: n_ocs + 1 offsets into the slots
+
+
+ctypedef struct CondData:
+    uint8_t* node_flags
+    uint8_t* link_flags
+    double* free  # capacity - reserved, computed as the reference computes it
+    double* reserved  # as given (not read by the search; kept so free stays exact)
+    int32_t* circ_other  # per slot: the other slot, NO_CIRCUIT or DANGLING
+    int32_t* circ_owner  # per slot: the owner host's node index, or NOBODY
+    int32_t* users_n  # per node (switches): tenants with live paths through it
+    int32_t* users_sole  # the tenant when users_n == 1
+    int32_t* holders_n  # tenants holding it exclusively
+    int32_t* holders_sole
+
+
+ctypedef struct Label:
+    int64_t latency
+    int64_t seq  # offset into the arena: depth nodes, then depth - 1 links
+    uint64_t mask  # OCS on the path, one bit per OCS rank modulo 64
+    int32_t hops
+    int32_t new_circuits
+    int32_t vertex  # a node, or n_nodes + slot
+    int32_t node  # the last node
+    int32_t depth  # nodes on the path
+    int32_t parent
+    int32_t circ_in  # the slots of the circuit the last step crossed, or -1
+    int32_t circ_out
+    int32_t circ_new
+
+
+ctypedef struct Settled:
+    int64_t latency
+    uint64_t mask
+    int32_t label
+    int32_t next
+
+
+ctypedef struct Query:
+    int32_t host
+    int32_t tenant
+    int exclusive
+    int isolation
+    int bounded
+    int64_t max_hops
+    int64_t max_latency
+    double bandwidth
+    int64_t n_targets  # the search stops once this many targets are found (as len(targets))
+    int32_t best_n  # > 0: stop once the best n by (hops, latency, rank, id) are certain
+    # results
+    int32_t n_found
+    int32_t n_best
+    int32_t error_slot  # a dangling circuit of the host was met there
+    int out_of_memory
+
+
+ctypedef struct WS:
+    Label* labels
+    int64_t labels_cap
+    int64_t n_labels
+    int32_t* arena
+    int64_t arena_cap
+    int64_t arena_used
+    int32_t* heap
+    int64_t heap_cap
+    int64_t heap_n
+    Settled* settled
+    int64_t settled_cap
+    int64_t n_settled
+    int32_t* settled_head  # per vertex
+    uint32_t* settled_stamp  # per vertex
+    uint32_t* target_stamp  # per node
+    uint32_t* found_stamp  # per node
+    int32_t* found_label  # per node
+    int32_t* found  # nodes in the order found
+    int64_t* rank  # per node (best_devices)
+    int32_t* best  # the best n found so far, best first
+    int64_t best_cap
+    uint32_t stamp
+    int32_t n_nodes
+    int32_t n_vertices
+
+
+cdef class _Workspace:
+    """Search buffers for one fabric; reused across searches, grown only when short."""
+
+    cdef WS w
+
+    def __cinit__(self, int32_t n_nodes, int32_t n_slots):
+        memset(&self.w, 0, sizeof(WS))
+        self.w.n_nodes = n_nodes
+        self.w.n_vertices = n_nodes + n_slots
+        self.w.labels_cap = 1024
+        self.w.labels = <Label*>_alloc(self.w.labels_cap, sizeof(Label))
+        self.w.arena_cap = 16384
+        self.w.arena = <int32_t*>_alloc(self.w.arena_cap, sizeof(int32_t))
+        self.w.heap_cap = 1024
+        self.w.heap = <int32_t*>_alloc(self.w.heap_cap, sizeof(int32_t))
+        self.w.settled_cap = 1024
+        self.w.settled = <Settled*>_alloc(self.w.settled_cap, sizeof(Settled))
+        self.w.settled_head = <int32_t*>_alloc(self.w.n_vertices, sizeof(int32_t))
+        self.w.settled_stamp = <uint32_t*>_alloc(self.w.n_vertices, sizeof(uint32_t))
+        self.w.target_stamp = <uint32_t*>_alloc(n_nodes, sizeof(uint32_t))
+        self.w.found_stamp = <uint32_t*>_alloc(n_nodes, sizeof(uint32_t))
+        self.w.found_label = <int32_t*>_alloc(n_nodes, sizeof(int32_t))
+        self.w.found = <int32_t*>_alloc(n_nodes, sizeof(int32_t))
+        self.w.rank = <int64_t*>_alloc(n_nodes, sizeof(int64_t))
+        self.w.best_cap = 16
+        self.w.best = <int32_t*>_alloc(self.w.best_cap, sizeof(int32_t))
+        memset(self.w.settled_stamp, 0, self.w.n_vertices * sizeof(uint32_t))
+        memset(self.w.target_stamp, 0, n_nodes * sizeof(uint32_t))
+        memset(self.w.found_stamp, 0, n_nodes * sizeof(uint32_t))
+
+    def __dealloc__(self):
+        free(self.w.labels)
+        free(self.w.arena)
+        free(self.w.heap)
+        free(self.w.settled)
+        free(self.w.settled_head)
+        free(self.w.settled_stamp)
+        free(self.w.target_stamp)
+        free(self.w.found_stamp)
+        free(self.w.found_label)
+        free(self.w.found)
+        free(self.w.rank)
+        free(self.w.best)
+
+    cdef void next_stamp(self):
+        # Stamps mark per-search membership without clearing arrays; on wrap-around clear once.
+        self.w.stamp += 1
+        if self.w.stamp == 0:
+            memset(self.w.settled_stamp, 0, self.w.n_vertices * sizeof(uint32_t))
+            memset(self.w.target_stamp, 0, self.w.n_nodes * sizeof(uint32_t))
+            memset(self.w.found_stamp, 0, self.w.n_nodes * sizeof(uint32_t))
+            self.w.stamp = 1
+
+    cdef int ensure_best(self, int64_t n) except -1:
+        if not _grow(<void**>&self.w.best, &self.w.best_cap, n, sizeof(int32_t)):
+            raise MemoryError()
+        return 0
+
+
+cdef class Fabric:
+    """The static topology, numbered and laid out for the search; see the module docstring.
+
+    Same constructor as the reference ``Fabric``. ``ports`` is the reference's OCS port map;
+    ``graph`` builds the reference's networkx view on first use (tests and tools read it).
+
+    Raises:
+        ValueError: a node kind the path core does not know, a link to an unknown node or to
+            itself, a duplicate link id, an OCS end without a port, or two cables on one OCS
+            port (decide() refuses all of these before they reach a topology).
+    """
+
+    cdef FabricData d
+    cdef readonly tuple node_ids  # sorted: index order is id order
+    cdef readonly tuple link_ids
+    cdef dict _node_index
+    cdef dict _link_index
+    cdef dict _slot_of_key  # "<ocs>:<port>" -> slot
+    cdef dict _slot_of_port  # (ocs index, port) -> slot
+    cdef tuple _kinds  # kind strings by node index
+    cdef tuple _slot_port_obj  # the port values as given, by slot
+    cdef object _nodes
+    cdef object _links
+    cdef object _graph
+    cdef readonly dict ports
+    cdef _Workspace _spare
+
+    def __cinit__(self):
+        memset(&self.d, 0, sizeof(FabricData))
+
+    def __init__(self, nodes, links):
+        cdef int32_t n, m, i, k, a, b, r, s, nslots, u, v
+        cdef Py_ssize_t pos
+        self._nodes = nodes
+        self._links = list(links)
+        node_ids = sorted(nodes)
+        n = len(node_ids)
+        self.node_ids = tuple(node_ids)
+        self._node_index = {node_id: i for i, node_id in enumerate(node_ids)}
+        self.d.n_nodes = n
+        self.d.kind = <int8_t*>_alloc(n, sizeof(int8_t))
+        self.d.node_lat = <int64_t*>_alloc(n, sizeof(int64_t))
+        self.d.ocs_rank = <int32_t*>_alloc(n, sizeof(int32_t))
+        kinds = []
+        r = 0
+        for i in range(n):
+            info = nodes[node_ids[i]]
+            code = _KINDS.get(info.kind)
+            if code is None:
+                raise ValueError(f"node {node_ids[i]!r} has kind {info.kind!r}, not one of "
+                                 "host, switch, ocs, device")
+            kinds.append(info.kind)
+            self.d.kind[i] = <int8_t>code
+            self.d.node_lat[i] = operator.index(info.latency_ns)
+            if code == OCS:
+                self.d.ocs_rank[i] = r
+                r += 1
+            else:
+                self.d.ocs_rank[i] = -1
+        self.d.n_ocs = r
+        self._kinds = tuple(kinds)
+
+        by_id = {}
+        self.ports = {}
+        for link in self._links:
+            if link.id in by_id:
+                raise ValueError(f"link id {link.id!r} appears twice")
+            by_id[link.id] = link
+            for end in (link.a, link.b):
+                if end not in self._node_index:
+                    raise ValueError(f"link {link.id!r} ends at {end!r}, which is no node")
+            if link.a == link.b:
+                raise ValueError(f"link {link.id!r} connects {link.a!r} to itself")
+            # The reference's port map, kept as it builds it (a port on a non-OCS end is
+            # recorded and never read).
+            for end, port in ((link.a, link.a_port), (link.b, link.b_port)):
+                if port is not None:
+                    self.ports.setdefault(end, {})[port] = link
+        link_ids = sorted(by_id)
+        m = len(link_ids)
+        self.link_ids = tuple(link_ids)
+        self._link_index = {link_id: k for k, link_id in enumerate(link_ids)}
+        self.d.n_links = m
+        self.d.link_lat = <int64_t*>_alloc(m, sizeof(int64_t))
+        self.d.link_cap = <double*>_alloc(m, sizeof(double))
+
+        # OCS slots: every cabled port of every OCS, grouped by OCS (in id order), port order.
+        ends = []  # (ocs index, port, link index)
+        ends_of = [None] * m  # link index -> [slot key of end a or None, of end b or None]
+        for k in range(m):
+            link = by_id[link_ids[k]]
+            self.d.link_lat[k] = operator.index(link.latency_ns)
+            self.d.link_cap[k] = float(link.capacity_gbps)
+            for end, port in ((link.a, link.a_port), (link.b, link.b_port)):
+                i = self._node_index[end]
+                if self.d.kind[i] == OCS:
+                    if port is None:
+                        raise ValueError(f"link {link.id!r} ends on ocs {end!r} without a port")
+                    ends.append((i, port, k))
+        ends.sort(key=lambda e: (e[0], e[1]))
+        nslots = len(ends)
+        self.d.n_slots = nslots
+        self.d.slot_ocs = <int32_t*>_alloc(nslots, sizeof(int32_t))
+        self.d.slot_port = <int64_t*>_alloc(nslots, sizeof(int64_t))
+        self.d.slot_link = <int32_t*>_alloc(nslots, sizeof(int32_t))
+        self.d.slot_far = <int32_t*>_alloc(nslots, sizeof(int32_t))
+        self.d.slot_far_slot = <int32_t*>_alloc(nslots, sizeof(int32_t))
+        self.d.ocs_slots = <int32_t*>_alloc(self.d.n_ocs + 1, sizeof(int32_t))
+        self._slot_of_key = {}
+        self._slot_of_port = {}
+        ports_obj = []
+        end_slot = {}  # (link index, ocs index) -> slot
+        for s in range(nslots):
+            i, port, k = ends[s]
+            if (i, port) in self._slot_of_port:
+                raise ValueError(
+                    f"ocs {node_ids[i]!r} port {port} has two cables "
+                    f"({link_ids[self.d.slot_link[self._slot_of_port[(i, port)]]]!r} and "
+                    f"{link_ids[k]!r})"
+                )
+            self._slot_of_port[(i, port)] = s
+            self._slot_of_key[f"{node_ids[i]}:{port}"] = s
+            ports_obj.append(port)
+            self.d.slot_ocs[s] = i
+            self.d.slot_port[s] = operator.index(port)
+            self.d.slot_link[s] = k
+            end_slot[(k, i)] = s
+        self._slot_port_obj = tuple(ports_obj)
+        for r in range(self.d.n_ocs + 1):
+            self.d.ocs_slots[r] = nslots
+        for s in range(nslots - 1, -1, -1):
+            self.d.ocs_slots[self.d.ocs_rank[self.d.slot_ocs[s]]] = s
+        for r in range(self.d.n_ocs - 1, -1, -1):
+            # An OCS without cables starts where the next one does.
+            if self.d.ocs_slots[r] > self.d.ocs_slots[r + 1]:
+                self.d.ocs_slots[r] = self.d.ocs_slots[r + 1]
+        for s in range(nslots):
+            k = self.d.slot_link[s]
+            link = by_id[link_ids[k]]
+            i = self.d.slot_ocs[s]
+            far = link.b if self._node_index[link.a] == i else link.a
+            b = self._node_index[far]
+            self.d.slot_far[s] = b
+            self.d.slot_far_slot[s] = end_slot.get((k, b), -1)
+
+        # CSR adjacency: each link from both ends.
+        self.d.adj_ptr = <int32_t*>_alloc(n + 1, sizeof(int32_t))
+        self.d.adj_link = <int32_t*>_alloc(2 * m, sizeof(int32_t))
+        self.d.adj_far = <int32_t*>_alloc(2 * m, sizeof(int32_t))
+        self.d.adj_slot = <int32_t*>_alloc(2 * m, sizeof(int32_t))
+        memset(self.d.adj_ptr, 0, (n + 1) * sizeof(int32_t))
+        ends_ab = []
+        for k in range(m):
+            link = by_id[link_ids[k]]
+            a = self._node_index[link.a]
+            b = self._node_index[link.b]
+            ends_ab.append((a, b))
+            self.d.adj_ptr[a + 1] += 1
+            self.d.adj_ptr[b + 1] += 1
+        for i in range(n):
+            self.d.adj_ptr[i + 1] += self.d.adj_ptr[i]
+        fill = [self.d.adj_ptr[i] for i in range(n)]
+        for k in range(m):
+            a, b = ends_ab[k]
+            for u, v in ((a, b), (b, a)):
+                pos = fill[u]
+                fill[u] = pos + 1
+                self.d.adj_link[pos] = k
+                self.d.adj_far[pos] = v
+                self.d.adj_slot[pos] = end_slot.get((k, v), -1)
+        self._graph = None
+        self._spare = None
+
+    def __dealloc__(self):
+        free(self.d.kind)
+        free(self.d.node_lat)
+        free(self.d.ocs_rank)
+        free(self.d.adj_ptr)
+        free(self.d.adj_link)
+        free(self.d.adj_far)
+        free(self.d.adj_slot)
+        free(self.d.link_lat)
+        free(self.d.link_cap)
+        free(self.d.slot_ocs)
+        free(self.d.slot_port)
+        free(self.d.slot_link)
+        free(self.d.slot_far)
+        free(self.d.slot_far_slot)
+        free(self.d.ocs_slots)
+
+    def kind(self, node):
+        return self._kinds[self._node_index[node]]
+
+    @property
+    def graph(self):
+        """The reference's networkx MultiGraph of this topology, built on first use."""
+        if self._graph is None:
+            from ._paths_py import Fabric as _ReferenceFabric
+
+            self._graph = _ReferenceFabric(self._nodes, self._links).graph
+        return self._graph
+
+    cdef _Workspace _take(self):
+        # Under the GIL: hand out the spare workspace, or a fresh one when a search in another
+        # thread holds it, so searches released from the GIL never share buffers.
+        cdef _Workspace ws = self._spare
+        if ws is None:
+            return _Workspace(self.d.n_nodes, self.d.n_slots)
+        self._spare = None
+        return ws
+
+    cdef void _give(self, _Workspace ws):
+        if self._spare is None:
+            self._spare = ws
+
+
+cdef class LiveConditions:
+    """Conditions held as arrays on one fabric and changed in place, O(1) entries per change.
+
+    Built from a ``Conditions`` snapshot; the same methods on the reference twin
+    (``ext._live_py.LiveConditions``) change its mappings the same way.
+    """
+
+    cdef readonly Fabric fabric
+    cdef CondData c
+    cdef dict _tenant_ids
+    cdef dict _users  # node index -> {tenant: count}
+    cdef dict _holders
+    cdef dict _dangling  # slot -> the other port as given, for the reference's KeyError
+    cdef list _journal
+    cdef int _depth
+
+    def __cinit__(self):
+        memset(&self.c, 0, sizeof(CondData))
+
+    def __init__(self, Fabric fabric not None, conditions=Conditions()):
+        cdef int32_t n = fabric.d.n_nodes, m = fabric.d.n_links, s = fabric.d.n_slots, i
+        self.fabric = fabric
+        self.c.node_flags = <uint8_t*>_alloc(n, sizeof(uint8_t))
+        self.c.link_flags = <uint8_t*>_alloc(m, sizeof(uint8_t))
+        self.c.free = <double*>_alloc(m, sizeof(double))
+        self.c.reserved = <double*>_alloc(m, sizeof(double))
+        self.c.circ_other = <int32_t*>_alloc(s, sizeof(int32_t))
+        self.c.circ_owner = <int32_t*>_alloc(s, sizeof(int32_t))
+        self.c.users_n = <int32_t*>_alloc(n, sizeof(int32_t))
+        self.c.users_sole = <int32_t*>_alloc(n, sizeof(int32_t))
+        self.c.holders_n = <int32_t*>_alloc(n, sizeof(int32_t))
+        self.c.holders_sole = <int32_t*>_alloc(n, sizeof(int32_t))
+        memset(self.c.node_flags, 0, n)
+        memset(self.c.link_flags, 0, m)
+        for i in range(m):
+            self.c.reserved[i] = 0.0
+            self.c.free[i] = fabric.d.link_cap[i] - 0.0
+        for i in range(s):
+            self.c.circ_other[i] = NO_CIRCUIT
+            self.c.circ_owner[i] = NOBODY
+        memset(self.c.users_n, 0, n * sizeof(int32_t))
+        memset(self.c.holders_n, 0, n * sizeof(int32_t))
+        for i in range(n):
+            self.c.users_sole[i] = NOBODY
+            self.c.holders_sole[i] = NOBODY
+        self._tenant_ids = {}
+        self._users = {}
+        self._holders = {}
+        self._dangling = {}
+        self._journal = None
+        self._depth = 0
+        self._load(conditions)
+
+    def __dealloc__(self):
+        free(self.c.node_flags)
+        free(self.c.link_flags)
+        free(self.c.free)
+        free(self.c.reserved)
+        free(self.c.circ_other)
+        free(self.c.circ_owner)
+        free(self.c.users_n)
+        free(self.c.users_sole)
+        free(self.c.holders_n)
+        free(self.c.holders_sole)
+
+    cdef _load(self, conditions):
+        # A snapshot may name things the fabric lacks (the reference ignores them): skip them.
+        cdef Fabric f = self.fabric
+        node_index = f._node_index
+        link_index = f._link_index
+        for component in conditions.unusable:
+            i = node_index.get(component)
+            if i is not None:
+                self.c.node_flags[<int32_t>i] |= UNUSABLE
+            k = link_index.get(component)
+            if k is not None:
+                self.c.link_flags[<int32_t>k] |= UNUSABLE
+        for link_id, gbps in conditions.reserved_gbps.items():
+            k = link_index.get(link_id)
+            if k is not None:
+                self.c.reserved[<int32_t>k] = gbps
+                self.c.free[<int32_t>k] = f.d.link_cap[<int32_t>k] - <double>gbps
+        slot_of_key = f._slot_of_key
+        for key, value in conditions.circuits.items():
+            s = slot_of_key.get(key)
+            if s is not None:
+                other, owner = value
+                self._set_slot(s, other, owner)
+        for switch, tenants in conditions.switch_tenants.items():
+            i = node_index.get(switch)
+            if i is not None:
+                self._set_tenants(self._users, i, tenants, False)
+        for switch, tenants in conditions.exclusive_tenants.items():
+            i = node_index.get(switch)
+            if i is not None:
+                self._set_tenants(self._holders, i, tenants, True)
+
+    # ---- the journal ----
+
+    def checkpoint(self):
+        """Start recording changes; ``rollback(mark)`` undoes every change since. Nestable."""
+        if self._journal is None:
+            self._journal = []
+        self._depth += 1
+        return len(self._journal)
+
+    def rollback(self, mark):
+        """Undo every change since ``checkpoint()`` returned ``mark``, and end that checkpoint."""
+        if self._journal is None or self._depth == 0:
+            raise ValueError("rollback without a checkpoint")
+        journal = self._journal
+        self._journal = None  # the undo steps themselves are not recorded
+        try:
+            while len(journal) > mark:
+                entry = journal.pop()
+                what = entry[0]
+                if what == 0:
+                    self.c.node_flags[<int32_t>entry[1]] = entry[2]
+                elif what == 1:
+                    self.c.link_flags[<int32_t>entry[1]] = entry[2]
+                elif what == 2:
+                    self.c.reserved[<int32_t>entry[1]] = entry[2]
+                    self.c.free[<int32_t>entry[1]] = entry[3]
+                elif what == 3:
+                    s = entry[1]
+                    self.c.circ_other[<int32_t>s] = entry[2]
+                    self.c.circ_owner[<int32_t>s] = entry[3]
+                    if entry[4] is None:
+                        self._dangling.pop(s, None)
+                    else:
+                        self._dangling[s] = entry[4]
+                else:
+                    table = self._users if what == 4 else self._holders
+                    self._set_tenants(table, entry[1], entry[2], what == 5)
+        finally:
+            self._depth -= 1
+            self._journal = journal if self._depth > 0 else None
+
+    # ---- changes ----
+
+    cdef int32_t _component(self, component, bint *is_link) except -2:
+        i = self.fabric._node_index.get(component)
+        if i is not None:
+            is_link[0] = False
+            return i
+        k = self.fabric._link_index.get(component)
+        if k is not None:
+            is_link[0] = True
+            return k
+        raise KeyError(component)
+
+    def set_usable(self, component, bint usable):
+        """Mark a node or link usable (healthy, undrained) or not.
+
+        Raises:
+            KeyError: no node or link of the fabric has that id.
+        """
+        cdef bint is_link = False
+        cdef int32_t i = self._component(component, &is_link)
+        cdef uint8_t* flags = self.c.link_flags if is_link else self.c.node_flags
+        cdef uint8_t flag = (flags[i] & ~UNUSABLE) | (0 if usable else UNUSABLE)
+        if flag != flags[i]:
+            if self._journal is not None:
+                self._journal.append((1 if is_link else 0, i, flags[i]))
+            flags[i] = flag
+
+    cdef int32_t _link(self, link) except -1:
+        k = self.fabric._link_index.get(link)
+        if k is None:
+            raise KeyError(link)
+        return k
+
+    def set_reserved(self, link, gbps):
+        """Set the bandwidth reserved on a link (the reference's ``reserved_gbps[link]``)."""
+        cdef int32_t k = self._link(link)
+        if self._journal is not None:
+            self._journal.append((2, k, self.c.reserved[k], self.c.free[k]))
+        self.c.reserved[k] = gbps
+        self.c.free[k] = self.fabric.d.link_cap[k] - self.c.reserved[k]
+
+    def reserve(self, link, gbps):
+        """Add to the bandwidth reserved on a link."""
+        cdef int32_t k = self._link(link)
+        self.set_reserved(link, self.c.reserved[k] + <double>gbps)
+
+    def reserved(self, link):
+        """The bandwidth reserved on a link."""
+        cdef int32_t k = self._link(link)
+        return self.c.reserved[k]
+
+    cdef _set_slot(self, s, other, owner):
+        cdef Fabric f = self.fabric
+        cdef int32_t slot = s, other_slot
+        if self._journal is not None:
+            self._journal.append(
+                (3, s, self.c.circ_other[slot], self.c.circ_owner[slot], self._dangling.get(s))
+            )
+        if other is None and owner is None:
+            self.c.circ_other[slot] = NO_CIRCUIT
+            self.c.circ_owner[slot] = NOBODY
+            self._dangling.pop(s, None)
+            return
+        o = f._slot_of_port.get((f.d.slot_ocs[slot], other))
+        if o is None:
+            self.c.circ_other[slot] = DANGLING
+            self._dangling[s] = other
+        else:
+            other_slot = o
+            self.c.circ_other[slot] = other_slot
+            self._dangling.pop(s, None)
+        w = f._node_index.get(owner)
+        self.c.circ_owner[slot] = NOBODY if w is None else <int32_t>w
+
+    def set_circuit(self, ocs, port, other, owner):
+        """Record that ``<ocs>:<port>`` is in a circuit to ``other``, owned by host ``owner``
+        (the reference's ``circuits["<ocs>:<port>"] = (other, owner)``). A port without a
+        cable carries no path, so it is not recorded."""
+        s = self.fabric._slot_of_key.get(f"{ocs}:{port}")
+        if s is not None:
+            self._set_slot(s, other, owner)
+
+    def clear_circuit(self, ocs, port):
+        """``<ocs>:<port>`` is in no circuit any more."""
+        s = self.fabric._slot_of_key.get(f"{ocs}:{port}")
+        if s is not None:
+            self._set_slot(s, None, None)
+
+    def add_circuit(self, ocs, a_port, b_port, owner):
+        """A circuit a_port <-> b_port owned by ``owner``: both ports' entries."""
+        self.set_circuit(ocs, a_port, b_port, owner)
+        self.set_circuit(ocs, b_port, a_port, owner)
+
+    cdef _set_tenants(self, dict table, i, tenants, bint exclusive):
+        cdef int32_t node = i
+        cdef int32_t* count = self.c.holders_n if exclusive else self.c.users_n
+        cdef int32_t* sole = self.c.holders_sole if exclusive else self.c.users_sole
+        if self._journal is not None:
+            self._journal.append((5 if exclusive else 4, i, dict(table.get(i, {}))))
+        tenants = dict(tenants)
+        if tenants:
+            table[i] = tenants
+        else:
+            table.pop(i, None)
+        count[node] = len(tenants)
+        if len(tenants) == 1:
+            (tenant,) = tenants
+            tid = self._tenant_ids.get(tenant)
+            if tid is None:
+                tid = len(self._tenant_ids)
+                self._tenant_ids[tenant] = tid
+            sole[node] = tid
+        else:
+            sole[node] = NOBODY
+
+    def set_switch_tenants(self, switch, tenants):
+        """Tenants with live paths through ``switch`` (the reference's ``switch_tenants``)."""
+        i = self.fabric._node_index.get(switch)
+        if i is not None:
+            self._set_tenants(self._users, i, tenants, False)
+
+    def set_exclusive_tenants(self, switch, tenants):
+        """Tenants holding ``switch`` exclusively (the reference's ``exclusive_tenants``)."""
+        i = self.fabric._node_index.get(switch)
+        if i is not None:
+            self._set_tenants(self._holders, i, tenants, True)
+
+    def hold_switch(self, switch, tenant, bint exclusive):
+        """One more path of ``tenant`` through ``switch``; held exclusively if ``exclusive``."""
+        i = self.fabric._node_index.get(switch)
+        if i is None:
+            return
+        for table, applies in ((self._users, True), (self._holders, exclusive)):
+            if applies:
+                counts = dict(table.get(i, {}))
+                counts[tenant] = counts.get(tenant, 0) + 1
+                self._set_tenants(table, i, counts, table is self._holders)
+
+    cdef int32_t _tenant(self, tenant):
+        tid = self._tenant_ids.get(tenant)
+        return -1 if tid is None else <int32_t>tid
+
+
+# ---- the search (no GIL, no allocation per step) ----
+
+
+cdef inline bint _less(const Label* la, const Label* lb, const int32_t* arena) noexcept nogil:
+    """The section-5 order: hops, latency, node ids, new circuits, link ids."""
+    cdef const int32_t* na
+    cdef const int32_t* nb
+    cdef int32_t i, m
+    if la.hops != lb.hops:
+        return la.hops < lb.hops
+    if la.latency != lb.latency:
+        return la.latency < lb.latency
+    na = arena + la.seq
+    nb = arena + lb.seq
+    m = la.depth if la.depth < lb.depth else lb.depth
+    for i in range(m):
+        if na[i] != nb[i]:
+            return na[i] < nb[i]
+    if la.depth != lb.depth:
+        return la.depth < lb.depth
+    if la.new_circuits != lb.new_circuits:
+        return la.new_circuits < lb.new_circuits
+    na += la.depth
+    nb += lb.depth
+    for i in range(la.depth - 1):
+        if na[i] != nb[i]:
+            return na[i] < nb[i]
+    return False
+
+
+cdef inline void _heap_push(WS* ws, int32_t x) noexcept nogil:
+    cdef int64_t i = ws.heap_n, parent
+    cdef int32_t* heap = ws.heap
+    cdef Label* labels = ws.labels
+    ws.heap_n += 1
+    while i > 0:
+        parent = (i - 1) >> 1
+        if not _less(&labels[x], &labels[heap[parent]], ws.arena):
+            break
+        heap[i] = heap[parent]
+        i = parent
+    heap[i] = x
+
+
+cdef inline int32_t _heap_pop(WS* ws) noexcept nogil:
+    cdef int32_t* heap = ws.heap
+    cdef Label* labels = ws.labels
+    cdef int32_t top = heap[0], last
+    cdef int64_t n, i = 0, child
+    ws.heap_n -= 1
+    n = ws.heap_n
+    if n == 0:
+        return top
+    last = heap[n]
+    while True:
+        child = 2 * i + 1
+        if child >= n:
+            break
+        if child + 1 < n and _less(&labels[heap[child + 1]], &labels[heap[child]], ws.arena):
+            child += 1
+        if not _less(&labels[heap[child]], &labels[last], ws.arena):
+            break
+        heap[i] = heap[child]
+        i = child
+    heap[i] = last
+    return top
+
+
+cdef bint _grow(void** buffer, int64_t* capacity, int64_t need, size_t size) noexcept nogil:
+    cdef int64_t cap = capacity[0]
+    cdef void* grown
+    if need <= cap:
+        return True
+    while cap < need:
+        cap *= 2
+    grown = realloc(buffer[0], <size_t>cap * size)
+    if grown == NULL:
+        return False
+    buffer[0] = grown
+    capacity[0] = cap
+    return True
+
+
+cdef inline bint _on_path(const int32_t* nodes, int32_t depth, int32_t node) noexcept nogil:
+    cdef int32_t i
+    for i in range(depth):
+        if nodes[i] == node:
+            return True
+    return False
+
+
+cdef bint _ocs_subset(const FabricData* f, WS* ws, int32_t a, int32_t b) noexcept nogil:
+    """Exact test that label a passed no OCS label b avoids (past 64 OCS the masks alias)."""
+    cdef const Label* la = &ws.labels[a]
+    cdef const Label* lb = &ws.labels[b]
+    cdef const int32_t* na = ws.arena + la.seq
+    cdef const int32_t* nb = ws.arena + lb.seq
+    cdef int32_t i
+    for i in range(la.depth):
+        if f.kind[na[i]] == OCS and not _on_path(nb, lb.depth, na[i]):
+            return False
+    return True
+
+
+cdef inline bint _switch_open(const CondData* c, const Query* q, int32_t node) noexcept nogil:
+    """_paths_py._may_use_switch on the tenant summaries."""
+    cdef int32_t n = c.holders_n[node]
+    if n >= 2 or (n == 1 and c.holders_sole[node] != q.tenant):
+        return False
+    if q.exclusive:
+        n = c.users_n[node]
+        if n >= 2 or (n == 1 and c.users_sole[node] != q.tenant):
+            return False
+    return True
+
+
+cdef inline bint _best_before(WS* ws, int32_t u, int32_t v) noexcept nogil:
+    """Device order of best_devices: (hops, latency, rank, id) of their best paths."""
+    cdef const Label* a = &ws.labels[ws.found_label[u]]
+    cdef const Label* b = &ws.labels[ws.found_label[v]]
+    if a.hops != b.hops:
+        return a.hops < b.hops
+    if a.latency != b.latency:
+        return a.latency < b.latency
+    if ws.rank[u] != ws.rank[v]:
+        return ws.rank[u] < ws.rank[v]
+    return u < v
+
+
+cdef int _step(
+    const FabricData* f, const CondData* c, WS* ws, Query* q, int32_t x,
+    int32_t link, int32_t far, int32_t far_slot, int32_t hops, int32_t circ_in,
+    int32_t circ_out, int32_t circ_new,
+) noexcept nogil:
+    """_paths_py._arrive plus the push: cross ``link`` to ``far`` if the rules allow.
+    Returns -1 when out of memory."""
+    cdef Label* parent = &ws.labels[x]
+    cdef int32_t depth = parent.depth, i, vertex
+    cdef int64_t seq = parent.seq, latency, total_latency, total_hops, need
+    cdef int8_t kind
+    cdef Label* y
+    cdef int32_t* dst
+    cdef uint64_t mask
+    if _on_path(ws.arena + seq, depth, far):
+        return 0
+    if (c.link_flags[link] | c.node_flags[far]) & UNUSABLE:
+        return 0
+    if c.free[link] + _EPSILON < q.bandwidth:
+        return 0
+    kind = f.kind[far]
+    latency = f.link_lat[link]
+    mask = parent.mask
+    if kind == DEVICE:
+        if ws.target_stamp[far] != ws.stamp:
+            return 0
+        vertex = far
+    elif kind == HOST:
+        return 0  # hosts are endpoints, never passed through
+    else:
+        latency += f.node_lat[far]
+        if kind == SWITCH:
+            if q.isolation and not _switch_open(c, q, far):
+                return 0
+            vertex = far
+        else:
+            vertex = f.n_nodes + far_slot
+            mask |= (<uint64_t>1) << (f.ocs_rank[far] & 63)
+    total_hops = parent.hops + hops
+    if total_hops > q.max_hops:
+        return 0
+    total_latency = parent.latency + latency
+    if q.bounded and total_latency > q.max_latency:
+        return 0
+    need = ws.arena_used + 2 * depth + 1
+    if not _grow(<void**>&ws.arena, &ws.arena_cap, need, sizeof(int32_t)):
+        return -1
+    if not _grow(<void**>&ws.labels, &ws.labels_cap, ws.n_labels + 1, sizeof(Label)):
+        return -1
+    if not _grow(<void**>&ws.heap, &ws.heap_cap, ws.heap_n + 1, sizeof(int32_t)):
+        return -1
+    parent = &ws.labels[x]  # the buffers may have moved
+    dst = ws.arena + ws.arena_used
+    memcpy(dst, ws.arena + seq, depth * sizeof(int32_t))
+    dst[depth] = far
+    memcpy(dst + depth + 1, ws.arena + seq + depth, (depth - 1) * sizeof(int32_t))
+    dst[2 * depth] = link
+    y = &ws.labels[ws.n_labels]
+    y.latency = total_latency
+    y.seq = ws.arena_used
+    y.mask = mask
+    y.hops = <int32_t>total_hops
+    y.new_circuits = parent.new_circuits + circ_new
+    y.vertex = vertex
+    y.node = far
+    y.depth = depth + 1
+    y.parent = x
+    y.circ_in = circ_in
+    y.circ_out = circ_out
+    y.circ_new = circ_new
+    ws.arena_used = need
+    ws.n_labels += 1
+    _heap_push(ws, <int32_t>(ws.n_labels - 1))
+    return 0
+
+
+cdef void _search(const FabricData* f, const CondData* c, WS* ws, Query* q) noexcept nogil:
+    """_paths_py.best_paths: a label-setting search over (hops, latency, nodes, new, links)."""
+    cdef Label* start
+    cdef Label* lx
+    cdef int32_t x, vertex, node, e, s, r, k, exit_slot, i, j, nth
+    cdef int64_t latency
+    cdef uint64_t mask
+    cdef bint exact = f.n_ocs <= 64, dominated
+    cdef Settled* entry
+    cdef int32_t n = f.n_nodes
+
+    ws.n_labels = 0
+    ws.arena_used = 0
+    ws.heap_n = 0
+    ws.n_settled = 0
+    q.n_found = 0
+    q.n_best = 0
+    q.error_slot = -1
+    q.out_of_memory = 0
+
+    start = &ws.labels[0]
+    start.latency = 0
+    start.seq = 0
+    start.mask = 0
+    start.hops = 0
+    start.new_circuits = 0
+    start.vertex = q.host
+    start.node = q.host
+    start.depth = 1
+    start.parent = -1
+    start.circ_in = -1
+    start.circ_out = -1
+    start.circ_new = 0
+    ws.arena[0] = q.host
+    ws.arena_used = 1
+    ws.n_labels = 1
+    _heap_push(ws, 0)
+
+    while ws.heap_n > 0 and q.n_found < q.n_targets:
+        x = _heap_pop(ws)
+        lx = &ws.labels[x]
+        if q.best_n > 0 and q.n_best == q.best_n:
+            # Every label left is at least this far; devices reached later rank after the
+            # n-th best by (hops, latency) already, so the choice is made.
+            nth = ws.found_label[ws.best[q.best_n - 1]]
+            if lx.hops > ws.labels[nth].hops or (
+                lx.hops == ws.labels[nth].hops and lx.latency > ws.labels[nth].latency
+            ):
+                break
+        vertex = lx.vertex
+        latency = lx.latency
+        mask = lx.mask
+        if ws.settled_stamp[vertex] != ws.stamp:
+            ws.settled_stamp[vertex] = ws.stamp
+            ws.settled_head[vertex] = -1
+        # Dominated by an earlier label at this vertex that (with a latency bound) was at least
+        # as fast and passed no OCS this one avoids.
+        dominated = False
+        e = ws.settled_head[vertex]
+        while e != -1:
+            entry = &ws.settled[e]
+            if (not q.bounded or entry.latency <= latency) and (entry.mask & ~mask) == 0:
+                if exact or _ocs_subset(f, ws, entry.label, x):
+                    dominated = True
+                    break
+            e = entry.next
+        if dominated:
+            continue
+        if not _grow(<void**>&ws.settled, &ws.settled_cap, ws.n_settled + 1, sizeof(Settled)):
+            q.out_of_memory = 1
+            return
+        entry = &ws.settled[ws.n_settled]
+        entry.latency = latency
+        entry.mask = mask
+        entry.label = x
+        entry.next = ws.settled_head[vertex]
+        ws.settled_head[vertex] = <int32_t>ws.n_settled
+        ws.n_settled += 1
+
+        node = lx.node
+        if node != q.host and f.kind[node] == DEVICE:
+            if ws.found_stamp[node] != ws.stamp:
+                ws.found_stamp[node] = ws.stamp
+                ws.found_label[node] = x
+                ws.found[q.n_found] = node
+                q.n_found += 1
+                if q.best_n > 0:
+                    # Insert into the best n so far (insertion sort: n is small).
+                    if q.n_best < q.best_n:
+                        i = q.n_best
+                        q.n_best += 1
+                    elif _best_before(ws, node, ws.best[q.best_n - 1]):
+                        i = q.best_n - 1
+                    else:
+                        i = -1
+                    if i >= 0:
+                        while i > 0 and _best_before(ws, node, ws.best[i - 1]):
+                            ws.best[i] = ws.best[i - 1]
+                            i -= 1
+                        ws.best[i] = node
+            continue
+
+        if vertex < n:
+            for k in range(f.adj_ptr[vertex], f.adj_ptr[vertex + 1]):
+                if _step(f, c, ws, q, x, f.adj_link[k], f.adj_far[k], f.adj_slot[k],
+                         1, -1, -1, 0) < 0:
+                    q.out_of_memory = 1
+                    return
+            continue
+
+        # An OCS entry port: through a circuit, out over the cable on the exit port.
+        s = vertex - n
+        if c.circ_other[s] != NO_CIRCUIT:
+            if c.circ_owner[s] != q.host:
+                continue  # another host's circuit blocks the port
+            if c.circ_other[s] == DANGLING:
+                q.error_slot = s
+                return
+            exit_slot = c.circ_other[s]
+            if _step(f, c, ws, q, x, f.slot_link[exit_slot], f.slot_far[exit_slot],
+                     f.slot_far_slot[exit_slot], 2, s, exit_slot, 0) < 0:
+                q.out_of_memory = 1
+                return
+            continue
+        r = f.ocs_rank[f.slot_ocs[s]]
+        for exit_slot in range(f.ocs_slots[r], f.ocs_slots[r + 1]):
+            if exit_slot == s or c.circ_other[exit_slot] != NO_CIRCUIT:
+                continue
+            if _step(f, c, ws, q, x, f.slot_link[exit_slot], f.slot_far[exit_slot],
+                     f.slot_far_slot[exit_slot], 2, s, exit_slot, 1) < 0:
+                q.out_of_memory = 1
+                return
+
+
+cdef int64_t _limit(value) except? -1:
+    """A bound as an int64 the search compares with: None is no bound; huge bounds clamp."""
+    if value is None:
+        return _NO_LIMIT
+    if isinstance(value, float):
+        if value != value:  # nan: every comparison with it is false, so nothing exceeds it
+            return _NO_LIMIT
+        if value >= <double>_NO_LIMIT:
+            return _NO_LIMIT
+        if value <= -<double>_NO_LIMIT:
+            return -_NO_LIMIT
+        return <int64_t>(value // 1)
+    value = operator.index(value)
+    if value >= _NO_LIMIT:
+        return _NO_LIMIT
+    if value <= -_NO_LIMIT:
+        return -_NO_LIMIT
+    return value
+
+
+cdef LiveConditions _live(Fabric fabric, conditions):
+    cdef LiveConditions live
+    if isinstance(conditions, LiveConditions):
+        live = conditions
+        if live.fabric is not fabric:
+            raise ValueError("these LiveConditions belong to another Fabric")
+        return live
+    return LiveConditions(fabric, conditions)
+
+
+cdef _prepare(Fabric fabric, LiveConditions live, request, Query* q):
+    host = request.host
+    i = fabric._node_index.get(host)
+    if i is None or fabric.d.kind[<int32_t>i] != HOST:
+        raise PathError(f"{host!r} is not a host of this fabric")
+    if live.c.node_flags[<int32_t>i] & UNUSABLE:
+        raise PathError(f"host {host!r} is not usable")
+    q.host = i
+    q.tenant = live._tenant(request.tenant)
+    q.exclusive = bool(request.exclusive)
+    q.isolation = bool(request.isolation)
+    q.bounded = request.max_latency_ns is not None
+    q.max_hops = _limit(request.max_hops)
+    q.max_latency = _limit(request.max_latency_ns)
+    q.bandwidth = float(request.bandwidth_gbps)
+    q.best_n = 0
+
+
+cdef _run(Fabric fabric, LiveConditions live, WS* ws, Query* q):
+    with nogil:
+        _search(&fabric.d, &live.c, ws, q)
+    if q.out_of_memory:
+        raise MemoryError()
+    if q.error_slot >= 0:
+        # The reference looks the exit port up among the OCS's cables and finds none.
+        raise KeyError(live._dangling[q.error_slot])
+
+
+cdef object _path(Fabric fabric, WS* ws, int32_t node):
+    cdef int32_t x = ws.found_label[node], y, i
+    cdef Label* label = &ws.labels[x]
+    cdef int32_t depth = label.depth
+    cdef const int32_t* seq = ws.arena + label.seq
+    cdef tuple node_ids = fabric.node_ids, link_ids = fabric.link_ids
+    nodes = tuple([node_ids[seq[i]] for i in range(depth)])
+    links = tuple([link_ids[seq[depth + i]] for i in range(depth - 1)])
+    circuits = []
+    y = x
+    while y >= 0:
+        label = &ws.labels[y]
+        if label.circ_in >= 0:
+            a = fabric._slot_port_obj[label.circ_in]
+            b = fabric._slot_port_obj[label.circ_out]
+            circuits.append(Circuit(node_ids[fabric.d.slot_ocs[label.circ_in]], min(a, b),
+                                    max(a, b), bool(label.circ_new)))
+        y = label.parent
+    circuits.reverse()
+    label = &ws.labels[x]
+    return Path(node_ids[node], nodes, links, tuple(circuits), label.hops, label.latency)
+
+
+def best_paths(Fabric fabric not None, conditions, request, targets):
+    """The best feasible path from the host to each reachable target device, in one search.
+
+    Exactly ``_paths_py.best_paths``; ``conditions`` is a ``Conditions`` snapshot (converted
+    for this search) or, without conversion, ``LiveConditions`` of this fabric.
+
+    Raises:
+        PathError: the host is unknown, not a host, or unusable.
+    """
+    cdef LiveConditions live = _live(fabric, conditions)
+    cdef Query q
+    cdef _Workspace owner
+    cdef WS* ws
+    cdef int32_t i
+    _prepare(fabric, live, request, &q)
+    owner = fabric._take()
+    ws = &owner.w
+    try:
+        owner.next_stamp()
+        node_index = fabric._node_index
+        for target in targets:
+            i = node_index.get(target, -1)
+            if i >= 0 and fabric.d.kind[i] == DEVICE:
+                ws.target_stamp[i] = ws.stamp
+        q.n_targets = len(targets)
+        _run(fabric, live, ws, &q)
+        return {fabric.node_ids[ws.found[i]]: _path(fabric, ws, ws.found[i])
+                for i in range(q.n_found)}
+    finally:
+        fabric._give(owner)
+
+
+def best_devices(Fabric fabric not None, conditions, request, ranked, n=1):
+    """The best ``n`` target devices by (hops, latency, rank, id) of their best paths.
+
+    ``ranked`` maps each candidate device to its policy rank. The answer equals sorting
+    ``best_paths(...)`` over the candidates by that key and keeping ``n``, from one search
+    that stops as soon as no device still unseen can enter the first ``n``.
+
+    Raises:
+        PathError: the host is unknown, not a host, or unusable.
+    """
+    cdef LiveConditions live = _live(fabric, conditions)
+    cdef Query q
+    cdef _Workspace owner
+    cdef WS* ws
+    cdef int32_t i, count
+    _prepare(fabric, live, request, &q)
+    count = <int32_t>min(max(operator.index(n), 0), len(ranked))
+    if count == 0:
+        return []
+    owner = fabric._take()
+    ws = &owner.w
+    try:
+        owner.next_stamp()
+        owner.ensure_best(count)
+        node_index = fabric._node_index
+        for target, rank in ranked.items():
+            i = node_index.get(target, -1)
+            if i >= 0 and fabric.d.kind[i] == DEVICE:
+                ws.target_stamp[i] = ws.stamp
+                ws.rank[i] = rank
+        q.n_targets = len(ranked)
+        q.best_n = count
+        _run(fabric, live, ws, &q)
+        # When the search ran out first, every device found is among the best n.
+        return [_path(fabric, ws, ws.best[i]) for i in range(q.n_best)]
+    finally:
+        fabric._give(owner)
