@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import random
 import subprocess
@@ -10,10 +9,11 @@ import sys
 from array import array
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
+from types import SimpleNamespace
 
 import networkx as nx
 import pytest
+from path_cores import compiled as _compiled
 
 from ext import _paths_py
 
@@ -21,18 +21,9 @@ HopDistances = Callable[..., list[int]]
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def _compiled() -> ModuleType:
-    try:
-        return importlib.import_module("ext._paths_c")
-    except ImportError as exc:
-        # A missing build must not turn into silently skipped cross-checks.
-        pytest.fail(f"ext._paths_c is not built ({exc}); run `make test` to build it")
-
-
-@pytest.fixture(params=["python", "cython"])
-def hop_distances(request: pytest.FixtureRequest) -> HopDistances:
-    module = _paths_py if request.param == "python" else _compiled()
-    fn: HopDistances = module.hop_distances
+@pytest.fixture
+def hop_distances(core: SimpleNamespace) -> HopDistances:
+    fn: HopDistances = core.hop_distances
     return fn
 
 
