@@ -7,6 +7,7 @@ count one device at a time; every pick sees the reservations and circuits of the
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -16,8 +17,18 @@ from engine.events import CircuitRef, DeviceBinding
 from engine.intents import Compose, DeviceRequest
 from engine.model import NodeSpec
 from engine.policy import rank
-from engine.state import DomainState, usable
-from ext import Conditions, Fabric, LinkInfo, NodeInfo, Path, PathRequest, best_paths
+from engine.state import Component, DomainState, usable
+from ext import (
+    Conditions,
+    Fabric,
+    LinkInfo,
+    LiveConditions,
+    NodeInfo,
+    Path,
+    PathRequest,
+    best_devices,
+    best_paths,
+)
 
 FUNNEL_STAGES = (
     "kind and model",
@@ -48,19 +59,9 @@ class Rejection(msgspec.Struct, frozen=True, kw_only=True):
 
 # ---- the fabric as the path core sees it ----
 
-_FABRICS: dict[tuple[int, int], tuple[object, object, Fabric]] = {}
-
 
 def fabric_of(state: DomainState) -> Fabric:
-    """The static graph of `state`'s topology, built once per topology version.
-
-    State maps are replaced, never mutated, so the identity of the node and link maps names a
-    topology version; the maps are kept alongside so their ids cannot be reused meanwhile.
-    """
-    key = (id(state.nodes), id(state.links))
-    cached = _FABRICS.get(key)
-    if cached is not None and cached[0] is state.nodes and cached[1] is state.links:
-        return cached[2]
+    """The static graph of `state`'s topology."""
     nodes = {n: NodeInfo(s.spec.kind, s.spec.latency_ns) for n, s in state.nodes.items()}
     links = [
         LinkInfo(
@@ -74,11 +75,7 @@ def fabric_of(state: DomainState) -> Fabric:
         )
         for lk in state.links.values()
     ]
-    fabric = Fabric(nodes, links)
-    if len(_FABRICS) >= 8:
-        _FABRICS.pop(next(iter(_FABRICS)))
-    _FABRICS[key] = (state.nodes, state.links, fabric)
-    return fabric
+    return Fabric(nodes, links)
 
 
 def conditions_of(state: DomainState) -> Conditions:
@@ -97,13 +94,129 @@ def conditions_of(state: DomainState) -> Conditions:
     )
 
 
+class _Core:
+    """A domain's fabric and its live conditions, as of the last state placement saw.
+
+    The fabric is rebuilt only when the topology changes. Conditions follow the state by
+    difference: state maps are replaced, never mutated, so a map that is the same object as
+    last time is skipped, and a changed one is compared entry by entry (C-speed dict access)
+    and only the entries that differ are sent to the path core, each an O(1) update there.
+    Any state of the domain may come next (a scratch state thrown away after a failed commit,
+    an older one in a test): the difference is taken against whatever was seen last.
+    """
+
+    def __init__(self, state: DomainState) -> None:
+        self.fabric = fabric_of(state)
+        self.live = LiveConditions(self.fabric, conditions_of(state))
+        self._seen(state)
+
+    def _seen(self, state: DomainState) -> None:
+        self.nodes = state.nodes
+        self.links = state.links
+        self.reserved = state.reserved_gbps
+        self.circuits = state.circuits
+        self.switch_tenants = state.switch_tenants
+        self.exclusive_tenants = state.exclusive_tenants
+
+    def sync(self, state: DomainState) -> bool:
+        """Bring the live conditions to `state`; False when its topology differs."""
+        live = self.live
+        try:
+            if not (
+                _sync_components(self.nodes, state.nodes, live)
+                and _sync_components(self.links, state.links, live)
+            ):
+                return False
+            old, new = self.reserved, state.reserved_gbps
+            if new is not old:
+                for link in old.keys() - new.keys():
+                    live.set_reserved(link, 0.0)
+                for link, gbps in new.items():
+                    if old.get(link) != gbps:
+                        live.set_reserved(link, gbps)
+            before, after = self.circuits, state.circuits
+            if after is not before:
+                for key in before.keys() - after.keys():
+                    port, _ = _circuit_ports(key, before[key])
+                    live.clear_circuit(before[key].ocs, port)
+                for key, c in after.items():
+                    if before.get(key) != c:
+                        port, other = _circuit_ports(key, c)
+                        live.set_circuit(c.ocs, port, other, c.host)
+            for old_t, new_t, update in (
+                (self.switch_tenants, state.switch_tenants, live.set_switch_tenants),
+                (self.exclusive_tenants, state.exclusive_tenants, live.set_exclusive_tenants),
+            ):
+                if new_t is not old_t:
+                    for switch in old_t.keys() | new_t.keys():
+                        if new_t.get(switch) is not old_t.get(switch):
+                            update(switch, new_t.get(switch, {}))
+        except KeyError:  # names a component the fabric lacks: rebuild from the state
+            return False
+        self._seen(state)
+        return True
+
+
+def _sync_components(old: dict[str, Any], new: dict[str, Any], live: LiveConditions) -> bool:
+    """Health and drain marks; False when a component was added, removed or respecified."""
+    if new is old:
+        return True
+    if old.keys() != new.keys():
+        return False
+    for key, now in new.items():
+        was: Component = old[key]
+        if now is was:
+            continue
+        if now.spec is not was.spec and now.spec != was.spec:
+            return False
+        if usable(now) != usable(was):
+            live.set_usable(key, usable(now))
+    return True
+
+
+def _circuit_ports(key: str, c: Any) -> tuple[int, int]:
+    """(this port, the other port) of a circuit as stored under `key` (as conditions_of)."""
+    return (c.a_port, c.b_port) if key == f"{c.ocs}:{c.a_port}" else (c.b_port, c.a_port)
+
+
+_CORES: dict[str, _Core] = {}
+_CORES_LOCK = threading.Lock()  # one decision at a time uses a domain's live conditions
+
+
+def _core(state: DomainState) -> _Core:
+    core = _CORES.get(state.domain)
+    if core is None or not core.sync(state):
+        core = _Core(state)
+        if len(_CORES) >= 64:
+            _CORES.pop(next(iter(_CORES)))
+        _CORES[state.domain] = core
+    return core
+
+
 # ---- choosing devices ----
 
 
 def place(state: DomainState, intent: Compose, tenant: str, host: str) -> Placement | Rejection:
     """Choose every device of `intent` for `host`, or say why not."""
-    fabric = fabric_of(state)
-    cond = conditions_of(state)
+    with _CORES_LOCK:
+        core = _core(state)
+        # Each pick holds its bandwidth, circuits and switches for the next ones; all of it is
+        # undone afterwards, since the decision is recorded as events, not here.
+        mark = core.live.checkpoint()
+        try:
+            return _place(state, core.fabric, core.live, intent, tenant, host)
+        finally:
+            core.live.rollback(mark)
+
+
+def _place(
+    state: DomainState,
+    fabric: Fabric,
+    live: LiveConditions,
+    intent: Compose,
+    tenant: str,
+    host: str,
+) -> Placement | Rejection:
     exclusive = intent.constraints.isolation == "exclusive"
     memory_used = dict(state.memory_used)
     picked: set[str] = set()
@@ -112,13 +225,13 @@ def place(state: DomainState, intent: Compose, tenant: str, host: str) -> Placem
     for index, slot in enumerate(_slots(state, intent)):
         entry = slot.entry
         for nth in range(entry.count):
-            candidates = [
-                d
+            candidates = {
+                d: rank(state.nodes[d].spec)
                 for d in _matching(state, slot)
                 if usable(state.nodes[d])
                 and _free(state, d, slot, memory_used, picked)
                 and _labels_match(state.nodes[d].spec, intent)
-            ]
+            }
             request = PathRequest(
                 host,
                 tenant,
@@ -127,21 +240,19 @@ def place(state: DomainState, intent: Compose, tenant: str, host: str) -> Placem
                 intent.constraints.max_latency_ns,
                 entry.bandwidth_gbps,
             )
-            paths = best_paths(fabric, cond, request, set(candidates))
-            if not paths:
+            # One search for every candidate, ordered by (hops, latency, policy rank, id).
+            chosen = best_devices(fabric, live, request, candidates, 1)
+            if not chosen:
                 return _why_not(
-                    state, cond, intent, slot, index, nth, host, tenant, memory_used, picked
+                    state, fabric, live, intent, slot, index, nth, host, tenant, memory_used, picked
                 )
-            best = min(
-                paths.values(),
-                key=lambda p: (p.hops, p.latency_ns, rank(state.nodes[p.device].spec), p.device),
-            )
+            best = chosen[0]
             binding = _bind(state, best, entry)
             bindings.append(binding)
             picked.add(best.device)
             if binding.capacity_gib is not None:
                 memory_used[best.device] = memory_used.get(best.device, 0.0) + binding.capacity_gib
-            new_circuits += _hold(state, cond, best, entry, host, tenant, exclusive)
+            new_circuits += _hold(state, live, best, entry, host, tenant, exclusive)
     return Placement(host=host, bindings=bindings, new_circuits=new_circuits)
 
 
@@ -213,7 +324,7 @@ def _bind(state: DomainState, path: Path, entry: DeviceRequest) -> DeviceBinding
 
 def _hold(
     state: DomainState,
-    cond: Conditions,
+    live: LiveConditions,
     path: Path,
     entry: DeviceRequest,
     host: str,
@@ -221,24 +332,16 @@ def _hold(
     exclusive: bool,
 ) -> list[CircuitRef]:
     """Make the next pick see this one: bandwidth, circuits and switch tenancy."""
-    reserved = cond.reserved_gbps
     for link in path.links:
-        reserved[link] = reserved.get(link, 0.0) + entry.bandwidth_gbps  # type: ignore[index]
+        live.reserve(link, entry.bandwidth_gbps)
     created = []
     for c in path.circuits:
         if c.new:
-            cond.circuits[f"{c.ocs}:{c.a_port}"] = (c.b_port, host)  # type: ignore[index]
-            cond.circuits[f"{c.ocs}:{c.b_port}"] = (c.a_port, host)  # type: ignore[index]
+            live.add_circuit(c.ocs, c.a_port, c.b_port, host)
             created.append(CircuitRef(ocs=c.ocs, a_port=c.a_port, b_port=c.b_port))
     for node in path.nodes:
         if state.nodes[node].spec.kind == "switch":
-            for table, applies in (
-                (cond.switch_tenants, True),
-                (cond.exclusive_tenants, exclusive),
-            ):
-                if applies:
-                    counts = table.setdefault(node, {})  # type: ignore[attr-defined]
-                    counts[tenant] = counts.get(tenant, 0) + 1
+            live.hold_switch(node, tenant, exclusive)
     return created
 
 
@@ -247,7 +350,8 @@ def _hold(
 
 def _why_not(
     state: DomainState,
-    cond: Conditions,
+    fabric: Fabric,
+    live: LiveConditions,
     intent: Compose,
     slot: _Slot,
     index: int,
@@ -261,7 +365,6 @@ def _why_not(
 
     Only runs on a rejection, so it may search the fabric a few more times.
     """
-    fabric = fabric_of(state)
     entry = slot.entry
     c = intent.constraints
     exclusive = c.isolation == "exclusive"
@@ -272,7 +375,7 @@ def _why_not(
 
     def search(**limits: Any) -> dict[str, Path]:
         request = PathRequest(host, tenant, exclusive, **limits)
-        return best_paths(fabric, cond, request, set(labelled))
+        return best_paths(fabric, live, request, set(labelled))
 
     anywhere = search(isolation=False)
     isolated = search()
