@@ -226,7 +226,12 @@ class ProjectionRunner:
 
     async def _run(self) -> None:
         failures = 0
+        task = asyncio.current_task()
         while True:
+            if task is not None and task.cancelling():
+                # Python 3.11's wait_for can swallow a cancel that lands as the poke arrives
+                # (the wait returns normally); stop() must still stop us.
+                raise asyncio.CancelledError
             self._poke.clear()
             try:
                 await self.catch_up()
