@@ -50,7 +50,23 @@ async def connect_nats(url: str, name: str = "trellis") -> NATS:
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.25,
         connect_timeout=5,
+        error_cb=_nats_error,
+        disconnected_cb=_nats_lost,
+        reconnected_cb=_nats_back,
     )
+
+
+async def _nats_error(exc: Exception) -> None:
+    # nats-py's default prints a traceback for every failed (re)connect attempt.
+    log.debug("nats: %s", str(exc) or type(exc).__name__)
+
+
+async def _nats_lost() -> None:
+    log.warning("lost the NATS connection; reconnecting")
+
+
+async def _nats_back() -> None:
+    log.warning("NATS connection restored")
 
 
 @contextlib.asynccontextmanager
@@ -129,26 +145,29 @@ async def running_engine(settings: Settings) -> AsyncIterator[RunningEngine]:
                 domains=settings.domains,
             )
         )
-        endpoints = _write_endpoints(settings, nats_url)
+        endpoints = _write_endpoints(settings, nats_url, database_url)
         stack.callback(endpoints.unlink, missing_ok=True)
         log.info("engine serving %s on %s", settings.subject_prefix, nats_url)
         yield running
 
 
-def _write_endpoints(settings: Settings, nats_url: str) -> Path:
+def _write_endpoints(settings: Settings, nats_url: str, database_url: str) -> Path:
     """Tell local CLI clients where a running engine listens (the embedded ports are random)."""
     path = (settings.data_dir or default_data_dir()) / ENDPOINTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"nats_url": nats_url, "subject_prefix": settings.subject_prefix}))
+    endpoints = {"nats_url": nats_url, "database_url": database_url}
+    path.write_text(json.dumps({**endpoints, "subject_prefix": settings.subject_prefix}))
     return path
 
 
-def find_nats_url(settings: Settings) -> str | None:
-    """TRELLIS_NATS_URL, else the URL a local `trellis up` wrote, else None."""
-    if settings.nats_url:
-        return settings.nats_url
+def find_endpoint(settings: Settings, name: str) -> str | None:
+    """`name` ("nats_url" or "database_url") from the environment, else from what a local
+    `trellis up` wrote, else None."""
+    configured: str | None = getattr(settings, name)
+    if configured:
+        return configured
     path = (settings.data_dir or default_data_dir()) / ENDPOINTS_FILE
     try:
-        return str(json.loads(path.read_text())["nats_url"])
+        return str(json.loads(path.read_text())[name])
     except (OSError, ValueError, KeyError):
         return None

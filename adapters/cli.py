@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -21,11 +22,13 @@ from typing import Any
 import msgspec
 
 from adapters import render
-from adapters.bootstrap import connect_nats, find_nats_url, running_engine
+from adapters.bootstrap import connect_nats, find_endpoint, running_engine
 from adapters.client import TrellisClient
 from adapters.migrations import SCHEMA_DIR
+from adapters.postgres_store import PostgresEventStore
 from adapters.settings import Settings
 from engine.contract import json_schemas
+from projections import ProjectionRunner
 
 DEFAULT_DOMAIN = "default"
 DEFAULT_TENANT = "default"
@@ -77,6 +80,11 @@ def _parser() -> argparse.ArgumentParser:
 
     _composition_commands(sub)
     _query_commands(sub)
+
+    proj = sub.add_parser("projections", help="the read models folded from the log")
+    proj_sub = proj.add_subparsers(metavar="ACTION")
+    rebuild = proj_sub.add_parser("rebuild", help="empty every projection and replay the log")
+    rebuild.set_defaults(run=_projections_rebuild)
 
     schema = sub.add_parser("schema", help="the wire contract as JSON Schema")
     schema_sub = schema.add_subparsers(metavar="ACTION")
@@ -298,6 +306,32 @@ def _pairs(items: list[str]) -> dict[str, str]:
     return pairs
 
 
+def _projections_rebuild(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    url = find_endpoint(settings, "database_url")
+    if url is None:
+        raise CliError("no database: set TRELLIS_DATABASE_URL or start one with `trellis up`")
+
+    async def go() -> tuple[int, float]:
+        store = await PostgresEventStore.open(url, schema=settings.db_schema)
+        runner = await ProjectionRunner.open(url, store, schema=settings.db_schema)
+        try:
+            started = time.perf_counter()
+            applied = await runner.rebuild()
+            return applied, time.perf_counter() - started
+        finally:
+            await runner.close()
+            await store.close()
+
+    applied, seconds = asyncio.run(go())
+    rate = applied / seconds if seconds else 0.0
+    print(f"rebuilt {', '.join(_TABLES)} from {applied} events in {seconds:.2f} s ({rate:,.0f}/s)")
+    return 0
+
+
+_TABLES = ("compositions", "connections", "devices")
+
+
 def _schema_export(args: argparse.Namespace) -> int:
     args.dir.mkdir(parents=True, exist_ok=True)
     for name, content in json_schemas().items():
@@ -312,13 +346,13 @@ def _schema_export(args: argparse.Namespace) -> int:
 @contextlib.asynccontextmanager
 async def _client(timeout: float) -> AsyncIterator[TrellisClient]:
     settings = Settings.from_env()
-    url = find_nats_url(settings)
+    url = find_endpoint(settings, "nats_url")
     if url is None:
         raise CliError("no engine found: set TRELLIS_NATS_URL or start one with `trellis up`")
     try:
         nc = await asyncio.wait_for(connect_nats(url, name="trellis-cli"), timeout)
     except Exception as exc:
-        raise CliError(f"cannot reach NATS at {url}: {exc}") from None
+        raise CliError(f"cannot reach NATS at {url}: {str(exc) or type(exc).__name__}") from None
     try:
         yield TrellisClient(nc, prefix=settings.subject_prefix, timeout=timeout)
     finally:
@@ -336,11 +370,11 @@ def _request(args: argparse.Namespace, subject_tail: str, body: dict[str, Any]) 
     return asyncio.run(go())
 
 
-def _print_reply(args: argparse.Namespace, reply: dict[str, Any], render: Any) -> int:
+def _print_reply(args: argparse.Namespace, reply: dict[str, Any], show: Any) -> int:
     if args.json:
         print(msgspec.json.format(msgspec.json.encode(reply), indent=2).decode())
     elif reply.get("ok"):
-        print(render(reply["result"], reply))
+        print(show(reply["result"], reply))
     else:
         print(render.error_text(reply["error"]), file=sys.stderr)
     return 0 if reply.get("ok") else 1

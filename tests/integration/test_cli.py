@@ -1,0 +1,127 @@
+"""The `trellis` command against a running engine, as an operator would type it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from harness import Harness, serving
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fabric.json"
+DOMAIN = "hall-1"
+
+
+@pytest_asyncio.fixture
+async def h(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str
+) -> AsyncIterator[Harness]:
+    async with serving(nats_url, database_url, pg_schema, subject_prefix) as harness:
+        yield harness
+
+
+@pytest.fixture
+def env(nats_url: str, database_url: str, pg_schema: str, subject_prefix: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "TRELLIS_NATS_URL": nats_url,
+        "TRELLIS_DATABASE_URL": database_url,
+        "TRELLIS_DB_SCHEMA": pg_schema,
+        "TRELLIS_SUBJECT_PREFIX": subject_prefix,
+        "TRELLIS_DOMAIN": DOMAIN,
+    }
+
+
+async def trellis(env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    """Run the CLI in a subprocess without blocking the engine serving in this event loop."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "adapters.cli",
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_an_operator_imports_composes_asks_why_and_releases(
+    h: Harness, env: dict[str, str]
+) -> None:
+    code, out, _ = await trellis(env, "topology", "import", str(EXAMPLE))
+    assert code == 0 and "imported 26 nodes, 28 links" in out
+
+    code, out, _ = await trellis(env, "topology", "show")
+    assert code == 0 and "sw-pool" in out and "ocs-1:4" in out
+
+    code, out, _ = await trellis(
+        env, "compose", "--host", "host-01", "--gpu", "2", "--memory", "256",
+        "--tenant", "acme", "--reason", "decode", "--lease", "600", "--json",
+    )  # fmt: skip
+    assert code == 0, out
+    composed = json.loads(out)["result"]
+    cid = composed["composition_id"]
+    devices = [d["id"] for d in composed["devices"]]
+    assert len(devices) == 3
+
+    code, out, _ = await trellis(env, "connections", "--tenant", "acme")
+    assert code == 0 and all(d in out for d in devices) and cid in out
+
+    code, out, _ = await trellis(env, "why", devices[0])
+    assert code == 0 and "host-01" in out and "CompositionRequested" in out
+
+    code, out, _ = await trellis(env, "blast-radius", "sw-r1")
+    assert code == 0 and cid in out and "acme" in out
+
+    code, out, _ = await trellis(env, "free", "--kind", "gpu")
+    assert code == 0 and devices[0] not in out
+
+    code, out, _ = await trellis(env, "extend", cid, "--lease", "60", "--tenant", "acme")
+    assert code == 0 and "now expires at" in out
+
+    code, out, _ = await trellis(env, "release", cid, "--tenant", "acme")
+    assert code == 0 and "released" in out
+
+
+async def test_a_refusal_prints_the_why_not_funnel_and_exits_non_zero(
+    h: Harness, env: dict[str, str]
+) -> None:
+    await trellis(env, "topology", "import", str(EXAMPLE))
+    code, _, err = await trellis(
+        env, "compose", "--host", "host-01", "--gpu", "9", "--model", "B200"
+    )
+    assert code == 1
+    assert "error [no_capacity]" in err
+    assert "kind and model" in err and "bandwidth" in err
+
+
+async def test_rebuilding_the_projections_gives_the_same_answers(
+    h: Harness, env: dict[str, str]
+) -> None:
+    await trellis(env, "topology", "import", str(EXAMPLE))
+    await trellis(env, "compose", "--host", "host-02", "--gpu", "1", "--nic", "1")
+    _, before, _ = await trellis(env, "connections", "--json")
+
+    code, out, _ = await trellis(env, "projections", "rebuild")
+    assert code == 0 and "rebuilt" in out
+
+    _, after, _ = await trellis(env, "connections", "--json")
+    rows = json.loads(before)["result"]["connections"]
+    assert rows and json.loads(after)["result"]["connections"] == rows
+
+
+async def test_without_a_reachable_engine_the_cli_says_so_in_one_line(
+    env: dict[str, str],
+) -> None:
+    lonely = {**env, "TRELLIS_NATS_URL": "nats://127.0.0.1:1"}
+    code, _, err = await trellis(lonely, "topology", "show", "--timeout", "2")
+    assert code == 1
+    assert err.startswith("trellis: cannot reach NATS") and "Traceback" not in err
