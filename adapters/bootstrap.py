@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
-import nats
 from nats.aio.client import Client as NATS
 
 from adapters.clock import SystemClock
@@ -44,29 +43,31 @@ class RunningEngine(msgspec.Struct, kw_only=True):
 
 async def connect_nats(url: str, name: str = "trellis") -> NATS:
     """A NATS connection that keeps reconnecting, so a NATS restart is a pause, not an exit."""
-    return await nats.connect(
+    nc = NATS()
+
+    async def lost() -> None:
+        if not (nc.is_closed or nc.is_draining):  # a close of our own is no loss
+            log.warning("lost the NATS connection; reconnecting")
+
+    async def back() -> None:
+        log.warning("NATS connection restored")
+
+    await nc.connect(
         url,
         name=name,
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.25,
         connect_timeout=5,
         error_cb=_nats_error,
-        disconnected_cb=_nats_lost,
-        reconnected_cb=_nats_back,
+        disconnected_cb=lost,
+        reconnected_cb=back,
     )
+    return nc
 
 
 async def _nats_error(exc: Exception) -> None:
     # nats-py's default prints a traceback for every failed (re)connect attempt.
     log.debug("nats: %s", str(exc) or type(exc).__name__)
-
-
-async def _nats_lost() -> None:
-    log.warning("lost the NATS connection; reconnecting")
-
-
-async def _nats_back() -> None:
-    log.warning("NATS connection restored")
 
 
 @contextlib.asynccontextmanager

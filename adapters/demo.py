@@ -36,6 +36,11 @@ def say(text: str) -> None:
     print(f"\n== {text}")
 
 
+def shown(reply: dict[str, Any], render: Any) -> str:
+    """A reply as a person reads it: the rendered result, or the error with its funnel."""
+    return render(reply["result"], reply) if reply["ok"] else error_text(reply["error"])
+
+
 def outcome(reply: dict[str, Any]) -> str:
     if reply["ok"]:
         tag = " (replayed)" if reply.get("replayed") else ""
@@ -125,54 +130,59 @@ async def compositions(client: TrellisClient, domain: str) -> None:
         "reason": "decode pool scale-up for the evening peak",
     }
     reply = await client.intent(domain, "acme", "compose", decode)
-    print(compose_summary(reply["result"], reply))
+    print(shown(reply, compose_summary))
     acme_decode = reply["result"]["composition_id"]
 
-    say("globex takes a newest-generation GPU on any rack-r2 host, isolated from other tenants")
+    say("acme wants a pool GPU within 2 hops: no such path, and the nearest miss")
+    near = {
+        "host": "host-03",
+        "devices": [{"kind": "gpu"}],
+        "constraints": {"max_hops": 2, "labels": {"rack": "pool"}},
+    }
+    print(shown(await client.intent(domain, "acme", "compose", near), compose_summary))
+
+    say("globex takes 2 GPUs on any rack-r2 host, isolated: no PCIe switch shared with others")
     training = {
         "host_selector": {"labels": {"rack": "r2"}},
-        "devices": [
-            {"kind": "gpu", "min_generation": 10},
-            {"kind": "memory", "capacity_gib": 1024},
-        ],
+        "devices": [{"kind": "gpu", "count": 2, "models": ["MI300X", "H200"]}],
         "constraints": {"isolation": "exclusive"},
         "reason": "fine-tuning run 42",
     }
     reply = await client.intent(domain, "globex", "compose", training)
-    print(compose_summary(reply["result"], reply))
+    print(shown(reply, compose_summary))
     globex = reply["result"]["composition_id"]
+
+    say("acme would like a rack-r2 GPU too: that switch is globex's alone now")
+    poach = {
+        "host": "host-04",
+        "devices": [{"kind": "gpu"}],
+        "constraints": {"labels": {"rack": "r2"}},
+    }
+    print(shown(await client.intent(domain, "acme", "compose", poach), compose_summary))
 
     say("acme asks for more than the pool holds: refused, with the why-not funnel")
     greedy = {"host": "host-02", "devices": [{"kind": "gpu", "count": 6, "models": ["B200"]}]}
-    print(error_text((await client.intent(domain, "acme", "compose", greedy))["error"]))
-
-    say("acme wants a pool GPU within 2 hops: no such path, and the nearest miss")
-    near = {"host": "host-02", "devices": [{"kind": "gpu"}], "constraints": {"max_hops": 2,
-            "labels": {"rack": "pool"}}}  # fmt: skip
-    print(error_text((await client.intent(domain, "acme", "compose", near))["error"]))
+    print(shown(await client.intent(domain, "acme", "compose", greedy), compose_summary))
 
     say("before maintenance: what would a failure of sw-pool hit?")
     reply = await client.query(domain, "blast-radius", {"id": "sw-pool"})
-    print(blast_radius_table(reply["result"], reply))
+    print(shown(reply, blast_radius_table))
 
     say("telemetry: the uplink l-021 from sw-pool to the OCS fails")
     fault = {"component": "l-021", "state": "failed", "detail": "laser bias out of range"}
     print(outcome(await client.admin(domain, "report-fault", fault)))
 
     say("what is connected to what, and why (trellis connections)")
-    reply = await client.query(domain, "connections")
-    print(connections_table(reply["result"], reply))
+    print(shown(await client.query(domain, "connections"), connections_table))
 
     for target in ("gpu-002", "host-01", acme_decode):
         say(f"why {target}?")
-        reply = await client.query(domain, "why", {"id": target})
-        print(why_text(reply["result"], reply) if reply["ok"] else outcome(reply))
+        print(shown(await client.query(domain, "why", {"id": target}), why_text))
 
     say("globex is done: release returns every device, slice and circuit")
     reply = await client.intent(domain, "globex", "release", {"composition_id": globex})
-    print(release_summary(reply["result"], reply))
-    reply = await client.query(domain, "free", {"kind": "gpu"})
-    print(free_table(reply["result"], reply))
+    print(shown(reply, release_summary))
+    print(shown(await client.query(domain, "free", {"kind": "gpu"}), free_table))
 
 
 async def show_log(running: Any, domain: str) -> None:
