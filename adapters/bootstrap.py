@@ -56,7 +56,7 @@ async def connect_nats(url: str, name: str = "trellis") -> NATS:
         url,
         name=name,
         max_reconnect_attempts=-1,
-        reconnect_time_wait=0.25,
+        reconnect_time_wait=0.25,  # type: ignore[arg-type]  # annotated int, takes seconds
         connect_timeout=5,
         error_cb=_nats_error,
         disconnected_cb=lost,

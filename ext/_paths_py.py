@@ -208,7 +208,7 @@ def best_paths(
     heap = [start]
     while heap and len(found) < len(targets):
         hops, latency, nodes, new, links, _, vertex, circuits = heapq.heappop(heap)
-        used = frozenset(c.ocs for c in circuits)
+        used: frozenset[str] = frozenset(c.ocs for c in circuits)
         if isinstance(vertex, tuple):
             used |= {vertex[0]}
         labels = settled.setdefault(vertex, [])
