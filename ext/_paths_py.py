@@ -208,7 +208,7 @@ def best_paths(
     heap = [start]
     while heap and len(found) < len(targets):
         hops, latency, nodes, new, links, _, vertex, circuits = heapq.heappop(heap)
-        used: frozenset[str] = frozenset(c.ocs for c in circuits)
+        used = frozenset(map(_ocs_of, circuits))
         if isinstance(vertex, tuple):
             used |= {vertex[0]}
         labels = settled.setdefault(vertex, [])
@@ -240,6 +240,10 @@ def best_paths(
                 ),
             )
     return found
+
+
+def _ocs_of(circuit: Circuit) -> str:
+    return circuit.ocs
 
 
 def _steps(  # type: ignore[no-untyped-def]
