@@ -315,7 +315,16 @@ def test_a_circuit_shared_by_compositions_is_removed_only_when_the_last_one_rele
     state = apply(state, events)
     assert len(state.circuits) == 2
     events, result = release(state, "t", second.composition_id)
-    assert events[1:] == [CircuitRemoved(ocs="o", a_port=0, b_port=1, host="h", reason="unused")]
+    assert events[1:] == [
+        CircuitRemoved(
+            ocs="o",
+            a_port=0,
+            b_port=1,
+            host="h",
+            reason="unused",
+            composition_id=second.composition_id,
+        )
+    ]
     assert result.circuits_removed == ["o:0-1"]
     assert apply(state, events).circuits == {}
 
