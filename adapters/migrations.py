@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from pathlib import Path
 
 import asyncpg
 
-SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schema"
+# The repository's schema/ folder; an installed (non-editable) engine is told where it is.
+SCHEMA_DIR = Path(
+    os.environ.get("TRELLIS_SCHEMA_DIR") or Path(__file__).resolve().parent.parent / "schema"
+)
 _MIGRATION_NAME = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
 
 
