@@ -676,3 +676,153 @@ async def test_extend_moves_the_lease_deadline_on_by_lease_seconds(h: Harness, l
     assert when(extended["expires_at"]) == when(result["expires_at"]) + timedelta(seconds=600)
     assert (await query(h, "composition", {"id": cid}))["expires_at"] == extended["expires_at"]
     assert [e["type"] for e in await log("r-ext")] == ["LeaseExtended"]
+
+
+# ==== faults and blast radius ====
+
+MEMORY_SLICE = {"host": "host-01", "devices": [{"kind": "memory", "capacity_gib": 256}]}
+
+
+async def test_blast_radius_lists_the_compositions_and_tenants_whose_paths_use_a_component(
+    h: Harness, counts
+) -> None:
+    await imported(h)
+    acme = (await composed(h, "acme", FULL_COMPOSE))["composition_id"]
+    globex = (await composed(h, "globex", MEMORY_SLICE))["composition_id"]
+    before = await counts()
+
+    radius = {
+        cid: await query(h, "blast-radius", {"id": cid})
+        for cid in ("sw-1", "l-host", "l-uplink", "ocs-1", "gpu-02", "mem-01", "gpu-01", "l-nvme")
+    }
+
+    def hit(cid: str) -> tuple[list[str], list[str]]:
+        found = radius[cid]
+        return [c["composition_id"] for c in found["compositions"]], found["tenants"]
+
+    both = (sorted([acme, globex]), ["acme", "globex"])
+    assert hit("sw-1") == hit("l-host") == both
+    assert hit("l-uplink") == hit("ocs-1") == hit("gpu-02") == ([acme], ["acme"])
+    assert hit("mem-01") == ([globex], ["globex"])
+    assert hit("gpu-01") == hit("l-nvme") == ([], [])
+    assert await counts() == before
+    unknown = await h.client.query(DOMAIN, "blast-radius", {"id": "gpu-99"})
+    assert "gpu-99" in expect_error(unknown, "not_found")["message"]
+
+
+async def test_a_fault_on_a_link_in_use_impairs_the_compositions_that_pass_it(
+    h: Harness, log
+) -> None:
+    await imported(h)
+    acme = (await composed(h, "acme", FULL_COMPOSE))["composition_id"]
+    globex = (await composed(h, "globex", MEMORY_SLICE))["composition_id"]
+
+    reply = await h.client.admin(
+        DOMAIN,
+        "report-fault",
+        {"request_id": "r-los", "component": "l-uplink", "state": "failed", "detail": "los"},
+    )
+
+    assert expect_ok(reply)["impaired"] == [acme]
+    assert [e["type"] for e in await log("r-los")] == ["ComponentFaulted", "CompositionImpaired"]
+    assert (await query(h, "composition", {"id": acme}))["state"] == "impaired"
+    assert (await query(h, "composition", {"id": globex}))["state"] == "active"
+    # Still connected (impaired, not released); blast radius shows the new state.
+    assert [r["device"] for r in await connections(h, tenant="acme")] == ["gpu-02", "nic-01"]
+    [hit] = (await query(h, "blast-radius", {"id": "l-uplink"}))["compositions"]
+    assert (hit["composition_id"], hit["state"]) == (acme, "impaired")
+    why = await query(h, "why", {"id": "gpu-02"})
+    assert "impaired" in why["text"] and "l-uplink" in why["text"]
+    # The same report again changes nothing and impairs nothing more.
+    again = await h.client.admin(
+        DOMAIN, "report-fault", {"component": "l-uplink", "state": "failed", "detail": "los"}
+    )
+    assert expect_ok(again)["impaired"] == []
+
+
+# ==== why ====
+
+
+async def check_chain(chain: list[dict[str, Any]], log) -> list[str]:
+    """Every chain entry is an event of the log, told as the contract says; returns the types."""
+    events = {e["position"]: e for e in await log()}
+    assert chain and [e["position"] for e in chain] == sorted({e["position"] for e in chain})
+    for entry in chain:
+        assert list(entry) == CHAIN_KEYS, entry
+        event = events[entry["position"]]
+        assert entry["type"] == event["type"]
+        assert entry["actor"] == event["actor"]
+        assert entry["request_id"] == event["causation_id"]
+        assert when(entry["time"]) == event["recorded_at"]
+    return [e["type"] for e in chain]
+
+
+async def test_why_says_in_one_sentence_what_a_device_host_composition_or_link_is_connected_to(
+    h: Harness, log
+) -> None:
+    await imported(h)
+    cid = (await composed(h, "acme", FULL_COMPOSE))["composition_id"]
+
+    answers = {
+        target: await query(h, "why", {"id": target})
+        for target in ("gpu-02", "host-01", cid, "l-uplink", "gpu-01")
+    }
+
+    for target, why in answers.items():
+        one_sentence(why["text"])
+        assert target in why["text"], why["text"]
+    device, host_, composition, cable = (
+        answers[t]["text"] for t in ("gpu-02", "host-01", cid, "l-uplink")
+    )
+    assert "host-01" in device and cid in device and "acme" in device and "r-full" in device
+    assert "gpu-02" in host_ and "nic-01" in host_ and cid in host_
+    assert "host-01" in composition and "gpu-02" in composition and "nic-01" in composition
+    assert "host-01" in cable and "gpu-02" in cable and "nic-01" not in cable
+    assert "nothing" in answers["gpu-01"]["text"]
+    made_it_so = COMPOSITION_EVENTS
+    for target in ("gpu-02", "host-01", cid, "l-uplink"):
+        types = await check_chain(answers[target]["chain"], log)
+        assert [t for t in types if t != "TopologyImported"] == made_it_so, (target, types)
+        assert {e["request_id"] for e in answers[target]["chain"] if e["type"] in made_it_so} == {
+            "r-full"
+        }
+
+
+async def test_why_of_a_released_composition_says_when_it_ended(h: Harness, log) -> None:
+    await imported(h)
+    cid = (await composed(h, "acme", FULL_COMPOSE))["composition_id"]
+    expect_ok(
+        await h.client.intent(
+            DOMAIN, "acme", "release", {"request_id": "r-rel", "composition_id": cid}
+        )
+    )
+
+    why = await query(h, "why", {"id": cid})
+
+    one_sentence(why["text"])
+    assert "released" in why["text"] and "host-01" in why["text"]
+    types = await check_chain(why["chain"], log)
+    assert types[-2:] == ["CompositionReleased", "CircuitRemoved"]
+    device = await query(h, "why", {"id": "gpu-02"})
+    assert "nothing" in device["text"]
+
+
+async def test_why_at_a_past_position_is_invalid_until_the_auditor_exists_and_unknown_ids_not_found(
+    h: Harness, log, counts
+) -> None:
+    await imported(h)
+    await composed(h, "acme", FULL_COMPOSE)
+    now = (await h.client.query(DOMAIN, "why", {"id": "gpu-02"}))["position"]
+    first = (await log())[0]["position"]
+    before = await counts()
+
+    past = await h.client.query(DOMAIN, "why", {"id": "gpu-02", "at": first})
+    past_time = await h.client.query(DOMAIN, "why", {"id": "gpu-02", "at": "2020-01-01T00:00:00Z"})
+    present = await h.client.query(DOMAIN, "why", {"id": "gpu-02", "at": now})
+    unknown = await h.client.query(DOMAIN, "why", {"id": "gpu-99"})
+
+    assert "auditor" in expect_error(past, "invalid")["message"]
+    expect_error(past_time, "invalid")
+    assert "host-01" in expect_ok(present)["text"]
+    assert "gpu-99" in expect_error(unknown, "not_found")["message"]
+    assert await counts() == before
