@@ -826,3 +826,80 @@ async def test_why_at_a_past_position_is_invalid_until_the_auditor_exists_and_un
     assert "host-01" in expect_ok(present)["text"]
     assert "gpu-99" in expect_error(unknown, "not_found")["message"]
     assert await counts() == before
+
+
+# ==== request ids ====
+
+
+async def test_resending_a_composition_intent_with_its_request_id_replays_the_first_answer(
+    h: Harness, counts
+) -> None:
+    await imported(h)
+    body = {"request_id": "r-1", "host": "host-01", "devices": [GPU], "reason": "first"}
+    first = await compose(h, "acme", body)
+    expect_ok(await compose(h, "acme", {"host": "host-01", "devices": [{"kind": "nic"}]}))
+    before = await counts()
+
+    # The same body in another key order: the same intent.
+    again = await compose(h, "acme", dict(reversed(body.items())))
+
+    assert again == {**first, "replayed": True}
+    assert await counts() == before
+    cid = expect_ok(first)["composition_id"]
+    assert len(await connections(h, device="gpu-02")) == 1
+
+    # A release resent after it took effect still gets its first answer, not not_found.
+    release = {"request_id": "r-2", "composition_id": cid}
+    released = await h.client.intent(DOMAIN, "acme", "release", release)
+    resent = await h.client.intent(DOMAIN, "acme", "release", release)
+    assert expect_ok(released)["state"] == "released"
+    assert resent == {**released, "replayed": True}
+
+
+async def test_a_request_id_reused_with_a_different_body_is_a_conflict_and_writes_nothing(
+    h: Harness, counts
+) -> None:
+    await imported(h)
+    first = await composed(h, "acme", {"request_id": "r-1", "host": "host-01", "devices": [GPU]})
+    before = await counts()
+
+    other_body = await compose(
+        h, "acme", {"request_id": "r-1", "host": "host-01", "devices": [{"kind": "nic"}]}
+    )
+    other_verb = await h.client.intent(
+        DOMAIN, "acme", "release", {"request_id": "r-1", "composition_id": first["composition_id"]}
+    )
+
+    for reply in (other_body, other_verb):
+        assert expect_error(reply, "conflict")["details"] == {"request_id": "r-1"}
+    assert await counts() == before
+    assert await free_ids(h, "nic") == ["nic-01"]
+    assert (await query(h, "composition", {"id": first["composition_id"]}))["state"] == "active"
+
+
+async def test_the_same_request_id_from_two_tenants_makes_two_separate_compositions(
+    h: Harness, log
+) -> None:
+    await imported(h)
+    body = {
+        "request_id": "r-shared",
+        "host": "host-01",
+        "devices": [{"kind": "memory", "capacity_gib": 64}],
+    }
+
+    acme = await compose(h, "acme", body)
+    globex = await compose(h, "globex", body)
+
+    assert acme["replayed"] is False and globex["replayed"] is False
+    acme_id, globex_id = expect_ok(acme)["composition_id"], expect_ok(globex)["composition_id"]
+    assert acme_id != globex_id
+    rows = await connections(h, device="mem-01")
+    assert {(r["tenant"], r["composition_id"]) for r in rows} == {
+        ("acme", acme_id),
+        ("globex", globex_id),
+    }
+    requested = [e for e in await log("r-shared") if e["type"] == "CompositionRequested"]
+    assert sorted(e["actor"] for e in requested) == ["acme", "globex"]
+    # Each tenant's resend gets its own answer back.
+    assert await compose(h, "globex", body) == {**globex, "replayed": True}
+    assert await compose(h, "acme", body) == {**acme, "replayed": True}
