@@ -930,3 +930,287 @@ async def test_the_same_request_id_from_two_tenants_makes_two_separate_compositi
     # Each tenant's resend gets its own answer back.
     assert await compose(h, "globex", body) == {**globex, "replayed": True}
     assert await compose(h, "acme", body) == {**acme, "replayed": True}
+
+
+# ==== bad input ====
+
+
+def js(value: Any) -> bytes:
+    return json.dumps(value).encode()
+
+
+COMPOSE = f"intent.{DOMAIN}.acme.compose"
+RELEASE = f"intent.{DOMAIN}.acme.release"
+EXTEND = f"intent.{DOMAIN}.acme.extend"
+VALID = {"request_id": "r-bad", "host": "host-01", "devices": [GPU]}
+MEM = {"kind": "memory", "capacity_gib": 64}
+LONG = "x" * 65
+
+
+def with_(**changes: Any) -> bytes:
+    """The valid compose with fields changed (None drops a field)."""
+    body = {**VALID, **changes}
+    return js({k: v for k, v in body.items() if v is not None})
+
+
+# (case, subject tail, body, a word the message must contain)
+BAD_COMPOSE: list[tuple[str, str, bytes, str]] = [
+    ("malformed-json", COMPOSE, b'{"request_id": "r-bad", "host": ', "JSON"),
+    ("json-array", COMPOSE, js([VALID]), "object"),
+    ("unknown-field", COMPOSE, with_(colour="red"), "colour"),
+    ("unknown-field-in-entry", COMPOSE, with_(devices=[{"kind": "gpu", "flavour": 1}]), "flavour"),
+    ("unknown-constraint", COMPOSE, with_(constraints={"max_hop": 3}), "max_hop"),
+    (
+        "unknown-field-in-selector",
+        COMPOSE,
+        with_(host=None, host_selector={"label": {"rack": "r1"}}),
+        "label",
+    ),
+    ("tenant-field-in-body", COMPOSE, with_(tenant="globex"), "tenant"),
+    ("devices-not-a-list", COMPOSE, with_(devices="gpu"), "devices"),
+    ("count-as-string", COMPOSE, with_(devices=[{"kind": "gpu", "count": "2"}]), "count"),
+    ("count-as-float", COMPOSE, with_(devices=[{"kind": "gpu", "count": 1.5}]), "count"),
+    ("lease-as-string", COMPOSE, with_(lease_seconds="1h"), "lease_seconds"),
+    ("host-as-number", COMPOSE, with_(host=7), "host"),
+    ("label-value-not-text", COMPOSE, with_(labels={"workload": 1}), "labels"),
+    ("models-not-a-list", COMPOSE, with_(devices=[{"kind": "gpu", "models": "H100"}]), "models"),
+    (
+        "negative-bandwidth",
+        COMPOSE,
+        with_(devices=[{"kind": "gpu", "bandwidth_gbps": -1}]),
+        "bandwidth",
+    ),
+    ("host-with-dot", COMPOSE, with_(host="host.01"), "host"),
+    ("host-with-space", COMPOSE, with_(host="host 01"), "host"),
+    ("empty-host", COMPOSE, with_(host=""), "host"),
+    ("host-65-chars", COMPOSE, with_(host=LONG), "host"),
+    ("device-id-with-star", COMPOSE, with_(devices=None, device_ids=["gpu*"]), "device_ids"),
+    ("empty-device-id", COMPOSE, with_(devices=None, device_ids=[""]), "device_ids"),
+    (
+        "both-host-and-host-selector",
+        COMPOSE,
+        with_(host_selector={"labels": {"rack": "r1"}}),
+        "host_selector",
+    ),
+    ("neither-host-nor-host-selector", COMPOSE, with_(host=None), "host"),
+    ("memory-without-capacity", COMPOSE, with_(devices=[{"kind": "memory"}]), "capacity_gib"),
+    (
+        "capacity-on-a-gpu",
+        COMPOSE,
+        with_(devices=[{"kind": "gpu", "capacity_gib": 64}]),
+        "capacity_gib",
+    ),
+    ("zero-capacity", COMPOSE, with_(devices=[{**MEM, "capacity_gib": 0}]), "capacity_gib"),
+    ("negative-capacity", COMPOSE, with_(devices=[{**MEM, "capacity_gib": -64}]), "capacity_gib"),
+    ("empty-devices", COMPOSE, with_(devices=[]), "devices"),
+    ("empty-device-ids", COMPOSE, with_(devices=None, device_ids=[]), "device_ids"),
+    ("nothing-to-compose", COMPOSE, with_(devices=None), "devices"),
+    ("zero-count", COMPOSE, with_(devices=[{"kind": "gpu", "count": 0}]), "count"),
+    ("negative-count", COMPOSE, with_(devices=[{"kind": "gpu", "count": -2}]), "count"),
+    ("unknown-device-kind", COMPOSE, with_(devices=[{"kind": "tpu"}]), "kind"),
+    ("missing-device-kind", COMPOSE, with_(devices=[{"count": 1}]), "kind"),
+    ("unknown-isolation", COMPOSE, with_(constraints={"isolation": "private"}), "isolation"),
+    ("zero-max-hops", COMPOSE, with_(constraints={"max_hops": 0}), "max_hops"),
+    ("negative-latency", COMPOSE, with_(constraints={"max_latency_ns": -1}), "max_latency_ns"),
+    ("zero-lease", COMPOSE, with_(lease_seconds=0), "lease_seconds"),
+    ("device-id-twice", COMPOSE, with_(devices=None, device_ids=["gpu-01", "gpu-01"]), "twice"),
+    ("missing-request-id", COMPOSE, with_(request_id=None), "request_id"),
+    ("empty-request-id", COMPOSE, with_(request_id=""), "request_id"),
+    ("control-char-in-reason", COMPOSE, with_(reason="a\u0000b"), "reason"),
+    ("tenant-with-dollar", f"intent.{DOMAIN}.ac$me.compose", with_(), "tenant"),
+    ("tenant-with-percent", f"intent.{DOMAIN}.ac%me.compose", with_(), "tenant"),
+    ("tenant-65-chars", f"intent.{DOMAIN}.{LONG}.compose", with_(), "tenant"),
+    ("unknown-intent-verb", f"intent.{DOMAIN}.acme.compost", with_(), "verb"),
+]
+
+BAD_RELEASE_AND_EXTEND: list[tuple[str, str, bytes, str]] = [
+    ("release-malformed-json", RELEASE, b"{", "JSON"),
+    ("release-missing-id", RELEASE, js({"request_id": "r-bad"}), "composition_id"),
+    (
+        "release-id-with-dot",
+        RELEASE,
+        js({"request_id": "r-bad", "composition_id": "c.1"}),
+        "composition_id",
+    ),
+    (
+        "release-id-as-number",
+        RELEASE,
+        js({"request_id": "r-bad", "composition_id": 1}),
+        "composition_id",
+    ),
+    (
+        "release-unknown-field",
+        RELEASE,
+        js({"request_id": "r-bad", "composition_id": "c-1", "force": True}),
+        "force",
+    ),
+    (
+        "release-tenant-with-dollar",
+        f"intent.{DOMAIN}.ac$me.release",
+        js({"request_id": "r-bad", "composition_id": "c-1"}),
+        "tenant",
+    ),
+    (
+        "extend-missing-lease",
+        EXTEND,
+        js({"request_id": "r-bad", "composition_id": "c-1"}),
+        "lease_seconds",
+    ),
+    (
+        "extend-zero-lease",
+        EXTEND,
+        js({"request_id": "r-bad", "composition_id": "c-1", "lease_seconds": 0}),
+        "lease_seconds",
+    ),
+    (
+        "extend-negative-lease",
+        EXTEND,
+        js({"request_id": "r-bad", "composition_id": "c-1", "lease_seconds": -60}),
+        "lease_seconds",
+    ),
+    (
+        "extend-lease-as-string",
+        EXTEND,
+        js({"request_id": "r-bad", "composition_id": "c-1", "lease_seconds": "600"}),
+        "lease_seconds",
+    ),
+    (
+        "extend-bad-id",
+        EXTEND,
+        js({"request_id": "r-bad", "composition_id": "c 1", "lease_seconds": 60}),
+        "composition_id",
+    ),
+    (
+        "extend-unknown-field",
+        EXTEND,
+        js({"request_id": "r-bad", "composition_id": "c-1", "lease_seconds": 60, "until": 1}),
+        "until",
+    ),
+    (
+        "extend-tenant-65-chars",
+        f"intent.{DOMAIN}.{LONG}.extend",
+        js({"request_id": "r-bad", "composition_id": "c-1", "lease_seconds": 60}),
+        "tenant",
+    ),
+]
+
+
+def q(what: str) -> str:
+    return f"query.{DOMAIN}.{what}"
+
+
+BAD_QUERIES: list[tuple[str, str, bytes, str]] = [
+    ("composition-without-id", q("composition"), b"{}", "id"),
+    ("composition-id-with-dot", q("composition"), js({"id": "c.1"}), "id"),
+    ("composition-id-as-number", q("composition"), js({"id": 5}), "id"),
+    ("composition-unknown-field", q("composition"), js({"id": "c-1", "full": True}), "full"),
+    ("composition-malformed-json", q("composition"), b'{"id": ', "JSON"),
+    ("connections-host-as-number", q("connections"), js({"host": 1}), "host"),
+    ("connections-tenant-with-space", q("connections"), js({"tenant": "a b"}), "tenant"),
+    ("connections-empty-device", q("connections"), js({"device": ""}), "device"),
+    ("connections-unknown-field", q("connections"), js({"composition": "c-1"}), "composition"),
+    ("why-without-id", q("why"), b"{}", "id"),
+    ("why-id-with-slash", q("why"), js({"id": "gpu/01"}), "id"),
+    ("why-at-as-list", q("why"), js({"id": "gpu-01", "at": [1]}), "at"),
+    ("why-unknown-field", q("why"), js({"id": "gpu-01", "since": 1}), "since"),
+    ("free-unknown-kind", q("free"), js({"kind": "tpu"}), "kind"),
+    ("free-kind-as-number", q("free"), js({"kind": 1}), "kind"),
+    ("free-unknown-field", q("free"), js({"model": "H100"}), "model"),
+    ("topology-unknown-field", q("topology"), js({"verbose": True}), "verbose"),
+    ("blast-radius-without-id", q("blast-radius"), b"{}", "id"),
+    ("blast-radius-id-65-chars", q("blast-radius"), js({"id": LONG}), "id"),
+    ("blast-radius-json-array", q("blast-radius"), js(["gpu-01"]), "object"),
+    ("unknown-query", q("everything"), b"{}", "verb"),
+]
+
+
+@pytest.mark.parametrize(
+    "cases",
+    [BAD_COMPOSE, BAD_RELEASE_AND_EXTEND, BAD_QUERIES],
+    ids=["compose", "release-and-extend", "queries"],
+)
+async def test_bad_input_to_composition_verbs_and_queries_is_invalid_and_writes_nothing(
+    h: Harness, counts, cases: list[tuple[str, str, bytes, str]]
+) -> None:
+    # Given: a live composition, so that release, extend and every query have something to do.
+    await imported(h)
+    cid = (await composed(h, "acme", {"host": "host-01", "devices": [GPU], "lease_seconds": 60}))[
+        "composition_id"
+    ]
+    before = await counts()
+
+    for case, subject, body, says in cases:
+        reply = await h.client.raw(subject, body.replace(b"c-1", cid.encode()))
+
+        error = expect_error(reply, "invalid")
+        assert set(error) == {"code", "message", "details"}, (case, reply)
+        assert says in error["message"], (case, error["message"])
+        assert await counts() == before, case
+
+    # The engine still serves, and the composition is as it was.
+    assert (await query(h, "composition", {"id": cid}))["state"] == "active"
+    expect_ok(await compose(h, "acme", {"host": "host-01", "devices": [{"kind": "nic"}]}))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "BUG: engine/compose.py compose() computes ctx.now + timedelta(seconds=lease_seconds)"
+        " unchecked; a lease past year 9999 raises OverflowError, and the writer answers"
+        " `unavailable` ('internal error; retry later') to input that can never succeed"
+    ),
+)
+async def test_a_compose_lease_beyond_the_calendar_is_invalid_not_unavailable(
+    h: Harness, counts
+) -> None:
+    await imported(h)
+    before = await counts()
+
+    reply = await compose(h, "acme", {**VALID, "lease_seconds": 10**12})  # ~31,700 years
+
+    assert await counts() == before
+    assert "lease_seconds" in expect_error(reply, "invalid")["message"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "BUG: engine/compose.py extend() computes base + timedelta(seconds=lease_seconds)"
+        " unchecked; a deadline past year 9999 raises OverflowError, answered as `unavailable`"
+    ),
+)
+async def test_an_extend_beyond_the_calendar_is_invalid_not_unavailable(h: Harness, counts) -> None:
+    await imported(h)
+    cid = (await composed(h, "acme", VALID))["composition_id"]
+    before = await counts()
+
+    reply = await h.client.intent(
+        DOMAIN, "acme", "extend", {"composition_id": cid, "lease_seconds": 10**12}
+    )
+
+    assert await counts() == before
+    assert "lease_seconds" in expect_error(reply, "invalid")["message"]
+
+
+async def test_composition_intents_and_queries_for_an_unknown_domain_are_not_found(
+    h: Harness, counts
+) -> None:
+    await imported(h)
+    before = await counts()
+
+    replies = [
+        await h.client.intent("hall-9", "acme", "compose", VALID),
+        await h.client.intent("hall-9", "acme", "release", {"composition_id": "c-1"}),
+        await h.client.intent(
+            "hall-9", "acme", "extend", {"composition_id": "c-1", "lease_seconds": 60}
+        ),
+        await h.client.query("hall-9", "composition", {"id": "c-1"}),
+        await h.client.query("hall-9", "connections", {}),
+        await h.client.query("hall-9", "why", {"id": "gpu-01"}),
+        await h.client.query("hall-9", "free", {}),
+        await h.client.query("hall-9", "blast-radius", {"id": "gpu-01"}),
+    ]
+
+    for reply in replies:
+        assert "hall-9" in expect_error(reply, "not_found")["message"]
+    assert await counts() == before
