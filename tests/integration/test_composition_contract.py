@@ -19,6 +19,7 @@ circuit per port); either GPU is 4 hops away (l-host, l-uplink, a circuit, the G
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 from collections.abc import AsyncIterator
@@ -1214,3 +1215,84 @@ async def test_composition_intents_and_queries_for_an_unknown_domain_are_not_fou
     for reply in replies:
         assert "hall-9" in expect_error(reply, "not_found")["message"]
     assert await counts() == before
+
+
+# ==== concurrency ====
+
+
+def contested_fabric() -> Doc:
+    """Three hosts (pool a) and eight GPUs on sw-a; gpu-9 hangs off sw-b, which reaches no host."""
+    gpus = [f"gpu-{i}" for i in range(1, 10)]
+    return {
+        "nodes": [
+            *(host(f"host-{i}", pool="a") for i in range(1, 4)),
+            switch("sw-a"),
+            switch("sw-b"),
+            *(gpu(g, generation=8 + i % 3) for i, g in enumerate(gpus)),
+        ],
+        "links": [
+            *(link(f"l-host-{i}", f"host-{i}", "sw-a") for i in range(1, 4)),
+            *(link(f"l-{g}", "sw-a", g, capacity_gbps=64) for g in gpus[:8]),
+            link("l-gpu-9", "sw-b", "gpu-9"),
+        ],
+    }
+
+
+async def test_concurrent_composes_for_too_few_gpus_take_each_reachable_gpu_exactly_once(
+    h: Harness, log
+) -> None:
+    await imported(h, contested_fabric())
+    tenants = ["acme", "globex", "initech", "umbrella", "hooli"]
+
+    def body(i: int) -> dict[str, Any]:
+        where: dict[str, Any] = (
+            {"host_selector": {"labels": {"pool": "a"}}}
+            if i % 3 == 0
+            else {"host": f"host-{i % 3 + 1}"}
+        )
+        return {"request_id": f"r-{i}", **where, "devices": [{"kind": "gpu", "bandwidth_gbps": 8}]}
+
+    replies = await asyncio.gather(
+        *(compose(h, tenants[i % len(tenants)], body(i)) for i in range(30))
+    )
+
+    won = [r["result"] for r in replies if r["ok"]]
+    lost = [r["error"] for r in replies if not r["ok"]]
+    assert len(won) == 8, [r["error"]["code"] for r in replies if not r["ok"]]
+    taken = [c["devices"][0]["id"] for c in won]
+    assert sorted(taken) == [f"gpu-{i}" for i in range(1, 9)]
+    for error in lost:
+        assert error["code"] in ("no_capacity", "no_path"), error
+        assert check_funnel(error["details"])[2][2] <= 1  # at most the unreachable gpu-9 is free
+    # The read side agrees: one connection per GPU, each in its own live composition.
+    rows = await connections(h)
+    assert sorted(r["device"] for r in rows) == sorted(taken)
+    assert len({r["composition_id"] for r in rows}) == 8
+    assert {r["composition_id"] for r in rows} == {c["composition_id"] for c in won}
+    for row in rows:
+        [winner] = [c for c in won if c["composition_id"] == row["composition_id"]]
+        assert row["host"] == winner["host"] == row["path"][0]
+    assert await free_ids(h, "gpu") == ["gpu-9"]
+    types = [e["type"] for e in await log()]
+    assert types.count("CompositionActivated") == 8
+    assert types.count("CompositionRejected") == 22
+
+    # Releases racing new composes: whatever the order, no GPU is ever held twice.
+    owner = {
+        r["result"]["composition_id"]: tenants[i % 5] for i, r in enumerate(replies) if r["ok"]
+    }
+    freed = [c["composition_id"] for c in won[:4]]
+    releases = [
+        h.client.intent(DOMAIN, owner[cid], "release", {"composition_id": cid}) for cid in freed
+    ]
+    again = [compose(h, tenants[i % 5], body(100 + i)) for i in range(12)]
+
+    raced = await asyncio.gather(*releases, *again)
+
+    assert all(r["ok"] for r in raced[:4]), raced[:4]
+    rewon = [r["result"] for r in raced[4:] if r["ok"]]
+    assert len(rewon) <= 4
+    rows = await connections(h)
+    devices = [r["device"] for r in rows]
+    assert len(devices) == len(set(devices)) == 8 - 4 + len(rewon)
+    assert sorted(devices + await free_ids(h, "gpu")) == [f"gpu-{i}" for i in range(1, 10)]
