@@ -18,6 +18,10 @@ MAX_BODY_BYTES = 1024 * 1024
 Family = Literal["intent", "admin", "query"]
 
 
+# A lease of up to 100 years: long enough for anything, short enough to stay on the calendar.
+LeaseSeconds = Annotated[int, msgspec.Meta(ge=1, le=100 * 365 * 24 * 3600)]
+
+
 class Intent(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Every intent carries a request_id; resending it returns the first answer."""
 
@@ -95,7 +99,7 @@ class Compose(Intent):
     devices: list[DeviceRequest] = []
     device_ids: list[Id] = []
     constraints: Constraints = Constraints()
-    lease_seconds: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    lease_seconds: LeaseSeconds | None = None
     labels: Labels = {}
     reason: Text = ""
 
@@ -107,7 +111,7 @@ class Release(Intent):
 
 class Extend(Intent):
     composition_id: Id
-    lease_seconds: Annotated[int, msgspec.Meta(ge=1)]
+    lease_seconds: LeaseSeconds
 
 
 # ---- read-only queries (trellis.query.<domain>.<what>); no request_id needed ----

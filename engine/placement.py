@@ -402,7 +402,7 @@ def _why_not(
     nearest = _nearest(isolated, within_hops, within_latency)
     what = slot.device or entry.kind + (f" {'/'.join(entry.models)}" if entry.models else "")
     parts = [f"{counts[0]} {what} exist", f"{counts[1]} healthy", f"{counts[2]} free"]
-    if c.labels or exclusive:
+    if c.labels or exclusive or counts[3] != counts[2]:
         parts.append(f"{counts[3]} pass isolation and labels")
     parts.append(f"{counts[4]} reachable" + (f" within {c.max_hops} hops" if c.max_hops else ""))
     if c.max_latency_ns is not None:
@@ -412,7 +412,9 @@ def _why_not(
     message = f"entry {index} needs {entry.count} {what}, found {nth}: " + ", ".join(parts)
     if nearest:
         message += f" (nearest: {nearest['text']})"
-    code = "no_capacity" if counts[3] == 0 else "no_path"
+    # Labels are device attributes, isolation a path rule: with free devices of the right
+    # labels left, the refusal is about paths.
+    code = "no_capacity" if not labelled else "no_path"
     details = {
         "entry": index,
         "needed": entry.count,

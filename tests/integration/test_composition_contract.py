@@ -434,7 +434,7 @@ async def test_an_exclusive_composition_keeps_other_tenants_off_its_switch(h: Ha
     )
 
     # Every path from host-01 passes sw-1, which acme holds exclusively. (Which of the two
-    # codes: see the xfail test below.)
+    # codes: the test below pins no_path.)
     assert reply["ok"] is False and reply["error"]["code"] in ("no_path", "no_capacity"), reply
     error = expect_error(reply, reply["error"]["code"])
     funnel = check_funnel(error["details"])
@@ -453,15 +453,6 @@ async def test_an_exclusive_composition_keeps_other_tenants_off_its_switch(h: Ha
     expect_ok(await compose(h, "globex", {"host": "host-01", "devices": [GPU]}))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: engine/placement.py _why_not sets code = 'no_capacity' whenever the 'isolation and"
-        " labels' stage leaves 0 candidates, so free devices that another tenant's exclusive"
-        " switch merely cuts off are refused as no_capacity; section 5 makes isolation a path"
-        " rule, so the brief and contract expect no_path"
-    ),
-)
 async def test_a_tenant_blocked_only_by_another_tenants_exclusive_switch_gets_no_path(
     h: Harness,
 ) -> None:
@@ -475,15 +466,6 @@ async def test_a_tenant_blocked_only_by_another_tenants_exclusive_switch_gets_no
     expect_error(reply, "no_path")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: engine/placement.py _why_not adds the 'N pass isolation and labels' clause to the"
-        " message only when the refused request itself has labels or is exclusive; a shared"
-        " request cut off by another tenant's exclusive switch reads '2 gpu exist, 2 healthy,"
-        " 2 free, 0 reachable', hiding the reason its own funnel gives"
-    ),
-)
 async def test_the_message_of_a_compose_cut_off_by_an_exclusive_switch_names_isolation(
     h: Harness,
 ) -> None:
@@ -1153,14 +1135,6 @@ async def test_bad_input_to_composition_verbs_and_queries_is_invalid_and_writes_
     expect_ok(await compose(h, "acme", {"host": "host-01", "devices": [{"kind": "nic"}]}))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: engine/compose.py compose() computes ctx.now + timedelta(seconds=lease_seconds)"
-        " unchecked; a lease past year 9999 raises OverflowError, and the writer answers"
-        " `unavailable` ('internal error; retry later') to input that can never succeed"
-    ),
-)
 async def test_a_compose_lease_beyond_the_calendar_is_invalid_not_unavailable(
     h: Harness, counts
 ) -> None:
@@ -1173,13 +1147,6 @@ async def test_a_compose_lease_beyond_the_calendar_is_invalid_not_unavailable(
     assert "lease_seconds" in expect_error(reply, "invalid")["message"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: engine/compose.py extend() computes base + timedelta(seconds=lease_seconds)"
-        " unchecked; a deadline past year 9999 raises OverflowError, answered as `unavailable`"
-    ),
-)
 async def test_an_extend_beyond_the_calendar_is_invalid_not_unavailable(h: Harness, counts) -> None:
     await imported(h)
     cid = (await composed(h, "acme", VALID))["composition_id"]

@@ -347,7 +347,8 @@ EXCLUSIVE = {"isolation": "exclusive"}
 def test_another_tenant_cannot_path_through_a_switch_held_exclusively() -> None:
     state = two_switches_two_gpus_each().state()
     state, _ = composed(state, "a", host="h", device_ids=["g1"], constraints=EXCLUSIVE)
-    error = rejected(*compose(state, "b", host="h", device_ids=["g2"]), "no_capacity")
+    # g2 is free: what stands in the way is the path (isolation is a path rule).
+    error = rejected(*compose(state, "b", host="h", device_ids=["g2"]), "no_path")
     assert funnel(error)[3] == ("isolation and labels", 1, 0)
     _, result = compose(state, "b", host="h", devices=[GPU])
     assert paths(result) == [["h", "sw-2", "g3"]]
