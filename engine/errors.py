@@ -43,3 +43,11 @@ class ConcurrencyConflict(TrellisError):
 
 class StoreUnavailable(TrellisError):
     """The event store cannot be reached or cannot commit now; safe to retry."""
+
+
+class FabricError(TrellisError):
+    """The fabric refused or failed an operation; `component` names the part that failed."""
+
+    def __init__(self, message: str, *, component: str | None = None):
+        super().__init__(message)
+        self.component = component

@@ -97,3 +97,44 @@ class ReadModels(Protocol):
         """What `target` (device, host, composition or link) is connected to now, the chain of
         events that made it so, and one plain sentence; None if the id is unknown."""
         ...
+
+
+class FabricBinding(msgspec.Struct, frozen=True, kw_only=True):
+    """A device bound to a host over a path, as the hardware holds it."""
+
+    host: str
+    device: str
+    path: list[str]
+    composition_id: str
+
+
+class FabricCircuit(msgspec.Struct, frozen=True, kw_only=True):
+    """A cross-connect programmed inside an OCS (a_port < b_port)."""
+
+    ocs: str
+    a_port: int
+    b_port: int
+
+
+class FabricSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """What the hardware of one domain holds now; compared with the log by tests and audits."""
+
+    circuits: list[FabricCircuit]
+    bindings: list[FabricBinding]
+
+
+class FabricDriver(Protocol):
+    """Programs the physical fabric. Every operation is idempotent (doing it twice is doing it
+    once), so a saga interrupted by a crash can simply be driven again. Failures raise
+    `FabricError`; a call that does not finish within the engine's deadline is abandoned and
+    compensated."""
+
+    async def create_circuit(self, domain: str, circuit: FabricCircuit) -> None: ...
+
+    async def remove_circuit(self, domain: str, circuit: FabricCircuit) -> None: ...
+
+    async def bind(self, domain: str, binding: FabricBinding) -> None: ...
+
+    async def unbind(self, domain: str, binding: FabricBinding) -> None: ...
+
+    async def snapshot(self, domain: str) -> FabricSnapshot: ...
