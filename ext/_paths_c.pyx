@@ -213,6 +213,7 @@ ctypedef struct Query:
     double bandwidth
     int64_t n_targets  # the search stops once this many targets are found (as len(targets))
     int32_t best_n  # > 0: stop once the best n by (hops, latency, rank, id) are certain
+    int use_lb  # prune labels that cannot reach a target (within max_hops): ws.lb is set
     # results
     int32_t n_found
     int32_t n_best
@@ -235,6 +236,12 @@ ctypedef struct WS:
     int64_t n_settled
     int32_t* settled_head  # per vertex
     uint32_t* settled_stamp  # per vertex
+    int32_t* pushed_label  # per vertex: the smallest label pushed there in this search
+    uint32_t* pushed_stamp  # per vertex
+    int32_t* deferred  # OCS entry labels whose new-circuit exits are not pushed yet (FIFO)
+    int64_t deferred_cap
+    int64_t deferred_head
+    int64_t deferred_tail
     uint32_t* target_stamp  # per node
     uint32_t* found_stamp  # per node
     int32_t* found_label  # per node
@@ -242,6 +249,9 @@ ctypedef struct WS:
     int64_t* rank  # per node (best_devices)
     int32_t* best  # the best n found so far, best first
     int64_t best_cap
+    int32_t* lb  # per node: fewest links to a target over the relaxed fabric (with lb_stamp)
+    uint32_t* lb_stamp
+    int32_t* queue  # BFS queue, one slot per node
     uint32_t stamp
     int32_t n_nodes
     int32_t n_vertices
@@ -266,6 +276,10 @@ cdef class _Workspace:
         self.w.settled = <Settled*>_alloc(self.w.settled_cap, sizeof(Settled))
         self.w.settled_head = <int32_t*>_alloc(self.w.n_vertices, sizeof(int32_t))
         self.w.settled_stamp = <uint32_t*>_alloc(self.w.n_vertices, sizeof(uint32_t))
+        self.w.pushed_label = <int32_t*>_alloc(self.w.n_vertices, sizeof(int32_t))
+        self.w.pushed_stamp = <uint32_t*>_alloc(self.w.n_vertices, sizeof(uint32_t))
+        self.w.deferred_cap = 256
+        self.w.deferred = <int32_t*>_alloc(self.w.deferred_cap, sizeof(int32_t))
         self.w.target_stamp = <uint32_t*>_alloc(n_nodes, sizeof(uint32_t))
         self.w.found_stamp = <uint32_t*>_alloc(n_nodes, sizeof(uint32_t))
         self.w.found_label = <int32_t*>_alloc(n_nodes, sizeof(int32_t))
@@ -273,7 +287,12 @@ cdef class _Workspace:
         self.w.rank = <int64_t*>_alloc(n_nodes, sizeof(int64_t))
         self.w.best_cap = 16
         self.w.best = <int32_t*>_alloc(self.w.best_cap, sizeof(int32_t))
+        self.w.lb = <int32_t*>_alloc(n_nodes, sizeof(int32_t))
+        self.w.lb_stamp = <uint32_t*>_alloc(n_nodes, sizeof(uint32_t))
+        self.w.queue = <int32_t*>_alloc(n_nodes, sizeof(int32_t))
+        memset(self.w.lb_stamp, 0, n_nodes * sizeof(uint32_t))
         memset(self.w.settled_stamp, 0, self.w.n_vertices * sizeof(uint32_t))
+        memset(self.w.pushed_stamp, 0, self.w.n_vertices * sizeof(uint32_t))
         memset(self.w.target_stamp, 0, n_nodes * sizeof(uint32_t))
         memset(self.w.found_stamp, 0, n_nodes * sizeof(uint32_t))
 
@@ -284,20 +303,28 @@ cdef class _Workspace:
         free(self.w.settled)
         free(self.w.settled_head)
         free(self.w.settled_stamp)
+        free(self.w.pushed_label)
+        free(self.w.pushed_stamp)
+        free(self.w.deferred)
         free(self.w.target_stamp)
         free(self.w.found_stamp)
         free(self.w.found_label)
         free(self.w.found)
         free(self.w.rank)
         free(self.w.best)
+        free(self.w.lb)
+        free(self.w.lb_stamp)
+        free(self.w.queue)
 
     cdef void next_stamp(self):
         # Stamps mark per-search membership without clearing arrays; on wrap-around clear once.
         self.w.stamp += 1
         if self.w.stamp == 0:
             memset(self.w.settled_stamp, 0, self.w.n_vertices * sizeof(uint32_t))
+            memset(self.w.pushed_stamp, 0, self.w.n_vertices * sizeof(uint32_t))
             memset(self.w.target_stamp, 0, self.w.n_nodes * sizeof(uint32_t))
             memset(self.w.found_stamp, 0, self.w.n_nodes * sizeof(uint32_t))
+            memset(self.w.lb_stamp, 0, self.w.n_nodes * sizeof(uint32_t))
             self.w.stamp = 1
 
     cdef int ensure_best(self, int64_t n) except -1:
@@ -945,10 +972,11 @@ cdef int _step(
     cdef int64_t seq = parent.seq, latency, total_latency, total_hops, need
     cdef int8_t kind
     cdef Label* y
+    cdef Label* a
     cdef int32_t* dst
+    cdef int32_t child, rival
+    cdef int compare
     cdef uint64_t mask
-    if _on_path(ws.arena + seq, depth, far):
-        return 0
     if (c.link_flags[link] | c.node_flags[far]) & UNUSABLE:
         return 0
     if c.free[link] + _EPSILON < q.bandwidth:
@@ -977,6 +1005,30 @@ cdef int _step(
     total_latency = parent.latency + latency
     if q.bounded and total_latency > q.max_latency:
         return 0
+    if q.use_lb and kind != DEVICE and (
+        ws.lb_stamp[far] != ws.stamp or total_hops + ws.lb[far] > q.max_hops
+    ):
+        return 0  # no target within reach from there (see _lower_bounds)
+
+    # Pruned at push when the smallest label pushed at this vertex so far comes first and
+    # dominates this one: it either settles and drops this one at its pop, or is dropped by
+    # a settled label that drops this one too. Exact, and most of an OCS fan-out never
+    # reaches the heap. Decided on (hops, latency) alone when they differ, before any copy.
+    rival = -1
+    compare = 0  # 0: this one is the smallest so far; 1: the rival is smaller; 2: tie
+    if ws.pushed_stamp[vertex] == ws.stamp:
+        rival = ws.pushed_label[vertex]
+        a = &ws.labels[rival]
+        if a.hops < total_hops or (a.hops == total_hops and a.latency < total_latency):
+            compare = 1
+            if ((not q.bounded or a.latency <= total_latency) and (a.mask & ~mask) == 0
+                    and f.n_ocs <= 64):
+                return 0
+        elif a.hops == total_hops and a.latency == total_latency:
+            compare = 2
+    if _on_path(ws.arena + seq, depth, far):
+        return 0
+
     need = ws.arena_used + 2 * depth + 1
     if not _grow(<void**>&ws.arena, &ws.arena_cap, need, sizeof(int32_t)):
         return -1
@@ -990,7 +1042,8 @@ cdef int _step(
     dst[depth] = far
     memcpy(dst + depth + 1, ws.arena + seq + depth, (depth - 1) * sizeof(int32_t))
     dst[2 * depth] = link
-    y = &ws.labels[ws.n_labels]
+    child = <int32_t>ws.n_labels
+    y = &ws.labels[child]
     y.latency = total_latency
     y.seq = ws.arena_used
     y.mask = mask
@@ -1003,10 +1056,81 @@ cdef int _step(
     y.circ_in = circ_in
     y.circ_out = circ_out
     y.circ_new = circ_new
+    if compare == 2:
+        compare = 1 if _less(&ws.labels[rival], y, ws.arena) else 0
+    if compare == 1:
+        a = &ws.labels[rival]
+        if ((not q.bounded or a.latency <= total_latency) and (a.mask & ~mask) == 0
+                and (f.n_ocs <= 64 or _ocs_subset(f, ws, rival, child))):
+            return 0  # not committed: the slot and arena space are reused
+    else:
+        ws.pushed_stamp[vertex] = ws.stamp
+        ws.pushed_label[vertex] = child
     ws.arena_used = need
     ws.n_labels += 1
-    _heap_push(ws, <int32_t>(ws.n_labels - 1))
+    _heap_push(ws, child)
     return 0
+
+
+cdef int _fan_out(
+    const FabricData* f, const CondData* c, WS* ws, Query* q, int32_t x
+) noexcept nogil:
+    """New circuits from an OCS entry port to every free cabled port. Returns -1 when out of
+    memory."""
+    cdef int32_t s = ws.labels[x].vertex - f.n_nodes
+    cdef int32_t r = f.ocs_rank[f.slot_ocs[s]], exit_slot
+    for exit_slot in range(f.ocs_slots[r], f.ocs_slots[r + 1]):
+        if exit_slot == s or c.circ_other[exit_slot] != NO_CIRCUIT:
+            continue
+        if _step(f, c, ws, q, x, f.slot_link[exit_slot], f.slot_far[exit_slot],
+                 f.slot_far_slot[exit_slot], 2, s, exit_slot, 1) < 0:
+            return -1
+    return 0
+
+
+cdef void _lower_bounds(
+    const FabricData* f, const CondData* c, WS* ws, const Query* q, int32_t n_targets,
+) noexcept nogil:
+    """Fewest links from each node to a target, over the fabric relaxed of everything but
+    per-link and per-node rules (usable, bandwidth, switch isolation; an OCS passes anything).
+
+    Every path the search can find runs in that relaxed fabric and has at least as many hops
+    as links, so a label whose far node reaches no target, or not within max_hops, is dropped
+    exactly: its descendants cannot reach one either, and any label it would dominate stands
+    at the same vertex with no fewer hops, so it is just as unable.
+    """
+    cdef int32_t head = 0, tail = 0, u, v, k, link
+    cdef int8_t kind
+    for k in range(n_targets):
+        u = ws.found[k]  # the target list, borrowed before the search fills it
+        if c.node_flags[u] & UNUSABLE:
+            continue
+        ws.lb_stamp[u] = ws.stamp
+        ws.lb[u] = 0
+        ws.queue[tail] = u
+        tail += 1
+    while head < tail:
+        u = ws.queue[head]
+        head += 1
+        for k in range(f.adj_ptr[u], f.adj_ptr[u + 1]):
+            v = f.adj_far[k]
+            if ws.lb_stamp[v] == ws.stamp:
+                continue
+            link = f.adj_link[k]
+            if (c.link_flags[link] | c.node_flags[v]) & UNUSABLE:
+                continue
+            if c.free[link] + _EPSILON < q.bandwidth:
+                continue
+            kind = f.kind[v]
+            if kind == DEVICE:
+                continue  # devices end paths; targets were queued already
+            if kind == SWITCH and q.isolation and not _switch_open(c, q, v):
+                continue
+            ws.lb_stamp[v] = ws.stamp
+            ws.lb[v] = ws.lb[u] + 1
+            if kind != HOST:  # hosts are endpoints, never passed through
+                ws.queue[tail] = v
+                tail += 1
 
 
 cdef void _search(const FabricData* f, const CondData* c, WS* ws, Query* q) noexcept nogil:
@@ -1024,6 +1148,8 @@ cdef void _search(const FabricData* f, const CondData* c, WS* ws, Query* q) noex
     ws.arena_used = 0
     ws.heap_n = 0
     ws.n_settled = 0
+    ws.deferred_head = 0
+    ws.deferred_tail = 0
     q.n_found = 0
     q.n_best = 0
     q.error_slot = -1
@@ -1045,9 +1171,24 @@ cdef void _search(const FabricData* f, const CondData* c, WS* ws, Query* q) noex
     ws.arena[0] = q.host
     ws.arena_used = 1
     ws.n_labels = 1
+    if q.use_lb and ws.lb_stamp[q.host] != ws.stamp:
+        return  # no target is reachable at all
     _heap_push(ws, 0)
 
-    while ws.heap_n > 0 and q.n_found < q.n_targets:
+    while q.n_found < q.n_targets:
+        # An OCS entry's new-circuit exits are 2 hops on: push them only once the search has
+        # no label left with fewer hops than they have. Pops keep the exact order, and a
+        # search that ends before never builds them.
+        while ws.deferred_head < ws.deferred_tail:
+            x = ws.deferred[ws.deferred_head]
+            if ws.heap_n > 0 and ws.labels[ws.heap[0]].hops < ws.labels[x].hops + 2:
+                break
+            ws.deferred_head += 1
+            if _fan_out(f, c, ws, q, x) < 0:
+                q.out_of_memory = 1
+                return
+        if ws.heap_n == 0:
+            break
         x = _heap_pop(ws)
         lx = &ws.labels[x]
         if q.best_n > 0 and q.n_best == q.best_n:
@@ -1133,14 +1274,12 @@ cdef void _search(const FabricData* f, const CondData* c, WS* ws, Query* q) noex
                 q.out_of_memory = 1
                 return
             continue
-        r = f.ocs_rank[f.slot_ocs[s]]
-        for exit_slot in range(f.ocs_slots[r], f.ocs_slots[r + 1]):
-            if exit_slot == s or c.circ_other[exit_slot] != NO_CIRCUIT:
-                continue
-            if _step(f, c, ws, q, x, f.slot_link[exit_slot], f.slot_far[exit_slot],
-                     f.slot_far_slot[exit_slot], 2, s, exit_slot, 1) < 0:
-                q.out_of_memory = 1
-                return
+        if not _grow(<void**>&ws.deferred, &ws.deferred_cap, ws.deferred_tail + 1,
+                     sizeof(int32_t)):
+            q.out_of_memory = 1
+            return
+        ws.deferred[ws.deferred_tail] = x
+        ws.deferred_tail += 1
 
 
 cdef int64_t _limit(value) except? -1:
@@ -1191,8 +1330,18 @@ cdef _prepare(Fabric fabric, LiveConditions live, request, Query* q):
     q.best_n = 0
 
 
-cdef _run(Fabric fabric, LiveConditions live, WS* ws, Query* q):
+# Few targets: a BFS of the whole fabric (O(nodes + links)) costs less than the labels it
+# saves; with many, the search reaches targets early anyway.
+cdef int32_t _LOWER_BOUND_TARGETS = 64
+
+
+cdef _run(Fabric fabric, LiveConditions live, WS* ws, Query* q, int32_t n_marked):
+    # A circuit to a port without a cable (never built by the engine) raises in the reference
+    # when the search reaches it; pruning could skip that, so it is off while one exists.
+    q.use_lb = 0 < n_marked <= _LOWER_BOUND_TARGETS and not live._dangling
     with nogil:
+        if q.use_lb:
+            _lower_bounds(&fabric.d, &live.c, ws, q, n_marked)
         _search(&fabric.d, &live.c, ws, q)
     if q.out_of_memory:
         raise MemoryError()
@@ -1237,7 +1386,7 @@ def best_paths(Fabric fabric not None, conditions, request, targets):
     cdef Query q
     cdef _Workspace owner
     cdef WS* ws
-    cdef int32_t i
+    cdef int32_t i, n_marked = 0
     _prepare(fabric, live, request, &q)
     owner = fabric._take()
     ws = &owner.w
@@ -1246,10 +1395,12 @@ def best_paths(Fabric fabric not None, conditions, request, targets):
         node_index = fabric._node_index
         for target in targets:
             i = node_index.get(target, -1)
-            if i >= 0 and fabric.d.kind[i] == DEVICE:
+            if i >= 0 and fabric.d.kind[i] == DEVICE and ws.target_stamp[i] != ws.stamp:
                 ws.target_stamp[i] = ws.stamp
+                ws.found[n_marked] = i
+                n_marked += 1
         q.n_targets = len(targets)
-        _run(fabric, live, ws, &q)
+        _run(fabric, live, ws, &q, n_marked)
         return {fabric.node_ids[ws.found[i]]: _path(fabric, ws, ws.found[i])
                 for i in range(q.n_found)}
     finally:
@@ -1270,7 +1421,7 @@ def best_devices(Fabric fabric not None, conditions, request, ranked, n=1):
     cdef Query q
     cdef _Workspace owner
     cdef WS* ws
-    cdef int32_t i, count
+    cdef int32_t i, count, n_marked = 0
     _prepare(fabric, live, request, &q)
     count = <int32_t>min(max(operator.index(n), 0), len(ranked))
     if count == 0:
@@ -1284,11 +1435,14 @@ def best_devices(Fabric fabric not None, conditions, request, ranked, n=1):
         for target, rank in ranked.items():
             i = node_index.get(target, -1)
             if i >= 0 and fabric.d.kind[i] == DEVICE:
-                ws.target_stamp[i] = ws.stamp
+                if ws.target_stamp[i] != ws.stamp:
+                    ws.target_stamp[i] = ws.stamp
+                    ws.found[n_marked] = i
+                    n_marked += 1
                 ws.rank[i] = rank
         q.n_targets = len(ranked)
         q.best_n = count
-        _run(fabric, live, ws, &q)
+        _run(fabric, live, ws, &q, n_marked)
         # When the search ran out first, every device found is among the best n.
         return [_path(fabric, ws, ws.best[i]) for i in range(q.n_best)]
     finally:
