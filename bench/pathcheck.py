@@ -1,0 +1,288 @@
+"""Path-core benchmark: µs per query for the compiled core, the networkx reference and a
+rustworkx-based equivalent, on a 4,096-device and a 65,536-device fabric (bench/fabrics.py).
+
+Two queries per request:
+- single path check: the best path from the host to one given device (best_paths, 1 target);
+- device choice: the best of all N candidate devices of the kind asked for, by (hops,
+  latency, rank, id), from one search (the engine's question per pick). The compiled core
+  answers with best_devices; the reference as the engine did before it, best_paths over
+  every candidate and the minimum; rustworkx with the same search as the compiled core.
+
+Every implementation answers the same requests in the same order; the slow ones answer a
+prefix of them within a time budget, and each ratio compares the same requests. Answers are
+checked equal to the reference's (and the rustworkx search's to the compiled core's) on
+every request both answered. The last line printed is one JSON object with every figure.
+
+    python bench/pathcheck.py            # both fabrics, 10,000 requests
+    python bench/pathcheck.py --quick    # 4,096 devices, 1,000 requests, short budgets
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path as FsPath
+from typing import Any
+
+sys.path.insert(0, str(FsPath(__file__).resolve().parents[1]))
+
+from bench.fabrics import Request, World, build, requests
+from ext import _live_py, _paths_py
+
+try:
+    from ext import _paths_c
+except ImportError as exc:  # pragma: no cover - the bench needs the build
+    raise SystemExit(f"the compiled core is not built ({exc}); run `make install`") from exc
+
+try:
+    from bench.rx_paths import RxConditions, RxFabric, rx_search
+except ImportError:  # rustworkx is the `bench` extra
+    RxFabric = None  # type: ignore[assignment,misc]
+
+MODES = ("single", "choice")
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    if not ordered:
+        return float("nan")
+    rank = q / 100 * (len(ordered) - 1)
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def timed(
+    fn: Callable[[Request], Any], reqs: list[Request], budget_s: float, limit: int
+) -> tuple[list[float], list[Any]]:
+    """µs per call and the answers, in request order, until `limit` calls or the budget is
+    spent (at least one call)."""
+    times: list[float] = []
+    answers: list[Any] = []
+    deadline = time.perf_counter() + budget_s
+    gc.disable()  # a collection inside one timed call would be charged to it
+    try:
+        for r in reqs[:limit]:
+            start = time.perf_counter_ns()
+            try:
+                answer = fn(r)
+            except Exception as exc:  # the same typed errors are part of the comparison
+                answer = (type(exc).__name__, str(exc))
+            times.append((time.perf_counter_ns() - start) / 1000)
+            answers.append(answer)
+            if time.perf_counter() > deadline:
+                break
+    finally:
+        gc.enable()
+    return times, answers
+
+
+def run_size(
+    label: str, pods: int, count: int, budgets: dict[str, float], seed: int
+) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    world: World = build(pods, seed=seed)
+    built = time.perf_counter() - t0
+    cond = world.conditions
+    setup: dict[str, float] = {"generate_s": built}
+
+    t0 = time.perf_counter()
+    c_fabric = _paths_c.Fabric(world.nodes, world.links)
+    setup["compiled_fabric_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    live = _paths_c.LiveConditions(c_fabric, cond)
+    setup["compiled_conditions_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    py_fabric = _paths_py.Fabric(world.nodes, world.links)
+    setup["reference_fabric_s"] = time.perf_counter() - t0
+    impls: dict[str, dict[str, Callable[[Request], Any]]] = {
+        "compiled": {
+            "single": lambda r: _paths_c.best_paths(c_fabric, live, r.path, {r.device}),
+            "choice": lambda r: _paths_c.best_devices(c_fabric, live, r.path, r.ranked, 1),
+        },
+        "reference": {
+            "single": lambda r: _paths_py.best_paths(py_fabric, cond, r.path, {r.device}),
+            "choice": lambda r: _live_py.best_devices(py_fabric, cond, r.path, r.ranked, 1),
+        },
+    }
+    if RxFabric is not None:
+        t0 = time.perf_counter()
+        rx_fabric = RxFabric(world.nodes, world.links)
+        rx_cond = RxConditions(rx_fabric, cond)
+        setup["rustworkx_fabric_s"] = time.perf_counter() - t0
+        impls["rustworkx"] = {
+            "single": lambda r: rx_search(rx_fabric, rx_cond, r.path, {r.device}),
+            "choice": lambda r: rx_search(rx_fabric, rx_cond, r.path, r.ranked, 1),
+        }
+
+    reqs = requests(world, count, seed=seed + 1)
+    result: dict[str, Any] = {
+        "devices": world.device_count,
+        "nodes": len(world.nodes),
+        "links": len(world.links),
+        "requests": count,
+        "mean_candidates": sum(len(r.ranked) for r in reqs) / len(reqs),
+        "setup": setup,
+        "modes": {},
+    }
+    for mode in MODES:
+        answers: dict[str, list[Any]] = {}
+        times: dict[str, list[float]] = {}
+        for name, fns in impls.items():
+            budget = budgets[f"{name}.{mode}"]
+            times[name], answers[name] = timed(fns[mode], reqs, budget, count)
+            print(
+                f"  {label} {mode:6s} {name:9s} {len(times[name]):6d} requests "
+                f"in {sum(times[name]) / 1e6:6.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+        figures: dict[str, Any] = {}
+        for name in impls:
+            n = len(times[name])
+            figures[name] = {
+                "n": n,
+                "p50_us": percentile(times[name], 50),
+                "p99_us": percentile(times[name], 99),
+                "mean_us": sum(times[name]) / n,
+            }
+        # Ratios on the same requests: the compiled core's figures over the other's prefix.
+        for other in [name for name in impls if name != "compiled"]:
+            n = len(times[other])
+            mine = times["compiled"][:n]
+            figures[f"compiled_vs_{other}"] = {
+                "n": n,
+                "p50": percentile(times[other], 50) / percentile(mine, 50),
+                "p99": percentile(times[other], 99) / percentile(mine, 99),
+                "mean": sum(times[other]) / sum(mine),
+            }
+        mismatches = {}
+        for other in [name for name in impls if name != "compiled"]:
+            n = len(answers[other])
+            mismatches[other] = sum(
+                a != b for a, b in zip(answers["compiled"][:n], answers[other], strict=True)
+            )
+        figures["mismatches"] = mismatches
+        result["modes"][mode] = figures
+    return result
+
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    rows = []
+    head = (
+        f"{'fabric':>14} {'query':>14} {'implementation':>14} {'n':>6} "
+        f"{'p50 µs':>12} {'p99 µs':>12} {'p50 ratio':>10} {'p99 ratio':>10}"
+    )
+    rows.append(head)
+    rows.append("-" * len(head))
+    names = {"single": "single check", "choice": "device choice"}
+    for label, res in results.items():
+        for mode in MODES:
+            figures = res["modes"][mode]
+            for name in ("compiled", "reference", "rustworkx"):
+                if name not in figures:
+                    continue
+                f = figures[name]
+                ratio = figures.get(f"compiled_vs_{name}")
+                p50r = f"{ratio['p50']:9.1f}x" if ratio else f"{'1.0x':>10}"
+                p99r = f"{ratio['p99']:9.1f}x" if ratio else f"{'1.0x':>10}"
+                rows.append(
+                    f"{label:>14} {names[mode]:>14} {name:>14} {f['n']:>6} "
+                    f"{f['p50_us']:>12.1f} {f['p99_us']:>12.1f} {p50r} {p99r}"
+                )
+            mism = figures["mismatches"]
+            rows.append(
+                f"{'':>14} {'':>14} {'answers':>14} "
+                + ", ".join(f"{k}: {v} differ" for k, v in mism.items())
+            )
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--sizes", default="4096,65536", help="4096 and/or 65536")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="4,096 devices, short budgets")
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="multiply every time budget by this"
+    )
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    count = args.requests
+    if args.quick:
+        sizes, count = [4096], min(count, 1000)
+    scale = args.scale * (0.2 if args.quick else 1.0)
+    # Seconds per implementation and query; the compiled core answers all requests on the
+    # small fabric. The reference takes seconds to minutes per query on the large one.
+    budgets = {
+        4096: {
+            "compiled.single": 120.0,
+            "compiled.choice": 120.0,
+            "reference.single": 25.0,
+            "reference.choice": 25.0,
+            "rustworkx.single": 12.0,
+            "rustworkx.choice": 12.0,
+        },
+        65536: {
+            "compiled.single": 25.0,
+            "compiled.choice": 20.0,
+            "reference.single": 40.0,
+            "reference.choice": 40.0,
+            "rustworkx.single": 20.0,
+            "rustworkx.choice": 15.0,
+        },
+    }
+    pods = {4096: 1, 65536: 16}
+    results = {}
+    started = time.perf_counter()
+    for size in sizes:
+        label = f"{size:,} devices"
+        print(f"{label}: generating and timing ...", file=sys.stderr, flush=True)
+        b = {k: v * scale for k, v in budgets[size].items()}
+        results[label] = run_size(label, pods[size], count, b, args.seed)
+    print(table(results))
+    print()
+    for label, res in results.items():
+        short = [
+            f"{name} {res['modes'][m][name]['n']}/{res['requests']} ({m})"
+            for m in MODES
+            for name in ("compiled", "reference", "rustworkx")
+            if name in res["modes"][m] and res["modes"][m][name]["n"] < res["requests"]
+        ]
+        if short:
+            print(f"{label}: within the time budget, answered only " + ", ".join(short) + ";")
+            print("  ratios compare the compiled core on the same requests.")
+        print(f"{label}: mean candidates per device choice {res['mean_candidates']:.0f}")
+    summary: dict[str, Any] = {
+        "bench": "pathcheck",
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "seconds": time.perf_counter() - started,
+        "rustworkx": RxFabric is not None,
+        "results": results,
+        "targets": {},
+    }
+    for label, res in results.items():
+        modes = res["modes"]
+        target = {
+            "choice_vs_reference_p50_ge_100": modes["choice"]["compiled_vs_reference"]["p50"]
+            >= 100,
+            "single_vs_reference_p50_ge_30": modes["single"]["compiled_vs_reference"]["p50"] >= 30,
+        }
+        if RxFabric is not None:
+            target["faster_than_rustworkx"] = all(
+                modes[m]["compiled_vs_rustworkx"]["p50"] > 1 for m in MODES
+            )
+        summary["targets"][label] = target
+    print(json.dumps(summary, separators=(",", ":")))
+
+
+if __name__ == "__main__":
+    main()
