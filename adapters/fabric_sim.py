@@ -1,0 +1,358 @@
+"""A simulated fabric: the FabricDriver the engine uses until a real one is configured.
+
+It stands in for the hardware, not for the engine: it keeps its own record of what is programmed
+per domain and enforces the fabric's physical rules itself (an OCS port is in at most one
+circuit; a device is bound to at most one host), so a test can compare `snapshot(domain)` with
+the log and catch an engine that believes something the hardware would not hold. Jitter, random
+failures and random hangs come from one seeded `random.Random` and scripted faults fire in call
+order, so a run is reproducible from its seed and its sequence of calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar, get_args
+
+import msgspec
+
+from engine.errors import FabricError
+from engine.ports import FabricBinding, FabricCircuit, FabricSnapshot
+
+FabricOp = Literal["create_circuit", "remove_circuit", "bind", "unbind", "snapshot"]
+FABRIC_OPS: tuple[str, ...] = get_args(FabricOp)
+# Random failures, hangs and jitter apply to these only: reading the hardware must stay
+# dependable (and must not shift the seeded sequence) so tests can compare it with the log.
+MUTATING_OPS: frozenset[str] = frozenset(FABRIC_OPS) - {"snapshot"}
+
+Call = tuple[str, str, tuple[Any, ...]]
+_T = TypeVar("_T")
+
+
+@dataclass
+class _Domain:
+    """What the hardware of one domain holds."""
+
+    # Keyed by every (ocs, port) a circuit occupies, so the one-circuit-per-port rule is a lookup.
+    ports: dict[tuple[str, int], FabricCircuit] = field(default_factory=dict)
+    # Keyed by (device, composition_id): a memory pool can carry one slice per composition.
+    bindings: dict[tuple[str, str], FabricBinding] = field(default_factory=dict)
+
+
+@dataclass(eq=False)  # identity: two identical scripts are two separate faults
+class _Fault:
+    """A scripted fault waiting for the next matching operations."""
+
+    kind: Literal["fail", "hang"]
+    op: str
+    component: str | None
+    remaining: int
+    applied: bool
+
+
+class SimulatedFabric:
+    """An in-memory FabricDriver with deterministic latency and fault injection.
+
+    Args:
+        seed: Seeds the one random generator behind jitter, failures and hangs.
+        latency: Seconds every operation takes, or a mapping from operation name to seconds
+            (operations not named take none).
+        jitter: Up to this many extra seconds, drawn uniformly, on each mutating operation.
+        failure_rate: Probability that a mutating operation raises FabricError (without
+            changing anything).
+        hang_rate: Probability that a mutating operation never returns until it is cancelled
+            (1.0 is "hang mode": every mutating operation hangs).
+        shared_devices: Devices that may be bound to several hosts at once (a pooled CXL
+            memory device serving slices), as ids or a predicate on the id. Every other device
+            is bound to at most one host.
+    """
+
+    def __init__(
+        self,
+        *,
+        seed: int = 0,
+        latency: float | Mapping[str, float] = 0.0,
+        jitter: float = 0.0,
+        failure_rate: float = 0.0,
+        hang_rate: float = 0.0,
+        shared_devices: Collection[str] | Callable[[str], bool] = (),
+    ) -> None:
+        delays = latency.values() if isinstance(latency, Mapping) else [latency]
+        if any(d < 0 for d in delays) or jitter < 0:
+            raise ValueError("latency and jitter must not be negative")
+        if isinstance(latency, Mapping):
+            _check_ops(latency)
+        for name, rate in (("failure_rate", failure_rate), ("hang_rate", hang_rate)):
+            if not 0.0 <= rate <= 1.0:
+                raise ValueError(f"{name} must be within [0, 1], got {rate}")
+        self.seed = seed
+        self.latency = latency
+        self.jitter = jitter
+        self.failure_rate = failure_rate
+        self.hang_rate = hang_rate
+        self._shared = (
+            shared_devices if callable(shared_devices) else frozenset(shared_devices).__contains__
+        )
+        self.calls: list[Call] = []
+        self._rng = random.Random(seed)
+        self._domains: dict[str, _Domain] = {}
+        self._faults: list[_Fault] = []
+        self._broken: set[str] = set()
+
+    # -- the FabricDriver port ---------------------------------------------------------------
+
+    async def create_circuit(self, domain: str, circuit: FabricCircuit) -> None:
+        """Cross-connect two OCS ports; a no-op when exactly this circuit exists."""
+
+        def apply() -> None:
+            _check_ports(circuit)
+            ports = self._domain(domain).ports
+            for port in (circuit.a_port, circuit.b_port):
+                held = ports.get((circuit.ocs, port))
+                if held is not None and held != circuit:
+                    raise FabricError(
+                        f"{circuit.ocs} port {port} is already in circuit "
+                        f"{held.a_port}-{held.b_port}",
+                        component=circuit.ocs,
+                    )
+            ports[(circuit.ocs, circuit.a_port)] = circuit
+            ports[(circuit.ocs, circuit.b_port)] = circuit
+
+        await self._operate("create_circuit", domain, circuit, (circuit.ocs,), apply)
+
+    async def remove_circuit(self, domain: str, circuit: FabricCircuit) -> None:
+        """Remove a cross-connect; a no-op when this exact circuit is not programmed."""
+
+        def apply() -> None:
+            _check_ports(circuit)
+            ports = self._domain(domain).ports
+            if ports.get((circuit.ocs, circuit.a_port)) == circuit:
+                del ports[(circuit.ocs, circuit.a_port)]
+                del ports[(circuit.ocs, circuit.b_port)]
+
+        await self._operate("remove_circuit", domain, circuit, (circuit.ocs,), apply)
+
+    async def bind(self, domain: str, binding: FabricBinding) -> None:
+        """Bind a device to a host over a path; a no-op when exactly this binding exists."""
+
+        def apply() -> None:
+            if not binding.path or binding.path[0] != binding.host:
+                raise FabricError(
+                    f"path of {binding.device} does not start at host {binding.host}",
+                    component=binding.device,
+                )
+            if binding.path[-1] != binding.device:
+                raise FabricError(
+                    f"path to {binding.device} ends at {binding.path[-1]}",
+                    component=binding.device,
+                )
+            bindings = self._domain(domain).bindings
+            if not self._shared(binding.device):
+                for other in bindings.values():
+                    if other.device == binding.device and other.host != binding.host:
+                        raise FabricError(
+                            f"{binding.device} is already bound to host {other.host}",
+                            component=binding.device,
+                        )
+            key = (binding.device, binding.composition_id)
+            held = bindings.get(key)
+            if held is not None and held != binding:
+                # Silently re-pointing a live binding would hide an engine that lost track of
+                # one; a reroute is an unbind of the old path, then a bind of the new.
+                raise FabricError(
+                    f"{binding.device} is already bound to {held.host} for "
+                    f"{binding.composition_id} over {'>'.join(held.path)}",
+                    component=binding.device,
+                )
+            # A copy, so a caller mutating its path list cannot rewrite the "hardware".
+            bindings[key] = msgspec.structs.replace(binding, path=list(binding.path))
+
+        await self._operate("bind", domain, binding, _touched(binding), apply)
+
+    async def unbind(self, domain: str, binding: FabricBinding) -> None:
+        """Release a device from a host; a no-op when the host does not hold it for that
+        composition. The path is not compared: releasing needs only host, device, composition."""
+
+        def apply() -> None:
+            bindings = self._domain(domain).bindings
+            key = (binding.device, binding.composition_id)
+            held = bindings.get(key)
+            if held is not None and held.host == binding.host:
+                del bindings[key]
+
+        await self._operate("unbind", domain, binding, _touched(binding), apply)
+
+    async def snapshot(self, domain: str) -> FabricSnapshot:
+        """What the simulated hardware of `domain` holds, in a stable order."""
+
+        def apply() -> FabricSnapshot:
+            state = self._domains.get(domain) or _Domain()
+            circuits = sorted(set(state.ports.values()), key=lambda c: (c.ocs, c.a_port, c.b_port))
+            bindings = sorted(
+                state.bindings.values(), key=lambda b: (b.host, b.device, b.composition_id)
+            )
+            return FabricSnapshot(
+                circuits=circuits,
+                bindings=[msgspec.structs.replace(b, path=list(b.path)) for b in bindings],
+            )
+
+        return await self._operate("snapshot", domain, None, (), apply)
+
+    # -- fault injection ---------------------------------------------------------------------
+
+    def fail_next(
+        self, op: str, component: str | None = None, times: int = 1, *, applied: bool = False
+    ) -> None:
+        """Make the next `times` calls of `op` (touching `component`, if given) raise FabricError.
+
+        Args:
+            op: An operation name: create_circuit, remove_circuit, bind, unbind or snapshot.
+            component: Only calls touching this OCS, host, device or path node match.
+            times: How many matching calls fail.
+            applied: The change takes effect on the hardware before the error is raised (a
+                lost reply), to test that compensation copes with either outcome.
+        """
+        self._script("fail", op, component, times, applied)
+
+    def hang_next(
+        self, op: str, component: str | None = None, times: int = 1, *, applied: bool = False
+    ) -> None:
+        """Make the next `times` calls of `op` never return until cancelled.
+
+        Args:
+            op: An operation name: create_circuit, remove_circuit, bind, unbind or snapshot.
+            component: Only calls touching this OCS, host, device or path node match.
+            times: How many matching calls hang.
+            applied: The change takes effect on the hardware before the call hangs, as when a
+                controller applies a request and its answer is lost.
+        """
+        self._script("hang", op, component, times, applied)
+
+    def break_component(self, component: str) -> None:
+        """Make every operation touching `component` fail until `repair_component`."""
+        self._broken.add(component)
+
+    def repair_component(self, component: str) -> None:
+        """Undo `break_component`; repairing a sound component is a no-op."""
+        self._broken.discard(component)
+
+    @property
+    def broken(self) -> frozenset[str]:
+        return frozenset(self._broken)
+
+    @property
+    def pending_faults(self) -> int:
+        """Scripted failures and hangs not yet consumed (0 once every one has fired)."""
+        return sum(f.remaining for f in self._faults)
+
+    def reset(self) -> None:
+        """Forget all programmed state, calls, scripted faults and broken components, and
+        reseed; the constructor's knobs stay."""
+        self.calls.clear()
+        self._rng = random.Random(self.seed)
+        self._domains.clear()
+        self._faults.clear()
+        self._broken.clear()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _domain(self, domain: str) -> _Domain:
+        return self._domains.setdefault(domain, _Domain())
+
+    def _script(
+        self,
+        kind: Literal["fail", "hang"],
+        op: str,
+        component: str | None,
+        times: int,
+        applied: bool,
+    ) -> None:
+        _check_ops([op])
+        if times < 1:
+            raise ValueError(f"times must be at least 1, got {times}")
+        if applied and op == "snapshot":
+            raise ValueError("a snapshot changes nothing, so it cannot be applied")
+        self._faults.append(_Fault(kind, op, component, times, applied))
+
+    def _claim(self, op: str, touched: tuple[str, ...]) -> _Fault | None:
+        for fault in self._faults:
+            if fault.op == op and (fault.component is None or fault.component in touched):
+                fault.remaining -= 1
+                if fault.remaining == 0:
+                    self._faults.remove(fault)
+                return fault
+        return None
+
+    def _delay(self, op: str) -> float:
+        if isinstance(self.latency, Mapping):
+            return self.latency.get(op, 0.0)
+        return self.latency
+
+    async def _operate(
+        self,
+        op: str,
+        domain: str,
+        arg: FabricCircuit | FabricBinding | None,
+        touched: tuple[str, ...],
+        apply: Callable[[], _T],
+    ) -> _T:
+        self.calls.append((op, domain, () if arg is None else (arg,)))
+        # Everything random is decided here, before the first await, so outcomes follow call
+        # order and not the timing of concurrent calls. Mutating calls always draw all three
+        # numbers, so changing one rate does not reshuffle the others.
+        fault = self._claim(op, touched)
+        delay = self._delay(op)
+        hang = fail = False
+        if op in MUTATING_OPS:
+            jitter, hang_roll, fail_roll = (self._rng.random() for _ in range(3))
+            delay += self.jitter * jitter
+            hang = hang_roll < self.hang_rate
+            fail = fail_roll < self.failure_rate
+        primary = touched[-1] if touched else None  # the OCS, or the device being bound
+
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if fault is not None:
+            if fault.applied:
+                apply()
+            if fault.kind == "hang":
+                await _forever()
+            culprit = fault.component or primary
+            raise FabricError(f"{op} in {domain}: injected failure at {culprit}", component=culprit)
+        for component in touched:
+            if component in self._broken:
+                raise FabricError(f"{op} in {domain}: {component} is broken", component=component)
+        if hang:
+            await _forever()
+        if fail:
+            raise FabricError(f"{op} in {domain}: random failure at {primary}", component=primary)
+        return apply()
+
+
+async def _forever() -> None:
+    """Wait until cancelled: the engine's deadline is the only way out."""
+    await asyncio.get_running_loop().create_future()
+
+
+def _touched(binding: FabricBinding) -> tuple[str, ...]:
+    # Host, every node on the path, device last (the default culprit of a binding failure).
+    nodes = dict.fromkeys([binding.host, *binding.path])
+    nodes.pop(binding.device, None)
+    return (*nodes, binding.device)
+
+
+def _check_ports(circuit: FabricCircuit) -> None:
+    if circuit.a_port >= circuit.b_port:
+        raise FabricError(
+            f"circuit on {circuit.ocs} must name two ports with a_port < b_port, "
+            f"got {circuit.a_port}-{circuit.b_port}",
+            component=circuit.ocs,
+        )
+
+
+def _check_ops(ops: Collection[str]) -> None:
+    unknown = sorted(set(ops) - set(FABRIC_OPS))
+    if unknown:
+        raise ValueError(f"unknown fabric operation(s) {unknown}; known: {list(FABRIC_OPS)}")

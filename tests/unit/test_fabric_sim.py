@@ -1,0 +1,516 @@
+"""The simulated fabric: hardware truths, idempotency, and deterministic fault injection."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from adapters.fabric_sim import SimulatedFabric
+from engine.errors import FabricError
+from engine.ports import FabricBinding, FabricCircuit, FabricDriver, FabricSnapshot
+
+D = "d1"
+
+
+def circuit(a: int, b: int, ocs: str = "ocs-1") -> FabricCircuit:
+    return FabricCircuit(ocs=ocs, a_port=a, b_port=b)
+
+
+def binding(
+    device: str = "gpu-1",
+    host: str = "host-1",
+    composition: str = "c-1",
+    via: tuple[str, ...] = ("sw-1",),
+) -> FabricBinding:
+    return FabricBinding(
+        host=host, device=device, path=[host, *via, device], composition_id=composition
+    )
+
+
+async def outcome(fabric: SimulatedFabric, i: int) -> str | None:
+    """Bind device gpu-<i> and say which component failed (None: it worked)."""
+    try:
+        await fabric.bind(D, binding(device=f"gpu-{i}", composition=f"c-{i}"))
+    except FabricError as e:
+        return e.component
+    return None
+
+
+async def outcomes(fabric: SimulatedFabric, n: int) -> list[str | None]:
+    return [await outcome(fabric, i) for i in range(n)]
+
+
+@pytest.fixture
+def fabric() -> SimulatedFabric:
+    return SimulatedFabric()
+
+
+# -- the port ----------------------------------------------------------------------------------
+
+
+async def test_the_simulated_fabric_is_a_fabric_driver() -> None:
+    driver: FabricDriver = SimulatedFabric()  # mypy checks the Protocol here
+    assert await driver.snapshot(D) == FabricSnapshot(circuits=[], bindings=[])
+
+
+# -- circuits ----------------------------------------------------------------------------------
+
+
+async def test_a_created_circuit_appears_in_the_snapshot(fabric: SimulatedFabric) -> None:
+    await fabric.create_circuit(D, circuit(1, 5))
+    assert (await fabric.snapshot(D)).circuits == [circuit(1, 5)]
+
+
+async def test_creating_the_same_circuit_twice_programs_it_once(fabric: SimulatedFabric) -> None:
+    await fabric.create_circuit(D, circuit(1, 5))
+    await fabric.create_circuit(D, circuit(1, 5))
+    assert (await fabric.snapshot(D)).circuits == [circuit(1, 5)]
+
+
+async def test_a_circuit_on_a_port_of_another_circuit_is_refused_naming_the_port(
+    fabric: SimulatedFabric,
+) -> None:
+    await fabric.create_circuit(D, circuit(1, 5))
+    with pytest.raises(FabricError, match=r"ocs-1 port 5 is already in circuit 1-5") as err:
+        await fabric.create_circuit(D, circuit(5, 7))
+    assert err.value.component == "ocs-1"
+    assert (await fabric.snapshot(D)).circuits == [circuit(1, 5)]
+    await fabric.create_circuit(D, circuit(6, 7))  # the refused circuit's other port stayed free
+
+
+async def test_circuits_sharing_one_port_number_on_two_switches_do_not_conflict(
+    fabric: SimulatedFabric,
+) -> None:
+    await fabric.create_circuit(D, circuit(1, 5, ocs="ocs-1"))
+    await fabric.create_circuit(D, circuit(1, 5, ocs="ocs-2"))
+    assert len((await fabric.snapshot(D)).circuits) == 2
+
+
+async def test_a_circuit_must_join_two_ports_given_in_ascending_order(
+    fabric: SimulatedFabric,
+) -> None:
+    for a, b in [(3, 3), (5, 1)]:
+        with pytest.raises(FabricError, match="a_port < b_port") as err:
+            await fabric.create_circuit(D, circuit(a, b))
+        assert err.value.component == "ocs-1"
+    assert (await fabric.snapshot(D)).circuits == []
+
+
+async def test_removing_a_circuit_frees_both_its_ports(fabric: SimulatedFabric) -> None:
+    await fabric.create_circuit(D, circuit(1, 5))
+    await fabric.remove_circuit(D, circuit(1, 5))
+    assert (await fabric.snapshot(D)).circuits == []
+    await fabric.create_circuit(D, circuit(1, 2))
+    await fabric.create_circuit(D, circuit(5, 6))
+
+
+async def test_removing_an_absent_circuit_does_nothing(fabric: SimulatedFabric) -> None:
+    await fabric.remove_circuit(D, circuit(1, 5))
+    await fabric.create_circuit(D, circuit(1, 5))
+    await fabric.remove_circuit(D, circuit(1, 6))  # shares port 1, but is not what is held
+    await fabric.remove_circuit(D, circuit(1, 5, ocs="ocs-2"))
+    assert (await fabric.snapshot(D)).circuits == [circuit(1, 5)]
+
+
+async def test_domains_are_separate_fabrics(fabric: SimulatedFabric) -> None:
+    await fabric.create_circuit("d1", circuit(1, 5))
+    await fabric.create_circuit("d2", circuit(5, 9))
+    await fabric.bind("d1", binding(host="host-1"))
+    await fabric.bind("d2", binding(host="host-2"))
+    assert (await fabric.snapshot("d1")).circuits == [circuit(1, 5)]
+    assert (await fabric.snapshot("d2")).bindings == [binding(host="host-2")]
+    assert await fabric.snapshot("d3") == FabricSnapshot(circuits=[], bindings=[])
+
+
+async def test_of_two_concurrent_circuits_on_one_port_exactly_one_is_programmed() -> None:
+    fabric = SimulatedFabric(latency=0.01)
+    results = await asyncio.gather(
+        fabric.create_circuit(D, circuit(1, 5)),
+        fabric.create_circuit(D, circuit(1, 6)),
+        return_exceptions=True,
+    )
+    assert results[0] is None
+    assert isinstance(results[1], FabricError) and "port 1" in str(results[1])
+    assert (await fabric.snapshot(D)).circuits == [circuit(1, 5)]
+
+
+# -- bindings ----------------------------------------------------------------------------------
+
+
+async def test_a_bound_device_appears_in_the_snapshot(fabric: SimulatedFabric) -> None:
+    await fabric.bind(D, binding())
+    assert (await fabric.snapshot(D)).bindings == [binding()]
+
+
+async def test_binding_the_same_device_twice_binds_it_once(fabric: SimulatedFabric) -> None:
+    await fabric.bind(D, binding())
+    await fabric.bind(D, binding())
+    assert (await fabric.snapshot(D)).bindings == [binding()]
+
+
+async def test_binding_a_device_held_by_another_host_is_refused(fabric: SimulatedFabric) -> None:
+    await fabric.bind(D, binding(host="host-1"))
+    with pytest.raises(FabricError, match="gpu-1 is already bound to host host-1") as err:
+        await fabric.bind(D, binding(host="host-2", composition="c-2"))
+    assert err.value.component == "gpu-1"
+    assert (await fabric.snapshot(D)).bindings == [binding(host="host-1")]
+
+
+async def test_rebinding_over_another_path_without_unbinding_is_refused(
+    fabric: SimulatedFabric,
+) -> None:
+    await fabric.bind(D, binding(via=("sw-1",)))
+    with pytest.raises(FabricError, match="over host-1>sw-1>gpu-1"):
+        await fabric.bind(D, binding(via=("sw-2",)))
+    await fabric.unbind(D, binding(via=("sw-1",)))
+    await fabric.bind(D, binding(via=("sw-2",)))
+    assert (await fabric.snapshot(D)).bindings == [binding(via=("sw-2",))]
+
+
+async def test_one_host_may_hold_a_device_for_two_compositions(fabric: SimulatedFabric) -> None:
+    # Memory slices: two compositions of one host each take a slice of the same pool.
+    await fabric.bind(D, binding(device="mem-1", composition="c-1"))
+    await fabric.bind(D, binding(device="mem-1", composition="c-2"))
+    assert len((await fabric.snapshot(D)).bindings) == 2
+
+
+async def test_shared_devices_may_be_bound_to_several_hosts() -> None:
+    for shared in (["mem-1"], lambda device: device.startswith("mem-")):
+        fabric = SimulatedFabric(shared_devices=shared)
+        await fabric.bind(D, binding(device="mem-1", host="host-1", composition="c-1"))
+        await fabric.bind(D, binding(device="mem-1", host="host-2", composition="c-2"))
+        await fabric.bind(D, binding(device="gpu-1", host="host-1"))
+        with pytest.raises(FabricError, match="already bound to host host-1"):
+            await fabric.bind(D, binding(device="gpu-1", host="host-2", composition="c-2"))
+        assert [b.host for b in (await fabric.snapshot(D)).bindings] == [
+            "host-1",
+            "host-1",
+            "host-2",
+        ]
+
+
+async def test_a_binding_path_must_run_from_its_host_to_its_device(
+    fabric: SimulatedFabric,
+) -> None:
+    bad = [
+        FabricBinding(host="host-1", device="gpu-1", path=[], composition_id="c-1"),
+        FabricBinding(host="host-1", device="gpu-1", path=["sw-1", "gpu-1"], composition_id="c"),
+        FabricBinding(host="host-1", device="gpu-1", path=["host-1", "sw-1"], composition_id="c"),
+    ]
+    for b in bad:
+        with pytest.raises(FabricError) as err:
+            await fabric.bind(D, b)
+        assert err.value.component == "gpu-1"
+    assert (await fabric.snapshot(D)).bindings == []
+
+
+async def test_unbinding_releases_the_device_for_another_host(fabric: SimulatedFabric) -> None:
+    await fabric.bind(D, binding(host="host-1"))
+    await fabric.unbind(D, binding(host="host-1"))
+    assert (await fabric.snapshot(D)).bindings == []
+    await fabric.bind(D, binding(host="host-2"))
+
+
+async def test_unbinding_needs_host_device_and_composition_but_not_the_path(
+    fabric: SimulatedFabric,
+) -> None:
+    await fabric.bind(D, binding(via=("sw-1",)))
+    await fabric.unbind(D, binding(via=("sw-9", "ocs-1")))
+    assert (await fabric.snapshot(D)).bindings == []
+
+
+async def test_unbinding_what_is_not_held_does_nothing(fabric: SimulatedFabric) -> None:
+    await fabric.unbind(D, binding())  # nothing bound at all
+    await fabric.bind(D, binding(host="host-1", composition="c-1"))
+    await fabric.unbind(D, binding(host="host-2", composition="c-1"))  # another host's
+    await fabric.unbind(D, binding(host="host-1", composition="c-9"))  # another composition's
+    assert (await fabric.snapshot(D)).bindings == [binding(host="host-1", composition="c-1")]
+
+
+async def test_the_snapshot_is_a_copy_in_a_stable_order(fabric: SimulatedFabric) -> None:
+    mine = binding(device="gpu-2")
+    await fabric.bind(D, mine)
+    await fabric.bind(D, binding(device="gpu-1"))
+    await fabric.create_circuit(D, circuit(7, 8))
+    await fabric.create_circuit(D, circuit(1, 2))
+    mine.path.append("elsewhere")  # the caller's list is not the hardware's
+    snap = await fabric.snapshot(D)
+    snap.bindings[0].path.clear()
+    again = await fabric.snapshot(D)
+    assert [b.device for b in again.bindings] == ["gpu-1", "gpu-2"]
+    assert again.bindings[1].path == ["host-1", "sw-1", "gpu-2"]
+    assert again.circuits == [circuit(1, 2), circuit(7, 8)]
+
+
+# -- latency -----------------------------------------------------------------------------------
+
+
+async def test_operations_take_the_configured_latency() -> None:
+    fabric = SimulatedFabric(latency=0.05)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await fabric.create_circuit(D, circuit(1, 2))
+    assert loop.time() - start >= 0.04
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(fabric.bind(D, binding()), timeout=0.001)
+
+
+async def test_latency_can_be_set_per_operation() -> None:
+    fabric = SimulatedFabric(latency={"bind": 5.0})
+    await asyncio.wait_for(fabric.create_circuit(D, circuit(1, 2)), timeout=1.0)
+    await asyncio.wait_for(fabric.snapshot(D), timeout=1.0)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(fabric.bind(D, binding()), timeout=0.01)
+
+
+async def test_jitter_does_not_change_which_operations_fail() -> None:
+    calm = SimulatedFabric(seed=3, failure_rate=0.5)
+    jittery = SimulatedFabric(seed=3, failure_rate=0.5, jitter=0.001)
+    assert await outcomes(calm, 20) == await outcomes(jittery, 20)
+
+
+async def test_knobs_out_of_range_are_refused() -> None:
+    for knobs in [
+        {"latency": -1.0},
+        {"latency": {"bind": -0.1}},
+        {"latency": {"bnid": 0.1}},
+        {"jitter": -0.1},
+        {"failure_rate": 1.5},
+        {"hang_rate": -0.1},
+    ]:
+        with pytest.raises(ValueError):
+            SimulatedFabric(**knobs)  # type: ignore[arg-type]
+
+
+# -- random failures and hangs -----------------------------------------------------------------
+
+
+async def test_a_failure_rate_of_one_fails_every_change_and_changes_nothing() -> None:
+    fabric = SimulatedFabric(failure_rate=1.0)
+    with pytest.raises(FabricError) as err:
+        await fabric.create_circuit(D, circuit(1, 2))
+    assert err.value.component == "ocs-1"
+    with pytest.raises(FabricError) as err:
+        await fabric.bind(D, binding(device="gpu-7"))
+    assert err.value.component == "gpu-7"
+    for op in (fabric.remove_circuit(D, circuit(1, 2)), fabric.unbind(D, binding())):
+        with pytest.raises(FabricError):
+            await op
+    assert await fabric.snapshot(D) == FabricSnapshot(circuits=[], bindings=[])
+
+
+async def test_random_failures_are_a_mix_fixed_by_the_seed() -> None:
+    first = await outcomes(SimulatedFabric(seed=7, failure_rate=0.5), 40)
+    assert 5 < first.count(None) < 35
+    assert all(c in (None, f"gpu-{i}") for i, c in enumerate(first))  # the device that failed
+    assert await outcomes(SimulatedFabric(seed=7, failure_rate=0.5), 40) == first
+    assert await outcomes(SimulatedFabric(seed=8, failure_rate=0.5), 40) != first
+
+
+async def test_reading_the_snapshot_does_not_shift_the_seeded_sequence() -> None:
+    quiet = SimulatedFabric(seed=5, failure_rate=0.5)
+    watched = SimulatedFabric(seed=5, failure_rate=0.5)
+    expected = await outcomes(quiet, 10)
+    seen = []
+    for i in range(10):
+        await watched.snapshot(D)
+        seen.append(await outcome(watched, i))
+    assert seen == expected
+
+
+async def test_hang_mode_blocks_changes_until_the_caller_gives_up() -> None:
+    fabric = SimulatedFabric(hang_rate=1.0)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(fabric.create_circuit(D, circuit(1, 2)), timeout=0.05)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(fabric.bind(D, binding()), timeout=0.05)
+    # Reading still answers, and shows that nothing was programmed.
+    assert await asyncio.wait_for(fabric.snapshot(D), timeout=1.0) == FabricSnapshot(
+        circuits=[], bindings=[]
+    )
+
+
+# -- scripted faults ---------------------------------------------------------------------------
+
+
+async def test_fail_next_fails_only_the_next_call_of_that_operation(
+    fabric: SimulatedFabric,
+) -> None:
+    fabric.fail_next("bind")
+    await fabric.create_circuit(D, circuit(1, 2))  # another operation: untouched
+    with pytest.raises(FabricError, match="injected") as err:
+        await fabric.bind(D, binding())
+    assert err.value.component == "gpu-1"
+    assert (await fabric.snapshot(D)).bindings == []
+    await fabric.bind(D, binding())
+    assert fabric.pending_faults == 0
+
+
+async def test_fail_next_can_fail_several_calls(fabric: SimulatedFabric) -> None:
+    fabric.fail_next("create_circuit", times=2)
+    assert fabric.pending_faults == 2
+    for _ in range(2):
+        with pytest.raises(FabricError):
+            await fabric.create_circuit(D, circuit(1, 2))
+    await fabric.create_circuit(D, circuit(1, 2))
+
+
+async def test_fail_next_for_a_component_waits_for_a_call_touching_it(
+    fabric: SimulatedFabric,
+) -> None:
+    fabric.fail_next("bind", component="sw-2")
+    await fabric.bind(D, binding(device="gpu-1", via=("sw-1",)))
+    with pytest.raises(FabricError) as err:
+        await fabric.bind(D, binding(device="gpu-2", composition="c-2", via=("sw-2",)))
+    assert err.value.component == "sw-2"
+    await fabric.bind(D, binding(device="gpu-2", composition="c-2", via=("sw-2",)))
+
+
+async def test_a_failure_after_the_change_took_effect_leaves_it_programmed(
+    fabric: SimulatedFabric,
+) -> None:
+    # A lost reply: the engine sees an error, the hardware holds the circuit; retrying is safe.
+    fabric.fail_next("create_circuit", applied=True)
+    with pytest.raises(FabricError):
+        await fabric.create_circuit(D, circuit(1, 2))
+    assert (await fabric.snapshot(D)).circuits == [circuit(1, 2)]
+    await fabric.create_circuit(D, circuit(1, 2))
+    fabric.fail_next("unbind", applied=True)
+    await fabric.bind(D, binding())
+    with pytest.raises(FabricError):
+        await fabric.unbind(D, binding())
+    assert (await fabric.snapshot(D)).bindings == []
+
+
+async def test_the_snapshot_can_be_made_to_fail(fabric: SimulatedFabric) -> None:
+    fabric.fail_next("snapshot")
+    with pytest.raises(FabricError) as err:
+        await fabric.snapshot(D)
+    assert err.value.component is None
+    await fabric.snapshot(D)
+
+
+async def test_hang_next_hangs_the_next_call_and_only_that_one(fabric: SimulatedFabric) -> None:
+    fabric.hang_next("bind")
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(fabric.bind(D, binding()), timeout=0.05)
+    assert (await fabric.snapshot(D)).bindings == []
+    await asyncio.wait_for(fabric.bind(D, binding()), timeout=1.0)
+
+
+async def test_a_hung_call_ends_when_cancelled(fabric: SimulatedFabric) -> None:
+    fabric.hang_next("remove_circuit")
+    task = asyncio.create_task(fabric.remove_circuit(D, circuit(1, 2)))
+    await asyncio.sleep(0.01)
+    assert not task.done()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_a_hang_after_the_change_took_effect_leaves_it_programmed(
+    fabric: SimulatedFabric,
+) -> None:
+    fabric.hang_next("create_circuit", component="ocs-2", applied=True)
+    await fabric.create_circuit(D, circuit(1, 2, ocs="ocs-1"))
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(fabric.create_circuit(D, circuit(1, 2, ocs="ocs-2")), 0.05)
+    assert (await fabric.snapshot(D)).circuits == [circuit(1, 2, "ocs-1"), circuit(1, 2, "ocs-2")]
+
+
+async def test_scripted_faults_fire_in_the_order_they_were_scripted(
+    fabric: SimulatedFabric,
+) -> None:
+    fabric.fail_next("bind")
+    fabric.hang_next("bind")
+    with pytest.raises(FabricError):
+        await fabric.bind(D, binding())
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(fabric.bind(D, binding()), timeout=0.05)
+    await fabric.bind(D, binding())
+
+
+async def test_scripting_a_fault_that_could_never_fire_is_refused(
+    fabric: SimulatedFabric,
+) -> None:
+    with pytest.raises(ValueError, match="unknown fabric operation"):
+        fabric.fail_next("bnid")
+    with pytest.raises(ValueError, match="times"):
+        fabric.hang_next("bind", times=0)
+    with pytest.raises(ValueError, match="snapshot"):
+        fabric.fail_next("snapshot", applied=True)
+    assert fabric.pending_faults == 0
+
+
+# -- broken components -------------------------------------------------------------------------
+
+
+async def test_a_broken_ocs_fails_every_circuit_operation_on_it_until_repaired(
+    fabric: SimulatedFabric,
+) -> None:
+    await fabric.create_circuit(D, circuit(1, 2))
+    fabric.break_component("ocs-1")
+    assert fabric.broken == {"ocs-1"}
+    for op in (fabric.create_circuit(D, circuit(3, 4)), fabric.remove_circuit(D, circuit(1, 2))):
+        with pytest.raises(FabricError, match="ocs-1 is broken") as err:
+            await op
+        assert err.value.component == "ocs-1"
+    await fabric.create_circuit(D, circuit(3, 4, ocs="ocs-2"))  # the other switch works
+    assert len((await fabric.snapshot(D)).circuits) == 2  # reading still works
+    fabric.repair_component("ocs-1")
+    await fabric.remove_circuit(D, circuit(1, 2))
+
+
+async def test_a_broken_host_device_or_path_node_fails_bindings_that_touch_it(
+    fabric: SimulatedFabric,
+) -> None:
+    await fabric.bind(D, binding())
+    for component in ("host-1", "sw-1", "gpu-1"):
+        fabric.break_component(component)
+        for op in (fabric.bind(D, binding(composition="c-2")), fabric.unbind(D, binding())):
+            with pytest.raises(FabricError) as err:
+                await op
+            assert err.value.component == component
+        fabric.repair_component(component)
+    await fabric.bind(D, binding(device="gpu-2", composition="c-2", via=("sw-2",)))
+    await fabric.unbind(D, binding())
+    assert fabric.broken == frozenset()
+
+
+async def test_repairing_a_sound_component_does_nothing(fabric: SimulatedFabric) -> None:
+    fabric.repair_component("ocs-9")
+    assert fabric.broken == frozenset()
+
+
+# -- the call log and reset --------------------------------------------------------------------
+
+
+async def test_every_call_is_logged_with_its_arguments_even_when_it_fails() -> None:
+    fabric = SimulatedFabric()
+    fabric.fail_next("bind")
+    fabric.hang_next("unbind")
+    await fabric.create_circuit(D, circuit(1, 2))
+    with pytest.raises(FabricError):
+        await fabric.bind(D, binding())
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(fabric.unbind("d2", binding()), timeout=0.01)
+    await fabric.snapshot(D)
+    assert fabric.calls == [
+        ("create_circuit", D, (circuit(1, 2),)),
+        ("bind", D, (binding(),)),
+        ("unbind", "d2", (binding(),)),
+        ("snapshot", D, ()),
+    ]
+
+
+async def test_reset_forgets_everything_but_the_knobs_and_replays_the_seed() -> None:
+    fabric = SimulatedFabric(seed=11, failure_rate=0.5)
+    first = await outcomes(fabric, 12)
+    fabric.break_component("ocs-1")
+    fabric.fail_next("snapshot")
+    fabric.reset()
+    assert fabric.calls == [] and fabric.broken == frozenset() and fabric.pending_faults == 0
+    assert await fabric.snapshot(D) == FabricSnapshot(circuits=[], bindings=[])
+    assert await outcomes(fabric, 12) == first
+    assert fabric.failure_rate == 0.5
