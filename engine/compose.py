@@ -20,12 +20,13 @@ from engine.events import (
     DeviceBinding,
     DevicesReserved,
     Event,
+    LeaseExpired,
     LeaseExtended,
     PathEstablished,
 )
 from engine.intents import Compose, Extend, Release
 from engine.placement import Placement, Rejection, place
-from engine.state import Composition, DomainState, usable
+from engine.state import Composition, DomainState, evolve, usable
 
 
 class ComposedDevice(msgspec.Struct, frozen=True, kw_only=True):
@@ -101,6 +102,7 @@ def compose(state: DomainState, intent: Compose, ctx: Context) -> Decision:
         return Decision([event], error=error)
     # With a host_selector, the host whose paths are shortest (then fastest) wins; ids break ties.
     chosen = min(placements, key=lambda p: (*p.score, p.host))
+    bindings = _with_entries(intent, chosen.bindings)
     cid = composition_id(ctx.domain, tenant, intent.request_id)
     if cid in state.compositions:
         raise IntentRejected("conflict", f"composition {cid} already exists", {"id": cid})
@@ -120,7 +122,7 @@ def compose(state: DomainState, intent: Compose, ctx: Context) -> Decision:
             )
             for c in chosen.new_circuits
         ),
-        DevicesReserved(composition_id=cid, devices=chosen.bindings),
+        DevicesReserved(composition_id=cid, devices=bindings),
         *(
             PathEstablished(composition_id=cid, device=b.device, path=b.path)
             for b in chosen.bindings
@@ -137,23 +139,42 @@ def compose(state: DomainState, intent: Compose, ctx: Context) -> Decision:
     return Decision(events, result)
 
 
+def _with_entries(intent: Compose, bindings: list[DeviceBinding]) -> list[DeviceBinding]:
+    """Remember which request entry each binding serves, so a repair can find a stand-in.
+    Placement serves `devices` entries in order, count by count, then `device_ids`."""
+    entries = [i for i, entry in enumerate(intent.devices) for _ in range(entry.count)]
+    entries += [-1] * len(intent.device_ids)
+    return [msgspec.structs.replace(b, entry=e) for b, e in zip(bindings, entries, strict=True)]
+
+
+def expire_leases(state: DomainState, ctx: Context) -> Decision:
+    """LeaseExpired + CompositionReleased for every lease due at `ctx.now`, oldest first."""
+    due = sorted(
+        (c.expires_at, cid)
+        for cid, c in state.compositions.items()
+        if c.expires_at is not None and c.expires_at <= ctx.now
+    )
+    events: list[Event] = []
+    for _, cid in due:
+        composition = state.compositions[cid]
+        ending: list[Event] = [
+            LeaseExpired(composition_id=cid),
+            CompositionReleased(composition_id=cid, reason="lease expired"),
+        ]
+        ending += _circuit_teardown(state, composition, "lease expired")
+        for event in ending:
+            state = evolve(state, event)
+        events += ending
+    return Decision(events, {"expired": [cid for _, cid in due]})
+
+
 def release(state: DomainState, intent: Release, ctx: Context) -> Decision:
     composition = _owned(state, intent.composition_id, ctx)
     events: list[Event] = [
         CompositionReleased(composition_id=composition.id, reason=intent.reason or "released")
     ]
     removed = unused_circuits(state, composition)
-    events += [
-        CircuitRemoved(
-            ocs=c.ocs,
-            a_port=c.a_port,
-            b_port=c.b_port,
-            host=composition.host,
-            reason="unused",
-            composition_id=composition.id,
-        )
-        for c in removed
-    ]
+    events += _circuit_teardown(state, composition, "unused")
     result = ReleaseResult(
         composition_id=composition.id,
         state="released",
@@ -170,6 +191,20 @@ def extend(state: DomainState, intent: Extend, ctx: Context) -> Decision:
     expires_at = base + timedelta(seconds=intent.lease_seconds)
     event = LeaseExtended(composition_id=composition.id, expires_at=expires_at)
     return Decision([event], ExtendResult(composition_id=composition.id, expires_at=expires_at))
+
+
+def _circuit_teardown(state: DomainState, leaving: Composition, reason: str) -> list[Event]:
+    return [
+        CircuitRemoved(
+            ocs=c.ocs,
+            a_port=c.a_port,
+            b_port=c.b_port,
+            host=leaving.host,
+            reason=reason,
+            composition_id=leaving.id,
+        )
+        for c in unused_circuits(state, leaving)
+    ]
 
 
 def unused_circuits(state: DomainState, leaving: Composition) -> list[CircuitRef]:

@@ -7,10 +7,12 @@ raised as IntentRejected; everything that changes the world comes back as events
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
+from functools import reduce
 
 import msgspec
 
-from engine.compose import compose, extend, release
+from engine.compose import compose, expire_leases, extend, release
 from engine.context import Context, Decision
 from engine.errors import IntentRejected
 from engine.events import (
@@ -19,10 +21,13 @@ from engine.events import (
     ComponentRecovered,
     ComponentRemoved,
     ComponentUndrained,
+    CompositionActivated,
     CompositionImpaired,
+    DeviceReplaced,
     Event,
     LinkAdded,
     NodeAdded,
+    PathRerouted,
     TopologyImported,
 )
 from engine.intents import (
@@ -30,6 +35,7 @@ from engine.intents import (
     AddNode,
     Compose,
     Drain,
+    ExpireLeases,
     Extend,
     ImportTopology,
     Release,
@@ -38,7 +44,8 @@ from engine.intents import (
     Undrain,
 )
 from engine.model import LinkSpec, NodeSpec
-from engine.state import DomainState
+from engine.repair import impair_and_repair, repair, retry_impaired
+from engine.state import DomainState, evolve
 
 
 class ImportResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -57,7 +64,8 @@ class ComponentResult(msgspec.Struct, frozen=True, kw_only=True):
     health: str = "healthy"
     drained: bool = False
     removed: list[str] = []
-    impaired: list[str] = []
+    impaired: list[str] = []  # compositions this change left impaired
+    compositions: list[str] = []  # compositions this change impaired, moved or mended
 
 
 def decide(state: DomainState, intent: msgspec.Struct, ctx: Context) -> Decision:
@@ -85,13 +93,15 @@ def decide(state: DomainState, intent: msgspec.Struct, ctx: Context) -> Decision
             return Decision([LinkAdded(link=link, reason=reason)], _component_result(link.id))
         case Remove():
             return _remove(state, intent)
-        case Drain(id=cid, reason=reason):
-            return _mark(
-                state, cid, "drained", True, ComponentDrained(component=cid, reason=reason)
-            )
+        case Drain(id=cid, reason=reason, force=force):
+            drained = ComponentDrained(component=cid, reason=reason)
+            decision = _mark(state, cid, "drained", True, drained)
+            why = f"{cid} drained" + (f": {reason}" if reason else "")
+            return _then(state, decision, lambda after: _move_off(after, cid, why, force))
         case Undrain(id=cid, reason=reason):
             undrained = ComponentUndrained(component=cid, reason=reason)
-            return _mark(state, cid, "drained", False, undrained)
+            decision = _mark(state, cid, "drained", False, undrained)
+            return _then(state, decision, lambda after: retry_impaired(after, f"{cid} undrained"))
         case ReportFault(component=cid, state=health, detail=detail):
             event: Event = (
                 ComponentRecovered(component=cid, detail=detail)
@@ -99,9 +109,10 @@ def decide(state: DomainState, intent: msgspec.Struct, ctx: Context) -> Decision
                 else ComponentFaulted(component=cid, state=health, detail=detail)
             )
             decision = _mark(state, cid, "health", health, event)
-            if decision.events and health != "healthy":
-                decision = _impair_users(state, decision, cid, f"{cid} {health}: {detail}".strip())
-            return decision
+            why = f"{cid} {health}" + (f": {detail}" if detail else "")
+            return _then(state, decision, lambda after: _after_health(after, cid, health, why))
+        case ExpireLeases():
+            return expire_leases(state, ctx)
         case Compose():
             return compose(state, intent, ctx)
         case Release():
@@ -256,12 +267,54 @@ def _refuse_if_in_use(state: DomainState, components: list[str]) -> None:
         )
 
 
-def _impair_users(state: DomainState, decision: Decision, component: str, reason: str) -> Decision:
-    """A fault impairs every live composition whose path uses the component."""
-    impaired = [
-        CompositionImpaired(composition_id=cid, component=component, reason=reason)
-        for cid, comp in sorted(state.compositions.items())
-        if comp.uses(component) and component not in comp.impaired_by
-    ]
-    result = msgspec.structs.replace(decision.result, impaired=[e.composition_id for e in impaired])
-    return Decision([*decision.events, *impaired], result)
+def _then(
+    state: DomainState, decision: Decision, follow: Callable[[DomainState], list[Event]]
+) -> Decision:
+    """Append what follows from a component's new mark (nothing if the mark did not change)."""
+    if not decision.events:
+        return decision
+    after = reduce(evolve, decision.events, state)
+    more = follow(after)
+    final = reduce(evolve, more, after)
+    touched = sorted({e.composition_id for e in more if isinstance(e, _ABOUT)})
+    result = msgspec.structs.replace(
+        decision.result,
+        impaired=[cid for cid in touched if final.compositions[cid].state == "impaired"],
+        compositions=touched,
+    )
+    return Decision([*decision.events, *more], result)
+
+
+def _after_health(state: DomainState, cid: str, health: str, why: str) -> list[Event]:
+    if health == "healthy":
+        return retry_impaired(state, f"{cid} recovered")
+    return impair_and_repair(state, cid, why)
+
+
+def _move_off(state: DomainState, cid: str, why: str, force: bool) -> list[Event]:
+    """Drain: move every composition off the component first. One that cannot be moved is
+    impaired, except that an exclusive one stops the drain unless it is forced."""
+    events: list[Event] = []
+    for comp_id in sorted(state.compositions):
+        composition = state.compositions[comp_id]
+        if not composition.uses(cid):
+            continue
+        moved = repair(state, composition, why)
+        after = reduce(evolve, moved, state)
+        if after.compositions[comp_id].uses(cid):
+            if composition.exclusive and not force:
+                raise IntentRejected(
+                    "conflict",
+                    f"draining {cid} would break exclusive composition {comp_id}; "
+                    "move it first or drain with force",
+                    {"composition": comp_id, "component": cid},
+                )
+            impaired = CompositionImpaired(composition_id=comp_id, component=cid, reason=why)
+            moved.append(impaired)
+            after = evolve(after, impaired)
+        events += moved
+        state = after
+    return events
+
+
+_ABOUT = (CompositionImpaired, CompositionActivated, PathRerouted, DeviceReplaced)

@@ -102,6 +102,7 @@ class DeviceBinding(msgspec.Struct, frozen=True, kw_only=True):
     latency_ns: int
     bandwidth_gbps: float = 0.0
     capacity_gib: float | None = None
+    entry: int = -1  # index into the request's `devices`; -1: named in `device_ids`
 
 
 class CompositionRequested(Event):

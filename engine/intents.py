@@ -114,6 +114,11 @@ class Extend(Intent):
     lease_seconds: LeaseSeconds
 
 
+class ExpireLeases(Intent):
+    """Internal: end every composition whose lease fell due (the engine's own timer sends it,
+    deriving the due leases from state, so expiry survives restarts). No subject carries it."""
+
+
 # ---- read-only queries (trellis.query.<domain>.<what>); no request_id needed ----
 
 

@@ -25,11 +25,13 @@ from engine.events import (
     CompositionReleased,
     CompositionRequested,
     DeviceBinding,
+    DeviceReplaced,
     DevicesReserved,
     Event,
     LeaseExtended,
     LinkAdded,
     NodeAdded,
+    PathRerouted,
     TopologyImported,
 )
 from engine.intents import Compose
@@ -178,9 +180,15 @@ def evolve(state: DomainState, event: Event) -> DomainState:
             updated = replace(composition, bindings=[*composition.bindings, *bindings])
             return replace(state, compositions={**state.compositions, cid: updated})
         case CompositionActivated(composition_id=cid):
-            return _set_composition(state, cid, state="active")
+            # Also the end of a repair: whatever impaired it no longer lies on its paths.
+            return _set_composition(state, cid, state="active", impaired_by=[])
+        case PathRerouted(composition_id=cid, device=device, binding=new):
+            return _swap_binding(state, cid, device, new)
+        case DeviceReplaced(composition_id=cid, old_device=device, binding=new):
+            return _swap_binding(state, cid, device, new)
         case CompositionImpaired(composition_id=cid, component=component):
-            impaired_by = [*state.compositions[cid].impaired_by, component]
+            before = state.compositions[cid].impaired_by
+            impaired_by = before if component in before else [*before, component]
             return _set_composition(state, cid, state="impaired", impaired_by=impaired_by)
         case LeaseExtended(composition_id=cid, expires_at=expires_at):
             return _set_composition(state, cid, expires_at=expires_at)
@@ -197,6 +205,23 @@ def evolve(state: DomainState, event: Event) -> DomainState:
 def _set_composition(domain: DomainState, cid: str, **changes: object) -> DomainState:
     updated = msgspec.structs.replace(domain.compositions[cid], **changes)
     return msgspec.structs.replace(domain, compositions={**domain.compositions, cid: updated})
+
+
+def _swap_binding(state: DomainState, cid: str, device: str, new: DeviceBinding) -> DomainState:
+    """Return what the old binding of `device` held and hold what `new` needs."""
+    composition = state.compositions[cid]
+    old = [b for b in composition.bindings if b.device == device]
+    state = _reserve(state, composition, old, sign=-1)
+    state = _reserve(state, composition, [new], sign=1)
+    bindings = [new if b.device == device else b for b in composition.bindings]
+    return _set_composition(state, cid, bindings=bindings)
+
+
+def without_binding(state: DomainState, cid: str, device: str) -> DomainState:
+    """`state` as if the composition let go of `device` (to search for its replacement)."""
+    composition = state.compositions[cid]
+    old = [b for b in composition.bindings if b.device == device]
+    return _reserve(state, composition, old, sign=-1)
 
 
 def _reserve(
