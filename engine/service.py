@@ -22,6 +22,7 @@ from engine.ids import is_valid_id
 from engine.intents import (
     CompositionQuery,
     ConnectionsQuery,
+    ExpireLeases,
     Family,
     ImportTopology,
     InvalidIntent,
@@ -36,6 +37,7 @@ from engine.state import DomainState, evolve
 log = logging.getLogger(__name__)
 
 OPERATOR = "operator"
+LEASE_KEEPER = "engine"  # the actor of events the engine decides on its own
 _encode = msgspec.json.Encoder().encode
 
 
@@ -232,6 +234,7 @@ class Engine:
         self._allowed = frozenset(domains) if domains else None
         self._max_batch = max_batch
         self._writers: dict[str, DomainWriter] = {}
+        self._lease_keeper: asyncio.Task[None] | None = None
         self._loading = asyncio.Lock()  # loads are rare; one lock keeps them simple
 
     @property
@@ -241,15 +244,51 @@ class Engine:
     def serves(self, domain: str) -> bool:
         return self._allowed is None or domain in self._allowed
 
-    async def start(self) -> None:
-        """Rebuild every served domain's state from the log."""
+    async def start(self, *, lease_tick_seconds: float | None = 1.0) -> None:
+        """Rebuild every served domain's state from the log, then keep leases: every tick,
+        leases that fell due are ended. Timers are derived from state, so a lease that fell
+        due while no engine ran ends at the first tick after a start."""
         for domain in await self._store.domains():
             if self.serves(domain):
                 await self._writer(domain, create=True)
+        if lease_tick_seconds is not None:
+            self._lease_keeper = asyncio.create_task(
+                self._keep_leases(lease_tick_seconds), name="lease-keeper"
+            )
 
     async def close(self) -> None:
+        if self._lease_keeper is not None:
+            self._lease_keeper.cancel()
+            await asyncio.gather(self._lease_keeper, return_exceptions=True)
         for writer in self._writers.values():
             await writer.close()
+
+    async def expire_due_leases(self) -> list[bytes]:
+        """End every lease due by the clock's now, in every loaded domain; the replies."""
+        now = self._clock.now()
+        answers = []
+        for _, writer in sorted(self._writers.items()):
+            due = sorted(
+                cid
+                for cid, c in writer.state.compositions.items()
+                if c.expires_at is not None and c.expires_at <= now
+            )
+            if due:
+                # Named by what it ends: a resend after a crash replays instead of re-deciding.
+                digest = hashlib.sha256(",".join(due).encode()).hexdigest()[:24]
+                expire = ExpireLeases(request_id=f"lease-expiry-{digest}")
+                answers.append(
+                    await self._submit(writer, LEASE_KEEPER, "expire", expire, "internal")
+                )
+        return answers
+
+    async def _keep_leases(self, tick: float) -> None:
+        while True:
+            await asyncio.sleep(tick)
+            try:
+                await self.expire_due_leases()
+            except Exception:  # a failed tick is retried by the next one
+                log.exception("lease keeper tick failed")
 
     def state(self, domain: str) -> DomainState | None:
         writer = self._writers.get(domain)
@@ -274,17 +313,22 @@ class Engine:
             writer = await self._writer(domain, create=isinstance(intent, ImportTopology))
             if writer is None:
                 return _no_domain(domain)
-            request = _Request(
-                actor=tenant or OPERATOR,
-                verb=verb,
-                intent=intent,
-                body_hash=_body_hash(family, verb, intent),
-                reply=asyncio.get_running_loop().create_future(),
-            )
-            writer.submit(request)
-            return await request.reply
+            return await self._submit(writer, tenant or OPERATOR, verb, intent, family)
         except StoreUnavailable as exc:
             return replies.error("unavailable", f"event store unavailable: {exc}")
+
+    async def _submit(
+        self, writer: DomainWriter, actor: str, verb: str, intent: msgspec.Struct, family: str
+    ) -> bytes:
+        request = _Request(
+            actor=actor,
+            verb=verb,
+            intent=intent,
+            body_hash=_body_hash(family, verb, intent),
+            reply=asyncio.get_running_loop().create_future(),
+        )
+        writer.submit(request)
+        return await request.reply
 
     async def _query(self, domain: str, verb: str, query: msgspec.Struct) -> bytes:
         writer = await self._writer(domain, create=False)

@@ -1,0 +1,128 @@
+"""Leases and repairs over real NATS and Postgres, with a clock the test controls."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest_asyncio
+from harness import Harness, serving
+
+DOMAIN = "hall-1"
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.at = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+    def now(self) -> datetime:
+        return self.at
+
+    def advance(self, seconds: float) -> None:
+        self.at += timedelta(seconds=seconds)
+
+
+@pytest_asyncio.fixture
+async def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest_asyncio.fixture
+async def h(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, clock: ManualClock
+) -> AsyncIterator[Harness]:
+    async with serving(nats_url, database_url, pg_schema, subject_prefix, clock=clock) as harness:
+        yield harness
+
+
+FABRIC: dict[str, Any] = {
+    "nodes": [
+        {"id": "host-1", "kind": "host"},
+        {"id": "sw-a", "kind": "switch"},
+        {"id": "sw-b", "kind": "switch"},
+        {"id": "gpu-1", "kind": "device", "device_kind": "gpu", "generation": 8},
+        {"id": "gpu-2", "kind": "device", "device_kind": "gpu", "generation": 9},
+    ],
+    "links": [
+        {"id": "l-ha", "a": "host-1", "b": "sw-a", "capacity_gbps": 100},
+        {"id": "l-a1", "a": "sw-a", "b": "gpu-1", "capacity_gbps": 100},
+        {"id": "l-hb", "a": "host-1", "b": "sw-b", "capacity_gbps": 100},
+        {"id": "l-b1", "a": "sw-b", "b": "gpu-1", "capacity_gbps": 100},
+        {"id": "l-b2", "a": "sw-b", "b": "gpu-2", "capacity_gbps": 100},
+    ],
+}
+
+
+async def composed(h: Harness, **body: Any) -> dict[str, Any]:
+    reply = await h.client.intent(DOMAIN, "acme", "compose", {"host": "host-1", **body})
+    assert reply["ok"], reply
+    result: dict[str, Any] = reply["result"]
+    return result
+
+
+async def types_of(h: Harness) -> list[str]:
+    return [e.type async for e in h.store.read(DOMAIN)]
+
+
+async def test_a_lease_that_falls_due_is_expired_and_everything_returns(
+    h: Harness, clock: ManualClock
+) -> None:
+    await h.client.admin(DOMAIN, "import-topology", FABRIC)
+    result = await composed(h, devices=[{"kind": "gpu"}], lease_seconds=30)
+    clock.advance(29)
+    assert await h.engine.expire_due_leases() == []
+
+    clock.advance(1)
+    (reply,) = await h.engine.expire_due_leases()
+
+    assert b'"expired":["' + result["composition_id"].encode() in reply
+    assert (await types_of(h))[-2:] == ["LeaseExpired", "CompositionReleased"]
+    free = await h.client.query(DOMAIN, "free", {"kind": "gpu"})
+    assert [d["id"] for d in free["result"]["devices"]] == ["gpu-1", "gpu-2"]
+    composition = await h.client.query(DOMAIN, "composition", {"id": result["composition_id"]})
+    assert composition["result"]["state"] == "released"
+
+
+async def test_a_lease_that_fell_due_while_no_engine_ran_ends_after_a_restart(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, clock: ManualClock
+) -> None:
+    async with serving(nats_url, database_url, pg_schema, subject_prefix, clock=clock) as h:
+        await h.client.admin(DOMAIN, "import-topology", FABRIC)
+        result = await composed(h, devices=[{"kind": "gpu"}], lease_seconds=60)
+    clock.advance(3600)  # the engine is down for an hour
+
+    async with serving(nats_url, database_url, pg_schema, subject_prefix, clock=clock) as h:
+        await h.engine.expire_due_leases()
+        composition = await h.client.query(DOMAIN, "composition", {"id": result["composition_id"]})
+        assert composition["result"]["state"] == "released"
+
+
+async def test_extend_moves_the_deadline_the_keeper_uses(h: Harness, clock: ManualClock) -> None:
+    await h.client.admin(DOMAIN, "import-topology", FABRIC)
+    result = await composed(h, devices=[{"kind": "gpu"}], lease_seconds=30)
+    cid = result["composition_id"]
+    extend = {"composition_id": cid, "lease_seconds": 60}
+    assert (await h.client.intent(DOMAIN, "acme", "extend", extend))["ok"]
+    clock.advance(45)
+    assert await h.engine.expire_due_leases() == []
+    clock.advance(60)
+    assert len(await h.engine.expire_due_leases()) == 1
+
+
+async def test_a_fault_is_repaired_over_the_wire_and_why_says_so(h: Harness) -> None:
+    await h.client.admin(DOMAIN, "import-topology", FABRIC)
+    result = await composed(h, device_ids=["gpu-1"])
+    assert result["devices"][0]["path"] == ["host-1", "sw-a", "gpu-1"]
+
+    fault = {"component": "l-a1", "state": "failed", "detail": "CRC errors"}
+    reply = await h.client.admin(DOMAIN, "report-fault", fault)
+
+    assert reply["ok"] and reply["result"]["impaired"] == []
+    assert reply["result"]["compositions"] == [result["composition_id"]]
+    rows = (await h.client.query(DOMAIN, "connections", {"device": "gpu-1"}))["result"]
+    assert rows["connections"][0]["path"] == ["host-1", "sw-b", "gpu-1"]
+    why = (await h.client.query(DOMAIN, "why", {"id": result["composition_id"]}))["result"]
+    assert "PathRerouted" in [e["type"] for e in why["chain"]]
+    state = await h.client.query(DOMAIN, "composition", {"id": result["composition_id"]})
+    assert state["result"]["state"] == "active"
