@@ -84,7 +84,7 @@ async def session(client: TrellisClient, domain: str) -> None:
 
     say("drain rack r2's switch for maintenance; telemetry reports a failed cable")
     print(outcome(await client.admin(domain, "drain", {"id": "sw-r2", "reason": "firmware"})))
-    fault = {"component": "l-003", "state": "failed", "detail": "CRC errors"}
+    fault = {"component": "l-019", "state": "failed", "detail": "CRC errors"}
     print(outcome(await client.admin(domain, "report-fault", fault)))
 
     say("bad input is refused with a typed error and writes nothing")
@@ -168,7 +168,7 @@ async def compositions(client: TrellisClient, domain: str) -> None:
     reply = await client.query(domain, "blast-radius", {"id": "sw-pool"})
     print(shown(reply, blast_radius_table))
 
-    say("telemetry: the uplink l-021 from sw-pool to the OCS fails")
+    say("telemetry: the uplink l-021 from sw-pool to the OCS fails; the engine reroutes")
     fault = {"component": "l-021", "state": "failed", "detail": "laser bias out of range"}
     print(outcome(await client.admin(domain, "report-fault", fault)))
 
@@ -183,6 +183,16 @@ async def compositions(client: TrellisClient, domain: str) -> None:
     reply = await client.intent(domain, "globex", "release", {"composition_id": globex})
     print(shown(reply, release_summary))
     print(shown(await client.query(domain, "free", {"kind": "gpu"}), free_table))
+
+    say("a short lease: 2 seconds, then the engine's lease keeper ends it")
+    short = {"host": "host-02", "devices": [{"kind": "nvme"}], "lease_seconds": 2}
+    reply = await client.intent(domain, "initech", "compose", short)
+    print(shown(reply, compose_summary))
+    await asyncio.sleep(3.5)
+    cid = reply["result"]["composition_id"]
+    reply = await client.query(domain, "composition", {"id": cid})
+    print(f"composition {cid} is now {reply['result']['state']}")
+    print(shown(await client.query(domain, "why", {"id": cid}), why_text))
 
 
 async def show_log(running: Any, domain: str) -> None:
