@@ -8,7 +8,7 @@ and errors; tests/ext runs every test on both.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ._paths_py import Conditions, Fabric, Path, PathRequest, best_paths
@@ -32,6 +32,8 @@ class LiveConditions:
         self.exclusive_tenants: dict[str, dict[str, int]] = {
             k: dict(v) for k, v in conditions.exclusive_tenants.items()
         }
+        self._tracked: dict[str, list[str]] = {}
+        self._through: dict[str, dict[str, int]] = {}
         self._journal: list[tuple[Any, ...]] | None = None
         self._depth = 0
 
@@ -52,7 +54,11 @@ class LiveConditions:
         try:
             while len(journal) > mark:
                 table, key, old = journal.pop()
-                if table is self.unusable:
+                if table is self._tracked:
+                    self._untrack(key)
+                    if old is not _NO_CHANGE:
+                        self._track(key, old)
+                elif table is self.unusable:
                     (self.unusable.add if old else self.unusable.discard)(key)
                 elif old is _NO_CHANGE:
                     table.pop(key, None)
@@ -141,6 +147,58 @@ class LiveConditions:
                 counts = dict(table.get(switch, {}))
                 counts[tenant] = counts.get(tenant, 0) + 1
                 self._set_tenants(table, switch, counts)
+
+    # ---- blast radius: which tracked paths pass a component ----
+
+    def _known(self, component: str) -> str:
+        if component not in self.fabric.graph and component not in self._links:
+            raise KeyError(component)
+        return component
+
+    def _track(self, key: str, components: list[str]) -> None:
+        self._tracked[key] = components
+        for c in components:
+            keys = self._through.setdefault(c, {})
+            keys[key] = keys.get(key, 0) + 1
+
+    def _untrack(self, key: str) -> None:
+        for c in self._tracked.pop(key, []):
+            keys = self._through[c]
+            keys[key] -= 1
+            if not keys[key]:
+                del keys[key]
+                if not keys:
+                    del self._through[c]
+
+    def track(self, key: str, nodes: Sequence[str], links: Sequence[str]) -> None:
+        """Record that ``key`` (a composition, say) has a path over ``nodes`` and ``links``;
+        tracking a key again adds to what it passes.
+
+        Raises:
+            KeyError: a node or link the fabric lacks.
+        """
+        added = [self._known(c) for c in [*nodes, *links]]
+        old = self._tracked.get(key)
+        if self._journal is not None:
+            self._journal.append((self._tracked, key, _NO_CHANGE if old is None else list(old)))
+        self._untrack(key)
+        self._track(key, (old or []) + added)
+
+    def untrack(self, key: str) -> None:
+        """``key`` has no paths any more."""
+        old = self._tracked.get(key)
+        if old is not None:
+            if self._journal is not None:
+                self._journal.append((self._tracked, key, list(old)))
+            self._untrack(key)
+
+    def through(self, component: str) -> list[str]:
+        """The tracked keys whose paths pass ``component`` (its blast radius), sorted.
+
+        Raises:
+            KeyError: no node or link of the fabric has that id.
+        """
+        return sorted(self._through.get(self._known(component), ()))
 
 
 def best_devices(

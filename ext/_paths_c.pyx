@@ -562,6 +562,8 @@ cdef class LiveConditions:
     cdef dict _users  # node index -> {tenant: count}
     cdef dict _holders
     cdef dict _dangling  # slot -> the other port as given, for the reference's KeyError
+    cdef dict _tracked  # key -> the components its paths pass (node i, link n_nodes + k)
+    cdef dict _through  # component -> {key: how many of its paths pass it}
     cdef list _journal
     cdef int _depth
 
@@ -598,6 +600,8 @@ cdef class LiveConditions:
         self._users = {}
         self._holders = {}
         self._dangling = {}
+        self._tracked = {}
+        self._through = {}
         self._journal = None
         self._depth = 0
         self._load(conditions)
@@ -672,6 +676,10 @@ cdef class LiveConditions:
                 elif what == 2:
                     self.c.reserved[<int32_t>entry[1]] = entry[2]
                     self.c.free[<int32_t>entry[1]] = entry[3]
+                elif what == 6:
+                    self._untrack(entry[1])
+                    if entry[2] is not None:
+                        self._track(entry[1], entry[2])
                 elif what == 3:
                     s = entry[1]
                     self.c.circ_other[<int32_t>s] = entry[2]
@@ -825,6 +833,63 @@ cdef class LiveConditions:
                 counts = dict(table.get(i, {}))
                 counts[tenant] = counts.get(tenant, 0) + 1
                 self._set_tenants(table, i, counts, table is self._holders)
+
+    # ---- blast radius: which tracked paths pass a component ----
+
+    cdef int32_t _component_index(self, component) except -1:
+        cdef bint is_link = False
+        cdef int32_t i = self._component(component, &is_link)
+        return self.fabric.d.n_nodes + i if is_link else i
+
+    cdef _track(self, key, list components):
+        self._tracked[key] = components
+        for i in components:
+            keys = self._through.setdefault(i, {})
+            keys[key] = keys.get(key, 0) + 1
+
+    cdef _untrack(self, key):
+        components = self._tracked.pop(key, None)
+        if components is None:
+            return
+        for i in components:
+            keys = self._through[i]
+            if keys[key] == 1:
+                del keys[key]
+                if not keys:
+                    del self._through[i]
+            else:
+                keys[key] -= 1
+
+    def track(self, key, nodes, links):
+        """Record that ``key`` (a composition, say) has a path over ``nodes`` and ``links``;
+        tracking a key again adds to what it passes.
+
+        Raises:
+            KeyError: a node or link the fabric lacks.
+        """
+        added = [self._component_index(n) for n in nodes]
+        added += [self._component_index(k) for k in links]
+        old = self._tracked.get(key)
+        if self._journal is not None:
+            self._journal.append((6, key, None if old is None else list(old)))
+        self._untrack(key)
+        self._track(key, ([] if old is None else old) + added)
+
+    def untrack(self, key):
+        """``key`` has no paths any more."""
+        old = self._tracked.get(key)
+        if old is not None:
+            if self._journal is not None:
+                self._journal.append((6, key, list(old)))
+            self._untrack(key)
+
+    def through(self, component):
+        """The tracked keys whose paths pass ``component`` (its blast radius), sorted.
+
+        Raises:
+            KeyError: no node or link of the fabric has that id.
+        """
+        return sorted(self._through.get(self._component_index(component), ()))
 
     cdef int32_t _tenant(self, tenant):
         tid = self._tenant_ids.get(tenant)

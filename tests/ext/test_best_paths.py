@@ -294,3 +294,28 @@ def test_the_compiled_fabric_refuses_topologies_decide_refuses(
     nodes = {"h": NodeInfo("host"), "s": NodeInfo("switch"), "o": NodeInfo("ocs")}
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         compiled().Fabric(nodes, links)
+
+
+def test_blast_radius_names_the_tracked_paths_through_a_component(core: SimpleNamespace) -> None:
+    live = core.LiveConditions(ocs_net().fabric(core))
+    live.track("c2", ["h", "o", "d"], ["l0", "l2"])
+    live.track("c1", ["h", "o", "s1", "e"], ["l0", "l1", "s1-e"])
+    assert live.through("l0") == ["c1", "c2"]
+    assert live.through("o") == ["c1", "c2"]
+    assert live.through("s1") == ["c1"]
+    assert live.through("s2") == []
+    mark = live.checkpoint()
+    live.untrack("c1")
+    live.track("c2", ["s2"], ["l3"])
+    assert live.through("l0") == ["c2"]
+    assert live.through("s2") == ["c2"]
+    live.rollback(mark)
+    assert live.through("s1") == ["c1"]
+    assert live.through("s2") == []
+    live.untrack("c2")
+    live.untrack("c2")
+    assert live.through("o") == ["c1"]
+    with pytest.raises(KeyError):
+        live.through("ghost")
+    with pytest.raises(KeyError):
+        live.track("c3", ["ghost"], [])
