@@ -16,7 +16,7 @@ import asyncpg
 from engine import replies
 from engine.errors import ConcurrencyConflict, StoreUnavailable
 from engine.ports import Appended, PendingReply, StoredReply
-from engine.records import Head, PendingEvent, RecordedEvent, chain_hash
+from engine.records import Head, PendingEvent, RecordedEvent, hash_of
 
 _CONFLICT_STATES = {"TR001", asyncpg.UniqueViolationError.sqlstate}
 _PAGE = 2000
@@ -216,19 +216,7 @@ def _chain(domain: str, expected: Head, events: Sequence[PendingEvent]) -> list[
     prev, version = expected.hash, expected.version
     for ev in events:
         version += 1
-        digest = chain_hash(
-            prev,
-            id=ev.id,
-            domain=domain,
-            version=version,
-            type=ev.type,
-            schema_version=ev.schema_version,
-            recorded_at=ev.recorded_at,
-            actor=ev.actor,
-            causation_id=ev.causation_id,
-            correlation_id=ev.correlation_id,
-            data=ev.data,
-        )
+        digest = hash_of(ev, prev, domain, version)
         rows.append(
             (
                 uuid.UUID(ev.id),

@@ -114,23 +114,28 @@ def chain_hash(
     return hashlib.sha256(header + b"\n" + data).hexdigest()
 
 
+def hash_of(event: PendingEvent | RecordedEvent, prev_hash: str, domain: str, version: int) -> str:
+    """`chain_hash` of an event (pending or recorded) placed at `version` of `domain`."""
+    return chain_hash(
+        prev_hash,
+        id=event.id,
+        domain=domain,
+        version=version,
+        type=event.type,
+        schema_version=event.schema_version,
+        recorded_at=event.recorded_at,
+        actor=event.actor,
+        causation_id=event.causation_id,
+        correlation_id=event.correlation_id,
+        data=event.data,
+    )
+
+
 def verify_chain(events: list[RecordedEvent], start: Head | None = None) -> int | None:
     """Return the version of the first event whose hash or link is wrong, or None if all hold."""
     head = start or Head()
     for ev in events:
-        expected = chain_hash(
-            head.hash,
-            id=ev.id,
-            domain=ev.domain,
-            version=ev.version,
-            type=ev.type,
-            schema_version=ev.schema_version,
-            recorded_at=ev.recorded_at,
-            actor=ev.actor,
-            causation_id=ev.causation_id,
-            correlation_id=ev.correlation_id,
-            data=ev.data,
-        )
+        expected = hash_of(ev, head.hash, ev.domain, ev.version)
         if ev.version != head.version + 1 or ev.prev_hash != head.hash or ev.hash != expected:
             return ev.version
         head = Head(ev.version, ev.position, ev.hash)
