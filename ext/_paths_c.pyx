@@ -157,6 +157,7 @@ ctypedef struct FabricData:
     int32_t* adj_link
     int32_t* adj_far
     int32_t* adj_slot  # the far end's slot when the far node is an OCS, else -1
+    int32_t* adj_near_slot  # this end's slot when this node is an OCS, else -1
     int64_t* link_lat
     double* link_cap
     int32_t* slot_ocs  # per slot: its OCS node
@@ -483,6 +484,7 @@ cdef class Fabric:
         self.d.adj_link = <int32_t*>_alloc(2 * m, sizeof(int32_t))
         self.d.adj_far = <int32_t*>_alloc(2 * m, sizeof(int32_t))
         self.d.adj_slot = <int32_t*>_alloc(2 * m, sizeof(int32_t))
+        self.d.adj_near_slot = <int32_t*>_alloc(2 * m, sizeof(int32_t))
         memset(self.d.adj_ptr, 0, (n + 1) * sizeof(int32_t))
         ends_ab = []
         for k in range(m):
@@ -503,6 +505,7 @@ cdef class Fabric:
                 self.d.adj_link[pos] = k
                 self.d.adj_far[pos] = v
                 self.d.adj_slot[pos] = end_slot.get((k, v), -1)
+                self.d.adj_near_slot[pos] = end_slot.get((k, u), -1)
         self._graph = None
         self._spare = None
 
@@ -514,6 +517,7 @@ cdef class Fabric:
         free(self.d.adj_link)
         free(self.d.adj_far)
         free(self.d.adj_slot)
+        free(self.d.adj_near_slot)
         free(self.d.link_lat)
         free(self.d.link_cap)
         free(self.d.slot_ocs)
@@ -1153,11 +1157,16 @@ cdef int _fan_out(
     return 0
 
 
+cdef inline bint _foreign(const CondData* c, const Query* q, int32_t slot) noexcept nogil:
+    return c.circ_other[slot] != NO_CIRCUIT and c.circ_owner[slot] != q.host
+
+
 cdef void _lower_bounds(
     const FabricData* f, const CondData* c, WS* ws, const Query* q, int32_t n_targets,
 ) noexcept nogil:
     """Fewest links from each node to a target, over the fabric relaxed of everything but
-    per-link and per-node rules (usable, bandwidth, switch isolation; an OCS passes anything).
+    per-link and per-node rules (usable, bandwidth, switch isolation, no port of another
+    host's circuit; an OCS otherwise passes anything).
 
     Every path the search can find runs in that relaxed fabric and has at least as many hops
     as links, so a label whose far node reaches no target, or not within max_hops, is dropped
@@ -1185,6 +1194,12 @@ cdef void _lower_bounds(
             if (c.link_flags[link] | c.node_flags[v]) & UNUSABLE:
                 continue
             if c.free[link] + _EPSILON < q.bandwidth:
+                continue
+            # A cable on an OCS port that holds another host's circuit carries no path through
+            # that OCS: entering there is blocked, and leaving there needs one's own circuit.
+            if f.adj_slot[k] >= 0 and _foreign(c, q, f.adj_slot[k]):
+                continue
+            if f.adj_near_slot[k] >= 0 and _foreign(c, q, f.adj_near_slot[k]):
                 continue
             kind = f.kind[v]
             if kind == DEVICE:
@@ -1452,12 +1467,13 @@ def best_paths(Fabric fabric not None, conditions, request, targets):
     cdef _Workspace owner
     cdef WS* ws
     cdef int32_t i, n_marked = 0
+    cdef dict node_index
     _prepare(fabric, live, request, &q)
     owner = fabric._take()
     ws = &owner.w
     try:
         owner.next_stamp()
-        node_index = fabric._node_index
+        node_index = <dict>fabric._node_index
         for target in targets:
             i = node_index.get(target, -1)
             if i >= 0 and fabric.d.kind[i] == DEVICE and ws.target_stamp[i] != ws.stamp:
@@ -1487,6 +1503,7 @@ def best_devices(Fabric fabric not None, conditions, request, ranked, n=1):
     cdef _Workspace owner
     cdef WS* ws
     cdef int32_t i, count, n_marked = 0
+    cdef dict node_index
     _prepare(fabric, live, request, &q)
     count = <int32_t>min(max(operator.index(n), 0), len(ranked))
     if count == 0:
@@ -1496,7 +1513,7 @@ def best_devices(Fabric fabric not None, conditions, request, ranked, n=1):
     try:
         owner.next_stamp()
         owner.ensure_best(count)
-        node_index = fabric._node_index
+        node_index = <dict>fabric._node_index
         for target, rank in ranked.items():
             i = node_index.get(target, -1)
             if i >= 0 and fabric.d.kind[i] == DEVICE:
