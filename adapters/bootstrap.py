@@ -19,10 +19,11 @@ from nats.aio.client import Client as NATS
 
 from adapters.clock import SystemClock
 from adapters.embedded import EmbeddedNats, EmbeddedPostgres, default_data_dir
+from adapters.fabric_sim import SimulatedFabric
 from adapters.nats_intake import NatsIntake
 from adapters.postgres_store import PostgresEventStore
 from adapters.settings import Settings
-from engine.ports import Clock
+from engine.ports import Clock, FabricDriver
 from engine.service import Engine
 from projections import PostgresReadModels, ProjectionRunner
 
@@ -33,6 +34,7 @@ ENDPOINTS_FILE = "endpoints.json"
 
 class RunningEngine(msgspec.Struct, kw_only=True):
     engine: Engine
+    fabric: FabricDriver
     store: PostgresEventStore
     projections: ProjectionRunner
     nc: NATS
@@ -96,18 +98,24 @@ async def engine_on(
     prefix: str = "trellis",
     domains: list[str] | None = None,
     clock: Clock | None = None,
+    fabric: FabricDriver | None = None,
+    saga_deadline: float = 10.0,
 ) -> AsyncIterator[RunningEngine]:
     """The engine, its projections and its NATS intake on given servers, until the context
-    exits. Migrations run first; the engine's state is rebuilt from the log before it serves."""
+    exits. Migrations run first; the engine's state is rebuilt from the log before it serves.
+    Without a `fabric` driver the engine drives a SimulatedFabric (there is no hardware)."""
     async with contextlib.AsyncExitStack() as stack:
         store = await PostgresEventStore.open(database_url, schema=schema)
         stack.push_async_callback(store.close)
         runner = await ProjectionRunner.open(database_url, store, schema=schema)
         stack.push_async_callback(runner.close)
         await runner.start()
+        fabric = fabric if fabric is not None else SimulatedFabric()
         engine = Engine(
             store,
             clock or SystemClock(),
+            fabric,
+            saga_deadline=saga_deadline,
             domains=domains,
             read_models=PostgresReadModels(runner.pool, runner),
             on_commit=runner.notify,
@@ -123,6 +131,7 @@ async def engine_on(
         stack.push_async_callback(intake.stop)
         yield RunningEngine(
             engine=engine,
+            fabric=fabric,
             store=store,
             projections=runner,
             nc=nc,

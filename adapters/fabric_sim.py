@@ -64,9 +64,10 @@ class SimulatedFabric:
             changing anything).
         hang_rate: Probability that a mutating operation never returns until it is cancelled
             (1.0 is "hang mode": every mutating operation hangs).
-        shared_devices: Devices that may be bound to several hosts at once (a pooled CXL
-            memory device serving slices), as ids or a predicate on the id. Every other device
-            is bound to at most one host.
+        shared_devices: Devices that may be bound to several hosts at once, as ids or a
+            predicate on the id. A binding of a memory slice (`capacity_gib` set) always may:
+            a pooled CXL device serves slices to many hosts. Every other device is bound to at
+            most one host.
     """
 
     def __init__(
@@ -149,7 +150,7 @@ class SimulatedFabric:
                     component=binding.device,
                 )
             bindings = self._domain(domain).bindings
-            if not self._shared(binding.device):
+            if binding.capacity_gib is None and not self._shared(binding.device):
                 for other in bindings.values():
                     if other.device == binding.device and other.host != binding.host:
                         raise FabricError(

@@ -13,7 +13,6 @@ from engine.events import (
     CircuitCreated,
     CircuitRef,
     CircuitRemoved,
-    CompositionActivated,
     CompositionRejected,
     CompositionReleased,
     CompositionRequested,
@@ -22,7 +21,6 @@ from engine.events import (
     Event,
     LeaseExpired,
     LeaseExtended,
-    PathEstablished,
 )
 from engine.intents import Compose, Extend, Release
 from engine.placement import Placement, Rejection, place
@@ -123,16 +121,12 @@ def compose(state: DomainState, intent: Compose, ctx: Context) -> Decision:
             for c in chosen.new_circuits
         ),
         DevicesReserved(composition_id=cid, devices=bindings),
-        *(
-            PathEstablished(composition_id=cid, device=b.device, path=b.path)
-            for b in chosen.bindings
-        ),
-        CompositionActivated(composition_id=cid),
     ]
+    # Pending until the fabric saga has programmed it (establish) or given up (fail).
     result = ComposeResult(
         composition_id=cid,
         host=chosen.host,
-        state="active",
+        state="pending",
         expires_at=expires_at,
         devices=devices_of(chosen.bindings),
     )
@@ -152,7 +146,7 @@ def expire_leases(state: DomainState, ctx: Context) -> Decision:
     due = sorted(
         (c.expires_at, cid)
         for cid, c in state.compositions.items()
-        if c.expires_at is not None and c.expires_at <= ctx.now
+        if c.expires_at is not None and c.expires_at <= ctx.now and c.state != "pending"
     )
     events: list[Event] = []
     for _, cid in due:
@@ -161,7 +155,7 @@ def expire_leases(state: DomainState, ctx: Context) -> Decision:
             LeaseExpired(composition_id=cid),
             CompositionReleased(composition_id=cid, reason="lease expired"),
         ]
-        ending += _circuit_teardown(state, composition, "lease expired")
+        ending += circuit_teardown(state, composition, "lease expired")
         for event in ending:
             state = evolve(state, event)
         events += ending
@@ -170,11 +164,17 @@ def expire_leases(state: DomainState, ctx: Context) -> Decision:
 
 def release(state: DomainState, intent: Release, ctx: Context) -> Decision:
     composition = _owned(state, intent.composition_id, ctx)
+    if composition.state == "pending":
+        raise IntentRejected(
+            "conflict",
+            f"composition {composition.id} is still being established; release it once it is",
+            {"id": composition.id, "state": "pending"},
+        )
     events: list[Event] = [
         CompositionReleased(composition_id=composition.id, reason=intent.reason or "released")
     ]
     removed = unused_circuits(state, composition)
-    events += _circuit_teardown(state, composition, "unused")
+    events += circuit_teardown(state, composition, "unused")
     result = ReleaseResult(
         composition_id=composition.id,
         state="released",
@@ -193,7 +193,7 @@ def extend(state: DomainState, intent: Extend, ctx: Context) -> Decision:
     return Decision([event], ExtendResult(composition_id=composition.id, expires_at=expires_at))
 
 
-def _circuit_teardown(state: DomainState, leaving: Composition, reason: str) -> list[Event]:
+def circuit_teardown(state: DomainState, leaving: Composition, reason: str) -> list[Event]:
     return [
         CircuitRemoved(
             ocs=c.ocs,

@@ -35,8 +35,10 @@ from engine.intents import (
     AddNode,
     Compose,
     Drain,
+    EstablishComposition,
     ExpireLeases,
     Extend,
+    FailComposition,
     ImportTopology,
     Release,
     Remove,
@@ -45,6 +47,7 @@ from engine.intents import (
 )
 from engine.model import LinkSpec, NodeSpec
 from engine.repair import impair_and_repair, repair, retry_impaired
+from engine.settle import establish, fail
 from engine.state import DomainState, evolve
 
 
@@ -113,6 +116,10 @@ def decide(state: DomainState, intent: msgspec.Struct, ctx: Context) -> Decision
             return _then(state, decision, lambda after: _after_health(after, cid, health, why))
         case ExpireLeases():
             return expire_leases(state, ctx)
+        case EstablishComposition():
+            return establish(state, intent)
+        case FailComposition():
+            return fail(state, intent)
         case Compose():
             return compose(state, intent, ctx)
         case Release():
@@ -297,8 +304,8 @@ def _move_off(state: DomainState, cid: str, why: str, force: bool) -> list[Event
     events: list[Event] = []
     for comp_id in sorted(state.compositions):
         composition = state.compositions[comp_id]
-        if not composition.uses(cid):
-            continue
+        if composition.state == "pending" or not composition.uses(cid):
+            continue  # a pending one is checked when it is established
         moved = repair(state, composition, why)
         after = reduce(evolve, moved, state)
         if after.compositions[comp_id].uses(cid):

@@ -119,6 +119,29 @@ class ExpireLeases(Intent):
     deriving the due leases from state, so expiry survives restarts). No subject carries it."""
 
 
+class EstablishComposition(Intent):
+    """Internal: the fabric now holds every circuit and binding of a pending composition.
+    Sent by the fabric saga under the request id `settle_request_id(composition_id)`."""
+
+    composition_id: Id
+
+
+class FailComposition(Intent):
+    """Internal: the fabric could not program a pending composition (an error or the saga's
+    deadline); what it had programmed is undone. Shares the request id of EstablishComposition,
+    so a composition is settled once, one way."""
+
+    composition_id: Id
+    step: Text  # the fabric operation that failed, e.g. "bind"
+    target: Text = ""  # what it was programming: a device, or "<ocs>:<a>-<b>"
+    component: Text = ""  # the part the fabric blamed, when it named one
+    error: Text = ""
+
+
+def settle_request_id(composition_id: str) -> str:
+    return f"settle-{composition_id}"
+
+
 # ---- read-only queries (trellis.query.<domain>.<what>); no request_id needed ----
 
 

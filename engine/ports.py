@@ -106,6 +106,7 @@ class FabricBinding(msgspec.Struct, frozen=True, kw_only=True):
     device: str
     path: list[str]
     composition_id: str
+    capacity_gib: float | None = None  # a slice of a memory pool, which other hosts share
 
 
 class FabricCircuit(msgspec.Struct, frozen=True, kw_only=True):

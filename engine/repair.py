@@ -67,8 +67,8 @@ def impair_and_repair(state: DomainState, component: str, why: str) -> list[Even
     events: list[Event] = []
     for cid in sorted(state.compositions):
         composition = state.compositions[cid]
-        if not composition.uses(component):
-            continue
+        if composition.state == "pending" or not composition.uses(component):
+            continue  # a pending one is checked when it is established
         impaired = CompositionImpaired(composition_id=cid, component=component, reason=why)
         state = evolve(state, impaired)
         mended = repair(state, state.compositions[cid], why)

@@ -45,6 +45,14 @@ def rejection(exc: IntentRejected) -> bytes:
     return error(exc.code, exc.message, exc.details)
 
 
+def decode_ok(reply: bytes) -> OkReply | None:
+    """The success reply inside `reply`; None when it is an error reply."""
+    try:
+        return _decode_ok(reply)
+    except msgspec.ValidationError:
+        return None
+
+
 def as_replayed(stored: bytes) -> bytes:
     """The stored first answer, marked as a replay (error answers have no such flag)."""
     try:

@@ -20,25 +20,37 @@ from engine.decide import Context, decide
 from engine.errors import ConcurrencyConflict, IntentRejected, StoreUnavailable
 from engine.ids import is_valid_id
 from engine.intents import (
+    Compose,
     CompositionQuery,
     ConnectionsQuery,
+    EstablishComposition,
     ExpireLeases,
     Family,
     ImportTopology,
     InvalidIntent,
     WhyQuery,
     decode_intent,
+    settle_request_id,
 )
-from engine.ports import Clock, EventStore, PendingReply, ReadModels, StoredReply
+from engine.ports import Clock, EventStore, FabricDriver, PendingReply, ReadModels, StoredReply
 from engine.queries import STATE_QUERIES, answer
 from engine.records import Head, PendingEvent
+from engine.saga import FabricSync, Settlement
 from engine.state import DomainState, evolve
 
 log = logging.getLogger(__name__)
 
 OPERATOR = "operator"
-LEASE_KEEPER = "engine"  # the actor of events the engine decides on its own
+ENGINE = "engine"  # the actor of what the engine decides on its own: expiries, settlements
 _encode = msgspec.json.Encoder().encode
+
+
+class _ComposeOutcome(msgspec.Struct):
+    composition_id: str
+    state: str
+
+
+_decode_outcome = msgspec.json.Decoder(_ComposeOutcome).decode
 
 
 class _Request(msgspec.Struct, kw_only=True):
@@ -47,6 +59,7 @@ class _Request(msgspec.Struct, kw_only=True):
     intent: msgspec.Struct
     body_hash: str
     reply: asyncio.Future[bytes]
+    correlation_id: str | None = None  # default: the request id
 
     @property
     def key(self) -> tuple[str, str]:
@@ -176,7 +189,7 @@ class DomainWriter:
                         event,
                         actor=req.actor,
                         causation_id=req.intent.request_id,  # type: ignore[attr-defined]
-                        correlation_id=req.intent.request_id,  # type: ignore[attr-defined]
+                        correlation_id=req.correlation_id or req.intent.request_id,  # type: ignore[attr-defined]
                         at=now,
                     )
                 )
@@ -215,13 +228,16 @@ class DomainWriter:
 
 
 class Engine:
-    """Routes requests to domain writers and answers queries from committed state."""
+    """Routes requests to domain writers, drives each domain's fabric after its commits, and
+    answers queries from committed state."""
 
     def __init__(
         self,
         store: EventStore,
         clock: Clock,
+        fabric: FabricDriver,
         *,
+        saga_deadline: float = 10.0,
         domains: Iterable[str] | None = None,
         max_batch: int = 256,
         read_models: ReadModels | None = None,
@@ -229,6 +245,9 @@ class Engine:
     ):
         self._store = store
         self._clock = clock
+        self._fabric = fabric
+        self._saga_deadline = saga_deadline
+        self._syncs: dict[str, FabricSync] = {}
         self._read_models = read_models
         self._on_commit = on_commit
         self._allowed = frozenset(domains) if domains else None
@@ -251,6 +270,8 @@ class Engine:
         for domain in await self._store.domains():
             if self.serves(domain):
                 await self._writer(domain, create=True)
+        for sync in self._syncs.values():
+            sync.kick()  # finish or undo what a crash interrupted, remove what it left
         if lease_tick_seconds is not None:
             self._lease_keeper = asyncio.create_task(
                 self._keep_leases(lease_tick_seconds), name="lease-keeper"
@@ -260,6 +281,8 @@ class Engine:
         if self._lease_keeper is not None:
             self._lease_keeper.cancel()
             await asyncio.gather(self._lease_keeper, return_exceptions=True)
+        for sync in self._syncs.values():
+            await sync.close()
         for writer in self._writers.values():
             await writer.close()
 
@@ -271,15 +294,13 @@ class Engine:
             due = sorted(
                 cid
                 for cid, c in writer.state.compositions.items()
-                if c.expires_at is not None and c.expires_at <= now
+                if c.expires_at is not None and c.expires_at <= now and c.state != "pending"
             )
             if due:
                 # Named by what it ends: a resend after a crash replays instead of re-deciding.
                 digest = hashlib.sha256(",".join(due).encode()).hexdigest()[:24]
                 expire = ExpireLeases(request_id=f"lease-expiry-{digest}")
-                answers.append(
-                    await self._submit(writer, LEASE_KEEPER, "expire", expire, "internal")
-                )
+                answers.append(await self._submit(writer, ENGINE, "expire", expire, "internal"))
         return answers
 
     async def _keep_leases(self, tick: float) -> None:
@@ -293,6 +314,17 @@ class Engine:
     def state(self, domain: str) -> DomainState | None:
         writer = self._writers.get(domain)
         return writer.state if writer else None
+
+    def fabric_sync(self, domain: str) -> FabricSync | None:
+        return self._syncs.get(domain)
+
+    async def _settle(self, domain: str, settlement: Settlement) -> bytes:
+        """Record a saga's outcome; the reply is what the composer is told."""
+        writer = self._writers[domain]
+        composition = writer.state.compositions.get(settlement.composition_id)
+        verb = "establish" if isinstance(settlement, EstablishComposition) else "fail"
+        correlation = composition.request.request_id if composition else None
+        return await self._submit(writer, ENGINE, verb, settlement, "internal", correlation)
 
     async def handle(
         self, family: Family, domain: str, tenant: str | None, verb: str, body: bytes
@@ -313,12 +345,21 @@ class Engine:
             writer = await self._writer(domain, create=isinstance(intent, ImportTopology))
             if writer is None:
                 return _no_domain(domain)
-            return await self._submit(writer, tenant or OPERATOR, verb, intent, family)
+            reply = await self._submit(writer, tenant or OPERATOR, verb, intent, family)
+            if isinstance(intent, Compose):
+                return await self._once_settled(writer, reply)
+            return reply
         except StoreUnavailable as exc:
             return replies.error("unavailable", f"event store unavailable: {exc}")
 
     async def _submit(
-        self, writer: DomainWriter, actor: str, verb: str, intent: msgspec.Struct, family: str
+        self,
+        writer: DomainWriter,
+        actor: str,
+        verb: str,
+        intent: msgspec.Struct,
+        family: str,
+        correlation_id: str | None = None,
     ) -> bytes:
         request = _Request(
             actor=actor,
@@ -326,9 +367,40 @@ class Engine:
             intent=intent,
             body_hash=_body_hash(family, verb, intent),
             reply=asyncio.get_running_loop().create_future(),
+            correlation_id=correlation_id,
         )
         writer.submit(request)
         return await request.reply
+
+    async def _once_settled(self, writer: DomainWriter, reply: bytes) -> bytes:
+        """A compose is answered when the fabric saga has settled it: the composition is
+        active (or impaired), or it failed and says what failed. A resend gets the same."""
+        accepted = replies.decode_ok(reply)
+        if accepted is None:
+            return reply  # refused, or recorded as rejected: nothing to wait for
+        outcome = _decode_outcome(accepted.result)
+        if outcome.state != "pending":
+            return reply
+        cid = outcome.composition_id
+        composition = writer.state.compositions.get(cid)
+        if composition is not None and composition.state == "pending":
+            waiting = self._syncs[writer.domain].settlement(cid)
+            try:
+                settled = await asyncio.wait_for(asyncio.shield(waiting), 3 * self._saga_deadline)
+            except TimeoutError:
+                return replies.error(
+                    "unavailable",
+                    f"composition {cid} is still being established; ask again with the same "
+                    "request_id",
+                    {"composition_id": cid},
+                )
+        else:
+            key = (ENGINE, settle_request_id(cid))
+            stored = (await self._store.find_replies(writer.domain, [key])).get(key)
+            if stored is None:
+                return reply  # cannot happen: a composition leaves pending only by settling
+            settled = stored.reply
+        return replies.as_replayed(settled) if accepted.replayed else settled
 
     async def _query(self, domain: str, verb: str, query: msgspec.Struct) -> bytes:
         writer = await self._writer(domain, create=False)
@@ -385,14 +457,32 @@ class Engine:
         async with self._loading:  # two first requests for a domain must not load it twice
             writer = self._writers.get(domain)
             if writer is None:
+                sync = FabricSync(
+                    domain,
+                    lambda: self._writers[domain].state,
+                    self._fabric,
+                    self._settle,
+                    deadline=self._saga_deadline,
+                )
                 writer = DomainWriter(
-                    domain, self._store, self._clock, self._max_batch, self._on_commit
+                    domain, self._store, self._clock, self._max_batch, self._committed(sync)
                 )
                 await writer.catch_up()
                 if not (writer.state.exists or create):
                     return None  # keep no writer for names nobody created
                 self._writers[domain] = writer
+                self._syncs[domain] = sync
         return writer
+
+    def _committed(self, sync: FabricSync) -> Callable[[], None]:
+        """After a commit: wake the projections and the domain's fabric."""
+
+        def committed() -> None:
+            if self._on_commit is not None:
+                self._on_commit()
+            sync.kick()
+
+        return committed
 
 
 def _is_now(at: str | int, head: int) -> bool:

@@ -10,12 +10,14 @@ import msgspec
 from adapters.bootstrap import connect_nats, engine_on
 from adapters.client import TrellisClient
 from adapters.postgres_store import PostgresEventStore
+from engine.ports import FabricDriver
 from engine.service import Engine
 from projections import ProjectionRunner
 
 
 class Harness(msgspec.Struct, kw_only=True):
     engine: Engine
+    fabric: FabricDriver
     store: PostgresEventStore
     projections: ProjectionRunner
     client: TrellisClient
@@ -37,6 +39,7 @@ async def serving(
         try:
             yield Harness(
                 engine=running.engine,
+                fabric=running.fabric,
                 store=running.store,
                 projections=running.projections,
                 client=TrellisClient(client_nc, prefix=prefix),

@@ -90,14 +90,15 @@ def counts(database_url: str, pg_schema: str) -> Any:
 @pytest.fixture
 def log(database_url: str, pg_schema: str) -> Any:
     """`await log(request_id=None)` -> the domain's events (type, position, actor, causation_id,
-    recorded_at, data), in log order; only those caused by `request_id` when given."""
+    recorded_at, data), in log order; only those that follow from `request_id` (its correlation
+    id: the request's own events and the saga's that settle it) when given."""
 
     async def events(request_id: str | None = None) -> list[dict[str, Any]]:
         rows = await fetch(
             database_url,
             pg_schema,
             "SELECT type, position, actor, causation_id, recorded_at, data::text AS data"
-            " FROM trellis_events WHERE domain = $1 AND ($2::text IS NULL OR causation_id = $2)"
+            " FROM trellis_events WHERE domain = $1 AND ($2::text IS NULL OR correlation_id = $2)"
             " ORDER BY position",
             DOMAIN,
             request_id,
@@ -318,7 +319,13 @@ async def test_the_log_holds_the_composition_events_caused_by_the_request_id(
     cid = expect_ok(reply)["composition_id"]
     events = await log("r-full")
     assert [e["type"] for e in events] == COMPOSITION_EVENTS
-    assert {e["actor"] for e in events} == {"acme"}
+    # The tenant asked and reserved; the engine's fabric saga established what it reserved.
+    saga = {"PathEstablished", "CompositionActivated"}
+    who = {(e["type"], e["actor"], e["causation_id"]) for e in events}
+    assert who == {
+        (t, *(("engine", f"settle-{cid}") if t in saga else ("acme", "r-full")))
+        for t in COMPOSITION_EVENTS
+    }
     assert all(e["data"].get("composition_id") == cid for e in events)
     assert events[-1]["position"] == reply["position"]
     requested = events[0]["data"]
@@ -794,7 +801,8 @@ async def test_why_says_in_one_sentence_what_a_device_host_composition_or_link_i
         types = await check_chain(answers[target]["chain"], log)
         assert [t for t in types if t != "TopologyImported"] == made_it_so, (target, types)
         assert {e["request_id"] for e in answers[target]["chain"] if e["type"] in made_it_so} == {
-            "r-full"
+            "r-full",
+            f"settle-{cid}",
         }
 
 

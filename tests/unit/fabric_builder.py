@@ -26,7 +26,15 @@ from engine.context import Context
 from engine.decide import decide
 from engine.errors import IntentRejected
 from engine.events import Event, TopologyImported
-from engine.intents import Compose, Drain, Extend, Release, ReportFault
+from engine.intents import (
+    Compose,
+    Drain,
+    EstablishComposition,
+    Extend,
+    Release,
+    ReportFault,
+    settle_request_id,
+)
 from engine.model import LinkSpec, NodeSpec
 from engine.state import DomainState, evolve
 
@@ -191,12 +199,27 @@ def request_id() -> str:
     return f"r-{next(_request_ids)}"
 
 
+def compose_pending(
+    state: DomainState, tenant: str, *, now: datetime = NOW, **body: Any
+) -> tuple[list[Event], Any]:
+    """Compose with a body as on the wire (dicts for `devices` and `constraints`), stopping
+    where the fabric saga takes over: the composition is pending."""
+    body.setdefault("request_id", request_id())
+    return run(state, msgspec.convert(body, Compose), tenant, now)
+
+
 def compose(
     state: DomainState, tenant: str, *, now: datetime = NOW, **body: Any
 ) -> tuple[list[Event], Any]:
-    """Compose with a body as on the wire (dicts for `devices` and `constraints`)."""
-    body.setdefault("request_id", request_id())
-    return run(state, msgspec.convert(body, Compose), tenant, now)
+    """Compose, then settle as the saga does when the fabric programs it: established."""
+    events, result = compose_pending(state, tenant, now=now, **body)
+    if isinstance(result, IntentRejected) or result.state != "pending":
+        return events, result
+    settle = EstablishComposition(
+        request_id=settle_request_id(result.composition_id), composition_id=result.composition_id
+    )
+    more, settled = run(apply(state, events), settle, "engine", now)
+    return [*events, *more], settled
 
 
 def release(

@@ -1,0 +1,178 @@
+"""The fabric saga: make the hardware of one domain hold what its log says (ARCHITECTURE §8).
+
+A FabricSync runs passes, one at a time, whenever something committed (and once at start):
+1. snapshot the hardware, then read the writer's state, in that order (engine.fabric_plan);
+2. take away what the hardware holds and the log no longer does (released, failed, expired,
+   rerouted), bindings before circuits, so ports and devices are free before anything new
+   needs them; then program what settled compositions need and the hardware lacks (repairs);
+3. run the compose saga of every pending composition, concurrently, each within its deadline:
+   create its circuits, bind its devices. On an error or at the deadline, undo what it may have
+   programmed and settle it as failed; otherwise settle it as established. Settling is an
+   internal intent under `settle_request_id`, so it is recorded once, one way.
+Every driver operation is idempotent and a pass starts from the log, so a pass that failed is
+simply run again after a backoff, and an engine that restarts finishes or undoes the sagas a
+crash interrupted with its first pass. Nothing here decides: the state says what to do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from engine.compose import unused_circuits
+from engine.errors import FabricError
+from engine.fabric_plan import bindings_of, circuits_of, reconcile
+from engine.intents import EstablishComposition, FailComposition, settle_request_id
+from engine.ports import FabricDriver
+from engine.state import DomainState
+
+log = logging.getLogger(__name__)
+
+Settlement = EstablishComposition | FailComposition
+# Hands a settlement to the domain's writer; resolves to the reply the composer should get.
+Settle = Callable[[str, Settlement], Awaitable[bytes]]
+
+
+class FabricSync:
+    """The one task that drives one domain's fabric."""
+
+    def __init__(
+        self,
+        domain: str,
+        state: Callable[[], DomainState],
+        fabric: FabricDriver,
+        settle: Settle,
+        *,
+        deadline: float,
+        max_backoff: float = 5.0,
+    ):
+        self.domain = domain
+        self._state = state
+        self._fabric = fabric
+        self._settle = settle
+        self._deadline = deadline
+        self._max_backoff = max_backoff
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._settled: dict[str, asyncio.Future[bytes]] = {}
+        self.passes = 0  # completed passes, for tests and metrics
+
+    def kick(self) -> None:
+        """Something committed: run a pass soon (passes coalesce)."""
+        self._wake.set()
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"fabric-{self.domain}")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def settlement(self, composition_id: str) -> asyncio.Future[bytes]:
+        """Resolves to the reply that settles `composition_id` when this engine settles it."""
+        future = self._settled.get(composition_id)
+        if future is None:
+            future = asyncio.get_running_loop().create_future()
+            self._settled[composition_id] = future
+        return future
+
+    async def _run(self) -> None:
+        backoff = 0.0
+        while True:
+            if backoff:
+                await asyncio.sleep(backoff)
+                self._wake.set()
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                in_step = await self.run_pass()
+            except Exception:  # the next pass starts from the log again
+                log.exception("domain %s: fabric pass failed", self.domain)
+                in_step = False
+            backoff = 0.0 if in_step else min(self._max_backoff, max(0.1, backoff * 2))
+
+    async def run_pass(self) -> bool:
+        """One pass; True when every operation it tried succeeded."""
+        snapshot = await asyncio.wait_for(self._fabric.snapshot(self.domain), self._deadline)
+        state = self._state()
+        plan = reconcile(snapshot, state)
+        ok = await self._apply(plan.unbind, "unbind")
+        ok &= await self._apply(plan.remove, "remove_circuit")
+        ok &= await self._apply(plan.create, "create_circuit")
+        ok &= await self._apply(plan.bind, "bind")
+        outcomes = await asyncio.gather(*(self._compose_saga(cid) for cid in plan.pending))
+        for cid, settlement in zip(plan.pending, outcomes, strict=True):
+            reply = await self._settle(self.domain, settlement)
+            future = self._settled.pop(cid, None)
+            if future is not None and not future.done():
+                future.set_result(reply)
+            settled = self._state().compositions.get(cid)
+            ok &= settled is None or settled.state != "pending"  # else the store said no
+        self.passes += 1
+        return ok
+
+    async def _apply(self, items: list, op: str) -> bool:  # type: ignore[type-arg]
+        """Run one kind of operation for every item; failures are logged and retried later."""
+        results = await asyncio.gather(
+            *(self._bounded(getattr(self._fabric, op)(self.domain, item)) for item in items),
+            return_exceptions=True,
+        )
+        failed = [(item, r) for item, r in zip(items, results, strict=True) if r is not None]
+        for item, exc in failed:
+            log.warning("domain %s: %s %s failed: %s", self.domain, op, item, exc)
+        return not failed
+
+    async def _bounded(self, operation: Awaitable[None]) -> None:
+        await asyncio.wait_for(operation, self._deadline)
+
+    async def _compose_saga(self, cid: str) -> Settlement:
+        """Program one pending composition; on failure undo it. Never raises for the fabric."""
+        composition = self._state().compositions[cid]
+        request_id = settle_request_id(cid)
+        step, target = "", ""
+        try:
+            async with asyncio.timeout(self._deadline):
+                for circuit in circuits_of(composition):
+                    step, target = (
+                        "create_circuit",
+                        f"{circuit.ocs}:{circuit.a_port}-{circuit.b_port}",
+                    )
+                    await self._fabric.create_circuit(self.domain, circuit)
+                for binding in bindings_of(composition):
+                    step, target = "bind", binding.device
+                    await self._fabric.bind(self.domain, binding)
+            return EstablishComposition(request_id=request_id, composition_id=cid)
+        except FabricError as exc:
+            component, error = exc.component or "", str(exc)
+        except TimeoutError:
+            component, error = "", f"no answer within {self._deadline:g}s"
+        log.warning(
+            "domain %s: composing %s failed at %s %s: %s", self.domain, cid, step, target, error
+        )
+        await self._undo(cid)
+        return FailComposition(
+            request_id=request_id,
+            composition_id=cid,
+            step=step,
+            target=target,
+            component=component,
+            error=error,
+        )
+
+    async def _undo(self, cid: str) -> None:
+        """Take back whatever the saga may have programmed, the call that failed included (it
+        may have taken effect). Circuits another composition also passes stay. What cannot be
+        undone now is removed by a later pass, once the failure is recorded."""
+        state = self._state()
+        composition = state.compositions[cid]
+        alone = {(c.ocs, c.a_port, c.b_port) for c in unused_circuits(state, composition)}
+        ours = [c for c in circuits_of(composition) if (c.ocs, c.a_port, c.b_port) in alone]
+        try:
+            async with asyncio.timeout(self._deadline):
+                for binding in bindings_of(composition):
+                    await self._fabric.unbind(self.domain, binding)
+                for circuit in ours:
+                    await self._fabric.remove_circuit(self.domain, circuit)
+        except (FabricError, TimeoutError) as exc:
+            log.warning("domain %s: undoing %s left work for later: %s", self.domain, cid, exc)
