@@ -54,12 +54,14 @@ class FabricSync:
         self._deadline = deadline
         self._max_backoff = max_backoff
         self._wake = asyncio.Event()
+        self._idle = asyncio.Event()  # set while the hardware is in step and nothing is due
         self._task: asyncio.Task[None] | None = None
         self._settled: dict[str, asyncio.Future[bytes]] = {}
         self.passes = 0  # completed passes, for tests and metrics
 
     def kick(self) -> None:
         """Something committed: run a pass soon (passes coalesce)."""
+        self._idle.clear()
         self._wake.set()
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"fabric-{self.domain}")
@@ -68,6 +70,10 @@ class FabricSync:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+
+    async def wait_idle(self) -> None:
+        """Until a pass found the hardware in step with the log and nothing else is due."""
+        await self._idle.wait()
 
     def settlement(self, composition_id: str) -> asyncio.Future[bytes]:
         """Resolves to the reply that settles `composition_id` when this engine settles it."""
@@ -83,6 +89,8 @@ class FabricSync:
             if backoff:
                 await asyncio.sleep(backoff)
                 self._wake.set()
+            elif not self._wake.is_set():
+                self._idle.set()
             await self._wake.wait()
             self._wake.clear()
             try:
