@@ -12,9 +12,9 @@ from functools import reduce
 
 import msgspec
 
-from engine.compose import unused_circuits
 from engine.events import (
     CircuitCreated,
+    CircuitRef,
     CircuitRemoved,
     CompositionActivated,
     CompositionImpaired,
@@ -97,7 +97,7 @@ def _reroute(
     (A memory slice shares its pool, so it moves through `_replace`, which may keep the pool.)"""
     if binding.capacity_gib is not None or not usable(state.nodes[binding.device]):
         return None
-    scratch = without_binding(state, composition.id, binding.device)
+    scratch = _without(state, composition, binding)
     kind = DeviceRequest(kind=binding.kind)  # type: ignore[arg-type]  # a stored device kind
     probe = _single(composition, kind, device=binding.device)
     found = place(scratch, probe, composition.tenant, composition.host)
@@ -113,7 +113,7 @@ def _reroute(
         binding=new,
         reason=why,
     )
-    return _with_circuits(state, composition, found, event)
+    return _with_circuits(state, composition, binding, found, event)
 
 
 def _replace(
@@ -123,7 +123,7 @@ def _replace(
     if binding.entry < 0:
         return None  # a device asked for by id has no stand-in
     entry = msgspec.structs.replace(composition.request.devices[binding.entry], count=1)
-    scratch = without_binding(state, composition.id, binding.device)
+    scratch = _without(state, composition, binding)
     found = place(scratch, _single(composition, entry), composition.tenant, composition.host)
     if not isinstance(found, Placement):
         return None
@@ -143,7 +143,7 @@ def _replace(
             composition_id=composition.id, old_device=binding.device, binding=new, reason=why
         )
     )
-    return _with_circuits(state, composition, found, event)
+    return _with_circuits(state, composition, binding, found, event)
 
 
 def _single(composition: Composition, entry: DeviceRequest, device: str | None = None) -> Compose:
@@ -175,23 +175,46 @@ def _bandwidth_fits(state: DomainState, binding: DeviceBinding) -> bool:
     return True
 
 
+def _freed_circuits(
+    state: DomainState, composition: Composition, binding: DeviceBinding
+) -> list[CircuitRef]:
+    """Circuits only `binding` passes: no other path of its composition or of its host does."""
+    others = {
+        _key(c)
+        for comp in state.compositions.values()
+        if comp.host == composition.host
+        for b in comp.bindings
+        if not (comp.id == composition.id and b.device == binding.device)
+        for c in b.circuits
+    }
+    return [c for c in binding.circuits if _key(c) not in others]
+
+
+def _key(circuit: CircuitRef) -> tuple[str, int, int]:
+    return (circuit.ocs, circuit.a_port, circuit.b_port)
+
+
+def _without(state: DomainState, composition: Composition, binding: DeviceBinding) -> DomainState:
+    """`state` as if `binding` were gone, with the circuits only it passes: the search for its
+    new path may use those ports again (a reroute within one OCS usually must)."""
+    scratch = without_binding(state, composition.id, binding.device)
+    for c in _freed_circuits(state, composition, binding):
+        gone = CircuitRemoved(ocs=c.ocs, a_port=c.a_port, b_port=c.b_port, host=composition.host)
+        scratch = evolve(scratch, gone)
+    return scratch
+
+
 def _with_circuits(
-    state: DomainState, composition: Composition, found: Placement, event: Event
+    state: DomainState,
+    composition: Composition,
+    old: DeviceBinding,
+    found: Placement,
+    event: Event,
 ) -> list[Event]:
-    """New circuits before the move, circuits left unused by the old path after it."""
-    created: list[Event] = [
-        CircuitCreated(
-            ocs=c.ocs,
-            a_port=c.a_port,
-            b_port=c.b_port,
-            host=composition.host,
-            composition_id=composition.id,
-        )
-        for c in found.new_circuits
-    ]
-    after = reduce(evolve, [*created, event], state)
-    moved = after.compositions[composition.id]
-    still = {(c.ocs, c.a_port, c.b_port) for b in moved.bindings for c in b.circuits}
+    """Circuits only the old path passed come down first (freeing their ports), then the new
+    path's circuits go up, then the binding moves. A circuit both paths pass stays."""
+    freed = {_key(c): c for c in _freed_circuits(state, composition, old)}
+    new = {_key(c): c for c in found.new_circuits}
     removed: list[Event] = [
         CircuitRemoved(
             ocs=c.ocs,
@@ -201,7 +224,18 @@ def _with_circuits(
             reason="unused after repair",
             composition_id=composition.id,
         )
-        for c in unused_circuits(after, composition)
-        if (c.ocs, c.a_port, c.b_port) not in still
+        for k, c in sorted(freed.items())
+        if k not in new
     ]
-    return [*created, event, *removed]
+    created: list[Event] = [
+        CircuitCreated(
+            ocs=c.ocs,
+            a_port=c.a_port,
+            b_port=c.b_port,
+            host=composition.host,
+            composition_id=composition.id,
+        )
+        for k, c in sorted(new.items())
+        if k not in freed
+    ]
+    return [*removed, *created, event]

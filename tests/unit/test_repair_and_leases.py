@@ -137,3 +137,23 @@ def test_a_repaired_history_replays_to_the_same_state() -> None:
     replayed = reduce(evolve, [*composed_events, *fault_events], base)
 
     assert msgspec.json.encode(replayed) == msgspec.json.encode(live)
+
+
+def test_a_reroute_inside_one_ocs_frees_the_old_circuit_before_making_the_new() -> None:
+    """h - sw = ocs (uplinks on ports 0 and 4) - g (port 1): the circuit 0-1 holds port 1,
+    which the new path needs too, so the old circuit comes down first."""
+    b = FabricBuilder().host("h").switch("sw").ocs("o").gpu("g")
+    b.link("h", "sw", id="l-h").link("sw", "o", id="l-up", b_port=0)
+    b.link("sw", "o", id="l-up2", b_port=4).link("o", "g", id="l-g", a_port=1)
+    state, result = composed(b.state(), "t", host="h", device_ids=["g"])
+    [old] = state.compositions[result.composition_id].bindings[0].circuits
+    up = "l-up" if old.a_port == 0 else "l-up2"
+
+    events, _ = report_fault(state, up)
+
+    kinds = [type(e).__name__ for e in events[2:]]
+    assert kinds == ["CircuitRemoved", "CircuitCreated", "PathRerouted", "CompositionActivated"]
+    after = apply(state, events)
+    [moved] = after.compositions[result.composition_id].bindings
+    assert up not in moved.links and moved.circuits[0] != old
+    assert sorted(after.circuits) == [f"o:{p}" for p in sorted((1, 4 - old.a_port))]
