@@ -1,0 +1,251 @@
+"""The compose saga over real NATS and Postgres, against a simulated fabric that can fail.
+
+After every step the simulated hardware is compared with the log: what the fabric holds must
+be exactly what the live compositions need, whatever failed on the way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest_asyncio
+from fabrics import expect_error, expect_ok, fabric
+from harness import Harness, serving
+
+from adapters.fabric_sim import SimulatedFabric
+from engine.fabric_plan import reconcile
+from engine.ports import FabricCircuit
+
+DOMAIN = "hall-1"
+DEADLINE = 0.5  # seconds a saga may take before it is abandoned and undone
+A100 = {"host": "host-01", "devices": [{"kind": "gpu", "models": ["A100"]}]}  # over ocs 0-2
+CIRCUIT = FabricCircuit(ocs="ocs-1", a_port=0, b_port=2)
+
+
+@pytest_asyncio.fixture
+async def sim() -> SimulatedFabric:
+    return SimulatedFabric(seed=7)
+
+
+@pytest_asyncio.fixture
+async def h(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, sim: SimulatedFabric
+) -> AsyncIterator[Harness]:
+    async with serving(
+        nats_url, database_url, pg_schema, subject_prefix, fabric=sim, saga_deadline=DEADLINE
+    ) as harness:
+        expect_ok(await harness.client.admin(DOMAIN, "import-topology", fabric()))
+        yield harness
+
+
+async def compose(h: Harness, body: dict[str, Any], tenant: str = "acme") -> dict[str, Any]:
+    return await h.client.intent(DOMAIN, tenant, "compose", body)
+
+
+async def in_step(h: Harness, sim: SimulatedFabric) -> tuple[list[FabricCircuit], list[str]]:
+    """Wait until the fabric follows the log, check it does, and say what it holds:
+    (circuits, "device@host" bindings)."""
+    sync = h.engine.fabric_sync(DOMAIN)
+    assert sync is not None
+    await asyncio.wait_for(sync.wait_idle(), 5)
+    held = await sim.snapshot(DOMAIN)
+    state = h.engine.state(DOMAIN)
+    assert state is not None
+    plan = reconcile(held, state)
+    assert plan.in_step and not plan.pending, plan
+    return held.circuits, [f"{b.device}@{b.host}" for b in held.bindings]
+
+
+async def types_of(h: Harness) -> list[str]:
+    return [e.type async for e in h.store.read(DOMAIN)]
+
+
+async def free_gpus(h: Harness) -> list[str]:
+    reply = await h.client.query(DOMAIN, "free", {"kind": "gpu"})
+    return sorted(d["id"] for d in expect_ok(reply)["devices"])
+
+
+async def test_compose_programs_the_circuit_and_the_binding_then_answers_active(
+    h: Harness, sim: SimulatedFabric
+) -> None:
+    result = expect_ok(await compose(h, A100))
+
+    assert result["state"] == "active"
+    assert await in_step(h, sim) == ([CIRCUIT], ["gpu-02@host-01"])
+    # Reserved first, programmed after, then established: the log tells the saga in order.
+    assert (await types_of(h))[-5:] == [
+        "CompositionRequested",
+        "CircuitCreated",
+        "DevicesReserved",
+        "PathEstablished",
+        "CompositionActivated",
+    ]
+    ops = [op for op, _, _ in sim.calls if op != "snapshot"]
+    assert ops == ["create_circuit", "bind"]
+
+
+async def test_a_driver_error_undoes_the_saga_and_the_reply_says_what_failed(
+    h: Harness, sim: SimulatedFabric
+) -> None:
+    sim.fail_next("bind", "gpu-02")
+
+    error = expect_error(await compose(h, A100), "unavailable")
+
+    assert error["details"]["step"] == "bind"
+    assert error["details"]["target"] == "gpu-02"
+    assert "gpu-02" in error["message"] and "rolled back" in error["message"]
+    assert (await types_of(h))[-2:] == ["CompositionFailed", "CircuitRemoved"]
+    # The circuit it had created is gone again and nothing stays reserved.
+    assert await in_step(h, sim) == ([], [])
+    assert await free_gpus(h) == ["gpu-01", "gpu-02"]
+    assert expect_ok(await compose(h, A100))["state"] == "active"
+
+
+async def test_a_lost_reply_is_undone_too(h: Harness, sim: SimulatedFabric) -> None:
+    """The controller applied the bind but its answer never came: undo must not trust the
+    error to mean 'nothing happened'."""
+    sim.fail_next("bind", applied=True)
+
+    expect_error(await compose(h, A100), "unavailable")
+
+    assert await in_step(h, sim) == ([], [])
+
+
+async def test_a_hung_operation_is_abandoned_at_the_deadline_and_undone(
+    h: Harness, sim: SimulatedFabric
+) -> None:
+    sim.hang_next("bind", applied=True)
+
+    error = expect_error(await compose(h, A100), "unavailable")
+
+    assert error["details"]["step"] == "bind"
+    assert f"no answer within {DEADLINE:g}s" in error["details"]["error"]
+    assert await in_step(h, sim) == ([], [])
+    assert await free_gpus(h) == ["gpu-01", "gpu-02"]
+
+
+async def test_a_failed_circuit_fails_the_composition_before_any_binding(
+    h: Harness, sim: SimulatedFabric
+) -> None:
+    sim.fail_next("create_circuit", "ocs-1")
+
+    error = expect_error(await compose(h, A100), "unavailable")
+
+    assert (error["details"]["step"], error["details"]["target"]) == ("create_circuit", "ocs-1:0-2")
+    assert not any(op == "bind" for op, _, _ in sim.calls)
+    assert await in_step(h, sim) == ([], [])
+
+
+async def test_a_resend_during_the_saga_gets_the_same_settled_answer(
+    h: Harness, sim: SimulatedFabric
+) -> None:
+    sim.hang_next("bind")
+    body = {**A100, "request_id": "r-twice"}
+
+    first, again = await asyncio.gather(compose(h, body), _after(0.1, compose(h, body)))
+
+    assert expect_error(first, "unavailable") == expect_error(again, "unavailable")
+    later = await compose(h, body)
+    assert later == first  # error replies carry no replayed flag; the answer is the same
+    assert (await types_of(h)).count("CompositionFailed") == 1
+
+
+async def test_a_resend_after_success_replays_the_active_answer(
+    h: Harness, sim: SimulatedFabric
+) -> None:
+    body = {**A100, "request_id": "r-once"}
+    first = await compose(h, body)
+
+    again = await compose(h, body)
+
+    assert again["replayed"] is True and first["replayed"] is False
+    assert again["result"] == first["result"] and again["position"] == first["position"]
+
+
+async def test_release_and_expiry_take_the_paths_off_the_hardware(
+    h: Harness, sim: SimulatedFabric
+) -> None:
+    cid = expect_ok(await compose(h, A100))["composition_id"]
+    await in_step(h, sim)
+
+    reply = await h.client.intent(DOMAIN, "acme", "release", {"composition_id": cid})
+
+    expect_ok(reply)
+    assert await in_step(h, sim) == ([], [])
+    unbound = [args[0] for op, _, args in sim.calls if op == "unbind"]
+    assert [(b.device, b.composition_id) for b in unbound] == [("gpu-02", cid)]
+
+
+async def test_a_reroute_moves_the_binding_to_the_new_path_on_the_hardware(
+    h: Harness, sim: SimulatedFabric
+) -> None:
+    """gpu-01 hangs off ocs-1 port 1; losing sw-1's uplink leaves no other path, but a
+    second uplink on port 4 gives the reroute somewhere to go."""
+    expect_ok(
+        await h.client.admin(
+            DOMAIN,
+            "add-link",
+            {
+                "link": {
+                    "id": "l-uplink-2",
+                    "a": "sw-1",
+                    "b": "ocs-1",
+                    "b_port": 4,
+                    "capacity_gbps": 256,
+                }
+            },
+        )
+    )
+    expect_ok(await compose(h, {"host": "host-01", "device_ids": ["gpu-01"]}))
+    [before], _ = await in_step(h, sim)
+    used, spare = ("l-uplink", 4) if before.a_port == 0 else ("l-uplink-2", 0)
+
+    fault = {"component": used, "state": "failed", "detail": "los"}
+    expect_ok(await h.client.admin(DOMAIN, "report-fault", fault))
+
+    circuits, bindings = await in_step(h, sim)
+    assert circuits == [FabricCircuit(ocs="ocs-1", a_port=min(1, spare), b_port=max(1, spare))]
+    assert bindings == ["gpu-01@host-01"]
+    assert "PathRerouted" in await types_of(h)
+
+
+async def test_a_pending_composition_cannot_be_released(h: Harness, sim: SimulatedFabric) -> None:
+    sim.hang_next("bind")
+    composing = asyncio.create_task(compose(h, A100))
+    state = None
+    for _ in range(100):
+        state = h.engine.state(DOMAIN)
+        if state is not None and state.compositions:
+            break
+        await asyncio.sleep(0.01)
+    assert state is not None
+    [cid] = state.compositions
+
+    reply = await h.client.intent(DOMAIN, "acme", "release", {"composition_id": cid})
+
+    assert "being established" in expect_error(reply, "conflict")["message"]
+    expect_error(await composing, "unavailable")
+
+
+async def test_what_could_not_be_undone_at_once_is_removed_by_a_later_pass(
+    h: Harness, sim: SimulatedFabric
+) -> None:
+    """The bind fails after taking effect and the device's controller then refuses the undo:
+    the log says failed at once, and the hardware follows once the controller is back."""
+    sim.fail_next("bind", applied=True)
+    sim.fail_next("unbind", times=1)
+
+    expect_error(await compose(h, A100), "unavailable")
+
+    sync = h.engine.fabric_sync(DOMAIN)
+    assert sync is not None
+    await asyncio.wait_for(sync.wait_idle(), 5)
+    assert await in_step(h, sim) == ([], [])
+    assert sim.pending_faults == 0
+
+
+async def _after(seconds: float, work: Any) -> Any:
+    await asyncio.sleep(seconds)
+    return await work
