@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from functools import reduce
+from typing import NamedTuple
 
 import msgspec
 
@@ -30,6 +31,7 @@ from engine.events import (
     PathRerouted,
     TopologyImported,
 )
+from engine.ids import split_ref
 from engine.intents import (
     AddLink,
     AddNode,
@@ -48,7 +50,7 @@ from engine.intents import (
 from engine.model import LinkSpec, NodeSpec
 from engine.repair import impair_and_repair, repair, retry_impaired
 from engine.settle import establish, fail
-from engine.state import DomainState, evolve
+from engine.state import DomainState, evolve, resolve_ref
 
 
 class ImportResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -62,8 +64,9 @@ class ImportResult(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ComponentResult(msgspec.Struct, frozen=True, kw_only=True):
-    component: str
+    component: str  # as asked: a node or link id, or an OCS port ("ocs-1:3")
     changed: bool
+    link: str | None = None  # the cable an OCS port resolved to (the link that got the mark)
     health: str = "healthy"
     drained: bool = False
     removed: list[str] = []
@@ -96,23 +99,29 @@ def decide(state: DomainState, intent: msgspec.Struct, ctx: Context) -> Decision
             return Decision([LinkAdded(link=link, reason=reason)], _component_result(link.id))
         case Remove():
             return _remove(state, intent)
-        case Drain(id=cid, reason=reason, force=force):
-            drained = ComponentDrained(component=cid, reason=reason)
-            decision = _mark(state, cid, "drained", True, drained)
-            why = f"{cid} drained" + (f": {reason}" if reason else "")
+        case Drain(id=ref, reason=reason, force=force):
+            target = _Target.of(state, ref)
+            cid = target.component
+            drained = ComponentDrained(component=cid, reason=target.note(reason))
+            decision = _mark(state, target, "drained", True, drained)
+            why = f"{target.name} drained" + (f": {reason}" if reason else "")
             return _then(state, decision, lambda after: _move_off(after, cid, why, force))
-        case Undrain(id=cid, reason=reason):
-            undrained = ComponentUndrained(component=cid, reason=reason)
-            decision = _mark(state, cid, "drained", False, undrained)
-            return _then(state, decision, lambda after: retry_impaired(after, f"{cid} undrained"))
-        case ReportFault(component=cid, state=health, detail=detail):
+        case Undrain(id=ref, reason=reason):
+            target = _Target.of(state, ref)
+            undrained = ComponentUndrained(component=target.component, reason=target.note(reason))
+            decision = _mark(state, target, "drained", False, undrained)
+            why = f"{target.name} undrained"
+            return _then(state, decision, lambda after: retry_impaired(after, why))
+        case ReportFault(component=ref, state=health, detail=detail):
+            target = _Target.of(state, ref)
+            cid, note = target.component, target.note(detail)
             event: Event = (
-                ComponentRecovered(component=cid, detail=detail)
+                ComponentRecovered(component=cid, detail=note)
                 if health == "healthy"
-                else ComponentFaulted(component=cid, state=health, detail=detail)
+                else ComponentFaulted(component=cid, state=health, detail=note)
             )
-            decision = _mark(state, cid, "health", health, event)
-            why = f"{cid} {health}" + (f": {detail}" if detail else "")
+            decision = _mark(state, target, "health", health, event)
+            why = f"{target.name} {health}" + (f": {detail}" if detail else "")
             return _then(state, decision, lambda after: _after_health(after, cid, health, why))
         case ExpireLeases():
             return expire_leases(state, ctx)
@@ -177,15 +186,43 @@ def _remove(state: DomainState, intent: Remove) -> Decision:
     raise IntentRejected("not_found", f"no node or link {cid!r}", {"id": cid})
 
 
-def _mark(state: DomainState, cid: str, field: str, value: object, event: Event) -> Decision:
+class _Target(NamedTuple):
+    """What a drain, undrain or fault report marks: the node or link named, or for an OCS port
+    the cable on it (recorded on the link, so every consumer of link health sees it as is)."""
+
+    ref: str  # as asked: "l-7" or "ocs-1:3"
+    component: str  # the node or link that gets the mark
+    name: str  # how reasons name it: the id, or "ocs-1 port 3"
+
+    @classmethod
+    def of(cls, state: DomainState, ref: str) -> _Target:
+        component = resolve_ref(state, ref)
+        if component == ref:
+            return cls(ref, component, ref)
+        ocs, port = split_ref(ref)
+        return cls(ref, component, f"{ocs} port {port}")
+
+    def note(self, text: str) -> str:
+        """The event's detail or reason; on a port's cable it says which port was reported."""
+        if self.ref == self.component:
+            return text
+        return f"{self.name}: {text}" if text else self.name
+
+
+def _mark(state: DomainState, target: _Target, field: str, value: object, event: Event) -> Decision:
     """Drain, undrain and health reports: idempotent, so a repeated report records nothing."""
+    cid = target.component
     component = state.component(cid)
     if component is None:
         raise IntentRejected("not_found", f"no node or link {cid!r}", {"id": cid})
     changed = getattr(component, field) != value
     after = msgspec.structs.replace(component, **{field: value}) if changed else component
     result = ComponentResult(
-        component=cid, changed=changed, health=after.health, drained=after.drained
+        component=target.ref,
+        link=None if cid == target.ref else cid,
+        changed=changed,
+        health=after.health,
+        drained=after.drained,
     )
     return Decision([event] if changed else [], result)
 

@@ -18,6 +18,10 @@ _ID_RE = re.compile(ID_PATTERN)
 PLAIN_TEXT = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*$"
 
 Id = Annotated[str, msgspec.Meta(pattern=ID_PATTERN)]
+# What an operator may point at: a node or link id, or `<ocs id>:<port>` for one port of an OCS.
+# A port is written without leading zeros, so each port has exactly one spelling.
+COMPONENT_REF_PATTERN = r"^[A-Za-z0-9_-]{1,64}(:(0|[1-9][0-9]{0,4}))?$"
+ComponentRef = Annotated[str, msgspec.Meta(pattern=COMPONENT_REF_PATTERN)]
 # Request ids are opaque client tokens (often uuids); they never become subject tokens.
 RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=PLAIN_TEXT)]
 Label = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=PLAIN_TEXT)]
@@ -28,3 +32,9 @@ Text = Annotated[str, msgspec.Meta(max_length=2048, pattern=PLAIN_TEXT)]
 def is_valid_id(value: str) -> bool:
     """True when `value` may be used as a domain, tenant, node or composition id."""
     return bool(_ID_RE.match(value))
+
+
+def split_ref(ref: str) -> tuple[str, int | None]:
+    """Split a ComponentRef: `"ocs-1:3"` -> `("ocs-1", 3)`, a plain id -> `(id, None)`."""
+    node, colon, port = ref.partition(":")
+    return (node, int(port)) if colon else (ref, None)

@@ -10,7 +10,16 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from engine.ids import ID_PATTERN, PLAIN_TEXT, Id, Labels, RequestId, Text
+from engine.ids import (
+    COMPONENT_REF_PATTERN,
+    ID_PATTERN,
+    PLAIN_TEXT,
+    ComponentRef,
+    Id,
+    Labels,
+    RequestId,
+    Text,
+)
 from engine.model import DeviceKind, LinkSpec, Name, NodeSpec, NonNegFloat, PositiveFloat
 
 MAX_BODY_BYTES = 1024 * 1024
@@ -53,18 +62,18 @@ class Remove(Intent):
 
 
 class Drain(Intent):
-    id: Id
+    id: ComponentRef  # an OCS port (`ocs-1:3`) drains the cable on it
     reason: Text = ""
     force: bool = False
 
 
 class Undrain(Intent):
-    id: Id
+    id: ComponentRef
     reason: Text = ""
 
 
 class ReportFault(Intent):
-    component: Id
+    component: ComponentRef  # an OCS port (`ocs-1:3`) is recorded on the cable on it
     state: Literal["failed", "degraded", "healthy"]
     detail: Text = ""
 
@@ -173,7 +182,7 @@ class FreeQuery(Query):
 
 
 class BlastRadiusQuery(Query):
-    id: Id
+    id: ComponentRef
 
 
 INTENTS: dict[tuple[Family, str], type[msgspec.Struct]] = {
@@ -228,6 +237,9 @@ def decode_intent(family: Family, verb: str, body: bytes) -> msgspec.Struct:
 _PATTERN_WORDS = {
     f"Expected `str` matching regex {ID_PATTERN!r}": (
         "Expected an id (1-64 letters, digits, '_' or '-')"
+    ),
+    f"Expected `str` matching regex {COMPONENT_REF_PATTERN!r}": (
+        "Expected an id (1-64 letters, digits, '_' or '-'), or `<ocs id>:<port>` for one port"
     ),
     f"Expected `str` matching regex {PLAIN_TEXT!r}": "Expected text without control characters",
 }

@@ -13,7 +13,7 @@ import msgspec
 
 from engine.errors import IntentRejected
 from engine.intents import BlastRadiusQuery, FreeQuery, TopologyQuery
-from engine.state import DomainState, LinkState, NodeState, usable
+from engine.state import DomainState, LinkState, NodeState, resolve_ref, usable
 
 STATE_QUERIES = ("topology", "free", "blast-radius")
 
@@ -71,12 +71,16 @@ def free(state: DomainState, kind: str | None) -> dict[str, Any]:
     return {"devices": devices}
 
 
-def blast_radius(state: DomainState, component: str) -> dict[str, Any]:
-    """What a failure of `component` would hit, without changing anything."""
+def blast_radius(state: DomainState, ref: str) -> dict[str, Any]:
+    """What a failure of `ref` (a node, a link, or an OCS port: its cable) would hit, without
+    changing anything."""
+    component = resolve_ref(state, ref)
     if state.component(component) is None:
         raise IntentRejected("not_found", f"no node or link {component!r}", {"id": component})
     hit = [c for _, c in sorted(state.compositions.items()) if c.uses(component)]
+    port: dict[str, Any] = {} if component == ref else {"link": component}
     return {
+        **port,
         "compositions": [
             {
                 "composition_id": c.id,

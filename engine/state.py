@@ -11,6 +11,7 @@ from typing import Literal
 
 import msgspec
 
+from engine.errors import IntentRejected
 from engine.events import (
     CircuitCreated,
     CircuitRemoved,
@@ -34,6 +35,7 @@ from engine.events import (
     PathRerouted,
     TopologyImported,
 )
+from engine.ids import split_ref
 from engine.intents import Compose
 from engine.model import Health, LinkSpec, NodeSpec
 
@@ -113,6 +115,39 @@ class DomainState(msgspec.Struct, frozen=True, kw_only=True):
 
     def component(self, component_id: str) -> Component | None:
         return self.nodes.get(component_id) or self.links.get(component_id)
+
+
+def resolve_ref(state: DomainState, ref: str) -> str:
+    """The node or link a ComponentRef names: a plain id as it is (callers check that it exists);
+    `<ocs>:<port>` the link cabled to that port. One cable per OCS port, so the port and its
+    cable are one light path: a fault on either is a fault of both.
+
+    Raises:
+        IntentRejected: `not_found` when the OCS does not exist, is no OCS, has no such port, or
+            nothing is cabled to the port.
+    """
+    ocs, port = split_ref(ref)
+    if port is None:
+        return ref
+    details = {"id": ref, "ocs": ocs, "port": port}
+    node = state.nodes.get(ocs)
+    if node is None or node.spec.kind != "ocs":
+        what = "no node" if node is None else f"a {node.spec.kind}, not an ocs"
+        raise IntentRejected("not_found", f"{ocs!r} is {what}, so {ref!r} names no port", details)
+    ports = node.spec.ports or 0
+    if port >= ports:
+        raise IntentRejected(
+            "not_found",
+            f"{ocs} has {ports} ports (0-{ports - 1}); there is no port {port}",
+            details,
+        )
+    # A scan, not an index: faults and blast-radius queries are rare next to compositions, and
+    # an index would be one more map every topology event has to keep right.
+    for link_id, link in state.links.items():
+        spec = link.spec
+        if (spec.a, spec.a_port) == (ocs, port) or (spec.b, spec.b_port) == (ocs, port):
+            return link_id
+    raise IntentRejected("not_found", f"port {port} of {ocs} has no cable", details)
 
 
 def usable(component: Component) -> bool:

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from engine.intents import MAX_BODY_BYTES, Drain, ImportTopology, InvalidIntent, decode_intent
+from engine.intents import (
+    MAX_BODY_BYTES,
+    BlastRadiusQuery,
+    Drain,
+    Family,
+    ImportTopology,
+    InvalidIntent,
+    decode_intent,
+)
 
 
 def test_decodes_a_valid_import() -> None:
@@ -66,3 +74,38 @@ def test_drain_defaults() -> None:
     assert decode_intent("admin", "drain", b'{"request_id": "r", "id": "x"}') == Drain(
         request_id="r", id="x"
     )
+
+
+@pytest.mark.parametrize(
+    ("verb", "field"),
+    [("report-fault", "component"), ("drain", "id"), ("undrain", "id")],
+)
+def test_admin_marks_accept_an_ocs_port_as_ocs_colon_port(verb: str, field: str) -> None:
+    extra = ', "state": "failed"' if verb == "report-fault" else ""
+    body = f'{{"request_id": "r", "{field}": "ocs-1:3"{extra}}}'.encode()
+    assert getattr(decode_intent("admin", verb, body), field) == "ocs-1:3"
+    assert decode_intent("query", "blast-radius", b'{"id": "ocs-1:0"}') == BlastRadiusQuery(
+        id="ocs-1:0"
+    )
+
+
+@pytest.mark.parametrize("ref", ["ocs-1:x", "ocs-1:", ":3", "ocs-1:03", "ocs-1:3:4", "ocs-1:-1"])
+def test_rejects_malformed_port_references_with_a_readable_reason(ref: str) -> None:
+    body = f'{{"request_id": "r", "component": "{ref}", "state": "failed"}}'.encode()
+    with pytest.raises(InvalidIntent, match="or `<ocs id>:<port>`"):
+        decode_intent("admin", "report-fault", body)
+    with pytest.raises(InvalidIntent, match="or `<ocs id>:<port>`"):
+        decode_intent("query", "blast-radius", f'{{"id": "{ref}"}}'.encode())
+
+
+@pytest.mark.parametrize(
+    ("family", "verb", "body"),
+    [
+        ("admin", "remove", b'{"request_id": "r", "id": "ocs-1:3"}'),
+        ("query", "why", b'{"id": "ocs-1:3"}'),
+    ],
+)
+def test_remove_and_why_still_take_plain_ids_only(family: Family, verb: str, body: bytes) -> None:
+    with pytest.raises(InvalidIntent, match="Expected an id") as err:
+        decode_intent(family, verb, body)
+    assert "<ocs id>" not in str(err.value)
