@@ -69,6 +69,8 @@ def impair_and_repair(state: DomainState, component: str, why: str) -> list[Even
         composition = state.compositions[cid]
         if composition.state == "pending" or not composition.uses(component):
             continue  # a pending one is checked when it is established
+        if component in composition.impaired_by:
+            continue  # failed -> degraded (or back): it was unusable and still is; nothing new
         impaired = CompositionImpaired(composition_id=cid, component=component, reason=why)
         state = evolve(state, impaired)
         mended = repair(state, state.compositions[cid], why)

@@ -19,6 +19,7 @@ from unit.fabric_builder import (
 from engine.errors import IntentRejected
 from engine.events import (
     CircuitRemoved,
+    ComponentFaulted,
     CompositionActivated,
     CompositionImpaired,
     CompositionReleased,
@@ -88,6 +89,17 @@ def test_without_a_way_around_the_composition_stays_impaired_until_recovery() ->
 
     assert [type(e) for e in events[1:]] == [CompositionActivated]
     assert apply(state, events).compositions[result.composition_id].state == "active"
+
+
+def test_a_new_fault_state_on_a_component_that_already_impaired_it_records_only_the_mark() -> None:
+    state, result = composed(one_path_each(), "t", host="h", devices=[GPU])
+    state = apply(state, report_fault(state, "l-h")[0])
+
+    events, outcome = report_fault(state, "l-h", "degraded")
+
+    assert [type(e) for e in events] == [ComponentFaulted]
+    assert outcome.compositions == [] and outcome.impaired == []
+    assert apply(state, events).compositions[result.composition_id].impaired_by == ["l-h"]
 
 
 def test_a_drain_moves_compositions_off_the_component_first() -> None:
