@@ -178,6 +178,19 @@ async def test_release_and_expiry_take_the_paths_off_the_hardware(
     assert [(b.device, b.composition_id) for b in unbound] == [("gpu-02", cid)]
 
 
+async def test_an_expired_lease_takes_the_paths_off_the_hardware(
+    h: Harness, sim: SimulatedFabric
+) -> None:
+    expect_ok(await compose(h, {**A100, "lease_seconds": 1}))
+    assert (await in_step(h, sim))[1] == ["gpu-02@host-01"]
+
+    await asyncio.sleep(1.1)  # the engine's clock is the system clock here; leases are seconds
+    (reply,) = await h.engine.expire_due_leases()
+
+    assert b'"expired":["c-' in reply
+    assert await in_step(h, sim) == ([], [])
+
+
 async def test_a_reroute_moves_the_binding_to_the_new_path_on_the_hardware(
     h: Harness, sim: SimulatedFabric
 ) -> None:
