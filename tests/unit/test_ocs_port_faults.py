@@ -68,9 +68,9 @@ def test_a_failed_ocs_port_impairs_the_composition_on_its_cable_and_routes_aroun
     )
     assert [type(e) for e in events[1:]] == [
         CompositionImpaired,
+        CircuitRemoved,  # the old light path first: its ports may be needed again
         CircuitCreated,
         PathRerouted,
-        CircuitRemoved,
         CompositionActivated,
     ]
     impaired, rerouted = events[1], events[3]
