@@ -14,6 +14,7 @@ from typing import Any
 
 from adapters.bootstrap import connect_nats, running_engine
 from adapters.client import TrellisClient
+from adapters.fabric_sim import SimulatedFabric
 from adapters.render import (
     blast_radius_table,
     compose_summary,
@@ -27,6 +28,7 @@ from adapters.render import (
     why_text,
 )
 from adapters.settings import Settings
+from engine.ports import FabricDriver
 from engine.records import verify_chain
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "fabric.json"
@@ -113,7 +115,7 @@ async def session(client: TrellisClient, domain: str) -> None:
     print(f"{len(positions)} ok in {ms:.1f} ms, positions {positions[0]}..{positions[-1]}")
 
 
-async def compositions(client: TrellisClient, domain: str) -> None:
+async def compositions(client: TrellisClient, domain: str, fabric: FabricDriver) -> None:
     """A realistic mix over NATS: GPUs of several generations, memory slices, NICs; a refusal
     explained; a fault that impairs; and the answer to "what is connected to what, and why"."""
     say("acme composes a decode node: 2 GPUs (H100/H200), a 512 GiB CXL slice, a NIC")
@@ -184,6 +186,13 @@ async def compositions(client: TrellisClient, domain: str) -> None:
     print(shown(reply, release_summary))
     print(shown(await client.query(domain, "free", {"kind": "gpu"}), free_table))
 
+    if isinstance(fabric, SimulatedFabric):
+        say("the fabric controller refuses the next bind: the saga undoes what it programmed")
+        fabric.fail_next("bind", applied=True)  # it even took effect, then the answer was lost
+        retry = {"host": "host-03", "devices": [{"kind": "gpu"}], "reason": "batch job"}
+        print(shown(await client.intent(domain, "acme", "compose", retry), compose_summary))
+        print(await hardware_check(fabric, client, domain))
+
     say("a short lease: 2 seconds, then the engine's lease keeper ends it")
     short = {"host": "host-02", "devices": [{"kind": "nvme"}], "lease_seconds": 2}
     reply = await client.intent(domain, "initech", "compose", short)
@@ -193,6 +202,20 @@ async def compositions(client: TrellisClient, domain: str) -> None:
     reply = await client.query(domain, "composition", {"id": cid})
     print(f"composition {cid} is now {reply['result']['state']}")
     print(shown(await client.query(domain, "why", {"id": cid}), why_text))
+
+
+async def hardware_check(fabric: FabricDriver, client: TrellisClient, domain: str) -> str:
+    """What the (simulated) hardware holds, against what the log says it should."""
+    held = await fabric.snapshot(domain)
+    topology = (await client.query(domain, "topology"))["result"]
+    rows = (await client.query(domain, "connections"))["result"]["connections"]
+    logged_circuits = sorted((c["ocs"], c["a_port"], c["b_port"]) for c in topology["circuits"])
+    logged_bindings = sorted((r["device"], r["composition_id"]) for r in rows)
+    agree = logged_circuits == sorted((c.ocs, c.a_port, c.b_port) for c in held.circuits) and (
+        logged_bindings == sorted((b.device, b.composition_id) for b in held.bindings)
+    )
+    verdict = "agrees with the log" if agree else "DIFFERS from the log"
+    return f"hardware: {len(held.circuits)} circuits, {len(held.bindings)} bindings; {verdict}"
 
 
 async def show_log(running: Any, domain: str) -> None:
@@ -218,7 +241,7 @@ async def main() -> None:
         try:
             client = TrellisClient(nc, prefix=running.subject_prefix)
             await session(client, domain)
-            await compositions(client, domain)
+            await compositions(client, domain, running.fabric)
         finally:
             await nc.close()
         await show_log(running, domain)
