@@ -5,10 +5,12 @@ A FabricSync runs passes, one at a time, whenever something committed (and once 
 2. take away what the hardware holds and the log no longer does (released, failed, expired,
    rerouted), bindings before circuits, so ports and devices are free before anything new
    needs them; then program what settled compositions need and the hardware lacks (repairs);
-3. run the compose saga of every pending composition, concurrently, each within its deadline:
-   create its circuits, bind its devices. On an error or at the deadline, undo what it may have
-   programmed and settle it as failed; otherwise settle it as established. Settling is an
-   internal intent under `settle_request_id`, so it is recorded once, one way.
+3. start the compose saga of every pending composition that has none running. Sagas run on
+   their own, so one slow fabric call holds up nothing else; each, within its deadline,
+   creates its circuits and binds its devices. On an error or at the deadline it undoes what
+   it may have programmed and settles the composition as failed, otherwise as established.
+   Settling is an internal intent under `settle_request_id`, so it is recorded once, one way.
+   Passes leave everything of a pending composition alone.
 Every driver operation is idempotent and a pass starts from the log, so a pass that failed is
 simply run again after a backoff, and an engine that restarts finishes or undoes the sagas a
 crash interrupted with its first pass. Nothing here decides: the state says what to do.
@@ -57,6 +59,7 @@ class FabricSync:
         self._idle = asyncio.Event()  # set while the hardware is in step and nothing is due
         self._task: asyncio.Task[None] | None = None
         self._settled: dict[str, asyncio.Future[bytes]] = {}
+        self._sagas: dict[str, asyncio.Task[None]] = {}  # composition id -> its running saga
         self.passes = 0  # completed passes, for tests and metrics
 
     def kick(self) -> None:
@@ -67,12 +70,14 @@ class FabricSync:
             self._task = asyncio.create_task(self._run(), name=f"fabric-{self.domain}")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        tasks = [*self._sagas.values(), *([self._task] if self._task else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def wait_idle(self) -> None:
-        """Until a pass found the hardware in step with the log and nothing else is due."""
+        """Until a pass found the hardware in step with the log, no saga runs and nothing
+        else is due."""
         await self._idle.wait()
 
     def settlement(self, composition_id: str) -> asyncio.Future[bytes]:
@@ -89,7 +94,7 @@ class FabricSync:
             if backoff:
                 await asyncio.sleep(backoff)
                 self._wake.set()
-            elif not self._wake.is_set():
+            elif not (self._wake.is_set() or self._sagas):
                 self._idle.set()
             await self._wake.wait()
             self._wake.clear()
@@ -109,16 +114,31 @@ class FabricSync:
         ok &= await self._apply(plan.remove, "remove_circuit")
         ok &= await self._apply(plan.create, "create_circuit")
         ok &= await self._apply(plan.bind, "bind")
-        outcomes = await asyncio.gather(*(self._compose_saga(cid) for cid in plan.pending))
-        for cid, settlement in zip(plan.pending, outcomes, strict=True):
+        # Sagas run on their own: one slow fabric call must not hold up the rest of the domain.
+        for cid in plan.pending:
+            if cid not in self._sagas:
+                self._sagas[cid] = asyncio.create_task(self._saga(cid), name=f"saga-{cid}")
+        self.passes += 1
+        return ok
+
+    async def _saga(self, cid: str) -> None:
+        """Program one pending composition, settle it and tell whoever waits for it. If the
+        store could not record the settlement it stays pending and a later pass runs it again."""
+        try:
+            settlement = await self._compose_saga(cid)
             reply = await self._settle(self.domain, settlement)
             future = self._settled.pop(cid, None)
             if future is not None and not future.done():
                 future.set_result(reply)
             settled = self._state().compositions.get(cid)
-            ok &= settled is None or settled.state != "pending"  # else the store said no
-        self.passes += 1
-        return ok
+            if settled is not None and settled.state == "pending":
+                await asyncio.sleep(1.0)  # the store said no; give it a moment
+        except Exception:
+            log.exception("domain %s: saga of %s failed; a later pass retries", self.domain, cid)
+            await asyncio.sleep(1.0)
+        finally:
+            del self._sagas[cid]
+        self.kick()  # the settlement's commit wakes a pass too; this covers the failures
 
     async def _apply(self, items: list, op: str) -> bool:  # type: ignore[type-arg]
         """Run one kind of operation for every item; failures are logged and retried later."""

@@ -224,17 +224,25 @@ async def test_a_reroute_moves_the_binding_to_the_new_path_on_the_hardware(
     assert "PathRerouted" in await types_of(h)
 
 
+async def test_a_hung_saga_does_not_hold_up_the_rest_of_the_domain(
+    h: Harness, sim: SimulatedFabric
+) -> None:
+    sim.hang_next("bind", "gpu-02")
+    stuck = asyncio.create_task(compose(h, A100))
+    await _pending_composition(h)
+
+    other = await compose(h, {"host": "host-01", "device_ids": ["nic-01"]})
+
+    assert expect_ok(other)["state"] == "active"
+    assert not stuck.done()  # still within its deadline
+    expect_error(await stuck, "unavailable")
+    assert (await in_step(h, sim))[1] == ["nic-01@host-01"]
+
+
 async def test_a_pending_composition_cannot_be_released(h: Harness, sim: SimulatedFabric) -> None:
     sim.hang_next("bind")
     composing = asyncio.create_task(compose(h, A100))
-    state = None
-    for _ in range(100):
-        state = h.engine.state(DOMAIN)
-        if state is not None and state.compositions:
-            break
-        await asyncio.sleep(0.01)
-    assert state is not None
-    [cid] = state.compositions
+    cid = await _pending_composition(h)
 
     reply = await h.client.intent(DOMAIN, "acme", "release", {"composition_id": cid})
 
@@ -262,3 +270,16 @@ async def test_what_could_not_be_undone_at_once_is_removed_by_a_later_pass(
 async def _after(seconds: float, work: Any) -> Any:
     await asyncio.sleep(seconds)
     return await work
+
+
+async def _pending_composition(h: Harness) -> str:
+    """The id of the one composition pending in the domain, once there is one."""
+    for _ in range(200):
+        state = h.engine.state(DOMAIN)
+        pending = [
+            c for c, v in (state.compositions if state else {}).items() if v.state == "pending"
+        ]
+        if pending:
+            return pending[0]
+        await asyncio.sleep(0.01)
+    raise AssertionError("no composition became pending")
