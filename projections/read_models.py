@@ -310,11 +310,21 @@ def _composition_text(row: dict[str, Any]) -> str:
     )
     head = f"composition {cid} of tenant {row['tenant']}"
     since = iso(row["created_at"])
-    if row["state"] in ("released", "failed"):
-        until = row["chain"][-1]["time"] if row["chain"] else since
+    until = row["chain"][-1]["time"] if row["chain"] else since
+    if row["state"] == "released":
         return (
             f"{head} connected {row['host']} to {devices} from {since} until {until}, {why};"
-            f" it is {row['state']}."
+            " it is released."
+        )
+    if row["state"] == "failed":
+        return (
+            f"{head} was to connect {row['host']} to {devices}, {why}, but the fabric could"
+            f" not establish it and it failed at {until}; nothing of it is held."
+        )
+    if row["state"] == "pending":
+        return (
+            f"{head} is connecting {row['host']} to {devices} since {since}, {why}; the fabric"
+            " is being programmed."
         )
     impaired = _impaired_by(row)
     state = f"it is impaired by {impaired}" if impaired else f"it is {row['state']}"

@@ -97,6 +97,8 @@ async def test_a_driver_error_undoes_the_saga_and_the_reply_says_what_failed(
     assert error["details"]["target"] == "gpu-02"
     assert "gpu-02" in error["message"] and "rolled back" in error["message"]
     assert (await types_of(h))[-2:] == ["CompositionFailed", "CircuitRemoved"]
+    why = expect_ok(await h.client.query(DOMAIN, "why", {"id": error["details"]["composition_id"]}))
+    assert "could not establish it" in why["text"] and "nothing of it is held" in why["text"]
     # The circuit it had created is gone again and nothing stays reserved.
     assert await in_step(h, sim) == ([], [])
     assert await free_gpus(h) == ["gpu-01", "gpu-02"]
