@@ -6,14 +6,22 @@ circuit; a device is bound to at most one host), so a test can compare `snapshot
 the log and catch an engine that believes something the hardware would not hold. Jitter, random
 failures and random hangs come from one seeded `random.Random` and scripted faults fire in call
 order, so a run is reproducible from its seed and its sequence of calls.
+
+Given a `state_file`, what is programmed outlives the process, as real hardware outlives the
+engine that drives it: the file is read at construction and rewritten after every change, whole
+and atomically, so a crash at any moment leaves the last complete version. That is what lets a
+test kill the engine mid-saga and then compare the "hardware" with the log after a restart.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 from collections.abc import Callable, Collection, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
 
 import msgspec
@@ -40,6 +48,77 @@ class _Domain:
     # Keyed by (device, composition_id): a memory pool can carry one slice per composition.
     bindings: dict[tuple[str, str], FabricBinding] = field(default_factory=dict)
 
+    @classmethod
+    def holding(cls, snapshot: FabricSnapshot) -> _Domain:
+        domain = cls()
+        for c in snapshot.circuits:
+            domain.ports[(c.ocs, c.a_port)] = domain.ports[(c.ocs, c.b_port)] = c
+        for b in snapshot.bindings:
+            domain.bindings[(b.device, b.composition_id)] = b
+        return domain
+
+    def snapshot(self) -> FabricSnapshot:
+        """What it holds, in a stable order (the structs are frozen; paths are copied)."""
+        circuits = sorted(set(self.ports.values()), key=lambda c: (c.ocs, c.a_port, c.b_port))
+        bindings = sorted(
+            self.bindings.values(), key=lambda b: (b.host, b.device, b.composition_id)
+        )
+        return FabricSnapshot(
+            circuits=circuits,
+            bindings=[msgspec.structs.replace(b, path=list(b.path)) for b in bindings],
+        )
+
+
+STATE_FORMAT = 1  # bumped, with an upcast on read, if the file's layout ever has to change
+
+
+class SavedFabric(msgspec.Struct, frozen=True, kw_only=True):
+    """The state file: what the simulated hardware of every domain holds."""
+
+    format: int = STATE_FORMAT
+    domains: dict[str, FabricSnapshot] = {}
+
+
+_encode_saved = msgspec.json.Encoder().encode
+_decode_saved = msgspec.json.Decoder(SavedFabric).decode
+
+
+def read_state_file(path: Path) -> dict[str, FabricSnapshot] | None:
+    """What a state file says the simulated hardware holds, by domain; None if there is none.
+
+    Raises:
+        ValueError: The file exists but is not a simulated fabric's state file.
+    """
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        saved = _decode_saved(data)
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"{path} is not a simulated fabric state file: {exc}") from None
+    if saved.format != STATE_FORMAT:
+        raise ValueError(
+            f"{path} has state file format {saved.format}; this Trellis reads {STATE_FORMAT}"
+        )
+    return saved.domains
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` so that a reader, or a restart after a crash at any point,
+    finds either the old file or the new one, complete."""
+    temp = path.with_name(path.name + ".tmp")  # same directory: os.replace must not cross disks
+    with open(temp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())  # the bytes are on disk before the rename can be
+    os.replace(temp, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # and so is the rename
+    finally:
+        os.close(directory)
+
 
 @dataclass(eq=False)  # identity: two identical scripts are two separate faults
 class _Fault:
@@ -53,7 +132,8 @@ class _Fault:
 
 
 class SimulatedFabric:
-    """An in-memory FabricDriver with deterministic latency and fault injection.
+    """A FabricDriver without hardware, with deterministic latency and fault injection; what
+    it holds lives in memory, and in `state_file` when one is given.
 
     Args:
         seed: Seeds the one random generator behind jitter, failures and hangs.
@@ -68,6 +148,8 @@ class SimulatedFabric:
             predicate on the id. A binding of a memory slice (`capacity_gib` set) always may:
             a pooled CXL device serves slices to many hosts. Every other device is bound to at
             most one host.
+        state_file: Keep what is programmed in this JSON file (its directory is created): read
+            here, rewritten after every change. Without one the hardware lives in memory only.
     """
 
     def __init__(
@@ -79,6 +161,7 @@ class SimulatedFabric:
         failure_rate: float = 0.0,
         hang_rate: float = 0.0,
         shared_devices: Collection[str] | Callable[[str], bool] = (),
+        state_file: Path | None = None,
     ) -> None:
         delays = latency.values() if isinstance(latency, Mapping) else [latency]
         if any(d < 0 for d in delays) or jitter < 0:
@@ -101,6 +184,15 @@ class SimulatedFabric:
         self._domains: dict[str, _Domain] = {}
         self._faults: list[_Fault] = []
         self._broken: set[str] = set()
+        self.state_file = state_file
+        self._saved = b""  # what the last write put in the state file
+        self._writer: ThreadPoolExecutor | None = None
+        if state_file is not None:
+            saved = read_state_file(state_file)
+            self._domains = {d: _Domain.holding(s) for d, s in (saved or {}).items()}
+            self._saved = self._encode()
+            state_file.parent.mkdir(parents=True, exist_ok=True)
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fabric-state")
 
     # -- the FabricDriver port ---------------------------------------------------------------
 
@@ -189,15 +281,7 @@ class SimulatedFabric:
         """What the simulated hardware of `domain` holds, in a stable order."""
 
         def apply() -> FabricSnapshot:
-            state = self._domains.get(domain) or _Domain()
-            circuits = sorted(set(state.ports.values()), key=lambda c: (c.ocs, c.a_port, c.b_port))
-            bindings = sorted(
-                state.bindings.values(), key=lambda b: (b.host, b.device, b.composition_id)
-            )
-            return FabricSnapshot(
-                circuits=circuits,
-                bindings=[msgspec.structs.replace(b, path=list(b.path)) for b in bindings],
-            )
+            return (self._domains.get(domain) or _Domain()).snapshot()
 
         return await self._operate("snapshot", domain, None, (), apply)
 
@@ -249,18 +333,38 @@ class SimulatedFabric:
         return sum(f.remaining for f in self._faults)
 
     def reset(self) -> None:
-        """Forget all programmed state, calls, scripted faults and broken components, and
-        reseed; the constructor's knobs stay."""
+        """Forget all programmed state (in the state file too), calls, scripted faults and
+        broken components, and reseed; the constructor's knobs stay."""
         self.calls.clear()
         self._rng = random.Random(self.seed)
         self._domains.clear()
         self._faults.clear()
         self._broken.clear()
+        if self.state_file is not None and self._writer is not None:
+            self._saved = self._encode()
+            self._writer.submit(_write_atomically, self.state_file, self._saved).result()
 
     # -- internals ---------------------------------------------------------------------------
 
     def _domain(self, domain: str) -> _Domain:
         return self._domains.setdefault(domain, _Domain())
+
+    def _encode(self) -> bytes:
+        held = {d: s for d, s in sorted(self._domains.items()) if s.ports or s.bindings}
+        return _encode_saved(SavedFabric(domains={d: s.snapshot() for d, s in held.items()}))
+
+    async def _save(self) -> None:
+        """Write the state file if a change made it stale; returns once it is on disk."""
+        if self.state_file is None or self._writer is None:
+            return
+        data = self._encode()
+        if data != self._saved:
+            self._saved = data
+            # One writer thread: the event loop never waits on fsync, and writes land in the
+            # order of the changes. Shielded, because a caller that gives up (the engine's
+            # deadline) must not unqueue the write of a change the "hardware" already made.
+            written = self._writer.submit(_write_atomically, self.state_file, data)
+            await asyncio.shield(asyncio.wrap_future(written))
 
     def _script(
         self,
@@ -318,6 +422,7 @@ class SimulatedFabric:
         if fault is not None:
             if fault.applied:
                 apply()
+                await self._save()
             if fault.kind == "hang":
                 await _forever()
             culprit = fault.component or primary
@@ -329,7 +434,10 @@ class SimulatedFabric:
             await _forever()
         if fail:
             raise FabricError(f"{op} in {domain}: random failure at {primary}", component=primary)
-        return apply()
+        result = apply()
+        if op in MUTATING_OPS:
+            await self._save()  # returning means "it holds now", and now includes after a crash
+        return result
 
 
 async def _forever() -> None:

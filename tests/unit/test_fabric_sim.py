@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
+from pathlib import Path
 
+import msgspec
 import pytest
 
-from adapters.fabric_sim import SimulatedFabric
+from adapters.fabric_sim import SimulatedFabric, read_state_file
 from engine.errors import FabricError
 from engine.ports import FabricBinding, FabricCircuit, FabricDriver, FabricSnapshot
 
@@ -514,3 +517,146 @@ async def test_reset_forgets_everything_but_the_knobs_and_replays_the_seed() -> 
     assert await fabric.snapshot(D) == FabricSnapshot(circuits=[], bindings=[])
     assert await outcomes(fabric, 12) == first
     assert fabric.failure_rate == 0.5
+
+
+# -- the state file ----------------------------------------------------------------------------
+
+
+class Crash(Exception):
+    """The process dies here."""
+
+
+def saved(path: Path) -> dict[str, FabricSnapshot]:
+    """What the state file holds (a new engine process would start from this)."""
+    held = read_state_file(path)
+    assert held is not None, f"no state file at {path}"
+    return held
+
+
+async def test_what_is_programmed_survives_in_a_new_instance_on_the_same_file(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "deep" / "fabric.json"
+    first = SimulatedFabric(state_file=path)
+    assert read_state_file(path) is None  # nothing changed yet, nothing written
+    slice_ = msgspec.structs.replace(binding(device="mem-1"), capacity_gib=64.0)
+    await first.create_circuit(D, circuit(1, 5))
+    await first.create_circuit(D, circuit(2, 6))
+    await first.remove_circuit(D, circuit(2, 6))
+    await first.bind(D, binding())
+    await first.bind(D, slice_)
+    await first.create_circuit("d2", circuit(3, 4, ocs="ocs-9"))
+
+    second = SimulatedFabric(state_file=path)
+    for domain in (D, "d2"):
+        assert await second.snapshot(domain) == await first.snapshot(domain)
+    assert (await second.snapshot(D)).bindings == [binding(), slice_]
+    # It holds them, not just lists them: the hardware's rules apply to what it loaded.
+    with pytest.raises(FabricError, match="port 5 is already in circuit 1-5"):
+        await second.create_circuit(D, circuit(5, 7))
+    with pytest.raises(FabricError, match="already bound to host host-1"):
+        await second.bind(D, binding(host="host-2", composition="c-2"))
+
+
+async def test_emptied_domains_leave_the_file_and_a_no_op_does_not_rewrite_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "fabric.json"
+    fabric = SimulatedFabric(state_file=path)
+    await fabric.create_circuit(D, circuit(1, 5))
+    await fabric.create_circuit("d2", circuit(1, 5))
+    await fabric.remove_circuit("d2", circuit(1, 5))
+    assert set(saved(path)) == {D}
+    replaced: list[object] = []
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda *a: replaced.append(a) or real_replace(*a))
+    await fabric.create_circuit(D, circuit(1, 5))  # already there: idempotent
+    await fabric.remove_circuit(D, circuit(3, 4))  # not there
+    await fabric.snapshot(D)
+    assert replaced == []
+
+
+async def test_a_crash_before_the_rename_leaves_the_previous_complete_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "fabric.json"
+    fabric = SimulatedFabric(state_file=path)
+    await fabric.create_circuit(D, circuit(1, 2))
+    before = path.read_bytes()
+
+    def crash(*args: object) -> None:
+        raise Crash
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(Crash):
+        await fabric.create_circuit(D, circuit(3, 4))
+    monkeypatch.undo()
+
+    assert path.read_bytes() == before
+    temp = path.with_name(path.name + ".tmp")
+    temp.write_bytes(temp.read_bytes()[:20])  # as if the crash had cut the temp file short
+    assert (await SimulatedFabric(state_file=path).snapshot(D)).circuits == [circuit(1, 2)]
+
+
+async def test_every_version_of_the_file_a_reader_can_see_is_complete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "fabric.json"
+    seen: list[int] = []
+    real_replace = os.replace
+
+    def checked_replace(src: str, dst: str) -> None:
+        # The moment before the switch: the old file and the new one are both whole.
+        for version in (Path(src), Path(dst)):
+            if version.exists():
+                saved(version)
+        real_replace(src, dst)
+        seen.append(sum(len(s.circuits) + len(s.bindings) for s in saved(path).values()))
+
+    monkeypatch.setattr(os, "replace", checked_replace)
+    fabric = SimulatedFabric(state_file=path)
+    await asyncio.gather(*(fabric.create_circuit(D, circuit(2 * i, 2 * i + 1)) for i in range(5)))
+    await fabric.bind(D, binding())
+    await fabric.unbind(D, binding())
+    assert seen == [1, 2, 3, 4, 5, 6, 5]  # one whole write per change, in the order of changes
+
+
+async def test_scripted_faults_that_took_effect_are_in_the_file_and_others_are_not(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "fabric.json"
+    fabric = SimulatedFabric(state_file=path)
+    fabric.fail_next("create_circuit", applied=True)
+    fabric.hang_next("bind", applied=True)
+    fabric.fail_next("bind", component="gpu-2")
+    fabric.hang_next("create_circuit")
+    with pytest.raises(FabricError):
+        await fabric.create_circuit(D, circuit(1, 2))
+    with pytest.raises(TimeoutError):  # long enough for the write before the hang to land
+        await asyncio.wait_for(fabric.bind(D, binding()), timeout=0.5)
+    with pytest.raises(FabricError):
+        await fabric.bind(D, binding(device="gpu-2", composition="c-2"))
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(fabric.create_circuit(D, circuit(3, 4)), timeout=0.05)
+    assert saved(path) == {D: FabricSnapshot(circuits=[circuit(1, 2)], bindings=[binding()])}
+
+
+async def test_reset_empties_the_state_file_too(tmp_path: Path) -> None:
+    path = tmp_path / "fabric.json"
+    fabric = SimulatedFabric(state_file=path)
+    await fabric.bind(D, binding())
+    fabric.reset()
+    assert saved(path) == {}
+    assert await SimulatedFabric(state_file=path).snapshot(D) == FabricSnapshot(
+        circuits=[], bindings=[]
+    )
+
+
+def test_a_file_that_is_no_state_file_is_refused_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "fabric.json"
+    path.write_text('{"domains": {"d1": {"circuits": [{"ocs": "ocs-1"}]}}}')
+    with pytest.raises(ValueError, match=f"{path} is not a simulated fabric state file"):
+        SimulatedFabric(state_file=path)
+    path.write_text('{"format": 7, "domains": {}}')
+    with pytest.raises(ValueError, match="format 7"):
+        read_state_file(path)
