@@ -11,6 +11,8 @@ Given a `state_file`, what is programmed outlives the process, as real hardware 
 engine that drives it: the file is read at construction and rewritten after every change, whole
 and atomically, so a crash at any moment leaves the last complete version. That is what lets a
 test kill the engine mid-saga and then compare the "hardware" with the log after a restart.
+Scripted faults (`fail_next`, `hang_next`) can also come from a one-line script
+(`parse_script`), which is how `trellis up` takes them from its environment.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -438,6 +441,61 @@ class SimulatedFabric:
         if op in MUTATING_OPS:
             await self._save()  # returning means "it holds now", and now includes after a crash
         return result
+
+
+class ScriptedFault(msgspec.Struct, frozen=True, kw_only=True):
+    """One `fail_next` or `hang_next`, as a script names it."""
+
+    kind: Literal["fail", "hang"]
+    op: str
+    component: str | None = None
+    times: int = 1
+    applied: bool = False
+
+    def arm(self, fabric: SimulatedFabric) -> None:
+        scripted = fabric.fail_next if self.kind == "fail" else fabric.hang_next
+        scripted(self.op, self.component, self.times, applied=self.applied)
+
+
+SCRIPT_SYNTAX = "KIND:OP[:COMPONENT][*TIMES][+applied], comma-separated; KIND is fail or hang"
+_SCRIPT_ITEM = re.compile(
+    r"(?P<kind>\w+):(?P<op>\w+)(?::(?P<component>[A-Za-z0-9_-]{1,64}))?"
+    r"(?:\*(?P<times>\d+))?(?P<applied>\+applied)?"
+)
+
+
+def parse_script(script: str) -> list[ScriptedFault]:
+    """Scripted faults from one line, in order: `hang:bind` (the next bind hangs),
+    `fail:create_circuit:ocs-1` (the next circuit on ocs-1 fails), `fail:bind*2` (the next two
+    binds), `hang:bind:gpu-01+applied` (binding gpu-01 takes effect, then the call hangs).
+
+    Raises:
+        ValueError: An item does not follow SCRIPT_SYNTAX or names no fabric operation.
+    """
+    faults = []
+    for item in (i.strip() for i in script.split(",")) if script.strip() else ():
+        match = _SCRIPT_ITEM.fullmatch(item)
+        if match is None:
+            raise ValueError(f"cannot read fault {item!r}: expected {SCRIPT_SYNTAX}")
+        kind, op, times = match["kind"], match["op"], int(match["times"] or 1)
+        if kind not in ("fail", "hang"):
+            raise ValueError(f"fault {item!r}: kind must be fail or hang, got {kind!r}")
+        if op not in FABRIC_OPS:
+            raise ValueError(f"fault {item!r}: {op!r} is no fabric operation; known: {FABRIC_OPS}")
+        if times < 1:
+            raise ValueError(f"fault {item!r}: times must be at least 1")
+        if match["applied"] and op == "snapshot":
+            raise ValueError(f"fault {item!r}: a snapshot changes nothing, so it cannot be applied")
+        faults.append(
+            ScriptedFault(
+                kind=kind,  # type: ignore[arg-type]  # checked above
+                op=op,
+                component=match["component"],
+                times=times,
+                applied=bool(match["applied"]),
+            )
+        )
+    return faults
 
 
 async def _forever() -> None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from pathlib import Path
 
 import msgspec
 import pytest
 
-from adapters.fabric_sim import SimulatedFabric, read_state_file
+from adapters.fabric_sim import ScriptedFault, SimulatedFabric, parse_script, read_state_file
 from engine.errors import FabricError
 from engine.ports import FabricBinding, FabricCircuit, FabricDriver, FabricSnapshot
 
@@ -660,3 +661,45 @@ def test_a_file_that_is_no_state_file_is_refused_naming_it(tmp_path: Path) -> No
     path.write_text('{"format": 7, "domains": {}}')
     with pytest.raises(ValueError, match="format 7"):
         read_state_file(path)
+
+
+# -- scripts -----------------------------------------------------------------------------------
+
+
+def test_a_script_lists_faults_in_order() -> None:
+    script = "hang:bind, fail:create_circuit:ocs-1,fail:bind*2,hang:unbind:gpu-01*3+applied"
+    assert parse_script(script) == [
+        ScriptedFault(kind="hang", op="bind"),
+        ScriptedFault(kind="fail", op="create_circuit", component="ocs-1"),
+        ScriptedFault(kind="fail", op="bind", times=2),
+        ScriptedFault(kind="hang", op="unbind", component="gpu-01", times=3, applied=True),
+    ]
+    assert parse_script("") == parse_script("  ") == []
+
+
+@pytest.mark.parametrize(
+    ("script", "complaint"),
+    [
+        ("hang", "cannot read fault 'hang': expected KIND:OP"),
+        ("hang:bind,", "cannot read fault ''"),
+        ("fail:bind:gpu 1", "cannot read fault"),
+        ("break:bind", "kind must be fail or hang"),
+        ("fail:bnid", "'bnid' is no fabric operation"),
+        ("fail:bind*0", "times must be at least 1"),
+        ("hang:snapshot+applied", "a snapshot changes nothing"),
+    ],
+)
+def test_a_script_that_cannot_be_read_is_refused_saying_why(script: str, complaint: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(complaint)):
+        parse_script(script)
+
+
+async def test_armed_script_faults_fire_like_scripted_ones(fabric: SimulatedFabric) -> None:
+    for fault in parse_script("fail:bind:gpu-2,hang:create_circuit+applied"):
+        fault.arm(fabric)
+    assert fabric.pending_faults == 2
+    await fabric.bind(D, binding())
+    assert await outcome(fabric, 2) == "gpu-2"
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(fabric.create_circuit(D, circuit(1, 2)), timeout=0.05)
+    assert (await fabric.snapshot(D)).circuits == [circuit(1, 2)]
