@@ -30,6 +30,7 @@ from projections import PostgresReadModels, ProjectionRunner
 log = logging.getLogger(__name__)
 
 ENDPOINTS_FILE = "endpoints.json"
+FABRIC_STATE_FILE = "fabric-sim.json"
 
 
 class RunningEngine(msgspec.Struct, kw_only=True):
@@ -153,12 +154,36 @@ async def running_engine(settings: Settings) -> AsyncIterator[RunningEngine]:
                 schema=settings.db_schema,
                 prefix=settings.subject_prefix,
                 domains=settings.domains,
+                fabric=fabric_from_settings(settings),
+                saga_deadline=settings.saga_deadline,
             )
         )
         endpoints = _write_endpoints(settings, nats_url, database_url)
         stack.callback(endpoints.unlink, missing_ok=True)
         log.info("engine serving %s on %s", settings.subject_prefix, nats_url)
         yield running
+
+
+def fabric_state_path(settings: Settings) -> Path:
+    """Where the simulated fabric keeps what it has programmed."""
+    return settings.fabric_state or (settings.data_dir or default_data_dir()) / FABRIC_STATE_FILE
+
+
+def fabric_from_settings(settings: Settings) -> FabricDriver:
+    """The fabric driver `settings` name. Only the simulator exists so far; it keeps its
+    "hardware" in its state file, so that outlives the engine as real hardware would."""
+    match settings.fabric:
+        case "sim":
+            fabric = SimulatedFabric(
+                seed=settings.fabric_seed,
+                latency=settings.fabric_latency_ms / 1000,
+                failure_rate=settings.fabric_failure_rate,
+                hang_rate=settings.fabric_hang_rate,
+                state_file=fabric_state_path(settings),
+            )
+            for fault in settings.fabric_script:
+                fault.arm(fabric)
+            return fabric
 
 
 def _write_endpoints(settings: Settings, nats_url: str, database_url: str) -> Path:

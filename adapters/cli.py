@@ -22,11 +22,11 @@ from typing import Any
 import msgspec
 
 from adapters import render
-from adapters.bootstrap import connect_nats, find_endpoint, running_engine
+from adapters.bootstrap import connect_nats, fabric_state_path, find_endpoint, running_engine
 from adapters.client import TrellisClient
 from adapters.migrations import SCHEMA_DIR
 from adapters.postgres_store import PostgresEventStore
-from adapters.settings import Settings
+from adapters.settings import Settings, SettingsError
 from engine.contract import json_schemas
 from projections import ProjectionRunner
 
@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.run(args)
     except KeyboardInterrupt:
         return 130
-    except CliError as exc:
+    except (CliError, SettingsError) as exc:
         print(f"trellis: {exc}", file=sys.stderr)
         return 1
     return code
@@ -183,6 +183,7 @@ def _up(args: argparse.Namespace) -> int:
         async with running_engine(settings) as running:
             domains = ", ".join(running.engine.domains) or "none yet"
             print(f"trellis engine up: NATS {running.nats_url}, Postgres {running.database_url}")
+            print(f"fabric: simulated, its hardware state in {fabric_state_path(settings)}")
             print(f"serving {running.subject_prefix}.* for domains: {domains}. Ctrl-C stops.")
             await stop.wait()
         print("trellis engine stopped")

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Literal, get_args
 
 import msgspec
 
+from adapters.fabric_sim import ScriptedFault, parse_script
 from engine.ids import is_valid_id
+
+FabricDriverName = Literal["sim"]
+FABRIC_DRIVERS: tuple[str, ...] = get_args(FabricDriverName)
+
+
+class SettingsError(ValueError):
+    """A TRELLIS_* variable holds a value Trellis cannot use; the message names it."""
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
@@ -17,16 +28,38 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     domains: list[str] | None = None
     subject_prefix: str = "trellis"
     db_schema: str | None = None
+    fabric: FabricDriverName = "sim"
+    fabric_state: Path | None = None  # None: fabric-sim.json in the data dir
+    saga_deadline: float = 10.0
+    # The simulated fabric's knobs (adapters.fabric_sim.SimulatedFabric).
+    fabric_seed: int = 0
+    fabric_latency_ms: float = 0.0
+    fabric_failure_rate: float = 0.0
+    fabric_hang_rate: float = 0.0
+    fabric_script: list[ScriptedFault] = []
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
-        """Read TRELLIS_* variables; unset URLs mean "start the embedded servers"."""
+        """Read TRELLIS_* variables; unset URLs mean "start the embedded servers".
+
+        Raises:
+            SettingsError: A variable is set to something unusable.
+        """
         env = dict(os.environ if env is None else env)
         domains = [d.strip() for d in env.get("TRELLIS_DOMAINS", "").split(",") if d.strip()]
         bad = [d for d in domains if not is_valid_id(d)]
         if bad:
-            raise ValueError(f"TRELLIS_DOMAINS holds invalid ids: {', '.join(bad)}")
+            raise SettingsError(f"TRELLIS_DOMAINS holds invalid ids: {', '.join(bad)}")
+        fabric = env.get("TRELLIS_FABRIC") or "sim"
+        if fabric not in FABRIC_DRIVERS:
+            valid = ", ".join(FABRIC_DRIVERS)
+            raise SettingsError(f"TRELLIS_FABRIC={fabric!r} names no fabric driver; valid: {valid}")
+        try:
+            script = parse_script(env.get("TRELLIS_FABRIC_SCRIPT", ""))
+        except ValueError as exc:
+            raise SettingsError(f"TRELLIS_FABRIC_SCRIPT: {exc}") from None
         data_dir = env.get("TRELLIS_DATA_DIR")
+        fabric_state = env.get("TRELLIS_FABRIC_STATE")
         return cls(
             nats_url=env.get("TRELLIS_NATS_URL") or None,
             database_url=env.get("TRELLIS_DATABASE_URL") or None,
@@ -34,4 +67,45 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             domains=domains or None,
             subject_prefix=env.get("TRELLIS_SUBJECT_PREFIX") or "trellis",
             db_schema=env.get("TRELLIS_DB_SCHEMA") or None,
+            fabric=fabric,  # type: ignore[arg-type]  # checked above
+            fabric_state=Path(fabric_state) if fabric_state else None,
+            saga_deadline=_float(
+                env, "TRELLIS_SAGA_DEADLINE", 10.0, lambda v: v > 0, "a number of seconds above 0"
+            ),
+            fabric_seed=_integer(env, "TRELLIS_FABRIC_SEED", 0),
+            fabric_latency_ms=_float(
+                env, "TRELLIS_FABRIC_LATENCY_MS", 0.0, lambda v: v >= 0, "milliseconds, 0 or more"
+            ),
+            fabric_failure_rate=_probability(env, "TRELLIS_FABRIC_FAILURE_RATE"),
+            fabric_hang_rate=_probability(env, "TRELLIS_FABRIC_HANG_RATE"),
+            fabric_script=script,
         )
+
+
+def _float(
+    env: dict[str, str], name: str, default: float, valid: Callable[[float], bool], expected: str
+) -> float:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and valid(value)):
+        raise SettingsError(f"{name} must be {expected}; got {text!r}")
+    return value
+
+
+def _probability(env: dict[str, str], name: str) -> float:
+    return _float(env, name, 0.0, lambda v: 0 <= v <= 1, "a probability within [0, 1]")
+
+
+def _integer(env: dict[str, str], name: str, default: int) -> int:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise SettingsError(f"{name} must be an integer; got {text!r}") from None

@@ -1,0 +1,126 @@
+"""Configuration from the environment: defaults, every variable, and clear refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from adapters import cli
+from adapters.bootstrap import fabric_from_settings, fabric_state_path
+from adapters.fabric_sim import ScriptedFault, SimulatedFabric
+from adapters.settings import Settings, SettingsError
+
+
+def test_an_empty_environment_means_the_defaults() -> None:
+    settings = Settings.from_env({})
+    assert settings == Settings()
+    assert settings.fabric == "sim" and settings.saga_deadline == 10.0
+    assert settings.fabric_script == []
+
+
+def test_every_variable_is_read() -> None:
+    settings = Settings.from_env(
+        {
+            "TRELLIS_NATS_URL": "nats://n:4222",
+            "TRELLIS_DATABASE_URL": "postgresql://p/db",
+            "TRELLIS_DATA_DIR": "/var/trellis",
+            "TRELLIS_DOMAINS": "hall-1, hall-2",
+            "TRELLIS_SUBJECT_PREFIX": "t1",
+            "TRELLIS_DB_SCHEMA": "s1",
+            "TRELLIS_FABRIC": "sim",
+            "TRELLIS_FABRIC_STATE": "/srv/fabric.json",
+            "TRELLIS_SAGA_DEADLINE": "2.5",
+            "TRELLIS_FABRIC_SEED": "7",
+            "TRELLIS_FABRIC_LATENCY_MS": "20",
+            "TRELLIS_FABRIC_FAILURE_RATE": "0.1",
+            "TRELLIS_FABRIC_HANG_RATE": "0",
+            "TRELLIS_FABRIC_SCRIPT": "hang:bind,fail:create_circuit:ocs-1",
+        }
+    )
+    assert settings == Settings(
+        nats_url="nats://n:4222",
+        database_url="postgresql://p/db",
+        data_dir=Path("/var/trellis"),
+        domains=["hall-1", "hall-2"],
+        subject_prefix="t1",
+        db_schema="s1",
+        fabric="sim",
+        fabric_state=Path("/srv/fabric.json"),
+        saga_deadline=2.5,
+        fabric_seed=7,
+        fabric_latency_ms=20.0,
+        fabric_failure_rate=0.1,
+        fabric_hang_rate=0.0,
+        fabric_script=[
+            ScriptedFault(kind="hang", op="bind"),
+            ScriptedFault(kind="fail", op="create_circuit", component="ocs-1"),
+        ],
+    )
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "complaint"),
+    [
+        ("TRELLIS_DOMAINS", "hall 1", "TRELLIS_DOMAINS holds invalid ids: hall 1"),
+        (
+            "TRELLIS_FABRIC",
+            "redfish",
+            "TRELLIS_FABRIC='redfish' names no fabric driver; valid: sim",
+        ),
+        ("TRELLIS_SAGA_DEADLINE", "0", "TRELLIS_SAGA_DEADLINE must be a number of seconds above 0"),
+        ("TRELLIS_SAGA_DEADLINE", "soon", "TRELLIS_SAGA_DEADLINE must be a number of seconds"),
+        ("TRELLIS_SAGA_DEADLINE", "inf", "TRELLIS_SAGA_DEADLINE must be a number of seconds"),
+        ("TRELLIS_FABRIC_SEED", "1.5", "TRELLIS_FABRIC_SEED must be an integer; got '1.5'"),
+        ("TRELLIS_FABRIC_LATENCY_MS", "-1", "TRELLIS_FABRIC_LATENCY_MS must be milliseconds"),
+        ("TRELLIS_FABRIC_FAILURE_RATE", "1.5", "TRELLIS_FABRIC_FAILURE_RATE must be a probability"),
+        ("TRELLIS_FABRIC_HANG_RATE", "nan", "TRELLIS_FABRIC_HANG_RATE must be a probability"),
+        ("TRELLIS_FABRIC_SCRIPT", "fail:bnid", "TRELLIS_FABRIC_SCRIPT: fault 'fail:bnid': 'bnid'"),
+    ],
+)
+def test_an_unusable_value_is_refused_naming_the_variable(
+    variable: str, value: str, complaint: str
+) -> None:
+    with pytest.raises(SettingsError) as err:
+        Settings.from_env({variable: value})
+    assert str(err.value).startswith(complaint)
+
+
+def test_the_fabric_state_lives_in_the_data_dir_unless_configured(tmp_path: Path) -> None:
+    assert fabric_state_path(Settings(data_dir=tmp_path)) == tmp_path / "fabric-sim.json"
+    own = tmp_path / "elsewhere" / "hw.json"
+    assert fabric_state_path(Settings(data_dir=tmp_path, fabric_state=own)) == own
+
+
+def test_the_configured_simulator_has_the_knobs_and_the_script_armed(
+    tmp_path: Path,
+) -> None:
+    settings = Settings.from_env(
+        {
+            "TRELLIS_DATA_DIR": str(tmp_path),
+            "TRELLIS_FABRIC_SEED": "3",
+            "TRELLIS_FABRIC_LATENCY_MS": "5",
+            "TRELLIS_FABRIC_FAILURE_RATE": "0.25",
+            "TRELLIS_FABRIC_HANG_RATE": "0.5",
+            "TRELLIS_FABRIC_SCRIPT": "hang:bind*2,fail:unbind",
+        }
+    )
+    fabric = fabric_from_settings(settings)
+    assert isinstance(fabric, SimulatedFabric)
+    assert (fabric.seed, fabric.latency, fabric.failure_rate, fabric.hang_rate) == (
+        3,
+        0.005,
+        0.25,
+        0.5,
+    )
+    assert fabric.state_file == tmp_path / "fabric-sim.json"
+    assert fabric.pending_faults == 3
+
+
+def test_the_cli_reports_a_bad_setting_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TRELLIS_FABRIC", "redfish")
+    assert cli.main(["up"]) == 1
+    err = capsys.readouterr().err
+    assert err == "trellis: TRELLIS_FABRIC='redfish' names no fabric driver; valid: sim\n"
