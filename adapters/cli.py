@@ -24,6 +24,7 @@ import msgspec
 from adapters import render
 from adapters.bootstrap import connect_nats, fabric_state_path, find_endpoint, running_engine
 from adapters.client import TrellisClient
+from adapters.fabric_sim import read_state_file
 from adapters.migrations import SCHEMA_DIR
 from adapters.postgres_store import PostgresEventStore
 from adapters.settings import Settings, SettingsError
@@ -80,6 +81,15 @@ def _parser() -> argparse.ArgumentParser:
 
     _composition_commands(sub)
     _query_commands(sub)
+
+    fabric = sub.add_parser("fabric", help="the fabric as the driver sees it")
+    fabric_sub = fabric.add_subparsers(metavar="ACTION")
+    fabric_show = fabric_sub.add_parser(
+        "show", help="circuits and bindings the simulated hardware holds (its state file)"
+    )
+    fabric_show.add_argument("--domain", help="only this domain (default: every domain)")
+    fabric_show.add_argument("--json", action="store_true", help="print the state as JSON")
+    fabric_show.set_defaults(run=_fabric_show)
 
     proj = sub.add_parser("projections", help="the read models folded from the log")
     proj_sub = proj.add_subparsers(metavar="ACTION")
@@ -305,6 +315,28 @@ def _pairs(items: list[str]) -> dict[str, str]:
             raise CliError(f"expected K=V, got {item!r}")
         pairs[key] = value
     return pairs
+
+
+def _fabric_show(args: argparse.Namespace) -> int:
+    path = fabric_state_path(Settings.from_env())
+    try:
+        held = read_state_file(path)
+    except (OSError, ValueError) as exc:
+        raise CliError(str(exc)) from None
+    if held is None and not args.json:
+        print(f"no simulated fabric state at {path}: nothing has been programmed there yet")
+        return 0
+    domains = {
+        d: msgspec.to_builtins(snapshot)
+        for d, snapshot in (held or {}).items()
+        if args.domain in (None, d)
+    }
+    result = {"state_file": str(path), "domains": domains}
+    if args.json:
+        print(msgspec.json.format(msgspec.json.encode(result), indent=2).decode())
+    else:
+        print(render.fabric_tables(result, args.domain))
+    return 0
 
 
 def _projections_rebuild(args: argparse.Namespace) -> int:

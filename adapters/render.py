@@ -17,6 +17,37 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(lines)
 
 
+def fabric_tables(result: dict[str, Any], domain: str | None = None) -> str:
+    """What the simulated hardware holds: circuits, then bindings, by domain."""
+    domains = result["domains"]
+    circuits = [
+        [d, c["ocs"], f"{c['a_port']}-{c['b_port']}"]
+        for d, held in domains.items()
+        for c in held["circuits"]
+    ]
+    bindings = [
+        [
+            d,
+            b["host"],
+            b["device"] + (f" {b['capacity_gib']:g} GiB" if b.get("capacity_gib") else ""),
+            b["composition_id"],
+            " > ".join(b["path"]),
+        ]
+        for d, held in domains.items()
+        for b in held["bindings"]
+    ]
+    where = f"domain {domain}" if domain else f"{len(domains)} domains"
+    held = f"{len(circuits)} circuits, {len(bindings)} bindings in {where}"
+    if not (circuits or bindings):
+        held = f"the simulated hardware holds nothing in {domain or 'any domain'}"
+    parts = [
+        table(["domain", "ocs", "ports"], circuits) if circuits else "",
+        table(["domain", "host", "device", "composition", "path"], bindings) if bindings else "",
+        f"{held}; from {result['state_file']}",
+    ]
+    return "\n\n".join(part for part in parts if part)
+
+
 def import_summary(result: dict[str, Any], reply: dict[str, Any]) -> str:
     if result["unchanged"]:
         size = f"{result['nodes']} nodes, {result['links']} links"

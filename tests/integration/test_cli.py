@@ -9,9 +9,12 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import pytest
 import pytest_asyncio
 from harness import Harness, serving
+
+from adapters.fabric_sim import SimulatedFabric
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fabric.json"
 DOMAIN = "hall-1"
@@ -116,6 +119,44 @@ async def test_rebuilding_the_projections_gives_the_same_answers(
     _, after, _ = await trellis(env, "connections", "--json")
     rows = json.loads(before)["result"]["connections"]
     assert rows and json.loads(after)["result"]["connections"] == rows
+
+
+async def test_fabric_show_prints_what_the_simulated_hardware_holds(
+    nats_url: str,
+    database_url: str,
+    pg_schema: str,
+    subject_prefix: str,
+    env: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    state_file = tmp_path / "fabric.json"
+    env = {**env, "TRELLIS_FABRIC_STATE": str(state_file)}
+    code, out, _ = await trellis(env, "fabric", "show")
+    assert code == 0 and f"no simulated fabric state at {state_file}" in out
+
+    fabric = SimulatedFabric(state_file=state_file)
+    async with serving(nats_url, database_url, pg_schema, subject_prefix, fabric=fabric) as h:
+        await trellis(env, "topology", "import", str(EXAMPLE))
+        code, out, _ = await trellis(
+            env, "compose", "--host", "host-01", "--memory", "512", "--tenant", "acme", "--json"
+        )
+        assert code == 0, out
+        cid = json.loads(out)["result"]["composition_id"]
+
+        code, out, _ = await trellis(env, "fabric", "show")
+        assert code == 0
+        assert "ocs-1" in out and cid in out and "mem-01 512 GiB" in out
+        assert f"1 circuits, 1 bindings in 1 domains; from {state_file}" in out
+        code, out, _ = await trellis(env, "fabric", "show", "--domain", DOMAIN, "--json")
+        shown = json.loads(out)["domains"][DOMAIN]
+        assert shown == msgspec.to_builtins(await fabric.snapshot(DOMAIN))
+
+        await trellis(env, "release", cid, "--tenant", "acme")
+        sync = h.engine.fabric_sync(DOMAIN)
+        assert sync is not None
+        await asyncio.wait_for(sync.wait_idle(), 5)
+    code, out, _ = await trellis(env, "fabric", "show", "--domain", DOMAIN)
+    assert code == 0 and f"holds nothing in {DOMAIN}" in out
 
 
 async def test_without_a_reachable_engine_the_cli_says_so_in_one_line(
