@@ -22,7 +22,7 @@ from adapters.embedded import EmbeddedNats, EmbeddedPostgres, default_data_dir
 from adapters.fabric_sim import SimulatedFabric
 from adapters.nats_intake import NatsIntake
 from adapters.postgres_store import PostgresEventStore
-from adapters.settings import Settings
+from adapters.settings import Settings, SettingsError
 from engine.ports import Clock, FabricDriver
 from engine.service import Engine
 from projections import PostgresReadModels, ProjectionRunner
@@ -145,6 +145,7 @@ async def engine_on(
 @contextlib.asynccontextmanager
 async def running_engine(settings: Settings) -> AsyncIterator[RunningEngine]:
     """Start the engine as configured (embedded servers for unset URLs); serve until exit."""
+    fabric = fabric_from_settings(settings)  # a bad state file stops us before any server starts
     async with contextlib.AsyncExitStack() as stack:
         nats_url, database_url = await stack.enter_async_context(embedded_or_configured(settings))
         running = await stack.enter_async_context(
@@ -154,7 +155,7 @@ async def running_engine(settings: Settings) -> AsyncIterator[RunningEngine]:
                 schema=settings.db_schema,
                 prefix=settings.subject_prefix,
                 domains=settings.domains,
-                fabric=fabric_from_settings(settings),
+                fabric=fabric,
                 saga_deadline=settings.saga_deadline,
             )
         )
@@ -171,16 +172,23 @@ def fabric_state_path(settings: Settings) -> Path:
 
 def fabric_from_settings(settings: Settings) -> FabricDriver:
     """The fabric driver `settings` name. Only the simulator exists so far; it keeps its
-    "hardware" in its state file, so that outlives the engine as real hardware would."""
+    "hardware" in its state file, so that outlives the engine as real hardware would.
+
+    Raises:
+        SettingsError: The state file cannot be read.
+    """
     match settings.fabric:
         case "sim":
-            fabric = SimulatedFabric(
-                seed=settings.fabric_seed,
-                latency=settings.fabric_latency_ms / 1000,
-                failure_rate=settings.fabric_failure_rate,
-                hang_rate=settings.fabric_hang_rate,
-                state_file=fabric_state_path(settings),
-            )
+            try:
+                fabric = SimulatedFabric(
+                    seed=settings.fabric_seed,
+                    latency=settings.fabric_latency_ms / 1000,
+                    failure_rate=settings.fabric_failure_rate,
+                    hang_rate=settings.fabric_hang_rate,
+                    state_file=fabric_state_path(settings),
+                )
+            except (OSError, ValueError) as exc:
+                raise SettingsError(f"TRELLIS_FABRIC_STATE: {exc}") from None
             for fault in settings.fabric_script:
                 fault.arm(fabric)
             return fabric

@@ -124,3 +124,18 @@ def test_the_cli_reports_a_bad_setting_in_one_line(
     assert cli.main(["up"]) == 1
     err = capsys.readouterr().err
     assert err == "trellis: TRELLIS_FABRIC='redfish' names no fabric driver; valid: sim\n"
+
+
+def test_a_state_file_that_cannot_be_read_stops_trellis_up_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = tmp_path / "fabric.json"
+    state.write_text("half a fil")
+    monkeypatch.setenv("TRELLIS_FABRIC_STATE", str(state))
+    # Servers nobody listens on: were the file read too late, `up` would fail, not serve.
+    monkeypatch.setenv("TRELLIS_NATS_URL", "nats://127.0.0.1:1")
+    monkeypatch.setenv("TRELLIS_DATABASE_URL", "postgresql://postgres@127.0.0.1:1/none")
+    with pytest.raises(SettingsError, match=f"TRELLIS_FABRIC_STATE: {state} is not a simulated"):
+        fabric_from_settings(Settings.from_env())
+    assert cli.main(["up"]) == 1  # before any server starts
+    assert capsys.readouterr().err.startswith(f"trellis: TRELLIS_FABRIC_STATE: {state} is not")
