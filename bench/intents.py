@@ -1,0 +1,785 @@
+"""Intent benchmark (ARCHITECTURE §10 "Intents"): compose+release round trips through NATS and
+a committed Postgres transaction, as ratios to a floor measured in the same run.
+
+- floor: one NATS request-reply to a trivial responder whose handler commits one small row
+  (a single INSERT in a transaction on an asyncpg connection) before it replies: the least an
+  intent can cost (a reply only after commit). Serial; p50, p99 and the serial rate (1 / mean).
+  Sampled in chunks before the engine starts, before each phase and after, so the floor sees
+  the same background load as the phases (the chunks' p50s are printed).
+- serial: one client composes (1 GPU) and releases, one pair after another, through the real
+  engine (`adapters.bootstrap.engine_on`: Postgres log, projections, NATS intake, simulated
+  zero-latency fabric). A compose is answered after its saga settled it: two commits and the
+  fabric calls; a release is one commit.
+- load: C clients, each composing and releasing in a loop, for a bounded time; one domain,
+  then the same clients spread over several domains (one writer and one fabric saga each).
+- diagnostic (`-np` rows, no target): serial and the largest load again with the projection
+  runner paused, to show what its transactions cost the intents.
+
+Every reply is checked (compose ok and `active` with one GPU, release ok and `released`), and
+at the end the log is counted (activations = composes, releases = releases, no failed or
+rejected composition) and the simulated hardware must hold nothing: a fast failure cannot
+pass for a fast answer. Uses TRELLIS_NATS_URL / TRELLIS_DATABASE_URL when set, else embedded
+servers in a temporary directory; a fresh schema (dropped afterwards) and subject prefix.
+The last line printed is one JSON object with every figure.
+
+    python bench/intents.py             # ~65-70 s on 2 cores
+    python bench/intents.py --quick     # ~12 s (~17 s starting embedded servers)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path as FsPath
+from typing import Any
+
+sys.path.insert(0, str(FsPath(__file__).resolve().parents[1]))
+
+import asyncpg
+import msgspec
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from adapters.bootstrap import RunningEngine, connect_nats, embedded_or_configured, engine_on
+from adapters.client import TrellisClient
+from adapters.settings import Settings
+
+TENANTS = [f"tenant-{i}" for i in range(8)]
+RACKS = 4
+HOSTS_PER_RACK = 4
+
+
+# ---- figures ----
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    if not ordered:
+        return float("nan")
+    rank = q / 100 * (len(ordered) - 1)
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def stats(samples_ms: list[float]) -> dict[str, float]:
+    n = len(samples_ms)
+    mean = sum(samples_ms) / n if n else float("nan")
+    return {
+        "n": n,
+        "p50_ms": percentile(samples_ms, 50),
+        "p99_ms": percentile(samples_ms, 99),
+        "max_ms": max(samples_ms, default=float("nan")),
+        "mean_ms": mean,
+        "serial_rate_per_s": 1000 / mean if n else float("nan"),
+    }
+
+
+# ---- the fabric ----
+
+
+def topology(gpus_per_rack: int) -> dict[str, Any]:
+    """RACKS racks; each has one PCIe switch carrying HOSTS_PER_RACK hosts and `gpus_per_rack`
+    GPUs (A100 and H100 alternating). Requests ask for any GPU, so each compose picks among the
+    rack's free ones and nothing runs out while clients per rack <= gpus_per_rack."""
+    nodes: list[dict[str, Any]] = []
+    links: list[dict[str, Any]] = []
+    for r in range(RACKS):
+        sw = f"sw-r{r}"
+        nodes.append({"id": sw, "kind": "switch", "latency_ns": 150, "labels": {"rack": f"r{r}"}})
+        for h in range(HOSTS_PER_RACK):
+            host = f"host-r{r}-{h}"
+            nodes.append({"id": host, "kind": "host", "labels": {"rack": f"r{r}"}})
+            links.append({"id": f"l-{host}", "a": host, "b": sw, "capacity_gbps": 256})
+        for g in range(gpus_per_rack):
+            model, gen = (("A100", 8), ("H100", 9))[g % 2]
+            gpu = f"gpu-r{r}-{g:03d}"
+            nodes.append(
+                {
+                    "id": gpu,
+                    "kind": "device",
+                    "device_kind": "gpu",
+                    "vendor": "nvidia",
+                    "model": model,
+                    "generation": gen,
+                    "memory_gib": 80,
+                    "labels": {"rack": f"r{r}"},
+                }
+            )
+            links.append({"id": f"l-{gpu}", "a": sw, "b": gpu, "capacity_gbps": 64})
+    return {"nodes": nodes, "links": links}
+
+
+def host_of(worker: int) -> str:
+    """Workers spread evenly over racks first, then over the hosts of a rack."""
+    rack, slot = worker % RACKS, (worker // RACKS) % HOSTS_PER_RACK
+    return f"host-r{rack}-{slot}"
+
+
+# ---- checks ----
+
+
+class BenchFailure(Exception):
+    """A reply that is not the success the bench asked for: the run is not a measurement."""
+
+
+def check_compose(reply: dict[str, Any], host: str) -> str:
+    result = reply.get("result") if reply.get("ok") else None
+    if (
+        not isinstance(result, dict)
+        or result.get("state") != "active"
+        or result.get("host") != host
+        or len(result.get("devices", [])) != 1
+        or result["devices"][0].get("kind") != "gpu"
+    ):
+        raise BenchFailure(f"compose on {host}: {json.dumps(reply)[:600]}")
+    cid: str = result["composition_id"]
+    return cid
+
+
+def check_release(reply: dict[str, Any], cid: str) -> None:
+    result = reply.get("result") if reply.get("ok") else None
+    if (
+        not isinstance(result, dict)
+        or result.get("state") != "released"
+        or result.get("composition_id") != cid
+    ):
+        raise BenchFailure(f"release of {cid}: {json.dumps(reply)[:600]}")
+
+
+# ---- probes on the running engine (wrappers on instances; no engine code changes) ----
+
+
+class Probe:
+    """Counts the engine's commits: transactions, events and replies per transaction, time
+    inside `append`, and the projection runner's batches."""
+
+    def __init__(self, running: RunningEngine):
+        self.appends: list[tuple[float, int, int]] = []  # (ms, events, replies)
+        self.projection_batches: list[tuple[float, int]] = []  # (ms, events)
+        store, runner = running.store, running.projections
+        append = store.append
+        # A probe around the runner's batch commit, when it has one by that name (a private
+        # method: if it is renamed, the bench still runs and reports no projection batches).
+        commit = getattr(runner, "_commit", None)
+
+        async def timed_append(domain: str, expected: Any, events: Any, replies: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return await append(domain, expected, events, replies)
+            finally:
+                self.appends.append(((time.perf_counter() - t0) * 1000, len(events), len(replies)))
+
+        async def timed_commit(batch: Any, cursor: int) -> None:
+            assert commit is not None
+            t0 = time.perf_counter()
+            try:
+                await commit(batch, cursor)
+            finally:
+                self.projection_batches.append(((time.perf_counter() - t0) * 1000, len(batch)))
+
+        store.append = timed_append  # type: ignore[method-assign,assignment]
+        if commit is not None:
+            runner._commit = timed_commit  # type: ignore[method-assign]
+
+    def mark(self) -> tuple[int, int]:
+        return len(self.appends), len(self.projection_batches)
+
+    def since(self, mark: tuple[int, int]) -> dict[str, float]:
+        appends = self.appends[mark[0] :]
+        batches = self.projection_batches[mark[1] :]
+        n = len(appends)
+        return {
+            "transactions": n,
+            "replies_per_tx": sum(a[2] for a in appends) / n if n else 0.0,
+            "events_per_tx": sum(a[1] for a in appends) / n if n else 0.0,
+            "append_p50_ms": percentile([a[0] for a in appends], 50),
+            "append_p99_ms": percentile([a[0] for a in appends], 99),
+            "append_ms_total": sum(a[0] for a in appends),
+            "projection_batches": len(batches),
+            "projection_events_per_batch": (
+                sum(b[1] for b in batches) / len(batches) if batches else 0.0
+            ),
+            "projection_ms_total": sum(b[0] for b in batches),
+        }
+
+
+# ---- CPU: where the wall time went ----
+
+
+def _machine_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine; (0, 0) where /proc/stat is missing."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return 0, 0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+class CpuMeter:
+    """This process's CPU time (engine and clients share it) and the machine's busy share."""
+
+    def __init__(self) -> None:
+        t = os.times()
+        self._proc = t.user + t.system
+        self._wall = time.perf_counter()
+        self._machine = _machine_ticks()
+
+    def read(self) -> dict[str, float]:
+        t = os.times()
+        wall = time.perf_counter() - self._wall
+        busy, total = _machine_ticks()
+        d_busy, d_total = busy - self._machine[0], total - self._machine[1]
+        return {
+            "process_cpu_s": t.user + t.system - self._proc,
+            "process_cpu_share": (t.user + t.system - self._proc) / wall if wall else 0.0,
+            "machine_busy_share": d_busy / d_total if d_total else float("nan"),
+        }
+
+
+# ---- the floor ----
+
+
+async def floor_setup(
+    nats_url: str, database_url: str, schema: str, prefix: str
+) -> tuple[
+    Callable[[], Awaitable[None]],
+    Callable[[], Awaitable[None]],
+    Callable[[], Awaitable[None]],
+    Callable[[], Awaitable[None]],
+]:
+    """(combined, nats_only, pg_only, close): each callable is one timed operation."""
+    responder = await connect_nats(nats_url, name="bench-floor-responder")
+    client = await connect_nats(nats_url, name="bench-floor-client")
+    # The responder's commits go through a connection of its own, like the engine's pool.
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": schema})
+    await conn.execute(
+        "CREATE TABLE bench_floor (id bigserial PRIMARY KEY, at timestamptz NOT NULL "
+        "DEFAULT now(), body text NOT NULL)"
+    )
+    insert = "INSERT INTO bench_floor (body) VALUES ($1)"
+    reply_body = msgspec.json.encode({"ok": True, "result": {}, "position": 1, "replayed": False})
+
+    async def commit_then_reply(msg: Msg) -> None:
+        async with conn.transaction():
+            await conn.execute(insert, msg.data.decode())
+        await msg.respond(reply_body)
+
+    async def echo(msg: Msg) -> None:
+        await msg.respond(reply_body)
+
+    await responder.subscribe(f"{prefix}.floor.commit", queue="bench-floor", cb=commit_then_reply)
+    await responder.subscribe(f"{prefix}.floor.echo", queue="bench-floor", cb=echo)
+    await responder.flush()
+    body = msgspec.json.encode({"request_id": str(uuid.uuid4()), "composition_id": "c-0"})
+    pg_conn = await asyncpg.connect(database_url, server_settings={"search_path": schema})
+
+    async def combined() -> None:
+        msg = await client.request(f"{prefix}.floor.commit", body, timeout=10)
+        msgspec.json.decode(msg.data)
+
+    async def nats_only() -> None:
+        msg = await client.request(f"{prefix}.floor.echo", body, timeout=10)
+        msgspec.json.decode(msg.data)
+
+    async def pg_only() -> None:
+        async with pg_conn.transaction():
+            await pg_conn.execute(insert, "x")
+
+    async def close() -> None:
+        await client.close()
+        await responder.close()
+        await conn.close()
+        await pg_conn.close()
+
+    return combined, nats_only, pg_only, close
+
+
+async def timed_ms(op: Callable[[], Awaitable[None]], n: int, budget_s: float) -> list[float]:
+    out: list[float] = []
+    deadline = time.perf_counter() + budget_s
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        await op()
+        out.append((time.perf_counter_ns() - t0) / 1e6)
+        if time.perf_counter() > deadline:
+            break
+    return out
+
+
+# ---- the engine ----
+
+
+class Load:
+    """Latencies of one phase: pairs, composes and releases (ms), and its wall time."""
+
+    def __init__(self) -> None:
+        self.pair: list[float] = []
+        self.compose: list[float] = []
+        self.release: list[float] = []
+        self.seconds = 0.0
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "pairs": len(self.pair),
+            "seconds": self.seconds,
+            "pairs_per_s": len(self.pair) / self.seconds if self.seconds else float("nan"),
+            "pair": stats(self.pair),
+            "compose": stats(self.compose),
+            "release": stats(self.release),
+        }
+
+
+async def pair(client: TrellisClient, domain: str, tenant: str, host: str, load: Load) -> None:
+    """One compose then one release, both checked."""
+    t0 = time.perf_counter_ns()
+    composed = await client.intent(
+        domain,
+        tenant,
+        "compose",
+        {"host": host, "devices": [{"kind": "gpu"}], "reason": "bench"},
+    )
+    t1 = time.perf_counter_ns()
+    cid = check_compose(composed, host)
+    released = await client.intent(domain, tenant, "release", {"composition_id": cid})
+    t2 = time.perf_counter_ns()
+    check_release(released, cid)
+    load.compose.append((t1 - t0) / 1e6)
+    load.release.append((t2 - t1) / 1e6)
+    load.pair.append((t2 - t0) / 1e6)
+
+
+async def run_load(
+    clients: list[TrellisClient],
+    domains: list[str],
+    workers: int,
+    seconds: float,
+    max_pairs: int,
+) -> Load:
+    """`workers` loops of compose+release until `seconds` pass or `max_pairs` are done; worker
+    i works in domain i % len(domains) as tenant i % 8 on the host `host_of(i // domains)`."""
+    load = Load()
+    started = time.perf_counter()
+    deadline = started + seconds
+    budget = [max_pairs]
+
+    async def worker(i: int) -> None:
+        client = clients[i % len(clients)]
+        domain = domains[i % len(domains)]
+        tenant = TENANTS[i % len(TENANTS)]
+        host = host_of(i // len(domains))
+        while time.perf_counter() < deadline and budget[0] > 0:
+            budget[0] -= 1
+            await pair(client, domain, tenant, host, load)
+
+    await asyncio.gather(*(worker(i) for i in range(workers)))
+    load.seconds = time.perf_counter() - started
+    return load
+
+
+async def settle(running: RunningEngine, domains: list[str]) -> None:
+    """Let the fabric sagas and the projections finish what the last phase left, so one phase's
+    backlog is not charged to the next."""
+    for d in domains:
+        sync = running.engine.fabric_sync(d)
+        if sync is not None:
+            await asyncio.wait_for(sync.wait_idle(), 30)
+    async with running.projections.pool.acquire() as conn:
+        top = await conn.fetchval("SELECT coalesce(max(position), 0) FROM trellis_events")
+    await running.projections.wait_for(top, timeout=60)
+
+
+async def verify_log(
+    running: RunningEngine, domains: list[str], composes: int, releases: int
+) -> dict[str, Any]:
+    """The log agrees with the replies, and the hardware holds nothing."""
+    async with running.projections.pool.acquire() as conn:
+        rows = await conn.fetch("SELECT type, count(*) AS n FROM trellis_events GROUP BY type")
+    counts = {r["type"]: r["n"] for r in rows}
+    problems = []
+    if counts.get("CompositionActivated", 0) != composes:
+        problems.append(f"{counts.get('CompositionActivated', 0)} activated, {composes} composed")
+    if counts.get("CompositionReleased", 0) != releases:
+        problems.append(f"{counts.get('CompositionReleased', 0)} released, {releases} released")
+    for bad in ("CompositionFailed", "CompositionRejected", "CompositionImpaired"):
+        if counts.get(bad):
+            problems.append(f"{counts[bad]} {bad}")
+    held = 0
+    for d in domains:
+        snapshot = await running.fabric.snapshot(d)
+        held += len(snapshot.bindings) + len(snapshot.circuits)
+        state = running.engine.state(d)
+        live = [c for c in state.compositions.values() if c.state != "released"] if state else []
+        if live:
+            problems.append(f"{d}: {len(live)} compositions not released")
+    if held:
+        problems.append(f"the simulated fabric still holds {held} bindings or circuits")
+    return {"event_counts": counts, "problems": problems}
+
+
+@contextlib.asynccontextmanager
+async def servers(settings: Settings) -> AsyncIterator[tuple[str, str]]:
+    """The configured servers, or embedded ones in a temporary directory."""
+    with contextlib.ExitStack() as stack:
+        if not (settings.nats_url and settings.database_url) and settings.data_dir is None:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="trellis-bench-"))
+            settings = msgspec.structs.replace(settings, data_dir=FsPath(tmp))
+        async with embedded_or_configured(settings) as urls:
+            yield urls
+
+
+@contextlib.asynccontextmanager
+async def fresh_schema(database_url: str, keep: bool) -> AsyncIterator[str]:
+    name = f"bench_{uuid.uuid4().hex[:12]}"
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(f"CREATE SCHEMA {name}")
+    finally:
+        await conn.close()
+    try:
+        yield name
+    finally:
+        if not keep:
+            conn = await asyncpg.connect(database_url)
+            try:
+                await conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+            finally:
+                await conn.close()
+
+
+# ---- the run ----
+
+
+def progress(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    settings = Settings.from_env()
+    levels = [int(c) for c in args.concurrency.split(",") if c]
+    n_domains = args.domains
+    spread = args.spread_clients
+    clients_per_rack = max([*levels, math.ceil(spread / n_domains)]) / RACKS
+    gpus_per_rack = max(32, math.ceil(clients_per_rack * 1.25) + 8)
+    doc = topology(gpus_per_rack)
+    result: dict[str, Any] = {
+        "bench": "intents",
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "nats": "configured" if settings.nats_url else "embedded",
+        "postgres": "configured" if settings.database_url else "embedded",
+        "fabric": {
+            "racks": RACKS,
+            "hosts": RACKS * HOSTS_PER_RACK,
+            "gpus_per_domain": RACKS * gpus_per_rack,
+        },
+    }
+    started = time.perf_counter()
+    async with (
+        servers(settings) as (nats_url, database_url),
+        fresh_schema(database_url, args.keep) as schema,
+    ):
+        prefix = f"b{uuid.uuid4().hex[:12]}"
+        async with conn_info(database_url) as info:
+            result["server"] = info
+        combined, nats_only, pg_only, close_floor = await floor_setup(
+            nats_url, database_url, schema, prefix
+        )
+        try:
+            # The floor is sampled in chunks: one before the engine starts, one before each
+            # phase, one after the engine stopped; pooled, it sees the same background load
+            # (other processes on the machine) as the phases it is compared with.
+            n_phases = 1 + len(levels) + (n_domains > 1) + 2 * args.diagnose
+            chunk = max(20, args.floor_samples // (n_phases + 2))
+            floor_chunks: list[list[float]] = []
+
+            async def floor_chunk() -> None:
+                floor_chunks.append(await timed_ms(combined, chunk, args.budget / (n_phases + 2)))
+
+            progress(f"floor: {n_phases + 2} chunks of {chunk} samples ...")
+            await timed_ms(combined, 50, 5)  # warm-up
+            await floor_chunk()
+            parts_nats = await timed_ms(nats_only, chunk, args.budget / 4)
+            parts_pg = await timed_ms(pg_only, chunk, args.budget / 4)
+
+            domains = [f"bench-{d}" for d in range(n_domains)]
+            async with engine_on(nats_url, database_url, schema=schema, prefix=prefix) as running:
+                probe = Probe(running)
+                ncs: list[NATS] = [
+                    await connect_nats(nats_url, name=f"bench-client-{i}") for i in range(4)
+                ]
+                try:
+                    clients = [TrellisClient(nc, prefix=prefix, timeout=30) for nc in ncs]
+                    for d in domains:
+                        reply = await clients[0].admin(d, "import-topology", doc)
+                        if not reply.get("ok"):
+                            raise BenchFailure(f"import into {d}: {reply}")
+                    phases: dict[str, Any] = {}
+                    composes = 0
+
+                    async def counted(doms: list[str], workers: int, secs: float, cap: int) -> Load:
+                        nonlocal composes
+                        load = await run_load(clients, doms, workers, secs, cap)
+                        composes += len(load.pair)
+                        return load
+
+                    async def phase(
+                        name: str,
+                        doms: list[str],
+                        workers: int,
+                        seconds: float,
+                        cap: int,
+                        diagnostic: str = "",
+                    ) -> None:
+                        await settle(running, domains)
+                        await floor_chunk()
+                        mark = probe.mark()
+                        meter = CpuMeter()
+                        load = await counted(doms, workers, seconds, cap)
+                        figures = load.figures()
+                        figures["cpu"] = meter.read()
+                        figures["cpu"]["process_cpu_ms_per_pair"] = (
+                            figures["cpu"]["process_cpu_s"] * 1000 / max(1, len(load.pair))
+                        )
+                        figures["diagnostic"] = diagnostic
+                        figures["clients"] = workers
+                        figures["domains"] = len(doms)
+                        figures["engine"] = probe.since(mark)
+                        phases[name] = figures
+                        progress(
+                            f"  {name}: {len(load.pair)} pairs in {load.seconds:.1f} s, "
+                            f"{figures['pairs_per_s']:.0f} pairs/s, "
+                            f"{figures['engine']['replies_per_tx']:.1f} replies per commit"
+                        )
+
+                    progress("engine: warm-up, serial ...")
+                    await counted(domains[:1], 1, 30, args.warmup)
+                    await phase("serial", domains[:1], 1, args.seconds * 1.5, args.serial_pairs)
+                    for c in levels:
+                        await phase(f"c{c}", domains[:1], c, args.seconds, args.max_pairs)
+                    if n_domains > 1:
+                        await phase(
+                            f"c{spread}x{n_domains}d", domains, spread, args.seconds, args.max_pairs
+                        )
+                    if args.diagnose:
+                        # The same engine with its projection runner paused: what the runner's
+                        # transactions cost the intents (not the engine as deployed; no target).
+                        await settle(running, domains)
+                        await running.projections.stop()
+                        try:
+                            why = "projections paused"
+                            await phase(
+                                "serial-np",
+                                domains[:1],
+                                1,
+                                args.seconds,
+                                args.serial_pairs // 2,
+                                why,
+                            )
+                            c = max(levels)
+                            await phase(
+                                f"c{c}-np", domains[:1], c, args.seconds / 2, args.max_pairs, why
+                            )
+                        finally:
+                            await running.projections.start()
+                    if args.profile:
+                        import cProfile
+                        import pstats
+
+                        await settle(running, domains)
+                        prof = cProfile.Profile()
+                        prof.enable()
+                        await counted(domains[:1], max(levels), args.seconds, args.max_pairs)
+                        prof.disable()
+                        prof.dump_stats(args.profile)
+                        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(30)
+                    await settle(running, domains)
+                    check = await verify_log(running, domains, composes, composes)
+                finally:
+                    for nc in ncs:
+                        await nc.close()
+            await floor_chunk()
+        finally:
+            await close_floor()
+    result["seconds"] = time.perf_counter() - started
+    result["floor"] = stats([ms for c in floor_chunks for ms in c])
+    result["floor_chunks_p50_ms"] = [percentile(c, 50) for c in floor_chunks]
+    result["floor_parts"] = {"nats_request_reply": stats(parts_nats), "pg_commit": stats(parts_pg)}
+    result["phases"] = phases
+    result["check"] = check
+    return result
+
+
+@contextlib.asynccontextmanager
+async def conn_info(database_url: str) -> AsyncIterator[dict[str, str]]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        info = {
+            "postgres": (await conn.fetchval("SHOW server_version")),
+            "synchronous_commit": await conn.fetchval("SHOW synchronous_commit"),
+            "fsync": await conn.fetchval("SHOW fsync"),
+        }
+    finally:
+        await conn.close()
+    yield info
+
+
+def ratios(result: dict[str, Any]) -> dict[str, Any]:
+    floor = result["floor"]
+    out: dict[str, Any] = {}
+    for name, ph in result["phases"].items():
+        out[name] = {
+            what: {
+                "p50": ph[what]["p50_ms"] / floor["p50_ms"],
+                "p99": ph[what]["p99_ms"] / floor["p99_ms"],
+            }
+            for what in ("pair", "compose", "release")
+        }
+        out[name]["throughput"] = ph["pairs_per_s"] / floor["serial_rate_per_s"]
+    return out
+
+
+def table(result: dict[str, Any]) -> str:
+    floor = result["floor"]
+    r = ratios(result)
+    rows = []
+    head = (
+        f"{'phase':>16} {'what':>8} {'n':>6} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'p50/floor':>9} {'p99/floor':>9} {'pairs/s':>8} {'rate/floor':>10} "
+        f"{'per tx':>6} {'cpu ms':>6} {'busy':>5}"
+    )
+    rows.append(head)
+    rows.append("-" * len(head))
+    rows.append(
+        f"{'floor':>16} {'nats+pg':>8} {floor['n']:>6} {floor['p50_ms']:>8.2f} "
+        f"{floor['p99_ms']:>8.2f} {'1.0x':>9} {'1.0x':>9} {floor['serial_rate_per_s']:>8.0f} "
+        f"{'1.0x':>10}"
+    )
+    for part, label in (("nats_request_reply", "nats"), ("pg_commit", "pg")):
+        s = result["floor_parts"][part]
+        rows.append(f"{'':>16} {label:>8} {s['n']:>6} {s['p50_ms']:>8.2f} {s['p99_ms']:>8.2f}")
+    for name, ph in result["phases"].items():
+        label = name if name.startswith("serial") else f"{name} {ph['clients']}c/{ph['domains']}d"
+        for what in ("pair", "compose", "release"):
+            s = ph[what]
+            extra = ""
+            if what == "pair":
+                cpu = ph["cpu"]
+                extra = (
+                    f" {ph['pairs_per_s']:>8.0f} {r[name]['throughput']:>9.2f}x "
+                    f"{ph['engine']['replies_per_tx']:>6.1f} "
+                    f"{cpu['process_cpu_ms_per_pair']:>6.2f} "
+                    f"{cpu['machine_busy_share'] * 100:>4.0f}%"
+                )
+            rows.append(
+                f"{label if what == 'pair' else '':>16} {what:>8} {s['n']:>6} "
+                f"{s['p50_ms']:>8.2f} {s['p99_ms']:>8.2f} {r[name][what]['p50']:>8.1f}x "
+                f"{r[name][what]['p99']:>8.1f}x{extra}"
+            )
+    rows.append("")
+    rows.append(
+        "per tx: intents answered per engine commit (group commit); cpu ms: this process's CPU "
+        "(engine, projections and clients) per pair; busy: the whole machine's CPU busy share."
+    )
+    if any(ph["diagnostic"] for ph in result["phases"].values()):
+        rows.append("*-np: diagnostic, the projection runner paused; no target applies.")
+    return "\n".join(rows)
+
+
+def targets(result: dict[str, Any]) -> dict[str, Any]:
+    r = ratios(result)
+    phases = {n: ph for n, ph in result["phases"].items() if not ph["diagnostic"]}
+    out: dict[str, Any] = {}
+    for what in ("pair", "compose", "release"):
+        ratio = r["serial"][what]["p99"]
+        out[f"serial_{what}_p99_le_3x_floor"] = {"ratio": ratio, "met": ratio <= 3}
+    for n in phases:
+        if n == "serial":
+            continue
+        ratio = r[n]["throughput"]
+        out[f"throughput_{n}_ge_5x_floor_rate"] = {"ratio": ratio, "met": ratio >= 5}
+    return out
+
+
+def report(result: dict[str, Any]) -> None:
+    print(table(result))
+    print()
+    floor = result["floor"]
+    chunks = result["floor_chunks_p50_ms"]
+    print(
+        f"floor: serial rate {floor['serial_rate_per_s']:.0f}/s (1 / mean); p50 per chunk "
+        f"(before the engine, before each phase, after): {', '.join(f'{c:.2f}' for c in chunks)}"
+    )
+    for name, ph in result["phases"].items():
+        e, cpu = ph["engine"], ph["cpu"]
+        print(
+            f"{name}: {e['transactions']} commits of {e['replies_per_tx']:.1f} replies and "
+            f"{e['events_per_tx']:.1f} events, append p50 {e['append_p50_ms']:.2f} ms, "
+            f"p99 {e['append_p99_ms']:.2f} ms; projections: {e['projection_batches']} batches "
+            f"of {e['projection_events_per_batch']:.0f} events, in a transaction "
+            f"{e['projection_ms_total'] / 1000 / ph['seconds'] * 100:.0f}% of the time; "
+            f"process CPU {cpu['process_cpu_share'] * 100:.0f}% of a core"
+        )
+    result["targets"] = targets(result)
+    for key, t in result["targets"].items():
+        print(f"target {key}: {t['ratio']:.2f}x -> {'met' if t['met'] else 'MISSED'}")
+    problems = result["check"]["problems"]
+    print("checks: " + ("every reply and the log agree" if not problems else "; ".join(problems)))
+    print(json.dumps(result, separators=(",", ":"), default=str))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--floor-samples", type=int, default=2000, help="in chunks over the run")
+    parser.add_argument("--serial-pairs", type=int, default=500)
+    parser.add_argument("--warmup", type=int, default=30, help="serial pairs before timing")
+    parser.add_argument("--concurrency", default="16,64,256", help="clients, one domain")
+    parser.add_argument("--domains", type=int, default=4, help="for the spread phase (1: none)")
+    parser.add_argument("--spread-clients", type=int, default=256, help="in the spread phase")
+    parser.add_argument("--seconds", type=float, default=10.0, help="per load phase")
+    parser.add_argument("--max-pairs", type=int, default=20_000, help="per load phase")
+    parser.add_argument("--budget", type=float, default=10.0, help="seconds for all floor samples")
+    parser.add_argument("--quick", action="store_true", help="short phases, fewer samples")
+    parser.add_argument("--keep", action="store_true", help="keep the schema afterwards")
+    parser.add_argument("--profile", metavar="FILE", help="cProfile an extra load phase")
+    parser.add_argument(
+        "--no-diagnose",
+        dest="diagnose",
+        action="store_false",
+        help="skip the phases with the projection runner paused",
+    )
+    args = parser.parse_args()
+    if args.quick:
+        args.floor_samples = min(args.floor_samples, 400)
+        args.serial_pairs = min(args.serial_pairs, 100)
+        args.warmup = min(args.warmup, 10)
+        args.concurrency = "16,64"
+        args.spread_clients = min(args.spread_clients, 64)
+        args.seconds = min(args.seconds, 2.0)
+        args.budget = min(args.budget, 2.0)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    try:
+        result = asyncio.run(bench(args))
+    except BenchFailure as exc:
+        raise SystemExit(f"a reply was not the success asked for; no figures: {exc}") from exc
+    report(result)
+    problems = result["check"]["problems"]
+    if problems:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
