@@ -90,6 +90,7 @@ class PostgresEventStore:
                 server_settings=settings,
                 timeout=CONNECT_TIMEOUT_S,
                 command_timeout=COMMAND_TIMEOUT_S,
+                reset=_keep_session,
             )
             async with pool.acquire(timeout=ACQUIRE_TIMEOUT_S) as conn:
                 await migrate(conn)
@@ -292,3 +293,10 @@ def _recorded(row: asyncpg.Record) -> RecordedEvent:
         prev_hash=row["prev_hash"],
         hash=row["hash"],
     )
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Hand a connection back to the pool as it is. asyncpg always rolls back an open
+    transaction first; the default reset's RESET ALL / UNLISTEN / advisory unlock round trip
+    undoes nothing here (the store sets no session state and takes only transaction-scoped
+    locks), and it cost a round trip per append."""
