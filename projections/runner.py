@@ -114,6 +114,7 @@ class ProjectionRunner:
         self._poll_interval = poll_interval
         self._owns_pool = owns_pool
         self._checkpoints: dict[str, int] = dict.fromkeys(self._names, 0)
+        self._loaded = False  # checkpoints read from the database since start
         self._lock = asyncio.Lock()  # one catch-up or rebuild at a time in this process
         self._poke = asyncio.Event()
         self._advanced = asyncio.Event()
@@ -251,22 +252,30 @@ class ProjectionRunner:
                 log.exception("projection runner failed (attempt %d)", failures)
                 await asyncio.sleep(min(30.0, 0.05 * 2**failures))
                 continue
-            with contextlib.suppress(TimeoutError):
+            try:
                 await asyncio.wait_for(self._poke.wait(), self._poll_interval)
+            except TimeoutError:
+                self._loaded = False  # a quiet moment: look at the checkpoints themselves again
 
     async def _catch_up(self, until: int | None) -> int:
-        while True:
+        # After a notify the checkpoints are not read again: each commit locks and checks them
+        # anyway (a runner behind another skips what it did, one that finds them moved back
+        # rewinds). Polls read them, so a rebuild elsewhere is noticed without new events.
+        if not self._loaded:
             await self._load_checkpoints()
+        while True:
             try:
                 return await self._drain(until)
             except _Rewind:
                 log.info("projection checkpoints moved back (a rebuild?); reading again")
+                await self._load_checkpoints()
 
     async def _load_checkpoints(self) -> None:
         async with self._pool.acquire() as conn:
             await conn.execute(_ENSURE_CHECKPOINTS, self._names)
             rows = await conn.fetch(_READ_CHECKPOINTS, self._names)
         self._set_checkpoints({r["name"]: r["position"] for r in rows})
+        self._loaded = True
 
     async def _drain(self, until: int | None) -> int:
         cursor = self.position  # every event up to here is in every projection
