@@ -1,0 +1,169 @@
+"""The JetStream side of the contract (ARCHITECTURE §3, §6): names, configuration, envelope.
+
+- Stream `TRELLIS_EVENTS` on subjects `<prefix>.events.>`, one message per event on
+  `<prefix>.events.<domain>.<type>`, message id (`Nats-Msg-Id`) = event id, body = `Envelope`.
+  File storage, a 2-minute duplicate window, discard-old limits (`StreamLimits`: 1 GiB and a
+  week by default; the log in Postgres keeps everything).
+- KV bucket `TRELLIS_STATE`, file storage, history 1 (values: adapters/kv_state.py).
+
+For the default subject prefix `trellis` the names are exactly those. Any other prefix (each
+test uses its own) gets `TRELLIS_EVENTS_<prefix>` / `TRELLIS_STATE_<prefix>`, with every
+character outside `[A-Za-z0-9_-]` (a dot, say) replaced by `_`. Two prefixes that map to the
+same name cannot share a server: `ensure_stream` refuses a stream whose subjects are not its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+
+import msgspec
+from nats.js import JetStreamContext
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
+
+from engine.records import RecordedEvent, format_time
+
+log = logging.getLogger("trellis.relay")
+
+DEFAULT_PREFIX = "trellis"
+DUPLICATE_WINDOW_S = 120.0
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def stream_name(prefix: str = DEFAULT_PREFIX) -> str:
+    """`TRELLIS_EVENTS`, or `TRELLIS_EVENTS_<prefix, sanitised>` for another subject prefix."""
+    return _derived("TRELLIS_EVENTS", prefix)
+
+
+def bucket_name(prefix: str = DEFAULT_PREFIX) -> str:
+    """`TRELLIS_STATE`, or `TRELLIS_STATE_<prefix, sanitised>` for another subject prefix."""
+    return _derived("TRELLIS_STATE", prefix)
+
+
+def _derived(base: str, prefix: str) -> str:
+    return base if prefix == DEFAULT_PREFIX else f"{base}_{_UNSAFE.sub('_', prefix)}"
+
+
+def event_subject(prefix: str, record: RecordedEvent) -> str:
+    return f"{prefix}.events.{record.domain}.{record.type}"
+
+
+class StreamConfigError(RuntimeError):
+    """The stream name is taken by a stream with other subjects (a prefix that sanitises to the
+    same name, or a stream made by hand)."""
+
+
+class StreamLimits(msgspec.Struct, frozen=True, kw_only=True):
+    """How much of the log the stream keeps; the oldest events go first. 0 means no limit.
+    Defaults suit a dev box (TRELLIS_EVENTS_MAX_BYTES, TRELLIS_EVENTS_MAX_AGE)."""
+
+    max_bytes: int = 1 << 30  # 1 GiB
+    max_age_s: float = 7 * 24 * 3600.0  # a week
+
+
+class Envelope(msgspec.Struct, kw_only=True):
+    """The body of a stream message: the event as the log holds it (ARCHITECTURE §6)."""
+
+    id: str
+    domain: str
+    version: int
+    position: int
+    type: str
+    schema_version: int
+    recorded_at: str  # UTC with microseconds and "Z", exactly as the hash covers it
+    actor: str
+    causation_id: str
+    correlation_id: str
+    data: msgspec.Raw  # the stored JSON text, byte for byte, so the hash can be checked
+    prev_hash: str
+    hash: str
+
+    @classmethod
+    def of(cls, record: RecordedEvent) -> Envelope:
+        return cls(
+            id=record.id,
+            domain=record.domain,
+            version=record.version,
+            position=record.position,
+            type=record.type,
+            schema_version=record.schema_version,
+            recorded_at=format_time(record.recorded_at),
+            actor=record.actor,
+            causation_id=record.causation_id,
+            correlation_id=record.correlation_id,
+            data=msgspec.Raw(record.data),
+            prev_hash=record.prev_hash,
+            hash=record.hash,
+        )
+
+
+encode_envelope = msgspec.json.Encoder().encode
+
+
+async def ensure_stream(js: JetStreamContext, prefix: str, limits: StreamLimits) -> None:
+    """Create the event stream, or bring an existing one's limits in line with `limits`.
+
+    Raises:
+        StreamConfigError: a stream of that name carries other subjects.
+    """
+    name, subjects = stream_name(prefix), [f"{prefix}.events.>"]
+    max_age = limits.max_age_s
+    wanted = StreamConfig(
+        name=name,
+        description="Trellis event log, relayed from PostgreSQL (adapters/event_relay.py)",
+        subjects=subjects,
+        retention=RetentionPolicy.LIMITS,
+        discard=DiscardPolicy.OLD,  # a window on the log: never refuse a new event
+        storage=StorageType.FILE,
+        max_bytes=limits.max_bytes or -1,
+        max_age=max_age,
+        # The window may not exceed the age limit (the server refuses that).
+        duplicate_window=min(DUPLICATE_WINDOW_S, max_age) if max_age else DUPLICATE_WINDOW_S,
+    )
+    try:
+        have = (await js.stream_info(name)).config
+    except NotFoundError:
+        await js.add_stream(wanted)
+        return
+    if have.subjects != subjects:
+        raise StreamConfigError(
+            f"stream {name} carries {have.subjects}, not {subjects}: another subject prefix "
+            "maps to the same stream name, or the stream was made by hand"
+        )
+    managed = ("max_bytes", "max_age", "duplicate_window", "discard")
+    if any(getattr(have, f) != getattr(wanted, f) for f in managed):
+        await js.update_stream(
+            dataclasses.replace(have, **{f: getattr(wanted, f) for f in managed})
+        )
+
+
+async def ensure_bucket(js: JetStreamContext, prefix: str) -> KeyValue:
+    """The state bucket, created when missing."""
+    try:
+        return await js.key_value(bucket_name(prefix))
+    except BucketNotFoundError:
+        return await js.create_key_value(
+            bucket=bucket_name(prefix),
+            description="Trellis current state per device, composition and host",
+            history=1,
+            storage=StorageType.FILE,
+        )
+
+
+async def stream_tail(js: JetStreamContext, prefix: str) -> int:
+    """The log position of the stream's last message (0 when empty or unreadable)."""
+    name = stream_name(prefix)
+    info = await js.stream_info(name)
+    if not info.state.last_seq:
+        return 0
+    try:
+        msg = await js.get_msg(name, info.state.last_seq)
+        return int(json.loads(msg.data or b"{}")["position"])
+    except (NotFoundError, ValueError, KeyError, TypeError):
+        log.warning("cannot read the position of the last message in %s", name)
+        return 0
