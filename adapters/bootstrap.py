@@ -1,8 +1,9 @@
 """The one place that wires concrete adapters to the engine (cosmicpython's bootstrap).
 
 `running_engine(settings)` brings up everything `trellis up` needs: the embedded servers when
-no URLs are configured, the Postgres event store (migrated), the engine with its state rebuilt
-from the log, and the NATS intake. Leaving the context stops all of it, in reverse order.
+no URLs are configured, the Postgres event store (migrated), the projections, the event relay
+(log → JetStream stream and KV bucket), the engine with its state rebuilt from the log, and the
+NATS intake. Leaving the context stops all of it, in reverse order.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import msgspec
@@ -19,7 +20,9 @@ from nats.aio.client import Client as NATS
 
 from adapters.clock import SystemClock
 from adapters.embedded import EmbeddedNats, EmbeddedPostgres, default_data_dir
+from adapters.event_relay import EventRelay
 from adapters.fabric_sim import SimulatedFabric
+from adapters.jetstream import StreamLimits
 from adapters.nats_intake import NatsIntake
 from adapters.postgres_store import PostgresEventStore
 from adapters.settings import Settings, SettingsError
@@ -38,6 +41,7 @@ class RunningEngine(msgspec.Struct, kw_only=True):
     fabric: FabricDriver
     store: PostgresEventStore
     projections: ProjectionRunner
+    relay: EventRelay
     nc: NATS
     nats_url: str
     database_url: str
@@ -73,6 +77,16 @@ async def _nats_error(exc: Exception) -> None:
     log.debug("nats: %s", str(exc) or type(exc).__name__)
 
 
+def _each(*callbacks: Callable[[], None]) -> Callable[[], None]:
+    """One zero-argument callback that calls each of `callbacks` (the engine takes one)."""
+
+    def call_each() -> None:
+        for callback in callbacks:
+            callback()
+
+    return call_each
+
+
 @contextlib.asynccontextmanager
 async def embedded_or_configured(settings: Settings) -> AsyncIterator[tuple[str, str]]:
     """The (nats_url, database_url) to use, starting embedded servers for the unset ones."""
@@ -101,16 +115,27 @@ async def engine_on(
     clock: Clock | None = None,
     fabric: FabricDriver | None = None,
     saga_deadline: float = 10.0,
+    stream_limits: StreamLimits | None = None,
 ) -> AsyncIterator[RunningEngine]:
-    """The engine, its projections and its NATS intake on given servers, until the context
-    exits. Migrations run first; the engine's state is rebuilt from the log before it serves.
-    Without a `fabric` driver the engine drives a SimulatedFabric (there is no hardware)."""
+    """The engine, its projections, its event relay and its NATS intake on given servers, until
+    the context exits. Migrations run first; the engine's state is rebuilt from the log before
+    it serves. Without a `fabric` driver the engine drives a SimulatedFabric (there is no
+    hardware)."""
     async with contextlib.AsyncExitStack() as stack:
         store = await PostgresEventStore.open(database_url, schema=schema)
         stack.push_async_callback(store.close)
         runner = await ProjectionRunner.open(database_url, store, schema=schema)
         stack.push_async_callback(runner.close)
         await runner.start()
+        # The relay reads and publishes on connections of its own, so a burst (catching up after
+        # downtime) never queues in front of the engine's appends or the intake's replies.
+        relay_nc = await connect_nats(nats_url, name="trellis-relay")
+        stack.push_async_callback(relay_nc.close)
+        relay = await EventRelay.open(
+            database_url, relay_nc.jetstream(), schema=schema, prefix=prefix, limits=stream_limits
+        )
+        stack.push_async_callback(relay.close)
+        await relay.start()
         fabric = fabric if fabric is not None else SimulatedFabric()
         engine = Engine(
             store,
@@ -119,7 +144,7 @@ async def engine_on(
             saga_deadline=saga_deadline,
             domains=domains,
             read_models=PostgresReadModels(runner.pool, runner),
-            on_commit=runner.notify,
+            on_commit=_each(runner.notify, relay.notify),
         )
         await engine.start()
         stack.push_async_callback(engine.close)
@@ -135,6 +160,7 @@ async def engine_on(
             fabric=fabric,
             store=store,
             projections=runner,
+            relay=relay,
             nc=nc,
             nats_url=nats_url,
             database_url=database_url,
@@ -157,6 +183,7 @@ async def running_engine(settings: Settings) -> AsyncIterator[RunningEngine]:
                 domains=settings.domains,
                 fabric=fabric,
                 saga_deadline=settings.saga_deadline,
+                stream_limits=settings.stream_limits,
             )
         )
         endpoints = _write_endpoints(settings, nats_url, database_url)

@@ -11,6 +11,7 @@ from typing import Literal, get_args
 import msgspec
 
 from adapters.fabric_sim import ScriptedFault, parse_script
+from adapters.jetstream import StreamLimits
 from engine.ids import is_valid_id
 
 FabricDriverName = Literal["sim"]
@@ -37,6 +38,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     fabric_failure_rate: float = 0.0
     fabric_hang_rate: float = 0.0
     fabric_script: list[ScriptedFault] = []
+    # What the JetStream event stream keeps (adapters/jetstream.py); 0: no limit.
+    stream_limits: StreamLimits = StreamLimits()
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -79,6 +82,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             fabric_failure_rate=_probability(env, "TRELLIS_FABRIC_FAILURE_RATE"),
             fabric_hang_rate=_probability(env, "TRELLIS_FABRIC_HANG_RATE"),
             fabric_script=script,
+            stream_limits=_stream_limits(env),
         )
 
 
@@ -109,3 +113,14 @@ def _integer(env: dict[str, str], name: str, default: int) -> int:
         return int(text)
     except ValueError:
         raise SettingsError(f"{name} must be an integer; got {text!r}") from None
+
+
+def _stream_limits(env: dict[str, str]) -> StreamLimits:
+    default = StreamLimits()
+    max_bytes = _integer(env, "TRELLIS_EVENTS_MAX_BYTES", default.max_bytes)
+    if max_bytes < 0:
+        raise SettingsError(f"TRELLIS_EVENTS_MAX_BYTES must be 0 or more; got {max_bytes}")
+    max_age = _float(
+        env, "TRELLIS_EVENTS_MAX_AGE", default.max_age_s, lambda v: v >= 0, "seconds, 0 or more"
+    )
+    return StreamLimits(max_bytes=max_bytes, max_age_s=max_age)

@@ -8,16 +8,20 @@ sessions against the same servers.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import NamedTuple
 
 import asyncpg
+import nats
 import pytest
 import pytest_asyncio
+from nats.js.errors import NotFoundError
 
 from adapters.embedded import EmbeddedNats, EmbeddedPostgres
+from adapters.jetstream import bucket_name, stream_name
 
 
 class Servers(NamedTuple):
@@ -83,7 +87,25 @@ async def pg_schema(database_url: str) -> AsyncIterator[str]:
         await conn.close()
 
 
-@pytest.fixture
-def subject_prefix() -> str:
-    """A unique NATS subject token (``t<12 hex>``) for every subject and stream a test uses."""
-    return f"t{uuid.uuid4().hex[:12]}"
+@pytest_asyncio.fixture
+async def subject_prefix(nats_url: str) -> AsyncIterator[str]:
+    """A unique NATS subject token (``t<12 hex>``) for every subject and stream a test uses.
+
+    Afterwards the JetStream stream and KV bucket an engine made for it (the event relay's,
+    named after the prefix) are deleted, so the shared server does not fill up.
+    """
+    prefix = f"t{uuid.uuid4().hex[:12]}"
+    yield prefix
+    await delete_relay_targets(nats_url, prefix)
+
+
+async def delete_relay_targets(nats_url: str, prefix: str) -> None:
+    """Delete the event stream and the state bucket of `prefix`, where they exist."""
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        for stream in (stream_name(prefix), f"KV_{bucket_name(prefix)}"):
+            with contextlib.suppress(NotFoundError):
+                await js.delete_stream(stream)
+    finally:
+        await nc.close()

@@ -9,6 +9,7 @@ import msgspec
 
 from adapters.bootstrap import connect_nats, engine_on
 from adapters.client import TrellisClient
+from adapters.event_relay import EventRelay
 from adapters.postgres_store import PostgresEventStore
 from engine.ports import FabricDriver
 from engine.service import Engine
@@ -20,6 +21,7 @@ class Harness(msgspec.Struct, kw_only=True):
     fabric: FabricDriver
     store: PostgresEventStore
     projections: ProjectionRunner
+    relay: EventRelay
     client: TrellisClient
 
 
@@ -42,6 +44,7 @@ async def serving(
                 fabric=running.fabric,
                 store=running.store,
                 projections=running.projections,
+                relay=running.relay,
                 client=TrellisClient(client_nc, prefix=prefix),
             )
         finally:

@@ -9,6 +9,7 @@ import pytest
 from adapters import cli
 from adapters.bootstrap import fabric_from_settings, fabric_state_path
 from adapters.fabric_sim import ScriptedFault, SimulatedFabric
+from adapters.jetstream import StreamLimits
 from adapters.settings import Settings, SettingsError
 
 
@@ -36,6 +37,8 @@ def test_every_variable_is_read() -> None:
             "TRELLIS_FABRIC_FAILURE_RATE": "0.1",
             "TRELLIS_FABRIC_HANG_RATE": "0",
             "TRELLIS_FABRIC_SCRIPT": "hang:bind,fail:create_circuit:ocs-1",
+            "TRELLIS_EVENTS_MAX_BYTES": "1048576",
+            "TRELLIS_EVENTS_MAX_AGE": "0",
         }
     )
     assert settings == Settings(
@@ -56,6 +59,7 @@ def test_every_variable_is_read() -> None:
             ScriptedFault(kind="hang", op="bind"),
             ScriptedFault(kind="fail", op="create_circuit", component="ocs-1"),
         ],
+        stream_limits=StreamLimits(max_bytes=1048576, max_age_s=0.0),
     )
 
 
@@ -76,6 +80,9 @@ def test_every_variable_is_read() -> None:
         ("TRELLIS_FABRIC_FAILURE_RATE", "1.5", "TRELLIS_FABRIC_FAILURE_RATE must be a probability"),
         ("TRELLIS_FABRIC_HANG_RATE", "nan", "TRELLIS_FABRIC_HANG_RATE must be a probability"),
         ("TRELLIS_FABRIC_SCRIPT", "fail:bnid", "TRELLIS_FABRIC_SCRIPT: fault 'fail:bnid': 'bnid'"),
+        ("TRELLIS_EVENTS_MAX_BYTES", "1.5", "TRELLIS_EVENTS_MAX_BYTES must be an integer"),
+        ("TRELLIS_EVENTS_MAX_BYTES", "-1", "TRELLIS_EVENTS_MAX_BYTES must be 0 or more"),
+        ("TRELLIS_EVENTS_MAX_AGE", "-5", "TRELLIS_EVENTS_MAX_AGE must be seconds, 0 or more"),
     ],
 )
 def test_an_unusable_value_is_refused_naming_the_variable(
