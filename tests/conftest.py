@@ -8,20 +8,21 @@ sessions against the same servers.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import NamedTuple
 
-import asyncpg
-import nats
 import pytest
 import pytest_asyncio
-from nats.js.errors import NotFoundError
+from isolation import (
+    create_schema,
+    delete_relay_targets,
+    drop_schema,
+    unique_schema_name,
+    unique_subject_prefix,
+)
 
 from adapters.embedded import EmbeddedNats, EmbeddedPostgres
-from adapters.jetstream import bucket_name, stream_name
 
 
 class Servers(NamedTuple):
@@ -73,18 +74,10 @@ def database_url(servers: Servers) -> str:
 @pytest_asyncio.fixture
 async def pg_schema(database_url: str) -> AsyncIterator[str]:
     """A fresh, empty schema (``t_<12 hex>``) that is dropped with everything in it afterwards."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    conn = await asyncpg.connect(database_url)
-    try:
-        await conn.execute(f"create schema {name}")
-    finally:
-        await conn.close()
+    name = unique_schema_name()
+    await create_schema(database_url, name)
     yield name
-    conn = await asyncpg.connect(database_url)
-    try:
-        await conn.execute(f"drop schema if exists {name} cascade")
-    finally:
-        await conn.close()
+    await drop_schema(database_url, name)
 
 
 @pytest_asyncio.fixture
@@ -94,18 +87,6 @@ async def subject_prefix(nats_url: str) -> AsyncIterator[str]:
     Afterwards the JetStream stream and KV bucket an engine made for it (the event relay's,
     named after the prefix) are deleted, so the shared server does not fill up.
     """
-    prefix = f"t{uuid.uuid4().hex[:12]}"
+    prefix = unique_subject_prefix()
     yield prefix
     await delete_relay_targets(nats_url, prefix)
-
-
-async def delete_relay_targets(nats_url: str, prefix: str) -> None:
-    """Delete the event stream and the state bucket of `prefix`, where they exist."""
-    nc = await nats.connect(nats_url)
-    try:
-        js = nc.jetstream()
-        for stream in (stream_name(prefix), f"KV_{bucket_name(prefix)}"):
-            with contextlib.suppress(NotFoundError):
-                await js.delete_stream(stream)
-    finally:
-        await nc.close()
