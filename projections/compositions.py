@@ -114,10 +114,14 @@ def _fold(row: Row, event: Event) -> None:
         case DevicesReserved(devices=bindings):
             row["devices"].extend(device_entry(b) for b in bindings)
         case CompositionActivated():
+            # Also the end of a repair: what impaired it is history (the chain keeps it).
             row["state"] = "active"
+            row["impaired_by"] = []
         case CompositionImpaired(component=component, reason=reason):
             row["state"] = "impaired"
-            row["impaired_by"].append({"component": component, "reason": reason})
+            # Named once, with the reason it was first named for, as evolve() keeps it.
+            if all(i["component"] != component for i in row["impaired_by"]):
+                row["impaired_by"].append({"component": component, "reason": reason})
         case PathRerouted(device=device, binding=binding):
             _replace_device(row, device, binding)
         case DeviceReplaced(old_device=old, binding=binding):

@@ -715,6 +715,44 @@ async def test_why_explains_a_composition(models: PostgresReadModels, played: Sc
     )
 
 
+async def test_a_composition_names_only_what_impairs_it_now(h: Harness) -> None:
+    """A recovery that mends a composition clears what impaired it, as evolve() does; the next
+    fault is then the only one named, once however often it is reported. (The orchestration
+    state machine found the projection still naming a switch that had long recovered.)"""
+    fabric = {
+        "nodes": [
+            {"id": "host-1", "kind": "host"},
+            {"id": "sw-a", "kind": "switch"},
+            {"id": "gpu-1", "kind": "device", "device_kind": "gpu"},
+        ],
+        "links": [
+            {"id": "l-ha", "a": "host-1", "b": "sw-a", "capacity_gbps": 100},
+            {"id": "l-a1", "a": "sw-a", "b": "gpu-1", "capacity_gbps": 100},
+        ],
+    }
+    expect_ok(await h.client.admin(HALL, "import-topology", fabric))
+    body = {"host": "host-1", "device_ids": ["gpu-1"]}
+    cid = expect_ok(await h.client.intent(HALL, "acme", "compose", body))["composition_id"]
+
+    async def report(component: str, state: str) -> dict[str, Any]:
+        expect_ok(
+            await h.client.admin(HALL, "report-fault", {"component": component, "state": state})
+        )
+        found: dict[str, Any] = expect_ok(await h.client.query(HALL, "composition", {"id": cid}))
+        return found
+
+    assert (await report("sw-a", "failed"))["state"] == "impaired"
+    mended = await report("sw-a", "healthy")
+    assert (mended["state"], mended["impaired_by"]) == ("active", [])
+
+    await report("l-a1", "degraded")
+    again = await report("l-a1", "failed")
+    assert again["state"] == "impaired"
+    assert again["impaired_by"] == [{"component": "l-a1", "reason": "l-a1 degraded"}]
+    why = expect_ok(await h.client.query(HALL, "why", {"id": cid}))
+    assert why["text"].endswith("; it is impaired by l-a1.")
+
+
 async def test_why_explains_a_link_and_a_switch_by_the_paths_over_them(
     models: PostgresReadModels, played: Scenario
 ) -> None:
