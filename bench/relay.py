@@ -1,0 +1,133 @@
+"""Event relay catch-up benchmark: how fast a relay drains a log it has fallen behind on.
+
+The engine (`adapters.bootstrap.engine_on`, simulated fabric) appends a log of compose+release
+pairs from many concurrent clients while its own relay is stopped. Then a fresh relay, on a
+subject prefix (so a stream, a bucket and a checkpoint) of its own, relays that whole log:
+fold every event, publish it, put the changed KV keys, checkpoint. Each run is timed from
+`catch_up()` to its return, and checked: the stream holds the log's events, in position order,
+once each. Events/s is the log's length over that time; the best and the median run are
+printed. Uses TRELLIS_NATS_URL / TRELLIS_DATABASE_URL when set, else embedded servers; a fresh
+schema (dropped afterwards). The last line printed is one JSON object with every figure.
+
+    python bench/relay.py               # ~20,000 events, 3 runs
+    python bench/relay.py --events 5000 --runs 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path as FsPath
+from typing import Any
+
+sys.path.insert(0, str(FsPath(__file__).resolve().parents[1]))
+sys.path.insert(0, str(FsPath(__file__).resolve().parent))
+
+from intents import TENANTS, Load, fresh_schema, host_of, pair, progress, servers, topology
+
+from adapters.bootstrap import connect_nats, engine_on
+from adapters.client import TrellisClient
+from adapters.event_relay import EventRelay
+from adapters.jetstream import bucket_name, stream_name
+from adapters.settings import Settings
+
+DOMAIN = "bench"
+
+
+async def fill(client: TrellisClient, running: Any, events: int, workers: int) -> int:
+    """Compose+release pairs from `workers` clients until the log holds `events` events."""
+    load = Load()
+
+    async def worker(i: int) -> None:
+        while (await running.store.head(DOMAIN)).position < events:
+            await pair(client, DOMAIN, TENANTS[i % len(TENANTS)], host_of(i), load)
+
+    await asyncio.gather(*(worker(i) for i in range(workers)))
+    sync = running.engine.fabric_sync(DOMAIN)
+    if sync is not None:  # the fabric sagas of the last pairs may still be committing
+        await asyncio.wait_for(sync.wait_idle(), 30)
+    head: int = (await running.store.head(DOMAIN)).position
+    return head
+
+
+async def one_run(nats_url: str, database_url: str, schema: str, head: int) -> dict[str, Any]:
+    prefix = f"relaybench{uuid.uuid4().hex[:8]}"
+    nc = await connect_nats(nats_url, name="bench-relay")
+    js = nc.jetstream()
+    relay = await EventRelay.open(database_url, js, schema=schema, prefix=prefix)
+    try:
+        started = time.perf_counter()
+        published = await relay.catch_up()
+        seconds = time.perf_counter() - started
+        info = await js.stream_info(stream_name(prefix))
+        first = await js.get_msg(stream_name(prefix), 1)
+        last = await js.get_msg(stream_name(prefix), info.state.last_seq)
+        positions = [json.loads(m.data or b"{}")["position"] for m in (first, last)]
+        ok = published == head and info.state.messages == head and positions == [1, head]
+        return {"events": published, "seconds": seconds, "events_per_s": head / seconds, "ok": ok}
+    finally:
+        await relay.close(drain_timeout=0)
+        await js.delete_stream(stream_name(prefix))
+        await js.delete_key_value(bucket_name(prefix))
+        await nc.close()
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    async with (
+        servers(Settings.from_env()) as (nats_url, database_url),
+        fresh_schema(database_url, keep=False) as schema,
+    ):
+        prefix = f"relayfill{uuid.uuid4().hex[:8]}"
+        async with engine_on(
+            nats_url, database_url, schema=schema, prefix=prefix, domains=[DOMAIN]
+        ) as running:
+            await running.relay.stop()  # the log grows; nothing relays it
+            client_nc = await connect_nats(nats_url, name="bench-client")
+            try:
+                client = TrellisClient(client_nc, prefix=prefix)
+                reply = await client.admin(DOMAIN, "import-topology", topology(gpus_per_rack=64))
+                assert reply.get("ok"), reply
+                progress(f"filling the log with {args.events} events ...")
+                head = await fill(client, running, args.events, args.workers)
+            finally:
+                await client_nc.close()
+        nc = await connect_nats(nats_url, name="bench-cleanup")
+        await nc.jetstream().delete_stream(stream_name(prefix))
+        await nc.jetstream().delete_key_value(bucket_name(prefix))
+        await nc.close()
+        runs = []
+        for i in range(args.runs):
+            runs.append(await one_run(nats_url, database_url, schema, head))
+            progress(f"run {i + 1}: {runs[-1]['events_per_s']:,.0f} events/s")
+    rates = [r["events_per_s"] for r in runs]
+    return {
+        "events": head,
+        "runs": runs,
+        "best_events_per_s": max(rates),
+        "median_events_per_s": statistics.median(rates),
+        "ok": all(r["ok"] for r in runs),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--events", type=int, default=20_000, help="log length to relay")
+    parser.add_argument("--workers", type=int, default=64, help="clients filling the log")
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    result = asyncio.run(bench(args))
+    print(
+        f"{result['events']:,} events: best {result['best_events_per_s']:,.0f} events/s, "
+        f"median {result['median_events_per_s']:,.0f}; "
+        + ("stream == log" if result["ok"] else "STREAM DIFFERS FROM THE LOG")
+    )
+    print(json.dumps(result, separators=(",", ":")))
+
+
+if __name__ == "__main__":
+    main()
