@@ -3,8 +3,12 @@
 For every event after its checkpoint the relay
 1. publishes the event envelope (ARCHITECTURE §6, `data` byte for byte as stored, so a consumer
    can check the hash chain) to `<prefix>.events.<domain>.<type>` in the stream, with
-   `Nats-Msg-Id` = the event id, and waits for the PubAck before the next one (so the stream
-   holds the events in log order);
+   `Nats-Msg-Id` = the event id. Publishes are pipelined: up to `window` (256) are on the wire
+   before the relay waits for the oldest PubAck. Each carries `Nats-Expected-Last-Sequence`, the
+   stream sequence the event before it gets, so the server stores an event only directly after
+   its predecessor: if one is lost or refused, every later one in flight is refused too, never
+   stored out of order. On a refusal or a missing PubAck the relay abandons the batch (no KV
+   puts, no checkpoint), reads where the stream really ends and does the batch again from there;
 2. folds it into its own copy of the domain's DomainState (engine.state.evolve, rebuilt from
    the log on start) and notes the KV keys it changed (adapters.kv_state);
 3. after a batch (up to 500 events: whatever was committed since the last one), puts each
@@ -14,10 +18,16 @@ For every event after its checkpoint the relay
    the other has published.
 
 So nothing the engine acknowledged is lost from the stream, and nothing reaches it twice:
-- A restart resumes at the checkpoint. What was published but not checkpointed (a crash or a
-  stop mid-batch) is recognised by the stream's last message, whose position says how far the
-  stream really goes; below it only the KV keys are put again (puts are idempotent). The
-  stream's duplicate window (2 minutes, by event id) is the second line of defence.
+- A restart (or a re-sync after a failed window) resumes at the checkpoint. What was published
+  but not checkpointed (a crash, a stop or a failure mid-batch) is recognised by the stream's
+  last message, whose position says how far the stream really goes; below it only the KV keys
+  are put again (puts are idempotent). The stream's duplicate window (2 minutes, by event id)
+  is the second line of defence: a publish of the failed window that reaches the server late,
+  after the re-sync, is dropped as a duplicate of its resend (the server checks the message id
+  before the expected sequence), or it lands first and the resend is the duplicate.
+- Order: the expected sequence chains each publish to the one before it. The chain starts at
+  the stream's last sequence, read together with the position of the event stored there, so
+  the stream is always the log's events in position order, with no gap and no repeat.
 - The log is read by position exactly as the projection runner reads it
   (`PostgresEventStore.read_all`): appends are serialised (schema/001), so an event that commits
   late never has a lower position than one already read; the sequence-gap bug cannot occur.
@@ -33,6 +43,7 @@ Stream and bucket names, their configuration and the message body: adapters/jets
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -40,19 +51,22 @@ from typing import Any, Protocol
 
 import asyncpg
 from nats.js import JetStreamContext
+from nats.js.api import PubAck
+from nats.js.errors import APIError
 from nats.js.kv import KeyValue
 
 from adapters.jetstream import (
     DEFAULT_PREFIX,
     Envelope,
+    StreamEnd,
     StreamLimits,
     bucket_name,
     encode_envelope,
     ensure_bucket,
     ensure_stream,
     event_subject,
+    stream_end,
     stream_name,
-    stream_tail,
 )
 from adapters.kv_state import KeyChange, changes, coalesce
 from adapters.postgres_store import PostgresEventStore
@@ -63,7 +77,10 @@ from engine.state import DomainState, evolve
 log = logging.getLogger("trellis.relay")
 
 PUBLISH_TIMEOUT_S = 5.0
+PUBLISH_WINDOW = 256
+RESYNC_ATTEMPTS = 5  # re-syncs in a row without a batch checkpointed before backing off
 KV_IN_FLIGHT = 256
+_WRONG_LAST_SEQUENCE = 10071  # JetStream's err_code for Nats-Expected-Last-Sequence mismatches
 
 _ENSURE_CHECKPOINT = """
 INSERT INTO trellis_relay_checkpoints (stream, position) VALUES ($1, 0)
@@ -95,6 +112,11 @@ class _Rewind(Exception):
     """The checkpoint moved behind what this relay has folded (reset by an operator)."""
 
 
+class _Resync(Exception):
+    """A publish of the window was refused or not acknowledged: the stream may hold part of the
+    batch, so read where it ends and do the batch again from there."""
+
+
 class EventRelay:
     """Follows the log and keeps the stream and the KV bucket up to date with it.
 
@@ -105,6 +127,8 @@ class EventRelay:
         prefix: the subject prefix (`trellis`); also decides the stream and bucket names.
         limits: what the stream keeps; set on the stream at every start.
         batch_size: events per checkpoint transaction.
+        window: publishes on the wire before waiting for the oldest PubAck.
+        publish_timeout: seconds to wait for a PubAck before re-syncing.
         poll_interval: seconds between looks at the log when nobody calls `notify()`.
         owns_pool: close `pool` in `close()`.
     """
@@ -118,6 +142,8 @@ class EventRelay:
         prefix: str = DEFAULT_PREFIX,
         limits: StreamLimits | None = None,
         batch_size: int = 500,
+        window: int = PUBLISH_WINDOW,
+        publish_timeout: float = PUBLISH_TIMEOUT_S,
         poll_interval: float = 1.0,
         owns_pool: bool = False,
     ):
@@ -129,16 +155,22 @@ class EventRelay:
         self._js = js
         self._limits = limits or StreamLimits()
         self._batch_size = batch_size
+        self._window = window
+        self._publish_timeout = publish_timeout
         self._poll_interval = poll_interval
         self._owns_pool = owns_pool
         self._kv: KeyValue | None = None
         # Publishes the stream dropped as duplicates: events published before whose checkpoint
         # and stream tail were both lost (expected 0; more means the window did the work).
         self.duplicates = 0
+        self.resyncs = 0  # windows abandoned and done again after reading the stream's end
+        self._sent = 0  # events this relay has published and checkpointed
         self._states: dict[str, DomainState] = {}
         self._folded = 0  # the last position folded into _states
         self._published = 0  # the checkpoint as last seen: everything up to it is in the stream
-        self._tail = 0  # the position of the stream's last message, read after (re)starts
+        # Where the stream ends, read after (re)starts and when another relay moved the
+        # checkpoint; the sequence then follows this relay's own publishes (None: read it).
+        self._end: StreamEnd | None = None
         self._stale = True  # ensure the stream and bucket and re-read checkpoint and tail first
         self._lock = asyncio.Lock()
         self._poke = asyncio.Event()
@@ -218,15 +250,26 @@ class EventRelay:
             RelayStalled: an event cannot be decoded; everything before it is relayed.
         """
         async with self._lock:
+            sent, resyncs, progress = self._sent, 0, self._published
             try:
                 while True:
                     if self._stale:
                         await self._prepare()
                     try:
-                        return await self._drain()
+                        await self._drain()
+                        return self._sent - sent
                     except _Rewind:
                         log.info("relay checkpoint of %s moved back; folding again", self.stream)
                         self._states, self._folded, self._stale = {}, 0, True
+                    except _Resync as exc:
+                        if self._published != progress:
+                            resyncs, progress = 0, self._published
+                        resyncs += 1
+                        if resyncs > RESYNC_ATTEMPTS:
+                            raise
+                        self.resyncs += 1
+                        log.warning("relay re-syncing with %s: %s", self.stream, exc)
+                        self._stale = True
             except BaseException:
                 self._stale = True  # the stream, the bucket or the checkpoint may have moved
                 raise
@@ -266,23 +309,21 @@ class EventRelay:
             self._states, self._folded = {}, 0
         self._published = checkpoint
         # Everything up to the stream's last message is in it: the relay publishes in position
-        # order, each event only after the one before was stored.
-        self._tail = await stream_tail(self._js, self.prefix)
+        # order, each event stored only directly after the one before.
+        self._end = await stream_end(self._js, self.prefix)
         self._stale = False
 
-    async def _drain(self) -> int:
-        published = 0
+    async def _drain(self) -> None:
         batch: list[RecordedEvent] = []
         async for record in self._source.read_all(self._folded):
             batch.append(record)
             if len(batch) >= self._batch_size:
-                published += await self._relay(batch)
+                await self._relay(batch)
                 batch = []
         if batch:
-            published += await self._relay(batch)
-        return published
+            await self._relay(batch)
 
-    async def _relay(self, batch: list[RecordedEvent]) -> int:
+    async def _relay(self, batch: list[RecordedEvent]) -> None:
         """Fold a batch; publish and put what lies past the checkpoint; move the checkpoint.
 
         The fold goes into a copy of the states, kept only if the batch commits, so a failure
@@ -293,44 +334,52 @@ class EventRelay:
             for record in batch:
                 _fold(states, record)
             self._advance(states, last, self._published)
-            return 0
-        published, folded, stalled = 0, self._folded, None
+            return
+        folded, stalled = self._folded, None
         changed: list[KeyChange] = []
         async with self._pool.acquire() as conn, conn.transaction():
             done = await conn.fetchval(_LOCK_CHECKPOINT, self.stream)
             if done < self._published:
                 raise _Rewind
-            for record in batch:
-                try:
-                    before, event, after = _fold(states, record)
-                except RelayStalled as exc:
-                    stalled = exc  # checkpoint what came before it, then stop
-                    break
-                folded = record.position
-                if record.position <= done:
-                    continue  # another relay (another engine instance) did this one
-                if record.position > self._tail:
-                    await self._publish(record)
-                    published += 1
-                changed += changes(before, after, event, record.position)
+            if self._end is None or done > self._published:
+                # Another relay (another engine instance) published since this one last looked.
+                self._end = await stream_end(self._js, self.prefix)
+            end = self._end
+            window = _Window(self._js, self.stream, end.seq, self._window, self._publish_timeout)
+            try:
+                for record in batch:
+                    try:
+                        before, event, after = _fold(states, record)
+                    except RelayStalled as exc:
+                        stalled = exc  # checkpoint what came before it, then stop
+                        break
+                    folded = record.position
+                    if record.position <= done:
+                        continue  # another relay did this one
+                    if record.position > end.position:
+                        await window.publish(
+                            event_subject(self.prefix, record),
+                            encode_envelope(Envelope.of(record)),
+                            record.id,
+                        )
+                    changed += changes(before, after, event, record.position)
+                await window.settle()
+            except BaseException:
+                window.abandon()
+                self._end = None  # part of the window may be stored: read where the stream ends
+                raise
+            finally:
+                self.duplicates += window.duplicates
+            if window.sent:
+                # A duplicate did not take the sequence it was sent for, so the chain is off.
+                self._end = None if window.duplicates else StreamEnd(window.seq, folded)
             await self._write(coalesce(changed))
             checkpoint = max(done, folded)
             await conn.execute(_SAVE_CHECKPOINT, self.stream, checkpoint)
+        self._sent += window.sent
         self._advance(states, folded, checkpoint)
         if stalled is not None:
             raise stalled
-        return published
-
-    async def _publish(self, record: RecordedEvent) -> None:
-        ack = await self._js.publish(
-            event_subject(self.prefix, record),
-            encode_envelope(Envelope.of(record)),
-            timeout=PUBLISH_TIMEOUT_S,
-            stream=self.stream,  # land in our stream or fail, never in another one
-            headers={"Nats-Msg-Id": record.id},
-        )
-        if ack.duplicate:
-            self.duplicates += 1
 
     async def _write(self, writes: dict[str, list[bytes | None]]) -> None:
         """Put (or delete) the batch's keys: one key's writes in order, different keys at once
@@ -356,6 +405,80 @@ class EventRelay:
         # Wake every wait_for; each re-checks the position against its own target.
         advanced, self._advanced = self._advanced, asyncio.Event()
         advanced.set()
+
+
+class _Window:
+    """Publishes to the stream in order with up to `size` PubAcks outstanding.
+
+    Every message expects the stream's last sequence to be the one its predecessor was sent
+    for, so the server stores each only directly after the one before: the first message lost
+    or refused makes every later one be refused (`_Resync`), never stored out of order.
+    nats-py's `publish_async` writes each message to the connection before it returns, so they
+    leave in the order published.
+    """
+
+    def __init__(self, js: JetStreamContext, stream: str, seq: int, size: int, timeout: float):
+        self._js = js
+        self._stream = stream
+        self._size = max(1, size)
+        self._timeout = timeout
+        self.seq = seq  # the sequence the last message sent will get
+        self.sent = 0  # messages acknowledged, duplicates included
+        self.duplicates = 0
+        self._pending: collections.deque[tuple[asyncio.Future[PubAck], int]] = collections.deque()
+
+    async def publish(self, subject: str, body: bytes, msg_id: str) -> None:
+        """Send one message; first wait for the oldest PubAck if `size` are outstanding."""
+        if len(self._pending) >= self._size:
+            await self._ack_oldest()
+        headers = {"Nats-Msg-Id": msg_id, "Nats-Expected-Last-Sequence": str(self.seq)}
+        future = await self._js.publish_async(
+            subject,
+            body,
+            # No stall timeout: the window keeps far fewer in flight than nats-py's limit
+            # (4,000), and a timeout makes every publish yield, so each went out in a write
+            # of its own instead of sharing the connection's next flush.
+            wait_stall=None,
+            stream=self._stream,  # land in our stream or fail, never in another one
+            headers=headers,
+        )
+        self.seq += 1
+        self._pending.append((future, self.seq))
+
+    async def settle(self) -> None:
+        """Wait for every outstanding PubAck."""
+        while self._pending:
+            await self._ack_oldest()
+
+    def abandon(self) -> None:
+        """Stop waiting for what is outstanding (its PubAcks, if any come, are dropped)."""
+        while self._pending:
+            future, _ = self._pending.popleft()
+            if future.done():
+                if not future.cancelled():
+                    future.exception()  # retrieved: nobody needs to hear about it again
+            else:
+                future.cancel()
+
+    async def _ack_oldest(self) -> None:
+        future, seq = self._pending[0]
+        try:
+            # Usually acknowledged already when the window is full: skip wait_for's timer.
+            ack = (
+                future.result() if future.done() else await asyncio.wait_for(future, self._timeout)
+            )
+        except TimeoutError as exc:
+            raise _Resync(f"no PubAck for sequence {seq} in {self._timeout:g} s") from exc
+        except APIError as exc:
+            if exc.err_code == _WRONG_LAST_SEQUENCE:
+                raise _Resync(f"sequence {seq} refused: {exc.description}") from exc
+            raise
+        self._pending.popleft()
+        self.sent += 1
+        if ack.duplicate:
+            self.duplicates += 1  # stored already, by an earlier window or another relay
+        elif ack.seq != seq:
+            raise _Resync(f"stored at sequence {ack.seq}, not {seq}")
 
 
 def _fold(

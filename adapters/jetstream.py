@@ -155,15 +155,28 @@ async def ensure_bucket(js: JetStreamContext, prefix: str) -> KeyValue:
         )
 
 
-async def stream_tail(js: JetStreamContext, prefix: str) -> int:
-    """The log position of the stream's last message (0 when empty or unreadable)."""
+class StreamEnd(msgspec.Struct, frozen=True):
+    """Where the stream ends: its last sequence and the log position of the event stored there
+    (position 0 when the stream is empty or that message cannot be read)."""
+
+    seq: int
+    position: int
+
+
+async def stream_end(js: JetStreamContext, prefix: str) -> StreamEnd:
+    """The stream's last sequence and the log position of its last message.
+
+    Both come from the same message (the one at `last_seq`), so a publish that expects
+    `Nats-Expected-Last-Sequence: seq` is stored right after the event at `position`.
+    """
     name = stream_name(prefix)
     info = await js.stream_info(name)
-    if not info.state.last_seq:
-        return 0
+    seq = int(info.state.last_seq or 0)
+    if not seq:
+        return StreamEnd(0, 0)
     try:
-        msg = await js.get_msg(name, info.state.last_seq)
-        return int(json.loads(msg.data or b"{}")["position"])
+        msg = await js.get_msg(name, seq)
+        return StreamEnd(seq, int(json.loads(msg.data or b"{}")["position"]))
     except (NotFoundError, ValueError, KeyError, TypeError):
         log.warning("cannot read the position of the last message in %s", name)
-        return 0
+        return StreamEnd(seq, 0)

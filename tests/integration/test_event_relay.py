@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import pytest
@@ -159,6 +159,90 @@ def value(entry: Any) -> dict[str, Any]:
     return decoded
 
 
+async def burst(h: Harness, toggles: int = 20) -> None:
+    """Many commits at once: every node of the hall drained and undrained `toggles` times, all
+    nodes concurrently (one event per intent, 2 x toggles x 8 nodes of them)."""
+
+    async def toggle(node: str) -> None:
+        for _ in range(toggles):
+            expect_ok(await h.client.admin(HALL, "drain", {"id": node}))
+            expect_ok(await h.client.admin(HALL, "undrain", {"id": node}))
+
+    async with asyncio.TaskGroup() as group:
+        for node in fabric()["nodes"]:
+            group.create_task(toggle(node["id"]))
+
+
+async def backlog(h: Harness) -> list[RecordedEvent]:
+    """Given: a log of a few hundred events that the harness's relay has not published."""
+    await h.relay.stop()
+    expect_ok(await h.client.admin(HALL, "import-topology", fabric()))
+    await burst(h)
+    log = await the_log(h)
+    assert len(log) > 300
+    return log
+
+
+async def assert_stream_is_the_log(js: JetStreamContext, prefix: str, log: list[Any]) -> None:
+    """The stream holds exactly the log's events, in position order, each once."""
+    assert await stored_count(js, prefix) == len(log)
+    messages = await consume(js, prefix, len(log))
+    assert [m.headers["Nats-Msg-Id"] for m in messages] == [r.id for r in log]
+    assert [recorded(m.data).position for m in messages] == [r.position for r in log]
+
+
+class Faulty:
+    """A JetStream context whose `nth` publish_async goes wrong, once, as `how` says:
+    - "raise": it raises before sending (a connection error, say);
+    - "lost": it is never sent and never acknowledged;
+    - "ack lost": it is stored, but its PubAck never arrives;
+    - "refused": it is sent expecting another last sequence, so the stream refuses it;
+    - "hang": it never returns (a relay that dies here); `hung` is set when it is reached.
+    """
+
+    def __init__(self, js: JetStreamContext, nth: int, how: str):
+        self._js, self._nth, self._how = js, nth, how
+        self.calls = 0
+        self.hung = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._js, name)
+
+    async def publish_async(self, subject: str, payload: bytes = b"", **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.calls != self._nth:
+            return await self._js.publish_async(subject, payload, **kwargs)
+        never: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        match self._how:
+            case "raise":
+                raise ConnectionResetError("injected: the publish never left")
+            case "lost":
+                return never
+            case "ack lost":
+                await self._js.publish_async(subject, payload, **kwargs)
+                return never
+            case "refused":
+                headers = dict(kwargs.pop("headers"))
+                expected = int(headers["Nats-Expected-Last-Sequence"])
+                headers["Nats-Expected-Last-Sequence"] = str(expected + 1000)
+                return await self._js.publish_async(subject, payload, headers=headers, **kwargs)
+            case "hang":
+                self.hung.set()
+                await never
+        raise AssertionError(self._how)
+
+
+async def relay_on(
+    js: Any, database_url: str, pg_schema: str, subject_prefix: str, **kwargs: Any
+) -> EventRelay:
+    """Another relay of the same stream and checkpoint, with small windows and batches so a
+    backlog of a few hundred events spans several of each."""
+    kwargs = {"window": 16, "batch_size": 100, "publish_timeout": 0.5, **kwargs}
+    return await EventRelay.open(
+        database_url, cast(JetStreamContext, js), schema=pg_schema, prefix=subject_prefix, **kwargs
+    )
+
+
 # ---- the stream ----
 
 
@@ -215,6 +299,98 @@ async def test_a_restart_publishes_nothing_twice_even_when_the_checkpoint_was_lo
     assert await stored_count(js, subject_prefix) == len(log)
     messages = await consume(js, subject_prefix, len(log))
     assert [m.headers["Nats-Msg-Id"] for m in messages] == [r.id for r in log]
+
+
+async def test_a_burst_of_commits_reaches_the_stream_in_log_order_each_once(
+    h: Harness, nc: NATS, subject_prefix: str
+) -> None:
+    await play(h)
+    await burst(h)
+
+    await relayed(h)
+    log = await the_log(h)
+    await assert_stream_is_the_log(nc.jetstream(), subject_prefix, log)
+    assert h.relay.duplicates == h.relay.resyncs == 0
+
+
+async def test_a_backlog_is_published_in_full_windows_in_log_order_each_once(
+    h: Harness, nc: NATS, database_url: str, pg_schema: str, subject_prefix: str
+) -> None:
+    log = await backlog(h)
+    relay = await relay_on(nc.jetstream(), database_url, pg_schema, subject_prefix)
+    try:
+        assert await relay.catch_up() == len(log)
+        assert relay.position == log[-1].position
+        assert relay.duplicates == relay.resyncs == 0
+    finally:
+        await relay.close(drain_timeout=0)
+    await assert_stream_is_the_log(nc.jetstream(), subject_prefix, log)
+
+
+@pytest.mark.parametrize("how", ["lost", "ack lost", "refused"])
+async def test_a_publish_failing_mid_window_is_resynced_without_reordering_or_duplicates(
+    how: str, h: Harness, nc: NATS, database_url: str, pg_schema: str, subject_prefix: str
+) -> None:
+    log = await backlog(h)
+    faulty = Faulty(nc.jetstream(), nth=140, how=how)  # the 12th of 16 in the 9th window
+    relay = await relay_on(faulty, database_url, pg_schema, subject_prefix)
+    try:
+        await relay.catch_up()
+        assert faulty.calls > 140
+        assert relay.resyncs >= 1
+        assert relay.duplicates == 0
+        assert relay.position == log[-1].position
+    finally:
+        await relay.close(drain_timeout=0)
+    await assert_stream_is_the_log(nc.jetstream(), subject_prefix, log)
+
+
+async def test_a_publish_raising_mid_window_fails_the_batch_and_the_next_attempt_finishes(
+    h: Harness, nc: NATS, database_url: str, pg_schema: str, subject_prefix: str
+) -> None:
+    log = await backlog(h)
+    faulty = Faulty(nc.jetstream(), nth=140, how="raise")
+    relay = await relay_on(faulty, database_url, pg_schema, subject_prefix)
+    try:
+        with pytest.raises(ConnectionResetError):
+            await relay.catch_up()
+        assert relay.position == log[99].position  # the batch before the failing one is in
+        await relay.catch_up()
+        assert relay.duplicates == 0
+        assert relay.position == log[-1].position
+    finally:
+        await relay.close(drain_timeout=0)
+    await assert_stream_is_the_log(nc.jetstream(), subject_prefix, log)
+
+
+async def test_a_relay_dying_mid_window_leaves_its_successor_nothing_to_publish_twice(
+    h: Harness, nc: NATS, database_url: str, pg_schema: str, subject_prefix: str
+) -> None:
+    log = await backlog(h)
+    faulty = Faulty(nc.jetstream(), nth=140, how="hang")
+    dying = await relay_on(faulty, database_url, pg_schema, subject_prefix)
+    task = asyncio.create_task(dying.catch_up())
+    await asyncio.wait_for(faulty.hung.wait(), 10)
+    task.cancel()  # 11 publishes of its window in flight, its batch not checkpointed
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await dying.close(drain_timeout=0)
+    assert dying.position == log[99].position
+    # What it sent before dying is on the wire; a successor starting sooner would send some of
+    # it again, for the stream to drop as duplicates (or to refuse: the expected sequence).
+    deadline = asyncio.get_running_loop().time() + 5
+    while await stored_count(nc.jetstream(), subject_prefix) < 139:
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.01)
+
+    successor = await relay_on(nc.jetstream(), database_url, pg_schema, subject_prefix)
+    try:
+        published = await successor.catch_up()
+        assert published == len(log) - 139  # what the dying relay had not sent
+        assert successor.duplicates == 0
+    finally:
+        await successor.close(drain_timeout=0)
+    await assert_stream_is_the_log(nc.jetstream(), subject_prefix, log)
 
 
 async def test_two_engines_relaying_one_log_publish_each_event_once(
