@@ -29,6 +29,9 @@ from adapters.migrations import SCHEMA_DIR
 from adapters.postgres_store import PostgresEventStore
 from adapters.settings import Settings, SettingsError
 from engine.contract import json_schemas
+from engine.fabric_plan import reconcile
+from engine.ports import FabricSnapshot
+from engine.state import DomainState, evolve
 from projections import ProjectionRunner
 
 DEFAULT_DOMAIN = "default"
@@ -90,6 +93,12 @@ def _parser() -> argparse.ArgumentParser:
     fabric_show.add_argument("--domain", help="only this domain (default: every domain)")
     fabric_show.add_argument("--json", action="store_true", help="print the state as JSON")
     fabric_show.set_defaults(run=_fabric_show)
+    fabric_check = fabric_sub.add_parser(
+        "check",
+        help="compare the simulated hardware with the log; exit 1 when they differ",
+    )
+    fabric_check.add_argument("--domain", help="only this domain (default: every domain)")
+    fabric_check.set_defaults(run=_fabric_check)
 
     proj = sub.add_parser("projections", help="the read models folded from the log")
     proj_sub = proj.add_subparsers(metavar="ACTION")
@@ -337,6 +346,48 @@ def _fabric_show(args: argparse.Namespace) -> int:
     else:
         print(render.fabric_tables(result, args.domain))
     return 0
+
+
+def _fabric_check(args: argparse.Namespace) -> int:
+    """What an auditor asks of the hardware: does it hold exactly what the log says?"""
+    settings = Settings.from_env()
+    url = find_endpoint(settings, "database_url")
+    if url is None:
+        raise CliError("no database: set TRELLIS_DATABASE_URL or start one with `trellis up`")
+    path = fabric_state_path(settings)
+    try:
+        held = read_state_file(path) or {}
+    except (OSError, ValueError) as exc:
+        raise CliError(str(exc)) from None
+
+    async def folded() -> dict[str, DomainState]:
+        store = await PostgresEventStore.open(url, schema=settings.db_schema)
+        try:
+            domains = [args.domain] if args.domain else await store.domains()
+            states = {}
+            for domain in domains:
+                state = DomainState(domain=domain)
+                async for recorded in store.read(domain):
+                    state = evolve(state, recorded.event())
+                states[domain] = state
+            return states
+        finally:
+            await store.close()
+
+    states = asyncio.run(folded())
+    if args.domain and not states[args.domain].exists:
+        raise CliError(f"the log has no domain {args.domain!r}")
+    empty = FabricSnapshot(circuits=[], bindings=[])
+    differ = False
+    for domain, state in sorted(states.items()):
+        plan = reconcile(held.get(domain, empty), state)
+        lines = render.fabric_differences(plan)
+        differ |= bool(lines)
+        verdict = "hardware and log differ" if lines else "hardware holds what the log says"
+        print(f"{domain}: {verdict}")
+        for line in lines:
+            print(f"  {line}")
+    return 1 if differ else 0
 
 
 def _projections_rebuild(args: argparse.Namespace) -> int:

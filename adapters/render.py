@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from engine.fabric_plan import Reconciliation
+from engine.ports import FabricBinding, FabricCircuit
+
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """Left-aligned columns, a rule under the header, two spaces between columns."""
@@ -208,3 +211,23 @@ def blast_radius_table(result: dict[str, Any], reply: dict[str, Any]) -> str:
     tenants = ", ".join(result["tenants"]) or "none"
     headers = ["composition", "tenant", "host", "state", "devices on that path"]
     return table(headers, rows) + f"\ntenants affected: {tenants}"
+
+
+def fabric_differences(plan: Reconciliation) -> list[str]:
+    """One line per difference between the hardware and the log; none when they agree."""
+    lines = [f"holds {_binding(b)}, which the log does not" for b in plan.unbind]
+    lines += [f"holds circuit {_circuit(c)}, which the log does not" for c in plan.remove]
+    lines += [f"lacks circuit {_circuit(c)}, which the log holds" for c in plan.create]
+    lines += [f"lacks {_binding(b)}, which the log holds" for b in plan.bind]
+    lines += [
+        f"composition {cid} is still pending (its saga has not settled)" for cid in plan.pending
+    ]
+    return lines
+
+
+def _binding(b: FabricBinding) -> str:
+    return f"{b.device} bound to {b.host} for {b.composition_id} over {' > '.join(b.path)}"
+
+
+def _circuit(c: FabricCircuit) -> str:
+    return f"{c.ocs}:{c.a_port}-{c.b_port}"

@@ -15,6 +15,7 @@ import pytest_asyncio
 from harness import Harness, serving
 
 from adapters.fabric_sim import SimulatedFabric
+from engine.ports import FabricBinding
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fabric.json"
 DOMAIN = "hall-1"
@@ -157,6 +158,47 @@ async def test_fabric_show_prints_what_the_simulated_hardware_holds(
         await asyncio.wait_for(sync.wait_idle(), 5)
     code, out, _ = await trellis(env, "fabric", "show", "--domain", DOMAIN)
     assert code == 0 and f"holds nothing in {DOMAIN}" in out
+
+
+async def test_fabric_check_tells_whether_the_hardware_holds_what_the_log_says(
+    nats_url: str,
+    database_url: str,
+    pg_schema: str,
+    subject_prefix: str,
+    env: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    state_file = tmp_path / "fabric.json"
+    env = {**env, "TRELLIS_FABRIC_STATE": str(state_file)}
+    fabric = SimulatedFabric(state_file=state_file)
+    async with serving(nats_url, database_url, pg_schema, subject_prefix, fabric=fabric) as h:
+        await trellis(env, "topology", "import", str(EXAMPLE))
+        code, out, _ = await trellis(env, "compose", "--host", "host-01", "--memory", "512")
+        assert code == 0, out
+        sync = h.engine.fabric_sync(DOMAIN)
+        assert sync is not None
+        await asyncio.wait_for(sync.wait_idle(), 5)
+
+        code, out, _ = await trellis(env, "fabric", "check")
+        assert (code, out) == (0, f"{DOMAIN}: hardware holds what the log says\n")
+
+    # With the engine stopped, someone changes the hardware behind the log's back.
+    tampered = SimulatedFabric(state_file=state_file)
+    [bound] = (await tampered.snapshot(DOMAIN)).bindings
+    await tampered.unbind(DOMAIN, bound)
+    stray = FabricBinding(
+        host="host-02", device="nic-01", path=["host-02", "nic-01"], composition_id="c-x"
+    )
+    await tampered.bind(DOMAIN, stray)
+
+    code, out, _ = await trellis(env, "fabric", "check", "--domain", DOMAIN)
+
+    assert code == 1
+    assert f"{DOMAIN}: hardware and log differ" in out
+    assert (
+        "holds nic-01 bound to host-02 for c-x over host-02 > nic-01, which the log does not" in out
+    )
+    assert f"lacks mem-01 bound to host-01 for {bound.composition_id}" in out
 
 
 async def test_without_a_reachable_engine_the_cli_says_so_in_one_line(
