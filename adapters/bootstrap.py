@@ -24,7 +24,7 @@ from adapters.event_relay import EventRelay
 from adapters.fabric_sim import SimulatedFabric
 from adapters.jetstream import StreamLimits
 from adapters.nats_intake import NatsIntake
-from adapters.postgres_store import PostgresEventStore
+from adapters.postgres_store import PostgresEventStore, connect_pool
 from adapters.settings import Settings, SettingsError
 from engine.ports import Clock, FabricDriver
 from engine.service import Engine
@@ -124,7 +124,9 @@ async def engine_on(
     async with contextlib.AsyncExitStack() as stack:
         store = await PostgresEventStore.open(database_url, schema=schema)
         stack.push_async_callback(store.close)
-        runner = await ProjectionRunner.open(database_url, store, schema=schema)
+        # The projections commit on a pool of their own, so they never wait for an engine append.
+        runner_pool = await connect_pool(database_url, schema=schema, max_size=4)
+        runner = ProjectionRunner(runner_pool, store, owns_pool=True)
         stack.push_async_callback(runner.close)
         await runner.start()
         # The relay reads and publishes on connections of its own, so a burst (catching up after

@@ -26,7 +26,7 @@ from adapters.bootstrap import connect_nats, fabric_state_path, find_endpoint, r
 from adapters.client import TrellisClient
 from adapters.fabric_sim import read_state_file
 from adapters.migrations import SCHEMA_DIR
-from adapters.postgres_store import PostgresEventStore
+from adapters.postgres_store import PostgresEventStore, connect_pool
 from adapters.settings import Settings, SettingsError
 from engine.contract import json_schemas
 from engine.fabric_plan import reconcile
@@ -398,7 +398,8 @@ def _projections_rebuild(args: argparse.Namespace) -> int:
 
     async def go() -> tuple[int, float]:
         store = await PostgresEventStore.open(url, schema=settings.db_schema)
-        runner = await ProjectionRunner.open(url, store, schema=settings.db_schema)
+        pool = await connect_pool(url, schema=settings.db_schema, max_size=4)
+        runner = ProjectionRunner(pool, store, owns_pool=True)
         try:
             started = time.perf_counter()
             applied = await runner.rebuild()

@@ -69,7 +69,7 @@ from adapters.jetstream import (
     stream_name,
 )
 from adapters.kv_state import KeyChange, changes, coalesce
-from adapters.postgres_store import PostgresEventStore
+from adapters.postgres_store import PostgresEventStore, connect_pool
 from engine.events import Event
 from engine.records import RecordedEvent
 from engine.state import DomainState, evolve
@@ -184,10 +184,7 @@ class EventRelay:
         """A relay with a small pool of its own (pinned to `schema` if given) for reading the
         log and for its checkpoint, so it never takes a connection the engine's appends need.
         The schema must be migrated already (PostgresEventStore.open does that)."""
-        settings = {"search_path": schema} if schema else {}
-        pool = await asyncpg.create_pool(
-            dsn, min_size=1, max_size=2, server_settings=settings, timeout=5, reset=_keep_session
-        )
+        pool = await connect_pool(dsn, schema=schema, min_size=1, max_size=2)
         return cls(pool, PostgresEventStore(pool), js, owns_pool=True, **kwargs)
 
     @property
@@ -492,9 +489,3 @@ def _fold(
     before = states.get(record.domain) or DomainState(domain=record.domain)
     after = states[record.domain] = evolve(before, event)
     return before, event, after
-
-
-async def _keep_session(conn: asyncpg.Connection) -> None:
-    """Hand a connection back to the pool as it is (asyncpg still rolls back an open
-    transaction): the relay sets no session state and its lock is transaction-scoped, so the
-    default reset's extra round trip per batch undoes nothing."""

@@ -81,16 +81,14 @@ class PostgresEventStore:
         """Connect a pool (optionally pinned to `schema`) and run the migrations."""
         from adapters.migrations import migrate
 
-        settings = {"search_path": schema} if schema else {}
         with _translated("*"):
-            pool = await asyncpg.create_pool(
+            pool = await connect_pool(
                 dsn,
+                schema=schema,
                 min_size=min_size,
                 max_size=max_size,
-                server_settings=settings,
-                timeout=CONNECT_TIMEOUT_S,
+                connect_timeout=CONNECT_TIMEOUT_S,
                 command_timeout=COMMAND_TIMEOUT_S,
-                reset=_keep_session,
             )
             async with pool.acquire(timeout=ACQUIRE_TIMEOUT_S) as conn:
                 await migrate(conn)
@@ -295,8 +293,31 @@ def _recorded(row: asyncpg.Record) -> RecordedEvent:
     )
 
 
+async def connect_pool(
+    dsn: str,
+    *,
+    schema: str | None = None,
+    min_size: int = 1,
+    max_size: int = 8,
+    connect_timeout: float = 5.0,
+    command_timeout: float | None = None,
+) -> asyncpg.Pool:
+    """The one way Trellis connects to Postgres: a pool pinned to `schema` (when given) by a
+    startup parameter. The event store bounds its commands; background readers (projections,
+    the relay) may run long batches, so by default they are not cut off."""
+    return await asyncpg.create_pool(
+        dsn,
+        min_size=min_size,
+        max_size=max_size,
+        server_settings={"search_path": schema} if schema else {},
+        timeout=connect_timeout,
+        command_timeout=command_timeout,
+        reset=_keep_session,
+    )
+
+
 async def _keep_session(conn: asyncpg.Connection) -> None:
     """Hand a connection back to the pool as it is. asyncpg always rolls back an open
     transaction first; the default reset's RESET ALL / UNLISTEN / advisory unlock round trip
-    undoes nothing here (the store sets no session state and takes only transaction-scoped
-    locks), and it cost a round trip per append."""
+    undoes nothing here (no user of these pools sets session state, and every lock is
+    transaction-scoped), and it cost a round trip per transaction."""

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import asyncpg
 
@@ -119,17 +119,6 @@ class ProjectionRunner:
         self._poke = asyncio.Event()
         self._advanced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-
-    @classmethod
-    async def open(
-        cls, dsn: str, source: EventSource, *, schema: str | None = None, **kwargs: Any
-    ) -> ProjectionRunner:
-        """Connect a pool of its own (pinned to `schema` if given) and build a runner on it."""
-        settings = {"search_path": schema} if schema else {}
-        pool = await asyncpg.create_pool(
-            dsn, min_size=1, max_size=4, server_settings=settings, timeout=5, reset=_keep_session
-        )
-        return cls(pool, source, owns_pool=True, **kwargs)
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -340,9 +329,3 @@ class ProjectionRunner:
         # Wake every wait_for; each re-checks the position against its own target.
         advanced, self._advanced = self._advanced, asyncio.Event()
         advanced.set()
-
-
-async def _keep_session(conn: asyncpg.Connection) -> None:
-    """Hand a connection back to the pool as it is (asyncpg still rolls back an open
-    transaction): the runner sets no session state, so the default reset's extra round trip
-    per transaction undoes nothing."""
