@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -23,6 +24,12 @@ class Harness(msgspec.Struct, kw_only=True):
     projections: ProjectionRunner
     relay: EventRelay
     client: TrellisClient
+
+    async def fabric_idle(self, domain: str, timeout: float = 5.0) -> None:
+        """Until the engine's fabric holds what the domain's log says and no saga runs."""
+        sync = self.engine.fabric_sync(domain)
+        assert sync is not None, f"the engine has no fabric for {domain}"
+        await asyncio.wait_for(sync.wait_idle(), timeout)
 
 
 @contextlib.asynccontextmanager

@@ -153,9 +153,7 @@ async def test_fabric_show_prints_what_the_simulated_hardware_holds(
         assert shown == msgspec.to_builtins(await fabric.snapshot(DOMAIN))
 
         await trellis(env, "release", cid, "--tenant", "acme")
-        sync = h.engine.fabric_sync(DOMAIN)
-        assert sync is not None
-        await asyncio.wait_for(sync.wait_idle(), 5)
+        await h.fabric_idle(DOMAIN)
     code, out, _ = await trellis(env, "fabric", "show", "--domain", DOMAIN)
     assert code == 0 and f"holds nothing in {DOMAIN}" in out
 
@@ -175,9 +173,7 @@ async def test_fabric_check_tells_whether_the_hardware_holds_what_the_log_says(
         await trellis(env, "topology", "import", str(EXAMPLE))
         code, out, _ = await trellis(env, "compose", "--host", "host-01", "--memory", "512")
         assert code == 0, out
-        sync = h.engine.fabric_sync(DOMAIN)
-        assert sync is not None
-        await asyncio.wait_for(sync.wait_idle(), 5)
+        await h.fabric_idle(DOMAIN)
 
         code, out, _ = await trellis(env, "fabric", "check")
         assert (code, out) == (0, f"{DOMAIN}: hardware holds what the log says\n")

@@ -47,9 +47,7 @@ async def compose(h: Harness, body: dict[str, Any], tenant: str = "acme") -> dic
 async def in_step(h: Harness, sim: SimulatedFabric) -> tuple[list[FabricCircuit], list[str]]:
     """Wait until the fabric follows the log, check it does, and say what it holds:
     (circuits, "device@host" bindings)."""
-    sync = h.engine.fabric_sync(DOMAIN)
-    assert sync is not None
-    await asyncio.wait_for(sync.wait_idle(), 5)
+    await h.fabric_idle(DOMAIN)
     held = await sim.snapshot(DOMAIN)
     state = h.engine.state(DOMAIN)
     assert state is not None
@@ -262,9 +260,6 @@ async def test_what_could_not_be_undone_at_once_is_removed_by_a_later_pass(
 
     expect_error(await compose(h, A100), "unavailable")
 
-    sync = h.engine.fabric_sync(DOMAIN)
-    assert sync is not None
-    await asyncio.wait_for(sync.wait_idle(), 5)
     assert await in_step(h, sim) == ([], [])
     assert sim.pending_faults == 0
 
