@@ -21,17 +21,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from engine.compose import unused_circuits
 from engine.errors import FabricError
 from engine.fabric_plan import bindings_of, circuits_of, reconcile
 from engine.intents import EstablishComposition, FailComposition, settle_request_id
-from engine.ports import FabricDriver
+from engine.ports import FabricBinding, FabricCircuit, FabricDriver
 from engine.state import DomainState
 
 log = logging.getLogger(__name__)
 
 Settlement = EstablishComposition | FailComposition
+_Item = TypeVar("_Item", FabricBinding, FabricCircuit)
 # Hands a settlement to the domain's writer; resolves to the reply the composer should get.
 Settle = Callable[[str, Settlement], Awaitable[bytes]]
 
@@ -110,10 +112,11 @@ class FabricSync:
         snapshot = await asyncio.wait_for(self._fabric.snapshot(self.domain), self._deadline)
         state = self._state()
         plan = reconcile(snapshot, state)
-        ok = await self._apply(plan.unbind, "unbind")
-        ok &= await self._apply(plan.remove, "remove_circuit")
-        ok &= await self._apply(plan.create, "create_circuit")
-        ok &= await self._apply(plan.bind, "bind")
+        fabric = self._fabric
+        ok = await self._apply(fabric.unbind, plan.unbind)
+        ok &= await self._apply(fabric.remove_circuit, plan.remove)
+        ok &= await self._apply(fabric.create_circuit, plan.create)
+        ok &= await self._apply(fabric.bind, plan.bind)
         # Sagas run on their own: one slow fabric call must not hold up the rest of the domain.
         for cid in plan.pending:
             if cid not in self._sagas:
@@ -140,19 +143,17 @@ class FabricSync:
             del self._sagas[cid]
         self.kick()  # the settlement's commit wakes a pass too; this covers the failures
 
-    async def _apply(self, items: list, op: str) -> bool:  # type: ignore[type-arg]
-        """Run one kind of operation for every item; failures are logged and retried later."""
+    async def _apply(self, op: Callable[[str, _Item], Awaitable[None]], items: list[_Item]) -> bool:
+        """Run one kind of operation for every item, each within the deadline; failures are
+        logged and retried by a later pass."""
         results = await asyncio.gather(
-            *(self._bounded(getattr(self._fabric, op)(self.domain, item)) for item in items),
+            *(asyncio.wait_for(op(self.domain, item), self._deadline) for item in items),
             return_exceptions=True,
         )
         failed = [(item, r) for item, r in zip(items, results, strict=True) if r is not None]
         for item, exc in failed:
-            log.warning("domain %s: %s %s failed: %s", self.domain, op, item, exc)
+            log.warning("domain %s: %s %s failed: %s", self.domain, op.__name__, item, exc)
         return not failed
-
-    async def _bounded(self, operation: Awaitable[None]) -> None:
-        await asyncio.wait_for(operation, self._deadline)
 
     async def _compose_saga(self, cid: str) -> Settlement:
         """Program one pending composition; on failure undo it. Never raises for the fabric."""
@@ -194,8 +195,10 @@ class FabricSync:
         undone now is removed by a later pass, once the failure is recorded."""
         state = self._state()
         composition = state.compositions[cid]
-        alone = {(c.ocs, c.a_port, c.b_port) for c in unused_circuits(state, composition)}
-        ours = [c for c in circuits_of(composition) if (c.ocs, c.a_port, c.b_port) in alone]
+        ours = [
+            FabricCircuit(ocs=c.ocs, a_port=c.a_port, b_port=c.b_port)
+            for c in unused_circuits(state, composition)
+        ]
         try:
             async with asyncio.timeout(self._deadline):
                 for binding in bindings_of(composition):
