@@ -69,14 +69,14 @@ def reconcile(snapshot: FabricSnapshot, state: DomainState) -> Reconciliation:
     held_bindings = {(b.device, b.composition_id): b for b in snapshot.bindings}
     held_circuits = set(snapshot.circuits)
 
-    unbind = [
-        held
-        for key, held in sorted(held_bindings.items())
+    stale = {
+        key
+        for key, held in held_bindings.items()
         if key not in known_keys or (key in wanted_bindings and wanted_bindings[key] != held)
-    ]
-    still_bound = {key for key, held in held_bindings.items() if held not in unbind}
+    }
+    still_bound = held_bindings.keys() - stale
     return Reconciliation(
-        unbind=unbind,
+        unbind=[held_bindings[key] for key in sorted(stale)],
         remove=_ordered(held_circuits - known_circuits),
         create=_ordered(wanted_circuits - held_circuits),
         bind=[b for key, b in sorted(wanted_bindings.items()) if key not in still_bound],
