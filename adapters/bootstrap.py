@@ -19,12 +19,12 @@ import msgspec
 from nats.aio.client import Client as NATS
 
 from adapters.clock import SystemClock
-from adapters.embedded import EmbeddedNats, EmbeddedPostgres, default_data_dir
-from adapters.event_relay import EventRelay
-from adapters.fabric_sim import SimulatedFabric
-from adapters.jetstream import StreamLimits
-from adapters.nats_intake import NatsIntake
-from adapters.postgres_store import PostgresEventStore, connect_pool
+from adapters.embedded.servers import EmbeddedNats, EmbeddedPostgres, default_data_dir
+from adapters.fabric.sim import SimulatedFabric
+from adapters.nats.intake import NatsIntake
+from adapters.nats.jetstream import StreamLimits
+from adapters.nats.relay import EventRelay
+from adapters.postgres.store import PostgresEventStore, connect_pool
 from adapters.settings import Settings, SettingsError
 from engine.ports import Clock, FabricDriver
 from engine.service import Engine

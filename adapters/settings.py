@@ -10,8 +10,8 @@ from typing import Literal, get_args
 
 import msgspec
 
-from adapters.fabric_sim import ScriptedFault, parse_script
-from adapters.jetstream import StreamLimits
+from adapters.fabric.sim import ScriptedFault, parse_script
+from adapters.nats.jetstream import StreamLimits
 from engine.ids import is_valid_id
 
 FabricDriverName = Literal["sim"]
@@ -32,13 +32,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     fabric: FabricDriverName = "sim"
     fabric_state: Path | None = None  # None: fabric-sim.json in the data dir
     saga_deadline: float = 10.0
-    # The simulated fabric's knobs (adapters.fabric_sim.SimulatedFabric).
+    # The simulated fabric's knobs (adapters.fabric.sim.SimulatedFabric).
     fabric_seed: int = 0
     fabric_latency_ms: float = 0.0
     fabric_failure_rate: float = 0.0
     fabric_hang_rate: float = 0.0
     fabric_script: list[ScriptedFault] = []
-    # What the JetStream event stream keeps (adapters/jetstream.py); 0: no limit.
+    # What the JetStream event stream keeps (adapters/nats/jetstream.py); 0: no limit.
     stream_limits: StreamLimits = StreamLimits()
 
     @classmethod

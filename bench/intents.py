@@ -52,7 +52,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from adapters.bootstrap import RunningEngine, connect_nats, embedded_or_configured, engine_on
-from adapters.client import TrellisClient
+from adapters.nats.client import TrellisClient
 from adapters.settings import Settings
 
 TENANTS = [f"tenant-{i}" for i in range(8)]

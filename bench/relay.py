@@ -31,9 +31,9 @@ sys.path.insert(0, str(FsPath(__file__).resolve().parent))
 from intents import TENANTS, Load, fresh_schema, host_of, pair, progress, servers, topology
 
 from adapters.bootstrap import connect_nats, engine_on
-from adapters.client import TrellisClient
-from adapters.event_relay import EventRelay
-from adapters.jetstream import bucket_name, stream_name
+from adapters.nats.client import TrellisClient
+from adapters.nats.jetstream import bucket_name, stream_name
+from adapters.nats.relay import EventRelay
 from adapters.settings import Settings
 
 DOMAIN = "bench"

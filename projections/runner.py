@@ -53,7 +53,7 @@ UPDATE trellis_checkpoints AS c SET position = u.position
 
 class EventSource(Protocol):
     """Where the runner reads the log: every domain's events in global position order
-    (adapters.postgres_store.PostgresEventStore is one)."""
+    (adapters.postgres.store.PostgresEventStore is one)."""
 
     def read_all(self, after_position: int = 0) -> AsyncIterator[RecordedEvent]: ...
 

@@ -22,7 +22,7 @@ from isolation import (
     unique_subject_prefix,
 )
 
-from adapters.embedded import EmbeddedNats, EmbeddedPostgres
+from adapters.embedded.servers import EmbeddedNats, EmbeddedPostgres
 
 
 class Servers(NamedTuple):

@@ -13,7 +13,7 @@ import asyncpg
 import nats
 from nats.js.errors import NotFoundError
 
-from adapters.jetstream import bucket_name, stream_name
+from adapters.nats.jetstream import bucket_name, stream_name
 
 
 def unique_schema_name() -> str:

@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 import msgspec
 
 from adapters.bootstrap import connect_nats, engine_on
-from adapters.client import TrellisClient
-from adapters.event_relay import EventRelay
-from adapters.postgres_store import PostgresEventStore
+from adapters.nats.client import TrellisClient
+from adapters.nats.relay import EventRelay
+from adapters.postgres.store import PostgresEventStore
 from engine.ports import FabricDriver
 from engine.service import Engine
 from projections import ProjectionRunner

@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 from harness import Harness, serving
 
-from adapters.fabric_sim import SimulatedFabric
+from adapters.fabric.sim import SimulatedFabric
 from engine.ports import FabricBinding
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fabric.json"
@@ -46,7 +46,7 @@ async def trellis(env: dict[str, str], *args: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "adapters.cli",
+        "adapters.entrypoints.cli",
         *args,
         env=env,
         stdout=asyncio.subprocess.PIPE,

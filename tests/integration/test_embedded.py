@@ -14,7 +14,7 @@ import asyncpg
 import nats
 import pytest
 
-from adapters.embedded import (
+from adapters.embedded.servers import (
     EmbeddedNats,
     EmbeddedPostgres,
     EmbeddedServerError,
@@ -179,7 +179,7 @@ def test_servers_left_running_are_stopped_when_python_exits(tmp_path: Path) -> N
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from adapters.embedded import EmbeddedNats, EmbeddedPostgres\n"
+        "from adapters.embedded.servers import EmbeddedNats, EmbeddedPostgres\n"
         f"d = Path({str(tmp_path)!r})\n"
         "n, p = EmbeddedNats(d), EmbeddedPostgres(d)\n"
         "n.start(); p.start()\n"

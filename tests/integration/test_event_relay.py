@@ -24,8 +24,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from adapters.bootstrap import connect_nats
-from adapters.event_relay import EventRelay, RelayStalled
-from adapters.jetstream import (
+from adapters.nats.jetstream import (
     Envelope,
     StreamConfigError,
     StreamLimits,
@@ -33,7 +32,8 @@ from adapters.jetstream import (
     ensure_stream,
     stream_name,
 )
-from adapters.kv_state import composition_entry, device_entry, host_entry
+from adapters.nats.kv_state import composition_entry, device_entry, host_entry
+from adapters.nats.relay import EventRelay, RelayStalled
 from engine.records import PendingEvent, RecordedEvent, verify_chain
 
 HALL = "hall-1"

@@ -18,7 +18,7 @@ import pytest
 from fabrics import expect_error, expect_ok, fabric, gpu, link
 from harness import Harness, serving
 
-from adapters.embedded import EmbeddedPostgres
+from adapters.embedded.servers import EmbeddedPostgres
 from engine.records import verify_chain
 
 DOMAIN = "hall-1"

@@ -14,7 +14,7 @@ import pytest_asyncio
 from fabrics import expect_error, expect_ok, fabric
 from harness import Harness, serving
 
-from adapters.fabric_sim import SimulatedFabric
+from adapters.fabric.sim import SimulatedFabric
 from engine.fabric_plan import reconcile
 from engine.ports import FabricCircuit
 

@@ -31,9 +31,9 @@ from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
 
 from adapters.bootstrap import connect_nats
-from adapters.client import TrellisClient
-from adapters.fabric_sim import read_state_file
-from adapters.postgres_store import PostgresEventStore
+from adapters.fabric.sim import read_state_file
+from adapters.nats.client import TrellisClient
+from adapters.postgres.store import PostgresEventStore
 from engine.fabric_plan import reconcile
 from engine.ports import FabricBinding, FabricCircuit, FabricSnapshot
 from engine.state import DomainState, evolve
@@ -99,7 +99,7 @@ async def trellis_up(
     env = {**rig.env, "TRELLIS_FABRIC_SCRIPT": fabric_script}
     with log.open("wb") as out:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "adapters.cli", "-v", "up",
+            sys.executable, "-m", "adapters.entrypoints.cli", "-v", "up",
             cwd=REPO, env=env, stdout=out, stderr=out,
         )  # fmt: skip
     try:

@@ -63,7 +63,7 @@ from isolation import (
 )
 from test_placement_properties import check_invariants
 
-from adapters.fabric_sim import SimulatedFabric
+from adapters.fabric.sim import SimulatedFabric
 from engine.compose import composition_id
 from engine.errors import ERROR_CODES
 from engine.fabric_plan import bindings_of, circuits_of, reconcile

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from adapters.migrations import SCHEMA_DIR
+from adapters.postgres.migrations import SCHEMA_DIR
 from engine.contract import json_schemas
 from engine.upcast import UnknownEventType, upcast
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from adapters.fabric_sim import ScriptedFault, SimulatedFabric, parse_script, read_state_file
+from adapters.fabric.sim import ScriptedFault, SimulatedFabric, parse_script, read_state_file
 from engine.errors import FabricError
 from engine.ports import FabricBinding, FabricCircuit, FabricDriver, FabricSnapshot
 

@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 from unit.fabric_builder import DOMAIN, FabricBuilder, compose, composed, release, report_fault
 
-from adapters.kv_state import KeyChange, changes, coalesce
+from adapters.nats.kv_state import KeyChange, changes, coalesce
 from engine.events import ComponentRemoved, Event, TopologyImported
 from engine.state import DomainState, evolve
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from adapters import cli
 from adapters.bootstrap import fabric_from_settings, fabric_state_path
-from adapters.fabric_sim import ScriptedFault, SimulatedFabric
-from adapters.jetstream import StreamLimits
+from adapters.entrypoints import cli
+from adapters.fabric.sim import ScriptedFault, SimulatedFabric
+from adapters.nats.jetstream import StreamLimits
 from adapters.settings import Settings, SettingsError
 
 

@@ -4,7 +4,7 @@
   `<prefix>.events.<domain>.<type>`, message id (`Nats-Msg-Id`) = event id, body = `Envelope`.
   File storage, a 2-minute duplicate window, discard-old limits (`StreamLimits`: 1 GiB and a
   week by default; the log in Postgres keeps everything).
-- KV bucket `TRELLIS_STATE`, file storage, history 1 (values: adapters/kv_state.py).
+- KV bucket `TRELLIS_STATE`, file storage, history 1 (values: adapters/nats/kv_state.py).
 
 For the default subject prefix `trellis` the names are exactly those. Any other prefix (each
 test uses its own) gets `TRELLIS_EVENTS_<prefix>` / `TRELLIS_STATE_<prefix>`, with every
@@ -115,7 +115,7 @@ async def ensure_stream(js: JetStreamContext, prefix: str, limits: StreamLimits)
     max_age = limits.max_age_s
     wanted = StreamConfig(
         name=name,
-        description="Trellis event log, relayed from PostgreSQL (adapters/event_relay.py)",
+        description="Trellis event log, relayed from PostgreSQL (adapters/nats/relay.py)",
         subjects=subjects,
         retention=RetentionPolicy.LIMITS,
         discard=DiscardPolicy.OLD,  # a window on the log: never refuse a new event

@@ -13,9 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.bootstrap import connect_nats, running_engine
-from adapters.client import TrellisClient
-from adapters.fabric_sim import SimulatedFabric
-from adapters.render import (
+from adapters.entrypoints.render import (
     blast_radius_table,
     compose_summary,
     connections_table,
@@ -27,11 +25,13 @@ from adapters.render import (
     topology_tables,
     why_text,
 )
+from adapters.fabric.sim import SimulatedFabric
+from adapters.nats.client import TrellisClient
 from adapters.settings import Settings
 from engine.ports import FabricDriver
 from engine.records import verify_chain
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "fabric.json"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fabric.json"
 
 
 def say(text: str) -> None:

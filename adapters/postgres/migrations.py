@@ -11,7 +11,7 @@ import asyncpg
 
 # The repository's schema/ folder; an installed (non-editable) engine is told where it is.
 SCHEMA_DIR = Path(
-    os.environ.get("TRELLIS_SCHEMA_DIR") or Path(__file__).resolve().parent.parent / "schema"
+    os.environ.get("TRELLIS_SCHEMA_DIR") or Path(__file__).resolve().parents[2] / "schema"
 )
 _MIGRATION_NAME = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
 

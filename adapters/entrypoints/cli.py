@@ -21,12 +21,12 @@ from typing import Any
 
 import msgspec
 
-from adapters import render
 from adapters.bootstrap import connect_nats, fabric_state_path, find_endpoint, running_engine
-from adapters.client import TrellisClient
-from adapters.fabric_sim import read_state_file
-from adapters.migrations import SCHEMA_DIR
-from adapters.postgres_store import PostgresEventStore, connect_pool
+from adapters.entrypoints import render
+from adapters.fabric.sim import read_state_file
+from adapters.nats.client import TrellisClient
+from adapters.postgres.migrations import SCHEMA_DIR
+from adapters.postgres.store import PostgresEventStore, connect_pool
 from adapters.settings import Settings, SettingsError
 from engine.contract import json_schemas
 from engine.fabric_plan import reconcile

@@ -79,7 +79,7 @@ class PostgresEventStore:
         cls, dsn: str, *, schema: str | None = None, min_size: int = 1, max_size: int = 8
     ) -> PostgresEventStore:
         """Connect a pool (optionally pinned to `schema`) and run the migrations."""
-        from adapters.migrations import migrate
+        from adapters.postgres.migrations import migrate
 
         with _translated("*"):
             pool = await connect_pool(

@@ -10,7 +10,7 @@ For every event after its checkpoint the relay
    stored out of order. On a refusal or a missing PubAck the relay abandons the batch (no KV
    puts, no checkpoint), reads where the stream really ends and does the batch again from there;
 2. folds it into its own copy of the domain's DomainState (engine.state.evolve, rebuilt from
-   the log on start) and notes the KV keys it changed (adapters.kv_state);
+   the log on start) and notes the KV keys it changed (adapters.nats.kv_state);
 3. after a batch (up to 500 events: whatever was committed since the last one), puts each
    changed key's latest value into the KV bucket and moves its checkpoint (schema/004)
    forward, in the transaction that has held the checkpoint row locked since the batch began.
@@ -37,7 +37,7 @@ only pokes it (`notify`), and a poll every second covers what other engine insta
 Failures (NATS or Postgres away, an event this code cannot decode) are logged and retried with
 backoff; the engine keeps serving meanwhile.
 
-Stream and bucket names, their configuration and the message body: adapters/jetstream.py.
+Stream and bucket names, their configuration and the message body: adapters/nats/jetstream.py.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from nats.js.api import PubAck
 from nats.js.errors import APIError
 from nats.js.kv import KeyValue
 
-from adapters.jetstream import (
+from adapters.nats.jetstream import (
     DEFAULT_PREFIX,
     Envelope,
     StreamEnd,
@@ -68,8 +68,8 @@ from adapters.jetstream import (
     stream_end,
     stream_name,
 )
-from adapters.kv_state import KeyChange, changes, coalesce
-from adapters.postgres_store import PostgresEventStore, connect_pool
+from adapters.nats.kv_state import KeyChange, changes, coalesce
+from adapters.postgres.store import PostgresEventStore, connect_pool
 from engine.events import Event
 from engine.records import RecordedEvent
 from engine.state import DomainState, evolve

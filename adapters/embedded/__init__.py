@@ -1,0 +1,1 @@
+"""The embedded default: real nats-server and PostgreSQL processes from pip packages."""

@@ -1,0 +1,1 @@
+"""Entry points people run: the `trellis` command and the scripted demo."""

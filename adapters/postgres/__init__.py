@@ -1,0 +1,1 @@
+"""PostgreSQL: the append-only event log (store), its migrations and connection pools."""
