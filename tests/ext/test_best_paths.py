@@ -288,7 +288,7 @@ def test_the_compiled_fabric_refuses_topologies_decide_refuses(
     links: list[LinkInfo], message: str
 ) -> None:
     # The reference accepts these and fails (or not) later in a search; the engine never
-    # builds them (decide._check_links), so only the compiled core checks them up front.
+    # builds them (topology._check_links), so only the compiled core checks them up front.
     from path_cores import compiled
 
     nodes = {"h": NodeInfo("host"), "s": NodeInfo("switch"), "o": NodeInfo("ocs")}

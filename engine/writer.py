@@ -1,0 +1,246 @@
+"""A domain's single writer: group commit, request ids, replies only after commit.
+
+Everything that reaches a domain's log goes through its DomainWriter, which drains its queue in
+batches: each batch is decided in arrival order on a scratch state and committed in one
+transaction together with its request ids; only then does anyone hear back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Callable
+
+import msgspec
+
+from engine import replies
+from engine.context import Context
+from engine.decide import decide
+from engine.errors import ConcurrencyConflict, IntentRejected, StoreUnavailable
+from engine.ports import Clock, EventStore, PendingReply, StoredReply
+from engine.records import Head, PendingEvent
+from engine.state import DomainState, evolve
+
+log = logging.getLogger(__name__)
+
+_encode = msgspec.json.Encoder().encode
+
+
+class Request(msgspec.Struct, kw_only=True):
+    actor: str
+    verb: str
+    intent: msgspec.Struct
+    body_hash: str
+    reply: asyncio.Future[bytes]
+    correlation_id: str | None = None  # default: the request id
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.actor, self.intent.request_id)  # type: ignore[attr-defined]
+
+
+class DomainWriter:
+    """The single writer of one domain's stream."""
+
+    def __init__(
+        self,
+        domain: str,
+        store: EventStore,
+        clock: Clock,
+        max_batch: int,
+        on_commit: Callable[[], None] | None = None,
+    ):
+        self.domain = domain
+        self._on_commit = on_commit
+        self.state = DomainState(domain=domain)
+        self.head = Head()
+        self._store = store
+        self._clock = clock
+        self._max_batch = max_batch
+        self._queue: asyncio.Queue[Request] = asyncio.Queue()
+        self._stale = True  # must catch up from the log before the next decision
+        self._task: asyncio.Task[None] | None = None
+
+    async def catch_up(self) -> None:
+        """Fold every event after our head into the state (start, or after a lost race)."""
+        state, head = self.state, self.head
+        async for recorded in self._store.read(self.domain, after_version=head.version):
+            state = evolve(state, recorded.event())
+            head = Head(recorded.version, recorded.position, recorded.hash)
+        self.state, self.head, self._stale = state, head, False
+
+    async def request(
+        self,
+        actor: str,
+        verb: str,
+        intent: msgspec.Struct,
+        family: str,
+        correlation_id: str | None = None,
+    ) -> bytes:
+        """Queue one intent for the next batch; the reply, once its batch has committed."""
+        request = Request(
+            actor=actor,
+            verb=verb,
+            intent=intent,
+            body_hash=body_hash(family, verb, intent),
+            reply=asyncio.get_running_loop().create_future(),
+            correlation_id=correlation_id,
+        )
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"writer-{self.domain}")
+        self._queue.put_nowait(request)
+        return await request.reply
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        task = asyncio.current_task()
+        while True:
+            if task is not None and task.cancelling():
+                # A cancellation that surfaced as a store error was answered as `unavailable`;
+                # it is still a request to stop.
+                raise asyncio.CancelledError
+            batch = [await self._queue.get()]
+            while len(batch) < self._max_batch and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            await self._commit_isolating_failures(batch)
+
+    async def _commit_isolating_failures(self, batch: list[Request]) -> None:
+        """Commit the batch; if it fails unexpectedly, retry its requests one by one so a
+        single poisonous request cannot take the others down with it."""
+        try:
+            await self._commit_batch(batch)
+            return
+        except Exception:  # a bug must not kill the writer; the clients get an answer
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # asyncpg may surface a cancellation inside a dying transaction as another
+                # error; swallowing it would make close() wait forever.
+                raise
+            log.exception("domain %s: batch of %d failed", self.domain, len(batch))
+            self._stale = True
+        if len(batch) == 1:
+            _answer_all(batch, replies.error("unavailable", "internal error; retry later"))
+            return
+        for request in batch:
+            await self._commit_isolating_failures([request])
+
+    async def _commit_batch(self, batch: list[Request]) -> None:
+        for _attempt in range(3):
+            try:
+                if self._stale:
+                    await self.catch_up()
+                await self._decide_and_append(batch)
+                return
+            except ConcurrencyConflict as exc:
+                # Another engine wrote to this domain: re-read the log and decide again.
+                log.info("domain %s: %s; catching up", self.domain, exc)
+                self._stale = True
+            except StoreUnavailable as exc:
+                # The commit may or may not have happened; the log is the truth, so re-read it
+                # before deciding anything else. Clients retry with the same request_id.
+                self._stale = True
+                _answer_all(batch, replies.error("unavailable", f"event store unavailable: {exc}"))
+                return
+        _answer_all(batch, replies.error("unavailable", "too much write contention; retry"))
+
+    async def _decide_and_append(self, batch: list[Request]) -> None:
+        stored = await self._store.find_replies(self.domain, [r.key for r in batch])
+        state = self.state
+        events: list[PendingEvent] = []
+        pending: list[PendingReply] = []
+        # Per request: the final reply now, or ("first" | "resend", index into `pending`).
+        answers: list[bytes | tuple[str, int]] = []
+        first_in_batch: dict[tuple[str, str], int] = {}
+        now = self._clock.now()
+        for req in batch:
+            earlier = stored.get(req.key)
+            index = first_in_batch.get(req.key)
+            if earlier is not None:
+                answers.append(_resend(earlier.body_hash, earlier.reply, req))
+                continue
+            if index is not None:
+                same = pending[index].body_hash == req.body_hash
+                answers.append(("resend", index) if same else _conflict(req))
+                continue
+            ctx = Context(domain=self.domain, actor=req.actor, verb=req.verb, now=now)
+            try:
+                decision = decide(state, req.intent, ctx)
+            except IntentRejected as exc:
+                answers.append(replies.rejection(exc))
+                continue
+            for event in decision.events:
+                state = evolve(state, event)
+                events.append(
+                    PendingEvent.of(
+                        event,
+                        actor=req.actor,
+                        causation_id=req.intent.request_id,  # type: ignore[attr-defined]
+                        correlation_id=req.correlation_id or req.intent.request_id,  # type: ignore[attr-defined]
+                        at=now,
+                    )
+                )
+            first_in_batch[req.key] = len(pending)
+            answers.append(("first", len(pending)))
+            pending.append(
+                PendingReply(
+                    actor=req.actor,
+                    request_id=req.intent.request_id,  # type: ignore[attr-defined]
+                    verb=req.verb,
+                    body_hash=req.body_hash,
+                    # A recorded rejection (no_capacity, no_path) is stored like any answer.
+                    ok=decision.error is None,
+                    body=(
+                        _encode(decision.result)
+                        if decision.error is None
+                        else replies.rejection(decision.error)
+                    ),
+                    event_index=len(events) - 1 if events else None,
+                )
+            )
+        committed: list[StoredReply] = []
+        if pending:
+            appended = await self._store.append(self.domain, self.head, events, pending)
+            self.state, self.head, committed = state, appended.head, appended.replies
+            if events and self._on_commit is not None:
+                self._on_commit()  # e.g. wake the projection runner
+        # Only now, after the commit, does anyone hear back.
+        for req, ans in zip(batch, answers, strict=True):
+            if isinstance(ans, bytes):
+                _answer(req, ans)
+            else:
+                kind, index = ans
+                reply = committed[index].reply
+                _answer(req, replies.as_replayed(reply) if kind == "resend" else reply)
+
+
+def body_hash(family: str, verb: str, intent: msgspec.Struct) -> str:
+    """Hash of the decoded body, so key order and whitespace do not make a resend 'different'."""
+    return hashlib.sha256(f"{family}.{verb}\n".encode() + _encode(intent)).hexdigest()
+
+
+def _resend(first_hash: str, first_reply: bytes, req: Request) -> bytes:
+    return replies.as_replayed(first_reply) if first_hash == req.body_hash else _conflict(req)
+
+
+def _conflict(req: Request) -> bytes:
+    rid = req.intent.request_id  # type: ignore[attr-defined]
+    return replies.error(
+        "conflict",
+        f"request_id {rid!r} was already used with a different body",
+        {"request_id": rid},
+    )
+
+
+def _answer(req: Request, reply: bytes) -> None:
+    if not req.reply.done():
+        req.reply.set_result(reply)
+
+
+def _answer_all(batch: list[Request], reply: bytes) -> None:
+    for req in batch:
+        _answer(req, reply)
