@@ -28,7 +28,7 @@ from engine.errors import FabricError
 from engine.fabric_plan import bindings_of, circuits_of, reconcile
 from engine.intents import EstablishComposition, FailComposition, settle_request_id
 from engine.ports import FabricBinding, FabricCircuit, FabricDriver
-from engine.state import DomainState
+from engine.state import Composition, DomainState
 
 log = logging.getLogger(__name__)
 
@@ -118,17 +118,28 @@ class FabricSync:
         ok &= await self._apply(fabric.create_circuit, plan.create)
         ok &= await self._apply(fabric.bind, plan.bind)
         # Sagas run on their own: one slow fabric call must not hold up the rest of the domain.
+        # The plan is as old as the state read before the awaits above; meanwhile a saga may
+        # have settled its composition (and a release ended it), so only compositions pending
+        # *now* get a saga. Nothing else settles a pending composition, so it stays pending
+        # until the saga started here settles it.
+        now = self._state().compositions
         for cid in plan.pending:
-            if cid not in self._sagas:
-                self._sagas[cid] = asyncio.create_task(self._saga(cid), name=f"saga-{cid}")
+            composition = now.get(cid)
+            if (
+                cid not in self._sagas
+                and composition is not None
+                and composition.state == "pending"
+            ):
+                self._sagas[cid] = asyncio.create_task(self._saga(composition), name=f"saga-{cid}")
         self.passes += 1
         return ok
 
-    async def _saga(self, cid: str) -> None:
+    async def _saga(self, composition: Composition) -> None:
         """Program one pending composition, settle it and tell whoever waits for it. If the
         store could not record the settlement it stays pending and a later pass runs it again."""
+        cid = composition.id
         try:
-            settlement = await self._compose_saga(cid)
+            settlement = await self._compose_saga(composition)
             reply = await self._settle(self.domain, settlement)
             future = self._settled.pop(cid, None)
             if future is not None and not future.done():
@@ -155,9 +166,9 @@ class FabricSync:
             log.warning("domain %s: %s %s failed: %s", self.domain, op.__name__, item, exc)
         return not failed
 
-    async def _compose_saga(self, cid: str) -> Settlement:
+    async def _compose_saga(self, composition: Composition) -> Settlement:
         """Program one pending composition; on failure undo it. Never raises for the fabric."""
-        composition = self._state().compositions[cid]
+        cid = composition.id
         request_id = settle_request_id(cid)
         step, target = "", ""
         try:
@@ -179,7 +190,7 @@ class FabricSync:
         log.warning(
             "domain %s: composing %s failed at %s %s: %s", self.domain, cid, step, target, error
         )
-        await self._undo(cid)
+        await self._undo(composition)
         return FailComposition(
             request_id=request_id,
             composition_id=cid,
@@ -189,12 +200,11 @@ class FabricSync:
             error=error,
         )
 
-    async def _undo(self, cid: str) -> None:
+    async def _undo(self, composition: Composition) -> None:
         """Take back whatever the saga may have programmed, the call that failed included (it
         may have taken effect). Circuits another composition also passes stay. What cannot be
         undone now is removed by a later pass, once the failure is recorded."""
-        state = self._state()
-        composition = state.compositions[cid]
+        state, cid = self._state(), composition.id
         ours = [
             FabricCircuit(ocs=c.ocs, a_port=c.a_port, b_port=c.b_port)
             for c in unused_circuits(state, composition)

@@ -144,3 +144,28 @@ def expect_error(reply: dict[str, Any], code: str) -> dict[str, Any]:
     assert error["code"] == code, reply
     assert isinstance(error["message"], str) and len(error["message"]) > 5, reply
     return error
+
+
+def hall(racks: int = 8, hosts: int = 4, leaves: int = 4, gpus_per_leaf: int = 16) -> Doc:
+    """A hall as outside load tests build it: racks of a spine switch, hosts and leaf switches
+    of GPUs (four models), the spines joined by one OCS. Hosts are `r<R>-h<H>`."""
+    models = [("A100", 8), ("H100", 9), ("H200", 9), ("B200", 10)]
+    nodes: list[Doc] = [ocs("ocs-1", ports=racks)]
+    links: list[Doc] = []
+    for r in range(racks):
+        spine = f"r{r}-spine"
+        nodes.append(switch(spine))
+        links.append(link(f"{spine}-up", spine, "ocs-1", b_port=r, capacity_gbps=400))
+        for h in range(hosts):
+            nodes.append(host(f"r{r}-h{h}", rack=f"r{r}"))
+            links.append(link(f"r{r}-h{h}-l", f"r{r}-h{h}", spine, capacity_gbps=128))
+        for leaf_no in range(leaves):
+            leaf = f"r{r}-leaf{leaf_no}"
+            nodes.append(switch(leaf))
+            links.append(link(f"{leaf}-l", spine, leaf, capacity_gbps=256))
+            for g in range(gpus_per_leaf):
+                model, generation = models[g % len(models)]
+                gpu_id = f"{leaf}-g{g}"
+                nodes.append(gpu(gpu_id, model=model, generation=generation))
+                links.append(link(f"{gpu_id}-l", leaf, gpu_id, capacity_gbps=64))
+    return {"nodes": nodes, "links": links}
