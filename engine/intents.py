@@ -6,6 +6,8 @@ each (family, verb) to its Struct and `decode_intent` is the single strict decod
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
 from typing import Annotated, Literal
 
 import msgspec
@@ -149,6 +151,12 @@ class FailComposition(Intent):
 
 def settle_request_id(composition_id: str) -> str:
     return f"settle-{composition_id}"
+
+
+def lease_expiry_request_id(composition_ids: Iterable[str]) -> str:
+    """Named by the compositions it ends, so a resend after a crash replays, not re-decides."""
+    digest = hashlib.sha256(",".join(sorted(composition_ids)).encode()).hexdigest()[:24]
+    return f"lease-expiry-{digest}"
 
 
 # ---- read-only queries (trellis.query.<domain>.<what>); no request_id needed ----

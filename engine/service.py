@@ -9,13 +9,13 @@ from committed state or from the projections.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from collections.abc import Callable, Iterable
 
 import msgspec
 
 from engine import replies
+from engine.actors import ENGINE, OPERATOR, is_reserved
 from engine.errors import IntentRejected, StoreUnavailable
 from engine.ids import is_valid_id
 from engine.intents import (
@@ -29,6 +29,7 @@ from engine.intents import (
     InvalidIntent,
     WhyQuery,
     decode_intent,
+    lease_expiry_request_id,
     settle_request_id,
 )
 from engine.ports import Clock, EventStore, FabricDriver, ReadModels
@@ -39,8 +40,6 @@ from engine.writer import DomainWriter
 
 log = logging.getLogger(__name__)
 
-OPERATOR = "operator"
-ENGINE = "engine"  # the actor of what the engine decides on its own: expiries, settlements
 _encode = msgspec.json.Encoder().encode
 
 
@@ -122,9 +121,7 @@ class Engine:
                 if c.expires_at is not None and c.expires_at <= now and c.state != "pending"
             )
             if due:
-                # Named by what it ends: a resend after a crash replays instead of re-deciding.
-                digest = hashlib.sha256(",".join(due).encode()).hexdigest()[:24]
-                expire = ExpireLeases(request_id=f"lease-expiry-{digest}")
+                expire = ExpireLeases(request_id=lease_expiry_request_id(due))
                 answers.append(await writer.request(ENGINE, "expire", expire, "internal"))
         return answers
 
@@ -158,6 +155,13 @@ class Engine:
         for what, token in (("domain", domain), ("tenant", tenant)):
             if token is not None and not is_valid_id(token):
                 return replies.error("invalid", f"{what} {token!r} is not a valid id")
+        if tenant is not None and is_reserved(tenant):
+            return replies.error(
+                "forbidden",
+                f"tenant {tenant!r} is reserved for Trellis's internal actors; "
+                "tenant names may not be engine, operator or auditor, nor start with '_'",
+                {"tenant": tenant},
+            )
         if not self.serves(domain):
             return replies.error("not_found", f"this engine does not serve domain {domain!r}")
         try:
