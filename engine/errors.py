@@ -13,6 +13,7 @@ ErrorCode = Literal[
     "no_path",
     "quota",
     "unavailable",
+    "failed",
 ]
 ERROR_CODES: tuple[str, ...] = ErrorCode.__args__  # type: ignore[attr-defined]
 

@@ -79,7 +79,7 @@ def fail(state: DomainState, intent: FailComposition) -> Decision:
         f"composition {composition.id} failed and was rolled back: {reason}; nothing is held, "
         "compose again with a new request_id"
     )
-    return Decision(events, error=IntentRejected("unavailable", message, details))
+    return Decision(events, error=IntentRejected("failed", message, details))
 
 
 def _pending(state: DomainState, cid: str) -> Composition:

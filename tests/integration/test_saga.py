@@ -89,7 +89,7 @@ async def test_a_driver_error_undoes_the_saga_and_the_reply_says_what_failed(
 ) -> None:
     sim.fail_next("bind", "gpu-02")
 
-    error = expect_error(await compose(h, A100), "unavailable")
+    error = expect_error(await compose(h, A100), "failed")
 
     assert error["details"]["step"] == "bind"
     assert error["details"]["target"] == "gpu-02"
@@ -108,7 +108,7 @@ async def test_a_lost_reply_is_undone_too(h: Harness, sim: SimulatedFabric) -> N
     error to mean 'nothing happened'."""
     sim.fail_next("bind", applied=True)
 
-    expect_error(await compose(h, A100), "unavailable")
+    expect_error(await compose(h, A100), "failed")
 
     assert await in_step(h, sim) == ([], [])
 
@@ -118,7 +118,7 @@ async def test_a_hung_operation_is_abandoned_at_the_deadline_and_undone(
 ) -> None:
     sim.hang_next("bind", applied=True)
 
-    error = expect_error(await compose(h, A100), "unavailable")
+    error = expect_error(await compose(h, A100), "failed")
 
     assert error["details"]["step"] == "bind"
     assert f"no answer within {DEADLINE:g}s" in error["details"]["error"]
@@ -131,7 +131,7 @@ async def test_a_failed_circuit_fails_the_composition_before_any_binding(
 ) -> None:
     sim.fail_next("create_circuit", "ocs-1")
 
-    error = expect_error(await compose(h, A100), "unavailable")
+    error = expect_error(await compose(h, A100), "failed")
 
     assert (error["details"]["step"], error["details"]["target"]) == ("create_circuit", "ocs-1:0-2")
     assert not any(op == "bind" for op, _, _ in sim.calls)
@@ -146,7 +146,7 @@ async def test_a_resend_during_the_saga_gets_the_same_settled_answer(
 
     first, again = await asyncio.gather(compose(h, body), _after(0.1, compose(h, body)))
 
-    assert expect_error(first, "unavailable") == expect_error(again, "unavailable")
+    assert expect_error(first, "failed") == expect_error(again, "failed")
     later = await compose(h, body)
     assert later == first  # error replies carry no replayed flag; the answer is the same
     assert (await types_of(h)).count("CompositionFailed") == 1
@@ -235,7 +235,7 @@ async def test_a_hung_saga_does_not_hold_up_the_rest_of_the_domain(
 
     assert expect_ok(other)["state"] == "active"
     assert not stuck.done()  # still within its deadline
-    expect_error(await stuck, "unavailable")
+    expect_error(await stuck, "failed")
     assert (await in_step(h, sim))[1] == ["nic-01@host-01"]
 
 
@@ -247,7 +247,7 @@ async def test_a_pending_composition_cannot_be_released(h: Harness, sim: Simulat
     reply = await h.client.intent(DOMAIN, "acme", "release", {"composition_id": cid})
 
     assert "being established" in expect_error(reply, "conflict")["message"]
-    expect_error(await composing, "unavailable")
+    expect_error(await composing, "failed")
 
 
 async def test_what_could_not_be_undone_at_once_is_removed_by_a_later_pass(
@@ -258,7 +258,7 @@ async def test_what_could_not_be_undone_at_once_is_removed_by_a_later_pass(
     sim.fail_next("bind", applied=True)
     sim.fail_next("unbind", times=1)
 
-    expect_error(await compose(h, A100), "unavailable")
+    expect_error(await compose(h, A100), "failed")
 
     assert await in_step(h, sim) == ([], [])
     assert sim.pending_faults == 0

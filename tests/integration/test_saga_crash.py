@@ -243,7 +243,7 @@ async def test_a_restarted_engine_compensates_when_the_fabric_refuses_to_finish(
     # When: the engine starts again, and the fabric refuses the bind.
     async with client_of(rig, timeout=10) as client, trellis_up(rig, client, "fail:bind"):
         # Then: the resend hears the failure and the step that failed.
-        error = expect_error(await client.intent(DOMAIN, TENANT, "compose", COMPOSE), "unavailable")
+        error = expect_error(await client.intent(DOMAIN, TENANT, "compose", COMPOSE), "failed")
         assert error["details"]["composition_id"] == cid
         assert (error["details"]["step"], error["details"]["target"]) == ("bind", "gpu-01")
 

@@ -612,19 +612,25 @@ class OrchestrationMachine(RuleBasedStateMachine):
             for device in result["devices"]:
                 assert device["path"][0] == result["host"] and device["path"][-1] == device["id"]
             return [cid]
-        error = error_of(reply, {"invalid", "not_found", "no_capacity", "no_path", "unavailable"})
+        error = error_of(
+            reply, {"invalid", "not_found", "no_capacity", "no_path", "failed", "unavailable"}
+        )
         details = error["details"]
         if error["code"] in ("no_capacity", "no_path"):
             assert isinstance(details.get("funnel"), list), reply
-        if error["code"] == "unavailable":
+        if error["code"] == "failed":  # the saga failed and was rolled back: it says where
             cid = details["composition_id"]
             self.owners[cid] = tenant
-            event(f"compose failed at {details.get('step', 'no settlement in time')}")
-            if "step" in details:  # the saga failed and was rolled back: it says where
-                assert details["step"] in ("create_circuit", "bind"), reply
-                assert details["target"], reply
-                assert cid not in self.state.compositions, reply
-            # else: still being established when the reply was due; checked once settled
+            event(f"compose failed at {details['step']}")
+            assert details["step"] in ("create_circuit", "bind"), reply
+            assert details["target"], reply
+            assert cid not in self.state.compositions, reply
+            return [cid]
+        if error["code"] == "unavailable":
+            # Still being established when the reply was due; checked once settled.
+            cid = details["composition_id"]
+            self.owners[cid] = tenant
+            event("compose failed at no settlement in time")
             return [cid]
         return []
 

@@ -106,7 +106,7 @@ def test_fail_returns_everything_and_names_what_failed() -> None:
     events, error = run(state, fail(cid), "engine")
 
     assert [type(e) for e in events] == [CompositionFailed, CircuitRemoved]
-    assert isinstance(error, IntentRejected) and error.code == "unavailable"
+    assert isinstance(error, IntentRejected) and error.code == "failed"
     assert error.details["step"] == "bind" and "controller said no" in error.message
     after = apply(state, events)
     assert after.device_owner == {} and after.circuits == {} and after.compositions == {}
