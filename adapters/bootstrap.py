@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
@@ -23,12 +23,13 @@ from adapters.embedded.servers import EmbeddedNats, EmbeddedPostgres, default_da
 from adapters.fabric.sim import SimulatedFabric
 from adapters.nats.intake import NatsIntake
 from adapters.nats.jetstream import StreamLimits
-from adapters.nats.relay import EventRelay
+from adapters.nats.relay import RelaySink
 from adapters.postgres.store import PostgresEventStore, connect_pool
 from adapters.settings import Settings, SettingsError
+from engine.follower import Followers
 from engine.ports import Clock, FabricDriver
 from engine.service import Engine
-from projections import PostgresReadModels, ProjectionRunner
+from projections import PostgresReadModels, ProjectionSink
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,9 @@ class RunningEngine(msgspec.Struct, kw_only=True):
     engine: Engine
     fabric: FabricDriver
     store: PostgresEventStore
-    projections: ProjectionRunner
-    relay: EventRelay
+    followers: Followers  # each domain's projections and event relay
+    projections: ProjectionSink
+    relay: RelaySink
     nc: NATS
     nats_url: str
     database_url: str
@@ -77,16 +79,6 @@ async def _nats_error(exc: Exception) -> None:
     log.debug("nats: %s", str(exc) or type(exc).__name__)
 
 
-def _each(*callbacks: Callable[[], None]) -> Callable[[], None]:
-    """One zero-argument callback that calls each of `callbacks` (the engine takes one)."""
-
-    def call_each() -> None:
-        for callback in callbacks:
-            callback()
-
-    return call_each
-
-
 @contextlib.asynccontextmanager
 async def embedded_or_configured(settings: Settings) -> AsyncIterator[tuple[str, str]]:
     """The (nats_url, database_url) to use, starting embedded servers for the unset ones."""
@@ -116,28 +108,30 @@ async def engine_on(
     fabric: FabricDriver | None = None,
     saga_deadline: float = 10.0,
     stream_limits: StreamLimits | None = None,
+    follow_options: dict[str, float] | None = None,
 ) -> AsyncIterator[RunningEngine]:
     """The engine, its projections, its event relay and its NATS intake on given servers, until
     the context exits. Migrations run first; the engine's state is rebuilt from the log before
     it serves. Without a `fabric` driver the engine drives a SimulatedFabric (there is no
-    hardware)."""
+    hardware). `follow_options` tune the log followers (engine.follower.Follower)."""
     async with contextlib.AsyncExitStack() as stack:
         store = await PostgresEventStore.open(database_url, schema=schema)
         stack.push_async_callback(store.close)
-        # The projections commit on a pool of their own, so they never wait for an engine append.
-        runner_pool = await connect_pool(database_url, schema=schema, max_size=4)
-        runner = ProjectionRunner(runner_pool, store, owns_pool=True)
-        stack.push_async_callback(runner.close)
-        await runner.start()
-        # The relay reads and publishes on connections of its own, so a burst (catching up after
-        # downtime) never queues in front of the engine's appends or the intake's replies.
+        # The projections and the relay commit on pools of their own, so they never wait for
+        # an engine append, and the relay publishes on a NATS connection of its own, so a burst
+        # (catching up after downtime) never queues in front of the intake's replies.
+        projection_pool = await connect_pool(database_url, schema=schema, max_size=4)
+        stack.push_async_callback(projection_pool.close)
+        relay_pool = await connect_pool(database_url, schema=schema, min_size=1, max_size=2)
+        stack.push_async_callback(relay_pool.close)
         relay_nc = await connect_nats(nats_url, name="trellis-relay")
         stack.push_async_callback(relay_nc.close)
-        relay = await EventRelay.open(
-            database_url, relay_nc.jetstream(), schema=schema, prefix=prefix, limits=stream_limits
-        )
-        stack.push_async_callback(relay.close)
-        await relay.start()
+        projections = ProjectionSink(projection_pool)
+        relay = RelaySink(relay_pool, relay_nc, prefix=prefix, limits=stream_limits)
+        await relay.prepare()
+        followers = Followers(store, [projections, relay], **(follow_options or {}))
+        # Closed after the engine: the last commits still reach the stream on a clean exit.
+        stack.push_async_callback(followers.close)
         fabric = fabric if fabric is not None else SimulatedFabric()
         engine = Engine(
             store,
@@ -145,8 +139,8 @@ async def engine_on(
             fabric,
             saga_deadline=saga_deadline,
             domains=domains,
-            read_models=PostgresReadModels(runner.pool, runner),
-            on_commit=_each(runner.notify, relay.notify),
+            read_models=PostgresReadModels(projection_pool, followers),
+            followers=followers,
         )
         await engine.start()
         stack.push_async_callback(engine.close)
@@ -161,7 +155,8 @@ async def engine_on(
             engine=engine,
             fabric=fabric,
             store=store,
-            projections=runner,
+            followers=followers,
+            projections=projections,
             relay=relay,
             nc=nc,
             nats_url=nats_url,

@@ -397,9 +397,9 @@ async def settle(running: RunningEngine, domains: list[str]) -> None:
         sync = running.engine.fabric_sync(d)
         if sync is not None:
             await asyncio.wait_for(sync.wait_idle(), 30)
-    async with running.projections.pool.acquire() as conn:
-        top = await conn.fetchval("SELECT coalesce(max(position), 0) FROM trellis_events")
-    await running.projections.wait_for(top, timeout=60)
+    for d in domains:
+        head = (await running.store.head(d)).position
+        await running.followers.wait_for("projections", d, head, timeout=60)
 
 
 async def verify_log(
@@ -575,10 +575,13 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                             f"c{spread}x{n_domains}d", domains, spread, args.seconds, args.max_pairs
                         )
                     if args.diagnose:
-                        # The same engine with its projection runner paused: what the runner's
+                        # The same engine with its projection followers paused: what their
                         # transactions cost the intents (not the engine as deployed; no target).
                         await settle(running, domains)
-                        await running.projections.stop()
+                        paused = [running.followers.of("projections", d) for d in domains]
+                        for follower in paused:
+                            if follower is not None:
+                                await follower.stop()
                         try:
                             why = "projections paused"
                             await phase(
@@ -594,7 +597,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                                 f"c{c}-np", domains[:1], c, args.seconds / 2, args.max_pairs, why
                             )
                         finally:
-                            await running.projections.start()
+                            for follower in paused:
+                                if follower is not None:
+                                    follower.start()
                     if args.profile:
                         import cProfile
                         import pstats

@@ -2,12 +2,13 @@
 
 The engine (`adapters.bootstrap.engine_on`, simulated fabric) appends a log of compose+release
 pairs from many concurrent clients while its own relay is stopped. Then a fresh relay, on a
-subject prefix (so a stream, a bucket and a checkpoint) of its own, relays that whole log:
-fold every event, publish it, put the changed KV keys, checkpoint. Each run is timed from
-`catch_up()` to its return, and checked: the stream holds the log's events, in position order,
-once each. Events/s is the log's length over that time; the best and the median run are
-printed. Uses TRELLIS_NATS_URL / TRELLIS_DATABASE_URL when set, else embedded servers; a fresh
-schema (dropped afterwards). The last line printed is one JSON object with every figure.
+subject prefix (so a stream, a bucket and a checkpoint) of its own, relays that whole log: fold
+every event, publish it (atomic batches of up to 500), put the changed KV keys, checkpoint.
+Each run is timed from the follower's `catch_up()` to its return, and checked: the stream holds
+the log's events, in position order, once each. Events/s is the log's length over that time;
+the best and the median run are printed. Uses TRELLIS_NATS_URL / TRELLIS_DATABASE_URL when set,
+else embedded servers; a fresh schema (dropped afterwards). The last line printed is one JSON
+object with every figure.
 
     python bench/relay.py               # ~20,000 events, 3 runs
     python bench/relay.py --events 5000 --runs 1
@@ -33,8 +34,10 @@ from intents import TENANTS, Load, fresh_schema, host_of, pair, progress, server
 from adapters.bootstrap import connect_nats, engine_on
 from adapters.nats.client import TrellisClient
 from adapters.nats.jetstream import bucket_name, stream_name
-from adapters.nats.relay import EventRelay
+from adapters.nats.relay import RelaySink
+from adapters.postgres.store import PostgresEventStore, connect_pool
 from adapters.settings import Settings
+from engine.follower import Follower
 
 DOMAIN = "bench"
 
@@ -59,10 +62,13 @@ async def one_run(nats_url: str, database_url: str, schema: str, head: int) -> d
     prefix = f"relaybench{uuid.uuid4().hex[:8]}"
     nc = await connect_nats(nats_url, name="bench-relay")
     js = nc.jetstream()
-    relay = await EventRelay.open(database_url, js, schema=schema, prefix=prefix)
+    pool = await connect_pool(database_url, schema=schema, max_size=2)
+    relay = RelaySink(pool, nc, prefix=prefix)
+    await relay.prepare()
+    follower = Follower(DOMAIN, PostgresEventStore(pool), relay)
     try:
         started = time.perf_counter()
-        published = await relay.catch_up()
+        published = await follower.catch_up()
         seconds = time.perf_counter() - started
         info = await js.stream_info(stream_name(prefix))
         first = await js.get_msg(stream_name(prefix), 1)
@@ -71,7 +77,7 @@ async def one_run(nats_url: str, database_url: str, schema: str, head: int) -> d
         ok = published == head and info.state.messages == head and positions == [1, head]
         return {"events": published, "seconds": seconds, "events_per_s": head / seconds, "ok": ok}
     finally:
-        await relay.close(drain_timeout=0)
+        await pool.close()
         await js.delete_stream(stream_name(prefix))
         await js.delete_key_value(bucket_name(prefix))
         await nc.close()
@@ -86,12 +92,14 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         async with engine_on(
             nats_url, database_url, schema=schema, prefix=prefix, domains=[DOMAIN]
         ) as running:
-            await running.relay.stop()  # the log grows; nothing relays it
             client_nc = await connect_nats(nats_url, name="bench-client")
             try:
                 client = TrellisClient(client_nc, prefix=prefix)
                 reply = await client.admin(DOMAIN, "import-topology", topology(gpus_per_rack=64))
                 assert reply.get("ok"), reply
+                own = running.followers.of("relay", DOMAIN)
+                assert own is not None
+                await own.stop()  # the log grows; nothing relays it
                 progress(f"filling the log with {args.events} events ...")
                 head = await fill(client, running, args.events, args.workers)
             finally:

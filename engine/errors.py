@@ -42,6 +42,20 @@ class ConcurrencyConflict(TrellisError):
         self.actual = actual
 
 
+class DomainUnreadable(TrellisError):
+    """A domain's log holds an event this code cannot fold (a newer engine wrote it, or it is
+    damaged): the domain cannot be served until the code can read it."""
+
+    def __init__(self, domain: str, position: int, cause: str):
+        super().__init__(
+            f"domain {domain!r} cannot be served: its log holds an event this engine cannot "
+            f"read at position {position} ({cause})"
+        )
+        self.domain = domain
+        self.position = position
+        self.cause = cause
+
+
 class StoreUnavailable(TrellisError):
     """The event store cannot be reached or cannot commit now; safe to retry."""
 

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from engine.follower import Failure
 from engine.records import Head, PendingEvent, RecordedEvent
 
 
@@ -51,7 +52,9 @@ class EventStore(Protocol):
 
     async def head(self, domain: str) -> Head: ...
 
-    def read(self, domain: str, after_version: int = 0) -> AsyncIterator[RecordedEvent]: ...
+    def read(
+        self, domain: str, after_version: int = 0, limit: int | None = None
+    ) -> AsyncIterator[RecordedEvent]: ...
 
     async def find_replies(
         self, domain: str, keys: Sequence[tuple[str, str]]
@@ -78,8 +81,13 @@ class ReadModels(Protocol):
     Rows are plain JSON-ready dicts in the shapes of ARCHITECTURE section 4.
     """
 
-    async def wait_for(self, position: int, timeout: float = 5.0) -> bool:
-        """Block until the projections include `position`; False if that took too long."""
+    async def wait_for(self, domain: str, position: int, timeout: float = 5.0) -> bool:
+        """Block until the domain's projections include `position`; False if that took too
+        long."""
+        ...
+
+    def holdup(self, domain: str) -> Failure | None:
+        """What keeps the domain's projections from following its log, if anything."""
         ...
 
     async def composition(self, domain: str, composition_id: str) -> dict[str, Any] | None: ...

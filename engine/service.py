@@ -17,6 +17,7 @@ import msgspec
 from engine import replies
 from engine.actors import ENGINE, OPERATOR, is_reserved
 from engine.errors import IntentRejected, StoreUnavailable
+from engine.follower import Followers
 from engine.ids import is_valid_id
 from engine.intents import (
     Compose,
@@ -65,7 +66,7 @@ class Engine:
         domains: Iterable[str] | None = None,
         max_batch: int = 256,
         read_models: ReadModels | None = None,
-        on_commit: Callable[[], None] | None = None,
+        followers: Followers | None = None,
     ):
         self._store = store
         self._clock = clock
@@ -73,7 +74,7 @@ class Engine:
         self._saga_deadline = saga_deadline
         self._syncs: dict[str, FabricSync] = {}
         self._read_models = read_models
-        self._on_commit = on_commit
+        self._followers = followers
         self._allowed = frozenset(domains) if domains else None
         self._max_batch = max_batch
         self._writers: dict[str, DomainWriter] = {}
@@ -233,8 +234,25 @@ class Engine:
         models = self._read_models
         if models is None:
             raise IntentRejected("unavailable", "this engine runs without projections")
-        if not await models.wait_for(head):
-            raise IntentRejected("unavailable", "projections are behind the log; retry")
+        if not await models.wait_for(domain, head):
+            holdup = models.holdup(domain)
+            if holdup is None:
+                raise IntentRejected("unavailable", "projections are behind the log; retry")
+            where = (
+                f"at log position {holdup.position}"
+                if holdup.position is not None
+                else f"after log position {holdup.after}"
+            )
+            raise IntentRejected(
+                "unavailable",
+                f"the read models of domain {domain!r} are held up {where}: {holdup.cause}",
+                {
+                    "domain": domain,
+                    "after": holdup.after,
+                    "position": holdup.position,
+                    "cause": holdup.cause,
+                },
+            )
         match query:
             case CompositionQuery(id=cid):
                 row = await models.composition(domain, cid)
@@ -274,21 +292,23 @@ class Engine:
                     deadline=self._saga_deadline,
                 )
                 writer = DomainWriter(
-                    domain, self._store, self._clock, self._max_batch, self._committed(sync)
+                    domain, self._store, self._clock, self._max_batch, self._committed(domain, sync)
                 )
                 await writer.catch_up()
                 if not (writer.state.exists or create):
                     return None  # keep no writer for names nobody created
                 self._writers[domain] = writer
                 self._syncs[domain] = sync
+                if self._followers is not None:
+                    self._followers.follow(domain)
         return writer
 
-    def _committed(self, sync: FabricSync) -> Callable[[], None]:
-        """After a commit: wake the projections and the domain's fabric."""
+    def _committed(self, domain: str, sync: FabricSync) -> Callable[[], None]:
+        """After a commit: wake the domain's followers and its fabric."""
 
         def committed() -> None:
-            if self._on_commit is not None:
-                self._on_commit()
+            if self._followers is not None:
+                self._followers.notify(domain)
             sync.kick()
 
         return committed

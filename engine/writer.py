@@ -17,7 +17,12 @@ import msgspec
 from engine import replies
 from engine.context import Context
 from engine.decide import decide
-from engine.errors import ConcurrencyConflict, IntentRejected, StoreUnavailable
+from engine.errors import (
+    ConcurrencyConflict,
+    DomainUnreadable,
+    IntentRejected,
+    StoreUnavailable,
+)
 from engine.ports import Clock, EventStore, PendingReply, StoredReply
 from engine.records import Head, PendingEvent
 from engine.state import DomainState, evolve
@@ -61,12 +66,19 @@ class DomainWriter:
         self._queue: asyncio.Queue[Request] = asyncio.Queue()
         self._stale = True  # must catch up from the log before the next decision
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
 
     async def catch_up(self) -> None:
         """Fold every event after our head into the state (start, or after a lost race)."""
         state, head = self.state, self.head
         async for recorded in self._store.read(self.domain, after_version=head.version):
-            state = evolve(state, recorded.event())
+            try:
+                event = recorded.event()
+            except Exception as exc:  # written by a newer engine, or damaged
+                raise DomainUnreadable(
+                    self.domain, recorded.position, f"{recorded.type}: {exc}"
+                ) from exc
+            state = evolve(state, event)
             head = Head(recorded.version, recorded.position, recorded.hash)
         self.state, self.head, self._stale = state, head, False
 
@@ -93,17 +105,23 @@ class DomainWriter:
         return await request.reply
 
     async def close(self) -> None:
+        """Stop writing; whoever still waits hears `unavailable` (and resends elsewhere)."""
+        self._closing = True
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        stopped = replies.error(
+            "unavailable",
+            f"this engine stopped writing domain {self.domain!r}; resend with the same request_id",
+            {"domain": self.domain},
+        )
+        while not self._queue.empty():
+            _answer(self._queue.get_nowait(), stopped)
 
     async def _run(self) -> None:
-        task = asyncio.current_task()
-        while True:
-            if task is not None and task.cancelling():
-                # A cancellation that surfaced as a store error was answered as `unavailable`;
-                # it is still a request to stop.
-                raise asyncio.CancelledError
+        # Stopping is read from our own flag: a cancellation that surfaced as a store error
+        # was answered as `unavailable`, and `cancelling()` cannot be trusted on Python 3.11.
+        while not self._closing:
             batch = [await self._queue.get()]
             while len(batch) < self._max_batch and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
@@ -115,16 +133,26 @@ class DomainWriter:
         try:
             await self._commit_batch(batch)
             return
-        except Exception:  # a bug must not kill the writer; the clients get an answer
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
+        except DomainUnreadable as exc:
+            # The log holds an event this code cannot fold: nothing can be decided here until
+            # the code can read it, and every client hears why.
+            log.warning("domain %s cannot be served: %s", self.domain, exc)
+            self._stale = True
+            details = {"domain": self.domain, "position": exc.position, "cause": exc.cause}
+            _answer_all(batch, replies.error("unavailable", str(exc), details))
+            return
+        except Exception as exc:  # a bug must not kill the writer; the clients get an answer
+            if self._closing:
                 # asyncpg may surface a cancellation inside a dying transaction as another
                 # error; swallowing it would make close() wait forever.
                 raise
             log.exception("domain %s: batch of %d failed", self.domain, len(batch))
             self._stale = True
+            cause = f"{type(exc).__name__}: {exc}"
         if len(batch) == 1:
-            _answer_all(batch, replies.error("unavailable", "internal error; retry later"))
+            message = f"domain {self.domain!r} could not commit this request ({cause}); retry"
+            details = {"domain": self.domain, "cause": cause}
+            _answer_all(batch, replies.error("unavailable", message, details))
             return
         for request in batch:
             await self._commit_isolating_failures([request])

@@ -14,7 +14,9 @@ from typing import Any, Protocol
 import asyncpg
 import msgspec
 
+from engine.follower import Failure
 from projections.base import iso
+from projections.sink import SINK_NAME
 
 _json = msgspec.json.Decoder().decode
 
@@ -54,13 +56,21 @@ _WHY_KEYS = ("request_id", "actor", "reason", "labels", "constraints", "position
 _CONSTRAINT_KEYS = ("max_hops", "max_latency_ns", "isolation", "labels")
 _IMPAIRED_KEYS = ("component", "reason")
 
-_CHECKPOINTS = "SELECT min(position) FROM trellis_checkpoints WHERE name = ANY($1::text[])"
+_CHECKPOINTS = """
+SELECT min(position) FROM trellis_follower_checkpoints
+ WHERE follower = ANY($1::text[]) AND domain = $2
+"""
 
 
 class Waiter(Protocol):
-    """What can tell when the projections include a position (a ProjectionRunner)."""
+    """What can tell when a sink has applied a domain up to a position, and what holds it up
+    (engine.follower.Followers)."""
 
-    async def wait_for(self, position: int, timeout: float = 5.0) -> bool: ...
+    async def wait_for(
+        self, sink: str, domain: str, position: int, timeout: float = 5.0
+    ) -> bool: ...
+
+    def failures(self) -> list[Failure]: ...
 
 
 class PostgresReadModels:
@@ -68,35 +78,45 @@ class PostgresReadModels:
 
     Args:
         pool: asyncpg pool whose search_path holds the projection tables.
-        runner: answers `wait_for` when the projections are folded in this process; without
-            one, `wait_for` watches the checkpoints table (another process folds them).
-        projections: the checkpoint names `wait_for` watches without a runner.
+        followers: answers `wait_for` when the projections are folded in this process;
+            without them, `wait_for` watches the checkpoints table (another process folds).
+        projections: the checkpoint names `wait_for` watches without followers.
     """
 
     def __init__(
         self,
         pool: asyncpg.Pool,
-        runner: Waiter | None = None,
+        followers: Waiter | None = None,
         *,
         projections: Sequence[str] = ("compositions", "connections", "devices"),
     ):
         self._pool = pool
-        self._runner = runner
+        self._followers = followers
         self._names = list(projections)
 
-    async def wait_for(self, position: int, timeout: float = 5.0) -> bool:
-        """Block until the projections include `position`; False if that took too long."""
-        if self._runner is not None:
-            return await self._runner.wait_for(position, timeout)
+    async def wait_for(self, domain: str, position: int, timeout: float = 5.0) -> bool:
+        """Block until the domain's projections include `position`; False if that took too
+        long."""
+        if self._followers is not None:
+            return await self._followers.wait_for(SINK_NAME, domain, position, timeout)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
-            reached = await self._pool.fetchval(_CHECKPOINTS, self._names)
+            reached = await self._pool.fetchval(_CHECKPOINTS, self._names, domain)
             if reached is not None and reached >= position:
                 return True
             if loop.time() >= deadline:
                 return False
             await asyncio.sleep(min(0.02, max(0.0, deadline - loop.time())))
+
+    def holdup(self, domain: str) -> Failure | None:
+        """What keeps the domain's projections from following its log, if anything."""
+        if self._followers is None:
+            return None
+        return next(
+            (f for f in self._followers.failures() if (f.sink, f.domain) == (SINK_NAME, domain)),
+            None,
+        )
 
     async def composition(self, domain: str, composition_id: str) -> dict[str, Any] | None:
         """The compose result (composition_id, host, state, expires_at, devices) plus tenant,

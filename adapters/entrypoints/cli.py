@@ -32,7 +32,7 @@ from engine.contract import json_schemas
 from engine.fabric_plan import reconcile
 from engine.ports import FabricSnapshot
 from engine.state import DomainState, evolve
-from projections import ProjectionRunner
+from projections import rebuild
 
 DEFAULT_DOMAIN = "default"
 DEFAULT_TENANT = "default"
@@ -399,13 +399,12 @@ def _projections_rebuild(args: argparse.Namespace) -> int:
     async def go() -> tuple[int, float]:
         store = await PostgresEventStore.open(url, schema=settings.db_schema)
         pool = await connect_pool(url, schema=settings.db_schema, max_size=4)
-        runner = ProjectionRunner(pool, store, owns_pool=True)
         try:
             started = time.perf_counter()
-            applied = await runner.rebuild()
+            applied = await rebuild(pool, store, await store.domains())
             return applied, time.perf_counter() - started
         finally:
-            await runner.close()
+            await pool.close()
             await store.close()
 
     applied, seconds = asyncio.run(go())

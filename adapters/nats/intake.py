@@ -83,9 +83,14 @@ class NatsIntake:
         tokens = msg.subject.split(".")[self._depth :]
         try:
             reply = await self._route(tokens, msg.data)
-        except Exception:
+        except Exception as exc:
             log.exception("failed to serve %s", msg.subject)
-            reply = replies.error("unavailable", "internal error; retry later")
+            cause = f"{type(exc).__name__}: {exc}"
+            reply = replies.error(
+                "unavailable",
+                f"the engine failed to serve this request ({cause}); retry",
+                {"cause": cause},
+            )
         if msg.reply:
             try:
                 await msg.respond(reply)

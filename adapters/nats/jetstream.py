@@ -3,7 +3,7 @@
 - Stream `TRELLIS_EVENTS` on subjects `<prefix>.events.>`, one message per event on
   `<prefix>.events.<domain>.<type>`, message id (`Nats-Msg-Id`) = event id, body = `Envelope`.
   File storage, a 2-minute duplicate window, discard-old limits (`StreamLimits`: 1 GiB and a
-  week by default; the log in Postgres keeps everything).
+  week by default; the log in Postgres keeps everything), atomic batches allowed.
 - KV bucket `TRELLIS_STATE`, file storage, history 1 (values: adapters/nats/kv_state.py).
 
 For the default subject prefix `trellis` the names are exactly those. Any other prefix (each
@@ -15,7 +15,6 @@ same name cannot share a server: `ensure_stream` refuses a stream whose subjects
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import re
 
@@ -124,6 +123,7 @@ async def ensure_stream(js: JetStreamContext, prefix: str, limits: StreamLimits)
         max_age=max_age,
         # The window may not exceed the age limit (the server refuses that).
         duplicate_window=min(DUPLICATE_WINDOW_S, max_age) if max_age else DUPLICATE_WINDOW_S,
+        allow_atomic=True,  # the relay publishes each domain's batch as one atomic batch
     )
     try:
         have = (await js.stream_info(name)).config
@@ -135,48 +135,22 @@ async def ensure_stream(js: JetStreamContext, prefix: str, limits: StreamLimits)
             f"stream {name} carries {have.subjects}, not {subjects}: another subject prefix "
             "maps to the same stream name, or the stream was made by hand"
         )
-    managed = ("max_bytes", "max_age", "duplicate_window", "discard")
+    managed = ("max_bytes", "max_age", "duplicate_window", "discard", "allow_atomic")
     if any(getattr(have, f) != getattr(wanted, f) for f in managed):
         await js.update_stream(
             dataclasses.replace(have, **{f: getattr(wanted, f) for f in managed})
         )
 
 
-async def ensure_bucket(js: JetStreamContext, prefix: str) -> KeyValue:
-    """The state bucket, created when missing."""
+async def ensure_bucket(js: JetStreamContext, prefix: str) -> tuple[KeyValue, bool]:
+    """The state bucket, and whether it had to be made (then it holds nothing yet)."""
     try:
-        return await js.key_value(bucket_name(prefix))
+        return await js.key_value(bucket_name(prefix)), False
     except BucketNotFoundError:
-        return await js.create_key_value(
+        made = await js.create_key_value(
             bucket=bucket_name(prefix),
             description="Trellis current state per device, composition and host",
             history=1,
             storage=StorageType.FILE,
         )
-
-
-class StreamEnd(msgspec.Struct, frozen=True):
-    """Where the stream ends: its last sequence and the log position of the event stored there
-    (position 0 when the stream is empty or that message cannot be read)."""
-
-    seq: int
-    position: int
-
-
-async def stream_end(js: JetStreamContext, prefix: str) -> StreamEnd:
-    """The stream's last sequence and the log position of its last message.
-
-    Both come from the same message (the one at `last_seq`), so a publish that expects
-    `Nats-Expected-Last-Sequence: seq` is stored right after the event at `position`.
-    """
-    name = stream_name(prefix)
-    info = await js.stream_info(name)
-    seq = int(info.state.last_seq or 0)
-    if not seq:
-        return StreamEnd(0, 0)
-    try:
-        msg = await js.get_msg(name, seq)
-        return StreamEnd(seq, int(json.loads(msg.data or b"{}")["position"]))
-    except (NotFoundError, ValueError, KeyError, TypeError):
-        log.warning("cannot read the position of the last message in %s", name)
-        return StreamEnd(seq, 0)
+        return made, True

@@ -78,8 +78,13 @@ class HostEntry(msgspec.Struct, kw_only=True):
 _encode = msgspec.json.Encoder().encode
 
 
+def everything(state: DomainState, position: int) -> list[KeyChange]:
+    """Every key of `state`, with its value as of log `position`: a bucket filled afresh."""
+    return changes(DomainState(domain=state.domain), state, None, position)
+
+
 def changes(
-    before: DomainState, after: DomainState, event: Event, position: int
+    before: DomainState, after: DomainState, event: Event | None, position: int
 ) -> list[KeyChange]:
     """The keys `event` (at log `position`) changed between `before` and `after`, with values.
 

@@ -115,22 +115,28 @@ class PostgresEventStore:
             )
         return Head(rows[0]["version"], rows[0]["position"], rows[0]["hash"]) if rows else Head()
 
-    async def read(self, domain: str, after_version: int = 0) -> AsyncIterator[RecordedEvent]:
-        """One domain's events in version order, paged so no transaction stays open."""
-        while True:
+    async def read(
+        self, domain: str, after_version: int = 0, limit: int | None = None
+    ) -> AsyncIterator[RecordedEvent]:
+        """One domain's events in version order (at most `limit`), paged so no transaction
+        stays open."""
+        left = limit
+        while left is None or left > 0:
+            page = _PAGE if left is None else min(_PAGE, left)
             with _translated(domain):
                 rows = await self._fetch(
                     f"SELECT {_COLUMNS} FROM trellis_events WHERE domain = $1 AND version > $2 "
                     "ORDER BY version LIMIT $3",
                     domain,
                     after_version,
-                    _PAGE,
+                    page,
                 )
             for row in rows:
                 yield _recorded(row)
-            if len(rows) < _PAGE:
+            if len(rows) < page:
                 return
             after_version = rows[-1]["version"]
+            left = None if left is None else left - len(rows)
 
     async def read_all(self, after_position: int = 0) -> AsyncIterator[RecordedEvent]:
         """Every domain's events in global position order (auditors, projections, the relay)."""

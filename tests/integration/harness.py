@@ -10,20 +10,34 @@ import msgspec
 
 from adapters.bootstrap import connect_nats, engine_on
 from adapters.nats.client import TrellisClient
-from adapters.nats.relay import EventRelay
+from adapters.nats.relay import RelaySink
 from adapters.postgres.store import PostgresEventStore
+from engine.follower import Followers
 from engine.ports import FabricDriver
 from engine.service import Engine
-from projections import ProjectionRunner
+from projections import ProjectionSink
 
 
 class Harness(msgspec.Struct, kw_only=True):
     engine: Engine
     fabric: FabricDriver
     store: PostgresEventStore
-    projections: ProjectionRunner
-    relay: EventRelay
+    followers: Followers
+    projections: ProjectionSink
+    relay: RelaySink
     client: TrellisClient
+
+    async def projected(self, domain: str, timeout: float = 5.0) -> int:
+        """Until the domain's projections hold its whole log; the log's last position."""
+        head = (await self.store.head(domain)).position
+        assert await self.followers.wait_for("projections", domain, head, timeout), head
+        return head
+
+    async def relayed(self, domain: str, timeout: float = 5.0) -> int:
+        """Until the stream and the bucket hold the domain's whole log; its last position."""
+        head = (await self.store.head(domain)).position
+        assert await self.followers.wait_for("relay", domain, head, timeout), head
+        return head
 
     async def fabric_idle(self, domain: str, timeout: float = 5.0) -> None:
         """Until the engine's fabric holds what the domain's log says and no saga runs."""
@@ -50,6 +64,7 @@ async def serving(
                 engine=running.engine,
                 fabric=running.fabric,
                 store=running.store,
+                followers=running.followers,
                 projections=running.projections,
                 relay=running.relay,
                 client=TrellisClient(client_nc, prefix=prefix),

@@ -12,18 +12,23 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any, cast
+from pathlib import Path
+from typing import Any
 
+import asyncpg
 import msgspec
 import pytest
 import pytest_asyncio
 from fabrics import expect_ok, fabric, fetch
 from harness import Harness, serving
 from nats.aio.client import Client as NATS
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError
 from nats.js.kv import KeyValue
 
 from adapters.bootstrap import connect_nats
+from adapters.embedded.servers import EmbeddedNats
 from adapters.nats.jetstream import (
     Envelope,
     StreamConfigError,
@@ -33,10 +38,13 @@ from adapters.nats.jetstream import (
     stream_name,
 )
 from adapters.nats.kv_state import composition_entry, device_entry, host_entry
-from adapters.nats.relay import EventRelay, RelayStalled
+from adapters.nats.relay import RelayError, RelaySink
+from adapters.postgres.store import PostgresEventStore, connect_pool
+from engine.follower import Follower, Stalled
 from engine.records import PendingEvent, RecordedEvent, verify_chain
 
 HALL = "hall-1"
+QUICK = {"poll_interval": 0.2, "max_backoff": 0.5}  # followers that notice things fast
 
 
 # ---- fixtures and helpers ----
@@ -105,11 +113,9 @@ async def play(h: Harness) -> Played:
     )
 
 
-async def relayed(h: Harness) -> int:
+async def relayed(h: Harness, timeout: float = 5.0) -> int:
     """Wait until the stream and the bucket hold everything in the log; its last position."""
-    head = (await h.store.head(HALL)).position
-    assert await h.relay.wait_for(head)
-    return head
+    return await h.relayed(HALL, timeout)
 
 
 async def the_log(h: Harness) -> list[RecordedEvent]:
@@ -175,8 +181,10 @@ async def burst(h: Harness, toggles: int = 20) -> None:
 
 async def backlog(h: Harness) -> list[RecordedEvent]:
     """Given: a log of a few hundred events that the harness's relay has not published."""
-    await h.relay.stop()
     expect_ok(await h.client.admin(HALL, "import-topology", fabric()))
+    own = h.followers.of("relay", HALL)
+    assert own is not None
+    await own.stop()
     await burst(h)
     log = await the_log(h)
     assert len(log) > 300
@@ -192,55 +200,91 @@ async def assert_stream_is_the_log(js: JetStreamContext, prefix: str, log: list[
 
 
 class Faulty:
-    """A JetStream context whose `nth` publish_async goes wrong, once, as `how` says:
-    - "raise": it raises before sending (a connection error, say);
-    - "lost": it is never sent and never acknowledged;
-    - "ack lost": it is stored, but its PubAck never arrives;
-    - "refused": it is sent expecting another last sequence, so the stream refuses it;
-    - "hang": it never returns (a relay that dies here); `hung` is set when it is reached.
+    """A NATS connection whose `nth` atomic batch goes wrong, once, as `how` says:
+    - "raise": a publish of the batch raises before sending (a connection error, say);
+    - "lost": the batch's commit is never sent, so never acknowledged;
+    - "ack lost": the batch is committed, but its acknowledgement never arrives;
+    - "refused": the batch expects another last sequence, so the stream refuses it;
+    - "hang": the commit never returns (a relay that dies here); `hung` is set then.
     """
 
-    def __init__(self, js: JetStreamContext, nth: int, how: str):
-        self._js, self._nth, self._how = js, nth, how
-        self.calls = 0
+    def __init__(self, nc: NATS, nth: int, how: str):
+        self._nc, self._nth, self._how = nc, nth, how
+        self.batches = 0
         self.hung = asyncio.Event()
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._js, name)
+        return getattr(self._nc, name)
 
-    async def publish_async(self, subject: str, payload: bytes = b"", **kwargs: Any) -> Any:
-        self.calls += 1
-        if self.calls != self._nth:
-            return await self._js.publish_async(subject, payload, **kwargs)
-        never: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    async def publish(self, subject: str, payload: bytes = b"", **kwargs: Any) -> None:
+        headers = kwargs.get("headers") or {}
+        if headers.get("Nats-Batch-Sequence") == "1":
+            self.batches += 1
+        if self.batches == self._nth:
+            if self._how == "raise":
+                raise ConnectionResetError("injected: the publish never left")
+            if self._how == "refused" and "Nats-Expected-Last-Subject-Sequence" in headers:
+                expected = int(headers["Nats-Expected-Last-Subject-Sequence"])
+                headers = {**headers, "Nats-Expected-Last-Subject-Sequence": str(expected + 1000)}
+                kwargs["headers"] = headers
+        await self._nc.publish(subject, payload, **kwargs)
+
+    async def request(self, subject: str, payload: bytes = b"", **kwargs: Any) -> Any:
+        headers = kwargs.get("headers") or {}
+        if headers.get("Nats-Batch-Sequence") == "1":  # a batch of one event
+            self.batches += 1
+            if self.batches == self._nth and self._how == "refused":
+                expected = int(headers["Nats-Expected-Last-Subject-Sequence"])
+                kwargs["headers"] = {
+                    **headers,
+                    "Nats-Expected-Last-Subject-Sequence": str(expected + 1000),
+                }
+        if self.batches != self._nth or self._how == "refused":
+            return await self._nc.request(subject, payload, **kwargs)
+        timeout = kwargs.get("timeout", 1.0)
         match self._how:
             case "raise":
-                raise ConnectionResetError("injected: the publish never left")
+                raise ConnectionResetError("injected: the commit never left")
             case "lost":
-                return never
+                await asyncio.sleep(timeout)
             case "ack lost":
-                await self._js.publish_async(subject, payload, **kwargs)
-                return never
-            case "refused":
-                headers = dict(kwargs.pop("headers"))
-                expected = int(headers["Nats-Expected-Last-Sequence"])
-                headers["Nats-Expected-Last-Sequence"] = str(expected + 1000)
-                return await self._js.publish_async(subject, payload, headers=headers, **kwargs)
+                await self._nc.publish(subject, payload, headers=kwargs.get("headers"))
+                await asyncio.sleep(timeout)
             case "hang":
                 self.hung.set()
-                await never
-        raise AssertionError(self._how)
+                await asyncio.Event().wait()
+        raise NatsTimeoutError
 
 
-async def relay_on(
-    js: Any, database_url: str, pg_schema: str, subject_prefix: str, **kwargs: Any
-) -> EventRelay:
-    """Another relay of the same stream and checkpoint, with small windows and batches so a
-    backlog of a few hundred events spans several of each."""
-    kwargs = {"window": 16, "batch_size": 100, "publish_timeout": 0.5, **kwargs}
-    return await EventRelay.open(
-        database_url, cast(JetStreamContext, js), schema=pg_schema, prefix=subject_prefix, **kwargs
-    )
+class Relay:
+    """Another relay of the same stream and checkpoints: a RelaySink and a follower of HALL,
+    with small batches so a backlog of a few hundred events spans several."""
+
+    def __init__(self, pool: asyncpg.Pool, nc: Any, prefix: str, batch_size: int = 100):
+        self.pool = pool
+        self.sink = RelaySink(pool, nc, prefix=prefix, publish_timeout=0.5)
+        self.follower = Follower(HALL, PostgresEventStore(pool), self.sink, batch_size=batch_size)
+
+    @classmethod
+    async def on(cls, nc: Any, database_url: str, schema: str, prefix: str, **kw: Any) -> Relay:
+        pool = await connect_pool(database_url, schema=schema, max_size=2)
+        relay = cls(pool, nc, prefix, **kw)
+        await relay.sink.prepare()
+        return relay
+
+    async def catch_up(self, attempts: int = 1) -> int:
+        """What the follower's background loop does: try, and on a failure try again."""
+        for attempt in range(attempts):
+            try:
+                return await self.follower.catch_up()
+            except RelayError:
+                if attempt == attempts - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def close(self) -> None:
+        await self.follower.stop()
+        await self.pool.close()
 
 
 # ---- the stream ----
@@ -249,8 +293,8 @@ async def relay_on(
 async def test_a_consumer_gets_every_event_of_the_log_in_position_order_keyed_by_event_id(
     h: Harness, nc: NATS, subject_prefix: str
 ) -> None:
-    played = await play(h)
-    assert await h.relay.wait_for(played.last)
+    await play(h)
+    await relayed(h)
 
     log = await the_log(h)
     messages = await consume(nc.jetstream(), subject_prefix, len(log))
@@ -274,7 +318,9 @@ async def test_a_restart_publishes_nothing_twice_even_when_the_checkpoint_was_lo
     js = nc.jetstream()
     async with serving(nats_url, database_url, pg_schema, subject_prefix) as h:
         await play(h)
-        await h.relay.stop()  # so only the exit can publish what comes next
+        own = h.followers.of("relay", HALL)
+        assert own is not None
+        await own.stop()  # so only the exit can publish what comes next
         expect_ok(await h.client.admin(HALL, "drain", {"id": "nvme-01"}))
         events = len(await the_log(h))
     # A clean exit publishes what the engine committed last.
@@ -282,18 +328,22 @@ async def test_a_restart_publishes_nothing_twice_even_when_the_checkpoint_was_lo
 
     # A plain restart resumes at the checkpoint.
     async with serving(nats_url, database_url, pg_schema, subject_prefix) as h:
-        assert await h.relay.catch_up() == 0
+        await relayed(h)
         assert h.relay.duplicates == 0
     assert await stored_count(js, subject_prefix) == events
 
     # A relay that died after publishing, before its checkpoint (here: all of it), finds how
     # far the stream goes and publishes only what is new.
-    await fetch(database_url, pg_schema, "UPDATE trellis_relay_checkpoints SET position = 0")
+    await fetch(
+        database_url,
+        pg_schema,
+        "UPDATE trellis_follower_checkpoints SET version = 0, position = 0 "
+        "WHERE follower LIKE 'relay:%'",
+    )
     async with serving(nats_url, database_url, pg_schema, subject_prefix) as h:
-        reply = await h.client.admin(HALL, "drain", {"id": "nic-01"})
-        expect_ok(reply)
-        assert await h.relay.wait_for(reply["position"])
-        assert h.relay.duplicates == 0  # not even sent: the stream's tail said it had them
+        expect_ok(await h.client.admin(HALL, "drain", {"id": "nic-01"}))
+        await relayed(h)
+        assert h.relay.duplicates == events  # found in the stream, not sent again
         log = await the_log(h)
     assert len(log) == events + 1
     assert await stored_count(js, subject_prefix) == len(log)
@@ -313,112 +363,92 @@ async def test_a_burst_of_commits_reaches_the_stream_in_log_order_each_once(
     assert h.relay.duplicates == h.relay.resyncs == 0
 
 
-async def test_a_backlog_is_published_in_full_windows_in_log_order_each_once(
+async def test_a_backlog_is_published_in_full_batches_in_log_order_each_once(
     h: Harness, nc: NATS, database_url: str, pg_schema: str, subject_prefix: str
 ) -> None:
     log = await backlog(h)
-    relay = await relay_on(nc.jetstream(), database_url, pg_schema, subject_prefix)
+    relay = await Relay.on(nc, database_url, pg_schema, subject_prefix)
     try:
         assert await relay.catch_up() == len(log)
-        assert relay.position == log[-1].position
-        assert relay.duplicates == relay.resyncs == 0
+        assert relay.follower.position == log[-1].position
+        assert relay.sink.duplicates == relay.sink.resyncs == 0
     finally:
-        await relay.close(drain_timeout=0)
+        await relay.close()
     await assert_stream_is_the_log(nc.jetstream(), subject_prefix, log)
 
 
-@pytest.mark.parametrize("how", ["lost", "ack lost", "refused"])
-async def test_a_publish_failing_mid_window_is_resynced_without_reordering_or_duplicates(
+@pytest.mark.parametrize("how", ["lost", "ack lost", "refused", "raise"])
+async def test_a_batch_failing_is_done_again_without_reordering_or_duplicates(
     how: str, h: Harness, nc: NATS, database_url: str, pg_schema: str, subject_prefix: str
 ) -> None:
     log = await backlog(h)
-    faulty = Faulty(nc.jetstream(), nth=140, how=how)  # the 12th of 16 in the 9th window
-    relay = await relay_on(faulty, database_url, pg_schema, subject_prefix)
+    faulty = Faulty(nc, nth=2, how=how)
+    relay = await Relay.on(faulty, database_url, pg_schema, subject_prefix)
     try:
+        with pytest.raises((RelayError, ConnectionResetError)):
+            await relay.follower.catch_up()
+        assert relay.follower.position == log[99].position  # the batch before it is in
         await relay.catch_up()
-        assert faulty.calls > 140
-        assert relay.resyncs >= 1
-        assert relay.duplicates == 0
-        assert relay.position == log[-1].position
+        assert faulty.batches > 2
+        assert relay.follower.position == log[-1].position
+        if how == "ack lost":  # committed, then found in the stream
+            assert relay.sink.duplicates == 100
+        if how == "refused":
+            assert relay.sink.resyncs == 1
     finally:
-        await relay.close(drain_timeout=0)
+        await relay.close()
     await assert_stream_is_the_log(nc.jetstream(), subject_prefix, log)
 
 
-async def test_a_publish_raising_mid_window_fails_the_batch_and_the_next_attempt_finishes(
+async def test_a_relay_dying_mid_batch_leaves_its_successor_nothing_to_publish_twice(
     h: Harness, nc: NATS, database_url: str, pg_schema: str, subject_prefix: str
 ) -> None:
     log = await backlog(h)
-    faulty = Faulty(nc.jetstream(), nth=140, how="raise")
-    relay = await relay_on(faulty, database_url, pg_schema, subject_prefix)
-    try:
-        with pytest.raises(ConnectionResetError):
-            await relay.catch_up()
-        assert relay.position == log[99].position  # the batch before the failing one is in
-        await relay.catch_up()
-        assert relay.duplicates == 0
-        assert relay.position == log[-1].position
-    finally:
-        await relay.close(drain_timeout=0)
-    await assert_stream_is_the_log(nc.jetstream(), subject_prefix, log)
-
-
-async def test_a_relay_dying_mid_window_leaves_its_successor_nothing_to_publish_twice(
-    h: Harness, nc: NATS, database_url: str, pg_schema: str, subject_prefix: str
-) -> None:
-    log = await backlog(h)
-    faulty = Faulty(nc.jetstream(), nth=140, how="hang")
-    dying = await relay_on(faulty, database_url, pg_schema, subject_prefix)
-    task = asyncio.create_task(dying.catch_up())
+    faulty = Faulty(nc, nth=2, how="hang")
+    dying = await Relay.on(faulty, database_url, pg_schema, subject_prefix)
+    task = asyncio.create_task(dying.follower.catch_up())
     await asyncio.wait_for(faulty.hung.wait(), 10)
-    task.cancel()  # 11 publishes of its window in flight, its batch not checkpointed
+    task.cancel()  # its second batch sent but not committed, nothing of it checkpointed
     with contextlib.suppress(asyncio.CancelledError):
         await task
-    await dying.close(drain_timeout=0)
-    assert dying.position == log[99].position
-    # What it sent before dying is on the wire; a successor starting sooner would send some of
-    # it again, for the stream to drop as duplicates (or to refuse: the expected sequence).
-    deadline = asyncio.get_running_loop().time() + 5
-    while await stored_count(nc.jetstream(), subject_prefix) < 139:
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.01)
+    await dying.close()
+    assert dying.follower.position == log[99].position
+    assert await stored_count(nc.jetstream(), subject_prefix) == 100  # all or nothing
 
-    successor = await relay_on(nc.jetstream(), database_url, pg_schema, subject_prefix)
+    successor = await Relay.on(nc, database_url, pg_schema, subject_prefix)
     try:
-        published = await successor.catch_up()
-        assert published == len(log) - 139  # what the dying relay had not sent
-        assert successor.duplicates == 0
+        assert await successor.catch_up() == len(log)  # it folds the log from the start...
+        assert successor.sink.duplicates == 0  # ...and publishes what the dying one had not
     finally:
-        await successor.close(drain_timeout=0)
+        await successor.close()
     await assert_stream_is_the_log(nc.jetstream(), subject_prefix, log)
 
 
-async def test_two_engines_relaying_one_log_publish_each_event_once(
+async def test_two_relays_of_one_log_publish_each_event_once(
     h: Harness, nc: NATS, database_url: str, pg_schema: str, subject_prefix: str
 ) -> None:
-    other = await EventRelay.open(
-        database_url, nc.jetstream(), schema=pg_schema, prefix=subject_prefix
-    )
-    await other.start()
+    log = await backlog(h)
+    first = await Relay.on(nc, database_url, pg_schema, subject_prefix, batch_size=7)
+    second = await Relay.on(nc, database_url, pg_schema, subject_prefix, batch_size=11)
     try:
-        played = await play(h)
-        assert await h.relay.wait_for(played.last)
-        assert await other.wait_for(played.last)
-        # They took turns on the checkpoint: neither sent what the other had published.
-        assert h.relay.duplicates == other.duplicates == 0
+        await asyncio.gather(first.catch_up(attempts=50), second.catch_up(attempts=50))
+        assert first.follower.position == second.follower.position == log[-1].position
     finally:
-        await other.close()
+        await first.close()
+        await second.close()
+    await assert_stream_is_the_log(nc.jetstream(), subject_prefix, log)
 
-    assert await stored_count(nc.jetstream(), subject_prefix) == len(await the_log(h))
 
-
-async def test_an_undecodable_event_stalls_the_relay_after_everything_before_it(
+async def test_an_undecodable_event_stalls_its_domain_after_everything_before_it(
     h: Harness, nc: NATS, subject_prefix: str
 ) -> None:
     await play(h)
-    await h.relay.stop()  # the test drives it
     expect_ok(await h.client.admin(HALL, "drain", {"id": "nic-01"}))
     head = await h.store.head(HALL)
+    await relayed(h)
+    own = h.followers.of("relay", HALL)
+    assert own is not None
+    await own.stop()  # the test drives it
     future = PendingEvent(
         id="00000000-0000-4000-8000-000000000001",
         type="EventFromTheFuture",
@@ -431,12 +461,83 @@ async def test_an_undecodable_event_stalls_the_relay_after_everything_before_it(
     )
     appended = await h.store.append(HALL, head, [future], [])
 
-    with pytest.raises(RelayStalled) as stalled:
-        await h.relay.catch_up()
+    with pytest.raises(Stalled) as stalled:
+        await own.catch_up()
 
     assert stalled.value.position == appended.head.position
-    assert h.relay.position == head.position  # the drain is out, checkpointed
+    assert own.position == head.position  # the drain is out, checkpointed
     assert await stored_count(nc.jetstream(), subject_prefix) == len(await the_log(h)) - 1
+
+
+async def test_the_relay_catches_up_after_nats_restarts_under_it(
+    tmp_path: Path, database_url: str, pg_schema: str, subject_prefix: str
+) -> None:
+    own_nats = EmbeddedNats(tmp_path)
+    own_nats.start()
+    try:
+        async with serving(
+            own_nats.url, database_url, pg_schema, subject_prefix, follow_options=QUICK
+        ) as h:
+            await play(h)
+            await relayed(h)
+            own = h.followers.of("relay", HALL)
+            assert own is not None
+            await own.stop()
+            for node in ("nic-01", "nvme-01", "sw-1"):
+                expect_ok(await h.client.admin(HALL, "drain", {"id": node}))
+            # NATS goes away under the relay, which keeps trying (and says so) until it is back.
+            await asyncio.to_thread(own_nats.stop)
+            own.start()
+            # (A publish waits out its acknowledgement timeout, 5 s, while nats-py reconnects.)
+            deadline = asyncio.get_running_loop().time() + 15
+            while own.failure is None:
+                assert asyncio.get_running_loop().time() < deadline, "the relay never failed"
+                await asyncio.sleep(0.05)
+            await asyncio.to_thread(own_nats.start)
+            await relayed(h, timeout=30)
+            assert own.failure is None
+            nc = await connect_nats(own_nats.url, name="test-after-restart")
+            try:
+                await assert_stream_is_the_log(nc.jetstream(), subject_prefix, await the_log(h))
+                await assert_bucket_is_the_state(h, nc, subject_prefix)
+            finally:
+                await nc.close()
+    finally:
+        own_nats.stop()
+
+
+async def test_the_bucket_is_made_again_and_refilled_when_it_is_removed_under_the_relay(
+    nats_url: str,
+    database_url: str,
+    pg_schema: str,
+    subject_prefix: str,
+    nc: NATS,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with serving(
+        nats_url, database_url, pg_schema, subject_prefix, follow_options=QUICK
+    ) as h:
+        await play(h)
+        await relayed(h)
+        await nc.jetstream().delete_key_value(bucket_name(subject_prefix))
+
+        # The next commit's puts fail; the relay says so, makes the bucket again and fills it
+        # with the whole state, not just what changed since.
+        expect_ok(await h.client.admin(HALL, "drain", {"id": "nic-01"}))
+        await relayed(h, timeout=15)
+        await assert_bucket_is_the_state(h, nc, subject_prefix)
+        assert any("KV bucket" in r.getMessage() for r in caplog.records), "no failure logged"
+
+        # A bucket removed while nothing happens is noticed too.
+        await nc.jetstream().delete_key_value(bucket_name(subject_prefix))
+        deadline = asyncio.get_running_loop().time() + 15
+        while True:
+            try:
+                await assert_bucket_is_the_state(h, nc, subject_prefix)
+                break
+            except (AssertionError, BucketNotFoundError):
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.2)
 
 
 # ---- the bucket ----
@@ -473,18 +574,14 @@ async def test_a_kv_watch_sees_a_composition_come_and_go_and_its_device_change_h
     assert faulted["health"] == "degraded" and faulted["free"] is False
 
 
-async def test_the_bucket_holds_exactly_what_the_engine_believes(
-    h: Harness, nc: NATS, subject_prefix: str
-) -> None:
-    played = await play(h)
-    assert await h.relay.wait_for(played.last)
-    kv: KeyValue = await nc.jetstream().key_value(bucket_name(subject_prefix))
-
+async def assert_bucket_is_the_state(h: Harness, nc: NATS, prefix: str) -> None:
+    """Every key of the bucket, and no other, with the value the engine's state gives it."""
+    kv: KeyValue = await nc.jetstream().key_value(bucket_name(prefix))
     stored = {}
-    for key in await kv.keys():
-        entry = await kv.get(key)
-        stored[key] = {k: v for k, v in value(entry).items() if k != "position"}
-
+    with contextlib.suppress(NoKeysError):
+        for key in await kv.keys():
+            entry = await kv.get(key)
+            stored[key] = {k: v for k, v in value(entry).items() if k != "position"}
     state = h.engine.state(HALL)
     assert state is not None
     expected: dict[str, Any] = {}
@@ -500,8 +597,18 @@ async def test_the_bucket_holds_exactly_what_the_engine_believes(
         for k, e in expected.items()
     }
     assert stored == as_stored
-    assert stored[f"{HALL}.composition.{played.globex}"]["state"] == "impaired"
-    assert f"{HALL}.composition.{played.acme}" not in stored  # ended: deleted
+
+
+async def test_the_bucket_holds_exactly_what_the_engine_believes(
+    h: Harness, nc: NATS, subject_prefix: str
+) -> None:
+    played = await play(h)
+    await relayed(h)
+    await assert_bucket_is_the_state(h, nc, subject_prefix)
+    kv: KeyValue = await nc.jetstream().key_value(bucket_name(subject_prefix))
+    assert value(await kv.get(f"{HALL}.composition.{played.globex}"))["state"] == "impaired"
+    with pytest.raises(KeyNotFoundError):  # ended: deleted
+        await kv.get(f"{HALL}.composition.{played.acme}")
 
 
 # ---- the stream's configuration ----

@@ -3,7 +3,7 @@
 The scenario composes for three tenants in one hall (and one in a second hall), releases one
 composition, extends a lease, drains and faults devices and fails a switch. Tests then read
 the projection tables and the read models, rebuild from scratch and compare, and break the
-runner mid-batch to check that rows and checkpoints only ever move together.
+followers mid-batch to check that rows and checkpoints only ever move together.
 """
 
 from __future__ import annotations
@@ -22,14 +22,17 @@ import pytest_asyncio
 from fabrics import expect_ok
 from harness import Harness, serving
 
+from engine.follower import Follower, Stalled
+from engine.ports import EventStore
 from engine.records import PendingEvent
 from projections.base import Fact, Projection
 from projections.devices import DevicesProjection
 from projections.read_models import PostgresReadModels
-from projections.runner import ProjectionRunner, ProjectionStalled, default_projections
+from projections.sink import ProjectionSink, default_projections, rebuild
 
 HALL = "hall-1"
 OTHER_HALL = "hall-2"
+DOMAINS = (HALL, OTHER_HALL)
 FABRIC = json.loads((Path(__file__).parents[2] / "examples" / "fabric.json").read_text())
 
 
@@ -166,32 +169,90 @@ async def play(h: Harness) -> Scenario:
     )
 
 
+class Projector:
+    """A follower of each hall over one ProjectionSink, as an engine runs them."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        store: EventStore,
+        projections: Sequence[Projection] | None = None,
+        batch_size: int = 500,
+    ):
+        self.pool = pool
+        self.store = store
+        self.sink = ProjectionSink(pool, projections)
+        self.followers = {
+            d: Follower(d, store, self.sink, batch_size=batch_size, poll_interval=0.2)
+            for d in DOMAINS
+        }
+
+    async def catch_up(self) -> int:
+        return sum([await f.catch_up() for f in self.followers.values()])
+
+    def start(self) -> None:
+        for follower in self.followers.values():
+            follower.start()
+
+    async def stop(self) -> None:
+        for follower in self.followers.values():
+            await follower.stop()
+
+    async def wait_for(self, position: int, timeout: float = 5.0) -> bool:
+        """Each hall's projections hold its events up to `position`."""
+        for domain, follower in self.followers.items():
+            head = (await self.store.head(domain)).position
+            if not await follower.wait_for(min(position, head), timeout):
+                return False
+        return True
+
+    async def wait_for_domain(self, domain: str, position: int, timeout: float = 5.0) -> bool:
+        return await self.followers[domain].wait_for(position, timeout)
+
+    def failures(self) -> list[Any]:
+        return [f.failure for f in self.followers.values() if f.failure is not None]
+
+
 @pytest_asyncio.fixture
 async def played(h: Harness, pool: asyncpg.Pool) -> Scenario:
     scenario = await play(h)
-    # The engine's own runner has folded the scenario; these tests fold it again with runners
-    # of their own, from an empty start. (The engine's queries then catch up on demand.)
-    await h.projections.stop()
+    # The engine's own followers have folded the scenario; these tests fold it again with
+    # followers of their own, from an empty start.
+    for domain in DOMAINS:
+        follower = h.followers.of("projections", domain)
+        assert follower is not None
+        await follower.stop()
     await pool.execute(f"TRUNCATE {', '.join(PROJECTION_TABLES)}")
-    await pool.execute("DELETE FROM trellis_checkpoints")
+    await pool.execute("DELETE FROM trellis_follower_checkpoints WHERE follower NOT LIKE 'relay:%'")
     return scenario
 
 
 @pytest_asyncio.fixture
-async def runner(
-    h: Harness, pool: asyncpg.Pool, played: Scenario
-) -> AsyncIterator[ProjectionRunner]:
-    """A runner in the background, caught up with the scenario."""
-    r = ProjectionRunner(pool, h.store)
-    await r.start()
+async def runner(h: Harness, pool: asyncpg.Pool, played: Scenario) -> AsyncIterator[Projector]:
+    """Followers in the background, caught up with the scenario."""
+    r = Projector(pool, h.store)
+    r.start()
     assert await r.wait_for(played.last, timeout=10)
     yield r
-    await r.close()
+    await r.stop()
 
 
 @pytest_asyncio.fixture
-async def models(runner: ProjectionRunner) -> PostgresReadModels:
-    return PostgresReadModels(runner.pool, runner)
+async def models(runner: Projector) -> PostgresReadModels:
+    return PostgresReadModels(runner.pool, _Waiter(runner))
+
+
+class _Waiter:
+    """The read models' view of a Projector (what Followers gives an engine)."""
+
+    def __init__(self, projector: Projector):
+        self._projector = projector
+
+    async def wait_for(self, sink: str, domain: str, position: int, timeout: float = 5.0) -> bool:
+        return await self._projector.wait_for_domain(domain, position, timeout)
+
+    def failures(self) -> list[Any]:
+        return self._projector.failures()
 
 
 # ---- probes ----
@@ -208,11 +269,18 @@ PROJECTION_TABLES = [
 
 async def dump(pool: asyncpg.Pool) -> dict[str, list[str]]:
     """Every row of every projection table and the checkpoints, as sorted canonical JSON."""
-    tables = [*PROJECTION_TABLES, "trellis_checkpoints"]
-    return {
+    dumped = {
         t: [r[0] for r in await pool.fetch(f"SELECT to_jsonb(t)::text FROM {t} AS t ORDER BY 1")]
-        for t in tables
+        for t in PROJECTION_TABLES
     }
+    dumped["checkpoints"] = [
+        r[0]
+        for r in await pool.fetch(
+            "SELECT to_jsonb(t)::text FROM trellis_follower_checkpoints AS t "
+            "WHERE follower NOT LIKE 'relay:%' ORDER BY 1"
+        )
+    ]
+    return dumped
 
 
 JSONB_COLUMNS = {"labels", "devices", "impaired_by", "chain", "path", "links", "why"}
@@ -229,8 +297,15 @@ async def rows(pool: asyncpg.Pool, sql: str, *args: Any) -> list[dict[str, Any]]
     return out
 
 
-async def checkpoints(pool: asyncpg.Pool) -> dict[str, int]:
-    return dict(await pool.fetch("SELECT name, position FROM trellis_checkpoints"))
+async def checkpoints(pool: asyncpg.Pool, domain: str = HALL) -> dict[str, int]:
+    """The projections' checkpoints of one domain, by projection name."""
+    return dict(
+        await pool.fetch(
+            "SELECT follower, position FROM trellis_follower_checkpoints "
+            "WHERE domain = $1 AND follower NOT LIKE 'relay:%'",
+            domain,
+        )
+    )
 
 
 async def highest_position_in_rows(pool: asyncpg.Pool) -> int:
@@ -267,7 +342,7 @@ async def log_position(pool: asyncpg.Pool, domain: str, type_: str, request_id: 
 
 
 async def test_connections_hold_one_row_per_bound_device_with_its_request(
-    runner: ProjectionRunner, pool: asyncpg.Pool, played: Scenario
+    runner: Projector, pool: asyncpg.Pool, played: Scenario
 ) -> None:
     connections = await rows(
         pool, "SELECT * FROM proj_connections WHERE domain = $1 ORDER BY device", HALL
@@ -320,7 +395,7 @@ async def test_connections_hold_one_row_per_bound_device_with_its_request(
 
 
 async def test_compositions_keep_every_composition_with_its_state_and_chain(
-    runner: ProjectionRunner, pool: asyncpg.Pool, played: Scenario
+    runner: Projector, pool: asyncpg.Pool, played: Scenario
 ) -> None:
     found = {
         r["composition_id"]: r
@@ -357,7 +432,7 @@ async def test_compositions_keep_every_composition_with_its_state_and_chain(
 
 
 async def test_devices_show_attributes_health_and_holder(
-    runner: ProjectionRunner, pool: asyncpg.Pool, played: Scenario
+    runner: Projector, pool: asyncpg.Pool, played: Scenario
 ) -> None:
     devices = {
         r["device"]: r
@@ -416,32 +491,34 @@ async def test_devices_show_attributes_health_and_holder(
 
 
 async def test_rebuild_yields_exactly_the_rows_folded_live(
-    h: Harness, runner: ProjectionRunner, pool: asyncpg.Pool, played: Scenario
+    h: Harness, runner: Projector, pool: asyncpg.Pool, played: Scenario
 ) -> None:
-    assert sorted(runner.tables) == sorted(PROJECTION_TABLES)
+    assert sorted(runner.sink.tables) == sorted(PROJECTION_TABLES)
     live = await dump(pool)
     assert all(live[t] for t in PROJECTION_TABLES), "the scenario fills every table"
-    replayed = await runner.rebuild()
+    await runner.stop()
+    replayed = await rebuild(pool, h.store, DOMAINS)
     assert replayed == await pool.fetchval("SELECT count(*) FROM trellis_events")
     assert await dump(pool) == live
     # Batch boundaries change nothing: replay one and two events per transaction.
     for size in (1, 2):
-        small = ProjectionRunner(pool, h.store, batch_size=size)
-        await small.rebuild()
+        assert await rebuild(pool, h.store, DOMAINS, batch_size=size) == replayed
         assert await dump(pool) == live
 
 
-async def test_two_runners_on_the_same_tables_fold_each_event_once(
-    h: Harness, runner: ProjectionRunner, pool: asyncpg.Pool, played: Scenario
+async def test_two_followers_of_each_domain_fold_each_event_once(
+    h: Harness, runner: Projector, pool: asyncpg.Pool, played: Scenario
 ) -> None:
     live = await dump(pool)
     await runner.stop()
     await pool.execute(f"TRUNCATE {', '.join(PROJECTION_TABLES)}")
-    await pool.execute("UPDATE trellis_checkpoints SET position = 0")
-    first = ProjectionRunner(pool, h.store, batch_size=2)
-    second = ProjectionRunner(pool, h.store, batch_size=3)
+    await pool.execute("UPDATE trellis_follower_checkpoints SET version = 0, position = 0")
+    first = Projector(pool, h.store, batch_size=2)
+    second = Projector(pool, h.store, batch_size=3)
     await asyncio.gather(first.catch_up(), second.catch_up())
-    assert first.position == second.position == played.last
+    for domain in DOMAINS:
+        head = (await h.store.head(domain)).position
+        assert first.followers[domain].position == second.followers[domain].position == head
     assert await dump(pool) == live
 
 
@@ -474,11 +551,9 @@ async def test_a_failed_batch_leaves_rows_and_checkpoints_as_the_last_commit_did
     async def boom(conn: asyncpg.Connection) -> None:
         raise RuntimeError("disk full")
 
-    broken = ProjectionRunner(
-        pool, h.store, projections=with_broken_devices(reserved, boom), batch_size=4
-    )
+    broken = Projector(pool, h.store, projections=with_broken_devices(reserved, boom), batch_size=4)
     with pytest.raises(RuntimeError, match="disk full"):
-        await broken.catch_up()
+        await broken.followers[HALL].catch_up()
     saved = await checkpoints(pool)
     assert len(set(saved.values())) == 1, saved
     (committed,) = set(saved.values())
@@ -488,15 +563,15 @@ async def test_a_failed_batch_leaves_rows_and_checkpoints_as_the_last_commit_did
     assert not await pool.fetchval(
         "SELECT count(*) FROM proj_compositions WHERE request_id = 'r-globex'"
     )
-    # A healthy runner resumes from the checkpoint and ends where a rebuild ends.
-    healthy = ProjectionRunner(pool, h.store, batch_size=4)
+    # Healthy followers resume from the checkpoint and end where a rebuild ends.
+    healthy = Projector(pool, h.store, batch_size=4)
     await healthy.catch_up()
     resumed = await dump(pool)
-    await healthy.rebuild()
+    await rebuild(pool, h.store, DOMAINS)
     assert await dump(pool) == resumed
 
 
-async def test_a_runner_whose_session_dies_mid_batch_resumes_without_duplicates(
+async def test_a_follower_whose_session_dies_mid_batch_resumes_without_duplicates(
     h: Harness, pool: asyncpg.Pool, database_url: str, played: Scenario
 ) -> None:
     target = await log_position(pool, HALL, "CompositionImpaired", "r-fault")
@@ -508,12 +583,10 @@ async def test_a_runner_whose_session_dies_mid_batch_resumes_without_duplicates(
         inside.set()
         await asyncio.Event().wait()  # until the database kills the session under it
 
-    crashing = ProjectionRunner(
-        pool, h.store, projections=with_broken_devices(target, hang), batch_size=5
-    )
-    await crashing.start()
+    crashing = Projector(pool, h.store, projections=with_broken_devices(target, hang), batch_size=5)
+    crashing.start()
     await asyncio.wait_for(inside.wait(), 10)
-    # The crash: the runner's database session dies with the batch's transaction open.
+    # The crash: the follower's database session dies with the batch's transaction open.
     killer = await asyncpg.connect(database_url)
     try:
         assert await killer.fetchval("SELECT pg_terminate_backend($1)", backend[0])
@@ -524,8 +597,8 @@ async def test_a_runner_whose_session_dies_mid_batch_resumes_without_duplicates(
     assert max(saved.values()) < target
     assert await highest_position_in_rows(pool) <= min(saved.values())
 
-    fresh = ProjectionRunner(pool, h.store)
-    await fresh.start()
+    fresh = Projector(pool, h.store)
+    fresh.start()
     try:
         assert await fresh.wait_for(played.last, timeout=10)
     finally:
@@ -535,11 +608,11 @@ async def test_a_runner_whose_session_dies_mid_batch_resumes_without_duplicates(
     for (chain,) in chains:
         positions = [e["position"] for e in json.loads(chain)]
         assert positions == sorted(set(positions))
-    await fresh.rebuild()
+    await rebuild(pool, h.store, DOMAINS)
     assert await dump(pool) == resumed
 
 
-async def test_an_undecodable_event_stalls_the_runner_after_everything_before_it(
+async def test_an_undecodable_event_stalls_its_domain_after_everything_before_it(
     h: Harness, pool: asyncpg.Pool, played: Scenario
 ) -> None:
     head = await h.store.head(HALL)
@@ -554,12 +627,16 @@ async def test_an_undecodable_event_stalls_the_runner_after_everything_before_it
         data=b"{}",
     )
     appended = await h.store.append(HALL, head, [future], [])
-    stuck = ProjectionRunner(pool, h.store, batch_size=1000)
-    with pytest.raises(ProjectionStalled) as stalled:
-        await stuck.catch_up()
+    stuck = Projector(pool, h.store, batch_size=1000)
+    with pytest.raises(Stalled) as stalled:
+        await stuck.followers[HALL].catch_up()
     assert stalled.value.position == appended.head.position
-    assert stuck.position == played.last
-    assert not await stuck.wait_for(appended.head.position, timeout=0.2)
+    assert stuck.followers[HALL].position == played.last
+    assert not await stuck.wait_for_domain(HALL, appended.head.position, timeout=0.2)
+    # The other hall is not held up by it.
+    await stuck.followers[OTHER_HALL].catch_up()
+    other = (await h.store.head(OTHER_HALL)).position
+    assert await stuck.wait_for_domain(OTHER_HALL, other, timeout=0.2)
 
 
 # ---- read models ----
@@ -784,11 +861,11 @@ async def test_why_knows_nothing_of_an_unknown_id(
 
 
 async def test_wait_for_tells_when_the_projections_include_a_position(
-    runner: ProjectionRunner, pool: asyncpg.Pool, played: Scenario
+    runner: Projector, pool: asyncpg.Pool, played: Scenario
 ) -> None:
-    assert await runner.wait_for(played.last, timeout=0.1)
-    assert not await runner.wait_for(played.last + 1000, timeout=0.1)
+    assert await runner.wait_for_domain(HALL, played.last, timeout=0.1)
+    assert not await runner.wait_for_domain(HALL, played.last + 1000, timeout=0.1)
     # Read models served from another process watch the checkpoints instead.
     watching = PostgresReadModels(pool)
-    assert await watching.wait_for(played.last, timeout=0.1)
-    assert not await watching.wait_for(played.last + 1000, timeout=0.1)
+    assert await watching.wait_for(HALL, played.last, timeout=0.1)
+    assert not await watching.wait_for(HALL, played.last + 1000, timeout=0.1)

@@ -782,7 +782,9 @@ class OrchestrationMachine(RuleBasedStateMachine):
                 # Due while it was still being established: the keeper would end it any time.
                 await h.engine.expire_due_leases()
                 continue
-            assert await h.projections.wait_for(head.position, timeout=QUIET_TIMEOUT)
+            assert await h.followers.wait_for(
+                "projections", DOMAIN, head.position, timeout=QUIET_TIMEOUT
+            )
             await self.check_replay(state)
             await self.check_hardware(state)
             await self.check_projections(state)

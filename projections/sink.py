@@ -1,0 +1,182 @@
+"""The projections as a follower's sink: each domain's events folded into the projection tables.
+
+An engine follows each domain it serves with an engine.follower.Follower over this sink. A
+batch of one domain's events is applied to every projection in one transaction, together with
+each projection's checkpoint for that domain (trellis_follower_checkpoints, schema/005), so
+tables and checkpoints always agree. The checkpoint rows are locked (FOR UPDATE) first: two
+followers of the same domain (an engine handing a domain over, `trellis projections rebuild`
+while the engine runs) take turns, and one that finds a checkpoint already past part of its
+batch skips that part. One that finds a checkpoint behind what it was handed (someone
+rebuilt) raises Rewound and resumes from there.
+
+Checkpoints are per projection, so a projection added later catches up on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import asyncpg
+
+from engine.follower import DomainLog, Follower, Progress, Rewound, Stalled
+from engine.records import RecordedEvent
+from projections.base import Fact, Projection
+from projections.compositions import CompositionsProjection
+from projections.connections import ConnectionsProjection
+from projections.devices import DevicesProjection
+
+log = logging.getLogger("trellis.projections")
+
+SINK_NAME = "projections"
+
+_ENSURE = """
+INSERT INTO trellis_follower_checkpoints (follower, domain, version, position)
+SELECT name, $2, 0, 0 FROM unnest($1::text[]) AS name
+    ON CONFLICT (follower, domain) DO NOTHING
+"""
+_READ = """
+SELECT follower, version, position FROM trellis_follower_checkpoints
+ WHERE follower = ANY($1::text[]) AND domain = $2
+"""
+_LOCK = _READ + " ORDER BY follower FOR UPDATE"
+_SAVE = """
+UPDATE trellis_follower_checkpoints AS c SET version = u.version, position = u.position
+  FROM unnest($1::text[], $3::bigint[], $4::bigint[]) AS u(follower, version, position)
+ WHERE c.follower = u.follower AND c.domain = $2
+"""
+
+
+def default_projections() -> list[Projection]:
+    """The projections the queries read: compositions, connections, devices."""
+    return [CompositionsProjection(), ConnectionsProjection(), DevicesProjection()]
+
+
+class ProjectionSink:
+    """Folds domains' events into projection tables (engine.follower.Sink).
+
+    Args:
+        pool: asyncpg pool whose search_path holds the log and the projection tables
+            (migrations already applied, as PostgresEventStore.open does).
+        projections: what to fold; `default_projections()` when omitted.
+    """
+
+    name = SINK_NAME
+
+    def __init__(self, pool: asyncpg.Pool, projections: Sequence[Projection] | None = None):
+        self.pool = pool
+        self._projections = list(projections if projections is not None else default_projections())
+        self._names = [p.name for p in self._projections]
+        if len(set(self._names)) != len(self._names):
+            raise ValueError(f"projection names must be unique: {self._names}")
+        self._seen: dict[str, int] = {}  # domain -> the lowest checkpoint as last seen
+
+    @property
+    def checkpoint_names(self) -> list[str]:
+        """The projections' names, which key their checkpoints."""
+        return list(self._names)
+
+    @property
+    def tables(self) -> list[str]:
+        """Every table the projections own, in a fixed order."""
+        return [t.name for p in self._projections for t in p.tables]
+
+    async def resume(self, domain: str) -> tuple[int, Progress]:
+        async with self.pool.acquire() as conn:
+            await conn.execute(_ENSURE, self._names, domain)
+            rows = await conn.fetch(_READ, self._names, domain)
+        lowest = min((Progress(r["version"], r["position"]) for r in rows), key=_version)
+        self._seen[domain] = lowest.version
+        return lowest.version, lowest
+
+    async def apply(self, domain: str, records: Sequence[RecordedEvent]) -> Progress:
+        """Fold one batch into every projection and move their checkpoints, atomically."""
+        facts: list[Fact] = []
+        stalled: Stalled | None = None
+        for record in records:
+            try:
+                facts.append(Fact(record, record.event()))
+            except Exception as exc:  # a newer engine's event, or damage: stop before it
+                stalled = Stalled(Progress(), record.position, f"{record.type}: {exc}")
+                break
+        progress = await self._commit(domain, facts, records[0].version) if facts else None
+        if stalled is not None:
+            stalled.progress = progress or await self._lowest(domain)
+            raise stalled
+        assert progress is not None
+        return progress
+
+    async def refresh(self, domain: str) -> None:
+        """A quiet moment: a checkpoint below what we last saw means someone rebuilt."""
+        if (await self._lowest(domain)).version < self._seen.get(domain, 0):
+            raise Rewound
+
+    async def _lowest(self, domain: str) -> Progress:
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(_READ, self._names, domain)
+        return min((Progress(r["version"], r["position"]) for r in rows), key=_version)
+
+    async def _commit(self, domain: str, facts: list[Fact], first: int) -> Progress:
+        last = facts[-1].record
+        async with self.pool.acquire() as conn, conn.transaction():
+            locked = {
+                r["follower"]: Progress(r["version"], r["position"])
+                for r in await conn.fetch(_LOCK, self._names, domain)
+            }
+            if len(locked) < len(self._names) or any(
+                cp.version < first - 1 for cp in locked.values()
+            ):
+                raise Rewound  # events before this batch would be missing from a projection
+            for projection in self._projections:
+                done = locked[projection.name].version
+                todo = [f for f in facts if f.record.version > done]
+                if todo:
+                    await projection.apply(conn, todo)
+            # Never move a checkpoint back: another follower may already be past this batch.
+            saved = {
+                name: max(cp, Progress(last.version, last.position), key=_version)
+                for name, cp in locked.items()
+            }
+            await conn.execute(
+                _SAVE,
+                list(saved),
+                domain,
+                [cp.version for cp in saved.values()],
+                [cp.position for cp in saved.values()],
+            )
+        lowest = min(saved.values(), key=_version)
+        self._seen[domain] = lowest.version
+        return lowest
+
+
+def _version(progress: Progress) -> int:
+    return progress.version
+
+
+async def rebuild(
+    pool: asyncpg.Pool, log: DomainLog, domains: Sequence[str], *, batch_size: int = 1000
+) -> int:
+    """Empty every projection table, reset the checkpoints and replay the log of `domains`.
+
+    Queries see the tables empty, then filling, until the replay ends; engines following the
+    domains notice the checkpoints moved back and take part. Returns the events applied.
+    """
+    sink = ProjectionSink(pool)
+    async with pool.acquire() as conn, conn.transaction():
+        # Locks every checkpoint row first, so no follower commits between truncate and reset.
+        await conn.execute(
+            "SELECT 1 FROM trellis_follower_checkpoints WHERE follower = ANY($1::text[]) "
+            "FOR UPDATE",
+            sink.checkpoint_names,
+        )
+        if sink.tables:
+            await conn.execute(f"TRUNCATE {', '.join(sink.tables)}")
+        await conn.execute(
+            "UPDATE trellis_follower_checkpoints SET version = 0, position = 0 "
+            "WHERE follower = ANY($1::text[])",
+            sink.checkpoint_names,
+        )
+    applied = 0
+    for domain in domains:
+        applied += await Follower(domain, log, sink, batch_size=batch_size).catch_up()
+    return applied
