@@ -278,10 +278,12 @@ def _print_secure(settings: Settings, secure: SecureDir) -> None:
 
 
 def _external_nats_note(secure: SecureDir) -> str:
+    # nats-server resolves an include relative to the including file, never as absolute.
     return (
-        f"NATS is external (TRELLIS_NATS_URL): include {secure.config_path} in its configuration\n"
-        f'  (`include "{secure.config_path}"`) and reload it (`nats-server --signal reload`, or\n'
-        "  SIGHUP) after every change; the file holds the whole `authorization` block"
+        "NATS is external (TRELLIS_NATS_URL): link the users' file beside its configuration,\n"
+        f"  `ln -s {secure.config_path} <config dir>/trellis-auth.conf`, include it there once\n"
+        '  (`include "trellis-auth.conf"`), and reload the server after every change\n'
+        "  (`nats-server --signal reload`, or SIGHUP); the file is the whole `authorization` block"
     )
 
 

@@ -392,6 +392,42 @@ async def test_tenant_add_issues_credentials_while_the_engine_runs(
         assert code == 1 and err.startswith("trellis: ") and len(err.strip().splitlines()) == 1
 
 
+async def test_tenant_add_with_external_nats_writes_the_file_its_server_includes(
+    tmp_path: Path,
+) -> None:
+    data_dir, server_dir = tmp_path / "data", tmp_path / "nats-server"
+    secure = SecureDir(data_dir)
+    secure.ensure("trellis")
+    # As the note says: the users' file linked beside the server's own config, included there.
+    server_dir.mkdir()
+    (server_dir / "trellis-auth.conf").symlink_to(secure.config_path)
+    server = EmbeddedNats(server_dir, config=server_dir / "trellis-auth.conf")
+    await asyncio.to_thread(server.start)
+    try:
+        env = {"TRELLIS_DATA_DIR": str(data_dir), "TRELLIS_NATS_URL": server.url}
+        code, out, err = await trellis_cli(env, "tenant", "add", "acme")
+        assert code == 0, err
+        assert "NATS is external" in out and 'include "trellis-auth.conf"' in out
+        options = secure.credentials(ACME).connect_options()
+        with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+            await nats.connect(server.url, allow_reconnect=False, connect_timeout=2, **options)
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGHUP)  # the operator's reload
+        deadline = asyncio.get_running_loop().time() + 5
+        while True:
+            try:
+                nc = await nats.connect(
+                    server.url, allow_reconnect=False, connect_timeout=2, **options
+                )
+                break
+            except nats.errors.Error:
+                assert asyncio.get_running_loop().time() < deadline, "the reload took no effect"
+                await asyncio.sleep(0.05)
+        await nc.close()
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
 async def test_the_cli_connects_as_the_identity_the_data_dir_holds(
     rig: Rig, tmp_path: Path
 ) -> None:
