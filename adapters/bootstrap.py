@@ -3,7 +3,9 @@
 `running_engine(settings)` brings up everything `trellis up` needs: the embedded servers when
 no URLs are configured, the Postgres event store (migrated), the projections, the event relay
 (log → JetStream stream and KV bucket), the engine with its state rebuilt from the log, and the
-NATS intake. Leaving the context stops all of it, in reverse order.
+NATS intake. Leaving the context stops all of it, in reverse order. In secure mode
+(adapters/nats/auth.py) the embedded nats-server runs with the generated users and the engine
+connects as its own identity.
 """
 
 from __future__ import annotations
@@ -12,15 +14,27 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 
 import msgspec
 from nats.aio.client import Client as NATS
 
 from adapters.clock import SystemClock
-from adapters.embedded.servers import EmbeddedNats, EmbeddedPostgres, default_data_dir
+from adapters.embedded.servers import (
+    EmbeddedNats,
+    EmbeddedPostgres,
+    default_data_dir,
+    reload_nats,
+)
 from adapters.fabric.sim import SimulatedFabric
+from adapters.nats.auth import (
+    CredentialsError,
+    NkeyCredentials,
+    Principal,
+    SecureDir,
+    tenant_name_problem,
+)
 from adapters.nats.intake import NatsIntake
 from adapters.nats.jetstream import StreamLimits
 from adapters.nats.relay import RelaySink
@@ -48,10 +62,32 @@ class RunningEngine(msgspec.Struct, kw_only=True):
     nats_url: str
     database_url: str
     subject_prefix: str
+    secure_dir: Path | None = None  # secure mode's identities and server config
 
 
-async def connect_nats(url: str, name: str = "trellis") -> NATS:
-    """A NATS connection that keeps reconnecting, so a NATS restart is a pause, not an exit."""
+ENGINE_IDENTITY = Principal("engine", "engine")
+
+
+async def connect_nats(
+    url: str,
+    name: str = "trellis",
+    *,
+    credentials: NkeyCredentials | None = None,
+    on_error: Callable[[Exception], Awaitable[None]] | None = None,
+) -> NATS:
+    """A NATS connection that keeps reconnecting, so a NATS restart is a pause, not an exit.
+
+    Args:
+        url: the server.
+        name: the connection's name, as the server's monitoring shows it.
+        credentials: the identity to connect as (secure mode); None: anonymous.
+        on_error: called with each asynchronous error (refused credentials, a publish the
+            server's permissions deny); by default they are logged.
+
+    Raises:
+        CredentialsError: `credentials` holds no usable nkey seed.
+    """
+    options = credentials.connect_options() if credentials is not None else {}
     nc = NATS()
 
     async def lost() -> None:
@@ -67,26 +103,32 @@ async def connect_nats(url: str, name: str = "trellis") -> NATS:
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.25,  # type: ignore[arg-type]  # annotated int, takes seconds
         connect_timeout=5,
-        error_cb=_nats_error,
+        error_cb=on_error or _nats_error,
         disconnected_cb=lost,
         reconnected_cb=back,
+        **options,
     )
     return nc
 
 
 async def _nats_error(exc: Exception) -> None:
-    # nats-py's default prints a traceback for every failed (re)connect attempt.
-    log.debug("nats: %s", str(exc) or type(exc).__name__)
+    # nats-py's default prints a traceback for every failed (re)connect attempt. Refused
+    # credentials or permissions are worth a warning: retrying will not fix them.
+    text = str(exc) or type(exc).__name__
+    log.log(logging.WARNING if "violation" in text.lower() else logging.DEBUG, "nats: %s", text)
 
 
 @contextlib.asynccontextmanager
-async def embedded_or_configured(settings: Settings) -> AsyncIterator[tuple[str, str]]:
-    """The (nats_url, database_url) to use, starting embedded servers for the unset ones."""
+async def embedded_or_configured(
+    settings: Settings, *, nats_config: Path | None = None
+) -> AsyncIterator[tuple[str, str]]:
+    """The (nats_url, database_url) to use, starting embedded servers for the unset ones; an
+    embedded nats-server reads `nats_config` too (secure mode's users)."""
     data_dir = settings.data_dir or default_data_dir()
     with contextlib.ExitStack() as stack:
         nats_url, database_url = settings.nats_url, settings.database_url
         if not nats_url:
-            server = stack.enter_context(EmbeddedNats(data_dir))
+            server = stack.enter_context(EmbeddedNats(data_dir, config=nats_config))
             await asyncio.to_thread(server.start)
             nats_url = server.url
         if not database_url:
@@ -109,11 +151,13 @@ async def engine_on(
     saga_deadline: float = 10.0,
     stream_limits: StreamLimits | None = None,
     follow_options: dict[str, float] | None = None,
+    credentials: NkeyCredentials | None = None,
 ) -> AsyncIterator[RunningEngine]:
     """The engine, its projections, its event relay and its NATS intake on given servers, until
     the context exits. Migrations run first; the engine's state is rebuilt from the log before
     it serves. Without a `fabric` driver the engine drives a SimulatedFabric (there is no
-    hardware). `follow_options` tune the log followers (engine.follower.Follower)."""
+    hardware). `follow_options` tune the log followers (engine.follower.Follower);
+    `credentials`: the engine's own NATS identity in secure mode."""
     async with contextlib.AsyncExitStack() as stack:
         store = await PostgresEventStore.open(database_url, schema=schema)
         stack.push_async_callback(store.close)
@@ -124,7 +168,7 @@ async def engine_on(
         stack.push_async_callback(projection_pool.close)
         relay_pool = await connect_pool(database_url, schema=schema, min_size=1, max_size=2)
         stack.push_async_callback(relay_pool.close)
-        relay_nc = await connect_nats(nats_url, name="trellis-relay")
+        relay_nc = await connect_nats(nats_url, name="trellis-relay", credentials=credentials)
         stack.push_async_callback(relay_nc.close)
         projections = ProjectionSink(projection_pool)
         relay = RelaySink(relay_pool, relay_nc, prefix=prefix, limits=stream_limits)
@@ -144,7 +188,7 @@ async def engine_on(
         )
         await engine.start()
         stack.push_async_callback(engine.close)
-        nc = await connect_nats(nats_url, name="trellis-engine")
+        nc = await connect_nats(nats_url, name="trellis-engine", credentials=credentials)
         # close, not drain: intake.stop() below has already unsubscribed and waited for every
         # request in flight, which is what a drain would do (and nats-py's drain can stall).
         stack.push_async_callback(nc.close)
@@ -166,11 +210,24 @@ async def engine_on(
 
 
 @contextlib.asynccontextmanager
-async def running_engine(settings: Settings) -> AsyncIterator[RunningEngine]:
-    """Start the engine as configured (embedded servers for unset URLs); serve until exit."""
+async def running_engine(
+    settings: Settings, *, tenants: Iterable[str] = ()
+) -> AsyncIterator[RunningEngine]:
+    """Start the engine as configured (embedded servers for unset URLs); serve until exit.
+
+    In secure mode the identities are made first (the roles, `tenants`, and later every tenant
+    that holds a live composition in the log), and the engine connects as its own.
+    """
     fabric = fabric_from_settings(settings)  # a bad state file stops us before any server starts
+    secure = secure_dir(settings)
+    if secure is not None:
+        _issue(secure, settings, tenants)
     async with contextlib.AsyncExitStack() as stack:
-        nats_url, database_url = await stack.enter_async_context(embedded_or_configured(settings))
+        nats_url, database_url = await stack.enter_async_context(
+            embedded_or_configured(
+                settings, nats_config=secure.config_path if secure is not None else None
+            )
+        )
         running = await stack.enter_async_context(
             engine_on(
                 nats_url,
@@ -181,12 +238,42 @@ async def running_engine(settings: Settings) -> AsyncIterator[RunningEngine]:
                 fabric=fabric,
                 saga_deadline=settings.saga_deadline,
                 stream_limits=settings.stream_limits,
+                credentials=secure.credentials(ENGINE_IDENTITY) if secure is not None else None,
             )
         )
+        if secure is not None:
+            running.secure_dir = secure.root
+            if _issue(secure, settings, _tenants_holding(running.engine)) and not settings.nats_url:
+                reload_nats(settings.data_dir or default_data_dir())
         endpoints = _write_endpoints(settings, nats_url, database_url)
         stack.callback(endpoints.unlink, missing_ok=True)
         log.info("engine serving %s on %s", settings.subject_prefix, nats_url)
         yield running
+
+
+def secure_dir(settings: Settings) -> SecureDir | None:
+    """Secure mode's identities when it is on: asked for (`trellis up --secure`,
+    TRELLIS_SECURE), or set up in the data dir before (once secured, a data dir stays so)."""
+    secure = SecureDir(settings.data_dir or default_data_dir())
+    return secure if settings.secure or secure.exists() else None
+
+
+def _issue(secure: SecureDir, settings: Settings, tenants: Iterable[str]) -> list[str]:
+    """Identities for the roles and `tenants`, and the config; the tenants that are new."""
+    try:
+        return secure.ensure(settings.subject_prefix, tenants)
+    except (CredentialsError, OSError) as exc:
+        raise SettingsError(f"secure mode ({secure.root}): {exc}") from None
+
+
+def _tenants_holding(engine: Engine) -> list[str]:
+    """Every tenant with a live composition that can have an identity (names from before
+    secure mode that are no id, or name a role, get none: `trellis tenant add` says why)."""
+    held = set()
+    for domain in engine.domains:
+        state = engine.state(domain)
+        held |= {c.tenant for c in state.compositions.values()} if state else set()
+    return sorted(t for t in held if tenant_name_problem(t) is None)
 
 
 def fabric_state_path(settings: Settings) -> Path:

@@ -40,6 +40,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     fabric_script: list[ScriptedFault] = []
     # What the JetStream event stream keeps (adapters/nats/jetstream.py); 0: no limit.
     stream_limits: StreamLimits = StreamLimits()
+    # Secure mode (adapters/nats/auth.py): NATS users and permissions. Also on whenever the
+    # data dir holds its identities already (`trellis up --secure` once is enough).
+    secure: bool = False
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -83,6 +86,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             fabric_hang_rate=_probability(env, "TRELLIS_FABRIC_HANG_RATE"),
             fabric_script=script,
             stream_limits=_stream_limits(env),
+            secure=_flag(env, "TRELLIS_SECURE"),
         )
 
 
@@ -113,6 +117,15 @@ def _integer(env: dict[str, str], name: str, default: int) -> int:
         return int(text)
     except ValueError:
         raise SettingsError(f"{name} must be an integer; got {text!r}") from None
+
+
+def _flag(env: dict[str, str], name: str) -> bool:
+    text = env.get(name, "").strip().lower()
+    if text in ("", "0", "false", "no"):
+        return False
+    if text in ("1", "true", "yes"):
+        return True
+    raise SettingsError(f"{name} must be 1 or 0 (true or false); got {env[name]!r}")
 
 
 def _stream_limits(env: dict[str, str]) -> StreamLimits:

@@ -101,9 +101,13 @@ class ReadModels(Protocol):
         device: str | None = None,
     ) -> list[dict[str, Any]]: ...
 
-    async def why(self, domain: str, target: str) -> dict[str, Any] | None:
+    async def why(
+        self, domain: str, target: str, *, viewer: str | None = None
+    ) -> dict[str, Any] | None:
         """What `target` (device, host, composition or link) is connected to now, the chain of
-        events that made it so, and one plain sentence; None if the id is unknown."""
+        events that made it so, and one plain sentence; None if the id is unknown. With
+        `viewer`, as that tenant's view tells it (engine/views.py): only its own connections
+        and their events, and another tenant's composition is unknown."""
         ...
 
 

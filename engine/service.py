@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 
 import msgspec
 
-from engine import replies
+from engine import replies, views
 from engine.actors import ENGINE, OPERATOR, is_reserved
 from engine.errors import IntentRejected, StoreUnavailable
 from engine.follower import Followers
@@ -152,7 +152,8 @@ class Engine:
     async def handle(
         self, family: Family, domain: str, tenant: str | None, verb: str, body: bytes
     ) -> bytes:
-        """Answer one request; never raises for bad input."""
+        """Answer one request; never raises for bad input. `tenant` is the subject's tenant
+        token: of an intent, or of a view (a query with a tenant is that tenant's view)."""
         for what, token in (("domain", domain), ("tenant", tenant)):
             if token is not None and not is_valid_id(token):
                 return replies.error("invalid", f"{what} {token!r} is not a valid id")
@@ -171,7 +172,7 @@ class Engine:
             return replies.error("invalid", str(exc))
         try:
             if family == "query":
-                return await self._query(domain, verb, intent)
+                return await self._query(domain, verb, intent, viewer=tenant)
             writer = await self._writer(domain, create=isinstance(intent, ImportTopology))
             if writer is None:
                 return _no_domain(domain)
@@ -212,7 +213,14 @@ class Engine:
             settled = stored.reply
         return replies.as_replayed(settled) if accepted.replayed else settled
 
-    async def _query(self, domain: str, verb: str, query: msgspec.Struct) -> bytes:
+    async def _query(
+        self, domain: str, verb: str, query: msgspec.Struct, *, viewer: str | None = None
+    ) -> bytes:
+        """Answer a query; with `viewer`, as that tenant's view (engine/views.py)."""
+        if viewer is not None:
+            if not views.serves(verb):
+                return replies.error("invalid", f"query {verb!r} has no tenant view")
+            query = views.scoped_query(query, viewer)
         writer = await self._writer(domain, create=False)
         if writer is None:
             return _no_domain(domain)
@@ -221,13 +229,15 @@ class Engine:
             if verb in STATE_QUERIES:
                 result = answer(writer.state, query, verb)
             else:
-                result = await self._read_model_query(domain, query, head)
+                result = await self._read_model_query(domain, query, head, viewer)
+            if viewer is not None:
+                result = views.scope(verb, result, viewer, writer.state)
         except IntentRejected as exc:
             return replies.rejection(exc)
         return replies.ok(_encode(result), head)
 
     async def _read_model_query(
-        self, domain: str, query: msgspec.Struct, head: int
+        self, domain: str, query: msgspec.Struct, head: int, viewer: str | None
     ) -> dict[str, object]:
         """History-bearing queries, answered from projections that include every committed
         event up to `head` (read-your-writes: a client that just composed sees it)."""
@@ -257,7 +267,7 @@ class Engine:
             case CompositionQuery(id=cid):
                 row = await models.composition(domain, cid)
                 if row is None:
-                    raise IntentRejected("not_found", f"no composition {cid!r}", {"id": cid})
+                    raise views.unknown_composition(cid)
                 return row
             case ConnectionsQuery(host=host, tenant=tenant, device=device):
                 rows = await models.connections(domain, host=host, tenant=tenant, device=device)
@@ -269,7 +279,7 @@ class Engine:
                         "`why` at a past moment needs the auditor (not served yet); omit `at`",
                         {"at": at},
                     )
-                row = await models.why(domain, target)
+                row = await models.why(domain, target, viewer=viewer)
                 if row is None:
                     raise IntentRejected("not_found", f"nothing named {target!r}", {"id": target})
                 return row

@@ -15,6 +15,7 @@ import asyncpg
 import msgspec
 
 from engine.follower import Failure
+from engine.views import IN_USE_BY_OTHERS, may_see, split_rows
 from projections.base import iso
 from projections.sink import SINK_NAME
 
@@ -145,13 +146,21 @@ class PostgresReadModels:
         )
         return [_connection(r) for r in rows]
 
-    async def why(self, domain: str, target: str) -> dict[str, Any] | None:
+    async def why(
+        self, domain: str, target: str, *, viewer: str | None = None
+    ) -> dict[str, Any] | None:
         """What `target` (a device, host, switch, OCS, link or composition) is connected to,
-        the events that made it so, and one sentence saying it; None if the id is unknown."""
+        the events that made it so, and one sentence saying it; None if the id is unknown.
+
+        With `viewer` (a tenant's view, engine/views.py) only that tenant's connections and
+        their events are told; what others hold is only "in use by others", and another
+        tenant's composition is unknown (None)."""
         # One snapshot for every read, so the sentence, the rows and the chain agree.
         snapshot = {"isolation": "repeatable_read", "readonly": True}
         async with self._pool.acquire() as conn, conn.transaction(**snapshot):
             own = await self._compositions(domain, [target], conn)
+            if own and not may_see(own[0]["tenant"], viewer):
+                return None
             component = None if own else await conn.fetchrow(_COMPONENT, domain, target)
             if own:
                 kind = "composition"
@@ -166,7 +175,7 @@ class PostgresReadModels:
                 domain,
                 target,
             )
-            connected = [_connection(r) for r in rows]
+            connected, others = split_rows([_connection(r) for r in rows], viewer)
             cids = sorted({c["composition_id"] for c in connected})
             compositions = own or await self._compositions(domain, cids, conn)
         states = {c["composition_id"]: c for c in compositions}
@@ -176,11 +185,11 @@ class PostgresReadModels:
         if own:
             text = _composition_text(own[0])
         elif kind == "device":
-            text = _device_text(target, connected, states, component)
+            text = _device_text(target, connected, states, component, others)
         elif kind == "host":
-            text = _host_text(target, connected, states, component)
+            text = _host_text(target, connected, states, component, others)
         else:
-            text = _carrier_text(target, connected, component)
+            text = _carrier_text(target, connected, component, others)
         return {
             "id": target,
             "kind": kind,
@@ -269,9 +278,12 @@ def _device_text(
     connected: list[dict[str, Any]],
     states: dict[str, dict[str, Any]],
     component: asyncpg.Record,
+    others: bool = False,
 ) -> str:
     marks = _marks(component)
     if not connected:
+        if others:
+            return f"{device} is {IN_USE_BY_OTHERS}; it is {marks}."
         return f"{device} is connected to nothing; it is free and {marks}."
     clauses = []
     for c in connected:
@@ -282,7 +294,7 @@ def _device_text(
             f"{_impaired(states.get(c['composition_id']))}, {_requested(c['why'])}"
         )
     note = "" if marks == "healthy" else f"; the device is {marks}"
-    return f"{device} is connected to {'; and to '.join(clauses)}{note}."
+    return f"{device} is connected to {'; and to '.join(clauses)}{_also(others)}{note}."
 
 
 def _host_text(
@@ -290,9 +302,12 @@ def _host_text(
     connected: list[dict[str, Any]],
     states: dict[str, dict[str, Any]],
     component: asyncpg.Record,
+    others: bool = False,
 ) -> str:
     marks = _marks(component)
     if not connected:
+        if others:
+            return f"{host} is {IN_USE_BY_OTHERS}; it is {marks}."
         return f"{host} is connected to nothing; it is {marks}."
     clauses = []
     for cid, rows in _by_composition(connected):
@@ -303,20 +318,30 @@ def _host_text(
             f"{_impaired(states.get(cid))}, {_requested(first['why'])}"
         )
     note = "" if marks == "healthy" else f"; the host is {marks}"
-    return f"{host} is connected to {'; and to '.join(clauses)}{note}."
+    return f"{host} is connected to {'; and to '.join(clauses)}{_also(others)}{note}."
 
 
-def _carrier_text(target: str, connected: list[dict[str, Any]], component: asyncpg.Record) -> str:
+def _carrier_text(
+    target: str, connected: list[dict[str, Any]], component: asyncpg.Record, others: bool = False
+) -> str:
     """A link, switch or OCS: whose paths pass it."""
     marks = _marks(component)
     if not connected:
+        if others:
+            return f"{target} carries only paths {IN_USE_BY_OTHERS}; it is {marks}."
         return f"{target} carries nothing; it is {marks}."
     clauses = [
         f"{rows[0]['host']} to {_and([r['device'] for r in rows])} in composition {cid}"
         f" for tenant {rows[0]['tenant']}"
         for cid, rows in _by_composition(connected)
     ]
-    return f"{target} carries the paths from {'; and from '.join(clauses)}; it is {marks}."
+    paths = "; and from ".join(clauses)
+    return f"{target} carries the paths from {paths}{_also(others)}; it is {marks}."
+
+
+def _also(others: bool) -> str:
+    """In a tenant's view: a clause saying others hold more of it, and nothing about them."""
+    return f", and it is also {IN_USE_BY_OTHERS}" if others else ""
 
 
 def _composition_text(row: dict[str, Any]) -> str:

@@ -9,6 +9,8 @@ Layout under ``data_dir`` (both servers may share one)::
 
     nats/            JetStream store (-sd)
     nats.log
+    nats.pid         the running nats-server's pid (secure mode reloads it with SIGHUP)
+    nats.conf        secure mode: the server's name, and an include of the users' config
     postgres/        PGDATA
     postgres.log
 """
@@ -46,6 +48,7 @@ __all__ = [
     "free_port",
     "nats_server_binary",
     "postgres_bin_dir",
+    "reload_nats",
 ]
 
 _log = logging.getLogger(__name__)
@@ -54,6 +57,8 @@ HOST = "127.0.0.1"
 #: PostgreSQL refuses to run as root; when we are root the server runs as this system user.
 PG_SYSTEM_USER = "trellis-pg"
 PG_DATABASE = "trellis"
+
+MAIN_NATS_CONFIG = "nats.conf"
 
 _POLL_INTERVAL_S = 0.05
 _START_TIMEOUT_S = 20.0
@@ -273,13 +278,21 @@ def nats_server_binary() -> Path:
 
 
 class EmbeddedNats(_EmbeddedServer):
-    """A nats-server with JetStream, storing under ``<data_dir>/nats``."""
+    """A nats-server with JetStream, storing under ``<data_dir>/nats``.
+
+    With ``config`` (secure mode: an ``authorization`` block, adapters/nats/auth.py) the server
+    reads that file too, and ``reload_nats`` makes it read the file again without a restart
+    (new users can connect, connected clients stay). The server is then started on
+    ``<data_dir>/nats.conf``, which names the server and includes ``config``: a reload re-reads
+    that file, and nats-server refuses a reload that would change its name.
+    """
 
     name = "nats-server"
 
-    def __init__(self, data_dir: Path, port: int | None = None) -> None:
+    def __init__(self, data_dir: Path, port: int | None = None, *, config: Path | None = None):
         super().__init__(data_dir, port)
         self._server_name = ""
+        self.config = Path(config).absolute() if config is not None else None
 
     @property
     def url(self) -> str:
@@ -295,20 +308,39 @@ class EmbeddedNats(_EmbeddedServer):
     def log_path(self) -> Path:
         return self.data_dir / "nats.log"
 
+    @property
+    def pid_path(self) -> Path:
+        return self.data_dir / "nats.pid"
+
+    @property
+    def main_config_path(self) -> Path:
+        return self.data_dir / MAIN_NATS_CONFIG
+
     def _prepare(self) -> None:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         # A fresh name per start lets the readiness probe tell our server from any other process
         # that grabbed the port in the meantime. Standalone JetStream does not depend on the name.
         self._server_name = f"trellis-embedded-{secrets.token_hex(6)}"
+        if self.config is not None:
+            # Included relative to this file's directory (nats-server joins include paths so).
+            included = os.path.relpath(self.config, self.data_dir)
+            main = f"server_name: {json.dumps(self._server_name)}\ninclude {json.dumps(included)}\n"
+            self.main_config_path.write_text(main)
 
     def _command(self) -> list[str]:
+        named = (
+            ["--config", str(self.main_config_path)]
+            if self.config is not None
+            else ["--server_name", self._server_name]
+        )
         return [
             str(nats_server_binary()),
             "--addr", HOST,
             "--port", str(self.port),
-            "--server_name", self._server_name,
+            *named,
             "--jetstream",
             "--store_dir", str(self.store_dir),
+            "--pid", str(self.pid_path),
         ]  # fmt: skip
 
     def _is_ready(self, proc: subprocess.Popen[bytes]) -> bool:
@@ -324,9 +356,37 @@ class EmbeddedNats(_EmbeddedServer):
                 if info.get("server_name") != self._server_name or not info.get("jetstream"):
                     return False
                 sock.sendall(b'CONNECT {"verbose":false,"pedantic":false}\r\nPING\r\n')
-                return reader.readline().startswith(b"PONG")
+                answer = reader.readline()
+                # With users configured, refusing an anonymous CONNECT is the round trip.
+                refused = info.get("auth_required") and answer.startswith(b"-ERR 'Authoriz")
+                return answer.startswith(b"PONG") or bool(refused)
         except (OSError, ValueError):
             return False
+
+
+def reload_nats(data_dir: Path) -> bool:
+    """From any process: SIGHUP the embedded nats-server that runs on ``data_dir`` with a
+    config (secure mode), so it reads it again. False when no such server runs.
+
+    The pid file may be stale and name another process by now, so the signal goes only to a
+    nats-server whose command line names that data dir's config (read from /proc: Linux).
+    """
+    data_dir = Path(data_dir).absolute()
+    try:
+        pid = int((data_dir / "nats.pid").read_text().strip())
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return False
+    ours = Path(os.fsdecode(argv[0])).name == "nats-server" and (
+        os.fsencode(data_dir / MAIN_NATS_CONFIG) in argv
+    )
+    if not ours:
+        return False
+    try:
+        os.kill(pid, signal.SIGHUP)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 # --------------------------------------------------------------------------------------------

@@ -8,22 +8,36 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import signal
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import nats
 
-from adapters.bootstrap import connect_nats, fabric_state_path, find_endpoint, running_engine
+from adapters.bootstrap import (
+    connect_nats,
+    fabric_state_path,
+    find_endpoint,
+    running_engine,
+)
+from adapters.embedded.servers import default_data_dir, reload_nats
 from adapters.entrypoints import render
 from adapters.fabric.sim import read_state_file
+from adapters.nats.auth import (
+    CredentialsError,
+    NkeyCredentials,
+    Principal,
+    SecureDir,
+    inbox_prefix,
+    public_key,
+)
 from adapters.nats.client import TrellisClient
 from adapters.postgres.migrations import SCHEMA_DIR
 from adapters.postgres.store import PostgresEventStore, connect_pool
@@ -68,7 +82,27 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(metavar="COMMAND")
 
     up = sub.add_parser("up", help="run the engine (embedded NATS/Postgres unless configured)")
+    up.add_argument(
+        "--secure",
+        action="store_true",
+        help="NATS users and permissions: an identity per tenant, operator, auditor, engine",
+    )
+    up.add_argument(
+        "--tenant",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="(secure mode) issue this tenant an identity too; repeatable",
+    )
     up.set_defaults(run=_up)
+
+    tenant = sub.add_parser("tenant", help="tenants' NATS identities (secure mode)")
+    tenant_sub = tenant.add_subparsers(metavar="ACTION")
+    tenant_add = tenant_sub.add_parser(
+        "add", help="issue a tenant's credentials; a running embedded NATS takes them at once"
+    )
+    tenant_add.add_argument("name")
+    tenant_add.set_defaults(run=_tenant_add)
 
     topo = sub.add_parser("topology", help="import or show a domain's fabric")
     topo_sub = topo.add_subparsers(metavar="ACTION")
@@ -157,23 +191,32 @@ def _query_commands(sub: Any) -> None:
     conn.add_argument("--host")
     conn.add_argument("--tenant", help="only this tenant's connections")
     conn.add_argument("--device")
-    _client_options(conn)
+    _query_options(conn)
     conn.set_defaults(run=_connections)
 
     why = sub.add_parser("why", help="why a device, host, composition or link is as it is")
     why.add_argument("id")
-    _client_options(why)
+    _query_options(why)
     why.set_defaults(run=_why)
 
     free = sub.add_parser("free", help="usable devices with capacity left")
     free.add_argument("--kind", choices=["gpu", "memory", "nic", "nvme", "accelerator"])
-    _client_options(free)
+    _query_options(free)
     free.set_defaults(run=_free)
 
     blast = sub.add_parser("blast-radius", help="what a failure of a component would hit")
     blast.add_argument("id")
-    _client_options(blast)
+    _query_options(blast)
     blast.set_defaults(run=_blast_radius)
+
+
+def _query_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--view",
+        metavar="TENANT",
+        help="ask as TENANT's view (<prefix>.view.<domain>.<tenant>.*): only its own data",
+    )
+    _client_options(p)
 
 
 def _intent_options(p: argparse.ArgumentParser) -> None:
@@ -186,6 +229,14 @@ def _client_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--domain", default=os.environ.get("TRELLIS_DOMAIN", DEFAULT_DOMAIN))
     p.add_argument("--json", action="store_true", help="print the raw reply as JSON")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a reply")
+    p.add_argument(
+        "--creds",
+        type=Path,
+        default=os.environ.get("TRELLIS_NATS_CREDS") or None,
+        metavar="FILE",
+        help="NATS identity (an nkey seed file) to connect as; default in secure mode: the "
+        "tenant's own for intents and views, else the operator's, from the data dir",
+    )
 
 
 # ---- commands ----
@@ -193,22 +244,101 @@ def _client_options(p: argparse.ArgumentParser) -> None:
 
 def _up(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
+    if args.secure:
+        settings = msgspec.structs.replace(settings, secure=True)
+    elif args.tenant:
+        raise CliError("--tenant issues secure mode identities; add --secure")
 
     async def serve() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        async with running_engine(settings) as running:
+        async with running_engine(settings, tenants=args.tenant) as running:
             domains = ", ".join(running.engine.domains) or "none yet"
             print(f"trellis engine up: NATS {running.nats_url}, Postgres {running.database_url}")
             print(f"fabric: simulated, its hardware state in {fabric_state_path(settings)}")
+            if running.secure_dir is not None:
+                _print_secure(settings, SecureDir(running.secure_dir.parent))
             print(f"serving {running.subject_prefix}.* for domains: {domains}. Ctrl-C stops.")
+            sys.stdout.flush()
             await stop.wait()
         print("trellis engine stopped")
 
     asyncio.run(serve())
     return 0
+
+
+def _print_secure(settings: Settings, secure: SecureDir) -> None:
+    tenants = ", ".join(secure.tenants()) or "none yet (`trellis tenant add NAME`)"
+    print(f"secure mode: NATS identities in {secure.root} (engine, operator, auditor; tenants:")
+    print(f"  {tenants}); clients without one are refused")
+    if settings.nats_url:
+        print(_external_nats_note(secure))
+
+
+def _external_nats_note(secure: SecureDir) -> str:
+    # nats-server resolves an include relative to the including file, never as absolute.
+    return (
+        "NATS is external (TRELLIS_NATS_URL): link the users' file beside its configuration,\n"
+        f"  `ln -s {secure.config_path} <config dir>/trellis-auth.conf`, include it there once\n"
+        '  (`include "trellis-auth.conf"`), and reload the server after every change\n'
+        "  (`nats-server --signal reload`, or SIGHUP); the file is the whole `authorization` block"
+    )
+
+
+def _tenant_add(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    data_dir = settings.data_dir or default_data_dir()
+    secure = SecureDir(data_dir)
+    # The permissions name the subject prefix the engine serves: the one written before, if any.
+    prefix = secure.prefix() or settings.subject_prefix
+    try:
+        new = secure.ensure(prefix, [args.name])
+        key = public_key(secure.credentials(Principal("tenant", args.name)).seed())
+    except CredentialsError as exc:
+        raise CliError(str(exc)) from None
+    path = secure.seed_path(Principal("tenant", args.name))
+    print(f"{'issued' if new else 'already issued'} tenant {args.name}'s identity: {path}")
+    print(f"  public key {key}; connect with its seed and inbox prefix {inbox_prefix(key)}")
+    print(f"  it may send {prefix}.intent.*.{args.name}.> and ask {prefix}.view.*.{args.name}.>")
+    if settings.nats_url:
+        print(_external_nats_note(secure))
+    elif reload_nats(data_dir):
+        url = find_endpoint(settings, "nats_url")
+        if url is not None:
+            asyncio.run(_until_accepted(url, secure.credentials(Principal("tenant", args.name))))
+        print("the running nats-server reloaded its users: the tenant can connect now")
+    else:
+        print(f"no embedded nats-server runs on {data_dir}: the next `trellis up` serves it")
+    return 0
+
+
+async def _until_accepted(url: str, creds: NkeyCredentials, timeout: float = 5.0) -> None:
+    """Wait until the server accepts `creds` (a reload takes effect a moment after SIGHUP)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            nc = await nats.connect(
+                url,
+                allow_reconnect=False,
+                connect_timeout=2,
+                **(creds.connect_options()),
+                error_cb=_ignore,
+            )
+        except Exception as exc:
+            if loop.time() > deadline:
+                refused = f"the nats-server at {url} still refuses the new identity: {exc}"
+                raise CliError(refused) from None
+            await asyncio.sleep(0.1)
+        else:
+            await nc.close()
+            return
+
+
+async def _ignore(exc: Exception) -> None:
+    """nats-py reports each refused attempt here as well; the caller retries."""
 
 
 def _topology_import(args: argparse.Namespace) -> int:
@@ -281,23 +411,31 @@ def _extend(args: argparse.Namespace) -> int:
 
 def _connections(args: argparse.Namespace) -> int:
     filters = {k: getattr(args, k) for k in ("host", "tenant", "device") if getattr(args, k)}
-    reply = _request(args, f"query.{args.domain}.connections", filters)
+    reply = _request(args, _query_subject(args, "connections"), filters)
     return _print_reply(args, reply, render.connections_table)
 
 
 def _why(args: argparse.Namespace) -> int:
-    reply = _request(args, f"query.{args.domain}.why", {"id": args.id})
+    reply = _request(args, _query_subject(args, "why"), {"id": args.id})
     return _print_reply(args, reply, render.why_text)
 
 
 def _free(args: argparse.Namespace) -> int:
-    reply = _request(args, f"query.{args.domain}.free", {"kind": args.kind} if args.kind else {})
+    body = {"kind": args.kind} if args.kind else {}
+    reply = _request(args, _query_subject(args, "free"), body)
     return _print_reply(args, reply, render.free_table)
 
 
 def _blast_radius(args: argparse.Namespace) -> int:
-    reply = _request(args, f"query.{args.domain}.blast-radius", {"id": args.id})
+    reply = _request(args, _query_subject(args, "blast-radius"), {"id": args.id})
     return _print_reply(args, reply, render.blast_radius_table)
+
+
+def _query_subject(args: argparse.Namespace, what: str) -> str:
+    """The operator's query, or with --view the tenant's own view of it."""
+    if args.view:
+        return f"view.{args.domain}.{args.view}.{what}"
+    return f"query.{args.domain}.{what}"
 
 
 def _send_intent(args: argparse.Namespace, verb: str, body: dict[str, Any], show: Any) -> int:
@@ -427,29 +565,88 @@ def _schema_export(args: argparse.Namespace) -> int:
 # ---- talking to a running engine ----
 
 
-@contextlib.asynccontextmanager
-async def _client(timeout: float) -> AsyncIterator[TrellisClient]:
+def _credentials(
+    settings: Settings, creds: Path | None, subject_tail: str
+) -> NkeyCredentials | None:
+    """Who to connect as: --creds / TRELLIS_NATS_CREDS; else, where the data dir holds secure
+    mode's identities, the tenant's own for an intent or a view and the operator's for the
+    rest; else nobody (a server without users)."""
+    if creds is not None:
+        return NkeyCredentials(creds)
+    secure = SecureDir(settings.data_dir or default_data_dir())
+    if not secure.exists():
+        return None
+    family, _, rest = subject_tail.partition(".")
+    if family in ("intent", "view"):
+        tenant = Principal("tenant", rest.split(".")[1])
+        if not secure.seed_path(tenant).is_file():
+            raise CliError(
+                f"secure mode: no identity for tenant {tenant.name!r} in {secure.tenants_dir}; "
+                f"`trellis tenant add {tenant.name}` issues one (or give --creds FILE)"
+            )
+        return secure.credentials(tenant)
+    return secure.credentials(Principal("operator", "operator"))
+
+
+class _Refusals:
+    """What the server refused on this connection (credentials, or a publish its permissions
+    deny): nats-py reports those only to the error callback, and a request would just time
+    out. `first(...)` gives up on the awaited step as soon as one arrives."""
+
+    def __init__(self) -> None:
+        self.refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def on_error(self, exc: Exception) -> None:
+        text = str(exc)
+        if "violation" in text.lower() and not self.refused.done():
+            self.refused.set_result(text.removeprefix("nats: ").strip("'"))
+
+    async def first(self, step: Any, timeout: float) -> Any:
+        task = asyncio.ensure_future(step)
+        done, _ = await asyncio.wait(
+            {task, self.refused}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+        if task in done:
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        if self.refused.done():
+            raise CliError(f"NATS refused it: {self.refused.result()}")
+        raise TimeoutError
+
+
+def _request(args: argparse.Namespace, subject_tail: str, body: dict[str, Any]) -> dict[str, Any]:
     settings = Settings.from_env()
     url = find_endpoint(settings, "nats_url")
     if url is None:
         raise CliError("no engine found: set TRELLIS_NATS_URL or start one with `trellis up`")
-    try:
-        nc = await asyncio.wait_for(connect_nats(url, name="trellis-cli"), timeout)
-    except Exception as exc:
-        raise CliError(f"cannot reach NATS at {url}: {str(exc) or type(exc).__name__}") from None
-    try:
-        yield TrellisClient(nc, prefix=settings.subject_prefix, timeout=timeout)
-    finally:
-        await nc.close()
+    creds = _credentials(settings, args.creds, subject_tail)
+    who = f"the identity in {creds.path}" if creds else "no credentials (see --creds)"
 
-
-def _request(args: argparse.Namespace, subject_tail: str, body: dict[str, Any]) -> dict[str, Any]:
     async def go() -> dict[str, Any]:
-        async with _client(args.timeout) as client:
+        refusals = _Refusals()
+        connecting = connect_nats(
+            url, name="trellis-cli", credentials=creds, on_error=refusals.on_error
+        )
+        try:
+            nc = await refusals.first(connecting, args.timeout)
+        except (CliError, CredentialsError) as exc:
+            raise CliError(f"{exc} (connecting to {url} with {who})") from None
+        except Exception as exc:
+            reason = str(exc) or type(exc).__name__
+            raise CliError(f"cannot reach NATS at {url}: {reason}") from None
+        try:
+            client = TrellisClient(nc, prefix=settings.subject_prefix, timeout=args.timeout)
+            asked = client.raw(subject_tail, msgspec.json.encode(body))
             try:
-                return await client.raw(subject_tail, msgspec.json.encode(body))
+                reply: dict[str, Any] = await refusals.first(asked, args.timeout)
+            except CliError as exc:
+                raise CliError(f"{exc} ({who} may not send that)") from None
             except TimeoutError:
                 raise CliError(f"no reply within {args.timeout}s: is an engine running?") from None
+            return reply
+        finally:
+            await nc.close()
 
     return asyncio.run(go())
 

@@ -10,7 +10,7 @@ from nats.aio.client import Client as NATS
 
 
 class TrellisClient:
-    """Request-reply over `<prefix>.{intent,admin,query}.<domain>...` (ARCHITECTURE §3)."""
+    """Request-reply over `<prefix>.{intent,admin,query,view}.<domain>...` (ARCHITECTURE §3)."""
 
     def __init__(self, nc: NATS, *, prefix: str = "trellis", timeout: float = 10.0):
         self.nc = nc
@@ -34,6 +34,12 @@ class TrellisClient:
         self, domain: str, what: str, body: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         return await self.raw(f"query.{domain}.{what}", msgspec.json.encode(body or {}))
+
+    async def view(
+        self, domain: str, tenant: str, what: str, body: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """The query `what` as `tenant`'s view: only that tenant's data."""
+        return await self.raw(f"view.{domain}.{tenant}.{what}", msgspec.json.encode(body or {}))
 
 
 def _with_request_id(body: dict[str, Any]) -> bytes:

@@ -28,6 +28,7 @@ def subjects(prefix: str, domains: list[str] | None) -> list[str]:
     out = []
     for d in tokens:
         out += [f"{prefix}.intent.{d}.*.*", f"{prefix}.admin.{d}.*", f"{prefix}.query.{d}.*"]
+        out += [f"{prefix}.view.{d}.*.*"]  # a tenant's own view of the queries
     return out
 
 
@@ -105,4 +106,6 @@ class NatsIntake:
                 return await self._engine.handle("admin", domain, None, verb, body)
             case ["query", domain, verb]:
                 return await self._engine.handle("query", domain, None, verb, body)
+            case ["view", domain, tenant, verb]:
+                return await self._engine.handle("query", domain, tenant, verb, body)
         return replies.error("invalid", f"unknown subject {'.'.join(tokens)!r}")

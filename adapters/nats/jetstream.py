@@ -39,6 +39,11 @@ def stream_name(prefix: str = DEFAULT_PREFIX) -> str:
     return _derived("TRELLIS_EVENTS", prefix)
 
 
+def checkpoint_stream_name(prefix: str = DEFAULT_PREFIX) -> str:
+    """`TRELLIS_CHECKPOINTS` (signed tree heads, ARCHITECTURE §6), derived as `stream_name`."""
+    return _derived("TRELLIS_CHECKPOINTS", prefix)
+
+
 def bucket_name(prefix: str = DEFAULT_PREFIX) -> str:
     """`TRELLIS_STATE`, or `TRELLIS_STATE_<prefix, sanitised>` for another subject prefix."""
     return _derived("TRELLIS_STATE", prefix)

@@ -1,0 +1,569 @@
+"""Secure mode against a real nats-server running the generated users, and the real engine.
+
+Each test gets its own nats-server (the permissions name the test's subject prefix), started
+from the config adapters/nats/auth.py writes, and an engine that connects as its own identity.
+Tenants `acme` and `globex` compose on the same host and pool; whatever acme is told must not
+name globex, its compositions, request ids, reasons or labels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import nats
+import pytest
+import pytest_asyncio
+from fabrics import expect_error, expect_ok, row_counts
+from isolation import unique_subject_prefix
+from nats.aio.client import Client as NATS
+from nats.js.api import StreamConfig
+
+from adapters.bootstrap import ENGINE_IDENTITY, RunningEngine, connect_nats, engine_on
+from adapters.embedded.servers import EmbeddedNats
+from adapters.nats.auth import NkeyCredentials, Principal, SecureDir, inbox_prefix, public_key
+from adapters.nats.client import TrellisClient
+from adapters.nats.jetstream import bucket_name, stream_name
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fabric.json"
+DOMAIN = "hall-1"
+OPERATOR = Principal("operator", "operator")
+AUDITOR = Principal("auditor", "auditor")
+ACME = Principal("tenant", "acme")
+GLOBEX = Principal("tenant", "globex")
+SLICE = {"kind": "memory", "capacity_gib": 64}
+
+
+class Conn:
+    """A NATS connection as one identity, keeping what the server refused."""
+
+    def __init__(self, nc: NATS, prefix: str):
+        self.nc = nc
+        self.refused: list[str] = []
+        self.client = TrellisClient(nc, prefix=prefix)
+
+    async def on_error(self, exc: Exception) -> None:
+        self.refused.append(str(exc).lower())
+
+    async def denied(self, subject: str, body: bytes = b"{}") -> None:
+        """Publish `subject` as a request and require the server to refuse it: a permissions
+        violation naming it, and no reply."""
+        inbox = self.nc.new_inbox()
+        replies = await self.nc.subscribe(inbox)
+        await self.nc.publish(subject, body, reply=inbox)
+        await until(lambda: any(subject.lower() in r for r in self.refused))
+        await self.nc.flush()
+        assert any("permissions violation for publish" in r for r in self.refused)
+        assert replies.pending_msgs == 0
+        await replies.unsubscribe()
+
+    async def cannot_subscribe(self, subject: str) -> None:
+        sub = await self.nc.subscribe(subject)
+        await until(lambda: any(f'subscription to "{subject.lower()}"' in r for r in self.refused))
+        await sub.unsubscribe()
+
+
+async def until(condition: Any, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+class Rig:
+    def __init__(self, secure: SecureDir, server: EmbeddedNats, running: RunningEngine):
+        self.secure = secure
+        self.server = server
+        self.running = running
+        self.prefix = running.subject_prefix
+        self._conns: list[NATS] = []
+
+    async def connect(self, who: Principal) -> Conn:
+        return await self.connect_with(self.secure.credentials(who))
+
+    async def connect_with(self, creds: NkeyCredentials) -> Conn:
+        holder: list[Conn] = []
+
+        async def on_error(exc: Exception) -> None:
+            await holder[0].on_error(exc)
+
+        nc = await connect_nats(self.server.url, name="test", credentials=creds, on_error=on_error)
+        holder.append(Conn(nc, self.prefix))
+        self._conns.append(nc)
+        return holder[0]
+
+    async def close(self) -> None:
+        for nc in self._conns:
+            await nc.close()
+
+
+@pytest_asyncio.fixture
+async def rig(tmp_path: Path, database_url: str, pg_schema: str) -> AsyncIterator[Rig]:
+    prefix = unique_subject_prefix()
+    secure = SecureDir(tmp_path)
+    secure.ensure(prefix, ["acme", "globex"])
+    server = EmbeddedNats(tmp_path, config=secure.config_path)
+    await asyncio.to_thread(server.start)
+    try:
+        async with engine_on(
+            server.url,
+            database_url,
+            schema=pg_schema,
+            prefix=prefix,
+            credentials=secure.credentials(ENGINE_IDENTITY),
+        ) as running:
+            rig = Rig(secure, server, running)
+            try:
+                yield rig
+            finally:
+                await rig.close()
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+async def imported(rig: Rig) -> None:
+    operator = await rig.connect(OPERATOR)
+    doc = json.loads(EXAMPLE.read_text())
+    expect_ok(await operator.client.admin(DOMAIN, "import-topology", doc))
+
+
+async def compose(conn: Conn, tenant: str, body: dict[str, Any]) -> str:
+    result = expect_ok(await conn.client.intent(DOMAIN, tenant, "compose", body))
+    cid: str = result["composition_id"]
+    return cid
+
+
+async def test_a_client_without_a_known_identity_gets_nothing(rig: Rig, tmp_path: Path) -> None:
+    with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+        await nats.connect(rig.server.url, allow_reconnect=False, connect_timeout=2)
+    other = SecureDir(tmp_path / "elsewhere")
+    other.ensure(rig.prefix, ["acme"])  # a valid seed, but not one this server knows
+    options = other.credentials(ACME).connect_options()
+    with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+        await nats.connect(rig.server.url, allow_reconnect=False, connect_timeout=2, **options)
+
+
+async def test_a_tenant_can_act_only_as_itself(rig: Rig, database_url: str, pg_schema: str) -> None:
+    await imported(rig)
+    acme, globex = await rig.connect(ACME), await rig.connect(GLOBEX)
+    theirs = await compose(globex, "globex", {"host": "host-02", "device_ids": ["gpu-002"]})
+    before = await row_counts(database_url, pg_schema)
+
+    compose_as_globex = {"request_id": "r-1", "host": "host-01", "device_ids": ["gpu-001"]}
+    await acme.denied(
+        f"{rig.prefix}.intent.{DOMAIN}.globex.compose", msgspec.json.encode(compose_as_globex)
+    )
+    release = {"request_id": "r-2", "composition_id": theirs}
+    await acme.denied(f"{rig.prefix}.intent.{DOMAIN}.globex.release", msgspec.json.encode(release))
+    await acme.denied(
+        f"{rig.prefix}.intent.{DOMAIN}.engine.compose", msgspec.json.encode(compose_as_globex)
+    )
+
+    assert await row_counts(database_url, pg_schema) == before  # nothing reached the log
+    # Its own subjects work, and another's composition is still not its to release.
+    await compose(acme, "acme", {"host": "host-01", "device_ids": ["gpu-001"]})
+    mine = await acme.client.intent(DOMAIN, "acme", "release", {"composition_id": theirs})
+    expect_error(mine, "forbidden")
+
+
+async def test_no_tenant_reads_another_tenants_replies(rig: Rig) -> None:
+    await imported(rig)
+    acme, globex = await rig.connect(ACME), await rig.connect(GLOBEX)
+    acme_inbox = inbox_prefix(public_key(rig.secure.credentials(ACME).seed()))
+    for snoop in (f"{acme_inbox}.>", "_INBOX.>", ">", f"{rig.prefix}.intent.>"):
+        await globex.cannot_subscribe(snoop)
+
+    # A wildcard that the server refused catches nothing while acme is answered.
+    refused = await globex.nc.subscribe("_INBOX.>")
+    await acme.client.view(DOMAIN, "acme", "topology")
+    await compose(acme, "acme", {"host": "host-01", "device_ids": ["gpu-001"]})
+    await globex.nc.flush()
+    assert refused.pending_msgs == 0
+
+
+async def test_a_tenant_may_neither_administer_nor_query_everything(rig: Rig) -> None:
+    await imported(rig)
+    acme = await rig.connect(ACME)
+    await acme.denied(f"{rig.prefix}.query.{DOMAIN}.connections")
+    await acme.denied(f"{rig.prefix}.admin.{DOMAIN}.drain", b'{"request_id": "d", "id": "sw-r1"}')
+    await acme.denied(f"{rig.prefix}.view.{DOMAIN}.globex.connections")
+
+
+async def test_a_tenants_view_tells_only_its_own_compositions(rig: Rig) -> None:
+    await imported(rig)
+    acme, globex = await rig.connect(ACME), await rig.connect(GLOBEX)
+    operator = await rig.connect(OPERATOR)
+    secret = {"labels": {"project": "globex-secret-label"}, "reason": "globex-secret-reason"}
+    # globex shares acme's host, switch and memory pool, and has a host of its own.
+    theirs = [
+        await compose(globex, "globex", {
+            "request_id": "globex-secret-rid-1", "host": "host-01",
+            "devices": [{"kind": "gpu", "models": ["H100"]}, SLICE], **secret,
+        }),
+        await compose(globex, "globex", {
+            "request_id": "globex-secret-rid-2", "host": "host-03",
+            "devices": [SLICE], **secret,
+        }),
+    ]  # fmt: skip
+    mine = await compose(acme, "acme", {
+        "host": "host-01", "reason": "acme's own",
+        "devices": [{"kind": "gpu", "models": ["A100"]}, SLICE],
+    })  # fmt: skip
+    head = (await rig.running.store.head(DOMAIN)).position
+    assert await rig.running.followers.wait_for("projections", DOMAIN, head)
+    composed = expect_ok(await acme.client.view(DOMAIN, "acme", "composition", {"id": mine}))
+    gpu, pool = (d["id"] for d in composed["devices"])
+    their_gpu = "gpu-002"  # the H100 next to host-01
+
+    def tells_nothing_of_globex(answer: dict[str, Any]) -> Any:
+        text = json.dumps(answer)
+        for leak in ("globex", *theirs):
+            assert leak not in text, f"{leak} in {text}"
+        return answer
+
+    # The operator's query sees globex everywhere (so the data is there to leak).
+    everyone = expect_ok(await operator.client.query(DOMAIN, "connections"))
+    assert {r["tenant"] for r in everyone["connections"]} == {"acme", "globex"}
+
+    # Another's composition is not_found, word for word as an unknown one (which echoes the id
+    # asked for, and nothing else).
+    for what in ("composition", "why"):
+        unknown = await acme.client.view(DOMAIN, "acme", what, {"id": "c-0000000000000000"})
+        for cid in theirs:
+            hidden = await acme.client.view(DOMAIN, "acme", what, {"id": cid})
+            assert hidden == json.loads(json.dumps(unknown).replace("c-0000000000000000", cid))
+            assert hidden["error"]["code"] == "not_found"
+
+    rows = expect_ok(await acme.client.view(DOMAIN, "acme", "connections"))["connections"]
+    assert {(r["tenant"], r["composition_id"]) for r in rows} == {("acme", mine)}
+    assert len(rows) == 2
+    asked = await acme.client.view(DOMAIN, "acme", "connections", {"tenant": "globex"})
+    assert expect_ok(asked) == {"connections": []}
+    on_host = await acme.client.view(DOMAIN, "acme", "connections", {"host": "host-01"})
+    assert expect_ok(on_host)["connections"] == rows
+
+    why_theirs = tells_nothing_of_globex(expect_ok(
+        await acme.client.view(DOMAIN, "acme", "why", {"id": their_gpu})
+    ))  # fmt: skip
+    assert why_theirs["connected_to"] == []
+    assert why_theirs["text"] == f"{their_gpu} is in use by others; it is healthy."
+    assert all(e["type"] in ("TopologyImported",) for e in why_theirs["chain"])
+    for shared in ("host-01", "sw-r1", "ocs-1", pool):
+        why = tells_nothing_of_globex(expect_ok(
+            await acme.client.view(DOMAIN, "acme", "why", {"id": shared})
+        ))  # fmt: skip
+        assert {r["composition_id"] for r in why["connected_to"]} == {mine}
+        assert "in use by others" in why["text"] and mine in why["text"]
+    why_mine = expect_ok(await acme.client.view(DOMAIN, "acme", "why", {"id": gpu}))
+    assert why_mine == expect_ok(await operator.client.query(DOMAIN, "why", {"id": gpu}))
+
+    for component in ("sw-r1", "ocs-1", pool):
+        blast = tells_nothing_of_globex(expect_ok(
+            await acme.client.view(DOMAIN, "acme", "blast-radius", {"id": component})
+        ))  # fmt: skip
+        assert [c["composition_id"] for c in blast["compositions"]] == [mine]
+        assert blast["tenants"] == ["acme"]
+
+    topology = expect_ok(await operator.client.query(DOMAIN, "topology"))
+    seen = tells_nothing_of_globex(expect_ok(await acme.client.view(DOMAIN, "acme", "topology")))
+    assert seen["nodes"] == topology["nodes"] and seen["links"] == topology["links"]
+    assert {c["host"] for c in topology["circuits"]} == {"host-01", "host-03"}
+    assert {c["host"] for c in seen["circuits"]} == {"host-01"}
+    free = await acme.client.view(DOMAIN, "acme", "free")
+    assert expect_ok(free) == expect_ok(await operator.client.query(DOMAIN, "free"))
+
+    # A query that has no view is refused, not answered unscoped.
+    expect_error(await acme.client.view(DOMAIN, "acme", "history", {}), "invalid")
+
+
+async def test_the_operator_administers_and_queries_but_is_no_tenant(rig: Rig) -> None:
+    await imported(rig)
+    operator = await rig.connect(OPERATOR)
+    expect_ok(await operator.client.query(DOMAIN, "connections"))
+    body = msgspec.json.encode({"request_id": "o-1", "host": "host-01", "device_ids": ["gpu-001"]})
+    await operator.denied(f"{rig.prefix}.intent.{DOMAIN}.acme.compose", body)
+    await operator.denied(f"{rig.prefix}.view.{DOMAIN}.acme.connections")
+    await operator.cannot_subscribe("_INBOX.>")
+
+
+async def test_the_auditor_reads_the_queries_stream_and_bucket_and_changes_nothing(
+    rig: Rig, database_url: str, pg_schema: str
+) -> None:
+    await imported(rig)
+    acme = await rig.connect(ACME)
+    await compose(acme, "acme", {"host": "host-01", "device_ids": ["gpu-001"]})
+    head = (await rig.running.store.head(DOMAIN)).position
+    auditor = await rig.connect(AUDITOR)
+    js = auditor.nc.jetstream()
+    events, bucket = stream_name(rig.prefix), bucket_name(rig.prefix)
+
+    expect_ok(await auditor.client.query(DOMAIN, "connections"))
+    info = await js.stream_info(events)
+    await until_stream_has(js, events, head)
+    first = await js.get_msg(events, 1)
+    assert json.loads(first.data)["type"] == "TopologyImported"
+    read = await js.subscribe(f"{rig.prefix}.events.>", ordered_consumer=True)
+    got = await read.next_msg(timeout=5)
+    assert json.loads(got.data)["position"] == json.loads(first.data)["position"]
+    await read.unsubscribe()
+    kv = await js.key_value(bucket)
+    assert (await kv.get(f"{DOMAIN}.device.gpu-001")).value
+    watch = await kv.watchall()
+    assert (await watch.updates(timeout=5)) is not None
+    await watch.stop()
+
+    before = await row_counts(database_url, pg_schema)
+    compose_body = msgspec.json.encode(
+        {"request_id": "a-1", "host": "host-02", "device_ids": ["gpu-003"]}
+    )
+    await auditor.denied(f"{rig.prefix}.intent.{DOMAIN}.acme.compose", compose_body)
+    await auditor.denied(
+        f"{rig.prefix}.admin.{DOMAIN}.drain", b'{"request_id": "a-2", "id": "sw-r1"}'
+    )
+    await auditor.denied(f"{rig.prefix}.events.{DOMAIN}.TopologyImported", b"{}")
+    await auditor.denied(f"$KV.{bucket}.{DOMAIN}.device.gpu-001", b"{}")
+    for api in (
+        f"$JS.API.STREAM.DELETE.{events}",
+        f"$JS.API.STREAM.PURGE.{events}",
+        f"$JS.API.STREAM.UPDATE.{events}",
+        f"$JS.API.STREAM.MSG.DELETE.{events}",
+        f"$JS.API.STREAM.DELETE.KV_{bucket}",
+        "$JS.API.STREAM.CREATE.EVIL",
+    ):
+        await auditor.denied(api)
+    with pytest.raises(Exception):  # noqa: B017  (a timeout: the request never reaches JetStream)
+        await js.update_stream(StreamConfig(name=events, subjects=["x.>"]), timeout=0.5)
+    assert await row_counts(database_url, pg_schema) == before
+
+    engine_js = rig.running.nc.jetstream()
+    after = await engine_js.stream_info(events)
+    assert after.config.subjects == info.config.subjects
+    assert after.state.messages >= info.state.messages
+    assert (await (await engine_js.key_value(bucket)).get(f"{DOMAIN}.device.gpu-001")).value
+
+
+async def until_stream_has(js: Any, stream: str, position: int) -> None:
+    deadline = asyncio.get_running_loop().time() + 10
+    while True:
+        info = await js.stream_info(stream)
+        if info.state.last_seq:
+            last = await js.get_msg(stream, info.state.last_seq)
+            if json.loads(last.data)["position"] >= position:
+                return
+        assert asyncio.get_running_loop().time() < deadline, "the relay did not catch up"
+        await asyncio.sleep(0.05)
+
+
+async def test_tenant_add_issues_credentials_while_the_engine_runs(
+    rig: Rig, tmp_path: Path
+) -> None:
+    await imported(rig)
+    acme = await rig.connect(ACME)  # connected before the reload, and stays so
+    await compose(acme, "acme", {"host": "host-01", "device_ids": ["gpu-001"]})
+    newcomer = Principal("tenant", "initech")
+    assert not rig.secure.seed_path(newcomer).exists()
+    (tmp_path / "endpoints.json").write_text(json.dumps({"nats_url": rig.server.url}))
+
+    code, out, err = await trellis_cli(
+        {"TRELLIS_DATA_DIR": str(tmp_path)}, "tenant", "add", "initech"
+    )
+
+    assert code == 0, err
+    assert "the tenant can connect now" in out
+    initech = await rig.connect(newcomer)
+    await compose(initech, "initech", {"host": "host-02", "device_ids": ["gpu-002"]})
+    await initech.denied(f"{rig.prefix}.intent.{DOMAIN}.acme.compose", b"{}")
+    assert acme.nc.is_connected
+    await compose(acme, "acme", {"host": "host-01", "device_ids": ["gpu-003"]})
+    # Asking again issues nothing new; a name that is no id, or a role's, is refused.
+    code, out, _ = await trellis_cli(
+        {"TRELLIS_DATA_DIR": str(tmp_path)}, "tenant", "add", "initech"
+    )
+    assert code == 0 and "already issued" in out
+    for bad in ("operator", "a.b", "acme\n", "*"):
+        code, _, err = await trellis_cli({"TRELLIS_DATA_DIR": str(tmp_path)}, "tenant", "add", bad)
+        assert code == 1 and err.startswith("trellis: ") and len(err.strip().splitlines()) == 1
+
+
+async def test_tenant_add_with_external_nats_writes_the_file_its_server_includes(
+    tmp_path: Path,
+) -> None:
+    data_dir, server_dir = tmp_path / "data", tmp_path / "nats-server"
+    secure = SecureDir(data_dir)
+    secure.ensure("trellis")
+    # As the note says: the users' file linked beside the server's own config, included there.
+    server_dir.mkdir()
+    (server_dir / "trellis-auth.conf").symlink_to(secure.config_path)
+    server = EmbeddedNats(server_dir, config=server_dir / "trellis-auth.conf")
+    await asyncio.to_thread(server.start)
+    try:
+        env = {"TRELLIS_DATA_DIR": str(data_dir), "TRELLIS_NATS_URL": server.url}
+        code, out, err = await trellis_cli(env, "tenant", "add", "acme")
+        assert code == 0, err
+        assert "NATS is external" in out and 'include "trellis-auth.conf"' in out
+        options = secure.credentials(ACME).connect_options()
+        with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+            await nats.connect(server.url, allow_reconnect=False, connect_timeout=2, **options)
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGHUP)  # the operator's reload
+        deadline = asyncio.get_running_loop().time() + 5
+        while True:
+            try:
+                nc = await nats.connect(
+                    server.url, allow_reconnect=False, connect_timeout=2, **options
+                )
+                break
+            except nats.errors.Error:
+                assert asyncio.get_running_loop().time() < deadline, "the reload took no effect"
+                await asyncio.sleep(0.05)
+        await nc.close()
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+async def test_the_cli_connects_as_the_identity_the_data_dir_holds(
+    rig: Rig, tmp_path: Path
+) -> None:
+    env = {
+        "TRELLIS_DATA_DIR": str(tmp_path),
+        "TRELLIS_NATS_URL": rig.server.url,
+        "TRELLIS_SUBJECT_PREFIX": rig.prefix,
+        "TRELLIS_DOMAIN": DOMAIN,
+    }
+    code, out, err = await trellis_cli(env, "topology", "import", str(EXAMPLE))
+    assert code == 0 and "imported 26 nodes" in out, err  # as the operator
+    code, out, err = await trellis_cli(
+        env, "compose", "--host", "host-01", "--gpu", "1", "--tenant", "acme", "--json"
+    )
+    assert code == 0, err  # as acme
+    cid = json.loads(out)["result"]["composition_id"]
+    code, out, _ = await trellis_cli(env, "connections", "--view", "acme", "--json")
+    assert code == 0 and json.loads(out)["result"]["connections"][0]["composition_id"] == cid
+
+    globex = str(rig.secure.seed_path(GLOBEX))
+    refusals = [
+        (["release", cid, "--tenant", "acme", "--creds", globex], "permissions violation"),
+        (["compose", "--host", "host-01", "--gpu", "1", "--tenant", "nobody"], "no identity"),
+        (["why", "gpu-001", "--creds", str(EXAMPLE)], "not an nkey seed"),
+    ]
+    for args, words in refusals:
+        code, out, err = await trellis_cli(env, *args)
+        assert code == 1 and words in err.lower(), err
+        assert err.startswith("trellis: ") and len(err.strip().splitlines()) == 1, err
+    anonymous = {**env, "TRELLIS_DATA_DIR": str(tmp_path / "empty")}
+    code, _, err = await trellis_cli(anonymous, "topology", "show")
+    assert code == 1 and "authorization violation" in err.lower()
+    assert len(err.strip().splitlines()) == 1, err
+
+
+async def trellis_cli(env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "adapters.entrypoints.cli", *args,
+        env={**base, **env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+@contextlib.asynccontextmanager
+async def trellis_up(env: dict[str, str], *args: str) -> AsyncIterator[str]:
+    """`trellis up ARGS` in a process of its own (embedded NATS); yields its first lines once
+    it serves, and stops it on exit."""
+    data_dir = Path(env["TRELLIS_DATA_DIR"])
+    (data_dir / "endpoints.json").unlink(missing_ok=True)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "adapters.entrypoints.cli", "up", *args,
+        env={**base, **env}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        lines = []
+        while not lines or not lines[-1].startswith("serving"):
+            line = await asyncio.wait_for(proc.stdout.readline(), 60)
+            assert line, f"trellis up ended: {''.join(lines)}"
+            lines.append(line.decode())
+        yield "".join(lines)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.communicate(), 30)
+
+
+async def anonymous_is_refused(url: str) -> bool:
+    try:
+        nc = await nats.connect(url, allow_reconnect=False, connect_timeout=2)
+    except nats.errors.Error as exc:
+        return "Authorization Violation" in str(exc)
+    await nc.close()
+    return False
+
+
+@pytest.mark.slow
+async def test_up_secure_issues_identities_and_stays_secure(
+    tmp_path: Path, database_url: str, pg_schema: str
+) -> None:
+    data_dir = tmp_path / "data"
+    env = {
+        "TRELLIS_DATA_DIR": str(data_dir),
+        "TRELLIS_DATABASE_URL": database_url,
+        "TRELLIS_DB_SCHEMA": pg_schema,
+        "TRELLIS_SUBJECT_PREFIX": unique_subject_prefix(),
+        "TRELLIS_DOMAIN": DOMAIN,
+    }
+    secure = SecureDir(data_dir)
+    # Before secure mode: a tenant composes anonymously.
+    async with trellis_up(env):
+        assert not secure.root.exists()
+        code, _, err = await trellis_cli(env, "topology", "import", str(EXAMPLE))
+        assert code == 0, err
+        code, out, err = await trellis_cli(
+            env, "compose", "--host", "host-01", "--gpu", "1", "--tenant", "legacy", "--json"
+        )
+        assert code == 0, err
+        held = json.loads(out)["result"]["composition_id"]
+
+    async with trellis_up(env, "--secure", "--tenant", "acme") as banner:
+        assert "secure mode: NATS identities in" in banner
+        url = json.loads((data_dir / "endpoints.json").read_text())["nats_url"]
+        assert await anonymous_is_refused(url)
+        # The roles, the tenant asked for, and the tenant that held a composition already.
+        assert secure.tenants() == ["acme", "legacy"]
+        assert secure.root.stat().st_mode & 0o777 == 0o700
+        for path in [
+            *secure.root.glob("*.nk"),
+            *secure.tenants_dir.glob("*.nk"),
+            secure.config_path,
+        ]:
+            assert path.stat().st_mode & 0o777 == 0o600, path
+        assert sorted(p.name for p in secure.root.glob("*.nk")) == [
+            "auditor.nk", "engine.nk", "operator.nk"
+        ]  # fmt: skip
+        code, _, err = await trellis_cli(env, "release", held, "--tenant", "legacy")
+        assert code == 0, err
+        code, out, err = await trellis_cli(env, "tenant", "add", "globex")
+        assert code == 0 and "the tenant can connect now" in out, err
+        code, _, err = await trellis_cli(
+            env, "compose", "--host", "host-02", "--gpu", "1", "--tenant", "globex"
+        )
+        assert code == 0, err
+
+    # Once secured, a data dir stays so without the flag.
+    async with trellis_up(env) as banner:
+        assert "secure mode" in banner
+        url = json.loads((data_dir / "endpoints.json").read_text())["nats_url"]
+        assert await anonymous_is_refused(url)
+        code, out, err = await trellis_cli(env, "connections", "--view", "globex", "--json")
+        assert code == 0, err
+        assert {r["tenant"] for r in json.loads(out)["result"]["connections"]} == {"globex"}

@@ -1,0 +1,163 @@
+"""Secure mode's identities and permissions (adapters/nats/auth.py), without a server.
+
+That nats-server enforces them is tested in tests/integration/test_secure_mode.py.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from adapters.nats.auth import (
+    CredentialsError,
+    NkeyCredentials,
+    Principal,
+    SecureDir,
+    authorization_config,
+    inbox_prefix,
+    new_seed,
+    permissions,
+    public_key,
+    tenant_name_problem,
+)
+from adapters.settings import Settings, SettingsError
+
+KEY = public_key(new_seed())
+
+
+def allowed(principal: Principal, prefix: str = "trellis") -> tuple[list[str], list[str]]:
+    rules = permissions(principal, KEY, prefix)
+    assert rules is not None
+    return rules["publish"]["allow"], rules["subscribe"]["allow"]
+
+
+def test_a_tenant_may_publish_only_its_own_intents_and_views() -> None:
+    publish, subscribe = allowed(Principal("tenant", "acme"))
+    assert publish == ["trellis.intent.*.acme.>", "trellis.view.*.acme.>"]
+    assert subscribe == [f"_INBOX.{KEY}.>"]
+
+
+def test_only_the_engine_may_subscribe_to_every_inbox() -> None:
+    assert permissions(Principal("engine", "engine"), KEY, "trellis") is None
+    for role in ("operator", "auditor"):
+        _, subscribe = allowed(Principal(role, role))  # type: ignore[arg-type]
+        assert f"_INBOX.{KEY}.>" in subscribe
+        assert not any(s.startswith("_INBOX.>") or s == ">" for s in subscribe)
+
+
+def test_the_operator_administers_and_queries_and_is_no_tenant() -> None:
+    publish, _ = allowed(Principal("operator", "operator"), "p1")
+    assert publish == ["p1.admin.>", "p1.query.>"]
+
+
+def test_the_auditor_reads_streams_and_bucket_but_cannot_change_them() -> None:
+    publish, subscribe = allowed(Principal("auditor", "auditor"), "p1")
+    assert "p1.query.>" in publish
+    assert not any(s.startswith(("p1.intent", "p1.admin", "p1.view", "p1.events")) for s in publish)
+    assert "$JS.API.STREAM.INFO.TRELLIS_EVENTS_p1" in publish
+    assert "$JS.API.STREAM.MSG.GET.TRELLIS_CHECKPOINTS_p1" in publish
+    assert "$JS.API.DIRECT.GET.KV_TRELLIS_STATE_p1.>" in publish
+    changes = ("STREAM.CREATE", "STREAM.UPDATE", "STREAM.DELETE", "STREAM.PURGE", "MSG.DELETE")
+    changes += ("CONSUMER.DELETE", "$KV.")
+    assert [s for s in publish if any(c in s for c in changes)] == []
+    assert {"p1.events.>", "p1.checkpoints.>"} <= set(subscribe)
+
+
+def test_the_config_holds_public_keys_only_and_is_json_inside() -> None:
+    seed = new_seed()
+    users = [(Principal("engine", "engine"), public_key(seed)), (Principal("tenant", "a"), KEY)]
+    text = authorization_config(users, "trellis")
+    assert seed not in text
+    block = json.loads(text.split("authorization: ", 1)[1])
+    assert block["users"][0] == {"nkey": public_key(seed)}
+    assert block["users"][1]["permissions"]["publish"]["allow"][0] == "trellis.intent.*.a.>"
+
+
+def test_seeds_are_user_nkeys_and_inboxes_follow_the_public_key() -> None:
+    seed = new_seed()
+    assert seed.startswith("SU") and public_key(seed).startswith("U")
+    assert public_key(f"  {seed}\n") == public_key(seed)
+    assert inbox_prefix(public_key(seed)) == f"_INBOX.{public_key(seed)}"
+    assert new_seed() != seed
+    for bad in ("", "not a seed", seed[:-2], "SAAB" + seed[4:]):
+        with pytest.raises(CredentialsError):
+            public_key(bad)
+
+
+@pytest.mark.parametrize("name", ["acme\n", "a.b", "*", ">", "a b", "", "x" * 65, "operator"])
+def test_names_that_cannot_be_a_tenant_are_refused(name: str) -> None:
+    assert tenant_name_problem(name) is not None
+    with pytest.raises(CredentialsError):
+        SecureDir(Path("/nonexistent")).ensure("trellis", [name])
+
+
+def test_ensure_issues_each_identity_once_and_privately(tmp_path: Path) -> None:
+    secure = SecureDir(tmp_path)
+    assert not secure.exists() and secure.prefix() is None
+    assert secure.ensure("p1", ["acme"]) == ["acme"]
+    seeds = {p: p.read_text() for p in secure.root.rglob("*.nk")}
+    assert {p.relative_to(secure.root).as_posix() for p in seeds} == {
+        "engine.nk", "operator.nk", "auditor.nk", "tenants/acme.nk"
+    }  # fmt: skip
+
+    assert secure.ensure("p1", ["acme", "globex"]) == ["globex"]
+    assert all(p.read_text() == seed for p, seed in seeds.items())  # never re-issued
+    assert secure.exists() and secure.prefix() == "p1" and secure.tenants() == ["acme", "globex"]
+    assert secure.root.stat().st_mode & 0o777 == 0o700
+    for path in secure.root.rglob("*"):
+        if path.is_file():
+            assert path.stat().st_mode & 0o777 == 0o600, path
+    config = secure.config_path.read_text()
+    for name in ("engine", "operator", "auditor", "acme", "globex"):
+        key = public_key(secure.credentials(_principal(name)).seed())
+        assert f'"nkey": "{key}"' in config
+
+
+def test_tenants_added_at_once_are_all_in_the_config(tmp_path: Path) -> None:
+    secure = SecureDir(tmp_path)
+    names = [f"t{i}" for i in range(8)]
+    threads = [threading.Thread(target=secure.ensure, args=("p", [n])) for n in names]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    config = secure.config_path.read_text()
+    assert all(f"p.intent.*.{n}.>" in config for n in names)
+
+
+def test_credentials_say_what_is_wrong_with_a_file(tmp_path: Path) -> None:
+    missing = NkeyCredentials(tmp_path / "missing.nk")
+    with pytest.raises(CredentialsError, match="cannot read"):
+        missing.connect_options()
+    jwt = tmp_path / "user.creds"
+    jwt.write_text("-----BEGIN NATS USER JWT-----\neyJ0\n------END NATS USER JWT------\n")
+    with pytest.raises(CredentialsError, match="JWT"):
+        NkeyCredentials(jwt).connect_options()
+    garbage = tmp_path / "garbage.nk"
+    garbage.write_text("hello")
+    with pytest.raises(CredentialsError, match="not an nkey seed"):
+        NkeyCredentials(garbage).connect_options()
+    good = tmp_path / "good.nk"
+    seed = new_seed()
+    good.write_text(seed + "\n")
+    assert NkeyCredentials(good).connect_options() == {
+        "nkeys_seed": str(good),
+        "inbox_prefix": inbox_prefix(public_key(seed)),
+    }
+
+
+def test_trellis_secure_turns_secure_mode_on() -> None:
+    assert Settings.from_env({}).secure is False
+    assert Settings.from_env({"TRELLIS_SECURE": "1"}).secure is True
+    assert Settings.from_env({"TRELLIS_SECURE": "false"}).secure is False
+    with pytest.raises(SettingsError, match="TRELLIS_SECURE"):
+        Settings.from_env({"TRELLIS_SECURE": "maybe"})
+
+
+def _principal(name: str) -> Principal:
+    if name in ("engine", "operator", "auditor"):
+        return Principal(name, name)  # type: ignore[arg-type]
+    return Principal("tenant", name)
