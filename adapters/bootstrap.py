@@ -1,9 +1,10 @@
 """The one place that wires concrete adapters to the engine (cosmicpython's bootstrap).
 
 `running_engine(settings)` brings up everything `trellis up` needs: the embedded servers when
-no URLs are configured, the Postgres event store (migrated), the projections, the event relay
-(log → JetStream stream and KV bucket), the engine with its state rebuilt from the log, and the
-NATS intake. Leaving the context stops all of it, in reverse order.
+no URLs are configured, the Postgres event store (migrated by the schema's owner), the
+projections, the event relay (log → JetStream stream and KV bucket), the engine with its state
+rebuilt from the log, and the NATS intake. Leaving the context stops all of it, in reverse
+order.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import msgspec
 from nats.aio.client import Client as NATS
@@ -25,7 +28,7 @@ from adapters.nats.intake import NatsIntake
 from adapters.nats.jetstream import StreamLimits
 from adapters.nats.relay import EventRelay
 from adapters.postgres.store import PostgresEventStore, connect_pool
-from adapters.settings import Settings, SettingsError
+from adapters.settings import Settings, SettingsError, redacted
 from engine.ports import Clock, FabricDriver
 from engine.service import Engine
 from projections import PostgresReadModels, ProjectionRunner
@@ -87,12 +90,23 @@ def _each(*callbacks: Callable[[], None]) -> Callable[[], None]:
     return call_each
 
 
+class Endpoints(NamedTuple):
+    """Where the engine's servers are: NATS, Postgres for the engine's role, and Postgres for
+    the schema's owner (None: the engine's role migrates, see README: Least privilege)."""
+
+    nats_url: str
+    database_url: str
+    database_owner_url: str | None
+
+
 @contextlib.asynccontextmanager
-async def embedded_or_configured(settings: Settings) -> AsyncIterator[tuple[str, str]]:
-    """The (nats_url, database_url) to use, starting embedded servers for the unset ones."""
+async def embedded_or_configured(settings: Settings) -> AsyncIterator[Endpoints]:
+    """The endpoints to use, starting embedded servers for the unset ones (the embedded
+    Postgres brings an owner and an engine role of its own)."""
     data_dir = settings.data_dir or default_data_dir()
     with contextlib.ExitStack() as stack:
         nats_url, database_url = settings.nats_url, settings.database_url
+        owner_url = settings.database_owner_url
         if not nats_url:
             server = stack.enter_context(EmbeddedNats(data_dir))
             await asyncio.to_thread(server.start)
@@ -100,8 +114,8 @@ async def embedded_or_configured(settings: Settings) -> AsyncIterator[tuple[str,
         if not database_url:
             pg = stack.enter_context(EmbeddedPostgres(data_dir))
             await asyncio.to_thread(pg.start)
-            database_url = pg.url
-        yield nats_url, database_url
+            database_url, owner_url = pg.url, pg.owner_url
+        yield Endpoints(nats_url, database_url, owner_url)
 
 
 @contextlib.asynccontextmanager
@@ -109,6 +123,7 @@ async def engine_on(
     nats_url: str,
     database_url: str,
     *,
+    owner_url: str | None = None,
     schema: str | None = None,
     prefix: str = "trellis",
     domains: list[str] | None = None,
@@ -118,11 +133,12 @@ async def engine_on(
     stream_limits: StreamLimits | None = None,
 ) -> AsyncIterator[RunningEngine]:
     """The engine, its projections, its event relay and its NATS intake on given servers, until
-    the context exits. Migrations run first; the engine's state is rebuilt from the log before
-    it serves. Without a `fabric` driver the engine drives a SimulatedFabric (there is no
-    hardware)."""
+    the context exits. Migrations run first, through `owner_url` when given (the schema's
+    owner, who then grants `database_url`'s role the engine's privileges); the engine's state
+    is rebuilt from the log before it serves. Without a `fabric` driver the engine drives a
+    SimulatedFabric (there is no hardware)."""
     async with contextlib.AsyncExitStack() as stack:
-        store = await PostgresEventStore.open(database_url, schema=schema)
+        store = await PostgresEventStore.open(database_url, schema=schema, owner_dsn=owner_url)
         stack.push_async_callback(store.close)
         # The projections commit on a pool of their own, so they never wait for an engine append.
         runner_pool = await connect_pool(database_url, schema=schema, max_size=4)
@@ -175,11 +191,14 @@ async def running_engine(settings: Settings) -> AsyncIterator[RunningEngine]:
     """Start the engine as configured (embedded servers for unset URLs); serve until exit."""
     fabric = fabric_from_settings(settings)  # a bad state file stops us before any server starts
     async with contextlib.AsyncExitStack() as stack:
-        nats_url, database_url = await stack.enter_async_context(embedded_or_configured(settings))
+        nats_url, database_url, owner_url = await stack.enter_async_context(
+            embedded_or_configured(settings)
+        )
         running = await stack.enter_async_context(
             engine_on(
                 nats_url,
                 database_url,
+                owner_url=owner_url,
                 schema=settings.db_schema,
                 prefix=settings.subject_prefix,
                 domains=settings.domains,
@@ -190,7 +209,7 @@ async def running_engine(settings: Settings) -> AsyncIterator[RunningEngine]:
         )
         endpoints = _write_endpoints(settings, nats_url, database_url)
         stack.callback(endpoints.unlink, missing_ok=True)
-        log.info("engine serving %s on %s", settings.subject_prefix, nats_url)
+        log.info("engine serving %s on %s", settings.subject_prefix, redacted(nats_url))
         yield running
 
 
@@ -224,11 +243,15 @@ def fabric_from_settings(settings: Settings) -> FabricDriver:
 
 
 def _write_endpoints(settings: Settings, nats_url: str, database_url: str) -> Path:
-    """Tell local CLI clients where a running engine listens (the embedded ports are random)."""
+    """Tell local CLI clients where a running engine listens (the embedded ports are random).
+    Readable by this user only: the database URL carries the engine role's password."""
     path = (settings.data_dir or default_data_dir()) / ENDPOINTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     endpoints = {"nats_url": nats_url, "database_url": database_url}
-    path.write_text(json.dumps({**endpoints, "subject_prefix": settings.subject_prefix}))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an older file may have been created more open
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps({**endpoints, "subject_prefix": settings.subject_prefix}))
     return path
 
 

@@ -25,9 +25,10 @@ from adapters.bootstrap import connect_nats, fabric_state_path, find_endpoint, r
 from adapters.entrypoints import render
 from adapters.fabric.sim import read_state_file
 from adapters.nats.client import TrellisClient
-from adapters.postgres.migrations import SCHEMA_DIR
+from adapters.postgres.migrations import SCHEMA_DIR, MigrationError
+from adapters.postgres.privileges import PrivilegeError
 from adapters.postgres.store import PostgresEventStore, connect_pool
-from adapters.settings import Settings, SettingsError
+from adapters.settings import Settings, SettingsError, redacted
 from engine.contract import json_schemas
 from engine.fabric_plan import reconcile
 from engine.ports import FabricSnapshot
@@ -52,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.run(args)
     except KeyboardInterrupt:
         return 130
-    except (CliError, SettingsError) as exc:
+    except (CliError, SettingsError, MigrationError, PrivilegeError) as exc:
         print(f"trellis: {exc}", file=sys.stderr)
         return 1
     return code
@@ -200,8 +201,9 @@ def _up(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         async with running_engine(settings) as running:
+            nats, postgres = redacted(running.nats_url), redacted(running.database_url)
             domains = ", ".join(running.engine.domains) or "none yet"
-            print(f"trellis engine up: NATS {running.nats_url}, Postgres {running.database_url}")
+            print(f"trellis engine up: NATS {nats}, Postgres {postgres}")
             print(f"fabric: simulated, its hardware state in {fabric_state_path(settings)}")
             print(f"serving {running.subject_prefix}.* for domains: {domains}. Ctrl-C stops.")
             await stop.wait()
