@@ -4,7 +4,8 @@
 no URLs are configured, the Postgres event store (migrated by the schema's owner), the
 projections, the event relay (log → JetStream stream and KV bucket), the engine with its state
 rebuilt from the log, and the NATS intake. Leaving the context stops all of it, in reverse
-order.
+order. A Postgres or NATS that cannot be reached yet is waited for, with backoff and a log line
+per attempt; cancelling the wait (Ctrl-C) stops the start cleanly.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+import urllib.parse
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import msgspec
 from nats.aio.client import Client as NATS
@@ -29,6 +31,7 @@ from adapters.nats.jetstream import StreamLimits
 from adapters.nats.relay import EventRelay
 from adapters.postgres.store import PostgresEventStore, connect_pool
 from adapters.settings import Settings, SettingsError, redacted
+from engine.errors import StoreUnavailable
 from engine.ports import Clock, FabricDriver
 from engine.service import Engine
 from projections import PostgresReadModels, ProjectionRunner
@@ -37,6 +40,12 @@ log = logging.getLogger(__name__)
 
 ENDPOINTS_FILE = "endpoints.json"
 FABRIC_STATE_FILE = "fabric-sim.json"
+# Waiting for a server: the first retry comes soon, later ones no more often than this.
+RETRY_FIRST_S = 0.25
+RETRY_MAX_S = 5.0
+_NATS_PROBE_TIMEOUT_S = 2.0
+
+T = TypeVar("T")
 
 
 class RunningEngine(msgspec.Struct, kw_only=True):
@@ -78,6 +87,73 @@ async def connect_nats(url: str, name: str = "trellis") -> NATS:
 async def _nats_error(exc: Exception) -> None:
     # nats-py's default prints a traceback for every failed (re)connect attempt.
     log.debug("nats: %s", str(exc) or type(exc).__name__)
+
+
+async def until_reachable(
+    what: str,
+    where: str,
+    attempt: Callable[[], Awaitable[T]],
+    unreachable: tuple[type[BaseException], ...],
+) -> T:
+    """`attempt()`'s result, retried with exponential backoff for as long as it raises one of
+    `unreachable`; one warning per failed attempt names `what` and `where` (no secrets in it).
+    Any other error ends the wait. Cancelling it (Ctrl-C) ends it too."""
+    delay, failures = RETRY_FIRST_S, 0
+    while True:
+        try:
+            result = await attempt()
+        except unreachable as exc:
+            failures += 1
+            reason = str(exc) or type(exc).__name__
+            log.warning(
+                "waiting for %s at %s (attempt %d: %s); next try in %.2g s",
+                what, where, failures, reason, delay,
+            )  # fmt: skip
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+            continue
+        if failures:
+            log.warning("%s at %s is reachable after %d failed attempts", what, where, failures)
+        return result
+
+
+class NatsUnreachable(ConnectionError):
+    """No server of a NATS URL list answered with its INFO line."""
+
+
+async def probe_nats(url: str) -> None:
+    """Return once any server of `url` (comma-separated NATS URLs) greets a TCP client with its
+    INFO line, as a NATS server does first thing: before TLS and before any credentials, so
+    the probe needs neither. Websocket URLs are left to the client library.
+
+    Raises:
+        NatsUnreachable: No server answered.
+    """
+    reasons = []
+    for one in (u.strip() for u in url.split(",")):
+        parts = urllib.parse.urlsplit(one if "://" in one else f"nats://{one}")
+        if parts.scheme in ("ws", "wss"):
+            return
+        host, port = parts.hostname or "127.0.0.1", parts.port or 4222
+        try:
+            if (await _first_line(host, port)).startswith(b"INFO "):
+                return
+            reasons.append(f"{host}:{port}: no NATS greeting")
+        except (OSError, TimeoutError) as exc:
+            reasons.append(f"{host}:{port}: {str(exc) or type(exc).__name__}")
+    raise NatsUnreachable("; ".join(reasons))
+
+
+async def _first_line(host: str, port: int) -> bytes:
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection(host, port), _NATS_PROBE_TIMEOUT_S
+    )
+    try:
+        return await asyncio.wait_for(reader.readline(), _NATS_PROBE_TIMEOUT_S)
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
 
 
 def _each(*callbacks: Callable[[], None]) -> Callable[[], None]:
@@ -135,16 +211,25 @@ async def engine_on(
     """The engine, its projections, its event relay and its NATS intake on given servers, until
     the context exits. Migrations run first, through `owner_url` when given (the schema's
     owner, who then grants `database_url`'s role the engine's privileges); the engine's state
-    is rebuilt from the log before it serves. Without a `fabric` driver the engine drives a
-    SimulatedFabric (there is no hardware)."""
+    is rebuilt from the log before it serves. Postgres, then NATS, are waited for until they
+    answer. Without a `fabric` driver the engine drives a SimulatedFabric (there is no
+    hardware)."""
     async with contextlib.AsyncExitStack() as stack:
-        store = await PostgresEventStore.open(database_url, schema=schema, owner_dsn=owner_url)
+        store = await until_reachable(
+            "Postgres",
+            redacted(database_url),
+            lambda: PostgresEventStore.open(database_url, schema=schema, owner_dsn=owner_url),
+            (StoreUnavailable,),
+        )
         stack.push_async_callback(store.close)
         # The projections commit on a pool of their own, so they never wait for an engine append.
         runner_pool = await connect_pool(database_url, schema=schema, max_size=4)
         runner = ProjectionRunner(runner_pool, store, owns_pool=True)
         stack.push_async_callback(runner.close)
         await runner.start()
+        await until_reachable(
+            "NATS", redacted(nats_url), lambda: probe_nats(nats_url), (NatsUnreachable,)
+        )
         # The relay reads and publishes on connections of its own, so a burst (catching up after
         # downtime) never queues in front of the engine's appends or the intake's replies.
         relay_nc = await connect_nats(nats_url, name="trellis-relay")

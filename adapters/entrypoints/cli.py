@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import msgspec
 
 from adapters.bootstrap import connect_nats, fabric_state_path, find_endpoint, running_engine
@@ -56,7 +57,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CliError, SettingsError, MigrationError, PrivilegeError) as exc:
         print(f"trellis: {exc}", file=sys.stderr)
         return 1
+    except _POSTGRES_REFUSED as exc:  # configuration, not an outage: not waited out
+        print(f"trellis: Postgres refused the connection: {exc}", file=sys.stderr)
+        return 1
     return code
+
+
+# A wrong role or password, or no such database.
+_POSTGRES_REFUSED = (
+    asyncpg.InvalidAuthorizationSpecificationError,
+    asyncpg.InvalidCatalogNameError,
+)
 
 
 class CliError(Exception):
@@ -197,16 +208,34 @@ def _up(args: argparse.Namespace) -> int:
 
     async def serve() -> None:
         stop = asyncio.Event()
+        starting = asyncio.current_task()
+        serving = False
+
+        def on_signal() -> None:
+            # While starting (perhaps waiting for Postgres or NATS) a signal cancels the start,
+            # which unwinds whatever had started; once serving, it stops the engine in order.
+            if serving:
+                stop.set()
+            elif starting is not None:
+                starting.cancel()
+
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        async with running_engine(settings) as running:
-            nats, postgres = redacted(running.nats_url), redacted(running.database_url)
-            domains = ", ".join(running.engine.domains) or "none yet"
-            print(f"trellis engine up: NATS {nats}, Postgres {postgres}")
-            print(f"fabric: simulated, its hardware state in {fabric_state_path(settings)}")
-            print(f"serving {running.subject_prefix}.* for domains: {domains}. Ctrl-C stops.")
-            await stop.wait()
+            loop.add_signal_handler(sig, on_signal)
+        try:
+            async with running_engine(settings) as running:
+                serving = True
+                nats, postgres = redacted(running.nats_url), redacted(running.database_url)
+                domains = ", ".join(running.engine.domains) or "none yet"
+                print(f"trellis engine up: NATS {nats}, Postgres {postgres}")
+                print(f"fabric: simulated, its hardware state in {fabric_state_path(settings)}")
+                print(f"serving {running.subject_prefix}.* for domains: {domains}. Ctrl-C stops.")
+                await stop.wait()
+        except asyncio.CancelledError:
+            if serving:
+                raise
+            print("trellis engine stopped before it served")
+            return
         print("trellis engine stopped")
 
     asyncio.run(serve())
