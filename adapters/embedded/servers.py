@@ -139,6 +139,11 @@ class _EmbeddedServer:
         raise NotImplementedError
 
     @property
+    def shown_url(self) -> str:
+        """`url` as logs and reprs show it: without secrets."""
+        return self.url
+
+    @property
     def log_path(self) -> Path:
         raise NotImplementedError
 
@@ -210,7 +215,7 @@ class _EmbeddedServer:
         except BaseException:
             self.stop()
             raise
-        _log.info("%s ready at %s (pid %d)", self.name, self.url, proc.pid)
+        _log.info("%s ready at %s (pid %d)", self.name, self.shown_url, proc.pid)
 
     def stop(self) -> None:
         """Stop the server (graceful first, then kill); safe to call repeatedly."""
@@ -264,7 +269,7 @@ class _EmbeddedServer:
 
     def __repr__(self) -> str:
         state = f"pid {self.pid}" if self.running else "stopped"
-        return f"{type(self).__name__}({self.url}, {self.data_dir}, {state})"
+        return f"{type(self).__name__}({self.shown_url}, {self.data_dir}, {state})"
 
 
 # --------------------------------------------------------------------------------------------
@@ -500,6 +505,11 @@ class EmbeddedPostgres(_EmbeddedServer):
     def url(self) -> str:
         """The engine's URL: ``postgresql://trellis_engine:<password>@127.0.0.1:<port>/trellis``."""
         return self._url(PG_ENGINE_ROLE)
+
+    @property
+    def shown_url(self) -> str:
+        """The engine's URL without its password."""
+        return f"postgresql://{PG_ENGINE_ROLE}@{HOST}:{self.port}/{PG_DATABASE}"
 
     @property
     def owner_url(self) -> str:

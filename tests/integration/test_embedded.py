@@ -123,6 +123,8 @@ async def test_postgres_takes_only_password_logins_and_keeps_the_passwords_priva
         assert set(json.loads(server.passwords_path.read_text())) == {
             "postgres", PG_OWNER_ROLE, PG_ENGINE_ROLE
         }  # fmt: skip
+        for password in json.loads(server.passwords_path.read_text()).values():
+            assert password not in repr(server)  # nor in the "ready at" log line
         # No role gets in without its password, the superuser least of all.
         for role in ("postgres", PG_OWNER_ROLE, PG_ENGINE_ROLE):
             for password in ("", ":wrong"):
