@@ -1,11 +1,13 @@
 """The one place that wires concrete adapters to the engine (cosmicpython's bootstrap).
 
 `running_engine(settings)` brings up everything `trellis up` needs: the embedded servers when
-no URLs are configured, the Postgres event store (migrated), the projections, the event relay
-(log → JetStream stream and KV bucket), the engine with its state rebuilt from the log, and the
-NATS intake. Leaving the context stops all of it, in reverse order. In secure mode
-(adapters/nats/auth.py) the embedded nats-server runs with the generated users and the engine
-connects as its own identity.
+no URLs are configured, the Postgres event store (migrated by the schema's owner), the
+projections and the event relay (each domain's log followers: read models, JetStream stream and
+KV bucket), the engine with its state rebuilt from the log, and the NATS intake. Leaving the
+context stops all of it, in reverse order. A Postgres or NATS that cannot be reached yet is
+waited for, with backoff and a log line per attempt; cancelling the wait (Ctrl-C) stops the
+start cleanly. In secure mode (adapters/nats/auth.py) the embedded nats-server runs with the
+generated users and the engine connects as its own identity.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
+from typing import NamedTuple, TypeVar
 
 import msgspec
 from nats.aio.client import Client as NATS
@@ -39,7 +44,8 @@ from adapters.nats.intake import NatsIntake
 from adapters.nats.jetstream import StreamLimits
 from adapters.nats.relay import RelaySink
 from adapters.postgres.store import PostgresEventStore, connect_pool
-from adapters.settings import Settings, SettingsError
+from adapters.settings import Settings, SettingsError, redacted
+from engine.errors import StoreUnavailable
 from engine.follower import Followers
 from engine.ports import Clock, FabricDriver
 from engine.service import Engine
@@ -49,6 +55,12 @@ log = logging.getLogger(__name__)
 
 ENDPOINTS_FILE = "endpoints.json"
 FABRIC_STATE_FILE = "fabric-sim.json"
+# Waiting for a server: the first retry comes soon, later ones no more often than this.
+RETRY_FIRST_S = 0.25
+RETRY_MAX_S = 5.0
+_NATS_PROBE_TIMEOUT_S = 2.0
+
+T = TypeVar("T")
 
 
 class RunningEngine(msgspec.Struct, kw_only=True):
@@ -118,15 +130,93 @@ async def _nats_error(exc: Exception) -> None:
     log.log(logging.WARNING if "violation" in text.lower() else logging.DEBUG, "nats: %s", text)
 
 
+async def until_reachable(
+    what: str,
+    where: str,
+    attempt: Callable[[], Awaitable[T]],
+    unreachable: tuple[type[BaseException], ...],
+) -> T:
+    """`attempt()`'s result, retried with exponential backoff for as long as it raises one of
+    `unreachable`; one warning per failed attempt names `what` and `where` (no secrets in it).
+    Any other error ends the wait. Cancelling it (Ctrl-C) ends it too."""
+    delay, failures = RETRY_FIRST_S, 0
+    while True:
+        try:
+            result = await attempt()
+        except unreachable as exc:
+            failures += 1
+            reason = str(exc) or type(exc).__name__
+            log.warning(
+                "waiting for %s at %s (attempt %d: %s); next try in %.2g s",
+                what, where, failures, reason, delay,
+            )  # fmt: skip
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+            continue
+        if failures:
+            log.warning("%s at %s is reachable after %d failed attempts", what, where, failures)
+        return result
+
+
+class NatsUnreachable(ConnectionError):
+    """No server of a NATS URL list answered with its INFO line."""
+
+
+async def probe_nats(url: str) -> None:
+    """Return once any server of `url` (comma-separated NATS URLs) greets a TCP client with its
+    INFO line, as a NATS server does first thing: before TLS and before any credentials, so
+    the probe needs neither. Websocket URLs are left to the client library.
+
+    Raises:
+        NatsUnreachable: No server answered.
+    """
+    reasons = []
+    for one in (u.strip() for u in url.split(",")):
+        parts = urllib.parse.urlsplit(one if "://" in one else f"nats://{one}")
+        if parts.scheme in ("ws", "wss"):
+            return
+        host, port = parts.hostname or "127.0.0.1", parts.port or 4222
+        try:
+            if (await _first_line(host, port)).startswith(b"INFO "):
+                return
+            reasons.append(f"{host}:{port}: no NATS greeting")
+        except (OSError, TimeoutError) as exc:
+            reasons.append(f"{host}:{port}: {str(exc) or type(exc).__name__}")
+    raise NatsUnreachable("; ".join(reasons))
+
+
+async def _first_line(host: str, port: int) -> bytes:
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection(host, port), _NATS_PROBE_TIMEOUT_S
+    )
+    try:
+        return await asyncio.wait_for(reader.readline(), _NATS_PROBE_TIMEOUT_S)
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+
+class Endpoints(NamedTuple):
+    """Where the engine's servers are: NATS, Postgres for the engine's role, and Postgres for
+    the schema's owner (None: the engine's role migrates, see README: Least privilege)."""
+
+    nats_url: str
+    database_url: str
+    database_owner_url: str | None
+
+
 @contextlib.asynccontextmanager
 async def embedded_or_configured(
     settings: Settings, *, nats_config: Path | None = None
-) -> AsyncIterator[tuple[str, str]]:
-    """The (nats_url, database_url) to use, starting embedded servers for the unset ones; an
-    embedded nats-server reads `nats_config` too (secure mode's users)."""
+) -> AsyncIterator[Endpoints]:
+    """The endpoints to use, starting embedded servers for the unset ones (the embedded
+    Postgres brings an owner and an engine role of its own; an embedded nats-server reads
+    `nats_config` too: secure mode's users)."""
     data_dir = settings.data_dir or default_data_dir()
     with contextlib.ExitStack() as stack:
         nats_url, database_url = settings.nats_url, settings.database_url
+        owner_url = settings.database_owner_url
         if not nats_url:
             server = stack.enter_context(EmbeddedNats(data_dir, config=nats_config))
             await asyncio.to_thread(server.start)
@@ -134,8 +224,8 @@ async def embedded_or_configured(
         if not database_url:
             pg = stack.enter_context(EmbeddedPostgres(data_dir))
             await asyncio.to_thread(pg.start)
-            database_url = pg.url
-        yield nats_url, database_url
+            database_url, owner_url = pg.url, pg.owner_url
+        yield Endpoints(nats_url, database_url, owner_url)
 
 
 @contextlib.asynccontextmanager
@@ -143,6 +233,7 @@ async def engine_on(
     nats_url: str,
     database_url: str,
     *,
+    owner_url: str | None = None,
     schema: str | None = None,
     prefix: str = "trellis",
     domains: list[str] | None = None,
@@ -154,12 +245,19 @@ async def engine_on(
     credentials: NkeyCredentials | None = None,
 ) -> AsyncIterator[RunningEngine]:
     """The engine, its projections, its event relay and its NATS intake on given servers, until
-    the context exits. Migrations run first; the engine's state is rebuilt from the log before
-    it serves. Without a `fabric` driver the engine drives a SimulatedFabric (there is no
+    the context exits. Migrations run first, through `owner_url` when given (the schema's
+    owner, who then grants `database_url`'s role the engine's privileges); the engine's state
+    is rebuilt from the log before it serves. Postgres, then NATS, are waited for until they
+    answer. Without a `fabric` driver the engine drives a SimulatedFabric (there is no
     hardware). `follow_options` tune the log followers (engine.follower.Follower);
     `credentials`: the engine's own NATS identity in secure mode."""
     async with contextlib.AsyncExitStack() as stack:
-        store = await PostgresEventStore.open(database_url, schema=schema)
+        store = await until_reachable(
+            "Postgres",
+            redacted(database_url),
+            lambda: PostgresEventStore.open(database_url, schema=schema, owner_dsn=owner_url),
+            (StoreUnavailable,),
+        )
         stack.push_async_callback(store.close)
         # The projections and the relay commit on pools of their own, so they never wait for
         # an engine append, and the relay publishes on a NATS connection of its own, so a burst
@@ -168,6 +266,9 @@ async def engine_on(
         stack.push_async_callback(projection_pool.close)
         relay_pool = await connect_pool(database_url, schema=schema, min_size=1, max_size=2)
         stack.push_async_callback(relay_pool.close)
+        await until_reachable(
+            "NATS", redacted(nats_url), lambda: probe_nats(nats_url), (NatsUnreachable,)
+        )
         relay_nc = await connect_nats(nats_url, name="trellis-relay", credentials=credentials)
         stack.push_async_callback(relay_nc.close)
         projections = ProjectionSink(projection_pool)
@@ -223,7 +324,7 @@ async def running_engine(
     if secure is not None:
         _issue(secure, settings, tenants)
     async with contextlib.AsyncExitStack() as stack:
-        nats_url, database_url = await stack.enter_async_context(
+        nats_url, database_url, owner_url = await stack.enter_async_context(
             embedded_or_configured(
                 settings, nats_config=secure.config_path if secure is not None else None
             )
@@ -232,6 +333,7 @@ async def running_engine(
             engine_on(
                 nats_url,
                 database_url,
+                owner_url=owner_url,
                 schema=settings.db_schema,
                 prefix=settings.subject_prefix,
                 domains=settings.domains,
@@ -247,7 +349,7 @@ async def running_engine(
                 reload_nats(settings.data_dir or default_data_dir())
         endpoints = _write_endpoints(settings, nats_url, database_url)
         stack.callback(endpoints.unlink, missing_ok=True)
-        log.info("engine serving %s on %s", settings.subject_prefix, nats_url)
+        log.info("engine serving %s on %s", settings.subject_prefix, redacted(nats_url))
         yield running
 
 
@@ -306,11 +408,15 @@ def fabric_from_settings(settings: Settings) -> FabricDriver:
 
 
 def _write_endpoints(settings: Settings, nats_url: str, database_url: str) -> Path:
-    """Tell local CLI clients where a running engine listens (the embedded ports are random)."""
+    """Tell local CLI clients where a running engine listens (the embedded ports are random).
+    Readable by this user only: the database URL carries the engine role's password."""
     path = (settings.data_dir or default_data_dir()) / ENDPOINTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     endpoints = {"nats_url": nats_url, "database_url": database_url}
-    path.write_text(json.dumps({**endpoints, "subject_prefix": settings.subject_prefix}))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an older file may have been created more open
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps({**endpoints, "subject_prefix": settings.subject_prefix}))
     return path
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal, get_args
@@ -25,6 +26,8 @@ class SettingsError(ValueError):
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
     nats_url: str | None = None
     database_url: str | None = None
+    # The schema owner's DSN, for migrations and the engine role's grants (README: Least privilege).
+    database_owner_url: str | None = None
     data_dir: Path | None = None
     domains: list[str] | None = None
     subject_prefix: str = "trellis"
@@ -64,11 +67,19 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             script = parse_script(env.get("TRELLIS_FABRIC_SCRIPT", ""))
         except ValueError as exc:
             raise SettingsError(f"TRELLIS_FABRIC_SCRIPT: {exc}") from None
+        database_url = env.get("TRELLIS_DATABASE_URL") or None
+        database_owner_url = env.get("TRELLIS_DATABASE_OWNER_URL") or None
+        if database_owner_url and not database_url:
+            raise SettingsError(
+                "TRELLIS_DATABASE_OWNER_URL is set but TRELLIS_DATABASE_URL is not: the engine "
+                "needs a URL of its own (the embedded Postgres brings both)"
+            )
         data_dir = env.get("TRELLIS_DATA_DIR")
         fabric_state = env.get("TRELLIS_FABRIC_STATE")
         return cls(
             nats_url=env.get("TRELLIS_NATS_URL") or None,
-            database_url=env.get("TRELLIS_DATABASE_URL") or None,
+            database_url=database_url,
+            database_owner_url=database_owner_url,
             data_dir=Path(data_dir) if data_dir else None,
             domains=domains or None,
             subject_prefix=env.get("TRELLIS_SUBJECT_PREFIX") or "trellis",
@@ -137,3 +148,24 @@ def _stream_limits(env: dict[str, str]) -> StreamLimits:
         env, "TRELLIS_EVENTS_MAX_AGE", default.max_age_s, lambda v: v >= 0, "seconds, 0 or more"
     )
     return StreamLimits(max_bytes=max_bytes, max_age_s=max_age)
+
+
+def redacted(url: str) -> str:
+    """`url` (or a comma-separated list of them) without secrets, fit for logs and terminals:
+    no password in the user part or a `password` query parameter, and no NATS token (a user
+    part without a password)."""
+    return ",".join(_without_password(one) for one in url.split(","))
+
+
+def _without_password(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, host = netloc.rpartition("@")
+        user, colon, _ = userinfo.partition(":")
+        is_token = not colon and not parts.scheme.startswith("postgres")
+        netloc = f"{'***' if is_token else user}@{host}"
+    query = urllib.parse.urlencode(
+        [(k, v) for k, v in urllib.parse.parse_qsl(parts.query) if k != "password"]
+    )
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=query))

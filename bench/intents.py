@@ -51,7 +51,13 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from adapters.bootstrap import RunningEngine, connect_nats, embedded_or_configured, engine_on
+from adapters.bootstrap import (
+    Endpoints,
+    RunningEngine,
+    connect_nats,
+    embedded_or_configured,
+    engine_on,
+)
 from adapters.nats.client import TrellisClient
 from adapters.settings import Settings
 
@@ -431,14 +437,15 @@ async def verify_log(
 
 
 @contextlib.asynccontextmanager
-async def servers(settings: Settings) -> AsyncIterator[tuple[str, str]]:
-    """The configured servers, or embedded ones in a temporary directory."""
+async def servers(settings: Settings) -> AsyncIterator[Endpoints]:
+    """The configured servers, or embedded ones in a temporary directory. Without an owner URL
+    the one database URL is the owner's as well (README: Least privilege)."""
     with contextlib.ExitStack() as stack:
         if not (settings.nats_url and settings.database_url) and settings.data_dir is None:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="trellis-bench-"))
             settings = msgspec.structs.replace(settings, data_dir=FsPath(tmp))
         async with embedded_or_configured(settings) as urls:
-            yield urls
+            yield urls._replace(database_owner_url=urls.database_owner_url or urls.database_url)
 
 
 @contextlib.asynccontextmanager
@@ -489,14 +496,15 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     }
     started = time.perf_counter()
     async with (
-        servers(settings) as (nats_url, database_url),
-        fresh_schema(database_url, args.keep) as schema,
+        servers(settings) as (nats_url, database_url, owner_url),
+        fresh_schema(owner_url, args.keep) as schema,
     ):
         prefix = f"b{uuid.uuid4().hex[:12]}"
-        async with conn_info(database_url) as info:
+        async with conn_info(owner_url) as info:
             result["server"] = info
+        # The floor's table is the bench's own, in the schema the owner created.
         combined, nats_only, pg_only, close_floor = await floor_setup(
-            nats_url, database_url, schema, prefix
+            nats_url, owner_url, schema, prefix
         )
         try:
             # The floor is sampled in chunks: one before the engine starts, one before each
@@ -516,7 +524,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             parts_pg = await timed_ms(pg_only, chunk, args.budget / 4)
 
             domains = [f"bench-{d}" for d in range(n_domains)]
-            async with engine_on(nats_url, database_url, schema=schema, prefix=prefix) as running:
+            async with engine_on(
+                nats_url, database_url, owner_url=owner_url, schema=schema, prefix=prefix
+            ) as running:
                 probe = Probe(running)
                 ncs: list[NATS] = [
                     await connect_nats(nats_url, name=f"bench-client-{i}") for i in range(4)

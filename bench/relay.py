@@ -85,12 +85,17 @@ async def one_run(nats_url: str, database_url: str, schema: str, head: int) -> d
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     async with (
-        servers(Settings.from_env()) as (nats_url, database_url),
-        fresh_schema(database_url, keep=False) as schema,
+        servers(Settings.from_env()) as (nats_url, database_url, owner_url),
+        fresh_schema(owner_url, keep=False) as schema,
     ):
         prefix = f"relayfill{uuid.uuid4().hex[:8]}"
         async with engine_on(
-            nats_url, database_url, schema=schema, prefix=prefix, domains=[DOMAIN]
+            nats_url,
+            database_url,
+            owner_url=owner_url,
+            schema=schema,
+            prefix=prefix,
+            domains=[DOMAIN],
         ) as running:
             client_nc = await connect_nats(nats_url, name="bench-client")
             try:

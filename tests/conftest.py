@@ -1,13 +1,17 @@
 """Shared fixtures: real NATS and PostgreSQL servers, unique schemas and subject prefixes.
 
-Set ``TRELLIS_NATS_URL`` / ``TRELLIS_DATABASE_URL`` (each on its own) to reuse running servers;
+Set ``TRELLIS_NATS_URL`` / ``TRELLIS_DATABASE_URL`` (each on its own) to reuse running servers
+(with ``TRELLIS_DATABASE_OWNER_URL`` for the schema owner, as ``trellis up`` takes them);
 otherwise an embedded nats-server / PostgreSQL is started once per session on a free port.
 Every test gets its own schema and subject prefix, so tests run in any order and in parallel
-sessions against the same servers.
+sessions against the same servers. The schema is migrated by its owner and the engine's role
+is granted only what ``trellis up`` grants it, so every engine in the tests runs with least
+privilege: ``database_url`` logs in as that role, ``owner_url`` as the owner.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Iterator
 from typing import NamedTuple
@@ -15,7 +19,9 @@ from typing import NamedTuple
 import pytest
 import pytest_asyncio
 from isolation import (
+    Database,
     create_schema,
+    current_user,
     delete_relay_targets,
     drop_schema,
     unique_schema_name,
@@ -29,7 +35,7 @@ class Servers(NamedTuple):
     """Where the session's servers listen."""
 
     nats_url: str
-    database_url: str
+    database: Database
 
 
 @pytest.fixture(scope="session")
@@ -48,12 +54,15 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
             nats.start()
             nats_url = nats.url
         database_url = os.environ.get("TRELLIS_DATABASE_URL")
+        owner_url = os.environ.get("TRELLIS_DATABASE_OWNER_URL") or database_url
         if not database_url:
             postgres = EmbeddedPostgres(tmp_path_factory.mktemp("postgres"))
             started.append(postgres)
             postgres.start()
-            database_url = postgres.url
-        yield Servers(nats_url=nats_url, database_url=database_url)
+            database_url, owner_url = postgres.url, postgres.owner_url
+        assert owner_url is not None
+        roles = [asyncio.run(current_user(url)) for url in (database_url, owner_url)]
+        yield Servers(nats_url=nats_url, database=Database(database_url, owner_url, *roles))
     finally:
         for server in reversed(started):
             server.stop()
@@ -66,18 +75,31 @@ def nats_url(servers: Servers) -> str:
 
 
 @pytest.fixture(scope="session")
+def database(servers: Servers) -> Database:
+    """The session's PostgreSQL database: its URLs and the engine's role."""
+    return servers.database
+
+
+@pytest.fixture(scope="session")
 def database_url(servers: Servers) -> str:
-    """URL of the session's PostgreSQL database."""
-    return servers.database_url
+    """URL of the session's PostgreSQL database, as the engine's least-privileged role."""
+    return servers.database.url
+
+
+@pytest.fixture(scope="session")
+def owner_url(servers: Servers) -> str:
+    """URL of the session's PostgreSQL database, as the role that owns the test schemas."""
+    return servers.database.owner_url
 
 
 @pytest_asyncio.fixture
-async def pg_schema(database_url: str) -> AsyncIterator[str]:
-    """A fresh, empty schema (``t_<12 hex>``) that is dropped with everything in it afterwards."""
+async def pg_schema(database: Database) -> AsyncIterator[str]:
+    """A fresh schema (``t_<12 hex>``), migrated by its owner with the engine's role granted,
+    that is dropped with everything in it afterwards."""
     name = unique_schema_name()
-    await create_schema(database_url, name)
+    await create_schema(database, name)
     yield name
-    await drop_schema(database_url, name)
+    await drop_schema(database, name)
 
 
 @pytest_asyncio.fixture

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import uuid
+from typing import NamedTuple
 
 import asyncpg
 import nats
 from nats.js.errors import NotFoundError
 
 from adapters.nats.jetstream import bucket_name, stream_name
+from adapters.postgres.migrations import prepare_schema
 
 
 def unique_schema_name() -> str:
@@ -26,17 +28,40 @@ def unique_subject_prefix() -> str:
     return f"t{uuid.uuid4().hex[:12]}"
 
 
-async def create_schema(database_url: str, name: str) -> None:
-    conn = await asyncpg.connect(database_url)
+class Database(NamedTuple):
+    """A Postgres database as the tests use it: the engine's URL, the schema owner's URL and
+    their roles (one and the same when the database gives a single URL)."""
+
+    url: str
+    owner_url: str
+    engine_role: str
+    owner_role: str
+
+
+async def current_user(url: str) -> str:
+    """The role `url` logs in as."""
+    conn = await asyncpg.connect(url)
     try:
-        await conn.execute(f"create schema {name}")
+        role: str = await conn.fetchval("select current_user")
+        return role
     finally:
         await conn.close()
 
 
-async def drop_schema(database_url: str, name: str) -> None:
+async def create_schema(db: Database, name: str) -> None:
+    """Create schema `name` as its owner, migrate it and grant the engine's role what it needs,
+    as `trellis up` does before the engine serves (so engines in tests run least-privileged)."""
+    conn = await asyncpg.connect(db.owner_url)
+    try:
+        await conn.execute(f"create schema {name}")
+    finally:
+        await conn.close()
+    await prepare_schema(db.owner_url, name, db.engine_role)
+
+
+async def drop_schema(db: Database, name: str) -> None:
     """Drop the schema with everything in it (a no-op when it is gone already)."""
-    conn = await asyncpg.connect(database_url)
+    conn = await asyncpg.connect(db.owner_url)
     try:
         await conn.execute(f"drop schema if exists {name} cascade")
     finally:

@@ -13,12 +13,16 @@ Layout under ``data_dir`` (both servers may share one)::
     nats.conf        secure mode: the server's name, and an include of the users' config
     postgres/        PGDATA
     postgres.log
+    postgres-passwords.json   the Postgres roles' generated passwords (0600)
 """
 
 from __future__ import annotations
 
 import atexit
+import base64
 import contextlib
+import hashlib
+import hmac
 import importlib.util
 import json
 import logging
@@ -40,6 +44,8 @@ from typing import IO, Any, Self
 import platformdirs
 
 __all__ = [
+    "PG_ENGINE_ROLE",
+    "PG_OWNER_ROLE",
     "PG_SYSTEM_USER",
     "EmbeddedNats",
     "EmbeddedPostgres",
@@ -49,6 +55,7 @@ __all__ = [
     "nats_server_binary",
     "postgres_bin_dir",
     "reload_nats",
+    "scram_verifier",
 ]
 
 _log = logging.getLogger(__name__)
@@ -57,6 +64,13 @@ HOST = "127.0.0.1"
 #: PostgreSQL refuses to run as root; when we are root the server runs as this system user.
 PG_SYSTEM_USER = "trellis-pg"
 PG_DATABASE = "trellis"
+PG_SUPERUSER = "postgres"
+#: Owns the trellis database and runs the migrations.
+PG_OWNER_ROLE = "trellis_owner"
+#: The engine's role: only what adapters/postgres/privileges.py grants it.
+PG_ENGINE_ROLE = "trellis_engine"
+PG_ROLES = (PG_SUPERUSER, PG_OWNER_ROLE, PG_ENGINE_ROLE)
+PG_PASSWORDS_FILE = "postgres-passwords.json"
 
 MAIN_NATS_CONFIG = "nats.conf"
 
@@ -130,6 +144,11 @@ class _EmbeddedServer:
         raise NotImplementedError
 
     @property
+    def shown_url(self) -> str:
+        """`url` as logs and reprs show it: without secrets."""
+        return self.url
+
+    @property
     def log_path(self) -> Path:
         raise NotImplementedError
 
@@ -201,7 +220,7 @@ class _EmbeddedServer:
         except BaseException:
             self.stop()
             raise
-        _log.info("%s ready at %s (pid %d)", self.name, self.url, proc.pid)
+        _log.info("%s ready at %s (pid %d)", self.name, self.shown_url, proc.pid)
 
     def stop(self) -> None:
         """Stop the server (graceful first, then kill); safe to call repeatedly."""
@@ -255,7 +274,7 @@ class _EmbeddedServer:
 
     def __repr__(self) -> str:
         state = f"pid {self.pid}" if self.running else "stopped"
-        return f"{type(self).__name__}({self.url}, {self.data_dir}, {state})"
+        return f"{type(self).__name__}({self.shown_url}, {self.data_dir}, {state})"
 
 
 # --------------------------------------------------------------------------------------------
@@ -478,11 +497,61 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
             os.lchown(Path(dirpath, name), uid, gid)
 
 
+def scram_verifier(password: str, iterations: int = 4096) -> str:
+    """The SCRAM-SHA-256 verifier PostgreSQL stores for `password` (RFC 5802, RFC 7677).
+
+    Sent in place of the password (``ALTER ROLE ... PASSWORD '<verifier>'``), so the password
+    itself never reaches the server, its logs or a process list. `password` must be ASCII
+    (SASLprep leaves it as it is then).
+    """
+    salt = secrets.token_bytes(16)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    client_key = hmac.digest(salted, b"Client Key", "sha256")
+    server_key = hmac.digest(salted, b"Server Key", "sha256")
+    stored_key = hashlib.sha256(client_key).digest()
+    b64 = base64.b64encode
+    return (
+        f"SCRAM-SHA-256${iterations}:{b64(salt).decode()}"
+        f"${b64(stored_key).decode()}:{b64(server_key).decode()}"
+    )
+
+
+def _load_or_create_passwords(path: Path, roles: tuple[str, ...]) -> dict[str, str]:
+    """The roles' passwords kept in `path` (0600), generating the missing ones. Two processes
+    creating the file at once agree: the file is linked into place only if it is still absent."""
+    with contextlib.suppress(FileNotFoundError):
+        path.chmod(0o600)
+        kept: dict[str, str] = json.loads(path.read_text())
+        if all(role in kept for role in roles):
+            return kept
+        path.unlink()  # incomplete: replaced below, so every role gets a new password
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fresh = {role: secrets.token_urlsafe(24) for role in roles}
+    draft = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(fresh, f)
+    try:
+        os.link(draft, path)
+    except FileExistsError:
+        return _load_or_create_passwords(path, roles)
+    finally:
+        draft.unlink()
+    return fresh
+
+
 class EmbeddedPostgres(_EmbeddedServer):
     """A PostgreSQL server from the pgserver wheel, with PGDATA at ``<data_dir>/postgres``.
 
     As root, the server runs as the system user ``trellis-pg`` (created with useradd when
     missing), which owns PGDATA.
+
+    Least privilege by itself: only password (SCRAM) logins over 127.0.0.1, with three roles
+    whose generated passwords are kept in ``<data_dir>/postgres-passwords.json`` (mode 0600):
+    the superuser ``postgres`` (setup only), ``trellis_owner`` (owns the ``trellis`` database
+    and everything in it, runs the migrations: `owner_url`) and ``trellis_engine`` (the
+    engine's, granted only what adapters/postgres/privileges.py lists: `url`). A data dir from
+    before (trust logins, objects owned by ``postgres``) is brought to this at its next start.
     """
 
     name = "postgres"
@@ -494,8 +563,34 @@ class EmbeddedPostgres(_EmbeddedServer):
 
     @property
     def url(self) -> str:
-        """``postgresql://postgres@127.0.0.1:<port>/trellis``."""
-        return f"postgresql://postgres@{HOST}:{self.port}/{PG_DATABASE}"
+        """The engine's URL: ``postgresql://trellis_engine:<password>@127.0.0.1:<port>/trellis``."""
+        return self._url(PG_ENGINE_ROLE)
+
+    @property
+    def shown_url(self) -> str:
+        """The engine's URL without its password."""
+        return f"postgresql://{PG_ENGINE_ROLE}@{HOST}:{self.port}/{PG_DATABASE}"
+
+    @property
+    def owner_url(self) -> str:
+        """The owner's URL (migrations, schemas): role ``trellis_owner``."""
+        return self._url(PG_OWNER_ROLE)
+
+    @property
+    def superuser_url(self) -> str:
+        """The superuser's URL (role ``postgres``), for setting up roles and databases."""
+        return self._url(PG_SUPERUSER, "postgres")
+
+    @property
+    def passwords_path(self) -> Path:
+        """Where the roles' generated passwords are kept (mode 0600)."""
+        return self.data_dir / PG_PASSWORDS_FILE
+
+    def _password(self, role: str) -> str:
+        return _load_or_create_passwords(self.passwords_path, PG_ROLES)[role]
+
+    def _url(self, role: str, database: str = PG_DATABASE) -> str:
+        return f"postgresql://{role}:{self._password(role)}@{HOST}:{self.port}/{database}"
 
     @property
     def pgdata(self) -> Path:
@@ -534,6 +629,7 @@ class EmbeddedPostgres(_EmbeddedServer):
         self.pgdata.chmod(0o700)
         if not (self.pgdata / "PG_VERSION").exists():
             self._initdb()
+        self._require_passwords()
 
     def _initdb(self) -> None:
         with self.log_path.open("ab") as log:
@@ -541,8 +637,9 @@ class EmbeddedPostgres(_EmbeddedServer):
                 [
                     str(self._bin / "initdb"),
                     f"--pgdata={self.pgdata}",
+                    # Trust only until _require_passwords, which runs before the server does.
                     "--auth=trust",
-                    "--username=postgres",
+                    f"--username={PG_SUPERUSER}",
                     "--encoding=UTF8",
                     # C collation: identical ordering on every machine, independent of $LANG.
                     "--locale=C",
@@ -559,6 +656,48 @@ class EmbeddedPostgres(_EmbeddedServer):
                 f"initdb failed with code {result.returncode}; "
                 f"tail of {self.log_path}:\n{_log_tail(self.log_path)}"
             )
+
+    def _hba(self) -> str:
+        # The fingerprint tells a file written for the current superuser password from any
+        # other (initdb's trust lines, an older Trellis's, one from before the passwords file
+        # was lost), so the password is set again exactly when it is needed.
+        digest = hashlib.sha256(self._password(PG_SUPERUSER).encode()).hexdigest()[:16]
+        return (
+            "# Written by Trellis (adapters/embedded/servers.py): password logins over TCP on\n"
+            f"# 127.0.0.1 only (the server has no unix socket). Superuser password {digest}.\n"
+            "host all all 127.0.0.1/32 scram-sha-256\n"
+        )
+
+    def _require_passwords(self) -> None:
+        """Before the server starts: give the superuser its password and allow only password
+        logins, unless pg_hba.conf says that was done for the current password already."""
+        hba_path, hba = self.pgdata / "pg_hba.conf", self._hba()
+        with contextlib.suppress(FileNotFoundError):
+            if hba_path.read_text() == hba:
+                return
+        verifier = scram_verifier(self._password(PG_SUPERUSER))
+        # Single-user mode: no server runs yet, so nobody can log in while trust still holds.
+        single_user = [str(self._bin / "postgres"), "--single", "-D", str(self.pgdata)]
+        result = subprocess.run(
+            [*single_user, "-c", "exit_on_error=on", "postgres"],
+            input=f"ALTER ROLE {PG_SUPERUSER} PASSWORD '{verifier}'\n",
+            capture_output=True,
+            text=True,
+            env=_clean_env(),
+            check=False,
+            **self._as_server_user(),
+        )
+        if result.returncode != 0:
+            raise EmbeddedServerError(
+                f"postgres: cannot set the superuser's password (code {result.returncode}): "
+                f"{result.stderr.strip()[-2000:]}"
+            )
+        draft = hba_path.with_name("pg_hba.conf.trellis")
+        draft.write_text(hba)
+        draft.chmod(0o600)
+        if self._user is not None:
+            os.chown(draft, self._user.pw_uid, self._user.pw_gid)
+        draft.replace(hba_path)
 
     def _command(self) -> list[str]:
         return [
@@ -588,7 +727,7 @@ class EmbeddedPostgres(_EmbeddedServer):
                 str(self._bin / "pg_isready"),
                 f"--host={HOST}",
                 f"--port={self.port}",
-                "--username=postgres",
+                f"--username={PG_SUPERUSER}",
                 "--dbname=postgres",
                 "--timeout=2",
             ],
@@ -598,8 +737,10 @@ class EmbeddedPostgres(_EmbeddedServer):
         )
         return result.returncode == 0
 
-    def _psql(self, sql: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
+    def _psql(self, script: str, database: str) -> None:
+        """Run `script` as the superuser, stopping at the first error. The script comes on
+        stdin and the password in the environment, so neither shows in a process list."""
+        result = subprocess.run(
             [
                 str(self._bin / "psql"),
                 "--no-psqlrc",
@@ -609,27 +750,69 @@ class EmbeddedPostgres(_EmbeddedServer):
                 "--set=ON_ERROR_STOP=1",
                 f"--host={HOST}",
                 f"--port={self.port}",
-                "--username=postgres",
-                "--dbname=postgres",
-                f"--command={sql}",
+                f"--username={PG_SUPERUSER}",
+                f"--dbname={database}",
             ],
+            input=script,
             capture_output=True,
             text=True,
-            env=_clean_env(),
+            env={**_clean_env(), "PGPASSWORD": self._password(PG_SUPERUSER)},
             check=False,
         )
+        if result.returncode != 0:
+            raise EmbeddedServerError(
+                f"postgres: setting up {database} failed: {result.stderr.strip()[-2000:]}"
+            )
 
     def _after_ready(self) -> None:
-        found = self._psql(f"select 1 from pg_database where datname = '{PG_DATABASE}'")
-        if found.returncode != 0:
-            raise EmbeddedServerError(f"postgres: cannot query pg_database: {found.stderr}")
-        if found.stdout.strip() == "1":
-            return
-        created = self._psql(f"create database {PG_DATABASE}")
-        # "already exists": another process created it between our check and our create.
-        if created.returncode != 0 and "already exists" not in created.stderr:
-            raise EmbeddedServerError(f"postgres: cannot create database: {created.stderr}")
+        """The roles with their current passwords, the database owned by trellis_owner, and
+        (for a data dir from before the roles) everything in it handed over to that owner."""
+        roles = ""
+        for role in (PG_OWNER_ROLE, PG_ENGINE_ROLE):
+            roles += (
+                f"SELECT 'CREATE ROLE {role}' WHERE NOT EXISTS "
+                f"(SELECT FROM pg_roles WHERE rolname = '{role}') \\gexec\n"
+                f"ALTER ROLE {role} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION "
+                f"NOBYPASSRLS PASSWORD '{scram_verifier(self._password(role))}';\n"
+            )
+        self._psql(
+            roles + f"SELECT 'CREATE DATABASE {PG_DATABASE}' WHERE NOT EXISTS "
+            f"(SELECT FROM pg_database WHERE datname = '{PG_DATABASE}') \\gexec\n"
+            f"ALTER DATABASE {PG_DATABASE} OWNER TO {PG_OWNER_ROLE};\n",
+            "postgres",
+        )
+        self._psql(_HAND_OVER_TO_OWNER, PG_DATABASE)
 
     def _request_stop(self, proc: subprocess.Popen[bytes]) -> None:
         # SIGINT is PostgreSQL's "fast" shutdown: roll back open transactions, checkpoint, exit.
         proc.send_signal(signal.SIGINT)
+
+
+# Schemas, tables (with their indexes and identity sequences) and functions that an older
+# Trellis created as the superuser in the trellis database, handed to trellis_owner: the
+# migrations run as that owner now, and only an owner may alter its objects.
+_HAND_OVER_TO_OWNER = f"""
+DO $$
+DECLARE
+    item record;
+BEGIN
+    FOR item IN
+        SELECT format('ALTER SCHEMA %I OWNER TO {PG_OWNER_ROLE}', nspname) AS sql
+          FROM pg_namespace
+         WHERE nspowner = '{PG_SUPERUSER}'::regrole
+           AND nspname NOT LIKE 'pg\\_%' AND nspname <> 'information_schema'
+        UNION ALL
+        SELECT format('ALTER TABLE %s OWNER TO {PG_OWNER_ROLE}', c.oid::regclass)
+          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE c.relowner = '{PG_SUPERUSER}'::regrole AND c.relkind IN ('r', 'p')
+           AND n.nspname NOT LIKE 'pg\\_%' AND n.nspname <> 'information_schema'
+        UNION ALL
+        SELECT format('ALTER ROUTINE %s OWNER TO {PG_OWNER_ROLE}', p.oid::regprocedure)
+          FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE p.proowner = '{PG_SUPERUSER}'::regrole
+           AND n.nspname NOT LIKE 'pg\\_%' AND n.nspname <> 'information_schema'
+    LOOP
+        EXECUTE item.sql;
+    END LOOP;
+END $$;
+"""

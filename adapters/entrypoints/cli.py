@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import msgspec
 import nats
 
@@ -39,9 +40,10 @@ from adapters.nats.auth import (
     public_key,
 )
 from adapters.nats.client import TrellisClient
-from adapters.postgres.migrations import SCHEMA_DIR
+from adapters.postgres.migrations import SCHEMA_DIR, MigrationError
+from adapters.postgres.privileges import PrivilegeError
 from adapters.postgres.store import PostgresEventStore, connect_pool
-from adapters.settings import Settings, SettingsError
+from adapters.settings import Settings, SettingsError, redacted
 from engine.contract import json_schemas
 from engine.fabric_plan import reconcile
 from engine.ports import FabricSnapshot
@@ -66,10 +68,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.run(args)
     except KeyboardInterrupt:
         return 130
-    except (CliError, SettingsError) as exc:
+    except (CliError, SettingsError, MigrationError, PrivilegeError) as exc:
         print(f"trellis: {exc}", file=sys.stderr)
         return 1
+    except _POSTGRES_REFUSED as exc:  # configuration, not an outage: not waited out
+        print(f"trellis: Postgres refused the connection: {exc}", file=sys.stderr)
+        return 1
     return code
+
+
+# A wrong role or password, or no such database.
+_POSTGRES_REFUSED = (
+    asyncpg.InvalidAuthorizationSpecificationError,
+    asyncpg.InvalidCatalogNameError,
+)
 
 
 class CliError(Exception):
@@ -251,18 +263,37 @@ def _up(args: argparse.Namespace) -> int:
 
     async def serve() -> None:
         stop = asyncio.Event()
+        starting = asyncio.current_task()
+        serving = False
+
+        def on_signal() -> None:
+            # While starting (perhaps waiting for Postgres or NATS) a signal cancels the start,
+            # which unwinds whatever had started; once serving, it stops the engine in order.
+            if serving:
+                stop.set()
+            elif starting is not None:
+                starting.cancel()
+
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        async with running_engine(settings, tenants=args.tenant) as running:
-            domains = ", ".join(running.engine.domains) or "none yet"
-            print(f"trellis engine up: NATS {running.nats_url}, Postgres {running.database_url}")
-            print(f"fabric: simulated, its hardware state in {fabric_state_path(settings)}")
-            if running.secure_dir is not None:
-                _print_secure(settings, SecureDir(running.secure_dir.parent))
-            print(f"serving {running.subject_prefix}.* for domains: {domains}. Ctrl-C stops.")
-            sys.stdout.flush()
-            await stop.wait()
+            loop.add_signal_handler(sig, on_signal)
+        try:
+            async with running_engine(settings, tenants=args.tenant) as running:
+                serving = True
+                nats, postgres = redacted(running.nats_url), redacted(running.database_url)
+                domains = ", ".join(running.engine.domains) or "none yet"
+                print(f"trellis engine up: NATS {nats}, Postgres {postgres}")
+                print(f"fabric: simulated, its hardware state in {fabric_state_path(settings)}")
+                if running.secure_dir is not None:
+                    _print_secure(settings, SecureDir(running.secure_dir.parent))
+                print(f"serving {running.subject_prefix}.* for domains: {domains}. Ctrl-C stops.")
+                sys.stdout.flush()
+                await stop.wait()
+        except asyncio.CancelledError:
+            if serving:
+                raise
+            print("trellis engine stopped before it served")
+            return
         print("trellis engine stopped")
 
     asyncio.run(serve())

@@ -27,7 +27,7 @@ from adapters.entrypoints.render import (
 )
 from adapters.fabric.sim import SimulatedFabric
 from adapters.nats.client import TrellisClient
-from adapters.settings import Settings
+from adapters.settings import Settings, redacted
 from engine.ports import FabricDriver
 from engine.records import verify_chain
 
@@ -236,7 +236,8 @@ async def main() -> None:
     settings = Settings.from_env()
     domain = time.strftime("demo-%Y%m%d-%H%M%S")
     async with running_engine(settings) as running:
-        print(f"engine up: NATS {running.nats_url}, Postgres {running.database_url}")
+        nats, postgres = redacted(running.nats_url), redacted(running.database_url)
+        print(f"engine up: NATS {nats}, Postgres {postgres}")
         nc = await connect_nats(running.nats_url, name="trellis-demo")
         try:
             client = TrellisClient(nc, prefix=running.subject_prefix)

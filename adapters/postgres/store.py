@@ -7,16 +7,20 @@ database that cannot be reached or cannot commit becomes StoreUnavailable.
 from __future__ import annotations
 
 import contextlib
+import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import asyncpg
 
+from adapters.postgres.privileges import bypasses_privileges
 from engine import replies
 from engine.errors import ConcurrencyConflict, StoreUnavailable
 from engine.ports import Appended, PendingReply, StoredReply
 from engine.records import Head, PendingEvent, RecordedEvent, hash_of
+
+log = logging.getLogger(__name__)
 
 _CONFLICT_STATES = {"TR001", asyncpg.UniqueViolationError.sqlstate}
 _PAGE = 2000
@@ -76,10 +80,26 @@ class PostgresEventStore:
 
     @classmethod
     async def open(
-        cls, dsn: str, *, schema: str | None = None, min_size: int = 1, max_size: int = 8
+        cls,
+        dsn: str,
+        *,
+        schema: str | None = None,
+        owner_dsn: str | None = None,
+        min_size: int = 1,
+        max_size: int = 8,
     ) -> PostgresEventStore:
-        """Connect a pool (optionally pinned to `schema`) and run the migrations."""
-        from adapters.postgres.migrations import migrate
+        """Connect a pool (optionally pinned to `schema`) and bring the schema up to date.
+
+        With `owner_dsn`, the owner migrates and gives the pool's role the engine's privileges
+        (adapters/postgres/privileges.py); without it the pool's own role migrates, which only
+        a role that owns the schema can do (nothing to apply needs no privilege but reading).
+        A role that could bypass append-only is logged as a warning.
+
+        Raises:
+            StoreUnavailable: Postgres cannot be reached (yet).
+            MigrationError: See `adapters.postgres.migrations.migrate`.
+        """
+        from adapters.postgres.migrations import migrate, prepare_schema
 
         with _translated("*"):
             pool = await connect_pool(
@@ -90,8 +110,24 @@ class PostgresEventStore:
                 connect_timeout=CONNECT_TIMEOUT_S,
                 command_timeout=COMMAND_TIMEOUT_S,
             )
-            async with pool.acquire(timeout=ACQUIRE_TIMEOUT_S) as conn:
-                await migrate(conn)
+        try:
+            with _translated("*"):
+                async with pool.acquire(timeout=ACQUIRE_TIMEOUT_S) as conn:
+                    if owner_dsn:
+                        await prepare_schema(
+                            owner_dsn, schema, await conn.fetchval("SELECT current_user")
+                        )
+                    await migrate(conn)
+                    if await bypasses_privileges(conn):
+                        log.warning(
+                            "the engine's Postgres role %s owns the log or is a superuser, so "
+                            "only triggers keep the log append-only; give the engine a role of "
+                            "its own and TRELLIS_DATABASE_OWNER_URL (README: Least privilege)",
+                            await conn.fetchval("SELECT current_user"),
+                        )
+        except BaseException:
+            pool.terminate()
+            raise
         return cls(pool)
 
     async def close(self) -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import uuid
@@ -15,12 +17,15 @@ import nats
 import pytest
 
 from adapters.embedded.servers import (
+    PG_ENGINE_ROLE,
+    PG_OWNER_ROLE,
     EmbeddedNats,
     EmbeddedPostgres,
     EmbeddedServerError,
     default_data_dir,
     free_port,
 )
+from adapters.settings import redacted
 
 
 async def _nats_round_trip(url: str) -> None:
@@ -82,8 +87,10 @@ async def test_nats_serves_jetstream_and_keeps_streams_across_a_restart(tmp_path
 async def test_postgres_serves_sql_and_keeps_data_across_a_restart(tmp_path: Path) -> None:
     server = EmbeddedPostgres(tmp_path)
     with server:
-        assert server.url == f"postgresql://postgres@127.0.0.1:{server.port}/trellis"
-        conn = await asyncpg.connect(server.url)
+        assert (
+            redacted(server.url) == f"postgresql://trellis_engine@127.0.0.1:{server.port}/trellis"
+        )
+        conn = await asyncpg.connect(server.owner_url)
         try:
             assert await conn.fetchval("select 1") == 1
             await conn.execute("create table survivor (id int primary key)")
@@ -99,12 +106,50 @@ async def test_postgres_serves_sql_and_keeps_data_across_a_restart(tmp_path: Pat
 
         server.start()
         assert server.port == port
-        conn = await asyncpg.connect(server.url)
+        conn = await asyncpg.connect(server.owner_url)
         try:
             assert await conn.fetchval("select id from survivor") == 42
         finally:
             await conn.close()
     assert not server.running
+
+
+async def test_postgres_takes_only_password_logins_and_keeps_the_passwords_private(
+    tmp_path: Path,
+) -> None:
+    with EmbeddedPostgres(tmp_path) as server:
+        # The generated passwords are readable by this user alone.
+        assert stat.S_IMODE(server.passwords_path.stat().st_mode) == 0o600
+        assert set(json.loads(server.passwords_path.read_text())) == {
+            "postgres", PG_OWNER_ROLE, PG_ENGINE_ROLE
+        }  # fmt: skip
+        for password in json.loads(server.passwords_path.read_text()).values():
+            assert password not in repr(server)  # nor in the "ready at" log line
+        # No role gets in without its password, the superuser least of all.
+        for role in ("postgres", PG_OWNER_ROLE, PG_ENGINE_ROLE):
+            for password in ("", ":wrong"):
+                with pytest.raises(asyncpg.InvalidPasswordError):
+                    await asyncpg.connect(
+                        f"postgresql://{role}{password}@127.0.0.1:{server.port}/postgres"
+                    )
+        # With it, each is who it should be: the owner owns the database, the engine nothing.
+        conn = await asyncpg.connect(server.url)
+        try:
+            assert await conn.fetchrow(
+                "SELECT current_user, rolsuper, has_database_privilege(current_user, "
+                "current_database(), 'CREATE') AS may_create, pg_get_userbyid(datdba) AS dba "
+                "FROM pg_roles, pg_database WHERE rolname = current_user "
+                "AND datname = current_database()"
+            ) == (PG_ENGINE_ROLE, False, False, PG_OWNER_ROLE)  # fmt: skip
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await conn.execute("CREATE TABLE mine (id int)")
+        finally:
+            await conn.close()
+        conn = await asyncpg.connect(server.superuser_url)
+        try:
+            assert await conn.fetchval("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
+        finally:
+            await conn.close()
 
 
 async def test_nats_comes_back_while_a_client_stays_connected(tmp_path: Path) -> None:

@@ -6,19 +6,23 @@ import re
 
 import asyncpg
 import nats
+from isolation import Database
+
+from adapters.postgres.privileges import TABLES
 
 
-async def test_pg_schema_is_a_fresh_schema_in_the_session_database(
-    database_url: str, pg_schema: str
+async def test_pg_schema_is_a_fresh_migrated_schema_in_the_session_database(
+    database: Database, pg_schema: str
 ) -> None:
     assert re.fullmatch(r"t_[0-9a-f]{12}", pg_schema)
-    conn = await asyncpg.connect(database_url)
+    conn = await asyncpg.connect(database.owner_url)
     try:
-        await conn.execute(f"create table {pg_schema}.probe (id int)")
         tables = await conn.fetch(
             "select table_name from information_schema.tables where table_schema = $1", pg_schema
         )
-        assert [t["table_name"] for t in tables] == ["probe"]
+        assert sorted(t["table_name"] for t in tables) == sorted(TABLES)
+        assert await conn.fetchval(f"select count(*) from {pg_schema}.trellis_events") == 0
+        await conn.execute(f"create table {pg_schema}.probe (id int)")  # the owner's to change
     finally:
         await conn.close()
 

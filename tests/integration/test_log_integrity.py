@@ -1,7 +1,9 @@
 """The log protects itself: append-only in the database, gap-free versions, a verifiable chain.
 
 ARCHITECTURE §6. The engine writes through NATS as usual; the tampering is done the way an
-operator with a SQL prompt would try it, on a connection of its own.
+operator with a SQL prompt would try it, on a connection of its own, as the schema's owner:
+privileges do not stop the owner, the log's triggers do (test_least_privilege.py shows the
+engine's role stopped by its privileges as well).
 """
 
 from __future__ import annotations
@@ -35,9 +37,9 @@ async def h(
 
 
 @pytest_asyncio.fixture
-async def sql(database_url: str, pg_schema: str) -> AsyncIterator[asyncpg.Connection]:
-    """A plain connection inside the test's schema, as a person at a SQL prompt would have."""
-    conn = await asyncpg.connect(database_url, server_settings={"search_path": pg_schema})
+async def sql(owner_url: str, pg_schema: str) -> AsyncIterator[asyncpg.Connection]:
+    """A plain connection inside the test's schema, as its owner at a SQL prompt would have."""
+    conn = await asyncpg.connect(owner_url, server_settings={"search_path": pg_schema})
     yield conn
     await conn.close()
 

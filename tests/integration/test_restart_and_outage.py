@@ -8,7 +8,6 @@ import asyncio
 import os
 import signal
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,8 +16,9 @@ import asyncpg
 import pytest
 from fabrics import expect_error, expect_ok, fabric, gpu, link
 from harness import Harness, serving
+from isolation import Database, create_schema, unique_schema_name
 
-from adapters.embedded.servers import EmbeddedPostgres
+from adapters.embedded.servers import PG_ENGINE_ROLE, PG_OWNER_ROLE, EmbeddedPostgres
 from engine.records import verify_chain
 
 DOMAIN = "hall-1"
@@ -90,13 +90,9 @@ def own_postgres(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
         server.stop()
 
 
-async def fresh_schema(url: str) -> str:
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute(f"CREATE SCHEMA {name}")
-    finally:
-        await conn.close()
+async def fresh_schema(server: EmbeddedPostgres) -> str:
+    name = unique_schema_name()
+    await create_schema(Database(server.url, server.owner_url, PG_ENGINE_ROLE, PG_OWNER_ROLE), name)
     return name
 
 
@@ -133,7 +129,7 @@ async def test_a_postgres_restart_gives_unavailable_then_the_engine_recovers_by_
     nats_url: str, subject_prefix: str, own_postgres: EmbeddedPostgres
 ) -> None:
     url = own_postgres.url
-    schema = await fresh_schema(url)
+    schema = await fresh_schema(own_postgres)
     async with serving(nats_url, url, schema, subject_prefix) as h:
         # Given: a serving engine with an imported fabric.
         expect_ok(
@@ -198,7 +194,7 @@ async def test_a_hung_postgres_gives_unavailable_within_the_client_timeout(
     nats_url: str, subject_prefix: str, own_postgres: EmbeddedPostgres
 ) -> None:
     url = own_postgres.url
-    schema = await fresh_schema(url)
+    schema = await fresh_schema(own_postgres)
     async with serving(nats_url, url, schema, subject_prefix) as h:
         expect_ok(
             await h.client.admin(DOMAIN, "import-topology", {"request_id": "imp", **fabric()})

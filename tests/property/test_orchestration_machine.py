@@ -55,6 +55,7 @@ from hypothesis.stateful import (
 )
 from integration.harness import Harness, serving
 from isolation import (
+    Database,
     create_schema,
     delete_relay_targets,
     drop_schema,
@@ -395,7 +396,7 @@ class OrchestrationMachine(RuleBasedStateMachine):
     """One engine per example; the test function sets the server URLs on a subclass."""
 
     nats_url: str
-    database_url: str
+    database: Database
 
     compositions = Bundle("compositions")
 
@@ -433,12 +434,12 @@ class OrchestrationMachine(RuleBasedStateMachine):
         self.sim = SimulatedFabric(seed=seed, failure_rate=failure_rate)
         self.audit = SettlementAudit(self.sim)
         schema, prefix = unique_schema_name(), unique_subject_prefix()
-        self.run(create_schema(self.database_url, schema))
-        self.cleanup.callback(lambda: self.run(drop_schema(self.database_url, schema)))
+        self.run(create_schema(self.database, schema))
+        self.cleanup.callback(lambda: self.run(drop_schema(self.database, schema)))
         self.cleanup.callback(lambda: self.run(delete_relay_targets(self.nats_url, prefix)))
         engine = serving(
             self.nats_url,
-            self.database_url,
+            self.database.url,
             schema,
             prefix,
             clock=self.clock,
@@ -937,11 +938,11 @@ def check_state(state: DomainState) -> None:
 
 
 def test_orchestration_keeps_log_hardware_and_projections_in_step(
-    nats_url: str, database_url: str
+    nats_url: str, database: Database
 ) -> None:
     machine = type(
         "Orchestration",
         (OrchestrationMachine,),
-        {"nats_url": nats_url, "database_url": database_url},
+        {"nats_url": nats_url, "database": database},
     )
     run_state_machine_as_test(machine, settings=SETTINGS)

@@ -10,7 +10,7 @@ from adapters.bootstrap import fabric_from_settings, fabric_state_path
 from adapters.entrypoints import cli
 from adapters.fabric.sim import ScriptedFault, SimulatedFabric
 from adapters.nats.jetstream import StreamLimits
-from adapters.settings import Settings, SettingsError
+from adapters.settings import Settings, SettingsError, redacted
 
 
 def test_an_empty_environment_means_the_defaults() -> None:
@@ -25,6 +25,7 @@ def test_every_variable_is_read() -> None:
         {
             "TRELLIS_NATS_URL": "nats://n:4222",
             "TRELLIS_DATABASE_URL": "postgresql://p/db",
+            "TRELLIS_DATABASE_OWNER_URL": "postgresql://owner@p/db",
             "TRELLIS_DATA_DIR": "/var/trellis",
             "TRELLIS_DOMAINS": "hall-1, hall-2",
             "TRELLIS_SUBJECT_PREFIX": "t1",
@@ -44,6 +45,7 @@ def test_every_variable_is_read() -> None:
     assert settings == Settings(
         nats_url="nats://n:4222",
         database_url="postgresql://p/db",
+        database_owner_url="postgresql://owner@p/db",
         data_dir=Path("/var/trellis"),
         domains=["hall-1", "hall-2"],
         subject_prefix="t1",
@@ -146,3 +148,25 @@ def test_a_state_file_that_cannot_be_read_stops_trellis_up_in_one_line(
         fabric_from_settings(Settings.from_env())
     assert cli.main(["up"]) == 1  # before any server starts
     assert capsys.readouterr().err.startswith(f"trellis: TRELLIS_FABRIC_STATE: {state} is not")
+
+
+def test_an_owner_url_without_an_engine_url_is_refused() -> None:
+    with pytest.raises(SettingsError, match="TRELLIS_DATABASE_URL is not"):
+        Settings.from_env({"TRELLIS_DATABASE_OWNER_URL": "postgresql://owner@p/db"})
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://engine:s3cret@db:5432/trellis", "postgresql://engine@db:5432/trellis"),
+        (
+            "postgresql://engine@db/trellis?password=s3cret&sslmode=require",
+            "postgresql://engine@db/trellis?sslmode=require",
+        ),
+        ("nats://n1:4222,nats://user:s3cret@n2:4222", "nats://n1:4222,nats://user@n2:4222"),
+        ("nats://s3cret@n1:4222", "nats://***@n1:4222"),  # a token
+        ("nats://127.0.0.1:4222", "nats://127.0.0.1:4222"),
+    ],
+)
+def test_urls_are_shown_without_their_secrets(url: str, shown: str) -> None:
+    assert redacted(url) == shown
