@@ -25,6 +25,7 @@ from adapters.bootstrap import connect_nats, fabric_state_path, find_endpoint, r
 from adapters.entrypoints import render
 from adapters.fabric.sim import read_state_file
 from adapters.nats.client import TrellisClient
+from adapters.nats.jetstream import StreamConfigError
 from adapters.postgres.migrations import SCHEMA_DIR
 from adapters.postgres.store import PostgresEventStore, connect_pool
 from adapters.settings import Settings, SettingsError
@@ -52,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.run(args)
     except KeyboardInterrupt:
         return 130
-    except (CliError, SettingsError) as exc:
+    except (CliError, SettingsError, StreamConfigError) as exc:
         print(f"trellis: {exc}", file=sys.stderr)
         return 1
     return code

@@ -298,7 +298,7 @@ class EventRelay:
     async def _prepare(self) -> None:
         """Ensure the stream and the bucket; read the checkpoint and how far the stream goes."""
         await ensure_stream(self._js, self.prefix, self._limits)
-        self._kv = await ensure_bucket(self._js, self.prefix)
+        self._kv = await ensure_bucket(self._js, self.prefix, self._limits.replicas)
         async with self._pool.acquire() as conn:
             await conn.execute(_ENSURE_CHECKPOINT, self.stream)
             checkpoint = await conn.fetchval(_READ_CHECKPOINT, self.stream)
