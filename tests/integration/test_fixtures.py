@@ -7,6 +7,8 @@ import re
 import asyncpg
 import nats
 
+from adapters.bootstrap import nats_servers
+
 
 async def test_pg_schema_is_a_fresh_schema_in_the_session_database(
     database_url: str, pg_schema: str
@@ -27,7 +29,7 @@ async def test_subject_prefix_is_one_subject_token_on_the_session_nats(
     nats_url: str, subject_prefix: str
 ) -> None:
     assert re.fullmatch(r"t[0-9a-f]{12}", subject_prefix)
-    nc = await nats.connect(nats_url)
+    nc = await nats.connect(nats_servers(nats_url))
     try:
         sub = await nc.subscribe(f"{subject_prefix}.>")
         await nc.publish(f"{subject_prefix}.hello", b"hi")
