@@ -80,6 +80,18 @@ class RunningEngine(msgspec.Struct, kw_only=True):
 ENGINE_IDENTITY = Principal("engine", "engine")
 
 
+def nats_servers(url: str) -> list[str]:
+    """The servers a TRELLIS_NATS_URL names: one URL, or several separated by commas.
+
+    Raises:
+        ValueError: it names none.
+    """
+    servers = [part.strip() for part in url.split(",") if part.strip()]
+    if not servers:
+        raise ValueError(f"no NATS server URL in {url!r}")
+    return servers
+
+
 async def connect_nats(
     url: str,
     name: str = "trellis",
@@ -89,8 +101,13 @@ async def connect_nats(
 ) -> NATS:
     """A NATS connection that keeps reconnecting, so a NATS restart is a pause, not an exit.
 
+    `url` may list several servers, comma-separated (the nodes of a cluster): the connection
+    starts at one of them and moves to another when its server goes away. The nodes of a
+    cluster also tell their clients about each other, so it can move to nodes it was not given;
+    listing them all lets it start while any one of them is down.
+
     Args:
-        url: the server.
+        url: the server, or several comma-separated.
         name: the connection's name, as the server's monitoring shows it.
         credentials: the identity to connect as (secure mode); None: anonymous.
         on_error: called with each asynchronous error (refused credentials, a publish the
@@ -110,7 +127,7 @@ async def connect_nats(
         log.warning("NATS connection restored")
 
     await nc.connect(
-        url,
+        nats_servers(url),
         name=name,
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.25,  # type: ignore[arg-type]  # annotated int, takes seconds

@@ -17,6 +17,7 @@ from engine.ids import is_valid_id
 
 FabricDriverName = Literal["sim"]
 FABRIC_DRIVERS: tuple[str, ...] = get_args(FabricDriverName)
+MAX_JS_REPLICAS = 5  # JetStream keeps a stream on at most 5 servers
 
 
 class SettingsError(ValueError):
@@ -147,7 +148,13 @@ def _stream_limits(env: dict[str, str]) -> StreamLimits:
     max_age = _float(
         env, "TRELLIS_EVENTS_MAX_AGE", default.max_age_s, lambda v: v >= 0, "seconds, 0 or more"
     )
-    return StreamLimits(max_bytes=max_bytes, max_age_s=max_age)
+    replicas = _integer(env, "TRELLIS_JS_REPLICAS", default.replicas)
+    if not 1 <= replicas <= MAX_JS_REPLICAS:
+        raise SettingsError(
+            f"TRELLIS_JS_REPLICAS must be within 1..{MAX_JS_REPLICAS} (JetStream's limit); "
+            f"got {replicas}"
+        )
+    return StreamLimits(max_bytes=max_bytes, max_age_s=max_age, replicas=replicas)
 
 
 def redacted(url: str) -> str:

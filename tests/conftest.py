@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import NamedTuple
 
 import pytest
@@ -28,6 +29,7 @@ from isolation import (
     unique_subject_prefix,
 )
 
+from adapters.embedded.cluster import NatsCluster
 from adapters.embedded.servers import EmbeddedNats, EmbeddedPostgres
 
 
@@ -112,3 +114,11 @@ async def subject_prefix(nats_url: str) -> AsyncIterator[str]:
     prefix = unique_subject_prefix()
     yield prefix
     await delete_relay_targets(nats_url, prefix)
+
+
+@pytest.fixture
+def nats_cluster(tmp_path: Path) -> Iterator[NatsCluster]:
+    """A 3-node nats-server cluster with JetStream, the test's own (tests kill its nodes):
+    formed before the test begins, stopped after it."""
+    with NatsCluster(tmp_path / "nats-cluster") as cluster:
+        yield cluster

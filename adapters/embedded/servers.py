@@ -240,6 +240,15 @@ class _EmbeddedServer:
                 self._log_file.close()
                 self._log_file = None
 
+    def kill(self) -> None:
+        """SIGKILL the server, as a crash would (no shutdown, no flush); safe when stopped.
+        ``start()`` brings it back at the same port with whatever its data dir kept."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        self.stop()
+
     def _wait_until(
         self, ready: Callable[[], bool], proc: subprocess.Popen[bytes], what: str
     ) -> None:

@@ -40,6 +40,7 @@ from adapters.nats.auth import (
     public_key,
 )
 from adapters.nats.client import TrellisClient
+from adapters.nats.jetstream import StreamConfigError
 from adapters.postgres.migrations import SCHEMA_DIR, MigrationError
 from adapters.postgres.privileges import PrivilegeError
 from adapters.postgres.store import PostgresEventStore, connect_pool
@@ -68,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.run(args)
     except KeyboardInterrupt:
         return 130
-    except (CliError, SettingsError, MigrationError, PrivilegeError) as exc:
+    except (CliError, SettingsError, MigrationError, PrivilegeError, StreamConfigError) as exc:
         print(f"trellis: {exc}", file=sys.stderr)
         return 1
     except _POSTGRES_REFUSED as exc:  # configuration, not an outage: not waited out

@@ -5,6 +5,9 @@
   File storage, a 2-minute duplicate window, discard-old limits (`StreamLimits`: 1 GiB and a
   week by default; the log in Postgres keeps everything), atomic batches allowed.
 - KV bucket `TRELLIS_STATE`, file storage, history 1 (values: adapters/nats/kv_state.py).
+- Both are kept on `StreamLimits.replicas` servers (TRELLIS_JS_REPLICAS; 1, or 3 on a
+  cluster), set at creation and brought in line at every start (JetStream scales an existing
+  stream up or down in place).
 
 For the default subject prefix `trellis` the names are exactly those. Any other prefix (each
 test uses its own) gets `TRELLIS_EVENTS_<prefix>` / `TRELLIS_STATE_<prefix>`, with every
@@ -17,11 +20,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+from collections.abc import Awaitable
+from typing import Any
 
 import msgspec
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.errors import APIError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
 from engine.records import RecordedEvent, format_time
@@ -58,16 +63,19 @@ def event_subject(prefix: str, record: RecordedEvent) -> str:
 
 
 class StreamConfigError(RuntimeError):
-    """The stream name is taken by a stream with other subjects (a prefix that sanitises to the
-    same name, or a stream made by hand)."""
+    """The stream or the bucket cannot be set up as configured: the stream name is taken by a
+    stream with other subjects (a prefix that sanitises to the same name, or a stream made by
+    hand), or JetStream refuses the configuration (more replicas than it has servers up)."""
 
 
 class StreamLimits(msgspec.Struct, frozen=True, kw_only=True):
-    """How much of the log the stream keeps; the oldest events go first. 0 means no limit.
-    Defaults suit a dev box (TRELLIS_EVENTS_MAX_BYTES, TRELLIS_EVENTS_MAX_AGE)."""
+    """How much of the log the stream keeps (the oldest events go first; 0 means no limit),
+    and on how many JetStream servers the stream and the KV bucket are kept. Defaults suit a
+    dev box (TRELLIS_EVENTS_MAX_BYTES, TRELLIS_EVENTS_MAX_AGE, TRELLIS_JS_REPLICAS)."""
 
     max_bytes: int = 1 << 30  # 1 GiB
     max_age_s: float = 7 * 24 * 3600.0  # a week
+    replicas: int = 1  # 3 on a 3-node cluster: a copy survives the loss of any one node
 
 
 class Envelope(msgspec.Struct, kw_only=True):
@@ -113,7 +121,8 @@ async def ensure_stream(js: JetStreamContext, prefix: str, limits: StreamLimits)
     """Create the event stream, or bring an existing one's limits in line with `limits`.
 
     Raises:
-        StreamConfigError: a stream of that name carries other subjects.
+        StreamConfigError: a stream of that name carries other subjects, or JetStream refuses
+            the configuration (more replicas than servers).
     """
     name, subjects = stream_name(prefix), [f"{prefix}.events.>"]
     max_age = limits.max_age_s
@@ -129,33 +138,67 @@ async def ensure_stream(js: JetStreamContext, prefix: str, limits: StreamLimits)
         # The window may not exceed the age limit (the server refuses that).
         duplicate_window=min(DUPLICATE_WINDOW_S, max_age) if max_age else DUPLICATE_WINDOW_S,
         allow_atomic=True,  # the relay publishes each domain's batch as one atomic batch
+        num_replicas=limits.replicas,
     )
     try:
         have = (await js.stream_info(name)).config
     except NotFoundError:
-        await js.add_stream(wanted)
+        await _configured(js.add_stream(wanted), f"stream {name}", limits.replicas)
         return
     if have.subjects != subjects:
         raise StreamConfigError(
             f"stream {name} carries {have.subjects}, not {subjects}: another subject prefix "
             "maps to the same stream name, or the stream was made by hand"
         )
-    managed = ("max_bytes", "max_age", "duplicate_window", "discard", "allow_atomic")
+    managed = (
+        "max_bytes",
+        "max_age",
+        "duplicate_window",
+        "discard",
+        "allow_atomic",
+        "num_replicas",
+    )
     if any(getattr(have, f) != getattr(wanted, f) for f in managed):
-        await js.update_stream(
-            dataclasses.replace(have, **{f: getattr(wanted, f) for f in managed})
-        )
+        changed = dataclasses.replace(have, **{f: getattr(wanted, f) for f in managed})
+        await _configured(js.update_stream(changed), f"stream {name}", limits.replicas)
 
 
-async def ensure_bucket(js: JetStreamContext, prefix: str) -> tuple[KeyValue, bool]:
-    """The state bucket, and whether it had to be made (then it holds nothing yet)."""
+async def ensure_bucket(
+    js: JetStreamContext, prefix: str, replicas: int = 1
+) -> tuple[KeyValue, bool]:
+    """The state bucket on `replicas` servers, and whether it had to be made (then it holds
+    nothing yet).
+
+    Raises:
+        StreamConfigError: JetStream refuses that many replicas.
+    """
+    bucket = bucket_name(prefix)
     try:
-        return await js.key_value(bucket_name(prefix)), False
+        kv = await js.key_value(bucket)
     except BucketNotFoundError:
-        made = await js.create_key_value(
-            bucket=bucket_name(prefix),
+        created = js.create_key_value(
+            bucket=bucket,
             description="Trellis current state per device, composition and host",
             history=1,
             storage=StorageType.FILE,
+            replicas=replicas,
         )
+        made: KeyValue = await _configured(created, f"bucket {bucket}", replicas)
         return made, True
+    # A bucket is a stream underneath (KV_<bucket>); its replicas are that stream's.
+    have = (await js.stream_info(f"KV_{bucket}")).config
+    if have.num_replicas != replicas:
+        changed = dataclasses.replace(have, num_replicas=replicas)
+        await _configured(js.update_stream(changed), f"bucket {bucket}", replicas)
+    return kv, False
+
+
+async def _configured(request: Awaitable[Any], what: str, replicas: int) -> Any:
+    """Await a create or update; a refusal becomes a StreamConfigError that says why."""
+    try:
+        return await request
+    except APIError as exc:
+        raise StreamConfigError(
+            f"JetStream refused {what} with {replicas} replica(s) (TRELLIS_JS_REPLICAS): "
+            f"{exc.description}"
+        ) from exc

@@ -320,7 +320,7 @@ class RelaySink:
         raise AssertionError("an empty batch")
 
     async def _ensure_bucket(self) -> None:
-        self._kv, made = await ensure_bucket(self._js, self.prefix)
+        self._kv, made = await ensure_bucket(self._js, self.prefix, self._limits.replicas)
         if made:
             self._generation += 1  # every domain's keys are put again, in full
 

@@ -8,6 +8,7 @@ import asyncpg
 import nats
 from isolation import Database
 
+from adapters.bootstrap import nats_servers
 from adapters.postgres.privileges import TABLES
 
 
@@ -31,7 +32,7 @@ async def test_subject_prefix_is_one_subject_token_on_the_session_nats(
     nats_url: str, subject_prefix: str
 ) -> None:
     assert re.fullmatch(r"t[0-9a-f]{12}", subject_prefix)
-    nc = await nats.connect(nats_url)
+    nc = await nats.connect(nats_servers(nats_url))
     try:
         sub = await nc.subscribe(f"{subject_prefix}.>")
         await nc.publish(f"{subject_prefix}.hello", b"hi")

@@ -40,6 +40,7 @@ def test_every_variable_is_read() -> None:
             "TRELLIS_FABRIC_SCRIPT": "hang:bind,fail:create_circuit:ocs-1",
             "TRELLIS_EVENTS_MAX_BYTES": "1048576",
             "TRELLIS_EVENTS_MAX_AGE": "0",
+            "TRELLIS_JS_REPLICAS": "3",
         }
     )
     assert settings == Settings(
@@ -61,7 +62,7 @@ def test_every_variable_is_read() -> None:
             ScriptedFault(kind="hang", op="bind"),
             ScriptedFault(kind="fail", op="create_circuit", component="ocs-1"),
         ],
-        stream_limits=StreamLimits(max_bytes=1048576, max_age_s=0.0),
+        stream_limits=StreamLimits(max_bytes=1048576, max_age_s=0.0, replicas=3),
     )
 
 
@@ -85,6 +86,9 @@ def test_every_variable_is_read() -> None:
         ("TRELLIS_EVENTS_MAX_BYTES", "1.5", "TRELLIS_EVENTS_MAX_BYTES must be an integer"),
         ("TRELLIS_EVENTS_MAX_BYTES", "-1", "TRELLIS_EVENTS_MAX_BYTES must be 0 or more"),
         ("TRELLIS_EVENTS_MAX_AGE", "-5", "TRELLIS_EVENTS_MAX_AGE must be seconds, 0 or more"),
+        ("TRELLIS_JS_REPLICAS", "0", "TRELLIS_JS_REPLICAS must be within 1..5"),
+        ("TRELLIS_JS_REPLICAS", "7", "TRELLIS_JS_REPLICAS must be within 1..5"),
+        ("TRELLIS_JS_REPLICAS", "three", "TRELLIS_JS_REPLICAS must be an integer"),
     ],
 )
 def test_an_unusable_value_is_refused_naming_the_variable(
