@@ -21,6 +21,7 @@ from isolation import (
     unique_schema_name,
     unique_subject_prefix,
 )
+from zeros import tables
 
 from adapters.embedded.servers import EmbeddedNats, EmbeddedPostgres
 
@@ -90,3 +91,11 @@ async def subject_prefix(nats_url: str) -> AsyncIterator[str]:
     prefix = unique_subject_prefix()
     yield prefix
     await delete_relay_targets(nats_url, prefix)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print the zeros tables the suites filled (tests/zeros.py), even under `pytest -q`."""
+    for table in tables():
+        terminalreporter.write_sep("-", table.title)
+        for line in table.lines()[1:]:
+            terminalreporter.write_line(line)
