@@ -1,8 +1,9 @@
 """Hostile input on every subject: a typed refusal, nothing written, every domain still serving.
 
 Issue 9 (items 1 and 10). Hypothesis builds requests that break the wire contract (ARCHITECTURE
-§1, §3, §4) in one place, for every subject in SUBJECTS, and derives them from the request
-Structs themselves (msgspec.inspect), so every field of every body is a target:
+§1, §3, §4) in one place, for every subject in SUBJECTS (intents, admin verbs, queries and the
+tenant-scoped views; a test fails when a verb or view is missing), and derives them from the
+request Structs themselves (msgspec.inspect), so every field of every body is a target:
 - a field of the wrong JSON type, a required field missing, an unknown field (odd unicode keys
   included), 1,000-deep nesting in place of any value;
 - integers beyond int64 or beyond the field's bound, negative ones where they are not allowed;
@@ -62,6 +63,7 @@ from zeros import ZeroTable, zeros
 from engine.ids import COMPONENT_REF_PATTERN, ID_PATTERN
 from engine.intents import INTENTS, MAX_BODY_BYTES
 from engine.model import MAX_QUANTITY
+from engine.views import SCOPES
 
 DOMAINS = ("hall-1", "hall-2")
 HOME = DOMAINS[0]  # where the reused request ids were first committed
@@ -84,8 +86,13 @@ class Subject:
         return f"{self.family}.{self.verb}"
 
     @property
+    def engine_family(self) -> str:
+        """The family Engine.handle is given (a view is a query with a tenant)."""
+        return self.decodes_as or self.family
+
+    @property
     def struct(self) -> type[msgspec.Struct]:
-        return INTENTS[(self.decodes_as or self.family, self.verb)]  # type: ignore[index]
+        return INTENTS[(self.engine_family, self.verb)]  # type: ignore[index]
 
     @property
     def writes(self) -> bool:
@@ -153,8 +160,13 @@ SUBJECTS = [
     Subject("query", "why", {"id": "gpu-01", "at": 5}),
     Subject("query", "free", {"kind": "gpu"}),
     Subject("query", "blast-radius", {"id": "ocs-1:1"}),
-    # The tenant-scoped views, one line each, e.g.:
-    # Subject("view", "composition", {"id": "c-1"}, decodes_as="query"),
+    # The tenant-scoped views (engine/views.py), one line each.
+    Subject("view", "topology", {}, decodes_as="query"),
+    Subject("view", "composition", {"id": "c-1"}, decodes_as="query"),
+    Subject("view", "connections", {"host": "host-01", "device": "gpu-01"}, decodes_as="query"),
+    Subject("view", "why", {"id": "gpu-01", "at": 5}, decodes_as="query"),
+    Subject("view", "free", {"kind": "gpu"}, decodes_as="query"),
+    Subject("view", "blast-radius", {"id": "ocs-1:1"}, decodes_as="query"),
 ]
 WRITES = [s for s in SUBJECTS if s.writes]
 
@@ -648,7 +660,7 @@ class Run:
                     return reply
         self.table.tried("refused by NATS, then handed to the engine")
         raw = await self.h.engine.handle(
-            s.family,  # type: ignore[arg-type]
+            s.engine_family,  # type: ignore[arg-type]
             case.domain,
             case.tenant if s.tenant_scoped else None,
             s.verb,
@@ -724,8 +736,10 @@ async def serves_a_compose(h: Harness, domain: str) -> bool:
 
 
 def test_every_subject_and_every_field_is_fuzzed() -> None:
-    covered = {(s.decodes_as or s.family, s.verb) for s in SUBJECTS}
+    covered = {(s.engine_family, s.verb) for s in SUBJECTS}
     assert covered >= set(INTENTS), f"not fuzzed: {sorted(set(INTENTS) - covered)}"
+    viewed = {s.verb for s in SUBJECTS if s.family == "view"}
+    assert viewed >= set(SCOPES), f"views not fuzzed: {sorted(set(SCOPES) - viewed)}"
     for s in SUBJECTS:  # the valid bodies are valid, so each edit is what breaks them
         msgspec.json.decode(
             render({"request_id": "r", **s.body} if s.writes else s.body), type=s.struct
