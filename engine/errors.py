@@ -56,6 +56,11 @@ class DomainUnreadable(TrellisError):
         self.cause = cause
 
 
+class EventRefused(TrellisError):
+    """The log refused an event's content (an id or integer that validation should have
+    refused): a bug at the boundary, never worth a retry. Nothing of the append was written."""
+
+
 class StoreUnavailable(TrellisError):
     """The event store cannot be reached or cannot commit now; safe to retry."""
 

@@ -22,9 +22,23 @@ from engine.ids import (
     RequestId,
     Text,
 )
-from engine.model import DeviceKind, LinkSpec, Name, NodeSpec, NonNegFloat, PositiveFloat
+from engine.model import (
+    INT64_MAX,
+    DeviceKind,
+    LinkSpec,
+    Name,
+    NodeSpec,
+    NonNegFloat,
+    NonNegInt,
+    PositiveFloat,
+)
 
+# Validation happens here, once: every body is decoded into its Struct, whose field types bound
+# every id, number, string, list and map (engine.ids, engine.model); nesting cannot go deeper
+# than the Structs, as no field takes arbitrary JSON. Decide only ever sees what passed.
 MAX_BODY_BYTES = 1024 * 1024
+# Above what a body of MAX_BODY_BYTES can carry; stated so the bound is the contract's.
+MAX_TOPOLOGY_ITEMS = 100_000
 
 Family = Literal["intent", "admin", "query"]
 
@@ -43,8 +57,8 @@ class Intent(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
 
 
 class ImportTopology(Intent):
-    nodes: list[NodeSpec] = []
-    links: list[LinkSpec] = []
+    nodes: Annotated[list[NodeSpec], msgspec.Meta(max_length=MAX_TOPOLOGY_ITEMS)] = []
+    links: Annotated[list[LinkSpec], msgspec.Meta(max_length=MAX_TOPOLOGY_ITEMS)] = []
     reason: Text = ""
 
 
@@ -83,19 +97,22 @@ class ReportFault(Intent):
 # ---- compositions (trellis.intent.<domain>.<tenant>.<verb>) ----
 
 
+MAX_DEVICES = 4096  # per `devices` entry, and named in `device_ids`
+
+
 class DeviceRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     kind: DeviceKind
-    count: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 1
-    models: list[Name] = []
-    min_generation: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    count: Annotated[int, msgspec.Meta(ge=1, le=MAX_DEVICES)] = 1
+    models: Annotated[list[Name], msgspec.Meta(max_length=64)] = []
+    min_generation: NonNegInt | None = None
     min_memory_gib: NonNegFloat | None = None
     capacity_gib: PositiveFloat | None = None
     bandwidth_gbps: NonNegFloat = 0.0
 
 
 class Constraints(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    max_hops: Annotated[int, msgspec.Meta(ge=1)] | None = None
-    max_latency_ns: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    max_hops: Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)] | None = None
+    max_latency_ns: NonNegInt | None = None
     isolation: Literal["shared", "exclusive"] = "shared"
     labels: Labels = {}
 
@@ -107,8 +124,8 @@ class HostSelector(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 class Compose(Intent):
     host: Id | None = None
     host_selector: HostSelector | None = None
-    devices: list[DeviceRequest] = []
-    device_ids: list[Id] = []
+    devices: Annotated[list[DeviceRequest], msgspec.Meta(max_length=64)] = []
+    device_ids: Annotated[list[Id], msgspec.Meta(max_length=MAX_DEVICES)] = []
     constraints: Constraints = Constraints()
     lease_seconds: LeaseSeconds | None = None
     labels: Labels = {}
@@ -182,7 +199,7 @@ class ConnectionsQuery(Query):
 
 class WhyQuery(Query):
     id: Id
-    at: Text | int | None = None
+    at: Text | NonNegInt | None = None  # an ISO time or a log position
 
 
 class FreeQuery(Query):

@@ -16,9 +16,24 @@ NodeKind = Literal["host", "switch", "ocs", "device"]
 DeviceKind = Literal["gpu", "memory", "nic", "nvme", "accelerator"]
 Health = Literal["healthy", "degraded", "failed"]
 
-NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
-NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
-PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+# Every integer fits int64 (ARCHITECTURE §1): the log's bigint columns, the projections and the
+# compiled path core hold them as such, and one value beyond it poisoned a whole domain.
+INT64_MAX = 2**63 - 1
+NonNegInt = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+# The path core adds the latency_ns of a path's links and switches in int64. It numbers nodes and
+# links with int32, so a path has fewer than 2**32 parts; at most one second (1e9 < 2**30) each,
+# every sum stays below 2**62 (the core's "no limit").
+MAX_LATENCY_NS = 10**9
+LatencyNs = Annotated[int, msgspec.Meta(ge=0, le=MAX_LATENCY_NS)]
+MAX_PORTS = 65536
+Port = Annotated[int, msgspec.Meta(ge=0, le=MAX_PORTS - 1)]
+# Quantities (GiB, Gbps, cost per hour) are finite: JSON has no NaN or Infinity, and msgspec
+# refuses a number beyond a double's range. The bound, far above any device or cable, keeps the
+# sums the engine forms (bandwidth reserved on a link, slices of a memory pool) finite: each is
+# also bounded by the capacity it is drawn from.
+MAX_QUANTITY = 1e12
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0, le=MAX_QUANTITY)]
+PositiveFloat = Annotated[float, msgspec.Meta(gt=0, le=MAX_QUANTITY)]
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=PLAIN_TEXT)]
 
 # Fields that only make sense on a device node; validated in one place below.
@@ -37,8 +52,8 @@ class NodeSpec(Spec):
     id: Id
     kind: NodeKind
     labels: Labels = {}
-    latency_ns: NonNegInt = 0
-    ports: Annotated[int, msgspec.Meta(ge=1, le=65536)] | None = None
+    latency_ns: LatencyNs = 0
+    ports: Annotated[int, msgspec.Meta(ge=1, le=MAX_PORTS)] | None = None
     device_kind: DeviceKind | None = None
     vendor: Name | None = None
     model: Name | None = None
@@ -73,9 +88,9 @@ class LinkSpec(Spec):
     a: Id
     b: Id
     capacity_gbps: PositiveFloat
-    latency_ns: NonNegInt = 0
-    a_port: NonNegInt | None = None
-    b_port: NonNegInt | None = None
+    latency_ns: LatencyNs = 0
+    a_port: Port | None = None
+    b_port: Port | None = None
 
     def __post_init__(self) -> None:
         if self.a == self.b:

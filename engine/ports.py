@@ -67,7 +67,8 @@ class EventStore(Protocol):
         events: Sequence[PendingEvent],
         replies: Sequence[PendingReply],
     ) -> Appended:
-        """Append atomically after `expected`; raise ConcurrencyConflict or StoreUnavailable."""
+        """Append atomically after `expected`; raise ConcurrencyConflict, EventRefused (the
+        log refuses an event's content) or StoreUnavailable."""
         ...
 
 

@@ -20,6 +20,7 @@ from engine.decide import decide
 from engine.errors import (
     ConcurrencyConflict,
     DomainUnreadable,
+    EventRefused,
     IntentRejected,
     StoreUnavailable,
 )
@@ -148,14 +149,22 @@ class DomainWriter:
                 raise
             log.exception("domain %s: batch of %d failed", self.domain, len(batch))
             self._stale = True
-            cause = f"{type(exc).__name__}: {exc}"
+            failure = exc
         if len(batch) == 1:
-            message = f"domain {self.domain!r} could not commit this request ({cause}); retry"
-            details = {"domain": self.domain, "cause": cause}
-            _answer_all(batch, replies.error("unavailable", message, details))
+            _answer_all(batch, self._failed(failure))
             return
         for request in batch:
             await self._commit_isolating_failures([request])
+
+    def _failed(self, exc: Exception) -> bytes:
+        """The answer to a lone request whose commit failed unexpectedly."""
+        if isinstance(exc, EventRefused):
+            # Validation let through what the log refuses: the request itself is at fault, and
+            # a resend would be refused again.
+            return replies.error("invalid", f"the event log refused this request's events: {exc}")
+        cause = f"{type(exc).__name__}: {exc}"
+        message = f"domain {self.domain!r} could not commit this request ({cause}); retry"
+        return replies.error("unavailable", message, {"domain": self.domain, "cause": cause})
 
     async def _commit_batch(self, batch: list[Request]) -> None:
         for _attempt in range(3):

@@ -28,6 +28,7 @@ from isolation import (
     unique_schema_name,
     unique_subject_prefix,
 )
+from zeros import tables
 
 from adapters.embedded.cluster import NatsCluster
 from adapters.embedded.servers import EmbeddedNats, EmbeddedPostgres
@@ -122,3 +123,11 @@ def nats_cluster(tmp_path: Path) -> Iterator[NatsCluster]:
     formed before the test begins, stopped after it."""
     with NatsCluster(tmp_path / "nats-cluster") as cluster:
         yield cluster
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print the zeros tables the suites filled (tests/zeros.py), even under `pytest -q`."""
+    for table in tables():
+        terminalreporter.write_sep("-", table.title)
+        for line in table.lines()[1:]:
+            terminalreporter.write_line(line)

@@ -1,7 +1,8 @@
 """The EventStore port on PostgreSQL (asyncpg): the append-only log and the request-id table.
 
-Driver errors are translated at this boundary: a lost race becomes ConcurrencyConflict, a
-database that cannot be reached or cannot commit becomes StoreUnavailable.
+Driver errors are translated at this boundary: a lost race becomes ConcurrencyConflict, an event
+the log refuses (schema/007) becomes EventRefused, a database that cannot be reached or cannot
+commit becomes StoreUnavailable.
 """
 
 from __future__ import annotations
@@ -16,13 +17,17 @@ import asyncpg
 
 from adapters.postgres.privileges import bypasses_privileges
 from engine import replies
-from engine.errors import ConcurrencyConflict, StoreUnavailable
+from engine.errors import ConcurrencyConflict, EventRefused, StoreUnavailable
 from engine.ports import Appended, PendingReply, StoredReply
 from engine.records import Head, PendingEvent, RecordedEvent, hash_of
 
 log = logging.getLogger(__name__)
 
 _CONFLICT_STATES = {"TR001", asyncpg.UniqueViolationError.sqlstate}
+# What the log cannot hold: schema/007's refusal of an id or integer that validation let pass
+# (TR003), and data the json type or its text cannot represent (invalid_text_representation,
+# untranslatable_character). Retrying cannot help.
+_REFUSED_STATES = {"TR003", "22P02", "22P05"}
 _PAGE = 2000
 # A hung database must turn into `unavailable` well inside a client's 10 s request timeout:
 # connecting, acquiring, running a statement and resetting a broken connection are each bounded.
@@ -64,6 +69,8 @@ def _translated(domain: str, expected: int = 0) -> Iterator[None]:
     except asyncpg.PostgresError as exc:
         if exc.sqlstate in _CONFLICT_STATES:
             raise ConcurrencyConflict(domain, expected) from exc
+        if exc.sqlstate in _REFUSED_STATES:
+            raise EventRefused(str(exc)) from exc
         if exc.sqlstate and exc.sqlstate[:2] in ("08", "53", "57", "58"):
             # connection, resources, operator intervention (shutdown), system errors
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc

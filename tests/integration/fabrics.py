@@ -13,6 +13,8 @@ from typing import Any
 
 import asyncpg
 
+from engine.errors import ERROR_CODES
+
 Doc = dict[str, Any]
 
 
@@ -127,6 +129,21 @@ async def event_types(database_url: str, schema: str, domain: str) -> list[str]:
 
 
 # ---- reply envelopes ----
+
+
+def check_envelope(reply: dict[str, Any]) -> None:
+    """Exactly one of the two reply shapes of ARCHITECTURE §3, with a known error code."""
+    if reply.get("ok") is True:
+        assert set(reply) == {"ok", "result", "position", "replayed"}, reply
+        assert isinstance(reply["position"], int) and reply["position"] >= 0, reply
+        assert isinstance(reply["replayed"], bool), reply
+    else:
+        assert reply.get("ok") is False and set(reply) == {"ok", "error"}, reply
+        error = reply["error"]
+        assert set(error) == {"code", "message", "details"}, reply
+        assert error["code"] in ERROR_CODES, reply
+        assert isinstance(error["message"], str) and error["message"], reply
+        assert isinstance(error["details"], dict), reply
 
 
 def expect_ok(reply: dict[str, Any]) -> Any:
