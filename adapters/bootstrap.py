@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
@@ -24,6 +25,9 @@ from typing import NamedTuple, TypeVar
 
 import msgspec
 from nats.aio.client import Client as NATS
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.errors import ServiceUnavailableError
 
 from adapters.clock import SystemClock
 from adapters.embedded.servers import (
@@ -43,6 +47,7 @@ from adapters.nats.auth import (
 from adapters.nats.intake import NatsIntake
 from adapters.nats.jetstream import StreamLimits
 from adapters.nats.relay import RelaySink
+from adapters.postgres.leases import PostgresLeases
 from adapters.postgres.store import PostgresEventStore, connect_pool
 from adapters.settings import Settings, SettingsError, redacted
 from engine.errors import StoreUnavailable
@@ -260,6 +265,7 @@ async def engine_on(
     stream_limits: StreamLimits | None = None,
     follow_options: dict[str, float] | None = None,
     credentials: NkeyCredentials | None = None,
+    lease_ttl: float = 3.0,
 ) -> AsyncIterator[RunningEngine]:
     """The engine, its projections, its event relay and its NATS intake on given servers, until
     the context exits. Migrations run first, through `owner_url` when given (the schema's
@@ -267,7 +273,8 @@ async def engine_on(
     is rebuilt from the log before it serves. Postgres, then NATS, are waited for until they
     answer. Without a `fabric` driver the engine drives a SimulatedFabric (there is no
     hardware). `follow_options` tune the log followers (engine.follower.Follower);
-    `credentials`: the engine's own NATS identity in secure mode."""
+    `credentials`: the engine's own NATS identity in secure mode; `lease_ttl`: seconds a
+    writer lease lasts unrenewed (engine/ownership.py)."""
     async with contextlib.AsyncExitStack() as stack:
         store = await until_reachable(
             "Postgres",
@@ -290,11 +297,23 @@ async def engine_on(
         stack.push_async_callback(relay_nc.close)
         projections = ProjectionSink(projection_pool)
         relay = RelaySink(relay_pool, relay_nc, prefix=prefix, limits=stream_limits)
-        await relay.prepare()
+        # JetStream can be up before its stream has a leader (a cluster electing one): wait.
+        await until_reachable(
+            "the JetStream stream and bucket",
+            redacted(nats_url),
+            relay.prepare,
+            (NatsTimeoutError, NoRespondersError, ServiceUnavailableError),
+        )
         followers = Followers(store, [projections, relay], **(follow_options or {}))
         # Closed after the engine: the last commits still reach the stream on a clean exit.
         stack.push_async_callback(followers.close)
         fabric = fabric if fabric is not None else SimulatedFabric()
+        # Leases are taken and renewed on a pool of their own, never behind an append; a
+        # renewal that cannot finish within the lease time is as good as lost.
+        lease_pool = await connect_pool(
+            database_url, schema=schema, max_size=2, command_timeout=lease_ttl / 2
+        )
+        stack.push_async_callback(lease_pool.close)
         engine = Engine(
             store,
             clock or SystemClock(),
@@ -303,6 +322,9 @@ async def engine_on(
             domains=domains,
             read_models=PostgresReadModels(projection_pool, followers),
             followers=followers,
+            leases=PostgresLeases(lease_pool),
+            name=f"{socket.gethostname()}:{os.getpid()}",
+            lease_ttl=lease_ttl,
         )
         await engine.start()
         stack.push_async_callback(engine.close)
@@ -357,6 +379,7 @@ async def running_engine(
                 fabric=fabric,
                 saga_deadline=settings.saga_deadline,
                 stream_limits=settings.stream_limits,
+                lease_ttl=settings.lease_ttl,
                 credentials=secure.credentials(ENGINE_IDENTITY) if secure is not None else None,
             )
         )

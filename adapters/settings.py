@@ -36,6 +36,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     fabric: FabricDriverName = "sim"
     fabric_state: Path | None = None  # None: fabric-sim.json in the data dir
     saga_deadline: float = 10.0
+    lease_ttl: float = 3.0  # seconds a domain's writer lease lasts unrenewed
     # The simulated fabric's knobs (adapters.fabric.sim.SimulatedFabric).
     fabric_seed: int = 0
     fabric_latency_ms: float = 0.0
@@ -87,6 +88,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             db_schema=env.get("TRELLIS_DB_SCHEMA") or None,
             fabric=fabric,  # type: ignore[arg-type]  # checked above
             fabric_state=Path(fabric_state) if fabric_state else None,
+            lease_ttl=_float(
+                env,
+                "TRELLIS_LEASE_TTL",
+                3.0,
+                lambda v: v >= 0.5,
+                "a number of seconds, 0.5 or more",
+            ),
             saga_deadline=_float(
                 env, "TRELLIS_SAGA_DEADLINE", 10.0, lambda v: v > 0, "a number of seconds above 0"
             ),

@@ -61,6 +61,15 @@ class EventRefused(TrellisError):
     refused): a bug at the boundary, never worth a retry. Nothing of the append was written."""
 
 
+class WriterFenced(TrellisError):
+    """This engine is no longer the domain's writer: another took its lease over (or it ran
+    out), so the log and the fabric refuse what it still tries to do. Nothing was written."""
+
+    def __init__(self, domain: str, detail: str = ""):
+        super().__init__(f"domain {domain!r}: this engine is no longer its writer ({detail})")
+        self.domain = domain
+
+
 class StoreUnavailable(TrellisError):
     """The event store cannot be reached or cannot commit now; safe to retry."""
 

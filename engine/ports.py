@@ -66,9 +66,53 @@ class EventStore(Protocol):
         expected: Head,
         events: Sequence[PendingEvent],
         replies: Sequence[PendingReply],
+        fence: int | None = None,
     ) -> Appended:
-        """Append atomically after `expected`; raise ConcurrencyConflict, EventRefused (the
-        log refuses an event's content) or StoreUnavailable."""
+        """Append atomically after `expected`, under the writer epoch `fence`; raise
+        ConcurrencyConflict, WriterFenced (another engine holds the domain's lease now),
+        EventRefused (the log refuses an event's content) or StoreUnavailable."""
+        ...
+
+
+class Holder(msgspec.Struct, frozen=True, kw_only=True):
+    """Who holds a domain's writer lease now."""
+
+    domain: str
+    engine: str  # the holding engine's id
+    epoch: int
+
+
+class LeaseStore(Protocol):
+    """Writer leases, one per domain, each with an epoch that every append is checked against
+    (the store refuses an append under a stale epoch). Times are the store's own clock."""
+
+    async def heartbeat(
+        self, engine: str, name: str, ttl: float, *, serves_all: bool = True
+    ) -> list[str]:
+        """Say `engine` is alive; the ids of every engine alive now (heartbeat within `ttl`)
+        that serves every domain. An engine limited to some domains says `serves_all=False`:
+        it takes no part in spreading the others."""
+        ...
+
+    async def acquire(self, domain: str, engine: str, ttl: float) -> int | None:
+        """Take the domain's lease for `ttl` seconds if nobody holds it (or its holder's lease
+        ran out): the new epoch; None if another engine holds it."""
+        ...
+
+    async def renew(self, engine: str, domains: Sequence[str], ttl: float) -> dict[str, int]:
+        """Extend `engine`'s leases on `domains` that it still holds: domain -> epoch."""
+        ...
+
+    async def release(self, domain: str, engine: str, epoch: int) -> None:
+        """Give the lease up at once (a clean stop, a hand-over)."""
+        ...
+
+    async def holders(self) -> list[Holder]:
+        """Every lease held now (not run out)."""
+        ...
+
+    async def leave(self, engine: str) -> None:
+        """`engine` stops: its heartbeat goes."""
         ...
 
 
@@ -141,14 +185,28 @@ class FabricDriver(Protocol):
     """Programs the physical fabric. Every operation is idempotent (doing it twice is doing it
     once), so a saga interrupted by a crash can simply be driven again. Failures raise
     `FabricError`; a call that does not finish within the engine's deadline is abandoned and
-    compensated."""
+    compensated.
 
-    async def create_circuit(self, domain: str, circuit: FabricCircuit) -> None: ...
+    `fence` is the caller's writer epoch for the domain (engine.ports.LeaseStore): the driver
+    refuses, with WriterFenced, a call whose fence is below the highest it has seen for that
+    domain, so an engine that lost its lease (paused past it, say) can no longer program the
+    hardware. A real driver checks it at the resource (a controller-side token, or a
+    compare-and-set on the device's state). None: a tool's call, not fenced."""
 
-    async def remove_circuit(self, domain: str, circuit: FabricCircuit) -> None: ...
+    async def create_circuit(
+        self, domain: str, circuit: FabricCircuit, *, fence: int | None = None
+    ) -> None: ...
 
-    async def bind(self, domain: str, binding: FabricBinding) -> None: ...
+    async def remove_circuit(
+        self, domain: str, circuit: FabricCircuit, *, fence: int | None = None
+    ) -> None: ...
 
-    async def unbind(self, domain: str, binding: FabricBinding) -> None: ...
+    async def bind(
+        self, domain: str, binding: FabricBinding, *, fence: int | None = None
+    ) -> None: ...
 
-    async def snapshot(self, domain: str) -> FabricSnapshot: ...
+    async def unbind(
+        self, domain: str, binding: FabricBinding, *, fence: int | None = None
+    ) -> None: ...
+
+    async def snapshot(self, domain: str, *, fence: int | None = None) -> FabricSnapshot: ...

@@ -23,8 +23,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from engine import replies
 from engine.compose import unused_circuits
-from engine.errors import FabricError
+from engine.errors import FabricError, WriterFenced
 from engine.fabric_plan import bindings_of, circuits_of, reconcile
 from engine.intents import EstablishComposition, FailComposition, settle_request_id
 from engine.ports import FabricBinding, FabricCircuit, FabricDriver
@@ -50,8 +51,12 @@ class FabricSync:
         *,
         deadline: float,
         max_backoff: float = 5.0,
+        fence: int | None = None,
+        on_fenced: Callable[[], None] | None = None,
     ):
         self.domain = domain
+        self._fence = fence  # every driver call carries the writer epoch it is made under
+        self._on_fenced = on_fenced
         self._state = state
         self._fabric = fabric
         self._settle = settle
@@ -72,10 +77,22 @@ class FabricSync:
             self._task = asyncio.create_task(self._run(), name=f"fabric-{self.domain}")
 
     async def close(self) -> None:
+        """Stop driving the fabric. Whoever waits for a settlement hears `unavailable`: the
+        domain's next writer finishes the saga, and a resend gets its settlement."""
         tasks = [*self._sagas.values(), *([self._task] if self._task else [])]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for cid, future in self._settled.items():
+            if not future.done():
+                future.set_result(
+                    replies.error(
+                        "unavailable",
+                        f"composition {cid} is being established by another writer; ask again "
+                        "with the same request_id",
+                        {"composition_id": cid},
+                    )
+                )
 
     async def wait_idle(self) -> None:
         """Until a pass found the hardware in step with the log, no saga runs and nothing
@@ -102,6 +119,9 @@ class FabricSync:
             self._wake.clear()
             try:
                 in_step = await self.run_pass()
+            except WriterFenced as exc:
+                self._fenced(exc)
+                return
             except Exception:  # the next pass starts from the log again
                 log.exception("domain %s: fabric pass failed", self.domain)
                 in_step = False
@@ -109,7 +129,9 @@ class FabricSync:
 
     async def run_pass(self) -> bool:
         """One pass; True when every operation it tried succeeded."""
-        snapshot = await asyncio.wait_for(self._fabric.snapshot(self.domain), self._deadline)
+        snapshot = await asyncio.wait_for(
+            self._fabric.snapshot(self.domain, fence=self._fence), self._deadline
+        )
         state = self._state()
         plan = reconcile(snapshot, state)
         fabric = self._fabric
@@ -147,6 +169,9 @@ class FabricSync:
             settled = self._state().compositions.get(cid)
             if settled is not None and settled.state == "pending":
                 await asyncio.sleep(1.0)  # the store said no; give it a moment
+        except WriterFenced as exc:  # the domain's next writer drives this saga again
+            self._fenced(exc)
+            return
         except Exception:
             log.exception("domain %s: saga of %s failed; a later pass retries", self.domain, cid)
             await asyncio.sleep(1.0)
@@ -154,17 +179,32 @@ class FabricSync:
             del self._sagas[cid]
         self.kick()  # the settlement's commit wakes a pass too; this covers the failures
 
-    async def _apply(self, op: Callable[[str, _Item], Awaitable[None]], items: list[_Item]) -> bool:
+    async def _apply(self, op: Callable[..., Awaitable[None]], items: list[_Item]) -> bool:
         """Run one kind of operation for every item, each within the deadline; failures are
-        logged and retried by a later pass."""
+        logged and retried by a later pass.
+
+        Raises:
+            WriterFenced: the driver refused our writer epoch: another engine drives it now.
+        """
         results = await asyncio.gather(
-            *(asyncio.wait_for(op(self.domain, item), self._deadline) for item in items),
+            *(
+                asyncio.wait_for(op(self.domain, item, fence=self._fence), self._deadline)
+                for item in items
+            ),
             return_exceptions=True,
         )
+        for result in results:
+            if isinstance(result, WriterFenced):
+                raise result
         failed = [(item, r) for item, r in zip(items, results, strict=True) if r is not None]
         for item, exc in failed:
             log.warning("domain %s: %s %s failed: %s", self.domain, op.__name__, item, exc)
         return not failed
+
+    def _fenced(self, exc: WriterFenced) -> None:
+        log.warning("domain %s: the fabric refused this writer: %s", self.domain, exc)
+        if self._on_fenced is not None:
+            self._on_fenced()
 
     async def _compose_saga(self, composition: Composition) -> Settlement:
         """Program one pending composition; on failure undo it. Never raises for the fabric."""
@@ -178,10 +218,10 @@ class FabricSync:
                         "create_circuit",
                         f"{circuit.ocs}:{circuit.a_port}-{circuit.b_port}",
                     )
-                    await self._fabric.create_circuit(self.domain, circuit)
+                    await self._fabric.create_circuit(self.domain, circuit, fence=self._fence)
                 for binding in bindings_of(composition):
                     step, target = "bind", binding.device
-                    await self._fabric.bind(self.domain, binding)
+                    await self._fabric.bind(self.domain, binding, fence=self._fence)
             return EstablishComposition(request_id=request_id, composition_id=cid)
         except FabricError as exc:
             component, error = exc.component or "", str(exc)
@@ -212,8 +252,8 @@ class FabricSync:
         try:
             async with asyncio.timeout(self._deadline):
                 for binding in bindings_of(composition):
-                    await self._fabric.unbind(self.domain, binding)
+                    await self._fabric.unbind(self.domain, binding, fence=self._fence)
                 for circuit in ours:
-                    await self._fabric.remove_circuit(self.domain, circuit)
+                    await self._fabric.remove_circuit(self.domain, circuit, fence=self._fence)
         except (FabricError, TimeoutError) as exc:
             log.warning("domain %s: undoing %s left work for later: %s", self.domain, cid, exc)

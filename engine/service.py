@@ -9,14 +9,16 @@ from committed state or from the projections.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import uuid
 from collections.abc import Callable, Iterable
 
 import msgspec
 
 from engine import replies, views
 from engine.actors import ENGINE, OPERATOR, is_reserved
-from engine.errors import IntentRejected, StoreUnavailable
+from engine.errors import IntentRejected, StoreUnavailable, WriterFenced
 from engine.follower import Followers
 from engine.ids import is_valid_id
 from engine.intents import (
@@ -33,7 +35,8 @@ from engine.intents import (
     lease_expiry_request_id,
     settle_request_id,
 )
-from engine.ports import Clock, EventStore, FabricDriver, ReadModels
+from engine.ownership import Lease, Ownership
+from engine.ports import Clock, EventStore, FabricDriver, Holder, LeaseStore, ReadModels
 from engine.queries import STATE_QUERIES, answer
 from engine.saga import FabricSync, Settlement
 from engine.state import DomainState
@@ -52,9 +55,25 @@ class _ComposeOutcome(msgspec.Struct):
 _decode_outcome = msgspec.json.Decoder(_ComposeOutcome).decode
 
 
+class _Served(msgspec.Struct, kw_only=True):
+    """A domain this engine writes now: its writer, its fabric, and the lease it holds."""
+
+    writer: DomainWriter
+    sync: FabricSync
+    lease: Lease | None  # None: an engine without leases (one engine, tests)
+
+    def holds(self) -> bool:
+        return self.lease is None or self.lease.holds()
+
+
 class Engine:
     """Routes requests to domain writers, drives each domain's fabric after its commits, and
-    answers queries from committed state."""
+    answers queries from committed state.
+
+    With `leases`, a domain is written only while this engine holds its writer lease
+    (engine/ownership.py): `route` names the engine a request belongs to when it is another
+    one, and a lease that is lost ends the domain's writer and fabric here at once.
+    """
 
     def __init__(
         self,
@@ -67,55 +86,95 @@ class Engine:
         max_batch: int = 256,
         read_models: ReadModels | None = None,
         followers: Followers | None = None,
+        leases: LeaseStore | None = None,
+        identity: str | None = None,
+        name: str = "",
+        lease_ttl: float = 3.0,
     ):
         self._store = store
         self._clock = clock
         self._fabric = fabric
         self._saga_deadline = saga_deadline
-        self._syncs: dict[str, FabricSync] = {}
         self._read_models = read_models
         self._followers = followers
         self._allowed = frozenset(domains) if domains else None
         self._max_batch = max_batch
-        self._writers: dict[str, DomainWriter] = {}
-        self._lease_keeper: asyncio.Task[None] | None = None
+        self.identity = identity or f"e-{uuid.uuid4().hex[:12]}"
+        self._ownership = (
+            Ownership(
+                leases,
+                self.identity,
+                name or self.identity,
+                lease_ttl,
+                serves_all=self._allowed is None,
+            )
+            if leases is not None
+            else None
+        )
+        self._served: dict[str, _Served] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._drops: set[asyncio.Task[None]] = set()
         self._loading = asyncio.Lock()  # loads are rare; one lock keeps them simple
 
     @property
     def domains(self) -> list[str]:
-        return sorted(d for d, w in self._writers.items() if w.state.exists)
+        """The domains this engine writes now."""
+        return sorted(d for d, s in self._served.items() if s.writer.state.exists)
 
     def serves(self, domain: str) -> bool:
         return self._allowed is None or domain in self._allowed
 
     async def start(self, *, lease_tick_seconds: float | None = 1.0) -> None:
-        """Rebuild every served domain's state from the log, then keep leases: every tick,
-        leases that fell due are ended. Timers are derived from state, so a lease that fell
-        due while no engine ran ends at the first tick after a start."""
-        for domain in await self._store.domains():
-            if self.serves(domain):
-                await self._writer(domain, create=True)
-        for sync in self._syncs.values():
-            sync.kick()  # finish or undo what a crash interrupted, remove what it left
+        """Take up the domains this engine should write (every served domain without
+        leases; with them, those nobody holds that prefer this engine), finishing or undoing
+        what a crash interrupted, then keep the writer leases and the compositions' leases:
+        every tick, compositions whose lease fell due are ended. Timers are derived from
+        state, so a lease that fell due while no engine ran ends at the first tick after a
+        start."""
+        if self._ownership is None:
+            for domain in await self._store.domains():
+                if self.serves(domain):
+                    await self._runtime(domain, create=True)
+        else:
+            await self._own_tick()
+            self._tasks.append(asyncio.create_task(self._own_loop(), name="writer-leases"))
         if lease_tick_seconds is not None:
-            self._lease_keeper = asyncio.create_task(
-                self._keep_leases(lease_tick_seconds), name="lease-keeper"
+            self._tasks.append(
+                asyncio.create_task(self._expiry_loop(lease_tick_seconds), name="lease-keeper")
             )
 
     async def close(self) -> None:
-        if self._lease_keeper is not None:
-            self._lease_keeper.cancel()
-            await asyncio.gather(self._lease_keeper, return_exceptions=True)
-        for sync in self._syncs.values():
-            await sync.close()
-        for writer in self._writers.values():
-            await writer.close()
+        """Stop; writer leases are given up at once, so another engine takes over now."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._drops, return_exceptions=True)
+        for domain in list(self._served):
+            # The followers stay: whoever closes them drains them first (a clean exit leaves
+            # the stream complete).
+            await self._drop(domain, "the engine stops", release=True, unfollow=False)
+        if self._ownership is not None:
+            with contextlib.suppress(Exception):  # the store may be gone; leases run out then
+                await self._ownership.leave()
+
+    def route(self, domain: str) -> str | None:
+        """The engine that serves `domain` when it is another one (its writer, or who should
+        become it); None: this engine answers."""
+        served = self._served.get(domain)
+        if self._ownership is None or (served is not None and served.holds()):
+            return None
+        return self._ownership.elsewhere(domain)
+
+    def fence(self, domain: str) -> int | None:
+        """The writer epoch this engine writes `domain` under (None: no lease, or not ours)."""
+        served = self._served.get(domain)
+        return served.lease.epoch if served is not None and served.lease is not None else None
 
     async def expire_due_leases(self) -> list[bytes]:
         """End every lease due by the clock's now, in every loaded domain; the replies."""
         now = self._clock.now()
         answers = []
-        for _, writer in sorted(self._writers.items()):
+        for _, served in sorted(self._served.items()):
+            writer = served.writer
             due = sorted(
                 cid
                 for cid, c in writer.state.compositions.items()
@@ -126,7 +185,7 @@ class Engine:
                 answers.append(await writer.request(ENGINE, "expire", expire, "internal"))
         return answers
 
-    async def _keep_leases(self, tick: float) -> None:
+    async def _expiry_loop(self, tick: float) -> None:
         while True:
             await asyncio.sleep(tick)
             try:
@@ -134,16 +193,54 @@ class Engine:
             except Exception:  # a failed tick is retried by the next one
                 log.exception("lease keeper tick failed")
 
+    async def _own_loop(self) -> None:
+        assert self._ownership is not None
+        while True:
+            await asyncio.sleep(self._ownership.tick)
+            try:
+                await self._own_tick()
+            except Exception:  # the next tick tries again; unrenewed leases run out
+                log.exception("writer lease tick failed")
+
+    async def _own_tick(self) -> None:
+        """Heartbeat, renew what we hold (dropping what we lost), claim what prefers us, and
+        hand over one domain that prefers another engine."""
+        ownership = self._ownership
+        assert ownership is not None
+        await ownership.heartbeat()
+        held = {d: s.lease for d, s in self._served.items() if s.lease is not None}
+        for domain in await ownership.renew(held):
+            await self._drop(domain, "its writer lease was lost")
+        await ownership.look()
+        for domain in await self._store.domains():
+            if (
+                self.serves(domain)
+                and domain not in self._served
+                and domain not in ownership.holders
+                and ownership.preferred(domain) == self.identity
+            ):
+                with contextlib.suppress(_HeldElsewhere, StoreUnavailable):
+                    await self._runtime(domain, create=False)
+        for domain in sorted(self._served):
+            successor = ownership.preferred(domain)
+            if successor != self.identity and ownership.stable(successor):
+                await self._drop(domain, f"handed over to engine {successor}", release=True)
+                break  # one a tick, so domains move gradually
+
     def state(self, domain: str) -> DomainState | None:
-        writer = self._writers.get(domain)
-        return writer.state if writer else None
+        served = self._served.get(domain)
+        return served.writer.state if served else None
 
     def fabric_sync(self, domain: str) -> FabricSync | None:
-        return self._syncs.get(domain)
+        served = self._served.get(domain)
+        return served.sync if served else None
 
     async def _settle(self, domain: str, settlement: Settlement) -> bytes:
         """Record a saga's outcome; the reply is what the composer is told."""
-        writer = self._writers[domain]
+        served = self._served.get(domain)
+        if served is None:
+            raise WriterFenced(domain, "it no longer writes the domain")
+        writer = served.writer
         composition = writer.state.compositions.get(settlement.composition_id)
         verb = "establish" if isinstance(settlement, EstablishComposition) else "fail"
         correlation = composition.request.request_id if composition else None
@@ -173,17 +270,19 @@ class Engine:
         try:
             if family == "query":
                 return await self._query(domain, verb, intent, viewer=tenant)
-            writer = await self._writer(domain, create=isinstance(intent, ImportTopology))
-            if writer is None:
+            served = await self._runtime(domain, create=isinstance(intent, ImportTopology))
+            if served is None:
                 return _no_domain(domain)
-            reply = await writer.request(tenant or OPERATOR, verb, intent, family)
+            reply = await served.writer.request(tenant or OPERATOR, verb, intent, family)
             if isinstance(intent, Compose):
-                return await self._once_settled(writer, reply)
+                return await self._once_settled(served, reply)
             return reply
         except StoreUnavailable as exc:
             return replies.error("unavailable", f"event store unavailable: {exc}")
+        except _HeldElsewhere as exc:
+            return exc.reply()
 
-    async def _once_settled(self, writer: DomainWriter, reply: bytes) -> bytes:
+    async def _once_settled(self, served: _Served, reply: bytes) -> bytes:
         """A compose is answered when the fabric saga has settled it: the composition is
         active (or impaired), or it failed and says what failed. A resend gets the same."""
         accepted = replies.decode_ok(reply)
@@ -193,9 +292,10 @@ class Engine:
         if outcome.state != "pending":
             return reply
         cid = outcome.composition_id
+        writer = served.writer
         composition = writer.state.compositions.get(cid)
         if composition is not None and composition.state == "pending":
-            waiting = self._syncs[writer.domain].settlement(cid)
+            waiting = served.sync.settlement(cid)
             try:
                 settled = await asyncio.wait_for(asyncio.shield(waiting), 3 * self._saga_deadline)
             except TimeoutError:
@@ -221,9 +321,10 @@ class Engine:
             if not views.serves(verb):
                 return replies.error("invalid", f"query {verb!r} has no tenant view")
             query = views.scoped_query(query, viewer)
-        writer = await self._writer(domain, create=False)
-        if writer is None:
+        served = await self._runtime(domain, create=False)
+        if served is None:
             return _no_domain(domain)
+        writer = served.writer
         head = writer.head.position
         try:
             if verb in STATE_QUERIES:
@@ -285,33 +386,104 @@ class Engine:
                 return row
         raise IntentRejected("invalid", "unknown query")
 
-    async def _writer(self, domain: str, *, create: bool) -> DomainWriter | None:
-        """The domain's writer, loaded from the log on first use; None for an unknown domain
-        unless `create` (only import-topology brings a domain into being)."""
-        writer = self._writers.get(domain)
-        if writer is not None:
-            return writer
+    async def _runtime(self, domain: str, *, create: bool) -> _Served | None:
+        """The domain's writer and fabric here, loaded from the log on first use (taking the
+        domain's writer lease first, when there are leases); None for an unknown domain unless
+        `create` (only import-topology brings a domain into being).
+
+        Raises:
+            _HeldElsewhere: another engine holds the domain's lease.
+        """
+        served = self._served.get(domain)
+        if served is not None and served.holds():
+            return served
         async with self._loading:  # two first requests for a domain must not load it twice
-            writer = self._writers.get(domain)
-            if writer is None:
-                sync = FabricSync(
-                    domain,
-                    lambda: self._writers[domain].state,
-                    self._fabric,
-                    self._settle,
-                    deadline=self._saga_deadline,
-                )
-                writer = DomainWriter(
-                    domain, self._store, self._clock, self._max_batch, self._committed(domain, sync)
-                )
-                await writer.catch_up()
-                if not (writer.state.exists or create):
-                    return None  # keep no writer for names nobody created
-                self._writers[domain] = writer
-                self._syncs[domain] = sync
-                if self._followers is not None:
-                    self._followers.follow(domain)
-        return writer
+            served = self._served.get(domain)
+            if served is not None and not served.holds():
+                await self._drop(domain, "its writer lease ran out")  # paused past it, say
+                served = None
+            if served is None:
+                served = await self._load(domain, create=create)
+        return served
+
+    async def _load(self, domain: str, *, create: bool) -> _Served | None:
+        if not create and (await self._store.head(domain)).version == 0:
+            return None  # no lease for a name nobody created
+        lease = None
+        if self._ownership is not None:
+            lease = await self._ownership.acquire(domain)
+            if lease is None:
+                await self._ownership.look()
+                raise _HeldElsewhere(domain, self._ownership.holders.get(domain))
+        fence = lease.epoch if lease is not None else None
+        sync = FabricSync(
+            domain,
+            lambda: writer.state,
+            self._fabric,
+            self._settle,
+            deadline=self._saga_deadline,
+            fence=fence,
+            on_fenced=lambda: self._lost(domain, writer),
+        )
+        writer = DomainWriter(
+            domain,
+            self._store,
+            self._clock,
+            self._max_batch,
+            self._committed(domain, sync),
+            fence=fence,
+            holds=lease.holds if lease is not None else None,
+            on_fenced=lambda: self._lost(domain, writer),
+        )
+        served = _Served(writer=writer, sync=sync, lease=lease)
+        try:
+            await writer.catch_up()
+        except BaseException:
+            if lease is not None and self._ownership is not None:
+                with contextlib.suppress(Exception):
+                    await self._ownership.release(lease)
+            raise
+        if not (writer.state.exists or create):
+            if lease is not None and self._ownership is not None:
+                await self._ownership.release(lease)
+            return None  # keep no writer for names nobody created
+        self._served[domain] = served
+        if self._followers is not None:
+            self._followers.follow(domain)
+        sync.kick()  # finish or undo the sagas a crash or the last writer left, remove leftovers
+        if lease is not None:
+            log.info("domain %s: writing it under epoch %d", domain, lease.epoch)
+        return served
+
+    def _lost(self, domain: str, writer: DomainWriter) -> None:
+        """The log or the fabric refused our epoch: stop writing the domain (once)."""
+        served = self._served.get(domain)
+        if served is not None and served.writer is writer:
+            task = asyncio.create_task(self._drop(domain, "another engine writes it now"))
+            self._drops.add(task)
+            task.add_done_callback(self._drops.discard)
+
+    async def _drop(
+        self, domain: str, why: str, *, release: bool = False, unfollow: bool = True
+    ) -> None:
+        """Stop writing `domain` here: its writer, fabric and (`unfollow`) followers end; with
+        `release`, its lease is given up for another engine to take at once."""
+        served = self._served.pop(domain, None)
+        if served is None:
+            return
+        log.log(
+            logging.INFO if why == "the engine stops" else logging.WARNING,
+            "domain %s: this engine stops writing it: %s",
+            domain,
+            why,
+        )
+        await served.sync.close()
+        await served.writer.close()
+        if unfollow and self._followers is not None:
+            await self._followers.unfollow(domain)
+        if release and served.lease is not None and self._ownership is not None:
+            with contextlib.suppress(Exception):  # it runs out by itself otherwise
+                await self._ownership.release(served.lease)
 
     def _committed(self, domain: str, sync: FabricSync) -> Callable[[], None]:
         """After a commit: wake the domain's followers and its fabric."""
@@ -322,6 +494,23 @@ class Engine:
             sync.kick()
 
         return committed
+
+
+class _HeldElsewhere(Exception):
+    """Another engine holds the domain's writer lease."""
+
+    def __init__(self, domain: str, holder: Holder | None):
+        super().__init__(domain)
+        self.domain = domain
+        self.holder = holder
+
+    def reply(self) -> bytes:
+        writer = self.holder.engine if self.holder is not None else "another engine"
+        return replies.error(
+            "unavailable",
+            f"domain {self.domain!r} is written by {writer} now; resend with the same request_id",
+            {"domain": self.domain, "writer": self.holder.engine if self.holder else None},
+        )
 
 
 def _is_now(at: str | int, head: int) -> bool:

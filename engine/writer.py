@@ -23,6 +23,7 @@ from engine.errors import (
     EventRefused,
     IntentRejected,
     StoreUnavailable,
+    WriterFenced,
 )
 from engine.ports import Clock, EventStore, PendingReply, StoredReply
 from engine.records import Head, PendingEvent
@@ -47,7 +48,15 @@ class Request(msgspec.Struct, kw_only=True):
 
 
 class DomainWriter:
-    """The single writer of one domain's stream."""
+    """The single writer of one domain's stream, for one writer epoch.
+
+    Args:
+        fence: the writer epoch of this engine's lease on the domain; every append carries it,
+            and the log refuses it once another engine has taken the lease over.
+        holds: whether the lease is still ours by our own clock; checked before each batch, so
+            an engine resumed after a pause stops before it even tries.
+        on_fenced: called once the lease is found lost (by `holds` or by the log).
+    """
 
     def __init__(
         self,
@@ -56,8 +65,15 @@ class DomainWriter:
         clock: Clock,
         max_batch: int,
         on_commit: Callable[[], None] | None = None,
+        *,
+        fence: int | None = None,
+        holds: Callable[[], bool] | None = None,
+        on_fenced: Callable[[], None] | None = None,
     ):
         self.domain = domain
+        self.fence = fence
+        self._holds = holds
+        self._on_fenced = on_fenced
         self._on_commit = on_commit
         self.state = DomainState(domain=domain)
         self.head = Head()
@@ -169,9 +185,27 @@ class DomainWriter:
     async def _commit_batch(self, batch: list[Request]) -> None:
         for _attempt in range(3):
             try:
+                if self._holds is not None and not self._holds():
+                    raise WriterFenced(self.domain, "its lease ran out")
                 if self._stale:
                     await self.catch_up()
                 await self._decide_and_append(batch)
+                return
+            except WriterFenced as exc:
+                # Another engine writes the domain now: nothing of this batch was committed,
+                # and a resend reaches the new writer.
+                log.warning("%s", exc)
+                _answer_all(
+                    batch,
+                    replies.error(
+                        "unavailable",
+                        f"this engine no longer writes domain {self.domain!r}; resend with the "
+                        "same request_id",
+                        {"domain": self.domain},
+                    ),
+                )
+                if self._on_fenced is not None:
+                    self._on_fenced()
                 return
             except ConcurrencyConflict as exc:
                 # Another engine wrote to this domain: re-read the log and decide again.
@@ -241,7 +275,9 @@ class DomainWriter:
             )
         committed: list[StoredReply] = []
         if pending:
-            appended = await self._store.append(self.domain, self.head, events, pending)
+            appended = await self._store.append(
+                self.domain, self.head, events, pending, fence=self.fence
+            )
             self.state, self.head, committed = state, appended.head, appended.replies
             if events and self._on_commit is not None:
                 self._on_commit()  # e.g. wake the projection runner

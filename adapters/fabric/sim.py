@@ -8,9 +8,17 @@ failures and random hangs come from one seeded `random.Random` and scripted faul
 order, so a run is reproducible from its seed and its sequence of calls.
 
 Given a `state_file`, what is programmed outlives the process, as real hardware outlives the
-engine that drives it: the file is read at construction and rewritten after every change, whole
-and atomically, so a crash at any moment leaves the last complete version. That is what lets a
-test kill the engine mid-saga and then compare the "hardware" with the log after a restart.
+engine that drives it, and is shared by every process that names the same file, as hardware is
+shared by the engines of a deployment: each operation takes an exclusive lock on
+`<state_file>.lock`, reads the file again if another process changed it, applies the change and
+rewrites the file whole and atomically before it lets go, so a crash at any moment leaves the
+last complete version. That is what lets a test kill an engine mid-saga (or run two) and then
+compare the "hardware" with the log.
+
+Fencing: every call may carry the caller's writer epoch for the domain (`fence`). The fabric
+keeps the highest epoch it has seen per domain (in the state file, when there is one) and
+refuses a call with a lower one (WriterFenced), so an engine that lost its writer lease can no
+longer change the hardware once its successor has made a call.
 Scripted faults (`fail_next`, `hang_next`) can also come from a one-line script
 (`parse_script`), which is how `trellis up` takes them from its environment.
 """
@@ -18,6 +26,7 @@ Scripted faults (`fail_next`, `hang_next`) can also come from a one-line script
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import random
 import re
@@ -29,7 +38,7 @@ from typing import Any, Literal, TypeVar, get_args
 
 import msgspec
 
-from engine.errors import FabricError
+from engine.errors import FabricError, WriterFenced
 from engine.ports import FabricBinding, FabricCircuit, FabricSnapshot
 
 FabricOp = Literal["create_circuit", "remove_circuit", "bind", "unbind", "snapshot"]
@@ -76,10 +85,12 @@ STATE_FORMAT = 1  # bumped, with an upcast on read, if the file's layout ever ha
 
 
 class SavedFabric(msgspec.Struct, frozen=True, kw_only=True):
-    """The state file: what the simulated hardware of every domain holds."""
+    """The state file: what the simulated hardware of every domain holds, and the highest
+    writer epoch it has seen per domain."""
 
     format: int = STATE_FORMAT
     domains: dict[str, FabricSnapshot] = {}
+    fences: dict[str, int] = {}
 
 
 _encode_saved = msgspec.json.Encoder().encode
@@ -92,6 +103,11 @@ def read_state_file(path: Path) -> dict[str, FabricSnapshot] | None:
     Raises:
         ValueError: The file exists but is not a simulated fabric's state file.
     """
+    saved = _read_saved(path)
+    return None if saved is None else saved.domains
+
+
+def _read_saved(path: Path) -> SavedFabric | None:
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -104,13 +120,15 @@ def read_state_file(path: Path) -> dict[str, FabricSnapshot] | None:
         raise ValueError(
             f"{path} has state file format {saved.format}; this Trellis reads {STATE_FORMAT}"
         )
-    return saved.domains
+    return saved
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
     """Replace `path` with `data` so that a reader, or a restart after a crash at any point,
     finds either the old file or the new one, complete."""
-    temp = path.with_name(path.name + ".tmp")  # same directory: os.replace must not cross disks
+    # Same directory (os.replace must not cross disks); a name of this process's own, so two
+    # processes sharing the file never write each other's temporary file.
+    temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     with open(temp, "wb") as f:
         f.write(data)
         f.flush()
@@ -187,19 +205,23 @@ class SimulatedFabric:
         self._domains: dict[str, _Domain] = {}
         self._faults: list[_Fault] = []
         self._broken: set[str] = set()
+        self._fences: dict[str, int] = {}  # domain -> the highest writer epoch seen
         self.state_file = state_file
-        self._saved = b""  # what the last write put in the state file
+        self._saved = b""  # what the state file held when this process last read or wrote it
+        self._seen: tuple[int, int, int] | None = None  # the file's (inode, size, mtime) then
         self._writer: ThreadPoolExecutor | None = None
         if state_file is not None:
-            saved = read_state_file(state_file)
-            self._domains = {d: _Domain.holding(s) for d, s in (saved or {}).items()}
-            self._saved = self._encode()
+            self._load(_read_saved(state_file))
             state_file.parent.mkdir(parents=True, exist_ok=True)
+            # One thread does every operation on the file, under the lock shared with other
+            # processes: the event loop never waits on a lock or an fsync.
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fabric-state")
 
     # -- the FabricDriver port ---------------------------------------------------------------
 
-    async def create_circuit(self, domain: str, circuit: FabricCircuit) -> None:
+    async def create_circuit(
+        self, domain: str, circuit: FabricCircuit, *, fence: int | None = None
+    ) -> None:
         """Cross-connect two OCS ports; a no-op when exactly this circuit exists."""
 
         def apply() -> None:
@@ -216,9 +238,11 @@ class SimulatedFabric:
             ports[(circuit.ocs, circuit.a_port)] = circuit
             ports[(circuit.ocs, circuit.b_port)] = circuit
 
-        await self._operate("create_circuit", domain, circuit, (circuit.ocs,), apply)
+        await self._operate("create_circuit", domain, circuit, (circuit.ocs,), apply, fence)
 
-    async def remove_circuit(self, domain: str, circuit: FabricCircuit) -> None:
+    async def remove_circuit(
+        self, domain: str, circuit: FabricCircuit, *, fence: int | None = None
+    ) -> None:
         """Remove a cross-connect; a no-op when this exact circuit is not programmed."""
 
         def apply() -> None:
@@ -228,9 +252,9 @@ class SimulatedFabric:
                 del ports[(circuit.ocs, circuit.a_port)]
                 del ports[(circuit.ocs, circuit.b_port)]
 
-        await self._operate("remove_circuit", domain, circuit, (circuit.ocs,), apply)
+        await self._operate("remove_circuit", domain, circuit, (circuit.ocs,), apply, fence)
 
-    async def bind(self, domain: str, binding: FabricBinding) -> None:
+    async def bind(self, domain: str, binding: FabricBinding, *, fence: int | None = None) -> None:
         """Bind a device to a host over a path; a no-op when exactly this binding exists."""
 
         def apply() -> None:
@@ -265,9 +289,11 @@ class SimulatedFabric:
             # A copy, so a caller mutating its path list cannot rewrite the "hardware".
             bindings[key] = msgspec.structs.replace(binding, path=list(binding.path))
 
-        await self._operate("bind", domain, binding, _touched(binding), apply)
+        await self._operate("bind", domain, binding, _touched(binding), apply, fence)
 
-    async def unbind(self, domain: str, binding: FabricBinding) -> None:
+    async def unbind(
+        self, domain: str, binding: FabricBinding, *, fence: int | None = None
+    ) -> None:
         """Release a device from a host; a no-op when the host does not hold it for that
         composition. The path is not compared: releasing needs only host, device, composition."""
 
@@ -278,15 +304,19 @@ class SimulatedFabric:
             if held is not None and held.host == binding.host:
                 del bindings[key]
 
-        await self._operate("unbind", domain, binding, _touched(binding), apply)
+        await self._operate("unbind", domain, binding, _touched(binding), apply, fence)
 
-    async def snapshot(self, domain: str) -> FabricSnapshot:
+    async def snapshot(self, domain: str, *, fence: int | None = None) -> FabricSnapshot:
         """What the simulated hardware of `domain` holds, in a stable order."""
 
         def apply() -> FabricSnapshot:
             return (self._domains.get(domain) or _Domain()).snapshot()
 
-        return await self._operate("snapshot", domain, None, (), apply)
+        return await self._operate("snapshot", domain, None, (), apply, fence)
+
+    def fence_of(self, domain: str) -> int:
+        """The highest writer epoch this fabric has seen for `domain` (0: none yet)."""
+        return self._fences.get(domain, 0)
 
     # -- fault injection ---------------------------------------------------------------------
 
@@ -341,11 +371,11 @@ class SimulatedFabric:
         self.calls.clear()
         self._rng = random.Random(self.seed)
         self._domains.clear()
+        self._fences.clear()
         self._faults.clear()
         self._broken.clear()
         if self.state_file is not None and self._writer is not None:
-            self._saved = self._encode()
-            self._writer.submit(_write_atomically, self.state_file, self._saved).result()
+            self._writer.submit(self._locked, lambda: None, "reset").result()
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -354,20 +384,67 @@ class SimulatedFabric:
 
     def _encode(self) -> bytes:
         held = {d: s for d, s in sorted(self._domains.items()) if s.ports or s.bindings}
-        return _encode_saved(SavedFabric(domains={d: s.snapshot() for d, s in held.items()}))
+        return _encode_saved(
+            SavedFabric(
+                domains={d: s.snapshot() for d, s in held.items()},
+                fences=dict(sorted(self._fences.items())),
+            )
+        )
 
-    async def _save(self) -> None:
-        """Write the state file if a change made it stale; returns once it is on disk."""
-        if self.state_file is None or self._writer is None:
+    def _load(self, saved: SavedFabric | None) -> None:
+        saved = saved or SavedFabric()
+        self._domains = {d: _Domain.holding(s) for d, s in saved.domains.items()}
+        self._fences = dict(saved.fences)
+        self._saved = self._encode()
+
+    def _fenced(self, domain: str, fence: int | None) -> None:
+        """Refuse a call from an older writer epoch; remember a newer one."""
+        if fence is None:
             return
-        data = self._encode()
-        if data != self._saved:
-            self._saved = data
-            # One writer thread: the event loop never waits on fsync, and writes land in the
-            # order of the changes. Shielded, because a caller that gives up (the engine's
-            # deadline) must not unqueue the write of a change the "hardware" already made.
-            written = self._writer.submit(_write_atomically, self.state_file, data)
-            await asyncio.shield(asyncio.wrap_future(written))
+        seen = self._fences.get(domain, 0)
+        if fence < seen:
+            raise WriterFenced(
+                domain, f"the fabric has seen writer epoch {seen}; this call carries {fence}"
+            )
+        self._fences[domain] = fence
+
+    async def _hardware(
+        self, op: str, domain: str, apply: Callable[[], _T], fence: int | None
+    ) -> _T:
+        """Check the fence and apply one operation to the hardware: in memory, or, with a
+        state file, under the lock every process sharing the file takes."""
+
+        def fenced_apply() -> _T:
+            self._fenced(domain, fence)
+            return apply()
+
+        if self._writer is None:
+            return fenced_apply()
+        done = self._writer.submit(self._locked, fenced_apply, op)
+        # Shielded: a caller that gives up (the engine's deadline) must not stop a change the
+        # "hardware" is making, nor its write to disk.
+        return await asyncio.shield(asyncio.wrap_future(done))
+
+    def _locked(self, apply: Callable[[], _T], op: str) -> _T:
+        """Run in the state thread: lock, read the file if another process changed it,
+        apply, write it if anything changed, unlock."""
+        assert self.state_file is not None
+        lock_path = self.state_file.with_name(self.state_file.name + ".lock")
+        with open(lock_path, "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            seen = _signature(self.state_file)
+            if seen != self._seen:
+                self._load(_read_saved(self.state_file))
+                self._seen = seen
+            try:
+                return apply()
+            finally:
+                # Even a failed call may have changed something (the fence, an applied fault).
+                data = self._encode()
+                if data != self._saved or op == "reset":
+                    _write_atomically(self.state_file, data)
+                    self._saved = data
+                    self._seen = _signature(self.state_file)
 
     def _script(
         self,
@@ -405,6 +482,7 @@ class SimulatedFabric:
         arg: FabricCircuit | FabricBinding | None,
         touched: tuple[str, ...],
         apply: Callable[[], _T],
+        fence: int | None = None,
     ) -> _T:
         self.calls.append((op, domain, () if arg is None else (arg,)))
         # Everything random is decided here, before the first await, so outcomes follow call
@@ -424,8 +502,7 @@ class SimulatedFabric:
             await asyncio.sleep(delay)
         if fault is not None:
             if fault.applied:
-                apply()
-                await self._save()
+                await self._hardware(op, domain, apply, fence)
             if fault.kind == "hang":
                 await _forever()
             culprit = fault.component or primary
@@ -437,10 +514,8 @@ class SimulatedFabric:
             await _forever()
         if fail:
             raise FabricError(f"{op} in {domain}: random failure at {primary}", component=primary)
-        result = apply()
-        if op in MUTATING_OPS:
-            await self._save()  # returning means "it holds now", and now includes after a crash
-        return result
+        # Returning means "it holds now", and now includes after a crash: on disk first.
+        return await self._hardware(op, domain, apply, fence)
 
 
 class ScriptedFault(msgspec.Struct, frozen=True, kw_only=True):
@@ -523,3 +598,12 @@ def _check_ops(ops: Collection[str]) -> None:
     unknown = sorted(set(ops) - set(FABRIC_OPS))
     if unknown:
         raise ValueError(f"unknown fabric operation(s) {unknown}; known: {list(FABRIC_OPS)}")
+
+
+def _signature(path: Path) -> tuple[int, int, int] | None:
+    """What tells one version of the state file from another (a rewrite is a new inode)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)

@@ -1,7 +1,10 @@
 """NATS in front of the engine: request-reply subjects of ARCHITECTURE §3, in a queue group.
 
 Each message is served in its own task, so intents that arrive together wait in the domain
-writer's queue at the same time and are committed as one batch (group commit).
+writer's queue at the same time and are committed as one batch (group commit). Any engine of a
+deployment may receive any request; one that does not write the request's domain forwards it,
+reply subject and all, to `<prefix>.engine.<writer id>.<subject>`, where the writer answers
+the client directly (engine/ownership.py decides who writes what).
 """
 
 from __future__ import annotations
@@ -56,6 +59,9 @@ class NatsIntake:
     async def start(self) -> None:
         for subject in subjects(self._prefix, self._domains):
             self._subs.append(await self._nc.subscribe(subject, queue=QUEUE_GROUP, cb=self._on_msg))
+        # Requests other engines forward here: this engine writes their domain, or should.
+        own = f"{self._prefix}.engine.{self._engine.identity}.>"
+        self._subs.append(await self._nc.subscribe(own, cb=self._on_msg))
         await self._nc.flush()
 
     async def stop(self) -> None:
@@ -82,6 +88,17 @@ class NatsIntake:
 
     async def _serve(self, msg: Msg) -> None:
         tokens = msg.subject.split(".")[self._depth :]
+        if tokens[:2] == ["engine", self._engine.identity]:
+            tokens = tokens[2:]  # forwarded to us: answer here, never forward again
+        elif len(tokens) > 2 and (writer := self._engine.route(tokens[1])) is not None:
+            # Another engine writes this domain: hand the request over as it came, reply
+            # subject and all, so the writer answers the client directly.
+            forward = ".".join([self._prefix, "engine", writer, *tokens])
+            try:
+                await self._nc.publish(forward, msg.data, reply=msg.reply, headers=msg.headers)
+            except Exception:  # NATS is down: the client times out and resends
+                log.warning("could not forward %s to engine %s", msg.subject, writer)
+            return
         try:
             reply = await self._route(tokens, msg.data)
         except Exception as exc:

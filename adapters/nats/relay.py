@@ -45,7 +45,7 @@ import asyncpg
 import msgspec
 from nats.aio.client import Client as NATS
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.errors import NotFoundError
+from nats.js.errors import NoKeysError, NotFoundError
 from nats.js.kv import KeyValue
 
 from adapters.nats.jetstream import (
@@ -217,9 +217,7 @@ class RelaySink:
             await self.prepare()
         fold = self._folds.get(domain)
         if fold is not None and self._synced.get(domain) != self._generation:
-            checkpoint = self._checkpoints[domain]
-            await self._write(coalesce(everything(fold.state, checkpoint.position)))
-            self._synced[domain] = self._generation
+            await self._rewrite(domain, fold.state, self._checkpoints[domain].position)
 
     # ---- internals ----
 
@@ -244,14 +242,11 @@ class RelaySink:
                 if end is None or done.version > self._checkpoints[domain].version:
                     end = await self._domain_end(domain)  # another relay may have published
                 unsent = [r for r in records if r.version > max(done.version, end.version)]
-                self.duplicates += len(
-                    [r for r in records if done.version < r.version <= end.version]
-                )
+                found = sum(done.version < r.version <= end.version for r in records)
                 for start in range(0, len(unsent), ATOMIC_BATCH_MAX):
                     end = await self._publish(domain, end, unsent[start : start + ATOMIC_BATCH_MAX])
                 if self._synced.get(domain) != self._generation:
-                    await self._write(coalesce(everything(state, last.position)))
-                    self._synced[domain] = self._generation
+                    await self._rewrite(domain, state, last.position)
                 else:
                     await self._write(coalesce(changed))
                 saved = max(done, Progress(last.version, last.position), key=_version)
@@ -263,6 +258,7 @@ class RelaySink:
             raise
         self._ends[domain] = end
         self._checkpoints[domain] = saved
+        self.duplicates += found
         return saved
 
     async def _domain_end(self, domain: str) -> _End:
@@ -323,6 +319,21 @@ class RelaySink:
         self._kv, made = await ensure_bucket(self._js, self.prefix, self._limits.replicas)
         if made:
             self._generation += 1  # every domain's keys are put again, in full
+
+    async def _rewrite(self, domain: str, state: DomainState, position: int) -> None:
+        """Make the domain's keys exactly `state` (as of `position`): every key put, and the
+        keys the state no longer has (left by a relay that stopped mid-way) deleted."""
+        assert self._kv is not None
+        writes = coalesce(everything(state, position))
+        try:
+            present = await self._kv.keys()
+        except NoKeysError:
+            present = []
+        for key in present:
+            if key.startswith(f"{domain}.") and key not in writes:
+                writes[key] = [None]
+        await self._write(writes)
+        self._synced[domain] = self._generation
 
     async def _write(self, writes: dict[str, list[bytes | None]]) -> None:
         """Put (or delete) the batch's keys: one key's writes in order, different keys at once

@@ -6,8 +6,7 @@ bookkeeping. So append-only is enforced twice: the log's triggers refuse UPDATE,
 TRUNCATE to everybody, and the engine's role has no such privilege, nor the ownership it
 would need to disable a trigger.
 
-A new table goes into TABLES with its kind (the lead's writer leases would be
-``"trellis_writer_leases": Kind.BOOKKEEPING``). `grant_engine` refuses to run while a
+A new table goes into TABLES with its kind. `grant_engine` refuses to run while a
 ``trellis_*`` or ``proj_*`` table is missing from TABLES, so a forgotten table fails loudly at
 the first start instead of as a "permission denied" in the middle of serving.
 """
@@ -40,6 +39,8 @@ TABLES: dict[str, Kind] = {
     "trellis_streams": Kind.LOG_HEAD,
     "trellis_migrations": Kind.SCHEMA_VERSION,
     "trellis_follower_checkpoints": Kind.BOOKKEEPING,
+    "trellis_engines": Kind.BOOKKEEPING,
+    "trellis_writer_leases": Kind.BOOKKEEPING,
     "proj_compositions": Kind.READ_MODEL,
     "proj_connections": Kind.READ_MODEL,
     "proj_connection_requests": Kind.READ_MODEL,

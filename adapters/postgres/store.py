@@ -17,13 +17,14 @@ import asyncpg
 
 from adapters.postgres.privileges import bypasses_privileges
 from engine import replies
-from engine.errors import ConcurrencyConflict, EventRefused, StoreUnavailable
+from engine.errors import ConcurrencyConflict, EventRefused, StoreUnavailable, WriterFenced
 from engine.ports import Appended, PendingReply, StoredReply
 from engine.records import Head, PendingEvent, RecordedEvent, hash_of
 
 log = logging.getLogger(__name__)
 
 _CONFLICT_STATES = {"TR001", asyncpg.UniqueViolationError.sqlstate}
+_FENCED = "TR004"  # schema/008: the writer's epoch is not the domain's, or its lease ran out
 # What the log cannot hold: schema/007's refusal of an id or integer that validation let pass
 # (TR003), and data the json type or its text cannot represent (invalid_text_representation,
 # untranslatable_character). Retrying cannot help.
@@ -34,6 +35,7 @@ _PAGE = 2000
 CONNECT_TIMEOUT_S = 2.0
 COMMAND_TIMEOUT_S = 2.5
 ACQUIRE_TIMEOUT_S = 2.0
+IDLE_IN_APPEND_S = 5.0
 
 _COLUMNS = (
     "id, domain, version, position, type, schema_version, recorded_at, actor, causation_id, "
@@ -42,9 +44,9 @@ _COLUMNS = (
 
 _INSERT_EVENTS = """
 INSERT INTO trellis_events (id, domain, version, type, schema_version, recorded_at, actor,
-                            causation_id, correlation_id, data, prev_hash, hash)
+                            causation_id, correlation_id, data, prev_hash, hash, fence)
 SELECT e.id, $1, e.version, e.type, e.schema_version, e.recorded_at, e.actor,
-       e.causation_id, e.correlation_id, e.data::json, e.prev_hash, e.hash
+       e.causation_id, e.correlation_id, e.data::json, e.prev_hash, e.hash, $13
   FROM unnest($2::uuid[], $3::bigint[], $4::text[], $5::int[], $6::timestamptz[], $7::text[],
               $8::text[], $9::text[], $10::text[], $11::text[], $12::text[])
        AS e(id, version, type, schema_version, recorded_at, actor, causation_id,
@@ -54,8 +56,8 @@ RETURNING version, position
 """
 
 _INSERT_REPLIES = """
-INSERT INTO trellis_requests (domain, actor, request_id, verb, body_hash, reply, position)
-SELECT $1, r.actor, r.request_id, r.verb, r.body_hash, r.reply, r.position
+INSERT INTO trellis_requests (domain, actor, request_id, verb, body_hash, reply, position, fence)
+SELECT $1, r.actor, r.request_id, r.verb, r.body_hash, r.reply, r.position, $8
   FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bigint[])
        AS r(actor, request_id, verb, body_hash, reply, position)
 """
@@ -69,6 +71,8 @@ def _translated(domain: str, expected: int = 0) -> Iterator[None]:
     except asyncpg.PostgresError as exc:
         if exc.sqlstate in _CONFLICT_STATES:
             raise ConcurrencyConflict(domain, expected) from exc
+        if exc.sqlstate == _FENCED:
+            raise WriterFenced(domain, str(exc)) from exc
         if exc.sqlstate in _REFUSED_STATES:
             raise EventRefused(str(exc)) from exc
         if exc.sqlstate and exc.sqlstate[:2] in ("08", "53", "57", "58"):
@@ -116,6 +120,8 @@ class PostgresEventStore:
                 max_size=max_size,
                 connect_timeout=CONNECT_TIMEOUT_S,
                 command_timeout=COMMAND_TIMEOUT_S,
+                # An append is four quick round trips: far less idle time than this.
+                idle_in_transaction_s=IDLE_IN_APPEND_S,
             )
         try:
             with _translated("*"):
@@ -228,14 +234,18 @@ class PostgresEventStore:
         expected: Head,
         events: Sequence[PendingEvent],
         replies_: Sequence[PendingReply],
+        fence: int | None = None,
     ) -> Appended:
-        """Append `events` right after `expected` and store `replies_`, in one transaction."""
+        """Append `events` right after `expected` and store `replies_`, in one transaction,
+        under the writer epoch `fence` (the log refuses a stale one: WriterFenced)."""
         rows = _chain(domain, expected, events)
         with _translated(domain, expected.version):
             async with self._pool.acquire(timeout=ACQUIRE_TIMEOUT_S) as conn, conn.transaction():
                 positions: dict[int, int] = {}
                 if rows:
-                    inserted = await conn.fetch(_INSERT_EVENTS, domain, *zip(*rows, strict=True))
+                    inserted = await conn.fetch(
+                        _INSERT_EVENTS, domain, *zip(*rows, strict=True), fence
+                    )
                     positions = {r["version"]: r["position"] for r in inserted}
                 stored = _render_replies(expected, replies_, positions)
                 if stored:
@@ -248,6 +258,7 @@ class PostgresEventStore:
                         [s.body_hash for s in stored],
                         [s.reply.decode() for s in stored],
                         [_reply_position(expected, r, positions) for r in replies_],
+                        fence,
                     )
         recorded = [_recorded_from_row(domain, row, positions[row[1]]) for row in rows]
         head = (
@@ -350,15 +361,21 @@ async def connect_pool(
     max_size: int = 8,
     connect_timeout: float = 5.0,
     command_timeout: float | None = None,
+    idle_in_transaction_s: float = 30.0,
 ) -> asyncpg.Pool:
     """The one way Trellis connects to Postgres: a pool pinned to `schema` (when given) by a
     startup parameter. The event store bounds its commands; background readers (projections,
-    the relay) may run long batches, so by default they are not cut off."""
+    the relay) may run long batches, so by default they are not cut off.
+
+    A session that sits in an open transaction for `idle_in_transaction_s` is ended by the
+    server: an engine paused (or hung) mid-transaction must not keep the locks a successor
+    needs (the writer lease row, a follower's checkpoint) for ever."""
+    settings = {"idle_in_transaction_session_timeout": f"{int(idle_in_transaction_s * 1000)}"}
     return await asyncpg.create_pool(
         dsn,
         min_size=min_size,
         max_size=max_size,
-        server_settings={"search_path": schema} if schema else {},
+        server_settings={**settings, **({"search_path": schema} if schema else {})},
         timeout=connect_timeout,
         command_timeout=command_timeout,
         reset=_keep_session,

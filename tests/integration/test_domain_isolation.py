@@ -47,7 +47,8 @@ async def poison(h: Harness, domain: str) -> int:
         recorded_at=datetime(2026, 12, 1, tzinfo=UTC),
         data=b"{}",
     )
-    appended = await h.store.append(domain, await h.store.head(domain), [future], [])
+    head = await h.store.head(domain)
+    appended = await h.store.append(domain, head, [future], [], fence=h.engine.fence(domain))
     for sink in ("projections", "relay"):
         follower = h.followers.of(sink, domain)
         assert follower is not None

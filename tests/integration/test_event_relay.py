@@ -262,7 +262,9 @@ class Relay:
 
     def __init__(self, pool: asyncpg.Pool, nc: Any, prefix: str, batch_size: int = 100):
         self.pool = pool
-        self.sink = RelaySink(pool, nc, prefix=prefix, publish_timeout=0.5)
+        # A short acknowledgement timeout keeps the lost-batch cases quick; long enough that a
+        # loaded machine does not lose an acknowledgement of its own.
+        self.sink = RelaySink(pool, nc, prefix=prefix, publish_timeout=2.0)
         self.follower = Follower(HALL, PostgresEventStore(pool), self.sink, batch_size=batch_size)
 
     @classmethod
@@ -459,7 +461,7 @@ async def test_an_undecodable_event_stalls_its_domain_after_everything_before_it
         recorded_at=datetime(2026, 1, 1, tzinfo=UTC),
         data=b"{}",
     )
-    appended = await h.store.append(HALL, head, [future], [])
+    appended = await h.store.append(HALL, head, [future], [], fence=h.engine.fence(HALL))
 
     with pytest.raises(Stalled) as stalled:
         await own.catch_up()

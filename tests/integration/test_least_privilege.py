@@ -197,19 +197,21 @@ async def test_the_chain_trigger_runs_as_the_owner_and_cannot_be_pointed_at_a_te
 
         # Then: the trigger still checks the real head, and refuses the gap.
         with pytest.raises(asyncpg.PostgresError) as refusal:
-            await engine.execute(INSERT, *gap)
+            await engine.execute(INSERT, *gap, h.engine.fence(DOMAIN))
         assert refusal.value.sqlstate == "TR001"
         assert await h.store.head(DOMAIN) == head
         # The well-formed next event is the engine role's to append.
-        await engine.execute(INSERT, *event_row(head.version + 1, head.hash))
+        fence = h.engine.fence(DOMAIN)  # as the domain's writer appends
+        await engine.execute(INSERT, *event_row(head.version + 1, head.hash), fence)
         assert (await h.store.head(DOMAIN)).version == head.version + 1
     finally:
         await engine.close()
 
 
 INSERT = """INSERT INTO trellis_events (id, domain, version, type, schema_version, recorded_at,
-            actor, causation_id, correlation_id, data, prev_hash, hash)
-            VALUES ($1, $2, $3, $4, 1, $5, 'operator', 'by-hand', 'by-hand', $6::json, $7, $8)"""
+            actor, causation_id, correlation_id, data, prev_hash, hash, fence)
+            VALUES ($1, $2, $3, $4, 1, $5, 'operator', 'by-hand', 'by-hand', $6::json, $7, $8,
+                    $9)"""
 
 
 def event_row(version: int, prev_hash: str) -> tuple[Any, ...]:

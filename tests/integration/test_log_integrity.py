@@ -247,9 +247,10 @@ def follow_on(head: Head, *, version: int | None = None, prev_hash: str | None =
     )
 
 
+# By hand, as the domain's writer would (its writer epoch in `fence`, $13).
 INSERT = """INSERT INTO trellis_events (id, domain, version, type, schema_version, recorded_at,
-            actor, causation_id, correlation_id, data, prev_hash, hash)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::json, $11, $12)"""
+            actor, causation_id, correlation_id, data, prev_hash, hash, fence)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::json, $11, $12, $13)"""
 
 
 async def test_the_database_refuses_an_event_that_does_not_follow_the_stream_head(
@@ -268,11 +269,12 @@ async def test_the_database_refuses_an_event_that_does_not_follow_the_stream_hea
     }
     for case, row in refused.items():
         with pytest.raises(asyncpg.PostgresError) as refusal:
-            await sql.execute(INSERT, *row)
+            await sql.execute(INSERT, *row, h.engine.fence(DOMAIN))
         assert refusal.value.sqlstate == "TR001", (case, refusal.value)
         assert await snapshot(sql) == before, case
 
-    await sql.execute(INSERT, *follow_on(head))  # the well-formed next event is accepted
+    fence = h.engine.fence(DOMAIN)
+    await sql.execute(INSERT, *follow_on(head), fence)  # the well-formed next event is accepted
     assert verify_chain(await recorded(h)) is None
 
 
@@ -281,7 +283,7 @@ async def test_the_engine_catches_up_with_an_event_another_writer_appended(
 ) -> None:
     # Given: another writer appended an event the engine has not seen.
     await with_some_history(h)
-    await sql.execute(INSERT, *follow_on(await h.store.head(DOMAIN)))
+    await sql.execute(INSERT, *follow_on(await h.store.head(DOMAIN)), h.engine.fence(DOMAIN))
 
     # When: the engine's next intent finds its head stale.
     reply = await h.client.admin(DOMAIN, "drain", {"id": "l-host"})

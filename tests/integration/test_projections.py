@@ -626,7 +626,7 @@ async def test_an_undecodable_event_stalls_its_domain_after_everything_before_it
         recorded_at=datetime(2026, 1, 1, tzinfo=UTC),
         data=b"{}",
     )
-    appended = await h.store.append(HALL, head, [future], [])
+    appended = await h.store.append(HALL, head, [future], [], fence=h.engine.fence(HALL))
     stuck = Projector(pool, h.store, batch_size=1000)
     with pytest.raises(Stalled) as stalled:
         await stuck.followers[HALL].catch_up()

@@ -166,9 +166,11 @@ async def test_request_ids_are_keyed_by_domain_and_actor(
     await fetch(
         database_url,
         pg_schema,
-        "INSERT INTO trellis_requests (domain, actor, request_id, verb, body_hash, reply, position)"
-        " VALUES ('hall-1', 'tenant-a', 'import-1', 'compose', 'x', $1, 1)",
+        "INSERT INTO trellis_requests"
+        " (domain, actor, request_id, verb, body_hash, reply, position, fence)"
+        " VALUES ('hall-1', 'tenant-a', 'import-1', 'compose', 'x', $1, 1, $2)",
         tenant_reply.decode(),
+        h.engine.fence("hall-1"),  # as the domain's writer stores an answer
     )
 
     # Then: the operator's resend still gets the operator's own answer.

@@ -121,25 +121,31 @@ class SettlementAudit:
         self._overlapping: set[str] = set()  # pending together: their undos share circuits
         self._undo_failures: list[FabricBinding | FabricCircuit] = []  # unbinds, removals
 
-    async def create_circuit(self, domain: str, circuit: FabricCircuit) -> None:
+    async def create_circuit(
+        self, domain: str, circuit: FabricCircuit, *, fence: int | None = None
+    ) -> None:
         await self._audit(domain)
-        await self.sim.create_circuit(domain, circuit)
+        await self.sim.create_circuit(domain, circuit, fence=fence)
 
-    async def remove_circuit(self, domain: str, circuit: FabricCircuit) -> None:
+    async def remove_circuit(
+        self, domain: str, circuit: FabricCircuit, *, fence: int | None = None
+    ) -> None:
         await self._audit(domain)
-        await self._undoing(circuit, self.sim.remove_circuit(domain, circuit))
+        await self._undoing(circuit, self.sim.remove_circuit(domain, circuit, fence=fence))
 
-    async def bind(self, domain: str, binding: FabricBinding) -> None:
+    async def bind(self, domain: str, binding: FabricBinding, *, fence: int | None = None) -> None:
         await self._audit(domain)
-        await self.sim.bind(domain, binding)
+        await self.sim.bind(domain, binding, fence=fence)
 
-    async def unbind(self, domain: str, binding: FabricBinding) -> None:
+    async def unbind(
+        self, domain: str, binding: FabricBinding, *, fence: int | None = None
+    ) -> None:
         await self._audit(domain)
-        await self._undoing(binding, self.sim.unbind(domain, binding))
+        await self._undoing(binding, self.sim.unbind(domain, binding, fence=fence))
 
-    async def snapshot(self, domain: str) -> FabricSnapshot:
+    async def snapshot(self, domain: str, *, fence: int | None = None) -> FabricSnapshot:
         await self._audit(domain)
-        return await self.sim.snapshot(domain)
+        return await self.sim.snapshot(domain, fence=fence)
 
     async def _undoing(self, what: FabricBinding | FabricCircuit, call: Awaitable[None]) -> None:
         try:

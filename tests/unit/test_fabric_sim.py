@@ -594,7 +594,7 @@ async def test_a_crash_before_the_rename_leaves_the_previous_complete_file(
     monkeypatch.undo()
 
     assert path.read_bytes() == before
-    temp = path.with_name(path.name + ".tmp")
+    temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     temp.write_bytes(temp.read_bytes()[:20])  # as if the crash had cut the temp file short
     assert (await SimulatedFabric(state_file=path).snapshot(D)).circuits == [circuit(1, 2)]
 

@@ -1,0 +1,137 @@
+"""Which engine writes which domain: writer leases, spread over the engines that are up.
+
+Every engine serves every subject, but a domain is written by one engine at a time: the one
+holding the domain's lease (engine.ports.LeaseStore). Each acquisition after a lease lapsed
+draws a new epoch; the writer's appends and fabric calls carry it, and the log and the fabric
+refuse a stale one, so an engine that lost its lease (killed, or paused past it) can neither
+commit nor program the hardware once another has taken over.
+
+Spreading: among the engines whose heartbeat is fresh, each domain prefers the one with the
+highest rendezvous score (sha256 of engine id and domain), so a domain's preferred engine
+changes only when that engine comes or goes. An engine claims the unheld domains it is
+preferred for, forwards requests for a domain to its holder (or, unheld, to its preferred
+engine), and hands over a domain whose preferred engine is another one that has been up for a
+while. A survivor takes a dead writer's domains within a lease time plus a tick.
+
+An engine trusts its own clock only to stop early: a lease counts as held until the moment
+the renewal was sent plus the lease time, less a margin; the store, which fences appends by
+its own clock, keeps it at least that long.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping
+
+import msgspec
+
+from engine.ports import Holder, LeaseStore
+
+MARGIN = 0.5  # seconds before the store's expiry an engine stops counting on its lease
+
+
+class Lease(msgspec.Struct, kw_only=True):
+    """This engine's lease on one domain, as it counts it."""
+
+    domain: str
+    epoch: int
+    until: float  # time.monotonic() after which this engine no longer writes the domain
+
+    def holds(self) -> bool:
+        return time.monotonic() < self.until
+
+
+def preferred(domain: str, engines: list[str]) -> str | None:
+    """The engine a domain prefers among `engines` (rendezvous hashing), None if there are none."""
+    return max(
+        engines, key=lambda e: hashlib.sha256(f"{e}/{domain}".encode()).digest(), default=None
+    )
+
+
+class Ownership:
+    """One engine's view of the leases: what it holds, who else is up, who holds what.
+
+    Args:
+        leases: the lease store.
+        identity: this engine's id (also a NATS subject token).
+        name: how people recognise it (host and pid).
+        ttl: seconds a lease and a heartbeat last; renewals run three times as often.
+    """
+
+    def __init__(
+        self, leases: LeaseStore, identity: str, name: str, ttl: float, *, serves_all: bool = True
+    ):
+        self.identity = identity
+        self.serves_all = serves_all
+        self.name = name
+        self.ttl = ttl
+        self.tick = ttl / 3
+        self._leases = leases
+        self.alive: list[str] = [identity]
+        self.holders: dict[str, Holder] = {}
+        self._first_seen: dict[str, float] = {}
+
+    async def heartbeat(self) -> None:
+        """Say this engine is up, and learn who else is."""
+        alive = await self._leases.heartbeat(
+            self.identity, self.name, self.ttl, serves_all=self.serves_all
+        )
+        now = time.monotonic()
+        self.alive = sorted(set(alive) | {self.identity})
+        self._first_seen = {e: self._first_seen.get(e, now) for e in self.alive}
+
+    async def acquire(self, domain: str) -> Lease | None:
+        """The domain's lease, if nobody else holds it."""
+        sent = time.monotonic()
+        epoch = await self._leases.acquire(domain, self.identity, self.ttl)
+        if epoch is None:
+            return None
+        self.holders[domain] = Holder(domain=domain, engine=self.identity, epoch=epoch)
+        return Lease(domain=domain, epoch=epoch, until=sent + self.ttl - MARGIN)
+
+    async def renew(self, held: Mapping[str, Lease]) -> list[str]:
+        """Extend the leases of `held` that are still ours (in place); the domains lost. A
+        lease the store renews under another epoch was taken over and given back meanwhile,
+        and one that ran out by our own clock may have been: both count as lost."""
+        sent = time.monotonic()
+        kept = await self._leases.renew(self.identity, list(held), self.ttl)
+        lost = []
+        for domain, lease in held.items():
+            if kept.get(domain) == lease.epoch and lease.holds():
+                lease.until = sent + self.ttl - MARGIN
+            else:
+                lost.append(domain)
+        return lost
+
+    async def release(self, lease: Lease) -> None:
+        await self._leases.release(lease.domain, self.identity, lease.epoch)
+        self.holders.pop(lease.domain, None)
+
+    async def look(self) -> None:
+        """Learn who holds which domain now."""
+        self.holders = {h.domain: h for h in await self._leases.holders()}
+
+    async def leave(self) -> None:
+        await self._leases.leave(self.identity)
+
+    def preferred(self, domain: str) -> str:
+        """The engine `domain` prefers; an engine limited to some domains (TRELLIS_DOMAINS)
+        prefers itself for each of them, the operator having placed them there."""
+        if not self.serves_all:
+            return self.identity
+        return preferred(domain, self.alive) or self.identity
+
+    def stable(self, engine: str) -> bool:
+        """Up for at least two lease times: worth handing a domain to."""
+        seen = self._first_seen.get(engine)
+        return seen is not None and time.monotonic() - seen >= 2 * self.ttl
+
+    def elsewhere(self, domain: str) -> str | None:
+        """The engine that should serve `domain` if not this one: its live holder, or, when
+        nobody holds it, its preferred engine; None for this engine."""
+        holder = self.holders.get(domain)  # leases that had not run out at the last look
+        if holder is not None:
+            return None if holder.engine == self.identity else holder.engine
+        chosen = self.preferred(domain)
+        return None if chosen == self.identity else chosen
