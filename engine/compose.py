@@ -24,6 +24,7 @@ from engine.events import (
 )
 from engine.intents import Compose, Extend, Release
 from engine.placement import Placement, Rejection, place
+from engine.quotas import over_quota
 from engine.state import Composition, DomainState, evolve, usable
 
 
@@ -81,6 +82,10 @@ def devices_of(bindings: list[DeviceBinding]) -> list[ComposedDevice]:
 def compose(state: DomainState, intent: Compose, ctx: Context) -> Decision:
     tenant = ctx.actor
     _check_shape(state, intent)
+    # Quota first: what the tenant may hold does not depend on the fabric, and costs no search.
+    over = over_quota(state, intent, tenant)
+    if over is not None:
+        return _recorded(tenant, intent, over)
     hosts = _candidate_hosts(state, intent)
     if isinstance(hosts, Rejection):
         outcomes: list[Placement | Rejection] = [hosts]
@@ -88,16 +93,7 @@ def compose(state: DomainState, intent: Compose, ctx: Context) -> Decision:
         outcomes = [place(state, intent, tenant, host) for host in hosts]
     placements = [p for p in outcomes if isinstance(p, Placement)]
     if not placements:
-        rejection = _first_rejection(outcomes)
-        error = IntentRejected(rejection.code, rejection.message, rejection.details)  # type: ignore[arg-type]
-        event = CompositionRejected(
-            tenant=tenant,
-            code=rejection.code,
-            message=rejection.message,
-            details=rejection.details,
-            request=intent,
-        )
-        return Decision([event], error=error)
+        return _recorded(tenant, intent, _first_rejection(outcomes))
     # With a host_selector, the host whose paths are shortest (then fastest) wins; ids break ties.
     chosen = min(placements, key=lambda p: (*p.score, p.host))
     bindings = _with_entries(intent, chosen.bindings)
@@ -131,6 +127,20 @@ def compose(state: DomainState, intent: Compose, ctx: Context) -> Decision:
         devices=devices_of(chosen.bindings),
     )
     return Decision(events, result)
+
+
+def _recorded(tenant: str, intent: Compose, rejection: Rejection) -> Decision:
+    """A refused compose (quota, no_capacity, no_path), recorded as CompositionRejected so
+    auditors see it; its error is the request's stored answer."""
+    error = IntentRejected(rejection.code, rejection.message, rejection.details)  # type: ignore[arg-type]
+    event = CompositionRejected(
+        tenant=tenant,
+        code=rejection.code,
+        message=rejection.message,
+        details=rejection.details,
+        request=intent,
+    )
+    return Decision([event], error=error)
 
 
 def _with_entries(intent: Compose, bindings: list[DeviceBinding]) -> list[DeviceBinding]:

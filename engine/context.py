@@ -21,8 +21,8 @@ class Context(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Decision(msgspec.Struct, frozen=True):
-    """Events to append and the answer. A recorded rejection (no_capacity, no_path) has events
-    and an `error`; everything else that is refused raises IntentRejected instead."""
+    """Events to append and the answer. A recorded rejection (quota, no_capacity, no_path) has
+    events and an `error`; everything else that is refused raises IntentRejected instead."""
 
     events: list[Event]
     result: Any = None

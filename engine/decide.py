@@ -2,21 +2,22 @@
 
 No I/O and no clock reads: time arrives in the Context. A rejection that records nothing is
 raised as IntentRejected; everything that changes the world comes back as events. Each family
-of intents is decided in its own module: the fabric (engine.topology), compositions
-(engine.compose) and their settlement after the fabric saga (engine.settle).
+of intents is decided in its own module: the fabric (engine.topology), quotas (engine.quotas),
+compositions (engine.compose) and their settlement after the fabric saga (engine.settle).
 """
 
 from __future__ import annotations
 
 import msgspec
 
-from engine import topology
+from engine import quotas, topology
 from engine.compose import compose, expire_leases, extend, release
 from engine.context import Context, Decision
 from engine.errors import IntentRejected
 from engine.intents import (
     AddLink,
     AddNode,
+    ClearQuota,
     Compose,
     Drain,
     EstablishComposition,
@@ -27,6 +28,7 @@ from engine.intents import (
     Release,
     Remove,
     ReportFault,
+    SetQuota,
     Undrain,
 )
 from engine.settle import establish, fail
@@ -62,6 +64,10 @@ def decide(state: DomainState, intent: msgspec.Struct, ctx: Context) -> Decision
             return topology.undrain(state, intent)
         case ReportFault():
             return topology.report_fault(state, intent)
+        case SetQuota():
+            return quotas.set_quota(state, intent)
+        case ClearQuota():
+            return quotas.clear_quota(state, intent)
         case ExpireLeases():
             return expire_leases(state, ctx)
         case EstablishComposition():

@@ -75,6 +75,27 @@ class ComponentRecovered(Event):
     detail: str = ""
 
 
+# ---- quotas ----
+
+
+class QuotaSet(Event):
+    """The tenant's quota for one device kind is now this (None: no limit on that measure)."""
+
+    tenant: Id
+    kind: str
+    count: int | None = None
+    capacity_gib: float | None = None
+    reason: str = ""
+
+
+class QuotaCleared(Event):
+    """The tenant has no quota for that device kind any more."""
+
+    tenant: Id
+    kind: str
+    reason: str = ""
+
+
 # ---- compositions ----
 
 
@@ -207,6 +228,8 @@ AnyEvent = (
     | ComponentUndrained
     | ComponentFaulted
     | ComponentRecovered
+    | QuotaSet
+    | QuotaCleared
     | CompositionRequested
     | CompositionRejected
     | DevicesReserved

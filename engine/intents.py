@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from engine.actors import is_reserved
 from engine.ids import (
     COMPONENT_REF_PATTERN,
     ID_PATTERN,
@@ -92,6 +93,45 @@ class ReportFault(Intent):
     component: ComponentRef  # an OCS port (`ocs-1:3`) is recorded on the cable on it
     state: Literal["failed", "degraded", "healthy"]
     detail: Text = ""
+
+
+# ---- quotas (trellis.admin.<domain>.<verb>; engine.quotas) ----
+
+
+class SetQuota(Intent):
+    """The tenant's whole quota for one device kind in this domain: each limit given holds, a
+    limit left out is no limit. `count` counts devices (memory: slices); `capacity_gib` is
+    memory's GiB."""
+
+    tenant: Id
+    kind: DeviceKind
+    count: NonNegInt | None = None
+    capacity_gib: NonNegFloat | None = None
+    reason: Text = ""
+
+    def __post_init__(self) -> None:
+        # msgspec turns ValueError here into a ValidationError: `invalid` at the boundary.
+        _check_quota_tenant(self.tenant)
+        if self.count is None and self.capacity_gib is None:
+            raise ValueError("give `count`, `capacity_gib` or both (clear-quota removes a quota)")
+        if self.capacity_gib is not None and self.kind != "memory":
+            raise ValueError(f"`capacity_gib` limits memory only; a {self.kind} quota is a `count`")
+
+
+class ClearQuota(Intent):
+    """The tenant has no quota for that kind any more (no limit)."""
+
+    tenant: Id
+    kind: DeviceKind
+    reason: Text = ""
+
+    def __post_init__(self) -> None:
+        _check_quota_tenant(self.tenant)
+
+
+def _check_quota_tenant(tenant: str) -> None:
+    if is_reserved(tenant):
+        raise ValueError(f"{tenant!r} is reserved for Trellis's internal actors, not a tenant")
 
 
 # ---- compositions (trellis.intent.<domain>.<tenant>.<verb>) ----
@@ -210,6 +250,11 @@ class BlastRadiusQuery(Query):
     id: ComponentRef
 
 
+class QuotasQuery(Query):
+    tenant: Id | None = None
+    kind: DeviceKind | None = None
+
+
 INTENTS: dict[tuple[Family, str], type[msgspec.Struct]] = {
     ("intent", "compose"): Compose,
     ("intent", "release"): Release,
@@ -221,12 +266,15 @@ INTENTS: dict[tuple[Family, str], type[msgspec.Struct]] = {
     ("admin", "drain"): Drain,
     ("admin", "undrain"): Undrain,
     ("admin", "report-fault"): ReportFault,
+    ("admin", "set-quota"): SetQuota,
+    ("admin", "clear-quota"): ClearQuota,
     ("query", "topology"): TopologyQuery,
     ("query", "composition"): CompositionQuery,
     ("query", "connections"): ConnectionsQuery,
     ("query", "why"): WhyQuery,
     ("query", "free"): FreeQuery,
     ("query", "blast-radius"): BlastRadiusQuery,
+    ("query", "quotas"): QuotasQuery,
 }
 
 _DECODERS = {key: msgspec.json.Decoder(cls) for key, cls in INTENTS.items()}

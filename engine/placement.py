@@ -52,7 +52,7 @@ class Placement(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Rejection(msgspec.Struct, frozen=True, kw_only=True):
-    code: str  # "no_capacity" | "no_path"
+    code: str  # "no_capacity" | "no_path" | "quota" (engine.quotas)
     message: str
     details: dict[str, Any]
 

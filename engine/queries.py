@@ -1,8 +1,8 @@
 """Read-only answers computed from a domain's state (trellis.query.<domain>.<what>).
 
-`topology`, `free` and `blast-radius` are answered here from the writer's state. `composition`,
-`connections` and `why` carry history (who asked, when, which events), so they are answered
-from the projections (engine.ports.ReadModels) by the service.
+`topology`, `free`, `blast-radius` and `quotas` are answered here from the writer's state.
+`composition`, `connections` and `why` carry history (who asked, when, which events), so they
+are answered from the projections (engine.ports.ReadModels) by the service.
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from typing import Any
 
 import msgspec
 
+from engine import quotas
 from engine.errors import IntentRejected
-from engine.intents import BlastRadiusQuery, FreeQuery, TopologyQuery
+from engine.intents import BlastRadiusQuery, FreeQuery, QuotasQuery, TopologyQuery
 from engine.state import DomainState, LinkState, NodeState, resolve_ref, usable
 
-STATE_QUERIES = ("topology", "free", "blast-radius")
+STATE_QUERIES = ("topology", "free", "blast-radius", "quotas")
 
 
 def answer(state: DomainState, query: msgspec.Struct, what: str) -> dict[str, Any]:
@@ -33,6 +34,8 @@ def answer(state: DomainState, query: msgspec.Struct, what: str) -> dict[str, An
             return free(state, kind)
         case BlastRadiusQuery(id=component):
             return blast_radius(state, component)
+        case QuotasQuery(tenant=tenant, kind=kind):
+            return {"quotas": msgspec.to_builtins(quotas.quotas(state, tenant, kind))}
     raise IntentRejected("invalid", f"query {what!r} is not answered from state")
 
 

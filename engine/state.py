@@ -33,6 +33,8 @@ from engine.events import (
     LinkAdded,
     NodeAdded,
     PathRerouted,
+    QuotaCleared,
+    QuotaSet,
     TopologyImported,
 )
 from engine.ids import split_ref
@@ -88,12 +90,26 @@ class Circuit(msgspec.Struct, frozen=True, kw_only=True):
     host: str
 
 
+class Quota(msgspec.Struct, frozen=True, kw_only=True):
+    """A tenant's limits for one device kind; None: no limit on that measure."""
+
+    count: int | None = None  # devices held at once (memory: slices)
+    capacity_gib: float | None = None  # memory only: GiB held at once
+
+
+class Held(msgspec.Struct, frozen=True, kw_only=True):
+    """What a tenant's live compositions (pending, active, impaired) hold of one device kind."""
+
+    count: int = 0
+    capacity_gib: float = 0.0  # memory: the slices' GiB, a pool asked for by id whole
+
+
 class DomainState(msgspec.Struct, frozen=True, kw_only=True):
     """Everything `decide` needs about one domain. Maps are never mutated after construction.
 
     Besides the topology and the live compositions it keeps the indexes placement reads on
-    every request (owners, reserved bandwidth, circuits by port, switch tenants), updated by
-    `evolve` so a decision never scans all compositions.
+    every request (owners, reserved bandwidth, circuits by port, switch tenants, what each
+    tenant holds), updated by `evolve` so a decision never scans all compositions.
     """
 
     domain: str
@@ -107,6 +123,8 @@ class DomainState(msgspec.Struct, frozen=True, kw_only=True):
     reserved_gbps: dict[str, float] = {}  # link -> bandwidth reserved by live paths
     switch_tenants: dict[str, dict[str, int]] = {}  # switch -> tenant -> live paths through it
     exclusive_tenants: dict[str, dict[str, int]] = {}  # switch -> tenant -> exclusive paths
+    quotas: dict[str, dict[str, Quota]] = {}  # tenant -> device kind -> its limits
+    held: dict[str, dict[str, Held]] = {}  # tenant -> device kind -> what its live ones hold
 
     @property
     def exists(self) -> bool:
@@ -188,6 +206,17 @@ def evolve(state: DomainState, event: Event) -> DomainState:
             return _mark(state, cid, health=health, detail=detail)
         case ComponentRecovered(component=cid, detail=detail):
             return _mark(state, cid, health="healthy", detail=detail)
+        case QuotaSet(tenant=tenant, kind=kind, count=count, capacity_gib=gib):
+            limits = {**state.quotas.get(tenant, {}), kind: Quota(count=count, capacity_gib=gib)}
+            return replace(state, quotas={**state.quotas, tenant: limits})
+        case QuotaCleared(tenant=tenant, kind=kind):
+            limits = {k: q for k, q in state.quotas.get(tenant, {}).items() if k != kind}
+            quotas = dict(state.quotas)
+            if limits:
+                quotas[tenant] = limits
+            else:
+                quotas.pop(tenant, None)
+            return replace(state, quotas=quotas)
         case CompositionRequested():
             composition = Composition(
                 id=event.composition_id,
@@ -259,17 +288,30 @@ def without_binding(state: DomainState, cid: str, device: str) -> DomainState:
     return _reserve(state, composition, old, sign=-1)
 
 
+def held_gib(state: DomainState, binding: DeviceBinding) -> float:
+    """The GiB of memory a binding holds: its slice, or the whole pool when it was asked for by
+    id (its spec cannot change while a live composition uses it)."""
+    if binding.kind != "memory":
+        return 0.0
+    if binding.capacity_gib is not None:
+        return binding.capacity_gib
+    node = state.nodes.get(binding.device)
+    return (node.spec.capacity_gib or 0.0) if node is not None else 0.0
+
+
 def _reserve(
     state: DomainState, composition: Composition, bindings: list[DeviceBinding], sign: int
 ) -> DomainState:
-    """Add (sign=1) or return (sign=-1) what `bindings` hold: devices, slices, bandwidth and
-    the composition's tenancy of every PCIe switch on its paths."""
+    """Add (sign=1) or return (sign=-1) what `bindings` hold: devices, slices, bandwidth, the
+    composition's tenancy of every PCIe switch on its paths and its tenant's holdings."""
     owner = dict(state.device_owner)
     memory = dict(state.memory_used)
     reserved = dict(state.reserved_gbps)
     tenants = dict(state.switch_tenants)
     exclusive = dict(state.exclusive_tenants)
+    held = dict(state.held.get(composition.tenant, {}))
     for binding in bindings:
+        _hold(held, binding.kind, sign, sign * held_gib(state, binding))
         if binding.capacity_gib is not None:
             _count(memory, binding.device, sign * binding.capacity_gib)
         elif sign > 0:
@@ -283,6 +325,11 @@ def _reserve(
                 _count_tenant(tenants, node, composition.tenant, sign)
                 if composition.exclusive:
                     _count_tenant(exclusive, node, composition.tenant, sign)
+    by_tenant = dict(state.held)
+    if held:
+        by_tenant[composition.tenant] = held
+    else:
+        by_tenant.pop(composition.tenant, None)
     return msgspec.structs.replace(
         state,
         device_owner=owner,
@@ -290,7 +337,19 @@ def _reserve(
         reserved_gbps=reserved,
         switch_tenants=tenants,
         exclusive_tenants=exclusive,
+        held=by_tenant,
     )
+
+
+def _hold(held: dict[str, Held], kind: str, count: int, gib: float) -> None:
+    """Add to what a tenant holds of `kind`; the entry goes when it holds none (the count is
+    the authority, so rounding in the GiB sum never leaves a trace)."""
+    before = held.get(kind, Held())
+    total = before.count + count
+    if total <= 0:
+        held.pop(kind, None)
+    else:
+        held[kind] = Held(count=total, capacity_gib=max(0.0, before.capacity_gib + gib))
 
 
 def _count(totals: dict[str, float], key: str, delta: float) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 
 from engine.errors import IntentRejected
-from engine.intents import ConnectionsQuery
+from engine.intents import ConnectionsQuery, QuotasQuery
 from engine.state import DomainState
 
 Result = dict[str, Any]
@@ -41,10 +41,10 @@ def unknown_composition(composition_id: str) -> IntentRejected:
 
 
 def scoped_query(query: msgspec.Struct, tenant: str) -> msgspec.Struct:
-    """The query a view runs: `connections` filtered by the tenant (unless the body names a
-    tenant already: then `connections` keeps only the rows that are both, i.e. none of
-    another's)."""
-    if isinstance(query, ConnectionsQuery) and query.tenant is None:
+    """The query a view runs: `connections` and `quotas` filtered by the tenant (unless the
+    body names a tenant already: then the scope keeps only the rows that are both, i.e. none
+    of another's)."""
+    if isinstance(query, ConnectionsQuery | QuotasQuery) and query.tenant is None:
         return msgspec.structs.replace(query, tenant=tenant)
     return query
 
@@ -128,6 +128,11 @@ def blast_radius(result: Result, tenant: str, state: DomainState) -> Result:
     return {**result, "compositions": hit, "tenants": [tenant] if hit else []}
 
 
+def quotas(result: Result, tenant: str, state: DomainState) -> Result:
+    """The tenant's own quotas and holdings: what it may still compose. Others' never show."""
+    return {**result, "quotas": [r for r in result["quotas"] if r["tenant"] == tenant]}
+
+
 SCOPES: dict[str, Scope] = {
     "composition": composition,
     "connections": connections,
@@ -135,4 +140,5 @@ SCOPES: dict[str, Scope] = {
     "free": free,
     "topology": topology,
     "blast-radius": blast_radius,
+    "quotas": quotas,
 }

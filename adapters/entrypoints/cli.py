@@ -131,6 +131,7 @@ def _parser() -> argparse.ArgumentParser:
 
     _composition_commands(sub)
     _query_commands(sub)
+    _quota_commands(sub)
 
     fabric = sub.add_parser("fabric", help="the fabric as the driver sees it")
     fabric_sub = fabric.add_subparsers(metavar="ACTION")
@@ -213,7 +214,7 @@ def _query_commands(sub: Any) -> None:
     why.set_defaults(run=_why)
 
     free = sub.add_parser("free", help="usable devices with capacity left")
-    free.add_argument("--kind", choices=["gpu", "memory", "nic", "nvme", "accelerator"])
+    free.add_argument("--kind", choices=DEVICE_KINDS)
     _query_options(free)
     free.set_defaults(run=_free)
 
@@ -221,6 +222,39 @@ def _query_commands(sub: Any) -> None:
     blast.add_argument("id")
     _query_options(blast)
     blast.set_defaults(run=_blast_radius)
+
+
+DEVICE_KINDS = ["gpu", "memory", "nic", "nvme", "accelerator"]
+
+
+def _quota_commands(sub: Any) -> None:
+    quota = sub.add_parser("quota", help="tenants' quotas per device kind, and what they hold")
+    quota_sub = quota.add_subparsers(metavar="ACTION")
+    set_ = quota_sub.add_parser(
+        "set", help="set a tenant's whole quota for a kind (a limit left out: no limit)"
+    )
+    set_.add_argument("tenant")
+    set_.add_argument("kind", choices=DEVICE_KINDS)
+    set_.add_argument(
+        "--count", type=int, metavar="N", help="devices held at once (memory: slices)"
+    )
+    set_.add_argument("--gib", type=float, metavar="GIB", help="memory only: GiB held at once")
+    set_.add_argument("--reason", default="")
+    set_.add_argument("--request-id", help="resend-safe id (default: a fresh one)")
+    _client_options(set_)
+    set_.set_defaults(run=_quota_set)
+    clear = quota_sub.add_parser("clear", help="remove a tenant's quota for a kind")
+    clear.add_argument("tenant")
+    clear.add_argument("kind", choices=DEVICE_KINDS)
+    clear.add_argument("--reason", default="")
+    clear.add_argument("--request-id", help="resend-safe id (default: a fresh one)")
+    _client_options(clear)
+    clear.set_defaults(run=_quota_clear)
+    show = quota_sub.add_parser("show", help="quotas and holdings, by tenant and kind")
+    show.add_argument("--tenant", help="only this tenant")
+    show.add_argument("--kind", choices=DEVICE_KINDS)
+    _query_options(show)
+    show.set_defaults(run=_quota_show)
 
 
 def _query_options(p: argparse.ArgumentParser) -> None:
@@ -461,6 +495,32 @@ def _free(args: argparse.Namespace) -> int:
 def _blast_radius(args: argparse.Namespace) -> int:
     reply = _request(args, _query_subject(args, "blast-radius"), {"id": args.id})
     return _print_reply(args, reply, render.blast_radius_table)
+
+
+def _quota_set(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"tenant": args.tenant, "kind": args.kind, "reason": args.reason}
+    if args.count is not None:
+        body["count"] = args.count
+    if args.gib is not None:
+        body["capacity_gib"] = args.gib
+    return _send_admin(args, "set-quota", body, render.quota_summary)
+
+
+def _quota_clear(args: argparse.Namespace) -> int:
+    body = {"tenant": args.tenant, "kind": args.kind, "reason": args.reason}
+    return _send_admin(args, "clear-quota", body, render.quota_summary)
+
+
+def _quota_show(args: argparse.Namespace) -> int:
+    filters = {k: getattr(args, k) for k in ("tenant", "kind") if getattr(args, k)}
+    reply = _request(args, _query_subject(args, "quotas"), filters)
+    return _print_reply(args, reply, render.quota_table)
+
+
+def _send_admin(args: argparse.Namespace, verb: str, body: dict[str, Any], show: Any) -> int:
+    body = {**body, "request_id": args.request_id or str(uuid.uuid4())}
+    reply = _request(args, f"admin.{args.domain}.{verb}", body)
+    return _print_reply(args, reply, show)
 
 
 def _query_subject(args: argparse.Namespace, what: str) -> str:

@@ -213,6 +213,57 @@ def blast_radius_table(result: dict[str, Any], reply: dict[str, Any]) -> str:
     return table(headers, rows) + f"\ntenants affected: {tenants}"
 
 
+def quota_summary(result: dict[str, Any], reply: dict[str, Any]) -> str:
+    """One line for set-quota / clear-quota: the quota now, what is held, and what it means."""
+    what = f"quota of {result['tenant']} for {result['kind']}"
+    now = _limit(result["kind"], result["limit"]) if result["limit"] else "none (no limit)"
+    line = f"{what}: {now}; holds {_amount(result['kind'], result['held'])}"
+    if not result["changed"]:
+        line += " (unchanged, nothing recorded)"
+    else:
+        line += f", recorded at position {reply['position']}"
+    if result["over"]:
+        line += (
+            f"\nover quota: nothing held is taken away; new composes of {result['kind']} are "
+            "refused until it is under"
+        )
+    return line
+
+
+def quota_table(result: dict[str, Any], reply: dict[str, Any]) -> str:
+    rows = [
+        [
+            r["tenant"],
+            r["kind"],
+            _limit(r["kind"], r["limit"]) if r["limit"] else "none",
+            _amount(r["kind"], r["held"]),
+            "over quota" if r["over"] else "",
+        ]
+        for r in result["quotas"]
+    ]
+    return table(["tenant", "kind", "quota", "holds", ""], rows) + (
+        f"\n{len(rows)} tenant and kind pairs at position {reply['position']}"
+    )
+
+
+def _limit(kind: str, limit: dict[str, Any]) -> str:
+    parts = [] if limit["count"] is None else [_units(kind, limit["count"])]
+    if limit["capacity_gib"] is not None:
+        parts.append(f"{limit['capacity_gib']:g} GiB")
+    return ", ".join(parts)
+
+
+def _amount(kind: str, held: dict[str, Any]) -> str:
+    text = _units(kind, held["count"])
+    return text + (f", {held['capacity_gib']:g} GiB" if "capacity_gib" in held else "")
+
+
+def _units(kind: str, count: int) -> str:
+    """`1 device`, `3 devices`; memory counts slices."""
+    unit = "slice" if kind == "memory" else "device"
+    return f"{count} {unit}" + ("" if count == 1 else "s")
+
+
 def fabric_differences(plan: Reconciliation) -> list[str]:
     """One line per difference between the hardware and the log; none when they agree."""
     lines = [f"holds {_binding(b)}, which the log does not" for b in plan.unbind]

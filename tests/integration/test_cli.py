@@ -107,6 +107,36 @@ async def test_a_refusal_prints_the_why_not_funnel_and_exits_non_zero(
     assert "kind and model" in err and "bandwidth" in err
 
 
+async def test_an_operator_sets_shows_and_clears_a_quota(h: Harness, env: dict[str, str]) -> None:
+    await trellis(env, "topology", "import", str(EXAMPLE))
+    gpu = ["compose", "--host", "host-01", "--gpu", "1", "--tenant", "acme"]
+
+    code, out, _ = await trellis(env, "quota", "set", "acme", "gpu", "--count", "1")
+    assert code == 0 and "quota of acme for gpu: 1 device; holds 0 devices" in out, out
+    code, out, _ = await trellis(env, *gpu)
+    assert code == 0, out
+    code, _, err = await trellis(env, *gpu)
+    assert code == 1 and "error [quota]" in err and "holds 1 gpu" in err, err
+
+    code, out, _ = await trellis(env, "quota", "set", "acme", "memory", "--gib", "512")
+    assert code == 0 and "quota of acme for memory: 512 GiB; holds 0 slices, 0 GiB" in out, out
+    code, out, _ = await trellis(env, "quota", "show")
+    assert code == 0, out
+    lines = out.splitlines()
+    assert any(line.split()[:4] == ["acme", "gpu", "1", "device"] for line in lines), out
+    assert any(line.split()[:4] == ["acme", "memory", "512", "GiB"] for line in lines), out
+    code, out, _ = await trellis(env, "quota", "show", "--view", "globex")
+    assert code == 0 and "acme" not in out and "0 tenant and kind pairs" in out, out
+
+    code, _, err = await trellis(env, "quota", "set", "acme", "gpu", "--gib", "8")
+    assert code == 1 and "error [invalid]" in err and "memory only" in err, err
+
+    code, out, _ = await trellis(env, "quota", "clear", "acme", "gpu")
+    assert code == 0 and "quota of acme for gpu: none (no limit); holds 1 device" in out, out
+    code, out, _ = await trellis(env, *gpu)
+    assert code == 0, out
+
+
 async def test_rebuilding_the_projections_gives_the_same_answers(
     h: Harness, env: dict[str, str]
 ) -> None:

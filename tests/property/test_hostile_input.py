@@ -155,12 +155,19 @@ SUBJECTS = [
     Subject(
         "admin", "report-fault", {"component": "gpu-02", "state": "degraded", "detail": "fuzz"}
     ),
+    Subject(
+        "admin",
+        "set-quota",
+        {"tenant": TENANT, "kind": "memory", "count": 4, "capacity_gib": 512.0, "reason": "fuzz"},
+    ),
+    Subject("admin", "clear-quota", {"tenant": TENANT, "kind": "gpu", "reason": "fuzz"}),
     Subject("query", "topology", {}),
     Subject("query", "composition", {"id": "c-1"}),
     Subject("query", "connections", {"host": "host-01", "tenant": TENANT, "device": "gpu-01"}),
     Subject("query", "why", {"id": "gpu-01", "at": 5}),
     Subject("query", "free", {"kind": "gpu"}),
     Subject("query", "blast-radius", {"id": "ocs-1:1"}),
+    Subject("query", "quotas", {"tenant": TENANT, "kind": "gpu"}),
     # The tenant-scoped views (engine/views.py), one line each.
     Subject("view", "topology", {}, decodes_as="query"),
     Subject("view", "composition", {"id": "c-1"}, decodes_as="query"),
@@ -168,6 +175,7 @@ SUBJECTS = [
     Subject("view", "why", {"id": "gpu-01", "at": 5}, decodes_as="query"),
     Subject("view", "free", {"kind": "gpu"}, decodes_as="query"),
     Subject("view", "blast-radius", {"id": "ocs-1:1"}, decodes_as="query"),
+    Subject("view", "quotas", {"kind": "memory"}, decodes_as="query"),
 ]
 WRITES = [s for s in SUBJECTS if s.writes]
 
@@ -184,6 +192,8 @@ SEEDS: list[tuple[str, str, dict[str, Any]]] = [
     ("admin", "undrain", {"id": "nic-01", "reason": "seed"}),
     ("admin", "report-fault", {"component": "nvme-01", "state": "degraded", "detail": "seed"}),
     ("admin", "remove", {"id": "l-8", "reason": "seed"}),
+    ("admin", "set-quota", {"tenant": "globex", "kind": "nic", "count": 1, "reason": "seed"}),
+    ("admin", "clear-quota", {"tenant": "globex", "kind": "nic", "reason": "seed"}),
 ]
 
 

@@ -71,6 +71,8 @@ ID_FIELDS = [
     ("admin", "add-link", {"request_id": "r", "link": {**LINK, "b": "@"}}),
     ("admin", "import-topology", {"request_id": "r", "nodes": [{"id": "@", "kind": "host"}]}),
     ("admin", "import-topology", {"request_id": "r", "links": [{**LINK, "id": "@"}]}),
+    ("admin", "set-quota", {"request_id": "r", "tenant": "@", "kind": "gpu", "count": 1}),
+    ("admin", "clear-quota", {"request_id": "r", "tenant": "@", "kind": "gpu"}),
     ("intent", "compose", {"request_id": "r", "host": "@"}),
     ("intent", "compose", {"request_id": "r", "host": "h", "device_ids": ["@"]}),
     ("intent", "release", {"request_id": "r", "composition_id": "@"}),
@@ -81,6 +83,7 @@ ID_FIELDS = [
     ("query", "connections", {"device": "@"}),
     ("query", "why", {"id": "@"}),
     ("query", "blast-radius", {"id": "@"}),
+    ("query", "quotas", {"tenant": "@"}),
 ]
 
 BAD_IDS = [
