@@ -70,6 +70,15 @@ class WriterFenced(TrellisError):
         self.domain = domain
 
 
+class ServedElsewhere(TrellisError):
+    """Another engine writes the request's domain: hand the request to `writer`."""
+
+    def __init__(self, domain: str, writer: str):
+        super().__init__(f"domain {domain!r} is written by engine {writer}")
+        self.domain = domain
+        self.writer = writer
+
+
 class StoreUnavailable(TrellisError):
     """The event store cannot be reached or cannot commit now; safe to retry."""
 

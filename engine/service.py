@@ -18,7 +18,7 @@ import msgspec
 
 from engine import replies, views
 from engine.actors import ENGINE, OPERATOR, is_reserved
-from engine.errors import IntentRejected, StoreUnavailable, WriterFenced
+from engine.errors import IntentRejected, ServedElsewhere, StoreUnavailable, WriterFenced
 from engine.follower import Followers
 from engine.ids import is_valid_id
 from engine.intents import (
@@ -247,10 +247,22 @@ class Engine:
         return await writer.request(ENGINE, verb, settlement, "internal", correlation)
 
     async def handle(
-        self, family: Family, domain: str, tenant: str | None, verb: str, body: bytes
+        self,
+        family: Family,
+        domain: str,
+        tenant: str | None,
+        verb: str,
+        body: bytes,
+        *,
+        forwarded: bool = False,
     ) -> bytes:
         """Answer one request; never raises for bad input. `tenant` is the subject's tenant
-        token: of an intent, or of a view (a query with a tenant is that tenant's view)."""
+        token: of an intent, or of a view (a query with a tenant is that tenant's view).
+
+        Raises:
+            ServedElsewhere: another engine turned out to write the domain (unless the request
+                was `forwarded` here already: then it is answered `unavailable`).
+        """
         for what, token in (("domain", domain), ("tenant", tenant)):
             if token is not None and not is_valid_id(token):
                 return replies.error("invalid", f"{what} {token!r} is not a valid id")
@@ -280,7 +292,9 @@ class Engine:
         except StoreUnavailable as exc:
             return replies.error("unavailable", f"event store unavailable: {exc}")
         except _HeldElsewhere as exc:
-            return exc.reply()
+            if forwarded or exc.holder is None:
+                return exc.reply()
+            raise ServedElsewhere(domain, exc.holder.engine) from None
 
     async def _once_settled(self, served: _Served, reply: bytes) -> bytes:
         """A compose is answered when the fabric saga has settled it: the composition is

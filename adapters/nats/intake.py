@@ -17,6 +17,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from engine import replies
+from engine.errors import ServedElsewhere
 from engine.service import Engine
 
 log = logging.getLogger(__name__)
@@ -88,19 +89,17 @@ class NatsIntake:
 
     async def _serve(self, msg: Msg) -> None:
         tokens = msg.subject.split(".")[self._depth :]
-        if tokens[:2] == ["engine", self._engine.identity]:
+        forwarded = tokens[:2] == ["engine", self._engine.identity]
+        if forwarded:
             tokens = tokens[2:]  # forwarded to us: answer here, never forward again
         elif len(tokens) > 2 and (writer := self._engine.route(tokens[1])) is not None:
-            # Another engine writes this domain: hand the request over as it came, reply
-            # subject and all, so the writer answers the client directly.
-            forward = ".".join([self._prefix, "engine", writer, *tokens])
-            try:
-                await self._nc.publish(forward, msg.data, reply=msg.reply, headers=msg.headers)
-            except Exception:  # NATS is down: the client times out and resends
-                log.warning("could not forward %s to engine %s", msg.subject, writer)
+            await self._forward(msg, tokens, writer)
             return
         try:
-            reply = await self._route(tokens, msg.data)
+            reply = await self._route(tokens, msg.data, forwarded)
+        except ServedElsewhere as exc:
+            await self._forward(msg, tokens, exc.writer)
+            return
         except Exception as exc:
             log.exception("failed to serve %s", msg.subject)
             cause = f"{type(exc).__name__}: {exc}"
@@ -115,14 +114,24 @@ class NatsIntake:
             except Exception:  # the requester is gone or NATS is down; the log still has it
                 log.warning("could not reply on %s", msg.subject, exc_info=True)
 
-    async def _route(self, tokens: list[str], body: bytes) -> bytes:
+    async def _forward(self, msg: Msg, tokens: list[str], writer: str) -> None:
+        """Hand the request to the engine that writes its domain, as it came, reply subject
+        and all, so that engine answers the client directly."""
+        forward = ".".join([self._prefix, "engine", writer, *tokens])
+        try:
+            await self._nc.publish(forward, msg.data, reply=msg.reply, headers=msg.headers)
+        except Exception:  # NATS is down: the client times out and resends
+            log.warning("could not forward %s to engine %s", msg.subject, writer)
+
+    async def _route(self, tokens: list[str], body: bytes, forwarded: bool) -> bytes:
+        handle = self._engine.handle
         match tokens:
             case ["intent", domain, tenant, verb]:
-                return await self._engine.handle("intent", domain, tenant, verb, body)
+                return await handle("intent", domain, tenant, verb, body, forwarded=forwarded)
             case ["admin", domain, verb]:
-                return await self._engine.handle("admin", domain, None, verb, body)
+                return await handle("admin", domain, None, verb, body, forwarded=forwarded)
             case ["query", domain, verb]:
-                return await self._engine.handle("query", domain, None, verb, body)
+                return await handle("query", domain, None, verb, body, forwarded=forwarded)
             case ["view", domain, tenant, verb]:
-                return await self._engine.handle("query", domain, tenant, verb, body)
+                return await handle("query", domain, tenant, verb, body, forwarded=forwarded)
         return replies.error("invalid", f"unknown subject {'.'.join(tokens)!r}")

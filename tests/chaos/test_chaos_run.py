@@ -51,6 +51,7 @@ import nats.errors
 import pytest
 import pytest_asyncio
 from checker import PROMISES, Ack, LogRow, check, read_log, read_stream
+from engines import REPO, EngineProcess, Fleet
 from isolation import Database, create_schema, unique_schema_name
 from nats.aio.client import Client as NATS
 from zeros import zeros
@@ -59,7 +60,6 @@ from adapters.embedded.cluster import ClusterNode, NatsCluster
 from adapters.embedded.servers import PG_ENGINE_ROLE, PG_OWNER_ROLE, EmbeddedPostgres
 from adapters.nats.client import TrellisClient
 
-REPO = Path(__file__).resolve().parents[2]
 DOMAIN = "hall"
 PREFIX = "trellis"  # the cluster is the run's own: the real names TRELLIS_EVENTS, TRELLIS_STATE
 STREAM = "TRELLIS_EVENTS"
@@ -67,7 +67,7 @@ ENGINES = 2
 TAKEOVER_WITHIN_S = 5.0  # ARCHITECTURE §10: a standby takes a dead writer's domain over
 TENANTS = ("acme", "globex", "initech", "umbrella")
 CLIENTS = 8
-FAULTS = ("writer", "nats", "postgres", "writer")
+FAULTS = ("writer", "nats", "pause", "postgres", "writer")
 # Final answers the load must get before each fault and after each recovery.
 PROGRESS = 15
 # Each client composes and releases until the faults are over, then TAIL_CYCLES more: at most
@@ -86,6 +86,11 @@ REFUSALS = ("no_capacity", "no_path")  # what contention may answer; anything el
 TABLE = "chaos run (issue 9 item 10)"
 LEFT_OVER = ("compositions left at the end", "circuits left at the end")
 UNEXPECTED = "unexpected answers"
+# Fencing (issue 9 item 7): no event committed under an epoch older than one before it, and the
+# simulated hardware holds exactly what the log says (`trellis fabric check`).
+STALE_COMMITS = "commits under a superseded writer epoch"
+HARDWARE_UNLIKE = "hardware unlike the log"
+ASLEEP_S = 2.5  # how long past the end of its lease the paused writer sleeps
 
 
 def contended_hall(racks: int = 4) -> dict[str, Any]:
@@ -139,109 +144,6 @@ def held(log: list[LogRow]) -> Counter[str]:
         elif row.type == "CircuitCreated":
             kinds["OCS circuits"] += 1
     return kinds
-
-
-# ---- the engines: `trellis up` processes ----
-
-
-class EngineProcess:
-    """One `trellis up`, its output collected in a file."""
-
-    def __init__(self, number: int, proc: asyncio.subprocess.Process, output: Path) -> None:
-        self.number = number
-        self.proc = proc
-        self.output = output
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.returncode is None
-
-    def said(self) -> str:
-        return self.output.read_text(errors="replace")
-
-    async def serving(self, within: float = WAIT_WITHIN_S) -> None:
-        """Until it says it serves; fails with its output if it exits or takes too long."""
-        deadline = time.monotonic() + within
-        while "trellis engine up" not in self.said():
-            if not self.alive or time.monotonic() > deadline:
-                pytest.fail(
-                    f"engine {self.number} did not come up; it said:\n{self.said()[-3000:]}"
-                )
-            await asyncio.sleep(0.05)
-
-    async def kill(self) -> None:
-        """SIGKILL: no shutdown, no cleanup, whatever it was doing."""
-        self.proc.kill()
-        await self.proc.wait()
-
-    async def stop(self) -> None:
-        if self.alive:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.proc.wait(), 20)
-            except TimeoutError:
-                await self.kill()
-
-
-class Fleet:
-    """The run's engines, all on the same servers, schema, subjects and fabric state file."""
-
-    def __init__(self, env: dict[str, str], logs: Path) -> None:
-        self.env = env
-        self.logs = logs
-        self.engines: list[EngineProcess] = []
-
-    async def start_one(self) -> EngineProcess:
-        """Start one more `trellis up` and return it once it serves."""
-        number = len(self.engines) + 1
-        output = self.logs / f"engine-{number}.log"
-        with output.open("wb") as out:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "adapters.entrypoints.cli", "-v", "up",
-                cwd=REPO, env=self.env, stdout=out, stderr=out,
-            )  # fmt: skip
-        engine = EngineProcess(number, proc, output)
-        self.engines.append(engine)
-        await engine.serving()
-        return engine
-
-    async def writer(self) -> tuple[EngineProcess, int]:
-        """The engine that holds DOMAIN's writer lease now, and the lease's epoch (waits for
-        one: right after a takeover nobody may hold it for a moment)."""
-        deadline = time.monotonic() + WAIT_WITHIN_S
-        while True:
-            holder = await self.holder()
-            if holder is not None:
-                pid, epoch = holder
-                for engine in self.engines:
-                    if engine.alive and engine.proc.pid == pid:
-                        return engine, epoch
-            if time.monotonic() > deadline:
-                pytest.fail(f"no running engine holds the writer lease of {DOMAIN}")
-            await asyncio.sleep(0.05)
-
-    async def holder(self) -> tuple[int, int] | None:
-        """(pid, epoch) of the engine holding DOMAIN's writer lease, from the lease table."""
-        conn = await asyncpg.connect(
-            self.env["TRELLIS_DATABASE_URL"],
-            server_settings={"search_path": self.env["TRELLIS_DB_SCHEMA"]},
-        )
-        try:
-            row = await conn.fetchrow(
-                "SELECT e.name, l.epoch FROM trellis_writer_leases l "
-                "JOIN trellis_engines e ON e.id = l.holder "
-                "WHERE l.domain = $1 AND l.expires_at > clock_timestamp()",
-                DOMAIN,
-            )
-        finally:
-            await conn.close()
-        if row is None:
-            return None
-        return int(row["name"].rsplit(":", 1)[1]), int(row["epoch"])  # name is host:pid
-
-    async def stop(self) -> None:
-        for engine in self.engines:
-            await engine.stop()
 
 
 # ---- the load: clients that resend as the contract says ----
@@ -359,6 +261,7 @@ class Chaos:
         self.nc = nc
         self.injected: Counter[str] = Counter()
         self.takeovers: list[float] = []  # seconds from a writer's death to its successor
+        self.woken: list[EngineProcess] = []  # writers paused past their lease, then woken
 
     async def inject(self, fault: str) -> None:
         """One fault, once the system has recovered from the one before: the stream has a
@@ -367,6 +270,7 @@ class Chaos:
         await self.load.moved_on(f"before the {fault} fault")
         faults = {
             "writer": self.kill_writer,
+            "pause": self.pause_writer,
             "nats": self.kill_nats_node,
             "postgres": self.restart_postgres,
         }
@@ -386,6 +290,26 @@ class Chaos:
         self.takeovers.append(time.monotonic() - killed)
         await self.fleet.start_one()
         await self.load.moved_on("after the writer was killed")
+
+    async def pause_writer(self) -> None:
+        """SIGSTOP the writer until the other engine has taken its domain over and served the
+        load a while, then SIGCONT it: it wakes with a lease long gone, work in flight, and
+        requests queued for it. Its commits and fabric calls must all be refused."""
+        writer, epoch = await self.fleet.writer()
+        writer.proc.send_signal(signal.SIGSTOP)
+        paused = time.monotonic()
+        try:
+            while True:
+                survivor, now = await self.fleet.writer()
+                if survivor is not writer and now > epoch:
+                    break
+            self.takeovers.append(time.monotonic() - paused)
+            await self.load.moved_on("with the writer paused")
+            await asyncio.sleep(ASLEEP_S)
+        finally:
+            writer.proc.send_signal(signal.SIGCONT)
+        self.woken.append(writer)
+        await self.load.moved_on("after the paused writer woke")
 
     async def kill_nats_node(self) -> None:
         """SIGKILL the node the writer's intake uses, made the stream's leader first; start it
@@ -471,7 +395,7 @@ async def fleet(
         "TRELLIS_DATA_DIR": str(tmp_path / "data"),
         "TRELLIS_FABRIC_STATE": str(tmp_path / "fabric-sim.json"),
     }
-    engines = Fleet(env, tmp_path)
+    engines = Fleet(env, tmp_path, DOMAIN)
     try:
         for _ in range(ENGINES):
             await engines.start_one()
@@ -516,6 +440,8 @@ async def test_chaos_run_loses_nothing_and_breaks_no_promise(
                     await asyncio.sleep(0.2)
         await fleet.stop()
         log, requests = await read_log(own_postgres.url, schema)
+        stale = await stale_commits(own_postgres.url, schema)
+        hardware_unlike = await fabric_check(fleet)
         stream = await read_stream(js, STREAM, f"{PREFIX}.events.>")
 
     # ...and the audit of the raw log, the stream and the answers finds every promise kept.
@@ -524,12 +450,19 @@ async def test_chaos_run_loses_nothing_and_breaks_no_promise(
         a for a in load.acks if not a.reply["ok"] and a.reply["error"]["code"] not in REFUSALS
     ]
     table = zeros(TABLE)
-    table.promise(*PROMISES, *LEFT_OVER, UNEXPECTED)
+    table.promise(*PROMISES, *LEFT_OVER, UNEXPECTED, STALE_COMMITS, HARDWARE_UNLIKE)
     for promise, count in findings.broken.items():
         table.add(promise, count)
     table.add(LEFT_OVER[0], len(findings.live_at_end))
     table.add(LEFT_OVER[1], len(findings.circuits_at_end))
     table.add(UNEXPECTED, len(unexpected))
+    table.add(STALE_COMMITS, stale)
+    table.add(HARDWARE_UNLIKE, hardware_unlike)
+    for woken in chaos.woken:
+        said = woken.said()
+        table.tried("woken writer: appends refused", said.count("no longer its writer"))
+        table.tried("woken writer: fabric calls refused", said.count("fabric refused this writer"))
+        table.tried("woken writer: stopped writing", said.count("stops writing it"))
     for fault, count in chaos.injected.items():
         table.tried(f"faults injected: {fault}", count)
     table.tried("intents acked", len(load.acks))
@@ -553,3 +486,36 @@ async def test_chaos_run_loses_nothing_and_breaks_no_promise(
     assert findings.clean(), findings.report()
     assert findings.live_at_end == [] and findings.circuits_at_end == [], findings
     assert unexpected == [], unexpected[:5]
+    assert stale == 0 and hardware_unlike == 0, (stale, hardware_unlike)
+    assert all("stops writing it" in w.said() for w in chaos.woken)
+
+
+async def stale_commits(url: str, schema: str) -> int:
+    """Events committed under a writer epoch older than one already seen before them in the
+    domain: what a writer that lost its lease would have written."""
+    conn = await asyncpg.connect(url, server_settings={"search_path": schema})
+    try:
+        rows = await conn.fetch(
+            "SELECT domain, fence FROM trellis_events WHERE fence IS NOT NULL ORDER BY position"
+        )
+    finally:
+        await conn.close()
+    newest: dict[str, int] = {}
+    stale = 0
+    for row in rows:
+        if row["fence"] < newest.get(row["domain"], 0):
+            stale += 1
+        newest[row["domain"]] = max(newest.get(row["domain"], 0), row["fence"])
+    return stale
+
+
+async def fabric_check(fleet: Fleet) -> int:
+    """1 if `trellis fabric check` finds the simulated hardware unlike the log, else 0."""
+    check = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "adapters.entrypoints.cli", "fabric", "check", "--domain", DOMAIN,
+        cwd=REPO, env=fleet.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    said, _ = await check.communicate()
+    if check.returncode not in (0, 1):
+        pytest.fail(f"trellis fabric check failed: {said.decode()}")
+    return check.returncode or 0

@@ -1,0 +1,121 @@
+"""`trellis up` processes for the tests that kill, pause and restart engines.
+
+Each engine runs this checkout's code in a process of its own, its output collected in a file;
+a Fleet is several of them on the same servers, schema, subjects and fabric state file, as a
+deployment runs them. Which one writes a domain is read from the writer lease table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import time
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+WAIT_WITHIN_S = 60.0
+
+
+class EngineProcess:
+    """One `trellis up`, its output collected in a file."""
+
+    def __init__(self, number: int, proc: asyncio.subprocess.Process, output: Path) -> None:
+        self.number = number
+        self.proc = proc
+        self.output = output
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.returncode is None
+
+    def said(self) -> str:
+        return self.output.read_text(errors="replace")
+
+    async def serving(self, within: float = WAIT_WITHIN_S) -> None:
+        """Until it says it serves; fails with its output if it exits or takes too long."""
+        deadline = time.monotonic() + within
+        while "trellis engine up" not in self.said():
+            if not self.alive or time.monotonic() > deadline:
+                pytest.fail(
+                    f"engine {self.number} did not come up; it said:\n{self.said()[-3000:]}"
+                )
+            await asyncio.sleep(0.05)
+
+    async def kill(self) -> None:
+        """SIGKILL: no shutdown, no cleanup, whatever it was doing."""
+        self.proc.kill()
+        await self.proc.wait()
+
+    async def stop(self) -> None:
+        if self.alive:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), 20)
+            except TimeoutError:
+                await self.kill()
+
+
+class Fleet:
+    """Engines all on the same servers, schema, subjects and fabric state file (`env`)."""
+
+    def __init__(self, env: dict[str, str], logs: Path, domain: str) -> None:
+        self.env = env
+        self.logs = logs
+        self.domain = domain
+        self.engines: list[EngineProcess] = []
+
+    async def start_one(self) -> EngineProcess:
+        """Start one more `trellis up` and return it once it serves."""
+        number = len(self.engines) + 1
+        output = self.logs / f"engine-{number}.log"
+        with output.open("wb") as out:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "adapters.entrypoints.cli", "-v", "up",
+                cwd=REPO, env=self.env, stdout=out, stderr=out,
+            )  # fmt: skip
+        engine = EngineProcess(number, proc, output)
+        self.engines.append(engine)
+        await engine.serving()
+        return engine
+
+    async def writer(self) -> tuple[EngineProcess, int]:
+        """The engine that holds the domain's writer lease now, and the lease's epoch (waits
+        for one: right after a takeover nobody may hold it for a moment)."""
+        deadline = time.monotonic() + WAIT_WITHIN_S
+        while True:
+            holder = await self.holder()
+            if holder is not None:
+                pid, epoch = holder
+                for engine in self.engines:
+                    if engine.alive and engine.proc.pid == pid:
+                        return engine, epoch
+            if time.monotonic() > deadline:
+                pytest.fail(f"no running engine holds the writer lease of {self.domain}")
+            await asyncio.sleep(0.05)
+
+    async def holder(self) -> tuple[int, int] | None:
+        """(pid, epoch) of the engine holding the domain's writer lease (the lease table)."""
+        conn = await asyncpg.connect(
+            self.env["TRELLIS_DATABASE_URL"],
+            server_settings={"search_path": self.env["TRELLIS_DB_SCHEMA"]},
+        )
+        try:
+            row = await conn.fetchrow(
+                "SELECT e.name, l.epoch FROM trellis_writer_leases l "
+                "JOIN trellis_engines e ON e.id = l.holder "
+                "WHERE l.domain = $1 AND l.expires_at > clock_timestamp()",
+                self.domain,
+            )
+        finally:
+            await conn.close()
+        if row is None:
+            return None
+        return int(row["name"].rsplit(":", 1)[1]), int(row["epoch"])  # name is host:pid
+
+    async def stop(self) -> None:
+        for engine in self.engines:
+            await engine.stop()
