@@ -131,3 +131,14 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_sep("-", table.title)
         for line in table.lines()[1:]:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture
+def own_postgres(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
+    """A Postgres of the test's own, to stop and start (never the session's)."""
+    server = EmbeddedPostgres(tmp_path / "pg")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,4 +1,5 @@
-"""`trellis up` processes for the tests that kill, pause and restart engines.
+"""`trellis up` processes, and clients of a NATS cluster, for the tests that kill, pause and
+restart engines and servers.
 
 Each engine runs this checkout's code in a process of its own, its output collected in a file;
 a Fleet is several of them on the same servers, schema, subjects and fabric state file, as a
@@ -8,13 +9,19 @@ deployment runs them. Which one writes a domain is read from the writer lease ta
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
 import pytest
+from nats.aio.client import Client as NATS
+
+from adapters.embedded.cluster import NatsCluster
+from adapters.nats.client import TrellisClient
 
 REPO = Path(__file__).resolve().parents[1]
 WAIT_WITHIN_S = 60.0
@@ -119,3 +126,24 @@ class Fleet:
     async def stop(self) -> None:
         for engine in self.engines:
             await engine.stop()
+
+
+@contextlib.asynccontextmanager
+async def client_at(
+    cluster: NatsCluster, index: int, *, prefix: str, timeout: float, name: str = "test-client"
+) -> AsyncIterator[TrellisClient]:
+    """A client connection that starts at node `index` and moves to the others when it dies."""
+    first = cluster.urls[index]
+    nc = NATS()
+    await nc.connect(
+        [first, *(u for u in cluster.urls if u != first)],
+        name=f"{name}-{index}",
+        dont_randomize=True,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.25,  # type: ignore[arg-type]  # annotated int, takes seconds
+        connect_timeout=2,
+    )
+    try:
+        yield TrellisClient(nc, prefix=prefix, timeout=timeout)
+    finally:
+        await nc.close()

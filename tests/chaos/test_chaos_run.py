@@ -41,7 +41,7 @@ import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,7 @@ import nats.errors
 import pytest
 import pytest_asyncio
 from checker import PROMISES, Ack, LogRow, check, read_log, read_stream
-from engines import REPO, EngineProcess, Fleet
+from engines import REPO, EngineProcess, Fleet, client_at
 from isolation import Database, create_schema, unique_schema_name
 from nats.aio.client import Client as NATS
 from zeros import zeros
@@ -226,25 +226,6 @@ async def client_loop(client: TrellisClient, number: int, load: Load) -> None:
     pytest.fail(f"the faults outlasted {MAX_CYCLES} cycles of client {number}")
 
 
-@contextlib.asynccontextmanager
-async def client_at(cluster: NatsCluster, index: int) -> AsyncIterator[TrellisClient]:
-    """A client connection that starts at node `index` and moves to the others when it dies."""
-    first = cluster.urls[index]
-    nc = NATS()
-    await nc.connect(
-        [first, *(u for u in cluster.urls if u != first)],
-        name=f"chaos-client-{index}",
-        dont_randomize=True,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.25,  # type: ignore[arg-type]  # annotated int, takes seconds
-        connect_timeout=2,
-    )
-    try:
-        yield TrellisClient(nc, prefix=PREFIX, timeout=REQUEST_TIMEOUT_S)
-    finally:
-        await nc.close()
-
-
 # ---- the faults ----
 
 
@@ -366,17 +347,6 @@ class Chaos:
 # ---- the run ----
 
 
-@pytest.fixture
-def own_postgres(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
-    """A Postgres of the run's own, to restart (never the session's)."""
-    server = EmbeddedPostgres(tmp_path / "pg")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest_asyncio.fixture
 async def fleet(
     nats_cluster: NatsCluster, own_postgres: EmbeddedPostgres, tmp_path: Path
@@ -413,7 +383,16 @@ async def test_chaos_run_loses_nothing_and_breaks_no_promise(
     schema = fleet.env["TRELLIS_DB_SCHEMA"]
     async with asyncio.timeout(RUN_WITHIN_S), contextlib.AsyncExitStack() as stack:
         clients = [
-            await stack.enter_async_context(client_at(nats_cluster, i % 3)) for i in range(4)
+            await stack.enter_async_context(
+                client_at(
+                    nats_cluster,
+                    i % 3,
+                    prefix=PREFIX,
+                    timeout=REQUEST_TIMEOUT_S,
+                    name="chaos-client",
+                )
+            )
+            for i in range(4)
         ]
         body = {"request_id": "import", **contended_hall()}
         imported = await load.ask(clients[0], "operator", "import-topology", body)

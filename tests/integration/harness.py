@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 
 import msgspec
 
@@ -14,6 +15,7 @@ from adapters.nats.relay import RelaySink
 from adapters.postgres.store import PostgresEventStore
 from engine.follower import Followers
 from engine.ports import FabricDriver
+from engine.records import PendingEvent
 from engine.service import Engine
 from projections import ProjectionSink
 
@@ -71,3 +73,30 @@ async def serving(
             )
         finally:
             await client_nc.close()
+
+
+class ManualClock:
+    """A Clock the test moves by hand (leases fall due when the test says)."""
+
+    def __init__(self, at: datetime | None = None) -> None:
+        self.at = at or datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+    def now(self) -> datetime:
+        return self.at
+
+    def advance(self, seconds: float) -> None:
+        self.at += timedelta(seconds=seconds)
+
+
+def undecodable_event(event_id: str = "00000000-0000-4000-8000-000000000001") -> PendingEvent:
+    """An event of a type this engine does not know (a newer engine's, say), to append."""
+    return PendingEvent(
+        id=event_id,
+        type="EventFromTheFuture",
+        schema_version=1,
+        actor="operator",
+        causation_id="r-future",
+        correlation_id="r-future",
+        recorded_at=datetime(2026, 1, 1, tzinfo=UTC),
+        data=b"{}",
+    )

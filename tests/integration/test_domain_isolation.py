@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 
 import pytest_asyncio
 from fabrics import expect_error, expect_ok, fabric
-from harness import Harness, serving
-
-from engine.records import PendingEvent
+from harness import Harness, serving, undecodable_event
 
 TROUBLED, HEALTHY = "hall-a", "hall-b"
 QUICK = {"poll_interval": 0.2, "max_backoff": 0.5}
@@ -37,16 +34,7 @@ async def h(
 
 async def poison(h: Harness, domain: str) -> int:
     """Append an event this engine cannot read; its position."""
-    future = PendingEvent(
-        id="00000000-0000-4000-8000-00000000f00d",
-        type="EventFromTheFuture",
-        schema_version=1,
-        actor="operator",
-        causation_id="r-future",
-        correlation_id="r-future",
-        recorded_at=datetime(2026, 12, 1, tzinfo=UTC),
-        data=b"{}",
-    )
+    future = undecodable_event("00000000-0000-4000-8000-00000000f00d")
     head = await h.store.head(domain)
     appended = await h.store.append(domain, head, [future], [], fence=h.engine.fence(domain))
     for sink in ("projections", "relay"):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import msgspec
 import pytest
 import pytest_asyncio
 from fabrics import expect_ok, fabric, fetch
-from harness import Harness, serving
+from harness import Harness, serving, undecodable_event
 from nats.aio.client import Client as NATS
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
@@ -41,7 +41,7 @@ from adapters.nats.kv_state import composition_entry, device_entry, host_entry
 from adapters.nats.relay import RelayError, RelaySink
 from adapters.postgres.store import PostgresEventStore, connect_pool
 from engine.follower import Follower, Stalled
-from engine.records import PendingEvent, RecordedEvent, verify_chain
+from engine.records import RecordedEvent, verify_chain
 
 HALL = "hall-1"
 QUICK = {"poll_interval": 0.2, "max_backoff": 0.5}  # followers that notice things fast
@@ -451,16 +451,7 @@ async def test_an_undecodable_event_stalls_its_domain_after_everything_before_it
     own = h.followers.of("relay", HALL)
     assert own is not None
     await own.stop()  # the test drives it
-    future = PendingEvent(
-        id="00000000-0000-4000-8000-000000000001",
-        type="EventFromTheFuture",
-        schema_version=1,
-        actor="operator",
-        causation_id="r-future",
-        correlation_id="r-future",
-        recorded_at=datetime(2026, 1, 1, tzinfo=UTC),
-        data=b"{}",
-    )
+    future = undecodable_event("00000000-0000-4000-8000-000000000001")
     appended = await h.store.append(HALL, head, [future], [], fence=h.engine.fence(HALL))
 
     with pytest.raises(Stalled) as stalled:

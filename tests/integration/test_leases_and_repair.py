@@ -3,24 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest_asyncio
-from harness import Harness, serving
+from harness import Harness, ManualClock, serving
 
 DOMAIN = "hall-1"
-
-
-class ManualClock:
-    def __init__(self) -> None:
-        self.at = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
-
-    def now(self) -> datetime:
-        return self.at
-
-    def advance(self, seconds: float) -> None:
-        self.at += timedelta(seconds=seconds)
 
 
 @pytest_asyncio.fixture

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 import nats.errors
 import pytest
+from engines import client_at
 from fabrics import expect_ok, fetch
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
@@ -194,23 +195,11 @@ async def work(
 
 
 @contextlib.asynccontextmanager
-async def client_at(cluster: NatsCluster, index: int) -> AsyncIterator[TrellisClient]:
-    """A client that starts at node `index` and fails over to the others."""
-    first = cluster.urls[index]
-    nc = NATS()
-    await nc.connect(
-        [first, *(u for u in cluster.urls if u != first)],
-        name=f"test-client-{index}",
-        dont_randomize=True,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.25,  # type: ignore[arg-type]  # annotated int, takes seconds
-        connect_timeout=2,
-    )
-    assert cluster.node_at(nc.connected_url.netloc) is cluster.nodes[index]
-    try:
-        yield TrellisClient(nc, prefix=PREFIX, timeout=REQUEST_TIMEOUT_S)
-    finally:
-        await nc.close()
+async def at_node(cluster: NatsCluster, index: int) -> AsyncIterator[TrellisClient]:
+    """A client that starts at node `index` (checked) and fails over to the others."""
+    async with client_at(cluster, index, prefix=PREFIX, timeout=REQUEST_TIMEOUT_S) as client:
+        assert cluster.node_at(client.nc.connected_url.netloc) is cluster.nodes[index]
+        yield client
 
 
 @pytest.mark.slow
@@ -232,7 +221,7 @@ async def test_engines_over_a_cluster_lose_nothing_when_a_nats_node_is_killed_mi
                     stream_limits=limits,
                 )
             )
-        clients = [await stack.enter_async_context(client_at(cluster, i)) for i in range(3)]
+        clients = [await stack.enter_async_context(at_node(cluster, i)) for i in range(3)]
         for domain in DOMAINS:
             expect_ok(await clients[0].admin(domain, "import-topology", hall()))
         js = clients[0].nc.jetstream()
@@ -270,7 +259,7 @@ async def test_engines_over_a_cluster_lose_nothing_when_a_nats_node_is_killed_mi
         assert moved.is_connected and moved.stats["reconnects"] >= 1
         assert cluster.node_at(moved.connected_url.netloc) is not victim
         # ...and both engines still serve, through the restarted node too.
-        async with client_at(cluster, cluster.nodes.index(victim)) as late:
+        async with at_node(cluster, cluster.nodes.index(victim)) as late:
             for domain in DOMAINS:
                 await cycle(late, domain, "late", 0, load)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +19,10 @@ import msgspec
 import pytest
 import pytest_asyncio
 from fabrics import expect_ok
-from harness import Harness, serving
+from harness import Harness, serving, undecodable_event
 
 from engine.follower import Follower, Stalled
 from engine.ports import EventStore
-from engine.records import PendingEvent
 from projections.base import Fact, Projection
 from projections.devices import DevicesProjection
 from projections.read_models import PostgresReadModels
@@ -616,16 +614,7 @@ async def test_an_undecodable_event_stalls_its_domain_after_everything_before_it
     h: Harness, pool: asyncpg.Pool, played: Scenario
 ) -> None:
     head = await h.store.head(HALL)
-    future = PendingEvent(
-        id="00000000-0000-4000-8000-000000000001",
-        type="EventFromTheFuture",
-        schema_version=1,
-        actor="operator",
-        causation_id="r-future",
-        correlation_id="r-future",
-        recorded_at=datetime(2026, 1, 1, tzinfo=UTC),
-        data=b"{}",
-    )
+    future = undecodable_event("00000000-0000-4000-8000-000000000001")
     appended = await h.store.append(HALL, head, [future], [], fence=h.engine.fence(HALL))
     stuck = Projector(pool, h.store, batch_size=1000)
     with pytest.raises(Stalled) as stalled:

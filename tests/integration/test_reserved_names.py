@@ -9,12 +9,12 @@ ever expiring, and a tenant `operator` could make the operator's next admin requ
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 import pytest_asyncio
 from fabrics import expect_error, expect_ok, fabric, row_counts
-from harness import Harness, serving
+from harness import Harness, ManualClock, serving
 
 from engine.compose import composition_id
 from engine.intents import lease_expiry_request_id, settle_request_id
@@ -22,14 +22,6 @@ from engine.intents import lease_expiry_request_id, settle_request_id
 DOMAIN = "hall-1"
 VICTIM = "beta"
 ADMIN_REQUEST_ID = "maintenance-1"
-
-
-class ManualClock:
-    def __init__(self) -> None:
-        self.at = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-
-    def now(self) -> datetime:
-        return self.at
 
 
 @pytest_asyncio.fixture

@@ -8,7 +8,6 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,17 +76,6 @@ async def test_a_restarted_engine_rebuilds_the_same_state_and_still_replays_old_
 
 
 # ---- Postgres goes away mid-run ----
-
-
-@pytest.fixture
-def own_postgres(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
-    """A Postgres of this test's own, to stop and start (never the session's)."""
-    server = EmbeddedPostgres(tmp_path / "pg")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 async def fresh_schema(server: EmbeddedPostgres) -> str:

@@ -53,7 +53,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from integration.harness import Harness, serving
+from integration.harness import Harness, ManualClock, serving
 from isolation import (
     Database,
     create_schema,
@@ -194,17 +194,6 @@ class SettlementAudit:
                 left += [str(c) for c in circuits if c in held.circuits and c not in known]
             if left:
                 self.violations.append(f"{cid} failed but the fabric still holds {left}")
-
-
-class ManualClock:
-    def __init__(self) -> None:
-        self.at = START
-
-    def now(self) -> datetime:
-        return self.at
-
-    def advance(self, seconds: float) -> None:
-        self.at += timedelta(seconds=seconds)
 
 
 # ---- small random fabrics ----
@@ -416,7 +405,7 @@ class OrchestrationMachine(RuleBasedStateMachine):
         self.fabric: Fabric
         self.sim: SimulatedFabric
         self.audit: SettlementAudit
-        self.clock = ManualClock()
+        self.clock = ManualClock(START)
         self.requests = 0
         self.owners: dict[str, str] = {}  # every composition id ever made -> tenant
         self.last: tuple[str, str | None, str, Doc, dict[str, Any]] | None = None
