@@ -45,7 +45,7 @@ import asyncpg
 import msgspec
 from nats.aio.client import Client as NATS
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.errors import NoKeysError, NotFoundError
+from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 
 from adapters.nats.jetstream import (
@@ -323,17 +323,21 @@ class RelaySink:
     async def _rewrite(self, domain: str, state: DomainState, position: int) -> None:
         """Make the domain's keys exactly `state` (as of `position`): every key put, and the
         keys the state no longer has (left by a relay that stopped mid-way) deleted."""
-        assert self._kv is not None
         writes = coalesce(everything(state, position))
-        try:
-            present = await self._kv.keys()
-        except NoKeysError:
-            present = []
-        for key in present:
-            if key.startswith(f"{domain}.") and key not in writes:
+        for key in await self._keys(domain):
+            if key not in writes:
                 writes[key] = [None]
         await self._write(writes)
         self._synced[domain] = self._generation
+
+    async def _keys(self, domain: str) -> list[str]:
+        """The domain's keys in the bucket, from the subjects of its stream: one answer from
+        what is stored (nats-py's `keys()` watches, and may stop before the last entries)."""
+        prefix = f"$KV.{self.bucket}."
+        info = await self._js.stream_info(
+            f"KV_{self.bucket}", subjects_filter=f"{prefix}{domain}.>"
+        )
+        return [subject[len(prefix) :] for subject in (info.state.subjects or {})]
 
     async def _write(self, writes: dict[str, list[bytes | None]]) -> None:
         """Put (or delete) the batch's keys: one key's writes in order, different keys at once
