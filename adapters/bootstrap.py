@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import NamedTuple, TypeVar
 
 import msgspec
+import nats
 from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -64,6 +65,9 @@ FABRIC_STATE_FILE = "fabric-sim.json"
 RETRY_FIRST_S = 0.25
 RETRY_MAX_S = 5.0
 _NATS_PROBE_TIMEOUT_S = 2.0
+#: How long a reload of nats-server may take to let a newly issued identity in (a loaded
+#: machine takes seconds; the reload itself is one SIGHUP).
+ACCEPT_TIMEOUT_S = 30.0
 
 T = TypeVar("T")
 
@@ -150,6 +154,51 @@ async def _nats_error(exc: Exception) -> None:
     # credentials or permissions are worth a warning: retrying will not fix them.
     text = str(exc) or type(exc).__name__
     log.log(logging.WARNING if "violation" in text.lower() else logging.DEBUG, "nats: %s", text)
+
+
+async def until_accepted(
+    url: str, creds: NkeyCredentials, timeout: float = ACCEPT_TIMEOUT_S
+) -> None:
+    """Return once the nats-server at `url` lets `creds` connect: after the reload (SIGHUP)
+    that added that identity, which takes effect a moment after the signal.
+
+    Every refusal until then counts as "not yet", whatever its form: before the reload the
+    identity is unknown (`Authorization Violation`), and while the server reloads it drops
+    every client that has not finished its handshake, valid or not (the same error, or a
+    connection reset when it closes before the client's CONNECT). Once the new identity is
+    accepted the reload has passed that point, so clients that connect afterwards are kept.
+
+    Raises:
+        TimeoutError: still refused after `timeout` seconds; says with what.
+        CredentialsError: `creds` holds no usable nkey seed.
+    """
+    options = creds.connect_options()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            nc = await nats.connect(
+                nats_servers(url),
+                allow_reconnect=False,
+                connect_timeout=_NATS_PROBE_TIMEOUT_S,
+                error_cb=_ignore_refusal,
+                **options,
+            )
+        except (nats.errors.Error, OSError) as exc:  # TimeoutError is an OSError
+            if loop.time() > deadline:
+                reason = str(exc) or type(exc).__name__
+                raise TimeoutError(
+                    f"the nats-server at {redacted(url)} still refuses {creds.path} "
+                    f"after {timeout:.0f}s: {reason}"
+                ) from None
+            await asyncio.sleep(0.1)
+        else:
+            await nc.close()
+            return
+
+
+async def _ignore_refusal(exc: Exception) -> None:
+    """nats-py reports each refused attempt to the error callback too; the caller retries."""
 
 
 async def until_reachable(
@@ -385,12 +434,24 @@ async def running_engine(
         )
         if secure is not None:
             running.secure_dir = secure.root
-            if _issue(secure, settings, _tenants_holding(running.engine)) and not settings.nats_url:
-                reload_nats(settings.data_dir or default_data_dir())
+            issued = _issue(secure, settings, _tenants_holding(running.engine))
+            data_dir = settings.data_dir or default_data_dir()
+            if issued and not settings.nats_url and reload_nats(data_dir):
+                await _until_issued_accepted(nats_url, secure, issued)
         endpoints = _write_endpoints(settings, nats_url, database_url)
         stack.callback(endpoints.unlink, missing_ok=True)
         log.info("engine serving %s on %s", settings.subject_prefix, redacted(nats_url))
         yield running
+
+
+async def _until_issued_accepted(nats_url: str, secure: SecureDir, tenants: list[str]) -> None:
+    """Serve only once the reload lets the newly issued tenants in: a client that connected
+    while it ran could be dropped, and one told "serving" expects to be let in."""
+    for tenant in tenants:
+        try:
+            await until_accepted(nats_url, secure.credentials(Principal("tenant", tenant)))
+        except TimeoutError as exc:
+            log.warning("%s: tenant %s may be refused until the server reloads", exc, tenant)
 
 
 def secure_dir(settings: Settings) -> SecureDir | None:

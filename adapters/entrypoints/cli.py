@@ -20,13 +20,13 @@ from typing import Any
 
 import asyncpg
 import msgspec
-import nats
 
 from adapters.bootstrap import (
     connect_nats,
     fabric_state_path,
     find_endpoint,
     running_engine,
+    until_accepted,
 )
 from adapters.embedded.servers import default_data_dir, reload_nats
 from adapters.entrypoints import render
@@ -373,38 +373,15 @@ def _tenant_add(args: argparse.Namespace) -> int:
     elif reload_nats(data_dir):
         url = find_endpoint(settings, "nats_url")
         if url is not None:
-            asyncio.run(_until_accepted(url, secure.credentials(Principal("tenant", args.name))))
+            creds = secure.credentials(Principal("tenant", args.name))
+            try:
+                asyncio.run(until_accepted(url, creds))
+            except TimeoutError as exc:
+                raise CliError(str(exc)) from None
         print("the running nats-server reloaded its users: the tenant can connect now")
     else:
         print(f"no embedded nats-server runs on {data_dir}: the next `trellis up` serves it")
     return 0
-
-
-async def _until_accepted(url: str, creds: NkeyCredentials, timeout: float = 5.0) -> None:
-    """Wait until the server accepts `creds` (a reload takes effect a moment after SIGHUP)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        try:
-            nc = await nats.connect(
-                url,
-                allow_reconnect=False,
-                connect_timeout=2,
-                **(creds.connect_options()),
-                error_cb=_ignore,
-            )
-        except Exception as exc:
-            if loop.time() > deadline:
-                refused = f"the nats-server at {url} still refuses the new identity: {exc}"
-                raise CliError(refused) from None
-            await asyncio.sleep(0.1)
-        else:
-            await nc.close()
-            return
-
-
-async def _ignore(exc: Exception) -> None:
-    """nats-py reports each refused attempt here as well; the caller retries."""
 
 
 def _topology_import(args: argparse.Namespace) -> int:

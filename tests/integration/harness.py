@@ -1,4 +1,5 @@
-"""An engine served over real NATS and Postgres inside the test's own schema and subjects."""
+"""An engine served over real NATS and Postgres inside the test's own schema and subjects,
+and a reader of the relay's KV bucket."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import msgspec
+from nats.js import JetStreamContext
+from nats.js.errors import KeyNotFoundError
 
 from adapters.bootstrap import connect_nats, engine_on
 from adapters.nats.client import TrellisClient
+from adapters.nats.jetstream import bucket_name
 from adapters.nats.relay import RelaySink
 from adapters.postgres.store import PostgresEventStore
 from engine.follower import Followers
@@ -100,3 +104,23 @@ def undecodable_event(event_id: str = "00000000-0000-4000-8000-000000000001") ->
         recorded_at=datetime(2026, 1, 1, tzinfo=UTC),
         data=b"{}",
     )
+
+
+async def bucket_values(js: JetStreamContext, prefix: str) -> dict[str, bytes]:
+    """Every live key of the relay's bucket for `prefix`, with its value.
+
+    The keys come from the bucket's stream (one request, answered from what is stored), not
+    from nats-py's `KeyValue.keys()`: that one watches the bucket and stops at the watcher's
+    "no more pending" marker, which it can emit before entries already on their way (nats.py
+    issue 842), and then answers NoKeysError or a part of the keys for a full bucket.
+    """
+    bucket = bucket_name(prefix)
+    kv = await js.key_value(bucket)
+    info = await js.stream_info(f"KV_{bucket}", subjects_filter=f"$KV.{bucket}.>")
+    values = {}
+    for subject in info.state.subjects or {}:
+        key = subject.removeprefix(f"$KV.{bucket}.")
+        with contextlib.suppress(KeyNotFoundError):  # its last message deletes it
+            entry = await kv.get(key)
+            values[key] = entry.value or b""
+    return values

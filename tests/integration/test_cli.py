@@ -30,9 +30,15 @@ async def h(
 
 
 @pytest.fixture
-def env(nats_url: str, database_url: str, pg_schema: str, subject_prefix: str) -> dict[str, str]:
+def env(
+    tmp_path: Path, nats_url: str, database_url: str, pg_schema: str, subject_prefix: str
+) -> dict[str, str]:
+    """The CLI's environment: the test's servers, and a data dir of its own, so nothing in
+    the developer's (a secured ~/.local/share/trellis, TRELLIS_* variables) changes what it
+    does: from a secured data dir the CLI would connect with that dir's identities."""
     return {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")},
+        "TRELLIS_DATA_DIR": str(tmp_path / "data"),
         "TRELLIS_NATS_URL": nats_url,
         "TRELLIS_DATABASE_URL": database_url,
         "TRELLIS_DB_SCHEMA": pg_schema,

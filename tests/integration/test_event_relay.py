@@ -20,11 +20,11 @@ import msgspec
 import pytest
 import pytest_asyncio
 from fabrics import expect_ok, fabric, fetch
-from harness import Harness, serving, undecodable_event
+from harness import Harness, bucket_values, serving, undecodable_event
 from nats.aio.client import Client as NATS
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from adapters.bootstrap import connect_nats
@@ -180,8 +180,13 @@ async def burst(h: Harness, toggles: int = 20) -> None:
 
 
 async def backlog(h: Harness) -> list[RecordedEvent]:
-    """Given: a log of a few hundred events that the harness's relay has not published."""
+    """Given: a log of a few hundred events that the harness's relay has not published.
+
+    It published the import first, and is stopped idle: stopped in the middle of its batch,
+    it could leave the import in the stream without its checkpoint, and the relays of the
+    test would then count it as found in the stream."""
     expect_ok(await h.client.admin(HALL, "import-topology", fabric()))
+    await relayed(h)
     own = h.followers.of("relay", HALL)
     assert own is not None
     await own.stop()
@@ -569,12 +574,10 @@ async def test_a_kv_watch_sees_a_composition_come_and_go_and_its_device_change_h
 
 async def assert_bucket_is_the_state(h: Harness, nc: NATS, prefix: str) -> None:
     """Every key of the bucket, and no other, with the value the engine's state gives it."""
-    kv: KeyValue = await nc.jetstream().key_value(bucket_name(prefix))
-    stored = {}
-    with contextlib.suppress(NoKeysError):
-        for key in await kv.keys():
-            entry = await kv.get(key)
-            stored[key] = {k: v for k, v in value(entry).items() if k != "position"}
+    stored = {
+        key: {k: v for k, v in msgspec.json.decode(body).items() if k != "position"}
+        for key, body in (await bucket_values(nc.jetstream(), prefix)).items()
+    }
     state = h.engine.state(HALL)
     assert state is not None
     expected: dict[str, Any] = {}
