@@ -169,31 +169,33 @@ def check_release(reply: dict[str, Any], cid: str) -> None:
 
 class Probe:
     """Counts the engine's commits: transactions, events and replies per transaction, time
-    inside `append`, and the projection runner's batches."""
+    inside `append`, and the projections' batches."""
 
     def __init__(self, running: RunningEngine):
         self.appends: list[tuple[float, int, int]] = []  # (ms, events, replies)
         self.projection_batches: list[tuple[float, int]] = []  # (ms, events)
         store, runner = running.store, running.projections
         append = store.append
-        # A probe around the runner's batch commit, when it has one by that name (a private
-        # method: if it is renamed, the bench still runs and reports no projection batches).
+        # A probe around the projection sink's batch commit, when it has one by that name (a
+        # private method: if it is renamed, the bench still runs and reports no batches).
         commit = getattr(runner, "_commit", None)
 
-        async def timed_append(domain: str, expected: Any, events: Any, replies: Any) -> Any:
+        async def timed_append(
+            domain: str, expected: Any, events: Any, replies: Any, fence: int | None = None
+        ) -> Any:
             t0 = time.perf_counter()
             try:
-                return await append(domain, expected, events, replies)
+                return await append(domain, expected, events, replies, fence=fence)
             finally:
                 self.appends.append(((time.perf_counter() - t0) * 1000, len(events), len(replies)))
 
-        async def timed_commit(batch: Any, cursor: int) -> None:
+        async def timed_commit(domain: str, facts: Any, first: int) -> Any:
             assert commit is not None
             t0 = time.perf_counter()
             try:
-                await commit(batch, cursor)
+                return await commit(domain, facts, first)
             finally:
-                self.projection_batches.append(((time.perf_counter() - t0) * 1000, len(batch)))
+                self.projection_batches.append(((time.perf_counter() - t0) * 1000, len(facts)))
 
         store.append = timed_append  # type: ignore[method-assign,assignment]
         if commit is not None:
