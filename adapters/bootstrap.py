@@ -49,6 +49,7 @@ from adapters.nats.intake import NatsIntake
 from adapters.nats.jetstream import StreamLimits
 from adapters.nats.relay import RelaySink
 from adapters.postgres.leases import PostgresLeases
+from adapters.postgres.snapshots import PostgresSnapshots
 from adapters.postgres.store import PostgresEventStore, connect_pool
 from adapters.settings import Settings, SettingsError, redacted
 from engine.errors import StoreUnavailable
@@ -315,6 +316,7 @@ async def engine_on(
     follow_options: dict[str, float] | None = None,
     credentials: NkeyCredentials | None = None,
     lease_ttl: float = 3.0,
+    snapshot_every: int = 10_000,
 ) -> AsyncIterator[RunningEngine]:
     """The engine, its projections, its event relay and its NATS intake on given servers, until
     the context exits. Migrations run first, through `owner_url` when given (the schema's
@@ -323,7 +325,8 @@ async def engine_on(
     answer. Without a `fabric` driver the engine drives a SimulatedFabric (there is no
     hardware). `follow_options` tune the log followers (engine.follower.Follower);
     `credentials`: the engine's own NATS identity in secure mode; `lease_ttl`: seconds a
-    writer lease lasts unrenewed (engine/ownership.py)."""
+    writer lease lasts unrenewed (engine/ownership.py); `snapshot_every`: events between
+    snapshots of a domain's state and read models (0: none)."""
     async with contextlib.AsyncExitStack() as stack:
         store = await until_reachable(
             "Postgres",
@@ -344,7 +347,8 @@ async def engine_on(
         )
         relay_nc = await connect_nats(nats_url, name="trellis-relay", credentials=credentials)
         stack.push_async_callback(relay_nc.close)
-        projections = ProjectionSink(projection_pool)
+        projections = ProjectionSink(projection_pool, snapshot_every=snapshot_every)
+        snapshots = PostgresSnapshots(projection_pool)
         relay = RelaySink(relay_pool, relay_nc, prefix=prefix, limits=stream_limits)
         # JetStream can be up before its stream has a leader (a cluster electing one): wait.
         await until_reachable(
@@ -369,11 +373,15 @@ async def engine_on(
             fabric,
             saga_deadline=saga_deadline,
             domains=domains,
-            read_models=PostgresReadModels(projection_pool, followers),
+            read_models=PostgresReadModels(
+                projection_pool, followers, log=store, snapshots=snapshots
+            ),
             followers=followers,
             leases=PostgresLeases(lease_pool),
             name=f"{socket.gethostname()}:{os.getpid()}",
             lease_ttl=lease_ttl,
+            snapshots=snapshots,
+            snapshot_every=snapshot_every,
         )
         await engine.start()
         stack.push_async_callback(engine.close)
@@ -429,6 +437,7 @@ async def running_engine(
                 saga_deadline=settings.saga_deadline,
                 stream_limits=settings.stream_limits,
                 lease_ttl=settings.lease_ttl,
+                snapshot_every=settings.snapshot_every,
                 credentials=secure.credentials(ENGINE_IDENTITY) if secure is not None else None,
             )
         )
