@@ -243,7 +243,7 @@ def kinds_of(t: mi.Type) -> set[str]:
     match t:
         case mi.UnionType(types=types):
             return set().union(*(kinds_of(m) for m in types))
-        case mi.StrType() | mi.LiteralType():
+        case mi.StrType() | mi.LiteralType() | mi.DateTimeType():
             return {"string"}
         case mi.IntType():
             return {"integer"}
@@ -401,6 +401,10 @@ def hostile_values(t: mi.Type) -> st.SearchStrategy[Any]:
             case mi.LiteralType(values=values):
                 others = {"nope", ""} | {v.upper() for v in values} | {f" {v}" for v in values}
                 choices.append(st.sampled_from(sorted(others - set(values))))
+            case mi.DateTimeType():  # a time without its zone, or no time at all
+                choices.append(
+                    st.sampled_from(["", "yesterday", "2026-12-01T10:00:00", "2026-13-01T00:00Z"])
+                )
             case mi.IntType():
                 choices.append(hostile_ints(m))
             case mi.FloatType():
