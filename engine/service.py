@@ -30,13 +30,22 @@ from engine.intents import (
     Family,
     ImportTopology,
     InvalidIntent,
+    RecordCheckpoint,
     WhyQuery,
     decode_intent,
     lease_expiry_request_id,
     settle_request_id,
 )
 from engine.ownership import Lease, Ownership
-from engine.ports import Clock, EventStore, FabricDriver, Holder, LeaseStore, ReadModels
+from engine.ports import (
+    AuditTrail,
+    Clock,
+    EventStore,
+    FabricDriver,
+    Holder,
+    LeaseStore,
+    ReadModels,
+)
 from engine.queries import STATE_QUERIES, answer
 from engine.saga import FabricSync, Settlement
 from engine.state import DomainState
@@ -45,6 +54,8 @@ from engine.writer import DomainWriter
 log = logging.getLogger(__name__)
 
 _encode = msgspec.json.Encoder().encode
+# Answered by the AuditTrail (signed Merkle checkpoints), not from state or projections.
+AUDIT_QUERIES = ("proof", "consistency", "checkpoint-key")
 
 
 class _ComposeOutcome(msgspec.Struct):
@@ -90,8 +101,10 @@ class Engine:
         identity: str | None = None,
         name: str = "",
         lease_ttl: float = 3.0,
+        audit: AuditTrail | None = None,
     ):
         self._store = store
+        self._audit = audit
         self._clock = clock
         self._fabric = fabric
         self._saga_deadline = saga_deadline
@@ -285,6 +298,8 @@ class Engine:
             served = await self._runtime(domain, create=isinstance(intent, ImportTopology))
             if served is None:
                 return _no_domain(domain)
+            if isinstance(intent, RecordCheckpoint):
+                return await self._record_checkpoint(domain, served)
             reply = await served.writer.request(tenant or OPERATOR, verb, intent, family)
             if isinstance(intent, Compose):
                 return await self._once_settled(served, reply)
@@ -341,7 +356,11 @@ class Engine:
         writer = served.writer
         head = writer.head.position
         try:
-            if verb in STATE_QUERIES:
+            if verb in AUDIT_QUERIES:
+                result = await self._trail().answer(
+                    domain, query, head=writer.head.version, viewer=viewer
+                )
+            elif verb in STATE_QUERIES:
                 result = answer(writer.state, query, verb)
             else:
                 result = await self._read_model_query(domain, query, head, viewer)
@@ -350,6 +369,20 @@ class Engine:
         except IntentRejected as exc:
             return replies.rejection(exc)
         return replies.ok(_encode(result), head)
+
+    def _trail(self) -> AuditTrail:
+        if self._audit is None:
+            raise IntentRejected("unavailable", "this engine keeps no checkpoints")
+        return self._audit
+
+    async def _record_checkpoint(self, domain: str, served: _Served) -> bytes:
+        """A signed checkpoint of the log at the writer's head, recorded and published now."""
+        head = served.writer.head
+        try:
+            result = await self._trail().checkpoint(domain, head.version)
+        except IntentRejected as exc:
+            return replies.rejection(exc)
+        return replies.ok(_encode(result), head.position)
 
     async def _read_model_query(
         self, domain: str, query: msgspec.Struct, head: int, viewer: str | None
