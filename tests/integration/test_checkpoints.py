@@ -8,7 +8,10 @@ one by itself every N events; the table keeps them append-only; bad input gets t
 
 from __future__ import annotations
 
+import asyncio
+import os
 import stat
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,11 +23,12 @@ import pytest_asyncio
 from fabrics import expect_error, expect_ok, fabric
 from harness import Harness, serving
 
-from adapters.bootstrap import connect_nats
+from adapters.bootstrap import checkpoint_key_path, checkpoint_signer, connect_nats
 from adapters.checkpoint_key import load_or_create, public_key_path
 from adapters.entrypoints import cli
 from adapters.entrypoints.audit_proofs import ProofRejected, check
 from adapters.nats.jetstream import Envelope, checkpoint_stream_name
+from adapters.settings import Settings, SettingsError
 from engine.checkpoints import Signer, Verifier, open_checkpoint
 from engine.records import RecordedEvent
 
@@ -260,3 +264,74 @@ def test_the_signing_key_is_made_once_readable_by_its_owner_only(tmp_path: Path)
     path.chmod(0o644)
     load_or_create(path)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+async def trellis(env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    """The CLI in a subprocess, beside the engine serving in this event loop."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "adapters.entrypoints.cli", *args, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_an_auditor_fetches_and_checks_a_proof_with_the_cli(
+    h: Harness,
+    tmp_path: Path,
+    nats_url: str,
+    database_url: str,
+    pg_schema: str,
+    subject_prefix: str,
+) -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")},
+        "TRELLIS_DATA_DIR": str(tmp_path / "data"),
+        "TRELLIS_NATS_URL": nats_url,
+        "TRELLIS_DATABASE_URL": database_url,
+        "TRELLIS_DB_SCHEMA": pg_schema,
+        "TRELLIS_SUBJECT_PREFIX": subject_prefix,
+        "TRELLIS_DOMAIN": HALL,
+    }
+    expect_ok(await h.client.admin(HALL, "import-topology", fabric()))
+    await compose_and_release(h)
+    event = (await events(h))[2]
+
+    code, note, _ = await trellis(env, "checkpoint")
+    assert code == 0 and note.startswith(f"trellis/{HALL}\n")
+    code, key, _ = await trellis(env, "checkpoint-key")
+    assert code == 0 and key.startswith("trellis+")
+    code, proof, _ = await trellis(env, "proof", event.id)
+    assert code == 0 and msgspec.json.decode(proof)["leaf_index"] == 2
+    for name, text in {"note": note, "key": key, "proof.json": proof}.items():
+        (tmp_path / name).write_text(text)
+
+    verify = ["verify", "--checkpoint", str(tmp_path / "note"), "--proof"]
+    verify += [str(tmp_path / "proof.json"), "--key-file", str(tmp_path / "key")]
+    code, out, err = await trellis(env, *verify, "--event-hash", event.hash)
+    assert (code, err) == (0, "") and out.startswith("ok: ") and out.count("\n") == 1
+    (tmp_path / "note").write_text(note.replace(f"\n{len(await events(h))}\n", "\n1\n"))
+    code, out, err = await trellis(env, *verify, "--event-hash", event.hash)
+    assert (
+        (code, out) == (1, "") and err.startswith("trellis verify: FAILED") and err.count("\n") == 1
+    )
+
+    code, _, err = await trellis(env, "proof", "00000000-0000-4000-8000-000000000000")
+    assert code == 1 and "no event" in err
+
+
+def test_trellis_up_signs_with_the_data_dirs_key_or_the_named_file(tmp_path: Path) -> None:
+    settings = Settings.from_env({"TRELLIS_DATA_DIR": str(tmp_path / "data")})
+    assert checkpoint_key_path(settings) == tmp_path / "data" / "checkpoint-key.pem"
+    signer = checkpoint_signer(settings)
+    assert checkpoint_signer(settings).verifier == signer.verifier
+    named = Settings.from_env({"TRELLIS_CHECKPOINT_KEY": str(tmp_path / "k.pem")})
+    assert checkpoint_key_path(named) == tmp_path / "k.pem"
+    assert checkpoint_signer(named).verifier != signer.verifier
+    (tmp_path / "bad.pem").write_text("not a key")
+    with pytest.raises(SettingsError, match="no usable key"):
+        checkpoint_signer(Settings.from_env({"TRELLIS_CHECKPOINT_KEY": str(tmp_path / "bad.pem")}))
+    with pytest.raises(SettingsError, match="TRELLIS_CHECKPOINT_EVERY"):
+        Settings.from_env({"TRELLIS_CHECKPOINT_EVERY": "0"})
+    assert Settings.from_env({"TRELLIS_CHECKPOINT_EVERY": "50"}).checkpoint_every == 50
