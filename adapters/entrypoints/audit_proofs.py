@@ -68,7 +68,7 @@ def check(
     origins = {c.origin for c in checkpoints}
     if len(origins) > 1:
         raise ProofRejected(f"the checkpoints are of different logs: {', '.join(sorted(origins))}")
-    signer = verifier.key().rsplit("+", 1)[0]
+    signer = f"{verifier.name}+{verifier.key_hash.hex()}"
     try:
         if "leaf_index" in proof:
             return _inclusion(checkpoints, proof, event_hash, signer)
@@ -213,6 +213,8 @@ def verify_offline(args: argparse.Namespace) -> int:
     """`trellis verify --checkpoint FILE --proof FILE`: exit 0 and one `ok:` line when the
     proof holds, else 1 and one line saying what does not."""
     try:
+        if args.proof is None:
+            raise ProofRejected("give the proof to check: --proof FILE")
         key = _key(args)
         notes = [_read(path) for path in args.checkpoint]
         proof = msgspec.json.decode(_read(args.proof).encode())

@@ -103,6 +103,7 @@ async def test_proofs_from_the_engine_verify_offline_with_only_the_verifier_key(
     assert proof["root"] == second["root"]
     line = check([second["note"]], proof, key, event_hash=event.hash)
     assert line.startswith("ok: ") and "leaf 3" in line
+    assert line.endswith(f"signed by {key.split('+')[0]}+{key.split('+')[1]}")
     line = check([first["note"], second["note"]], consistency, key)
     assert line.startswith("ok: ") and f"of {first['size']} events is a prefix" in line
     assert consistency["from_root"] == first["root"]
@@ -137,6 +138,7 @@ async def test_proofs_from_the_engine_verify_offline_with_only_the_verifier_key(
     proof_file = ["--proof", str(tmp_path / "proof.json")]
     assert cli.main([*verify, *proof_file, "--event", str(tmp_path / "event.json")]) == 0
     assert cli.main([*verify, *proof_file, "--event-hash", event.hash]) == 0
+    assert cli.main(verify) == 1  # no proof to check
     assert cli.main([*verify, *proof_file, "--event", str(tmp_path / "other.json")]) == 1
     both = [*verify, "--checkpoint", str(tmp_path / "old")]
     assert cli.main([*both, "--proof", str(tmp_path / "consistency.json")]) == 0
