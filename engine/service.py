@@ -299,7 +299,7 @@ class Engine:
             if served is None:
                 return _no_domain(domain)
             if isinstance(intent, RecordCheckpoint):
-                return await self._record_checkpoint(domain, served)
+                return await self._record_checkpoint(domain, served, intent.request_id)
             reply = await served.writer.request(tenant or OPERATOR, verb, intent, family)
             if isinstance(intent, Compose):
                 return await self._once_settled(served, reply)
@@ -375,8 +375,18 @@ class Engine:
             raise IntentRejected("unavailable", "this engine keeps no checkpoints")
         return self._audit
 
-    async def _record_checkpoint(self, domain: str, served: _Served) -> bytes:
-        """A signed checkpoint of the log at the writer's head, recorded and published now."""
+    async def _record_checkpoint(self, domain: str, served: _Served, request_id: str) -> bytes:
+        """A signed checkpoint of the log at the writer's head, recorded and published now.
+        It records no event and stores no answer (a resend makes the head's checkpoint again,
+        the same one while the log stands still); a request id another admin verb used is
+        `conflict`, as everywhere."""
+        key = (OPERATOR, request_id)
+        if key in await self._store.find_replies(domain, [key]):
+            return replies.error(
+                "conflict",
+                f"request_id {request_id!r} was already used with a different body",
+                {"request_id": request_id},
+            )
         head = served.writer.head
         try:
             result = await self._trail().checkpoint(domain, head.version)

@@ -194,7 +194,9 @@ async def test_the_engine_records_and_publishes_a_checkpoint_every_n_events(
 async def test_bad_audit_queries_get_typed_errors_and_views_prove_only_their_own(
     h: Harness,
 ) -> None:
-    expect_ok(await h.client.admin(HALL, "import-topology", fabric()))
+    expect_ok(await h.client.admin(HALL, "import-topology", {**fabric(), "request_id": "topo"}))
+    # A checkpoint under a request id another admin verb used is refused, as everywhere.
+    expect_error(await h.client.admin(HALL, "checkpoint", {"request_id": "topo"}), "conflict")
     await compose_and_release(h, tenant="acme")
     log = await events(h)
     acme_event = next(e for e in log if e.actor == "acme")
