@@ -52,6 +52,7 @@ from adapters.nats.jetstream import StreamLimits
 from adapters.nats.relay import RelaySink
 from adapters.postgres.checkpoints import DEFAULT_EVERY, PostgresAuditTrail
 from adapters.postgres.leases import PostgresLeases
+from adapters.postgres.snapshots import PostgresSnapshots
 from adapters.postgres.store import PostgresEventStore, connect_pool
 from adapters.settings import Settings, SettingsError, redacted
 from engine.checkpoints import Signer
@@ -322,6 +323,7 @@ async def engine_on(
     lease_ttl: float = 3.0,
     signer: Signer | None = None,
     checkpoint_every: int = DEFAULT_EVERY,
+    snapshot_every: int = 10_000,
 ) -> AsyncIterator[RunningEngine]:
     """The engine, its projections, its event relay and its NATS intake on given servers, until
     the context exits. Migrations run first, through `owner_url` when given (the schema's
@@ -330,9 +332,10 @@ async def engine_on(
     answer. Without a `fabric` driver the engine drives a SimulatedFabric (there is no
     hardware). `follow_options` tune the log followers (engine.follower.Follower);
     `credentials`: the engine's own NATS identity in secure mode; `lease_ttl`: seconds a
-    writer lease lasts unrenewed (engine/ownership.py); `signer`: the checkpoint key (None: a
-    key of this run only, for tests; `trellis up` passes the data dir's), and a checkpoint
-    every `checkpoint_every` events per domain."""
+    writer lease lasts unrenewed (engine/ownership.py); `snapshot_every`: events between
+    snapshots of a domain's state and read models (0: none); `signer`: the checkpoint key
+    (None: a key of this run only, for tests; `trellis up` passes the data dir's), and a
+    checkpoint every `checkpoint_every` events per domain."""
     async with contextlib.AsyncExitStack() as stack:
         store = await until_reachable(
             "Postgres",
@@ -353,7 +356,8 @@ async def engine_on(
         )
         relay_nc = await connect_nats(nats_url, name="trellis-relay", credentials=credentials)
         stack.push_async_callback(relay_nc.close)
-        projections = ProjectionSink(projection_pool)
+        projections = ProjectionSink(projection_pool, snapshot_every=snapshot_every)
+        snapshots = PostgresSnapshots(projection_pool)
         relay = RelaySink(relay_pool, relay_nc, prefix=prefix, limits=stream_limits)
         # JetStream can be up before its stream has a leader (a cluster electing one): wait.
         await until_reachable(
@@ -398,12 +402,16 @@ async def engine_on(
             fabric,
             saga_deadline=saga_deadline,
             domains=domains,
-            read_models=PostgresReadModels(projection_pool, followers),
+            read_models=PostgresReadModels(
+                projection_pool, followers, log=store, snapshots=snapshots
+            ),
             followers=followers,
             leases=PostgresLeases(lease_pool),
             name=f"{socket.gethostname()}:{os.getpid()}",
             lease_ttl=lease_ttl,
             audit=audit,
+            snapshots=snapshots,
+            snapshot_every=snapshot_every,
         )
         await engine.start()
         stack.push_async_callback(engine.close)
@@ -463,6 +471,7 @@ async def running_engine(
                 lease_ttl=settings.lease_ttl,
                 signer=signer,
                 checkpoint_every=settings.checkpoint_every,
+                snapshot_every=settings.snapshot_every,
                 credentials=secure.credentials(ENGINE_IDENTITY) if secure is not None else None,
             )
         )

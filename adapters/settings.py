@@ -37,6 +37,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     fabric_state: Path | None = None  # None: fabric-sim.json in the data dir
     saga_deadline: float = 10.0
     lease_ttl: float = 3.0  # seconds a domain's writer lease lasts unrenewed
+    # Snapshot a domain's state and read models every this many events (engine/snapshots.py,
+    # projections/past.py); 0: never (every start and past answer folds from the first event).
+    snapshot_every: int = 10_000
     # The simulated fabric's knobs (adapters.fabric.sim.SimulatedFabric).
     fabric_seed: int = 0
     fabric_latency_ms: float = 0.0
@@ -99,6 +102,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             db_schema=env.get("TRELLIS_DB_SCHEMA") or None,
             fabric=fabric,  # type: ignore[arg-type]  # checked above
             fabric_state=Path(fabric_state) if fabric_state else None,
+            snapshot_every=_snapshot_every(env),
             lease_ttl=_float(
                 env,
                 "TRELLIS_LEASE_TTL",
@@ -136,6 +140,13 @@ def _float(
     if not (math.isfinite(value) and valid(value)):
         raise SettingsError(f"{name} must be {expected}; got {text!r}")
     return value
+
+
+def _snapshot_every(env: dict[str, str]) -> int:
+    every = _integer(env, "TRELLIS_SNAPSHOT_EVERY", 10_000)
+    if every < 0:
+        raise SettingsError(f"TRELLIS_SNAPSHOT_EVERY must be 0 or more; got {every}")
+    return every
 
 
 def _probability(env: dict[str, str], name: str) -> float:

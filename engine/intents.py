@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Annotated, Literal
 
 import msgspec
@@ -46,6 +47,8 @@ Family = Literal["intent", "admin", "query"]
 
 
 # A lease of up to 100 years: long enough for anything, short enough to stay on the calendar.
+# A past moment: an ISO time with its zone, or a log position.
+PointInTime = Annotated[datetime, msgspec.Meta(tz=True)] | NonNegInt
 LeaseSeconds = Annotated[int, msgspec.Meta(ge=1, le=100 * 365 * 24 * 3600)]
 
 
@@ -230,7 +233,14 @@ def lease_expiry_request_id(composition_ids: Iterable[str]) -> str:
 
 
 class Query(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Queries change nothing, so they carry no request_id."""
+    """Queries change nothing, so they carry no request_id.
+
+    Every query may name a past moment, `at` (an ISO time or a log position), and is then
+    answered as it would have been at the last event recorded at or before it. `min_position`
+    asks the answer to include at least that log position (read your own writes)."""
+
+    at: PointInTime | None = None
+    min_position: NonNegInt | None = None
 
 
 class TopologyQuery(Query):
@@ -249,7 +259,6 @@ class ConnectionsQuery(Query):
 
 class WhyQuery(Query):
     id: Id
-    at: Text | NonNegInt | None = None  # an ISO time or a log position
 
 
 class FreeQuery(Query):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import msgspec
 
@@ -52,6 +52,11 @@ class EventStore(Protocol):
 
     async def head(self, domain: str) -> Head: ...
 
+    async def locate(self, domain: str, at: datetime | int) -> tuple[Head, datetime] | None:
+        """The domain's last event at or before `at` (a time, or a log position) and its time;
+        None when the domain had no event yet then."""
+        ...
+
     def read(
         self, domain: str, after_version: int = 0, limit: int | None = None
     ) -> AsyncIterator[RecordedEvent]: ...
@@ -71,6 +76,37 @@ class EventStore(Protocol):
         """Append atomically after `expected`, under the writer epoch `fence`; raise
         ConcurrencyConflict, WriterFenced (another engine holds the domain's lease now),
         EventRefused (the log refuses an event's content) or StoreUnavailable."""
+        ...
+
+
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """A fold of one domain as of one event (engine/snapshots.py)."""
+
+    domain: str
+    kind: Literal["state", "read_models"]
+    version: int
+    position: int
+    hash: str  # the chain hash of event `version`, which the log must still hold
+    recorded_at: datetime  # of that event: the writer's clock never goes back before it
+    format: str
+    body: bytes
+
+    @property
+    def head(self) -> Head:
+        return Head(self.version, self.position, self.hash)
+
+
+class SnapshotStore(Protocol):
+    """Snapshots of domains' folds (engine/snapshots.py), outside the log."""
+
+    async def save(self, snapshot: Snapshot) -> None: ...
+
+    def candidates(
+        self, domain: str, kind: str, *, at_most_version: int | None = None
+    ) -> AsyncIterator[Snapshot]:
+        """The domain's snapshots of `kind` at or below `at_most_version`, newest first, each
+        checked against the log first: one whose event the log does not hold with that
+        position and hash is skipped, with a warning."""
         ...
 
 
@@ -120,20 +156,11 @@ class Clock(Protocol):
     def now(self) -> datetime: ...
 
 
-class ReadModels(Protocol):
-    """Projections the queries `composition`, `connections` and `why` answer from.
+class PastModels(Protocol):
+    """The answers of the history-bearing queries, live or as of one past event.
 
     Rows are plain JSON-ready dicts in the shapes of ARCHITECTURE section 4.
     """
-
-    async def wait_for(self, domain: str, position: int, timeout: float = 5.0) -> bool:
-        """Block until the domain's projections include `position`; False if that took too
-        long."""
-        ...
-
-    def holdup(self, domain: str) -> Failure | None:
-        """What keeps the domain's projections from following its log, if anything."""
-        ...
 
     async def composition(self, domain: str, composition_id: str) -> dict[str, Any] | None: ...
 
@@ -149,10 +176,28 @@ class ReadModels(Protocol):
     async def why(
         self, domain: str, target: str, *, viewer: str | None = None
     ) -> dict[str, Any] | None:
-        """What `target` (device, host, composition or link) is connected to now, the chain of
+        """What `target` (device, host, composition or link) is connected to, the chain of
         events that made it so, and one plain sentence; None if the id is unknown. With
         `viewer`, as that tenant's view tells it (engine/views.py): only its own connections
         and their events, and another tenant's composition is unknown."""
+        ...
+
+
+class ReadModels(PastModels, Protocol):
+    """Projections the queries `composition`, `connections` and `why` answer from, now and
+    (`past`) as of any earlier event."""
+
+    async def past(self, domain: str, head: Head) -> PastModels:
+        """The answers right after the domain's event `head`, exactly as they were then."""
+        ...
+
+    async def wait_for(self, domain: str, position: int, timeout: float = 5.0) -> bool:
+        """Block until the domain's projections include `position`; False if that took too
+        long."""
+        ...
+
+    def holdup(self, domain: str) -> Failure | None:
+        """What keeps the domain's projections from following its log, if anything."""
         ...
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 
 import msgspec
 
-from engine import replies, views
+from engine import replies, snapshots, views
 from engine.actors import ENGINE, OPERATOR, is_reserved
 from engine.errors import IntentRejected, ServedElsewhere, StoreUnavailable, WriterFenced
 from engine.follower import Followers
@@ -44,9 +44,12 @@ from engine.ports import (
     FabricDriver,
     Holder,
     LeaseStore,
+    PastModels,
     ReadModels,
+    SnapshotStore,
 )
 from engine.queries import STATE_QUERIES, answer
+from engine.records import Head
 from engine.saga import FabricSync, Settlement
 from engine.state import DomainState
 from engine.writer import DomainWriter
@@ -101,9 +104,13 @@ class Engine:
         identity: str | None = None,
         name: str = "",
         lease_ttl: float = 3.0,
+        snapshots: SnapshotStore | None = None,
+        snapshot_every: int = 0,
         audit: AuditTrail | None = None,
     ):
         self._store = store
+        self._snapshots = snapshots
+        self._snapshot_every = snapshot_every
         self._audit = audit
         self._clock = clock
         self._fabric = fabric
@@ -345,7 +352,8 @@ class Engine:
     async def _query(
         self, domain: str, verb: str, query: msgspec.Struct, *, viewer: str | None = None
     ) -> bytes:
-        """Answer a query; with `viewer`, as that tenant's view (engine/views.py)."""
+        """Answer a query, live or at a past moment; with `viewer`, as that tenant's view
+        (engine/views.py)."""
         if viewer is not None:
             if not views.serves(verb):
                 return replies.error("invalid", f"query {verb!r} has no tenant view")
@@ -354,21 +362,45 @@ class Engine:
         if served is None:
             return _no_domain(domain)
         writer = served.writer
-        head = writer.head.position
+        head = writer.head
         try:
+            past = await self._past(domain, query, head)
+            # The answer is as of this event (the writer's head: every committed event of the
+            # domain, so any `min_position` a reply of this log gave is included).
+            upto = past or head
+            state = writer.state
             if verb in AUDIT_QUERIES:
-                result = await self._trail().answer(
-                    domain, query, head=writer.head.version, viewer=viewer
-                )
+                result = await self._trail().answer(domain, query, head=upto.version, viewer=viewer)
             elif verb in STATE_QUERIES:
-                result = answer(writer.state, query, verb)
+                if past is not None:
+                    state = await snapshots.state_at(self._store, self._snapshots, domain, past)
+                result = answer(state, query, verb)
             else:
-                result = await self._read_model_query(domain, query, head, viewer)
+                # (Only `topology`'s view reads the state, and it is a state query.)
+                result = await self._read_model_query(domain, query, head.position, viewer, past)
             if viewer is not None:
-                result = views.scope(verb, result, viewer, writer.state)
+                result = views.scope(verb, result, viewer, state)
         except IntentRejected as exc:
             return replies.rejection(exc)
-        return replies.ok(_encode(result), head)
+        return replies.ok(_encode(result), upto.position)
+
+    async def _past(self, domain: str, query: msgspec.Struct, head: Head) -> Head | None:
+        """The event a query's `at` names, when that is before the head; None: answer live.
+
+        Raises:
+            IntentRejected: `not_found` when the domain had no event yet at that moment.
+        """
+        at = getattr(query, "at", None)
+        if at is None:
+            return None
+        located = await self._store.locate(domain, at)
+        if located is None:
+            shown = msgspec.to_builtins(at)
+            raise IntentRejected(
+                "not_found", f"domain {domain!r} did not exist yet at {shown}", {"at": shown}
+            )
+        target, _ = located
+        return target if target.version < head.version else None
 
     def _trail(self) -> AuditTrail:
         if self._audit is None:
@@ -395,14 +427,23 @@ class Engine:
         return replies.ok(_encode(result), head.position)
 
     async def _read_model_query(
-        self, domain: str, query: msgspec.Struct, head: int, viewer: str | None
+        self,
+        domain: str,
+        query: msgspec.Struct,
+        head: int,
+        viewer: str | None,
+        past: Head | None = None,
     ) -> dict[str, object]:
-        """History-bearing queries, answered from projections that include every committed
-        event up to `head` (read-your-writes: a client that just composed sees it)."""
+        """History-bearing queries: live, from projections that include every committed event
+        up to `head` (read-your-writes: a client that just composed sees it); at a past
+        moment, from the projections folded up to the event `past`."""
         models = self._read_models
         if models is None:
             raise IntentRejected("unavailable", "this engine runs without projections")
-        if not await models.wait_for(domain, head):
+        source: PastModels = models
+        if past is not None:
+            source = await models.past(domain, past)
+        elif not await models.wait_for(domain, head):
             holdup = models.holdup(domain)
             if holdup is None:
                 raise IntentRejected("unavailable", "projections are behind the log; retry")
@@ -423,21 +464,15 @@ class Engine:
             )
         match query:
             case CompositionQuery(id=cid):
-                row = await models.composition(domain, cid)
+                row = await source.composition(domain, cid)
                 if row is None:
                     raise views.unknown_composition(cid)
                 return row
             case ConnectionsQuery(host=host, tenant=tenant, device=device):
-                rows = await models.connections(domain, host=host, tenant=tenant, device=device)
+                rows = await source.connections(domain, host=host, tenant=tenant, device=device)
                 return {"connections": rows}
-            case WhyQuery(id=target, at=at):
-                if at is not None and not _is_now(at, head):
-                    raise IntentRejected(
-                        "invalid",
-                        "`why` at a past moment needs the auditor (not served yet); omit `at`",
-                        {"at": at},
-                    )
-                row = await models.why(domain, target, viewer=viewer)
+            case WhyQuery(id=target):
+                row = await source.why(domain, target, viewer=viewer)
                 if row is None:
                     raise IntentRejected("not_found", f"nothing named {target!r}", {"id": target})
                 return row
@@ -491,6 +526,8 @@ class Engine:
             fence=fence,
             holds=lease.holds if lease is not None else None,
             on_fenced=lambda: self._lost(domain, writer),
+            snapshots=self._snapshots,
+            snapshot_every=self._snapshot_every,
         )
         served = _Served(writer=writer, sync=sync, lease=lease)
         try:
@@ -568,11 +605,6 @@ class _HeldElsewhere(Exception):
             f"domain {self.domain!r} is written by {writer} now; resend with the same request_id",
             {"domain": self.domain, "writer": self.holder.engine if self.holder else None},
         )
-
-
-def _is_now(at: str | int, head: int) -> bool:
-    """`at` names the present when it is the current position (or a later one)."""
-    return isinstance(at, int) and at >= head
 
 
 def _no_domain(domain: str) -> bytes:

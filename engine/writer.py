@@ -11,10 +11,11 @@ import asyncio
 import hashlib
 import logging
 from collections.abc import Callable
+from datetime import datetime
 
 import msgspec
 
-from engine import replies
+from engine import replies, snapshots
 from engine.context import Context
 from engine.decide import decide
 from engine.errors import (
@@ -25,8 +26,9 @@ from engine.errors import (
     StoreUnavailable,
     WriterFenced,
 )
-from engine.ports import Clock, EventStore, PendingReply, StoredReply
+from engine.ports import Clock, EventStore, PendingReply, SnapshotStore, StoredReply
 from engine.records import Head, PendingEvent
+from engine.snapshots import STATE_FORMAT, state_of
 from engine.state import DomainState, evolve
 
 log = logging.getLogger(__name__)
@@ -69,6 +71,8 @@ class DomainWriter:
         fence: int | None = None,
         holds: Callable[[], bool] | None = None,
         on_fenced: Callable[[], None] | None = None,
+        snapshots: SnapshotStore | None = None,
+        snapshot_every: int = 0,
     ):
         self.domain = domain
         self.fence = fence
@@ -84,10 +88,23 @@ class DomainWriter:
         self._stale = True  # must catch up from the log before the next decision
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        # The time of the last event: the next is never recorded before it, even when this
+        # engine's clock is behind the previous writer's (ARCHITECTURE §6).
+        self._last_time: datetime | None = None
+        self._snapshots = snapshots
+        self._snapshot_every = snapshot_every
+        self._saving: set[asyncio.Task[None]] = set()
 
     async def catch_up(self) -> None:
-        """Fold every event after our head into the state (start, or after a lost race)."""
-        state, head = self.state, self.head
+        """Fold every event after our head into the state (start, or after a lost race); at
+        start, from the newest usable snapshot."""
+        state, head, last_time = self.state, self.head, self._last_time
+        if head.version == 0 and self._snapshots is not None:
+            candidates = self._snapshots.candidates(self.domain, "state")
+            found = await snapshots.first_usable(candidates, STATE_FORMAT, state_of)
+            if found is not None:
+                taken, state = found
+                head, last_time = taken.head, taken.recorded_at
         async for recorded in self._store.read(self.domain, after_version=head.version):
             try:
                 event = recorded.event()
@@ -97,7 +114,8 @@ class DomainWriter:
                 ) from exc
             state = evolve(state, event)
             head = Head(recorded.version, recorded.position, recorded.hash)
-        self.state, self.head, self._stale = state, head, False
+            last_time = recorded.recorded_at
+        self.state, self.head, self._last_time, self._stale = state, head, last_time, False
 
     async def request(
         self,
@@ -127,6 +145,7 @@ class DomainWriter:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        await asyncio.gather(*self._saving, return_exceptions=True)
         stopped = replies.error(
             "unavailable",
             f"this engine stopped writing domain {self.domain!r}; resend with the same request_id",
@@ -228,6 +247,8 @@ class DomainWriter:
         answers: list[bytes | tuple[str, int]] = []
         first_in_batch: dict[tuple[str, str], int] = {}
         now = self._clock.now()
+        if self._last_time is not None and now < self._last_time:
+            now = self._last_time
         for req in batch:
             earlier = stored.get(req.key)
             index = first_in_batch.get(req.key)
@@ -278,9 +299,13 @@ class DomainWriter:
             appended = await self._store.append(
                 self.domain, self.head, events, pending, fence=self.fence
             )
+            before = self.head.version
             self.state, self.head, committed = state, appended.head, appended.replies
-            if events and self._on_commit is not None:
-                self._on_commit()  # e.g. wake the projection runner
+            if events:
+                self._last_time = now
+                self._snapshot(before)
+                if self._on_commit is not None:
+                    self._on_commit()  # e.g. wake the projection runner
         # Only now, after the commit, does anyone hear back.
         for req, ans in zip(batch, answers, strict=True):
             if isinstance(ans, bytes):
@@ -289,6 +314,32 @@ class DomainWriter:
                 kind, index = ans
                 reply = committed[index].reply
                 _answer(req, replies.as_replayed(reply) if kind == "resend" else reply)
+
+    def _snapshot(self, before: int) -> None:
+        """Save a snapshot of the state in the background when this commit reached a multiple
+        of `snapshot_every` versions (a failed save costs only a longer fold later)."""
+        every, store = self._snapshot_every, self._snapshots
+        if store is None or not every or self.head.version // every == before // every:
+            return
+        state, head, at = self.state, self.head, self._last_time
+        assert at is not None
+
+        async def save() -> None:
+            try:
+                # The state is immutable: encoding it in a thread cannot race the writer.
+                taken = await asyncio.to_thread(snapshots.of_state, state, head, at)
+                await store.save(taken)
+            except Exception as exc:
+                log.warning(
+                    "domain %s: snapshot at version %d not saved: %s",
+                    self.domain,
+                    head.version,
+                    exc,
+                )
+
+        task = asyncio.create_task(save(), name=f"snapshot-{self.domain}")
+        self._saving.add(task)
+        task.add_done_callback(self._saving.discard)
 
 
 def body_hash(family: str, verb: str, intent: msgspec.Struct) -> str:

@@ -6,12 +6,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol
 
-import asyncpg
 import msgspec
 
 from engine.events import Event
 from engine.records import RecordedEvent
-from projections.table import Table
+from projections.table import RowSource, Table
 
 
 class Fact(NamedTuple):
@@ -27,15 +26,17 @@ class Projection(Protocol):
     """A read model folded from the log.
 
     `apply` folds `facts` (ascending positions, all after this projection's checkpoint) into
-    `tables` inside the caller's transaction; the runner then advances the checkpoint named
-    `name` in that same transaction. It must depend only on the facts and on its own tables,
-    so that replaying the log from an empty start yields the same rows.
+    `tables`, reading and writing them only through `source` with projections.table.Rows: in
+    the sink's transaction (PostgresRows), or in memory for a past moment (projections/past.py).
+    The sink then advances the checkpoint named `name` in that same transaction. It must depend
+    only on the facts and on its own tables, so that replaying the log from an empty start (or
+    from a snapshot of its tables) yields the same rows.
     """
 
     name: str
     tables: tuple[Table, ...]
 
-    async def apply(self, conn: asyncpg.Connection, facts: Sequence[Fact]) -> None: ...
+    async def apply(self, source: RowSource, facts: Sequence[Fact]) -> None: ...
 
 
 def composition_of(event: Event) -> str | None:

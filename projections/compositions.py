@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import asyncpg
 import msgspec
 
 from engine.compose import devices_of
@@ -28,7 +27,7 @@ from engine.events import (
     PathRerouted,
 )
 from projections.base import Fact, chain_entry, composition_of
-from projections.table import Column, Row, Rows, Table
+from projections.table import Column, Row, Rows, RowSource, Table
 
 COMPOSITIONS = Table(
     "proj_compositions",
@@ -49,6 +48,9 @@ COMPOSITIONS = Table(
         Column("updated_position", "bigint"),
     ),
     key=("domain", "composition_id"),
+    # An ended composition is never named again: its row stays as it ended.
+    final="state IN ('released', 'failed')",
+    final_position="updated_position",
 )
 
 
@@ -65,8 +67,8 @@ class CompositionsProjection:
     name: str = "compositions"
     tables: tuple[Table, ...] = (COMPOSITIONS,)
 
-    async def apply(self, conn: asyncpg.Connection, facts: Sequence[Fact]) -> None:
-        rows = Rows(COMPOSITIONS, conn)
+    async def apply(self, source: RowSource, facts: Sequence[Fact]) -> None:
+        rows = Rows(COMPOSITIONS, source)
         await rows.prefetch(
             (f.record.domain, cid) for f in facts if (cid := composition_of(f.event))
         )

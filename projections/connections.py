@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import asyncpg
 import msgspec
 
 from engine.events import (
@@ -24,7 +23,7 @@ from engine.events import (
 )
 from engine.records import RecordedEvent
 from projections.base import Fact, composition_of
-from projections.table import Column, Row, Rows, Table
+from projections.table import Column, Row, Rows, RowSource, Table
 
 CONNECTIONS = Table(
     "proj_connections",
@@ -65,9 +64,9 @@ class ConnectionsProjection:
     name: str = "connections"
     tables: tuple[Table, ...] = (CONNECTIONS, REQUESTS)
 
-    async def apply(self, conn: asyncpg.Connection, facts: Sequence[Fact]) -> None:
-        connections = Rows(CONNECTIONS, conn)
-        requests = Rows(REQUESTS, conn)
+    async def apply(self, source: RowSource, facts: Sequence[Fact]) -> None:
+        connections = Rows(CONNECTIONS, source)
+        requests = Rows(REQUESTS, source)
         keys = {(f.record.domain, cid) for f in facts if (cid := composition_of(f.event))}
         await requests.prefetch(keys)
         await connections.prefetch_groups(keys)

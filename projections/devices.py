@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import asyncpg
-
 from engine.events import (
     ComponentDrained,
     ComponentFaulted,
@@ -32,7 +30,7 @@ from engine.events import (
 from engine.model import LinkSpec, NodeSpec
 from engine.records import RecordedEvent
 from projections.base import Fact, chain_entry, composition_of
-from projections.table import Column, Row, Rows, Table
+from projections.table import Column, Row, Rows, RowSource, Table
 
 DEVICES = Table(
     "proj_devices",
@@ -96,8 +94,8 @@ class DevicesProjection:
     name: str = "devices"
     tables: tuple[Table, ...] = (DEVICES, COMPONENTS, HOLDS)
 
-    async def apply(self, conn: asyncpg.Connection, facts: Sequence[Fact]) -> None:
-        batch = _Batch(conn)
+    async def apply(self, source: RowSource, facts: Sequence[Fact]) -> None:
+        batch = _Batch(source)
         await batch.prefetch(facts)
         for fact in facts:
             await batch.fold(fact.record, fact.event)
@@ -105,10 +103,10 @@ class DevicesProjection:
 
 
 class _Batch:
-    def __init__(self, conn: asyncpg.Connection):
-        self.devices = Rows(DEVICES, conn)
-        self.components = Rows(COMPONENTS, conn)
-        self.holds = Rows(HOLDS, conn)
+    def __init__(self, source: RowSource):
+        self.devices = Rows(DEVICES, source)
+        self.components = Rows(COMPONENTS, source)
+        self.holds = Rows(HOLDS, source)
 
     async def prefetch(self, facts: Sequence[Fact]) -> None:
         """Fetch what the batch will touch in a few statements: holds of the compositions it

@@ -1,8 +1,10 @@
 """engine.ports.ReadModels over the projection tables: the `composition`, `connections` and
-`why` queries (ARCHITECTURE §4).
+`why` queries (ARCHITECTURE §4), live and at any past moment.
 
-Every answer is built from rows in a fixed order, so the same tables always give the same
-answer, `text` included.
+Every answer is built from rows in a fixed order, so the same rows always give the same answer,
+`text` included. The rows come from a RowReader: the live tables, or the projections folded in
+memory up to a past event (projections/past.py), so an answer at a past moment is the answer
+the live tables gave then.
 """
 
 from __future__ import annotations
@@ -14,10 +16,15 @@ from typing import Any, Protocol
 import asyncpg
 import msgspec
 
-from engine.follower import Failure
+from engine.errors import IntentRejected
+from engine.follower import DomainLog, Failure
+from engine.ports import SnapshotStore
+from engine.records import Head
 from engine.views import IN_USE_BY_OTHERS, may_see, split_rows
 from projections.base import iso
-from projections.sink import SINK_NAME
+from projections.past import fold_past
+from projections.sink import SINK_NAME, default_projections
+from projections.table import Row
 
 _json = msgspec.json.Decoder().decode
 
@@ -30,7 +37,7 @@ SELECT composition_id, tenant, host, state, labels, reason, request_id, created_
        devices, impaired_by, chain
   FROM proj_compositions
  WHERE domain = $1 AND composition_id = ANY($2::text[])
- ORDER BY composition_id
+ ORDER BY composition_id COLLATE "C"
 """
 
 _COMPONENT = """
@@ -49,6 +56,9 @@ _CONNECTED_BY_KIND = {
     "switch": "path @> jsonb_build_array($2::text)",
     "ocs": "path @> jsonb_build_array($2::text)",
 }
+# Sorted as Python sorts text (by code point), so answers at past moments, folded in memory
+# (projections/past.py), list rows in the same order whatever the database's collation.
+_CONNECTION_ORDER = ' ORDER BY host COLLATE "C", composition_id COLLATE "C", device COLLATE "C"'
 
 # jsonb stores object keys in its own order; answers list them in the order the contract does.
 _CHAIN_KEYS = ("type", "position", "time", "actor", "request_id")
@@ -74,14 +84,157 @@ class Waiter(Protocol):
     def failures(self) -> list[Failure]: ...
 
 
+class RowReader(Protocol):
+    """The projection rows the answers are built from (jsonb columns decoded): the live tables
+    (_TableReader), or a fold in memory at a past moment (projections/past.py)."""
+
+    async def compositions(self, domain: str, ids: Sequence[str]) -> list[Row]:
+        """proj_compositions rows of `ids`, by composition id."""
+        ...
+
+    async def component(self, domain: str, component_id: str) -> Row | None:
+        """The proj_components row of a node or link."""
+        ...
+
+    async def connections(self, domain: str, filters: dict[str, str]) -> list[Row]:
+        """proj_connections rows whose columns equal `filters`, by host, composition, device."""
+        ...
+
+    async def connected(self, domain: str, kind: str, target: str) -> list[Row]:
+        """The connection rows a `why` target of `kind` is part of, in the same order."""
+        ...
+
+
+class Answers:
+    """`composition`, `connections` and `why` built from one RowReader: the same code answers
+    live and at a past moment, so the two cannot tell it differently."""
+
+    def __init__(self, reader: RowReader):
+        self._reader = reader
+
+    async def composition(self, domain: str, composition_id: str) -> dict[str, Any] | None:
+        """The compose result (composition_id, host, state, expires_at, devices) plus tenant,
+        labels, reason, request_id, created_at, impaired_by and chain; None if unknown."""
+        rows = await self._compositions(domain, [composition_id])
+        return _composition(rows[0]) if rows else None
+
+    async def connections(
+        self,
+        domain: str,
+        *,
+        host: str | None = None,
+        tenant: str | None = None,
+        device: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """One row per connected device, filtered by every filter given."""
+        filters = {"host": host, "tenant": tenant, "device": device}
+        given = {column: value for column, value in filters.items() if value is not None}
+        return [_connection(r) for r in await self._reader.connections(domain, given)]
+
+    async def why(
+        self, domain: str, target: str, *, viewer: str | None = None
+    ) -> dict[str, Any] | None:
+        """What `target` (a device, host, switch, OCS, link or composition) is connected to,
+        the events that made it so, and one sentence saying it; None if the id is unknown.
+
+        With `viewer` (a tenant's view, engine/views.py) only that tenant's connections and
+        their events are told; what others hold is only "in use by others", and another
+        tenant's composition is unknown (None)."""
+        reader = self._reader
+        own = await self._compositions(domain, [target])
+        if own and not may_see(own[0]["tenant"], viewer):
+            return None
+        component = None if own else await reader.component(domain, target)
+        if own:
+            kind = "composition"
+        elif component is not None:
+            kind = component["kind"]
+        else:
+            return None
+        rows = await reader.connected(domain, kind, target)
+        connected, others = split_rows([_connection(r) for r in rows], viewer)
+        cids = sorted({c["composition_id"] for c in connected})
+        compositions = own or await self._compositions(domain, cids)
+        states = {c["composition_id"]: c for c in compositions}
+        chains = [c["chain"] for c in compositions]
+        if component is not None:
+            chains.append(_chain(component["chain"]))
+        if own:
+            text = _composition_text(own[0])
+        elif component is None:
+            raise AssertionError("a target is a composition or a component")
+        elif kind == "device":
+            text = _device_text(target, connected, states, component, others)
+        elif kind == "host":
+            text = _host_text(target, connected, states, component, others)
+        else:
+            text = _carrier_text(target, connected, component, others)
+        return {
+            "id": target,
+            "kind": kind,
+            "connected_to": connected,
+            "chain": _merged(chains),
+            "text": text,
+        }
+
+    async def _compositions(self, domain: str, ids: list[str]) -> list[dict[str, Any]]:
+        if not ids:
+            return []
+        rows = []
+        for found in await self._reader.compositions(domain, ids):
+            row = dict(found)
+            row["devices"] = [_ordered(d, _DEVICE_KEYS) for d in row["devices"]]
+            row["impaired_by"] = [_ordered(i, _IMPAIRED_KEYS) for i in row["impaired_by"]]
+            row["chain"] = _chain(row["chain"])
+            rows.append(row)
+        return rows
+
+
+class _TableReader:
+    """RowReader over the live projection tables, on one connection (a `why` reads in one
+    repeatable-read snapshot, so its sentence, rows and chain agree) or on the pool."""
+
+    def __init__(self, db: asyncpg.Pool | asyncpg.Connection):
+        self._db = db
+
+    async def compositions(self, domain: str, ids: Sequence[str]) -> list[Row]:
+        return [_decoded(r) for r in await self._db.fetch(_COMPOSITION, domain, list(ids))]
+
+    async def component(self, domain: str, component_id: str) -> Row | None:
+        record = await self._db.fetchrow(_COMPONENT, domain, component_id)
+        return _decoded(record) if record is not None else None
+
+    async def connections(self, domain: str, filters: dict[str, str]) -> list[Row]:
+        # Only the filters given become conditions, so each query can use its index.
+        where = "".join(f" AND {column} = ${i}" for i, column in enumerate(filters, 2))
+        records = await self._db.fetch(
+            f"SELECT {_CONNECTION_COLUMNS} FROM proj_connections WHERE domain = $1{where}"
+            + _CONNECTION_ORDER,
+            domain,
+            *filters.values(),
+        )
+        return [_decoded(r) for r in records]
+
+    async def connected(self, domain: str, kind: str, target: str) -> list[Row]:
+        records = await self._db.fetch(
+            f"SELECT {_CONNECTION_COLUMNS} FROM proj_connections"
+            f" WHERE domain = $1 AND {_CONNECTED_BY_KIND[kind]}" + _CONNECTION_ORDER,
+            domain,
+            target,
+        )
+        return [_decoded(r) for r in records]
+
+
 class PostgresReadModels:
-    """The query side of the projections.
+    """The query side of the projections: live, and at past moments (projections/past.py).
 
     Args:
         pool: asyncpg pool whose search_path holds the projection tables.
         followers: answers `wait_for` when the projections are folded in this process;
             without them, `wait_for` watches the checkpoints table (another process folds).
         projections: the checkpoint names `wait_for` watches without followers.
+        log: the event log, for answers at past moments.
+        snapshots: where folds at past moments may start (None: from the first event).
     """
 
     def __init__(
@@ -90,10 +243,15 @@ class PostgresReadModels:
         followers: Waiter | None = None,
         *,
         projections: Sequence[str] = ("compositions", "connections", "devices"),
+        log: DomainLog | None = None,
+        snapshots: SnapshotStore | None = None,
     ):
         self._pool = pool
         self._followers = followers
         self._names = list(projections)
+        self._answers = Answers(_TableReader(pool))
+        self._log = log
+        self._snapshots = snapshots
 
     async def wait_for(self, domain: str, position: int, timeout: float = 5.0) -> bool:
         """Block until the domain's projections include `position`; False if that took too
@@ -120,10 +278,7 @@ class PostgresReadModels:
         )
 
     async def composition(self, domain: str, composition_id: str) -> dict[str, Any] | None:
-        """The compose result (composition_id, host, state, expires_at, devices) plus tenant,
-        labels, reason, request_id, created_at, impaired_by and chain; None if unknown."""
-        rows = await self._compositions(domain, [composition_id])
-        return _composition(rows[0]) if rows else None
+        return await self._answers.composition(domain, composition_id)
 
     async def connections(
         self,
@@ -133,102 +288,52 @@ class PostgresReadModels:
         tenant: str | None = None,
         device: str | None = None,
     ) -> list[dict[str, Any]]:
-        """One row per connected device, filtered by every filter given."""
-        filters = {"host": host, "tenant": tenant, "device": device}
-        given = [(column, value) for column, value in filters.items() if value is not None]
-        # Only the filters given become conditions, so each query can use its index.
-        where = "".join(f" AND {column} = ${i}" for i, (column, _) in enumerate(given, 2))
-        rows = await self._pool.fetch(
-            f"SELECT {_CONNECTION_COLUMNS} FROM proj_connections WHERE domain = $1{where}"
-            " ORDER BY host, composition_id, device",
-            domain,
-            *(value for _, value in given),
-        )
-        return [_connection(r) for r in rows]
+        return await self._answers.connections(domain, host=host, tenant=tenant, device=device)
 
     async def why(
         self, domain: str, target: str, *, viewer: str | None = None
     ) -> dict[str, Any] | None:
-        """What `target` (a device, host, switch, OCS, link or composition) is connected to,
-        the events that made it so, and one sentence saying it; None if the id is unknown.
-
-        With `viewer` (a tenant's view, engine/views.py) only that tenant's connections and
-        their events are told; what others hold is only "in use by others", and another
-        tenant's composition is unknown (None)."""
         # One snapshot for every read, so the sentence, the rows and the chain agree.
         snapshot = {"isolation": "repeatable_read", "readonly": True}
         async with self._pool.acquire() as conn, conn.transaction(**snapshot):
-            own = await self._compositions(domain, [target], conn)
-            if own and not may_see(own[0]["tenant"], viewer):
-                return None
-            component = None if own else await conn.fetchrow(_COMPONENT, domain, target)
-            if own:
-                kind = "composition"
-            elif component is not None:
-                kind = component["kind"]
-            else:
-                return None
-            rows = await conn.fetch(
-                f"SELECT {_CONNECTION_COLUMNS} FROM proj_connections"
-                f" WHERE domain = $1 AND {_CONNECTED_BY_KIND[kind]}"
-                " ORDER BY host, composition_id, device",
-                domain,
-                target,
-            )
-            connected, others = split_rows([_connection(r) for r in rows], viewer)
-            cids = sorted({c["composition_id"] for c in connected})
-            compositions = own or await self._compositions(domain, cids, conn)
-        states = {c["composition_id"]: c for c in compositions}
-        chains = [c["chain"] for c in compositions]
-        if component is not None:
-            chains.append(_chain(component["chain"]))
-        if own:
-            text = _composition_text(own[0])
-        elif kind == "device":
-            text = _device_text(target, connected, states, component, others)
-        elif kind == "host":
-            text = _host_text(target, connected, states, component, others)
-        else:
-            text = _carrier_text(target, connected, component, others)
-        return {
-            "id": target,
-            "kind": kind,
-            "connected_to": connected,
-            "chain": _merged(chains),
-            "text": text,
-        }
+            return await Answers(_TableReader(conn)).why(domain, target, viewer=viewer)
 
-    async def _compositions(
-        self, domain: str, ids: list[str], conn: asyncpg.Connection | None = None
-    ) -> list[dict[str, Any]]:
-        if not ids:
-            return []
-        records = await (conn or self._pool).fetch(_COMPOSITION, domain, ids)
-        rows = []
-        for record in records:
-            row = dict(record)
-            row["labels"] = _json(row["labels"])
-            row["devices"] = [_ordered(d, _DEVICE_KEYS) for d in _json(row["devices"])]
-            row["impaired_by"] = [_ordered(i, _IMPAIRED_KEYS) for i in _json(row["impaired_by"])]
-            row["chain"] = _chain(row["chain"])
-            rows.append(row)
-        return rows
+    async def past(self, domain: str, head: Head) -> Answers:
+        """The answers as they stood right after the domain's event at `head`."""
+        if self._log is None:
+            raise RuntimeError("these read models were given no log to fold past moments from")
+        reader = await fold_past(
+            self._pool, self._log, self._snapshots, default_projections(), domain, head
+        )
+        # Rows that ended before the snapshot are read from the live tables: after a rebuild
+        # they may not be back yet.
+        if reader.since and not await self.wait_for(domain, reader.since):
+            raise IntentRejected("unavailable", "projections are behind the log; retry")
+        return Answers(reader)
+
+
+def _decoded(record: asyncpg.Record) -> Row:
+    row = dict(record)
+    for column in ("labels", "devices", "impaired_by", "chain", "path", "links", "why"):
+        if column in row:
+            row[column] = _json(row[column])
+    return row
 
 
 # ---- rows ----
 
 
-def _connection(record: asyncpg.Record) -> dict[str, Any]:
+def _connection(row: Row) -> dict[str, Any]:
     return {
-        "device": record["device"],
-        "host": record["host"],
-        "composition_id": record["composition_id"],
-        "tenant": record["tenant"],
-        "path": _json(record["path"]),
-        "bandwidth_gbps": record["bandwidth_gbps"],
-        "capacity_gib": record["capacity_gib"],
-        "since": iso(record["since"]),
-        "why": _why(_json(record["why"])),
+        "device": row["device"],
+        "host": row["host"],
+        "composition_id": row["composition_id"],
+        "tenant": row["tenant"],
+        "path": row["path"],
+        "bandwidth_gbps": row["bandwidth_gbps"],
+        "capacity_gib": row["capacity_gib"],
+        "since": iso(row["since"]),
+        "why": _why(dict(row["why"])),
     }
 
 
@@ -238,8 +343,8 @@ def _why(why: dict[str, Any]) -> dict[str, Any]:
     return _ordered(why, _WHY_KEYS)
 
 
-def _chain(text: str) -> list[dict[str, Any]]:
-    return [_ordered(e, _CHAIN_KEYS) for e in _json(text)]
+def _chain(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [_ordered(e, _CHAIN_KEYS) for e in entries]
 
 
 def _ordered(obj: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
@@ -277,7 +382,7 @@ def _device_text(
     device: str,
     connected: list[dict[str, Any]],
     states: dict[str, dict[str, Any]],
-    component: asyncpg.Record,
+    component: Row,
     others: bool = False,
 ) -> str:
     marks = _marks(component)
@@ -301,7 +406,7 @@ def _host_text(
     host: str,
     connected: list[dict[str, Any]],
     states: dict[str, dict[str, Any]],
-    component: asyncpg.Record,
+    component: Row,
     others: bool = False,
 ) -> str:
     marks = _marks(component)
@@ -322,7 +427,7 @@ def _host_text(
 
 
 def _carrier_text(
-    target: str, connected: list[dict[str, Any]], component: asyncpg.Record, others: bool = False
+    target: str, connected: list[dict[str, Any]], component: Row, others: bool = False
 ) -> str:
     """A link, switch or OCS: whose paths pass it."""
     marks = _marks(component)
@@ -394,7 +499,7 @@ def _impaired_by(composition: dict[str, Any] | None) -> str:
     return _and(sorted({i["component"] for i in composition["impaired_by"]}))
 
 
-def _marks(component: asyncpg.Record) -> str:
+def _marks(component: Row) -> str:
     health = component["health"]
     text = (
         f"{health} ({component['detail']})"

@@ -9,7 +9,9 @@ while the engine runs) take turns, and one that finds a checkpoint already past 
 batch skips that part. One that finds a checkpoint behind what it was handed (someone
 rebuilt) raises Rewound and resumes from there.
 
-Checkpoints are per projection, so a projection added later catches up on its own.
+Checkpoints are per projection, so a projection added later catches up on its own. Every
+`snapshot_every` versions the batch also snapshots the domain's live rows, for answers at past
+moments (projections/past.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from projections.base import Fact, Projection
 from projections.compositions import CompositionsProjection
 from projections.connections import ConnectionsProjection
 from projections.devices import DevicesProjection
+from projections.past import save_snapshot
+from projections.table import PostgresRows
 
 log = logging.getLogger("trellis.projections")
 
@@ -59,12 +63,21 @@ class ProjectionSink:
         pool: asyncpg pool whose search_path holds the log and the projection tables
             (migrations already applied, as PostgresEventStore.open does).
         projections: what to fold; `default_projections()` when omitted.
+        snapshot_every: snapshot a domain's live rows (projections/past.py) in the batch that
+            reaches each multiple of this many versions; 0: never.
     """
 
     name = SINK_NAME
 
-    def __init__(self, pool: asyncpg.Pool, projections: Sequence[Projection] | None = None):
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        projections: Sequence[Projection] | None = None,
+        *,
+        snapshot_every: int = 0,
+    ):
         self.pool = pool
+        self._snapshot_every = snapshot_every
         self._projections = list(projections if projections is not None else default_projections())
         self._names = [p.name for p in self._projections]
         if len(set(self._names)) != len(self._names):
@@ -131,7 +144,15 @@ class ProjectionSink:
                 done = locked[projection.name].version
                 todo = [f for f in facts if f.record.version > done]
                 if todo:
-                    await projection.apply(conn, todo)
+                    await projection.apply(PostgresRows(conn), todo)
+            # A snapshot is of every table at exactly `last` (none may be past it already).
+            exact = all(cp.version <= last.version for cp in locked.values())
+            if (
+                exact
+                and self._snapshot_every
+                and _crosses(first - 1, last.version, self._snapshot_every)
+            ):
+                await save_snapshot(conn, self._projections, last)
             # Never move a checkpoint back: another follower may already be past this batch.
             saved = {
                 name: max(cp, Progress(last.version, last.position), key=_version)
@@ -151,6 +172,11 @@ class ProjectionSink:
 
 def _version(progress: Progress) -> int:
     return progress.version
+
+
+def _crosses(before: int, after: int, every: int) -> bool:
+    """True when a multiple of `every` lies in (before, after]."""
+    return after // every > before // every
 
 
 async def rebuild(

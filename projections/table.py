@@ -12,10 +12,11 @@ shape lives next to its definition and cannot drift from it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from functools import cached_property
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 import msgspec
@@ -44,6 +45,11 @@ class Table:
     columns: tuple[Column, ...]
     key: tuple[str, ...]
     group: tuple[str, ...] = ()  # a key prefix fetched whole, e.g. all rows of one composition
+    # Rows that no later event changes (an ended composition): `final` says which, in SQL,
+    # and `final_position` names the column holding the position where each became final.
+    # A read-model snapshot leaves them out; a past answer reads them from the live table.
+    final: str | None = None
+    final_position: str | None = None
 
     @cached_property
     def names(self) -> tuple[str, ...]:
@@ -100,8 +106,97 @@ class Table:
             f"    ON CONFLICT ({', '.join(self.key)}) {on_conflict}"
         )
 
+    @cached_property
+    def select_live(self) -> str:
+        """Every row of one domain that may still change (all of them without `final`)."""
+        where = "domain = $1" + (f" AND NOT ({self.final})" if self.final else "")
+        return f"SELECT {', '.join(self.names)} FROM {self.name} WHERE {where}"
+
     def key_of(self, row: Row) -> Key:
         return tuple(row[c] for c in self.key)
+
+    def decode(self, record: Any) -> Row:
+        """A fetched record as a row: jsonb columns decoded."""
+        row = dict(record)
+        for c in self.json_columns:
+            row[c] = _json_decode(row[c])
+        return row
+
+
+class RowSource(Protocol):
+    """Where a batch's rows come from and go to: the projection tables in Postgres
+    (PostgresRows), or a fold held in memory for a past moment (projections/past.py)."""
+
+    async def fetch(self, table: Table, by: tuple[str, ...], keys: Sequence[Key]) -> list[Row]:
+        """The rows whose columns `by` (the key, or the group prefix) equal one of `keys`."""
+        ...
+
+    async def write(self, table: Table, gone: Sequence[Key], kept: Sequence[Row]) -> None:
+        """Delete the keys `gone`, then insert or replace the rows `kept`."""
+        ...
+
+
+class PostgresRows:
+    """RowSource over the projection tables, inside the caller's transaction: a few
+    statements per table and batch, whatever its size."""
+
+    def __init__(self, conn: asyncpg.Connection):
+        self.conn = conn  # the sink's transaction
+
+    async def fetch(self, table: Table, by: tuple[str, ...], keys: Sequence[Key]) -> list[Row]:
+        sql = table.select_by_key if by == table.key else table.select_by_group
+        records = await self.conn.fetch(sql, *zip(*keys, strict=True))
+        return [table.decode(r) for r in records]
+
+    async def write(self, table: Table, gone: Sequence[Key], kept: Sequence[Row]) -> None:
+        if gone:
+            await self.conn.execute(table.delete_by_key, *zip(*gone, strict=True))
+        if kept:
+            await self.conn.execute(table.upsert, *_columns(table, kept))
+
+
+def _columns(table: Table, rows: Sequence[Row]) -> list[list[Any]]:
+    """Column-wise arrays for unnest, jsonb values encoded as text."""
+    arrays = []
+    for c in table.names:
+        if c in table.json_columns:
+            arrays.append([_json_encode(row[c]).decode() for row in rows])
+        else:
+            arrays.append([row[c] for row in rows])
+    return arrays
+
+
+def as_stored(table: Table, row: Row) -> Row:
+    """`row` as the table gives it back: each value in its column's type, jsonb objects with
+    their keys in jsonb's order (shorter keys first, then bytewise). A fold kept in memory
+    stores rows so, and its answers are then the tables' answers, byte for byte."""
+    stored: Row = {}
+    for c in table.names:
+        value = row[c]
+        kind = table.types[c]
+        if value is None:
+            stored[c] = None
+        elif kind == "jsonb":
+            stored[c] = _jsonb(_json_decode(_json_encode(value)))
+        elif kind == "float8":
+            stored[c] = float(value)
+        elif kind in ("bigint", "integer"):
+            stored[c] = int(value)
+        elif kind == "timestamptz":
+            assert isinstance(value, datetime) and value.tzinfo is not None, (c, value)
+            stored[c] = value
+        else:
+            stored[c] = value
+    return stored
+
+
+def _jsonb(value: Any) -> Any:
+    if isinstance(value, dict):
+        keys = sorted(value, key=lambda k: (len(k.encode()), k.encode()))
+        return {k: _jsonb(value[k]) for k in keys}
+    if isinstance(value, list):
+        return [_jsonb(v) for v in value]
+    return value
 
 
 class Rows:
@@ -113,9 +208,9 @@ class Rows:
     is fetched at most once per batch.
     """
 
-    def __init__(self, table: Table, conn: asyncpg.Connection):
+    def __init__(self, table: Table, source: RowSource):
         self.table = table
-        self._conn = conn
+        self._source = source
         self._rows: dict[Key, Row | None] = {}
         self._dirty: set[Key] = set()
         self._groups: dict[Key, set[Key]] = {}  # group prefix -> keys cached under it
@@ -126,9 +221,8 @@ class Rows:
         missing = sorted({k for k in keys if k not in self._rows})
         if not missing:
             return
-        records = await self._conn.fetch(self.table.select_by_key, *zip(*missing, strict=True))
-        for record in records:
-            self._cache(self._decode(record))
+        for row in await self._source.fetch(self.table, self.table.key, missing):
+            self._cache(row)
         for key in missing:
             self._rows.setdefault(key, None)
 
@@ -137,9 +231,8 @@ class Rows:
         missing = sorted({p for p in prefixes if p not in self._fetched_groups})
         if not missing:
             return
-        records = await self._conn.fetch(self.table.select_by_group, *zip(*missing, strict=True))
-        for record in records:
-            self._cache(self._decode(record))
+        for row in await self._source.fetch(self.table, self.table.group, missing):
+            self._cache(row)
         self._fetched_groups.update(missing)
 
     async def get(self, key: Key) -> Row | None:
@@ -173,10 +266,7 @@ class Rows:
         """Write every changed key in its final state: deletes first, then one bulk upsert."""
         gone = sorted(k for k in self._dirty if self._rows[k] is None)
         kept = [row for k in sorted(self._dirty) if (row := self._rows[k]) is not None]
-        if gone:
-            await self._conn.execute(self.table.delete_by_key, *zip(*gone, strict=True))
-        if kept:
-            await self._conn.execute(self.table.upsert, *self._columns(kept))
+        await self._source.write(self.table, gone, kept)
         self._dirty.clear()
 
     def _cache(self, row: Row) -> None:
@@ -187,19 +277,3 @@ class Rows:
         self._rows[key] = row
         if self.table.group:
             self._groups.setdefault(key[: len(self.table.group)], set()).add(key)
-
-    def _decode(self, record: asyncpg.Record) -> Row:
-        row = dict(record)
-        for c in self.table.json_columns:
-            row[c] = _json_decode(row[c])
-        return row
-
-    def _columns(self, rows: list[Row]) -> list[list[Any]]:
-        """Column-wise arrays for unnest, jsonb values encoded as text."""
-        arrays = []
-        for c in self.table.names:
-            if c in self.table.json_columns:
-                arrays.append([_json_encode(row[c]).decode() for row in rows])
-            else:
-                arrays.append([row[c] for row in rows])
-        return arrays

@@ -126,8 +126,16 @@ def _parser() -> argparse.ArgumentParser:
     _client_options(imp)
     imp.set_defaults(run=_topology_import)
     show = topo_sub.add_parser("show", help="nodes and links with health and free capacity")
+    _at_option(show)
     _client_options(show)
     show.set_defaults(run=_topology_show)
+
+    replay = sub.add_parser(
+        "replay", help="the fabric and its connections as they were at a past moment"
+    )
+    _at_option(replay, required=True)
+    _client_options(replay)
+    replay.set_defaults(run=_replay)
 
     _composition_commands(sub)
     _query_commands(sub)
@@ -265,7 +273,28 @@ def _quota_commands(sub: Any) -> None:
     show.set_defaults(run=_quota_show)
 
 
+def _at_option(p: argparse.ArgumentParser, *, required: bool = False) -> None:
+    p.add_argument(
+        "--at",
+        type=_point_in_time,
+        required=required,
+        metavar="TIME|POSITION",
+        help="answer as of a past moment: an ISO time with its zone (2026-12-01T10:00:00Z) "
+        "or a log position" + ("" if required else " (default: now)"),
+    )
+
+
+def _point_in_time(text: str) -> int | str:
+    """A log position (digits) or an ISO time, as the `at` field takes them."""
+    return int(text) if text.isdigit() else text
+
+
+def _at(args: argparse.Namespace, body: dict[str, Any]) -> dict[str, Any]:
+    return body if getattr(args, "at", None) is None else {**body, "at": args.at}
+
+
 def _query_options(p: argparse.ArgumentParser) -> None:
+    _at_option(p)
     p.add_argument(
         "--view",
         metavar="TENANT",
@@ -405,8 +434,27 @@ def _topology_import(args: argparse.Namespace) -> int:
 
 
 def _topology_show(args: argparse.Namespace) -> int:
-    reply = _request(args, f"query.{args.domain}.topology", {})
+    reply = _request(args, f"query.{args.domain}.topology", _at(args, {}))
     return _print_reply(args, reply, render.topology_tables)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    """The fabric, then what was connected to what and why, both as of `--at`."""
+    topology = _request(args, f"query.{args.domain}.topology", _at(args, {}))
+    if not topology.get("ok"):
+        return _print_reply(args, topology, render.topology_tables)
+    connections = _request(args, f"query.{args.domain}.connections", _at(args, {}))
+    if args.json:
+        both = {"topology": topology, "connections": connections}
+        print(msgspec.json.format(msgspec.json.encode(both), indent=2).decode())
+        return 0 if connections.get("ok") else 1
+    if not connections.get("ok"):
+        return _print_reply(args, connections, render.connections_table)
+    print(f"as of log position {topology['position']}")
+    print(render.topology_tables(topology["result"], topology))
+    print()
+    print(render.connections_table(connections["result"], connections))
+    return 0
 
 
 def _compose(args: argparse.Namespace) -> int:
@@ -462,23 +510,23 @@ def _extend(args: argparse.Namespace) -> int:
 
 def _connections(args: argparse.Namespace) -> int:
     filters = {k: getattr(args, k) for k in ("host", "tenant", "device") if getattr(args, k)}
-    reply = _request(args, _query_subject(args, "connections"), filters)
+    reply = _request(args, _query_subject(args, "connections"), _at(args, filters))
     return _print_reply(args, reply, render.connections_table)
 
 
 def _why(args: argparse.Namespace) -> int:
-    reply = _request(args, _query_subject(args, "why"), {"id": args.id})
+    reply = _request(args, _query_subject(args, "why"), _at(args, {"id": args.id}))
     return _print_reply(args, reply, render.why_text)
 
 
 def _free(args: argparse.Namespace) -> int:
     body = {"kind": args.kind} if args.kind else {}
-    reply = _request(args, _query_subject(args, "free"), body)
+    reply = _request(args, _query_subject(args, "free"), _at(args, body))
     return _print_reply(args, reply, render.free_table)
 
 
 def _blast_radius(args: argparse.Namespace) -> int:
-    reply = _request(args, _query_subject(args, "blast-radius"), {"id": args.id})
+    reply = _request(args, _query_subject(args, "blast-radius"), _at(args, {"id": args.id}))
     return _print_reply(args, reply, render.blast_radius_table)
 
 

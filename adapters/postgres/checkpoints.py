@@ -54,7 +54,7 @@ INSERT INTO trellis_checkpoints (domain, size, root, note) VALUES ($1, $2, $3, $
 """
 _READ = "SELECT size, root, recorded_at, note FROM trellis_checkpoints WHERE domain = $1"
 _ONE = _READ + " AND size = $2"
-_LATEST = _READ + " ORDER BY size DESC LIMIT 1"
+_LATEST = _READ + " AND size <= $2 ORDER BY size DESC LIMIT 1"
 _HASHES = """
 SELECT version, hash FROM trellis_events
  WHERE domain = $1 AND version > $2 AND version <= $3 ORDER BY version LIMIT $4
@@ -249,7 +249,7 @@ class PostgresAuditTrail:
                     "not_found", f"no event {event_id} in domain {domain!r}", {"id": event_id}
                 )
             if size is None:
-                latest = await conn.fetchrow(_LATEST, domain)
+                latest = await conn.fetchrow(_LATEST, domain, head)
                 if latest is None:
                     raise IntentRejected(
                         "not_found",

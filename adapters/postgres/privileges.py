@@ -42,6 +42,7 @@ TABLES: dict[str, Kind] = {
     "trellis_follower_checkpoints": Kind.BOOKKEEPING,
     "trellis_engines": Kind.BOOKKEEPING,
     "trellis_writer_leases": Kind.BOOKKEEPING,
+    "trellis_snapshots": Kind.BOOKKEEPING,
     "proj_compositions": Kind.READ_MODEL,
     "proj_connections": Kind.READ_MODEL,
     "proj_connection_requests": Kind.READ_MODEL,

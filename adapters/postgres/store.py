@@ -11,6 +11,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -26,9 +27,10 @@ log = logging.getLogger(__name__)
 _CONFLICT_STATES = {"TR001", asyncpg.UniqueViolationError.sqlstate}
 _FENCED = "TR004"  # schema/008: the writer's epoch is not the domain's, or its lease ran out
 # What the log cannot hold: schema/007's refusal of an id or integer that validation let pass
-# (TR003), and data the json type or its text cannot represent (invalid_text_representation,
-# untranslatable_character). Retrying cannot help.
-_REFUSED_STATES = {"TR003", "22P02", "22P05"}
+# (TR003), schema/012's of an event recorded before its predecessor (TR005), and data the json
+# type or its text cannot represent (invalid_text_representation, untranslatable_character).
+# Retrying cannot help.
+_REFUSED_STATES = {"TR003", "TR005", "22P02", "22P05"}
 _PAGE = 2000
 # A hung database must turn into `unavailable` well inside a client's 10 s request timeout:
 # connecting, acquiring, running a statement and resetting a broken connection are each bounded.
@@ -163,6 +165,22 @@ class PostgresEventStore:
                 "SELECT version, position, hash FROM trellis_streams WHERE domain = $1", domain
             )
         return Head(rows[0]["version"], rows[0]["position"], rows[0]["hash"]) if rows else Head()
+
+    async def locate(self, domain: str, at: datetime | int) -> tuple[Head, datetime] | None:
+        """The domain's last event at or before `at` (a time, or a log position)."""
+        column = "position" if isinstance(at, int) else "recorded_at"
+        with _translated(domain):
+            rows = await self._fetch(
+                "SELECT version, position, hash, recorded_at FROM trellis_events "
+                f"WHERE domain = $1 AND {column} <= $2 ORDER BY {column} DESC, version DESC "
+                "LIMIT 1",
+                domain,
+                at,
+            )
+        if not rows:
+            return None
+        row = rows[0]
+        return Head(row["version"], row["position"], row["hash"]), row["recorded_at"]
 
     async def read(
         self, domain: str, after_version: int = 0, limit: int | None = None

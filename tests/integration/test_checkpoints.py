@@ -97,6 +97,11 @@ async def test_proofs_from_the_engine_verify_offline_with_only_the_verifier_key(
         )
     )
 
+    # (Asked as of a past moment, the proof is against the checkpoint there was then.)
+    then = log[first["size"] - 1].position
+    past = expect_ok(await h.client.query(HALL, "proof", {"event_id": event.id, "at": then}))
+    assert (past["tree_size"], past["checkpoint"]) == (first["size"], first["note"])
+
     # Then: both check out offline with the key and the notes alone.
     assert proof["leaf_index"] == 3 and proof["tree_size"] == second["size"]
     assert proof["checkpoint"] == second["note"]

@@ -101,6 +101,34 @@ async def test_an_operator_imports_composes_asks_why_and_releases(
     assert code == 0 and "released" in out
 
 
+async def test_an_auditor_replays_a_past_moment_and_asks_why_then(
+    h: Harness, env: dict[str, str]
+) -> None:
+    await trellis(env, "topology", "import", str(EXAMPLE))
+    code, out, _ = await trellis(
+        env, "compose", "--host", "host-01", "--gpu", "1", "--tenant", "acme", "--json"
+    )
+    composed = json.loads(out)
+    cid, gpu = composed["result"]["composition_id"], composed["result"]["devices"][0]["id"]
+    while_held = composed["position"]
+    code, out, _ = await trellis(env, "release", cid, "--tenant", "acme")
+    assert code == 0
+
+    code, out, _ = await trellis(env, "replay", "--at", str(while_held))
+    assert code == 0, out
+    assert f"as of log position {while_held}" in out
+    assert "sw-pool" in out and cid in out and gpu in out
+    code, out, _ = await trellis(env, "why", gpu, "--at", str(while_held))
+    assert code == 0 and f"in composition {cid}" in out
+    code, out, _ = await trellis(env, "why", gpu)
+    assert code == 0 and "connected to nothing" in out
+    code, out, _ = await trellis(env, "connections")
+    assert code == 0 and cid not in out
+
+    code, _, err = await trellis(env, "replay", "--at", "2020-01-01T00:00:00Z")
+    assert code == 1 and "error [not_found]" in err and "did not exist yet" in err
+
+
 async def test_a_refusal_prints_the_why_not_funnel_and_exits_non_zero(
     h: Harness, env: dict[str, str]
 ) -> None:

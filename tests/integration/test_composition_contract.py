@@ -825,7 +825,7 @@ async def test_why_of_a_released_composition_says_when_it_ended(h: Harness, log)
     assert "nothing" in device["text"]
 
 
-async def test_why_at_a_past_position_is_invalid_until_the_auditor_exists_and_unknown_ids_not_found(
+async def test_why_at_a_past_moment_tells_that_moment_and_before_the_domain_not_found(
     h: Harness, log, counts
 ) -> None:
     await imported(h)
@@ -839,8 +839,9 @@ async def test_why_at_a_past_position_is_invalid_until_the_auditor_exists_and_un
     present = await h.client.query(DOMAIN, "why", {"id": "gpu-02", "at": now})
     unknown = await h.client.query(DOMAIN, "why", {"id": "gpu-99"})
 
-    assert "auditor" in expect_error(past, "invalid")["message"]
-    expect_error(past_time, "invalid")
+    assert expect_ok(past)["text"] == "gpu-02 is connected to nothing; it is free and healthy."
+    assert past["position"] == first
+    assert "did not exist yet" in expect_error(past_time, "not_found")["message"]
     assert "host-01" in expect_ok(present)["text"]
     assert "gpu-99" in expect_error(unknown, "not_found")["message"]
     assert await counts() == before

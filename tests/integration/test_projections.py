@@ -27,6 +27,7 @@ from projections.base import Fact, Projection
 from projections.devices import DevicesProjection
 from projections.read_models import PostgresReadModels
 from projections.sink import ProjectionSink, default_projections, rebuild
+from projections.table import PostgresRows
 
 HALL = "hall-1"
 OTHER_HALL = "hall-2"
@@ -527,10 +528,10 @@ class Broken:
         self.inner, self.position, self.fail = inner, position, fail
         self.name, self.tables = inner.name, inner.tables
 
-    async def apply(self, conn: asyncpg.Connection, facts: Sequence[Fact]) -> None:
+    async def apply(self, source: PostgresRows, facts: Sequence[Fact]) -> None:
         if any(f.record.position == self.position for f in facts):
-            await self.fail(conn)
-        await self.inner.apply(conn, facts)
+            await self.fail(source.conn)
+        await self.inner.apply(source, facts)
 
 
 def with_broken_devices(position: int, fail: Any) -> list[Projection]:

@@ -252,7 +252,7 @@ def kinds_of(t: mi.Type) -> set[str]:
     match t:
         case mi.UnionType(types=types):
             return set().union(*(kinds_of(m) for m in types))
-        case mi.StrType() | mi.LiteralType() | mi.UUIDType():
+        case mi.StrType() | mi.LiteralType() | mi.UUIDType() | mi.DateTimeType():
             return {"string"}
         case mi.IntType():
             return {"integer"}
@@ -413,6 +413,10 @@ def hostile_values(t: mi.Type) -> st.SearchStrategy[Any]:
             case mi.UUIDType():
                 not_uuids = ["", "gpu-01", SOME_EVENT[:-1], SOME_EVENT + "0", SOME_EVENT[:-1] + "g"]
                 choices.append(st.sampled_from(not_uuids))
+            case mi.DateTimeType():  # a time without its zone, or no time at all
+                choices.append(
+                    st.sampled_from(["", "yesterday", "2026-12-01T10:00:00", "2026-13-01T00:00Z"])
+                )
             case mi.IntType():
                 choices.append(hostile_ints(m))
             case mi.FloatType():

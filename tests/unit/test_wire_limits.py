@@ -398,7 +398,7 @@ def test_every_number_string_list_and_map_of_a_body_is_bounded(family: Family, v
                 unbounded.append(f"{where}: {type(t).__name__} without max_length")
             case mi.StrType() | mi.IntType() | mi.FloatType() | mi.ListType() | mi.DictType():
                 pass
-            case mi.BoolType() | mi.NoneType() | mi.LiteralType():
+            case mi.BoolType() | mi.NoneType() | mi.LiteralType() | mi.DateTimeType():
                 pass
             case mi.UUIDType():
                 pass  # fixed length by its type
