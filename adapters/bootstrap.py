@@ -30,6 +30,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import ServiceUnavailableError
 
+from adapters.checkpoint_key import KEY_FILE, KeyFileError, load_or_create
 from adapters.clock import SystemClock
 from adapters.embedded.servers import (
     EmbeddedNats,
@@ -45,13 +46,16 @@ from adapters.nats.auth import (
     SecureDir,
     tenant_name_problem,
 )
+from adapters.nats.checkpoints import CheckpointPublisher
 from adapters.nats.intake import NatsIntake
 from adapters.nats.jetstream import StreamLimits
 from adapters.nats.relay import RelaySink
+from adapters.postgres.checkpoints import DEFAULT_EVERY, PostgresAuditTrail
 from adapters.postgres.leases import PostgresLeases
 from adapters.postgres.snapshots import PostgresSnapshots
 from adapters.postgres.store import PostgresEventStore, connect_pool
 from adapters.settings import Settings, SettingsError, redacted
+from engine.checkpoints import Signer
 from engine.errors import StoreUnavailable
 from engine.follower import Followers
 from engine.ports import Clock, FabricDriver
@@ -80,6 +84,7 @@ class RunningEngine(msgspec.Struct, kw_only=True):
     followers: Followers  # each domain's projections and event relay
     projections: ProjectionSink
     relay: RelaySink
+    audit: PostgresAuditTrail  # signed checkpoints and proofs; also a follower sink
     nc: NATS
     nats_url: str
     database_url: str
@@ -316,6 +321,8 @@ async def engine_on(
     follow_options: dict[str, float] | None = None,
     credentials: NkeyCredentials | None = None,
     lease_ttl: float = 3.0,
+    signer: Signer | None = None,
+    checkpoint_every: int = DEFAULT_EVERY,
     snapshot_every: int = 10_000,
 ) -> AsyncIterator[RunningEngine]:
     """The engine, its projections, its event relay and its NATS intake on given servers, until
@@ -326,7 +333,9 @@ async def engine_on(
     hardware). `follow_options` tune the log followers (engine.follower.Follower);
     `credentials`: the engine's own NATS identity in secure mode; `lease_ttl`: seconds a
     writer lease lasts unrenewed (engine/ownership.py); `snapshot_every`: events between
-    snapshots of a domain's state and read models (0: none)."""
+    snapshots of a domain's state and read models (0: none); `signer`: the checkpoint key
+    (None: a key of this run only, for tests; `trellis up` passes the data dir's), and a
+    checkpoint every `checkpoint_every` events per domain."""
     async with contextlib.AsyncExitStack() as stack:
         store = await until_reachable(
             "Postgres",
@@ -357,7 +366,27 @@ async def engine_on(
             relay.prepare,
             (NatsTimeoutError, NoRespondersError, ServiceUnavailableError),
         )
-        followers = Followers(store, [projections, relay], **(follow_options or {}))
+        checkpoints = CheckpointPublisher(
+            relay_nc, prefix=prefix, replicas=(stream_limits or StreamLimits()).replicas
+        )
+        await until_reachable(
+            "the JetStream checkpoint stream",
+            redacted(nats_url),
+            checkpoints.prepare,
+            (NatsTimeoutError, NoRespondersError, ServiceUnavailableError),
+        )
+        audit_pool = await connect_pool(database_url, schema=schema, min_size=1, max_size=2)
+        stack.push_async_callback(audit_pool.close)
+        if signer is None:
+            log.info("checkpoints are signed with a key of this run only (no key file given)")
+        audit = PostgresAuditTrail(
+            audit_pool,
+            signer or Signer.generate(),
+            every=checkpoint_every,
+            publish=checkpoints,
+            follower=f"checkpoints:{checkpoints.stream}",
+        )
+        followers = Followers(store, [projections, relay, audit], **(follow_options or {}))
         # Closed after the engine: the last commits still reach the stream on a clean exit.
         stack.push_async_callback(followers.close)
         fabric = fabric if fabric is not None else SimulatedFabric()
@@ -380,6 +409,7 @@ async def engine_on(
             leases=PostgresLeases(lease_pool),
             name=f"{socket.gethostname()}:{os.getpid()}",
             lease_ttl=lease_ttl,
+            audit=audit,
             snapshots=snapshots,
             snapshot_every=snapshot_every,
         )
@@ -399,6 +429,7 @@ async def engine_on(
             followers=followers,
             projections=projections,
             relay=relay,
+            audit=audit,
             nc=nc,
             nats_url=nats_url,
             database_url=database_url,
@@ -416,6 +447,7 @@ async def running_engine(
     that holds a live composition in the log), and the engine connects as its own.
     """
     fabric = fabric_from_settings(settings)  # a bad state file stops us before any server starts
+    signer = checkpoint_signer(settings)  # likewise a bad key file
     secure = secure_dir(settings)
     if secure is not None:
         _issue(secure, settings, tenants)
@@ -437,6 +469,8 @@ async def running_engine(
                 saga_deadline=settings.saga_deadline,
                 stream_limits=settings.stream_limits,
                 lease_ttl=settings.lease_ttl,
+                signer=signer,
+                checkpoint_every=settings.checkpoint_every,
                 snapshot_every=settings.snapshot_every,
                 credentials=secure.credentials(ENGINE_IDENTITY) if secure is not None else None,
             )
@@ -461,6 +495,23 @@ async def _until_issued_accepted(nats_url: str, secure: SecureDir, tenants: list
             await until_accepted(nats_url, secure.credentials(Principal("tenant", tenant)))
         except TimeoutError as exc:
             log.warning("%s: tenant %s may be refused until the server reloads", exc, tenant)
+
+
+def checkpoint_key_path(settings: Settings) -> Path:
+    """The checkpoint signing key's file: TRELLIS_CHECKPOINT_KEY, else in the data dir."""
+    return settings.checkpoint_key or (settings.data_dir or default_data_dir()) / KEY_FILE
+
+
+def checkpoint_signer(settings: Settings) -> Signer:
+    """The deployment's checkpoint signer, its key made on first use (adapters/checkpoint_key.py).
+
+    Raises:
+        SettingsError: the key file cannot be read or made.
+    """
+    try:
+        return load_or_create(checkpoint_key_path(settings))
+    except KeyFileError as exc:
+        raise SettingsError(str(exc)) from None
 
 
 def secure_dir(settings: Settings) -> SecureDir | None:

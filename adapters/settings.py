@@ -51,6 +51,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Secure mode (adapters/nats/auth.py): NATS users and permissions. Also on whenever the
     # data dir holds its identities already (`trellis up --secure` once is enough).
     secure: bool = False
+    # Signed Merkle checkpoints (adapters/postgres/checkpoints.py): one every N events per
+    # domain, signed with the key in this file (None: checkpoint-key.pem in the data dir).
+    checkpoint_every: int = 1000
+    checkpoint_key: Path | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -81,6 +85,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             )
         data_dir = env.get("TRELLIS_DATA_DIR")
         fabric_state = env.get("TRELLIS_FABRIC_STATE")
+        checkpoint_key = env.get("TRELLIS_CHECKPOINT_KEY")
+        checkpoint_every = _integer(env, "TRELLIS_CHECKPOINT_EVERY", 1000)
+        if checkpoint_every < 1:
+            raise SettingsError(
+                f"TRELLIS_CHECKPOINT_EVERY must be a number of events, 1 or more; "
+                f"got {checkpoint_every}"
+            )
         return cls(
             nats_url=env.get("TRELLIS_NATS_URL") or None,
             database_url=database_url,
@@ -111,6 +122,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             fabric_script=script,
             stream_limits=_stream_limits(env),
             secure=_flag(env, "TRELLIS_SECURE"),
+            checkpoint_every=checkpoint_every,
+            checkpoint_key=Path(checkpoint_key) if checkpoint_key else None,
         )
 
 

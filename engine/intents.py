@@ -7,6 +7,7 @@ each (family, verb) to its Struct and `decode_intent` is the single strict decod
 from __future__ import annotations
 
 import hashlib
+import uuid
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Annotated, Literal
@@ -137,6 +138,15 @@ def _check_quota_tenant(tenant: str) -> None:
         raise ValueError(f"{tenant!r} is reserved for Trellis's internal actors, not a tenant")
 
 
+# ---- checkpoints (trellis.admin.<domain>.checkpoint; engine/checkpoints.py) ----
+
+
+class RecordCheckpoint(Intent):
+    """Sign and record a checkpoint of the domain's log at its head now, and publish it on
+    `<prefix>.checkpoints.<domain>` (the engine also does so every N events). Making one twice
+    at the same head gives the same checkpoint."""
+
+
 # ---- compositions (trellis.intent.<domain>.<tenant>.<verb>) ----
 
 
@@ -264,6 +274,30 @@ class QuotasQuery(Query):
     kind: DeviceKind | None = None
 
 
+# A tree size (number of events): at least one, since no checkpoint is of an empty log.
+TreeSize = Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]
+
+
+class ProofQuery(Query):
+    """An RFC 9162 inclusion proof of an event in the domain's tree of `size` leaves (default:
+    the latest checkpoint's size)."""
+
+    event_id: uuid.UUID
+    size: TreeSize | None = None
+
+
+class ConsistencyQuery(Query):
+    """An RFC 9162 consistency proof: the tree of `from_size` leaves is a prefix of the tree of
+    `to_size`."""
+
+    from_size: TreeSize
+    to_size: TreeSize
+
+
+class CheckpointKeyQuery(Query):
+    """The C2SP note verifier key of the deployment's checkpoint signer."""
+
+
 INTENTS: dict[tuple[Family, str], type[msgspec.Struct]] = {
     ("intent", "compose"): Compose,
     ("intent", "release"): Release,
@@ -277,6 +311,7 @@ INTENTS: dict[tuple[Family, str], type[msgspec.Struct]] = {
     ("admin", "report-fault"): ReportFault,
     ("admin", "set-quota"): SetQuota,
     ("admin", "clear-quota"): ClearQuota,
+    ("admin", "checkpoint"): RecordCheckpoint,
     ("query", "topology"): TopologyQuery,
     ("query", "composition"): CompositionQuery,
     ("query", "connections"): ConnectionsQuery,
@@ -284,6 +319,9 @@ INTENTS: dict[tuple[Family, str], type[msgspec.Struct]] = {
     ("query", "free"): FreeQuery,
     ("query", "blast-radius"): BlastRadiusQuery,
     ("query", "quotas"): QuotasQuery,
+    ("query", "proof"): ProofQuery,
+    ("query", "consistency"): ConsistencyQuery,
+    ("query", "checkpoint-key"): CheckpointKeyQuery,
 }
 
 _DECODERS = {key: msgspec.json.Decoder(cls) for key, cls in INTENTS.items()}

@@ -201,6 +201,33 @@ class ReadModels(PastModels, Protocol):
         ...
 
 
+class AuditTrail(Protocol):
+    """The log's signed Merkle checkpoints and their proofs (engine/merkle.py,
+    engine/checkpoints.py; ARCHITECTURE §6 "Tamper evidence")."""
+
+    async def answer(
+        self, domain: str, query: msgspec.Struct, *, head: int, viewer: str | None = None
+    ) -> dict[str, Any]:
+        """Answer a `proof`, `consistency` or `checkpoint-key` query over the domain's first
+        `head` events; with `viewer`, as that tenant's view.
+
+        Raises:
+            IntentRejected: bad input (an unknown event, a size beyond the log, ...).
+            StoreUnavailable: the store cannot be read now.
+        """
+        ...
+
+    async def checkpoint(self, domain: str, size: int) -> dict[str, Any]:
+        """Record and publish the signed checkpoint of the domain's first `size` events (or
+        the one recorded before); its `{domain, size, root, recorded_at, note}`.
+
+        Raises:
+            IntentRejected: `unavailable` when it was recorded but could not be published.
+            StoreUnavailable: the store cannot be written now.
+        """
+        ...
+
+
 class FabricBinding(msgspec.Struct, frozen=True, kw_only=True):
     """A device bound to a host over a path, as the hardware holds it."""
 

@@ -30,6 +30,7 @@ from engine.intents import (
     Family,
     ImportTopology,
     InvalidIntent,
+    RecordCheckpoint,
     WhyQuery,
     decode_intent,
     lease_expiry_request_id,
@@ -37,6 +38,7 @@ from engine.intents import (
 )
 from engine.ownership import Lease, Ownership
 from engine.ports import (
+    AuditTrail,
     Clock,
     EventStore,
     FabricDriver,
@@ -55,6 +57,8 @@ from engine.writer import DomainWriter
 log = logging.getLogger(__name__)
 
 _encode = msgspec.json.Encoder().encode
+# Answered by the AuditTrail (signed Merkle checkpoints), not from state or projections.
+AUDIT_QUERIES = ("proof", "consistency", "checkpoint-key")
 
 
 class _ComposeOutcome(msgspec.Struct):
@@ -102,10 +106,12 @@ class Engine:
         lease_ttl: float = 3.0,
         snapshots: SnapshotStore | None = None,
         snapshot_every: int = 0,
+        audit: AuditTrail | None = None,
     ):
         self._store = store
         self._snapshots = snapshots
         self._snapshot_every = snapshot_every
+        self._audit = audit
         self._clock = clock
         self._fabric = fabric
         self._saga_deadline = saga_deadline
@@ -299,6 +305,8 @@ class Engine:
             served = await self._runtime(domain, create=isinstance(intent, ImportTopology))
             if served is None:
                 return _no_domain(domain)
+            if isinstance(intent, RecordCheckpoint):
+                return await self._record_checkpoint(domain, served, intent.request_id)
             reply = await served.writer.request(tenant or OPERATOR, verb, intent, family)
             if isinstance(intent, Compose):
                 return await self._once_settled(served, reply)
@@ -361,7 +369,9 @@ class Engine:
             # domain, so any `min_position` a reply of this log gave is included).
             upto = past or head
             state = writer.state
-            if verb in STATE_QUERIES:
+            if verb in AUDIT_QUERIES:
+                result = await self._trail().answer(domain, query, head=upto.version, viewer=viewer)
+            elif verb in STATE_QUERIES:
                 if past is not None:
                     state = await snapshots.state_at(self._store, self._snapshots, domain, past)
                 result = answer(state, query, verb)
@@ -391,6 +401,30 @@ class Engine:
             )
         target, _ = located
         return target if target.version < head.version else None
+
+    def _trail(self) -> AuditTrail:
+        if self._audit is None:
+            raise IntentRejected("unavailable", "this engine keeps no checkpoints")
+        return self._audit
+
+    async def _record_checkpoint(self, domain: str, served: _Served, request_id: str) -> bytes:
+        """A signed checkpoint of the log at the writer's head, recorded and published now.
+        It records no event and stores no answer (a resend makes the head's checkpoint again,
+        the same one while the log stands still); a request id another admin verb used is
+        `conflict`, as everywhere."""
+        key = (OPERATOR, request_id)
+        if key in await self._store.find_replies(domain, [key]):
+            return replies.error(
+                "conflict",
+                f"request_id {request_id!r} was already used with a different body",
+                {"request_id": request_id},
+            )
+        head = served.writer.head
+        try:
+            result = await self._trail().checkpoint(domain, head.version)
+        except IntentRejected as exc:
+            return replies.rejection(exc)
+        return replies.ok(_encode(result), head.position)
 
     async def _read_model_query(
         self,

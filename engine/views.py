@@ -133,6 +133,13 @@ def quotas(result: Result, tenant: str, state: DomainState) -> Result:
     return {**result, "quotas": [r for r in result["quotas"] if r["tenant"] == tenant]}
 
 
+def audited(result: Result, tenant: str, state: DomainState) -> Result:
+    """Proofs, checkpoints and the verifier key name no tenant (a proof is hashes only); the
+    audit trail itself refuses a view's proof of another tenant's event (AuditTrail.answer
+    `viewer`), with the answer an unknown event gets."""
+    return result
+
+
 SCOPES: dict[str, Scope] = {
     "composition": composition,
     "connections": connections,
@@ -141,4 +148,7 @@ SCOPES: dict[str, Scope] = {
     "topology": topology,
     "blast-radius": blast_radius,
     "quotas": quotas,
+    "proof": audited,
+    "consistency": audited,
+    "checkpoint-key": audited,
 }

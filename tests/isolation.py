@@ -15,7 +15,7 @@ import nats
 from nats.js.errors import NotFoundError
 
 from adapters.bootstrap import nats_servers
-from adapters.nats.jetstream import bucket_name, stream_name
+from adapters.nats.jetstream import bucket_name, checkpoint_stream_name, stream_name
 from adapters.postgres.migrations import prepare_schema
 
 
@@ -70,12 +70,13 @@ async def drop_schema(db: Database, name: str) -> None:
 
 
 async def delete_relay_targets(nats_url: str, prefix: str) -> None:
-    """Delete the event stream and the state bucket the event relay made for `prefix`, where
-    they exist, so the shared server does not fill up."""
+    """Delete the event stream, the state bucket and the checkpoint stream the engine made for
+    `prefix`, where they exist, so the shared server does not fill up."""
     nc = await nats.connect(nats_servers(nats_url))
     try:
         js = nc.jetstream()
-        for stream in (stream_name(prefix), f"KV_{bucket_name(prefix)}"):
+        streams = (stream_name(prefix), f"KV_{bucket_name(prefix)}", checkpoint_stream_name(prefix))
+        for stream in streams:
             with contextlib.suppress(NotFoundError):
                 await js.delete_stream(stream)
     finally:

@@ -36,6 +36,7 @@ class Kind(enum.Enum):
 TABLES: dict[str, Kind] = {
     "trellis_events": Kind.LOG,
     "trellis_requests": Kind.LOG,
+    "trellis_checkpoints": Kind.LOG,  # signed tree heads: as permanent as the log
     "trellis_streams": Kind.LOG_HEAD,
     "trellis_migrations": Kind.SCHEMA_VERSION,
     "trellis_follower_checkpoints": Kind.BOOKKEEPING,

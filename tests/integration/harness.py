@@ -16,6 +16,7 @@ from adapters.bootstrap import connect_nats, engine_on
 from adapters.nats.client import TrellisClient
 from adapters.nats.jetstream import bucket_name
 from adapters.nats.relay import RelaySink
+from adapters.postgres.checkpoints import PostgresAuditTrail
 from adapters.postgres.store import PostgresEventStore
 from engine.follower import Followers
 from engine.ports import FabricDriver
@@ -31,6 +32,7 @@ class Harness(msgspec.Struct, kw_only=True):
     followers: Followers
     projections: ProjectionSink
     relay: RelaySink
+    audit: PostgresAuditTrail
     client: TrellisClient
 
     async def projected(self, domain: str, timeout: float = 5.0) -> int:
@@ -73,6 +75,7 @@ async def serving(
                 followers=running.followers,
                 projections=running.projections,
                 relay=running.relay,
+                audit=running.audit,
                 client=TrellisClient(client_nc, prefix=prefix),
             )
         finally:

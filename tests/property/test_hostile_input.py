@@ -135,6 +135,8 @@ COMPOSE = {
     "reason": "fuzz",
 }
 
+SOME_EVENT = "00000000-0000-4000-8000-000000000001"
+
 SUBJECTS = [
     Subject("intent", "compose", COMPOSE),
     Subject("intent", "release", {"composition_id": "c-1", "reason": "fuzz"}),
@@ -168,6 +170,10 @@ SUBJECTS = [
     Subject("query", "free", {"kind": "gpu"}),
     Subject("query", "blast-radius", {"id": "ocs-1:1"}),
     Subject("query", "quotas", {"tenant": TENANT, "kind": "gpu"}),
+    Subject("admin", "checkpoint", {}),
+    Subject("query", "proof", {"event_id": SOME_EVENT, "size": 3}),
+    Subject("query", "consistency", {"from_size": 1, "to_size": 2}),
+    Subject("query", "checkpoint-key", {}),
     # The tenant-scoped views (engine/views.py), one line each.
     Subject("view", "topology", {}, decodes_as="query"),
     Subject("view", "composition", {"id": "c-1"}, decodes_as="query"),
@@ -176,6 +182,9 @@ SUBJECTS = [
     Subject("view", "free", {"kind": "gpu"}, decodes_as="query"),
     Subject("view", "blast-radius", {"id": "ocs-1:1"}, decodes_as="query"),
     Subject("view", "quotas", {"kind": "memory"}, decodes_as="query"),
+    Subject("view", "proof", {"event_id": SOME_EVENT, "size": 3}, decodes_as="query"),
+    Subject("view", "consistency", {"from_size": 1, "to_size": 2}, decodes_as="query"),
+    Subject("view", "checkpoint-key", {}, decodes_as="query"),
 ]
 WRITES = [s for s in SUBJECTS if s.writes]
 
@@ -243,7 +252,7 @@ def kinds_of(t: mi.Type) -> set[str]:
     match t:
         case mi.UnionType(types=types):
             return set().union(*(kinds_of(m) for m in types))
-        case mi.StrType() | mi.LiteralType() | mi.DateTimeType():
+        case mi.StrType() | mi.LiteralType() | mi.UUIDType() | mi.DateTimeType():
             return {"string"}
         case mi.IntType():
             return {"integer"}
@@ -401,6 +410,9 @@ def hostile_values(t: mi.Type) -> st.SearchStrategy[Any]:
             case mi.LiteralType(values=values):
                 others = {"nope", ""} | {v.upper() for v in values} | {f" {v}" for v in values}
                 choices.append(st.sampled_from(sorted(others - set(values))))
+            case mi.UUIDType():
+                not_uuids = ["", "gpu-01", SOME_EVENT[:-1], SOME_EVENT + "0", SOME_EVENT[:-1] + "g"]
+                choices.append(st.sampled_from(not_uuids))
             case mi.DateTimeType():  # a time without its zone, or no time at all
                 choices.append(
                     st.sampled_from(["", "yesterday", "2026-12-01T10:00:00", "2026-13-01T00:00Z"])

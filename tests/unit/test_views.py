@@ -10,6 +10,7 @@ from fabric_builder import FabricBuilder, composed
 from engine import queries, views
 from engine.errors import IntentRejected
 from engine.intents import BlastRadiusQuery, ConnectionsQuery, TopologyQuery
+from engine.service import AUDIT_QUERIES
 from engine.state import DomainState
 
 
@@ -116,4 +117,10 @@ def test_a_query_without_a_view_is_refused() -> None:
     with pytest.raises(IntentRejected) as refused:
         views.scope("history", {"events": []}, "acme", state)
     assert refused.value.code == "invalid"
-    assert set(views.SCOPES) == {*queries.STATE_QUERIES, "composition", "connections", "why"}
+    assert set(views.SCOPES) == {
+        *queries.STATE_QUERIES,
+        "composition",
+        "connections",
+        "why",
+        *AUDIT_QUERIES,
+    }
