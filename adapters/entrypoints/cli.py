@@ -226,6 +226,16 @@ def _query_commands(sub: Any) -> None:
     _query_options(free)
     free.set_defaults(run=_free)
 
+    history = sub.add_parser("history", help="who held which device when")
+    history.add_argument(
+        "--id", "--device", dest="id", help="a device, host or composition (default: all)"
+    )
+    history.add_argument("--tenant", help="only this tenant's intervals")
+    history.add_argument("--since", metavar="TIME", help="ISO time with offset, e.g. ...Z")
+    history.add_argument("--until", metavar="TIME", help="ISO time with offset")
+    _query_options(history)
+    history.set_defaults(run=_history)
+
     blast = sub.add_parser("blast-radius", help="what a failure of a component would hit")
     blast.add_argument("id")
     _query_options(blast)
@@ -511,6 +521,12 @@ def _why(args: argparse.Namespace) -> int:
     return _print_reply(args, reply, render.why_text)
 
 
+def _history(args: argparse.Namespace) -> int:
+    filters = {k: getattr(args, k) for k in ("id", "tenant", "since", "until") if getattr(args, k)}
+    reply = _request(args, _query_subject(args, "history"), filters)
+    return _print_reply(args, reply, render.history_table)
+
+
 def _free(args: argparse.Namespace) -> int:
     body = {"kind": args.kind} if args.kind else {}
     reply = _request(args, _query_subject(args, "free"), _at(args, body))
@@ -668,7 +684,7 @@ def _projections_rebuild(args: argparse.Namespace) -> int:
     return 0
 
 
-_TABLES = ("compositions", "connections", "devices")
+_TABLES = ("compositions", "connections", "devices", "history")
 
 
 def _schema_export(args: argparse.Namespace) -> int:

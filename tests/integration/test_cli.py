@@ -100,6 +100,14 @@ async def test_an_operator_imports_composes_asks_why_and_releases(
     code, out, _ = await trellis(env, "release", cid, "--tenant", "acme")
     assert code == 0 and "released" in out
 
+    code, out, _ = await trellis(env, "history", "--id", cid)
+    assert code == 0 and all(d in out for d in devices) and "released" in out, out
+    assert "3 intervals" in out
+    code, out, _ = await trellis(env, "history", "--device", devices[0], "--view", "globex")
+    assert code == 0 and "0 intervals" in out, out
+    code, _, err = await trellis(env, "history", "--since", "yesterday")
+    assert code == 1 and "error [invalid]" in err and "since" in err, err
+
 
 async def test_an_auditor_replays_a_past_moment_and_asks_why_then(
     h: Harness, env: dict[str, str]
