@@ -88,6 +88,7 @@ LIVES = Table(
         Column("requested_at", "timestamptz"),
         Column("requested_position", "bigint"),
         Column("activated_at", "timestamptz"),
+        Column("activated_position", "bigint"),
         Column("ended_at", "timestamptz"),
         Column("end_position", "bigint"),
         Column("end_reason", "text"),
@@ -303,6 +304,7 @@ class _Batch:
             life["end_reason"] = end_reason
         if first_active is not None and life["activated_at"] is None:
             life["activated_at"] = first_active.recorded_at
+            life["activated_position"] = first_active.position
         self.lives.put(life)
 
     async def _end_life(
@@ -330,6 +332,7 @@ def _life(record: RecordedEvent, cid: str, tenant: str, host: str) -> Row:
         "requested_at": record.recorded_at,
         "requested_position": record.position,
         "activated_at": None,
+        "activated_position": None,
         "ended_at": None,
         "end_position": None,
         "end_reason": None,

@@ -47,6 +47,7 @@ CREATE TABLE proj_history_compositions (
     requested_at        timestamptz NOT NULL,
     requested_position  bigint      NOT NULL,
     activated_at        timestamptz,            -- the first activation
+    activated_position  bigint,
     ended_at            timestamptz,
     end_position        bigint,
     end_reason          text        CHECK (end_reason IN ('released', 'lease_expired', 'failed')),

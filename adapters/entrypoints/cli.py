@@ -29,7 +29,7 @@ from adapters.bootstrap import (
     until_accepted,
 )
 from adapters.embedded.servers import default_data_dir, reload_nats
-from adapters.entrypoints import render
+from adapters.entrypoints import export, render
 from adapters.fabric.sim import read_state_file
 from adapters.nats.auth import (
     CredentialsError,
@@ -41,6 +41,7 @@ from adapters.nats.auth import (
 )
 from adapters.nats.client import TrellisClient
 from adapters.nats.jetstream import StreamConfigError
+from adapters.postgres.export import ExportError
 from adapters.postgres.migrations import SCHEMA_DIR, MigrationError
 from adapters.postgres.privileges import PrivilegeError
 from adapters.postgres.store import PostgresEventStore, connect_pool
@@ -69,7 +70,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.run(args)
     except KeyboardInterrupt:
         return 130
-    except (CliError, SettingsError, MigrationError, PrivilegeError, StreamConfigError) as exc:
+    except (
+        CliError,
+        SettingsError,
+        MigrationError,
+        PrivilegeError,
+        StreamConfigError,
+        ExportError,
+    ) as exc:
         print(f"trellis: {exc}", file=sys.stderr)
         return 1
     except _POSTGRES_REFUSED as exc:  # configuration, not an outage: not waited out
@@ -161,11 +169,20 @@ def _parser() -> argparse.ArgumentParser:
     rebuild = proj_sub.add_parser("rebuild", help="empty every projection and replay the log")
     rebuild.set_defaults(run=_projections_rebuild)
 
+    parquet = sub.add_parser(
+        "export", help="append the log, connection history and compositions to Parquet files"
+    )
+    parquet.add_argument("--parquet", type=Path, required=True, metavar="DIR")
+    parquet.add_argument("--domain", help="only this domain (default: every domain)")
+    parquet.add_argument("--since", metavar="TIME", help="skip events before this ISO time")
+    parquet.add_argument("--until", metavar="TIME", help="stop at the last event at or before")
+    parquet.set_defaults(run=export.run)
+
     schema = sub.add_parser("schema", help="the wire contract as JSON Schema")
     schema_sub = schema.add_subparsers(metavar="ACTION")
-    export = schema_sub.add_parser("export", help="write schema/json/*.schema.json")
-    export.add_argument("--dir", type=Path, default=SCHEMA_DIR / "json")
-    export.set_defaults(run=_schema_export)
+    schema_export = schema_sub.add_parser("export", help="write schema/json/*.schema.json")
+    schema_export.add_argument("--dir", type=Path, default=SCHEMA_DIR / "json")
+    schema_export.set_defaults(run=_schema_export)
     return parser
 
 
