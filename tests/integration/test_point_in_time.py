@@ -89,6 +89,10 @@ def asks(compositions: list[str]) -> list[Ask]:
         ("view", "acme", "topology", {}),
         ("view", "acme", "connections", {}),
         ("view", "globex", "why", {"id": "gpu-002"}),
+        ("query", None, "history", {}),
+        ("query", None, "history", {"tenant": "acme"}),
+        ("query", None, "history", {"id": "host-01"}),
+        ("view", "globex", "history", {}),
     ]
     queries += [("query", None, "why", {"id": target}) for target in WHY_TARGETS]
     for cid in compositions:
