@@ -21,6 +21,9 @@ When an interval starts and ends (times are the `recorded_at` of the events, pos
 proj_history_compositions is each composition's life (requested, activated, ended, how);
 proj_history_devices the attributes of every device as the topology says now, for bindings
 of schema version 1 that did not record them (engine/upcast.py).
+
+`Window` and `interval_query` say which intervals a `history` query asks for, in memory and
+in SQL, for the live and past readers of projections/read_models.py and projections/past.py.
 """
 
 from __future__ import annotations
@@ -122,7 +125,7 @@ class Window(msgspec.Struct, frozen=True, kw_only=True):
     until: datetime | None = None
 
     def holds(self, row: Row) -> bool:
-        """The same test as the SQL of projections/read_models.py, for rows in memory."""
+        """`interval_query`'s test, for rows in memory (a past moment's fold)."""
         return (
             (self.id is None or self.id in (row["device"], row["host"], row["composition_id"]))
             and (self.tenant is None or row["tenant"] == self.tenant)
