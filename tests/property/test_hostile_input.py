@@ -168,6 +168,16 @@ SUBJECTS = [
     Subject("query", "free", {"kind": "gpu"}),
     Subject("query", "blast-radius", {"id": "ocs-1:1"}),
     Subject("query", "quotas", {"tenant": TENANT, "kind": "gpu"}),
+    Subject(
+        "query",
+        "history",
+        {
+            "id": "gpu-01",
+            "tenant": TENANT,
+            "since": "2026-11-30T12:00:00Z",
+            "until": "2026-12-01T12:00:00+01:00",
+        },
+    ),
     # The tenant-scoped views (engine/views.py), one line each.
     Subject("view", "topology", {}, decodes_as="query"),
     Subject("view", "composition", {"id": "c-1"}, decodes_as="query"),
@@ -176,6 +186,9 @@ SUBJECTS = [
     Subject("view", "free", {"kind": "gpu"}, decodes_as="query"),
     Subject("view", "blast-radius", {"id": "ocs-1:1"}, decodes_as="query"),
     Subject("view", "quotas", {"kind": "memory"}, decodes_as="query"),
+    Subject(
+        "view", "history", {"id": "host-01", "since": "2026-11-30T12:00:00Z"}, decodes_as="query"
+    ),
 ]
 WRITES = [s for s in SUBJECTS if s.writes]
 
@@ -409,6 +422,10 @@ def hostile_values(t: mi.Type) -> st.SearchStrategy[Any]:
                 choices.append(hostile_ints(m))
             case mi.FloatType():
                 choices.append(hostile_floats(m))
+            case mi.DateTimeType():
+                # No offset (no moment), no date, out of range, not a time at all.
+                bad = ["2026-11-30T12:00:00", "2026-13-01T00:00:00Z", "2026-11-30T25:00Z", "now"]
+                choices.append(st.sampled_from(bad))
     return st.one_of(*choices)
 
 
