@@ -540,7 +540,7 @@ def _why(args: argparse.Namespace) -> int:
 
 def _history(args: argparse.Namespace) -> int:
     filters = {k: getattr(args, k) for k in ("id", "tenant", "since", "until") if getattr(args, k)}
-    reply = _request(args, _query_subject(args, "history"), filters)
+    reply = _request(args, _query_subject(args, "history"), _at(args, filters))
     return _print_reply(args, reply, render.history_table)
 
 
