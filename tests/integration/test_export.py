@@ -249,6 +249,28 @@ async def test_a_second_export_appends_only_what_is_new(
     assert third.events == 0 and files(tmp_path) == after
 
 
+async def test_an_export_stops_where_the_history_projection_has_folded(
+    h: Harness, pool: asyncpg.Pool, day: Day, tmp_path: Path
+) -> None:
+    folded = (await log_rows(pool))[-1]["position"]
+    follower = h.followers.of("projections", DOMAIN)
+    assert follower is not None
+    await follower.stop()
+    body = {"host": "host-1", "devices": [{"kind": "gpu"}]}
+    expect_ok(await h.client.intent(DOMAIN, "acme", "compose", body))
+    head = (await log_rows(pool))[-1]["position"]
+    assert head > folded
+
+    done = await export(pool, tmp_path)
+
+    assert (done.last_position, done.held_back) == (folded, head)
+    assert max(table(tmp_path, "events").column("position").to_pylist()) == folded
+    follower.start()
+    await h.projected(DOMAIN)
+    rest = await export(pool, tmp_path)
+    assert (rest.first_position, rest.last_position, rest.held_back) == (folded + 1, head, None)
+
+
 async def test_the_readme_duckdb_query_gives_the_gpu_hours_of_the_log(
     pool: asyncpg.Pool, day: Day, tmp_path: Path
 ) -> None:
