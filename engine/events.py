@@ -14,7 +14,7 @@ import msgspec
 
 from engine.ids import Id
 from engine.intents import Compose
-from engine.model import LinkSpec, NodeSpec
+from engine.model import LinkSpec, Name, NodeSpec, NonNegFloat
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=True):
@@ -112,10 +112,20 @@ class DeviceBinding(msgspec.Struct, frozen=True, kw_only=True):
 
     `path` is node ids, host first; `links` the cables in path order; `circuits` the OCS
     cross-connects the path passes. Memory devices carry the slice in `capacity_gib`.
+
+    Schema version 2 (of DevicesReserved, PathRerouted and DeviceReplaced, the events that
+    carry a binding): `model` and `cost_per_hour` are the device's as the topology described
+    it when the binding was made, so the event alone says what was taken and at what price
+    (a later re-import may change the price; a bill charges the one agreed). Both keys are
+    required from v2 on (null: the device has none). Version 1 bindings lacked them;
+    `engine.upcast` lifts those with nulls, which readers treat as "not recorded: take the
+    topology in force at that position" (projections/history.py does).
     """
 
     device: str
     kind: str
+    model: Name | None
+    cost_per_hour: NonNegFloat | None
     path: list[str]
     links: list[str]
     circuits: list[CircuitRef] = []
@@ -249,7 +259,13 @@ AnyEvent = (
 EVENT_TYPES: dict[str, type[Event]] = {cls.__name__: cls for cls in AnyEvent.__args__}  # type: ignore[attr-defined]
 
 # Current schema version of each event type's payload; bump together with an upcaster.
-SCHEMA_VERSIONS: dict[str, int] = dict.fromkeys(EVENT_TYPES, 1)
+SCHEMA_VERSIONS: dict[str, int] = {
+    **dict.fromkeys(EVENT_TYPES, 1),
+    # v2: every DeviceBinding records the device's model and cost_per_hour (see DeviceBinding).
+    "DevicesReserved": 2,
+    "PathRerouted": 2,
+    "DeviceReplaced": 2,
+}
 
 decode_event = msgspec.json.Decoder(AnyEvent).decode
 encode = msgspec.json.Encoder().encode

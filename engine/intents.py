@@ -298,6 +298,24 @@ class CheckpointKeyQuery(Query):
     """The C2SP note verifier key of the deployment's checkpoint signer."""
 
 
+# RFC 3339 with an offset: a time without one names no moment.
+Moment = Annotated[datetime, msgspec.Meta(tz=True)]
+
+
+class HistoryQuery(Query):
+    """Who held which device when: the intervals of `id` (a device, host or composition) and
+    `tenant` that overlap [since, until] (either end open when left out)."""
+
+    id: Id | None = None
+    tenant: Id | None = None
+    since: Moment | None = None
+    until: Moment | None = None
+
+    def __post_init__(self) -> None:
+        if self.since is not None and self.until is not None and self.since > self.until:
+            raise ValueError("`since` is after `until`")
+
+
 INTENTS: dict[tuple[Family, str], type[msgspec.Struct]] = {
     ("intent", "compose"): Compose,
     ("intent", "release"): Release,
@@ -322,6 +340,7 @@ INTENTS: dict[tuple[Family, str], type[msgspec.Struct]] = {
     ("query", "proof"): ProofQuery,
     ("query", "consistency"): ConsistencyQuery,
     ("query", "checkpoint-key"): CheckpointKeyQuery,
+    ("query", "history"): HistoryQuery,
 }
 
 _DECODERS = {key: msgspec.json.Decoder(cls) for key, cls in INTENTS.items()}

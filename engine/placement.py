@@ -309,9 +309,12 @@ def _labels_match(spec: NodeSpec, intent: Compose) -> bool:
 
 
 def _bind(state: DomainState, path: Path, entry: DeviceRequest) -> DeviceBinding:
+    spec = state.nodes[path.device].spec
     return DeviceBinding(
         device=path.device,
         kind=entry.kind,
+        model=spec.model,
+        cost_per_hour=spec.cost_per_hour,
         path=list(path.nodes),
         links=list(path.links),
         circuits=[CircuitRef(ocs=c.ocs, a_port=c.a_port, b_port=c.b_port) for c in path.circuits],

@@ -157,7 +157,8 @@ class Clock(Protocol):
 
 
 class PastModels(Protocol):
-    """The answers of the history-bearing queries, live or as of one past event.
+    """The answers of the history-bearing queries (`composition`, `connections`, `why`,
+    `history`), live or as of one past event.
 
     Rows are plain JSON-ready dicts in the shapes of ARCHITECTURE section 4.
     """
@@ -182,10 +183,24 @@ class PastModels(Protocol):
         and their events, and another tenant's composition is unknown."""
         ...
 
+    async def history(
+        self,
+        domain: str,
+        *,
+        id: str | None = None,
+        tenant: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[dict[str, Any]]:
+        """The connection history (section 4's `history`): one row per interval a device was
+        bound to a composition, of `id` (device, host or composition) and `tenant`, that
+        overlaps [since, until]; in the order they began."""
+        ...
+
 
 class ReadModels(PastModels, Protocol):
-    """Projections the queries `composition`, `connections` and `why` answer from, now and
-    (`past`) as of any earlier event."""
+    """Projections the queries `composition`, `connections`, `why` and `history` answer
+    from, now and (`past`) as of any earlier event."""
 
     async def past(self, domain: str, head: Head) -> PastModels:
         """The answers right after the domain's event `head`, exactly as they were then."""

@@ -28,6 +28,7 @@ from engine.intents import (
     EstablishComposition,
     ExpireLeases,
     Family,
+    HistoryQuery,
     ImportTopology,
     InvalidIntent,
     RecordCheckpoint,
@@ -476,6 +477,11 @@ class Engine:
                 if row is None:
                     raise IntentRejected("not_found", f"nothing named {target!r}", {"id": target})
                 return row
+            case HistoryQuery(id=target, tenant=tenant, since=since, until=until):
+                rows = await source.history(
+                    domain, id=target, tenant=tenant, since=since, until=until
+                )
+                return {"intervals": rows}
         raise IntentRejected("invalid", "unknown query")
 
     async def _runtime(self, domain: str, *, create: bool) -> _Served | None:

@@ -12,7 +12,7 @@ compositions, connections and history:
   it to ask for a placement; circuits show only where the tenant's own paths pass.
 
 A query is served as a view only when `SCOPES` says how to scope it, so a new query is never
-shown to tenants unscoped: adding `history` is one function and one entry in `SCOPES`.
+shown to tenants unscoped: `history` is one function and one entry in `SCOPES`.
 Pure functions over the query's result; the service applies them (engine/service.py), and the
 `why` read model scopes its own rows and sentence with `split_rows` (it alone knows which
 events of a chain are whose).
@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 
 from engine.errors import IntentRejected
-from engine.intents import ConnectionsQuery, QuotasQuery
+from engine.intents import ConnectionsQuery, HistoryQuery, QuotasQuery
 from engine.state import DomainState
 
 Result = dict[str, Any]
@@ -41,10 +41,10 @@ def unknown_composition(composition_id: str) -> IntentRejected:
 
 
 def scoped_query(query: msgspec.Struct, tenant: str) -> msgspec.Struct:
-    """The query a view runs: `connections` and `quotas` filtered by the tenant (unless the
-    body names a tenant already: then the scope keeps only the rows that are both, i.e. none
-    of another's)."""
-    if isinstance(query, ConnectionsQuery | QuotasQuery) and query.tenant is None:
+    """The query a view runs: `connections`, `quotas` and `history` filtered by the tenant
+    (unless the body names a tenant already: then the scope keeps only the rows that are
+    both, i.e. none of another's)."""
+    if isinstance(query, ConnectionsQuery | QuotasQuery | HistoryQuery) and query.tenant is None:
         return msgspec.structs.replace(query, tenant=tenant)
     return query
 
@@ -128,6 +128,11 @@ def blast_radius(result: Result, tenant: str, state: DomainState) -> Result:
     return {**result, "compositions": hit, "tenants": [tenant] if hit else []}
 
 
+def history(result: Result, tenant: str, state: DomainState) -> Result:
+    """Only the tenant's own intervals: who else held a device, and when, is theirs."""
+    return {**result, "intervals": [r for r in result["intervals"] if r["tenant"] == tenant]}
+
+
 def quotas(result: Result, tenant: str, state: DomainState) -> Result:
     """The tenant's own quotas and holdings: what it may still compose. Others' never show."""
     return {**result, "quotas": [r for r in result["quotas"] if r["tenant"] == tenant]}
@@ -151,4 +156,5 @@ SCOPES: dict[str, Scope] = {
     "proof": audited,
     "consistency": audited,
     "checkpoint-key": audited,
+    "history": history,
 }

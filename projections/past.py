@@ -30,6 +30,7 @@ from engine.ports import Snapshot, SnapshotStore
 from engine.records import Head, RecordedEvent
 from engine.snapshots import first_usable
 from projections.base import Fact, Projection
+from projections.history import Window, interval_query
 from projections.table import Key, Row, Table, as_stored
 
 # Bump when a projection's fold changes meaning, so older read-model snapshots are ignored;
@@ -147,6 +148,13 @@ class PastReader:
         else:  # a switch or an OCS: the paths passing it
             picked = [r for r in rows if target in r["path"]]
         return _in_order(picked)
+
+    async def intervals(self, domain: str, window: Window) -> list[Row]:
+        rows = [r for r in self.memory.rows("proj_history_intervals") if window.holds(r)]
+        if self.since:
+            ended = interval_query(domain, window, ended_by=self.since)
+            rows += [dict(r) for r in await self._db.fetch(*ended)]
+        return sorted(rows, key=lambda r: (r["start_position"], r["device"]))
 
     async def _ended(self, name: str, domain: str, column: str, ids: list[str]) -> list[Row]:
         table = self.memory._tables[name]

@@ -1,5 +1,5 @@
-"""engine.ports.ReadModels over the projection tables: the `composition`, `connections` and
-`why` queries (ARCHITECTURE §4), live and at any past moment.
+"""engine.ports.ReadModels over the projection tables: the `composition`, `connections`, `why`
+and `history` queries (ARCHITECTURE §4), live and at any past moment.
 
 Every answer is built from rows in a fixed order, so the same rows always give the same answer,
 `text` included. The rows come from a RowReader: the live tables, or the projections folded in
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from typing import Any, Protocol
 
 import asyncpg
@@ -22,6 +23,7 @@ from engine.ports import SnapshotStore
 from engine.records import Head
 from engine.views import IN_USE_BY_OTHERS, may_see, split_rows
 from projections.base import iso
+from projections.history import Window, interval_query
 from projections.past import fold_past
 from projections.sink import SINK_NAME, default_projections
 from projections.table import Row
@@ -104,10 +106,14 @@ class RowReader(Protocol):
         """The connection rows a `why` target of `kind` is part of, in the same order."""
         ...
 
+    async def intervals(self, domain: str, window: Window) -> list[Row]:
+        """proj_history_intervals rows in `window`, by start position and device."""
+        ...
+
 
 class Answers:
-    """`composition`, `connections` and `why` built from one RowReader: the same code answers
-    live and at a past moment, so the two cannot tell it differently."""
+    """`composition`, `connections`, `why` and `history` built from one RowReader: the same
+    code answers live and at a past moment, so the two cannot tell it differently."""
 
     def __init__(self, reader: RowReader):
         self._reader = reader
@@ -177,6 +183,21 @@ class Answers:
             "text": text,
         }
 
+    async def history(
+        self,
+        domain: str,
+        *,
+        id: str | None = None,
+        tenant: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[dict[str, Any]]:
+        """The intervals of `id` (a device, host or composition) and `tenant` that overlap
+        [since, until], ends included (an interval still open reaches into every later
+        window); in the order they began."""
+        window = Window(id=id, tenant=tenant, since=since, until=until)
+        return [_interval(r) for r in await self._reader.intervals(domain, window)]
+
     async def _compositions(self, domain: str, ids: list[str]) -> list[dict[str, Any]]:
         if not ids:
             return []
@@ -224,6 +245,9 @@ class _TableReader:
         )
         return [_decoded(r) for r in records]
 
+    async def intervals(self, domain: str, window: Window) -> list[Row]:
+        return [dict(r) for r in await self._db.fetch(*interval_query(domain, window))]
+
 
 class PostgresReadModels:
     """The query side of the projections: live, and at past moments (projections/past.py).
@@ -242,7 +266,7 @@ class PostgresReadModels:
         pool: asyncpg.Pool,
         followers: Waiter | None = None,
         *,
-        projections: Sequence[str] = ("compositions", "connections", "devices"),
+        projections: Sequence[str] = ("compositions", "connections", "devices", "history"),
         log: DomainLog | None = None,
         snapshots: SnapshotStore | None = None,
     ):
@@ -290,6 +314,17 @@ class PostgresReadModels:
     ) -> list[dict[str, Any]]:
         return await self._answers.connections(domain, host=host, tenant=tenant, device=device)
 
+    async def history(
+        self,
+        domain: str,
+        *,
+        id: str | None = None,
+        tenant: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[dict[str, Any]]:
+        return await self._answers.history(domain, id=id, tenant=tenant, since=since, until=until)
+
     async def why(
         self, domain: str, target: str, *, viewer: str | None = None
     ) -> dict[str, Any] | None:
@@ -334,6 +369,17 @@ def _connection(row: Row) -> dict[str, Any]:
         "capacity_gib": row["capacity_gib"],
         "since": iso(row["since"]),
         "why": _why(dict(row["why"])),
+    }
+
+
+def _interval(row: Row) -> dict[str, Any]:
+    return {
+        **{k: row[k] for k in ("device", "kind", "model", "host", "composition_id", "tenant")},
+        "start": iso(row["started_at"]),
+        "end": iso(row["ended_at"]),
+        **{k: row[k] for k in ("end_reason", "bandwidth_gbps", "capacity_gib", "cost_per_hour")},
+        "start_position": row["start_position"],
+        "end_position": row["end_position"],
     }
 
 

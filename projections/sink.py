@@ -27,6 +27,7 @@ from projections.base import Fact, Projection
 from projections.compositions import CompositionsProjection
 from projections.connections import ConnectionsProjection
 from projections.devices import DevicesProjection
+from projections.history import HistoryProjection
 from projections.past import save_snapshot
 from projections.table import PostgresRows
 
@@ -52,8 +53,13 @@ UPDATE trellis_follower_checkpoints AS c SET version = u.version, position = u.p
 
 
 def default_projections() -> list[Projection]:
-    """The projections the queries read: compositions, connections, devices."""
-    return [CompositionsProjection(), ConnectionsProjection(), DevicesProjection()]
+    """The projections the queries read: compositions, connections, history, devices."""
+    return [
+        CompositionsProjection(),
+        ConnectionsProjection(),
+        HistoryProjection(),
+        DevicesProjection(),
+    ]
 
 
 class ProjectionSink:

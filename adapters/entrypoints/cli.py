@@ -29,7 +29,7 @@ from adapters.bootstrap import (
     until_accepted,
 )
 from adapters.embedded.servers import default_data_dir, reload_nats
-from adapters.entrypoints import audit_proofs, render
+from adapters.entrypoints import audit_proofs, export, render
 from adapters.fabric.sim import read_state_file
 from adapters.nats.auth import (
     CredentialsError,
@@ -41,6 +41,7 @@ from adapters.nats.auth import (
 )
 from adapters.nats.client import TrellisClient
 from adapters.nats.jetstream import StreamConfigError
+from adapters.postgres.export import ExportError
 from adapters.postgres.migrations import SCHEMA_DIR, MigrationError
 from adapters.postgres.privileges import PrivilegeError
 from adapters.postgres.store import PostgresEventStore, connect_pool
@@ -69,7 +70,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.run(args)
     except KeyboardInterrupt:
         return 130
-    except (CliError, SettingsError, MigrationError, PrivilegeError, StreamConfigError) as exc:
+    except (
+        CliError,
+        SettingsError,
+        MigrationError,
+        PrivilegeError,
+        StreamConfigError,
+        ExportError,
+    ) as exc:
         print(f"trellis: {exc}", file=sys.stderr)
         return 1
     except _POSTGRES_REFUSED as exc:  # configuration, not an outage: not waited out
@@ -169,11 +177,20 @@ def _parser() -> argparse.ArgumentParser:
     rebuild = proj_sub.add_parser("rebuild", help="empty every projection and replay the log")
     rebuild.set_defaults(run=_projections_rebuild)
 
+    parquet = sub.add_parser(
+        "export", help="append the log, connection history and compositions to Parquet files"
+    )
+    parquet.add_argument("--parquet", type=Path, required=True, metavar="DIR")
+    parquet.add_argument("--domain", help="only this domain (default: every domain)")
+    parquet.add_argument("--since", metavar="TIME", help="skip events before this ISO time")
+    parquet.add_argument("--until", metavar="TIME", help="stop at the last event at or before")
+    parquet.set_defaults(run=export.run)
+
     schema = sub.add_parser("schema", help="the wire contract as JSON Schema")
     schema_sub = schema.add_subparsers(metavar="ACTION")
-    export = schema_sub.add_parser("export", help="write schema/json/*.schema.json")
-    export.add_argument("--dir", type=Path, default=SCHEMA_DIR / "json")
-    export.set_defaults(run=_schema_export)
+    schema_export = schema_sub.add_parser("export", help="write schema/json/*.schema.json")
+    schema_export.add_argument("--dir", type=Path, default=SCHEMA_DIR / "json")
+    schema_export.set_defaults(run=_schema_export)
     return parser
 
 
@@ -233,6 +250,16 @@ def _query_commands(sub: Any) -> None:
     free.add_argument("--kind", choices=DEVICE_KINDS)
     _query_options(free)
     free.set_defaults(run=_free)
+
+    history = sub.add_parser("history", help="who held which device when")
+    history.add_argument(
+        "--id", "--device", dest="id", help="a device, host or composition (default: all)"
+    )
+    history.add_argument("--tenant", help="only this tenant's intervals")
+    history.add_argument("--since", metavar="TIME", help="ISO time with offset, e.g. ...Z")
+    history.add_argument("--until", metavar="TIME", help="ISO time with offset")
+    _query_options(history)
+    history.set_defaults(run=_history)
 
     blast = sub.add_parser("blast-radius", help="what a failure of a component would hit")
     blast.add_argument("id")
@@ -519,6 +546,12 @@ def _why(args: argparse.Namespace) -> int:
     return _print_reply(args, reply, render.why_text)
 
 
+def _history(args: argparse.Namespace) -> int:
+    filters = {k: getattr(args, k) for k in ("id", "tenant", "since", "until") if getattr(args, k)}
+    reply = _request(args, _query_subject(args, "history"), _at(args, filters))
+    return _print_reply(args, reply, render.history_table)
+
+
 def _free(args: argparse.Namespace) -> int:
     body = {"kind": args.kind} if args.kind else {}
     reply = _request(args, _query_subject(args, "free"), _at(args, body))
@@ -676,7 +709,7 @@ def _projections_rebuild(args: argparse.Namespace) -> int:
     return 0
 
 
-_TABLES = ("compositions", "connections", "devices")
+_TABLES = ("compositions", "connections", "devices", "history")
 
 
 def _schema_export(args: argparse.Namespace) -> int:

@@ -178,6 +178,26 @@ def connections_table(result: dict[str, Any], reply: dict[str, Any]) -> str:
     return table(headers, rows) + f"\n{len(rows)} connections at position {reply['position']}"
 
 
+def history_table(result: dict[str, Any], reply: dict[str, Any]) -> str:
+    rows = [
+        [
+            i["device"],
+            i["model"] or i["kind"],
+            i["host"],
+            i["composition_id"],
+            i["tenant"],
+            i["start"][:19],
+            (i["end"] or "")[:19] or "(held)",
+            i["end_reason"] or "",
+            f"{i['cost_per_hour']:g}" if i["cost_per_hour"] is not None else "",
+        ]
+        for i in result["intervals"]
+    ]
+    headers = ["device", "model", "host", "composition", "tenant", "start", "end", "ended by"]
+    footer = f"\n{len(rows)} intervals at position {reply['position']}"
+    return table([*headers, "cost/h"], rows) + footer
+
+
 def why_text(result: dict[str, Any], reply: dict[str, Any]) -> str:
     rows = [
         [e["position"], e["type"], str(e["time"])[:19], e["actor"], e["request_id"]]

@@ -49,6 +49,9 @@ TABLES: dict[str, Kind] = {
     "proj_devices": Kind.READ_MODEL,
     "proj_components": Kind.READ_MODEL,
     "proj_device_holds": Kind.READ_MODEL,
+    "proj_history_intervals": Kind.READ_MODEL,
+    "proj_history_compositions": Kind.READ_MODEL,
+    "proj_history_devices": Kind.READ_MODEL,
 }
 
 _OURS = ("trellis_", "proj_")

@@ -16,8 +16,8 @@ from typing import Any
 import checker
 from checker import Ack, LogRow, RequestRow, StreamMessage, check
 
-from engine.events import decode_event
 from engine.records import GENESIS_HASH, chain_hash
+from engine.upcast import upcast
 
 DOMAIN = "hall"
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -89,7 +89,7 @@ class Log:
         self, type: str, data: dict[str, Any], actor: str, cause: str, domain: str = DOMAIN
     ) -> LogRow:
         text = json.dumps({"type": type, **data})
-        decode_event(text.encode())  # the engine's own shape, or this raises
+        upcast(type, 1, text.encode())  # the engine's own shape (as of v1), or this raises
         mine = [r for r in self.rows if r.domain == domain]
         version = len(mine) + 1
         prev = mine[-1].hash if mine else GENESIS_HASH

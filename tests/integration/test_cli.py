@@ -78,6 +78,7 @@ async def test_an_operator_imports_composes_asks_why_and_releases(
     )  # fmt: skip
     assert code == 0, out
     composed = json.loads(out)["result"]
+    composed_at = json.loads(out)["position"]
     cid = composed["composition_id"]
     devices = [d["id"] for d in composed["devices"]]
     assert len(devices) == 3
@@ -99,6 +100,16 @@ async def test_an_operator_imports_composes_asks_why_and_releases(
 
     code, out, _ = await trellis(env, "release", cid, "--tenant", "acme")
     assert code == 0 and "released" in out
+
+    code, out, _ = await trellis(env, "history", "--id", cid)
+    assert code == 0 and all(d in out for d in devices) and "released" in out, out
+    assert "3 intervals" in out
+    code, out, _ = await trellis(env, "history", "--id", cid, "--at", str(composed_at))
+    assert code == 0 and out.count("(held)") == 3 and "released" not in out, out
+    code, out, _ = await trellis(env, "history", "--device", devices[0], "--view", "globex")
+    assert code == 0 and "0 intervals" in out, out
+    code, _, err = await trellis(env, "history", "--since", "yesterday")
+    assert code == 1 and "error [invalid]" in err and "since" in err, err
 
 
 async def test_an_auditor_replays_a_past_moment_and_asks_why_then(

@@ -89,6 +89,10 @@ def asks(compositions: list[str]) -> list[Ask]:
         ("view", "acme", "topology", {}),
         ("view", "acme", "connections", {}),
         ("view", "globex", "why", {"id": "gpu-002"}),
+        ("query", None, "history", {}),
+        ("query", None, "history", {"tenant": "acme"}),
+        ("query", None, "history", {"id": "host-01"}),
+        ("view", "globex", "history", {}),
     ]
     queries += [("query", None, "why", {"id": target}) for target in WHY_TARGETS]
     for cid in compositions:
@@ -166,7 +170,10 @@ async def run_day(h: Harness, clock: ManualClock) -> tuple[list[Moment], list[st
                 {
                     "host": "host-02",
                     "devices": [{"kind": "gpu"}, {"kind": "memory", "capacity_gib": 128}],
-                    "lease_seconds": 120,
+                    # Due only in the step "lease expires" (steps are 60 s apart): the
+                    # engine's lease keeper must not expire it while a step's answers are
+                    # being recorded.
+                    "lease_seconds": 600,
                     "reason": "batch job",
                 },
             ),
@@ -218,7 +225,7 @@ async def run_day(h: Harness, clock: ManualClock) -> tuple[list[Moment], list[st
 
 
 async def _expire(h: Harness, clock: ManualClock) -> None:
-    clock.advance(300)  # initech's lease of 120 s falls due
+    clock.advance(300)  # initech's lease of 600 s, composed 420 s before, falls due
     await h.engine.expire_due_leases()
 
 

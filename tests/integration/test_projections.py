@@ -263,6 +263,9 @@ PROJECTION_TABLES = [
     "proj_devices",
     "proj_components",
     "proj_device_holds",
+    "proj_history_intervals",
+    "proj_history_compositions",
+    "proj_history_devices",
 ]
 
 

@@ -286,8 +286,14 @@ async def test_a_tenants_view_tells_only_its_own_compositions(rig: Rig) -> None:
     free = await acme.client.view(DOMAIN, "acme", "free")
     assert expect_ok(free) == expect_ok(await operator.client.query(DOMAIN, "free"))
 
+    # Its history is its own intervals only.
+    history = expect_ok(await acme.client.view(DOMAIN, "acme", "history", {}))["intervals"]
+    assert history and {r["tenant"] for r in history} == {"acme"}
+    assert expect_ok(await acme.client.view(DOMAIN, "acme", "history", {"tenant": "globex"})) == {
+        "intervals": []
+    }
     # A query that has no view is refused, not answered unscoped.
-    expect_error(await acme.client.view(DOMAIN, "acme", "history", {}), "invalid")
+    expect_error(await acme.client.view(DOMAIN, "acme", "no-such-query", {}), "invalid")
 
 
 async def test_the_operator_administers_and_queries_but_is_no_tenant(rig: Rig) -> None:

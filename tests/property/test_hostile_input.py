@@ -174,6 +174,16 @@ SUBJECTS = [
     Subject("query", "proof", {"event_id": SOME_EVENT, "size": 3}),
     Subject("query", "consistency", {"from_size": 1, "to_size": 2}),
     Subject("query", "checkpoint-key", {}),
+    Subject(
+        "query",
+        "history",
+        {
+            "id": "gpu-01",
+            "tenant": TENANT,
+            "since": "2026-11-30T12:00:00Z",
+            "until": "2026-12-01T12:00:00+01:00",
+        },
+    ),
     # The tenant-scoped views (engine/views.py), one line each.
     Subject("view", "topology", {}, decodes_as="query"),
     Subject("view", "composition", {"id": "c-1"}, decodes_as="query"),
@@ -185,6 +195,9 @@ SUBJECTS = [
     Subject("view", "proof", {"event_id": SOME_EVENT, "size": 3}, decodes_as="query"),
     Subject("view", "consistency", {"from_size": 1, "to_size": 2}, decodes_as="query"),
     Subject("view", "checkpoint-key", {}, decodes_as="query"),
+    Subject(
+        "view", "history", {"id": "host-01", "since": "2026-11-30T12:00:00Z"}, decodes_as="query"
+    ),
 ]
 WRITES = [s for s in SUBJECTS if s.writes]
 

@@ -1,0 +1,66 @@
+"""`trellis export --parquet DIR`: the log, the connection history and the compositions as
+Parquet files for the auditor's own tools (adapters/postgres/export.py writes them)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from datetime import datetime
+
+from adapters.bootstrap import find_endpoint
+from adapters.postgres.export import DomainExport, ExportError, export_parquet
+from adapters.postgres.store import connect_pool
+from adapters.settings import Settings
+
+
+def run(args: argparse.Namespace) -> int:
+    """Append what is new since the last export into `args.parquet`; print one line per domain."""
+    settings = Settings.from_env()
+    url = find_endpoint(settings, "database_url")
+    if url is None:
+        raise ExportError("no database: set TRELLIS_DATABASE_URL or start one with `trellis up`")
+    since, until = _moment(args.since, "--since"), _moment(args.until, "--until")
+    if since is not None and until is not None and since > until:
+        raise ExportError("--since is after --until")
+
+    async def go() -> list[DomainExport]:
+        pool = await connect_pool(url, schema=settings.db_schema, max_size=2)
+        try:
+            domains = [args.domain] if args.domain else None
+            return await export_parquet(
+                pool, args.parquet, domains=domains, since=since, until=until
+            )
+        finally:
+            await pool.close()
+
+    for done in asyncio.run(go()):
+        print(_summary(done))
+    return 0
+
+
+def _moment(text: str | None, flag: str) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise ExportError(f"{flag} {text!r} is not an ISO time") from None
+    if at.tzinfo is None:
+        raise ExportError(f"{flag} {text!r} names no moment: add an offset, e.g. Z")
+    return at
+
+
+def _summary(done: DomainExport) -> str:
+    lag = (
+        f" (the history projection has folded the log only this far, of {done.held_back};"
+        " start the engine or run `trellis projections rebuild`)"
+        if done.held_back is not None
+        else ""
+    )
+    if not done.events:
+        return f"{done.domain}: nothing new to export{lag}"
+    return (
+        f"{done.domain}: exported positions {done.first_position}-{done.last_position}:"
+        f" {done.events} events, {done.history} ended intervals, {done.compositions} ended"
+        f" compositions, in {len(done.files)} files{lag}"
+    )

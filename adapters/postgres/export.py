@@ -1,0 +1,391 @@
+"""Parquet export of the log, the connection history and the compositions (issue 10 item 6).
+
+An auditor takes the history into their own tools (DuckDB, pandas, Spark) with
+`trellis export --parquet DIR`. Layout of DIR (hive-style, so `read_parquet('DIR/events/**')`
+sees `domain` and `day` as columns):
+
+    events/domain=<d>/day=<YYYY-MM-DD>/part-<first>-<last>.parquet   the log, one row per event
+    history/domain=<d>/part-<first>-<last>.parquet       intervals that ended in that range
+    compositions/domain=<d>/part-<first>-<last>.parquet  compositions that ended in that range
+    open/domain=<d>/as_of=<last>/history.parquet         intervals still open at <last>
+    open/domain=<d>/as_of=<last>/compositions.parquet    compositions still live at <last>
+    trellis-export.json                                  what has been exported, per domain
+
+<first> and <last> are log positions (20 digits, so names sort in log order). An export
+appends: it covers each domain from the position after the last one exported (the manifest
+says which) up to the log's head, or the last event at or before `until`; `since` skips
+events before it. Files are written once and never rewritten (the manifest, written last, is
+the commit point of each domain's export), so a row is in exactly one file: an event in the
+part that covers its position, an interval or a composition in the part where it ended.
+What is still open at an export's end is in that export's `open/` snapshot (as of its last
+position: ends after it are not shown); a later export has a newer one, so readers take the
+highest `as_of` per domain.
+
+The history and compositions come from the history projection (projections/history.py). An
+export never goes past what that projection has folded, so the three tables always describe
+the same stretch of the log; a domain whose projection lags is exported up to where it is.
+
+Every file carries key-value metadata: the domain, the export's first and last position, the
+chain head at the last one (version and hash) and, if the deployment keeps signed Merkle
+checkpoints (trellis_checkpoints), the latest checkpoint that covers no more than the export
+(size and root), so the exported hashes can be checked against it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+MANIFEST = "trellis-export.json"
+FORMAT = 1
+_BATCH_ROWS = 50_000  # events per file at most: bounded memory, files of a few MB
+
+_TIME = pa.timestamp("us", tz="UTC")
+
+EVENTS = pa.schema(
+    [
+        ("position", pa.int64()),
+        ("version", pa.int64()),
+        ("time", _TIME),
+        ("domain", pa.string()),
+        ("id", pa.string()),
+        ("type", pa.string()),
+        ("schema_version", pa.int64()),
+        ("actor", pa.string()),
+        ("causation", pa.string()),
+        ("correlation", pa.string()),
+        ("prev_hash", pa.string()),
+        ("hash", pa.string()),
+        ("data", pa.string()),  # the stored JSON text, byte for byte what the hash covers
+    ]
+)
+
+HISTORY = pa.schema(
+    [
+        ("domain", pa.string()),
+        ("device", pa.string()),
+        ("kind", pa.string()),
+        ("model", pa.string()),
+        ("host", pa.string()),
+        ("composition_id", pa.string()),
+        ("tenant", pa.string()),
+        ("start", _TIME),
+        ("end", _TIME),
+        ("end_reason", pa.string()),
+        ("bandwidth_gbps", pa.float64()),
+        ("capacity_gib", pa.float64()),
+        ("cost_per_hour", pa.float64()),
+        ("start_position", pa.int64()),
+        ("end_position", pa.int64()),
+    ]
+)
+
+COMPOSITIONS = pa.schema(
+    [
+        ("domain", pa.string()),
+        ("composition_id", pa.string()),
+        ("tenant", pa.string()),
+        ("host", pa.string()),
+        ("state", pa.string()),  # pending, active, released, failed
+        ("requested_at", _TIME),
+        ("activated_at", _TIME),
+        ("ended_at", _TIME),
+        ("end_reason", pa.string()),  # released, lease_expired, failed
+        ("failure_reason", pa.string()),
+        ("requested_position", pa.int64()),
+        ("activated_position", pa.int64()),
+        ("end_position", pa.int64()),
+    ]
+)
+
+_EVENTS_SQL = """
+SELECT position, version, recorded_at AS time, domain, id::text AS id, type, schema_version,
+       actor, causation_id AS causation, correlation_id AS correlation, prev_hash, hash,
+       data::text AS data
+  FROM trellis_events
+ WHERE domain = $1 AND position > $2 AND position <= $3
+ ORDER BY position
+"""
+_ENDED_INTERVALS = """
+SELECT domain, device, kind, model, host, composition_id, tenant, started_at AS start,
+       ended_at AS "end", end_reason, bandwidth_gbps, capacity_gib, cost_per_hour,
+       start_position, end_position
+  FROM proj_history_intervals
+ WHERE domain = $1 AND end_position > $2 AND end_position <= $3
+ ORDER BY end_position, start_position, device
+"""
+_OPEN_INTERVALS = """
+SELECT domain, device, kind, model, host, composition_id, tenant, started_at AS start,
+       NULL::timestamptz AS "end", NULL AS end_reason, bandwidth_gbps, capacity_gib,
+       cost_per_hour, start_position, NULL::bigint AS end_position
+  FROM proj_history_intervals
+ WHERE domain = $1 AND start_position <= $2 AND (end_position IS NULL OR end_position > $2)
+ ORDER BY start_position, device
+"""
+_ENDED_COMPOSITIONS = """
+SELECT domain, composition_id, tenant, host, state, requested_at, activated_at, ended_at,
+       end_reason, failure_reason, requested_position, activated_position, end_position
+  FROM proj_history_compositions
+ WHERE domain = $1 AND end_position > $2 AND end_position <= $3
+ ORDER BY end_position
+"""
+# As of position $2: activation after it has not happened yet, and nothing has ended.
+_LIVE_COMPOSITIONS = """
+SELECT domain, composition_id, tenant, host,
+       CASE WHEN activated_position <= $2 THEN 'active' ELSE 'pending' END AS state,
+       requested_at,
+       CASE WHEN activated_position <= $2 THEN activated_at END AS activated_at,
+       NULL::timestamptz AS ended_at, NULL AS end_reason, NULL AS failure_reason,
+       requested_position,
+       CASE WHEN activated_position <= $2 THEN activated_position END AS activated_position,
+       NULL::bigint AS end_position
+  FROM proj_history_compositions
+ WHERE domain = $1 AND requested_position <= $2 AND (end_position IS NULL OR end_position > $2)
+ ORDER BY requested_position
+"""
+
+
+class ExportError(Exception):
+    """The export cannot be made (no log there, a manifest this code cannot read)."""
+
+
+@dataclass
+class DomainExport:
+    """What one export wrote for one domain."""
+
+    domain: str
+    first_position: int = 0
+    last_position: int = 0
+    events: int = 0
+    history: int = 0
+    compositions: int = 0
+    files: list[str] = field(default_factory=list)
+    held_back: int | None = None  # the log's head, when the history projection lags behind it
+
+
+async def export_parquet(
+    pool: asyncpg.Pool,
+    out: Path,
+    *,
+    domains: Sequence[str] | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> list[DomainExport]:
+    """Append what is new in the log of `domains` (default: all) to the export in `out`.
+
+    Raises:
+        ExportError: no Trellis log in the pool's schema, or `out` holds a manifest of
+            another format.
+    """
+    manifest = _read_manifest(out)
+    async with pool.acquire() as conn:
+        if await conn.fetchval("SELECT to_regclass('trellis_events')") is None:
+            raise ExportError("no Trellis event log in this database schema")
+        known = [r["domain"] for r in await conn.fetch("SELECT domain FROM trellis_streams")]
+        wanted = sorted(known) if domains is None else list(domains)
+        missing = sorted(set(wanted) - set(known))
+        if missing:
+            raise ExportError(f"the log has no domain {', '.join(map(repr, missing))}")
+        done = []
+        for domain in wanted:
+            state = manifest["domains"].setdefault(domain, {"last_position": 0, "exports": []})
+            _remove_leftovers(out, domain, state)
+            # One snapshot per domain: log, projection and checkpoints as of the same moment.
+            async with conn.transaction(isolation="repeatable_read", readonly=True):
+                result = await _export_domain(conn, out, domain, state, since, until)
+            if result.events:
+                state["last_position"] = result.last_position
+                state["exports"].append(_manifest_entry(result))
+                _write_json(out / MANIFEST, manifest)
+            done.append(result)
+    return done
+
+
+async def _export_domain(
+    conn: asyncpg.Connection,
+    out: Path,
+    domain: str,
+    state: dict[str, Any],
+    since: datetime | None,
+    until: datetime | None,
+) -> DomainExport:
+    result = DomainExport(domain)
+    after: int = state["last_position"]
+    if since is not None:
+        first = await conn.fetchval(
+            "SELECT min(position) FROM trellis_events WHERE domain = $1 AND recorded_at >= $2",
+            domain,
+            since,
+        )
+        if first is None:
+            return result
+        after = max(after, first - 1)
+    head = await conn.fetchval(
+        "SELECT max(position) FROM trellis_events WHERE domain = $1 AND position > $2"
+        " AND ($3::timestamptz IS NULL OR recorded_at <= $3)",
+        domain,
+        after,
+        until,
+    )
+    if head is None:
+        return result
+    folded = await conn.fetchval(
+        "SELECT position FROM trellis_follower_checkpoints"
+        " WHERE follower = 'history' AND domain = $1",
+        domain,
+    )
+    last = min(head, folded or 0)
+    if last < head:
+        result.held_back = head
+    if last <= after:
+        return result
+    chain = await conn.fetchrow(
+        "SELECT version, hash FROM trellis_events WHERE domain = $1 AND position = $2",
+        domain,
+        last,
+    )
+    meta = {
+        "trellis.format": str(FORMAT),
+        "trellis.domain": domain,
+        "trellis.first_position": str(after + 1),
+        "trellis.last_position": str(last),
+        "trellis.chain_head_version": str(chain["version"]),
+        "trellis.chain_head_hash": chain["hash"],
+        **await _checkpoint(conn, domain, chain["version"]),
+    }
+    part = f"part-{after + 1:020d}-{last:020d}.parquet"
+
+    def write(path: Path, schema: pa.Schema, rows: list[dict[str, Any]]) -> None:
+        _write_parquet(out / path, schema, rows, meta)
+        result.files.append(str(path))
+
+    events: list[dict[str, Any]] = []
+    async for record in conn.cursor(_EVENTS_SQL, domain, after, last, prefetch=5000):
+        row = dict(record)
+        if events and (len(events) >= _BATCH_ROWS or _day(events[0]) != _day(row)):
+            result.events += _write_events(out, domain, events, meta, result)
+            events = []
+        events.append(row)
+    if events:
+        result.events += _write_events(out, domain, events, meta, result)
+    result.first_position, result.last_position = after + 1, last
+
+    ended = [dict(r) for r in await conn.fetch(_ENDED_INTERVALS, domain, after, last)]
+    lives = [dict(r) for r in await conn.fetch(_ENDED_COMPOSITIONS, domain, after, last)]
+    result.history, result.compositions = len(ended), len(lives)
+    write(Path("history", f"domain={domain}", part), HISTORY, ended)
+    write(Path("compositions", f"domain={domain}", part), COMPOSITIONS, lives)
+    snapshot = Path("open", f"domain={domain}", f"as_of={last:020d}")
+    write(
+        snapshot / "history.parquet",
+        HISTORY,
+        _rows(await conn.fetch(_OPEN_INTERVALS, domain, last)),
+    )
+    write(
+        snapshot / "compositions.parquet",
+        COMPOSITIONS,
+        _rows(await conn.fetch(_LIVE_COMPOSITIONS, domain, last)),
+    )
+    return result
+
+
+def _write_events(
+    out: Path,
+    domain: str,
+    rows: list[dict[str, Any]],
+    meta: dict[str, str],
+    result: DomainExport,
+) -> int:
+    name = f"part-{rows[0]['position']:020d}-{rows[-1]['position']:020d}.parquet"
+    path = Path("events", f"domain={domain}", f"day={_day(rows[0])}", name)
+    _write_parquet(out / path, EVENTS, rows, meta)
+    result.files.append(str(path))
+    return len(rows)
+
+
+async def _checkpoint(conn: asyncpg.Connection, domain: str, version: int) -> dict[str, str]:
+    """The latest signed checkpoint covering no more than the exported events, if the
+    deployment records checkpoints (the table exists from schema/010 on)."""
+    if await conn.fetchval("SELECT to_regclass('trellis_checkpoints')") is None:
+        return {}
+    row = await conn.fetchrow(
+        "SELECT size, root FROM trellis_checkpoints WHERE domain = $1 AND size <= $2"
+        " ORDER BY size DESC LIMIT 1",
+        domain,
+        version,
+    )
+    if row is None:
+        return {}
+    return {"trellis.checkpoint_size": str(row["size"]), "trellis.checkpoint_root": row["root"]}
+
+
+def _day(row: dict[str, Any]) -> str:
+    time: datetime = row["time"]
+    return time.astimezone(UTC).strftime("%Y-%m-%d")
+
+
+def _rows(records: list[asyncpg.Record]) -> list[dict[str, Any]]:
+    return [dict(r) for r in records]
+
+
+def _write_parquet(
+    path: Path, schema: pa.Schema, rows: list[dict[str, Any]], meta: dict[str, str]
+) -> None:
+    """Write one file under its final name (a temporary name first, so no reader ever sees
+    half a file). Names are new to the manifest: see `_remove_leftovers`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(rows, schema=schema.with_metadata(meta))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    pq.write_table(table, tmp, compression="zstd")
+    os.replace(tmp, path)
+
+
+def _read_manifest(out: Path) -> dict[str, Any]:
+    path = out / MANIFEST
+    if not path.exists():
+        return {"format": FORMAT, "domains": {}}
+    try:
+        manifest: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"cannot read {path}: {exc}") from None
+    if manifest.get("format") != FORMAT:
+        raise ExportError(f"{path} is of export format {manifest.get('format')!r}, not {FORMAT}")
+    return manifest
+
+
+def _manifest_entry(result: DomainExport) -> dict[str, Any]:
+    return {
+        "first_position": result.first_position,
+        "last_position": result.last_position,
+        "events": result.events,
+        "history": result.history,
+        "compositions": result.compositions,
+        "files": result.files,
+        "exported_at": datetime.now(UTC).isoformat(),
+    }
+
+
+def _write_json(path: Path, doc: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _remove_leftovers(out: Path, domain: str, state: dict[str, Any]) -> None:
+    """The manifest is the commit point: a domain's files that no entry lists were written by
+    an export that did not finish (their range starts after the last one exported), and go
+    before this export writes its own, so no range is ever in two files."""
+    listed = {out / f for entry in state["exports"] for f in entry["files"]}
+    for table in ("events", "history", "compositions", "open"):
+        for path in (out / table / f"domain={domain}").rglob("*.parquet"):
+            if path not in listed:
+                path.unlink()
