@@ -249,7 +249,7 @@ class _TableReader:
         return [dict(r) for r in await self._db.fetch(*interval_query(domain, window))]
 
 
-class PostgresReadModels:
+class PostgresReadModels(Answers):
     """The query side of the projections: live, and at past moments (projections/past.py).
 
     Args:
@@ -273,7 +273,7 @@ class PostgresReadModels:
         self._pool = pool
         self._followers = followers
         self._names = list(projections)
-        self._answers = Answers(_TableReader(pool))
+        super().__init__(_TableReader(pool))
         self._log = log
         self._snapshots = snapshots
 
@@ -301,34 +301,11 @@ class PostgresReadModels:
             None,
         )
 
-    async def composition(self, domain: str, composition_id: str) -> dict[str, Any] | None:
-        return await self._answers.composition(domain, composition_id)
-
-    async def connections(
-        self,
-        domain: str,
-        *,
-        host: str | None = None,
-        tenant: str | None = None,
-        device: str | None = None,
-    ) -> list[dict[str, Any]]:
-        return await self._answers.connections(domain, host=host, tenant=tenant, device=device)
-
-    async def history(
-        self,
-        domain: str,
-        *,
-        id: str | None = None,
-        tenant: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-    ) -> list[dict[str, Any]]:
-        return await self._answers.history(domain, id=id, tenant=tenant, since=since, until=until)
-
     async def why(
         self, domain: str, target: str, *, viewer: str | None = None
     ) -> dict[str, Any] | None:
-        # One snapshot for every read, so the sentence, the rows and the chain agree.
+        # One repeatable-read snapshot for every read, so the sentence, the rows and the
+        # chain agree.
         snapshot = {"isolation": "repeatable_read", "readonly": True}
         async with self._pool.acquire() as conn, conn.transaction(**snapshot):
             return await Answers(_TableReader(conn)).why(domain, target, viewer=viewer)

@@ -4,12 +4,14 @@ ManualClock sets."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
 from fabrics import expect_error, expect_ok
-from harness import Harness, ManualClock
+from harness import Harness, ManualClock, serving
 
 from adapters.fabric.sim import SimulatedFabric
 
@@ -55,6 +57,23 @@ FABRIC: dict[str, Any] = {
         {"id": "l-b3", "a": "sw-b", "b": "gpu-3", "capacity_gbps": 100},
     ],
 }
+
+
+@contextlib.asynccontextmanager
+async def day_served(
+    nats_url: str,
+    database_url: str,
+    pg_schema: str,
+    subject_prefix: str,
+    clock: ManualClock,
+    sim: SimulatedFabric,
+) -> AsyncIterator[Harness]:
+    """The engine on the test's servers, with the day's clock and fabric and FABRIC imported."""
+    async with serving(
+        nats_url, database_url, pg_schema, subject_prefix, clock=clock, fabric=sim
+    ) as harness:
+        expect_ok(await harness.client.admin(DOMAIN, "import-topology", FABRIC))
+        yield harness
 
 
 async def compose(h: Harness, tenant: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -24,8 +24,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest_asyncio
 from fabrics import expect_ok
-from harness import Harness, ManualClock, serving
-from history_day import DOMAIN, FABRIC, T0, Day, at, play
+from harness import Harness, ManualClock
+from history_day import DOMAIN, T0, Day, at, day_served, play
 
 from adapters.fabric.sim import SimulatedFabric
 from adapters.postgres.export import MANIFEST, DomainExport, export_parquet
@@ -53,10 +53,7 @@ async def h(
     clock: ManualClock,
     sim: SimulatedFabric,
 ) -> AsyncIterator[Harness]:
-    async with serving(
-        nats_url, database_url, pg_schema, subject_prefix, clock=clock, fabric=sim
-    ) as harness:
-        expect_ok(await harness.client.admin(DOMAIN, "import-topology", FABRIC))
+    async with day_served(nats_url, database_url, pg_schema, subject_prefix, clock, sim) as harness:
         yield harness
 
 

@@ -14,7 +14,7 @@ import msgspec
 import pytest_asyncio
 from fabrics import expect_error, expect_ok
 from harness import Harness, ManualClock, serving
-from history_day import DOMAIN, FABRIC, T0, at, brief, compose, history, play
+from history_day import DOMAIN, FABRIC, T0, at, brief, compose, day_served, history, play
 
 from adapters.fabric.sim import SimulatedFabric
 from adapters.postgres.store import PostgresEventStore
@@ -47,10 +47,7 @@ async def h(
     clock: ManualClock,
     sim: SimulatedFabric,
 ) -> AsyncIterator[Harness]:
-    async with serving(
-        nats_url, database_url, pg_schema, subject_prefix, clock=clock, fabric=sim
-    ) as harness:
-        expect_ok(await harness.client.admin(DOMAIN, "import-topology", FABRIC))
+    async with day_served(nats_url, database_url, pg_schema, subject_prefix, clock, sim) as harness:
         yield harness
 
 
