@@ -9,11 +9,18 @@ order, so a run is reproducible from its seed and its sequence of calls.
 
 Given a `state_file`, what is programmed outlives the process, as real hardware outlives the
 engine that drives it, and is shared by every process that names the same file, as hardware is
-shared by the engines of a deployment: each operation takes an exclusive lock on
-`<state_file>.lock`, reads the file again if another process changed it, applies the change and
-rewrites the file whole and atomically before it lets go, so a crash at any moment leaves the
-last complete version. That is what lets a test kill an engine mid-saga (or run two) and then
-compare the "hardware" with the log.
+shared by the engines of a deployment. No process ever waits for another (real hardware is not
+locked by a client that stopped, so the simulator is not either): each change is published as
+a new generation of the state, `<state_file>.g<N>`, a complete file linked under a name only one
+process can create. Every operation applies to the newest generation; a process that finds its
+generation's successor taken (another process published first) applies its operation again to
+the newest one, so a process that stopped mid-operation and wakes never overwrites newer state
+(and its fence is checked against the newest fences). A crash at any moment leaves the last
+complete generation. Readers (`read_state_file`, `trellis fabric show` and `check`) take the
+newest generation; `state_file` itself is read only while there is none (as an older Trellis,
+or a person, wrote it); generations more than a few behind the newest are deleted. That is
+what lets a test kill or pause an engine mid-saga (or run two) and then compare the "hardware"
+with the log.
 
 Fencing: every call may carry the caller's writer epoch for the domain (`fence`). The fabric
 keeps the highest epoch it has seen per domain (in the state file, when there is one) and
@@ -26,10 +33,10 @@ Scripted faults (`fail_next`, `hang_next`) can also come from a one-line script
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import os
 import random
 import re
+import secrets
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -82,36 +89,86 @@ class _Domain:
 
 
 STATE_FORMAT = 1  # bumped, with an upcast on read, if the file's layout ever has to change
+KEPT_GENERATIONS = 8  # older generations left for readers that listed them a moment ago
+LINEAGE = 64  # publications a generation remembers, so a writer can tell whether its own held
 
 
 class SavedFabric(msgspec.Struct, frozen=True, kw_only=True):
-    """The state file: what the simulated hardware of every domain holds, and the highest
-    writer epoch it has seen per domain."""
+    """One generation of the state: what the simulated hardware of every domain holds, and the
+    highest writer epoch it has seen per domain."""
 
     format: int = STATE_FORMAT
     domains: dict[str, FabricSnapshot] = {}
     fences: dict[str, int] = {}
+    # The tokens of the last LINEAGE generations, oldest first, this one's last: a process
+    # that published a generation finds its token in every later one built on it.
+    lineage: list[str] = []
 
 
 _encode_saved = msgspec.json.Encoder().encode
 _decode_saved = msgspec.json.Decoder(SavedFabric).decode
 
 
+class _Overtaken(Exception):
+    """Another process published the next generation first: apply the operation again."""
+
+
 def read_state_file(path: Path) -> dict[str, FabricSnapshot] | None:
-    """What a state file says the simulated hardware holds, by domain; None if there is none.
+    """What the state file at `path` says the simulated hardware holds, by domain (its newest
+    generation); None if there is none.
 
     Raises:
         ValueError: The file exists but is not a simulated fabric's state file.
     """
-    saved = _read_saved(path)
+    saved = _read_newest(path)[1]
     return None if saved is None else saved.domains
 
 
-def _read_saved(path: Path) -> SavedFabric | None:
+def _generation(path: Path, number: int) -> Path:
+    """Where generation `number` of the state at `path` lives; generation 0 is `path` itself,
+    as an older Trellis (or a person) wrote it, read only while no later generation exists."""
+    return path.with_name(f"{path.name}.g{number}") if number else path
+
+
+def _generations(path: Path) -> list[int]:
+    """The numbers of the generations of `path` on disk, in no order (none: no directory)."""
+    prefix = f"{path.name}.g"
     try:
-        data = path.read_bytes()
+        with os.scandir(path.parent) as entries:
+            names = [e.name[len(prefix) :] for e in entries if e.name.startswith(prefix)]
     except FileNotFoundError:
-        return None
+        return []
+    return [int(n) for n in names if n.isascii() and n.isdigit()]
+
+
+def _read_newest(path: Path, held: int | None = None) -> tuple[int, SavedFabric | None]:
+    """The number of the newest generation of the state at `path`, and what it holds: None if
+    there is no state at all, or if the newest is `held` (generations never change)."""
+    generations = _generations(path)
+    while True:
+        newest = max(generations, default=0)
+        if newest and newest == held:
+            return newest, None
+        try:
+            return newest, _read_saved(_generation(path, newest))
+        except FileNotFoundError:
+            if not newest:
+                return 0, None
+            # Deleted as it was read, because newer generations exist; unless it is still
+            # listed, and so is not a deleted generation but something that cannot be read.
+            generations = _generations(path)
+            if newest in generations:
+                raise
+
+
+def _read_saved(path: Path) -> SavedFabric:
+    """One generation of the state.
+
+    Raises:
+        FileNotFoundError: There is no such file.
+        ValueError: It is not a simulated fabric's state file.
+    """
+    data = path.read_bytes()
     try:
         saved = _decode_saved(data)
     except msgspec.DecodeError as exc:
@@ -123,22 +180,13 @@ def _read_saved(path: Path) -> SavedFabric | None:
     return saved
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` so that a reader, or a restart after a crash at any point,
-    finds either the old file or the new one, complete."""
-    # Same directory (os.replace must not cross disks); a name of this process's own, so two
-    # processes sharing the file never write each other's temporary file.
-    temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(temp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())  # the bytes are on disk before the rename can be
-    os.replace(temp, path)
-    directory = os.open(path.parent, os.O_RDONLY)
+def _fsync_directory(directory: Path) -> None:
+    """Make a name just linked in `directory` survive a crash of the machine too."""
+    fd = os.open(directory, os.O_RDONLY)
     try:
-        os.fsync(directory)  # and so is the rename
+        os.fsync(fd)
     finally:
-        os.close(directory)
+        os.close(fd)
 
 
 @dataclass(eq=False)  # identity: two identical scripts are two separate faults
@@ -169,8 +217,9 @@ class SimulatedFabric:
             predicate on the id. A binding of a memory slice (`capacity_gib` set) always may:
             a pooled CXL device serves slices to many hosts. Every other device is bound to at
             most one host.
-        state_file: Keep what is programmed in this JSON file (its directory is created): read
-            here, rewritten after every change. Without one the hardware lives in memory only.
+        state_file: Keep what is programmed in generations of this JSON file (its directory is
+            created): read here, a new generation after every change, shared with every process
+            naming the same file. Without one the hardware lives in memory only.
     """
 
     def __init__(
@@ -207,14 +256,17 @@ class SimulatedFabric:
         self._broken: set[str] = set()
         self._fences: dict[str, int] = {}  # domain -> the highest writer epoch seen
         self.state_file = state_file
-        self._saved = b""  # what the state file held when this process last read or wrote it
-        self._seen: tuple[int, int, int] | None = None  # the file's (inode, size, mtime) then
+        # The generation memory holds (None: none, or memory is ahead of every generation),
+        # what it holds without its lineage, and its lineage.
+        self._held: int | None = None
+        self._saved = b""
+        self._lineage: list[str] = []
         self._writer: ThreadPoolExecutor | None = None
         if state_file is not None:
-            self._load(_read_saved(state_file))
+            self._refresh()
             state_file.parent.mkdir(parents=True, exist_ok=True)
-            # One thread does every operation on the file, under the lock shared with other
-            # processes: the event loop never waits on a lock or an fsync.
+            # One thread does every operation on the file: the event loop never waits on the
+            # disk, and this process's changes are published in the order they were made.
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fabric-state")
 
     # -- the FabricDriver port ---------------------------------------------------------------
@@ -374,28 +426,40 @@ class SimulatedFabric:
         self._fences.clear()
         self._faults.clear()
         self._broken.clear()
-        if self.state_file is not None and self._writer is not None:
-            self._writer.submit(self._locked, lambda: None, "reset").result()
+        if self._writer is not None:
+            self._writer.submit(self._transact, self._forget, "reset").result()
 
     # -- internals ---------------------------------------------------------------------------
 
     def _domain(self, domain: str) -> _Domain:
         return self._domains.setdefault(domain, _Domain())
 
-    def _encode(self) -> bytes:
+    def _encode(self, lineage: list[str] | None = None) -> bytes:
         held = {d: s for d, s in sorted(self._domains.items()) if s.ports or s.bindings}
         return _encode_saved(
             SavedFabric(
                 domains={d: s.snapshot() for d, s in held.items()},
                 fences=dict(sorted(self._fences.items())),
+                lineage=lineage or [],
             )
         )
 
-    def _load(self, saved: SavedFabric | None) -> None:
+    def _refresh(self) -> None:
+        """Make memory hold the newest generation of the state file."""
+        assert self.state_file is not None
+        newest, saved = _read_newest(self.state_file, self._held)
+        if saved is None and newest == self._held:
+            return  # held already (or still no state at all)
         saved = saved or SavedFabric()
         self._domains = {d: _Domain.holding(s) for d, s in saved.domains.items()}
         self._fences = dict(saved.fences)
+        self._held = newest
         self._saved = self._encode()
+        self._lineage = list(saved.lineage)
+
+    def _forget(self) -> None:
+        self._domains.clear()
+        self._fences.clear()
 
     def _fenced(self, domain: str, fence: int | None) -> None:
         """Refuse a call from an older writer epoch; remember a newer one."""
@@ -412,7 +476,7 @@ class SimulatedFabric:
         self, op: str, domain: str, apply: Callable[[], _T], fence: int | None
     ) -> _T:
         """Check the fence and apply one operation to the hardware: in memory, or, with a
-        state file, under the lock every process sharing the file takes."""
+        state file, to its newest generation."""
 
         def fenced_apply() -> _T:
             self._fenced(domain, fence)
@@ -420,31 +484,72 @@ class SimulatedFabric:
 
         if self._writer is None:
             return fenced_apply()
-        done = self._writer.submit(self._locked, fenced_apply, op)
+        done = self._writer.submit(self._transact, fenced_apply, op)
         # Shielded: a caller that gives up (the engine's deadline) must not stop a change the
         # "hardware" is making, nor its write to disk.
         return await asyncio.shield(asyncio.wrap_future(done))
 
-    def _locked(self, apply: Callable[[], _T], op: str) -> _T:
-        """Run in the state thread: lock, read the file if another process changed it,
-        apply, write it if anything changed, unlock."""
-        assert self.state_file is not None
-        lock_path = self.state_file.with_name(self.state_file.name + ".lock")
-        with open(lock_path, "a+b") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-            seen = _signature(self.state_file)
-            if seen != self._seen:
-                self._load(_read_saved(self.state_file))
-                self._seen = seen
+    def _transact(self, apply: Callable[[], _T], op: str) -> _T:
+        """Run in the state thread: apply one operation to the newest generation and publish
+        what it changed as the next; while another process publishes first, again on its
+        generation. Nothing here waits for another process."""
+        while True:
             try:
-                return apply()
-            finally:
-                # Even a failed call may have changed something (the fence, an applied fault).
-                data = self._encode()
-                if data != self._saved or op == "reset":
-                    _write_atomically(self.state_file, data)
-                    self._saved = data
-                    self._seen = _signature(self.state_file)
+                return self._attempt(apply, op)
+            except _Overtaken:
+                continue
+
+    def _attempt(self, apply: Callable[[], _T], op: str) -> _T:
+        self._refresh()
+        try:
+            return apply()
+        finally:
+            # Even a failed call may have changed something (the fence, an applied fault).
+            data = self._encode()
+            if data != self._saved or op == "reset":
+                self._publish(data, op)
+
+    def _publish(self, data: bytes, op: str) -> None:
+        """Publish memory as the generation after the one it was read from.
+
+        Raises:
+            _Overtaken: Another process published that generation, or one after it that does
+                not descend from this one; memory is read again.
+            FabricError: This process stopped for so long after publishing that it cannot
+                tell whether its generation is in the newest one's past (as a lost reply).
+        """
+        assert self.state_file is not None and self._held is not None
+        number, self._held = self._held + 1, None  # memory is ahead until this lands
+        token = secrets.token_hex(8)  # not the seeded generator: it must not shift outcomes
+        lineage = [*self._lineage, token][-LINEAGE:]
+        # Complete and on disk under a name of its own first, so no generation is ever partial.
+        temp = self.state_file.with_name(f"{self.state_file.name}.{os.getpid()}-{token}.tmp")
+        with open(temp, "wb") as f:
+            f.write(self._encode(lineage))
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            # The compare-and-swap: only one process can create a name.
+            os.link(temp, _generation(self.state_file, number))
+        except FileExistsError:
+            raise _Overtaken from None
+        finally:
+            temp.unlink()
+        _fsync_directory(self.state_file.parent)
+        # A process that stopped between reading and linking may find that number free again
+        # (deleted as old) and link it below the newest: then it has published nothing.
+        generations = _generations(self.state_file)
+        newest, saved = _read_newest(self.state_file, number)
+        if saved is not None and token not in saved.lineage:
+            if newest - len(saved.lineage) < number:
+                raise _Overtaken
+            raise FabricError(
+                f"{op}: the simulated fabric lost track of whether this change took effect"
+            )
+        for old in generations:
+            if old <= newest - KEPT_GENERATIONS:
+                _generation(self.state_file, old).unlink(missing_ok=True)
+        self._held, self._saved, self._lineage = number, data, lineage
 
     def _script(
         self,
@@ -598,12 +703,3 @@ def _check_ops(ops: Collection[str]) -> None:
     unknown = sorted(set(ops) - set(FABRIC_OPS))
     if unknown:
         raise ValueError(f"unknown fabric operation(s) {unknown}; known: {list(FABRIC_OPS)}")
-
-
-def _signature(path: Path) -> tuple[int, int, int] | None:
-    """What tells one version of the state file from another (a rewrite is a new inode)."""
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns)

@@ -5,12 +5,23 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import msgspec
 import pytest
 
-from adapters.fabric.sim import ScriptedFault, SimulatedFabric, parse_script, read_state_file
+from adapters.fabric.sim import (
+    KEPT_GENERATIONS,
+    LINEAGE,
+    SavedFabric,
+    ScriptedFault,
+    SimulatedFabric,
+    parse_script,
+    read_state_file,
+)
 from engine.errors import FabricError
 from engine.ports import FabricBinding, FabricCircuit, FabricDriver, FabricSnapshot
 
@@ -559,6 +570,11 @@ async def test_what_is_programmed_survives_in_a_new_instance_on_the_same_file(
         await second.bind(D, binding(host="host-2", composition="c-2"))
 
 
+def generations(path: Path) -> list[Path]:
+    """The generations of the state file on disk, oldest first."""
+    return sorted(path.parent.glob(f"{path.name}.g*"), key=lambda g: int(g.suffix[2:]))
+
+
 async def test_emptied_domains_leave_the_file_and_a_no_op_does_not_rewrite_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -568,58 +584,139 @@ async def test_emptied_domains_leave_the_file_and_a_no_op_does_not_rewrite_it(
     await fabric.create_circuit("d2", circuit(1, 5))
     await fabric.remove_circuit("d2", circuit(1, 5))
     assert set(saved(path)) == {D}
-    replaced: list[object] = []
-    real_replace = os.replace
-    monkeypatch.setattr(os, "replace", lambda *a: replaced.append(a) or real_replace(*a))
+    published: list[object] = []
+    real_link = os.link
+    monkeypatch.setattr(os, "link", lambda *a: published.append(a) or real_link(*a))
     await fabric.create_circuit(D, circuit(1, 5))  # already there: idempotent
     await fabric.remove_circuit(D, circuit(3, 4))  # not there
     await fabric.snapshot(D)
-    assert replaced == []
+    assert published == []
 
 
-async def test_a_crash_before_the_rename_leaves_the_previous_complete_file(
+async def test_a_crash_before_the_link_leaves_the_previous_complete_generation(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "fabric.json"
     fabric = SimulatedFabric(state_file=path)
     await fabric.create_circuit(D, circuit(1, 2))
-    before = path.read_bytes()
+    before = generations(path)
 
     def crash(*args: object) -> None:
         raise Crash
 
-    monkeypatch.setattr(os, "replace", crash)
+    monkeypatch.setattr(os, "link", crash)
     with pytest.raises(Crash):
         await fabric.create_circuit(D, circuit(3, 4))
     monkeypatch.undo()
 
-    assert path.read_bytes() == before
-    temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    temp.write_bytes(temp.read_bytes()[:20])  # as if the crash had cut the temp file short
+    assert generations(path) == before and saved(path)[D].circuits == [circuit(1, 2)]
+    # As if the crash had cut a temporary file short: it is no generation, nobody reads it.
+    path.with_name(f"{path.name}.{os.getpid()}-0123456789abcdef.tmp").write_bytes(b'{"for')
     assert (await SimulatedFabric(state_file=path).snapshot(D)).circuits == [circuit(1, 2)]
+    # The process that survived it holds what the hardware holds, not the change that failed.
+    assert (await fabric.snapshot(D)).circuits == [circuit(1, 2)]
 
 
-async def test_every_version_of_the_file_a_reader_can_see_is_complete(
+async def test_every_generation_a_reader_can_see_is_complete_and_few_are_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "fabric.json"
     seen: list[int] = []
-    real_replace = os.replace
+    real_link = os.link
 
-    def checked_replace(src: str, dst: str) -> None:
-        # The moment before the switch: the old file and the new one are both whole.
-        for version in (Path(src), Path(dst)):
-            if version.exists():
-                saved(version)
-        real_replace(src, dst)
+    def checked_link(src: str, dst: str) -> None:
+        # The moment before it is published, the new generation is already whole.
+        msgspec.json.decode(Path(src).read_bytes(), type=SavedFabric)
+        real_link(src, dst)
         seen.append(sum(len(s.circuits) + len(s.bindings) for s in saved(path).values()))
 
-    monkeypatch.setattr(os, "replace", checked_replace)
+    monkeypatch.setattr(os, "link", checked_link)
     fabric = SimulatedFabric(state_file=path)
-    await asyncio.gather(*(fabric.create_circuit(D, circuit(2 * i, 2 * i + 1)) for i in range(5)))
+    await asyncio.gather(*(fabric.create_circuit(D, circuit(2 * i, 2 * i + 1)) for i in range(9)))
     await fabric.bind(D, binding())
     await fabric.unbind(D, binding())
-    assert seen == [1, 2, 3, 4, 5, 6, 5]  # one whole write per change, in the order of changes
+    assert seen == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 9]  # one per change, in the order of changes
+    assert [g.name for g in generations(path)] == [f"fabric.json.g{n}" for n in range(4, 12)]
+    assert len(generations(path)) == KEPT_GENERATIONS
+    assert set(tmp_path.iterdir()) == set(generations(path))  # and no temporary file is left
+
+
+async def test_a_state_file_written_before_generations_is_where_they_start(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "fabric.json"
+    first = SimulatedFabric(state_file=path)
+    await first.create_circuit(D, circuit(1, 2))
+    path.write_bytes(generations(path)[-1].read_bytes())  # as an older Trellis kept it
+    generations(path)[-1].unlink()
+
+    fabric = SimulatedFabric(state_file=path)
+    assert (await fabric.snapshot(D)).circuits == [circuit(1, 2)]
+    await fabric.create_circuit(D, circuit(3, 4))
+    path.write_text("no longer read")
+    assert saved(path)[D].circuits == [circuit(1, 2), circuit(3, 4)]
+    assert [g.name for g in generations(path)] == ["fabric.json.g1"]
+
+
+async def test_a_reader_that_finds_its_generation_deleted_reads_the_newest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "fabric.json"
+    writer = SimulatedFabric(state_file=path)
+    await writer.create_circuit(D, circuit(1, 2))
+    loop = asyncio.get_running_loop()
+    real_read = Path.read_bytes
+
+    def overtaken_read(self: Path) -> bytes:
+        # Between listing the generations and reading the newest, enough newer ones are
+        # published that the one it listed is deleted.
+        monkeypatch.setattr(Path, "read_bytes", real_read)
+        for i in range(KEPT_GENERATIONS):
+            change = writer.create_circuit("d2", circuit(2 * i + 10, 2 * i + 11))
+            asyncio.run_coroutine_threadsafe(change, loop).result()
+        assert not self.exists()
+        return real_read(self)
+
+    monkeypatch.setattr(Path, "read_bytes", overtaken_read)
+    held = await asyncio.to_thread(read_state_file, path)
+    assert held is not None and len(held["d2"].circuits) == KEPT_GENERATIONS
+
+
+@pytest.mark.parametrize(
+    ("changes", "lost_track"), [(KEPT_GENERATIONS + 2, False), (LINEAGE + 1, True)]
+)
+async def test_a_writer_that_links_a_generation_deleted_while_it_stood_still_published_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, changes: int, lost_track: bool
+) -> None:
+    path = tmp_path / "fabric.json"
+    stale, other = SimulatedFabric(state_file=path), SimulatedFabric(state_file=path)
+    await stale.create_circuit(D, circuit(1, 2))
+    loop = asyncio.get_running_loop()
+    real_link = os.link
+
+    def stalled_link(src: str, dst: str) -> None:
+        # It stands still between reading generation 1 and linking generation 2, while the
+        # other makes so many changes that generation 2 is deleted as old: the name is free.
+        monkeypatch.setattr(os, "link", real_link)
+        for i in range(changes):
+            change = other.create_circuit("d2", circuit(2 * i + 10, 2 * i + 11))
+            asyncio.run_coroutine_threadsafe(change, loop).result()
+        assert not Path(dst).exists()
+        real_link(src, dst)
+
+    monkeypatch.setattr(os, "link", stalled_link)
+    if lost_track:
+        # So long that the newest generation's lineage no longer reaches back to its own: it
+        # cannot tell, and says so as a lost reply would.
+        with pytest.raises(FabricError, match="lost track of whether this change took effect"):
+            await stale.bind(D, binding())
+        assert (await stale.snapshot(D)).bindings == []
+    else:
+        # Its change is made again, on the newest generation.
+        await stale.bind(D, binding())
+        assert saved(path)[D].bindings == [binding()]
+    assert len(saved(path)["d2"].circuits) == changes
+    assert (await other.snapshot(D)) == (await stale.snapshot(D))
 
 
 async def test_scripted_faults_that_took_effect_are_in_the_file_and_others_are_not(
@@ -661,6 +758,90 @@ def test_a_file_that_is_no_state_file_is_refused_naming_it(tmp_path: Path) -> No
     path.write_text('{"format": 7, "domains": {}}')
     with pytest.raises(ValueError, match="format 7"):
         read_state_file(path)
+
+
+# -- one state file, several processes --------------------------------------------------------
+
+# A process sharing the state file that stops itself (SIGSTOP, as the chaos run pauses an
+# engine) in the middle of one operation: after it has read the state and written what it
+# would publish, before it has published it (its first fsync of a regular file).
+STOPPED_MID_OPERATION = """
+import asyncio, os, signal, stat, sys
+from pathlib import Path
+from adapters.fabric.sim import SimulatedFabric
+from engine.errors import WriterFenced
+from engine.ports import FabricCircuit
+
+real_fsync = os.fsync
+
+def fsync(fd):
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        os.fsync = real_fsync
+        os.kill(os.getpid(), signal.SIGSTOP)
+    real_fsync(fd)
+
+path, domain, fence = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+fabric = SimulatedFabric(state_file=path)
+os.fsync = fsync
+try:
+    asyncio.run(
+        fabric.create_circuit(
+            domain, FabricCircuit(ocs="ocs-1", a_port=7, b_port=8),
+            fence=int(fence) if fence else None,
+        )
+    )
+    print("created")
+except WriterFenced:
+    print("fenced")
+"""
+
+
+def stopped(pid: int) -> bool:
+    """Whether the child `pid` is stopped now (it must not have ended instead)."""
+    done, status = os.waitpid(pid, os.WUNTRACED | os.WNOHANG)
+    assert not (done and (os.WIFEXITED(status) or os.WIFSIGNALED(status))), "it ended"
+    return bool(done) and os.WIFSTOPPED(status)
+
+
+@pytest.mark.parametrize(
+    ("domain", "fence", "said", "held"),
+    [
+        # The old writer of D, woken: the fence it carries is behind its successor's.
+        (D, "1", "fenced", {D: [circuit(1, 2), circuit(3, 4)]}),
+        # An engine serving another domain: its change is made on the newest state, not lost.
+        ("d2", "", "created", {D: [circuit(1, 2), circuit(3, 4)], "d2": [circuit(7, 8)]}),
+    ],
+)
+async def test_a_process_stopped_mid_operation_blocks_no_other_and_its_stale_write_loses(
+    tmp_path: Path, domain: str, fence: str, said: str, held: dict[str, list[FabricCircuit]]
+) -> None:
+    path = tmp_path / "fabric.json"
+    fabric = SimulatedFabric(state_file=path)
+    await fabric.create_circuit(D, circuit(1, 2), fence=1)
+    child = subprocess.Popen(
+        [sys.executable, "-c", STOPPED_MID_OPERATION, str(path), domain, fence],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        for _ in range(3000):
+            if stopped(child.pid):
+                break
+            await asyncio.sleep(0.01)
+        else:
+            pytest.fail("the other process never stopped in its operation")
+        # Its successor works on, as it would on real hardware; a lock held by the stopped
+        # process would keep these waiting until the timeout.
+        await asyncio.wait_for(fabric.create_circuit(D, circuit(3, 4), fence=2), timeout=10)
+        assert await asyncio.wait_for(fabric.snapshot("d2"), timeout=10) == FabricSnapshot(
+            circuits=[], bindings=[]
+        )
+    finally:
+        child.send_signal(signal.SIGCONT)
+        out, err = child.communicate(timeout=60)
+    assert (child.returncode, out.decode().strip()) == (0, said), err.decode()
+    assert {d: s.circuits for d, s in saved(path).items()} == held
+    assert fabric.fence_of(D) == 2 == SimulatedFabric(state_file=path).fence_of(D)
 
 
 # -- scripts -----------------------------------------------------------------------------------
