@@ -78,8 +78,6 @@ class ChainCheck:
     def feed(self, event: RecordedEvent) -> None:
         self.count += 1
         problems: list[tuple[str, str]] = []
-        if event.domain != self.domain:
-            problems.append(("foreign_event", f"it belongs to domain {event.domain!r}"))
         if event.version != self.version + 1:
             what = "skips" if event.version > self.version + 1 else "repeats or goes back from"
             problems.append(

@@ -233,6 +233,7 @@ async def _domain(
     checks["chain"].found(findings)
     checks["invariants"].found(invariants.findings)
     findings += invariants.findings
+    checks["projections"].found(fold.findings)  # the replay could not go on
     findings += fold.findings
 
     differences = await _projections(scratch, replay, domain, names, upto, fold, checks)
@@ -423,6 +424,8 @@ def text(report: dict[str, Any]) -> str:
             lines.append(f"  FINDING {f['check']}: {f['message']}")
     for name, check in report["checks"].items():
         reason = f" ({check['reason']})" if check.get("reason") else ""
+        if name == "chain":
+            reason = f" ({check['events']} events)"
         lines.append(f"check {name}: {check['status']}{reason}")
     count = sum(len(d["findings"]) for d in report["domains"].values())
     lines.append("verified: no findings" if report["ok"] else f"NOT verified: {count} findings")

@@ -120,11 +120,7 @@ async def follower_checkpoints(
 async def latest_checkpoints(conn: asyncpg.Connection) -> dict[str, dict[str, Any]] | None:
     """Each domain's latest signed Merkle checkpoint (`trellis_checkpoints`, schema/010), or
     None when this database has no such table (yet)."""
-    present = await conn.fetchval(
-        "SELECT count(*) FROM information_schema.columns WHERE table_schema = current_schema() "
-        "AND table_name = 'trellis_checkpoints' AND column_name IN ('domain', 'size', 'root')"
-    )
-    if present != 3:
+    if await conn.fetchval("SELECT to_regclass('trellis_checkpoints')") is None:
         return None
     rows = await conn.fetch(
         "SELECT DISTINCT ON (domain) domain, size, root, recorded_at, note "

@@ -27,6 +27,7 @@ import pytest
 import pytest_asyncio
 from fabrics import expect_ok
 from harness import Harness, ManualClock, serving
+from isolation import Database
 from nats.js import JetStreamContext
 
 from adapters.bootstrap import connect_nats
@@ -341,7 +342,7 @@ def pending(event: Any, n: int) -> PendingEvent:
 
 
 async def test_a_forged_double_allocation_is_named_by_the_invariant_audit(
-    database_url: str, pg_schema: str
+    database: Database, pg_schema: str
 ) -> None:
     """Events with valid hashes, appended through the log's own checks (which look at the
     chain and the content, not at allocations), that give gpu-1 to two compositions."""
@@ -377,7 +378,7 @@ async def test_a_forged_double_allocation_is_named_by_the_invariant_audit(
         requested("c2", "host-2"),
         reserved("c2", "host-2", "l-2"),
     ]
-    store = await PostgresEventStore.open(database_url, schema=pg_schema)
+    store = await PostgresEventStore.open(database.url, schema=pg_schema)
     try:
         appended = await store.append(
             HALL, Head(), [pending(e, n) for n, e in enumerate(forged)], []
@@ -386,8 +387,27 @@ async def test_a_forged_double_allocation_is_named_by_the_invariant_audit(
         await store.close()
     second = appended.events[-1]
 
-    report = await verify(database_url, schema=pg_schema)
+    # The latest signed checkpoint is printed beside the head, to anchor both elsewhere (the
+    # table is schema/010's, made here as it is shaped there when this test runs without it).
+    conn = await asyncpg.connect(database.owner_url, server_settings={"search_path": pg_schema})
+    try:
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS trellis_checkpoints (domain text, size bigint, "
+            "root text, recorded_at timestamptz, note text, PRIMARY KEY (domain, size))"
+        )
+        await conn.execute(f"GRANT SELECT ON trellis_checkpoints TO {database.engine_role}")
+        for size, root in ((2, "cm9vdC0y"), (4, "cm9vdC00")):
+            await conn.execute(
+                "INSERT INTO trellis_checkpoints VALUES ($1, $2, $3, now(), $4)",
+                HALL, size, root, f"trellis/{HALL}\n{size}\n{root}\n",
+            )  # fmt: skip
+    finally:
+        await conn.close()
 
+    report = await verify(database.url, schema=pg_schema)
+
+    latest = report["domains"][HALL]["latest_checkpoint"]
+    assert (latest["size"], latest["root"]) == (4, "cm9vdC00")
     invariant = [f for f in findings(report) if f["check"] == "device_double_allocation"]
     assert [(f["position"], f["version"]) for f in invariant] == [(second.position, 5)]
     assert invariant[0]["details"]["compositions"] == ["c1", "c2"]
