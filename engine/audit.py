@@ -168,8 +168,18 @@ class InvariantAudit:
     def feed(self, position: int, version: int, type_: str, data: dict[str, Any]) -> None:
         self._position, self._version = position, version
         handler = getattr(self, f"_on_{type_}", None)
-        if handler is not None:
+        if handler is None:
+            return
+        try:
             handler(data)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            # A payload without the fields its type has: damage, or a forger's mistake.
+            self._report(
+                "malformed_event",
+                f"{position}",
+                f"{type_} lacks what its type carries ({type(exc).__name__}: {exc})",
+                {"type": type_},
+            )
 
     # -- topology --
 

@@ -26,7 +26,7 @@ import msgspec
 import pytest
 import pytest_asyncio
 from fabrics import expect_ok
-from harness import Harness, ManualClock, serving
+from harness import Harness, ManualClock, serving, undecodable_event
 from isolation import Database
 from nats.js import JetStreamContext
 
@@ -414,3 +414,25 @@ async def test_a_forged_double_allocation_is_named_by_the_invariant_audit(
     assert report["checks"]["invariants"]["status"] == "fail"
     assert report["checks"]["chain"]["status"] == "pass"  # the hashes are all valid
     assert report["domains"][HALL]["head"]["position"] == second.position
+
+
+async def test_an_event_this_build_cannot_read_stops_the_replay_there_and_says_so(
+    h: Harness,
+    clock: ManualClock,
+    nats_url: str,
+    database_url: str,
+    pg_schema: str,
+    subject_prefix: str,
+) -> None:
+    expect_ok(await h.client.admin(HALL, "import-topology", FABRIC))
+    await h.projected(HALL)
+    head = await h.store.head(HALL)
+    later = msgspec.structs.replace(undecodable_event(), recorded_at=clock.now())
+    appended = await h.store.append(HALL, head, [later], [], fence=h.engine.fence(HALL))
+    future = appended.events[0]
+
+    report = await verified(h, nats_url, database_url, pg_schema, subject_prefix)
+
+    assert [(f["check"], f["position"]) for f in findings(report)] == [("replay", future.position)]
+    assert report["checks"]["projections"]["status"] == "fail"
+    assert report["checks"]["chain"]["status"] == "pass"

@@ -337,6 +337,16 @@ def test_one_violation_is_named_once_at_its_first_position() -> None:
     assert named(findings) == [("ocs_port_reuse", 30)]
 
 
+def test_a_payload_without_its_fields_is_named_and_the_audit_goes_on() -> None:
+    findings = run(
+        topology(),
+        ("DevicesReserved", {"devices": [binding("gpu-01")]}),  # no composition_id
+        circuit(0, 1),
+        circuit(1, 2),
+    )
+    assert named(findings) == [("malformed_event", 20), ("ocs_port_reuse", 40)]
+
+
 # ---- the hash chain ----
 
 
