@@ -30,6 +30,7 @@ import msgspec
 
 from adapters.bootstrap import find_endpoint, nats_servers
 from adapters.embedded.servers import default_data_dir
+from adapters.entrypoints import audit_proofs
 from adapters.nats import kv_audit
 from adapters.nats.auth import CredentialsError, NkeyCredentials, Principal, SecureDir
 from adapters.nats.jetstream import stream_name
@@ -60,8 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # MERGE POINT: the offline mode (`trellis verify --checkpoint FILE --proof FILE`, no
-    # database) branches off here, before anything below reaches for a database.
+    """`trellis verify`; with --proof or --checkpoint, the offline proof check instead (no
+    database: adapters/entrypoints/audit_proofs.py)."""
+    if getattr(args, "proof", None) is not None or getattr(args, "checkpoint", None):
+        return audit_proofs.verify_offline(args)
     try:
         settings = Settings.from_env()
         url = find_endpoint(settings, "database_url")

@@ -21,7 +21,7 @@ import msgspec
 from engine.audit import Finding
 from engine.records import RecordedEvent
 from projections.base import Fact, Projection
-from projections.table import Table
+from projections.table import PostgresRows, Table
 
 BATCH = 2000
 MAX_DIFFERENCES = 20  # rows named per table and domain; the rest are counted
@@ -175,7 +175,7 @@ class ProjectionReplay:
                 done = self.folded[projection.name]
                 todo = [f for f in facts if done < f.record.version <= limit]
                 if todo:
-                    await projection.apply(self._conn, todo)
+                    await projection.apply(PostgresRows(self._conn), todo)
                     self.folded[projection.name] = todo[-1].record.version
 
     async def compare(self, domain: str) -> list[Finding]:
