@@ -1,7 +1,8 @@
 """What `trellis verify` checks in the log itself, purely: the hash chain and the invariants.
 
 `ChainCheck` recomputes each domain's sha256 chain with `engine.records.hash_of` (the writer's
-own definition of the hash) and reports every event whose version, link or hash is wrong.
+own definition of the hash) and reports every event whose version, link or hash is wrong;
+`CheckpointCheck` recomputes the Merkle root of every stored checkpoint from the log.
 
 `InvariantAudit` is deliberately written apart from the engine: it folds the raw JSON objects of
 the events (dicts, as `json.loads` gives them), not the msgspec Structs and not
@@ -29,6 +30,7 @@ happens; one violation (the same device, link, port or switch) is reported once.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -36,6 +38,7 @@ from typing import Any
 
 import msgspec
 
+from engine.merkle import MerkleTree, leaf_hash
 from engine.records import GENESIS_HASH, RecordedEvent, hash_of
 
 # Sums of floats (GiB, Gbps) are compared with this slack, as the engine's own counts are.
@@ -124,6 +127,59 @@ class ChainCheck:
                 + ("" if hash_ == self.hash else " with another hash")
             ),
         )
+
+
+class CheckpointCheck:
+    """The domain's stored Merkle checkpoints against its log: feed the events in version
+    order; each checkpoint `(size, base64 root)` must be the RFC 9162 root of the first `size`
+    event hashes (engine/merkle.py, ARCHITECTURE §6), and no checkpoint may be of more events
+    than the log holds. A stored checkpoint is a promise the engine made to the outside world,
+    so a log that no longer keeps it was rewritten after it was made."""
+
+    def __init__(self, domain: str, checkpoints: Iterable[tuple[int, str]]):
+        self.domain = domain
+        self._wanted = dict(checkpoints)  # size -> base64 root
+        self._tree = MerkleTree()
+        self._at: dict[int, int] = {}  # size -> position of the event that completes it
+
+    def feed(self, event: RecordedEvent) -> None:
+        try:
+            leaf = bytes.fromhex(event.hash)
+        except ValueError:
+            leaf = b""
+        self._tree.append(leaf_hash(leaf))
+        if self._tree.size in self._wanted:
+            self._at[self._tree.size] = event.position
+
+    def findings(self) -> list[Finding]:
+        out = []
+        for size, root in sorted(self._wanted.items()):
+            if size > self._tree.size:
+                out.append(
+                    Finding(
+                        check="checkpoint",
+                        domain=self.domain,
+                        version=size,
+                        message=f"a checkpoint of {size} events is stored, but the log holds "
+                        f"{self._tree.size}",
+                        details={"size": size, "root": root},
+                    )
+                )
+                continue
+            computed = base64.b64encode(self._tree.root(size)).decode()
+            if computed != root:
+                out.append(
+                    Finding(
+                        check="checkpoint",
+                        domain=self.domain,
+                        position=self._at[size],
+                        version=size,
+                        message=f"the checkpoint of {size} events has root {root}; the log's "
+                        f"first {size} events give {computed}",
+                        details={"size": size, "root": root, "log_root": computed},
+                    )
+                )
+        return out
 
 
 # ---- the invariants, over raw event data ----

@@ -3,7 +3,8 @@
 Four checks, one pass over each domain's log (docs/auditing.md, "Verifying the log"):
 
 - chain: every event's sha256 hash, its link to the one before, gap-free versions from the
-  genesis hash, and the stream head where the chain ends (engine.audit.ChainCheck);
+  genesis hash, the stream head where the chain ends (engine.audit.ChainCheck), and every
+  stored Merkle checkpoint's root recomputed from the log (engine.audit.CheckpointCheck);
 - invariants: the independent audit over the raw event data (engine.audit.InvariantAudit);
 - projections: the whole log replayed into fresh projection tables, compared row by row with
   the live ones, each up to the version its live checkpoint says it holds;
@@ -38,7 +39,7 @@ from adapters.nats.kv_state import changes, coalesce, everything
 from adapters.postgres import verify as db
 from adapters.postgres.store import connect_pool
 from adapters.settings import Settings, SettingsError
-from engine.audit import ChainCheck, Finding, InvariantAudit
+from engine.audit import ChainCheck, CheckpointCheck, Finding, InvariantAudit
 from engine.records import RecordedEvent
 from engine.state import DomainState, evolve
 from projections.base import Fact
@@ -209,6 +210,7 @@ async def _domain(
     relayed = (await db.follower_checkpoints(reader, [relay_name], domain)).get(relay_name, (0, 0))
 
     chain = ChainCheck(domain)
+    anchors = CheckpointCheck(domain, await db.checkpoint_roots(reader, domain))
     invariants = InvariantAudit(domain)
     fold = _Fold(domain, relay_version=relayed[0])
     replay.start()
@@ -216,6 +218,7 @@ async def _domain(
         facts = []
         for record in batch:
             chain.feed(record)
+            anchors.feed(record)
             try:
                 data = json.loads(record.data)
             except ValueError as exc:
@@ -239,6 +242,7 @@ async def _domain(
         )
     elif (stale := chain.head_finding(*head)) is not None:
         findings.append(stale)
+    findings += anchors.findings()
     checks["chain"].found(findings)
     checks["invariants"].found(invariants.findings)
     findings += invariants.findings

@@ -137,6 +137,16 @@ async def latest_checkpoints(conn: asyncpg.Connection) -> dict[str, dict[str, An
     }
 
 
+async def checkpoint_roots(conn: asyncpg.Connection, domain: str) -> list[tuple[int, str]]:
+    """Every stored checkpoint of `domain` as (size, base64 root); none without the table."""
+    if await conn.fetchval("SELECT to_regclass('trellis_checkpoints')") is None:
+        return []
+    rows = await conn.fetch(
+        "SELECT size, root FROM trellis_checkpoints WHERE domain = $1 ORDER BY size", domain
+    )
+    return [(r["size"], r["root"]) for r in rows]
+
+
 class ProjectionReplay:
     """Fresh projections in temporary tables on `conn`, compared with the live ones in
     `schema`.

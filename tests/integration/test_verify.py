@@ -42,12 +42,12 @@ from engine.events import (
     TopologyImported,
 )
 from engine.intents import Compose
+from engine.merkle import MerkleTree, leaf_hash
 from engine.model import LinkSpec, NodeSpec
-from engine.records import Head, PendingEvent
+from engine.records import Head, PendingEvent, RecordedEvent, hash_of
 
 HALL = "hall-1"
 OTHER = "hall-2"
-ROOT_4 = base64.b64encode(b"4" * 32).decode()
 FABRIC = json.loads((Path(__file__).parents[2] / "examples" / "fabric.json").read_text())
 
 
@@ -157,6 +157,7 @@ async def scripted_run(h: Harness, clock: ManualClock) -> None:
     changed["links"] = [lk for lk in changed["links"] if "nvme-02" not in (lk["a"], lk["b"])]
     expect_ok(await admin(HALL, "import-topology", changed))
     await h.fabric_idle(HALL)
+    expect_ok(await admin(HALL, "checkpoint", {}))  # a signed Merkle checkpoint of the log
     for domain in (HALL, OTHER):
         await h.projected(domain)
         await h.relayed(domain)
@@ -203,6 +204,8 @@ async def test_a_scripted_run_verifies_clean_with_exit_0(
         [len([e async for e in h.store.read(d)]) for d in (HALL, OTHER)]
     )
 
+    checkpoint = report["domains"][HALL]["latest_checkpoint"]
+    assert checkpoint["size"] == (await h.store.head(HALL)).version  # and its root is the log's
     code, out, _ = await trellis(env, "verify", "--domain", OTHER)
     assert code == 0 and out.startswith(f"{OTHER}: head version ") and HALL not in out
     assert "verified: no findings" in out
@@ -268,6 +271,54 @@ async def test_a_tampered_event_row_is_named_at_its_position(
     assert findings(report, OTHER) == []
     code, out, _ = await trellis(env, "verify")
     assert code == 1 and f"(position {row['position']})" in out
+
+
+async def test_a_chain_rewritten_consistently_is_caught_by_the_stored_checkpoint(
+    h: Harness,
+    clock: ManualClock,
+    sql: asyncpg.Connection,
+    nats_url: str,
+    database_url: str,
+    pg_schema: str,
+    subject_prefix: str,
+) -> None:
+    """A forger who changes an event and recomputes every hash after it (and the stream head)
+    leaves a chain that checks out; the checkpoint the engine signed before does not."""
+    await scripted_run(h, clock)
+    for follower in [h.followers.of(s, d) for s in ("projections", "relay") for d in (HALL,)]:
+        assert follower is not None
+        await follower.stop()
+    events = [e async for e in h.store.read(HALL)]
+    target = next(e for e in events if e.type == "DevicesReserved")
+    prev = events[target.version - 2].hash
+    rewritten: list[RecordedEvent] = []
+    for e in events[target.version - 1 :]:
+        if e.version == target.version:
+            e = msgspec.structs.replace(
+                e, data=e.data.replace(b'"bandwidth_gbps":32', b'"bandwidth_gbps":1')
+            )
+        e = msgspec.structs.replace(e, prev_hash=prev, hash=hash_of(e, prev, HALL, e.version))
+        rewritten.append(e)
+        prev = e.hash
+    async with sql.transaction():
+        await sql.execute("ALTER TABLE trellis_events DISABLE TRIGGER USER")
+        for e in rewritten:
+            await sql.execute(
+                "UPDATE trellis_events SET data = $2::json, prev_hash = $3, hash = $4 "
+                "WHERE position = $1",
+                e.position, e.data.decode(), e.prev_hash, e.hash,
+            )  # fmt: skip
+        await sql.execute("ALTER TABLE trellis_events ENABLE TRIGGER USER")
+        await sql.execute("ALTER TABLE trellis_streams DISABLE TRIGGER USER")
+        await sql.execute("UPDATE trellis_streams SET hash = $2 WHERE domain = $1", HALL, prev)
+        await sql.execute("ALTER TABLE trellis_streams ENABLE TRIGGER USER")
+
+    report = await verified(h, nats_url, database_url, pg_schema, subject_prefix)
+
+    chain = [f for f in findings(report) if f["check"] not in ("projection", "kv")]
+    size = report["domains"][HALL]["latest_checkpoint"]["size"]
+    assert [(f["check"], f["version"]) for f in chain] == [("checkpoint", size)]
+    assert report["checks"]["chain"]["status"] == "fail"
 
 
 async def test_a_changed_projection_row_is_named_by_table_and_key(
@@ -400,7 +451,9 @@ async def test_a_forged_double_allocation_is_named_by_the_invariant_audit(
     # as schema/010 holds them; their notes are not checked here, the proof check does that).
     conn = await asyncpg.connect(database.owner_url, server_settings={"search_path": pg_schema})
     try:
-        for size, root in ((2, base64.b64encode(b"2" * 32).decode()), (4, ROOT_4)):
+        tree = MerkleTree(leaf_hash(bytes.fromhex(e.hash)) for e in appended.events)
+        for size in (2, 4):
+            root = base64.b64encode(tree.root(size)).decode()
             await conn.execute(
                 "INSERT INTO trellis_checkpoints VALUES ($1, $2, $3, now(), $4)",
                 HALL, size, root, f"trellis/{HALL}\n{size}\n{root}\n",
@@ -411,7 +464,7 @@ async def test_a_forged_double_allocation_is_named_by_the_invariant_audit(
     report = await verify(database.url, schema=pg_schema)
 
     latest = report["domains"][HALL]["latest_checkpoint"]
-    assert (latest["size"], latest["root"]) == (4, ROOT_4)
+    assert (latest["size"], latest["root"]) == (4, base64.b64encode(tree.root(4)).decode())
     invariant = [f for f in findings(report) if f["check"] == "device_double_allocation"]
     assert [(f["position"], f["version"]) for f in invariant] == [(second.position, 5)]
     assert invariant[0]["details"]["compositions"] == ["c1", "c2"]

@@ -7,13 +7,15 @@ so a check that never fires, or fires on everything, fails here.
 
 from __future__ import annotations
 
+import base64
 import uuid
 from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
 
-from engine.audit import ChainCheck, Finding, audit
+from engine.audit import ChainCheck, CheckpointCheck, Finding, audit
+from engine.merkle import MerkleTree, leaf_hash
 from engine.records import GENESIS_HASH, RecordedEvent, chain_hash
 
 D = "hall-1"
@@ -403,3 +405,25 @@ def test_a_missing_event_and_a_forged_genesis_are_named() -> None:
     ]
     forged = msgspec.structs.replace(events[0], prev_hash="1" * 64)
     assert ("genesis", 1, 10) in chain_findings([forged, *events[1:]])
+
+
+def test_stored_checkpoints_must_be_the_logs_merkle_roots() -> None:
+    events = recorded(5)
+    tree = MerkleTree(leaf_hash(bytes.fromhex(e.hash)) for e in events)
+    root = {n: base64.b64encode(tree.root(n)).decode() for n in (2, 5)}
+
+    def check(checkpoints: list[tuple[int, str]], log: list[RecordedEvent]) -> list[Any]:
+        c = CheckpointCheck(D, checkpoints)
+        for e in log:
+            c.feed(e)
+        return [(f.check, f.version, f.position) for f in c.findings()]
+
+    assert check([(2, root[2]), (5, root[5])], events) == []
+    # The log was rewritten at version 2 after the checkpoint of 2 events was made.
+    forked = [events[0], msgspec.structs.replace(events[1], hash="ab" * 32), *events[2:]]
+    assert check([(2, root[2]), (5, root[5])], forked) == [
+        ("checkpoint", 2, 20),
+        ("checkpoint", 5, 50),
+    ]
+    # Events were cut off the end after a checkpoint of five was made.
+    assert check([(5, root[5])], events[:4]) == [("checkpoint", 5, 0)]
