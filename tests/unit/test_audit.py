@@ -352,16 +352,19 @@ def test_a_payload_without_its_fields_is_named_and_the_audit_goes_on() -> None:
 # ---- the hash chain ----
 
 
-def recorded(n: int) -> list[RecordedEvent]:
+def recorded(n: int, seconds: list[int] | None = None) -> list[RecordedEvent]:
+    """A valid chain of `n` events, recorded at those seconds past noon (1, 2, 3... by
+    default)."""
     events, prev = [], GENESIS_HASH
     for version in range(1, n + 1):
+        second = seconds[version - 1] if seconds else version
         fields = dict(
             id=str(uuid.uuid4()),
             domain=D,
             version=version,
             type="ComponentDrained",
             schema_version=1,
-            recorded_at=datetime(2026, 12, 1, 12, 0, version, tzinfo=UTC),
+            recorded_at=datetime(2026, 12, 1, 12, 0, second, tzinfo=UTC),
             actor="operator",
             causation_id=f"r{version}",
             correlation_id=f"r{version}",
@@ -405,6 +408,11 @@ def test_a_missing_event_and_a_forged_genesis_are_named() -> None:
     ]
     forged = msgspec.structs.replace(events[0], prev_hash="1" * 64)
     assert ("genesis", 1, 10) in chain_findings([forged, *events[1:]])
+
+
+def test_a_recorded_at_that_goes_back_is_named() -> None:
+    assert chain_findings(recorded(4, seconds=[1, 2, 2, 3])) == []  # equal times are fine
+    assert chain_findings(recorded(4, seconds=[1, 5, 3, 6])) == [("time_order", 3, 30)]
 
 
 def test_stored_checkpoints_must_be_the_logs_merkle_roots() -> None:
