@@ -29,7 +29,7 @@ from adapters.bootstrap import (
     until_accepted,
 )
 from adapters.embedded.servers import default_data_dir, reload_nats
-from adapters.entrypoints import audit_proofs, export, render
+from adapters.entrypoints import audit_proofs, audit_verify, export, render
 from adapters.fabric.sim import read_state_file
 from adapters.nats.auth import (
     CredentialsError,
@@ -149,13 +149,17 @@ def _parser() -> argparse.ArgumentParser:
     _query_commands(sub)
     _quota_commands(sub)
     audit_proofs.register(sub, _request, _client_options)
-    # `trellis verify --checkpoint FILE --proof FILE` (offline proof check) is its own code
-    # path; the log verification against the database (issue 10 item 3) is another helper's
-    # `verify`: the lead merges the two into one parser, dispatching on --proof.
-    if "verify" not in sub.choices:
-        verify = sub.add_parser("verify", help="check a proof offline against signed checkpoints")
-        audit_proofs.add_offline_verify(verify)
-        verify.set_defaults(run=audit_proofs.verify_offline)
+    # One `verify`, two modes: with --proof / --checkpoint the offline proof check
+    # (audit_proofs), else the log against the database (audit_verify.run dispatches).
+    verify = sub.add_parser(
+        "verify",
+        help="check the hash chain, the invariants, the projections and the KV bucket against "
+        "the log (exit 1 on any finding, 2 when it cannot run); with --proof, check a proof "
+        "offline against signed checkpoints",
+    )
+    audit_verify.add_arguments(verify)
+    audit_proofs.add_offline_verify(verify)
+    verify.set_defaults(run=audit_verify.run)
 
     fabric = sub.add_parser("fabric", help="the fabric as the driver sees it")
     fabric_sub = fabric.add_subparsers(metavar="ACTION")

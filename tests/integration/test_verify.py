@@ -1,0 +1,495 @@
+"""`trellis verify` over a real engine's log, projections and KV bucket, then over damaged ones.
+
+A scripted run (composes of several kinds, an exclusive one, a fault and its repair, a
+recovery, a lease that expires, releases, a re-import that changes the fabric) must verify
+clean, with exit 0. Then each kind of damage is done the way an operator at a SQL prompt (or
+with NATS access) would do it, and verify must name it exactly: an event row changed as a
+superuser with triggers off (its position), a projection row changed (its table and key), a KV
+value changed or deleted (its key), and a log forged with valid hashes that gives one device
+to two compositions (only the invariant audit can tell; it names the first position).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import msgspec
+import pytest
+import pytest_asyncio
+from fabrics import expect_ok
+from harness import Harness, ManualClock, serving, undecodable_event
+from isolation import Database
+from nats.js import JetStreamContext
+
+from adapters.bootstrap import connect_nats
+from adapters.entrypoints.audit_verify import verify
+from adapters.nats.jetstream import bucket_name
+from adapters.postgres.store import PostgresEventStore
+from engine.events import (
+    CompositionRequested,
+    DeviceBinding,
+    DevicesReserved,
+    TopologyImported,
+)
+from engine.intents import Compose
+from engine.merkle import MerkleTree, leaf_hash
+from engine.model import LinkSpec, NodeSpec
+from engine.records import Head, PendingEvent, RecordedEvent, hash_of
+
+HALL = "hall-1"
+OTHER = "hall-2"
+FABRIC = json.loads((Path(__file__).parents[2] / "examples" / "fabric.json").read_text())
+
+
+@pytest_asyncio.fixture
+async def clock() -> ManualClock:
+    return ManualClock(datetime.now(UTC))
+
+
+@pytest_asyncio.fixture
+async def h(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, clock: ManualClock
+) -> AsyncIterator[Harness]:
+    async with serving(nats_url, database_url, pg_schema, subject_prefix, clock=clock) as harness:
+        yield harness
+
+
+@pytest_asyncio.fixture
+async def sql(owner_url: str, pg_schema: str) -> AsyncIterator[asyncpg.Connection]:
+    """The schema's owner at a SQL prompt."""
+    conn = await asyncpg.connect(owner_url, server_settings={"search_path": pg_schema})
+    yield conn
+    await conn.close()
+
+
+@pytest.fixture
+def env(
+    tmp_path: Path, nats_url: str, database_url: str, pg_schema: str, subject_prefix: str
+) -> dict[str, str]:
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")},
+        "TRELLIS_DATA_DIR": str(tmp_path / "data"),
+        "TRELLIS_NATS_URL": nats_url,
+        "TRELLIS_DATABASE_URL": database_url,
+        "TRELLIS_DB_SCHEMA": pg_schema,
+        "TRELLIS_SUBJECT_PREFIX": subject_prefix,
+    }
+
+
+async def trellis(env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "adapters.entrypoints.cli",
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def compose(h: Harness, tenant: str, body: dict[str, Any], domain: str = HALL) -> str:
+    result = expect_ok(await h.client.intent(domain, tenant, "compose", body))
+    await h.fabric_idle(domain)
+    return str(result["composition_id"])
+
+
+async def scripted_run(h: Harness, clock: ManualClock) -> None:
+    """Given: two halls and a day of composes, faults, repairs, expiries, releases and a
+    re-import, settled in the projections and the bucket."""
+    admin = h.client.admin
+    expect_ok(await admin(HALL, "import-topology", FABRIC))
+    expect_ok(await admin(OTHER, "import-topology", FABRIC))
+    decode = await compose(
+        h,
+        "acme",
+        {
+            "host": "host-01",
+            "devices": [
+                {"kind": "gpu", "count": 2, "bandwidth_gbps": 32},
+                {"kind": "memory", "capacity_gib": 512, "bandwidth_gbps": 32},
+            ],
+            "lease_seconds": 3600,
+            "reason": "decode pool",
+        },
+    )
+    await compose(
+        h,
+        "globex",
+        {
+            "host": "host-03",
+            "devices": [{"kind": "gpu"}],
+            "constraints": {"isolation": "exclusive"},
+        },
+    )
+    batch = await compose(
+        h,
+        "initech",
+        {"host": "host-02", "devices": [{"kind": "gpu"}, {"kind": "memory", "capacity_gib": 64}]},
+    )
+    short = await compose(h, "acme", {"host": "host-01", "devices": [{"kind": "nic"}]})
+    extend = {"composition_id": short, "lease_seconds": 60}
+    expect_ok(await h.client.intent(HALL, "acme", "extend", extend))
+    await compose(h, "acme", {"host": "host-01", "devices": [{"kind": "gpu"}]}, domain=OTHER)
+    # A fault on a device in use: the composition is impaired and mended by a replacement.
+    used = expect_ok(await h.client.query(HALL, "composition", {"id": decode}))["devices"][0]["id"]
+    expect_ok(await admin(HALL, "report-fault", {"component": used, "state": "failed"}))
+    expect_ok(await admin(HALL, "report-fault", {"component": used, "state": "healthy"}))
+    expect_ok(await admin(HALL, "drain", {"id": "gpu-012", "reason": "firmware"}))
+    expect_ok(await h.client.intent(HALL, "initech", "release", {"composition_id": batch}))
+    clock.advance(120)
+    assert len(await h.engine.expire_due_leases()) == 1  # `short`
+    changed = copy.deepcopy(FABRIC)
+    changed["nodes"] = [n for n in changed["nodes"] if n["id"] != "nvme-02"]
+    changed["links"] = [lk for lk in changed["links"] if "nvme-02" not in (lk["a"], lk["b"])]
+    expect_ok(await admin(HALL, "import-topology", changed))
+    await h.fabric_idle(HALL)
+    expect_ok(await admin(HALL, "checkpoint", {}))  # a signed Merkle checkpoint of the log
+    for domain in (HALL, OTHER):
+        await h.projected(domain)
+        await h.relayed(domain)
+
+
+async def verified(h: Harness, nats_url: str, database_url: str, schema: str, prefix: str) -> Any:
+    return await verify(database_url, schema=schema, nats_url=nats_url, prefix=prefix)
+
+
+def findings(report: dict[str, Any], domain: str = HALL) -> list[dict[str, Any]]:
+    return list(report["domains"][domain]["findings"])
+
+
+# ---- clean ----
+
+
+async def test_a_scripted_run_verifies_clean_with_exit_0(
+    h: Harness, clock: ManualClock, env: dict[str, str]
+) -> None:
+    await scripted_run(h, clock)
+    types = {e.type async for e in h.store.read(HALL)}
+    assert {"DeviceReplaced", "LeaseExpired", "CompositionReleased", "PathEstablished"} <= types
+
+    code, out, err = await trellis(env, "verify", "--json")
+
+    report = json.loads(out)
+    assert (code, err) == (0, ""), out
+    assert report["ok"] is True
+    assert {name: c["status"] for name, c in report["checks"].items()} == {
+        "chain": "pass",
+        "invariants": "pass",
+        "projections": "pass",
+        "kv": "pass",
+    }
+    for domain in (HALL, OTHER):
+        head = await h.store.head(domain)
+        assert report["domains"][domain]["head"] == {
+            "version": head.version,
+            "position": head.position,
+            "hash": head.hash,
+        }
+        assert report["domains"][domain]["findings"] == []
+    assert report["checks"]["chain"]["events"] == sum(
+        [len([e async for e in h.store.read(d)]) for d in (HALL, OTHER)]
+    )
+
+    checkpoint = report["domains"][HALL]["latest_checkpoint"]
+    assert checkpoint["size"] == (await h.store.head(HALL)).version  # and its root is the log's
+    code, out, _ = await trellis(env, "verify", "--domain", OTHER)
+    assert code == 0 and out.startswith(f"{OTHER}: head version ") and HALL not in out
+    assert "verified: no findings" in out
+
+
+async def test_verify_that_cannot_run_exits_2_in_one_line(h: Harness, env: dict[str, str]) -> None:
+    expect_ok(await h.client.admin(HALL, "import-topology", FABRIC))
+    code, out, err = await trellis(env, "verify", "--domain", "nowhere")
+    assert (code, out) == (2, "") and err == "trellis verify: the log has no domain 'nowhere'\n"
+
+    dead = {**env, "TRELLIS_DATABASE_URL": "postgresql://127.0.0.1:1/none"}
+    code, out, err = await trellis(dead, "verify")
+    assert code == 2 and out == "" and len(err.splitlines()) == 1, err
+
+
+async def test_without_nats_the_kv_check_is_skipped_not_passed(
+    h: Harness, database_url: str, pg_schema: str, subject_prefix: str
+) -> None:
+    expect_ok(await h.client.admin(HALL, "import-topology", FABRIC))
+    await h.projected(HALL)
+    report = await verify(
+        database_url, schema=pg_schema, nats_url="nats://127.0.0.1:1", prefix=subject_prefix
+    )
+    assert report["ok"] is True
+    assert report["checks"]["kv"]["status"] == "skipped"
+    assert "NATS unreachable" in report["checks"]["kv"]["reason"]
+
+
+# ---- tampering ----
+
+
+async def test_a_tampered_event_row_is_named_at_its_position(
+    h: Harness,
+    clock: ManualClock,
+    sql: asyncpg.Connection,
+    env: dict[str, str],
+    nats_url: str,
+    database_url: str,
+    pg_schema: str,
+    subject_prefix: str,
+) -> None:
+    await scripted_run(h, clock)
+    row = await sql.fetchrow(
+        "SELECT position, version, data::text AS data FROM trellis_events "
+        "WHERE domain = $1 AND type = 'DevicesReserved' ORDER BY version LIMIT 1",
+        HALL,
+    )
+    # The owner switches the append-only triggers off for one update, then on again.
+    async with sql.transaction():
+        await sql.execute("ALTER TABLE trellis_events DISABLE TRIGGER USER")
+        await sql.execute(
+            "UPDATE trellis_events SET data = $2::json WHERE position = $1",
+            row["position"],
+            row["data"].replace('"bandwidth_gbps":32', '"bandwidth_gbps":1'),
+        )
+        await sql.execute("ALTER TABLE trellis_events ENABLE TRIGGER USER")
+
+    report = await verified(h, nats_url, database_url, pg_schema, subject_prefix)
+
+    chain = [f for f in findings(report) if f["check"] == "hash_mismatch"]
+    assert [(f["position"], f["version"]) for f in chain] == [(row["position"], row["version"])]
+    assert report["ok"] is False and report["checks"]["chain"]["status"] == "fail"
+    assert findings(report, OTHER) == []
+    code, out, _ = await trellis(env, "verify")
+    assert code == 1 and f"(position {row['position']})" in out
+
+
+async def test_a_chain_rewritten_consistently_is_caught_by_the_stored_checkpoint(
+    h: Harness,
+    clock: ManualClock,
+    sql: asyncpg.Connection,
+    nats_url: str,
+    database_url: str,
+    pg_schema: str,
+    subject_prefix: str,
+) -> None:
+    """A forger who changes an event and recomputes every hash after it (and the stream head)
+    leaves a chain that checks out; the checkpoint the engine signed before does not."""
+    await scripted_run(h, clock)
+    for follower in [h.followers.of(s, d) for s in ("projections", "relay") for d in (HALL,)]:
+        assert follower is not None
+        await follower.stop()
+    events = [e async for e in h.store.read(HALL)]
+    target = next(e for e in events if e.type == "DevicesReserved")
+    prev = events[target.version - 2].hash
+    rewritten: list[RecordedEvent] = []
+    for e in events[target.version - 1 :]:
+        if e.version == target.version:
+            e = msgspec.structs.replace(
+                e, data=e.data.replace(b'"bandwidth_gbps":32', b'"bandwidth_gbps":1')
+            )
+        e = msgspec.structs.replace(e, prev_hash=prev, hash=hash_of(e, prev, HALL, e.version))
+        rewritten.append(e)
+        prev = e.hash
+    async with sql.transaction():
+        await sql.execute("ALTER TABLE trellis_events DISABLE TRIGGER USER")
+        for e in rewritten:
+            await sql.execute(
+                "UPDATE trellis_events SET data = $2::json, prev_hash = $3, hash = $4 "
+                "WHERE position = $1",
+                e.position, e.data.decode(), e.prev_hash, e.hash,
+            )  # fmt: skip
+        await sql.execute("ALTER TABLE trellis_events ENABLE TRIGGER USER")
+        await sql.execute("ALTER TABLE trellis_streams DISABLE TRIGGER USER")
+        await sql.execute("UPDATE trellis_streams SET hash = $2 WHERE domain = $1", HALL, prev)
+        await sql.execute("ALTER TABLE trellis_streams ENABLE TRIGGER USER")
+
+    report = await verified(h, nats_url, database_url, pg_schema, subject_prefix)
+
+    chain = [f for f in findings(report) if f["check"] not in ("projection", "kv")]
+    size = report["domains"][HALL]["latest_checkpoint"]["size"]
+    assert [(f["check"], f["version"]) for f in chain] == [("checkpoint", size)]
+    assert report["checks"]["chain"]["status"] == "fail"
+
+
+async def test_a_changed_projection_row_is_named_by_table_and_key(
+    h: Harness,
+    clock: ManualClock,
+    sql: asyncpg.Connection,
+    nats_url: str,
+    database_url: str,
+    pg_schema: str,
+    subject_prefix: str,
+) -> None:
+    await scripted_run(h, clock)
+    for follower in [h.followers.of("projections", d) for d in (HALL, OTHER)]:
+        assert follower is not None
+        await follower.stop()  # so nothing folds the row back
+    await sql.execute(
+        "UPDATE proj_devices SET health = 'failed' WHERE domain = $1 AND device = 'gpu-003'", HALL
+    )
+    await sql.execute("DELETE FROM proj_components WHERE domain = $1 AND id = 'sw-pool'", HALL)
+
+    report = await verified(h, nats_url, database_url, pg_schema, subject_prefix)
+
+    found = [(f["check"], f.get("table"), f.get("key")) for f in findings(report)]
+    assert found == [
+        ("projection", "proj_devices", "gpu-003"),
+        ("projection", "proj_components", "sw-pool"),
+    ]
+    by_table = {f["table"]: f for f in findings(report)}
+    assert by_table["proj_devices"]["details"]["columns"] == ["health"]
+    assert "the live table does not" in by_table["proj_components"]["message"]
+    assert report["checks"]["projections"]["status"] == "fail"
+    assert report["checks"]["chain"]["status"] == "pass"
+
+
+async def test_a_changed_or_deleted_kv_value_is_named_by_its_key(
+    h: Harness,
+    clock: ManualClock,
+    nats_url: str,
+    database_url: str,
+    pg_schema: str,
+    subject_prefix: str,
+) -> None:
+    await scripted_run(h, clock)
+    await h.followers.of("relay", HALL).stop()  # type: ignore[union-attr]
+    nc = await connect_nats(nats_url, name="test-mallory")
+    try:
+        js: JetStreamContext = nc.jetstream()
+        kv = await js.key_value(bucket_name(subject_prefix))
+        key = f"{HALL}.device.gpu-003"
+        value = json.loads((await kv.get(key)).value or b"{}")
+        await kv.put(key, msgspec.json.encode({**value, "health": "failed"}))
+        await kv.delete(f"{HALL}.host.host-02")
+    finally:
+        await nc.close()
+
+    report = await verified(h, nats_url, database_url, pg_schema, subject_prefix)
+
+    kv_findings = [(f["key"], f.get("details", {}).get("columns")) for f in findings(report)]
+    assert kv_findings == [(f"{HALL}.device.gpu-003", ["health"]), (f"{HALL}.host.host-02", None)]
+    assert report["checks"]["kv"]["status"] == "fail"
+
+
+# ---- a forged log ----
+
+
+def pending(event: Any, n: int) -> PendingEvent:
+    return PendingEvent.of(
+        event,
+        actor="mallory",
+        causation_id=f"forged-{n}",
+        correlation_id=f"forged-{n}",
+        at=datetime(2026, 12, 1, 12, 0, n, tzinfo=UTC),
+    )
+
+
+async def test_a_forged_double_allocation_is_named_by_the_invariant_audit(
+    database: Database, pg_schema: str
+) -> None:
+    """Events with valid hashes, appended through the log's own checks (which look at the
+    chain and the content, not at allocations), that give gpu-1 to two compositions."""
+    nodes = [
+        NodeSpec(id="host-1", kind="host"),
+        NodeSpec(id="host-2", kind="host"),
+        NodeSpec(id="gpu-1", kind="device", device_kind="gpu"),
+    ]
+    links = [
+        LinkSpec(id="l-1", a="host-1", b="gpu-1", capacity_gbps=100),
+        LinkSpec(id="l-2", a="host-2", b="gpu-1", capacity_gbps=100),
+    ]
+
+    def requested(cid: str, host: str) -> CompositionRequested:
+        return CompositionRequested(
+            composition_id=cid,
+            tenant="t1",
+            host=host,
+            request=Compose(request_id=f"r-{cid}", device_ids=["gpu-1"]),
+            requested_at=datetime(2026, 12, 1, tzinfo=UTC),
+        )
+
+    def reserved(cid: str, host: str, link: str) -> DevicesReserved:
+        binding = DeviceBinding(
+            device="gpu-1",
+            kind="gpu",
+            model=None,
+            cost_per_hour=None,
+            path=[host, "gpu-1"],
+            links=[link],
+            hops=1,
+            latency_ns=0,
+        )
+        return DevicesReserved(composition_id=cid, devices=[binding])
+
+    forged = [
+        TopologyImported(nodes=nodes, links=links),
+        requested("c1", "host-1"),
+        reserved("c1", "host-1", "l-1"),
+        requested("c2", "host-2"),
+        reserved("c2", "host-2", "l-2"),
+    ]
+    store = await PostgresEventStore.open(database.url, schema=pg_schema)
+    try:
+        appended = await store.append(
+            HALL, Head(), [pending(e, n) for n, e in enumerate(forged)], []
+        )
+    finally:
+        await store.close()
+    second = appended.events[-1]
+
+    # The latest signed checkpoint is printed beside the head, to anchor both elsewhere (rows
+    # as schema/010 holds them; their notes are not checked here, the proof check does that).
+    conn = await asyncpg.connect(database.owner_url, server_settings={"search_path": pg_schema})
+    try:
+        tree = MerkleTree(leaf_hash(bytes.fromhex(e.hash)) for e in appended.events)
+        for size in (2, 4):
+            root = base64.b64encode(tree.root(size)).decode()
+            await conn.execute(
+                "INSERT INTO trellis_checkpoints VALUES ($1, $2, $3, now(), $4)",
+                HALL, size, root, f"trellis/{HALL}\n{size}\n{root}\n",
+            )  # fmt: skip
+    finally:
+        await conn.close()
+
+    report = await verify(database.url, schema=pg_schema)
+
+    latest = report["domains"][HALL]["latest_checkpoint"]
+    assert (latest["size"], latest["root"]) == (4, base64.b64encode(tree.root(4)).decode())
+    invariant = [f for f in findings(report) if f["check"] == "device_double_allocation"]
+    assert [(f["position"], f["version"]) for f in invariant] == [(second.position, 5)]
+    assert invariant[0]["details"]["compositions"] == ["c1", "c2"]
+    assert report["checks"]["invariants"]["status"] == "fail"
+    assert report["checks"]["chain"]["status"] == "pass"  # the hashes are all valid
+    assert report["domains"][HALL]["head"]["position"] == second.position
+
+
+async def test_an_event_this_build_cannot_read_stops_the_replay_there_and_says_so(
+    h: Harness,
+    clock: ManualClock,
+    nats_url: str,
+    database_url: str,
+    pg_schema: str,
+    subject_prefix: str,
+) -> None:
+    expect_ok(await h.client.admin(HALL, "import-topology", FABRIC))
+    await h.projected(HALL)
+    head = await h.store.head(HALL)
+    later = msgspec.structs.replace(undecodable_event(), recorded_at=clock.now())
+    appended = await h.store.append(HALL, head, [later], [], fence=h.engine.fence(HALL))
+    future = appended.events[0]
+
+    report = await verified(h, nats_url, database_url, pg_schema, subject_prefix)
+
+    assert [(f["check"], f["position"]) for f in findings(report)] == [("replay", future.position)]
+    assert report["checks"]["projections"]["status"] == "fail"
+    assert report["checks"]["chain"]["status"] == "pass"
