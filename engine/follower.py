@@ -292,6 +292,14 @@ class Follower:
         advanced.set()
 
 
+def _unhurried(sink: Sink) -> float | None:
+    """A sink with `poll_every` (seconds) is not woken by each commit but looks at its log
+    that often: one that acts only every so many events (the checkpoints) then costs no read
+    per commit."""
+    every: float | None = getattr(sink, "poll_every", None)
+    return every
+
+
 class Followers:
     """Every follower of every domain an engine serves: one per (sink, domain).
 
@@ -316,7 +324,7 @@ class Followers:
         if domain in self._followers:
             return
         followers = {
-            name: Follower(domain, self._log, sink, **self._options)  # type: ignore[arg-type]
+            name: Follower(domain, self._log, sink, **self._options_for(sink))  # type: ignore[arg-type]
             for name, sink in self.sinks.items()
         }
         self._followers[domain] = followers
@@ -328,8 +336,14 @@ class Followers:
             await follower.stop()
 
     def notify(self, domain: str) -> None:
+        """A commit: wake the domain's followers, except those of unhurried sinks."""
         for follower in self._followers.get(domain, {}).values():
-            follower.notify()
+            if _unhurried(follower.sink) is None:
+                follower.notify()
+
+    def _options_for(self, sink: Sink) -> dict[str, float]:
+        every = _unhurried(sink)
+        return self._options if every is None else {**self._options, "poll_interval": every}
 
     def of(self, sink: str, domain: str) -> Follower | None:
         return self._followers.get(domain, {}).get(sink)

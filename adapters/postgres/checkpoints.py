@@ -100,6 +100,9 @@ class PostgresAuditTrail:
     """
 
     name = SINK_NAME
+    # Not woken by every commit (engine.follower.Followers): a checkpoint falls due only
+    # every so many events, and reading each commit's events for it cost the appends.
+    poll_every = 1.0
 
     def __init__(
         self,
