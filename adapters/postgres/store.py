@@ -39,7 +39,8 @@ COMMAND_TIMEOUT_S = 2.5
 ACQUIRE_TIMEOUT_S = 2.0
 IDLE_IN_APPEND_S = 5.0
 
-_COLUMNS = (
+# The event columns in the order RecordedEvent takes them (verify reads the log with them too).
+EVENT_COLUMNS = (
     "id, domain, version, position, type, schema_version, recorded_at, actor, causation_id, "
     "correlation_id, data, prev_hash, hash"
 )
@@ -192,14 +193,14 @@ class PostgresEventStore:
             page = _PAGE if left is None else min(_PAGE, left)
             with _translated(domain):
                 rows = await self._fetch(
-                    f"SELECT {_COLUMNS} FROM trellis_events WHERE domain = $1 AND version > $2 "
-                    "ORDER BY version LIMIT $3",
+                    f"SELECT {EVENT_COLUMNS} FROM trellis_events "
+                    "WHERE domain = $1 AND version > $2 ORDER BY version LIMIT $3",
                     domain,
                     after_version,
                     page,
                 )
             for row in rows:
-                yield _recorded(row)
+                yield event_from_row(row)
             if len(rows) < page:
                 return
             after_version = rows[-1]["version"]
@@ -210,13 +211,13 @@ class PostgresEventStore:
         while True:
             with _translated("*"):
                 rows = await self._fetch(
-                    f"SELECT {_COLUMNS} FROM trellis_events WHERE position > $1 "
+                    f"SELECT {EVENT_COLUMNS} FROM trellis_events WHERE position > $1 "
                     "ORDER BY position LIMIT $2",
                     after_position,
                     _PAGE,
                 )
             for row in rows:
-                yield _recorded(row)
+                yield event_from_row(row)
             if len(rows) < _PAGE:
                 return
             after_position = rows[-1]["position"]
@@ -353,7 +354,8 @@ def _recorded_from_row(domain: str, row: tuple[Any, ...], position: int) -> Reco
     )
 
 
-def _recorded(row: asyncpg.Record) -> RecordedEvent:
+def event_from_row(row: asyncpg.Record) -> RecordedEvent:
+    """A row of trellis_events (selected with EVENT_COLUMNS) as a RecordedEvent."""
     return RecordedEvent(
         id=str(row["id"]),
         domain=row["domain"],

@@ -18,6 +18,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
+from adapters.postgres.store import EVENT_COLUMNS, event_from_row
 from engine.audit import Finding
 from engine.records import RecordedEvent
 from projections.base import Fact, Projection
@@ -25,29 +26,6 @@ from projections.table import PostgresRows, Table
 
 BATCH = 2000
 MAX_DIFFERENCES = 20  # rows named per table and domain; the rest are counted
-
-_COLUMNS = (
-    "id, domain, version, position, type, schema_version, recorded_at, actor, causation_id, "
-    "correlation_id, data::text AS data, prev_hash, hash"
-)
-
-
-def recorded(row: asyncpg.Record) -> RecordedEvent:
-    return RecordedEvent(
-        id=str(row["id"]),
-        domain=row["domain"],
-        version=row["version"],
-        position=row["position"],
-        type=row["type"],
-        schema_version=row["schema_version"],
-        recorded_at=row["recorded_at"],
-        actor=row["actor"],
-        causation_id=row["causation_id"],
-        correlation_id=row["correlation_id"],
-        data=row["data"].encode(),
-        prev_hash=row["prev_hash"],
-        hash=row["hash"],
-    )
 
 
 async def live_schema(conn: asyncpg.Connection) -> str:
@@ -82,11 +60,12 @@ async def events(
     """The domain's events in version order, `batch` at a time, from one snapshot."""
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         cursor = await conn.cursor(
-            f"SELECT {_COLUMNS} FROM trellis_events WHERE domain = $1 ORDER BY version, position",
+            f"SELECT {EVENT_COLUMNS} FROM trellis_events WHERE domain = $1 "
+            "ORDER BY version, position",
             domain,
         )
         while rows := await cursor.fetch(batch):
-            yield [recorded(r) for r in rows]
+            yield [event_from_row(r) for r in rows]
 
 
 async def events_between(
@@ -94,13 +73,13 @@ async def events_between(
 ) -> list[RecordedEvent]:
     """The domain's events with `after < version <= upto` (a short catch-up)."""
     rows = await conn.fetch(
-        f"SELECT {_COLUMNS} FROM trellis_events WHERE domain = $1 AND version > $2 "
+        f"SELECT {EVENT_COLUMNS} FROM trellis_events WHERE domain = $1 AND version > $2 "
         "AND version <= $3 ORDER BY version",
         domain,
         after,
         upto,
     )
-    return [recorded(r) for r in rows]
+    return [event_from_row(r) for r in rows]
 
 
 async def follower_checkpoints(
