@@ -47,7 +47,7 @@ Uses TRELLIS_NATS_URL / TRELLIS_DATABASE_URL when set, else embedded servers; a 
 (dropped afterwards) and subject prefix. The last line printed is one JSON object with every
 figure.
 
-    python bench/burst.py                       # ~1.5-2 min on 2 cores
+    python bench/burst.py                            # ~85 s on 2 cores
     python bench/burst.py --minutes 2 --speedup 20   # a short look
 """
 
@@ -380,8 +380,11 @@ class Replay:
         client = self.clients[-1]
         while loop.time() < self.wall(end) + 0.5:
             t = loop.time()
-            gpus = await client.query(DOMAIN, "free", {"kind": "gpu"})
-            memory = await client.query(DOMAIN, "free", {"kind": "memory"})
+            try:
+                gpus = await client.query(DOMAIN, "free", {"kind": "gpu"})
+                memory = await client.query(DOMAIN, "free", {"kind": "memory"})
+            except NatsTimeout:  # a missing sample, not a failed run
+                gpus = memory = {}
             if gpus.get("ok") and memory.get("ok"):
                 self.samples.append(
                     {
@@ -405,11 +408,14 @@ class Replay:
         for state, at in (("failed", self.args.fault_at), ("healthy", self.args.heal_at)):
             await asyncio.sleep(max(0.0, self.wall(at * end) - loop.time()))
             t = loop.time()
-            reply = await client.admin(
-                DOMAIN,
-                "report-fault",
-                {"component": switch, "state": state, "detail": "burst bench"},
-            )
+            body = {"request_id": str(uuid.uuid4()), "component": switch, "state": state}
+            for _ in range(4):  # resent with the same request_id, like the intents
+                try:
+                    reply = await client.admin(DOMAIN, "report-fault", body)
+                except NatsTimeout:
+                    reply = {"ok": False, "error": {"code": "timeout"}}
+                if (reply.get("error") or {}).get("code") not in ("unavailable", "timeout"):
+                    break
             if not reply.get("ok"):
                 raise BenchFailure(f"report-fault {switch} {state}: {reply}")
             res = reply["result"]
@@ -576,8 +582,16 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                     result["loop_stall"] = stats(replay.stall_ms)
                     progress("replay done; waiting for leases and followers ...")
                     await asyncio.sleep(1.5)  # the lease keeper's next tick
-                    await settle(running, [DOMAIN])
-                    check = await verify(running, reqs, args.warmup)
+                    try:
+                        # Bounded: an engine that lost its writer lease under load may never
+                        # settle (see docs/benchmarks.md); the figures are printed anyway.
+                        await asyncio.wait_for(settle(running, [DOMAIN]), 120)
+                        check = await asyncio.wait_for(verify(running, reqs, args.warmup), 60)
+                    except TimeoutError:
+                        check = {
+                            "event_counts": {},
+                            "problems": ["the engine did not settle within 120 s after the replay"],
+                        }
                 finally:
                     for nc in ncs:
                         await nc.close()
@@ -591,6 +605,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     result["floor_parts"] = {"nats_request_reply": stats(parts_nats), "pg_commit": stats(parts_pg)}
     result["check"] = check
     result["faults"] = replay.faults
+    result["engine_warnings"] = [w for w in WARNINGS.lines if "superuser" not in w]
     figures(result, reqs, replay.samples, args, n_gpus, n_pools * MEMORY_POOL_GIB)
     return result
 
@@ -808,9 +823,26 @@ def report(result: dict[str, Any]) -> None:
             else ""
         )
     )
+    for w in result["engine_warnings"]:
+        print(f"engine warning: {w}")
     problems = result["check"]["problems"]
     print("checks: " + ("every reply and the log agree" if not problems else "; ".join(problems)))
     print(json.dumps(result, separators=(",", ":"), default=str))
+
+
+class Warnings(logging.Handler):
+    """The engine's warnings during the run (a lost writer lease, say), kept for the report."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.name.startswith(("engine", "adapters", "projections")):
+            self.lines.append(f"{record.name}: {record.getMessage()}"[:300])
+
+
+WARNINGS = Warnings()
 
 
 def main() -> None:
@@ -842,6 +874,7 @@ def main() -> None:
     if not 0 < args.fault_at < args.heal_at <= 1:
         parser.error("need 0 < --fault-at < --heal-at <= 1")
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    logging.getLogger().addHandler(WARNINGS)
     try:
         result = asyncio.run(bench(args))
     except BenchFailure as exc:
