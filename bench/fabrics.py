@@ -35,6 +35,7 @@ class Device:
     id: str
     kind: str
     generation: int = 0
+    model: str = ""
 
 
 @dataclass
@@ -72,9 +73,9 @@ def build(pods: int, seed: int = 1) -> World:
             b_port, ports[b] = ports[b], ports[b] + 1
         w.links.append(LinkInfo(f"l{counter[0]:07d}", a, b, gbps, ns, a_port, b_port))
 
-    def device(device_id: str, kind: str, generation: int = 0) -> str:
+    def device(device_id: str, kind: str, generation: int = 0, model: str = "") -> str:
         node(device_id, "device")
-        w.devices[device_id] = Device(device_id, kind, generation)
+        w.devices[device_id] = Device(device_id, kind, generation, model)
         return device_id
 
     def pooled(ocs: str, prefix: str, count: int) -> None:
@@ -107,8 +108,8 @@ def build(pods: int, seed: int = 1) -> World:
                 for d in range(DEVICES_PER_LEAF):
                     base = f"{leaf}-"
                     if d < 24:
-                        _, generation = GPUS[(leaf_no + d // 6) % len(GPUS)]
-                        dev = device(f"{base}gpu{d:02d}", "gpu", generation)
+                        model, generation = GPUS[(leaf_no + d // 6) % len(GPUS)]
+                        dev = device(f"{base}gpu{d:02d}", "gpu", generation, model)
                         link(leaf, dev, 128.0, rng.choice([3, 4]))
                     elif d < 28:
                         link(leaf, device(f"{base}nic{d:02d}", "nic"), 200.0, 3)
@@ -148,6 +149,43 @@ def build(pods: int, seed: int = 1) -> World:
         exclusive_tenants=exclusive,
     )
     return w
+
+
+def document(w: World, memory_capacity_gib: float = 1024.0) -> dict[str, Any]:
+    """The fabric as an `import-topology` body (ARCHITECTURE section 4), for benches that run
+    the engine on it: hosts labelled with their rack, GPUs with model, generation and 80 GiB,
+    the pooled memory devices divisible (`memory_capacity_gib` each). Conditions are not part
+    of a topology; `w.conditions.unusable` can be reported as faults after the import. Kept
+    compact (no default fields): the 4,096-device fabric's body must stay under the 1 MiB an
+    intent may carry."""
+    nodes: list[dict[str, Any]] = []
+    for node_id, info in w.nodes.items():
+        n: dict[str, Any] = {"id": node_id, "kind": info.kind}
+        if info.latency_ns:
+            n["latency_ns"] = info.latency_ns
+        if info.kind == "ocs":
+            n["ports"] = OCS_PORTS
+        elif info.kind == "host":
+            n["labels"] = {"rack": node_id.rsplit("-", 1)[0]}
+        elif info.kind == "device":
+            d = w.devices[node_id]
+            n["device_kind"] = d.kind
+            if d.kind == "gpu":
+                n.update(model=d.model, generation=d.generation, memory_gib=80)
+            elif d.kind == "memory":
+                n["capacity_gib"] = memory_capacity_gib
+        nodes.append(n)
+    links: list[dict[str, Any]] = []
+    for lk in w.links:
+        row: dict[str, Any] = {"id": lk.id, "a": lk.a, "b": lk.b, "capacity_gbps": lk.capacity_gbps}
+        if lk.latency_ns:
+            row["latency_ns"] = lk.latency_ns
+        if lk.a_port is not None:
+            row["a_port"] = lk.a_port
+        if lk.b_port is not None:
+            row["b_port"] = lk.b_port
+        links.append(row)
+    return {"nodes": nodes, "links": links}
 
 
 @dataclass
