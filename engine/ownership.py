@@ -91,14 +91,17 @@ class Ownership:
         return Lease(domain=domain, epoch=epoch, until=sent + self.ttl - MARGIN)
 
     async def renew(self, held: Mapping[str, Lease]) -> list[str]:
-        """Extend the leases of `held` that are still ours (in place); the domains lost. A
-        lease the store renews under another epoch was taken over and given back meanwhile,
-        and one that ran out by our own clock may have been: both count as lost."""
+        """Extend the leases of `held` that are still ours (in place); the domains lost.
+
+        The store renews only a lease that has not run out by its own clock, and every taking
+        over draws a new epoch: a renewal under our epoch proves the lease never lapsed, even
+        when our own count ran out meanwhile (an event loop held up by a long decision).
+        A lease renewed under another epoch was taken over and given back: lost."""
         sent = time.monotonic()
         kept = await self._leases.renew(self.identity, list(held), self.ttl)
         lost = []
         for domain, lease in held.items():
-            if kept.get(domain) == lease.epoch and lease.holds():
+            if kept.get(domain) == lease.epoch:
                 lease.until = sent + self.ttl - MARGIN
             else:
                 lost.append(domain)

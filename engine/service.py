@@ -493,11 +493,11 @@ class Engine:
             _HeldElsewhere: another engine holds the domain's lease.
         """
         served = self._served.get(domain)
-        if served is not None and served.holds():
+        if served is not None and await self._still_ours(domain, served):
             return served
         async with self._loading:  # two first requests for a domain must not load it twice
             served = self._served.get(domain)
-            if served is not None and not served.holds():
+            if served is not None and not await self._still_ours(domain, served):
                 await self._drop(domain, "its writer lease ran out")  # paused past it, say
                 served = None
             if served is None:
@@ -531,6 +531,7 @@ class Engine:
             self._committed(domain, sync),
             fence=fence,
             holds=lease.holds if lease is not None else None,
+            reclaim=(lambda: self._reclaim(domain, lease)) if lease is not None else None,
             on_fenced=lambda: self._lost(domain, writer),
             snapshots=self._snapshots,
             snapshot_every=self._snapshot_every,
@@ -554,6 +555,24 @@ class Engine:
         if lease is not None:
             log.info("domain %s: writing it under epoch %d", domain, lease.epoch)
         return served
+
+    async def _still_ours(self, domain: str, served: _Served) -> bool:
+        """Whether we write `domain`: by our own count of its lease, or else by a renewal
+        out of turn (the store still has it ours)."""
+        if served.holds():
+            return True
+        return served.lease is not None and await self._reclaim(domain, served.lease)
+
+    async def _reclaim(self, domain: str, lease: Lease) -> bool:
+        """Renew one lease now, out of turn (its writer found our own count run out); True
+        when the store still had it ours."""
+        if self._ownership is None:
+            return False
+        try:
+            return not await self._ownership.renew({domain: lease})
+        except Exception as exc:  # an unreachable store cannot confirm it
+            log.warning("domain %s: could not renew its writer lease: %s", domain, exc)
+            return False
 
     def _lost(self, domain: str, writer: DomainWriter) -> None:
         """The log or the fabric refused our epoch: stop writing the domain (once)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 
 import msgspec
@@ -57,6 +57,8 @@ class DomainWriter:
             and the log refuses it once another engine has taken the lease over.
         holds: whether the lease is still ours by our own clock; checked before each batch, so
             an engine resumed after a pause stops before it even tries.
+        reclaim: asked when `holds` says no: renew the lease now if the store still has it
+            ours (the event loop was merely held up); True when it did.
         on_fenced: called once the lease is found lost (by `holds` or by the log).
     """
 
@@ -70,6 +72,7 @@ class DomainWriter:
         *,
         fence: int | None = None,
         holds: Callable[[], bool] | None = None,
+        reclaim: Callable[[], Awaitable[bool]] | None = None,
         on_fenced: Callable[[], None] | None = None,
         snapshots: SnapshotStore | None = None,
         snapshot_every: int = 0,
@@ -77,6 +80,7 @@ class DomainWriter:
         self.domain = domain
         self.fence = fence
         self._holds = holds
+        self._reclaim = reclaim
         self._on_fenced = on_fenced
         self._on_commit = on_commit
         self.state = DomainState(domain=domain)
@@ -204,7 +208,7 @@ class DomainWriter:
     async def _commit_batch(self, batch: list[Request]) -> None:
         for _attempt in range(3):
             try:
-                if self._holds is not None and not self._holds():
+                if not await self._still_ours():
                     raise WriterFenced(self.domain, "its lease ran out")
                 if self._stale:
                     await self.catch_up()
@@ -237,6 +241,12 @@ class DomainWriter:
                 _answer_all(batch, replies.error("unavailable", f"event store unavailable: {exc}"))
                 return
         _answer_all(batch, replies.error("unavailable", "too much write contention; retry"))
+
+    async def _still_ours(self) -> bool:
+        """Whether the lease is ours: by our own count, or else by a renewal out of turn."""
+        if self._holds is None or self._holds():
+            return True
+        return self._reclaim is not None and await self._reclaim()
 
     async def _decide_and_append(self, batch: list[Request]) -> None:
         stored = await self._store.find_replies(self.domain, [r.key for r in batch])
