@@ -39,6 +39,10 @@ log = logging.getLogger("trellis.follow")
 
 #: Seconds between looks at the log for new domains and missed commits.
 POLL_S = 1.0
+#: Seconds a commit signal waits for others before it wakes the followers: a core of its own
+#: would otherwise let them apply every commit alone, a transaction per sink each, and on a
+#: small machine those commits compete with the engine's own for Postgres.
+WAKE_DELAY_S = 0.02
 
 
 async def follow(settings: Settings, credentials: NkeyCredentials | None = None) -> None:
@@ -75,11 +79,20 @@ async def follow(settings: Settings, credentials: NkeyCredentials | None = None)
         )
         stack.push_async_callback(followers.close)
 
+        pending: set[str] = set()
+
+        def wake() -> None:
+            for domain in sorted(pending):
+                followers.follow(domain)
+                followers.notify(domain)
+            pending.clear()
+
         async def woken(msg: Msg) -> None:
             domain = msg.subject.rpartition(".")[2]
             if is_valid_id(domain):
-                followers.follow(domain)
-                followers.notify(domain)
+                if not pending:
+                    loop.call_later(WAKE_DELAY_S, wake)
+                pending.add(domain)
 
         sub = await sinks.nc.subscribe(committed_subject(settings.subject_prefix), cb=woken)
         stack.push_async_callback(sub.unsubscribe)
