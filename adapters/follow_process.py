@@ -34,6 +34,8 @@ log = logging.getLogger("trellis.follow")
 ENTRY_MODULE = "adapters.entrypoints.follow"
 #: The environment variable naming the engine's NATS credentials file (secure mode).
 CREDENTIALS_ENV = "TRELLIS_FOLLOWER_CREDENTIALS"
+#: The engine's pid: the follower process exits when it is no longer its parent.
+PARENT_ENV = "TRELLIS_FOLLOWER_PARENT"
 RESTART_FIRST_S = 0.25
 RESTART_MAX_S = 10.0
 #: A process that ran this long before it exited starts the backoff over.
@@ -169,6 +171,7 @@ def follower_env(
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")}
     max_bytes, max_age, replicas = stream_limits
     env |= {
+        PARENT_ENV: str(os.getpid()),
         "TRELLIS_NATS_URL": nats_url,
         "TRELLIS_DATABASE_URL": database_url,
         "TRELLIS_SUBJECT_PREFIX": prefix,

@@ -5,9 +5,11 @@ relay (JetStream stream and KV bucket) and the signed checkpoints up to date wit
 in the log: the same sinks the engine follows inline (adapters.bootstrap.follower_sinks). It is
 woken by the engine's commit signal on `<prefix>.internal.committed.<domain>`, looks at the log
 every second as well (a missed signal, a new domain), and exits cleanly on SIGTERM or SIGINT
-after a last catch-up. It reads the engine's settings from the environment: both URLs must be
-set (the engine's `FollowerProcess` sets them, with TRELLIS_FOLLOWER_CREDENTIALS in secure
-mode). The schema must be migrated already: the engine does that before it starts this.
+after a last catch-up, or when the process that started it is gone (a killed engine leaves
+no follower behind; the next engine starts its own). It reads the engine's settings from the
+environment: both URLs must be set (the engine's `FollowerProcess` sets them, with
+TRELLIS_FOLLOWER_CREDENTIALS in secure mode). The schema must be migrated already: the engine
+does that before it starts this.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from adapters.bootstrap import (
     follower_sinks,
     until_reachable,
 )
-from adapters.follow_process import CREDENTIALS_ENV, committed_subject
+from adapters.follow_process import CREDENTIALS_ENV, PARENT_ENV, committed_subject
 from adapters.nats.auth import NkeyCredentials
 from adapters.postgres.store import PostgresEventStore
 from adapters.settings import Settings, SettingsError, redacted
@@ -45,8 +47,11 @@ POLL_S = 1.0
 WAKE_DELAY_S = 0.02
 
 
-async def follow(settings: Settings, credentials: NkeyCredentials | None = None) -> None:
-    """Follow every domain in the log until SIGTERM or SIGINT."""
+async def follow(
+    settings: Settings, credentials: NkeyCredentials | None = None, parent: int | None = None
+) -> None:
+    """Follow every domain in the log until SIGTERM or SIGINT, or until the process `parent`
+    is no longer ours."""
     if not (settings.nats_url and settings.database_url):
         raise SettingsError("the follower process needs TRELLIS_NATS_URL and TRELLIS_DATABASE_URL")
     nats_url, database_url = settings.nats_url, settings.database_url
@@ -98,6 +103,11 @@ async def follow(settings: Settings, credentials: NkeyCredentials | None = None)
         stack.push_async_callback(sub.unsubscribe)
         log.info("following the log of %s (pid %d)", settings.subject_prefix, os.getpid())
         while not stop.is_set():
+            if (
+                parent is not None and os.getppid() != parent
+            ):  # the engine died without stopping us: so do we
+                log.warning("the engine (pid %d) is gone; stopping", parent)
+                break
             try:
                 for domain in await store.domains():
                     followers.follow(domain)
@@ -114,8 +124,16 @@ def main() -> int:
         format="%(asctime)s %(levelname)s %(name)s [follow]: %(message)s",
     )
     creds = os.environ.get(CREDENTIALS_ENV)
+    # The engine's pid from the engine itself: it may be gone before this line runs.
+    parent = os.environ.get(PARENT_ENV)
     try:
-        asyncio.run(follow(Settings.from_env(), NkeyCredentials(Path(creds)) if creds else None))
+        asyncio.run(
+            follow(
+                Settings.from_env(),
+                NkeyCredentials(Path(creds)) if creds else None,
+                int(parent) if parent and parent.isdigit() else None,
+            )
+        )
     except SettingsError as exc:
         print(f"trellis follow: {exc}", file=sys.stderr)
         return 2

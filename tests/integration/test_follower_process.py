@@ -11,16 +11,20 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import msgspec
 import pytest
 import pytest_asyncio
+from engines import Fleet
 from fabrics import expect_ok, fabric
 from harness import Harness, bucket_values, serving
 
 from adapters.bootstrap import connect_nats
 from adapters.follow_process import CommitSignal, FollowerProcess
+from adapters.nats.client import TrellisClient
 from adapters.nats.jetstream import Envelope, checkpoint_stream_name, stream_name
 from adapters.settings import Settings, SettingsError
 
@@ -156,3 +160,58 @@ def test_the_followers_mode_is_read_from_the_environment() -> None:
     assert Settings.from_env({"TRELLIS_FOLLOWERS": "process"}).followers == "process"
     with pytest.raises(SettingsError, match="TRELLIS_FOLLOWERS"):
         Settings.from_env({"TRELLIS_FOLLOWERS": "thread"})
+
+
+def children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def gone(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.exists() or stat.read_text().rpartition(")")[2].split()[0] == "Z"
+
+
+async def until(what: str, check: Callable[[], bool], within: float = 20.0) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.05)
+
+
+async def test_trellis_up_runs_its_followers_in_a_process_and_leaves_none_behind(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, tmp_path: Path
+) -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")},
+        "TRELLIS_NATS_URL": nats_url,
+        "TRELLIS_DATABASE_URL": database_url,
+        "TRELLIS_DB_SCHEMA": pg_schema,
+        "TRELLIS_SUBJECT_PREFIX": subject_prefix,
+        "TRELLIS_DATA_DIR": str(tmp_path / "data"),
+        "TRELLIS_FABRIC_STATE": str(tmp_path / "fabric-sim.json"),
+        "TRELLIS_FOLLOWERS": "process",
+    }
+    fleet = Fleet(env, tmp_path, HALL)
+    nc = await connect_nats(nats_url, name="test-client")
+    try:
+        engine = await fleet.start_one()
+        [follower] = children(engine.proc.pid)
+        client = TrellisClient(nc, prefix=subject_prefix, timeout=20)
+        expect_ok(await client.admin(HALL, "import-topology", fabric()))
+        composed = expect_ok(await client.intent(HALL, "acme", "compose", GPU))
+        connections = expect_ok(await client.query(HALL, "connections", {"tenant": "acme"}))
+        assert [c["composition_id"] for c in connections["connections"]] == [
+            composed["composition_id"]
+        ]
+        # A clean stop stops the follower process with it.
+        await engine.stop()
+        await until("the follower outlived its engine's stop", lambda: gone(follower))
+        # A killed engine leaves no follower behind either.
+        engine = await fleet.start_one()
+        [follower] = children(engine.proc.pid)
+        await engine.kill()
+        await until("the follower outlived its killed engine", lambda: gone(follower))
+    finally:
+        await fleet.stop()
+        await nc.close()
