@@ -3,11 +3,12 @@
 `running_engine(settings)` brings up everything `trellis up` needs: the embedded servers when
 no URLs are configured, the Postgres event store (migrated by the schema's owner), the
 projections and the event relay (each domain's log followers: read models, JetStream stream and
-KV bucket), the engine with its state rebuilt from the log, and the NATS intake. Leaving the
-context stops all of it, in reverse order. A Postgres or NATS that cannot be reached yet is
-waited for, with backoff and a log line per attempt; cancelling the wait (Ctrl-C) stops the
-start cleanly. In secure mode (adapters/nats/auth.py) the embedded nats-server runs with the
-generated users and the engine connects as its own identity.
+KV bucket; with TRELLIS_FOLLOWERS=process, in a follower process of their own), the engine with
+its state rebuilt from the log, and the NATS intake. Leaving the context stops all of it, in
+reverse order. A Postgres or NATS that cannot be reached yet is waited for, with backoff and a
+log line per attempt; cancelling the wait (Ctrl-C) stops the start cleanly. In secure mode
+(adapters/nats/auth.py) the embedded nats-server runs with the generated users and the engine
+connects as its own identity.
 """
 
 from __future__ import annotations

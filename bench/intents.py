@@ -17,6 +17,9 @@ a committed Postgres transaction, as ratios to a floor measured in the same run.
   then the same clients spread over several domains (one writer and one fabric saga each).
 - throughput is printed in pairs and in intents (a pair is a compose and a release); the
   target counts intents over the floor's serial rate.
+- `--followers process` runs the engine with its log followers in the follower process
+  (TRELLIS_FOLLOWERS=process); `both` runs the engine phases once each way, one after the
+  other, beside the same floor (the process rows are named `<phase>@process`).
 - diagnostic (`-np` rows, no target): serial and the largest load again with the projection
   runner paused, to show what its transactions cost the intents.
 
