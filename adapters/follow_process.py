@@ -137,6 +137,8 @@ class FollowerProcess:
                 log.warning("cannot start the follower process: %s", exc)
             else:
                 self._started.set()
+                if self._stopping:  # stop() came while this one was being spawned
+                    self.process.terminate()
                 began = loop.time()
                 code = await self.process.wait()
                 if self._stopping:
