@@ -21,9 +21,13 @@ import pytest_asyncio
 from engines import Fleet
 from fabrics import expect_ok, fabric
 from harness import Harness, bucket_values, serving
+from isolation import unique_subject_prefix
+from nats.aio.client import Client as NATS
 
-from adapters.bootstrap import connect_nats
+from adapters.bootstrap import ENGINE_IDENTITY, connect_nats, engine_on
+from adapters.embedded.servers import EmbeddedNats
 from adapters.follow_process import CommitSignal, FollowerProcess
+from adapters.nats.auth import Principal, SecureDir
 from adapters.nats.client import TrellisClient
 from adapters.nats.jetstream import Envelope, checkpoint_stream_name, stream_name
 from adapters.settings import Settings, SettingsError
@@ -69,16 +73,18 @@ async def followed(h: Harness, names: list[str], timeout: float = 20.0) -> int:
         await asyncio.sleep(0.05)
 
 
-async def stream_events(nats_url: str, prefix: str) -> list[Envelope]:
-    nc = await connect_nats(nats_url, name="test-scheduler")
+async def stream_events(nats_url: str, prefix: str, nc: NATS | None = None) -> list[Envelope]:
+    """Every event in the prefix's stream, read on `nc` (None: a connection of its own)."""
+    conn = nc or await connect_nats(nats_url, name="test-scheduler")
     try:
-        js = nc.jetstream()
+        js = conn.jetstream()
         stream = stream_name(prefix)
         last = (await js.stream_info(stream)).state.last_seq
         messages = [await js.get_msg(stream, seq) for seq in range(1, last + 1)]
         return [msgspec.json.decode(m.data or b"", type=Envelope) for m in messages]
     finally:
-        await nc.close()
+        if nc is None:
+            await conn.close()
 
 
 async def test_the_follower_process_keeps_read_models_stream_bucket_and_checkpoints(
@@ -215,3 +221,52 @@ async def test_trellis_up_runs_its_followers_in_a_process_and_leaves_none_behind
     finally:
         await fleet.stop()
         await nc.close()
+
+
+async def test_in_secure_mode_the_follower_process_connects_as_the_engine(
+    tmp_path: Path, database_url: str, pg_schema: str
+) -> None:
+    prefix = unique_subject_prefix()
+    secure = SecureDir(tmp_path)
+    secure.ensure(prefix, ["acme"])
+    server = EmbeddedNats(tmp_path, config=secure.config_path)
+    await asyncio.to_thread(server.start)
+    try:
+        async with engine_on(
+            server.url,
+            database_url,
+            schema=pg_schema,
+            prefix=prefix,
+            credentials=secure.credentials(ENGINE_IDENTITY),
+            followers="process",
+        ) as running:
+            operator = await connect_nats(
+                server.url, credentials=secure.credentials(Principal("operator", "operator"))
+            )
+            acme = await connect_nats(
+                server.url, credentials=secure.credentials(Principal("tenant", "acme"))
+            )
+            try:
+                admin = TrellisClient(operator, prefix=prefix)
+                tenant = TrellisClient(acme, prefix=prefix)
+                expect_ok(await admin.admin(HALL, "import-topology", fabric()))
+                composed = expect_ok(await tenant.intent(HALL, "acme", "compose", GPU))
+                # The follower process, connected as the engine, folded the read models (the
+                # tenant's view) and relayed the log to the stream.
+                mine = expect_ok(await tenant.view(HALL, "acme", "connections"))
+                assert [c["composition_id"] for c in mine["connections"]] == [
+                    composed["composition_id"]
+                ]
+                head = (await running.store.head(HALL)).position
+                deadline = time.monotonic() + 20
+                while True:
+                    envelopes = await stream_events(server.url, prefix, running.nc)
+                    if envelopes and envelopes[-1].position >= head:
+                        break
+                    assert time.monotonic() < deadline, "the follower process relayed nothing"
+                    await asyncio.sleep(0.05)
+            finally:
+                await operator.close()
+                await acme.close()
+    finally:
+        await asyncio.to_thread(server.stop)
