@@ -3,11 +3,12 @@
 `running_engine(settings)` brings up everything `trellis up` needs: the embedded servers when
 no URLs are configured, the Postgres event store (migrated by the schema's owner), the
 projections and the event relay (each domain's log followers: read models, JetStream stream and
-KV bucket), the engine with its state rebuilt from the log, and the NATS intake. Leaving the
-context stops all of it, in reverse order. A Postgres or NATS that cannot be reached yet is
-waited for, with backoff and a log line per attempt; cancelling the wait (Ctrl-C) stops the
-start cleanly. In secure mode (adapters/nats/auth.py) the embedded nats-server runs with the
-generated users and the engine connects as its own identity.
+KV bucket; with TRELLIS_FOLLOWERS=process, in a follower process of their own), the engine with
+its state rebuilt from the log, and the NATS intake. Leaving the context stops all of it, in
+reverse order. A Postgres or NATS that cannot be reached yet is waited for, with backoff and a
+log line per attempt; cancelling the wait (Ctrl-C) stops the start cleanly. In secure mode
+(adapters/nats/auth.py) the embedded nats-server runs with the generated users and the engine
+connects as its own identity.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import socket
+import tempfile
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
@@ -39,6 +42,7 @@ from adapters.embedded.servers import (
     reload_nats,
 )
 from adapters.fabric.sim import SimulatedFabric
+from adapters.follow_process import CommitSignal, FollowerProcess, follower_env
 from adapters.nats.auth import (
     CredentialsError,
     NkeyCredentials,
@@ -54,7 +58,7 @@ from adapters.postgres.checkpoints import DEFAULT_EVERY, PostgresAuditTrail
 from adapters.postgres.leases import PostgresLeases
 from adapters.postgres.snapshots import PostgresSnapshots
 from adapters.postgres.store import PostgresEventStore, connect_pool
-from adapters.settings import Settings, SettingsError, redacted
+from adapters.settings import FollowersMode, Settings, SettingsError, redacted
 from engine.checkpoints import Signer
 from engine.errors import StoreUnavailable
 from engine.follower import Followers
@@ -81,7 +85,7 @@ class RunningEngine(msgspec.Struct, kw_only=True):
     engine: Engine
     fabric: FabricDriver
     store: PostgresEventStore
-    followers: Followers  # each domain's projections and event relay
+    followers: Followers  # each domain's projections and event relay (process mode: none)
     projections: ProjectionSink
     relay: RelaySink
     audit: PostgresAuditTrail  # signed checkpoints and proofs; also a follower sink
@@ -90,6 +94,7 @@ class RunningEngine(msgspec.Struct, kw_only=True):
     database_url: str
     subject_prefix: str
     secure_dir: Path | None = None  # secure mode's identities and server config
+    follower_process: FollowerProcess | None = None  # TRELLIS_FOLLOWERS=process
 
 
 ENGINE_IDENTITY = Principal("engine", "engine")
@@ -305,6 +310,78 @@ async def embedded_or_configured(
         yield Endpoints(nats_url, database_url, owner_url)
 
 
+class Sinks(NamedTuple):
+    """What follows the log (engine/follower.py): the projections, the event relay and the
+    checkpoints, with the snapshots of the read models' pool."""
+
+    projections: ProjectionSink
+    relay: RelaySink
+    audit: PostgresAuditTrail
+    snapshots: PostgresSnapshots
+    nc: NATS  # the relay's own connection
+
+
+async def follower_sinks(
+    stack: contextlib.AsyncExitStack,
+    nats_url: str,
+    database_url: str,
+    *,
+    schema: str | None,
+    prefix: str,
+    stream_limits: StreamLimits | None,
+    credentials: NkeyCredentials | None,
+    signer: Signer | None,
+    checkpoint_every: int,
+    snapshot_every: int,
+) -> Sinks:
+    """The log followers' sinks on pools and a NATS connection of their own (closed with
+    `stack`), their JetStream stream, bucket and checkpoint stream made ready: what the engine
+    follows inline and the follower process (adapters/entrypoints/follow.py) follows alone."""
+    # The projections and the relay commit on pools of their own, so they never wait for
+    # an engine append, and the relay publishes on a NATS connection of its own, so a burst
+    # (catching up after downtime) never queues in front of the intake's replies.
+    projection_pool = await connect_pool(database_url, schema=schema, max_size=4)
+    stack.push_async_callback(projection_pool.close)
+    relay_pool = await connect_pool(database_url, schema=schema, min_size=1, max_size=2)
+    stack.push_async_callback(relay_pool.close)
+    await until_reachable(
+        "NATS", redacted(nats_url), lambda: probe_nats(nats_url), (NatsUnreachable,)
+    )
+    relay_nc = await connect_nats(nats_url, name="trellis-relay", credentials=credentials)
+    stack.push_async_callback(relay_nc.close)
+    projections = ProjectionSink(projection_pool, snapshot_every=snapshot_every)
+    snapshots = PostgresSnapshots(projection_pool)
+    relay = RelaySink(relay_pool, relay_nc, prefix=prefix, limits=stream_limits)
+    # JetStream can be up before its stream has a leader (a cluster electing one): wait.
+    await until_reachable(
+        "the JetStream stream and bucket",
+        redacted(nats_url),
+        relay.prepare,
+        (NatsTimeoutError, NoRespondersError, ServiceUnavailableError),
+    )
+    checkpoints = CheckpointPublisher(
+        relay_nc, prefix=prefix, replicas=(stream_limits or StreamLimits()).replicas
+    )
+    await until_reachable(
+        "the JetStream checkpoint stream",
+        redacted(nats_url),
+        checkpoints.prepare,
+        (NatsTimeoutError, NoRespondersError, ServiceUnavailableError),
+    )
+    audit_pool = await connect_pool(database_url, schema=schema, min_size=1, max_size=2)
+    stack.push_async_callback(audit_pool.close)
+    if signer is None:
+        log.info("checkpoints are signed with a key of this run only (no key file given)")
+    audit = PostgresAuditTrail(
+        audit_pool,
+        signer or Signer.generate(),
+        every=checkpoint_every,
+        publish=checkpoints,
+        follower=f"checkpoints:{checkpoints.stream}",
+    )
+    return Sinks(projections, relay, audit, snapshots, relay_nc)
+
+
 @contextlib.asynccontextmanager
 async def engine_on(
     nats_url: str,
@@ -324,6 +401,8 @@ async def engine_on(
     signer: Signer | None = None,
     checkpoint_every: int = DEFAULT_EVERY,
     snapshot_every: int = 10_000,
+    followers: FollowersMode = "inline",
+    checkpoint_key: Path | None = None,
 ) -> AsyncIterator[RunningEngine]:
     """The engine, its projections, its event relay and its NATS intake on given servers, until
     the context exits. Migrations run first, through `owner_url` when given (the schema's
@@ -335,8 +414,17 @@ async def engine_on(
     writer lease lasts unrenewed (engine/ownership.py); `snapshot_every`: events between
     snapshots of a domain's state and read models (0: none); `signer`: the checkpoint key
     (None: a key of this run only, for tests; `trellis up` passes the data dir's), and a
-    checkpoint every `checkpoint_every` events per domain."""
+    checkpoint every `checkpoint_every` events per domain. `followers="process"` runs the log
+    followers in a process of their own (adapters/follow_process.py), which signs with the
+    key in `checkpoint_key` (None: a key file of this run only, made for both)."""
+    if followers == "process" and checkpoint_key is None and signer is not None:
+        raise ValueError("followers='process' with a signer needs its checkpoint_key file")
     async with contextlib.AsyncExitStack() as stack:
+        if followers == "process" and checkpoint_key is None:
+            key_dir = tempfile.mkdtemp(prefix="trellis-key-")
+            stack.callback(shutil.rmtree, key_dir, ignore_errors=True)
+            checkpoint_key = Path(key_dir) / KEY_FILE
+            signer = load_or_create(checkpoint_key)
         store = await until_reachable(
             "Postgres",
             redacted(database_url),
@@ -344,51 +432,45 @@ async def engine_on(
             (StoreUnavailable,),
         )
         stack.push_async_callback(store.close)
-        # The projections and the relay commit on pools of their own, so they never wait for
-        # an engine append, and the relay publishes on a NATS connection of its own, so a burst
-        # (catching up after downtime) never queues in front of the intake's replies.
-        projection_pool = await connect_pool(database_url, schema=schema, max_size=4)
-        stack.push_async_callback(projection_pool.close)
-        relay_pool = await connect_pool(database_url, schema=schema, min_size=1, max_size=2)
-        stack.push_async_callback(relay_pool.close)
-        await until_reachable(
-            "NATS", redacted(nats_url), lambda: probe_nats(nats_url), (NatsUnreachable,)
+        sinks = await follower_sinks(
+            stack,
+            nats_url,
+            database_url,
+            schema=schema,
+            prefix=prefix,
+            stream_limits=stream_limits,
+            credentials=credentials,
+            signer=signer,
+            checkpoint_every=checkpoint_every,
+            snapshot_every=snapshot_every,
         )
-        relay_nc = await connect_nats(nats_url, name="trellis-relay", credentials=credentials)
-        stack.push_async_callback(relay_nc.close)
-        projections = ProjectionSink(projection_pool, snapshot_every=snapshot_every)
-        snapshots = PostgresSnapshots(projection_pool)
-        relay = RelaySink(relay_pool, relay_nc, prefix=prefix, limits=stream_limits)
-        # JetStream can be up before its stream has a leader (a cluster electing one): wait.
-        await until_reachable(
-            "the JetStream stream and bucket",
-            redacted(nats_url),
-            relay.prepare,
-            (NatsTimeoutError, NoRespondersError, ServiceUnavailableError),
-        )
-        checkpoints = CheckpointPublisher(
-            relay_nc, prefix=prefix, replicas=(stream_limits or StreamLimits()).replicas
-        )
-        await until_reachable(
-            "the JetStream checkpoint stream",
-            redacted(nats_url),
-            checkpoints.prepare,
-            (NatsTimeoutError, NoRespondersError, ServiceUnavailableError),
-        )
-        audit_pool = await connect_pool(database_url, schema=schema, min_size=1, max_size=2)
-        stack.push_async_callback(audit_pool.close)
-        if signer is None:
-            log.info("checkpoints are signed with a key of this run only (no key file given)")
-        audit = PostgresAuditTrail(
-            audit_pool,
-            signer or Signer.generate(),
-            every=checkpoint_every,
-            publish=checkpoints,
-            follower=f"checkpoints:{checkpoints.stream}",
-        )
-        followers = Followers(store, [projections, relay, audit], **(follow_options or {}))
-        # Closed after the engine: the last commits still reach the stream on a clean exit.
-        stack.push_async_callback(followers.close)
+        projections, relay, audit = sinks.projections, sinks.relay, sinks.audit
+        snapshots, projection_pool = sinks.snapshots, sinks.projections.pool
+        process: FollowerProcess | None = None
+        following: Followers
+        if followers == "process":
+            assert checkpoint_key is not None
+            process = FollowerProcess(
+                follower_env(
+                    nats_url=nats_url,
+                    database_url=database_url,
+                    schema=schema,
+                    prefix=prefix,
+                    checkpoint_key=str(checkpoint_key),
+                    checkpoint_every=checkpoint_every,
+                    snapshot_every=snapshot_every,
+                    stream_limits=msgspec.structs.astuple(stream_limits or StreamLimits()),
+                    credentials=str(credentials.path) if credentials is not None else None,
+                )
+            )
+            await process.start()
+            # Stopped after the engine: its SIGTERM drains the last commits to the stream.
+            stack.push_async_callback(process.stop)
+            following = CommitSignal(store, sinks.nc, prefix)
+        else:
+            following = Followers(store, [projections, relay, audit], **(follow_options or {}))
+            # Closed after the engine: the last commits still reach the stream on a clean exit.
+            stack.push_async_callback(following.close)
         fabric = fabric if fabric is not None else SimulatedFabric()
         # Leases are taken and renewed on a pool of their own, never behind an append; a
         # renewal that cannot finish within the lease time is as good as lost.
@@ -402,10 +484,16 @@ async def engine_on(
             fabric,
             saga_deadline=saga_deadline,
             domains=domains,
+            # In process mode a read waits on the checkpoints table (the follower process
+            # moves it), for every projection's checkpoint.
             read_models=PostgresReadModels(
-                projection_pool, followers, log=store, snapshots=snapshots
+                projection_pool,
+                following if process is None else None,
+                projections=projections.checkpoint_names,
+                log=store,
+                snapshots=snapshots,
             ),
-            followers=followers,
+            followers=following,
             leases=PostgresLeases(lease_pool),
             name=f"{socket.gethostname()}:{os.getpid()}",
             lease_ttl=lease_ttl,
@@ -426,7 +514,8 @@ async def engine_on(
             engine=engine,
             fabric=fabric,
             store=store,
-            followers=followers,
+            followers=following,
+            follower_process=process,
             projections=projections,
             relay=relay,
             audit=audit,
@@ -473,6 +562,8 @@ async def running_engine(
                 checkpoint_every=settings.checkpoint_every,
                 snapshot_every=settings.snapshot_every,
                 credentials=secure.credentials(ENGINE_IDENTITY) if secure is not None else None,
+                followers=settings.followers,
+                checkpoint_key=checkpoint_key_path(settings),
             )
         )
         if secure is not None:

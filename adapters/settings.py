@@ -16,6 +16,8 @@ from adapters.nats.jetstream import StreamLimits
 from engine.ids import is_valid_id
 
 FabricDriverName = Literal["sim"]
+FollowersMode = Literal["inline", "process"]
+FOLLOWERS_MODES: tuple[str, ...] = get_args(FollowersMode)
 FABRIC_DRIVERS: tuple[str, ...] = get_args(FabricDriverName)
 MAX_JS_REPLICAS = 5  # JetStream keeps a stream on at most 5 servers
 
@@ -55,6 +57,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # domain, signed with the key in this file (None: checkpoint-key.pem in the data dir).
     checkpoint_every: int = 1000
     checkpoint_key: Path | None = None
+    # Where the log followers run (adapters/follow_process.py): in the engine's event loop, or
+    # in a follower process of their own that the engine starts and keeps running.
+    followers: FollowersMode = "inline"
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -76,6 +81,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             script = parse_script(env.get("TRELLIS_FABRIC_SCRIPT", ""))
         except ValueError as exc:
             raise SettingsError(f"TRELLIS_FABRIC_SCRIPT: {exc}") from None
+        followers = env.get("TRELLIS_FOLLOWERS") or "inline"
+        if followers not in FOLLOWERS_MODES:
+            valid = ", ".join(FOLLOWERS_MODES)
+            raise SettingsError(f"TRELLIS_FOLLOWERS={followers!r}: valid are {valid}")
         database_url = env.get("TRELLIS_DATABASE_URL") or None
         database_owner_url = env.get("TRELLIS_DATABASE_OWNER_URL") or None
         if database_owner_url and not database_url:
@@ -124,6 +133,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             secure=_flag(env, "TRELLIS_SECURE"),
             checkpoint_every=checkpoint_every,
             checkpoint_key=Path(checkpoint_key) if checkpoint_key else None,
+            followers=followers,  # type: ignore[arg-type]  # checked above
         )
 
 

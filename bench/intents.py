@@ -17,6 +17,9 @@ a committed Postgres transaction, as ratios to a floor measured in the same run.
   then the same clients spread over several domains (one writer and one fabric saga each).
 - throughput is printed in pairs and in intents (a pair is a compose and a release); the
   target counts intents over the floor's serial rate.
+- `--followers process` runs the engine with its log followers in the follower process
+  (TRELLIS_FOLLOWERS=process); `both` runs the engine phases once each way, one after the
+  other, beside the same floor (the process rows are named `<phase>@process`).
 - diagnostic (`-np` rows, no target): serial and the largest load again with the projection
   runner paused, to show what its transactions cost the intents.
 
@@ -64,7 +67,8 @@ from adapters.bootstrap import (
     engine_on,
 )
 from adapters.nats.client import TrellisClient
-from adapters.settings import Settings
+from adapters.settings import FollowersMode, Settings
+from projections import PostgresReadModels
 
 TENANTS = [f"tenant-{i}" for i in range(8)]
 RACKS = 4
@@ -244,11 +248,14 @@ def _machine_ticks() -> tuple[int, int]:
 
 
 class CpuMeter:
-    """This process's CPU time (engine and clients share it) and the machine's busy share."""
+    """This process's CPU time (engine and clients share it), the follower process's when the
+    followers run in one (`pid`), and the machine's busy share."""
 
-    def __init__(self) -> None:
+    def __init__(self, pid: int | None = None) -> None:
         t = os.times()
+        self._pid = pid
         self._proc = t.user + t.system
+        self._child = _process_cpu_s(pid)
         self._wall = time.perf_counter()
         self._machine = _machine_ticks()
 
@@ -260,8 +267,20 @@ class CpuMeter:
         return {
             "process_cpu_s": t.user + t.system - self._proc,
             "process_cpu_share": (t.user + t.system - self._proc) / wall if wall else 0.0,
+            "follower_cpu_s": max(0.0, _process_cpu_s(self._pid) - self._child),
             "machine_busy_share": d_busy / d_total if d_total else float("nan"),
         }
+
+
+def _process_cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds of process `pid` so far; 0 without one (or /proc)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = FsPath(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # ---- the floor ----
@@ -411,9 +430,14 @@ async def settle(running: RunningEngine, domains: list[str]) -> None:
         sync = running.engine.fabric_sync(d)
         if sync is not None:
             await asyncio.wait_for(sync.wait_idle(), 30)
+    # The checkpoints table says how far the projections are, in either mode (the follower
+    # process's followers are not this process's to ask).
+    projected = PostgresReadModels(
+        running.projections.pool, projections=running.projections.checkpoint_names
+    )
     for d in domains:
         head = (await running.store.head(d)).position
-        await running.followers.wait_for("projections", d, head, timeout=60)
+        await projected.wait_for(d, head, timeout=60)
 
 
 async def verify_log(
@@ -421,7 +445,11 @@ async def verify_log(
 ) -> dict[str, Any]:
     """The log agrees with the replies, and the hardware holds nothing."""
     async with running.projections.pool.acquire() as conn:
-        rows = await conn.fetch("SELECT type, count(*) AS n FROM trellis_events GROUP BY type")
+        rows = await conn.fetch(
+            "SELECT type, count(*) AS n FROM trellis_events WHERE domain = ANY($1::text[])"
+            " GROUP BY type",
+            domains,
+        )
     counts = {r["type"]: r["n"] for r in rows}
     problems = []
     if counts.get("CompositionActivated", 0) != composes:
@@ -485,6 +513,9 @@ def progress(text: str) -> None:
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     settings = Settings.from_env()
     levels = [int(c) for c in args.concurrency.split(",") if c]
+    modes: list[FollowersMode] = (
+        ["inline", "process"] if args.followers == "both" else [args.followers]
+    )
     n_domains = args.domains
     spread = args.spread_clients
     clients_per_rack = max([*levels, math.ceil(spread / n_domains)]) / RACKS
@@ -538,109 +569,145 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             parts_nats = await timed_ms(nats_only, half // 2, args.budget / 4)
             parts_pg = await timed_ms(pg_only, half // 2, args.budget / 4)
 
-            domains = [f"bench-{d}" for d in range(n_domains)]
-            async with engine_on(
-                nats_url, database_url, owner_url=owner_url, schema=schema, prefix=prefix
-            ) as running:
-                probe = Probe(running)
-                ncs: list[NATS] = [
-                    await connect_nats(nats_url, name=f"bench-client-{i}") for i in range(4)
-                ]
-                try:
-                    clients = [TrellisClient(nc, prefix=prefix, timeout=30) for nc in ncs]
-                    for d in domains:
-                        reply = await clients[0].admin(d, "import-topology", doc)
-                        if not reply.get("ok"):
-                            raise BenchFailure(f"import into {d}: {reply}")
-                    phases: dict[str, Any] = {}
-                    composes = 0
+            phases: dict[str, Any] = {}
+            checks: list[dict[str, Any]] = []
 
-                    async def counted(doms: list[str], workers: int, secs: float, cap: int) -> Load:
-                        nonlocal composes
-                        load = await run_load(clients, doms, workers, secs, cap)
-                        composes += len(load.pair)
-                        return load
+            async def run_mode(mode: FollowersMode) -> None:
+                # Each mode drives domains and subjects of its own; its phases are named
+                # "<phase>@process" beside the inline ones when both run.
+                tag = "" if len(modes) == 1 or mode == "inline" else f"@{mode}"
+                domains = [f"bench-{mode}-{d}" for d in range(n_domains)]
+                mode_prefix = f"{prefix}{mode[0]}"
+                # A schema of its own too: a follower process follows every domain in its log.
+                async with (
+                    fresh_schema(owner_url, args.keep) as mode_schema,
+                    engine_on(
+                        nats_url,
+                        database_url,
+                        owner_url=owner_url,
+                        schema=mode_schema,
+                        prefix=mode_prefix,
+                        followers=mode,
+                    ) as running,
+                ):
+                    probe = Probe(running)
+                    ncs: list[NATS] = [
+                        await connect_nats(nats_url, name=f"bench-client-{i}") for i in range(4)
+                    ]
+                    try:
+                        clients = [TrellisClient(nc, prefix=mode_prefix, timeout=30) for nc in ncs]
+                        for d in domains:
+                            reply = await clients[0].admin(d, "import-topology", doc)
+                            if not reply.get("ok"):
+                                raise BenchFailure(f"import into {d}: {reply}")
+                        composes = 0
 
-                    async def phase(
-                        name: str,
-                        doms: list[str],
-                        workers: int,
-                        seconds: float,
-                        cap: int,
-                        diagnostic: str = "",
-                    ) -> None:
-                        await settle(running, domains)
-                        await loaded_floor()
-                        mark = probe.mark()
-                        meter = CpuMeter()
-                        load = await counted(doms, workers, seconds, cap)
-                        figures = load.figures()
-                        figures["cpu"] = meter.read()
-                        figures["cpu"]["process_cpu_ms_per_pair"] = (
-                            figures["cpu"]["process_cpu_s"] * 1000 / max(1, len(load.pair))
-                        )
-                        figures["diagnostic"] = diagnostic
-                        figures["clients"] = workers
-                        figures["domains"] = len(doms)
-                        figures["engine"] = probe.since(mark)
-                        phases[name] = figures
-                        progress(
-                            f"  {name}: {len(load.pair)} pairs in {load.seconds:.1f} s, "
-                            f"{figures['pairs_per_s']:.0f} pairs/s, "
-                            f"{figures['engine']['replies_per_tx']:.1f} replies per commit"
-                        )
+                        async def counted(
+                            doms: list[str], workers: int, secs: float, cap: int
+                        ) -> Load:
+                            nonlocal composes
+                            load = await run_load(clients, doms, workers, secs, cap)
+                            composes += len(load.pair)
+                            return load
 
-                    progress("engine: warm-up, serial ...")
-                    await counted(domains[:1], 1, 30, args.warmup)
-                    await phase("serial", domains[:1], 1, args.seconds * 1.5, args.serial_pairs)
-                    for c in levels:
-                        await phase(f"c{c}", domains[:1], c, args.seconds, args.max_pairs)
-                    if n_domains > 1:
-                        await phase(
-                            f"c{spread}x{n_domains}d", domains, spread, args.seconds, args.max_pairs
-                        )
-                    if args.diagnose:
-                        # The same engine with its projection followers paused: what their
-                        # transactions cost the intents (not the engine as deployed; no target).
-                        await settle(running, domains)
-                        paused = [running.followers.of("projections", d) for d in domains]
-                        for follower in paused:
-                            if follower is not None:
-                                await follower.stop()
-                        try:
-                            why = "projections paused"
+                        async def phase(
+                            name: str,
+                            doms: list[str],
+                            workers: int,
+                            seconds: float,
+                            cap: int,
+                            diagnostic: str = "",
+                        ) -> None:
+                            await settle(running, domains)
+                            await loaded_floor()
+                            mark = probe.mark()
+                            process = running.follower_process
+                            meter = CpuMeter(process.pid if process is not None else None)
+                            load = await counted(doms, workers, seconds, cap)
+                            figures = load.figures()
+                            figures["cpu"] = meter.read()
+                            figures["cpu"]["process_cpu_ms_per_pair"] = (
+                                (figures["cpu"]["process_cpu_s"] + figures["cpu"]["follower_cpu_s"])
+                                * 1000
+                                / max(1, len(load.pair))
+                            )
+                            figures["diagnostic"] = diagnostic
+                            figures["followers"] = mode
+                            figures["clients"] = workers
+                            figures["domains"] = len(doms)
+                            figures["engine"] = probe.since(mark)
+                            phases[name + tag] = figures
+                            progress(
+                                f"  {name}: {len(load.pair)} pairs in {load.seconds:.1f} s, "
+                                f"{figures['pairs_per_s']:.0f} pairs/s, "
+                                f"{figures['engine']['replies_per_tx']:.1f} replies per commit"
+                            )
+
+                        progress("engine: warm-up, serial ...")
+                        await counted(domains[:1], 1, 30, args.warmup)
+                        await phase("serial", domains[:1], 1, args.seconds * 1.5, args.serial_pairs)
+                        for c in levels:
+                            await phase(f"c{c}", domains[:1], c, args.seconds, args.max_pairs)
+                        if n_domains > 1:
                             await phase(
-                                "serial-np",
-                                domains[:1],
-                                1,
+                                f"c{spread}x{n_domains}d",
+                                domains,
+                                spread,
                                 args.seconds,
-                                args.serial_pairs // 2,
-                                why,
+                                args.max_pairs,
                             )
-                            c = max(levels)
-                            await phase(
-                                f"c{c}-np", domains[:1], c, args.seconds / 2, args.max_pairs, why
-                            )
-                        finally:
+                        if args.diagnose and mode == "inline":
+                            # The same engine with its projection followers paused: what their
+                            # transactions cost the intents (not the engine as deployed; no target).
+                            await settle(running, domains)
+                            paused = [running.followers.of("projections", d) for d in domains]
                             for follower in paused:
                                 if follower is not None:
-                                    follower.start()
-                    if args.profile:
-                        import cProfile
-                        import pstats
+                                    await follower.stop()
+                            try:
+                                why = "projections paused"
+                                await phase(
+                                    "serial-np",
+                                    domains[:1],
+                                    1,
+                                    args.seconds,
+                                    args.serial_pairs // 2,
+                                    why,
+                                )
+                                c = max(levels)
+                                await phase(
+                                    f"c{c}-np",
+                                    domains[:1],
+                                    c,
+                                    args.seconds / 2,
+                                    args.max_pairs,
+                                    why,
+                                )
+                            finally:
+                                for follower in paused:
+                                    if follower is not None:
+                                        follower.start()
+                        if args.profile:
+                            import cProfile
+                            import pstats
 
+                            await settle(running, domains)
+                            prof = cProfile.Profile()
+                            prof.enable()
+                            await counted(domains[:1], max(levels), args.seconds, args.max_pairs)
+                            prof.disable()
+                            prof.dump_stats(args.profile)
+                            pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(
+                                30
+                            )
                         await settle(running, domains)
-                        prof = cProfile.Profile()
-                        prof.enable()
-                        await counted(domains[:1], max(levels), args.seconds, args.max_pairs)
-                        prof.disable()
-                        prof.dump_stats(args.profile)
-                        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(30)
-                    await settle(running, domains)
-                    check = await verify_log(running, domains, composes, composes)
-                finally:
-                    for nc in ncs:
-                        await nc.close()
+                        checks.append(await verify_log(running, domains, composes, composes))
+                    finally:
+                        for nc in ncs:
+                            await nc.close()
+
+            for mode in modes:
+                await run_mode(mode)
             await clean_floor()
         finally:
             await close_floor()
@@ -651,7 +718,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     result["floor_noise"] = floor_noise(result["floor"], result["floor_chunks_p50_ms"])
     result["floor_parts"] = {"nats_request_reply": stats(parts_nats), "pg_commit": stats(parts_pg)}
     result["phases"] = phases
-    result["check"] = check
+    result["check"] = {
+        "event_counts": [c["event_counts"] for c in checks],
+        "problems": [p for c in checks for p in c["problems"]],
+    }
     return result
 
 
@@ -763,11 +833,14 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
     phases = {n: ph for n, ph in result["phases"].items() if not ph["diagnostic"]}
     out: dict[str, Any] = {}
     noise = result["floor_noise"]
-    for what in ("compose", "release", "pair"):
-        ratio = r["serial"][what]["p99"]
-        out[f"serial_{what}_p99_le_3x_floor"] = {"ratio": ratio, "met": ratio <= 3}
+    for serial in (n for n in phases if n.partition("@")[0] == "serial"):
+        tag = serial.partition("@")[2]
+        for what in ("compose", "release", "pair"):
+            ratio = r[serial][what]["p99"]
+            name = f"serial_{what}_p99_le_3x_floor" + (f"@{tag}" if tag else "")
+            out[name] = {"ratio": ratio, "met": ratio <= 3}
     for n in phases:
-        if n == "serial":
+        if n.partition("@")[0] == "serial":
             continue
         ratio = r[n]["throughput"]
         out[f"throughput_{n}_ge_5x_floor_rate_in_intents"] = {"ratio": ratio, "met": ratio >= 5}
@@ -822,6 +895,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="short phases, fewer samples")
     parser.add_argument("--keep", action="store_true", help="keep the schema afterwards")
     parser.add_argument("--profile", metavar="FILE", help="cProfile an extra load phase")
+    parser.add_argument(
+        "--followers",
+        choices=("inline", "process", "both"),
+        default="inline",
+        help="where the log followers run (TRELLIS_FOLLOWERS); both: one engine after the other",
+    )
     parser.add_argument(
         "--no-diagnose",
         dest="diagnose",

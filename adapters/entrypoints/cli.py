@@ -117,6 +117,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     up.set_defaults(run=_up)
 
+    follow = sub.add_parser(
+        "follow", help="run the log followers alone (what TRELLIS_FOLLOWERS=process starts)"
+    )
+    follow.set_defaults(run=_follow)
+
     tenant = sub.add_parser("tenant", help="tenants' NATS identities (secure mode)")
     tenant_sub = tenant.add_subparsers(metavar="ACTION")
     tenant_add = tenant_sub.add_parser(
@@ -355,6 +360,12 @@ def _client_options(p: argparse.ArgumentParser) -> None:
 
 
 # ---- commands ----
+
+
+def _follow(args: argparse.Namespace) -> int:
+    from adapters.entrypoints.follow import main as follow_main
+
+    return follow_main()
 
 
 def _up(args: argparse.Namespace) -> int:

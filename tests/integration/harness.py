@@ -13,6 +13,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 
 from adapters.bootstrap import connect_nats, engine_on
+from adapters.follow_process import FollowerProcess
 from adapters.nats.client import TrellisClient
 from adapters.nats.jetstream import bucket_name
 from adapters.nats.relay import RelaySink
@@ -34,6 +35,7 @@ class Harness(msgspec.Struct, kw_only=True):
     relay: RelaySink
     audit: PostgresAuditTrail
     client: TrellisClient
+    follower_process: FollowerProcess | None = None  # followers="process"
 
     async def projected(self, domain: str, timeout: float = 5.0) -> int:
         """Until the domain's projections hold its whole log; the log's last position."""
@@ -77,6 +79,7 @@ async def serving(
                 relay=running.relay,
                 audit=running.audit,
                 client=TrellisClient(client_nc, prefix=prefix),
+                follower_process=running.follower_process,
             )
         finally:
             await client_nc.close()

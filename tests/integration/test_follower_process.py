@@ -1,0 +1,272 @@
+"""TRELLIS_FOLLOWERS=process: the log followers in a process of their own (issue 11 item 2).
+
+The engine runs no follower; the follower process keeps the projections, the JetStream stream
+and KV bucket and the signed checkpoints up to date, woken by the engine's commit signal. A
+client still reads its own writes (the engine waits on the checkpoints table), and a follower
+process killed outright is restarted and catches up with nothing lost or doubled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import msgspec
+import pytest
+import pytest_asyncio
+from engines import Fleet
+from fabrics import expect_ok, fabric
+from harness import Harness, bucket_values, serving
+from isolation import unique_subject_prefix
+from nats.aio.client import Client as NATS
+
+from adapters.bootstrap import ENGINE_IDENTITY, connect_nats, engine_on
+from adapters.embedded.servers import EmbeddedNats
+from adapters.follow_process import CommitSignal, FollowerProcess
+from adapters.nats.auth import Principal, SecureDir
+from adapters.nats.client import TrellisClient
+from adapters.nats.jetstream import Envelope, checkpoint_stream_name, stream_name
+from adapters.settings import Settings, SettingsError
+
+HALL = "hall-1"
+GPU = {"host": "host-01", "devices": [{"kind": "gpu"}]}
+
+
+@pytest_asyncio.fixture
+async def h(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str
+) -> AsyncIterator[Harness]:
+    async with serving(
+        nats_url, database_url, pg_schema, subject_prefix, followers="process", checkpoint_every=5
+    ) as harness:
+        yield harness
+
+
+def process_of(h: Harness) -> FollowerProcess:
+    assert isinstance(h.followers, CommitSignal), "the engine follows inline"
+    keeper = h.follower_process
+    assert keeper is not None and keeper.pid is not None
+    return keeper
+
+
+async def followed(h: Harness, names: list[str], timeout: float = 20.0) -> int:
+    """Until every checkpoint in `names` holds the domain's whole log; its last position."""
+    head = (await h.store.head(HALL)).position
+    pool = h.store._pool  # type: ignore[attr-defined]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        reached = await pool.fetchval(
+            "SELECT min(position) FROM trellis_follower_checkpoints"
+            " WHERE follower = ANY($1::text[]) AND domain = $2 HAVING count(*) = $3",
+            names,
+            HALL,
+            len(names),
+        )
+        if reached is not None and reached >= head:
+            return head
+        assert loop.time() < deadline, f"followers {names} stopped before {head}: {reached}"
+        await asyncio.sleep(0.05)
+
+
+async def stream_events(nats_url: str, prefix: str, nc: NATS | None = None) -> list[Envelope]:
+    """Every event in the prefix's stream, read on `nc` (None: a connection of its own)."""
+    conn = nc or await connect_nats(nats_url, name="test-scheduler")
+    try:
+        js = conn.jetstream()
+        stream = stream_name(prefix)
+        last = (await js.stream_info(stream)).state.last_seq
+        messages = [await js.get_msg(stream, seq) for seq in range(1, last + 1)]
+        return [msgspec.json.decode(m.data or b"", type=Envelope) for m in messages]
+    finally:
+        if nc is None:
+            await conn.close()
+
+
+async def test_the_follower_process_keeps_read_models_stream_bucket_and_checkpoints(
+    h: Harness, nats_url: str, subject_prefix: str
+) -> None:
+    keeper = process_of(h)
+    expect_ok(await h.client.admin(HALL, "import-topology", fabric()))
+
+    # Read-your-writes: the answers right after the compose include it.
+    composed = expect_ok(await h.client.intent(HALL, "acme", "compose", GPU))
+    cid, gpu = composed["composition_id"], composed["devices"][0]["id"]
+    connections = expect_ok(await h.client.query(HALL, "connections", {"tenant": "acme"}))
+    assert [c["composition_id"] for c in connections["connections"]] == [cid]
+    why = expect_ok(await h.client.query(HALL, "why", {"id": gpu}))
+    assert cid in str(why)
+    expect_ok(await h.client.intent(HALL, "acme", "release", {"composition_id": cid}))
+
+    # The stream gets every event of the log, in order; the bucket the devices and hosts.
+    for _ in range(3):
+        done = expect_ok(await h.client.intent(HALL, "globex", "compose", GPU))
+        cid2 = done["composition_id"]
+        expect_ok(await h.client.intent(HALL, "globex", "release", {"composition_id": cid2}))
+    relay = f"relay:{stream_name(subject_prefix)}"
+    await followed(h, [relay])
+    log = [r async for r in h.store.read(HALL)]
+    assert [e.id for e in await stream_events(nats_url, subject_prefix)] == [r.id for r in log]
+    nc = await connect_nats(nats_url, name="test-kv")
+    try:
+        bucket = await bucket_values(nc.jetstream(), subject_prefix)
+        assert f"{HALL}.device.{gpu}" in bucket and f"{HALL}.host.host-01" in bucket
+    finally:
+        await nc.close()
+
+    # A signed checkpoint every 5 events, recorded by the follower process.
+    await followed(h, [f"checkpoints:{checkpoint_stream_name(subject_prefix)}"], 20)
+    pool = h.store._pool  # type: ignore[attr-defined]
+    sizes = [r["size"] for r in await pool.fetch("SELECT size FROM trellis_checkpoints")]
+    assert sorted(sizes) == list(range(5, len(log) + 1, 5))
+    # The checkpoint queries still answer in the engine.
+    key = expect_ok(await h.client.query(HALL, "checkpoint-key"))["verifier_key"]
+    assert key
+    assert expect_ok(await h.client.query(HALL, "proof", {"event_id": log[0].id}))["tree_size"]
+    assert keeper.restarts == 0
+
+
+async def test_a_killed_follower_process_is_restarted_and_catches_up(
+    h: Harness, nats_url: str, subject_prefix: str
+) -> None:
+    keeper = process_of(h)
+    expect_ok(await h.client.admin(HALL, "import-topology", fabric()))
+    held = expect_ok(await h.client.intent(HALL, "acme", "compose", GPU))["composition_id"]
+    expect_ok(await h.client.intent(HALL, "acme", "release", {"composition_id": held}))
+    first = keeper.pid
+    assert first is not None
+
+    # When: the follower process is killed outright, and the engine goes on writing.
+    os.kill(first, signal.SIGKILL)
+    for _ in range(3):
+        done = expect_ok(await h.client.intent(HALL, "globex", "compose", GPU))
+        expect_ok(
+            await h.client.intent(
+                HALL, "globex", "release", {"composition_id": done["composition_id"]}
+            )
+        )
+
+    # Then: a new process catches up; the stream holds every event exactly once, in order,
+    # and a query sees the latest writes.
+    names = ["compositions", "connections", "devices", "history"]
+    await followed(h, [*names, f"relay:{stream_name(subject_prefix)}"])
+    assert keeper.restarts >= 1 and keeper.pid != first
+    log = [r async for r in h.store.read(HALL)]
+    assert [e.id for e in await stream_events(nats_url, subject_prefix)] == [r.id for r in log]
+    connections = expect_ok(await h.client.query(HALL, "connections", {"tenant": "globex"}))
+    assert connections["connections"] == []
+
+
+def test_the_followers_mode_is_read_from_the_environment() -> None:
+    assert Settings.from_env({}).followers == "inline"
+    assert Settings.from_env({"TRELLIS_FOLLOWERS": "process"}).followers == "process"
+    with pytest.raises(SettingsError, match="TRELLIS_FOLLOWERS"):
+        Settings.from_env({"TRELLIS_FOLLOWERS": "thread"})
+
+
+def children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def gone(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.exists() or stat.read_text().rpartition(")")[2].split()[0] == "Z"
+
+
+async def until(what: str, check: Callable[[], bool], within: float = 20.0) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.05)
+
+
+async def test_trellis_up_runs_its_followers_in_a_process_and_leaves_none_behind(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, tmp_path: Path
+) -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")},
+        "TRELLIS_NATS_URL": nats_url,
+        "TRELLIS_DATABASE_URL": database_url,
+        "TRELLIS_DB_SCHEMA": pg_schema,
+        "TRELLIS_SUBJECT_PREFIX": subject_prefix,
+        "TRELLIS_DATA_DIR": str(tmp_path / "data"),
+        "TRELLIS_FABRIC_STATE": str(tmp_path / "fabric-sim.json"),
+        "TRELLIS_FOLLOWERS": "process",
+    }
+    fleet = Fleet(env, tmp_path, HALL)
+    nc = await connect_nats(nats_url, name="test-client")
+    try:
+        engine = await fleet.start_one()
+        [follower] = children(engine.proc.pid)
+        client = TrellisClient(nc, prefix=subject_prefix, timeout=20)
+        expect_ok(await client.admin(HALL, "import-topology", fabric()))
+        composed = expect_ok(await client.intent(HALL, "acme", "compose", GPU))
+        connections = expect_ok(await client.query(HALL, "connections", {"tenant": "acme"}))
+        assert [c["composition_id"] for c in connections["connections"]] == [
+            composed["composition_id"]
+        ]
+        # A clean stop stops the follower process with it.
+        await engine.stop()
+        await until("the follower outlived its engine's stop", lambda: gone(follower))
+        # A killed engine leaves no follower behind either.
+        engine = await fleet.start_one()
+        [follower] = children(engine.proc.pid)
+        await engine.kill()
+        await until("the follower outlived its killed engine", lambda: gone(follower))
+    finally:
+        await fleet.stop()
+        await nc.close()
+
+
+async def test_in_secure_mode_the_follower_process_connects_as_the_engine(
+    tmp_path: Path, database_url: str, pg_schema: str
+) -> None:
+    prefix = unique_subject_prefix()
+    secure = SecureDir(tmp_path)
+    secure.ensure(prefix, ["acme"])
+    server = EmbeddedNats(tmp_path, config=secure.config_path)
+    await asyncio.to_thread(server.start)
+    try:
+        async with engine_on(
+            server.url,
+            database_url,
+            schema=pg_schema,
+            prefix=prefix,
+            credentials=secure.credentials(ENGINE_IDENTITY),
+            followers="process",
+        ) as running:
+            operator = await connect_nats(
+                server.url, credentials=secure.credentials(Principal("operator", "operator"))
+            )
+            acme = await connect_nats(
+                server.url, credentials=secure.credentials(Principal("tenant", "acme"))
+            )
+            try:
+                admin = TrellisClient(operator, prefix=prefix)
+                tenant = TrellisClient(acme, prefix=prefix)
+                expect_ok(await admin.admin(HALL, "import-topology", fabric()))
+                composed = expect_ok(await tenant.intent(HALL, "acme", "compose", GPU))
+                # The follower process, connected as the engine, folded the read models (the
+                # tenant's view) and relayed the log to the stream.
+                mine = expect_ok(await tenant.view(HALL, "acme", "connections"))
+                assert [c["composition_id"] for c in mine["connections"]] == [
+                    composed["composition_id"]
+                ]
+                head = (await running.store.head(HALL)).position
+                deadline = time.monotonic() + 20
+                while True:
+                    envelopes = await stream_events(server.url, prefix, running.nc)
+                    if envelopes and envelopes[-1].position >= head:
+                        break
+                    assert time.monotonic() < deadline, "the follower process relayed nothing"
+                    await asyncio.sleep(0.05)
+            finally:
+                await operator.close()
+                await acme.close()
+    finally:
+        await asyncio.to_thread(server.stop)
