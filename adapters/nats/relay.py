@@ -60,6 +60,7 @@ from adapters.nats.jetstream import (
     stream_name,
 )
 from adapters.nats.kv_state import KeyChange, changes, coalesce, everything
+from adapters.postgres import follower_checkpoints
 from engine.follower import Progress, Rewound, Stalled
 from engine.records import RecordedEvent
 from engine.state import DomainState, evolve
@@ -73,19 +74,6 @@ KV_IN_FLIGHT = 256
 CHECK_INTERVAL_S = 2.0  # how often quiet followers look whether the stream and bucket exist
 MIN_SERVER = (2, 12)  # atomic batches
 _WRONG_LAST_SEQUENCE = 10071  # JetStream's err_code for an expected-last-sequence mismatch
-
-_ENSURE_CHECKPOINT = """
-INSERT INTO trellis_follower_checkpoints (follower, domain, version, position)
-VALUES ($1, $2, 0, 0) ON CONFLICT (follower, domain) DO NOTHING
-"""
-_READ_CHECKPOINT = """
-SELECT version, position FROM trellis_follower_checkpoints WHERE follower = $1 AND domain = $2
-"""
-_LOCK_CHECKPOINT = _READ_CHECKPOINT + " FOR UPDATE"
-_SAVE_CHECKPOINT = """
-UPDATE trellis_follower_checkpoints SET version = $3, position = $4
- WHERE follower = $1 AND domain = $2
-"""
 
 
 class RelayError(RuntimeError):
@@ -172,8 +160,8 @@ class RelaySink:
     async def resume(self, domain: str) -> tuple[int, Progress]:
         """From the first event: the fold that renders KV values is rebuilt from the log."""
         async with self._pool.acquire() as conn:
-            await conn.execute(_ENSURE_CHECKPOINT, self._checkpoint_name, domain)
-            row = await conn.fetchrow(_READ_CHECKPOINT, self._checkpoint_name, domain)
+            await conn.execute(follower_checkpoints.ENSURE, self._checkpoint_name, domain)
+            row = await conn.fetchrow(follower_checkpoints.READ, self._checkpoint_name, domain)
         checkpoint = Progress(row["version"], row["position"])
         self._checkpoints[domain] = checkpoint
         self._folds[domain] = _Fold(DomainState(domain=domain), 0)
@@ -210,7 +198,7 @@ class RelaySink:
         """Quiet moments: a checkpoint reset by an operator means fold and put again; a bucket
         that vanished is made again and refilled."""
         async with self._pool.acquire() as conn:
-            row = await conn.fetchrow(_READ_CHECKPOINT, self._checkpoint_name, domain)
+            row = await conn.fetchrow(follower_checkpoints.READ, self._checkpoint_name, domain)
         if row is None or row["version"] < self._checkpoints.get(domain, Progress()).version:
             raise Rewound
         if time.monotonic() - self._checked > CHECK_INTERVAL_S:
@@ -234,7 +222,7 @@ class RelaySink:
         last = records[-1]
         try:
             async with self._pool.acquire() as conn, conn.transaction():
-                row = await conn.fetchrow(_LOCK_CHECKPOINT, self._checkpoint_name, domain)
+                row = await conn.fetchrow(follower_checkpoints.LOCK, self._checkpoint_name, domain)
                 done = Progress(row["version"], row["position"])
                 if done.version < self._checkpoints[domain].version:
                     raise Rewound
@@ -251,7 +239,11 @@ class RelaySink:
                     await self._write(coalesce(changed))
                 saved = max(done, Progress(last.version, last.position), key=_version)
                 await conn.execute(
-                    _SAVE_CHECKPOINT, self._checkpoint_name, domain, saved.version, saved.position
+                    follower_checkpoints.SAVE,
+                    self._checkpoint_name,
+                    domain,
+                    saved.version,
+                    saved.position,
                 )
         except BaseException:
             self._ends.pop(domain, None)  # part of it may be stored: read where it ends

@@ -31,6 +31,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
+from adapters.postgres import follower_checkpoints
 from engine.actors import OPERATOR
 from engine.checkpoints import Checkpoint, Signer, origin_of
 from engine.errors import IntentRejected, StoreUnavailable
@@ -60,18 +61,6 @@ SELECT version, hash FROM trellis_events
  WHERE domain = $1 AND version > $2 AND version <= $3 ORDER BY version LIMIT $4
 """
 _EVENT = "SELECT version, actor FROM trellis_events WHERE domain = $1 AND id = $2"
-_ENSURE_PROGRESS = """
-INSERT INTO trellis_follower_checkpoints (follower, domain, version, position)
-VALUES ($1, $2, 0, 0) ON CONFLICT (follower, domain) DO NOTHING
-"""
-_READ_PROGRESS = """
-SELECT version, position FROM trellis_follower_checkpoints WHERE follower = $1 AND domain = $2
-"""
-_LOCK_PROGRESS = _READ_PROGRESS + " FOR UPDATE"
-_SAVE_PROGRESS = """
-UPDATE trellis_follower_checkpoints SET version = $3, position = $4
- WHERE follower = $1 AND domain = $2
-"""
 
 
 @contextlib.contextmanager
@@ -169,8 +158,8 @@ class PostgresAuditTrail:
 
     async def resume(self, domain: str) -> tuple[int, Progress]:
         async with self._pool.acquire() as conn:
-            await conn.execute(_ENSURE_PROGRESS, self._follower, domain)
-            row = await conn.fetchrow(_READ_PROGRESS, self._follower, domain)
+            await conn.execute(follower_checkpoints.ENSURE, self._follower, domain)
+            row = await conn.fetchrow(follower_checkpoints.READ, self._follower, domain)
         progress = Progress(row["version"], row["position"])
         return progress.version, progress
 
@@ -183,14 +172,16 @@ class PostgresAuditTrail:
             # fewer than `every` events and records what they reach.
             return Progress(last.version, last.position)
         async with self._pool.acquire() as conn, conn.transaction():
-            row = await conn.fetchrow(_LOCK_PROGRESS, self._follower, domain)
+            row = await conn.fetchrow(follower_checkpoints.LOCK, self._follower, domain)
             done = Progress(row["version"], row["position"])
             if done.version >= last.version:
                 return done  # another engine's follower got here first
             first = (done.version // self._every + 1) * self._every
             for size in range(first, last.version + 1, self._every):
                 await self._announce(domain, await self._record(conn, domain, size))
-            await conn.execute(_SAVE_PROGRESS, self._follower, domain, last.version, last.position)
+            await conn.execute(
+                follower_checkpoints.SAVE, self._follower, domain, last.version, last.position
+            )
         return Progress(last.version, last.position)
 
     async def refresh(self, domain: str) -> None:
