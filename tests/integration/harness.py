@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
@@ -131,3 +132,15 @@ async def bucket_values(js: JetStreamContext, prefix: str) -> dict[str, bytes]:
             entry = await kv.get(key)
             values[key] = entry.value or b""
     return values
+
+
+async def run_cli(env: dict[str, str], *args: str, timeout: float = 60.0) -> tuple[int, str, str]:
+    """The `trellis` CLI in a subprocess, so the engine serving in this event loop answers it:
+    its exit code, stdout and stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "adapters.entrypoints.cli", *args, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()

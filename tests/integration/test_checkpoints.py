@@ -8,10 +8,8 @@ one by itself every N events; the table keeps them append-only; bad input gets t
 
 from __future__ import annotations
 
-import asyncio
 import os
 import stat
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ import pytest
 import pytest_asyncio
 from fabrics import expect_error, expect_ok, fabric
 from harness import Harness, serving
+from harness import run_cli as trellis
 
 from adapters.bootstrap import checkpoint_key_path, checkpoint_signer, connect_nats
 from adapters.checkpoint_key import load_or_create, public_key_path
@@ -273,17 +272,6 @@ def test_the_signing_key_is_made_once_readable_by_its_owner_only(tmp_path: Path)
     path.chmod(0o644)
     load_or_create(path)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-
-
-async def trellis(env: dict[str, str], *args: str) -> tuple[int, str, str]:
-    """The CLI in a subprocess, beside the engine serving in this event loop."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "adapters.entrypoints.cli", *args, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def test_an_auditor_fetches_and_checks_a_proof_with_the_cli(

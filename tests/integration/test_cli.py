@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import msgspec
 import pytest
 import pytest_asyncio
 from harness import Harness, serving
+from harness import run_cli as trellis
 
 from adapters.fabric.sim import SimulatedFabric
 from engine.ports import FabricBinding
@@ -45,22 +44,6 @@ def env(
         "TRELLIS_SUBJECT_PREFIX": subject_prefix,
         "TRELLIS_DOMAIN": DOMAIN,
     }
-
-
-async def trellis(env: dict[str, str], *args: str) -> tuple[int, str, str]:
-    """Run the CLI in a subprocess without blocking the engine serving in this event loop."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "adapters.entrypoints.cli",
-        *args,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def test_an_operator_imports_composes_asks_why_and_releases(

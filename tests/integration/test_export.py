@@ -5,12 +5,10 @@ sum over the log's own events gives."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import os
 import re
-import sys
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -24,7 +22,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest_asyncio
 from fabrics import expect_ok
-from harness import Harness, ManualClock
+from harness import Harness, ManualClock, run_cli
 from history_day import DOMAIN, T0, Day, at, day_served, play
 
 from adapters.fabric.sim import SimulatedFabric
@@ -332,18 +330,9 @@ def sql_block(text: str) -> str:
 
 
 async def trellis(env: dict[str, str], *args: str) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "adapters.entrypoints.cli",
-        *args,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    out, _ = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode()
+    """The CLI's exit code and everything it printed."""
+    code, out, err = await run_cli(env, *args)
+    return code, out + err
 
 
 def gpu_hours_from_the_log(log: list[dict[str, Any]]) -> dict[tuple[str, str], tuple[float, float]]:

@@ -23,6 +23,7 @@ import nats
 import pytest
 import pytest_asyncio
 from fabrics import expect_error, expect_ok, row_counts
+from harness import run_cli
 from isolation import unique_subject_prefix
 from nats.aio.client import Client as NATS
 from nats.js.api import StreamConfig
@@ -473,15 +474,7 @@ async def test_the_cli_connects_as_the_identity_the_data_dir_holds(
 
 async def trellis_cli(env: dict[str, str], *args: str) -> tuple[int, str, str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "adapters.entrypoints.cli", *args,
-        env={**base, **env},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+    return await run_cli({**base, **env}, *args)
 
 
 @contextlib.asynccontextmanager

@@ -11,12 +11,10 @@ to two compositions (only the invariant audit can tell; it names the first posit
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import copy
 import json
 import os
-import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,7 +25,7 @@ import msgspec
 import pytest
 import pytest_asyncio
 from fabrics import expect_ok
-from harness import Harness, ManualClock, serving, undecodable_event
+from harness import Harness, ManualClock, run_cli, serving, undecodable_event
 from isolation import Database
 from nats.js import JetStreamContext
 
@@ -87,18 +85,7 @@ def env(
 
 
 async def trellis(env: dict[str, str], *args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "adapters.entrypoints.cli",
-        *args,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 120)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+    return await run_cli(env, *args, timeout=120)  # verify replays the whole log
 
 
 async def compose(h: Harness, tenant: str, body: dict[str, Any], domain: str = HALL) -> str:
