@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from ext import Conditions, LinkInfo, NodeInfo, PathRequest
+from ext import Conditions, DeviceInfo, LinkInfo, NodeInfo, PathRequest, Selector
 
 RACKS_PER_POD = 8
 HOSTS_PER_RACK = 8
@@ -49,6 +49,13 @@ class World:
     @property
     def device_count(self) -> int:
         return len(self.devices)
+
+    def device_infos(self) -> dict[str, DeviceInfo]:
+        """What a Selector tests, ranked by generation as the default policy does."""
+        return {
+            d.id: DeviceInfo(d.kind, d.model, d.generation, rank=d.generation)
+            for d in self.devices.values()
+        }
 
 
 def build(pods: int, seed: int = 1) -> World:
@@ -192,6 +199,7 @@ def document(w: World, memory_capacity_gib: float = 1024.0) -> dict[str, Any]:
 class Request:
     path: PathRequest
     ranked: dict[str, int]  # candidates of the kind asked for -> policy rank (generation)
+    selector: Selector  # the same candidates as the engine names them to the compiled core
     device: str  # one candidate, for the single path check
 
 
@@ -217,5 +225,6 @@ def requests(w: World, count: int, seed: int = 2) -> list[Request]:
         }
         request = PathRequest(rng.choice(usable_hosts), rng.choice(TENANTS), **kwargs)
         ranked = {d.id: d.generation for d in candidates}
-        out.append(Request(request, ranked, rng.choice(candidates).id))
+        selector = Selector(kind, min_generation=min_generation)
+        out.append(Request(request, ranked, selector, rng.choice(candidates).id))
     return out

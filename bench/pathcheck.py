@@ -5,8 +5,12 @@ Two queries per request:
 - single path check: the best path from the host to one given device (best_paths, 1 target);
 - device choice: the best of all N candidate devices of the kind asked for, by (hops,
   latency, rank, id), from one search (the engine's question per pick). The compiled core
-  answers with best_devices; the reference as the engine did before it, best_paths over
-  every candidate and the minimum; rustworkx with the same search as the compiled core.
+  answers with best_devices given a Selector (kind, minimum generation), as the engine asks;
+  the reference as the engine did before it, best_paths over every candidate id and the
+  minimum; rustworkx with the same search as the compiled core over the id list.
+
+With both fabrics, the compiled core's growth from 4,096 to 65,536 devices is printed against
+issue 11's targets: device choice ≤ 2x at p50 and ≤ 4x at p99, single check ≤ 4x at p99.
 
 Every implementation answers the same requests in the same order; the slow ones answer a
 prefix of them within a time budget, and each ratio compares the same requests. Answers are
@@ -93,7 +97,7 @@ def run_size(
     setup: dict[str, float] = {"generate_s": built}
 
     t0 = time.perf_counter()
-    c_fabric = _paths_c.Fabric(world.nodes, world.links)
+    c_fabric = _paths_c.Fabric(world.nodes, world.links, world.device_infos())
     setup["compiled_fabric_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     live = _paths_c.LiveConditions(c_fabric, cond)
@@ -104,7 +108,7 @@ def run_size(
     impls: dict[str, dict[str, Callable[[Request], Any]]] = {
         "compiled": {
             "single": lambda r: _paths_c.best_paths(c_fabric, live, r.path, {r.device}),
-            "choice": lambda r: _paths_c.best_devices(c_fabric, live, r.path, r.ranked, 1),
+            "choice": lambda r: _paths_c.best_devices(c_fabric, live, r.path, r.selector, 1),
         },
         "reference": {
             "single": lambda r: _paths_py.best_paths(py_fabric, cond, r.path, {r.device}),
@@ -205,6 +209,29 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+GROWTH_TARGETS = {("choice", "p50"): 2.0, ("choice", "p99"): 4.0, ("single", "p99"): 4.0}
+
+
+def growth_of(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The compiled core's figures at 65,536 devices over its figures at 4,096."""
+    small, large = results.get("4,096 devices"), results.get("65,536 devices")
+    if small is None or large is None:
+        return {}
+    figures: dict[str, Any] = {}
+    lines = ["", "growth of the compiled core, 65,536 / 4,096 devices:"]
+    for mode in MODES:
+        for q in ("p50", "p99", "p999"):
+            a = small["modes"][mode]["compiled"][f"{q}_us"]
+            b = large["modes"][mode]["compiled"][f"{q}_us"]
+            ratio = b / a
+            target = GROWTH_TARGETS.get((mode, q))
+            figures[f"{mode}_{q}"] = {"ratio": ratio, "target": target}
+            verdict = "" if target is None else f" (target ≤ {target:g}x: "
+            verdict += "" if target is None else ("met)" if ratio <= target else "missed)")
+            lines.append(f"  {mode:6s} {q:5s} {a:9.1f} -> {b:9.1f} µs  {ratio:5.2f}x{verdict}")
+    return {"figures": figures, "lines": lines}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=10_000)
@@ -263,6 +290,9 @@ def main() -> None:
             print(f"{label}: within the time budget, answered only " + ", ".join(short) + ";")
             print("  ratios compare the compiled core on the same requests.")
         print(f"{label}: mean candidates per device choice {res['mean_candidates']:.0f}")
+    growth = growth_of(results)
+    for line in growth.get("lines", []):
+        print(line)
     summary: dict[str, Any] = {
         "bench": "pathcheck",
         "python": platform.python_version(),
@@ -271,6 +301,7 @@ def main() -> None:
         "rustworkx": RxFabric is not None,
         "results": results,
         "targets": {},
+        "growth": growth.get("figures", {}),
     }
     for label, res in results.items():
         modes = res["modes"]

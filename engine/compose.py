@@ -23,7 +23,7 @@ from engine.events import (
     LeaseExtended,
 )
 from engine.intents import Compose, Extend, Release
-from engine.placement import Placement, Rejection, place
+from engine.placement import Placement, Rejection, hosts_of, place
 from engine.quotas import over_quota
 from engine.state import Composition, DomainState, evolve, usable
 
@@ -282,11 +282,10 @@ def _candidate_hosts(state: DomainState, intent: Compose) -> list[str] | Rejecti
         return [intent.host]
     wanted = intent.host_selector.labels if intent.host_selector else {}
     hosts = [
-        node_id
-        for node_id, node in sorted(state.nodes.items())
-        if node.spec.kind == "host"
-        and usable(node)
-        and all(node.spec.labels.get(k) == v for k, v in wanted.items())
+        host
+        for host in hosts_of(state)
+        if usable(state.nodes[host])
+        and all(state.nodes[host].spec.labels.get(k) == v for k, v in wanted.items())
     ]
     if not hosts:
         message = f"no usable host matches the selector {wanted}"

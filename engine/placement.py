@@ -3,6 +3,10 @@
 Pure: reads a DomainState, asks the path core for best paths, returns bindings or a Rejection
 whose funnel counts what each constraint removed. Entries are served in order and each entry's
 count one device at a time; every pick sees the reservations and circuits of the picks before.
+
+The path core holds each device's attributes and whether it is taken or sliced, so a pick
+names its candidates by a Selector and the core tests each device its search reaches: the
+cost follows the search, not the number of devices in the hall.
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ from engine.policy import rank
 from engine.state import Component, DomainState, usable
 from ext import (
     Conditions,
+    DeviceInfo,
     Fabric,
     LinkInfo,
     LiveConditions,
     NodeInfo,
     Path,
     PathRequest,
+    Selector,
     best_devices,
     best_paths,
 )
@@ -61,7 +67,7 @@ class Rejection(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def fabric_of(state: DomainState) -> Fabric:
-    """The static graph of `state`'s topology."""
+    """The static graph of `state`'s topology, with what a Selector tests of each device."""
     nodes = {n: NodeInfo(s.spec.kind, s.spec.latency_ns) for n, s in state.nodes.items()}
     links = [
         LinkInfo(
@@ -75,7 +81,21 @@ def fabric_of(state: DomainState) -> Fabric:
         )
         for lk in state.links.values()
     ]
-    return Fabric(nodes, links)
+    devices = {n: device_info(s.spec) for n, s in state.nodes.items() if s.spec.kind == "device"}
+    return Fabric(nodes, links, devices)
+
+
+def device_info(spec: NodeSpec) -> DeviceInfo:
+    """As `_free`, `_matching` and `_labels_match` read a spec: absent numbers count as 0."""
+    return DeviceInfo(
+        spec.device_kind or "",
+        spec.model or "",
+        spec.generation or 0,
+        spec.memory_gib or 0.0,
+        spec.capacity_gib or 0.0,
+        rank(spec),
+        spec.labels,
+    )
 
 
 def conditions_of(state: DomainState) -> Conditions:
@@ -91,6 +111,8 @@ def conditions_of(state: DomainState) -> Conditions:
         circuits=circuits,
         switch_tenants={k: dict(v) for k, v in state.switch_tenants.items()},
         exclusive_tenants={k: dict(v) for k, v in state.exclusive_tenants.items()},
+        taken=set(state.device_owner),
+        sliced_gib=dict(state.memory_used),
     )
 
 
@@ -108,6 +130,12 @@ class _Core:
     def __init__(self, state: DomainState) -> None:
         self.fabric = fabric_of(state)
         self.live = LiveConditions(self.fabric, conditions_of(state))
+        # Static while the topology is: hosts in id order, devices by kind.
+        self.hosts = sorted(n for n, s in state.nodes.items() if s.spec.kind == "host")
+        self.devices_of_kind: dict[str, list[str]] = {}
+        for n, node in state.nodes.items():
+            if node.spec.kind == "device" and node.spec.device_kind is not None:
+                self.devices_of_kind.setdefault(node.spec.device_kind, []).append(n)
         self._seen(state)
 
     def _seen(self, state: DomainState) -> None:
@@ -117,6 +145,8 @@ class _Core:
         self.circuits = state.circuits
         self.switch_tenants = state.switch_tenants
         self.exclusive_tenants = state.exclusive_tenants
+        self.owners = state.device_owner
+        self.memory_used = state.memory_used
 
     def sync(self, state: DomainState) -> bool:
         """Bring the live conditions to `state`; False when its topology differs."""
@@ -143,6 +173,18 @@ class _Core:
                     if before.get(key) != c:
                         port, other = _circuit_ports(key, c)
                         live.set_circuit(c.ocs, port, other, c.host)
+            if state.device_owner is not self.owners:
+                # Key sets, compared at C speed: only who holds a device whole matters here.
+                for device in self.owners.keys() - state.device_owner.keys():
+                    live.set_taken(device, False)
+                for device in state.device_owner.keys() - self.owners.keys():
+                    live.set_taken(device, True)
+            if state.memory_used is not self.memory_used:
+                for device in self.memory_used.keys() - state.memory_used.keys():
+                    live.set_sliced(device, 0.0)
+                for device, gib in state.memory_used.items():
+                    if self.memory_used.get(device) != gib:
+                        live.set_sliced(device, gib)
             for old_t, new_t, update in (
                 (self.switch_tenants, state.switch_tenants, live.set_switch_tenants),
                 (self.exclusive_tenants, state.exclusive_tenants, live.set_exclusive_tenants),
@@ -183,6 +225,12 @@ _CORES: dict[str, _Core] = {}
 _CORES_LOCK = threading.Lock()  # one decision at a time uses a domain's live conditions
 
 
+def hosts_of(state: DomainState) -> list[str]:
+    """Every host of the domain, in id order (from the cached topology, not a scan)."""
+    with _CORES_LOCK:
+        return _core(state).hosts
+
+
 def _core(state: DomainState) -> _Core:
     core = _CORES.get(state.domain)
     if core is None or not core.sync(state):
@@ -200,23 +248,19 @@ def place(state: DomainState, intent: Compose, tenant: str, host: str) -> Placem
     """Choose every device of `intent` for `host`, or say why not."""
     with _CORES_LOCK:
         core = _core(state)
-        # Each pick holds its bandwidth, circuits and switches for the next ones; all of it is
-        # undone afterwards, since the decision is recorded as events, not here.
+        # Each pick holds its bandwidth, circuits, switches and device for the next ones; all
+        # of it is undone afterwards, since the decision is recorded as events, not here.
         mark = core.live.checkpoint()
         try:
-            return _place(state, core.fabric, core.live, intent, tenant, host)
+            return _place(state, core, intent, tenant, host)
         finally:
             core.live.rollback(mark)
 
 
 def _place(
-    state: DomainState,
-    fabric: Fabric,
-    live: LiveConditions,
-    intent: Compose,
-    tenant: str,
-    host: str,
+    state: DomainState, core: _Core, intent: Compose, tenant: str, host: str
 ) -> Placement | Rejection:
+    fabric, live = core.fabric, core.live
     exclusive = intent.constraints.isolation == "exclusive"
     memory_used = dict(state.memory_used)
     picked: set[str] = set()
@@ -225,13 +269,6 @@ def _place(
     for index, slot in enumerate(_slots(state, intent)):
         entry = slot.entry
         for nth in range(entry.count):
-            candidates = {
-                d: rank(state.nodes[d].spec)
-                for d in _matching(state, slot)
-                if usable(state.nodes[d])
-                and _free(state, d, slot, memory_used, picked)
-                and _labels_match(state.nodes[d].spec, intent)
-            }
             request = PathRequest(
                 host,
                 tenant,
@@ -241,15 +278,17 @@ def _place(
                 entry.bandwidth_gbps,
             )
             # One search for every candidate, ordered by (hops, latency, policy rank, id).
+            candidates = _candidates(state, slot, intent, memory_used, picked)
             chosen = best_devices(fabric, live, request, candidates, 1)
             if not chosen:
                 return _why_not(
-                    state, fabric, live, intent, slot, index, nth, host, tenant, memory_used, picked
+                    state, core, intent, slot, index, nth, host, tenant, memory_used, picked
                 )
             best = chosen[0]
             binding = _bind(state, best, entry)
             bindings.append(binding)
             picked.add(best.device)
+            live.set_taken(best.device, True)  # one slice per device per composition, too
             if binding.capacity_gib is not None:
                 memory_used[best.device] = memory_used.get(best.device, 0.0) + binding.capacity_gib
             new_circuits += _hold(state, live, best, entry, host, tenant, exclusive)
@@ -273,15 +312,43 @@ def _slots(state: DomainState, intent: Compose) -> list[_Slot]:
     return slots
 
 
-def _matching(state: DomainState, slot: _Slot) -> Iterable[str]:
+def _candidates(
+    state: DomainState,
+    slot: _Slot,
+    intent: Compose,
+    memory_used: dict[str, float],
+    picked: set[str],
+) -> Selector | dict[str, int]:
+    """What the path core may pick for a slot: a Selector over the fabric's devices (the core
+    knows what is taken and sliced, this composition's picks included), or the one device
+    asked for by id, with its rank, when it is free."""
+    entry = slot.entry
+    if slot.device is None:
+        return Selector(
+            entry.kind,
+            tuple(entry.models),
+            entry.min_generation,
+            entry.min_memory_gib,
+            entry.capacity_gib if entry.kind == "memory" else None,
+            intent.constraints.labels,
+        )
+    node = state.nodes[slot.device]
+    if (
+        usable(node)
+        and _free(state, slot.device, slot, memory_used, picked)
+        and _labels_match(node.spec, intent)
+    ):
+        return {slot.device: rank(node.spec)}
+    return {}
+
+
+def _matching(state: DomainState, core: _Core, slot: _Slot) -> Iterable[str]:
     if slot.device is not None:
         yield slot.device
         return
     entry = slot.entry
-    for node_id, node in state.nodes.items():
-        spec = node.spec
-        if spec.kind != "device" or spec.device_kind != entry.kind:
-            continue
+    for node_id in core.devices_of_kind.get(entry.kind, ()):
+        spec = state.nodes[node_id].spec
         if entry.models and spec.model not in entry.models:
             continue
         if entry.min_generation is not None and (spec.generation or 0) < entry.min_generation:
@@ -353,8 +420,7 @@ def _hold(
 
 def _why_not(
     state: DomainState,
-    fabric: Fabric,
-    live: LiveConditions,
+    core: _Core,
     intent: Compose,
     slot: _Slot,
     index: int,
@@ -371,7 +437,8 @@ def _why_not(
     entry = slot.entry
     c = intent.constraints
     exclusive = c.isolation == "exclusive"
-    kind_model = list(_matching(state, slot))
+    fabric, live = core.fabric, core.live
+    kind_model = list(_matching(state, core, slot))
     healthy = [d for d in kind_model if usable(state.nodes[d])]
     free = [d for d in healthy if _free(state, d, slot, memory_used, picked)]
     labelled = [d for d in free if _labels_match(state.nodes[d].spec, intent)]

@@ -4,7 +4,7 @@ One surface, two implementations: ``Fabric``, ``LiveConditions``, ``best_paths``
 ``best_devices`` and ``hop_distances`` come from ``ext._paths_c`` when it is built, else from
 the reference (``ext._paths_py``, the spec, and ``ext._live_py``, its incremental twins). The
 value types (``Conditions``, ``PathRequest``, ``Path``, ``Circuit``, ``NodeInfo``,
-``LinkInfo``) and ``PathError`` are the reference's in both.
+``LinkInfo``, ``DeviceInfo``, ``Selector``) and ``PathError`` are the reference's in both.
 
 Set ``TRELLIS_PURE_PYTHON=1`` to force the reference (debugging, or checking a suspected drift).
 """
@@ -18,17 +18,20 @@ from typing import Literal
 from ._paths_py import (
     Circuit,
     Conditions,
+    DeviceInfo,
     LinkInfo,
     NodeInfo,
     Path,
     PathError,
     PathRequest,
+    Selector,
 )
 
 __all__ = [
     "IMPLEMENTATION",
     "Circuit",
     "Conditions",
+    "DeviceInfo",
     "Fabric",
     "LinkInfo",
     "LiveConditions",
@@ -36,6 +39,7 @@ __all__ = [
     "Path",
     "PathError",
     "PathRequest",
+    "Selector",
     "best_devices",
     "best_paths",
     "hop_distances",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._paths_py import Conditions, Fabric, Path, PathRequest, best_paths
+from ._paths_py import Conditions, Fabric, Path, PathRequest, Selector, best_paths, selected
 
 _NO_CHANGE = object()
 _NO_CONDITIONS = Conditions()
@@ -32,6 +32,8 @@ class LiveConditions:
         self.exclusive_tenants: dict[str, dict[str, int]] = {
             k: dict(v) for k, v in conditions.exclusive_tenants.items()
         }
+        self.taken: set[str] = set(conditions.taken)
+        self.sliced_gib: dict[str, float] = dict(conditions.sliced_gib)
         self._tracked: dict[str, list[str]] = {}
         self._through: dict[str, dict[str, int]] = {}
         self._journal: list[tuple[Any, ...]] | None = None
@@ -58,8 +60,8 @@ class LiveConditions:
                     self._untrack(key)
                     if old is not _NO_CHANGE:
                         self._track(key, old)
-                elif table is self.unusable:
-                    (self.unusable.add if old else self.unusable.discard)(key)
+                elif table is self.unusable or table is self.taken:
+                    (table.add if old else table.discard)(key)
                 elif old is _NO_CHANGE:
                     table.pop(key, None)
                 else:
@@ -71,7 +73,7 @@ class LiveConditions:
 
     def _record(self, table: Any, key: str) -> None:
         if self._journal is not None:
-            if table is self.unusable:
+            if table is self.unusable or table is self.taken:
                 self._journal.append((table, key, key in table))
             else:
                 self._journal.append((table, key, table.get(key, _NO_CHANGE)))
@@ -106,6 +108,32 @@ class LiveConditions:
         if link not in self._links:
             raise KeyError(link)
         return self.reserved_gbps.get(link, 0.0)
+
+    def set_taken(self, device: str, taken: bool) -> None:
+        """Mark a device taken (held whole; no selector chooses it) or not.
+
+        Raises:
+            KeyError: no node of the fabric has that id.
+        """
+        if device not in self.fabric.graph:
+            raise KeyError(device)
+        if (device in self.taken) != bool(taken):
+            self._record(self.taken, device)
+            (self.taken.add if taken else self.taken.discard)(device)
+
+    def set_sliced(self, device: str, gib: float) -> None:
+        """Set the GiB sliced out of a memory device (0: none).
+
+        Raises:
+            KeyError: no node of the fabric has that id.
+        """
+        if device not in self.fabric.graph:
+            raise KeyError(device)
+        self._record(self.sliced_gib, device)
+        if gib:
+            self.sliced_gib[device] = gib
+        else:
+            self.sliced_gib.pop(device, None)
 
     def set_circuit(self, ocs: str, port: int, other: int, owner: str) -> None:
         """``circuits["<ocs>:<port>"] = (other, owner)``."""
@@ -205,16 +233,20 @@ def best_devices(
     fabric: Fabric,
     conditions: Conditions | LiveConditions,
     request: PathRequest,
-    ranked: Mapping[str, int],
+    ranked: Mapping[str, int] | Selector,
     n: int = 1,
 ) -> list[Path]:
     """The best ``n`` target devices by (hops, latency, rank, id) of their best paths.
 
-    ``ranked`` maps each candidate device to its policy rank (section 5: device choice).
+    ``ranked`` maps each candidate device to its policy rank (section 5: device choice), or
+    is a ``Selector``: the candidates are then the fabric's devices it admits under these
+    conditions, each with its ``DeviceInfo.rank``.
 
     Raises:
         PathError: the host is unknown, not a host, or unusable.
     """
+    if isinstance(ranked, Selector):
+        ranked = selected(fabric.devices, conditions.taken, conditions.sliced_gib, ranked)
     if n <= 0:
         best_paths(fabric, conditions, request, set())  # type: ignore[arg-type]  # host checks
         return []

@@ -24,7 +24,7 @@ from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy, memset
 
-from ._paths_py import Circuit, Conditions, Path, PathError
+from ._paths_py import Circuit, Conditions, Path, PathError, Selector
 
 cdef carray _INT32_TEMPLATE = array("i")
 
@@ -158,6 +158,8 @@ ctypedef struct FabricData:
     int32_t* adj_far
     int32_t* adj_slot  # the far end's slot when the far node is an OCS, else -1
     int32_t* adj_near_slot  # this end's slot when this node is an OCS, else -1
+    int32_t* inner_ptr  # n_nodes + 1 offsets into inner_arc
+    int32_t* inner_arc  # per node, its adjacency positions whose far node is no device
     int64_t* link_lat
     double* link_cap
     int32_t* slot_ocs  # per slot: its OCS node
@@ -166,6 +168,14 @@ ctypedef struct FabricData:
     int32_t* slot_far  # the node at the cable's other end
     int32_t* slot_far_slot  # that end's slot when it is an OCS, else -1
     int32_t* ocs_slots  # per OCS rank: n_ocs + 1 offsets into the slots
+    # per node, what a Selector tests (DeviceInfo); dev_kind -1: no device, or no such info
+    int32_t n_models
+    int32_t* dev_kind
+    int32_t* dev_model
+    int64_t* dev_gen
+    double* dev_mem
+    double* dev_cap
+    int64_t* dev_rank
 
 
 ctypedef struct CondData:
@@ -179,6 +189,8 @@ ctypedef struct CondData:
     int32_t* users_sole  # the tenant when users_n == 1
     int32_t* holders_n  # tenants holding it exclusively
     int32_t* holders_sole
+    uint8_t* taken  # per node: a device held whole
+    double* sliced  # per node: GiB sliced out of a memory device
 
 
 ctypedef struct Label:
@@ -215,11 +227,29 @@ ctypedef struct Query:
     int64_t n_targets  # the search stops once this many targets are found (as len(targets))
     int32_t best_n  # > 0: stop once the best n by (hops, latency, rank, id) are certain
     int use_lb  # prune labels that cannot reach a target (within max_hops): ws.lb is set
+    int use_lat_lb  # with a latency bound: prune on ws.lat_lb too
+    int select  # candidates are the devices _selected admits, not marked targets
+    int32_t sel_kind
+    int has_models  # the admitted model ids carry ws.model_stamp
+    int has_min_gen
+    int64_t min_gen
+    int has_min_mem
+    double min_mem
+    int has_slice
+    double slice_gib
+    int32_t n_labels  # > 0: admitted devices carry target_stamp and label_hits == n_labels
+    int64_t limit_hops  # the request's own max_hops; max_hops may be lower while deepening
+    int64_t next_bound  # deepening: the least hops + lb of a label cut by max_hops < limit
     # results
     int32_t n_found
     int32_t n_best
     int32_t error_slot  # a dangling circuit of the host was met there
     int out_of_memory
+
+
+ctypedef struct DEntry:
+    int64_t key
+    int32_t node
 
 
 ctypedef struct WS:
@@ -250,10 +280,20 @@ ctypedef struct WS:
     int64_t* rank  # per node (best_devices)
     int32_t* best  # the best n found so far, best first
     int64_t best_cap
-    int32_t* lb  # per node: fewest links to a target over the relaxed fabric (with lb_stamp)
+    int32_t* lb  # per node: fewest hops to a target over the relaxed fabric (with lb_stamp)
     uint32_t* lb_stamp
     int32_t* queue  # BFS queue, one slot per node
-    uint32_t stamp
+    int64_t* lat_lb  # per node: least latency to a target over the relaxed fabric (lat_stamp)
+    uint32_t* lat_stamp
+    DEntry* dheap  # the latency bound's Dijkstra heap
+    int32_t targets[64]  # the marked targets when at most _LOWER_BOUND_TARGETS (lower bounds)
+    int32_t n_targets
+    uint32_t* model_stamp  # per model id: admitted by this search's Selector
+    int32_t* label_hits  # per node: labels of this search's Selector it carries
+    int64_t dheap_cap
+    uint32_t stamp  # per search: targets, lower bounds
+    uint32_t round  # per round of a search (see _deepen): settled, pushed, found
+    int32_t n_models
     int32_t n_nodes
     int32_t n_vertices
 
@@ -263,8 +303,12 @@ cdef class _Workspace:
 
     cdef WS w
 
-    def __cinit__(self, int32_t n_nodes, int32_t n_slots):
+    def __cinit__(self, int32_t n_nodes, int32_t n_slots, int32_t n_models):
         memset(&self.w, 0, sizeof(WS))
+        self.w.model_stamp = <uint32_t*>_alloc(n_models, sizeof(uint32_t))
+        memset(self.w.model_stamp, 0, (n_models if n_models > 0 else 1) * sizeof(uint32_t))
+        self.w.n_models = n_models
+        self.w.label_hits = <int32_t*>_alloc(n_nodes, sizeof(int32_t))
         self.w.n_nodes = n_nodes
         self.w.n_vertices = n_nodes + n_slots
         self.w.labels_cap = 1024
@@ -290,8 +334,14 @@ cdef class _Workspace:
         self.w.best = <int32_t*>_alloc(self.w.best_cap, sizeof(int32_t))
         self.w.lb = <int32_t*>_alloc(n_nodes, sizeof(int32_t))
         self.w.lb_stamp = <uint32_t*>_alloc(n_nodes, sizeof(uint32_t))
-        self.w.queue = <int32_t*>_alloc(n_nodes, sizeof(int32_t))
+        # A node, or once per OCS a token for its extra hop (see _lower_bounds).
+        self.w.queue = <int32_t*>_alloc(2 * n_nodes, sizeof(int32_t))
         memset(self.w.lb_stamp, 0, n_nodes * sizeof(uint32_t))
+        self.w.lat_lb = <int64_t*>_alloc(n_nodes, sizeof(int64_t))
+        self.w.lat_stamp = <uint32_t*>_alloc(n_nodes, sizeof(uint32_t))
+        memset(self.w.lat_stamp, 0, n_nodes * sizeof(uint32_t))
+        self.w.dheap_cap = 1024
+        self.w.dheap = <DEntry*>_alloc(self.w.dheap_cap, sizeof(DEntry))
         memset(self.w.settled_stamp, 0, self.w.n_vertices * sizeof(uint32_t))
         memset(self.w.pushed_stamp, 0, self.w.n_vertices * sizeof(uint32_t))
         memset(self.w.target_stamp, 0, n_nodes * sizeof(uint32_t))
@@ -315,23 +365,38 @@ cdef class _Workspace:
         free(self.w.best)
         free(self.w.lb)
         free(self.w.lb_stamp)
+        free(self.w.lat_lb)
+        free(self.w.lat_stamp)
+        free(self.w.dheap)
+        free(self.w.model_stamp)
+        free(self.w.label_hits)
         free(self.w.queue)
 
     cdef void next_stamp(self):
         # Stamps mark per-search membership without clearing arrays; on wrap-around clear once.
         self.w.stamp += 1
         if self.w.stamp == 0:
-            memset(self.w.settled_stamp, 0, self.w.n_vertices * sizeof(uint32_t))
-            memset(self.w.pushed_stamp, 0, self.w.n_vertices * sizeof(uint32_t))
             memset(self.w.target_stamp, 0, self.w.n_nodes * sizeof(uint32_t))
-            memset(self.w.found_stamp, 0, self.w.n_nodes * sizeof(uint32_t))
             memset(self.w.lb_stamp, 0, self.w.n_nodes * sizeof(uint32_t))
+            memset(self.w.lat_stamp, 0, self.w.n_nodes * sizeof(uint32_t))
+            memset(self.w.model_stamp, 0,
+                   (self.w.n_models if self.w.n_models > 0 else 1) * sizeof(uint32_t))
             self.w.stamp = 1
+        _next_round(&self.w)
 
     cdef int ensure_best(self, int64_t n) except -1:
         if not _grow(<void**>&self.w.best, &self.w.best_cap, n, sizeof(int32_t)):
             raise MemoryError()
         return 0
+
+
+cdef void _next_round(WS* w) noexcept nogil:
+    w.round += 1
+    if w.round == 0:
+        memset(w.settled_stamp, 0, w.n_vertices * sizeof(uint32_t))
+        memset(w.pushed_stamp, 0, w.n_vertices * sizeof(uint32_t))
+        memset(w.found_stamp, 0, w.n_nodes * sizeof(uint32_t))
+        w.round = 1
 
 
 cdef class Fabric:
@@ -360,11 +425,17 @@ cdef class Fabric:
     cdef object _graph
     cdef readonly dict ports
     cdef _Workspace _spare
+    cdef readonly dict devices  # device id -> DeviceInfo, as given (device nodes only)
+    cdef dict _device_kinds  # kind string -> id
+    cdef dict _model_ids  # model string -> id
+    cdef dict _label_index  # (key, value) -> node indices of devices carrying it
+    cdef dict _buckets  # (kind id, model id) -> node indices, in id order
+    cdef dict _kind_models  # kind id -> its model ids
 
     def __cinit__(self):
         memset(&self.d, 0, sizeof(FabricData))
 
-    def __init__(self, nodes, links):
+    def __init__(self, nodes, links, devices=None):
         cdef int32_t n, m, i, k, a, b, r, s, nslots, u, v
         cdef Py_ssize_t pos
         self._nodes = nodes
@@ -506,10 +577,69 @@ cdef class Fabric:
                 self.d.adj_far[pos] = v
                 self.d.adj_slot[pos] = end_slot.get((k, v), -1)
                 self.d.adj_near_slot[pos] = end_slot.get((k, u), -1)
+        # The lower bounds never step onto a device (only targets, seeded first), and most
+        # cables end at one: their BFS and Dijkstra walk this shorter list.
+        self.d.inner_ptr = <int32_t*>_alloc(n + 1, sizeof(int32_t))
+        self.d.inner_arc = <int32_t*>_alloc(2 * m, sizeof(int32_t))
+        pos = 0
+        for u in range(n):
+            self.d.inner_ptr[u] = <int32_t>pos
+            for k in range(self.d.adj_ptr[u], self.d.adj_ptr[u + 1]):
+                if self.d.kind[self.d.adj_far[k]] != DEVICE:
+                    self.d.inner_arc[pos] = k
+                    pos += 1
+        self.d.inner_ptr[n] = <int32_t>pos
         self._graph = None
         self._spare = None
+        self._load_devices(devices or {})
+
+    cdef _load_devices(self, devices):
+        cdef int32_t n = self.d.n_nodes, i
+        self.d.dev_kind = <int32_t*>_alloc(n, sizeof(int32_t))
+        self.d.dev_model = <int32_t*>_alloc(n, sizeof(int32_t))
+        self.d.dev_gen = <int64_t*>_alloc(n, sizeof(int64_t))
+        self.d.dev_mem = <double*>_alloc(n, sizeof(double))
+        self.d.dev_cap = <double*>_alloc(n, sizeof(double))
+        self.d.dev_rank = <int64_t*>_alloc(n, sizeof(int64_t))
+        for i in range(n):
+            self.d.dev_kind[i] = -1
+            self.d.dev_model[i] = -1
+        self.devices = {}
+        self._device_kinds = {}
+        self._model_ids = {}
+        self._label_index = {}
+        self._buckets = {}
+        self._kind_models = {}
+        for device in sorted(devices):
+            found = self._node_index.get(device)
+            if found is None or self.d.kind[<int32_t>found] != DEVICE:
+                continue  # as the reference: only device nodes of this fabric
+            i = found
+            info = devices[device]
+            self.devices[device] = info
+            kind = self._device_kinds.setdefault(info.kind, len(self._device_kinds))
+            model = self._model_ids.setdefault(info.model, len(self._model_ids))
+            self.d.dev_kind[i] = kind
+            self.d.dev_model[i] = model
+            self.d.dev_gen[i] = operator.index(info.generation)
+            self.d.dev_mem[i] = float(info.memory_gib)
+            self.d.dev_cap[i] = float(info.capacity_gib)
+            self.d.dev_rank[i] = operator.index(info.rank)
+            self._buckets.setdefault((kind, model), []).append(i)
+            models = self._kind_models.setdefault(kind, [])
+            if model not in models:
+                models.append(model)
+            for pair in info.labels.items():
+                self._label_index.setdefault(pair, []).append(i)
+        self.d.n_models = len(self._model_ids)
 
     def __dealloc__(self):
+        free(self.d.dev_kind)
+        free(self.d.dev_model)
+        free(self.d.dev_gen)
+        free(self.d.dev_mem)
+        free(self.d.dev_cap)
+        free(self.d.dev_rank)
         free(self.d.kind)
         free(self.d.node_lat)
         free(self.d.ocs_rank)
@@ -518,6 +648,8 @@ cdef class Fabric:
         free(self.d.adj_far)
         free(self.d.adj_slot)
         free(self.d.adj_near_slot)
+        free(self.d.inner_ptr)
+        free(self.d.inner_arc)
         free(self.d.link_lat)
         free(self.d.link_cap)
         free(self.d.slot_ocs)
@@ -544,7 +676,7 @@ cdef class Fabric:
         # thread holds it, so searches released from the GIL never share buffers.
         cdef _Workspace ws = self._spare
         if ws is None:
-            return _Workspace(self.d.n_nodes, self.d.n_slots)
+            return _Workspace(self.d.n_nodes, self.d.n_slots, self.d.n_models)
         self._spare = None
         return ws
 
@@ -587,6 +719,11 @@ cdef class LiveConditions:
         self.c.users_sole = <int32_t*>_alloc(n, sizeof(int32_t))
         self.c.holders_n = <int32_t*>_alloc(n, sizeof(int32_t))
         self.c.holders_sole = <int32_t*>_alloc(n, sizeof(int32_t))
+        self.c.taken = <uint8_t*>_alloc(n, sizeof(uint8_t))
+        self.c.sliced = <double*>_alloc(n, sizeof(double))
+        memset(self.c.taken, 0, n)
+        for i in range(n):
+            self.c.sliced[i] = 0.0
         memset(self.c.node_flags, 0, n)
         memset(self.c.link_flags, 0, m)
         for i in range(m):
@@ -621,6 +758,8 @@ cdef class LiveConditions:
         free(self.c.users_sole)
         free(self.c.holders_n)
         free(self.c.holders_sole)
+        free(self.c.taken)
+        free(self.c.sliced)
 
     cdef _load(self, conditions):
         # A snapshot may name things the fabric lacks (the reference ignores them): skip them.
@@ -653,6 +792,14 @@ cdef class LiveConditions:
             i = node_index.get(switch)
             if i is not None:
                 self._set_tenants(self._holders, i, tenants, True)
+        for device in conditions.taken:
+            i = node_index.get(device)
+            if i is not None:
+                self.c.taken[<int32_t>i] = 1
+        for device, gib in conditions.sliced_gib.items():
+            i = node_index.get(device)
+            if i is not None:
+                self.c.sliced[<int32_t>i] = gib
 
     # ---- the journal ----
 
@@ -680,6 +827,10 @@ cdef class LiveConditions:
                 elif what == 2:
                     self.c.reserved[<int32_t>entry[1]] = entry[2]
                     self.c.free[<int32_t>entry[1]] = entry[3]
+                elif what == 7:
+                    self.c.taken[<int32_t>entry[1]] = entry[2]
+                elif what == 8:
+                    self.c.sliced[<int32_t>entry[1]] = entry[2]
                 elif what == 6:
                     self._untrack(entry[1])
                     if entry[2] is not None:
@@ -726,6 +877,36 @@ cdef class LiveConditions:
             if self._journal is not None:
                 self._journal.append((1 if is_link else 0, i, flags[i]))
             flags[i] = flag
+
+    cdef int32_t _node(self, node) except -1:
+        i = self.fabric._node_index.get(node)
+        if i is None:
+            raise KeyError(node)
+        return i
+
+    def set_taken(self, device, bint taken):
+        """Mark a device taken (held whole; no selector chooses it) or not.
+
+        Raises:
+            KeyError: no node of the fabric has that id.
+        """
+        cdef int32_t i = self._node(device)
+        cdef uint8_t flag = 1 if taken else 0
+        if flag != self.c.taken[i]:
+            if self._journal is not None:
+                self._journal.append((7, i, self.c.taken[i]))
+            self.c.taken[i] = flag
+
+    def set_sliced(self, device, gib):
+        """Set the GiB sliced out of a memory device (0: none).
+
+        Raises:
+            KeyError: no node of the fabric has that id.
+        """
+        cdef int32_t i = self._node(device)
+        if self._journal is not None:
+            self._journal.append((8, i, self.c.sliced[i]))
+        self.c.sliced[i] = gib
 
     cdef int32_t _link(self, link) except -1:
         k = self.fabric._link_index.get(link)
@@ -1016,6 +1197,27 @@ cdef inline bint _switch_open(const CondData* c, const Query* q, int32_t node) n
     return True
 
 
+cdef inline bint _selected(
+    const FabricData* f, const CondData* c, const WS* ws, const Query* q, int32_t node
+) noexcept nogil:
+    """_paths_py.selected for one device (usability is the search's own test)."""
+    if f.dev_kind[node] != q.sel_kind or c.taken[node]:
+        return False
+    if q.has_models and ws.model_stamp[f.dev_model[node]] != ws.stamp:
+        return False
+    if q.has_min_gen and f.dev_gen[node] < q.min_gen:
+        return False
+    if q.has_min_mem and f.dev_mem[node] < q.min_mem:
+        return False
+    if q.has_slice and f.dev_cap[node] - c.sliced[node] + 1e-9 < q.slice_gib:
+        return False
+    if q.n_labels > 0 and (
+        ws.target_stamp[node] != ws.stamp or ws.label_hits[node] != q.n_labels
+    ):
+        return False
+    return True
+
+
 cdef inline bint _best_before(WS* ws, int32_t u, int32_t v) noexcept nogil:
     """Device order of best_devices: (hops, latency, rank, id) of their best paths."""
     cdef const Label* a = &ws.labels[ws.found_label[u]]
@@ -1054,7 +1256,10 @@ cdef int _step(
     latency = f.link_lat[link]
     mask = parent.mask
     if kind == DEVICE:
-        if ws.target_stamp[far] != ws.stamp:
+        if q.select:
+            if not _selected(f, c, ws, q, far):
+                return 0
+        elif ws.target_stamp[far] != ws.stamp:
             return 0
         vertex = far
     elif kind == HOST:
@@ -1069,15 +1274,22 @@ cdef int _step(
             vertex = f.n_nodes + far_slot
             mask |= (<uint64_t>1) << (f.ocs_rank[far] & 63)
     total_hops = parent.hops + hops
-    if total_hops > q.max_hops:
-        return 0
     total_latency = parent.latency + latency
     if q.bounded and total_latency > q.max_latency:
         return 0
-    if q.use_lb and kind != DEVICE and (
-        ws.lb_stamp[far] != ws.stamp or total_hops + ws.lb[far] > q.max_hops
+    if q.use_lat_lb and kind != DEVICE and (
+        ws.lat_stamp[far] != ws.stamp or total_latency + ws.lat_lb[far] > q.max_latency
     ):
-        return 0  # no target within reach from there (see _lower_bounds)
+        return 0  # no target within the latency bound from there (see _latency_bounds)
+    if total_hops > q.max_hops:
+        _cut(q, total_hops)
+        return 0
+    if q.use_lb and kind != DEVICE:
+        if ws.lb_stamp[far] != ws.stamp:
+            return 0  # no target within reach from there (see _lower_bounds)
+        if total_hops + ws.lb[far] > q.max_hops:
+            _cut(q, total_hops + ws.lb[far])
+            return 0
 
     # Pruned at push when the smallest label pushed at this vertex so far comes first and
     # dominates this one: it either settles and drops this one at its pop, or is dropped by
@@ -1085,7 +1297,7 @@ cdef int _step(
     # reaches the heap. Decided on (hops, latency) alone when they differ, before any copy.
     rival = -1
     compare = 0  # 0: this one is the smallest so far; 1: the rival is smaller; 2: tie
-    if ws.pushed_stamp[vertex] == ws.stamp:
+    if ws.pushed_stamp[vertex] == ws.round:
         rival = ws.pushed_label[vertex]
         a = &ws.labels[rival]
         if a.hops < total_hops or (a.hops == total_hops and a.latency < total_latency):
@@ -1133,12 +1345,18 @@ cdef int _step(
                 and (f.n_ocs <= 64 or _ocs_subset(f, ws, rival, child))):
             return 0  # not committed: the slot and arena space are reused
     else:
-        ws.pushed_stamp[vertex] = ws.stamp
+        ws.pushed_stamp[vertex] = ws.round
         ws.pushed_label[vertex] = child
     ws.arena_used = need
     ws.n_labels += 1
     _heap_push(ws, child)
     return 0
+
+
+cdef inline void _cut(Query* q, int64_t hops) noexcept nogil:
+    """A label dropped for the deepening bound, not the request's: a later round may need it."""
+    if hops <= q.limit_hops and hops < q.next_bound:
+        q.next_bound = hops
 
 
 cdef int _fan_out(
@@ -1164,19 +1382,21 @@ cdef inline bint _foreign(const CondData* c, const Query* q, int32_t slot) noexc
 cdef void _lower_bounds(
     const FabricData* f, const CondData* c, WS* ws, const Query* q, int32_t n_targets,
 ) noexcept nogil:
-    """Fewest links from each node to a target, over the fabric relaxed of everything but
+    """Fewest hops from each node to a target, over the fabric relaxed of everything but
     per-link and per-node rules (usable, bandwidth, switch isolation, no port of another
-    host's circuit; an OCS otherwise passes anything).
+    host's circuit; an OCS otherwise passes anything, any port to any port).
 
-    Every path the search can find runs in that relaxed fabric and has at least as many hops
-    as links, so a label whose far node reaches no target, or not within max_hops, is dropped
-    exactly: its descendants cannot reach one either, and any label it would dominate stands
-    at the same vertex with no fewer hops, so it is just as unable.
+    A hop is a link or a circuit, so passing an OCS costs one more: the reverse BFS reaches an
+    OCS one level late, through a token queued for it (the queue holds each node and each OCS
+    token at most once). Every path the search can find runs in that relaxed fabric with at
+    least these hops, so a label whose far node reaches no target, or not within max_hops, is
+    dropped exactly: its descendants cannot reach one either, and any label it would dominate
+    stands at the same vertex with no fewer hops, so it is just as unable.
     """
-    cdef int32_t head = 0, tail = 0, u, v, k, link
+    cdef int32_t head = 0, tail = 0, u, v, k, j, link
     cdef int8_t kind
     for k in range(n_targets):
-        u = ws.found[k]  # the target list, borrowed before the search fills it
+        u = ws.targets[k]
         if c.node_flags[u] & UNUSABLE:
             continue
         ws.lb_stamp[u] = ws.stamp
@@ -1186,7 +1406,12 @@ cdef void _lower_bounds(
     while head < tail:
         u = ws.queue[head]
         head += 1
-        for k in range(f.adj_ptr[u], f.adj_ptr[u + 1]):
+        if u < 0:  # an OCS token: the OCS itself, now at its level
+            ws.queue[tail] = -u - 1
+            tail += 1
+            continue
+        for j in range(f.inner_ptr[u], f.inner_ptr[u + 1]):
+            k = f.inner_arc[j]
             v = f.adj_far[k]
             if ws.lb_stamp[v] == ws.stamp:
                 continue
@@ -1207,10 +1432,15 @@ cdef void _lower_bounds(
             if kind == SWITCH and q.isolation and not _switch_open(c, q, v):
                 continue
             ws.lb_stamp[v] = ws.stamp
-            ws.lb[v] = ws.lb[u] + 1
-            if kind != HOST:  # hosts are endpoints, never passed through
-                ws.queue[tail] = v
+            if kind == OCS:
+                ws.lb[v] = ws.lb[u] + 2  # its circuit, then the cable towards the target
+                ws.queue[tail] = -v - 1
                 tail += 1
+            else:
+                ws.lb[v] = ws.lb[u] + 1
+                if kind != HOST:  # hosts are endpoints, never passed through
+                    ws.queue[tail] = v
+                    tail += 1
 
 
 cdef void _search(const FabricData* f, const CondData* c, WS* ws, Query* q) noexcept nogil:
@@ -1253,6 +1483,8 @@ cdef void _search(const FabricData* f, const CondData* c, WS* ws, Query* q) noex
     ws.n_labels = 1
     if q.use_lb and ws.lb_stamp[q.host] != ws.stamp:
         return  # no target is reachable at all
+    if q.use_lat_lb and ws.lat_stamp[q.host] != ws.stamp:
+        return  # none within the latency bound
     _heap_push(ws, 0)
 
     while q.n_found < q.n_targets:
@@ -1282,8 +1514,8 @@ cdef void _search(const FabricData* f, const CondData* c, WS* ws, Query* q) noex
         vertex = lx.vertex
         latency = lx.latency
         mask = lx.mask
-        if ws.settled_stamp[vertex] != ws.stamp:
-            ws.settled_stamp[vertex] = ws.stamp
+        if ws.settled_stamp[vertex] != ws.round:
+            ws.settled_stamp[vertex] = ws.round
             ws.settled_head[vertex] = -1
         # Dominated by an earlier label at this vertex that (with a latency bound) was at least
         # as fast and passed no OCS this one avoids.
@@ -1311,11 +1543,13 @@ cdef void _search(const FabricData* f, const CondData* c, WS* ws, Query* q) noex
 
         node = lx.node
         if node != q.host and f.kind[node] == DEVICE:
-            if ws.found_stamp[node] != ws.stamp:
-                ws.found_stamp[node] = ws.stamp
+            if ws.found_stamp[node] != ws.round:
+                ws.found_stamp[node] = ws.round
                 ws.found_label[node] = x
                 ws.found[q.n_found] = node
                 q.n_found += 1
+                if q.select:
+                    ws.rank[node] = f.dev_rank[node]
                 if q.best_n > 0:
                     # Insert into the best n so far (insertion sort: n is small).
                     if q.n_best < q.best_n:
@@ -1408,6 +1642,136 @@ cdef _prepare(Fabric fabric, LiveConditions live, request, Query* q):
     q.max_latency = _limit(request.max_latency_ns)
     q.bandwidth = float(request.bandwidth_gbps)
     q.best_n = 0
+    q.select = 0
+    q.n_labels = 0
+
+
+cdef bint _dheap_push(WS* ws, int64_t* n, int64_t key, int32_t node) noexcept nogil:
+    cdef int64_t i, parent
+    if not _grow(<void**>&ws.dheap, &ws.dheap_cap, n[0] + 1, sizeof(DEntry)):
+        return False
+    i = n[0]
+    n[0] += 1
+    while i > 0:
+        parent = (i - 1) >> 1
+        if ws.dheap[parent].key <= key:
+            break
+        ws.dheap[i] = ws.dheap[parent]
+        i = parent
+    ws.dheap[i].key = key
+    ws.dheap[i].node = node
+    return True
+
+
+cdef void _dheap_pop(WS* ws, int64_t* n) noexcept nogil:
+    cdef int64_t i = 0, child, last
+    n[0] -= 1
+    last = n[0]
+    while True:
+        child = 2 * i + 1
+        if child >= last:
+            break
+        if child + 1 < last and ws.dheap[child + 1].key < ws.dheap[child].key:
+            child += 1
+        if ws.dheap[last].key <= ws.dheap[child].key:
+            break
+        ws.dheap[i] = ws.dheap[child]
+        i = child
+    ws.dheap[i] = ws.dheap[last]
+
+
+cdef bint _latency_bounds(
+    const FabricData* f, const CondData* c, WS* ws, const Query* q, int32_t n_targets,
+) noexcept nogil:
+    """Least latency from each node (its own latency already paid on arrival) to a target,
+    over the same relaxed fabric as _lower_bounds, up to the request's latency bound (a
+    Dijkstra from the targets that stops there). A label whose latency plus its far node's
+    bound exceeds max_latency_ns, or whose far node was not reached, is dropped exactly, as
+    in _lower_bounds. False when out of memory (the search then runs without it).
+    """
+    cdef int64_t n = 0, d, cand
+    cdef int32_t u, v, k, j, link
+    cdef int8_t kind
+    for k in range(n_targets):
+        u = ws.targets[k]
+        if c.node_flags[u] & UNUSABLE:
+            continue
+        ws.lat_stamp[u] = ws.stamp
+        ws.lat_lb[u] = 0
+        if not _dheap_push(ws, &n, 0, u):
+            return False
+    while n > 0:
+        d = ws.dheap[0].key
+        u = ws.dheap[0].node
+        _dheap_pop(ws, &n)
+        if d > ws.lat_lb[u]:
+            continue  # a stale entry: u was reached faster since
+        # Passing u costs its own latency, except at a target: a device ends the path.
+        if f.kind[u] != DEVICE:
+            d += f.node_lat[u]
+        for j in range(f.inner_ptr[u], f.inner_ptr[u + 1]):
+            k = f.inner_arc[j]
+            v = f.adj_far[k]
+            link = f.adj_link[k]
+            cand = d + f.link_lat[link]
+            if cand > q.max_latency:
+                continue
+            if ws.lat_stamp[v] == ws.stamp and ws.lat_lb[v] <= cand:
+                continue
+            if (c.link_flags[link] | c.node_flags[v]) & UNUSABLE:
+                continue
+            if c.free[link] + _EPSILON < q.bandwidth:
+                continue
+            if f.adj_slot[k] >= 0 and _foreign(c, q, f.adj_slot[k]):
+                continue
+            if f.adj_near_slot[k] >= 0 and _foreign(c, q, f.adj_near_slot[k]):
+                continue
+            kind = f.kind[v]
+            if kind == DEVICE:
+                continue
+            if kind == SWITCH and q.isolation and not _switch_open(c, q, v):
+                continue
+            ws.lat_stamp[v] = ws.stamp
+            ws.lat_lb[v] = cand
+            if kind != HOST and not _dheap_push(ws, &n, cand, v):
+                return False
+    return True
+
+
+cdef void _deepen(const FabricData* f, const CondData* c, WS* ws, Query* q) noexcept nogil:
+    """The search in rounds of growing max_hops, from the host's lower bound up (iterative
+    deepening). A round at bound B finds every path of at most B hops that the full search
+    would, and ranks them the same way, so it answers as the full search does once it found
+    every target (or, choosing devices, the best n: one unseen needs more hops, so it ranks
+    after), or when nothing was cut for the bound. Across pods most labels of the full search
+    lead nowhere near the target in as few hops; a round at the target's distance never
+    builds them. With a latency bound, the latency bounds are computed only when a first
+    round did not settle the answer (they cost a Dijkstra over what the bound reaches).
+    """
+    cdef int64_t bound
+    cdef bint latency_pending = q.bounded
+    if ws.lb_stamp[q.host] != ws.stamp:
+        _search(f, c, ws, q)  # no target is reachable: answered at once
+        return
+    bound = ws.lb[q.host]
+    while True:
+        q.max_hops = bound if bound < q.limit_hops else q.limit_hops
+        q.next_bound = _NO_LIMIT
+        _search(f, c, ws, q)
+        if q.out_of_memory or q.error_slot >= 0 or q.max_hops >= q.limit_hops:
+            break
+        if q.n_found >= q.n_targets or (q.best_n > 0 and q.n_best >= q.best_n):
+            break
+        if q.next_bound == _NO_LIMIT:
+            break  # nothing was cut for the bound: a higher one finds nothing more
+        if latency_pending:
+            latency_pending = False
+            q.use_lat_lb = _latency_bounds(f, c, ws, q, ws.n_targets)
+            if q.use_lat_lb and ws.lat_stamp[q.host] != ws.stamp:
+                break  # no target within the latency bound: nothing more to find
+        bound = q.next_bound
+        _next_round(ws)
+    q.max_hops = q.limit_hops
 
 
 # Few targets: a BFS of the whole fabric (O(nodes + links)) costs less than the labels it
@@ -1419,10 +1783,16 @@ cdef _run(Fabric fabric, LiveConditions live, WS* ws, Query* q, int32_t n_marked
     # A circuit to a port without a cable (never built by the engine) raises in the reference
     # when the search reaches it; pruning could skip that, so it is off while one exists.
     q.use_lb = 0 < n_marked <= _LOWER_BOUND_TARGETS and not live._dangling
+    q.use_lat_lb = 0
+    q.limit_hops = q.max_hops
     with nogil:
-        if q.use_lb:
+        if not q.use_lb:
+            _search(&fabric.d, &live.c, ws, q)
+        else:
+            memcpy(ws.targets, ws.found, n_marked * sizeof(int32_t))
+            ws.n_targets = n_marked
             _lower_bounds(&fabric.d, &live.c, ws, q, n_marked)
-        _search(&fabric.d, &live.c, ws, q)
+            _deepen(&fabric.d, &live.c, ws, q)
     if q.out_of_memory:
         raise MemoryError()
     if q.error_slot >= 0:
@@ -1488,12 +1858,89 @@ def best_paths(Fabric fabric not None, conditions, request, targets):
         fabric._give(owner)
 
 
+cdef list _best_selected(Fabric fabric, LiveConditions live, Query* q, selector, n):
+    cdef _Workspace owner
+    cdef WS* ws
+    cdef int32_t i, j, count, n_marked = 0
+    cdef Py_ssize_t possible = 0
+    count = <int32_t>min(max(operator.index(n), 0), len(fabric.devices))
+    kind = fabric._device_kinds.get(selector.kind)
+    if count == 0 or kind is None:
+        return []
+    models = fabric._kind_models.get(kind, [])
+    if selector.models:
+        wanted = set(selector.models)
+        models = [fabric._model_ids[m] for m in fabric._model_ids if m in wanted
+                  and fabric._model_ids[m] in models]
+    buckets = [fabric._buckets[(kind, m)] for m in models]
+    for bucket in buckets:
+        possible += len(bucket)
+    if possible == 0:
+        return []
+    owner = fabric._take()
+    ws = &owner.w
+    try:
+        owner.next_stamp()
+        owner.ensure_best(count)
+        q.select = 1
+        q.sel_kind = kind
+        q.has_models = bool(selector.models)
+        for m in models:
+            ws.model_stamp[<int32_t>m] = ws.stamp
+        q.has_min_gen = selector.min_generation is not None
+        q.min_gen = operator.index(selector.min_generation) if q.has_min_gen else 0
+        q.has_min_mem = selector.min_memory_gib is not None
+        q.min_mem = float(selector.min_memory_gib) if q.has_min_mem else 0.0
+        q.has_slice = selector.slice_gib is not None
+        q.slice_gib = float(selector.slice_gib) if q.has_slice else 0.0
+        for pair in selector.labels.items():
+            carriers = fabric._label_index.get(pair)
+            if carriers is None:
+                return []
+            for i in carriers:
+                if q.n_labels == 0:
+                    ws.target_stamp[i] = ws.stamp
+                    ws.label_hits[i] = 1
+                elif ws.target_stamp[i] == ws.stamp and ws.label_hits[i] == q.n_labels:
+                    ws.label_hits[i] += 1
+            q.n_labels += 1
+        if possible <= _LOWER_BOUND_TARGETS:
+            # Few could qualify: list those that do and search for them as marked targets,
+            # which brings the lower bounds (the marks above are spent on the listing).
+            chosen = [i for bucket in buckets for i in bucket
+                      if _selected(&fabric.d, &live.c, ws, q, i)]
+            owner.next_stamp()
+            q.select = 0
+            for i in chosen:
+                ws.target_stamp[i] = ws.stamp
+                ws.found[n_marked] = i
+                ws.rank[i] = fabric.d.dev_rank[i]
+                n_marked += 1
+            if n_marked == 0:
+                return []
+            q.n_targets = n_marked
+            if count > n_marked:
+                count = n_marked
+        else:
+            q.n_targets = possible  # an upper bound: the search ends by exhaustion or best n
+        q.best_n = count
+        _run(fabric, live, ws, q, n_marked)
+        return [_path(fabric, ws, ws.best[j]) for j in range(q.n_best)]
+    finally:
+        fabric._give(owner)
+
+
 def best_devices(Fabric fabric not None, conditions, request, ranked, n=1):
     """The best ``n`` target devices by (hops, latency, rank, id) of their best paths.
 
     ``ranked`` maps each candidate device to its policy rank. The answer equals sorting
     ``best_paths(...)`` over the candidates by that key and keeping ``n``, from one search
     that stops as soon as no device still unseen can enter the first ``n``.
+
+    ``ranked`` may instead be a ``Selector``: the candidates are the fabric's devices it
+    admits under these conditions, ranked by their ``DeviceInfo.rank``. They are tested as
+    the search reaches them, so the cost does not grow with the devices of the kind; only
+    when at most 64 could qualify are they listed first, for the lower bounds.
 
     Raises:
         PathError: the host is unknown, not a host, or unusable.
@@ -1505,6 +1952,8 @@ def best_devices(Fabric fabric not None, conditions, request, ranked, n=1):
     cdef int32_t i, count, n_marked = 0
     cdef dict node_index
     _prepare(fabric, live, request, &q)
+    if isinstance(ranked, Selector):
+        return _best_selected(fabric, live, &q, ranked, n)
     count = <int32_t>min(max(operator.index(n), 0), len(ranked))
     if count == 0:
         return []

@@ -109,14 +109,72 @@ class LinkInfo(NamedTuple):
     b_port: int | None = None
 
 
+class DeviceInfo(NamedTuple):
+    """A device's attributes as a `Selector` tests them (static: part of the topology)."""
+
+    kind: str  # "gpu" | "memory" | ... ("" for a device of no kind: no selector takes it)
+    model: str = ""
+    generation: int = 0
+    memory_gib: float = 0.0
+    capacity_gib: float = 0.0  # memory pools: what can be sliced out
+    rank: int = 0  # the placement policy's rank: lower goes first among equal paths
+    labels: Mapping[str, str] = {}
+
+
 class Conditions(NamedTuple):
-    """What changes between requests: health, reservations, circuits, tenancy of switches."""
+    """What changes between requests: health, reservations, circuits, tenancy of switches,
+    and which devices are taken or sliced."""
 
     unusable: AbstractSet[str] = frozenset()  # node and link ids that carry no path
     reserved_gbps: Mapping[str, float] = {}  # link id -> bandwidth already reserved
     circuits: Mapping[str, tuple[int, str]] = {}  # "<ocs>:<port>" -> (other port, owner host)
     switch_tenants: Mapping[str, Mapping[str, int]] = {}  # switch -> tenants with live paths
     exclusive_tenants: Mapping[str, Mapping[str, int]] = {}  # switch -> tenants holding it
+    taken: AbstractSet[str] = frozenset()  # devices no selector may choose (held whole)
+    sliced_gib: Mapping[str, float] = {}  # memory device -> GiB already sliced out
+
+
+class Selector(NamedTuple):
+    """Which devices a device choice may pick, tested against `DeviceInfo` and conditions:
+    of `kind`, one of `models` (any when empty), at least `min_generation` and
+    `min_memory_gib`, with `slice_gib` still free when given, every label in `labels`, not
+    taken and, as any path end, usable."""
+
+    kind: str
+    models: tuple[str, ...] = ()
+    min_generation: int | None = None
+    min_memory_gib: float | None = None
+    slice_gib: float | None = None
+    labels: Mapping[str, str] = {}
+
+
+def selected(
+    devices: Mapping[str, DeviceInfo],
+    taken: AbstractSet[str],
+    sliced_gib: Mapping[str, float],
+    selector: Selector,
+) -> dict[str, int]:
+    """The devices `selector` admits (usability aside), each with its rank: the candidate map
+    a device choice by selector searches over."""
+    out = {}
+    for device, info in devices.items():
+        if info.kind != selector.kind or device in taken:
+            continue
+        if selector.models and info.model not in selector.models:
+            continue
+        if selector.min_generation is not None and info.generation < selector.min_generation:
+            continue
+        if selector.min_memory_gib is not None and info.memory_gib < selector.min_memory_gib:
+            continue
+        if (
+            selector.slice_gib is not None
+            and info.capacity_gib - sliced_gib.get(device, 0.0) + 1e-9 < selector.slice_gib
+        ):
+            continue
+        if any(info.labels.get(k) != v for k, v in selector.labels.items()):
+            continue
+        out[device] = info.rank
+    return out
 
 
 class PathRequest(NamedTuple):
@@ -154,9 +212,22 @@ _EPSILON = 1e-9
 
 
 class Fabric:
-    """The static topology as a networkx MultiGraph; rebuilt only when the topology changes."""
+    """The static topology as a networkx MultiGraph; rebuilt only when the topology changes.
 
-    def __init__(self, nodes: Mapping[str, NodeInfo], links: Sequence[LinkInfo]):
+    `devices` gives the attributes a `Selector` tests; entries that name no device node of
+    the fabric are ignored."""
+
+    def __init__(
+        self,
+        nodes: Mapping[str, NodeInfo],
+        links: Sequence[LinkInfo],
+        devices: Mapping[str, DeviceInfo] | None = None,
+    ):
+        self.devices = {
+            d: info
+            for d, info in (devices or {}).items()
+            if d in nodes and nodes[d].kind == "device"
+        }
         graph = nx.MultiGraph()
         for node_id, info in nodes.items():
             graph.add_node(node_id, kind=info.kind, latency_ns=info.latency_ns)

@@ -26,7 +26,8 @@ from unit.fabric_builder import NOW, FabricBuilder, apply, run
 import engine.placement as placement
 from engine.errors import IntentRejected
 from engine.intents import Compose, Release, ReportFault
-from ext import Conditions, LinkInfo, NodeInfo, PathRequest
+from ext import Conditions, DeviceInfo, LinkInfo, NodeInfo, PathRequest, Selector
+from ext._paths_py import selected
 
 PY = implementation("python")
 C = implementation("cython")
@@ -317,28 +318,139 @@ def test_a_rollback_restores_every_answer(
         live.rollback(0)
 
 
-def medium_problem(seed: int) -> tuple[World, Conditions, list[PathRequest]]:
+KINDS = ("gpu", "memory", "nic")
+MODELS = ("A", "B", "C")
+
+
+def device_infos(
+    draw: Any, devices: list[str], kinds: tuple[str, ...] = KINDS
+) -> dict[str, DeviceInfo]:
+    """Attributes for most devices (some get none: no selector takes them). `draw` picks one
+    of a sequence (hypothesis' sampled_from or random.choice)."""
+    infos = {}
+    for d in devices:
+        if draw((True, True, True, False)):
+            infos[d] = DeviceInfo(
+                draw(kinds),
+                draw(MODELS),
+                draw((0, 1, 2, 3)),
+                draw((0.0, 40.0, 80.0)),
+                draw((0.0, 64.0, 100.0)),
+                draw((0, 1, 2)),
+                draw(({}, {}, {"rack": "r1"}, {"rack": "r2", "row": "x"}, {"row": "x"})),
+            )
+    return infos
+
+
+def selectors(draw: Any) -> Selector:
+    return Selector(
+        draw((*KINDS, "nvme")),
+        draw(((), (), ("A",), ("B", "C"), ("Z",))),
+        draw((None, None, 1, 3, 9)),
+        draw((None, None, 40.0, 80.5)),
+        draw((None, None, 30.0, 64.0, 100.0)),
+        draw(({}, {}, {"rack": "r1"}, {"row": "x"}, {"rack": "r2", "row": "x"}, {"no": "x"})),
+    )
+
+
+def device_conditions(draw: Any, cond: Conditions, devices: list[str]) -> Conditions:
+    taken = {d for d in devices if draw((False, False, True))}
+    sliced = {d: draw((10.0, 36.0, 64.0)) for d in devices if draw((False, False, True))}
+    return cond._replace(taken=taken, sliced_gib=sliced)
+
+
+@SETTINGS
+@given(problems(), st.data())
+def test_both_cores_choose_the_same_devices_by_selector(
+    problem: tuple[World, Conditions, PathRequest, set[str]], data: st.DataObject
+) -> None:
+    world, cond, request, _ = problem
+
+    def pick(options: Any) -> Any:
+        return data.draw(st.sampled_from(options))
+
+    infos = device_infos(pick, world.devices)
+    cond = device_conditions(pick, cond, world.devices)
+    selector = selectors(pick)
+    n = data.draw(st.integers(0, 4))
+    py_fabric = PY.Fabric(world.nodes, world.links, infos)
+    c_fabric = C.Fabric(world.nodes, world.links, infos)
+    expected = outcome(PY.best_devices, py_fabric, cond, request, selector, n)
+    # The selector means its candidate map, ranks included.
+    ranked = selected(infos, cond.taken, cond.sliced_gib, selector)
+    assert outcome(PY.best_devices, py_fabric, cond, request, ranked, n) == expected
+    got = outcome(C.best_devices, c_fabric, cond, request, selector, n)
+    if isinstance(expected, tuple) and expected[0] is KeyError:
+        assert got == expected or isinstance(got, list)  # as in the ranked choice above
+        return
+    assert got == expected
+    # And from live conditions fed change by change, on both cores.
+    for impl, fabric in ((PY, py_fabric), (C, c_fabric)):
+        live = impl.LiveConditions(fabric)
+        apply_changes(live, cond)
+        for d in world.devices:
+            live.set_taken(d, True)
+            live.set_sliced(d, 5.0)
+            live.set_taken(d, d in cond.taken)
+            live.set_sliced(d, cond.sliced_gib.get(d, 0.0))
+        assert outcome(impl.best_devices, fabric, live, request, selector, n) == expected
+
+
+def test_a_rollback_restores_taken_and_sliced_devices(core: SimpleNamespace) -> None:
+    nodes = {"h": NodeInfo("host"), "s": NodeInfo("switch"), "m": NodeInfo("device")}
+    nodes |= {"g": NodeInfo("device")}
+    links = [LinkInfo("l1", "h", "s", 100.0), LinkInfo("l2", "s", "m", 100.0)]
+    links += [LinkInfo("l3", "s", "g", 100.0)]
+    infos = {"m": DeviceInfo("memory", capacity_gib=100.0), "g": DeviceInfo("gpu")}
+    fabric = core.Fabric(nodes, links, infos)
+    live = core.LiveConditions(fabric)
+    request = PathRequest("h", "t")
+    memory, gpu = Selector("memory", slice_gib=64.0), Selector("gpu")
+    assert [p.device for p in core.best_devices(fabric, live, request, memory)] == ["m"]
+    mark = live.checkpoint()
+    live.set_sliced("m", 40.0)
+    live.set_taken("g", True)
+    assert core.best_devices(fabric, live, request, memory) == []
+    assert core.best_devices(fabric, live, request, gpu) == []
+    live.rollback(mark)
+    assert [p.device for p in core.best_devices(fabric, live, request, memory)] == ["m"]
+    assert [p.device for p in core.best_devices(fabric, live, request, gpu)] == ["g"]
+    with pytest.raises(KeyError):
+        live.set_taken("ghost", True)
+    with pytest.raises(KeyError):
+        live.set_sliced("ghost", 1.0)
+
+
+def medium_problem(
+    seed: int, devices: tuple[int, int] = (8, 25)
+) -> tuple[World, Conditions, list[PathRequest]]:
     """A denser fabric than hypothesis draws: more OCS ports, cables, circuits and ties."""
     rng = random.Random(seed)
     hosts = [f"h{i}" for i in rng.sample(range(40), rng.randint(2, 4))]
     switches = [f"s{i}" for i in rng.sample(range(40), rng.randint(3, 9))]
     ocses = [f"o{i}" for i in rng.sample(range(9), rng.randint(1, 3))]
-    devices = [f"d{i}" for i in rng.sample(range(90), rng.randint(8, 25))]
+    pool = rng.randint(*devices)
+    device_ids = [f"d{i}" for i in rng.sample(range(max(90, 2 * pool)), pool)]
     nodes = {h: NodeInfo("host") for h in hosts}
     nodes |= {s: NodeInfo("switch", rng.choice([0, 0, 5])) for s in switches}
     nodes |= {o: NodeInfo("ocs", rng.choice([0, 3])) for o in ocses}
-    nodes |= {d: NodeInfo("device") for d in devices}
+    nodes |= {d: NodeInfo("device") for d in device_ids}
     free = {o: list(range(rng.randint(6, 16))) for o in ocses}
     links: list[LinkInfo] = []
+    link_ids: set[str] = set()
     latencies = [0] if seed % 2 else [0, 0, 1, 5]  # uniform latency: ties everywhere
 
     def cable(a: str, b: str) -> None:
         if a == b or any(not free[x] for x in (a, b) if x in free):
             return
         ports = [free[x].pop(rng.randrange(len(free[x]))) if x in free else None for x in (a, b)]
+        link_id = f"l{rng.randrange(10**6):06d}"
+        while link_id in link_ids:  # many cables: draw again rather than collide
+            link_id = f"l{rng.randrange(10**6):06d}"
+        link_ids.add(link_id)
         links.append(
             LinkInfo(
-                f"l{rng.randrange(10**6):06d}",
+                link_id,
                 a,
                 b,
                 rng.choice([50.0, 100.0]),
@@ -356,7 +468,7 @@ def medium_problem(seed: int) -> tuple[World, Conditions, list[PathRequest]]:
             for _ in range(rng.choice([0, 1, 2])):
                 cable(node, o)
         cable(node, rng.choice(switches))
-    for d in devices:
+    for d in device_ids:
         cable(d, rng.choice(inner))
     for _ in range(rng.randint(0, 10)):
         cable(rng.choice(inner), rng.choice(list(nodes)))
@@ -394,7 +506,7 @@ def medium_problem(seed: int) -> tuple[World, Conditions, list[PathRequest]]:
         for _ in range(12)
     ]
     ports = {o: [] for o in ocses}
-    return World(nodes, links, hosts, switches, ocses, devices, ports), cond, requests
+    return World(nodes, links, hosts, switches, ocses, device_ids, ports), cond, requests
 
 
 @pytest.mark.parametrize("seed", range(60))
@@ -410,6 +522,29 @@ def test_both_cores_agree_on_denser_seeded_fabrics(seed: int) -> None:
         assert outcome(C.best_paths, c_fabric, live, request, targets) == expected, request
         expected = outcome(PY.best_devices, py_fabric, cond, request, ranked, 3)
         assert outcome(C.best_devices, c_fabric, live, request, ranked, 3) == expected, request
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_both_cores_choose_the_same_devices_by_selector_from_large_pools(seed: int) -> None:
+    """Over 64 devices of a kind: the compiled core tests candidates as the search reaches
+    them instead of listing them first."""
+    world, cond, requests = medium_problem(seed, devices=(160, 220))
+    rng = random.Random(seed)
+    infos = device_infos(rng.choice, world.devices, kinds=("gpu",) * 8 + ("memory", "nic"))
+    cond = device_conditions(rng.choice, cond, world.devices)
+    py_fabric = PY.Fabric(world.nodes, world.links, infos)
+    c_fabric = C.Fabric(world.nodes, world.links, infos)
+    live = C.LiveConditions(c_fabric, cond)
+    large = 0
+    for request in requests:
+        selector = selectors(rng.choice)._replace(kind=rng.choice(("gpu", "gpu", "memory")))
+        of_kind = [i for i in infos.values() if i.kind == selector.kind]
+        large += sum(not selector.models or i.model in selector.models for i in of_kind) > 64
+        for n in (1, 3):
+            expected = outcome(PY.best_devices, py_fabric, cond, request, selector, n)
+            got = outcome(C.best_devices, c_fabric, live, request, selector, n)
+            assert got == expected, (request, selector)
+    assert large, "no selector had over 64 possible devices"
 
 
 def test_live_conditions_refuse_unknown_components(core: SimpleNamespace) -> None:
