@@ -11,6 +11,9 @@ at both sizes. Timed per intent (`perf_counter_ns`, garbage collector off):
   the hall);
 - release: `decide` and `evolve`.
 
+Composes are also shown apart by outcome: placed, and refused with the why-not funnel (10% of
+the requests ask for exclusive isolation, which the tenants' shared spines rule out).
+
 Requests mix kinds as the path-core bench does (gpu 60%, memory 20%, nic 10%, nvme 10%);
 GPUs 1 to 4 at a time, some with a minimum generation, some exclusive, some with bandwidth;
 memory as a 64 GiB slice. Both fabrics answer the same sequence of draws (hosts and devices
@@ -86,16 +89,19 @@ class Hall:
             self.state = evolve(self.state, event)
         return decision
 
-    def compose(self, draw: random.Random) -> None:
+    def compose(self, draw: random.Random) -> bool:
+        """One compose and, when placed, its establish; False when it was refused."""
         self.n += 1
         tenant = draw.choice(TENANTS)
         intent = Compose(request_id=f"c{self.n}", host=draw.choice(self.hosts), **_shape(draw))
         decision = self.apply(tenant, "compose", intent)
-        if decision.error is None:
-            cid = decision.result.composition_id
-            establish = EstablishComposition(request_id=settle_request_id(cid), composition_id=cid)
-            self.apply(ENGINE, "establish", establish)
-            self.live.append((tenant, cid))
+        if decision.error is not None:
+            return False
+        cid = decision.result.composition_id
+        establish = EstablishComposition(request_id=settle_request_id(cid), composition_id=cid)
+        self.apply(ENGINE, "establish", establish)
+        self.live.append((tenant, cid))
+        return True
 
     def release(self, draw: random.Random) -> None:
         tenant, cid = self.live.pop(draw.randrange(len(self.live)))
@@ -119,10 +125,10 @@ def _shape(draw: random.Random) -> dict[str, Any]:
     }
 
 
-def timed(fn: Any, draw: random.Random) -> float:
+def timed(fn: Any, draw: random.Random) -> tuple[float, Any]:
     start = time.perf_counter_ns()
-    fn(draw)
-    return (time.perf_counter_ns() - start) / 1e6
+    outcome = fn(draw)
+    return (time.perf_counter_ns() - start) / 1e6, outcome
 
 
 def run_size(devices: int, steps: int, live: int, seed: int) -> dict[str, Any]:
@@ -134,14 +140,18 @@ def run_size(devices: int, steps: int, live: int, seed: int) -> dict[str, Any]:
         hall.compose(draw)
     filled = time.perf_counter() - started - built
     composes: list[float] = []
+    placed: list[float] = []
+    refused: list[float] = []
     releases: list[float] = []
     draw = random.Random(seed + 1)  # the measured sequence is the same at every size
     gc.collect()
     gc.disable()
     try:
         for _ in range(steps):
-            composes.append(timed(hall.compose, draw))
-            releases.append(timed(hall.release, draw))
+            ms, ok = timed(hall.compose, draw)
+            composes.append(ms)
+            (placed if ok else refused).append(ms)
+            releases.append(timed(hall.release, draw)[0])
     finally:
         gc.enable()
     return {
@@ -150,8 +160,15 @@ def run_size(devices: int, steps: int, live: int, seed: int) -> dict[str, Any]:
         "build_s": round(built, 1),
         "fill_s": round(filled, 1),
         "compose_ms": summary(composes),
+        "placed_ms": summary(placed),
+        "refused_ms": summary(refused),
         "release_ms": summary(releases),
     }
+
+
+# Every compose; those placed (decide, evolve, establish); those refused, whose answer carries
+# the why-not funnel (ARCHITECTURE section 5), counted over every device of the kind.
+KINDS = ("compose", "placed", "refused", "release")
 
 
 def summary(ms: list[float]) -> dict[str, float]:
@@ -169,7 +186,7 @@ def table(result: dict[str, Any]) -> str:
         "| intent | devices | n | p50 ms | p99 ms | p99.9 ms |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    for what in ("compose", "release"):
+    for what in KINDS:
         for size in (small, large):
             s = size[f"{what}_ms"]
             cells = [what, f"{size['devices']:,}", s["n"], s["p50"], s["p99"], s["p99.9"]]
@@ -201,7 +218,7 @@ def main() -> None:
         result["sizes"][str(devices)] = run_size(devices, steps, args.live, args.seed)
     small, large = result["sizes"]["4096"], result["sizes"]["65536"]
     checks = {}
-    for what in ("compose", "release"):
+    for what in KINDS:
         a, b = small[f"{what}_ms"], large[f"{what}_ms"]
         checks[what] = {
             "p50_growth": round(b["p50"] / a["p50"], 2),

@@ -32,8 +32,9 @@ from ext import (
     Path,
     PathRequest,
     Selector,
+    best_costs,
     best_devices,
-    best_paths,
+    census,
 )
 
 FUNNEL_STAGES = (
@@ -63,6 +64,9 @@ class Rejection(msgspec.Struct, frozen=True, kw_only=True):
     details: dict[str, Any]
 
 
+Costs = dict[str, tuple[int, int]]  # device -> (hops, latency_ns) of its best path
+
+
 # ---- the fabric as the path core sees it ----
 
 
@@ -86,7 +90,7 @@ def fabric_of(state: DomainState) -> Fabric:
 
 
 def device_info(spec: NodeSpec) -> DeviceInfo:
-    """As `_free`, `_matching` and `_labels_match` read a spec: absent numbers count as 0."""
+    """A device's spec as a Selector tests it: absent numbers count as 0, no kind matches none."""
     return DeviceInfo(
         spec.device_kind or "",
         spec.model or "",
@@ -130,12 +134,8 @@ class _Core:
     def __init__(self, state: DomainState) -> None:
         self.fabric = fabric_of(state)
         self.live = LiveConditions(self.fabric, conditions_of(state))
-        # Static while the topology is: hosts in id order, devices by kind.
+        # Static while the topology is: the hosts in id order.
         self.hosts = sorted(n for n, s in state.nodes.items() if s.spec.kind == "host")
-        self.devices_of_kind: dict[str, list[str]] = {}
-        for n, node in state.nodes.items():
-            if node.spec.kind == "device" and node.spec.device_kind is not None:
-                self.devices_of_kind.setdefault(node.spec.device_kind, []).append(n)
         self._seen(state)
 
     def _seen(self, state: DomainState) -> None:
@@ -322,40 +322,40 @@ def _candidates(
     """What the path core may pick for a slot: a Selector over the fabric's devices (the core
     knows what is taken and sliced, this composition's picks included), or the one device
     asked for by id, with its rank, when it is free."""
-    entry = slot.entry
     if slot.device is None:
-        return Selector(
-            entry.kind,
-            tuple(entry.models),
-            entry.min_generation,
-            entry.min_memory_gib,
-            entry.capacity_gib if entry.kind == "memory" else None,
-            intent.constraints.labels,
-        )
-    node = state.nodes[slot.device]
+        return _selector(slot.entry, intent)
+    return _by_id(state, slot, slot.device, intent, memory_used, picked)
+
+
+def _by_id(
+    state: DomainState,
+    slot: _Slot,
+    device: str,
+    intent: Compose,
+    memory_used: dict[str, float],
+    picked: set[str],
+) -> dict[str, int]:
+    """The device asked for by id, with its rank, when it is usable, free and labelled."""
+    node = state.nodes[device]
     if (
         usable(node)
-        and _free(state, slot.device, slot, memory_used, picked)
+        and _free(state, device, slot, memory_used, picked)
         and _labels_match(node.spec, intent)
     ):
-        return {slot.device: rank(node.spec)}
+        return {device: rank(node.spec)}
     return {}
 
 
-def _matching(state: DomainState, core: _Core, slot: _Slot) -> Iterable[str]:
-    if slot.device is not None:
-        yield slot.device
-        return
-    entry = slot.entry
-    for node_id in core.devices_of_kind.get(entry.kind, ()):
-        spec = state.nodes[node_id].spec
-        if entry.models and spec.model not in entry.models:
-            continue
-        if entry.min_generation is not None and (spec.generation or 0) < entry.min_generation:
-            continue
-        if entry.min_memory_gib is not None and (spec.memory_gib or 0) < entry.min_memory_gib:
-            continue
-        yield node_id
+def _selector(entry: DeviceRequest, intent: Compose) -> Selector:
+    """An entry's devices as the path core tests them (ext._paths_py.selected)."""
+    return Selector(
+        entry.kind,
+        tuple(entry.models),
+        entry.min_generation,
+        entry.min_memory_gib,
+        entry.capacity_gib if entry.kind == "memory" else None,
+        intent.constraints.labels,
+    )
 
 
 def _free(
@@ -438,31 +438,46 @@ def _why_not(
     c = intent.constraints
     exclusive = c.isolation == "exclusive"
     fabric, live = core.fabric, core.live
-    kind_model = list(_matching(state, core, slot))
-    healthy = [d for d in kind_model if usable(state.nodes[d])]
-    free = [d for d in healthy if _free(state, d, slot, memory_used, picked)]
-    labelled = [d for d in free if _labels_match(state.nodes[d].spec, intent)]
+    labelled: Selector | set[str]
+    if slot.device is None:
+        # The core counts the first stages and searches by the selector: no list of the
+        # hall's devices is built here.
+        labelled = _selector(entry, intent)
+        counts = list(census(fabric, live, labelled))
+    else:  # one device asked for by id: the same stages, on it alone
+        healthy = usable(state.nodes[slot.device])
+        free = healthy and _free(state, slot.device, slot, memory_used, picked)
+        labelled = set(_by_id(state, slot, slot.device, intent, memory_used, picked))
+        counts = [1, int(healthy), int(free), len(labelled)]
 
-    def search(**limits: Any) -> dict[str, Path]:
-        request = PathRequest(host, tenant, exclusive, **limits)
-        return best_paths(fabric, live, request, set(labelled))
+    def search(targets: Selector | Iterable[str], **limits: Any) -> Costs:
+        """(hops, latency) of each target's best path: counts and the nearest need no more."""
+        wanted = targets if isinstance(targets, Selector) else set(targets)
+        if not wanted:
+            return {}
+        return best_costs(fabric, live, PathRequest(host, tenant, exclusive, **limits), wanted)
 
-    anywhere = search(isolation=False)
-    isolated = search()
-    within_hops = search(max_hops=c.max_hops)
-    within_latency = search(max_hops=c.max_hops, max_latency_ns=c.max_latency_ns)
-    with_bandwidth = search(
-        max_hops=c.max_hops, max_latency_ns=c.max_latency_ns, bandwidth_gbps=entry.bandwidth_gbps
+    # A device's best path does not depend on the other targets, and each stage only adds a
+    # limit to the one before, so a stage searches only what the one before reached (and
+    # what isolation reaches, ignoring it reaches too). Best paths come fewest hops first, so
+    # the hop stage keeps those within the hops as they are.
+    bounds = {"max_hops": c.max_hops, "max_latency_ns": c.max_latency_ns}
+    n_labelled = counts[3]
+    isolated = search(labelled) if n_labelled else {}
+    anywhere = n_labelled if len(isolated) == n_labelled else len(search(labelled, isolation=False))
+    within_hops = {
+        d: cost for d, cost in isolated.items() if c.max_hops is None or cost[0] <= c.max_hops
+    }
+    within_latency = within_hops if c.max_latency_ns is None else search(within_hops, **bounds)
+    with_bandwidth = (
+        search(within_latency, **bounds, bandwidth_gbps=entry.bandwidth_gbps)
+        if entry.bandwidth_gbps
+        else within_latency
     )
-    counts = [
-        len(kind_model),
-        len(healthy),
-        len(free),
-        len([d for d in labelled if d in isolated or d not in anywhere]),
-        len(within_hops),
-        len(within_latency),
-        len(with_bandwidth),
-    ]
+    # Isolation's stage keeps those it reaches and those nothing reaches (counted as lost to
+    # the path stages): all labelled but the ones only ignoring isolation reaches.
+    counts[3] = n_labelled - (anywhere - len(isolated))
+    counts += [len(within_hops), len(within_latency), len(with_bandwidth)]
     funnel = []
     before = counts[0]
     for stage, remaining in zip(FUNNEL_STAGES, counts, strict=True):
@@ -484,7 +499,7 @@ def _why_not(
         message += f" (nearest: {nearest['text']})"
     # Labels are device attributes, isolation a path rule: with free devices of the right
     # labels left, the refusal is about paths.
-    code = "no_capacity" if not labelled else "no_path"
+    code = "no_capacity" if not n_labelled else "no_path"
     details = {
         "entry": index,
         "needed": entry.count,
@@ -496,22 +511,20 @@ def _why_not(
     return Rejection(code=code, message=message, details=details)
 
 
-def _nearest(
-    reachable: dict[str, Path], within_hops: dict[str, Path], within_latency: dict[str, Path]
-) -> dict[str, Any] | None:
+def _nearest(reachable: Costs, within_hops: Costs, within_latency: Costs) -> dict[str, Any] | None:
     """The closest device lost at the first path stage that lost any."""
     for pool, kept, what in (
         (reachable, within_hops, "hops"),
         (within_hops, within_latency, "latency"),
         (within_latency, {}, "bandwidth"),
     ):
-        missed = [p for d, p in pool.items() if d not in kept]
+        missed = [(hops, latency, d) for d, (hops, latency) in pool.items() if d not in kept]
         if missed:
-            p = min(missed, key=lambda p: (p.hops, p.latency_ns, p.device))
+            hops, latency, device = min(missed)
             text = {
-                "hops": f"{p.device} at {p.hops} hops",
-                "latency": f"{p.device} at {p.latency_ns} ns",
-                "bandwidth": f"{p.device} at {p.hops} hops, short of bandwidth",
+                "hops": f"{device} at {hops} hops",
+                "latency": f"{device} at {latency} ns",
+                "bandwidth": f"{device} at {hops} hops, short of bandwidth",
             }[what]
-            return {"device": p.device, "hops": p.hops, "latency_ns": p.latency_ns, "text": text}
+            return {"device": device, "hops": hops, "latency_ns": latency, "text": text}
     return None

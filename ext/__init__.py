@@ -1,10 +1,11 @@
 """Path core: the compiled Cython module, or its pure-Python reference as a fallback.
 
 One surface, two implementations: ``Fabric``, ``LiveConditions``, ``best_paths``,
-``best_devices`` and ``hop_distances`` come from ``ext._paths_c`` when it is built, else from
-the reference (``ext._paths_py``, the spec, and ``ext._live_py``, its incremental twins). The
-value types (``Conditions``, ``PathRequest``, ``Path``, ``Circuit``, ``NodeInfo``,
-``LinkInfo``, ``DeviceInfo``, ``Selector``) and ``PathError`` are the reference's in both.
+``best_costs``, ``best_devices``, ``census`` and ``hop_distances`` come from ``ext._paths_c``
+when it is built, else from the reference (``ext._paths_py``, the spec, and ``ext._live_py``,
+its incremental twins). The value types (``Conditions``, ``PathRequest``, ``Path``, ``Circuit``,
+``NodeInfo``, ``LinkInfo``, ``DeviceInfo``, ``Selector``) and ``PathError`` are the
+reference's in both.
 
 Set ``TRELLIS_PURE_PYTHON=1`` to force the reference (debugging, or checking a suspected drift).
 """
@@ -40,8 +41,10 @@ __all__ = [
     "PathError",
     "PathRequest",
     "Selector",
+    "best_costs",
     "best_devices",
     "best_paths",
+    "census",
     "hop_distances",
 ]
 
@@ -49,9 +52,10 @@ IMPLEMENTATION: Literal["cython", "python"]
 
 
 def _reference() -> None:
-    global Fabric, LiveConditions, best_devices, best_paths, hop_distances, IMPLEMENTATION
+    global Fabric, LiveConditions, best_costs, best_devices, best_paths, census, hop_distances
+    global IMPLEMENTATION
     from ._live_py import LiveConditions, best_devices
-    from ._paths_py import Fabric, best_paths, hop_distances
+    from ._paths_py import Fabric, best_costs, best_paths, census, hop_distances
 
     IMPLEMENTATION = "python"
 
@@ -60,7 +64,15 @@ if os.environ.get("TRELLIS_PURE_PYTHON", "") not in ("", "0"):
     _reference()
 else:
     try:
-        from ._paths_c import Fabric, LiveConditions, best_devices, best_paths, hop_distances
+        from ._paths_c import (
+            Fabric,
+            LiveConditions,
+            best_costs,
+            best_devices,
+            best_paths,
+            census,
+            hop_distances,
+        )
     except ImportError as exc:
         # Still correct, only slower; say why so a missing build is not mistaken for a slow host.
         warnings.warn(

@@ -52,6 +52,15 @@ def best_paths(
     request: PathRequest,
     targets: AbstractSet[str],
 ) -> dict[str, Path]: ...
+def best_costs(
+    fabric: Fabric,
+    conditions: Conditions | LiveConditions | Any,
+    request: PathRequest,
+    targets: AbstractSet[str] | Selector,
+) -> dict[str, tuple[int, int]]: ...
+def census(
+    fabric: Fabric, conditions: Conditions | LiveConditions | Any, selector: Selector
+) -> tuple[int, int, int, int]: ...
 def best_devices(
     fabric: Fabric,
     conditions: Conditions | LiveConditions | Any,

@@ -197,6 +197,7 @@ ctypedef struct Label:
     int64_t latency
     int64_t seq  # offset into the arena: depth nodes, then depth - 1 links
     uint64_t mask  # OCS on the path, one bit per OCS rank modulo 64
+    uint64_t free_mask  # of those, OCS it left on a new circuit where the host holds none
     int32_t hops
     int32_t new_circuits
     int32_t vertex  # a node, or n_nodes + slot
@@ -211,6 +212,7 @@ ctypedef struct Label:
 ctypedef struct Settled:
     int64_t latency
     uint64_t mask
+    uint64_t free_mask
     int32_t label
     int32_t next
 
@@ -288,12 +290,15 @@ ctypedef struct WS:
     DEntry* dheap  # the latency bound's Dijkstra heap
     int32_t targets[64]  # the marked targets when at most _LOWER_BOUND_TARGETS (lower bounds)
     int32_t n_targets
+    uint32_t* own_stamp  # per OCS rank: own_flag is this search's
+    uint8_t* own_flag  # per OCS rank: the host holds a circuit there
     uint32_t* model_stamp  # per model id: admitted by this search's Selector
     int32_t* label_hits  # per node: labels of this search's Selector it carries
     int64_t dheap_cap
     uint32_t stamp  # per search: targets, lower bounds
     uint32_t round  # per round of a search (see _deepen): settled, pushed, found
     int32_t n_models
+    int32_t n_ocs
     int32_t n_nodes
     int32_t n_vertices
 
@@ -303,8 +308,12 @@ cdef class _Workspace:
 
     cdef WS w
 
-    def __cinit__(self, int32_t n_nodes, int32_t n_slots, int32_t n_models):
+    def __cinit__(self, int32_t n_nodes, int32_t n_slots, int32_t n_models, int32_t n_ocs):
         memset(&self.w, 0, sizeof(WS))
+        self.w.own_stamp = <uint32_t*>_alloc(n_ocs, sizeof(uint32_t))
+        self.w.own_flag = <uint8_t*>_alloc(n_ocs, sizeof(uint8_t))
+        memset(self.w.own_stamp, 0, (n_ocs if n_ocs > 0 else 1) * sizeof(uint32_t))
+        self.w.n_ocs = n_ocs
         self.w.model_stamp = <uint32_t*>_alloc(n_models, sizeof(uint32_t))
         memset(self.w.model_stamp, 0, (n_models if n_models > 0 else 1) * sizeof(uint32_t))
         self.w.n_models = n_models
@@ -369,6 +378,8 @@ cdef class _Workspace:
         free(self.w.lat_stamp)
         free(self.w.dheap)
         free(self.w.model_stamp)
+        free(self.w.own_stamp)
+        free(self.w.own_flag)
         free(self.w.label_hits)
         free(self.w.queue)
 
@@ -381,6 +392,8 @@ cdef class _Workspace:
             memset(self.w.lat_stamp, 0, self.w.n_nodes * sizeof(uint32_t))
             memset(self.w.model_stamp, 0,
                    (self.w.n_models if self.w.n_models > 0 else 1) * sizeof(uint32_t))
+            memset(self.w.own_stamp, 0,
+                   (self.w.n_ocs if self.w.n_ocs > 0 else 1) * sizeof(uint32_t))
             self.w.stamp = 1
         _next_round(&self.w)
 
@@ -431,6 +444,7 @@ cdef class Fabric:
     cdef dict _label_index  # (key, value) -> node indices of devices carrying it
     cdef dict _buckets  # (kind id, model id) -> node indices, in id order
     cdef dict _kind_models  # kind id -> its model ids
+    cdef list _model_names  # model id -> string
 
     def __cinit__(self):
         memset(&self.d, 0, sizeof(FabricData))
@@ -632,6 +646,7 @@ cdef class Fabric:
             for pair in info.labels.items():
                 self._label_index.setdefault(pair, []).append(i)
         self.d.n_models = len(self._model_ids)
+        self._model_names = sorted(self._model_ids, key=self._model_ids.get)
 
     def __dealloc__(self):
         free(self.d.dev_kind)
@@ -676,7 +691,7 @@ cdef class Fabric:
         # thread holds it, so searches released from the GIL never share buffers.
         cdef _Workspace ws = self._spare
         if ws is None:
-            return _Workspace(self.d.n_nodes, self.d.n_slots, self.d.n_models)
+            return _Workspace(self.d.n_nodes, self.d.n_slots, self.d.n_models, self.d.n_ocs)
         self._spare = None
         return ws
 
@@ -1172,17 +1187,59 @@ cdef inline bint _on_path(const int32_t* nodes, int32_t depth, int32_t node) noe
     return False
 
 
-cdef bint _ocs_subset(const FabricData* f, WS* ws, int32_t a, int32_t b) noexcept nogil:
-    """Exact test that label a passed no OCS label b avoids (past 64 OCS the masks alias)."""
-    cdef const Label* la = &ws.labels[a]
+cdef bint _owns(const FabricData* f, const CondData* c, WS* ws, const Query* q,
+                int32_t ocs) noexcept nogil:
+    """Whether the host holds a circuit on any port of ``ocs`` (found once per search)."""
+    cdef int32_t r = f.ocs_rank[ocs], s
+    if ws.own_stamp[r] != ws.stamp:
+        ws.own_stamp[r] = ws.stamp
+        ws.own_flag[r] = 0
+        for s in range(f.ocs_slots[r], f.ocs_slots[r + 1]):
+            if c.circ_other[s] != NO_CIRCUIT and c.circ_owner[s] == q.host:
+                ws.own_flag[r] = 1
+                break
+    return ws.own_flag[r]
+
+
+cdef bint _ocs_covered(
+    const FabricData* f, const CondData* c, WS* ws, const Query* q, int32_t a, int32_t b
+) noexcept nogil:
+    """Exact test that every OCS label a passed and label b avoids, a left on a new circuit
+    where the host holds none (the masks alias past 64 OCS). Each OCS a passed has the label
+    that crossed its circuit on a's chain; an OCS a stands at, b stands at too."""
     cdef const Label* lb = &ws.labels[b]
-    cdef const int32_t* na = ws.arena + la.seq
     cdef const int32_t* nb = ws.arena + lb.seq
-    cdef int32_t i
-    for i in range(la.depth):
-        if f.kind[na[i]] == OCS and not _on_path(nb, lb.depth, na[i]):
-            return False
+    cdef const Label* y
+    cdef int32_t x = a, ocs
+    while x >= 0:
+        y = &ws.labels[x]
+        if y.circ_in >= 0:
+            ocs = f.slot_ocs[y.circ_in]
+            if not _on_path(nb, lb.depth, ocs) and (not y.circ_new or _owns(f, c, ws, q, ocs)):
+                return False
+        x = y.parent
     return True
+
+
+cdef inline bint _dominates(
+    const FabricData* f, const CondData* c, WS* ws, const Query* q, int32_t a, int32_t b,
+    int64_t b_latency, uint64_t b_mask,
+) noexcept nogil:
+    """Label a, earlier in the search order at b's vertex, dominates b: every path through b
+    has a strictly better one, so b is no prefix of a best path. With a continuation C of b,
+    a + C is a path unless C meets a's path; at the last node x where it does, a's path to x
+    and C's rest from x is one, with fewer hops. That splice holds at a switch, and at an OCS
+    (one b avoids: C avoids b's path) when a left it on a new circuit, so a's entry port is
+    free, and the host holds no circuit there, so C left it on a new circuit from a free
+    port too: the splice's circuit pairs the two. With a latency bound, a must also be as
+    fast as b (the splice is no slower than a). The masks decide it exactly up to 64 OCS.
+    """
+    cdef const Label* la = &ws.labels[a]
+    if q.bounded and la.latency > b_latency:
+        return False
+    if (la.mask & ~b_mask & ~la.free_mask) != 0:
+        return False
+    return f.n_ocs <= 64 or _ocs_covered(f, c, ws, q, a, b)
 
 
 cdef inline bint _switch_open(const CondData* c, const Query* q, int32_t node) noexcept nogil:
@@ -1247,7 +1304,7 @@ cdef int _step(
     cdef int32_t* dst
     cdef int32_t child, rival
     cdef int compare
-    cdef uint64_t mask
+    cdef uint64_t mask, free_mask
     if (c.link_flags[link] | c.node_flags[far]) & UNUSABLE:
         return 0
     if c.free[link] + _EPSILON < q.bandwidth:
@@ -1255,6 +1312,9 @@ cdef int _step(
     kind = f.kind[far]
     latency = f.link_lat[link]
     mask = parent.mask
+    free_mask = parent.free_mask
+    if circ_new and not _owns(f, c, ws, q, f.slot_ocs[circ_in]):
+        free_mask |= (<uint64_t>1) << (f.ocs_rank[f.slot_ocs[circ_in]] & 63)
     if kind == DEVICE:
         if q.select:
             if not _selected(f, c, ws, q, far):
@@ -1302,8 +1362,8 @@ cdef int _step(
         a = &ws.labels[rival]
         if a.hops < total_hops or (a.hops == total_hops and a.latency < total_latency):
             compare = 1
-            if ((not q.bounded or a.latency <= total_latency) and (a.mask & ~mask) == 0
-                    and f.n_ocs <= 64):
+            if ((not q.bounded or a.latency <= total_latency)
+                    and (a.mask & ~mask & ~a.free_mask) == 0 and f.n_ocs <= 64):
                 return 0
         elif a.hops == total_hops and a.latency == total_latency:
             compare = 2
@@ -1328,6 +1388,7 @@ cdef int _step(
     y.latency = total_latency
     y.seq = ws.arena_used
     y.mask = mask
+    y.free_mask = free_mask
     y.hops = <int32_t>total_hops
     y.new_circuits = parent.new_circuits + circ_new
     y.vertex = vertex
@@ -1339,12 +1400,9 @@ cdef int _step(
     y.circ_new = circ_new
     if compare == 2:
         compare = 1 if _less(&ws.labels[rival], y, ws.arena) else 0
-    if compare == 1:
-        a = &ws.labels[rival]
-        if ((not q.bounded or a.latency <= total_latency) and (a.mask & ~mask) == 0
-                and (f.n_ocs <= 64 or _ocs_subset(f, ws, rival, child))):
-            return 0  # not committed: the slot and arena space are reused
-    else:
+    if compare == 1 and _dominates(f, c, ws, q, rival, child, total_latency, mask):
+        return 0  # not committed: the slot and arena space are reused
+    elif compare == 0:
         ws.pushed_stamp[vertex] = ws.round
         ws.pushed_label[vertex] = child
     ws.arena_used = need
@@ -1469,6 +1527,7 @@ cdef void _search(const FabricData* f, const CondData* c, WS* ws, Query* q) noex
     start.latency = 0
     start.seq = 0
     start.mask = 0
+    start.free_mask = 0
     start.hops = 0
     start.new_circuits = 0
     start.vertex = q.host
@@ -1517,14 +1576,15 @@ cdef void _search(const FabricData* f, const CondData* c, WS* ws, Query* q) noex
         if ws.settled_stamp[vertex] != ws.round:
             ws.settled_stamp[vertex] = ws.round
             ws.settled_head[vertex] = -1
-        # Dominated by an earlier label at this vertex that (with a latency bound) was at least
-        # as fast and passed no OCS this one avoids.
+        # Dominated by an earlier label at this vertex (see _dominates); the settled entries
+        # keep what the test reads first, so most are passed over without their label.
         dominated = False
         e = ws.settled_head[vertex]
         while e != -1:
             entry = &ws.settled[e]
-            if (not q.bounded or entry.latency <= latency) and (entry.mask & ~mask) == 0:
-                if exact or _ocs_subset(f, ws, entry.label, x):
+            if ((not q.bounded or entry.latency <= latency)
+                    and (entry.mask & ~mask & ~entry.free_mask) == 0):
+                if exact or _ocs_covered(f, c, ws, q, entry.label, x):
                     dominated = True
                     break
             e = entry.next
@@ -1536,6 +1596,7 @@ cdef void _search(const FabricData* f, const CondData* c, WS* ws, Query* q) noex
         entry = &ws.settled[ws.n_settled]
         entry.latency = latency
         entry.mask = mask
+        entry.free_mask = lx.free_mask
         entry.label = x
         entry.next = ws.settled_head[vertex]
         ws.settled_head[vertex] = <int32_t>ws.n_settled
@@ -1858,74 +1919,179 @@ def best_paths(Fabric fabric not None, conditions, request, targets):
         fabric._give(owner)
 
 
-cdef list _best_selected(Fabric fabric, LiveConditions live, Query* q, selector, n):
-    cdef _Workspace owner
-    cdef WS* ws
-    cdef int32_t i, j, count, n_marked = 0
-    cdef Py_ssize_t possible = 0
-    count = <int32_t>min(max(operator.index(n), 0), len(fabric.devices))
+cdef tuple _selector_buckets(Fabric fabric, selector):
+    """The (kind, model) buckets of devices `selector` may take: static, from the topology."""
     kind = fabric._device_kinds.get(selector.kind)
-    if count == 0 or kind is None:
-        return []
+    if kind is None:
+        return None, [], []
     models = fabric._kind_models.get(kind, [])
     if selector.models:
         wanted = set(selector.models)
-        models = [fabric._model_ids[m] for m in fabric._model_ids if m in wanted
-                  and fabric._model_ids[m] in models]
-    buckets = [fabric._buckets[(kind, m)] for m in models]
+        models = [m for m in models if fabric._model_names[m] in wanted]
+    return kind, models, [fabric._buckets[(kind, m)] for m in models]
+
+
+cdef bint _arm(Fabric fabric, WS* ws, Query* q, selector, int32_t kind, list models) except -1:
+    """Set the query's Selector tests and this search's marks for them (after next_stamp);
+    False when a label of it is carried by no device."""
+    cdef int32_t i
+    q.select = 1
+    q.sel_kind = kind
+    q.has_models = bool(selector.models)
+    for m in models:
+        ws.model_stamp[<int32_t>m] = ws.stamp
+    q.has_min_gen = selector.min_generation is not None
+    q.min_gen = operator.index(selector.min_generation) if q.has_min_gen else 0
+    q.has_min_mem = selector.min_memory_gib is not None
+    q.min_mem = float(selector.min_memory_gib) if q.has_min_mem else 0.0
+    q.has_slice = selector.slice_gib is not None
+    q.slice_gib = float(selector.slice_gib) if q.has_slice else 0.0
+    q.n_labels = 0
+    for pair in selector.labels.items():
+        carriers = fabric._label_index.get(pair)
+        if carriers is None:
+            return False
+        for i in carriers:
+            if q.n_labels == 0:
+                ws.target_stamp[i] = ws.stamp
+                ws.label_hits[i] = 1
+            elif ws.target_stamp[i] == ws.stamp and ws.label_hits[i] == q.n_labels:
+                ws.label_hits[i] += 1
+        q.n_labels += 1
+    return True
+
+
+cdef int32_t _select_targets(
+    Fabric fabric, LiveConditions live, _Workspace owner, Query* q, selector
+) except -2:
+    """Point the search at the devices `selector` admits: tested as it reaches them
+    (q.select; returns 0), or, with at most 64 possible, listed as marked targets so the
+    lower bounds apply (returns how many). -1: none can qualify."""
+    cdef WS* ws = &owner.w
+    cdef int32_t i, n_marked = 0
+    cdef Py_ssize_t possible = 0
+    kind, models, buckets = _selector_buckets(fabric, selector)
     for bucket in buckets:
-        possible += len(bucket)
-    if possible == 0:
+        possible += len(<list>bucket)
+    if possible == 0 or not _arm(fabric, ws, q, selector, kind, models):
+        return -1
+    if possible > _LOWER_BOUND_TARGETS:
+        q.n_targets = possible  # an upper bound: the search ends by exhaustion or best n
+        return 0
+    # The marks _arm made are spent on the listing; the search gets fresh ones.
+    chosen = [i for bucket in buckets for i in bucket if _selected(&fabric.d, &live.c, ws, q, i)]
+    owner.next_stamp()
+    q.select = 0
+    q.n_labels = 0
+    for i in chosen:
+        ws.target_stamp[i] = ws.stamp
+        ws.found[n_marked] = i
+        ws.rank[i] = fabric.d.dev_rank[i]
+        n_marked += 1
+    q.n_targets = n_marked
+    return n_marked if n_marked > 0 else -1
+
+
+cdef list _best_selected(Fabric fabric, LiveConditions live, Query* q, selector, n):
+    cdef _Workspace owner
+    cdef int32_t j, count, n_marked
+    count = <int32_t>min(max(operator.index(n), 0), len(fabric.devices))
+    if count == 0:
         return []
+    owner = fabric._take()
+    try:
+        owner.next_stamp()
+        n_marked = _select_targets(fabric, live, owner, q, selector)
+        if n_marked < 0:
+            return []
+        if n_marked > 0 and count > n_marked:
+            count = n_marked
+        owner.ensure_best(count)
+        q.best_n = count
+        _run(fabric, live, &owner.w, q, n_marked)
+        return [_path(fabric, &owner.w, owner.w.best[j]) for j in range(q.n_best)]
+    finally:
+        fabric._give(owner)
+
+
+def census(Fabric fabric not None, conditions, selector):
+    """``_paths_py.census``: the why-not funnel's first four counts for ``selector``, taken
+    in the core (no list of ids leaves it)."""
+    cdef LiveConditions live = _live(fabric, conditions)
+    cdef Query q
+    cdef _Workspace owner
+    cdef WS* ws
+    cdef int32_t i
+    cdef Py_ssize_t matched = 0, healthy = 0, free = 0, labelled = 0
+    cdef bint armed
+    cdef const FabricData* f = &fabric.d
+    cdef const CondData* c = &live.c
+    kind, models, buckets = _selector_buckets(fabric, selector)
+    if kind is None:
+        return (0, 0, 0, 0)
+    memset(&q, 0, sizeof(Query))
     owner = fabric._take()
     ws = &owner.w
     try:
         owner.next_stamp()
-        owner.ensure_best(count)
-        q.select = 1
-        q.sel_kind = kind
-        q.has_models = bool(selector.models)
-        for m in models:
-            ws.model_stamp[<int32_t>m] = ws.stamp
-        q.has_min_gen = selector.min_generation is not None
-        q.min_gen = operator.index(selector.min_generation) if q.has_min_gen else 0
-        q.has_min_mem = selector.min_memory_gib is not None
-        q.min_mem = float(selector.min_memory_gib) if q.has_min_mem else 0.0
-        q.has_slice = selector.slice_gib is not None
-        q.slice_gib = float(selector.slice_gib) if q.has_slice else 0.0
-        for pair in selector.labels.items():
-            carriers = fabric._label_index.get(pair)
-            if carriers is None:
-                return []
-            for i in carriers:
-                if q.n_labels == 0:
-                    ws.target_stamp[i] = ws.stamp
-                    ws.label_hits[i] = 1
-                elif ws.target_stamp[i] == ws.stamp and ws.label_hits[i] == q.n_labels:
-                    ws.label_hits[i] += 1
-            q.n_labels += 1
-        if possible <= _LOWER_BOUND_TARGETS:
-            # Few could qualify: list those that do and search for them as marked targets,
-            # which brings the lower bounds (the marks above are spent on the listing).
-            chosen = [i for bucket in buckets for i in bucket
-                      if _selected(&fabric.d, &live.c, ws, q, i)]
-            owner.next_stamp()
-            q.select = 0
-            for i in chosen:
-                ws.target_stamp[i] = ws.stamp
-                ws.found[n_marked] = i
-                ws.rank[i] = fabric.d.dev_rank[i]
-                n_marked += 1
-            if n_marked == 0:
-                return []
-            q.n_targets = n_marked
-            if count > n_marked:
-                count = n_marked
+        armed = _arm(fabric, ws, &q, selector, kind, models)
+        for bucket in buckets:
+            for i in bucket:
+                if (q.has_min_gen and f.dev_gen[i] < q.min_gen) or (
+                    q.has_min_mem and f.dev_mem[i] < q.min_mem
+                ):
+                    continue
+                matched += 1
+                if c.node_flags[i] & UNUSABLE:
+                    continue
+                healthy += 1
+                if c.taken[i] or (q.has_slice and f.dev_cap[i] - c.sliced[i] + 1e-9 < q.slice_gib):
+                    continue
+                free += 1
+                if armed and (q.n_labels == 0 or (
+                    ws.target_stamp[i] == ws.stamp and ws.label_hits[i] == q.n_labels
+                )):
+                    labelled += 1
+        return (matched, healthy, free, labelled)
+    finally:
+        fabric._give(owner)
+
+
+def best_costs(Fabric fabric not None, conditions, request, targets):
+    """``{device: (hops, latency_ns)}`` of ``best_paths(...)``, from the same search, without
+    building the paths (the why-not funnel counts and ranks, it does not bind). ``targets``
+    may be a ``Selector``, as in ``best_devices``."""
+    cdef LiveConditions live = _live(fabric, conditions)
+    cdef Query q
+    cdef _Workspace owner
+    cdef WS* ws
+    cdef int32_t i, n_marked = 0
+    cdef dict node_index
+    cdef Label* label
+    _prepare(fabric, live, request, &q)
+    owner = fabric._take()
+    ws = &owner.w
+    try:
+        owner.next_stamp()
+        if isinstance(targets, Selector):
+            n_marked = _select_targets(fabric, live, owner, &q, targets)
+            if n_marked < 0:
+                return {}
         else:
-            q.n_targets = possible  # an upper bound: the search ends by exhaustion or best n
-        q.best_n = count
-        _run(fabric, live, ws, q, n_marked)
-        return [_path(fabric, ws, ws.best[j]) for j in range(q.n_best)]
+            node_index = <dict>fabric._node_index
+            for target in targets:
+                i = node_index.get(target, -1)
+                if i >= 0 and fabric.d.kind[i] == DEVICE and ws.target_stamp[i] != ws.stamp:
+                    ws.target_stamp[i] = ws.stamp
+                    ws.found[n_marked] = i
+                    n_marked += 1
+            q.n_targets = len(targets)
+        _run(fabric, live, ws, &q, n_marked)
+        costs = {}
+        for i in range(q.n_found):
+            label = &ws.labels[ws.found_label[ws.found[i]]]
+            costs[fabric.node_ids[ws.found[i]]] = (label.hops, label.latency)
+        return costs
     finally:
         fabric._give(owner)
 

@@ -156,25 +156,50 @@ def selected(
 ) -> dict[str, int]:
     """The devices `selector` admits (usability aside), each with its rank: the candidate map
     a device choice by selector searches over."""
-    out = {}
-    for device, info in devices.items():
-        if info.kind != selector.kind or device in taken:
-            continue
-        if selector.models and info.model not in selector.models:
-            continue
-        if selector.min_generation is not None and info.generation < selector.min_generation:
-            continue
-        if selector.min_memory_gib is not None and info.memory_gib < selector.min_memory_gib:
-            continue
-        if (
-            selector.slice_gib is not None
-            and info.capacity_gib - sliced_gib.get(device, 0.0) + 1e-9 < selector.slice_gib
-        ):
-            continue
-        if any(info.labels.get(k) != v for k, v in selector.labels.items()):
-            continue
-        out[device] = info.rank
-    return out
+    return {
+        d: info.rank
+        for d, info in devices.items()
+        if _matches(info, selector)
+        and _free(d, info, taken, sliced_gib, selector)
+        and _labelled(info, selector)
+    }
+
+
+def census(fabric: Fabric, conditions: Conditions, selector: Selector) -> tuple[int, int, int, int]:
+    """The why-not funnel's first counts for `selector`: its devices of the kind and
+    attributes asked for, of those the usable, of those the free, of those the labelled."""
+    matched = [(d, i) for d, i in fabric.devices.items() if _matches(i, selector)]
+    healthy = [(d, i) for d, i in matched if d not in conditions.unusable]
+    taken, sliced = conditions.taken, conditions.sliced_gib
+    free = [(d, i) for d, i in healthy if _free(d, i, taken, sliced, selector)]
+    labelled = [d for d, i in free if _labelled(i, selector)]
+    return len(matched), len(healthy), len(free), len(labelled)
+
+
+def _matches(info: DeviceInfo, selector: Selector) -> bool:
+    return (
+        info.kind == selector.kind
+        and (not selector.models or info.model in selector.models)
+        and (selector.min_generation is None or info.generation >= selector.min_generation)
+        and (selector.min_memory_gib is None or info.memory_gib >= selector.min_memory_gib)
+    )
+
+
+def _free(
+    device: str,
+    info: DeviceInfo,
+    taken: AbstractSet[str],
+    sliced_gib: Mapping[str, float],
+    selector: Selector,
+) -> bool:
+    if device in taken:
+        return False
+    need = selector.slice_gib
+    return need is None or not info.capacity_gib - sliced_gib.get(device, 0.0) + 1e-9 < need
+
+
+def _labelled(info: DeviceInfo, selector: Selector) -> bool:
+    return all(info.labels.get(k) == v for k, v in selector.labels.items())
 
 
 class PathRequest(NamedTuple):
@@ -311,6 +336,20 @@ def best_paths(
                 ),
             )
     return found
+
+
+def best_costs(
+    fabric: Fabric,
+    conditions: Conditions,
+    request: PathRequest,
+    targets: AbstractSet[str] | Selector,
+) -> dict[str, tuple[int, int]]:
+    """``{device: (hops, latency_ns)}`` of ``best_paths``: what the why-not funnel reads.
+    ``targets`` may be a ``Selector``: the devices it admits."""
+    if isinstance(targets, Selector):
+        targets = set(selected(fabric.devices, conditions.taken, conditions.sliced_gib, targets))
+    paths = best_paths(fabric, conditions, request, targets)
+    return {d: (p.hops, p.latency_ns) for d, p in paths.items()}
 
 
 def _ocs_of(circuit: Circuit) -> str:

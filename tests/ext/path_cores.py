@@ -28,6 +28,8 @@ def implementation(name: str) -> SimpleNamespace:
             Fabric=_paths_py.Fabric,
             LiveConditions=_live_py.LiveConditions,
             best_paths=_paths_py.best_paths,
+            best_costs=_paths_py.best_costs,
+            census=_paths_py.census,
             best_devices=_live_py.best_devices,
             hop_distances=_paths_py.hop_distances,
         )
@@ -37,6 +39,8 @@ def implementation(name: str) -> SimpleNamespace:
         Fabric=module.Fabric,
         LiveConditions=module.LiveConditions,
         best_paths=module.best_paths,
+        best_costs=module.best_costs,
+        census=module.census,
         best_devices=module.best_devices,
         hop_distances=module.hop_distances,
     )

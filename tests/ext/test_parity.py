@@ -249,6 +249,14 @@ def test_both_cores_find_the_same_best_paths(
     fabrics = [impl.Fabric(world.nodes, world.links) for impl in (PY, C)]
     expected = outcome(PY.best_paths, fabrics[0], cond, request, targets)
     assert outcome(C.best_paths, fabrics[1], cond, request, targets) == expected
+    # best_costs is best_paths' (hops, latency) per device, on both cores.
+    costs = (
+        {d: (p.hops, p.latency_ns) for d, p in expected.items()}
+        if isinstance(expected, dict)
+        else expected
+    )
+    for impl, fabric in zip((PY, C), fabrics, strict=True):
+        assert outcome(impl.best_costs, fabric, cond, request, targets) == costs, impl.name
     # The same from live conditions built empty and fed change by change.
     for impl, fabric in zip((PY, C), fabrics, strict=True):
         live = impl.LiveConditions(fabric)
@@ -380,10 +388,15 @@ def test_both_cores_choose_the_same_devices_by_selector(
     ranked = selected(infos, cond.taken, cond.sliced_gib, selector)
     assert outcome(PY.best_devices, py_fabric, cond, request, ranked, n) == expected
     got = outcome(C.best_devices, c_fabric, cond, request, selector, n)
+    # The funnel's reads of a selector: its counts, and its devices' best (hops, latency).
+    assert C.census(c_fabric, cond, selector) == PY.census(py_fabric, cond, selector)
+    costs = outcome(PY.best_costs, py_fabric, cond, request, selector)
+    assert costs == outcome(PY.best_costs, py_fabric, cond, request, set(ranked))
     if isinstance(expected, tuple) and expected[0] is KeyError:
         assert got == expected or isinstance(got, list)  # as in the ranked choice above
         return
     assert got == expected
+    assert outcome(C.best_costs, c_fabric, cond, request, selector) == costs
     # And from live conditions fed change by change, on both cores.
     for impl, fabric in ((PY, py_fabric), (C, c_fabric)):
         live = impl.LiveConditions(fabric)
@@ -544,6 +557,9 @@ def test_both_cores_choose_the_same_devices_by_selector_from_large_pools(seed: i
             expected = outcome(PY.best_devices, py_fabric, cond, request, selector, n)
             got = outcome(C.best_devices, c_fabric, live, request, selector, n)
             assert got == expected, (request, selector)
+        assert C.census(c_fabric, live, selector) == PY.census(py_fabric, cond, selector)
+        costs = outcome(PY.best_costs, py_fabric, cond, request, selector)
+        assert outcome(C.best_costs, c_fabric, live, request, selector) == costs
     assert large, "no selector had over 64 possible devices"
 
 
@@ -569,7 +585,8 @@ def test_live_conditions_refuse_unknown_components(core: SimpleNamespace) -> Non
 def swap_core(impl: SimpleNamespace, cores: dict[str, Any]) -> None:
     placement.Fabric = impl.Fabric  # type: ignore[misc]
     placement.LiveConditions = impl.LiveConditions  # type: ignore[misc]
-    placement.best_paths = impl.best_paths
+    placement.best_costs = impl.best_costs
+    placement.census = impl.census
     placement.best_devices = impl.best_devices
     placement._CORES = cores
 
@@ -633,7 +650,8 @@ def test_the_engine_decides_the_same_on_both_cores(
     original = (
         placement.Fabric,
         placement.LiveConditions,
-        placement.best_paths,
+        placement.best_costs,
+        placement.census,
         placement.best_devices,
         placement._CORES,
     )
@@ -698,7 +716,8 @@ def test_the_engine_decides_the_same_on_both_cores(
         (
             placement.Fabric,
             placement.LiveConditions,
-            placement.best_paths,
+            placement.best_costs,
+            placement.census,
             placement.best_devices,
             placement._CORES,
         ) = original  # type: ignore[misc]
