@@ -160,10 +160,10 @@ class PostgresRows:
         if gone:
             await self.conn.execute(table.delete_by_key, *zip(*gone, strict=True))
         if kept:
-            await self.conn.execute(table.upsert, *_columns(table, kept))
+            await self.conn.execute(table.upsert, *column_arrays(table, kept))
 
 
-def _columns(table: Table, rows: Sequence[Row]) -> list[list[Any]]:
+def column_arrays(table: Table, rows: Sequence[Row]) -> list[list[Any]]:
     """Column-wise arrays for unnest, jsonb values encoded as text."""
     arrays = []
     for c in table.names:
