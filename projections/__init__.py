@@ -4,6 +4,7 @@
 - `compositions`, `connections`, `devices`: one projection each, a `match` arm per event.
 - `sink`: `ProjectionSink`, what a domain's log follower (engine.follower) folds into, and
   `rebuild`.
+- `replay`: a rebuild's rows, carried in memory from batch to batch and written with COPY.
 - `read_models`: `PostgresReadModels`, engine.ports.ReadModels over the tables.
 
 This layer imports engine/ and asyncpg, never adapters/: the log comes in through the follower's

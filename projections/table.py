@@ -12,8 +12,9 @@ shape lives next to its definition and cannot drift from it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+import operator
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
 from typing import Any, Protocol
@@ -50,6 +51,13 @@ class Table:
     # A read-model snapshot leaves them out; a past answer reads them from the live table.
     final: str | None = None
     final_position: str | None = None
+    _key_getter: Callable[[Row], Key] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # key_of runs for every row a fold touches: itemgetter builds the tuple in C.
+        get = operator.itemgetter(*self.key)
+        one: Callable[[Row], Key] = lambda row: (get(row),)  # noqa: E731
+        object.__setattr__(self, "_key_getter", get if len(self.key) > 1 else one)
 
     @cached_property
     def names(self) -> tuple[str, ...]:
@@ -113,7 +121,7 @@ class Table:
         return f"SELECT {', '.join(self.names)} FROM {self.name} WHERE {where}"
 
     def key_of(self, row: Row) -> Key:
-        return tuple(row[c] for c in self.key)
+        return self._key_getter(row)
 
     def decode(self, record: Any) -> Row:
         """A fetched record as a row: jsonb columns decoded."""
@@ -152,10 +160,10 @@ class PostgresRows:
         if gone:
             await self.conn.execute(table.delete_by_key, *zip(*gone, strict=True))
         if kept:
-            await self.conn.execute(table.upsert, *_columns(table, kept))
+            await self.conn.execute(table.upsert, *column_arrays(table, kept))
 
 
-def _columns(table: Table, rows: Sequence[Row]) -> list[list[Any]]:
+def column_arrays(table: Table, rows: Sequence[Row]) -> list[list[Any]]:
     """Column-wise arrays for unnest, jsonb values encoded as text."""
     arrays = []
     for c in table.names:
@@ -242,7 +250,8 @@ class Rows:
 
     async def group(self, prefix: Key) -> list[Row]:
         """The live rows under `prefix` (changes of this batch included), in key order."""
-        await self.prefetch_groups([prefix])
+        if prefix not in self._fetched_groups:
+            await self.prefetch_groups([prefix])
         keys = sorted(self._groups.get(prefix, ()))
         return [row for k in keys if (row := self._rows[k]) is not None]
 
@@ -264,8 +273,9 @@ class Rows:
 
     async def flush(self) -> None:
         """Write every changed key in its final state: deletes first, then one bulk upsert."""
-        gone = sorted(k for k in self._dirty if self._rows[k] is None)
-        kept = [row for k in sorted(self._dirty) if (row := self._rows[k]) is not None]
+        dirty = sorted(self._dirty)
+        gone = [k for k in dirty if self._rows[k] is None]
+        kept = [row for k in dirty if (row := self._rows[k]) is not None]
         await self._source.write(self.table, gone, kept)
         self._dirty.clear()
 
