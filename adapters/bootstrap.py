@@ -24,7 +24,7 @@ import tempfile
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 import nats
@@ -664,7 +664,7 @@ def _write_endpoints(settings: Settings, nats_url: str, database_url: str) -> Pa
     Readable by this user only: the database URL carries the engine role's password."""
     path = (settings.data_dir or default_data_dir()) / ENDPOINTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    endpoints = {"nats_url": nats_url, "database_url": database_url}
+    endpoints = {"nats_url": nats_url, "database_url": database_url, "pid": os.getpid()}
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.fchmod(fd, 0o600)  # an older file may have been created more open
     with os.fdopen(fd, "w") as f:
@@ -672,14 +672,45 @@ def _write_endpoints(settings: Settings, nats_url: str, database_url: str) -> Pa
     return path
 
 
+def _endpoints(settings: Settings) -> dict[str, Any] | None:
+    """What a local `trellis up` wrote, if that engine still runs; a file left by one that
+    was killed is stale and ignored."""
+    path = (settings.data_dir or default_data_dir()) / ENDPOINTS_FILE
+    try:
+        written = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(written, dict):
+        return None
+    pid = written.get("pid")
+    if isinstance(pid, int) and not _alive(pid):
+        return None
+    return written
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def running_engine_pid(settings: Settings) -> int | None:
+    """The pid of the `trellis up` serving from this data dir, when one runs."""
+    written = _endpoints(settings)
+    pid = written.get("pid") if written else None
+    return pid if isinstance(pid, int) and pid != os.getpid() else None
+
+
 def find_endpoint(settings: Settings, name: str) -> str | None:
     """`name` ("nats_url" or "database_url") from the environment, else from what a local
-    `trellis up` wrote, else None."""
+    `trellis up` that still runs wrote, else None."""
     configured: str | None = getattr(settings, name)
     if configured:
         return configured
-    path = (settings.data_dir or default_data_dir()) / ENDPOINTS_FILE
-    try:
-        return str(json.loads(path.read_text())[name])
-    except (OSError, ValueError, KeyError):
-        return None
+    written = _endpoints(settings)
+    value = written.get(name) if written else None
+    return str(value) if value is not None else None

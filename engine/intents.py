@@ -49,7 +49,8 @@ Family = Literal["intent", "admin", "query"]
 # A lease of up to 100 years: long enough for anything, short enough to stay on the calendar.
 # A past moment: an ISO time with its zone, or a log position.
 PointInTime = Annotated[datetime, msgspec.Meta(tz=True)] | NonNegInt
-LeaseSeconds = Annotated[int, msgspec.Meta(ge=1, le=100 * 365 * 24 * 3600)]
+LEASE_SECONDS_RANGE = (1, 100 * 365 * 24 * 3600)  # a second to a hundred years
+LeaseSeconds = Annotated[int, msgspec.Meta(ge=LEASE_SECONDS_RANGE[0], le=LEASE_SECONDS_RANGE[1])]
 
 
 class Intent(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -10,22 +10,26 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import signal
 import sys
 import time
+import traceback
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import asyncpg
 import msgspec
+from nats.errors import NoRespondersError
 
 from adapters.bootstrap import (
     connect_nats,
     fabric_state_path,
     find_endpoint,
     running_engine,
+    running_engine_pid,
     until_accepted,
 )
 from adapters.embedded.servers import default_data_dir, reload_nats
@@ -47,7 +51,10 @@ from adapters.postgres.privileges import PrivilegeError
 from adapters.postgres.store import PostgresEventStore, connect_pool
 from adapters.settings import Settings, SettingsError, redacted
 from engine.contract import json_schemas
+from engine.errors import StoreUnavailable
 from engine.fabric_plan import reconcile
+from engine.ids import COMPONENT_REF_PATTERN, ID_PATTERN
+from engine.intents import LEASE_SECONDS_RANGE
 from engine.ports import FabricSnapshot
 from engine.state import DomainState, evolve
 from projections import rebuild
@@ -56,12 +63,25 @@ DEFAULT_DOMAIN = "default"
 DEFAULT_TENANT = "default"
 
 
+# Exit codes (docs/operations.md): what a script can tell apart without reading the line.
+EXIT_OK = 0
+EXIT_FAILED = 1  # the engine refused, a check found a difference, or a local step failed
+EXIT_USAGE = 2  # the command line is wrong (a flag, an id): nothing was sent
+EXIT_UNAVAILABLE = 3  # NATS, the engine or Postgres could not be reached, or did not answer
+EXIT_INTERNAL = 70  # a bug: the line says so, and -v shows the traceback
+EXIT_INTERRUPTED = 130
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except _UsageError as exc:
+        _say("usage", str(exc), exc.hint)
+        return EXIT_USAGE
     if not hasattr(args, "run"):
         parser.print_help()
-        return 2
+        return EXIT_USAGE
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -69,21 +89,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.run(args)
     except KeyboardInterrupt:
-        return 130
-    except (
-        CliError,
-        SettingsError,
-        MigrationError,
-        PrivilegeError,
-        StreamConfigError,
-        ExportError,
-    ) as exc:
-        print(f"trellis: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_INTERRUPTED
+    except CliError as exc:
+        _say(exc.code, str(exc), exc.hint)
+        return exc.exit
+    except SettingsError as exc:
+        _say("config", str(exc), "see README: Configuration")
+        return EXIT_FAILED
+    except (MigrationError, PrivilegeError, StreamConfigError, ExportError) as exc:
+        _say("error", str(exc), None)
+        return EXIT_FAILED
     except _POSTGRES_REFUSED as exc:  # configuration, not an outage: not waited out
-        print(f"trellis: Postgres refused the connection: {exc}", file=sys.stderr)
-        return 1
+        _say("refused", f"Postgres refused the connection: {exc}", "check TRELLIS_DATABASE_URL")
+        return EXIT_FAILED
+    except StoreUnavailable as exc:
+        _say("unavailable", str(exc), "is Postgres running? see TRELLIS_DATABASE_URL")
+        return EXIT_UNAVAILABLE
+    except Exception as exc:
+        if args.verbose:
+            traceback.print_exc()
+        _say("internal", f"{type(exc).__name__}: {exc}", "run with -v for the traceback")
+        return EXIT_INTERNAL
     return code
+
+
+def _say(code: str, message: str, hint: str | None) -> None:
+    """One line on stderr: `trellis: <code>: <sentence> (hint: ...)`."""
+    line = f"trellis: {code}: " + " ".join(message.split())
+    if hint:
+        line += f" (hint: {hint})"
+    print(line, file=sys.stderr)
 
 
 # A wrong role or password, or no such database.
@@ -94,11 +129,58 @@ _POSTGRES_REFUSED = (
 
 
 class CliError(Exception):
-    """A problem to report in one line, without a traceback."""
+    """A problem to report in one line, without a traceback: its code, the sentence, a hint
+    and the exit code."""
+
+    def __init__(
+        self, message: str, *, code: str = "error", hint: str | None = None, exit: int = 1
+    ) -> None:
+        super().__init__(message)
+        self.code, self.hint, self.exit = code, hint, exit
+
+
+class _UsageError(Exception):
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a mistake reported as one line (not the usage block) and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(message, f"`{self.prog} --help`")
+
+
+def _id(what: str, pattern: str = ID_PATTERN) -> Any:
+    """An argparse type: a value the contract takes as an id (checked here, before sending)."""
+    compiled = re.compile(pattern)
+
+    def check(text: str) -> str:
+        if compiled.fullmatch(text) is None:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a valid {what}: 1-64 letters, digits, '_' or '-'"
+            )
+        return text
+
+    check.__name__ = what  # argparse names the type in its message
+    return check
+
+
+def _lease(text: str) -> int:
+    """--lease: whole seconds within the contract's LeaseSeconds bounds."""
+    low, high = LEASE_SECONDS_RANGE
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds") from None
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"a lease is {low} to {high} seconds, not {value}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="trellis", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="trellis", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(metavar="COMMAND")
 
@@ -127,7 +209,7 @@ def _parser() -> argparse.ArgumentParser:
     tenant_add = tenant_sub.add_parser(
         "add", help="issue a tenant's credentials; a running embedded NATS takes them at once"
     )
-    tenant_add.add_argument("name")
+    tenant_add.add_argument("name", type=_id("tenant"))
     tenant_add.set_defaults(run=_tenant_add)
 
     topo = sub.add_parser("topology", help="import or show a domain's fabric")
@@ -171,14 +253,18 @@ def _parser() -> argparse.ArgumentParser:
     fabric_show = fabric_sub.add_parser(
         "show", help="circuits and bindings the simulated hardware holds (its state file)"
     )
-    fabric_show.add_argument("--domain", help="only this domain (default: every domain)")
+    fabric_show.add_argument(
+        "--domain", type=_id("domain"), help="only this domain (default: every domain)"
+    )
     fabric_show.add_argument("--json", action="store_true", help="print the state as JSON")
     fabric_show.set_defaults(run=_fabric_show)
     fabric_check = fabric_sub.add_parser(
         "check",
         help="compare the simulated hardware with the log; exit 1 when they differ",
     )
-    fabric_check.add_argument("--domain", help="only this domain (default: every domain)")
+    fabric_check.add_argument(
+        "--domain", type=_id("domain"), help="only this domain (default: every domain)"
+    )
     fabric_check.set_defaults(run=_fabric_check)
 
     proj = sub.add_parser("projections", help="the read models folded from the log")
@@ -190,7 +276,9 @@ def _parser() -> argparse.ArgumentParser:
         "export", help="append the log, connection history and compositions to Parquet files"
     )
     parquet.add_argument("--parquet", type=Path, required=True, metavar="DIR")
-    parquet.add_argument("--domain", help="only this domain (default: every domain)")
+    parquet.add_argument(
+        "--domain", type=_id("domain"), help="only this domain (default: every domain)"
+    )
     parquet.add_argument("--since", metavar="TIME", help="skip events before this ISO time")
     parquet.add_argument("--until", metavar="TIME", help="stop at the last event at or before")
     parquet.set_defaults(run=export.run)
@@ -206,7 +294,7 @@ def _parser() -> argparse.ArgumentParser:
 def _composition_commands(sub: Any) -> None:
     compose = sub.add_parser("compose", help="compose a host and devices (flags or --file)")
     compose.add_argument("--file", type=Path, help="a compose body (JSON) instead of flags")
-    compose.add_argument("--host", help="the host to compose on")
+    compose.add_argument("--host", type=_id("host id"), help="the host to compose on")
     compose.add_argument(
         "--host-label", action="append", default=[], metavar="K=V", help="pick a host by label"
     )
@@ -216,7 +304,9 @@ def _composition_commands(sub: Any) -> None:
     compose.add_argument("--memory", type=float, metavar="GIB", help="a memory slice of GIB")
     compose.add_argument("--nic", type=int, default=0, metavar="N")
     compose.add_argument("--nvme", type=int, default=0, metavar="N")
-    compose.add_argument("--device-id", action="append", default=[], help="a specific device")
+    compose.add_argument(
+        "--device-id", action="append", default=[], type=_id("device id"), help="a device"
+    )
     compose.add_argument("--bandwidth", type=float, default=0.0, metavar="GBPS", help="per device")
     compose.add_argument("--max-hops", type=int)
     compose.add_argument("--max-latency-ns", type=int)
@@ -224,34 +314,34 @@ def _composition_commands(sub: Any) -> None:
     compose.add_argument(
         "--label", action="append", default=[], metavar="K=V", help="device label constraint"
     )
-    compose.add_argument("--lease", type=int, metavar="SECONDS", help="lease length")
+    compose.add_argument("--lease", type=_lease, metavar="SECONDS", help="lease length")
     compose.add_argument("--reason", default="")
     _intent_options(compose)
     compose.set_defaults(run=_compose)
 
     release = sub.add_parser("release", help="release a composition")
-    release.add_argument("composition_id")
+    release.add_argument("composition_id", type=_id("composition id"))
     release.add_argument("--reason", default="")
     _intent_options(release)
     release.set_defaults(run=_release)
 
     extend = sub.add_parser("extend", help="extend a composition's lease")
-    extend.add_argument("composition_id")
-    extend.add_argument("--lease", type=int, required=True, metavar="SECONDS")
+    extend.add_argument("composition_id", type=_id("composition id"))
+    extend.add_argument("--lease", type=_lease, required=True, metavar="SECONDS")
     _intent_options(extend)
     extend.set_defaults(run=_extend)
 
 
 def _query_commands(sub: Any) -> None:
     conn = sub.add_parser("connections", help="what is connected to what, and why")
-    conn.add_argument("--host")
-    conn.add_argument("--tenant", help="only this tenant's connections")
-    conn.add_argument("--device")
+    conn.add_argument("--host", type=_id("host id"))
+    conn.add_argument("--tenant", type=_id("tenant"), help="only this tenant's connections")
+    conn.add_argument("--device", type=_id("device id"))
     _query_options(conn)
     conn.set_defaults(run=_connections)
 
     why = sub.add_parser("why", help="why a device, host, composition or link is as it is")
-    why.add_argument("id")
+    why.add_argument("id", type=_id("component or composition id", COMPONENT_REF_PATTERN))
     _query_options(why)
     why.set_defaults(run=_why)
 
@@ -262,16 +352,20 @@ def _query_commands(sub: Any) -> None:
 
     history = sub.add_parser("history", help="who held which device when")
     history.add_argument(
-        "--id", "--device", dest="id", help="a device, host or composition (default: all)"
+        "--id",
+        "--device",
+        dest="id",
+        type=_id("device, host or composition id"),
+        help="a device, host or composition (default: all)",
     )
-    history.add_argument("--tenant", help="only this tenant's intervals")
+    history.add_argument("--tenant", type=_id("tenant"), help="only this tenant's intervals")
     history.add_argument("--since", metavar="TIME", help="ISO time with offset, e.g. ...Z")
     history.add_argument("--until", metavar="TIME", help="ISO time with offset")
     _query_options(history)
     history.set_defaults(run=_history)
 
     blast = sub.add_parser("blast-radius", help="what a failure of a component would hit")
-    blast.add_argument("id")
+    blast.add_argument("id", type=_id("component id", COMPONENT_REF_PATTERN))
     _query_options(blast)
     blast.set_defaults(run=_blast_radius)
 
@@ -285,7 +379,7 @@ def _quota_commands(sub: Any) -> None:
     set_ = quota_sub.add_parser(
         "set", help="set a tenant's whole quota for a kind (a limit left out: no limit)"
     )
-    set_.add_argument("tenant")
+    set_.add_argument("tenant", type=_id("tenant"))
     set_.add_argument("kind", choices=DEVICE_KINDS)
     set_.add_argument(
         "--count", type=int, metavar="N", help="devices held at once (memory: slices)"
@@ -296,14 +390,14 @@ def _quota_commands(sub: Any) -> None:
     _client_options(set_)
     set_.set_defaults(run=_quota_set)
     clear = quota_sub.add_parser("clear", help="remove a tenant's quota for a kind")
-    clear.add_argument("tenant")
+    clear.add_argument("tenant", type=_id("tenant"))
     clear.add_argument("kind", choices=DEVICE_KINDS)
     clear.add_argument("--reason", default="")
     clear.add_argument("--request-id", help="resend-safe id (default: a fresh one)")
     _client_options(clear)
     clear.set_defaults(run=_quota_clear)
     show = quota_sub.add_parser("show", help="quotas and holdings, by tenant and kind")
-    show.add_argument("--tenant", help="only this tenant")
+    show.add_argument("--tenant", type=_id("tenant"), help="only this tenant")
     show.add_argument("--kind", choices=DEVICE_KINDS)
     _query_options(show)
     show.set_defaults(run=_quota_show)
@@ -333,6 +427,7 @@ def _query_options(p: argparse.ArgumentParser) -> None:
     _at_option(p)
     p.add_argument(
         "--view",
+        type=_id("tenant"),
         metavar="TENANT",
         help="ask as TENANT's view (<prefix>.view.<domain>.<tenant>.*): only its own data",
     )
@@ -340,13 +435,23 @@ def _query_options(p: argparse.ArgumentParser) -> None:
 
 
 def _intent_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tenant", default=os.environ.get("TRELLIS_TENANT", DEFAULT_TENANT))
+    p.add_argument(
+        "--tenant",
+        type=_id("tenant"),
+        default=os.environ.get("TRELLIS_TENANT", DEFAULT_TENANT),
+        help="who asks (default: $TRELLIS_TENANT or %(default)s)",
+    )
     p.add_argument("--request-id", help="resend-safe id (default: a fresh one)")
     _client_options(p)
 
 
 def _client_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--domain", default=os.environ.get("TRELLIS_DOMAIN", DEFAULT_DOMAIN))
+    p.add_argument(
+        "--domain",
+        type=_id("domain"),
+        default=os.environ.get("TRELLIS_DOMAIN", DEFAULT_DOMAIN),
+        help="the fabric domain (default: $TRELLIS_DOMAIN or %(default)s)",
+    )
     p.add_argument("--json", action="store_true", help="print the raw reply as JSON")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a reply")
     p.add_argument(
@@ -374,6 +479,17 @@ def _up(args: argparse.Namespace) -> int:
         settings = msgspec.structs.replace(settings, secure=True)
     elif args.tenant:
         raise CliError("--tenant issues secure mode identities; add --secure")
+    if not (settings.nats_url and settings.database_url):
+        # Embedded servers keep their files in the data dir: a second engine there would
+        # collide with the first's (postmaster.pid). Engines on shared servers may run side by
+        # side (a standby takes over a domain), so only the embedded case is refused.
+        pid = running_engine_pid(settings)
+        if pid is not None:
+            raise CliError(
+                f"an engine already runs on {settings.data_dir or default_data_dir()} (pid {pid})",
+                code="running",
+                hint="stop it first, or give this one its own TRELLIS_DATA_DIR",
+            )
 
     async def serve() -> None:
         stop = asyncio.Event()
@@ -792,7 +908,12 @@ def _request(args: argparse.Namespace, subject_tail: str, body: dict[str, Any]) 
     settings = Settings.from_env()
     url = find_endpoint(settings, "nats_url")
     if url is None:
-        raise CliError("no engine found: set TRELLIS_NATS_URL or start one with `trellis up`")
+        raise CliError(
+            "no engine found",
+            code="unavailable",
+            hint="start one with `trellis up`, or set TRELLIS_NATS_URL",
+            exit=EXIT_UNAVAILABLE,
+        )
     creds = _credentials(settings, args.creds, subject_tail)
     who = f"the identity in {creds.path}" if creds else "no credentials (see --creds)"
 
@@ -804,19 +925,38 @@ def _request(args: argparse.Namespace, subject_tail: str, body: dict[str, Any]) 
         try:
             nc = await refusals.first(connecting, args.timeout)
         except (CliError, CredentialsError) as exc:
-            raise CliError(f"{exc} (connecting to {url} with {who})") from None
+            raise CliError(
+                f"{exc} (connecting to {url} with {who})", code="refused", hint="see --creds"
+            ) from None
         except Exception as exc:
             reason = str(exc) or type(exc).__name__
-            raise CliError(f"cannot reach NATS at {url}: {reason}") from None
+            raise CliError(
+                f"cannot reach NATS at {url}: {reason}",
+                code="unavailable",
+                hint="is `trellis up` running? see TRELLIS_NATS_URL",
+                exit=EXIT_UNAVAILABLE,
+            ) from None
         try:
             client = TrellisClient(nc, prefix=settings.subject_prefix, timeout=args.timeout)
             asked = client.raw(subject_tail, msgspec.json.encode(body))
             try:
                 reply: dict[str, Any] = await refusals.first(asked, args.timeout)
             except CliError as exc:
-                raise CliError(f"{exc} ({who} may not send that)") from None
+                raise CliError(f"{exc} ({who} may not send that)", code="forbidden") from None
+            except NoRespondersError:
+                raise CliError(
+                    f"no engine serves {settings.subject_prefix}.* on {url}",
+                    code="unavailable",
+                    hint="start one with `trellis up`; check TRELLIS_SUBJECT_PREFIX",
+                    exit=EXIT_UNAVAILABLE,
+                ) from None
             except TimeoutError:
-                raise CliError(f"no reply within {args.timeout}s: is an engine running?") from None
+                raise CliError(
+                    f"no reply within {args.timeout}s from {url}",
+                    code="unavailable",
+                    hint="is the engine busy or stopped? try a longer --timeout",
+                    exit=EXIT_UNAVAILABLE,
+                ) from None
             return reply
         finally:
             await nc.close()

@@ -260,5 +260,5 @@ async def test_without_a_reachable_engine_the_cli_says_so_in_one_line(
 ) -> None:
     lonely = {**env, "TRELLIS_NATS_URL": "nats://127.0.0.1:1"}
     code, _, err = await trellis(lonely, "topology", "show", "--timeout", "2")
-    assert code == 1
-    assert err.startswith("trellis: cannot reach NATS") and "Traceback" not in err
+    assert code == 3  # EXIT_UNAVAILABLE
+    assert err.startswith("trellis: unavailable: cannot reach NATS") and "Traceback" not in err

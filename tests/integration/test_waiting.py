@@ -150,5 +150,5 @@ async def test_trellis_up_does_not_wait_out_a_wrong_password(
     code = await asyncio.wait_for(engine.proc.wait(), 30)
     said = engine.text()
     assert code == 1, said
-    assert "trellis: Postgres refused the connection" in said
+    assert "trellis: refused: Postgres refused the connection" in said
     assert "waiting for" not in said and "Traceback" not in said

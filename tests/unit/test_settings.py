@@ -136,7 +136,10 @@ def test_the_cli_reports_a_bad_setting_in_one_line(
     monkeypatch.setenv("TRELLIS_FABRIC", "redfish")
     assert cli.main(["up"]) == 1
     err = capsys.readouterr().err
-    assert err == "trellis: TRELLIS_FABRIC='redfish' names no fabric driver; valid: sim\n"
+    assert err == (
+        "trellis: config: TRELLIS_FABRIC='redfish' names no fabric driver; valid: sim"
+        " (hint: see README: Configuration)\n"
+    )
 
 
 def test_a_state_file_that_cannot_be_read_stops_trellis_up_in_one_line(
@@ -151,7 +154,8 @@ def test_a_state_file_that_cannot_be_read_stops_trellis_up_in_one_line(
     with pytest.raises(SettingsError, match=f"TRELLIS_FABRIC_STATE: {state} is not a simulated"):
         fabric_from_settings(Settings.from_env())
     assert cli.main(["up"]) == 1  # before any server starts
-    assert capsys.readouterr().err.startswith(f"trellis: TRELLIS_FABRIC_STATE: {state} is not")
+    err = capsys.readouterr().err
+    assert err.startswith(f"trellis: config: TRELLIS_FABRIC_STATE: {state} is not")
 
 
 def test_an_owner_url_without_an_engine_url_is_refused() -> None:

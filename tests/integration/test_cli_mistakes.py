@@ -1,0 +1,145 @@
+"""Routine mistakes with the `trellis` CLI end in one line and a documented exit code.
+
+Issue 12 item 2. Each case runs the real CLI in a subprocess and checks its exit code, that
+stderr is exactly one line starting `trellis: <code>:`, and that no traceback leaks. The
+servers a case needs are real: the session's NATS with no engine serving the case's subject
+prefix, ports where nothing listens, a data dir holding another engine's endpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from harness import run_cli
+from isolation import unique_subject_prefix
+
+from adapters.embedded.servers import free_port
+from adapters.entrypoints import cli
+
+EXIT_USAGE, EXIT_UNAVAILABLE = cli.EXIT_USAGE, cli.EXIT_UNAVAILABLE
+
+# Mistakes caught before anything is sent: (arguments, exit code, text the line must hold).
+USAGE = [
+    (["compose", "--tenant", "acme corp", "--host", "h1", "--gpu", "1"], "not a valid tenant"),
+    (["compose", "--tenant", "acme.corp", "--host", "h1", "--gpu", "1"], "not a valid tenant"),
+    (["release", "--domain", "a.b", "c-1"], "not a valid domain"),
+    (["compose", "--host", "h1", "--gpu", "1", "--lease", "0"], "a lease is 1 to"),
+    (["extend", "c-1", "--lease", "soon"], "not a whole number of seconds"),
+    (["why", "bad.id"], "not a valid component or composition id"),
+    (["quota", "set", "a b", "gpu", "--count", "1"], "not a valid tenant"),
+    (["compose", "--bogus"], "unrecognized arguments: --bogus"),
+]
+
+
+def one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err, err
+    return lines[0]
+
+
+def base_env(tmp_path: Path) -> dict[str, str]:
+    """No configured servers and an empty data dir of the test's own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")}
+    env["TRELLIS_DATA_DIR"] = str(tmp_path / "data")
+    return env
+
+
+@pytest.mark.parametrize(("args", "says"), USAGE, ids=[" ".join(a) for a, _ in USAGE])
+async def test_a_wrong_command_line_is_one_usage_line_and_exit_2(
+    tmp_path: Path, args: list[str], says: str
+) -> None:
+    code, out, err = await run_cli(base_env(tmp_path), *args)
+    line = one_line(err)
+    assert code == EXIT_USAGE, (code, err)
+    assert line.startswith("trellis: usage: ") and says in line and "(hint: " in line, line
+    assert out == ""
+
+
+async def test_no_engine_serving_on_a_live_nats_names_the_prefix_and_the_url(
+    tmp_path: Path, nats_url: str
+) -> None:
+    prefix = unique_subject_prefix()
+    env = {**base_env(tmp_path), "TRELLIS_NATS_URL": nats_url, "TRELLIS_SUBJECT_PREFIX": prefix}
+    code, _, err = await run_cli(env, "topology", "show", "--timeout", "5")
+    line = one_line(err)
+    assert code == EXIT_UNAVAILABLE, err
+    assert f"trellis: unavailable: no engine serves {prefix}.* on {nats_url}" in line, line
+
+
+async def test_a_nats_that_does_not_listen_is_unavailable(tmp_path: Path) -> None:
+    env = {**base_env(tmp_path), "TRELLIS_NATS_URL": f"nats://127.0.0.1:{free_port()}"}
+    code, _, err = await run_cli(env, "topology", "show", "--timeout", "2")
+    line = one_line(err)
+    assert code == EXIT_UNAVAILABLE and line.startswith("trellis: unavailable: cannot reach"), err
+
+
+async def test_no_engine_at_all_says_how_to_start_one(tmp_path: Path) -> None:
+    code, _, err = await run_cli(base_env(tmp_path), "free")
+    line = one_line(err)
+    assert code == EXIT_UNAVAILABLE and "no engine found" in line and "trellis up" in line, err
+
+
+async def test_a_postgres_that_does_not_listen_is_unavailable(tmp_path: Path) -> None:
+    env = {**base_env(tmp_path), "TRELLIS_DATABASE_URL": f"postgresql://127.0.0.1:{free_port()}/x"}
+    code, _, err = await run_cli(env, "fabric", "check")
+    line = one_line(err)
+    assert code == EXIT_UNAVAILABLE and line.startswith("trellis: unavailable: "), err
+    assert "TRELLIS_DATABASE_URL" in line
+
+
+async def test_a_second_engine_on_a_data_dir_names_the_running_ones_pid(tmp_path: Path) -> None:
+    env = base_env(tmp_path)
+    data = Path(env["TRELLIS_DATA_DIR"])
+    data.mkdir()
+    # What a running `trellis up` leaves: its endpoints and its pid (here, a live process).
+    sleeper = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "import time; time.sleep(60)"
+    )
+    try:
+        endpoints = {"nats_url": "nats://127.0.0.1:1", "database_url": "x", "pid": sleeper.pid}
+        (data / "endpoints.json").write_text(json.dumps(endpoints))
+        code, _, err = await run_cli(env, "up")
+        line = one_line(err)
+        assert code == 1 and line.startswith("trellis: running: an engine already runs"), err
+        assert f"(pid {sleeper.pid})" in line, line
+    finally:
+        sleeper.kill()
+        await sleeper.wait()
+
+
+async def test_endpoints_left_by_a_killed_engine_are_not_used(tmp_path: Path) -> None:
+    env = base_env(tmp_path)
+    data = Path(env["TRELLIS_DATA_DIR"])
+    data.mkdir()
+    gone = await asyncio.create_subprocess_exec(sys.executable, "-c", "pass")
+    await gone.wait()  # its pid is no process any more
+    port = free_port()
+    endpoints = {"nats_url": f"nats://127.0.0.1:{port}", "database_url": "x", "pid": gone.pid}
+    (data / "endpoints.json").write_text(json.dumps(endpoints))
+    code, _, err = await run_cli(env, "free")
+    line = one_line(err)
+    # Not "cannot reach NATS at ...:port": the stale file is recognised as such.
+    assert code == EXIT_UNAVAILABLE and "no engine found" in line and str(port) not in line, err
+
+
+def test_an_unexpected_failure_is_one_line_and_exit_70_and_v_shows_the_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(_: object) -> int:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(cli, "_free", broken)
+    assert cli.main(["free"]) == cli.EXIT_INTERNAL
+    err = capsys.readouterr().err
+    assert one_line(err) == (
+        "trellis: internal: RuntimeError: a bug (hint: run with -v for the traceback)"
+    )
+    assert cli.main(["-v", "free"]) == cli.EXIT_INTERNAL
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().endswith("(hint: run with -v for the traceback)")
