@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import logging
 import os
 import re
@@ -182,6 +183,7 @@ def _lease(text: str) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="trellis", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser.add_argument("--version", action="version", version=f"trellis {_version()}")
     sub = parser.add_subparsers(metavar="COMMAND")
 
     up = sub.add_parser("up", help="run the engine (embedded NATS/Postgres unless configured)")
@@ -233,6 +235,7 @@ def _parser() -> argparse.ArgumentParser:
     replay.set_defaults(run=_replay)
 
     _composition_commands(sub)
+    _admin_commands(sub)
     _query_commands(sub)
     _quota_commands(sub)
     audit_proofs.register(sub, _request, _client_options)
@@ -330,6 +333,45 @@ def _composition_commands(sub: Any) -> None:
     extend.add_argument("--lease", type=_lease, required=True, metavar="SECONDS")
     _intent_options(extend)
     extend.set_defaults(run=_extend)
+
+
+def _admin_commands(sub: Any) -> None:
+    """The operator's verbs on one component (trellis.admin.<domain>.<verb>)."""
+    component = _id("component id (a node, a link or <ocs>:<port>)", COMPONENT_REF_PATTERN)
+    drain = sub.add_parser(
+        "drain", help="take a component out of service for new paths (existing ones stay)"
+    )
+    drain.add_argument("id", type=component)
+    drain.add_argument(
+        "--force", action="store_true", help="also move (or impair) the live paths through it"
+    )
+    undrain = sub.add_parser("undrain", help="put a drained component back in service")
+    undrain.add_argument("id", type=component)
+    fault = sub.add_parser(
+        "report-fault", help="record a component's health: failed, degraded or healthy again"
+    )
+    fault.add_argument("id", type=component)
+    fault.add_argument("--state", choices=["failed", "degraded", "healthy"], default="failed")
+    fault.add_argument("--detail", default="", help="what was seen (free text)")
+    add_node = sub.add_parser("add-node", help="add one node (a JSON NodeSpec, see schema/json)")
+    add_node.add_argument("file", type=Path, help="the node as JSON, or - for stdin")
+    add_link = sub.add_parser("add-link", help="add one link (a JSON LinkSpec, see schema/json)")
+    add_link.add_argument("file", type=Path, help="the link as JSON, or - for stdin")
+    remove = sub.add_parser("remove", help="remove a node or link no live composition uses")
+    remove.add_argument("id", type=_id("node or link id"))
+    for p, run in (
+        (drain, _drain),
+        (undrain, _undrain),
+        (fault, _report_fault),
+        (add_node, _add_node),
+        (add_link, _add_link),
+        (remove, _remove),
+    ):
+        if p is not fault:
+            p.add_argument("--reason", default="", help="why, recorded with the event")
+        p.add_argument("--request-id", help="resend-safe id (default: a fresh one)")
+        _client_options(p)
+        p.set_defaults(run=run)
 
 
 def _query_commands(sub: Any) -> None:
@@ -591,6 +633,44 @@ def _topology_import(args: argparse.Namespace) -> int:
     return _print_reply(args, reply, render.import_summary)
 
 
+def _admin(args: argparse.Namespace, verb: str, body: dict[str, Any]) -> int:
+    body = {**body, "request_id": args.request_id or str(uuid.uuid4())}
+    reply = _request(args, f"admin.{args.domain}.{verb}", body)
+    return _print_reply(args, reply, render.component_summary)
+
+
+def _drain(args: argparse.Namespace) -> int:
+    return _admin(args, "drain", {"id": args.id, "reason": args.reason, "force": args.force})
+
+
+def _undrain(args: argparse.Namespace) -> int:
+    return _admin(args, "undrain", {"id": args.id, "reason": args.reason})
+
+
+def _report_fault(args: argparse.Namespace) -> int:
+    body = {"component": args.id, "state": args.state, "detail": args.detail}
+    return _admin(args, "report-fault", body)
+
+
+def _add_node(args: argparse.Namespace) -> int:
+    return _admin(args, "add-node", {"node": _read_json(args.file), "reason": args.reason})
+
+
+def _add_link(args: argparse.Namespace) -> int:
+    return _admin(args, "add-link", {"link": _read_json(args.file), "reason": args.reason})
+
+
+def _remove(args: argparse.Namespace) -> int:
+    return _admin(args, "remove", {"id": args.id, "reason": args.reason})
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("trellis")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "unknown"
+
+
 def _topology_show(args: argparse.Namespace) -> int:
     reply = _request(args, f"query.{args.domain}.topology", _at(args, {}))
     return _print_reply(args, reply, render.topology_tables)
@@ -734,8 +814,10 @@ def _send_intent(args: argparse.Namespace, verb: str, body: dict[str, Any], show
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from a file, or from stdin for `-`."""
     try:
-        doc = msgspec.json.decode(path.read_bytes())
+        data = sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
+        doc = msgspec.json.decode(data)
     except (OSError, msgspec.DecodeError) as exc:
         raise CliError(f"cannot read {path}: {exc}") from None
     if not isinstance(doc, dict):

@@ -127,6 +127,27 @@ def error_text(error: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def component_summary(result: dict[str, Any], reply: dict[str, Any]) -> str:
+    """An admin verb's answer on one component: what it is now and what it touched."""
+    name = result["component"]
+    if result.get("link") and result["link"] != name:
+        name += f" (link {result['link']})"
+    if not result.get("changed"):
+        line = f"{name}: already so, nothing changed"
+    else:
+        state = result.get("health", "healthy") + (", drained" if result.get("drained") else "")
+        line = f"{name}: {state}"
+    parts = [line]
+    if result.get("removed"):
+        parts.append("removed: " + ", ".join(result["removed"]))
+    if result.get("compositions"):
+        parts.append("compositions touched: " + ", ".join(result["compositions"]))
+    if result.get("impaired"):
+        parts.append("left impaired: " + ", ".join(result["impaired"]))
+    replayed = " (replayed)" if reply.get("replayed") else ""
+    return "\n".join(parts) + f"\nat position {reply.get('position')}{replayed}"
+
+
 def compose_summary(result: dict[str, Any], reply: dict[str, Any]) -> str:
     expires = result.get("expires_at") or "no lease"
     head = (

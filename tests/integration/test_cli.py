@@ -262,3 +262,43 @@ async def test_without_a_reachable_engine_the_cli_says_so_in_one_line(
     code, _, err = await trellis(lonely, "topology", "show", "--timeout", "2")
     assert code == 3  # EXIT_UNAVAILABLE
     assert err.startswith("trellis: unavailable: cannot reach NATS") and "Traceback" not in err
+
+
+async def test_an_operator_drains_faults_adds_and_removes_from_the_cli(
+    h: Harness, env: dict[str, str], tmp_path: Path
+) -> None:
+    """Every admin verb has a command (issue 12 item 4): the operator needs no `nats req`."""
+    code, _, err = await trellis(env, "topology", "import", str(EXAMPLE))
+    assert code == 0, err
+    code, out, err = await trellis(env, "drain", "gpu-001", "--reason", "firmware")
+    assert code == 0 and "gpu-001: healthy, drained" in out and "at position" in out, err
+    code, out, _ = await trellis(env, "drain", "gpu-001")
+    assert code == 0 and "already so, nothing changed" in out
+    code, out, err = await trellis(env, "undrain", "gpu-001")
+    assert code == 0 and "gpu-001: healthy" in out and "drained" not in out, err
+    code, out, err = await trellis(
+        env, "report-fault", "ocs-1:4", "--state", "degraded", "--detail", "CRC errors"
+    )
+    assert code == 0 and "ocs-1:4 (link " in out and ": degraded" in out, (out, err)
+    node = tmp_path / "node.json"
+    node.write_text(json.dumps({"id": "gpu-100", "kind": "device", "device_kind": "gpu"}))
+    code, out, err = await trellis(env, "add-node", str(node), "--reason", "racked")
+    assert code == 0 and "gpu-100" in out, err
+    link = tmp_path / "link.json"
+    link.write_text(json.dumps({"id": "l-100", "a": "sw-r1", "b": "gpu-100", "capacity_gbps": 64}))
+    code, out, err = await trellis(env, "add-link", str(link))
+    assert code == 0 and "l-100" in out, err
+    code, out, _ = await trellis(env, "topology", "show")
+    assert code == 0 and "gpu-100" in out and "l-100" in out
+    code, out, err = await trellis(env, "remove", "gpu-100", "--reason", "returned")
+    assert code == 0 and "removed: l-100" in out, (out, err)
+    code, out, err = await trellis(env, "remove", "gpu-100")
+    assert code == 1 and "error [not_found]" in err, (out, err)
+    # What the log says happened, each with the operator as its actor.
+    code, out, _ = await trellis(env, "why", "gpu-001")
+    assert code == 0 and "ComponentDrained" in out and "ComponentUndrained" in out, out
+
+
+async def test_the_cli_names_its_version(env: dict[str, str]) -> None:
+    code, out, _ = await trellis(env, "--version")
+    assert code == 0 and out.startswith("trellis ") and out.split()[1][0].isdigit(), out
