@@ -19,7 +19,9 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
+import subprocess
 import tempfile
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -35,6 +37,7 @@ from nats.js.errors import ServiceUnavailableError
 
 from adapters.checkpoint_key import KEY_FILE, KeyFileError, load_or_create
 from adapters.clock import SystemClock
+from adapters.embedded import watchdog
 from adapters.embedded.servers import (
     EmbeddedNats,
     EmbeddedPostgres,
@@ -94,6 +97,7 @@ class RunningEngine(msgspec.Struct, kw_only=True):
     database_url: str
     subject_prefix: str
     secure_dir: Path | None = None  # secure mode's identities and server config
+    nats_monitor_url: str | None = None  # an embedded nats-server's HTTP monitoring
     follower_process: FollowerProcess | None = None  # TRELLIS_FOLLOWERS=process
 
 
@@ -286,6 +290,7 @@ class Endpoints(NamedTuple):
     nats_url: str
     database_url: str
     database_owner_url: str | None
+    nats_monitor_url: str | None = None  # the embedded nats-server's HTTP monitoring
 
 
 @contextlib.asynccontextmanager
@@ -299,15 +304,43 @@ async def embedded_or_configured(
     with contextlib.ExitStack() as stack:
         nats_url, database_url = settings.nats_url, settings.database_url
         owner_url = settings.database_owner_url
+        watched: list[tuple[int, int]] = []
+        monitor_url = None
         if not nats_url:
-            server = stack.enter_context(EmbeddedNats(data_dir, config=nats_config))
+            server = stack.enter_context(
+                EmbeddedNats(
+                    data_dir,
+                    settings.nats_port,
+                    config=nats_config,
+                    monitor_port=settings.nats_monitor_port,
+                )
+            )
             await asyncio.to_thread(server.start)
-            nats_url = server.url
+            nats_url, monitor_url = server.url, server.monitor_url
+            watched.append((_pid(server), signal.SIGTERM))
         if not database_url:
-            pg = stack.enter_context(EmbeddedPostgres(data_dir))
+            pg = stack.enter_context(EmbeddedPostgres(data_dir, settings.pg_port))
             await asyncio.to_thread(pg.start)
             database_url, owner_url = pg.url, pg.owner_url
-        yield Endpoints(nats_url, database_url, owner_url)
+            watched.append((_pid(pg), signal.SIGINT))  # PostgreSQL's fast shutdown
+        if watched:
+            # Stopped before the servers on a clean exit; if this process is killed, it stops
+            # them, so a SIGKILLed `trellis up` leaves no orphaned server behind.
+            dog = watchdog.watch(watched)
+            stack.callback(_end, dog)
+        yield Endpoints(nats_url, database_url, owner_url, monitor_url)
+
+
+def _pid(server: EmbeddedNats | EmbeddedPostgres) -> int:
+    pid = server.pid
+    if pid is None:
+        raise StoreUnavailable(f"the embedded {server.name} stopped as it started")
+    return pid
+
+
+def _end(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    process.wait()
 
 
 class Sinks(NamedTuple):
@@ -541,7 +574,7 @@ async def running_engine(
     if secure is not None:
         _issue(secure, settings, tenants)
     async with contextlib.AsyncExitStack() as stack:
-        nats_url, database_url, owner_url = await stack.enter_async_context(
+        nats_url, database_url, owner_url, monitor_url = await stack.enter_async_context(
             embedded_or_configured(
                 settings, nats_config=secure.config_path if secure is not None else None
             )
@@ -566,6 +599,7 @@ async def running_engine(
                 checkpoint_key=checkpoint_key_path(settings),
             )
         )
+        running.nats_monitor_url = monitor_url
         if secure is not None:
             running.secure_dir = secure.root
             issued = _issue(secure, settings, _tenants_holding(running.engine))

@@ -60,6 +60,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Where the log followers run (adapters/follow_process.py): in the engine's event loop, or
     # in a follower process of their own that the engine starts and keeps running.
     followers: FollowersMode = "inline"
+    # The embedded servers' ports (None: a free one at each start).
+    nats_port: int | None = None
+    nats_monitor_port: int | None = None
+    pg_port: int | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -134,6 +138,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             checkpoint_every=checkpoint_every,
             checkpoint_key=Path(checkpoint_key) if checkpoint_key else None,
             followers=followers,  # type: ignore[arg-type]  # checked above
+            nats_port=_port(env, "TRELLIS_NATS_PORT"),
+            nats_monitor_port=_port(env, "TRELLIS_NATS_MONITOR_PORT"),
+            pg_port=_port(env, "TRELLIS_PG_PORT"),
         )
 
 
@@ -171,6 +178,16 @@ def _integer(env: dict[str, str], name: str, default: int) -> int:
         return int(text)
     except ValueError:
         raise SettingsError(f"{name} must be an integer; got {text!r}") from None
+
+
+def _port(env: dict[str, str], name: str) -> int | None:
+    """A TCP port to pin an embedded server to; unset: a free one at each start."""
+    if not env.get(name, "").strip():
+        return None
+    port = _integer(env, name, 0)
+    if not 1 <= port <= 65535:
+        raise SettingsError(f"{name} must be a TCP port (1-65535); got {port}")
+    return port
 
 
 def _flag(env: dict[str, str], name: str) -> bool:

@@ -317,10 +317,23 @@ class EmbeddedNats(_EmbeddedServer):
 
     name = "nats-server"
 
-    def __init__(self, data_dir: Path, port: int | None = None, *, config: Path | None = None):
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        *,
+        config: Path | None = None,
+        monitor_port: int | None = None,
+    ):
         super().__init__(data_dir, port)
         self._server_name = ""
         self.config = Path(config).absolute() if config is not None else None
+        # The HTTP monitoring endpoint (/varz, /jsz, /healthz) that NATS tooling reads.
+        self.monitor_port: int = monitor_port if monitor_port is not None else free_port()
+
+    @property
+    def monitor_url(self) -> str:
+        return f"http://{HOST}:{self.monitor_port}"
 
     @property
     def url(self) -> str:
@@ -369,6 +382,7 @@ class EmbeddedNats(_EmbeddedServer):
             "--jetstream",
             "--store_dir", str(self.store_dir),
             "--pid", str(self.pid_path),
+            "--http_port", str(self.monitor_port),
         ]  # fmt: skip
 
     def _is_ready(self, proc: subprocess.Popen[bytes]) -> bool:

@@ -555,6 +555,8 @@ def _up(args: argparse.Namespace) -> int:
                 nats, postgres = redacted(running.nats_url), redacted(running.database_url)
                 domains = ", ".join(running.engine.domains) or "none yet"
                 print(f"trellis engine up: NATS {nats}, Postgres {postgres}")
+                if running.nats_monitor_url:
+                    print(f"NATS monitoring: {running.nats_monitor_url} (/varz, /jsz, /healthz)")
                 print(f"fabric: simulated, its hardware state in {fabric_state_path(settings)}")
                 if running.secure_dir is not None:
                     _print_secure(settings, SecureDir(running.secure_dir.parent))

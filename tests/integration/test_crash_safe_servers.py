@@ -1,0 +1,107 @@
+"""A SIGKILLed `trellis up` leaves no embedded server behind; the next one starts clean.
+
+Issue 12 item 3. A real `trellis up` with the embedded NATS and PostgreSQL (no TRELLIS_*
+URLs) runs in a subprocess on a data dir of the test's own, on pinned ports; it is killed
+with SIGKILL (no handler, no atexit), and the servers it started must be gone within the
+watchdog's grace. A second `trellis up` on the same data dir and ports then serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from harness import run_cli
+
+from adapters.embedded.servers import free_port
+from adapters.embedded.watchdog import alive
+
+pytestmark = pytest.mark.slow  # two embedded PostgreSQL starts
+
+UP_WITHIN_S = 120.0
+GONE_WITHIN_S = 20.0
+
+
+def environment(data: Path, ports: dict[str, int]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")}
+    return {
+        **env,
+        "TRELLIS_DATA_DIR": str(data),
+        "TRELLIS_NATS_PORT": str(ports["nats"]),
+        "TRELLIS_NATS_MONITOR_PORT": str(ports["monitor"]),
+        "TRELLIS_PG_PORT": str(ports["pg"]),
+    }
+
+
+async def start_up(env: dict[str, str], log: Path) -> asyncio.subprocess.Process:
+    with log.open("ab") as out:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "adapters.entrypoints.cli", "up", env=env,
+            stdout=out, stderr=out,
+        )  # fmt: skip
+    endpoints = Path(env["TRELLIS_DATA_DIR"]) / "endpoints.json"
+    deadline = time.monotonic() + UP_WITHIN_S
+    while True:
+        if proc.returncode is not None:
+            pytest.fail(f"trellis up exited with {proc.returncode}:\n{log.read_text()}")
+        try:
+            if json.loads(endpoints.read_text()).get("pid") == proc.pid:
+                return proc
+        except (OSError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"trellis up did not serve within {UP_WITHIN_S}s:\n{log.read_text()}")
+        await asyncio.sleep(0.2)
+
+
+def server_pids(data: Path) -> dict[str, int]:
+    return {
+        "nats-server": int((data / "nats.pid").read_text().split()[0]),
+        "postgres": int((data / "postgres" / "postmaster.pid").read_text().split("\n", 1)[0]),
+    }
+
+
+async def test_a_killed_trellis_up_takes_its_servers_with_it(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    ports = {"nats": free_port(), "monitor": free_port(), "pg": free_port()}
+    env = environment(data, ports)
+    first = await start_up(env, tmp_path / "first.log")
+    pids = server_pids(data)
+    assert all(alive(pid) for pid in pids.values()), pids
+    # Pinned ports, and the NATS monitoring endpoint NATS tooling reads.
+    out = (tmp_path / "first.log").read_text()
+    assert f"nats://127.0.0.1:{ports['nats']}" in out and f":{ports['pg']}/" in out, out
+    assert f"NATS monitoring: http://127.0.0.1:{ports['monitor']}" in out, out
+    with urllib.request.urlopen(f"http://127.0.0.1:{ports['monitor']}/healthz", timeout=5) as r:
+        assert r.status == 200
+
+    first.send_signal(signal.SIGKILL)
+    await first.wait()
+    deadline = time.monotonic() + GONE_WITHIN_S
+    while any(alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    left = {name: pid for name, pid in pids.items() if alive(pid)}
+    assert not left, f"orphaned after SIGKILL: {left}"
+
+    # The endpoints it left name a dead pid: the CLI does not dial its old ports.
+    code, _, err = await run_cli(env, "free")
+    assert code == 3 and "no engine found" in err, err
+
+    # The next start on the same data dir and ports serves (no postmaster.pid in the way).
+    second = await start_up(env, tmp_path / "second.log")
+    pids = server_pids(data)
+    try:
+        code, out, err = await run_cli(env, "free", "--domain", "nowhere")
+        assert code == 1 and "error [not_found]" in err, (code, out, err)
+    finally:
+        second.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(second.wait(), 60) == 0
+    assert not any(alive(pid) for pid in pids.values())  # a clean stop stops them too
