@@ -23,7 +23,10 @@ from typing import Any, NoReturn
 
 import asyncpg
 import msgspec
+from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
+from nats.js.api import DeliverPolicy
+from nats.js.errors import NoKeysError
 
 from adapters.bootstrap import (
     connect_nats,
@@ -45,7 +48,7 @@ from adapters.nats.auth import (
     public_key,
 )
 from adapters.nats.client import TrellisClient
-from adapters.nats.jetstream import StreamConfigError
+from adapters.nats.jetstream import StreamConfigError, bucket_name, stream_name
 from adapters.postgres.export import ExportError
 from adapters.postgres.migrations import SCHEMA_DIR, MigrationError
 from adapters.postgres.privileges import PrivilegeError
@@ -327,6 +330,49 @@ def _composition_commands(sub: Any) -> None:
     release.add_argument("--reason", default="")
     _intent_options(release)
     release.set_defaults(run=_release)
+
+    comp = sub.add_parser("composition", help="one composition, or the live ones")
+    comp_sub = comp.add_subparsers(metavar="ACTION")
+    get = comp_sub.add_parser("get", help="a composition: host, devices, state and lease")
+    get.add_argument("id", type=_id("composition id"))
+    _query_options(get)
+    get.set_defaults(run=_composition_get)
+    listing = comp_sub.add_parser(
+        "list",
+        help="the live compositions, one a line, from the KV feed (TRELLIS_STATE), which "
+        "follows the log a moment behind the replies",
+    )
+    listing.add_argument("--tenant", type=_id("tenant"), help="only this tenant's")
+    listing.add_argument("--state", choices=["pending", "active", "impaired"])
+    listing.add_argument("--host", type=_id("host id"), help="only those on this host")
+    _client_options(listing)
+    listing.set_defaults(run=_composition_list)
+
+    watch = sub.add_parser(
+        "watch", help="live events from the stream (TRELLIS_EVENTS), one a line, until Ctrl-C"
+    )
+    watch.add_argument(
+        "--type",
+        action="append",
+        default=[],
+        metavar="EVENT",
+        help="only this event type, e.g. CompositionActivated; repeatable",
+    )
+    watch.add_argument(
+        "--tenant",
+        type=_id("tenant"),
+        help="only this tenant's: events it caused or that name it, and the engine's on "
+        "compositions it requested while watching",
+    )
+    watch.add_argument("--all-domains", action="store_true", help="every domain, not --domain")
+    watch.add_argument(
+        "--from-start",
+        action="store_true",
+        help="replay the stream from its first event instead of new ones only",
+    )
+    watch.add_argument("--count", type=int, metavar="N", help="stop after N events")
+    _client_options(watch)
+    watch.set_defaults(run=_watch)
 
     extend = sub.add_parser("extend", help="extend a composition's lease")
     extend.add_argument("composition_id", type=_id("composition id"))
@@ -633,6 +679,88 @@ def _topology_import(args: argparse.Namespace) -> int:
         args, f"admin.{args.domain}.import-topology", {**body, "request_id": request_id}
     )
     return _print_reply(args, reply, render.import_summary)
+
+
+def _composition_get(args: argparse.Namespace) -> int:
+    reply = _request(args, _query_subject(args, "composition"), _at(args, {"id": args.id}))
+    return _print_reply(args, reply, render.compose_summary)
+
+
+def _composition_list(args: argparse.Namespace) -> int:
+    async def read(nc: NATS, settings: Settings, url: str, *_: Any) -> list[dict[str, Any]]:
+        kv = await nc.jetstream().key_value(bucket_name(settings.subject_prefix))
+        try:
+            keys = await kv.keys()
+        except NoKeysError:
+            return []
+        rows = []
+        prefix = f"{args.domain}.composition."
+        for key in sorted(k for k in keys if k.startswith(prefix)):
+            entry = await kv.get(key)
+            if entry.value:
+                rows.append({"id": key.rsplit(".", 1)[1], **msgspec.json.decode(entry.value)})
+        return rows
+
+    rows = [
+        r
+        for r in _on_nats(args, f"query.{args.domain}.composition", read)
+        if (args.tenant is None or r["tenant"] == args.tenant)
+        and (args.state is None or r["state"] == args.state)
+        and (args.host is None or r["host"] == args.host)
+    ]
+    if args.json:
+        print(msgspec.json.format(msgspec.json.encode(rows), indent=2).decode())
+    else:
+        print(render.composition_rows(rows))
+    return 0
+
+
+def _watch(args: argparse.Namespace) -> int:
+    async def follow(nc: NATS, settings: Settings, *_: Any) -> int:
+        domain = "*" if args.all_domains else args.domain
+        subject = f"{settings.subject_prefix}.events.{domain}.*"
+        policy = DeliverPolicy.ALL if args.from_start else DeliverPolicy.NEW
+        js = nc.jetstream()
+        sub = await js.subscribe(
+            subject, stream=stream_name(settings.subject_prefix), ordered_consumer=True,
+            deliver_policy=policy,
+        )  # fmt: skip
+        shown = 0
+        owners: dict[str, str] = {}  # composition -> tenant, from the requests seen
+        try:
+            async for msg in sub.messages:
+                event = msgspec.json.decode(msg.data)
+                if _watched(args, event, owners):
+                    print(render.event_line(event), flush=True)
+                    shown += 1
+                    if args.count is not None and shown >= args.count:
+                        break
+        finally:
+            await sub.unsubscribe()
+        return 0
+
+    try:
+        code: int = _on_nats(args, f"query.{args.domain}.topology", follow)
+    except KeyboardInterrupt:
+        return 0
+    return code
+
+
+def _watched(args: argparse.Namespace, event: dict[str, Any], owners: dict[str, str]) -> bool:
+    """Whether `watch` shows `event`. A tenant's events are those it caused, those naming it,
+    and the engine's on its compositions (settlements, repairs), known from their requests."""
+    data = event.get("data") or {}
+    if event.get("type") == "CompositionRequested" and "tenant" in data:
+        owners[data["composition_id"]] = data["tenant"]
+    if args.type and event.get("type") not in args.type:
+        return False
+    if args.tenant is None:
+        return True
+    return args.tenant in (
+        event.get("actor"),
+        data.get("tenant"),
+        owners.get(data.get("composition_id", "")),
+    )
 
 
 def _admin(args: argparse.Namespace, verb: str, body: dict[str, Any]) -> int:
@@ -989,6 +1117,36 @@ class _Refusals:
 
 
 def _request(args: argparse.Namespace, subject_tail: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def ask(nc: NATS, settings: Settings, url: str, refusals: _Refusals, who: str) -> Any:
+        client = TrellisClient(nc, prefix=settings.subject_prefix, timeout=args.timeout)
+        asked = client.raw(subject_tail, msgspec.json.encode(body))
+        try:
+            return await refusals.first(asked, args.timeout)
+        except CliError as exc:
+            raise CliError(f"{exc} ({who} may not send that)", code="forbidden") from None
+        except NoRespondersError:
+            raise CliError(
+                f"no engine serves {settings.subject_prefix}.* on {url}",
+                code="unavailable",
+                hint="start one with `trellis up`; check TRELLIS_SUBJECT_PREFIX",
+                exit=EXIT_UNAVAILABLE,
+            ) from None
+        except TimeoutError:
+            raise CliError(
+                f"no reply within {args.timeout}s from {url}",
+                code="unavailable",
+                hint="is the engine busy or stopped? try a longer --timeout",
+                exit=EXIT_UNAVAILABLE,
+            ) from None
+
+    reply: dict[str, Any] = _on_nats(args, subject_tail, ask)
+    return reply
+
+
+def _on_nats(args: argparse.Namespace, subject_tail: str, work: Any) -> Any:
+    """Connect as the CLI does (the engine's NATS, the identity for `subject_tail`), run
+    `await work(nc, settings, url, refusals, who)`, and close; connection trouble is one
+    line."""
     settings = Settings.from_env()
     url = find_endpoint(settings, "nats_url")
     if url is None:
@@ -1001,7 +1159,7 @@ def _request(args: argparse.Namespace, subject_tail: str, body: dict[str, Any]) 
     creds = _credentials(settings, args.creds, subject_tail)
     who = f"the identity in {creds.path}" if creds else "no credentials (see --creds)"
 
-    async def go() -> dict[str, Any]:
+    async def go() -> Any:
         refusals = _Refusals()
         connecting = connect_nats(
             url, name="trellis-cli", credentials=creds, on_error=refusals.on_error
@@ -1021,27 +1179,7 @@ def _request(args: argparse.Namespace, subject_tail: str, body: dict[str, Any]) 
                 exit=EXIT_UNAVAILABLE,
             ) from None
         try:
-            client = TrellisClient(nc, prefix=settings.subject_prefix, timeout=args.timeout)
-            asked = client.raw(subject_tail, msgspec.json.encode(body))
-            try:
-                reply: dict[str, Any] = await refusals.first(asked, args.timeout)
-            except CliError as exc:
-                raise CliError(f"{exc} ({who} may not send that)", code="forbidden") from None
-            except NoRespondersError:
-                raise CliError(
-                    f"no engine serves {settings.subject_prefix}.* on {url}",
-                    code="unavailable",
-                    hint="start one with `trellis up`; check TRELLIS_SUBJECT_PREFIX",
-                    exit=EXIT_UNAVAILABLE,
-                ) from None
-            except TimeoutError:
-                raise CliError(
-                    f"no reply within {args.timeout}s from {url}",
-                    code="unavailable",
-                    hint="is the engine busy or stopped? try a longer --timeout",
-                    exit=EXIT_UNAVAILABLE,
-                ) from None
-            return reply
+            return await work(nc, settings, url, refusals, who)
         finally:
             await nc.close()
 

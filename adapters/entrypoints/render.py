@@ -148,6 +148,33 @@ def component_summary(result: dict[str, Any], reply: dict[str, Any]) -> str:
     return "\n".join(parts) + f"\nat position {reply.get('position')}{replayed}"
 
 
+def composition_rows(rows: list[dict[str, Any]]) -> str:
+    """`composition list`: one live composition a line (KV entries, adapters/nats/kv_state)."""
+    if not rows:
+        return "no live compositions"
+    body = [
+        [
+            r["id"],
+            r["tenant"],
+            r["host"],
+            r["state"],
+            ", ".join(d["id"] for d in r["devices"]),
+            r.get("expires_at") or "no lease",
+        ]
+        for r in rows
+    ]
+    return table(["composition", "tenant", "host", "state", "devices", "expires"], body)
+
+
+def event_line(event: dict[str, Any]) -> str:
+    """`watch`: an event of the stream as one line (ARCHITECTURE §6 envelope)."""
+    data = event.get("data") or {}
+    about = data.get("composition_id") or data.get("component") or data.get("id")
+    parts = [event["recorded_at"], event["domain"], f"#{event['position']}", event["type"]]
+    parts += [str(about)] if about else []
+    return "  ".join([*parts, f"by {event['actor']}"])
+
+
 def compose_summary(result: dict[str, Any], reply: dict[str, Any]) -> str:
     expires = result.get("expires_at") or "no lease"
     head = (
