@@ -48,13 +48,13 @@ from adapters.nats.auth import (
     public_key,
 )
 from adapters.nats.client import TrellisClient
+from adapters.nats.contract import contract_files
 from adapters.nats.jetstream import StreamConfigError, bucket_name, stream_name
 from adapters.postgres.export import ExportError
 from adapters.postgres.migrations import SCHEMA_DIR, MigrationError
 from adapters.postgres.privileges import PrivilegeError
 from adapters.postgres.store import PostgresEventStore, connect_pool
 from adapters.settings import Settings, SettingsError, redacted
-from engine.contract import json_schemas
 from engine.errors import StoreUnavailable
 from engine.fabric_plan import reconcile
 from engine.ids import COMPONENT_REF_PATTERN, ID_PATTERN
@@ -1057,7 +1057,7 @@ _TABLES = ("compositions", "connections", "devices", "history")
 
 def _schema_export(args: argparse.Namespace) -> int:
     args.dir.mkdir(parents=True, exist_ok=True)
-    for name, content in json_schemas().items():
+    for name, content in contract_files().items():
         (args.dir / name).write_bytes(content)
         print(f"wrote {args.dir / name}")
     return 0

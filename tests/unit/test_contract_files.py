@@ -6,18 +6,18 @@ from pathlib import Path
 
 import pytest
 
+from adapters.nats.contract import contract_files
 from adapters.postgres.migrations import SCHEMA_DIR
-from engine.contract import json_schemas
 from engine.upcast import UnknownEventType, upcast
 
 PAYLOADS = Path(__file__).parent / "payloads"
 
 
-@pytest.mark.parametrize("name", sorted(json_schemas()))
+@pytest.mark.parametrize("name", sorted(contract_files()))
 def test_committed_json_schema_matches_the_structs(name: str) -> None:
     committed = SCHEMA_DIR / "json" / name
     assert committed.exists(), f"{committed} missing: run `trellis schema export`"
-    assert committed.read_bytes() == json_schemas()[name], (
+    assert committed.read_bytes() == contract_files()[name], (
         f"{committed} is out of date: run `trellis schema export` and commit the result"
     )
 
