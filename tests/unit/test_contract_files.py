@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
 
 from adapters.nats.contract import contract_files
 from adapters.postgres.migrations import SCHEMA_DIR
+from engine.intents import INTENTS
 from engine.upcast import UnknownEventType, upcast
 
 PAYLOADS = Path(__file__).parent / "payloads"
@@ -32,3 +35,39 @@ def test_checked_in_payloads_of_old_schema_versions_still_decode(path: Path) -> 
 def test_an_event_type_this_code_does_not_know_is_a_typed_error() -> None:
     with pytest.raises(UnknownEventType):
         upcast("FluxCapacitorCharged", 1, b"{}")
+
+
+def test_the_asyncapi_document_names_every_subject_and_its_references_resolve() -> None:
+    """schema/json/asyncapi.json (AsyncAPI 3): a channel and an operation per subject, and
+    every `$ref` it holds points at something, in it or in a schema file beside it."""
+    folder = SCHEMA_DIR / "json"
+    doc = json.loads((folder / "asyncapi.json").read_text())
+    assert doc["asyncapi"] == "3.0.0"
+    subjects = {f"{family}.{verb}" for family, verb in INTENTS}
+    subjects |= {f"view.{verb}" for family, verb in INTENTS if family == "query"}
+    assert subjects | {"events", "state"} <= set(doc["operations"]) <= set(doc["channels"])
+    for name, channel in doc["channels"].items():
+        address = channel["address"]
+        if address is not None:  # the reply channel's is the request's own reply subject
+            tokens = set(re.findall(r"{(\w+)}", address))
+            assert tokens == set(channel.get("parameters", {})), name
+
+    def refs(node: object) -> list[str]:
+        if isinstance(node, dict):
+            found = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
+            return found + [r for v in node.values() for r in refs(v)]
+        if isinstance(node, list):
+            return [r for v in node for r in refs(v)]
+        return []
+
+    def resolve(document: object, pointer: str) -> object:
+        for part in pointer.strip("/").split("/") if pointer.strip("/") else []:
+            assert isinstance(document, dict) and part in document, pointer
+            document = document[part]
+        return document
+
+    for ref in refs(doc):
+        file, _, pointer = ref.partition("#")
+        target = doc if not file else json.loads((folder / file).read_text())
+        assert resolve(target, pointer) is not None, ref
+    assert "intents.schema.json#/$defs/intent.compose" in refs(doc)
