@@ -17,10 +17,18 @@ import asyncpg
 
 from adapters.postgres.privileges import grant_engine
 
-# The repository's schema/ folder; an installed (non-editable) engine is told where it is.
-SCHEMA_DIR = Path(
-    os.environ.get("TRELLIS_SCHEMA_DIR") or Path(__file__).resolve().parents[2] / "schema"
-)
+
+def _schema_dir() -> Path:
+    """TRELLIS_SCHEMA_DIR, else the copy an installed wheel carries beside this module
+    (setup.py), else the repository's schema/ folder (a source tree, an editable install)."""
+    configured = os.environ.get("TRELLIS_SCHEMA_DIR")
+    if configured:
+        return Path(configured)
+    packaged = Path(__file__).resolve().parent / "schema"
+    return packaged if packaged.is_dir() else Path(__file__).resolve().parents[2] / "schema"
+
+
+SCHEMA_DIR = _schema_dir()
 _MIGRATION_NAME = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
 
 
