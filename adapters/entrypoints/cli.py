@@ -149,11 +149,49 @@ class _UsageError(Exception):
         self.hint = hint
 
 
+class _Help(argparse.HelpFormatter):
+    """Help that names each option's default, when it has one worth naming."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "%(default)" in text
+            or not action.option_strings
+            or default in (None, False, [], argparse.SUPPRESS)
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse, with a mistake reported as one line (not the usage block) and exit code 2."""
+    """argparse, with a mistake reported as one line (not the usage block) and exit code 2,
+    and help that names defaults (every subcommand's parser is one of these)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         raise _UsageError(message, f"`{self.prog} --help`")
+
+
+class _RawEpilog(_Help):
+    """The root's help: its epilog's lines kept as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "".join(indent + line for line in text.splitlines(keepends=True))
+
+
+ENVIRONMENT = """environment (README: Configuration has them all):
+  TRELLIS_NATS_URL       the engine's NATS (unset: the local `trellis up`'s, or embedded)
+  TRELLIS_DATABASE_URL   its PostgreSQL (unset: embedded)
+  TRELLIS_DATA_DIR       embedded servers' data, endpoints.json, identities
+  TRELLIS_SUBJECT_PREFIX subjects' first token (default trellis)
+  TRELLIS_DOMAIN         --domain's default
+  TRELLIS_TENANT         --tenant's default
+  TRELLIS_NATS_CREDS     --creds' default
+exit codes: 0 ok, 1 refused or failed, 2 usage, 3 unavailable, 70 internal (docs/operations.md)"""
 
 
 def _id(what: str, pattern: str = ID_PATTERN) -> Any:
@@ -184,7 +222,12 @@ def _lease(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="trellis", description=__doc__.splitlines()[0])
+    parser = _Parser(
+        prog="trellis",
+        description=__doc__.splitlines()[0],
+        epilog=ENVIRONMENT,
+        formatter_class=_RawEpilog,
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     parser.add_argument("--version", action="version", version=f"trellis {_version()}")
     sub = parser.add_subparsers(metavar="COMMAND")

@@ -143,3 +143,11 @@ def test_an_unexpected_failure_is_one_line_and_exit_70_and_v_shows_the_traceback
     assert cli.main(["-v", "free"]) == cli.EXIT_INTERNAL
     err = capsys.readouterr().err
     assert "Traceback" in err and err.strip().endswith("(hint: run with -v for the traceback)")
+
+
+async def test_help_names_the_defaults_the_environment_and_the_exit_codes(tmp_path: Path) -> None:
+    code, out, _ = await run_cli(base_env(tmp_path), "--help")
+    assert code == 0 and "TRELLIS_NATS_URL" in out and "TRELLIS_DATABASE_URL" in out, out
+    assert "2 usage, 3 unavailable, 70 internal" in out, out
+    code, out, _ = await run_cli(base_env(tmp_path), "compose", "--help")
+    assert code == 0 and "(default: 10.0)" in out and "$TRELLIS_TENANT" in out, out
