@@ -1437,6 +1437,28 @@ cdef inline bint _foreign(const CondData* c, const Query* q, int32_t slot) noexc
     return c.circ_other[slot] != NO_CIRCUIT and c.circ_owner[slot] != q.host
 
 
+cdef inline bint _relaxed_step(
+    const FabricData* f, const CondData* c, const Query* q, int32_t k, int32_t v
+) noexcept nogil:
+    """Whether the lower bounds walk adjacency entry `k` back to node `v`: the relaxed
+    fabric's per-link and per-node rules, shared by _lower_bounds and _latency_bounds."""
+    cdef int32_t link = f.adj_link[k]
+    cdef int8_t kind = f.kind[v]
+    if (c.link_flags[link] | c.node_flags[v]) & UNUSABLE:
+        return False
+    if c.free[link] + _EPSILON < q.bandwidth:
+        return False
+    # A cable on an OCS port that holds another host's circuit carries no path through that
+    # OCS: entering there is blocked, and leaving there needs one's own circuit.
+    if f.adj_slot[k] >= 0 and _foreign(c, q, f.adj_slot[k]):
+        return False
+    if f.adj_near_slot[k] >= 0 and _foreign(c, q, f.adj_near_slot[k]):
+        return False
+    if kind == DEVICE:
+        return False  # devices end paths; targets were seeded already
+    return not (kind == SWITCH and q.isolation and not _switch_open(c, q, v))
+
+
 cdef void _lower_bounds(
     const FabricData* f, const CondData* c, WS* ws, const Query* q, int32_t n_targets,
 ) noexcept nogil:
@@ -1451,7 +1473,7 @@ cdef void _lower_bounds(
     dropped exactly: its descendants cannot reach one either, and any label it would dominate
     stands at the same vertex with no fewer hops, so it is just as unable.
     """
-    cdef int32_t head = 0, tail = 0, u, v, k, j, link
+    cdef int32_t head = 0, tail = 0, u, v, k, j
     cdef int8_t kind
     for k in range(n_targets):
         u = ws.targets[k]
@@ -1473,22 +1495,9 @@ cdef void _lower_bounds(
             v = f.adj_far[k]
             if ws.lb_stamp[v] == ws.stamp:
                 continue
-            link = f.adj_link[k]
-            if (c.link_flags[link] | c.node_flags[v]) & UNUSABLE:
-                continue
-            if c.free[link] + _EPSILON < q.bandwidth:
-                continue
-            # A cable on an OCS port that holds another host's circuit carries no path through
-            # that OCS: entering there is blocked, and leaving there needs one's own circuit.
-            if f.adj_slot[k] >= 0 and _foreign(c, q, f.adj_slot[k]):
-                continue
-            if f.adj_near_slot[k] >= 0 and _foreign(c, q, f.adj_near_slot[k]):
+            if not _relaxed_step(f, c, q, k, v):
                 continue
             kind = f.kind[v]
-            if kind == DEVICE:
-                continue  # devices end paths; targets were queued already
-            if kind == SWITCH and q.isolation and not _switch_open(c, q, v):
-                continue
             ws.lb_stamp[v] = ws.stamp
             if kind == OCS:
                 ws.lb[v] = ws.lb[u] + 2  # its circuit, then the cable towards the target
@@ -1779,19 +1788,9 @@ cdef bint _latency_bounds(
                 continue
             if ws.lat_stamp[v] == ws.stamp and ws.lat_lb[v] <= cand:
                 continue
-            if (c.link_flags[link] | c.node_flags[v]) & UNUSABLE:
-                continue
-            if c.free[link] + _EPSILON < q.bandwidth:
-                continue
-            if f.adj_slot[k] >= 0 and _foreign(c, q, f.adj_slot[k]):
-                continue
-            if f.adj_near_slot[k] >= 0 and _foreign(c, q, f.adj_near_slot[k]):
+            if not _relaxed_step(f, c, q, k, v):
                 continue
             kind = f.kind[v]
-            if kind == DEVICE:
-                continue
-            if kind == SWITCH and q.isolation and not _switch_open(c, q, v):
-                continue
             ws.lat_stamp[v] = ws.stamp
             ws.lat_lb[v] = cand
             if kind != HOST and not _dheap_push(ws, &n, cand, v):
