@@ -8,8 +8,6 @@ RUN apt-get update \
 WORKDIR /app
 COPY . .
 RUN pip install --no-cache-dir .
-# The SQL migrations stay in the source tree; the installed engine finds them here.
-ENV TRELLIS_SCHEMA_DIR=/app/schema
 
 # The servers come from docker-compose (TRELLIS_NATS_URL / TRELLIS_DATABASE_URL), not embedded.
 CMD ["trellis", "up"]

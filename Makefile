@@ -21,12 +21,12 @@ test: install
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 demo: install
-	$(BIN)/python -m adapters.entrypoints.demo
+	$(BIN)/python -m trellis.adapters.entrypoints.demo
 
 check: install
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/mypy engine adapters projections ext
+	$(BIN)/mypy trellis
 
 up: install
 	$(BIN)/trellis up

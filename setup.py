@@ -10,11 +10,11 @@ from setuptools.command.build_py import build_py
 
 # Where an installed engine finds its migrations (adapters/postgres/migrations.py): the
 # repository keeps them in schema/, which is no package, so the wheel carries a copy here.
-PACKAGED_SCHEMA = Path("adapters") / "postgres" / "schema"
+PACKAGED_SCHEMA = Path("trellis") / "adapters" / "postgres" / "schema"
 
 
 class BuildWithMigrations(build_py):
-    """build_py, plus schema/*.sql copied into the built adapters/postgres/schema/."""
+    """build_py, plus schema/*.sql copied into the built trellis/adapters/postgres/schema/."""
 
     def run(self) -> None:
         super().run()
@@ -27,7 +27,7 @@ class BuildWithMigrations(build_py):
 setup(
     cmdclass={"build_py": BuildWithMigrations},
     ext_modules=cythonize(
-        [Extension("ext._paths_c", ["ext/_paths_c.pyx"])],
+        [Extension("trellis.ext._paths_c", ["ext/_paths_c.pyx"])],
         compiler_directives={"language_level": "3"},
     ),
 )

@@ -16,7 +16,7 @@ import asyncpg
 import nats
 import pytest
 
-from adapters.embedded.servers import (
+from trellis.adapters.embedded.servers import (
     PG_ENGINE_ROLE,
     PG_OWNER_ROLE,
     EmbeddedNats,
@@ -25,7 +25,7 @@ from adapters.embedded.servers import (
     default_data_dir,
     free_port,
 )
-from adapters.settings import redacted
+from trellis.adapters.settings import redacted
 
 
 async def _nats_round_trip(url: str) -> None:
@@ -224,7 +224,7 @@ def test_servers_left_running_are_stopped_when_python_exits(tmp_path: Path) -> N
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from adapters.embedded.servers import EmbeddedNats, EmbeddedPostgres\n"
+        "from trellis.adapters.embedded.servers import EmbeddedNats, EmbeddedPostgres\n"
         f"d = Path({str(tmp_path)!r})\n"
         "n, p = EmbeddedNats(d), EmbeddedPostgres(d)\n"
         "n.start(); p.start()\n"

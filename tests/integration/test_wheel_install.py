@@ -4,7 +4,7 @@ The repository is copied (without its venv and build products), built into a whe
 and the wheel installed into a fresh venv. From a directory outside the source tree, with no
 TRELLIS_* URLs (so the embedded NATS and PostgreSQL start from the installed packages), that
 venv's `trellis up` serves, and its CLI imports a fabric and composes a GPU on it: the
-migrations come from inside the wheel.
+migrations come from inside the wheel. The wheel installs one import name, `trellis`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,11 @@ async def test_the_wheel_installs_into_a_fresh_venv_and_serves_a_compose(tmp_pat
     shutil.copytree(REPO, source, ignore=SKIP)
     run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", tmp_path / "wheel", ".",
         cwd=source)  # fmt: skip
-    (wheel,) = (tmp_path / "wheel").glob("trellis-*.whl")
+    (wheel,) = (tmp_path / "wheel").glob("trellis_fabric-*.whl")
+    with zipfile.ZipFile(wheel) as built:
+        top_level = {name.split("/")[0] for name in built.namelist()}
+    # One import name, the namespace; engine/, adapters/ ... are not installed at the top level.
+    assert {name for name in top_level if not name.endswith(".dist-info")} == {"trellis"}
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", venv, cwd=tmp_path)
     run(venv / "bin" / "pip", "install", "-q", wheel, cwd=tmp_path)
@@ -51,7 +56,7 @@ async def test_the_wheel_installs_into_a_fresh_venv_and_serves_a_compose(tmp_pat
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRELLIS_", "PYTHON"))}
     env["TRELLIS_DATA_DIR"] = str(tmp_path / "data")
     where = run(venv / "bin" / "python", "-c",
-                "import adapters.postgres.migrations as m; print(m.SCHEMA_DIR)",
+                "import trellis.adapters.postgres.migrations as m; print(m.SCHEMA_DIR)",
                 cwd=away, env=env)  # fmt: skip
     assert "site-packages" in where and (Path(where.strip()) / "001_event_log.sql").exists()
 
