@@ -54,7 +54,7 @@ from adapters.postgres.export import ExportError
 from adapters.postgres.migrations import SCHEMA_DIR, MigrationError
 from adapters.postgres.privileges import PrivilegeError
 from adapters.postgres.store import PostgresEventStore, connect_pool
-from adapters.settings import Settings, SettingsError, redacted
+from adapters.settings import Settings, SettingsError, metrics_port, redacted
 from engine.errors import StoreUnavailable
 from engine.fabric_plan import reconcile
 from engine.ids import COMPONENT_REF_PATTERN, ID_PATTERN
@@ -244,6 +244,18 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="NAME",
         help="(secure mode) issue this tenant an identity too; repeatable",
+    )
+    up.add_argument(
+        "--metrics-port",
+        type=_metrics_port,
+        metavar="PORT",
+        help="serve Prometheus /metrics and /healthz on PORT (0: a free one); "
+        "default: off (env TRELLIS_METRICS_PORT)",
+    )
+    up.add_argument(
+        "--metrics-host",
+        metavar="ADDRESS",
+        help="the address metrics listen on; default 127.0.0.1 (env TRELLIS_METRICS_HOST)",
     )
     up.set_defaults(run=_up)
 
@@ -604,8 +616,19 @@ def _follow(args: argparse.Namespace) -> int:
     return follow_main()
 
 
+def _metrics_port(text: str) -> int | None:
+    try:
+        return metrics_port(text, "--metrics-port")
+    except SettingsError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _up(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
+    if args.metrics_port is not None:
+        settings = msgspec.structs.replace(settings, metrics_port=args.metrics_port)
+    if args.metrics_host:
+        settings = msgspec.structs.replace(settings, metrics_host=args.metrics_host)
     if args.secure:
         settings = msgspec.structs.replace(settings, secure=True)
     elif args.tenant:
@@ -646,6 +669,8 @@ def _up(args: argparse.Namespace) -> int:
                 print(f"trellis engine up: NATS {nats}, Postgres {postgres}")
                 if running.nats_monitor_url:
                     print(f"NATS monitoring: {running.nats_monitor_url} (/varz, /jsz, /healthz)")
+                if running.metrics_url:
+                    print(f"metrics: {running.metrics_url}/metrics, health: /healthz")
                 print(f"fabric: simulated, its hardware state in {fabric_state_path(settings)}")
                 if running.secure_dir is not None:
                     _print_secure(settings, SecureDir(running.secure_dir.parent))
