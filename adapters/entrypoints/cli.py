@@ -670,7 +670,8 @@ def _up(args: argparse.Namespace) -> int:
                 if running.nats_monitor_url:
                     print(f"NATS monitoring: {running.nats_monitor_url} (/varz, /jsz, /healthz)")
                 if running.metrics_url:
-                    print(f"metrics: {running.metrics_url}/metrics, health: /healthz")
+                    url = running.metrics_url
+                    print(f"metrics: {url}/metrics (Prometheus), health: {url}/healthz")
                 print(f"fabric: simulated, its hardware state in {fabric_state_path(settings)}")
                 if running.secure_dir is not None:
                     _print_secure(settings, SecureDir(running.secure_dir.parent))

@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest_asyncio
+from engines import Fleet
 from fabrics import expect_error, expect_ok, fabric
-from harness import Harness, serving
+from harness import Harness, run_cli, serving
 from isolation import Database, create_schema, unique_schema_name
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -263,3 +267,32 @@ async def until_healthy(url: str, within_s: float = 20.0) -> bool:
             return True
         await asyncio.sleep(0.1)
     return False
+
+
+async def test_trellis_up_prints_its_metrics_url_and_serves_it(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, tmp_path: Path
+) -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")},
+        "TRELLIS_NATS_URL": nats_url,
+        "TRELLIS_DATABASE_URL": database_url,
+        "TRELLIS_DB_SCHEMA": pg_schema,
+        "TRELLIS_SUBJECT_PREFIX": subject_prefix,
+        "TRELLIS_DATA_DIR": str(tmp_path / "data"),
+        "TRELLIS_METRICS_PORT": "0",
+    }
+    fleet = Fleet(env, tmp_path, DOMAIN)
+    try:
+        engine = await fleet.start_one()
+        printed = re.search(
+            r"metrics: (http://127\.0\.0\.1:\d+)/metrics \(Prometheus\), health: "
+            r"(\1)/healthz\n",
+            engine.said(),
+        )
+        assert printed is not None, engine.said()
+        assert (await asyncio.to_thread(health, printed[1]))[0] == 200
+    finally:
+        await fleet.stop()
+    # A port that is none is one usage line, before anything starts.
+    code, _, err = await run_cli(env, "up", "--metrics-port", "70000")
+    assert code == 2 and err.startswith("trellis: usage: ") and "--metrics-port" in err, err
