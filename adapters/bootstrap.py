@@ -6,9 +6,10 @@ projections and the event relay (each domain's log followers: read models, JetSt
 KV bucket; with TRELLIS_FOLLOWERS=process, in a follower process of their own), the engine with
 its state rebuilt from the log, and the NATS intake (also the engine's NATS micro service);
 with a metrics port, the Prometheus metrics and health server (adapters/entrypoints/metrics.py)
-and the instruments it reads. Leaving the context stops all of it, in reverse order. A Postgres or NATS that cannot be reached yet is waited for, with backoff and a
-log line per attempt; cancelling the wait (Ctrl-C) stops the start cleanly. In secure mode
-(adapters/nats/auth.py) the embedded nats-server runs with the generated users and the engine
+and the instruments it reads. Leaving the context stops all of it, in reverse order. A Postgres
+or NATS that cannot be reached yet is waited for, with backoff and a log line per attempt;
+cancelling the wait (Ctrl-C) stops the start cleanly. In secure mode (adapters/nats/auth.py)
+the embedded nats-server runs with the generated users and the engine
 connects as its own identity.
 """
 
