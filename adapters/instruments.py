@@ -19,11 +19,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from engine.follower import Followers
-from engine.intents import INTENTS
-from engine.ports import SagaOutcome
-from engine.service import Engine
-from engine.state import DomainState, usable
+from trellis.engine.follower import Followers
+from trellis.engine.intents import INTENTS
+from trellis.engine.ports import SagaOutcome
+from trellis.engine.service import Engine
+from trellis.engine.state import DomainState, usable
 
 # Labels take only values from these sets, so a client sending made-up verbs cannot grow the
 # number of series without bound; anything else is counted as "other".

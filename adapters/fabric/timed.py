@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from engine.ports import FabricBinding, FabricCircuit, FabricDriver, FabricSnapshot
+from trellis.engine.ports import FabricBinding, FabricCircuit, FabricDriver, FabricSnapshot
 
 T = TypeVar("T")
 #: observe(operation, outcome, seconds)

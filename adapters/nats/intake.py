@@ -22,10 +22,10 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from adapters.nats.micro import EndpointCount, EngineService
-from engine import replies
-from engine.errors import ServedElsewhere
-from engine.service import Engine
+from trellis.adapters.nats.micro import EndpointCount, EngineService
+from trellis.engine import replies
+from trellis.engine.errors import ServedElsewhere
+from trellis.engine.service import Engine
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from harness import Harness, run_cli, serving
 from isolation import Database, create_schema, unique_schema_name
 from prometheus_client.parser import text_string_to_metric_families
 
-from adapters.embedded.servers import PG_ENGINE_ROLE, PG_OWNER_ROLE, EmbeddedPostgres
-from adapters.nats.micro import SERVICE_NAME, package_version
+from trellis.adapters.embedded.servers import PG_ENGINE_ROLE, PG_OWNER_ROLE, EmbeddedPostgres
+from trellis.adapters.nats.micro import SERVICE_NAME, package_version
 
 DOMAIN = "hall-1"
 H100 = {"host": "host-01", "devices": [{"kind": "gpu", "models": ["H100"]}]}

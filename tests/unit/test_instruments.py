@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from adapters.instruments import EngineMetrics
+from trellis.adapters.instruments import EngineMetrics
 
 COMPOSED = {"family": "intent", "verb": "compose", "code": "ok"}
 
