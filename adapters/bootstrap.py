@@ -4,10 +4,12 @@
 no URLs are configured, the Postgres event store (migrated by the schema's owner), the
 projections and the event relay (each domain's log followers: read models, JetStream stream and
 KV bucket; with TRELLIS_FOLLOWERS=process, in a follower process of their own), the engine with
-its state rebuilt from the log, and the NATS intake. Leaving the context stops all of it, in
-reverse order. A Postgres or NATS that cannot be reached yet is waited for, with backoff and a
-log line per attempt; cancelling the wait (Ctrl-C) stops the start cleanly. In secure mode
-(adapters/nats/auth.py) the embedded nats-server runs with the generated users and the engine
+its state rebuilt from the log, and the NATS intake (also the engine's NATS micro service);
+with a metrics port, the Prometheus metrics and health server (adapters/entrypoints/metrics.py)
+and the instruments it reads. Leaving the context stops all of it, in reverse order. A Postgres
+or NATS that cannot be reached yet is waited for, with backoff and a log line per attempt;
+cancelling the wait (Ctrl-C) stops the start cleanly. In secure mode (adapters/nats/auth.py)
+the embedded nats-server runs with the generated users and the engine
 connects as its own identity.
 """
 
@@ -44,8 +46,11 @@ from trellis.adapters.embedded.servers import (
     default_data_dir,
     reload_nats,
 )
+from trellis.adapters.entrypoints.metrics import MetricsServer
 from trellis.adapters.fabric.sim import SimulatedFabric
+from trellis.adapters.fabric.timed import TimedFabric
 from trellis.adapters.follow_process import CommitSignal, FollowerProcess, follower_env
+from trellis.adapters.instruments import EngineMetrics
 from trellis.adapters.nats.auth import (
     CredentialsError,
     NkeyCredentials,
@@ -77,6 +82,8 @@ FABRIC_STATE_FILE = "fabric-sim.json"
 RETRY_FIRST_S = 0.25
 RETRY_MAX_S = 5.0
 _NATS_PROBE_TIMEOUT_S = 2.0
+#: How long the health check waits for the store to answer.
+HEALTH_CHECK_S = 2.0
 #: How long a reload of nats-server may take to let a newly issued identity in (a loaded
 #: machine takes seconds; the reload itself is one SIGHUP).
 ACCEPT_TIMEOUT_S = 30.0
@@ -99,6 +106,8 @@ class RunningEngine(msgspec.Struct, kw_only=True):
     secure_dir: Path | None = None  # secure mode's identities and server config
     nats_monitor_url: str | None = None  # an embedded nats-server's HTTP monitoring
     follower_process: FollowerProcess | None = None  # TRELLIS_FOLLOWERS=process
+    service_id: str = ""  # the NATS micro service's instance id ($SRV.*.trellis-engine.<id>)
+    metrics_url: str | None = None  # Prometheus metrics and health, when served
 
 
 ENGINE_IDENTITY = Principal("engine", "engine")
@@ -436,6 +445,7 @@ async def engine_on(
     snapshot_every: int = 10_000,
     followers: FollowersMode = "inline",
     checkpoint_key: Path | None = None,
+    metrics_at: tuple[str, int] | None = None,
 ) -> AsyncIterator[RunningEngine]:
     """The engine, its projections, its event relay and its NATS intake on given servers, until
     the context exits. Migrations run first, through `owner_url` when given (the schema's
@@ -449,7 +459,13 @@ async def engine_on(
     (None: a key of this run only, for tests; `trellis up` passes the data dir's), and a
     checkpoint every `checkpoint_every` events per domain. `followers="process"` runs the log
     followers in a process of their own (adapters/follow_process.py), which signs with the
-    key in `checkpoint_key` (None: a key file of this run only, made for both)."""
+    key in `checkpoint_key` (None: a key file of this run only, made for both). `metrics_at`
+    (host, port; port 0: a free one) serves Prometheus metrics and a health check there
+    (adapters/entrypoints/metrics.py).
+
+    Raises:
+        SettingsError: the metrics address cannot be bound.
+    """
     if followers == "process" and checkpoint_key is None and signer is not None:
         raise ValueError("followers='process' with a signer needs its checkpoint_key file")
     async with contextlib.AsyncExitStack() as stack:
@@ -505,6 +521,7 @@ async def engine_on(
             # Closed after the engine: the last commits still reach the stream on a clean exit.
             stack.push_async_callback(following.close)
         fabric = fabric if fabric is not None else SimulatedFabric()
+        metrics = EngineMetrics() if metrics_at is not None else None
         # Leases are taken and renewed on a pool of their own, never behind an append; a
         # renewal that cannot finish within the lease time is as good as lost.
         lease_pool = await connect_pool(
@@ -514,7 +531,7 @@ async def engine_on(
         engine = Engine(
             store,
             clock or SystemClock(),
-            fabric,
+            fabric if metrics is None else TimedFabric(fabric, metrics.fabric_operation),
             saga_deadline=saga_deadline,
             domains=domains,
             # In process mode a read waits on the checkpoints table (the follower process
@@ -533,6 +550,7 @@ async def engine_on(
             audit=audit,
             snapshots=snapshots,
             snapshot_every=snapshot_every,
+            telemetry=metrics,
         )
         await engine.start()
         stack.push_async_callback(engine.close)
@@ -540,9 +558,29 @@ async def engine_on(
         # close, not drain: intake.stop() below has already unsubscribed and waited for every
         # request in flight, which is what a drain would do (and nats-py's drain can stall).
         stack.push_async_callback(nc.close)
-        intake = NatsIntake(nc, engine, prefix=prefix, domains=domains)
+        intake = NatsIntake(nc, engine, prefix=prefix, domains=domains, observer=metrics)
         await intake.start()
         stack.push_async_callback(intake.stop)
+        metrics_url = None
+        if metrics is not None and metrics_at is not None:
+            metrics.watch(engine, following, projections=projections.name, relay=relay.name)
+            server = MetricsServer(
+                metrics.registry,
+                {
+                    "intake": lambda: _true(intake.serving),
+                    "nats": lambda: _true(nc.is_connected),
+                    "store": lambda: _answers(store),
+                },
+                host=metrics_at[0],
+                port=metrics_at[1],
+            )
+            try:
+                await server.start()
+            except OSError as exc:
+                where = f"{metrics_at[0]}:{metrics_at[1]}"
+                raise SettingsError(f"metrics cannot listen on {where}: {exc}") from None
+            stack.push_async_callback(server.close)
+            metrics_url = server.url
         yield RunningEngine(
             engine=engine,
             fabric=fabric,
@@ -556,7 +594,22 @@ async def engine_on(
             nats_url=nats_url,
             database_url=database_url,
             subject_prefix=prefix,
+            service_id=intake.service.id,
+            metrics_url=metrics_url,
         )
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def _answers(store: PostgresEventStore) -> bool:
+    """Whether the event store answers a query now (the health check's "store")."""
+    try:
+        await asyncio.wait_for(store.domains(), HEALTH_CHECK_S)
+    except Exception:
+        return False
+    return True
 
 
 @contextlib.asynccontextmanager
@@ -597,6 +650,11 @@ async def running_engine(
                 credentials=secure.credentials(ENGINE_IDENTITY) if secure is not None else None,
                 followers=settings.followers,
                 checkpoint_key=checkpoint_key_path(settings),
+                metrics_at=(
+                    (settings.metrics_host, settings.metrics_port)
+                    if settings.metrics_port is not None
+                    else None
+                ),
             )
         )
         running.nats_monitor_url = monitor_url

@@ -64,6 +64,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     nats_port: int | None = None
     nats_monitor_port: int | None = None
     pg_port: int | None = None
+    # Prometheus metrics and /healthz (adapters/entrypoints/metrics.py): off unless a port is
+    # given (0: a free one, printed at start); on loopback unless another address is named.
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -141,6 +145,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             nats_port=_port(env, "TRELLIS_NATS_PORT"),
             nats_monitor_port=_port(env, "TRELLIS_NATS_MONITOR_PORT"),
             pg_port=_port(env, "TRELLIS_PG_PORT"),
+            metrics_port=metrics_port(env.get("TRELLIS_METRICS_PORT", ""), "TRELLIS_METRICS_PORT"),
+            metrics_host=env.get("TRELLIS_METRICS_HOST", "").strip() or "127.0.0.1",
         )
 
 
@@ -187,6 +193,25 @@ def _port(env: dict[str, str], name: str) -> int | None:
     port = _integer(env, name, 0)
     if not 1 <= port <= 65535:
         raise SettingsError(f"{name} must be a TCP port (1-65535); got {port}")
+    return port
+
+
+def metrics_port(text: str, name: str) -> int | None:
+    """The metrics port `text` names (`name` says where it came from, for the error); empty:
+    none (metrics off); 0: a free port.
+
+    Raises:
+        SettingsError: `text` is no TCP port.
+    """
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise SettingsError(f"{name} must be a TCP port (0-65535, 0: any free one); got {text!r}")
     return port
 
 

@@ -297,3 +297,36 @@ class FabricDriver(Protocol):
     ) -> None: ...
 
     async def snapshot(self, domain: str, *, fence: int | None = None) -> FabricSnapshot: ...
+
+
+SagaOutcome = Literal["established", "failed"]
+
+
+class Telemetry(Protocol):
+    """What the engine reports about its own work, as plain numbers; an adapter turns them
+    into metrics (adapters/instruments.py). Called on the event loop, so it must not block."""
+
+    def decided(self, verb: str, seconds: float) -> None:
+        """One intent was decided (engine.decide), taking `seconds`."""
+        ...
+
+    def committed(self, domain: str, requests: int, seconds: float) -> None:
+        """One group commit: `requests` requests in one transaction that took `seconds`."""
+        ...
+
+    def settled(self, domain: str, outcome: SagaOutcome) -> None:
+        """A compose saga's outcome was recorded."""
+        ...
+
+
+class NoTelemetry:
+    """Telemetry that goes nowhere (an engine without metrics)."""
+
+    def decided(self, verb: str, seconds: float) -> None:
+        pass
+
+    def committed(self, domain: str, requests: int, seconds: float) -> None:
+        pass
+
+    def settled(self, domain: str, outcome: SagaOutcome) -> None:
+        pass

@@ -28,7 +28,14 @@ from trellis.engine.compose import unused_circuits
 from trellis.engine.errors import FabricError, WriterFenced
 from trellis.engine.fabric_plan import bindings_of, circuits_of, reconcile
 from trellis.engine.intents import EstablishComposition, FailComposition, settle_request_id
-from trellis.engine.ports import FabricBinding, FabricCircuit, FabricDriver
+from trellis.engine.ports import (
+    FabricBinding,
+    FabricCircuit,
+    FabricDriver,
+    NoTelemetry,
+    SagaOutcome,
+    Telemetry,
+)
 from trellis.engine.state import Composition, DomainState
 
 log = logging.getLogger(__name__)
@@ -53,8 +60,10 @@ class FabricSync:
         max_backoff: float = 5.0,
         fence: int | None = None,
         on_fenced: Callable[[], None] | None = None,
+        telemetry: Telemetry | None = None,
     ):
         self.domain = domain
+        self._telemetry = telemetry or NoTelemetry()
         self._fence = fence  # every driver call carries the writer epoch it is made under
         self._on_fenced = on_fenced
         self._state = state
@@ -163,6 +172,10 @@ class FabricSync:
         try:
             settlement = await self._compose_saga(composition)
             reply = await self._settle(self.domain, settlement)
+            if replies.decode_ok(reply) is not None:
+                established = isinstance(settlement, EstablishComposition)
+                outcome: SagaOutcome = "established" if established else "failed"
+                self._telemetry.settled(self.domain, outcome)
             future = self._settled.pop(cid, None)
             if future is not None and not future.done():
                 future.set_result(reply)

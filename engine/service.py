@@ -45,9 +45,11 @@ from trellis.engine.ports import (
     FabricDriver,
     Holder,
     LeaseStore,
+    NoTelemetry,
     PastModels,
     ReadModels,
     SnapshotStore,
+    Telemetry,
 )
 from trellis.engine.queries import STATE_QUERIES, answer
 from trellis.engine.records import Head
@@ -108,8 +110,10 @@ class Engine:
         snapshots: SnapshotStore | None = None,
         snapshot_every: int = 0,
         audit: AuditTrail | None = None,
+        telemetry: Telemetry | None = None,
     ):
         self._store = store
+        self._telemetry = telemetry or NoTelemetry()
         self._snapshots = snapshots
         self._snapshot_every = snapshot_every
         self._audit = audit
@@ -251,6 +255,11 @@ class Engine:
     def state(self, domain: str) -> DomainState | None:
         served = self._served.get(domain)
         return served.writer.state if served else None
+
+    def head(self, domain: str) -> Head | None:
+        """The last committed event of a domain this engine writes (None: it does not)."""
+        served = self._served.get(domain)
+        return served.writer.head if served else None
 
     def fabric_sync(self, domain: str) -> FabricSync | None:
         served = self._served.get(domain)
@@ -522,6 +531,7 @@ class Engine:
             deadline=self._saga_deadline,
             fence=fence,
             on_fenced=lambda: self._lost(domain, writer),
+            telemetry=self._telemetry,
         )
         writer = DomainWriter(
             domain,
@@ -535,6 +545,7 @@ class Engine:
             on_fenced=lambda: self._lost(domain, writer),
             snapshots=self._snapshots,
             snapshot_every=self._snapshot_every,
+            telemetry=self._telemetry,
         )
         served = _Served(writer=writer, sync=sync, lease=lease)
         try:

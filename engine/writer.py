@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 
@@ -26,7 +27,15 @@ from trellis.engine.errors import (
     StoreUnavailable,
     WriterFenced,
 )
-from trellis.engine.ports import Clock, EventStore, PendingReply, SnapshotStore, StoredReply
+from trellis.engine.ports import (
+    Clock,
+    EventStore,
+    NoTelemetry,
+    PendingReply,
+    SnapshotStore,
+    StoredReply,
+    Telemetry,
+)
 from trellis.engine.records import Head, PendingEvent
 from trellis.engine.snapshots import STATE_FORMAT, state_of
 from trellis.engine.state import DomainState, evolve
@@ -60,6 +69,7 @@ class DomainWriter:
         reclaim: asked when `holds` says no: renew the lease now if the store still has it
             ours (the event loop was merely held up); True when it did.
         on_fenced: called once the lease is found lost (by `holds` or by the log).
+        telemetry: told how long each decision and each group commit took, and its size.
     """
 
     def __init__(
@@ -76,8 +86,10 @@ class DomainWriter:
         on_fenced: Callable[[], None] | None = None,
         snapshots: SnapshotStore | None = None,
         snapshot_every: int = 0,
+        telemetry: Telemetry | None = None,
     ):
         self.domain = domain
+        self._telemetry = telemetry or NoTelemetry()
         self.fence = fence
         self._holds = holds
         self._reclaim = reclaim
@@ -270,11 +282,14 @@ class DomainWriter:
                 answers.append(("resend", index) if same else _conflict(req))
                 continue
             ctx = Context(domain=self.domain, actor=req.actor, verb=req.verb, now=now)
+            started = time.perf_counter()
             try:
                 decision = decide(state, req.intent, ctx)
             except IntentRejected as exc:
                 answers.append(replies.rejection(exc))
                 continue
+            finally:
+                self._telemetry.decided(req.verb, time.perf_counter() - started)
             for event in decision.events:
                 state = evolve(state, event)
                 events.append(
@@ -306,9 +321,11 @@ class DomainWriter:
             )
         committed: list[StoredReply] = []
         if pending:
+            started = time.perf_counter()
             appended = await self._store.append(
                 self.domain, self.head, events, pending, fence=self.fence
             )
+            self._telemetry.committed(self.domain, len(batch), time.perf_counter() - started)
             before = self.head.version
             self.state, self.head, committed = state, appended.head, appended.replies
             if events:

@@ -5,3 +5,6 @@ The installed import names live under this namespace (``trellis.engine``, ``trel
 so the source tree keeps ``engine/``, ``projections/``, ``adapters/`` and ``ext/`` while a built
 wheel carries them here, as real folders, and installs no other top-level name.
 """
+
+#: The distribution's name on PyPI ("trellis" there is an unrelated project).
+DISTRIBUTION = "trellis-fabric"

@@ -28,6 +28,7 @@ from nats.errors import NoRespondersError
 from nats.js.api import DeliverPolicy
 from nats.js.errors import NoKeysError
 
+from trellis import DISTRIBUTION
 from trellis.adapters.bootstrap import (
     connect_nats,
     fabric_state_path,
@@ -54,7 +55,7 @@ from trellis.adapters.postgres.export import ExportError
 from trellis.adapters.postgres.migrations import SCHEMA_DIR, MigrationError
 from trellis.adapters.postgres.privileges import PrivilegeError
 from trellis.adapters.postgres.store import PostgresEventStore, connect_pool
-from trellis.adapters.settings import Settings, SettingsError, redacted
+from trellis.adapters.settings import Settings, SettingsError, metrics_port, redacted
 from trellis.engine.errors import StoreUnavailable
 from trellis.engine.fabric_plan import reconcile
 from trellis.engine.ids import COMPONENT_REF_PATTERN, ID_PATTERN
@@ -244,6 +245,18 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="NAME",
         help="(secure mode) issue this tenant an identity too; repeatable",
+    )
+    up.add_argument(
+        "--metrics-port",
+        type=_metrics_port,
+        metavar="PORT",
+        help="serve Prometheus /metrics and /healthz on PORT (0: a free one); "
+        "default: off (env TRELLIS_METRICS_PORT)",
+    )
+    up.add_argument(
+        "--metrics-host",
+        metavar="ADDRESS",
+        help="the address metrics listen on; default 127.0.0.1 (env TRELLIS_METRICS_HOST)",
     )
     up.set_defaults(run=_up)
 
@@ -604,8 +617,19 @@ def _follow(args: argparse.Namespace) -> int:
     return follow_main()
 
 
+def _metrics_port(text: str) -> int | None:
+    try:
+        return metrics_port(text, "--metrics-port")
+    except SettingsError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _up(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
+    if args.metrics_port is not None:
+        settings = msgspec.structs.replace(settings, metrics_port=args.metrics_port)
+    if args.metrics_host:
+        settings = msgspec.structs.replace(settings, metrics_host=args.metrics_host)
     if args.secure:
         settings = msgspec.structs.replace(settings, secure=True)
     elif args.tenant:
@@ -646,6 +670,9 @@ def _up(args: argparse.Namespace) -> int:
                 print(f"trellis engine up: NATS {nats}, Postgres {postgres}")
                 if running.nats_monitor_url:
                     print(f"NATS monitoring: {running.nats_monitor_url} (/varz, /jsz, /healthz)")
+                if running.metrics_url:
+                    url = running.metrics_url
+                    print(f"metrics: {url}/metrics (Prometheus), health: {url}/healthz")
                 print(f"fabric: simulated, its hardware state in {fabric_state_path(settings)}")
                 if running.secure_dir is not None:
                     _print_secure(settings, SecureDir(running.secure_dir.parent))
@@ -839,7 +866,7 @@ def _remove(args: argparse.Namespace) -> int:
 
 def _version() -> str:
     try:
-        return importlib.metadata.version("trellis-fabric")
+        return importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
         return "unknown"
 

@@ -37,6 +37,8 @@ class Harness(msgspec.Struct, kw_only=True):
     audit: PostgresAuditTrail
     client: TrellisClient
     follower_process: FollowerProcess | None = None  # followers="process"
+    service_id: str = ""  # the engine's NATS micro service instance
+    metrics_url: str | None = None  # with metrics_at=(host, port)
 
     async def projected(self, domain: str, timeout: float = 5.0) -> int:
         """Until the domain's projections hold its whole log; the log's last position."""
@@ -81,6 +83,8 @@ async def serving(
                 audit=running.audit,
                 client=TrellisClient(client_nc, prefix=prefix),
                 follower_process=running.follower_process,
+                service_id=running.service_id,
+                metrics_url=running.metrics_url,
             )
         finally:
             await client_nc.close()

@@ -41,6 +41,8 @@ def test_every_variable_is_read() -> None:
             "TRELLIS_EVENTS_MAX_BYTES": "1048576",
             "TRELLIS_EVENTS_MAX_AGE": "0",
             "TRELLIS_JS_REPLICAS": "3",
+            "TRELLIS_METRICS_PORT": "9464",
+            "TRELLIS_METRICS_HOST": "0.0.0.0",
         }
     )
     assert settings == Settings(
@@ -63,7 +65,15 @@ def test_every_variable_is_read() -> None:
             ScriptedFault(kind="fail", op="create_circuit", component="ocs-1"),
         ],
         stream_limits=StreamLimits(max_bytes=1048576, max_age_s=0.0, replicas=3),
+        metrics_port=9464,
+        metrics_host="0.0.0.0",
     )
+
+
+def test_metrics_are_off_unless_a_port_is_given_and_0_takes_a_free_one() -> None:
+    assert Settings.from_env({}).metrics_port is None
+    assert Settings.from_env({}).metrics_host == "127.0.0.1"
+    assert Settings.from_env({"TRELLIS_METRICS_PORT": "0"}).metrics_port == 0
 
 
 @pytest.mark.parametrize(
@@ -89,6 +99,8 @@ def test_every_variable_is_read() -> None:
         ("TRELLIS_JS_REPLICAS", "0", "TRELLIS_JS_REPLICAS must be within 1..5"),
         ("TRELLIS_JS_REPLICAS", "7", "TRELLIS_JS_REPLICAS must be within 1..5"),
         ("TRELLIS_JS_REPLICAS", "three", "TRELLIS_JS_REPLICAS must be an integer"),
+        ("TRELLIS_METRICS_PORT", "65536", "TRELLIS_METRICS_PORT must be a TCP port (0-65535"),
+        ("TRELLIS_METRICS_PORT", "http", "TRELLIS_METRICS_PORT must be a TCP port (0-65535"),
     ],
 )
 def test_an_unusable_value_is_refused_naming_the_variable(

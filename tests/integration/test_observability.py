@@ -1,0 +1,300 @@
+"""Observability over real NATS and Postgres: the engine as a NATS micro service ($SRV.PING,
+INFO and STATS find it and count its requests), and its Prometheus metrics and health check,
+scraped over real HTTP after real requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import json
+import os
+import re
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest_asyncio
+from engines import Fleet
+from fabrics import expect_error, expect_ok, fabric
+from harness import Harness, run_cli, serving
+from isolation import Database, create_schema, unique_schema_name
+from prometheus_client.parser import text_string_to_metric_families
+
+from trellis.adapters.embedded.servers import PG_ENGINE_ROLE, PG_OWNER_ROLE, EmbeddedPostgres
+from trellis.adapters.nats.micro import SERVICE_NAME, package_version
+
+DOMAIN = "hall-1"
+H100 = {"host": "host-01", "devices": [{"kind": "gpu", "models": ["H100"]}]}
+H100_AND_MEMORY = {
+    "host": "host-01",
+    "devices": [{"kind": "gpu", "models": ["H100"]}, {"kind": "memory", "capacity_gib": 512}],
+}
+LOOPBACK_ANY_PORT = ("127.0.0.1", 0)
+
+
+@pytest_asyncio.fixture
+async def h(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str
+) -> AsyncIterator[Harness]:
+    async with serving(
+        nats_url, database_url, pg_schema, subject_prefix, metrics_at=LOOPBACK_ANY_PORT
+    ) as harness:
+        yield harness
+
+
+async def srv(h: Harness, verb: str) -> dict[str, Any]:
+    """The engine's answer to `$SRV.<verb>.trellis-engine.<its id>`."""
+    msg = await h.client.nc.request(f"$SRV.{verb}.{SERVICE_NAME}.{h.service_id}", b"", timeout=5)
+    answer: dict[str, Any] = json.loads(msg.data)
+    return answer
+
+
+async def pings_of_everyone(h: Harness, ours: str) -> dict[str, Any]:
+    """Ask `$SRV.PING` (every micro service on this NATS answers) until the instance `ours`
+    has; its answer."""
+    nc = h.client.nc
+    inbox = nc.new_inbox()
+    found: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+
+    async def on_pong(msg: Any) -> None:
+        pong = json.loads(msg.data)
+        if pong.get("id") == ours and not found.done():
+            found.set_result(pong)
+
+    sub = await nc.subscribe(inbox, cb=on_pong)
+    try:
+        await nc.publish("$SRV.PING", b"", reply=inbox)
+        return await asyncio.wait_for(found, 5)
+    finally:
+        await sub.unsubscribe()
+
+
+def scrape(h: Harness) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample on the engine's /metrics page: (name, labels) -> value."""
+    assert h.metrics_url is not None
+    with urllib.request.urlopen(f"{h.metrics_url}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def sample(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str):
+    """One sample's value; None when the page has no such sample."""
+    return samples.get((name, frozenset(labels.items())))
+
+
+async def scraped(h: Harness) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    return await asyncio.to_thread(scrape, h)
+
+
+def health(url: str) -> tuple[int, dict[str, Any]]:
+    """The status and JSON body of GET /healthz."""
+    try:
+        with urllib.request.urlopen(f"{url}/healthz", timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def endpoint(stats_or_info: dict[str, Any], name: str) -> dict[str, Any]:
+    (found,) = [e for e in stats_or_info["endpoints"] if e["name"] == name]
+    return found
+
+
+async def test_nats_micro_discovery_finds_the_engine_and_its_endpoints(h: Harness) -> None:
+    prefix = h.client.prefix
+    # PING, to everyone and to this instance: the service, its version and what it serves.
+    pong = await pings_of_everyone(h, h.service_id)
+    assert pong == await srv(h, "PING")
+    assert pong["type"] == "io.nats.micro.v1.ping_response"
+    assert (pong["name"], pong["version"]) == (SERVICE_NAME, package_version())
+    assert pong["version"] == importlib.metadata.version("trellis-fabric")  # installed, known
+    assert pong["metadata"] == {
+        "engine": h.engine.identity,
+        "subject_prefix": prefix,
+        "domains": "*",
+    }
+
+    # INFO: the endpoints are the intake's subjects, in the queue group engines fail over by.
+    info = await srv(h, "INFO")
+    assert info["type"] == "io.nats.micro.v1.info_response"
+    subjects = {e["name"]: (e["subject"], e["queue_group"]) for e in info["endpoints"]}
+    assert subjects == {
+        "intent": (f"{prefix}.intent.*.*.*", "trellis-engine"),
+        "admin": (f"{prefix}.admin.*.*", "trellis-engine"),
+        "query": (f"{prefix}.query.*.*", "trellis-engine"),
+        "view": (f"{prefix}.view.*.*.*", "trellis-engine"),
+        "forwarded": (f"{prefix}.engine.{h.engine.identity}.>", ""),
+    }
+
+
+async def test_nats_micro_stats_count_requests_errors_and_time(h: Harness) -> None:
+    before = await srv(h, "STATS")
+    assert all(e["num_requests"] == 0 for e in before["endpoints"]), before
+
+    expect_ok(await h.client.admin(DOMAIN, "import-topology", fabric()))
+    expect_ok(await h.client.intent(DOMAIN, "acme", "compose", H100))
+    taken = expect_error(await h.client.intent(DOMAIN, "acme", "compose", H100), "no_capacity")
+    expect_ok(await h.client.query(DOMAIN, "free"))
+    expect_error(await h.client.view(DOMAIN, "acme", "nonsense"), "invalid")
+
+    stats = await srv(h, "STATS")
+    assert stats["type"] == "io.nats.micro.v1.stats_response"
+    intent, admin = endpoint(stats, "intent"), endpoint(stats, "admin")
+    query, view = endpoint(stats, "query"), endpoint(stats, "view")
+    counts = {e["name"]: (e["num_requests"], e["num_errors"]) for e in stats["endpoints"]}
+    assert counts == {
+        "intent": (2, 1),
+        "admin": (1, 0),
+        "query": (1, 0),
+        "view": (1, 1),
+        "forwarded": (0, 0),
+    }
+    assert intent["last_error"] == f"no_capacity: {taken['message']}"
+    assert view["last_error"].startswith("invalid: ")
+    assert admin["last_error"] == ""
+    for e in (intent, admin, query, view):
+        assert e["processing_time"] > 0, e
+        assert e["average_processing_time"] == e["processing_time"] // e["num_requests"], e
+
+
+async def test_metrics_follow_a_compose_a_rejected_compose_and_a_release(h: Harness) -> None:
+    expect_ok(await h.client.admin(DOMAIN, "import-topology", fabric()))
+    before = await scraped(h)
+    assert sample(before, "trellis_devices_used", domain=DOMAIN, kind="gpu", model="H100") == 0
+    assert sample(before, "trellis_devices_free", domain=DOMAIN, kind="gpu", model="H100") == 1
+    assert sample(before, "trellis_device_utilization", domain=DOMAIN, kind="gpu") == 0
+    ok_import = {"family": "admin", "verb": "import-topology", "code": "ok"}
+    assert sample(before, "trellis_intents_total", **ok_import) == 1
+
+    # A compose (an H100 and 512 of mem-01's 2048 GiB), then one that finds no H100 left.
+    composed = expect_ok(await h.client.intent(DOMAIN, "acme", "compose", H100_AND_MEMORY))
+    expect_error(await h.client.intent(DOMAIN, "acme", "compose", H100), "no_capacity")
+    during = await scraped(h)
+    compose = {"family": "intent", "verb": "compose"}
+    assert sample(during, "trellis_intents_total", **compose, code="ok") == 1
+    assert sample(during, "trellis_intents_total", **compose, code="no_capacity") == 1
+    assert sample(during, "trellis_reply_seconds_count", **compose) == 2
+    for kind, model, used, free in (("gpu", "H100", 1, 0), ("gpu", "A100", 0, 1)):
+        labels = {"domain": DOMAIN, "kind": kind, "model": model}
+        assert sample(during, "trellis_devices_used", **labels) == used, (kind, model)
+        assert sample(during, "trellis_devices_free", **labels) == free, (kind, model)
+    memory = {"domain": DOMAIN, "kind": "memory", "model": ""}
+    assert sample(during, "trellis_devices_used", **memory) == 1
+    assert sample(during, "trellis_devices_free", **memory) == 1  # 1536 GiB left
+    assert sample(during, "trellis_device_utilization", domain=DOMAIN, kind="gpu") == 0.5
+    assert sample(during, "trellis_device_utilization", domain=DOMAIN, kind="memory") == 0.25
+    # Its saga bound the two devices and settled it established.
+    assert sample(during, "trellis_saga_outcomes_total", outcome="established") == 1
+    bound = sample(during, "trellis_fabric_operation_seconds_count", operation="bind", outcome="ok")
+    assert bound is not None and bound >= 2
+    # Every request the writer took was decided, and committed in some group commit.
+    assert sample(during, "trellis_decide_seconds_count", verb="compose") == 2
+    commits = sample(during, "trellis_commit_seconds_count")
+    batched = sample(during, "trellis_group_commit_requests_sum")
+    assert commits is not None and commits >= 1
+    assert sample(during, "trellis_group_commit_requests_count") == commits
+    # import-topology, two composes and the saga's settlement: four requests in the batches.
+    assert batched == 4
+
+    # The relay stops: its lag is the distance from the log's end to where it stopped.
+    await h.relayed(DOMAIN)
+    relay = h.followers.of("relay", DOMAIN)
+    assert relay is not None
+    await relay.stop()
+    release = {"composition_id": composed["composition_id"]}
+    expect_ok(await h.client.intent(DOMAIN, "acme", "release", release))
+    head = await h.projected(DOMAIN)
+    after = await scraped(h)
+    assert sample(after, "trellis_intents_total", family="intent", verb="release", code="ok") == 1
+    assert sample(after, "trellis_devices_used", domain=DOMAIN, kind="gpu", model="H100") == 0
+    assert sample(after, "trellis_device_utilization", domain=DOMAIN, kind="memory") == 0
+    assert sample(after, "trellis_projection_lag_positions", domain=DOMAIN) == 0
+    lag = sample(after, "trellis_relay_lag_positions", domain=DOMAIN)
+    assert lag == head - relay.position and lag > 0
+
+
+async def test_metrics_count_unknown_verbs_under_one_label(h: Harness) -> None:
+    for verb in ("frobnicate", "defenestrate"):
+        expect_error(await h.client.raw(f"intent.{DOMAIN}.acme.{verb}", b"{}"), "invalid")
+    samples = await scraped(h)
+    other = {"family": "intent", "verb": "other", "code": "invalid"}
+    assert sample(samples, "trellis_intents_total", **other) == 2
+    assert not [k for k in samples if ("verb", "frobnicate") in k[1]]
+
+
+async def test_health_is_200_while_serving(h: Harness) -> None:
+    assert h.metrics_url is not None and h.metrics_url.startswith("http://127.0.0.1:")
+    status, body = await asyncio.to_thread(health, h.metrics_url)
+    assert (status, body) == (200, {"status": "ok", "checks": dict.fromkeys(CHECKS, True)})
+
+
+CHECKS = ("intake", "nats", "store")
+
+
+async def test_health_is_503_while_the_store_is_down(
+    nats_url: str, subject_prefix: str, own_postgres: EmbeddedPostgres
+) -> None:
+    schema = unique_schema_name()
+    await create_schema(
+        Database(own_postgres.url, own_postgres.owner_url, PG_ENGINE_ROLE, PG_OWNER_ROLE), schema
+    )
+    async with serving(
+        nats_url, own_postgres.url, schema, subject_prefix, metrics_at=LOOPBACK_ANY_PORT
+    ) as h:
+        assert h.metrics_url is not None
+        assert (await asyncio.to_thread(health, h.metrics_url))[0] == 200
+        await asyncio.to_thread(own_postgres.stop)
+        status, body = await asyncio.to_thread(health, h.metrics_url)
+        assert status == 503
+        assert body == {
+            "status": "unavailable",
+            "checks": {**dict.fromkeys(CHECKS, True), "store": False},
+        }
+        await asyncio.to_thread(own_postgres.start)
+        assert await until_healthy(h.metrics_url), "still unhealthy after Postgres came back"
+
+
+async def until_healthy(url: str, within_s: float = 20.0) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while loop.time() < deadline:
+        if (await asyncio.to_thread(health, url))[0] == 200:
+            return True
+        await asyncio.sleep(0.1)
+    return False
+
+
+async def test_trellis_up_prints_its_metrics_url_and_serves_it(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, tmp_path: Path
+) -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")},
+        "TRELLIS_NATS_URL": nats_url,
+        "TRELLIS_DATABASE_URL": database_url,
+        "TRELLIS_DB_SCHEMA": pg_schema,
+        "TRELLIS_SUBJECT_PREFIX": subject_prefix,
+        "TRELLIS_DATA_DIR": str(tmp_path / "data"),
+        "TRELLIS_METRICS_PORT": "0",
+    }
+    fleet = Fleet(env, tmp_path, DOMAIN)
+    try:
+        engine = await fleet.start_one()
+        printed = re.search(
+            r"metrics: (http://127\.0\.0\.1:\d+)/metrics \(Prometheus\), health: "
+            r"(\1)/healthz\n",
+            engine.said(),
+        )
+        assert printed is not None, engine.said()
+        assert (await asyncio.to_thread(health, printed[1]))[0] == 200
+    finally:
+        await fleet.stop()
+    # A port that is none is one usage line, before anything starts.
+    code, _, err = await run_cli(env, "up", "--metrics-port", "70000")
+    assert code == 2 and err.startswith("trellis: usage: ") and "--metrics-port" in err, err
