@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import reduce
 
-from engine.compose import ComposeResult, circuit_teardown, devices_of
+from engine.compose import circuit_teardown, devices_of
 from engine.context import Decision
 from engine.errors import IntentRejected
 from engine.events import (
@@ -21,6 +21,7 @@ from engine.events import (
 )
 from engine.intents import EstablishComposition, FailComposition
 from engine.repair import broken, repair
+from engine.results import ComposeResult
 from engine.state import Composition, DomainState, evolve
 
 
