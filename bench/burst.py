@@ -75,9 +75,9 @@ sys.path.insert(0, str(FsPath(__file__).resolve().parents[1]))
 
 from nats.errors import TimeoutError as NatsTimeout
 
-from adapters.bootstrap import RunningEngine, connect_nats, engine_on
-from adapters.nats.client import TrellisClient
-from adapters.settings import Settings
+from trellis.adapters.bootstrap import RunningEngine, connect_nats, engine_on
+from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.settings import Settings
 from bench.fabrics import World, build, document
 from bench.intents import (
     BenchFailure,

@@ -11,9 +11,9 @@ from typing import Literal, Protocol
 
 import msgspec
 
-from engine.follower import Failure
-from engine.records import Head, PendingEvent, RecordedEvent
-from engine.results import (
+from trellis.engine.follower import Failure
+from trellis.engine.records import Head, PendingEvent, RecordedEvent
+from trellis.engine.results import (
     CheckpointKeyResult,
     CheckpointResult,
     CompositionResult,

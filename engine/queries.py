@@ -12,10 +12,10 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from engine import quotas
-from engine.errors import IntentRejected
-from engine.intents import BlastRadiusQuery, FreeQuery, QuotasQuery, TopologyQuery
-from engine.results import (
+from trellis.engine import quotas
+from trellis.engine.errors import IntentRejected
+from trellis.engine.intents import BlastRadiusQuery, FreeQuery, QuotasQuery, TopologyQuery
+from trellis.engine.results import (
     BlastRadiusResult,
     FreeDevice,
     FreeResult,
@@ -26,7 +26,7 @@ from engine.results import (
     TopologyNode,
     TopologyResult,
 )
-from engine.state import DomainState, LinkState, NodeState, resolve_ref, usable
+from trellis.engine.state import DomainState, LinkState, NodeState, resolve_ref, usable
 
 STATE_QUERIES = ("topology", "free", "blast-radius", "quotas")
 

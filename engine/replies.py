@@ -11,7 +11,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
-from engine.errors import ErrorCode, IntentRejected
+from trellis.engine.errors import ErrorCode, IntentRejected
 
 
 class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):

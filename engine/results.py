@@ -20,9 +20,9 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from engine.intents import Constraints, Family, Moment
-from engine.model import Health, LinkSpec, NodeSpec
-from engine.state import CompositionState, Quota
+from trellis.engine.intents import Constraints, Family, Moment
+from trellis.engine.model import Health, LinkSpec, NodeSpec
+from trellis.engine.state import CompositionState, Quota
 
 Time = Annotated[str, msgspec.Meta(extra_json_schema={"format": "date-time"})]
 Base64 = Annotated[str, msgspec.Meta(extra_json_schema={"contentEncoding": "base64"})]

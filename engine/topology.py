@@ -11,9 +11,9 @@ from typing import NamedTuple
 
 import msgspec
 
-from engine.context import Context, Decision
-from engine.errors import IntentRejected
-from engine.events import (
+from trellis.engine.context import Context, Decision
+from trellis.engine.errors import IntentRejected
+from trellis.engine.events import (
     ComponentDrained,
     ComponentFaulted,
     ComponentRecovered,
@@ -28,12 +28,12 @@ from engine.events import (
     PathRerouted,
     TopologyImported,
 )
-from engine.ids import split_ref
-from engine.intents import AddLink, AddNode, Drain, ImportTopology, Remove, ReportFault, Undrain
-from engine.model import LinkSpec, NodeSpec
-from engine.repair import impair_and_repair, repair, retry_impaired
-from engine.results import ComponentResult, ImportResult
-from engine.state import DomainState, evolve, resolve_ref
+from trellis.engine.ids import split_ref
+from trellis.engine.intents import AddLink, AddNode, Drain, ImportTopology, Remove, ReportFault, Undrain
+from trellis.engine.model import LinkSpec, NodeSpec
+from trellis.engine.repair import impair_and_repair, repair, retry_impaired
+from trellis.engine.results import ComponentResult, ImportResult
+from trellis.engine.state import DomainState, evolve, resolve_ref
 
 
 def add_node(state: DomainState, intent: AddNode) -> Decision:

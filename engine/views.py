@@ -25,9 +25,9 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 
-from engine.errors import IntentRejected
-from engine.intents import ConnectionsQuery, HistoryQuery, QuotasQuery
-from engine.results import (
+from trellis.engine.errors import IntentRejected
+from trellis.engine.intents import ConnectionsQuery, HistoryQuery, QuotasQuery
+from trellis.engine.results import (
     BlastRadiusResult,
     CompositionResult,
     ConnectionsResult,
@@ -36,7 +36,7 @@ from engine.results import (
     TopologyResult,
     WhyResult,
 )
-from engine.state import DomainState
+from trellis.engine.state import DomainState
 
 # Each scope takes its query's result (engine/results.py) and gives one of the same type.
 Scope = Callable[[Any, str, DomainState], msgspec.Struct]

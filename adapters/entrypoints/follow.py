@@ -1,6 +1,6 @@
 """The follower process: the log followers of TRELLIS_FOLLOWERS=process (follow_process.py).
 
-`python -m adapters.entrypoints.follow` (or `trellis follow`) keeps the projections, the event
+`python -m trellis.adapters.entrypoints.follow` (or `trellis follow`) keeps the projections, the event
 relay (JetStream stream and KV bucket) and the signed checkpoints up to date with every domain
 in the log: the same sinks the engine follows inline (adapters.bootstrap.follower_sinks). It is
 woken by the engine's commit signal on `<prefix>.internal.committed.<domain>`, looks at the log
@@ -24,18 +24,18 @@ from pathlib import Path
 
 from nats.aio.msg import Msg
 
-from adapters.bootstrap import (
+from trellis.adapters.bootstrap import (
     checkpoint_signer,
     follower_sinks,
     until_reachable,
 )
-from adapters.follow_process import CREDENTIALS_ENV, PARENT_ENV, committed_subject
-from adapters.nats.auth import NkeyCredentials
-from adapters.postgres.store import PostgresEventStore
-from adapters.settings import Settings, SettingsError, redacted
-from engine.errors import StoreUnavailable
-from engine.follower import Followers
-from engine.ids import is_valid_id
+from trellis.adapters.follow_process import CREDENTIALS_ENV, PARENT_ENV, committed_subject
+from trellis.adapters.nats.auth import NkeyCredentials
+from trellis.adapters.postgres.store import PostgresEventStore
+from trellis.adapters.settings import Settings, SettingsError, redacted
+from trellis.engine.errors import StoreUnavailable
+from trellis.engine.follower import Followers
+from trellis.engine.ids import is_valid_id
 
 log = logging.getLogger("trellis.follow")
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import msgspec
 
-from adapters.nats.jetstream import Envelope
-from adapters.nats.kv_state import CompositionEntry, DeviceEntry, HostEntry
-from engine.contract import HEADER, document, json_schemas, pretty, sent, subjects
-from engine.events import AnyEvent
+from trellis.adapters.nats.jetstream import Envelope
+from trellis.adapters.nats.kv_state import CompositionEntry, DeviceEntry, HostEntry
+from trellis.engine.contract import HEADER, document, json_schemas, pretty, sent, subjects
+from trellis.engine.events import AnyEvent
 
 SCHEMA_FORMAT = "application/schema+json;version=draft-2020-12"
 # The tokens of a subject, as AsyncAPI channel parameters.

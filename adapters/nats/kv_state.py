@@ -25,11 +25,11 @@ from typing import Any
 
 import msgspec
 
-from engine.events import CompositionFailed, DeviceBinding, Event
-from engine.model import Health
-from engine.records import format_time
-from engine.results import Time
-from engine.state import Composition, CompositionState, DomainState, NodeState, usable
+from trellis.engine.events import CompositionFailed, DeviceBinding, Event
+from trellis.engine.model import Health
+from trellis.engine.records import format_time
+from trellis.engine.results import Time
+from trellis.engine.state import Composition, CompositionState, DomainState, NodeState, usable
 
 KeyChange = tuple[str, bytes | None]  # (key, JSON value), or (key, None): delete the key
 

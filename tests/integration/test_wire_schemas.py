@@ -27,10 +27,10 @@ from harness import Harness, ManualClock, serving
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from adapters.fabric.sim import SimulatedFabric
-from adapters.nats.jetstream import bucket_name, stream_name
-from adapters.postgres.migrations import SCHEMA_DIR
-from engine.intents import INTENTS
+from trellis.adapters.fabric.sim import SimulatedFabric
+from trellis.adapters.nats.jetstream import bucket_name, stream_name
+from trellis.adapters.postgres.migrations import SCHEMA_DIR
+from trellis.engine.intents import INTENTS
 
 DOMAIN = "wire"
 FILES = ("intents", "events", "replies", "stream", "kv")

@@ -11,12 +11,12 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from adapters.nats.contract import contract_files
-from adapters.postgres.migrations import SCHEMA_DIR
-from engine.contract import subjects
-from engine.intents import INTENTS
-from engine.results import RESULTS
-from engine.upcast import UnknownEventType, upcast
+from trellis.adapters.nats.contract import contract_files
+from trellis.adapters.postgres.migrations import SCHEMA_DIR
+from trellis.engine.contract import subjects
+from trellis.engine.intents import INTENTS
+from trellis.engine.results import RESULTS
+from trellis.engine.upcast import UnknownEventType, upcast
 
 PAYLOADS = Path(__file__).parent / "payloads"
 

@@ -8,10 +8,10 @@ import msgspec
 import pytest
 from fabric_builder import FabricBuilder, composed
 
-from engine import queries, views
-from engine.errors import IntentRejected
-from engine.intents import BlastRadiusQuery, ConnectionsQuery, TopologyQuery
-from engine.results import (
+from trellis.engine import queries, views
+from trellis.engine.errors import IntentRejected
+from trellis.engine.intents import BlastRadiusQuery, ConnectionsQuery, TopologyQuery
+from trellis.engine.results import (
     CompositionResult,
     Connection,
     ConnectionsResult,
@@ -20,8 +20,8 @@ from engine.results import (
     Requested,
     WhyResult,
 )
-from engine.service import AUDIT_QUERIES
-from engine.state import DomainState
+from trellis.engine.service import AUDIT_QUERIES
+from trellis.engine.state import DomainState
 
 
 def two_tenants() -> tuple[DomainState, str, str]:
