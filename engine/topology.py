@@ -29,7 +29,15 @@ from trellis.engine.events import (
     TopologyImported,
 )
 from trellis.engine.ids import split_ref
-from trellis.engine.intents import AddLink, AddNode, Drain, ImportTopology, Remove, ReportFault, Undrain
+from trellis.engine.intents import (
+    AddLink,
+    AddNode,
+    Drain,
+    ImportTopology,
+    Remove,
+    ReportFault,
+    Undrain,
+)
 from trellis.engine.model import LinkSpec, NodeSpec
 from trellis.engine.repair import impair_and_repair, repair, retry_impaired
 from trellis.engine.results import ComponentResult, ImportResult

@@ -38,7 +38,12 @@ from trellis.engine.follower import Progress
 from trellis.engine.intents import CheckpointKeyQuery, ConsistencyQuery, ProofQuery
 from trellis.engine.merkle import MerkleTree, leaf_hash
 from trellis.engine.records import RecordedEvent, format_time
-from trellis.engine.results import CheckpointKeyResult, CheckpointResult, ConsistencyResult, ProofResult
+from trellis.engine.results import (
+    CheckpointKeyResult,
+    CheckpointResult,
+    ConsistencyResult,
+    ProofResult,
+)
 
 log = logging.getLogger("trellis.checkpoints")
 

@@ -491,7 +491,8 @@ async def stale_commits(url: str, schema: str) -> int:
 async def fabric_check(fleet: Fleet) -> int:
     """1 if `trellis fabric check` finds the simulated hardware unlike the log, else 0."""
     check = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "trellis.adapters.entrypoints.cli", "fabric", "check", "--domain", DOMAIN,
+        sys.executable, "-m", "trellis.adapters.entrypoints.cli",
+        "fabric", "check", "--domain", DOMAIN,
         cwd=REPO, env=fleet.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     said, _ = await check.communicate()

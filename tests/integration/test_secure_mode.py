@@ -36,7 +36,13 @@ from trellis.adapters.bootstrap import (
     until_accepted,
 )
 from trellis.adapters.embedded.servers import EmbeddedNats
-from trellis.adapters.nats.auth import NkeyCredentials, Principal, SecureDir, inbox_prefix, public_key
+from trellis.adapters.nats.auth import (
+    NkeyCredentials,
+    Principal,
+    SecureDir,
+    inbox_prefix,
+    public_key,
+)
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.nats.jetstream import bucket_name, stream_name
 

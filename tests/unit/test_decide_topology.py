@@ -20,7 +20,15 @@ from trellis.engine.events import (
     NodeAdded,
     TopologyImported,
 )
-from trellis.engine.intents import AddLink, AddNode, Drain, ImportTopology, Remove, ReportFault, Undrain
+from trellis.engine.intents import (
+    AddLink,
+    AddNode,
+    Drain,
+    ImportTopology,
+    Remove,
+    ReportFault,
+    Undrain,
+)
 from trellis.engine.model import LinkSpec, NodeSpec
 from trellis.engine.state import DomainState, evolve
 
