@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import msgspec
 
@@ -25,37 +25,8 @@ from trellis.engine.events import (
 from trellis.engine.intents import Compose, Extend, Release
 from trellis.engine.placement import Placement, Rejection, hosts_of, place
 from trellis.engine.quotas import over_quota
+from trellis.engine.results import ComposedDevice, ComposeResult, ExtendResult, ReleaseResult
 from trellis.engine.state import Composition, DomainState, evolve, usable
-
-
-class ComposedDevice(msgspec.Struct, frozen=True, kw_only=True):
-    id: str
-    kind: str
-    path: list[str]
-    hops: int
-    latency_ns: int
-    bandwidth_gbps: float
-    capacity_gib: float | None = None
-
-
-class ComposeResult(msgspec.Struct, frozen=True, kw_only=True):
-    composition_id: str
-    host: str
-    state: str
-    expires_at: datetime | None
-    devices: list[ComposedDevice]
-
-
-class ReleaseResult(msgspec.Struct, frozen=True, kw_only=True):
-    composition_id: str
-    state: str
-    devices: list[str]
-    circuits_removed: list[str]
-
-
-class ExtendResult(msgspec.Struct, frozen=True, kw_only=True):
-    composition_id: str
-    expires_at: datetime
 
 
 def composition_id(domain: str, tenant: str, request_id: str) -> str:

@@ -7,12 +7,22 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 import msgspec
 
 from trellis.engine.follower import Failure
 from trellis.engine.records import Head, PendingEvent, RecordedEvent
+from trellis.engine.results import (
+    CheckpointKeyResult,
+    CheckpointResult,
+    CompositionResult,
+    Connection,
+    ConsistencyResult,
+    Interval,
+    ProofResult,
+    WhyResult,
+)
 
 
 class StoredReply(msgspec.Struct, frozen=True, kw_only=True):
@@ -160,10 +170,10 @@ class PastModels(Protocol):
     """The answers of the history-bearing queries (`composition`, `connections`, `why`,
     `history`), live or as of one past event.
 
-    Rows are plain JSON-ready dicts in the shapes of ARCHITECTURE section 4.
+    Rows are the Structs of engine/results.py (the shapes of ARCHITECTURE section 4).
     """
 
-    async def composition(self, domain: str, composition_id: str) -> dict[str, Any] | None: ...
+    async def composition(self, domain: str, composition_id: str) -> CompositionResult | None: ...
 
     async def connections(
         self,
@@ -172,11 +182,9 @@ class PastModels(Protocol):
         host: str | None = None,
         tenant: str | None = None,
         device: str | None = None,
-    ) -> list[dict[str, Any]]: ...
+    ) -> list[Connection]: ...
 
-    async def why(
-        self, domain: str, target: str, *, viewer: str | None = None
-    ) -> dict[str, Any] | None:
+    async def why(self, domain: str, target: str, *, viewer: str | None = None) -> WhyResult | None:
         """What `target` (device, host, composition or link) is connected to, the chain of
         events that made it so, and one plain sentence; None if the id is unknown. With
         `viewer`, as that tenant's view tells it (engine/views.py): only its own connections
@@ -191,7 +199,7 @@ class PastModels(Protocol):
         tenant: str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[Interval]:
         """The connection history (section 4's `history`): one row per interval a device was
         bound to a composition, of `id` (device, host or composition) and `tenant`, that
         overlaps [since, until]; in the order they began."""
@@ -222,7 +230,7 @@ class AuditTrail(Protocol):
 
     async def answer(
         self, domain: str, query: msgspec.Struct, *, head: int, viewer: str | None = None
-    ) -> dict[str, Any]:
+    ) -> ProofResult | ConsistencyResult | CheckpointKeyResult:
         """Answer a `proof`, `consistency` or `checkpoint-key` query over the domain's first
         `head` events; with `viewer`, as that tenant's view.
 
@@ -232,9 +240,9 @@ class AuditTrail(Protocol):
         """
         ...
 
-    async def checkpoint(self, domain: str, size: int) -> dict[str, Any]:
+    async def checkpoint(self, domain: str, size: int) -> CheckpointResult:
         """Record and publish the signed checkpoint of the domain's first `size` events (or
-        the one recorded before); its `{domain, size, root, recorded_at, note}`.
+        the one recorded before).
 
         Raises:
             IntentRejected: `unavailable` when it was recorded but could not be published.

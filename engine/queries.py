@@ -10,16 +10,28 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from trellis.engine import quotas
 from trellis.engine.errors import IntentRejected
 from trellis.engine.intents import BlastRadiusQuery, FreeQuery, QuotasQuery, TopologyQuery
+from trellis.engine.results import (
+    BlastRadiusResult,
+    FreeDevice,
+    FreeResult,
+    HitComposition,
+    QuotasResult,
+    TopologyCircuit,
+    TopologyLink,
+    TopologyNode,
+    TopologyResult,
+)
 from trellis.engine.state import DomainState, LinkState, NodeState, resolve_ref, usable
 
 STATE_QUERIES = ("topology", "free", "blast-radius", "quotas")
 
 
-def answer(state: DomainState, query: msgspec.Struct, what: str) -> dict[str, Any]:
+def answer(state: DomainState, query: msgspec.Struct, what: str) -> msgspec.Struct:
     """Answer `query` from `state`.
 
     Raises:
@@ -35,27 +47,27 @@ def answer(state: DomainState, query: msgspec.Struct, what: str) -> dict[str, An
         case BlastRadiusQuery(id=component):
             return blast_radius(state, component)
         case QuotasQuery(tenant=tenant, kind=kind):
-            return {"quotas": msgspec.to_builtins(quotas.quotas(state, tenant, kind))}
+            return QuotasResult(quotas=quotas.quotas(state, tenant, kind))
     raise IntentRejected("invalid", f"query {what!r} is not answered from state")
 
 
-def topology(state: DomainState) -> dict[str, Any]:
+def topology(state: DomainState) -> TopologyResult:
     """Nodes and links with health and free capacity; circuits with their owning host."""
     circuits = {(c.ocs, c.a_port, c.b_port): c for c in state.circuits.values()}
-    return {
-        "nodes": [_describe(n) for _, n in sorted(state.nodes.items())],
-        "links": [
-            {**_describe(lk), "free_gbps": _free_gbps(state, lk)}
+    return TopologyResult(
+        nodes=[TopologyNode(**_describe(n)) for _, n in sorted(state.nodes.items())],
+        links=[
+            TopologyLink(**_describe(lk), free_gbps=_free_gbps(state, lk))
             for _, lk in sorted(state.links.items())
         ],
-        "circuits": [
-            {"ocs": c.ocs, "a_port": c.a_port, "b_port": c.b_port, "host": c.host}
+        circuits=[
+            TopologyCircuit(ocs=c.ocs, a_port=c.a_port, b_port=c.b_port, host=c.host)
             for _, c in sorted(circuits.items())
         ],
-    }
+    )
 
 
-def free(state: DomainState, kind: str | None) -> dict[str, Any]:
+def free(state: DomainState, kind: str | None) -> FreeResult:
     """Usable devices with capacity left: whole devices nobody holds, pools with GiB to spare."""
     devices = []
     for device_id, node in sorted(state.nodes.items()):
@@ -64,38 +76,36 @@ def free(state: DomainState, kind: str | None) -> dict[str, Any]:
             continue
         if device_id in state.device_owner:
             continue
-        row = msgspec.to_builtins(spec)
+        left: float | UnsetType = UNSET
         if spec.device_kind == "memory":
             left = (spec.capacity_gib or 0.0) - state.memory_used.get(device_id, 0.0)
             if left <= 1e-9:
                 continue
-            row["free_gib"] = left
-        devices.append(row)
-    return {"devices": devices}
+        devices.append(FreeDevice(**msgspec.structs.asdict(spec), free_gib=left))
+    return FreeResult(devices=devices)
 
 
-def blast_radius(state: DomainState, ref: str) -> dict[str, Any]:
+def blast_radius(state: DomainState, ref: str) -> BlastRadiusResult:
     """What a failure of `ref` (a node, a link, or an OCS port: its cable) would hit, without
     changing anything."""
     component = resolve_ref(state, ref)
     if state.component(component) is None:
         raise IntentRejected("not_found", f"no node or link {component!r}", {"id": component})
     hit = [c for _, c in sorted(state.compositions.items()) if c.uses(component)]
-    port: dict[str, Any] = {} if component == ref else {"link": component}
-    return {
-        **port,
-        "compositions": [
-            {
-                "composition_id": c.id,
-                "tenant": c.tenant,
-                "host": c.host,
-                "state": c.state,
-                "devices": [b.device for b in c.bindings if component in b.path + b.links],
-            }
+    return BlastRadiusResult(
+        link=UNSET if component == ref else component,
+        compositions=[
+            HitComposition(
+                composition_id=c.id,
+                tenant=c.tenant,
+                host=c.host,
+                state=c.state,
+                devices=[b.device for b in c.bindings if component in b.path + b.links],
+            )
             for c in hit
         ],
-        "tenants": sorted({c.tenant for c in hit}),
-    }
+        tenants=sorted({c.tenant for c in hit}),
+    )
 
 
 def _free_gbps(state: DomainState, link: LinkState) -> float:
@@ -105,9 +115,10 @@ def _free_gbps(state: DomainState, link: LinkState) -> float:
 
 
 def _describe(component: NodeState | LinkState) -> dict[str, Any]:
-    row: dict[str, Any] = msgspec.to_builtins(component.spec)
-    row["health"] = component.health
-    row["drained"] = component.drained
-    if component.detail:
-        row["detail"] = component.detail
-    return row
+    """The spec's fields and the component's marks, for TopologyNode or TopologyLink."""
+    return {
+        **msgspec.structs.asdict(component.spec),
+        "health": component.health,
+        "drained": component.drained,
+        "detail": component.detail,
+    }

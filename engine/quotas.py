@@ -23,31 +23,11 @@ from trellis.engine.context import Decision
 from trellis.engine.events import QuotaCleared, QuotaSet
 from trellis.engine.intents import ClearQuota, Compose, SetQuota
 from trellis.engine.placement import Rejection
+from trellis.engine.results import QuotaResult, QuotaRow, Usage
 from trellis.engine.state import DomainState, Held, Quota
 
 # GiB are summed as floats; a limit is met, not exceeded, within this much.
 _GIB_SLACK = 1e-9
-
-
-class Usage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """How much of a kind, as the wire shows it: GiB for memory only."""
-
-    count: int
-    capacity_gib: float | None = None
-
-
-class QuotaRow(msgspec.Struct, frozen=True, kw_only=True):
-    """One tenant and kind: its quota (None: none) and what it holds."""
-
-    tenant: str
-    kind: str
-    limit: Quota | None
-    held: Usage
-    over: bool  # holds more than the quota allows (it was lowered): new composes are refused
-
-
-class QuotaResult(QuotaRow, frozen=True, kw_only=True):
-    changed: bool  # False: the quota already was this; nothing recorded
 
 
 def set_quota(state: DomainState, intent: SetQuota) -> Decision:

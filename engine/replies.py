@@ -1,8 +1,13 @@
-"""The reply envelope every request gets (ARCHITECTURE §3)."""
+"""The reply envelope every request gets (ARCHITECTURE §3).
+
+`OkReply[R]` is the envelope of a result of type R: the engine fills it with the result
+already encoded (`msgspec.Raw`), and engine/contract.py gives each subject's the Struct of
+engine/results.py that subject answers with.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
@@ -15,12 +20,14 @@ class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
     details: dict[str, Any] = {}
 
 
-class OkReply(msgspec.Struct, frozen=True, kw_only=True):
+R = TypeVar("R")
+
+
+class OkReply(msgspec.Struct, Generic[R], frozen=True, kw_only=True):
     ok: Literal[True] = True
-    # Already-encoded result object (each verb documents its own shape).
-    result: Annotated[msgspec.Raw, msgspec.Meta(extra_json_schema={"type": "object"})]
-    position: int
-    replayed: bool = False
+    result: R
+    position: int  # the log position the answer includes (read your writes with it)
+    replayed: bool = False  # the stored first answer to a repeated request_id
 
 
 class ErrorReply(msgspec.Struct, frozen=True, kw_only=True):
@@ -29,7 +36,7 @@ class ErrorReply(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _encode = msgspec.json.Encoder().encode
-_decode_ok = msgspec.json.Decoder(OkReply).decode
+_decode_ok = msgspec.json.Decoder(OkReply[msgspec.Raw]).decode
 
 
 def ok(result: bytes, position: int, *, replayed: bool = False) -> bytes:
@@ -45,7 +52,7 @@ def rejection(exc: IntentRejected) -> bytes:
     return error(exc.code, exc.message, exc.details)
 
 
-def decode_ok(reply: bytes) -> OkReply | None:
+def decode_ok(reply: bytes) -> OkReply[msgspec.Raw] | None:
     """The success reply inside `reply`; None when it is an error reply."""
     try:
         return _decode_ok(reply)

@@ -53,6 +53,7 @@ from trellis.engine.ports import (
 )
 from trellis.engine.queries import STATE_QUERIES, answer
 from trellis.engine.records import Head
+from trellis.engine.results import ConnectionsResult, HistoryResult
 from trellis.engine.saga import FabricSync, Settlement
 from trellis.engine.state import DomainState
 from trellis.engine.writer import DomainWriter
@@ -379,6 +380,7 @@ class Engine:
             # domain, so any `min_position` a reply of this log gave is included).
             upto = past or head
             state = writer.state
+            result: msgspec.Struct
             if verb in AUDIT_QUERIES:
                 result = await self._trail().answer(domain, query, head=upto.version, viewer=viewer)
             elif verb in STATE_QUERIES:
@@ -443,7 +445,7 @@ class Engine:
         head: int,
         viewer: str | None,
         past: Head | None = None,
-    ) -> dict[str, object]:
+    ) -> msgspec.Struct:
         """History-bearing queries: live, from projections that include every committed event
         up to `head` (read-your-writes: a client that just composed sees it); at a past
         moment, from the projections folded up to the event `past`."""
@@ -474,23 +476,23 @@ class Engine:
             )
         match query:
             case CompositionQuery(id=cid):
-                row = await source.composition(domain, cid)
-                if row is None:
+                composition = await source.composition(domain, cid)
+                if composition is None:
                     raise views.unknown_composition(cid)
-                return row
+                return composition
             case ConnectionsQuery(host=host, tenant=tenant, device=device):
                 rows = await source.connections(domain, host=host, tenant=tenant, device=device)
-                return {"connections": rows}
+                return ConnectionsResult(connections=rows)
             case WhyQuery(id=target):
-                row = await source.why(domain, target, viewer=viewer)
-                if row is None:
+                why = await source.why(domain, target, viewer=viewer)
+                if why is None:
                     raise IntentRejected("not_found", f"nothing named {target!r}", {"id": target})
-                return row
+                return why
             case HistoryQuery(id=target, tenant=tenant, since=since, until=until):
-                rows = await source.history(
+                intervals = await source.history(
                     domain, id=target, tenant=tenant, since=since, until=until
                 )
-                return {"intervals": rows}
+                return HistoryResult(intervals=intervals)
         raise IntentRejected("invalid", "unknown query")
 
     async def _runtime(self, domain: str, *, create: bool) -> _Served | None:

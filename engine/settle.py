@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import reduce
 
-from trellis.engine.compose import ComposeResult, circuit_teardown, devices_of
+from trellis.engine.compose import circuit_teardown, devices_of
 from trellis.engine.context import Decision
 from trellis.engine.errors import IntentRejected
 from trellis.engine.events import (
@@ -21,6 +21,7 @@ from trellis.engine.events import (
 )
 from trellis.engine.intents import EstablishComposition, FailComposition
 from trellis.engine.repair import broken, repair
+from trellis.engine.results import ComposeResult
 from trellis.engine.state import Composition, DomainState, evolve
 
 

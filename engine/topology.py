@@ -40,28 +40,8 @@ from trellis.engine.intents import (
 )
 from trellis.engine.model import LinkSpec, NodeSpec
 from trellis.engine.repair import impair_and_repair, repair, retry_impaired
+from trellis.engine.results import ComponentResult, ImportResult
 from trellis.engine.state import DomainState, evolve, resolve_ref
-
-
-class ImportResult(msgspec.Struct, frozen=True, kw_only=True):
-    domain: str
-    unchanged: bool
-    nodes: int
-    links: int
-    added: list[str] = []
-    updated: list[str] = []
-    removed: list[str] = []
-
-
-class ComponentResult(msgspec.Struct, frozen=True, kw_only=True):
-    component: str  # as asked: a node or link id, or an OCS port ("ocs-1:3")
-    changed: bool
-    link: str | None = None  # the cable an OCS port resolved to (the link that got the mark)
-    health: str = "healthy"
-    drained: bool = False
-    removed: list[str] = []
-    impaired: list[str] = []  # compositions this change left impaired
-    compositions: list[str] = []  # compositions this change impaired, moved or mended
 
 
 def add_node(state: DomainState, intent: AddNode) -> Decision:

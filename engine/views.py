@@ -20,17 +20,36 @@ events of a chain are whose).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
 from trellis.engine.errors import IntentRejected
 from trellis.engine.intents import ConnectionsQuery, HistoryQuery, QuotasQuery
+from trellis.engine.results import (
+    BlastRadiusResult,
+    CompositionResult,
+    ConnectionsResult,
+    HistoryResult,
+    QuotasResult,
+    TopologyResult,
+    WhyResult,
+)
 from trellis.engine.state import DomainState
 
-Result = dict[str, Any]
-Scope = Callable[[Result, str, DomainState], Result]
+# Each scope takes its query's result (engine/results.py) and gives one of the same type.
+Scope = Callable[[Any, str, DomainState], msgspec.Struct]
+
+
+class Held(Protocol):
+    """A row that names the tenant it belongs to."""
+
+    @property
+    def tenant(self) -> str: ...
+
+
+Row = TypeVar("Row", bound=Held)
 
 IN_USE_BY_OTHERS = "in use by others"
 
@@ -54,7 +73,7 @@ def serves(verb: str) -> bool:
     return verb in SCOPES
 
 
-def scope(verb: str, result: Result, tenant: str, state: DomainState) -> Result:
+def scope(verb: str, result: msgspec.Struct, tenant: str, state: DomainState) -> msgspec.Struct:
     """`result` of the query `verb` as `tenant` may see it.
 
     Raises:
@@ -67,12 +86,12 @@ def scope(verb: str, result: Result, tenant: str, state: DomainState) -> Result:
     return scoper(result, tenant, state)
 
 
-def split_rows(rows: list[Result], tenant: str | None) -> tuple[list[Result], bool]:
-    """Connection rows (`tenant` field) split for `tenant`: its own rows, and whether any
-    other tenant's row was left out. `tenant` None sees every row."""
+def split_rows(rows: Sequence[Row], tenant: str | None) -> tuple[list[Row], bool]:
+    """Rows (connections, say) split for `tenant`: its own rows, and whether any other
+    tenant's row was left out. `tenant` None sees every row."""
     if tenant is None:
-        return rows, False
-    own = [r for r in rows if r["tenant"] == tenant]
+        return list(rows), False
+    own = [r for r in rows if r.tenant == tenant]
     return own, len(own) < len(rows)
 
 
@@ -84,33 +103,35 @@ def may_see(composition_tenant: str, tenant: str | None) -> bool:
 
 # ---- one scope per query ----
 
+_replace = msgspec.structs.replace
 
-def composition(result: Result, tenant: str, state: DomainState) -> Result:
-    if not may_see(result["tenant"], tenant):
-        raise unknown_composition(result["composition_id"])
+
+def composition(result: CompositionResult, tenant: str, state: DomainState) -> CompositionResult:
+    if not may_see(result.tenant, tenant):
+        raise unknown_composition(result.composition_id)
     return result
 
 
-def connections(result: Result, tenant: str, state: DomainState) -> Result:
-    own, _ = split_rows(result["connections"], tenant)
-    return {**result, "connections": own}
+def connections(result: ConnectionsResult, tenant: str, state: DomainState) -> ConnectionsResult:
+    own, _ = split_rows(result.connections, tenant)
+    return _replace(result, connections=own)
 
 
-def why(result: Result, tenant: str, state: DomainState) -> Result:
+def why(result: WhyResult, tenant: str, state: DomainState) -> WhyResult:
     """The read model answers `why` for the tenant itself (ReadModels.why `viewer`: only it
     knows which events of a chain are whose); a row of another tenant here means it did not,
     and the answer is refused rather than shown."""
-    _, others = split_rows(result["connected_to"], tenant)
+    _, others = split_rows(result.connected_to, tenant)
     if others:
         raise IntentRejected("unavailable", "the read models did not scope `why` to the tenant")
     return result
 
 
-def free(result: Result, tenant: str, state: DomainState) -> Result:
+def free(result: msgspec.Struct, tenant: str, state: DomainState) -> msgspec.Struct:
     return result  # free capacity is the shared fabric's, and names no holder
 
 
-def topology(result: Result, tenant: str, state: DomainState) -> Result:
+def topology(result: TopologyResult, tenant: str, state: DomainState) -> TopologyResult:
     """The fabric as is, with only the circuits the tenant's own live paths pass."""
     own = {
         (ref.ocs, ref.a_port, ref.b_port)
@@ -119,26 +140,26 @@ def topology(result: Result, tenant: str, state: DomainState) -> Result:
         for binding in c.bindings
         for ref in binding.circuits
     }
-    circuits = [c for c in result["circuits"] if (c["ocs"], c["a_port"], c["b_port"]) in own]
-    return {**result, "circuits": circuits}
+    circuits = [c for c in result.circuits if (c.ocs, c.a_port, c.b_port) in own]
+    return _replace(result, circuits=circuits)
 
 
-def blast_radius(result: Result, tenant: str, state: DomainState) -> Result:
-    hit = [c for c in result["compositions"] if c["tenant"] == tenant]
-    return {**result, "compositions": hit, "tenants": [tenant] if hit else []}
+def blast_radius(result: BlastRadiusResult, tenant: str, state: DomainState) -> BlastRadiusResult:
+    hit, _ = split_rows(result.compositions, tenant)
+    return _replace(result, compositions=hit, tenants=[tenant] if hit else [])
 
 
-def history(result: Result, tenant: str, state: DomainState) -> Result:
+def history(result: HistoryResult, tenant: str, state: DomainState) -> HistoryResult:
     """Only the tenant's own intervals: who else held a device, and when, is theirs."""
-    return {**result, "intervals": [r for r in result["intervals"] if r["tenant"] == tenant]}
+    return _replace(result, intervals=split_rows(result.intervals, tenant)[0])
 
 
-def quotas(result: Result, tenant: str, state: DomainState) -> Result:
+def quotas(result: QuotasResult, tenant: str, state: DomainState) -> QuotasResult:
     """The tenant's own quotas and holdings: what it may still compose. Others' never show."""
-    return {**result, "quotas": [r for r in result["quotas"] if r["tenant"] == tenant]}
+    return _replace(result, quotas=split_rows(result.quotas, tenant)[0])
 
 
-def audited(result: Result, tenant: str, state: DomainState) -> Result:
+def audited(result: msgspec.Struct, tenant: str, state: DomainState) -> msgspec.Struct:
     """Proofs, checkpoints and the verifier key name no tenant (a proof is hashes only); the
     audit trail itself refuses a view's proof of another tenant's event (AuditTrail.answer
     `viewer`), with the answer an unknown event gets."""

@@ -2,9 +2,9 @@
 and `history` queries (ARCHITECTURE §4), live and at any past moment.
 
 Every answer is built from rows in a fixed order, so the same rows always give the same answer,
-`text` included. The rows come from a RowReader: the live tables, or the projections folded in
-memory up to a past event (projections/past.py), so an answer at a past moment is the answer
-the live tables gave then.
+`text` included, as the Structs of engine/results.py (the contract's shapes). The rows come
+from a RowReader: the live tables, or the projections folded in memory up to a past event
+(projections/past.py), so an answer at a past moment is the answer the live tables gave then.
 """
 
 from __future__ import annotations
@@ -21,6 +21,17 @@ from trellis.engine.errors import IntentRejected
 from trellis.engine.follower import DomainLog, Failure
 from trellis.engine.ports import SnapshotStore
 from trellis.engine.records import Head
+from trellis.engine.results import (
+    ChainEntry,
+    ComposedDevice,
+    CompositionResult,
+    Connection,
+    Impairment,
+    Interval,
+    Requested,
+    WhyKind,
+    WhyResult,
+)
 from trellis.engine.views import IN_USE_BY_OTHERS, may_see, split_rows
 from trellis.projections.base import iso
 from trellis.projections.history import Window, interval_query
@@ -62,12 +73,8 @@ _CONNECTED_BY_KIND = {
 # (projections/past.py), list rows in the same order whatever the database's collation.
 _CONNECTION_ORDER = ' ORDER BY host COLLATE "C", composition_id COLLATE "C", device COLLATE "C"'
 
-# jsonb stores object keys in its own order; answers list them in the order the contract does.
-_CHAIN_KEYS = ("type", "position", "time", "actor", "request_id")
-_DEVICE_KEYS = ("id", "kind", "path", "hops", "latency_ns", "bandwidth_gbps", "capacity_gib")
-_WHY_KEYS = ("request_id", "actor", "reason", "labels", "constraints", "position")
-_CONSTRAINT_KEYS = ("max_hops", "max_latency_ns", "isolation", "labels")
-_IMPAIRED_KEYS = ("component", "reason")
+# jsonb stores object keys in its own order; the Structs list them in the contract's.
+_convert = msgspec.convert
 
 _CHECKPOINTS = """
 SELECT min(position) FROM trellis_follower_checkpoints
@@ -118,11 +125,11 @@ class Answers:
     def __init__(self, reader: RowReader):
         self._reader = reader
 
-    async def composition(self, domain: str, composition_id: str) -> dict[str, Any] | None:
+    async def composition(self, domain: str, composition_id: str) -> CompositionResult | None:
         """The compose result (composition_id, host, state, expires_at, devices) plus tenant,
         labels, reason, request_id, created_at, impaired_by and chain; None if unknown."""
         rows = await self._compositions(domain, [composition_id])
-        return _composition(rows[0]) if rows else None
+        return rows[0] if rows else None
 
     async def connections(
         self,
@@ -131,15 +138,13 @@ class Answers:
         host: str | None = None,
         tenant: str | None = None,
         device: str | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[Connection]:
         """One row per connected device, filtered by every filter given."""
         filters = {"host": host, "tenant": tenant, "device": device}
         given = {column: value for column, value in filters.items() if value is not None}
         return [_connection(r) for r in await self._reader.connections(domain, given)]
 
-    async def why(
-        self, domain: str, target: str, *, viewer: str | None = None
-    ) -> dict[str, Any] | None:
+    async def why(self, domain: str, target: str, *, viewer: str | None = None) -> WhyResult | None:
         """What `target` (a device, host, switch, OCS, link or composition) is connected to,
         the events that made it so, and one sentence saying it; None if the id is unknown.
 
@@ -148,21 +153,22 @@ class Answers:
         tenant's composition is unknown (None)."""
         reader = self._reader
         own = await self._compositions(domain, [target])
-        if own and not may_see(own[0]["tenant"], viewer):
+        if own and not may_see(own[0].tenant, viewer):
             return None
         component = None if own else await reader.component(domain, target)
+        kind: WhyKind
         if own:
             kind = "composition"
         elif component is not None:
-            kind = component["kind"]
+            kind = component["kind"]  # a node's kind, or "link"
         else:
             return None
         rows = await reader.connected(domain, kind, target)
         connected, others = split_rows([_connection(r) for r in rows], viewer)
-        cids = sorted({c["composition_id"] for c in connected})
+        cids = sorted({c.composition_id for c in connected})
         compositions = own or await self._compositions(domain, cids)
-        states = {c["composition_id"]: c for c in compositions}
-        chains = [c["chain"] for c in compositions]
+        states = {c.composition_id: c for c in compositions}
+        chains = [c.chain for c in compositions]
         if component is not None:
             chains.append(_chain(component["chain"]))
         if own:
@@ -175,13 +181,9 @@ class Answers:
             text = _host_text(target, connected, states, component, others)
         else:
             text = _carrier_text(target, connected, component, others)
-        return {
-            "id": target,
-            "kind": kind,
-            "connected_to": connected,
-            "chain": _merged(chains),
-            "text": text,
-        }
+        return WhyResult(
+            id=target, kind=kind, connected_to=connected, chain=_merged(chains), text=text
+        )
 
     async def history(
         self,
@@ -191,24 +193,17 @@ class Answers:
         tenant: str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[Interval]:
         """The intervals of `id` (a device, host or composition) and `tenant` that overlap
         [since, until], ends included (an interval still open reaches into every later
         window); in the order they began."""
         window = Window(id=id, tenant=tenant, since=since, until=until)
         return [_interval(r) for r in await self._reader.intervals(domain, window)]
 
-    async def _compositions(self, domain: str, ids: list[str]) -> list[dict[str, Any]]:
+    async def _compositions(self, domain: str, ids: list[str]) -> list[CompositionResult]:
         if not ids:
             return []
-        rows = []
-        for found in await self._reader.compositions(domain, ids):
-            row = dict(found)
-            row["devices"] = [_ordered(d, _DEVICE_KEYS) for d in row["devices"]]
-            row["impaired_by"] = [_ordered(i, _IMPAIRED_KEYS) for i in row["impaired_by"]]
-            row["chain"] = _chain(row["chain"])
-            rows.append(row)
-        return rows
+        return [_composition(r) for r in await self._reader.compositions(domain, ids)]
 
 
 class _TableReader:
@@ -301,9 +296,7 @@ class PostgresReadModels(Answers):
             None,
         )
 
-    async def why(
-        self, domain: str, target: str, *, viewer: str | None = None
-    ) -> dict[str, Any] | None:
+    async def why(self, domain: str, target: str, *, viewer: str | None = None) -> WhyResult | None:
         # One repeatable-read snapshot for every read, so the sentence, the rows and the
         # chain agree.
         snapshot = {"isolation": "repeatable_read", "readonly": True}
@@ -335,66 +328,69 @@ def _decoded(record: asyncpg.Record) -> Row:
 # ---- rows ----
 
 
-def _connection(row: Row) -> dict[str, Any]:
-    return {
-        "device": row["device"],
-        "host": row["host"],
-        "composition_id": row["composition_id"],
-        "tenant": row["tenant"],
-        "path": row["path"],
-        "bandwidth_gbps": row["bandwidth_gbps"],
-        "capacity_gib": row["capacity_gib"],
-        "since": iso(row["since"]),
-        "why": _why(dict(row["why"])),
-    }
+def _connection(row: Row) -> Connection:
+    return Connection(
+        device=row["device"],
+        host=row["host"],
+        composition_id=row["composition_id"],
+        tenant=row["tenant"],
+        path=row["path"],
+        bandwidth_gbps=row["bandwidth_gbps"],
+        capacity_gib=row["capacity_gib"],
+        since=_time(row["since"]),
+        why=_convert(row["why"], Requested),
+    )
 
 
-def _interval(row: Row) -> dict[str, Any]:
-    return {
-        **{k: row[k] for k in ("device", "kind", "model", "host", "composition_id", "tenant")},
-        "start": iso(row["started_at"]),
-        "end": iso(row["ended_at"]),
-        **{k: row[k] for k in ("end_reason", "bandwidth_gbps", "capacity_gib", "cost_per_hour")},
-        "start_position": row["start_position"],
-        "end_position": row["end_position"],
-    }
+def _interval(row: Row) -> Interval:
+    return Interval(
+        device=row["device"],
+        kind=row["kind"],
+        model=row["model"],
+        host=row["host"],
+        composition_id=row["composition_id"],
+        tenant=row["tenant"],
+        start=_time(row["started_at"]),
+        end=iso(row["ended_at"]),
+        end_reason=row["end_reason"],
+        bandwidth_gbps=row["bandwidth_gbps"],
+        capacity_gib=row["capacity_gib"],
+        cost_per_hour=row["cost_per_hour"],
+        start_position=row["start_position"],
+        end_position=row["end_position"],
+    )
 
 
-def _why(why: dict[str, Any]) -> dict[str, Any]:
-    if isinstance(why.get("constraints"), dict):
-        why["constraints"] = _ordered(why["constraints"], _CONSTRAINT_KEYS)
-    return _ordered(why, _WHY_KEYS)
+def _time(at: datetime) -> str:
+    text = iso(at)
+    assert text is not None, "a start is never null"
+    return text
 
 
-def _chain(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [_ordered(e, _CHAIN_KEYS) for e in entries]
+def _chain(entries: list[dict[str, Any]]) -> list[ChainEntry]:
+    return _convert(entries, list[ChainEntry])
 
 
-def _ordered(obj: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
-    first = {k: obj[k] for k in keys if k in obj}
-    return first | {k: v for k, v in obj.items() if k not in first}
+def _composition(row: Row) -> CompositionResult:
+    return CompositionResult(
+        composition_id=row["composition_id"],
+        host=row["host"],
+        state=row["state"],
+        expires_at=row["expires_at"],
+        devices=_convert(row["devices"], list[ComposedDevice]),
+        tenant=row["tenant"],
+        labels=row["labels"],
+        reason=row["reason"],
+        request_id=row["request_id"],
+        created_at=row["created_at"],
+        impaired_by=_convert(row["impaired_by"], list[Impairment]),
+        chain=_chain(row["chain"]),
+    )
 
 
-def _composition(row: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "composition_id": row["composition_id"],
-        "host": row["host"],
-        "state": row["state"],
-        "expires_at": iso(row["expires_at"]),
-        "devices": row["devices"],
-        "tenant": row["tenant"],
-        "labels": row["labels"],
-        "reason": row["reason"],
-        "request_id": row["request_id"],
-        "created_at": iso(row["created_at"]),
-        "impaired_by": row["impaired_by"],
-        "chain": row["chain"],
-    }
-
-
-def _merged(chains: Iterable[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def _merged(chains: Iterable[list[ChainEntry]]) -> list[ChainEntry]:
     """Several chains as one, in log order, each event once."""
-    by_position = {entry["position"]: entry for chain in chains for entry in chain}
+    by_position = {entry.position: entry for chain in chains for entry in chain}
     return [by_position[p] for p in sorted(by_position)]
 
 
@@ -403,8 +399,8 @@ def _merged(chains: Iterable[list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 def _device_text(
     device: str,
-    connected: list[dict[str, Any]],
-    states: dict[str, dict[str, Any]],
+    connected: list[Connection],
+    states: dict[str, CompositionResult],
     component: Row,
     others: bool = False,
 ) -> str:
@@ -415,11 +411,11 @@ def _device_text(
         return f"{device} is connected to nothing; it is free and {marks}."
     clauses = []
     for c in connected:
-        share = f" with {_num(c['capacity_gib'])} GiB" if c["capacity_gib"] is not None else ""
+        share = f" with {_num(c.capacity_gib)} GiB" if c.capacity_gib is not None else ""
         clauses.append(
-            f"{c['host']}{share} {_via(c['path'])} in composition {c['composition_id']}"
-            f" for tenant {c['tenant']} since {c['since']}"
-            f"{_impaired(states.get(c['composition_id']))}, {_requested(c['why'])}"
+            f"{c.host}{share} {_via(c.path)} in composition {c.composition_id}"
+            f" for tenant {c.tenant} since {c.since}"
+            f"{_impaired(states.get(c.composition_id))}, {_requested(c.why)}"
         )
     note = "" if marks == "healthy" else f"; the device is {marks}"
     return f"{device} is connected to {'; and to '.join(clauses)}{_also(others)}{note}."
@@ -427,8 +423,8 @@ def _device_text(
 
 def _host_text(
     host: str,
-    connected: list[dict[str, Any]],
-    states: dict[str, dict[str, Any]],
+    connected: list[Connection],
+    states: dict[str, CompositionResult],
     component: Row,
     others: bool = False,
 ) -> str:
@@ -441,16 +437,16 @@ def _host_text(
     for cid, rows in _by_composition(connected):
         first = rows[0]
         clauses.append(
-            f"{_and([r['device'] for r in rows])} in composition {cid}"
-            f" for tenant {first['tenant']} since {min(r['since'] for r in rows)}"
-            f"{_impaired(states.get(cid))}, {_requested(first['why'])}"
+            f"{_and([r.device for r in rows])} in composition {cid}"
+            f" for tenant {first.tenant} since {min(r.since for r in rows)}"
+            f"{_impaired(states.get(cid))}, {_requested(first.why)}"
         )
     note = "" if marks == "healthy" else f"; the host is {marks}"
     return f"{host} is connected to {'; and to '.join(clauses)}{_also(others)}{note}."
 
 
 def _carrier_text(
-    target: str, connected: list[dict[str, Any]], component: Row, others: bool = False
+    target: str, connected: list[Connection], component: Row, others: bool = False
 ) -> str:
     """A link, switch or OCS: whose paths pass it."""
     marks = _marks(component)
@@ -459,8 +455,8 @@ def _carrier_text(
             return f"{target} carries only paths {IN_USE_BY_OTHERS}; it is {marks}."
         return f"{target} carries nothing; it is {marks}."
     clauses = [
-        f"{rows[0]['host']} to {_and([r['device'] for r in rows])} in composition {cid}"
-        f" for tenant {rows[0]['tenant']}"
+        f"{rows[0].host} to {_and([r.device for r in rows])} in composition {cid}"
+        f" for tenant {rows[0].tenant}"
         for cid, rows in _by_composition(connected)
     ]
     paths = "; and from ".join(clauses)
@@ -472,54 +468,53 @@ def _also(others: bool) -> str:
     return f", and it is also {IN_USE_BY_OTHERS}" if others else ""
 
 
-def _composition_text(row: dict[str, Any]) -> str:
-    cid, devices = row["composition_id"], _and([d["id"] for d in row["devices"]]) or "nothing"
+def _composition_text(row: CompositionResult) -> str:
+    cid, devices = row.composition_id, _and([d.id for d in row.devices]) or "nothing"
     why = _requested(
-        {
-            "actor": row["chain"][0]["actor"] if row["chain"] else row["tenant"],
-            "request_id": row["request_id"],
-            "reason": row["reason"],
-        }
+        Requested(
+            actor=row.chain[0].actor if row.chain else row.tenant,
+            request_id=row.request_id,
+            reason=row.reason,
+        )
     )
-    head = f"composition {cid} of tenant {row['tenant']}"
-    since = iso(row["created_at"])
-    until = row["chain"][-1]["time"] if row["chain"] else since
-    if row["state"] == "released":
+    head = f"composition {cid} of tenant {row.tenant}"
+    since = _time(row.created_at)
+    until = row.chain[-1].time if row.chain else since
+    if row.state == "released":
         return (
-            f"{head} connected {row['host']} to {devices} from {since} until {until}, {why};"
+            f"{head} connected {row.host} to {devices} from {since} until {until}, {why};"
             " it is released."
         )
-    if row["state"] == "failed":
+    if row.state == "failed":
         return (
-            f"{head} was to connect {row['host']} to {devices}, {why}, but the fabric could"
+            f"{head} was to connect {row.host} to {devices}, {why}, but the fabric could"
             f" not establish it and it failed at {until}; nothing of it is held."
         )
-    if row["state"] == "pending":
+    if row.state == "pending":
         return (
-            f"{head} is connecting {row['host']} to {devices} since {since}, {why}; the fabric"
+            f"{head} is connecting {row.host} to {devices} since {since}, {why}; the fabric"
             " is being programmed."
         )
     impaired = _impaired_by(row)
-    state = f"it is impaired by {impaired}" if impaired else f"it is {row['state']}"
-    return f"{head} connects {row['host']} to {devices} since {since}, {why}; {state}."
+    state = f"it is impaired by {impaired}" if impaired else f"it is {row.state}"
+    return f"{head} connects {row.host} to {devices} since {since}, {why}; {state}."
 
 
-def _requested(why: dict[str, Any]) -> str:
-    reason = why.get("reason") or ""
-    text = f"requested by {why.get('actor')} (request {why.get('request_id')})"
-    return f"{text}: {reason}" if reason else text
+def _requested(why: Requested) -> str:
+    text = f"requested by {why.actor} (request {why.request_id})"
+    return f"{text}: {why.reason}" if why.reason else text
 
 
-def _impaired(composition: dict[str, Any] | None) -> str:
+def _impaired(composition: CompositionResult | None) -> str:
     """A clause for a connection whose composition is impaired, else nothing."""
     impaired = _impaired_by(composition)
     return f", impaired by {impaired}" if impaired else ""
 
 
-def _impaired_by(composition: dict[str, Any] | None) -> str:
-    if not composition or composition["state"] != "impaired":
+def _impaired_by(composition: CompositionResult | None) -> str:
+    if not composition or composition.state != "impaired":
         return ""
-    return _and(sorted({i["component"] for i in composition["impaired_by"]}))
+    return _and(sorted({i.component for i in composition.impaired_by}))
 
 
 def _marks(component: Row) -> str:
@@ -537,10 +532,10 @@ def _via(path: list[str]) -> str:
     return f"over {', '.join(inner)}" if inner else "over a direct link"
 
 
-def _by_composition(rows: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
-    groups: dict[str, list[dict[str, Any]]] = {}
+def _by_composition(rows: list[Connection]) -> list[tuple[str, list[Connection]]]:
+    groups: dict[str, list[Connection]] = {}
     for row in rows:
-        groups.setdefault(row["composition_id"], []).append(row)
+        groups.setdefault(row.composition_id, []).append(row)
     return sorted(groups.items())
 
 

@@ -2,22 +2,26 @@
 and an AsyncAPI 3 document that names every subject with them.
 
 - stream.schema.json: a message of the JetStream stream TRELLIS_EVENTS, the event envelope
-  (ARCHITECTURE §6; its `data` is the event payload of events.schema.json);
+  (ARCHITECTURE §6); its `data`, `#/$defs/Event`, is the event payload of events.schema.json,
+  whose schemas it holds too, so the file stands alone;
 - kv.schema.json: a value of the KV bucket TRELLIS_STATE; `#/$defs/DeviceEntry`,
   `CompositionEntry` and `HostEntry` are the values of `<domain>.device.<id>`,
   `<domain>.composition.<id>` and `<domain>.host.<id>`;
 - asyncapi.json: every subject (ARCHITECTURE §3) as a channel, with the operation the engine
-  performs on it and the schema of each message, by reference to the files above.
+  performs on it and the schema of each message, request and reply, by reference to the
+  files above.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from trellis.adapters.nats.jetstream import Envelope
 from trellis.adapters.nats.kv_state import CompositionEntry, DeviceEntry, HostEntry
-from trellis.engine.contract import HEADER, document, json_schemas, pretty
-from trellis.engine.intents import INTENTS
+from trellis.engine.contract import HEADER, document, json_schemas, pretty, sent, subjects
+from trellis.engine.events import AnyEvent
 
 SCHEMA_FORMAT = "application/schema+json;version=draft-2020-12"
 # The tokens of a subject, as AsyncAPI channel parameters.
@@ -37,11 +41,14 @@ PARAMETERS = {
 def contract_files() -> dict[str, bytes]:
     """Every file of schema/json: the engine's schemas and the feed's."""
     stream = document("stream.schema.json", Envelope, "A message of the event stream.")
+    (event,), events = msgspec.json.schema_components([AnyEvent])
+    stream["$defs"] |= {**events, "Event": {"description": "An event payload.", **event}}
+    sent(stream["$defs"], [Envelope])
+    values = [DeviceEntry, CompositionEntry, HostEntry]
     kv = document(
-        "kv.schema.json",
-        [DeviceEntry, CompositionEntry, HostEntry],
-        "A value of the state bucket, by the kind its key names.",
+        "kv.schema.json", values, "A value of the state bucket, by the kind its key names."
     )
+    sent(kv["$defs"], values)
     return {
         **json_schemas(),
         "stream.schema.json": pretty(stream),
@@ -54,18 +61,19 @@ def asyncapi() -> dict[str, Any]:
     """Every subject as an AsyncAPI 3 channel: requests the engine receives and answers on the
     request's reply subject, the events it sends to the stream, the values it puts in the
     bucket."""
+    reply_messages: dict[str, Any] = {}
     channels: dict[str, Any] = {
         "reply": {
             "address": None,
-            "description": "The request's NATS reply subject (an inbox).",
-            "messages": {"reply": {"$ref": "#/components/messages/reply"}},
+            "description": "The request's NATS reply subject (an inbox); each operation names "
+            "the reply it gets there.",
+            "messages": reply_messages,
         }
     }
     operations: dict[str, Any] = {}
-    messages: dict[str, Any] = {"reply": _message("replies.schema.json", "The reply envelope")}
-    subjects: list[tuple[str, str, str]] = [(f"{f}.{v}", f, v) for f, v in INTENTS]
-    subjects += [(f"view.{verb}", "view", verb) for family, verb in INTENTS if family == "query"]
-    for name, family, verb in subjects:
+    messages: dict[str, Any] = {}
+    for name in subjects():
+        family, verb = name.split(".", 1)
         who = "{domain}.{tenant}" if family in ("intent", "view") else "{domain}"
         address = f"{{prefix}}.{family}.{who}.{verb}"
         channels[name] = {
@@ -74,6 +82,10 @@ def asyncapi() -> dict[str, Any]:
             "messages": {"request": {"$ref": f"#/components/messages/{name}"}},
         }
         messages[name] = _message(f"intents.schema.json#/$defs/{name}", f"A {name} request")
+        messages[f"{name}.reply"] = _message(
+            f"replies.schema.json#/$defs/{name}", f"The reply to a {name} request"
+        )
+        reply_messages[name] = {"$ref": f"#/components/messages/{name}.reply"}
         operations[name] = {
             "action": "receive",
             "channel": {"$ref": f"#/channels/{name}"},
@@ -81,11 +93,13 @@ def asyncapi() -> dict[str, Any]:
             "reply": {
                 "address": {"location": "$message.header#/replyTo"},
                 "channel": {"$ref": "#/channels/reply"},
-                "messages": [{"$ref": "#/channels/reply/messages/reply"}],
+                "messages": [{"$ref": f"#/channels/reply/messages/{name}"}],
             },
         }
-    for name, address, file, what in (
+    note = {"type": "string", "description": "A C2SP signed note of a tlog-checkpoint"}
+    for name, address, payload, what in (
         ("events", "{prefix}.events.{domain}.{type}", "stream.schema.json", "An event"),
+        ("checkpoints", "{prefix}.checkpoints.{domain}", note, "A signed checkpoint"),
         ("state", "$KV.TRELLIS_STATE.{domain}.{kind}.{id}", "kv.schema.json", "A state value"),
     ):
         channels[name] = {
@@ -93,7 +107,7 @@ def asyncapi() -> dict[str, Any]:
             "parameters": _parameters(address),
             "messages": {name: {"$ref": f"#/components/messages/{name}"}},
         }
-        messages[name] = _message(file, what)
+        messages[name] = _message(payload, what)
         operations[name] = {
             "action": "send",
             "channel": {"$ref": f"#/channels/{name}"},
@@ -122,8 +136,12 @@ def asyncapi() -> dict[str, Any]:
     }
 
 
-def _message(ref: str, title: str) -> dict[str, Any]:
-    return {"title": title, "payload": {"schemaFormat": SCHEMA_FORMAT, "schema": {"$ref": ref}}}
+def _message(payload: str | dict[str, Any], title: str) -> dict[str, Any]:
+    """A message whose payload is the schema at `payload` (a reference), or text."""
+    if isinstance(payload, dict):  # text, not JSON: a signed checkpoint note
+        return {"title": title, "contentType": "text/plain", "payload": payload}
+    schema = {"schemaFormat": SCHEMA_FORMAT, "schema": {"$ref": payload}}
+    return {"title": title, "payload": schema}
 
 
 def _parameters(address: str) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import dataclasses
 import logging
 import re
 from collections.abc import Awaitable
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from nats.js import JetStreamContext
@@ -81,17 +81,20 @@ class StreamLimits(msgspec.Struct, frozen=True, kw_only=True):
 class Envelope(msgspec.Struct, kw_only=True):
     """The body of a stream message: the event as the log holds it (ARCHITECTURE §6)."""
 
-    id: str
+    id: Annotated[str, msgspec.Meta(extra_json_schema={"format": "uuid"})]
     domain: str
     version: int
     position: int
     type: str
     schema_version: int
-    recorded_at: str  # UTC with microseconds and "Z", exactly as the hash covers it
+    # UTC with microseconds and "Z", exactly as the hash covers it
+    recorded_at: Annotated[str, msgspec.Meta(extra_json_schema={"format": "date-time"})]
     actor: str
     causation_id: str
     correlation_id: str
-    data: msgspec.Raw  # the stored JSON text, byte for byte, so the hash can be checked
+    # The stored JSON text, byte for byte, so the hash can be checked: an event payload
+    # (events.schema.json; adapters/nats/contract.py puts its schema beside this one).
+    data: Annotated[msgspec.Raw, msgspec.Meta(extra_json_schema={"$ref": "#/$defs/Event"})]
     prev_hash: str
     hash: str
 

@@ -26,8 +26,10 @@ from typing import Any
 import msgspec
 
 from trellis.engine.events import CompositionFailed, DeviceBinding, Event
+from trellis.engine.model import Health
 from trellis.engine.records import format_time
-from trellis.engine.state import Composition, DomainState, NodeState, usable
+from trellis.engine.results import Time
+from trellis.engine.state import Composition, CompositionState, DomainState, NodeState, usable
 
 KeyChange = tuple[str, bytes | None]  # (key, JSON value), or (key, None): delete the key
 
@@ -37,7 +39,7 @@ class DeviceEntry(msgspec.Struct, kw_only=True):
 
     kind: str  # gpu, memory, nic, nvme, accelerator
     model: str | None
-    health: str  # healthy, degraded, failed
+    health: Health
     drained: bool
     owner: str | None  # the composition holding it whole
     # What the `free` query would list: healthy, undrained, held by nobody, GiB left in a pool.
@@ -59,8 +61,8 @@ class CompositionEntry(msgspec.Struct, kw_only=True):
 
     tenant: str
     host: str
-    state: str  # pending, active, impaired, then released or failed just before the delete
-    expires_at: str | None  # UTC, microseconds, "Z"; null without a lease
+    state: CompositionState  # released or failed: its last value, just before the delete
+    expires_at: Time | None  # UTC, microseconds, "Z"; null without a lease
     devices: list[BoundDevice]
     impaired_by: list[str]  # the components whose faults impair it, oldest first
     position: int
@@ -69,7 +71,7 @@ class CompositionEntry(msgspec.Struct, kw_only=True):
 class HostEntry(msgspec.Struct, kw_only=True):
     """`<domain>.host.<id>`: a host and the live compositions on it."""
 
-    health: str
+    health: Health
     drained: bool
     compositions: list[str]  # ids, sorted
     position: int

@@ -26,7 +26,6 @@ import base64
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any
 
 import asyncpg
 import msgspec
@@ -39,6 +38,12 @@ from trellis.engine.follower import Progress
 from trellis.engine.intents import CheckpointKeyQuery, ConsistencyQuery, ProofQuery
 from trellis.engine.merkle import MerkleTree, leaf_hash
 from trellis.engine.records import RecordedEvent, format_time
+from trellis.engine.results import (
+    CheckpointKeyResult,
+    CheckpointResult,
+    ConsistencyResult,
+    ProofResult,
+)
 
 log = logging.getLogger("trellis.checkpoints")
 
@@ -120,7 +125,7 @@ class PostgresAuditTrail:
 
     async def answer(
         self, domain: str, query: msgspec.Struct, *, head: int, viewer: str | None = None
-    ) -> dict[str, Any]:
+    ) -> ProofResult | ConsistencyResult | CheckpointKeyResult:
         with _reachable():
             match query:
                 case ProofQuery(event_id=event_id, size=size):
@@ -128,10 +133,10 @@ class PostgresAuditTrail:
                 case ConsistencyQuery(from_size=old, to_size=new):
                     return await self._consistency(domain, old, new, head)
                 case CheckpointKeyQuery():
-                    return {"verifier_key": self.verifier_key}
+                    return CheckpointKeyResult(verifier_key=self.verifier_key)
         raise IntentRejected("invalid", "not a query of the audit trail")
 
-    async def checkpoint(self, domain: str, size: int) -> dict[str, Any]:
+    async def checkpoint(self, domain: str, size: int) -> CheckpointResult:
         if size < 1:
             raise IntentRejected("not_found", f"domain {domain!r} has no events to checkpoint")
         with _reachable():
@@ -146,13 +151,13 @@ class PostgresAuditTrail:
                 f"({exc}); ask again to publish it",
                 {"domain": domain, "size": size},
             ) from exc
-        return {
-            "domain": domain,
-            "size": row["size"],
-            "root": row["root"],
-            "recorded_at": format_time(row["recorded_at"]),
-            "note": row["note"],
-        }
+        return CheckpointResult(
+            domain=domain,
+            size=row["size"],
+            root=row["root"],
+            recorded_at=format_time(row["recorded_at"]),
+            note=row["note"],
+        )
 
     # ---- the Sink protocol ----
 
@@ -233,7 +238,7 @@ class PostgresAuditTrail:
 
     async def _proof(
         self, domain: str, event_id: str, size: int | None, head: int, viewer: str | None
-    ) -> dict[str, Any]:
+    ) -> ProofResult:
         async with self._pool.acquire() as conn:
             event = await conn.fetchrow(_EVENT, domain, event_id)
             # A tenant's view proves the tenant's own events and the operator's (the shared
@@ -270,15 +275,15 @@ class PostgresAuditTrail:
                     {"leaf_index": index, "tree_size": size},
                 )
             tree = await self._tree(conn, domain, size)
-        return {
-            "leaf_index": index,
-            "tree_size": size,
-            "root": _b64(tree.root(size)),
-            "path": [_b64(h) for h in tree.inclusion_path(index, size)],
-            "checkpoint": note,
-        }
+        return ProofResult(
+            leaf_index=index,
+            tree_size=size,
+            root=_b64(tree.root(size)),
+            path=[_b64(h) for h in tree.inclusion_path(index, size)],
+            checkpoint=note,
+        )
 
-    async def _consistency(self, domain: str, old: int, new: int, head: int) -> dict[str, Any]:
+    async def _consistency(self, domain: str, old: int, new: int, head: int) -> ConsistencyResult:
         _within(domain, new, head, "to_size")
         if old > new:
             raise IntentRejected(
@@ -288,13 +293,13 @@ class PostgresAuditTrail:
             )
         async with self._pool.acquire() as conn:
             tree = await self._tree(conn, domain, new)
-        return {
-            "from_size": old,
-            "to_size": new,
-            "from_root": _b64(tree.root(old)),
-            "to_root": _b64(tree.root(new)),
-            "path": [_b64(h) for h in tree.consistency_proof(old, new)],
-        }
+        return ConsistencyResult(
+            from_size=old,
+            to_size=new,
+            from_root=_b64(tree.root(old)),
+            to_root=_b64(tree.root(new)),
+            path=[_b64(h) for h in tree.consistency_proof(old, new)],
+        )
 
 
 def _within(domain: str, size: int, head: int, field: str) -> None:

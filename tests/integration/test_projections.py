@@ -635,11 +635,16 @@ async def test_an_undecodable_event_stalls_its_domain_after_everything_before_it
 # ---- read models ----
 
 
+def wire(answer: Any) -> Any:
+    """A read model's answer as the reply carries it (engine/results.py Structs, encoded)."""
+    return msgspec.to_builtins(answer)
+
+
 async def test_composition_answers_with_the_compose_result_and_its_story(
     models: PostgresReadModels, played: Scenario
 ) -> None:
     acme = played.acme
-    found = await models.composition(HALL, acme["composition_id"])
+    found = wire(await models.composition(HALL, acme["composition_id"]))
     assert found is not None
     assert {k: found[k] for k in ("composition_id", "host", "devices")} == {
         k: acme[k] for k in ("composition_id", "host", "devices")
@@ -654,18 +659,18 @@ async def test_composition_answers_with_the_compose_result_and_its_story(
     assert found["created_at"] < found["expires_at"]
     assert found["impaired_by"] == [{"component": "sw-pool", "reason": "sw-pool failed: psu"}]
     assert [e["request_id"] for e in found["chain"]][-2:] == ["r-acme-more", "r-fault"]
-    released = await models.composition(HALL, played.initech["composition_id"])
+    released = wire(await models.composition(HALL, played.initech["composition_id"]))
     assert released is not None and released["state"] == "released"
     assert released["devices"] == played.initech["devices"]
-    assert await models.composition(HALL, "c-unknown") is None
+    assert wire(await models.composition(HALL, "c-unknown")) is None
     # Domains do not mix: the same tenant and request id make another composition elsewhere.
-    assert await models.composition(OTHER_HALL, acme["composition_id"]) is None
+    assert wire(await models.composition(OTHER_HALL, acme["composition_id"])) is None
 
 
 async def test_connections_filter_by_host_tenant_and_device(
     models: PostgresReadModels, played: Scenario
 ) -> None:
-    every = await models.connections(HALL)
+    every = wire(await models.connections(HALL))
     assert [set(r) for r in every] == [
         {
             "device",
@@ -680,29 +685,29 @@ async def test_connections_filter_by_host_tenant_and_device(
         }
     ] * 4
     acme_devices = [d["id"] for d in played.acme["devices"]]
-    by_host = await models.connections(HALL, host="host-01")
+    by_host = wire(await models.connections(HALL, host="host-01"))
     assert [r["device"] for r in by_host] == sorted(acme_devices)
-    by_tenant = await models.connections(HALL, tenant="globex")
+    by_tenant = wire(await models.connections(HALL, tenant="globex"))
     assert [(r["device"], r["host"]) for r in by_tenant] == [
         (played.globex["devices"][0]["id"], "host-03")
     ]
-    by_device = await models.connections(HALL, device="mem-01")
+    by_device = wire(await models.connections(HALL, device="mem-01"))
     assert [(r["composition_id"], r["capacity_gib"]) for r in by_device] == [
         (played.acme["composition_id"], 512.0)
     ]
     assert by_device[0]["since"].endswith("Z")
     assert by_device[0]["why"]["reason"] == "decode pool scale-up"
-    assert await models.connections(HALL, host="host-01", tenant="globex") == []
-    assert await models.connections(HALL, tenant="initech") == []  # released
-    assert await models.connections("no-such-hall") == []
-    assert len(await models.connections(OTHER_HALL)) == 1
+    assert wire(await models.connections(HALL, host="host-01", tenant="globex")) == []
+    assert wire(await models.connections(HALL, tenant="initech")) == []  # released
+    assert wire(await models.connections("no-such-hall")) == []
+    assert len(wire(await models.connections(OTHER_HALL))) == 1
 
 
 async def test_why_explains_a_connected_device_in_one_sentence(
     models: PostgresReadModels, played: Scenario
 ) -> None:
     cid = played.acme["composition_id"]
-    answer = await models.why(HALL, "gpu-001")
+    answer = wire(await models.why(HALL, "gpu-001"))
     assert answer is not None
     (row,) = answer["connected_to"]
     assert (answer["id"], answer["kind"], row["composition_id"]) == ("gpu-001", "device", cid)
@@ -715,7 +720,7 @@ async def test_why_explains_a_connected_device_in_one_sentence(
     assert types[0] == "TopologyImported" and "DevicesReserved" in types
     positions = [e["position"] for e in answer["chain"]]
     assert positions == sorted(set(positions))
-    memory = await models.why(HALL, "mem-01")
+    memory = wire(await models.why(HALL, "mem-01"))
     assert memory is not None
     assert " with 512 GiB over sw-r1, ocs-1, sw-pool " in memory["text"]
 
@@ -723,26 +728,26 @@ async def test_why_explains_a_connected_device_in_one_sentence(
 async def test_why_says_a_free_device_is_connected_to_nothing(
     models: PostgresReadModels, played: Scenario
 ) -> None:
-    free = await models.why(HALL, "gpu-005")
+    free = wire(await models.why(HALL, "gpu-005"))
     assert free is not None
     assert (free["kind"], free["connected_to"]) == ("device", [])
     assert free["text"] == "gpu-005 is connected to nothing; it is free and healthy."
     assert [e["type"] for e in free["chain"]] == ["TopologyImported"]
-    degraded = await models.why(HALL, "gpu-011")
+    degraded = wire(await models.why(HALL, "gpu-011"))
     assert degraded is not None
     assert degraded["text"] == "gpu-011 is connected to nothing; it is free and degraded (ecc)."
-    drained = await models.why(HALL, "gpu-012")
+    drained = wire(await models.why(HALL, "gpu-012"))
     assert drained is not None
     assert drained["text"] == (
         "gpu-012 is connected to nothing; it is free and healthy and drained."
     )
-    given_back = await models.why(HALL, played.initech["devices"][0]["id"])
+    given_back = wire(await models.why(HALL, played.initech["devices"][0]["id"]))
     assert given_back is not None and given_back["connected_to"] == []
 
 
 async def test_why_explains_a_host(models: PostgresReadModels, played: Scenario) -> None:
     cid = played.acme["composition_id"]
-    busy = await models.why(HALL, "host-01")
+    busy = wire(await models.why(HALL, "host-01"))
     assert busy is not None
     assert busy["kind"] == "host"
     assert [r["device"] for r in busy["connected_to"]] == ["gpu-001", "gpu-002", "mem-01"]
@@ -752,7 +757,7 @@ async def test_why_explains_a_host(models: PostgresReadModels, played: Scenario)
         f" acme since {since}, impaired by sw-pool, requested by acme (request r-acme):"
         " decode pool scale-up."
     )
-    idle = await models.why(HALL, "host-04")
+    idle = wire(await models.why(HALL, "host-04"))
     assert idle is not None
     assert (idle["kind"], idle["connected_to"]) == ("host", [])
     assert idle["text"] == "host-04 is connected to nothing; it is healthy."
@@ -760,8 +765,8 @@ async def test_why_explains_a_host(models: PostgresReadModels, played: Scenario)
 
 async def test_why_explains_a_composition(models: PostgresReadModels, played: Scenario) -> None:
     cid = played.globex["composition_id"]
-    answer = await models.why(HALL, cid)
-    composition = await models.composition(HALL, cid)
+    answer = wire(await models.why(HALL, cid))
+    composition = wire(await models.composition(HALL, cid))
     assert answer is not None and composition is not None
     assert answer["kind"] == "composition"
     assert answer["chain"] == composition["chain"]
@@ -774,7 +779,7 @@ async def test_why_explains_a_composition(models: PostgresReadModels, played: Sc
         " it is active."
     )
     assert request["request_id"] == "r-globex"
-    gone = await models.why(HALL, played.initech["composition_id"])
+    gone = wire(await models.why(HALL, played.initech["composition_id"]))
     assert gone is not None
     assert gone["connected_to"] == []
     assert gone["text"].startswith(
@@ -827,7 +832,7 @@ async def test_why_explains_a_link_and_a_switch_by_the_paths_over_them(
     models: PostgresReadModels, played: Scenario
 ) -> None:
     cid = played.acme["composition_id"]
-    link = await models.why(HALL, "l-001")  # host-01 -- sw-r1
+    link = wire(await models.why(HALL, "l-001"))  # host-01 -- sw-r1
     assert link is not None
     assert link["kind"] == "link"
     assert {r["composition_id"] for r in link["connected_to"]} == {cid}
@@ -835,10 +840,10 @@ async def test_why_explains_a_link_and_a_switch_by_the_paths_over_them(
         f"l-001 carries the paths from host-01 to gpu-001, gpu-002 and mem-01 in composition"
         f" {cid} for tenant acme; it is healthy."
     )
-    unused = await models.why(HALL, "l-020")
+    unused = wire(await models.why(HALL, "l-020"))
     assert unused is not None
     assert unused["text"] == "l-020 carries nothing; it is healthy."
-    switch = await models.why(HALL, "sw-pool")
+    switch = wire(await models.why(HALL, "sw-pool"))
     assert switch is not None
     assert switch["kind"] == "switch"
     assert [r["device"] for r in switch["connected_to"]] == ["mem-01"]
@@ -849,8 +854,8 @@ async def test_why_explains_a_link_and_a_switch_by_the_paths_over_them(
 async def test_why_knows_nothing_of_an_unknown_id(
     models: PostgresReadModels, played: Scenario
 ) -> None:
-    assert await models.why(HALL, "gpu-999") is None
-    assert await models.why("no-such-hall", "gpu-001") is None
+    assert wire(await models.why(HALL, "gpu-999")) is None
+    assert wire(await models.why("no-such-hall", "gpu-001")) is None
 
 
 async def test_wait_for_tells_when_the_projections_include_a_position(

@@ -41,6 +41,7 @@ from trellis.engine.intents import (
     decode_intent,
     settle_request_id,
 )
+from trellis.engine.results import QuotasResult
 from trellis.engine.state import DomainState, Held, Quota, held_gib
 
 GPU: dict[str, Any] = {"kind": "gpu"}
@@ -379,7 +380,7 @@ def test_the_quotas_query_lists_quotas_and_holdings_by_tenant_and_kind() -> None
     state = set_quota(state, "globex", "memory", count=2, capacity_gib=512)
     state, _ = composed(state, "acme", host="h1", devices=[GPU, {"kind": "nic"}])
 
-    answer = queries.answer(state, QuotasQuery(), "quotas")
+    answer = msgspec.to_builtins(queries.answer(state, QuotasQuery(), "quotas"))
 
     assert answer == {
         "quotas": [
@@ -401,7 +402,7 @@ def test_the_quotas_query_lists_quotas_and_holdings_by_tenant_and_kind() -> None
         ]
     }
     only = queries.answer(state, QuotasQuery(tenant="acme", kind="nic"), "quotas")
-    assert [(r["tenant"], r["kind"]) for r in only["quotas"]] == [("acme", "nic")]
+    assert [(r.tenant, r.kind) for r in only.quotas] == [("acme", "nic")]
 
 
 def test_a_tenants_view_of_quotas_shows_only_its_own() -> None:
@@ -419,8 +420,6 @@ def test_a_tenants_view_of_quotas_shows_only_its_own() -> None:
     )
 
     assert query == QuotasQuery(tenant="acme")
-    assert [r["tenant"] for r in scoped["quotas"]] == ["acme"]
-    assert asked_for_other == {"quotas": []}
-    assert [r["tenant"] for r in views.scope("quotas", everyone, "acme", state)["quotas"]] == [
-        "acme"
-    ]
+    assert [r.tenant for r in scoped.quotas] == ["acme"]
+    assert asked_for_other == QuotasResult(quotas=[])
+    assert [r.tenant for r in views.scope("quotas", everyone, "acme", state).quotas] == ["acme"]

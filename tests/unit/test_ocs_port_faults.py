@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import msgspec
 import pytest
 from unit.fabric_builder import FabricBuilder, apply, composed, report_fault, request_id, run
 
@@ -164,13 +165,14 @@ def test_rejects_a_port_that_is_not_there_and_records_nothing(ref: str, message:
 def test_blast_radius_of_a_port_names_the_compositions_on_its_cable() -> None:
     state, cid = on_g1(two_light_paths())
 
-    used = answer(state, BlastRadiusQuery(id="o:1"), "blast-radius")
-    spare = answer(state, BlastRadiusQuery(id="o:3"), "blast-radius")
+    used = msgspec.to_builtins(answer(state, BlastRadiusQuery(id="o:1"), "blast-radius"))
+    spare = msgspec.to_builtins(answer(state, BlastRadiusQuery(id="o:3"), "blast-radius"))
 
     assert used["link"] == "l-02" and used["tenants"] == ["t"]
     assert [(c["composition_id"], c["devices"]) for c in used["compositions"]] == [(cid, ["g1"])]
     assert spare == {"link": "l-04", "compositions": [], "tenants": []}
-    assert "link" not in answer(state, BlastRadiusQuery(id="l-02"), "blast-radius")
+    cable = answer(state, BlastRadiusQuery(id="l-02"), "blast-radius")
+    assert "link" not in msgspec.to_builtins(cable)
 
 
 def test_draining_a_port_moves_compositions_off_its_cable_and_undrain_gives_it_back() -> None:

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import UTC, datetime
 
+import msgspec
 import pytest
 from fabric_builder import FabricBuilder, composed
 
 from trellis.engine import queries, views
 from trellis.engine.errors import IntentRejected
 from trellis.engine.intents import BlastRadiusQuery, ConnectionsQuery, TopologyQuery
+from trellis.engine.results import (
+    CompositionResult,
+    Connection,
+    ConnectionsResult,
+    FreeDevice,
+    FreeResult,
+    Requested,
+    WhyResult,
+)
 from trellis.engine.service import AUDIT_QUERIES
 from trellis.engine.state import DomainState
 
@@ -24,13 +34,40 @@ def two_tenants() -> tuple[DomainState, str, str]:
     return state, mine.composition_id, theirs.composition_id
 
 
-def row(tenant: str, cid: str, device: str = "g") -> dict[str, Any]:
-    return {"tenant": tenant, "composition_id": cid, "device": device, "why": {"reason": "r"}}
+def row(tenant: str, cid: str, device: str = "g") -> Connection:
+    return Connection(
+        device=device,
+        host="h1",
+        composition_id=cid,
+        tenant=tenant,
+        path=["h1", device],
+        bandwidth_gbps=0.0,
+        capacity_gib=None,
+        since="2026-11-30T12:00:00Z",
+        why=Requested(request_id="r", actor=tenant, reason="r"),
+    )
+
+
+def composition(cid: str, tenant: str, reason: str) -> CompositionResult:
+    return CompositionResult(
+        composition_id=cid,
+        host="h1",
+        state="active",
+        expires_at=None,
+        devices=[],
+        tenant=tenant,
+        labels={},
+        reason=reason,
+        request_id="r",
+        created_at=datetime(2026, 11, 30, 12, tzinfo=UTC),
+        impaired_by=[],
+        chain=[],
+    )
 
 
 def test_another_tenants_composition_is_not_found_exactly_as_an_unknown_one() -> None:
     state, _, theirs = two_tenants()
-    result = {"composition_id": theirs, "tenant": "globex", "reason": "secret"}
+    result = composition(theirs, "globex", "secret")
     with pytest.raises(IntentRejected) as refused:
         views.scope("composition", result, "acme", state)
     unknown = views.unknown_composition(theirs)
@@ -44,15 +81,15 @@ def test_another_tenants_composition_is_not_found_exactly_as_an_unknown_one() ->
 
 def test_a_tenant_sees_its_own_composition_whole() -> None:
     state, mine, _ = two_tenants()
-    result = {"composition_id": mine, "tenant": "acme", "reason": "mine"}
+    result = composition(mine, "acme", "mine")
     assert views.scope("composition", result, "acme", state) == result
 
 
 def test_connections_keep_only_the_tenants_rows() -> None:
     state, mine, theirs = two_tenants()
-    result = {"connections": [row("acme", mine), row("globex", theirs), row("acme", mine, "h")]}
-    scoped = views.scope("connections", result, "acme", state)
-    assert scoped == {"connections": [row("acme", mine), row("acme", mine, "h")]}
+    rows = [row("acme", mine), row("globex", theirs), row("acme", mine, "h")]
+    scoped = views.scope("connections", ConnectionsResult(connections=rows), "acme", state)
+    assert scoped == ConnectionsResult(connections=[row("acme", mine), row("acme", mine, "h")])
 
 
 def test_a_view_asks_connections_for_the_tenant_unless_the_body_names_one() -> None:
@@ -77,9 +114,11 @@ def test_split_rows_tells_whether_others_were_left_out_and_nothing_else() -> Non
 
 def test_a_why_answer_that_names_another_tenant_is_refused_not_shown() -> None:
     state, mine, theirs = two_tenants()
-    scoped = {"id": "g1", "kind": "device", "connected_to": [row("acme", mine)], "text": "t"}
+    scoped = WhyResult(id="g1", kind="device", connected_to=[row("acme", mine)], chain=[], text="t")
     assert views.scope("why", scoped, "acme", state) == scoped
-    unscoped = {**scoped, "connected_to": [row("acme", mine), row("globex", theirs)]}
+    unscoped = msgspec.structs.replace(
+        scoped, connected_to=[row("acme", mine), row("globex", theirs)]
+    )
     with pytest.raises(IntentRejected) as refused:
         views.scope("why", unscoped, "acme", state)
     assert "globex" not in refused.value.message
@@ -88,26 +127,26 @@ def test_a_why_answer_that_names_another_tenant_is_refused_not_shown() -> None:
 def test_blast_radius_lists_only_the_tenants_compositions_and_no_other_name() -> None:
     state, mine, _ = two_tenants()
     everyone = queries.answer(state, BlastRadiusQuery(id="sw"), "blast-radius")
-    assert everyone["tenants"] == ["acme", "globex"]
+    assert everyone.tenants == ["acme", "globex"]
     scoped = views.scope("blast-radius", everyone, "acme", state)
-    assert [c["composition_id"] for c in scoped["compositions"]] == [mine]
-    assert scoped["tenants"] == ["acme"]
+    assert [c.composition_id for c in scoped.compositions] == [mine]
+    assert scoped.tenants == ["acme"]
     nobody = views.scope("blast-radius", everyone, "initech", state)
-    assert nobody["compositions"] == [] and nobody["tenants"] == []
+    assert nobody.compositions == [] and nobody.tenants == []
 
 
 def test_topology_shows_the_whole_fabric_but_only_the_tenants_circuits() -> None:
     state, _, _ = two_tenants()
     everyone = queries.answer(state, TopologyQuery(), "topology")
-    assert {c["host"] for c in everyone["circuits"]} == {"h1", "h2"}
+    assert {c.host for c in everyone.circuits} == {"h1", "h2"}
     scoped = views.scope("topology", everyone, "acme", state)
-    assert {c["host"] for c in scoped["circuits"]} == {"h1"}
-    assert scoped["nodes"] == everyone["nodes"] and scoped["links"] == everyone["links"]
+    assert {c.host for c in scoped.circuits} == {"h1"}
+    assert scoped.nodes == everyone.nodes and scoped.links == everyone.links
 
 
 def test_free_capacity_names_no_holder_and_is_shown_as_is() -> None:
     state, _, _ = two_tenants()
-    result = {"devices": [{"id": "g9"}]}
+    result = FreeResult(devices=[FreeDevice(id="g9", kind="device", device_kind="gpu")])
     assert views.scope("free", result, "acme", state) == result
 
 
@@ -115,7 +154,7 @@ def test_a_query_without_a_view_is_refused() -> None:
     state, _, _ = two_tenants()
     assert not views.serves("no-such-query") and views.serves("why")
     with pytest.raises(IntentRejected) as refused:
-        views.scope("no-such-query", {"events": []}, "acme", state)
+        views.scope("no-such-query", FreeResult(devices=[]), "acme", state)
     assert refused.value.code == "invalid"
     assert set(views.SCOPES) == {
         *queries.STATE_QUERIES,
