@@ -8,6 +8,10 @@ One identity per principal, each an nkey (an Ed25519 key pair; NATS users by pub
   JetStream streams TRELLIS_EVENTS and TRELLIS_CHECKPOINTS and the KV bucket TRELLIS_STATE;
 - one per tenant: publishes `<prefix>.intent.*.<tenant>.>` and `<prefix>.view.*.<tenant>.>`.
 
+The operator and the auditor may also ask the engine's NATS micro service (`$SRV.PING`, `INFO`
+and `STATS` of `trellis-engine`), as the `nats micro` tooling does; tenants may not, since the
+statistics count every tenant's requests.
+
 Replies travel on the requester's inbox, so nobody but the engine may subscribe to `_INBOX.>`:
 every identity subscribes only under its own inbox prefix, `_INBOX.<its public key>`
 (`inbox_prefix`; nats-py `connect(inbox_prefix=...)`), and no one can read another's replies.
@@ -43,6 +47,7 @@ import msgspec
 import nkeys
 
 from trellis.adapters.nats.jetstream import bucket_name, checkpoint_stream_name, stream_name
+from trellis.adapters.nats.micro import SERVICE_NAME
 
 Role = Literal["engine", "operator", "auditor", "tenant"]
 ROLES: tuple[Role, ...] = ("engine", "operator", "auditor")
@@ -109,10 +114,10 @@ def permissions(principal: Principal, key: str, prefix: str) -> dict[str, Any] |
         case "engine":
             return None
         case "operator":
-            publish = [f"{prefix}.admin.>", f"{prefix}.query.>"]
+            publish = [f"{prefix}.admin.>", f"{prefix}.query.>", *_discovery()]
             subscribe = inbox
         case "auditor":
-            publish = [f"{prefix}.query.>", *_jetstream_reads(prefix)]
+            publish = [f"{prefix}.query.>", *_jetstream_reads(prefix), *_discovery()]
             subscribe = [*inbox, f"{prefix}.events.>", f"{prefix}.checkpoints.>"]
         case "tenant":
             publish = [
@@ -121,6 +126,15 @@ def permissions(principal: Principal, key: str, prefix: str) -> dict[str, Any] |
             ]
             subscribe = inbox
     return {"publish": {"allow": publish}, "subscribe": {"allow": subscribe}}
+
+
+def _discovery() -> list[str]:
+    """The micro service's discovery subjects for the engine: all instances, or one by id."""
+    return [
+        f"$SRV.{verb}.{SERVICE_NAME}{one}"
+        for verb in ("PING", "INFO", "STATS")
+        for one in ("", ".*")
+    ]
 
 
 def _jetstream_reads(prefix: str) -> list[str]:

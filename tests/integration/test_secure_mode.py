@@ -311,6 +311,10 @@ async def test_the_operator_administers_and_queries_but_is_no_tenant(rig: Rig) -
     await operator.denied(f"{rig.prefix}.intent.{DOMAIN}.acme.compose", body)
     await operator.denied(f"{rig.prefix}.view.{DOMAIN}.acme.connections")
     await operator.cannot_subscribe("_INBOX.>")
+    # NATS tooling as the operator finds the engine's micro service; a tenant may not ask it.
+    pong = msgspec.json.decode((await operator.nc.request("$SRV.PING.trellis-engine", b"")).data)
+    assert pong["name"] == "trellis-engine"
+    await (await rig.connect(ACME)).denied("$SRV.PING.trellis-engine")
 
 
 async def test_the_auditor_reads_the_queries_stream_and_bucket_and_changes_nothing(

@@ -50,7 +50,12 @@ def test_only_the_engine_may_subscribe_to_every_inbox() -> None:
 
 def test_the_operator_administers_and_queries_and_is_no_tenant() -> None:
     publish, _ = allowed(Principal("operator", "operator"), "p1")
-    assert publish == ["p1.admin.>", "p1.query.>"]
+    discovery = [
+        f"$SRV.{v}.trellis-engine{one}" for v in ("PING", "INFO", "STATS") for one in ("", ".*")
+    ]
+    assert publish == ["p1.admin.>", "p1.query.>", *discovery]
+    tenant, _ = allowed(Principal("tenant", "acme"), "p1")
+    assert not any(s.startswith("$SRV") for s in tenant)  # stats count every tenant's requests
 
 
 def test_the_auditor_reads_streams_and_bucket_but_cannot_change_them() -> None:
