@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from engine import views
 from engine.events import AnyEvent
 from engine.intents import INTENTS
 from engine.replies import ErrorReply, OkReply
@@ -34,11 +35,12 @@ def json_schemas() -> dict[str, bytes]:
     subjects = {f"{family}.{verb}": cls for (family, verb), cls in INTENTS.items()}
     refs, components = msgspec.json.schema_components(list(subjects.values()))
     by_subject = dict(zip(subjects, refs, strict=True))
-    # A view (<prefix>.view.<domain>.<tenant>.<verb>) takes its query's body.
+    # A view (<prefix>.view.<domain>.<tenant>.<verb>) takes its query's body; an operator's
+    # query (`fabric`) has none.
     by_subject |= {
         f"view.{name.removeprefix('query.')}": ref
         for name, ref in list(by_subject.items())
-        if name.startswith("query.")
+        if name.startswith("query.") and views.serves(name.removeprefix("query."))
     }
     intents = {
         **_head("intents.schema.json", "Request bodies: `#/$defs/<family>.<verb>` is a subject's."),

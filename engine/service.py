@@ -3,7 +3,7 @@
 Transport-agnostic: the NATS adapter hands `Engine.handle` a subject's parts and a body and
 sends back the bytes it returns. Writes go through the domain's DomainWriter (engine.writer);
 after each commit the domain's FabricSync (engine.saga) drives its fabric. Queries are answered
-from committed state or from the projections.
+from committed state, from the projections, or (`fabric`) from the fabric driver.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import msgspec
 
-from engine import replies, snapshots, views
+from engine import fabric_report, replies, snapshots, views
 from engine.actors import ENGINE, OPERATOR, is_reserved
 from engine.errors import IntentRejected, ServedElsewhere, StoreUnavailable, WriterFenced
 from engine.follower import Followers
@@ -370,7 +371,16 @@ class Engine:
             # domain, so any `min_position` a reply of this log gave is included).
             upto = past or head
             state = writer.state
-            if verb in AUDIT_QUERIES:
+            result: dict[str, Any] | fabric_report.FabricReport
+            if verb == "fabric":
+                result = await fabric_report.report(
+                    domain,
+                    self._fabric,
+                    lambda: served.writer.state,
+                    settling=lambda: not served.sync.idle,
+                    deadline=min(self._saga_deadline, fabric_report.READ_DEADLINE_S),
+                )
+            elif verb in AUDIT_QUERIES:
                 result = await self._trail().answer(domain, query, head=upto.version, viewer=viewer)
             elif verb in STATE_QUERIES:
                 if past is not None:
@@ -379,7 +389,7 @@ class Engine:
             else:
                 # (Only `topology`'s view reads the state, and it is a state query.)
                 result = await self._read_model_query(domain, query, head.position, viewer, past)
-            if viewer is not None:
+            if viewer is not None and isinstance(result, dict):
                 result = views.scope(verb, result, viewer, state)
         except IntentRejected as exc:
             return replies.rejection(exc)

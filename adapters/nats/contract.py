@@ -16,6 +16,7 @@ from typing import Any
 
 from adapters.nats.jetstream import Envelope
 from adapters.nats.kv_state import CompositionEntry, DeviceEntry, HostEntry
+from engine import views
 from engine.contract import HEADER, document, json_schemas, pretty
 from engine.intents import INTENTS
 
@@ -64,7 +65,11 @@ def asyncapi() -> dict[str, Any]:
     operations: dict[str, Any] = {}
     messages: dict[str, Any] = {"reply": _message("replies.schema.json", "The reply envelope")}
     subjects: list[tuple[str, str, str]] = [(f"{f}.{v}", f, v) for f, v in INTENTS]
-    subjects += [(f"view.{verb}", "view", verb) for family, verb in INTENTS if family == "query"]
+    subjects += [
+        (f"view.{verb}", "view", verb)
+        for family, verb in INTENTS
+        if family == "query" and views.serves(verb)
+    ]
     for name, family, verb in subjects:
         who = "{domain}.{tenant}" if family in ("intent", "view") else "{domain}"
         address = f"{{prefix}}.{family}.{who}.{verb}"

@@ -12,6 +12,7 @@ from adapters.nats.contract import contract_files
 from adapters.postgres.migrations import SCHEMA_DIR
 from engine.intents import INTENTS
 from engine.upcast import UnknownEventType, upcast
+from engine.views import serves
 
 PAYLOADS = Path(__file__).parent / "payloads"
 
@@ -44,8 +45,10 @@ def test_the_asyncapi_document_names_every_subject_and_its_references_resolve() 
     doc = json.loads((folder / "asyncapi.json").read_text())
     assert doc["asyncapi"] == "3.0.0"
     subjects = {f"{family}.{verb}" for family, verb in INTENTS}
-    subjects |= {f"view.{verb}" for family, verb in INTENTS if family == "query"}
+    subjects |= {f"view.{verb}" for family, verb in INTENTS if family == "query" and serves(verb)}
     assert subjects | {"events", "state"} <= set(doc["operations"]) <= set(doc["channels"])
+    # The operator's fabric query is listed; tenants have no view of it.
+    assert "query.fabric" in doc["channels"] and "view.fabric" not in doc["channels"]
     for name, channel in doc["channels"].items():
         address = channel["address"]
         if address is not None:  # the reply channel's is the request's own reply subject
