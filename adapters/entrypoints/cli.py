@@ -37,7 +37,7 @@ from adapters.bootstrap import (
     until_accepted,
 )
 from adapters.embedded.servers import default_data_dir, reload_nats
-from adapters.entrypoints import audit_proofs, audit_verify, export, render
+from adapters.entrypoints import audit_proofs, audit_verify, completion, export, render
 from adapters.nats.auth import (
     CredentialsError,
     NkeyCredentials,
@@ -331,6 +331,13 @@ def _parser() -> argparse.ArgumentParser:
     schema_export = schema_sub.add_parser("export", help="write schema/json/*.schema.json")
     schema_export.add_argument("--dir", type=Path, default=SCHEMA_DIR / "json")
     schema_export.set_defaults(run=_schema_export)
+
+    complete = sub.add_parser(
+        "completion",
+        help="print a shell completion script (`source <(trellis completion bash)`)",
+    )
+    complete.add_argument("shell", choices=completion.SHELLS)
+    complete.set_defaults(run=_completion)
     return parser
 
 
@@ -1044,6 +1051,11 @@ def _projections_rebuild(args: argparse.Namespace) -> int:
 
 
 _TABLES = ("compositions", "connections", "devices", "history")
+
+
+def _completion(args: argparse.Namespace) -> int:
+    print(completion.script(_parser(), args.shell), end="")
+    return 0
 
 
 def _schema_export(args: argparse.Namespace) -> int:
