@@ -92,8 +92,8 @@ def fabric_tables(result: Row, reply: Row, wide: bool = False) -> str:
         wide,
     )
     held = (
-        f"the hardware of domain {report.domain} holds {len(report.circuits)} circuits, "
-        f"{len(report.bindings)} bindings"
+        f"the hardware of domain {report.domain} holds {_count(report.circuits, 'circuit')}, "
+        f"{_count(report.bindings, 'binding')}"
         if report.circuits or report.bindings
         else f"the hardware of domain {report.domain} holds nothing"
     )
@@ -119,6 +119,10 @@ def fabric_check(result: Row, reply: Row, wide: bool = False) -> str:
     if lines and report.settling:
         verdict += " (the engine is still programming the fabric: check again shortly)"
     return "\n".join([f"{report.domain}: {verdict}", *(f"  {line}" for line in lines)])
+
+
+def _count(items: Sequence[object], noun: str) -> str:
+    return f"{len(items)} {noun}" + ("" if len(items) == 1 else "s")
 
 
 def _in_log(key: tuple[object, ...], strays: set[Any]) -> str:

@@ -208,7 +208,7 @@ async def test_fabric_show_asks_the_engine_not_a_local_file(
         code, out, err = await trellis(env, "fabric", "show")
         assert code == 0, err
         assert "ocs-1" in out and cid in out and "mem-01 512 GiB" in out and "nic-01" not in out
-        assert f"domain {DOMAIN} holds 1 circuits, 1 bindings; in step with the log" in out
+        assert f"domain {DOMAIN} holds 1 circuit, 1 binding; in step with the log" in out
         code, out, _ = await trellis(env, "fabric", "show", "-o", "json")
         shown = json.loads(out)
         held = msgspec.to_builtins(await fabric.snapshot(DOMAIN))
