@@ -15,10 +15,10 @@ from collections.abc import Callable
 
 import msgspec
 
-from engine.errors import FabricError, IntentRejected
-from engine.fabric_plan import Reconciliation, reconcile
-from engine.ports import FabricBinding, FabricCircuit, FabricDriver
-from engine.state import DomainState
+from trellis.engine.errors import FabricError, IntentRejected
+from trellis.engine.fabric_plan import Reconciliation, reconcile
+from trellis.engine.ports import FabricBinding, FabricCircuit, FabricDriver
+from trellis.engine.state import DomainState
 
 # At most this long to read the hardware (less when the saga deadline is shorter), so the
 # answer comes before a client's usual 10 s timeout.

@@ -28,7 +28,7 @@ from nats.errors import NoRespondersError
 from nats.js.api import DeliverPolicy
 from nats.js.errors import NoKeysError
 
-from adapters.bootstrap import (
+from trellis.adapters.bootstrap import (
     connect_nats,
     fabric_state_path,
     find_endpoint,
@@ -36,9 +36,9 @@ from adapters.bootstrap import (
     running_engine_pid,
     until_accepted,
 )
-from adapters.embedded.servers import default_data_dir, reload_nats
-from adapters.entrypoints import audit_proofs, audit_verify, completion, export, render
-from adapters.nats.auth import (
+from trellis.adapters.embedded.servers import default_data_dir, reload_nats
+from trellis.adapters.entrypoints import audit_proofs, audit_verify, completion, export, render
+from trellis.adapters.nats.auth import (
     CredentialsError,
     NkeyCredentials,
     Principal,
@@ -46,19 +46,19 @@ from adapters.nats.auth import (
     inbox_prefix,
     public_key,
 )
-from adapters.nats.client import TrellisClient
-from adapters.nats.contract import contract_files
-from adapters.nats.jetstream import StreamConfigError, bucket_name, stream_name
-from adapters.postgres.export import ExportError
-from adapters.postgres.migrations import SCHEMA_DIR, MigrationError
-from adapters.postgres.privileges import PrivilegeError
-from adapters.postgres.store import PostgresEventStore, connect_pool
-from adapters.settings import Settings, SettingsError, redacted
-from engine.errors import StoreUnavailable
-from engine.fabric_report import FabricReport
-from engine.ids import COMPONENT_REF_PATTERN, ID_PATTERN
-from engine.intents import LEASE_SECONDS_RANGE
-from projections import rebuild
+from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.contract import contract_files
+from trellis.adapters.nats.jetstream import StreamConfigError, bucket_name, stream_name
+from trellis.adapters.postgres.export import ExportError
+from trellis.adapters.postgres.migrations import SCHEMA_DIR, MigrationError
+from trellis.adapters.postgres.privileges import PrivilegeError
+from trellis.adapters.postgres.store import PostgresEventStore, connect_pool
+from trellis.adapters.settings import Settings, SettingsError, redacted
+from trellis.engine.errors import StoreUnavailable
+from trellis.engine.fabric_report import FabricReport
+from trellis.engine.ids import COMPONENT_REF_PATTERN, ID_PATTERN
+from trellis.engine.intents import LEASE_SECONDS_RANGE
+from trellis.projections import rebuild
 
 DEFAULT_DOMAIN = "default"
 DEFAULT_TENANT = "default"
@@ -600,7 +600,7 @@ def _client_options(p: argparse.ArgumentParser) -> None:
 
 
 def _follow(args: argparse.Namespace) -> int:
-    from adapters.entrypoints.follow import main as follow_main
+    from trellis.adapters.entrypoints.follow import main as follow_main
 
     return follow_main()
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import msgspec
 
-from engine.fabric_plan import Reconciliation
-from engine.fabric_report import FabricReport
-from engine.ports import FabricBinding, FabricCircuit
+from trellis.engine.fabric_plan import Reconciliation
+from trellis.engine.fabric_report import FabricReport
+from trellis.engine.ports import FabricBinding, FabricCircuit
 
 Row = dict[str, Any]
 # A column: its header, its cell, and whether only `-o wide` shows it.

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from adapters.entrypoints import cli
+from trellis.adapters.entrypoints import cli
 
 SHELL_TIMEOUT_S = 60.0
 
 
 def completion_script(shell: str, tmp_path: Path) -> Path:
     made = subprocess.run(
-        [sys.executable, "-m", "adapters.entrypoints.cli", "completion", shell],
+        [sys.executable, "-m", "trellis.adapters.entrypoints.cli", "completion", shell],
         capture_output=True, text=True, check=True, timeout=SHELL_TIMEOUT_S,
     )  # fmt: skip
     path = tmp_path / f"trellis.{shell}"

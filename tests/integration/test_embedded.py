@@ -16,7 +16,7 @@ import asyncpg
 import nats
 import pytest
 
-from adapters.embedded.servers import (
+from trellis.adapters.embedded.servers import (
     PG_ENGINE_ROLE,
     PG_OWNER_ROLE,
     EmbeddedNats,
@@ -25,7 +25,7 @@ from adapters.embedded.servers import (
     default_data_dir,
     free_port,
 )
-from adapters.settings import redacted
+from trellis.adapters.settings import redacted
 
 
 async def _nats_round_trip(url: str) -> None:

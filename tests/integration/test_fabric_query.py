@@ -9,7 +9,7 @@ import msgspec
 from fabrics import check_envelope, expect_error, expect_ok, fabric
 from harness import serving
 
-from adapters.fabric.sim import SimulatedFabric
+from trellis.adapters.fabric.sim import SimulatedFabric
 
 DOMAIN = "fq"
 COMPOSE = {"host": "host-01", "devices": [{"kind": "gpu", "models": ["H100"]}]}

@@ -128,7 +128,7 @@ def aligned(expected: list[str], actual: list[str]) -> list[tuple[str, str]] | N
 
 async def run(env: dict[str, str], args: list[str]) -> tuple[int, list[str]]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "adapters.entrypoints.cli", *args, cwd=REPO, env=env,
+        sys.executable, "-m", "trellis.adapters.entrypoints.cli", *args, cwd=REPO, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, err = await asyncio.wait_for(proc.communicate(), 60)
