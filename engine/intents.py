@@ -275,6 +275,19 @@ class QuotasQuery(Query):
     kind: DeviceKind | None = None
 
 
+class FabricQuery(Query):
+    """What the domain's hardware holds and how it differs from the log (engine/fabric_report.py);
+    an operator's query, with no tenant view. The hardware keeps no history, so it answers for
+    now only: a past moment (`at`) is refused."""
+
+    def __post_init__(self) -> None:
+        if self.at is not None:
+            raise ValueError(
+                "the fabric query answers for now only: the hardware keeps no history "
+                "(`topology` and `connections` take `at`)"
+            )
+
+
 # A tree size (number of events): at least one, since no checkpoint is of an empty log.
 TreeSize = Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]
 
@@ -338,6 +351,7 @@ INTENTS: dict[tuple[Family, str], type[msgspec.Struct]] = {
     ("query", "free"): FreeQuery,
     ("query", "blast-radius"): BlastRadiusQuery,
     ("query", "quotas"): QuotasQuery,
+    ("query", "fabric"): FabricQuery,
     ("query", "proof"): ProofQuery,
     ("query", "consistency"): ConsistencyQuery,
     ("query", "checkpoint-key"): CheckpointKeyQuery,

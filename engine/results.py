@@ -2,8 +2,10 @@
 
 Beside intents.py (what is asked) and events.py (what happened), this is the third part of the
 wire contract in code. The engine, the projections and the audit trail build their answers as
-these Structs and msgspec encodes them, so what is sent is what they say; `RESULTS` names each
-subject's, and engine/contract.py generates replies.schema.json from it.
+these Structs and msgspec encodes them, so what is sent is what they say; engine/contract.py
+names each subject's (`RESULTS`) and generates replies.schema.json from them. (The `fabric`
+query's, `FabricReport`, lives with its answer in engine/fabric_report.py: it holds the fabric
+driver's types, and ports.py, which defines them, imports this module.)
 
 Replies may gain fields (the contract adds, never removes), so no result forbids fields it
 does not name (a client validating with the schema keeps working when one is added); only a
@@ -20,7 +22,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from trellis.engine.intents import Constraints, Family, Moment
+from trellis.engine.intents import Constraints, Moment
 from trellis.engine.model import Health, LinkSpec, NodeSpec
 from trellis.engine.state import CompositionState, Quota
 
@@ -302,32 +304,3 @@ class ConsistencyResult(msgspec.Struct, frozen=True, kw_only=True):
 
 class CheckpointKeyResult(msgspec.Struct, frozen=True, kw_only=True):
     verifier_key: str  # `<name>+<key hash>+<base64 key>`, a C2SP note verifier key
-
-
-# Each subject's result, keyed as engine.intents.INTENTS (a view's is its query's).
-RESULTS: dict[tuple[Family, str], type[msgspec.Struct]] = {
-    ("intent", "compose"): ComposeResult,
-    ("intent", "release"): ReleaseResult,
-    ("intent", "extend"): ExtendResult,
-    ("admin", "import-topology"): ImportResult,
-    ("admin", "add-node"): ComponentResult,
-    ("admin", "add-link"): ComponentResult,
-    ("admin", "remove"): ComponentResult,
-    ("admin", "drain"): ComponentResult,
-    ("admin", "undrain"): ComponentResult,
-    ("admin", "report-fault"): ComponentResult,
-    ("admin", "set-quota"): QuotaResult,
-    ("admin", "clear-quota"): QuotaResult,
-    ("admin", "checkpoint"): CheckpointResult,
-    ("query", "topology"): TopologyResult,
-    ("query", "composition"): CompositionResult,
-    ("query", "connections"): ConnectionsResult,
-    ("query", "why"): WhyResult,
-    ("query", "free"): FreeResult,
-    ("query", "blast-radius"): BlastRadiusResult,
-    ("query", "quotas"): QuotasResult,
-    ("query", "proof"): ProofResult,
-    ("query", "consistency"): ConsistencyResult,
-    ("query", "checkpoint-key"): CheckpointKeyResult,
-    ("query", "history"): HistoryResult,
-}

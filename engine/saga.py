@@ -108,6 +108,12 @@ class FabricSync:
         else is due."""
         await self._idle.wait()
 
+    @property
+    def idle(self) -> bool:
+        """True while the hardware was last found in step and nothing is due (wait_idle's
+        condition); False while a pass or a saga is running or due."""
+        return self._idle.is_set()
+
     def settlement(self, composition_id: str) -> asyncio.Future[bytes]:
         """Resolves to the reply that settles `composition_id` when this engine settles it."""
         future = self._settled.get(composition_id)

@@ -3,7 +3,7 @@
 Transport-agnostic: the NATS adapter hands `Engine.handle` a subject's parts and a body and
 sends back the bytes it returns. Writes go through the domain's DomainWriter (engine.writer);
 after each commit the domain's FabricSync (engine.saga) drives its fabric. Queries are answered
-from committed state or from the projections.
+from committed state, from the projections, or (`fabric`) from the fabric driver.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 
 import msgspec
 
-from trellis.engine import replies, snapshots, views
+from trellis.engine import fabric_report, replies, snapshots, views
 from trellis.engine.actors import ENGINE, OPERATOR, is_reserved
 from trellis.engine.errors import IntentRejected, ServedElsewhere, StoreUnavailable, WriterFenced
 from trellis.engine.follower import Followers
@@ -381,7 +381,15 @@ class Engine:
             upto = past or head
             state = writer.state
             result: msgspec.Struct
-            if verb in AUDIT_QUERIES:
+            if verb == "fabric":
+                result = await fabric_report.report(
+                    domain,
+                    self._fabric,
+                    lambda: served.writer.state,
+                    settling=lambda: not served.sync.idle,
+                    deadline=min(self._saga_deadline, fabric_report.READ_DEADLINE_S),
+                )
+            elif verb in AUDIT_QUERIES:
                 result = await self._trail().answer(domain, query, head=upto.version, viewer=viewer)
             elif verb in STATE_QUERIES:
                 if past is not None:
@@ -390,7 +398,7 @@ class Engine:
             else:
                 # (Only `topology`'s view reads the state, and it is a state query.)
                 result = await self._read_model_query(domain, query, head.position, viewer, past)
-            if viewer is not None:
+            if viewer is not None:  # (`fabric` has no view: refused above)
                 result = views.scope(verb, result, viewer, state)
         except IntentRejected as exc:
             return replies.rejection(exc)

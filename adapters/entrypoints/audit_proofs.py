@@ -219,7 +219,7 @@ def verify_offline(args: argparse.Namespace) -> int:
         notes = [_read(path) for path in args.checkpoint]
         proof = msgspec.json.decode(_read(args.proof).encode())
         if isinstance(proof, dict) and isinstance(proof.get("result"), dict):
-            proof = proof["result"]  # a whole reply (--json) will do too
+            proof = proof["result"]  # a whole reply (as `nats req` prints it) will do too
         if not isinstance(proof, dict):
             raise ProofRejected(f"{args.proof} holds no proof object")
         event_hash = args.event_hash
@@ -286,8 +286,8 @@ def _pretty(result: dict[str, Any]) -> str:
 
 
 def _print(args: argparse.Namespace, reply: dict[str, Any], show: Callable[[Any], str]) -> int:
-    if args.json:
-        print(_pretty(reply))
+    if args.output == "json":
+        print(_pretty(reply["result"] if reply.get("ok") else reply))
     elif reply.get("ok"):
         print(show(reply["result"]))
     else:

@@ -12,7 +12,7 @@ Four checks, one pass over each domain's log (docs/auditing.md, "Verifying the l
   compared with what TRELLIS_STATE holds, up to the relay's checkpoint. Skipped (and said so)
   when NATS cannot be reached.
 
-Exit 0: no findings; 1: findings; 2: verify could not run (one line on stderr). `--json` prints
+Exit 0: no findings; 1: findings; 2: verify could not run (one line on stderr). `-o json` prints
 the report as one JSON document. Nothing is written anywhere but temporary tables.
 """
 
@@ -31,7 +31,7 @@ import msgspec
 
 from trellis.adapters.bootstrap import find_endpoint, nats_servers
 from trellis.adapters.embedded.servers import default_data_dir
-from trellis.adapters.entrypoints import audit_proofs
+from trellis.adapters.entrypoints import audit_proofs, render
 from trellis.adapters.nats import kv_audit
 from trellis.adapters.nats.auth import CredentialsError, NkeyCredentials, Principal, SecureDir
 from trellis.adapters.nats.jetstream import stream_name
@@ -55,7 +55,7 @@ class CannotRun(Exception):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--domain", help="only this domain (default: every domain)")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    render.add_output_options(parser)  # the report; wide is the table
     parser.add_argument(
         "--creds", type=Path, help="NATS credentials for the KV check (default: the auditor's)"
     )
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.json:
+    if args.output == "json":
         print(msgspec.json.format(msgspec.json.encode(report), indent=2).decode())
     else:
         print(text(report))

@@ -38,8 +38,7 @@ from trellis.adapters.bootstrap import (
     until_accepted,
 )
 from trellis.adapters.embedded.servers import default_data_dir, reload_nats
-from trellis.adapters.entrypoints import audit_proofs, audit_verify, export, render
-from trellis.adapters.fabric.sim import read_state_file
+from trellis.adapters.entrypoints import audit_proofs, audit_verify, completion, export, render
 from trellis.adapters.nats.auth import (
     CredentialsError,
     NkeyCredentials,
@@ -57,11 +56,9 @@ from trellis.adapters.postgres.privileges import PrivilegeError
 from trellis.adapters.postgres.store import PostgresEventStore, connect_pool
 from trellis.adapters.settings import Settings, SettingsError, metrics_port, redacted
 from trellis.engine.errors import StoreUnavailable
-from trellis.engine.fabric_plan import reconcile
+from trellis.engine.fabric_report import FabricReport
 from trellis.engine.ids import COMPONENT_REF_PATTERN, ID_PATTERN
 from trellis.engine.intents import LEASE_SECONDS_RANGE
-from trellis.engine.ports import FabricSnapshot
-from trellis.engine.state import DomainState, evolve
 from trellis.projections import rebuild
 
 DEFAULT_DOMAIN = "default"
@@ -310,23 +307,20 @@ def _parser() -> argparse.ArgumentParser:
     audit_proofs.add_offline_verify(verify)
     verify.set_defaults(run=audit_verify.run)
 
-    fabric = sub.add_parser("fabric", help="the fabric as the driver sees it")
+    fabric = sub.add_parser(
+        "fabric", help="the hardware as the engine's fabric driver sees it (the `fabric` query)"
+    )
     fabric_sub = fabric.add_subparsers(metavar="ACTION")
     fabric_show = fabric_sub.add_parser(
-        "show", help="circuits and bindings the simulated hardware holds (its state file)"
+        "show", help="the circuits and bindings the domain's hardware holds"
     )
-    fabric_show.add_argument(
-        "--domain", type=_id("domain"), help="only this domain (default: every domain)"
-    )
-    fabric_show.add_argument("--json", action="store_true", help="print the state as JSON")
+    _client_options(fabric_show)
     fabric_show.set_defaults(run=_fabric_show)
     fabric_check = fabric_sub.add_parser(
         "check",
-        help="compare the simulated hardware with the log; exit 1 when they differ",
+        help="does the domain's hardware hold exactly what the log says? exit 1 when not",
     )
-    fabric_check.add_argument(
-        "--domain", type=_id("domain"), help="only this domain (default: every domain)"
-    )
+    _client_options(fabric_check)
     fabric_check.set_defaults(run=_fabric_check)
 
     proj = sub.add_parser("projections", help="the read models folded from the log")
@@ -350,6 +344,13 @@ def _parser() -> argparse.ArgumentParser:
     schema_export = schema_sub.add_parser("export", help="write schema/json/*.schema.json")
     schema_export.add_argument("--dir", type=Path, default=SCHEMA_DIR / "json")
     schema_export.set_defaults(run=_schema_export)
+
+    complete = sub.add_parser(
+        "completion",
+        help="print a shell completion script (`source <(trellis completion bash)`)",
+    )
+    complete.add_argument("shell", choices=completion.SHELLS)
+    complete.set_defaults(run=_completion)
     return parser
 
 
@@ -596,7 +597,7 @@ def _client_options(p: argparse.ArgumentParser) -> None:
         default=os.environ.get("TRELLIS_DOMAIN", DEFAULT_DOMAIN),
         help="the fabric domain (default: $TRELLIS_DOMAIN or %(default)s)",
     )
-    p.add_argument("--json", action="store_true", help="print the raw reply as JSON")
+    render.add_output_options(p)
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a reply")
     p.add_argument(
         "--creds",
@@ -778,10 +779,10 @@ def _composition_list(args: argparse.Namespace) -> int:
         and (args.state is None or r["state"] == args.state)
         and (args.host is None or r["host"] == args.host)
     ]
-    if args.json:
-        print(msgspec.json.format(msgspec.json.encode(rows), indent=2).decode())
+    if args.output == "json":
+        print(as_json(rows))
     else:
-        print(render.composition_rows(rows))
+        print(render.composition_rows(rows, wide=args.output == "wide"))
     return 0
 
 
@@ -801,7 +802,9 @@ def _watch(args: argparse.Namespace) -> int:
             async for msg in sub.messages:
                 event = msgspec.json.decode(msg.data)
                 if _watched(args, event, owners):
-                    print(render.event_line(event), flush=True)
+                    # json: each event as the stream carries it, one JSON document a line.
+                    line = msg.data.decode() if args.output == "json" else render.event_line(event)
+                    print(line, flush=True)
                     shown += 1
                     if args.count is not None and shown >= args.count:
                         break
@@ -882,16 +885,16 @@ def _replay(args: argparse.Namespace) -> int:
     if not topology.get("ok"):
         return _print_reply(args, topology, render.topology_tables)
     connections = _request(args, f"query.{args.domain}.connections", _at(args, {}))
-    if args.json:
-        both = {"topology": topology, "connections": connections}
-        print(msgspec.json.format(msgspec.json.encode(both), indent=2).decode())
-        return 0 if connections.get("ok") else 1
     if not connections.get("ok"):
         return _print_reply(args, connections, render.connections_table)
+    if args.output == "json":
+        print(as_json({"topology": topology["result"], "connections": connections["result"]}))
+        return 0
+    wide = args.output == "wide"
     print(f"as of log position {topology['position']}")
-    print(render.topology_tables(topology["result"], topology))
+    print(render.topology_tables(topology["result"], topology, wide=wide))
     print()
-    print(render.connections_table(connections["result"], connections))
+    print(render.connections_table(connections["result"], connections, wide=wide))
     return 0
 
 
@@ -1036,67 +1039,19 @@ def _pairs(items: list[str]) -> dict[str, str]:
 
 
 def _fabric_show(args: argparse.Namespace) -> int:
-    path = fabric_state_path(Settings.from_env())
-    try:
-        held = read_state_file(path)
-    except (OSError, ValueError) as exc:
-        raise CliError(str(exc)) from None
-    if held is None and not args.json:
-        print(f"no simulated fabric state at {path}: nothing has been programmed there yet")
-        return 0
-    domains = {
-        d: msgspec.to_builtins(snapshot)
-        for d, snapshot in (held or {}).items()
-        if args.domain in (None, d)
-    }
-    result = {"state_file": str(path), "domains": domains}
-    if args.json:
-        print(msgspec.json.format(msgspec.json.encode(result), indent=2).decode())
-    else:
-        print(render.fabric_tables(result, args.domain))
-    return 0
+    reply = _request(args, f"query.{args.domain}.fabric", {})
+    return _print_reply(args, reply, render.fabric_tables)
 
 
 def _fabric_check(args: argparse.Namespace) -> int:
-    """What an auditor asks of the hardware: does it hold exactly what the log says?"""
-    settings = Settings.from_env()
-    url = find_endpoint(settings, "database_url")
-    if url is None:
-        raise CliError("no database: set TRELLIS_DATABASE_URL or start one with `trellis up`")
-    path = fabric_state_path(settings)
-    try:
-        held = read_state_file(path) or {}
-    except (OSError, ValueError) as exc:
-        raise CliError(str(exc)) from None
-
-    async def folded() -> dict[str, DomainState]:
-        store = await PostgresEventStore.open(url, schema=settings.db_schema)
-        try:
-            domains = [args.domain] if args.domain else await store.domains()
-            states = {}
-            for domain in domains:
-                state = DomainState(domain=domain)
-                async for recorded in store.read(domain):
-                    state = evolve(state, recorded.event())
-                states[domain] = state
-            return states
-        finally:
-            await store.close()
-
-    states = asyncio.run(folded())
-    if args.domain and not states[args.domain].exists:
-        raise CliError(f"the log has no domain {args.domain!r}")
-    empty = FabricSnapshot(circuits=[], bindings=[])
-    differ = False
-    for domain, state in sorted(states.items()):
-        plan = reconcile(held.get(domain, empty), state)
-        lines = render.fabric_differences(plan)
-        differ |= bool(lines)
-        verdict = "hardware and log differ" if lines else "hardware holds what the log says"
-        print(f"{domain}: {verdict}")
-        for line in lines:
-            print(f"  {line}")
-    return 1 if differ else 0
+    """What an auditor asks of the hardware: does it hold exactly what the log says? The
+    engine that drives it answers (the `fabric` query); exit 1 when they differ."""
+    reply = _request(args, f"query.{args.domain}.fabric", {})
+    code = _print_reply(args, reply, render.fabric_check)
+    if code == 0:
+        report = msgspec.convert(reply["result"], FabricReport)
+        code = 1 if render.fabric_differences(report.differences) else 0
+    return code
 
 
 def _projections_rebuild(args: argparse.Namespace) -> int:
@@ -1123,6 +1078,11 @@ def _projections_rebuild(args: argparse.Namespace) -> int:
 
 
 _TABLES = ("compositions", "connections", "devices", "history")
+
+
+def _completion(args: argparse.Namespace) -> int:
+    print(completion.script(_parser(), args.shell), end="")
+    return 0
 
 
 def _schema_export(args: argparse.Namespace) -> int:
@@ -1257,13 +1217,22 @@ def _on_nats(args: argparse.Namespace, subject_tail: str, work: Any) -> Any:
 
 
 def _print_reply(args: argparse.Namespace, reply: dict[str, Any], show: Any) -> int:
-    if args.json:
-        print(msgspec.json.format(msgspec.json.encode(reply), indent=2).decode())
-    elif reply.get("ok"):
-        print(show(reply["result"], reply))
+    """Print a reply as `-o` asks: `show(result, reply, wide=...)` for people, or (json) the
+    result as it came; a refusal is the error and its funnel on stderr, or (json) the error
+    reply on stdout. Exit 1 on a refusal."""
+    ok = bool(reply.get("ok"))
+    if args.output == "json":
+        print(as_json(reply["result"] if ok else reply))
+    elif ok:
+        print(show(reply["result"], reply, wide=args.output == "wide"))
     else:
         print(render.error_text(reply["error"]), file=sys.stderr)
-    return 0 if reply.get("ok") else 1
+    return 0 if ok else 1
+
+
+def as_json(value: Any) -> str:
+    """One JSON document, indented."""
+    return msgspec.json.format(msgspec.json.encode(value), indent=2).decode()
 
 
 if __name__ == "__main__":

@@ -16,9 +16,10 @@ process can create. Every operation applies to the newest generation; a process 
 generation's successor taken (another process published first) applies its operation again to
 the newest one, so a process that stopped mid-operation and wakes never overwrites newer state
 (and its fence is checked against the newest fences). A crash at any moment leaves the last
-complete generation. Readers (`read_state_file`, `trellis fabric show` and `check`) take the
-newest generation; `state_file` itself is read only while there is none (as an older Trellis,
-or a person, wrote it); generations more than a few behind the newest are deleted. That is
+complete generation. Readers (`read_state_file`, and `snapshot`, which answers the engine's
+`fabric` query behind `trellis fabric show` and `check`) take the newest generation;
+`state_file` itself is read only while there is none (as an older Trellis, or a person, wrote
+it); generations more than a few behind the newest are deleted. That is
 what lets a test kill or pause an engine mid-saga (or run two) and then compare the "hardware"
 with the log.
 

@@ -417,10 +417,10 @@ async def test_chaos_run_loses_nothing_and_breaks_no_promise(
             async with asyncio.timeout(30):
                 while (await js.stream_info(STREAM)).state.messages < len(events):
                     await asyncio.sleep(0.2)
+        hardware_unlike = await fabric_check(fleet)
         await fleet.stop()
         log, requests = await read_log(own_postgres.url, schema)
         stale = await stale_commits(own_postgres.url, schema)
-        hardware_unlike = await fabric_check(fleet)
         stream = await read_stream(js, STREAM, f"{PREFIX}.events.>")
 
     # ...and the audit of the raw log, the stream and the answers finds every promise kept.
@@ -489,13 +489,22 @@ async def stale_commits(url: str, schema: str) -> int:
 
 
 async def fabric_check(fleet: Fleet) -> int:
-    """1 if `trellis fabric check` finds the simulated hardware unlike the log, else 0."""
-    check = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "trellis.adapters.entrypoints.cli",
-        "fabric", "check", "--domain", DOMAIN,
-        cwd=REPO, env=fleet.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    said, _ = await check.communicate()
-    if check.returncode not in (0, 1):
-        pytest.fail(f"trellis fabric check failed: {said.decode()}")
-    return check.returncode or 0
+    """1 if `trellis fabric check` finds the simulated hardware unlike the log once the engines
+    are at rest, else 0. The engine that writes the domain answers it (the `fabric` query), so
+    it is asked before the fleet stops, and again while that engine is still programming the
+    fabric (`settling`) or cannot answer yet."""
+    async with asyncio.timeout(WAIT_WITHIN_S):
+        while True:
+            check = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "trellis.adapters.entrypoints.cli", "fabric", "check",
+                "--domain", DOMAIN, "-o", "json",
+                cwd=REPO, env=fleet.env, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            out, err = await check.communicate()
+            if check.returncode not in (0, 1):
+                pytest.fail(f"trellis fabric check failed: {err.decode()}")
+            report = json.loads(out)
+            if check.returncode == 0 or report.get("settling") is False:
+                return check.returncode or 0
+            await asyncio.sleep(0.2)

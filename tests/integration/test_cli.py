@@ -62,8 +62,8 @@ async def test_an_operator_imports_composes_asks_why_and_releases(
         "--tenant", "acme", "--reason", "decode", "--lease", "600", "--json",
     )  # fmt: skip
     assert code == 0, out
-    composed = json.loads(out)["result"]
-    composed_at = json.loads(out)["position"]
+    composed = json.loads(out)  # -o json (--json): the result alone
+    composed_at = (await h.store.head(DOMAIN)).position
     cid = composed["composition_id"]
     devices = [d["id"] for d in composed["devices"]]
     assert len(devices) == 3
@@ -105,8 +105,8 @@ async def test_an_auditor_replays_a_past_moment_and_asks_why_then(
         env, "compose", "--host", "host-01", "--gpu", "1", "--tenant", "acme", "--json"
     )
     composed = json.loads(out)
-    cid, gpu = composed["result"]["composition_id"], composed["result"]["devices"][0]["id"]
-    while_held = composed["position"]
+    cid, gpu = composed["composition_id"], composed["devices"][0]["id"]
+    while_held = (await h.store.head(DOMAIN)).position
     code, out, _ = await trellis(env, "release", cid, "--tenant", "acme")
     assert code == 0
 
@@ -178,11 +178,11 @@ async def test_rebuilding_the_projections_gives_the_same_answers(
     assert code == 0 and "rebuilt" in out
 
     _, after, _ = await trellis(env, "connections", "--json")
-    rows = json.loads(before)["result"]["connections"]
-    assert rows and json.loads(after)["result"]["connections"] == rows
+    rows = json.loads(before)["connections"]
+    assert rows and json.loads(after)["connections"] == rows
 
 
-async def test_fabric_show_prints_what_the_simulated_hardware_holds(
+async def test_fabric_show_asks_the_engine_not_a_local_file(
     nats_url: str,
     database_url: str,
     pg_schema: str,
@@ -190,32 +190,42 @@ async def test_fabric_show_prints_what_the_simulated_hardware_holds(
     env: dict[str, str],
     tmp_path: Path,
 ) -> None:
-    state_file = tmp_path / "fabric.json"
-    env = {**env, "TRELLIS_FABRIC_STATE": str(state_file)}
-    code, out, _ = await trellis(env, "fabric", "show")
-    assert code == 0 and f"no simulated fabric state at {state_file}" in out
-
-    fabric = SimulatedFabric(state_file=state_file)
+    """The engine's driver answers (the `fabric` query), whatever the CLI's own data dir holds:
+    here a state file of other hardware, as on another host or in docker-compose."""
+    elsewhere = SimulatedFabric(state_file=tmp_path / "cli-host" / "fabric.json")
+    await elsewhere.bind(DOMAIN, STRAY)
+    env = {**env, "TRELLIS_FABRIC_STATE": str(elsewhere.state_file)}
+    fabric = SimulatedFabric(state_file=tmp_path / "engine-host" / "fabric.json")
     async with serving(nats_url, database_url, pg_schema, subject_prefix, fabric=fabric) as h:
         await trellis(env, "topology", "import", str(EXAMPLE))
         code, out, _ = await trellis(
             env, "compose", "--host", "host-01", "--memory", "512", "--tenant", "acme", "--json"
         )
         assert code == 0, out
-        cid = json.loads(out)["result"]["composition_id"]
+        cid = json.loads(out)["composition_id"]
+        await h.fabric_idle(DOMAIN)
 
-        code, out, _ = await trellis(env, "fabric", "show")
-        assert code == 0
-        assert "ocs-1" in out and cid in out and "mem-01 512 GiB" in out
-        assert f"1 circuits, 1 bindings in 1 domains; from {state_file}" in out
-        code, out, _ = await trellis(env, "fabric", "show", "--domain", DOMAIN, "--json")
-        shown = json.loads(out)["domains"][DOMAIN]
-        assert shown == msgspec.to_builtins(await fabric.snapshot(DOMAIN))
+        code, out, err = await trellis(env, "fabric", "show")
+        assert code == 0, err
+        assert "ocs-1" in out and cid in out and "mem-01 512 GiB" in out and "nic-01" not in out
+        assert f"domain {DOMAIN} holds 1 circuit, 1 binding; in step with the log" in out
+        code, out, _ = await trellis(env, "fabric", "show", "-o", "json")
+        shown = json.loads(out)
+        held = msgspec.to_builtins(await fabric.snapshot(DOMAIN))
+        assert {k: shown[k] for k in ("circuits", "bindings")} == held
+        assert (shown["domain"], shown["in_step"]) == (DOMAIN, True), shown
 
         await trellis(env, "release", cid, "--tenant", "acme")
         await h.fabric_idle(DOMAIN)
-    code, out, _ = await trellis(env, "fabric", "show", "--domain", DOMAIN)
-    assert code == 0 and f"holds nothing in {DOMAIN}" in out
+        code, out, _ = await trellis(env, "fabric", "show")
+        assert code == 0 and f"the hardware of domain {DOMAIN} holds nothing" in out, out
+    code, _, err = await trellis(env, "fabric", "show", "--timeout", "2")
+    assert code == 3 and err.startswith("trellis: unavailable: no engine serves"), err
+
+
+STRAY = FabricBinding(
+    host="host-02", device="nic-01", path=["host-02", "nic-01"], composition_id="c-x"
+)
 
 
 async def test_fabric_check_tells_whether_the_hardware_holds_what_the_log_says(
@@ -226,8 +236,7 @@ async def test_fabric_check_tells_whether_the_hardware_holds_what_the_log_says(
     env: dict[str, str],
     tmp_path: Path,
 ) -> None:
-    state_file = tmp_path / "fabric.json"
-    env = {**env, "TRELLIS_FABRIC_STATE": str(state_file)}
+    state_file = tmp_path / "engine-host" / "fabric.json"
     fabric = SimulatedFabric(state_file=state_file)
     async with serving(nats_url, database_url, pg_schema, subject_prefix, fabric=fabric) as h:
         await trellis(env, "topology", "import", str(EXAMPLE))
@@ -235,26 +244,31 @@ async def test_fabric_check_tells_whether_the_hardware_holds_what_the_log_says(
         assert code == 0, out
         await h.fabric_idle(DOMAIN)
 
+        code, out, err = await trellis(env, "fabric", "check")
+        assert (code, out) == (0, f"{DOMAIN}: hardware holds what the log says\n"), err
+
+        # While the engine idles, someone changes the hardware behind its back.
+        tampered = SimulatedFabric(state_file=state_file)
+        [bound] = (await tampered.snapshot(DOMAIN)).bindings
+        await tampered.unbind(DOMAIN, bound)
+        await tampered.bind(DOMAIN, STRAY)
+
         code, out, _ = await trellis(env, "fabric", "check")
-        assert (code, out) == (0, f"{DOMAIN}: hardware holds what the log says\n")
-
-    # With the engine stopped, someone changes the hardware behind the log's back.
-    tampered = SimulatedFabric(state_file=state_file)
-    [bound] = (await tampered.snapshot(DOMAIN)).bindings
-    await tampered.unbind(DOMAIN, bound)
-    stray = FabricBinding(
-        host="host-02", device="nic-01", path=["host-02", "nic-01"], composition_id="c-x"
-    )
-    await tampered.bind(DOMAIN, stray)
-
-    code, out, _ = await trellis(env, "fabric", "check", "--domain", DOMAIN)
-
-    assert code == 1
-    assert f"{DOMAIN}: hardware and log differ" in out
-    assert (
-        "holds nic-01 bound to host-02 for c-x over host-02 > nic-01, which the log does not" in out
-    )
-    assert f"lacks mem-01 bound to host-01 for {bound.composition_id}" in out
+        assert code == 1
+        assert f"{DOMAIN}: hardware and log differ" in out
+        assert (
+            "holds nic-01 bound to host-02 for c-x over host-02 > nic-01, which the log does not"
+            in out
+        )
+        assert f"lacks mem-01 bound to host-01 for {bound.composition_id}" in out
+        code, out, _ = await trellis(env, "fabric", "check", "-o", "json")
+        assert code == 1
+        differences = json.loads(out)["differences"]
+        assert differences["unbind"] == [msgspec.to_builtins(STRAY)], differences
+        assert differences["bind"] == [msgspec.to_builtins(bound)], differences
+        code, out, _ = await trellis(env, "fabric", "show", "-o", "wide")
+        stray_row = next(line for line in out.splitlines() if "nic-01" in line)
+        assert stray_row.endswith("not in the log"), out
 
 
 async def test_without_a_reachable_engine_the_cli_says_so_in_one_line(
@@ -324,7 +338,7 @@ async def test_compositions_are_listed_and_shown_and_events_watched_from_the_cli
             env, "compose", "--host", host, "--gpu", "1", "--tenant", tenant, "--json"
         )
         assert code == 0, err
-        ids.append(json.loads(out)["result"]["composition_id"])
+        ids.append(json.loads(out)["composition_id"])
     code, out, err = await trellis(env, "composition", "get", ids[0])
     assert code == 0 and f"composition {ids[0]} on host-01: active" in out, err
     # The KV feed follows the log a moment behind the replies.
@@ -355,3 +369,53 @@ async def test_compositions_are_listed_and_shown_and_events_watched_from_the_cli
             break
         await asyncio.sleep(0.2)
     assert code == 0 and "no live compositions" in out, out
+
+
+async def test_results_print_as_a_table_as_json_or_wide(h: Harness, env: dict[str, str]) -> None:
+    """`-o json` prints the reply's result exactly (`--json` too); `-o wide` adds columns the
+    table leaves out; a refusal in json is the error reply, on stdout."""
+    await trellis(env, "topology", "import", str(EXAMPLE))
+    code, out, err = await trellis(
+        env, "compose", "--host", "host-01", "--gpu", "1", "--memory", "256", "--tenant", "acme",
+        "--reason", "decode", "-o", "json",
+    )  # fmt: skip
+    assert code == 0, err
+    composed = json.loads(out)
+    cid, gpu = composed["composition_id"], composed["devices"][0]["id"]
+    await h.fabric_idle(DOMAIN)
+    # (command, the query it asks, its body, what only -o wide shows)
+    cases = [
+        (["composition", "get", cid], "composition", {"id": cid}, "tenant: acme"),
+        (["connections"], "connections", {}, "request"),
+        (["free", "--kind", "gpu"], "free", {"kind": "gpu"}, "cost/h"),
+        (["why", gpu], "why", {"id": gpu}, "full times"),
+        (["history"], "history", {}, "from"),
+        (["topology", "show"], "topology", {}, "labels"),
+        (["fabric", "show"], "fabric", {}, "in the log"),
+        (["quota", "show"], "quotas", {}, None),
+        (["blast-radius", "sw-r1"], "blast-radius", {"id": "sw-r1"}, None),
+    ]
+    for args, what, body, wide_only in cases:
+        code, out, err = await trellis(env, *args, "-o", "json")
+        assert code == 0, (args, err)
+        result = (await h.client.query(DOMAIN, what, body))["result"]
+        assert json.loads(out) == result, args
+        if wide_only is None:
+            continue  # everything it has fits the table
+        code, table, _ = await trellis(env, *args)
+        code, wide, _ = await trellis(env, *args, "-o", "wide")
+        assert code == 0 and table.split()[0] == wide.split()[0], (args, table, wide)
+        if wide_only == "full times":
+            wide_only = result["chain"][0]["time"]  # to the microsecond, with its zone
+        assert wide_only in wide and wide_only not in table, (args, table, wide)
+    _, as_json, _ = await trellis(env, "connections", "-o", "json")
+    _, alias, _ = await trellis(env, "connections", "--json")
+    assert alias == as_json and json.loads(alias)["connections"], alias
+
+    code, out, err = await trellis(
+        env, "compose", "--host", "host-01", "--gpu", "9", "--model", "B200", "-o", "json"
+    )
+    assert code == 1 and err == "", err
+    refused = json.loads(out)
+    assert refused["ok"] is False and refused["error"]["code"] == "no_capacity", refused
+    assert refused["error"]["details"]["funnel"], refused

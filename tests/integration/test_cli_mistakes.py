@@ -61,12 +61,13 @@ async def test_a_wrong_command_line_is_one_usage_line_and_exit_2(
     assert out == ""
 
 
+@pytest.mark.parametrize("command", [["topology", "show"], ["fabric", "check"]], ids=" ".join)
 async def test_no_engine_serving_on_a_live_nats_names_the_prefix_and_the_url(
-    tmp_path: Path, nats_url: str
+    tmp_path: Path, nats_url: str, command: list[str]
 ) -> None:
     prefix = unique_subject_prefix()
     env = {**base_env(tmp_path), "TRELLIS_NATS_URL": nats_url, "TRELLIS_SUBJECT_PREFIX": prefix}
-    code, _, err = await run_cli(env, "topology", "show", "--timeout", "5")
+    code, _, err = await run_cli(env, *command, "--timeout", "5")
     line = one_line(err)
     assert code == EXIT_UNAVAILABLE, err
     assert f"trellis: unavailable: no engine serves {prefix}.* on {nats_url}" in line, line
@@ -87,7 +88,7 @@ async def test_no_engine_at_all_says_how_to_start_one(tmp_path: Path) -> None:
 
 async def test_a_postgres_that_does_not_listen_is_unavailable(tmp_path: Path) -> None:
     env = {**base_env(tmp_path), "TRELLIS_DATABASE_URL": f"postgresql://127.0.0.1:{free_port()}/x"}
-    code, _, err = await run_cli(env, "fabric", "check")
+    code, _, err = await run_cli(env, "projections", "rebuild")
     line = one_line(err)
     assert code == EXIT_UNAVAILABLE and line.startswith("trellis: unavailable: "), err
     assert "TRELLIS_DATABASE_URL" in line

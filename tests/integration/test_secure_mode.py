@@ -464,9 +464,9 @@ async def test_the_cli_connects_as_the_identity_the_data_dir_holds(
         env, "compose", "--host", "host-01", "--gpu", "1", "--tenant", "acme", "--json"
     )
     assert code == 0, err  # as acme
-    cid = json.loads(out)["result"]["composition_id"]
+    cid = json.loads(out)["composition_id"]
     code, out, _ = await trellis_cli(env, "connections", "--view", "acme", "--json")
-    assert code == 0 and json.loads(out)["result"]["connections"][0]["composition_id"] == cid
+    assert code == 0 and json.loads(out)["connections"][0]["composition_id"] == cid
 
     globex = str(rig.secure.seed_path(GLOBEX))
     refusals = [
@@ -544,7 +544,7 @@ async def test_up_secure_issues_identities_and_stays_secure(
             env, "compose", "--host", "host-01", "--gpu", "1", "--tenant", "legacy", "--json"
         )
         assert code == 0, err
-        held = json.loads(out)["result"]["composition_id"]
+        held = json.loads(out)["composition_id"]
 
     async with trellis_up(env, "--secure", "--tenant", "acme") as banner:
         assert "secure mode: NATS identities in" in banner
@@ -583,4 +583,4 @@ async def test_up_secure_issues_identities_and_stays_secure(
         assert await anonymous_is_refused(url)
         code, out, err = await trellis_cli(env, "connections", "--view", "globex", "--json")
         assert code == 0, err
-        assert {r["tenant"] for r in json.loads(out)["result"]["connections"]} == {"globex"}
+        assert {r["tenant"] for r in json.loads(out)["connections"]} == {"globex"}

@@ -13,9 +13,8 @@ import pytest
 
 from trellis.adapters.nats.contract import contract_files
 from trellis.adapters.postgres.migrations import SCHEMA_DIR
-from trellis.engine.contract import subjects
+from trellis.engine.contract import RESULTS, subjects
 from trellis.engine.intents import INTENTS
-from trellis.engine.results import RESULTS
 from trellis.engine.upcast import UnknownEventType, upcast
 
 PAYLOADS = Path(__file__).parent / "payloads"
@@ -60,10 +59,11 @@ def resolve(document: object, pointer: str) -> object:
 
 
 def test_every_subject_has_its_result_struct() -> None:
-    """A subject added to INTENTS needs its reply's result in engine/results.py (RESULTS)."""
+    """A subject added to INTENTS needs its reply's result in engine.contract.RESULTS."""
     assert set(RESULTS) == set(INTENTS)
+    # Every query has a tenant's view but the operator's `fabric`.
     assert set(subjects()) == {f"{f}.{v}" for f, v in INTENTS} | {
-        f"view.{v}" for f, v in INTENTS if f == "query"
+        f"view.{v}" for f, v in INTENTS if f == "query" and v != "fabric"
     }
 
 
@@ -109,6 +109,8 @@ def test_the_asyncapi_document_names_every_subject_and_its_references_resolve() 
     named = set(subjects())
     assert named | {"events", "checkpoints", "state"} <= set(doc["operations"])
     assert set(doc["operations"]) <= set(doc["channels"])
+    # The operator's fabric query is listed; tenants have no view of it.
+    assert "query.fabric" in doc["channels"] and "view.fabric" not in doc["channels"]
     for name, channel in doc["channels"].items():
         address = channel["address"]
         if address is not None:  # the reply channel's is the request's own reply subject
