@@ -84,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     except (CannotRun, SettingsError, CredentialsError, LookupError) as exc:
         print(f"trellis verify: {exc}", file=sys.stderr)
         return 2
+    except ConnectionError:
+        raise  # nothing listens: the CLI's one `unavailable` line (exit 3)
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
         print(
             f"trellis verify: cannot read the database: {exc or type(exc).__name__}",

@@ -107,6 +107,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StoreUnavailable as exc:
         _say("unavailable", str(exc), "is Postgres running? see TRELLIS_DATABASE_URL")
         return EXIT_UNAVAILABLE
+    except _POSTGRES_DOWN as exc:  # the local commands that read the database themselves
+        _say(
+            "unavailable",
+            f"cannot reach Postgres: {exc or type(exc).__name__}",
+            "is `trellis up` or Postgres running? see TRELLIS_DATABASE_URL",
+        )
+        return EXIT_UNAVAILABLE
     except Exception as exc:
         if args.verbose:
             traceback.print_exc()
@@ -128,6 +135,9 @@ _POSTGRES_REFUSED = (
     asyncpg.InvalidAuthorizationSpecificationError,
     asyncpg.InvalidCatalogNameError,
 )
+# Nothing listens, or the server is starting or shutting down. (NATS commands report their
+# own connection trouble in _on_nats, so what reaches main is a database connection's.)
+_POSTGRES_DOWN = (ConnectionError, asyncpg.CannotConnectNowError)
 
 
 class CliError(Exception):

@@ -86,9 +86,16 @@ async def test_no_engine_at_all_says_how_to_start_one(tmp_path: Path) -> None:
     assert code == EXIT_UNAVAILABLE and "no engine found" in line and "trellis up" in line, err
 
 
-async def test_a_postgres_that_does_not_listen_is_unavailable(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "command",
+    [["projections", "rebuild"], ["export", "--parquet", "out"], ["verify"]],
+    ids=["rebuild", "export", "verify"],
+)
+async def test_a_postgres_that_does_not_listen_is_unavailable(
+    tmp_path: Path, command: list[str]
+) -> None:
     env = {**base_env(tmp_path), "TRELLIS_DATABASE_URL": f"postgresql://127.0.0.1:{free_port()}/x"}
-    code, _, err = await run_cli(env, "projections", "rebuild")
+    code, _, err = await run_cli(env, *command)
     line = one_line(err)
     assert code == EXIT_UNAVAILABLE and line.startswith("trellis: unavailable: "), err
     assert "TRELLIS_DATABASE_URL" in line
