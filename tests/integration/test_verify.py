@@ -198,14 +198,18 @@ async def test_a_scripted_run_verifies_clean_with_exit_0(
     assert "verified: no findings" in out
 
 
-async def test_verify_that_cannot_run_exits_2_in_one_line(h: Harness, env: dict[str, str]) -> None:
+async def test_verify_that_cannot_run_is_one_line_exit_2_or_3_for_an_outage(
+    h: Harness, env: dict[str, str]
+) -> None:
     expect_ok(await h.client.admin(HALL, "import-topology", FABRIC))
     code, out, err = await trellis(env, "verify", "--domain", "nowhere")
     assert (code, out) == (2, "") and err == "trellis verify: the log has no domain 'nowhere'\n"
 
+    # A Postgres that does not listen is an outage, as for every command: exit 3, one line.
     dead = {**env, "TRELLIS_DATABASE_URL": "postgresql://127.0.0.1:1/none"}
     code, out, err = await trellis(dead, "verify")
-    assert code == 2 and out == "" and len(err.splitlines()) == 1, err
+    assert code == 3 and out == "" and len(err.splitlines()) == 1, err
+    assert err.startswith("trellis: unavailable: cannot reach Postgres"), err
 
 
 async def test_without_nats_the_kv_check_is_skipped_not_passed(

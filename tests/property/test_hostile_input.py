@@ -174,6 +174,7 @@ SUBJECTS = [
     Subject("query", "proof", {"event_id": SOME_EVENT, "size": 3}),
     Subject("query", "consistency", {"from_size": 1, "to_size": 2}),
     Subject("query", "checkpoint-key", {}),
+    Subject("query", "fabric", {"min_position": 1}),
     Subject(
         "query",
         "history",
