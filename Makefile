@@ -21,7 +21,7 @@ test: install
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 demo: install
-	$(BIN)/python -m adapters.entrypoints.demo
+	$(BIN)/python -m trellis.adapters.entrypoints.demo
 
 check: install
 	$(BIN)/ruff format --check .

@@ -27,7 +27,7 @@ class BuildWithMigrations(build_py):
 setup(
     cmdclass={"build_py": BuildWithMigrations},
     ext_modules=cythonize(
-        [Extension("ext._paths_c", ["ext/_paths_c.pyx"])],
+        [Extension("trellis.ext._paths_c", ["ext/_paths_c.pyx"])],
         compiler_directives={"language_level": "3"},
     ),
 )

@@ -35,39 +35,39 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import ServiceUnavailableError
 
-from adapters.checkpoint_key import KEY_FILE, KeyFileError, load_or_create
-from adapters.clock import SystemClock
-from adapters.embedded import watchdog
-from adapters.embedded.servers import (
+from trellis.adapters.checkpoint_key import KEY_FILE, KeyFileError, load_or_create
+from trellis.adapters.clock import SystemClock
+from trellis.adapters.embedded import watchdog
+from trellis.adapters.embedded.servers import (
     EmbeddedNats,
     EmbeddedPostgres,
     default_data_dir,
     reload_nats,
 )
-from adapters.fabric.sim import SimulatedFabric
-from adapters.follow_process import CommitSignal, FollowerProcess, follower_env
-from adapters.nats.auth import (
+from trellis.adapters.fabric.sim import SimulatedFabric
+from trellis.adapters.follow_process import CommitSignal, FollowerProcess, follower_env
+from trellis.adapters.nats.auth import (
     CredentialsError,
     NkeyCredentials,
     Principal,
     SecureDir,
     tenant_name_problem,
 )
-from adapters.nats.checkpoints import CheckpointPublisher
-from adapters.nats.intake import NatsIntake
-from adapters.nats.jetstream import StreamLimits
-from adapters.nats.relay import RelaySink
-from adapters.postgres.checkpoints import DEFAULT_EVERY, PostgresAuditTrail
-from adapters.postgres.leases import PostgresLeases
-from adapters.postgres.snapshots import PostgresSnapshots
-from adapters.postgres.store import PostgresEventStore, connect_pool
-from adapters.settings import FollowersMode, Settings, SettingsError, redacted
-from engine.checkpoints import Signer
-from engine.errors import StoreUnavailable
-from engine.follower import Followers
-from engine.ports import Clock, FabricDriver
-from engine.service import Engine
-from projections import PostgresReadModels, ProjectionSink
+from trellis.adapters.nats.checkpoints import CheckpointPublisher
+from trellis.adapters.nats.intake import NatsIntake
+from trellis.adapters.nats.jetstream import StreamLimits
+from trellis.adapters.nats.relay import RelaySink
+from trellis.adapters.postgres.checkpoints import DEFAULT_EVERY, PostgresAuditTrail
+from trellis.adapters.postgres.leases import PostgresLeases
+from trellis.adapters.postgres.snapshots import PostgresSnapshots
+from trellis.adapters.postgres.store import PostgresEventStore, connect_pool
+from trellis.adapters.settings import FollowersMode, Settings, SettingsError, redacted
+from trellis.engine.checkpoints import Signer
+from trellis.engine.errors import StoreUnavailable
+from trellis.engine.follower import Followers
+from trellis.engine.ports import Clock, FabricDriver
+from trellis.engine.service import Engine
+from trellis.projections import PostgresReadModels, ProjectionSink
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from engine.checkpoints import KEY_NAME, Signer
+from trellis.engine.checkpoints import KEY_NAME, Signer
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 The engine's intake and writers then have its event loop and its core to themselves: the
 projections, the event relay and the checkpoints (engine/follower.py) run in the follower
-process, `python -m adapters.entrypoints.follow`. Two pieces live on the engine's side:
+process, `python -m trellis.adapters.entrypoints.follow`. Two pieces live on the engine's side:
 
 - `CommitSignal`, the engine's stand-in for its followers: after each commit it publishes an
   empty core NATS message on `<prefix>.internal.committed.<domain>` (coalesced per loop turn),
@@ -27,11 +27,11 @@ from collections.abc import Mapping
 
 from nats.aio.client import Client as NATS
 
-from engine.follower import DomainLog, Followers
+from trellis.engine.follower import DomainLog, Followers
 
 log = logging.getLogger("trellis.follow")
 
-ENTRY_MODULE = "adapters.entrypoints.follow"
+ENTRY_MODULE = "trellis.adapters.entrypoints.follow"
 #: The environment variable naming the engine's NATS credentials file (secure mode).
 CREDENTIALS_ENV = "TRELLIS_FOLLOWER_CREDENTIALS"
 #: The engine's pid: the follower process exits when it is no longer its parent.

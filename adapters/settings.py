@@ -11,9 +11,9 @@ from typing import Literal, get_args
 
 import msgspec
 
-from adapters.fabric.sim import ScriptedFault, parse_script
-from adapters.nats.jetstream import StreamLimits
-from engine.ids import is_valid_id
+from trellis.adapters.fabric.sim import ScriptedFault, parse_script
+from trellis.adapters.nats.jetstream import StreamLimits
+from trellis.engine.ids import is_valid_id
 
 FabricDriverName = Literal["sim"]
 FollowersMode = Literal["inline", "process"]

@@ -75,9 +75,6 @@ sys.path.insert(0, str(FsPath(__file__).resolve().parents[1]))
 
 from nats.errors import TimeoutError as NatsTimeout
 
-from adapters.bootstrap import RunningEngine, connect_nats, engine_on
-from adapters.nats.client import TrellisClient
-from adapters.settings import Settings
 from bench.fabrics import World, build, document
 from bench.intents import (
     BenchFailure,
@@ -94,6 +91,9 @@ from bench.intents import (
     stats,
     timed_ms,
 )
+from trellis.adapters.bootstrap import RunningEngine, connect_nats, engine_on
+from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.settings import Settings
 
 REPO = FsPath(__file__).resolve().parents[1]
 TRACE_DIRS = [REPO / "data/azure-llm-trace-2023", REPO / "../shared/data/azure-llm-trace-2023"]

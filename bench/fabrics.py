@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from ext import Conditions, DeviceInfo, LinkInfo, NodeInfo, PathRequest, Selector
+from trellis.ext import Conditions, DeviceInfo, LinkInfo, NodeInfo, PathRequest, Selector
 
 RACKS_PER_POD = 8
 HOSTS_PER_RACK = 8

@@ -59,16 +59,16 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from adapters.bootstrap import (
+from trellis.adapters.bootstrap import (
     Endpoints,
     RunningEngine,
     connect_nats,
     embedded_or_configured,
     engine_on,
 )
-from adapters.nats.client import TrellisClient
-from adapters.settings import FollowersMode, Settings
-from projections import PostgresReadModels
+from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.settings import FollowersMode, Settings
+from trellis.projections import PostgresReadModels
 
 TENANTS = [f"tenant-{i}" for i in range(8)]
 RACKS = 4

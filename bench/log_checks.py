@@ -35,11 +35,11 @@ sys.path.insert(0, str(FsPath(__file__).resolve().parent))
 import asyncpg
 from intents import TENANTS, Load, fresh_schema, host_of, pair, progress, servers, topology
 
-from adapters.bootstrap import connect_nats, engine_on
-from adapters.nats.client import TrellisClient
-from adapters.postgres.store import PostgresEventStore
-from adapters.settings import Settings
-from engine.records import Head, PendingEvent, RecordedEvent
+from trellis.adapters.bootstrap import connect_nats, engine_on
+from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.postgres.store import PostgresEventStore
+from trellis.adapters.settings import Settings
+from trellis.engine.records import Head, PendingEvent, RecordedEvent
 
 DOMAIN = "bench"
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.merkle import MerkleTree, verify_consistency, verify_inclusion
+from trellis.engine.merkle import MerkleTree, verify_consistency, verify_inclusion
 
 SAMPLES = 2000
 

@@ -37,10 +37,10 @@ from typing import Any
 sys.path.insert(0, str(FsPath(__file__).resolve().parents[1]))
 
 from bench.fabrics import Request, World, build, requests
-from ext import _live_py, _paths_py
+from trellis.ext import _live_py, _paths_py
 
 try:
-    from ext import _paths_c
+    from trellis.ext import _paths_c
 except ImportError as exc:  # pragma: no cover - the bench needs the build
     raise SystemExit(f"the compiled core is not built ({exc}); run `make install`") from exc
 

@@ -43,10 +43,10 @@ sys.path.insert(0, str(FsPath(__file__).resolve().parents[1]))
 
 from bench.fabrics import TENANTS, build, document
 from bench.pathcheck import percentile
-from engine.actors import ENGINE, OPERATOR
-from engine.context import Context
-from engine.decide import decide
-from engine.intents import (
+from trellis.engine.actors import ENGINE, OPERATOR
+from trellis.engine.context import Context
+from trellis.engine.decide import decide
+from trellis.engine.intents import (
     Compose,
     Constraints,
     DeviceRequest,
@@ -56,8 +56,8 @@ from engine.intents import (
     ReportFault,
     settle_request_id,
 )
-from engine.state import DomainState, evolve
-from ext import IMPLEMENTATION
+from trellis.engine.state import DomainState, evolve
+from trellis.ext import IMPLEMENTATION
 
 DOMAIN = "bench"
 SIZES = {4096: 1, 65536: 16}  # devices -> pods

@@ -31,13 +31,13 @@ sys.path.insert(0, str(FsPath(__file__).resolve().parent))
 
 from intents import TENANTS, Load, fresh_schema, host_of, pair, progress, servers, topology
 
-from adapters.bootstrap import connect_nats, engine_on
-from adapters.nats.client import TrellisClient
-from adapters.nats.jetstream import bucket_name, stream_name
-from adapters.nats.relay import RelaySink
-from adapters.postgres.store import PostgresEventStore, connect_pool
-from adapters.settings import Settings
-from engine.follower import Follower
+from trellis.adapters.bootstrap import connect_nats, engine_on
+from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.jetstream import bucket_name, stream_name
+from trellis.adapters.nats.relay import RelaySink
+from trellis.adapters.postgres.store import PostgresEventStore, connect_pool
+from trellis.adapters.settings import Settings
+from trellis.engine.follower import Follower
 
 DOMAIN = "bench"
 

@@ -36,11 +36,11 @@ import asyncpg
 from intents import progress, servers
 from snapshots import DOMAIN, Clock, fill
 
-from adapters.postgres.snapshots import PostgresSnapshots
-from adapters.postgres.store import EVENT_COLUMNS, PostgresEventStore, connect_pool
-from adapters.settings import Settings
-from engine.writer import DomainWriter
-from projections.sink import rebuild
+from trellis.adapters.postgres.snapshots import PostgresSnapshots
+from trellis.adapters.postgres.store import EVENT_COLUMNS, PostgresEventStore, connect_pool
+from trellis.adapters.settings import Settings
+from trellis.engine.writer import DomainWriter
+from trellis.projections.sink import rebuild
 
 _PAGE = 2000
 

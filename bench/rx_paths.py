@@ -21,7 +21,7 @@ from typing import Any
 
 import rustworkx as rx
 
-from ext import Circuit, Conditions, LinkInfo, NodeInfo, Path, PathError, PathRequest
+from trellis.ext import Circuit, Conditions, LinkInfo, NodeInfo, Path, PathError, PathRequest
 
 _EPSILON = 1e-9
 HOST, SWITCH, OCS, DEVICE = range(4)

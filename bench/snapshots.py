@@ -36,20 +36,20 @@ sys.path.insert(0, str(FsPath(__file__).resolve().parent))
 
 from intents import fresh_schema, progress, servers, topology
 
-from adapters.postgres.snapshots import PostgresSnapshots
-from adapters.postgres.store import PostgresEventStore, connect_pool
-from adapters.settings import Settings
-from engine import snapshots
-from engine.actors import ENGINE, OPERATOR
-from engine.context import Context
-from engine.decide import decide
-from engine.follower import Follower
-from engine.intents import EstablishComposition, decode_intent, settle_request_id
-from engine.queries import answer
-from engine.records import Head, PendingEvent
-from engine.state import DomainState, evolve
-from engine.writer import DomainWriter
-from projections import PostgresReadModels, ProjectionSink
+from trellis.adapters.postgres.snapshots import PostgresSnapshots
+from trellis.adapters.postgres.store import PostgresEventStore, connect_pool
+from trellis.adapters.settings import Settings
+from trellis.engine import snapshots
+from trellis.engine.actors import ENGINE, OPERATOR
+from trellis.engine.context import Context
+from trellis.engine.decide import decide
+from trellis.engine.follower import Follower
+from trellis.engine.intents import EstablishComposition, decode_intent, settle_request_id
+from trellis.engine.queries import answer
+from trellis.engine.records import Head, PendingEvent
+from trellis.engine.state import DomainState, evolve
+from trellis.engine.writer import DomainWriter
+from trellis.projections import PostgresReadModels, ProjectionSink
 
 DOMAIN = "bench"
 _APPEND = 1000  # events per append: one commit stays well inside the store's statement timeout

@@ -38,8 +38,8 @@ from typing import Any
 
 import msgspec
 
-from engine.merkle import MerkleTree, leaf_hash
-from engine.records import GENESIS_HASH, RecordedEvent, hash_of
+from trellis.engine.merkle import MerkleTree, leaf_hash
+from trellis.engine.records import GENESIS_HASH, RecordedEvent, hash_of
 
 # Sums of floats (GiB, Gbps) are compared with this slack, as the engine's own counts are.
 _EPSILON = 1e-9

@@ -28,7 +28,7 @@ import msgspec
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from engine.merkle import HASH_SIZE
+from trellis.engine.merkle import HASH_SIZE
 
 KEY_NAME = "trellis"
 ORIGIN_PREFIX = "trellis/"

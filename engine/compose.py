@@ -7,9 +7,9 @@ from datetime import datetime, timedelta
 
 import msgspec
 
-from engine.context import Context, Decision
-from engine.errors import IntentRejected
-from engine.events import (
+from trellis.engine.context import Context, Decision
+from trellis.engine.errors import IntentRejected
+from trellis.engine.events import (
     CircuitCreated,
     CircuitRef,
     CircuitRemoved,
@@ -22,10 +22,10 @@ from engine.events import (
     LeaseExpired,
     LeaseExtended,
 )
-from engine.intents import Compose, Extend, Release
-from engine.placement import Placement, Rejection, hosts_of, place
-from engine.quotas import over_quota
-from engine.state import Composition, DomainState, evolve, usable
+from trellis.engine.intents import Compose, Extend, Release
+from trellis.engine.placement import Placement, Rejection, hosts_of, place
+from trellis.engine.quotas import over_quota
+from trellis.engine.state import Composition, DomainState, evolve, usable
 
 
 class ComposedDevice(msgspec.Struct, frozen=True, kw_only=True):

@@ -7,8 +7,8 @@ from typing import Any
 
 import msgspec
 
-from engine.errors import IntentRejected
-from engine.events import Event
+from trellis.engine.errors import IntentRejected
+from trellis.engine.events import Event
 
 
 class Context(msgspec.Struct, frozen=True, kw_only=True):

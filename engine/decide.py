@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import msgspec
 
-from engine import quotas, topology
-from engine.compose import compose, expire_leases, extend, release
-from engine.context import Context, Decision
-from engine.errors import IntentRejected
-from engine.intents import (
+from trellis.engine import quotas, topology
+from trellis.engine.compose import compose, expire_leases, extend, release
+from trellis.engine.context import Context, Decision
+from trellis.engine.errors import IntentRejected
+from trellis.engine.intents import (
     AddLink,
     AddNode,
     ClearQuota,
@@ -31,8 +31,8 @@ from engine.intents import (
     SetQuota,
     Undrain,
 )
-from engine.settle import establish, fail
-from engine.state import DomainState
+from trellis.engine.settle import establish, fail
+from trellis.engine.state import DomainState
 
 __all__ = ["Context", "Decision", "decide"]
 

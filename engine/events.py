@@ -12,9 +12,9 @@ from typing import Any, Literal
 
 import msgspec
 
-from engine.ids import Id
-from engine.intents import Compose
-from engine.model import LinkSpec, Name, NodeSpec, NonNegFloat
+from trellis.engine.ids import Id
+from trellis.engine.intents import Compose
+from trellis.engine.model import LinkSpec, Name, NodeSpec, NonNegFloat
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=True):

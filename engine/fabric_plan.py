@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import msgspec
 
-from engine.ports import FabricBinding, FabricCircuit, FabricSnapshot
-from engine.state import Composition, DomainState
+from trellis.engine.ports import FabricBinding, FabricCircuit, FabricSnapshot
+from trellis.engine.state import Composition, DomainState
 
 BindingKey = tuple[str, str]  # (device, composition_id): a memory pool holds one slice each
 

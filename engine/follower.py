@@ -28,7 +28,7 @@ from typing import Protocol
 
 import msgspec
 
-from engine.records import RecordedEvent
+from trellis.engine.records import RecordedEvent
 
 log = logging.getLogger("trellis.follow")
 

@@ -14,8 +14,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from engine.actors import is_reserved
-from engine.ids import (
+from trellis.engine.actors import is_reserved
+from trellis.engine.ids import (
     COMPONENT_REF_PATTERN,
     ID_PATTERN,
     PLAIN_TEXT,
@@ -25,7 +25,7 @@ from engine.ids import (
     RequestId,
     Text,
 )
-from engine.model import (
+from trellis.engine.model import (
     INT64_MAX,
     DeviceKind,
     LinkSpec,

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from engine.ids import PLAIN_TEXT, Id, Labels
+from trellis.engine.ids import PLAIN_TEXT, Id, Labels
 
 NodeKind = Literal["host", "switch", "ocs", "device"]
 DeviceKind = Literal["gpu", "memory", "nic", "nvme", "accelerator"]

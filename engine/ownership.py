@@ -26,7 +26,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from engine.ports import Holder, LeaseStore
+from trellis.engine.ports import Holder, LeaseStore
 
 MARGIN = 0.5  # seconds before the store's expiry an engine stops counting on its lease
 

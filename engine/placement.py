@@ -17,12 +17,12 @@ from typing import Any
 
 import msgspec
 
-from engine.events import CircuitRef, DeviceBinding
-from engine.intents import Compose, DeviceRequest
-from engine.model import NodeSpec
-from engine.policy import rank
-from engine.state import Component, DomainState, usable
-from ext import (
+from trellis.engine.events import CircuitRef, DeviceBinding
+from trellis.engine.intents import Compose, DeviceRequest
+from trellis.engine.model import NodeSpec
+from trellis.engine.policy import rank
+from trellis.engine.state import Component, DomainState, usable
+from trellis.ext import (
     Conditions,
     DeviceInfo,
     Fabric,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.model import NodeSpec
+from trellis.engine.model import NodeSpec
 
 
 def rank(device: NodeSpec) -> int:

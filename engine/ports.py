@@ -11,8 +11,8 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
-from engine.follower import Failure
-from engine.records import Head, PendingEvent, RecordedEvent
+from trellis.engine.follower import Failure
+from trellis.engine.records import Head, PendingEvent, RecordedEvent
 
 
 class StoredReply(msgspec.Struct, frozen=True, kw_only=True):

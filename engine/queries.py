@@ -11,10 +11,10 @@ from typing import Any
 
 import msgspec
 
-from engine import quotas
-from engine.errors import IntentRejected
-from engine.intents import BlastRadiusQuery, FreeQuery, QuotasQuery, TopologyQuery
-from engine.state import DomainState, LinkState, NodeState, resolve_ref, usable
+from trellis.engine import quotas
+from trellis.engine.errors import IntentRejected
+from trellis.engine.intents import BlastRadiusQuery, FreeQuery, QuotasQuery, TopologyQuery
+from trellis.engine.state import DomainState, LinkState, NodeState, resolve_ref, usable
 
 STATE_QUERIES = ("topology", "free", "blast-radius", "quotas")
 

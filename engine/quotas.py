@@ -19,11 +19,11 @@ from typing import Any
 
 import msgspec
 
-from engine.context import Decision
-from engine.events import QuotaCleared, QuotaSet
-from engine.intents import ClearQuota, Compose, SetQuota
-from engine.placement import Rejection
-from engine.state import DomainState, Held, Quota
+from trellis.engine.context import Decision
+from trellis.engine.events import QuotaCleared, QuotaSet
+from trellis.engine.intents import ClearQuota, Compose, SetQuota
+from trellis.engine.placement import Rejection
+from trellis.engine.state import DomainState, Held, Quota
 
 # GiB are summed as floats; a limit is met, not exceeded, within this much.
 _GIB_SLACK = 1e-9

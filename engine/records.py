@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from engine.events import SCHEMA_VERSIONS, Event, encode
-from engine.upcast import upcast
+from trellis.engine.events import SCHEMA_VERSIONS, Event, encode
+from trellis.engine.upcast import upcast
 
 GENESIS_HASH = "0" * 64
 

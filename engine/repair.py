@@ -12,7 +12,7 @@ from functools import reduce
 
 import msgspec
 
-from engine.events import (
+from trellis.engine.events import (
     CircuitCreated,
     CircuitRef,
     CircuitRemoved,
@@ -23,9 +23,9 @@ from engine.events import (
     Event,
     PathRerouted,
 )
-from engine.intents import Compose, DeviceRequest
-from engine.placement import Placement, place
-from engine.state import Composition, DomainState, evolve, usable, without_binding
+from trellis.engine.intents import Compose, DeviceRequest
+from trellis.engine.placement import Placement, place
+from trellis.engine.state import Composition, DomainState, evolve, usable, without_binding
 
 
 def broken(state: DomainState, binding: DeviceBinding) -> list[str]:

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from engine.errors import ErrorCode, IntentRejected
+from trellis.engine.errors import ErrorCode, IntentRejected
 
 
 class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):

@@ -23,13 +23,13 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from engine import replies
-from engine.compose import unused_circuits
-from engine.errors import FabricError, WriterFenced
-from engine.fabric_plan import bindings_of, circuits_of, reconcile
-from engine.intents import EstablishComposition, FailComposition, settle_request_id
-from engine.ports import FabricBinding, FabricCircuit, FabricDriver
-from engine.state import Composition, DomainState
+from trellis.engine import replies
+from trellis.engine.compose import unused_circuits
+from trellis.engine.errors import FabricError, WriterFenced
+from trellis.engine.fabric_plan import bindings_of, circuits_of, reconcile
+from trellis.engine.intents import EstablishComposition, FailComposition, settle_request_id
+from trellis.engine.ports import FabricBinding, FabricCircuit, FabricDriver
+from trellis.engine.state import Composition, DomainState
 
 log = logging.getLogger(__name__)
 

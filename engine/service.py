@@ -16,12 +16,12 @@ from collections.abc import Callable, Iterable
 
 import msgspec
 
-from engine import replies, snapshots, views
-from engine.actors import ENGINE, OPERATOR, is_reserved
-from engine.errors import IntentRejected, ServedElsewhere, StoreUnavailable, WriterFenced
-from engine.follower import Followers
-from engine.ids import is_valid_id
-from engine.intents import (
+from trellis.engine import replies, snapshots, views
+from trellis.engine.actors import ENGINE, OPERATOR, is_reserved
+from trellis.engine.errors import IntentRejected, ServedElsewhere, StoreUnavailable, WriterFenced
+from trellis.engine.follower import Followers
+from trellis.engine.ids import is_valid_id
+from trellis.engine.intents import (
     Compose,
     CompositionQuery,
     ConnectionsQuery,
@@ -37,8 +37,8 @@ from engine.intents import (
     lease_expiry_request_id,
     settle_request_id,
 )
-from engine.ownership import Lease, Ownership
-from engine.ports import (
+from trellis.engine.ownership import Lease, Ownership
+from trellis.engine.ports import (
     AuditTrail,
     Clock,
     EventStore,
@@ -49,11 +49,11 @@ from engine.ports import (
     ReadModels,
     SnapshotStore,
 )
-from engine.queries import STATE_QUERIES, answer
-from engine.records import Head
-from engine.saga import FabricSync, Settlement
-from engine.state import DomainState
-from engine.writer import DomainWriter
+from trellis.engine.queries import STATE_QUERIES, answer
+from trellis.engine.records import Head
+from trellis.engine.saga import FabricSync, Settlement
+from trellis.engine.state import DomainState
+from trellis.engine.writer import DomainWriter
 
 log = logging.getLogger(__name__)
 

@@ -9,19 +9,19 @@ from __future__ import annotations
 
 from functools import reduce
 
-from engine.compose import ComposeResult, circuit_teardown, devices_of
-from engine.context import Decision
-from engine.errors import IntentRejected
-from engine.events import (
+from trellis.engine.compose import ComposeResult, circuit_teardown, devices_of
+from trellis.engine.context import Decision
+from trellis.engine.errors import IntentRejected
+from trellis.engine.events import (
     CompositionActivated,
     CompositionFailed,
     CompositionImpaired,
     Event,
     PathEstablished,
 )
-from engine.intents import EstablishComposition, FailComposition
-from engine.repair import broken, repair
-from engine.state import Composition, DomainState, evolve
+from trellis.engine.intents import EstablishComposition, FailComposition
+from trellis.engine.repair import broken, repair
+from trellis.engine.state import Composition, DomainState, evolve
 
 
 def establish(state: DomainState, intent: EstablishComposition) -> Decision:

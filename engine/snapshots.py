@@ -22,10 +22,10 @@ from typing import TypeVar
 
 import msgspec
 
-from engine.follower import DomainLog
-from engine.ports import Snapshot, SnapshotStore
-from engine.records import Head
-from engine.state import DomainState, evolve
+from trellis.engine.follower import DomainLog
+from trellis.engine.ports import Snapshot, SnapshotStore
+from trellis.engine.records import Head
+from trellis.engine.state import DomainState, evolve
 
 log = logging.getLogger(__name__)
 

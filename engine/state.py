@@ -11,8 +11,8 @@ from typing import Literal
 
 import msgspec
 
-from engine.errors import IntentRejected
-from engine.events import (
+from trellis.engine.errors import IntentRejected
+from trellis.engine.events import (
     CircuitCreated,
     CircuitRemoved,
     ComponentDrained,
@@ -37,9 +37,9 @@ from engine.events import (
     QuotaSet,
     TopologyImported,
 )
-from engine.ids import split_ref
-from engine.intents import Compose
-from engine.model import Health, LinkSpec, NodeSpec
+from trellis.engine.ids import split_ref
+from trellis.engine.intents import Compose
+from trellis.engine.model import Health, LinkSpec, NodeSpec
 
 CompositionState = Literal["pending", "active", "impaired", "released", "failed"]
 

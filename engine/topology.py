@@ -11,9 +11,9 @@ from typing import NamedTuple
 
 import msgspec
 
-from engine.context import Context, Decision
-from engine.errors import IntentRejected
-from engine.events import (
+from trellis.engine.context import Context, Decision
+from trellis.engine.errors import IntentRejected
+from trellis.engine.events import (
     ComponentDrained,
     ComponentFaulted,
     ComponentRecovered,
@@ -28,11 +28,19 @@ from engine.events import (
     PathRerouted,
     TopologyImported,
 )
-from engine.ids import split_ref
-from engine.intents import AddLink, AddNode, Drain, ImportTopology, Remove, ReportFault, Undrain
-from engine.model import LinkSpec, NodeSpec
-from engine.repair import impair_and_repair, repair, retry_impaired
-from engine.state import DomainState, evolve, resolve_ref
+from trellis.engine.ids import split_ref
+from trellis.engine.intents import (
+    AddLink,
+    AddNode,
+    Drain,
+    ImportTopology,
+    Remove,
+    ReportFault,
+    Undrain,
+)
+from trellis.engine.model import LinkSpec, NodeSpec
+from trellis.engine.repair import impair_and_repair, repair, retry_impaired
+from trellis.engine.state import DomainState, evolve, resolve_ref
 
 
 class ImportResult(msgspec.Struct, frozen=True, kw_only=True):

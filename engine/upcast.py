@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from engine.events import EVENT_TYPES, SCHEMA_VERSIONS, Event
+from trellis.engine.events import EVENT_TYPES, SCHEMA_VERSIONS, Event
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 

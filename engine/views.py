@@ -25,9 +25,9 @@ from typing import Any
 
 import msgspec
 
-from engine.errors import IntentRejected
-from engine.intents import ConnectionsQuery, HistoryQuery, QuotasQuery
-from engine.state import DomainState
+from trellis.engine.errors import IntentRejected
+from trellis.engine.intents import ConnectionsQuery, HistoryQuery, QuotasQuery
+from trellis.engine.state import DomainState
 
 Result = dict[str, Any]
 Scope = Callable[[Result, str, DomainState], Result]

@@ -15,10 +15,10 @@ from datetime import datetime
 
 import msgspec
 
-from engine import replies, snapshots
-from engine.context import Context
-from engine.decide import decide
-from engine.errors import (
+from trellis.engine import replies, snapshots
+from trellis.engine.context import Context
+from trellis.engine.decide import decide
+from trellis.engine.errors import (
     ConcurrencyConflict,
     DomainUnreadable,
     EventRefused,
@@ -26,10 +26,10 @@ from engine.errors import (
     StoreUnavailable,
     WriterFenced,
 )
-from engine.ports import Clock, EventStore, PendingReply, SnapshotStore, StoredReply
-from engine.records import Head, PendingEvent
-from engine.snapshots import STATE_FORMAT, state_of
-from engine.state import DomainState, evolve
+from trellis.engine.ports import Clock, EventStore, PendingReply, SnapshotStore, StoredReply
+from trellis.engine.records import Head, PendingEvent
+from trellis.engine.snapshots import STATE_FORMAT, state_of
+from trellis.engine.state import DomainState, evolve
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ This layer imports engine/ and asyncpg, never adapters/: the log comes in throug
 small `DomainLog` protocol (PostgresEventStore satisfies it).
 """
 
-from projections.read_models import PostgresReadModels
-from projections.sink import ProjectionSink, default_projections, rebuild
+from trellis.projections.read_models import PostgresReadModels
+from trellis.projections.sink import ProjectionSink, default_projections, rebuild
 
 __all__ = ["PostgresReadModels", "ProjectionSink", "default_projections", "rebuild"]

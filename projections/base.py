@@ -8,9 +8,9 @@ from typing import Any, NamedTuple, Protocol
 
 import msgspec
 
-from engine.events import Event
-from engine.records import RecordedEvent
-from projections.table import RowSource, Table
+from trellis.engine.events import Event
+from trellis.engine.records import RecordedEvent
+from trellis.projections.table import RowSource, Table
 
 
 class Fact(NamedTuple):

@@ -12,8 +12,8 @@ from typing import Any
 
 import msgspec
 
-from engine.compose import devices_of
-from engine.events import (
+from trellis.engine.compose import devices_of
+from trellis.engine.events import (
     CompositionActivated,
     CompositionFailed,
     CompositionImpaired,
@@ -26,8 +26,8 @@ from engine.events import (
     LeaseExtended,
     PathRerouted,
 )
-from projections.base import Fact, chain_entry, composition_of
-from projections.table import Column, Row, Rows, RowSource, Table
+from trellis.projections.base import Fact, chain_entry, composition_of
+from trellis.projections.table import Column, Row, Rows, RowSource, Table
 
 COMPOSITIONS = Table(
     "proj_compositions",

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from engine.events import (
+from trellis.engine.events import (
     CompositionFailed,
     CompositionReleased,
     CompositionRequested,
@@ -21,9 +21,9 @@ from engine.events import (
     DevicesReserved,
     PathRerouted,
 )
-from engine.records import RecordedEvent
-from projections.base import Fact, composition_of
-from projections.table import Column, Row, Rows, RowSource, Table
+from trellis.engine.records import RecordedEvent
+from trellis.projections.base import Fact, composition_of
+from trellis.projections.table import Column, Row, Rows, RowSource, Table
 
 CONNECTIONS = Table(
     "proj_connections",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from engine.events import (
+from trellis.engine.events import (
     ComponentDrained,
     ComponentFaulted,
     ComponentRecovered,
@@ -27,10 +27,10 @@ from engine.events import (
     NodeAdded,
     TopologyImported,
 )
-from engine.model import LinkSpec, NodeSpec
-from engine.records import RecordedEvent
-from projections.base import Fact, chain_entry, composition_of
-from projections.table import Column, Row, Rows, RowSource, Table
+from trellis.engine.model import LinkSpec, NodeSpec
+from trellis.engine.records import RecordedEvent
+from trellis.projections.base import Fact, chain_entry, composition_of
+from trellis.projections.table import Column, Row, Rows, RowSource, Table
 
 DEVICES = Table(
     "proj_devices",

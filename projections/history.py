@@ -34,7 +34,7 @@ from typing import Any
 
 import msgspec
 
-from engine.events import (
+from trellis.engine.events import (
     ComponentRemoved,
     CompositionActivated,
     CompositionFailed,
@@ -49,10 +49,10 @@ from engine.events import (
     NodeAdded,
     TopologyImported,
 )
-from engine.model import NodeSpec
-from engine.records import RecordedEvent
-from projections.base import Fact, composition_of
-from projections.table import Column, Row, Rows, RowSource, Table
+from trellis.engine.model import NodeSpec
+from trellis.engine.records import RecordedEvent
+from trellis.projections.base import Fact, composition_of
+from trellis.projections.table import Column, Row, Rows, RowSource, Table
 
 INTERVALS = Table(
     "proj_history_intervals",

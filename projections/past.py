@@ -25,13 +25,13 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from engine.follower import DomainLog
-from engine.ports import Snapshot, SnapshotStore
-from engine.records import Head, RecordedEvent
-from engine.snapshots import first_usable
-from projections.base import Fact, Projection
-from projections.history import Window, interval_query
-from projections.table import Key, Row, Table, as_stored
+from trellis.engine.follower import DomainLog
+from trellis.engine.ports import Snapshot, SnapshotStore
+from trellis.engine.records import Head, RecordedEvent
+from trellis.engine.snapshots import first_usable
+from trellis.projections.base import Fact, Projection
+from trellis.projections.history import Window, interval_query
+from trellis.projections.table import Key, Row, Table, as_stored
 
 # Bump when a projection's fold changes meaning, so older read-model snapshots are ignored;
 # a change of the tables' shape changes the format by itself.

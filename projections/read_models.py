@@ -17,16 +17,16 @@ from typing import Any, Protocol
 import asyncpg
 import msgspec
 
-from engine.errors import IntentRejected
-from engine.follower import DomainLog, Failure
-from engine.ports import SnapshotStore
-from engine.records import Head
-from engine.views import IN_USE_BY_OTHERS, may_see, split_rows
-from projections.base import iso
-from projections.history import Window, interval_query
-from projections.past import fold_past
-from projections.sink import SINK_NAME, default_projections
-from projections.table import Row
+from trellis.engine.errors import IntentRejected
+from trellis.engine.follower import DomainLog, Failure
+from trellis.engine.ports import SnapshotStore
+from trellis.engine.records import Head
+from trellis.engine.views import IN_USE_BY_OTHERS, may_see, split_rows
+from trellis.projections.base import iso
+from trellis.projections.history import Window, interval_query
+from trellis.projections.past import fold_past
+from trellis.projections.sink import SINK_NAME, default_projections
+from trellis.projections.table import Row
 
 _json = msgspec.json.Decoder().decode
 

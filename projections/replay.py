@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import asyncpg
 import msgspec
 
-from projections.table import Key, Row, Table, as_stored, column_arrays
+from trellis.projections.table import Key, Row, Table, as_stored, column_arrays
 
 _copy = msgspec.msgpack.Encoder().encode
 _uncopy = msgspec.msgpack.Decoder().decode

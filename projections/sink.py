@@ -23,16 +23,16 @@ from collections.abc import Iterator, Sequence
 
 import asyncpg
 
-from engine.follower import DomainLog, Follower, Progress, Rewound, Stalled
-from engine.records import RecordedEvent
-from projections.base import Fact, Projection
-from projections.compositions import CompositionsProjection
-from projections.connections import ConnectionsProjection
-from projections.devices import DevicesProjection
-from projections.history import HistoryProjection
-from projections.past import save_snapshot
-from projections.replay import Changes, ReplayRows, write
-from projections.table import PostgresRows, Table
+from trellis.engine.follower import DomainLog, Follower, Progress, Rewound, Stalled
+from trellis.engine.records import RecordedEvent
+from trellis.projections.base import Fact, Projection
+from trellis.projections.compositions import CompositionsProjection
+from trellis.projections.connections import ConnectionsProjection
+from trellis.projections.devices import DevicesProjection
+from trellis.projections.history import HistoryProjection
+from trellis.projections.past import save_snapshot
+from trellis.projections.replay import Changes, ReplayRows, write
+from trellis.projections.table import PostgresRows, Table
 
 log = logging.getLogger("trellis.projections")
 

@@ -30,8 +30,8 @@ from isolation import (
 )
 from zeros import tables
 
-from adapters.embedded.cluster import NatsCluster
-from adapters.embedded.servers import EmbeddedNats, EmbeddedPostgres
+from trellis.adapters.embedded.cluster import NatsCluster
+from trellis.adapters.embedded.servers import EmbeddedNats, EmbeddedPostgres
 
 
 class Servers(NamedTuple):

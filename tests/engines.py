@@ -20,8 +20,8 @@ import asyncpg
 import pytest
 from nats.aio.client import Client as NATS
 
-from adapters.embedded.cluster import NatsCluster
-from adapters.nats.client import TrellisClient
+from trellis.adapters.embedded.cluster import NatsCluster
+from trellis.adapters.nats.client import TrellisClient
 
 REPO = Path(__file__).resolve().parents[1]
 WAIT_WITHIN_S = 60.0
@@ -81,7 +81,7 @@ class Fleet:
         output = self.logs / f"engine-{number}.log"
         with output.open("wb") as out:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "adapters.entrypoints.cli", "-v", "up",
+                sys.executable, "-m", "trellis.adapters.entrypoints.cli", "-v", "up",
                 cwd=REPO, env=self.env, stdout=out, stderr=out,
             )  # fmt: skip
         engine = EngineProcess(number, proc, output)

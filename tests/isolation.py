@@ -14,9 +14,9 @@ import asyncpg
 import nats
 from nats.js.errors import NotFoundError
 
-from adapters.bootstrap import nats_servers
-from adapters.nats.jetstream import bucket_name, checkpoint_stream_name, stream_name
-from adapters.postgres.migrations import prepare_schema
+from trellis.adapters.bootstrap import nats_servers
+from trellis.adapters.nats.jetstream import bucket_name, checkpoint_stream_name, stream_name
+from trellis.adapters.postgres.migrations import prepare_schema
 
 
 def unique_schema_name() -> str:

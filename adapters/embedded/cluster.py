@@ -14,7 +14,7 @@ over the monitoring port with a deadline, never slept. ``url`` is the comma-sepa
 
 Try one by hand::
 
-    python -m adapters.embedded.cluster [DATA_DIR]
+    python -m trellis.adapters.embedded.cluster [DATA_DIR]
 
 Layout under ``data_dir``, one directory per node::
 
@@ -39,7 +39,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from adapters.embedded.servers import (
+from trellis.adapters.embedded.servers import (
     HOST,
     EmbeddedServerError,
     _EmbeddedServer,

@@ -2,7 +2,7 @@
 
 A process of its own, started beside the servers:
 
-    python -m adapters.embedded.watchdog PARENT_PID SERVER_PID:SIGNAL ...
+    python -m trellis.adapters.embedded.watchdog PARENT_PID SERVER_PID:SIGNAL ...
 
 It polls its parent. A clean stop ends the watchdog first (SIGTERM) and stops the servers in
 order; if the parent vanishes instead (SIGKILL, a crash, the OOM killer), the watchdog sends
@@ -53,7 +53,7 @@ def watch(targets: Sequence[tuple[int, int]]) -> subprocess.Popen[bytes]:
     a clean stop."""
     args = [str(os.getpid()), *(f"{pid}:{int(sig)}" for pid, sig in targets)]
     return subprocess.Popen(
-        [sys.executable, "-m", "adapters.embedded.watchdog", *args],
+        [sys.executable, "-m", "trellis.adapters.embedded.watchdog", *args],
         stdin=subprocess.DEVNULL,
         close_fds=True,
     )

@@ -29,11 +29,11 @@ from typing import Any
 
 import msgspec
 
-from adapters.entrypoints import render
-from adapters.nats.jetstream import Envelope
-from engine.checkpoints import Checkpoint, NoteError, Verifier, open_checkpoint
-from engine.merkle import leaf_hash, verify_consistency, verify_inclusion
-from engine.records import chain_hash
+from trellis.adapters.entrypoints import render
+from trellis.adapters.nats.jetstream import Envelope
+from trellis.engine.checkpoints import Checkpoint, NoteError, Verifier, open_checkpoint
+from trellis.engine.merkle import leaf_hash, verify_consistency, verify_inclusion
+from trellis.engine.records import chain_hash
 
 Request = Callable[[argparse.Namespace, str, dict[str, Any]], dict[str, Any]]
 

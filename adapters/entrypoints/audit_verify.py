@@ -29,21 +29,21 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from adapters.bootstrap import find_endpoint, nats_servers
-from adapters.embedded.servers import default_data_dir
-from adapters.entrypoints import audit_proofs
-from adapters.nats import kv_audit
-from adapters.nats.auth import CredentialsError, NkeyCredentials, Principal, SecureDir
-from adapters.nats.jetstream import stream_name
-from adapters.nats.kv_state import changes, coalesce, everything
-from adapters.postgres import verify as db
-from adapters.postgres.store import connect_pool
-from adapters.settings import Settings, SettingsError
-from engine.audit import ChainCheck, CheckpointCheck, Finding, InvariantAudit
-from engine.records import RecordedEvent
-from engine.state import DomainState, evolve
-from projections.base import Fact
-from projections.sink import default_projections
+from trellis.adapters.bootstrap import find_endpoint, nats_servers
+from trellis.adapters.embedded.servers import default_data_dir
+from trellis.adapters.entrypoints import audit_proofs
+from trellis.adapters.nats import kv_audit
+from trellis.adapters.nats.auth import CredentialsError, NkeyCredentials, Principal, SecureDir
+from trellis.adapters.nats.jetstream import stream_name
+from trellis.adapters.nats.kv_state import changes, coalesce, everything
+from trellis.adapters.postgres import verify as db
+from trellis.adapters.postgres.store import connect_pool
+from trellis.adapters.settings import Settings, SettingsError
+from trellis.engine.audit import ChainCheck, CheckpointCheck, Finding, InvariantAudit
+from trellis.engine.records import RecordedEvent
+from trellis.engine.state import DomainState, evolve
+from trellis.projections.base import Fact
+from trellis.projections.sink import default_projections
 
 CHECKS = ("chain", "invariants", "projections", "kv")
 NATS_TIMEOUT_S = 3.0

@@ -28,7 +28,7 @@ from nats.errors import NoRespondersError
 from nats.js.api import DeliverPolicy
 from nats.js.errors import NoKeysError
 
-from adapters.bootstrap import (
+from trellis.adapters.bootstrap import (
     connect_nats,
     fabric_state_path,
     find_endpoint,
@@ -36,10 +36,10 @@ from adapters.bootstrap import (
     running_engine_pid,
     until_accepted,
 )
-from adapters.embedded.servers import DataDirVersionError, default_data_dir, reload_nats
-from adapters.entrypoints import audit_proofs, audit_verify, export, render
-from adapters.fabric.sim import read_state_file
-from adapters.nats.auth import (
+from trellis.adapters.embedded.servers import DataDirVersionError, default_data_dir, reload_nats
+from trellis.adapters.entrypoints import audit_proofs, audit_verify, export, render
+from trellis.adapters.fabric.sim import read_state_file
+from trellis.adapters.nats.auth import (
     CredentialsError,
     NkeyCredentials,
     Principal,
@@ -47,21 +47,21 @@ from adapters.nats.auth import (
     inbox_prefix,
     public_key,
 )
-from adapters.nats.client import TrellisClient
-from adapters.nats.contract import contract_files
-from adapters.nats.jetstream import StreamConfigError, bucket_name, stream_name
-from adapters.postgres.export import ExportError
-from adapters.postgres.migrations import SCHEMA_DIR, MigrationError
-from adapters.postgres.privileges import PrivilegeError
-from adapters.postgres.store import PostgresEventStore, connect_pool
-from adapters.settings import Settings, SettingsError, redacted
-from engine.errors import StoreUnavailable
-from engine.fabric_plan import reconcile
-from engine.ids import COMPONENT_REF_PATTERN, ID_PATTERN
-from engine.intents import LEASE_SECONDS_RANGE
-from engine.ports import FabricSnapshot
-from engine.state import DomainState, evolve
-from projections import rebuild
+from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.contract import contract_files
+from trellis.adapters.nats.jetstream import StreamConfigError, bucket_name, stream_name
+from trellis.adapters.postgres.export import ExportError
+from trellis.adapters.postgres.migrations import SCHEMA_DIR, MigrationError
+from trellis.adapters.postgres.privileges import PrivilegeError
+from trellis.adapters.postgres.store import PostgresEventStore, connect_pool
+from trellis.adapters.settings import Settings, SettingsError, redacted
+from trellis.engine.errors import StoreUnavailable
+from trellis.engine.fabric_plan import reconcile
+from trellis.engine.ids import COMPONENT_REF_PATTERN, ID_PATTERN
+from trellis.engine.intents import LEASE_SECONDS_RANGE
+from trellis.engine.ports import FabricSnapshot
+from trellis.engine.state import DomainState, evolve
+from trellis.projections import rebuild
 
 DEFAULT_DOMAIN = "default"
 DEFAULT_TENANT = "default"
@@ -602,7 +602,7 @@ def _client_options(p: argparse.ArgumentParser) -> None:
 
 
 def _follow(args: argparse.Namespace) -> int:
-    from adapters.entrypoints.follow import main as follow_main
+    from trellis.adapters.entrypoints.follow import main as follow_main
 
     return follow_main()
 

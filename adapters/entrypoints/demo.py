@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from adapters.bootstrap import connect_nats, running_engine
-from adapters.entrypoints.render import (
+from trellis.adapters.bootstrap import connect_nats, running_engine
+from trellis.adapters.entrypoints.render import (
     blast_radius_table,
     compose_summary,
     connections_table,
@@ -25,11 +25,11 @@ from adapters.entrypoints.render import (
     topology_tables,
     why_text,
 )
-from adapters.fabric.sim import SimulatedFabric
-from adapters.nats.client import TrellisClient
-from adapters.settings import Settings, redacted
-from engine.ports import FabricDriver
-from engine.records import verify_chain
+from trellis.adapters.fabric.sim import SimulatedFabric
+from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.settings import Settings, redacted
+from trellis.engine.ports import FabricDriver
+from trellis.engine.records import verify_chain
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fabric.json"
 

@@ -7,10 +7,10 @@ import argparse
 import asyncio
 from datetime import datetime
 
-from adapters.bootstrap import find_endpoint
-from adapters.postgres.export import DomainExport, ExportError, export_parquet
-from adapters.postgres.store import connect_pool
-from adapters.settings import Settings
+from trellis.adapters.bootstrap import find_endpoint
+from trellis.adapters.postgres.export import DomainExport, ExportError, export_parquet
+from trellis.adapters.postgres.store import connect_pool
+from trellis.adapters.settings import Settings
 
 
 def run(args: argparse.Namespace) -> int:

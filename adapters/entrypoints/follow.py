@@ -1,13 +1,13 @@
 """The follower process: the log followers of TRELLIS_FOLLOWERS=process (follow_process.py).
 
-`python -m adapters.entrypoints.follow` (or `trellis follow`) keeps the projections, the event
-relay (JetStream stream and KV bucket) and the signed checkpoints up to date with every domain
-in the log: the same sinks the engine follows inline (adapters.bootstrap.follower_sinks). It is
-woken by the engine's commit signal on `<prefix>.internal.committed.<domain>`, looks at the log
-every second as well (a missed signal, a new domain), and exits cleanly on SIGTERM or SIGINT
-after a last catch-up, or when the process that started it is gone (a killed engine leaves
-no follower behind; the next engine starts its own). It reads the engine's settings from the
-environment: both URLs must be set (the engine's `FollowerProcess` sets them, with
+`python -m trellis.adapters.entrypoints.follow` (or `trellis follow`) keeps the projections, the
+event relay (JetStream stream and KV bucket) and the signed checkpoints up to date with every
+domain in the log: the same sinks the engine follows inline (adapters.bootstrap.follower_sinks).
+It is woken by the engine's commit signal on `<prefix>.internal.committed.<domain>`, looks at
+the log every second as well (a missed signal, a new domain), and exits cleanly on SIGTERM or
+SIGINT after a last catch-up, or when the process that started it is gone (a killed engine
+leaves no follower behind; the next engine starts its own). It reads the engine's settings from
+the environment: both URLs must be set (the engine's `FollowerProcess` sets them, with
 TRELLIS_FOLLOWER_CREDENTIALS in secure mode). The schema must be migrated already: the engine
 does that before it starts this.
 """
@@ -24,18 +24,18 @@ from pathlib import Path
 
 from nats.aio.msg import Msg
 
-from adapters.bootstrap import (
+from trellis.adapters.bootstrap import (
     checkpoint_signer,
     follower_sinks,
     until_reachable,
 )
-from adapters.follow_process import CREDENTIALS_ENV, PARENT_ENV, committed_subject
-from adapters.nats.auth import NkeyCredentials
-from adapters.postgres.store import PostgresEventStore
-from adapters.settings import Settings, SettingsError, redacted
-from engine.errors import StoreUnavailable
-from engine.follower import Followers
-from engine.ids import is_valid_id
+from trellis.adapters.follow_process import CREDENTIALS_ENV, PARENT_ENV, committed_subject
+from trellis.adapters.nats.auth import NkeyCredentials
+from trellis.adapters.postgres.store import PostgresEventStore
+from trellis.adapters.settings import Settings, SettingsError, redacted
+from trellis.engine.errors import StoreUnavailable
+from trellis.engine.follower import Followers
+from trellis.engine.ids import is_valid_id
 
 log = logging.getLogger("trellis.follow")
 

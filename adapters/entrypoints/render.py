@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from engine.fabric_plan import Reconciliation
-from engine.ports import FabricBinding, FabricCircuit
+from trellis.engine.fabric_plan import Reconciliation
+from trellis.engine.ports import FabricBinding, FabricCircuit
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

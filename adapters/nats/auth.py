@@ -42,7 +42,7 @@ from typing import Any, Literal
 import msgspec
 import nkeys
 
-from adapters.nats.jetstream import bucket_name, checkpoint_stream_name, stream_name
+from trellis.adapters.nats.jetstream import bucket_name, checkpoint_stream_name, stream_name
 
 Role = Literal["engine", "operator", "auditor", "tenant"]
 ROLES: tuple[Role, ...] = ("engine", "operator", "auditor")

@@ -18,7 +18,7 @@ from nats.aio.client import Client as NATS
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import APIError, NotFoundError
 
-from adapters.nats.jetstream import (
+from trellis.adapters.nats.jetstream import (
     DEFAULT_PREFIX,
     DUPLICATE_WINDOW_S,
     StreamConfigError,

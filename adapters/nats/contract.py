@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from adapters.nats.jetstream import Envelope
-from adapters.nats.kv_state import CompositionEntry, DeviceEntry, HostEntry
-from engine.contract import HEADER, document, json_schemas, pretty
-from engine.intents import INTENTS
+from trellis.adapters.nats.jetstream import Envelope
+from trellis.adapters.nats.kv_state import CompositionEntry, DeviceEntry, HostEntry
+from trellis.engine.contract import HEADER, document, json_schemas, pretty
+from trellis.engine.intents import INTENTS
 
 SCHEMA_FORMAT = "application/schema+json;version=draft-2020-12"
 # The tokens of a subject, as AsyncAPI channel parameters.

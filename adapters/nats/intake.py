@@ -16,9 +16,9 @@ from typing import Any
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from engine import replies
-from engine.errors import ServedElsewhere
-from engine.service import Engine
+from trellis.engine import replies
+from trellis.engine.errors import ServedElsewhere
+from trellis.engine.service import Engine
 
 log = logging.getLogger(__name__)
 

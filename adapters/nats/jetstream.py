@@ -29,7 +29,7 @@ from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfi
 from nats.js.errors import APIError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
-from engine.records import RecordedEvent, format_time
+from trellis.engine.records import RecordedEvent, format_time
 
 log = logging.getLogger("trellis.relay")
 

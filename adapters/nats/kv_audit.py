@@ -22,8 +22,8 @@ import msgspec
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from adapters.nats.jetstream import bucket_name
-from engine.audit import Finding
+from trellis.adapters.nats.jetstream import bucket_name
+from trellis.engine.audit import Finding
 
 _IN_FLIGHT = 256
 _GONE = ("DEL", "PURGE")

@@ -25,9 +25,9 @@ from typing import Any
 
 import msgspec
 
-from engine.events import CompositionFailed, DeviceBinding, Event
-from engine.records import format_time
-from engine.state import Composition, DomainState, NodeState, usable
+from trellis.engine.events import CompositionFailed, DeviceBinding, Event
+from trellis.engine.records import format_time
+from trellis.engine.state import Composition, DomainState, NodeState, usable
 
 KeyChange = tuple[str, bytes | None]  # (key, JSON value), or (key, None): delete the key
 

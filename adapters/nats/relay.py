@@ -48,7 +48,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 
-from adapters.nats.jetstream import (
+from trellis.adapters.nats.jetstream import (
     DEFAULT_PREFIX,
     Envelope,
     StreamLimits,
@@ -59,11 +59,11 @@ from adapters.nats.jetstream import (
     event_subject,
     stream_name,
 )
-from adapters.nats.kv_state import KeyChange, changes, coalesce, everything
-from adapters.postgres import follower_checkpoints
-from engine.follower import Progress, Rewound, Stalled
-from engine.records import RecordedEvent
-from engine.state import DomainState, evolve
+from trellis.adapters.nats.kv_state import KeyChange, changes, coalesce, everything
+from trellis.adapters.postgres import follower_checkpoints
+from trellis.engine.follower import Progress, Rewound, Stalled
+from trellis.engine.records import RecordedEvent
+from trellis.engine.state import DomainState, evolve
 
 log = logging.getLogger("trellis.relay")
 

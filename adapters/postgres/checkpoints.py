@@ -31,14 +31,14 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from adapters.postgres import follower_checkpoints
-from engine.actors import OPERATOR
-from engine.checkpoints import Checkpoint, Signer, origin_of
-from engine.errors import IntentRejected, StoreUnavailable
-from engine.follower import Progress
-from engine.intents import CheckpointKeyQuery, ConsistencyQuery, ProofQuery
-from engine.merkle import MerkleTree, leaf_hash
-from engine.records import RecordedEvent, format_time
+from trellis.adapters.postgres import follower_checkpoints
+from trellis.engine.actors import OPERATOR
+from trellis.engine.checkpoints import Checkpoint, Signer, origin_of
+from trellis.engine.errors import IntentRejected, StoreUnavailable
+from trellis.engine.follower import Progress
+from trellis.engine.intents import CheckpointKeyQuery, ConsistencyQuery, ProofQuery
+from trellis.engine.merkle import MerkleTree, leaf_hash
+from trellis.engine.records import RecordedEvent, format_time
 
 log = logging.getLogger("trellis.checkpoints")
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from engine.ports import Holder
+from trellis.engine.ports import Holder
 
 _HEARTBEAT = """
 INSERT INTO trellis_engines (id, name, serves_all, started_at, heartbeat_at)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import asyncpg
 
-from adapters.postgres.privileges import grant_engine
+from trellis.adapters.postgres.privileges import grant_engine
 
 
 def _schema_dir() -> Path:

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 
-from engine.ports import Snapshot
+from trellis.engine.ports import Snapshot
 
 log = logging.getLogger(__name__)
 

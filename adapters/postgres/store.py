@@ -16,11 +16,11 @@ from typing import Any
 
 import asyncpg
 
-from adapters.postgres.privileges import bypasses_privileges
-from engine import replies
-from engine.errors import ConcurrencyConflict, EventRefused, StoreUnavailable, WriterFenced
-from engine.ports import Appended, PendingReply, StoredReply
-from engine.records import Head, PendingEvent, RecordedEvent, hash_of
+from trellis.adapters.postgres.privileges import bypasses_privileges
+from trellis.engine import replies
+from trellis.engine.errors import ConcurrencyConflict, EventRefused, StoreUnavailable, WriterFenced
+from trellis.engine.ports import Appended, PendingReply, StoredReply
+from trellis.engine.records import Head, PendingEvent, RecordedEvent, hash_of
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class PostgresEventStore:
             StoreUnavailable: Postgres cannot be reached (yet).
             MigrationError: See `adapters.postgres.migrations.migrate`.
         """
-        from adapters.postgres.migrations import migrate, prepare_schema
+        from trellis.adapters.postgres.migrations import migrate, prepare_schema
 
         with _translated("*"):
             pool = await connect_pool(

@@ -18,11 +18,11 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from adapters.postgres.store import EVENT_COLUMNS, event_from_row
-from engine.audit import Finding
-from engine.records import RecordedEvent
-from projections.base import Fact, Projection
-from projections.table import PostgresRows, Table
+from trellis.adapters.postgres.store import EVENT_COLUMNS, event_from_row
+from trellis.engine.audit import Finding
+from trellis.engine.records import RecordedEvent
+from trellis.projections.base import Fact, Projection
+from trellis.projections.table import PostgresRows, Table
 
 BATCH = 2000
 MAX_DIFFERENCES = 20  # rows named per table and domain; the rest are counted

@@ -16,8 +16,8 @@ from typing import Any
 import checker
 from checker import Ack, LogRow, RequestRow, StreamMessage, check
 
-from engine.records import GENESIS_HASH, chain_hash
-from engine.upcast import upcast
+from trellis.engine.records import GENESIS_HASH, chain_hash
+from trellis.engine.upcast import upcast
 
 DOMAIN = "hall"
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

@@ -56,9 +56,9 @@ from isolation import Database, create_schema, unique_schema_name
 from nats.aio.client import Client as NATS
 from zeros import zeros
 
-from adapters.embedded.cluster import ClusterNode, NatsCluster
-from adapters.embedded.servers import PG_ENGINE_ROLE, PG_OWNER_ROLE, EmbeddedPostgres
-from adapters.nats.client import TrellisClient
+from trellis.adapters.embedded.cluster import ClusterNode, NatsCluster
+from trellis.adapters.embedded.servers import PG_ENGINE_ROLE, PG_OWNER_ROLE, EmbeddedPostgres
+from trellis.adapters.nats.client import TrellisClient
 
 DOMAIN = "hall"
 PREFIX = "trellis"  # the cluster is the run's own: the real names TRELLIS_EVENTS, TRELLIS_STATE
@@ -491,7 +491,8 @@ async def stale_commits(url: str, schema: str) -> int:
 async def fabric_check(fleet: Fleet) -> int:
     """1 if `trellis fabric check` finds the simulated hardware unlike the log, else 0."""
     check = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "adapters.entrypoints.cli", "fabric", "check", "--domain", DOMAIN,
+        sys.executable, "-m", "trellis.adapters.entrypoints.cli",
+        "fabric", "check", "--domain", DOMAIN,
         cwd=REPO, env=fleet.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     said, _ = await check.communicate()

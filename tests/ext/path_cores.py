@@ -7,14 +7,14 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 
-from ext import _live_py, _paths_py
+from trellis.ext import _live_py, _paths_py
 
 CORES = ("python", "cython")
 
 
 def compiled() -> ModuleType:
     try:
-        return importlib.import_module("ext._paths_c")
+        return importlib.import_module("trellis.ext._paths_c")
     except ImportError as exc:
         # A missing build must not turn into silently skipped cross-checks.
         pytest.fail(f"ext._paths_c is not built ({exc}); run `make test` to build it")

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ext import Circuit, Conditions, LinkInfo, NodeInfo, Path, PathError, PathRequest
+from trellis.ext import Circuit, Conditions, LinkInfo, NodeInfo, Path, PathError, PathRequest
 
 NO_CONDITIONS = Conditions()
 

@@ -15,7 +15,7 @@ import networkx as nx
 import pytest
 from path_cores import compiled as _compiled
 
-from ext import _paths_py
+from trellis.ext import _paths_py
 
 HopDistances = Callable[..., list[int]]
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -180,7 +180,7 @@ def test_selector_falls_back_to_the_reference_with_a_warning_naming_the_reason()
     # build would.
     code = (
         "import sys, warnings\n"
-        "sys.modules['ext._paths_c'] = None\n"
+        "sys.modules['trellis.ext._paths_c'] = None\n"
         "with warnings.catch_warnings(record=True) as caught:\n"
         "    warnings.simplefilter('always')\n"
         "    import ext\n"
@@ -198,4 +198,4 @@ def test_selector_falls_back_to_the_reference_with_a_warning_naming_the_reason()
     implementation, warning = result.stdout.strip().splitlines()
     assert implementation == "python"
     assert warning.startswith("RuntimeWarning trellis: compiled path core unavailable (")
-    assert "ext._paths_c" in warning
+    assert "trellis.ext._paths_c" in warning

@@ -23,11 +23,11 @@ from hypothesis import strategies as st
 from path_cores import implementation
 from unit.fabric_builder import NOW, FabricBuilder, apply, run
 
-import engine.placement as placement
-from engine.errors import IntentRejected
-from engine.intents import Compose, Release, ReportFault
-from ext import Conditions, DeviceInfo, LinkInfo, NodeInfo, PathRequest, Selector
-from ext._paths_py import selected
+import trellis.engine.placement as placement
+from trellis.engine.errors import IntentRejected
+from trellis.engine.intents import Compose, Release, ReportFault
+from trellis.ext import Conditions, DeviceInfo, LinkInfo, NodeInfo, PathRequest, Selector
+from trellis.ext._paths_py import selected
 
 PY = implementation("python")
 C = implementation("cython")

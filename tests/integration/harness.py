@@ -13,18 +13,18 @@ import msgspec
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 
-from adapters.bootstrap import connect_nats, engine_on
-from adapters.follow_process import FollowerProcess
-from adapters.nats.client import TrellisClient
-from adapters.nats.jetstream import bucket_name
-from adapters.nats.relay import RelaySink
-from adapters.postgres.checkpoints import PostgresAuditTrail
-from adapters.postgres.store import PostgresEventStore
-from engine.follower import Followers
-from engine.ports import FabricDriver
-from engine.records import PendingEvent
-from engine.service import Engine
-from projections import ProjectionSink
+from trellis.adapters.bootstrap import connect_nats, engine_on
+from trellis.adapters.follow_process import FollowerProcess
+from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.jetstream import bucket_name
+from trellis.adapters.nats.relay import RelaySink
+from trellis.adapters.postgres.checkpoints import PostgresAuditTrail
+from trellis.adapters.postgres.store import PostgresEventStore
+from trellis.engine.follower import Followers
+from trellis.engine.ports import FabricDriver
+from trellis.engine.records import PendingEvent
+from trellis.engine.service import Engine
+from trellis.projections import ProjectionSink
 
 
 class Harness(msgspec.Struct, kw_only=True):
@@ -138,7 +138,7 @@ async def run_cli(env: dict[str, str], *args: str, timeout: float = 60.0) -> tup
     """The `trellis` CLI in a subprocess, so the engine serving in this event loop answers it:
     its exit code, stdout and stderr."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "adapters.entrypoints.cli", *args, env=env,
+        sys.executable, "-m", "trellis.adapters.entrypoints.cli", *args, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, err = await asyncio.wait_for(proc.communicate(), timeout)

@@ -13,7 +13,7 @@ import msgspec
 from fabrics import expect_error, expect_ok
 from harness import Harness, ManualClock, serving
 
-from adapters.fabric.sim import SimulatedFabric
+from trellis.adapters.fabric.sim import SimulatedFabric
 
 DOMAIN = "hall-1"
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

@@ -22,14 +22,14 @@ from fabrics import expect_error, expect_ok, fabric
 from harness import Harness, serving
 from harness import run_cli as trellis
 
-from adapters.bootstrap import checkpoint_key_path, checkpoint_signer, connect_nats
-from adapters.checkpoint_key import load_or_create, public_key_path
-from adapters.entrypoints import cli
-from adapters.entrypoints.audit_proofs import ProofRejected, check
-from adapters.nats.jetstream import Envelope, checkpoint_stream_name
-from adapters.settings import Settings, SettingsError
-from engine.checkpoints import Signer, Verifier, open_checkpoint
-from engine.records import RecordedEvent
+from trellis.adapters.bootstrap import checkpoint_key_path, checkpoint_signer, connect_nats
+from trellis.adapters.checkpoint_key import load_or_create, public_key_path
+from trellis.adapters.entrypoints import cli
+from trellis.adapters.entrypoints.audit_proofs import ProofRejected, check
+from trellis.adapters.nats.jetstream import Envelope, checkpoint_stream_name
+from trellis.adapters.settings import Settings, SettingsError
+from trellis.engine.checkpoints import Signer, Verifier, open_checkpoint
+from trellis.engine.records import RecordedEvent
 
 HALL = "hall-1"
 QUICK = {"poll_interval": 0.2, "max_backoff": 0.5}

@@ -15,8 +15,8 @@ import pytest_asyncio
 from harness import Harness, serving
 from harness import run_cli as trellis
 
-from adapters.fabric.sim import SimulatedFabric
-from engine.ports import FabricBinding
+from trellis.adapters.fabric.sim import SimulatedFabric
+from trellis.engine.ports import FabricBinding
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fabric.json"
 DOMAIN = "hall-1"
@@ -313,7 +313,7 @@ async def test_compositions_are_listed_and_shown_and_events_watched_from_the_cli
     code, _, err = await trellis(env, "topology", "import", str(EXAMPLE))
     assert code == 0, err
     watching = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "adapters.entrypoints.cli", "watch", "--count", "2",
+        sys.executable, "-m", "trellis.adapters.entrypoints.cli", "watch", "--count", "2",
         "--type", "CompositionActivated", "--type", "CompositionReleased", "--tenant", "acme",
         env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip

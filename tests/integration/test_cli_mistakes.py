@@ -18,8 +18,8 @@ import pytest
 from harness import run_cli
 from isolation import unique_subject_prefix
 
-from adapters.embedded.servers import free_port
-from adapters.entrypoints import cli
+from trellis.adapters.embedded.servers import free_port
+from trellis.adapters.entrypoints import cli
 
 EXIT_USAGE, EXIT_UNAVAILABLE = cli.EXIT_USAGE, cli.EXIT_UNAVAILABLE
 

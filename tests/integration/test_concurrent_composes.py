@@ -20,7 +20,7 @@ import pytest_asyncio
 from fabrics import expect_ok, hall
 from harness import Harness, serving
 
-from adapters.fabric.sim import SimulatedFabric
+from trellis.adapters.fabric.sim import SimulatedFabric
 
 DOMAIN = "hall"
 TENANTS = [f"tenant-{i}" for i in range(8)]

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from harness import run_cli
 
-from adapters.embedded.servers import free_port
-from adapters.embedded.watchdog import alive
+from trellis.adapters.embedded.servers import free_port
+from trellis.adapters.embedded.watchdog import alive
 
 pytestmark = pytest.mark.slow  # two embedded PostgreSQL starts
 
@@ -43,7 +43,7 @@ def environment(data: Path, ports: dict[str, int]) -> dict[str, str]:
 async def start_up(env: dict[str, str], log: Path) -> asyncio.subprocess.Process:
     with log.open("ab") as out:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "adapters.entrypoints.cli", "up", env=env,
+            sys.executable, "-m", "trellis.adapters.entrypoints.cli", "up", env=env,
             stdout=out, stderr=out,
         )  # fmt: skip
     endpoints = Path(env["TRELLIS_DATA_DIR"]) / "endpoints.json"

@@ -18,8 +18,8 @@ import nats
 import pytest
 from harness import run_cli
 
-from adapters.checkpoint_key import KEY_FILE, load_or_create
-from adapters.embedded.servers import (
+from trellis.adapters.checkpoint_key import KEY_FILE, load_or_create
+from trellis.adapters.embedded.servers import (
     PG_ENGINE_ROLE,
     PG_OWNER_ROLE,
     PG_SYSTEM_USER,
@@ -32,7 +32,7 @@ from adapters.embedded.servers import (
     postgres_bin_dir,
     postgres_major_version,
 )
-from adapters.settings import redacted
+from trellis.adapters.settings import redacted
 
 
 async def _nats_round_trip(url: str) -> None:

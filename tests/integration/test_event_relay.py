@@ -27,9 +27,9 @@ from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from adapters.bootstrap import connect_nats
-from adapters.embedded.servers import EmbeddedNats
-from adapters.nats.jetstream import (
+from trellis.adapters.bootstrap import connect_nats
+from trellis.adapters.embedded.servers import EmbeddedNats
+from trellis.adapters.nats.jetstream import (
     Envelope,
     StreamConfigError,
     StreamLimits,
@@ -37,11 +37,11 @@ from adapters.nats.jetstream import (
     ensure_stream,
     stream_name,
 )
-from adapters.nats.kv_state import composition_entry, device_entry, host_entry
-from adapters.nats.relay import RelayError, RelaySink
-from adapters.postgres.store import PostgresEventStore, connect_pool
-from engine.follower import Follower, Stalled
-from engine.records import RecordedEvent, verify_chain
+from trellis.adapters.nats.kv_state import composition_entry, device_entry, host_entry
+from trellis.adapters.nats.relay import RelayError, RelaySink
+from trellis.adapters.postgres.store import PostgresEventStore, connect_pool
+from trellis.engine.follower import Follower, Stalled
+from trellis.engine.records import RecordedEvent, verify_chain
 
 HALL = "hall-1"
 QUICK = {"poll_interval": 0.2, "max_backoff": 0.5}  # followers that notice things fast

@@ -25,9 +25,9 @@ from fabrics import expect_ok
 from harness import Harness, ManualClock, run_cli
 from history_day import DOMAIN, T0, Day, at, day_served, play
 
-from adapters.fabric.sim import SimulatedFabric
-from adapters.postgres.export import MANIFEST, DomainExport, export_parquet
-from adapters.postgres.store import connect_pool
+from trellis.adapters.fabric.sim import SimulatedFabric
+from trellis.adapters.postgres.export import MANIFEST, DomainExport, export_parquet
+from trellis.adapters.postgres.store import connect_pool
 
 ROOT = Path(__file__).parents[2]
 

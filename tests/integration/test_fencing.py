@@ -21,11 +21,11 @@ import pytest_asyncio
 from fabrics import expect_error, expect_ok, fabric, fetch
 from harness import Harness, serving
 
-from adapters.fabric.sim import SimulatedFabric
-from engine.errors import WriterFenced
-from engine.ownership import preferred
-from engine.ports import FabricBinding
-from engine.service import Engine
+from trellis.adapters.fabric.sim import SimulatedFabric
+from trellis.engine.errors import WriterFenced
+from trellis.engine.ownership import preferred
+from trellis.engine.ports import FabricBinding
+from trellis.engine.service import Engine
 
 TTL = 1.0  # seconds a writer lease lasts: short, so takeovers are quick
 DOMAINS = [f"hall-{i}" for i in range(6)]

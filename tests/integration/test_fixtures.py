@@ -8,8 +8,8 @@ import asyncpg
 import nats
 from isolation import Database
 
-from adapters.bootstrap import nats_servers
-from adapters.postgres.privileges import TABLES
+from trellis.adapters.bootstrap import nats_servers
+from trellis.adapters.postgres.privileges import TABLES
 
 
 async def test_pg_schema_is_a_fresh_migrated_schema_in_the_session_database(

@@ -24,13 +24,13 @@ from harness import Harness, bucket_values, serving
 from isolation import unique_subject_prefix
 from nats.aio.client import Client as NATS
 
-from adapters.bootstrap import ENGINE_IDENTITY, connect_nats, engine_on
-from adapters.embedded.servers import EmbeddedNats
-from adapters.follow_process import CommitSignal, FollowerProcess
-from adapters.nats.auth import Principal, SecureDir
-from adapters.nats.client import TrellisClient
-from adapters.nats.jetstream import Envelope, checkpoint_stream_name, stream_name
-from adapters.settings import Settings, SettingsError
+from trellis.adapters.bootstrap import ENGINE_IDENTITY, connect_nats, engine_on
+from trellis.adapters.embedded.servers import EmbeddedNats
+from trellis.adapters.follow_process import CommitSignal, FollowerProcess
+from trellis.adapters.nats.auth import Principal, SecureDir
+from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.jetstream import Envelope, checkpoint_stream_name, stream_name
+from trellis.adapters.settings import Settings, SettingsError
 
 HALL = "hall-1"
 GPU = {"host": "host-01", "devices": [{"kind": "gpu"}]}

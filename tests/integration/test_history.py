@@ -16,14 +16,14 @@ from fabrics import expect_error, expect_ok
 from harness import Harness, ManualClock, serving
 from history_day import DOMAIN, FABRIC, T0, at, brief, compose, day_served, history, play
 
-from adapters.fabric.sim import SimulatedFabric
-from adapters.postgres.store import PostgresEventStore
-from engine.context import Context
-from engine.decide import decide
-from engine.events import DevicesReserved, Event, encode
-from engine.intents import Compose, ImportTopology
-from engine.records import Head, PendingEvent
-from engine.state import DomainState, evolve
+from trellis.adapters.fabric.sim import SimulatedFabric
+from trellis.adapters.postgres.store import PostgresEventStore
+from trellis.engine.context import Context
+from trellis.engine.decide import decide
+from trellis.engine.events import DevicesReserved, Event, encode
+from trellis.engine.intents import Compose, ImportTopology
+from trellis.engine.records import Head, PendingEvent
+from trellis.engine.state import DomainState, evolve
 
 PAYLOADS = Path(__file__).parents[1] / "unit" / "payloads"
 

@@ -29,11 +29,11 @@ from isolation import (
     unique_subject_prefix,
 )
 
-from adapters.embedded.servers import PG_ENGINE_ROLE, PG_OWNER_ROLE, EmbeddedPostgres
-from adapters.postgres.migrations import MigrationError, prepare_schema
-from adapters.postgres.privileges import TABLES, Kind, PrivilegeError
-from engine.events import ComponentDrained, encode
-from engine.records import chain_hash
+from trellis.adapters.embedded.servers import PG_ENGINE_ROLE, PG_OWNER_ROLE, EmbeddedPostgres
+from trellis.adapters.postgres.migrations import MigrationError, prepare_schema
+from trellis.adapters.postgres.privileges import TABLES, Kind, PrivilegeError
+from trellis.engine.events import ComponentDrained, encode
+from trellis.engine.records import chain_hash
 
 DOMAIN = "hall-1"
 INSUFFICIENT_PRIVILEGE = "42501"
@@ -307,7 +307,7 @@ async def test_with_one_url_its_role_migrates_and_serves_and_a_warning_names_the
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # When: the one URL a Postgres gives is the owner's, used for migrations and the engine.
-    with caplog.at_level(logging.WARNING, logger="adapters.postgres.store"):
+    with caplog.at_level(logging.WARNING, logger="trellis.adapters.postgres.store"):
         async with serving(nats_url, database.owner_url, bare_schema, subject_prefix) as h:
             # Then: it still works...
             await with_some_history(h)

@@ -20,13 +20,13 @@ import pytest
 import pytest_asyncio
 from fabrics import row_counts
 
-from adapters.clock import SystemClock
-from adapters.postgres.store import PostgresEventStore
-from engine.errors import EventRefused
-from engine.intents import AddNode, ImportTopology
-from engine.model import NodeSpec
-from engine.records import Head, PendingEvent
-from engine.writer import DomainWriter
+from trellis.adapters.clock import SystemClock
+from trellis.adapters.postgres.store import PostgresEventStore
+from trellis.engine.errors import EventRefused
+from trellis.engine.intents import AddNode, ImportTopology
+from trellis.engine.model import NodeSpec
+from trellis.engine.records import Head, PendingEvent
+from trellis.engine.writer import DomainWriter
 
 DOMAIN = "hall-1"
 AT = datetime(2026, 12, 1, tzinfo=UTC)

@@ -23,11 +23,11 @@ from fabrics import expect_ok, fetch
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from adapters.bootstrap import RunningEngine, connect_nats, engine_on, nats_servers
-from adapters.embedded.cluster import ClusterNode, NatsCluster
-from adapters.embedded.servers import free_port
-from adapters.nats.client import TrellisClient
-from adapters.nats.jetstream import (
+from trellis.adapters.bootstrap import RunningEngine, connect_nats, engine_on, nats_servers
+from trellis.adapters.embedded.cluster import ClusterNode, NatsCluster
+from trellis.adapters.embedded.servers import free_port
+from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.jetstream import (
     Envelope,
     StreamConfigError,
     StreamLimits,
@@ -36,8 +36,8 @@ from adapters.nats.jetstream import (
     ensure_stream,
     stream_name,
 )
-from adapters.nats.kv_state import device_entry, host_entry
-from engine.state import DomainState
+from trellis.adapters.nats.kv_state import device_entry, host_entry
+from trellis.engine.state import DomainState
 
 PREFIX = "trellis"  # the cluster is the test's own: the real names TRELLIS_EVENTS, TRELLIS_STATE
 STREAM, KV_STREAM = stream_name(PREFIX), f"KV_{bucket_name(PREFIX)}"

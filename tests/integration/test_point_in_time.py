@@ -23,10 +23,10 @@ import pytest_asyncio
 from fabrics import edited, expect_error, expect_ok
 from harness import Harness, ManualClock, serving
 
-from adapters.postgres.snapshots import PostgresSnapshots
-from engine.errors import EventRefused
-from engine.records import PendingEvent, RecordedEvent
-from engine.writer import DomainWriter
+from trellis.adapters.postgres.snapshots import PostgresSnapshots
+from trellis.engine.errors import EventRefused
+from trellis.engine.records import PendingEvent, RecordedEvent
+from trellis.engine.writer import DomainWriter
 
 DOMAIN = "hall-1"
 FABRIC = json.loads((Path(__file__).parents[2] / "examples" / "fabric.json").read_text())

@@ -21,13 +21,13 @@ import pytest_asyncio
 from fabrics import expect_ok
 from harness import Harness, serving, undecodable_event
 
-from engine.follower import Follower, Stalled
-from engine.ports import EventStore
-from projections.base import Fact, Projection
-from projections.devices import DevicesProjection
-from projections.read_models import PostgresReadModels
-from projections.sink import ProjectionSink, default_projections, rebuild
-from projections.table import PostgresRows
+from trellis.engine.follower import Follower, Stalled
+from trellis.engine.ports import EventStore
+from trellis.projections.base import Fact, Projection
+from trellis.projections.devices import DevicesProjection
+from trellis.projections.read_models import PostgresReadModels
+from trellis.projections.sink import ProjectionSink, default_projections, rebuild
+from trellis.projections.table import PostgresRows
 
 HALL = "hall-1"
 OTHER_HALL = "hall-2"

@@ -24,10 +24,10 @@ import pytest_asyncio
 from fabrics import Doc, device, expect_error, expect_ok, fetch, gpu, host, link, row_counts, switch
 from harness import Harness, serving
 
-from adapters.postgres.store import PostgresEventStore
-from engine.errors import EventRefused
-from engine.events import EVENT_TYPES
-from engine.records import Head, PendingEvent
+from trellis.adapters.postgres.store import PostgresEventStore
+from trellis.engine.errors import EventRefused
+from trellis.engine.events import EVENT_TYPES
+from trellis.engine.records import Head, PendingEvent
 
 DOMAIN, OTHER = "hall-1", "hall-2"
 GPU = {"kind": "gpu"}

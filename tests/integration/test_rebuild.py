@@ -23,22 +23,22 @@ import pytest
 import pytest_asyncio
 from harness import undecodable_event
 
-from adapters.postgres.store import PostgresEventStore
-from engine.actors import ENGINE, OPERATOR
-from engine.context import Context
-from engine.decide import decide
-from engine.errors import IntentRejected
-from engine.follower import Follower, Stalled
-from engine.intents import (
+from trellis.adapters.postgres.store import PostgresEventStore
+from trellis.engine.actors import ENGINE, OPERATOR
+from trellis.engine.context import Context
+from trellis.engine.decide import decide
+from trellis.engine.errors import IntentRejected
+from trellis.engine.follower import Follower, Stalled
+from trellis.engine.intents import (
     EstablishComposition,
     ExpireLeases,
     FailComposition,
     decode_intent,
     settle_request_id,
 )
-from engine.records import Head, PendingEvent, RecordedEvent
-from engine.state import DomainState, evolve
-from projections.sink import ProjectionSink, rebuild
+from trellis.engine.records import Head, PendingEvent, RecordedEvent
+from trellis.engine.state import DomainState, evolve
+from trellis.projections.sink import ProjectionSink, rebuild
 
 DOMAIN = "hall-1"
 FABRIC = json.loads((Path(__file__).parents[2] / "examples" / "fabric.json").read_text())

@@ -14,9 +14,9 @@ import pytest_asyncio
 from fabrics import expect_error, expect_ok, fabric
 from harness import Harness, serving
 
-from adapters.fabric.sim import SimulatedFabric
-from engine.fabric_plan import reconcile
-from engine.ports import FabricCircuit
+from trellis.adapters.fabric.sim import SimulatedFabric
+from trellis.engine.fabric_plan import reconcile
+from trellis.engine.ports import FabricCircuit
 
 DOMAIN = "hall-1"
 DEADLINE = 0.5  # seconds a saga may take before it is abandoned and undone

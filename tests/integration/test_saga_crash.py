@@ -30,13 +30,13 @@ from fabrics import event_types, expect_error, expect_ok, fabric
 from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
 
-from adapters.bootstrap import connect_nats
-from adapters.fabric.sim import read_state_file
-from adapters.nats.client import TrellisClient
-from adapters.postgres.store import PostgresEventStore
-from engine.fabric_plan import reconcile
-from engine.ports import FabricBinding, FabricCircuit, FabricSnapshot
-from engine.state import DomainState, evolve
+from trellis.adapters.bootstrap import connect_nats
+from trellis.adapters.fabric.sim import read_state_file
+from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.postgres.store import PostgresEventStore
+from trellis.engine.fabric_plan import reconcile
+from trellis.engine.ports import FabricBinding, FabricCircuit, FabricSnapshot
+from trellis.engine.state import DomainState, evolve
 
 REPO = Path(__file__).resolve().parents[2]
 DOMAIN = "hall-1"
@@ -99,7 +99,7 @@ async def trellis_up(
     env = {**rig.env, "TRELLIS_FABRIC_SCRIPT": fabric_script}
     with log.open("wb") as out:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "adapters.entrypoints.cli", "-v", "up",
+            sys.executable, "-m", "trellis.adapters.entrypoints.cli", "-v", "up",
             cwd=REPO, env=env, stdout=out, stderr=out,
         )  # fmt: skip
     try:

@@ -28,17 +28,23 @@ from isolation import unique_subject_prefix
 from nats.aio.client import Client as NATS
 from nats.js.api import StreamConfig
 
-from adapters.bootstrap import (
+from trellis.adapters.bootstrap import (
     ENGINE_IDENTITY,
     RunningEngine,
     connect_nats,
     engine_on,
     until_accepted,
 )
-from adapters.embedded.servers import EmbeddedNats
-from adapters.nats.auth import NkeyCredentials, Principal, SecureDir, inbox_prefix, public_key
-from adapters.nats.client import TrellisClient
-from adapters.nats.jetstream import bucket_name, stream_name
+from trellis.adapters.embedded.servers import EmbeddedNats
+from trellis.adapters.nats.auth import (
+    NkeyCredentials,
+    Principal,
+    SecureDir,
+    inbox_prefix,
+    public_key,
+)
+from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.jetstream import bucket_name, stream_name
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fabric.json"
 DOMAIN = "hall-1"
@@ -487,7 +493,7 @@ async def trellis_up(env: dict[str, str], *args: str) -> AsyncIterator[str]:
     (data_dir / "endpoints.json").unlink(missing_ok=True)
     base = {k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "adapters.entrypoints.cli", "up", *args,
+        sys.executable, "-m", "trellis.adapters.entrypoints.cli", "up", *args,
         env={**base, **env}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     assert proc.stdout is not None

@@ -29,20 +29,20 @@ from harness import Harness, ManualClock, run_cli, serving, undecodable_event
 from isolation import Database
 from nats.js import JetStreamContext
 
-from adapters.bootstrap import connect_nats
-from adapters.entrypoints.audit_verify import verify
-from adapters.nats.jetstream import bucket_name
-from adapters.postgres.store import PostgresEventStore
-from engine.events import (
+from trellis.adapters.bootstrap import connect_nats
+from trellis.adapters.entrypoints.audit_verify import verify
+from trellis.adapters.nats.jetstream import bucket_name
+from trellis.adapters.postgres.store import PostgresEventStore
+from trellis.engine.events import (
     CompositionRequested,
     DeviceBinding,
     DevicesReserved,
     TopologyImported,
 )
-from engine.intents import Compose
-from engine.merkle import MerkleTree, leaf_hash
-from engine.model import LinkSpec, NodeSpec
-from engine.records import Head, PendingEvent, RecordedEvent, hash_of
+from trellis.engine.intents import Compose
+from trellis.engine.merkle import MerkleTree, leaf_hash
+from trellis.engine.model import LinkSpec, NodeSpec
+from trellis.engine.records import Head, PendingEvent, RecordedEvent, hash_of
 
 HALL = "hall-1"
 OTHER = "hall-2"

@@ -19,10 +19,10 @@ import pytest_asyncio
 from fabrics import expect_ok, fabric
 from isolation import delete_relay_targets, unique_subject_prefix
 
-from adapters.bootstrap import connect_nats
-from adapters.embedded.servers import EmbeddedNats, EmbeddedPostgres, free_port
-from adapters.nats.client import TrellisClient
-from adapters.settings import redacted
+from trellis.adapters.bootstrap import connect_nats
+from trellis.adapters.embedded.servers import EmbeddedNats, EmbeddedPostgres, free_port
+from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.settings import redacted
 
 REPO = Path(__file__).resolve().parents[2]
 DOMAIN = "hall-1"
@@ -62,7 +62,7 @@ async def start_engine(tmp_path: Path) -> AsyncIterator[object]:
         output = tmp_path / f"engine-{len(started)}.log"
         with output.open("wb") as out:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "adapters.entrypoints.cli", "up",
+                sys.executable, "-m", "trellis.adapters.entrypoints.cli", "up",
                 cwd=REPO, env=env, stdout=out, stderr=out,
             )  # fmt: skip
         started.append(proc)

@@ -18,8 +18,8 @@ import pytest_asyncio
 from fabrics import fabric
 from harness import Harness, serving
 
-from adapters.nats.jetstream import bucket_name, stream_name
-from adapters.postgres.migrations import SCHEMA_DIR
+from trellis.adapters.nats.jetstream import bucket_name, stream_name
+from trellis.adapters.postgres.migrations import SCHEMA_DIR
 
 DOMAIN = "wire"
 FILES = ("intents", "events", "replies", "stream", "kv")

@@ -61,10 +61,10 @@ from isolation import (
 from nats.errors import BadSubjectError, MaxPayloadError, NoRespondersError
 from zeros import ZeroTable, zeros
 
-from engine.ids import COMPONENT_REF_PATTERN, ID_PATTERN
-from engine.intents import INTENTS, MAX_BODY_BYTES
-from engine.model import MAX_QUANTITY
-from engine.views import SCOPES
+from trellis.engine.ids import COMPONENT_REF_PATTERN, ID_PATTERN
+from trellis.engine.intents import INTENTS, MAX_BODY_BYTES
+from trellis.engine.model import MAX_QUANTITY
+from trellis.engine.views import SCOPES
 
 DOMAINS = ("hall-1", "hall-2")
 HOME = DOMAINS[0]  # where the reused request ids were first committed

@@ -64,13 +64,13 @@ from isolation import (
 )
 from test_placement_properties import check_invariants
 
-from adapters.fabric.sim import SimulatedFabric
-from engine.compose import composition_id
-from engine.errors import ERROR_CODES
-from engine.fabric_plan import bindings_of, circuits_of, reconcile
-from engine.intents import settle_request_id
-from engine.ports import FabricBinding, FabricCircuit, FabricSnapshot
-from engine.state import Composition, DomainState, LinkState, NodeState, evolve, usable
+from trellis.adapters.fabric.sim import SimulatedFabric
+from trellis.engine.compose import composition_id
+from trellis.engine.errors import ERROR_CODES
+from trellis.engine.fabric_plan import bindings_of, circuits_of, reconcile
+from trellis.engine.intents import settle_request_id
+from trellis.engine.ports import FabricBinding, FabricCircuit, FabricSnapshot
+from trellis.engine.state import Composition, DomainState, LinkState, NodeState, evolve, usable
 
 DOMAIN = "hall"
 TENANTS = ("acme", "bolt")

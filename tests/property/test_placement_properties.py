@@ -37,17 +37,17 @@ from unit.fabric_builder import (
     report_fault,
 )
 
-from engine.errors import IntentRejected
-from engine.events import (
+from trellis.engine.errors import IntentRejected
+from trellis.engine.events import (
     CompositionImpaired,
     CompositionRejected,
     Event,
     decode_event,
     encode,
 )
-from engine.placement import FUNNEL_STAGES
-from engine.state import DomainState, evolve, usable
-from ext import Circuit, Conditions, Fabric, LinkInfo, NodeInfo, PathRequest, best_paths
+from trellis.engine.placement import FUNNEL_STAGES
+from trellis.engine.state import DomainState, evolve, usable
+from trellis.ext import Circuit, Conditions, Fabric, LinkInfo, NodeInfo, PathRequest, best_paths
 
 SETTINGS = settings(
     max_examples=60,

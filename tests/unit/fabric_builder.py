@@ -22,11 +22,11 @@ from typing import Any
 
 import msgspec
 
-from engine.context import Context
-from engine.decide import decide
-from engine.errors import IntentRejected
-from engine.events import Event, TopologyImported
-from engine.intents import (
+from trellis.engine.context import Context
+from trellis.engine.decide import decide
+from trellis.engine.errors import IntentRejected
+from trellis.engine.events import Event, TopologyImported
+from trellis.engine.intents import (
     Compose,
     Drain,
     EstablishComposition,
@@ -35,8 +35,8 @@ from engine.intents import (
     ReportFault,
     settle_request_id,
 )
-from engine.model import LinkSpec, NodeSpec
-from engine.state import DomainState, evolve
+from trellis.engine.model import LinkSpec, NodeSpec
+from trellis.engine.state import DomainState, evolve
 
 DOMAIN = "d1"
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

@@ -14,9 +14,9 @@ from typing import Any
 
 import msgspec
 
-from engine.audit import ChainCheck, CheckpointCheck, Finding, audit
-from engine.merkle import MerkleTree, leaf_hash
-from engine.records import GENESIS_HASH, RecordedEvent, chain_hash
+from trellis.engine.audit import ChainCheck, CheckpointCheck, Finding, audit
+from trellis.engine.merkle import MerkleTree, leaf_hash
+from trellis.engine.records import GENESIS_HASH, RecordedEvent, chain_hash
 
 D = "hall-1"
 Ev = tuple[str, dict[str, Any]]

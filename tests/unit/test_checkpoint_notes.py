@@ -6,7 +6,7 @@ import base64
 
 import pytest
 
-from engine.checkpoints import (
+from trellis.engine.checkpoints import (
     Checkpoint,
     NoteError,
     Signer,

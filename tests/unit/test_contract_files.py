@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from adapters.nats.contract import contract_files
-from adapters.postgres.migrations import SCHEMA_DIR
-from engine.intents import INTENTS
-from engine.upcast import UnknownEventType, upcast
+from trellis.adapters.nats.contract import contract_files
+from trellis.adapters.postgres.migrations import SCHEMA_DIR
+from trellis.engine.intents import INTENTS
+from trellis.engine.upcast import UnknownEventType, upcast
 
 PAYLOADS = Path(__file__).parent / "payloads"
 

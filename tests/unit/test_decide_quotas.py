@@ -24,15 +24,15 @@ from fabric_builder import (
     run,
 )
 
-from engine import queries, quotas, views
-from engine.errors import IntentRejected
-from engine.events import (
+from trellis.engine import queries, quotas, views
+from trellis.engine.errors import IntentRejected
+from trellis.engine.events import (
     CompositionRejected,
     DeviceReplaced,
     QuotaCleared,
     QuotaSet,
 )
-from engine.intents import (
+from trellis.engine.intents import (
     ClearQuota,
     FailComposition,
     InvalidIntent,
@@ -41,7 +41,7 @@ from engine.intents import (
     decode_intent,
     settle_request_id,
 )
-from engine.state import DomainState, Held, Quota, held_gib
+from trellis.engine.state import DomainState, Held, Quota, held_gib
 
 GPU: dict[str, Any] = {"kind": "gpu"}
 

@@ -8,9 +8,9 @@ from functools import reduce
 import msgspec
 import pytest
 
-from engine.decide import Context, decide
-from engine.errors import IntentRejected
-from engine.events import (
+from trellis.engine.decide import Context, decide
+from trellis.engine.errors import IntentRejected
+from trellis.engine.events import (
     ComponentDrained,
     ComponentFaulted,
     ComponentRecovered,
@@ -20,9 +20,17 @@ from engine.events import (
     NodeAdded,
     TopologyImported,
 )
-from engine.intents import AddLink, AddNode, Drain, ImportTopology, Remove, ReportFault, Undrain
-from engine.model import LinkSpec, NodeSpec
-from engine.state import DomainState, evolve
+from trellis.engine.intents import (
+    AddLink,
+    AddNode,
+    Drain,
+    ImportTopology,
+    Remove,
+    ReportFault,
+    Undrain,
+)
+from trellis.engine.model import LinkSpec, NodeSpec
+from trellis.engine.state import DomainState, evolve
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

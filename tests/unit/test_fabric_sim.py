@@ -13,7 +13,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from adapters.fabric.sim import (
+from trellis.adapters.fabric.sim import (
     KEPT_GENERATIONS,
     LINEAGE,
     SavedFabric,
@@ -22,8 +22,8 @@ from adapters.fabric.sim import (
     parse_script,
     read_state_file,
 )
-from engine.errors import FabricError
-from engine.ports import FabricBinding, FabricCircuit, FabricDriver, FabricSnapshot
+from trellis.engine.errors import FabricError
+from trellis.engine.ports import FabricBinding, FabricCircuit, FabricDriver, FabricSnapshot
 
 D = "d1"
 
@@ -768,9 +768,9 @@ def test_a_file_that_is_no_state_file_is_refused_naming_it(tmp_path: Path) -> No
 STOPPED_MID_OPERATION = """
 import asyncio, os, signal, stat, sys
 from pathlib import Path
-from adapters.fabric.sim import SimulatedFabric
-from engine.errors import WriterFenced
-from engine.ports import FabricCircuit
+from trellis.adapters.fabric.sim import SimulatedFabric
+from trellis.engine.errors import WriterFenced
+from trellis.engine.ports import FabricCircuit
 
 real_fsync = os.fsync
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from adapters.nats.jetstream import bucket_name, stream_name
+from trellis.adapters.nats.jetstream import bucket_name, stream_name
 
 
 def test_the_default_prefix_uses_the_contract_names() -> None:

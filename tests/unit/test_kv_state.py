@@ -7,9 +7,9 @@ from typing import Any
 import msgspec
 from unit.fabric_builder import DOMAIN, FabricBuilder, compose, composed, release, report_fault
 
-from adapters.nats.kv_state import KeyChange, changes, coalesce
-from engine.events import ComponentRemoved, Event, TopologyImported
-from engine.state import DomainState, evolve
+from trellis.adapters.nats.kv_state import KeyChange, changes, coalesce
+from trellis.engine.events import ComponentRemoved, Event, TopologyImported
+from trellis.engine.state import DomainState, evolve
 
 
 def hall() -> DomainState:

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.merkle import MerkleTree, leaf_hash, verify_consistency, verify_inclusion
+from trellis.engine.merkle import MerkleTree, leaf_hash, verify_consistency, verify_inclusion
 
 # ---- the CT reference data (data only) ----
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from adapters.nats.auth import (
+from trellis.adapters.nats.auth import (
     CredentialsError,
     NkeyCredentials,
     Principal,
@@ -23,7 +23,7 @@ from adapters.nats.auth import (
     public_key,
     tenant_name_problem,
 )
-from adapters.settings import Settings, SettingsError
+from trellis.adapters.settings import Settings, SettingsError
 
 KEY = public_key(new_seed())
 

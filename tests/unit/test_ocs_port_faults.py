@@ -7,8 +7,8 @@ import re
 import pytest
 from unit.fabric_builder import FabricBuilder, apply, composed, report_fault, request_id, run
 
-from engine.errors import IntentRejected
-from engine.events import (
+from trellis.engine.errors import IntentRejected
+from trellis.engine.events import (
     CircuitCreated,
     CircuitRemoved,
     ComponentDrained,
@@ -20,9 +20,9 @@ from engine.events import (
     DeviceReplaced,
     PathRerouted,
 )
-from engine.intents import BlastRadiusQuery, Drain, Undrain
-from engine.queries import answer
-from engine.state import DomainState
+from trellis.engine.intents import BlastRadiusQuery, Drain, Undrain
+from trellis.engine.queries import answer
+from trellis.engine.state import DomainState
 
 GPU = {"kind": "gpu"}
 

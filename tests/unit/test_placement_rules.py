@@ -24,8 +24,8 @@ from fabric_builder import (
     report_fault,
 )
 
-from engine.errors import IntentRejected
-from engine.events import (
+from trellis.engine.errors import IntentRejected
+from trellis.engine.events import (
     CircuitCreated,
     CircuitRemoved,
     CompositionImpaired,
@@ -33,7 +33,7 @@ from engine.events import (
     CompositionReleased,
     Event,
 )
-from engine.state import DomainState
+from trellis.engine.state import DomainState
 
 GPU: dict[str, Any] = {"kind": "gpu"}
 

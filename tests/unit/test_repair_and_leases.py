@@ -16,8 +16,8 @@ from unit.fabric_builder import (
     run,
 )
 
-from engine.errors import IntentRejected
-from engine.events import (
+from trellis.engine.errors import IntentRejected
+from trellis.engine.events import (
     CircuitRemoved,
     ComponentFaulted,
     CompositionActivated,
@@ -27,8 +27,8 @@ from engine.events import (
     LeaseExpired,
     PathRerouted,
 )
-from engine.intents import Drain, ExpireLeases
-from engine.state import DomainState, evolve
+from trellis.engine.intents import Drain, ExpireLeases
+from trellis.engine.state import DomainState, evolve
 
 GPU = {"kind": "gpu"}
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from adapters.bootstrap import fabric_from_settings, fabric_state_path
-from adapters.entrypoints import cli
-from adapters.fabric.sim import ScriptedFault, SimulatedFabric
-from adapters.nats.jetstream import StreamLimits
-from adapters.settings import Settings, SettingsError, redacted
+from trellis.adapters.bootstrap import fabric_from_settings, fabric_state_path
+from trellis.adapters.entrypoints import cli
+from trellis.adapters.fabric.sim import ScriptedFault, SimulatedFabric
+from trellis.adapters.nats.jetstream import StreamLimits
+from trellis.adapters.settings import Settings, SettingsError, redacted
 
 
 def test_an_empty_environment_means_the_defaults() -> None:

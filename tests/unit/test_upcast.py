@@ -12,7 +12,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from engine.events import (
+from trellis.engine.events import (
     EVENT_TYPES,
     SCHEMA_VERSIONS,
     DeviceBinding,
@@ -21,7 +21,7 @@ from engine.events import (
     PathRerouted,
     encode,
 )
-from engine.upcast import UPCASTERS, upcast
+from trellis.engine.upcast import UPCASTERS, upcast
 
 PAYLOADS = Path(__file__).parent / "payloads"
 

@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 from fabric_builder import FabricBuilder, composed
 
-from engine import queries, views
-from engine.errors import IntentRejected
-from engine.intents import BlastRadiusQuery, ConnectionsQuery, TopologyQuery
-from engine.service import AUDIT_QUERIES
-from engine.state import DomainState
+from trellis.engine import queries, views
+from trellis.engine.errors import IntentRejected
+from trellis.engine.intents import BlastRadiusQuery, ConnectionsQuery, TopologyQuery
+from trellis.engine.service import AUDIT_QUERIES
+from trellis.engine.state import DomainState
 
 
 def two_tenants() -> tuple[DomainState, str, str]:

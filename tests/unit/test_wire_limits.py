@@ -19,9 +19,9 @@ import msgspec
 import msgspec.inspect as mi
 import pytest
 
-from adapters.postgres.migrations import SCHEMA_DIR
-from engine.ids import COMPONENT_REF_PATTERN, ID_PATTERN, is_valid_id
-from engine.intents import (
+from trellis.adapters.postgres.migrations import SCHEMA_DIR
+from trellis.engine.ids import COMPONENT_REF_PATTERN, ID_PATTERN, is_valid_id
+from trellis.engine.intents import (
     INTENTS,
     MAX_BODY_BYTES,
     MAX_TOPOLOGY_ITEMS,
