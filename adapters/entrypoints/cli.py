@@ -37,7 +37,7 @@ from trellis.adapters.bootstrap import (
     running_engine_pid,
     until_accepted,
 )
-from trellis.adapters.embedded.servers import default_data_dir, reload_nats
+from trellis.adapters.embedded.servers import DataDirVersionError, default_data_dir, reload_nats
 from trellis.adapters.entrypoints import audit_proofs, audit_verify, completion, export, render
 from trellis.adapters.nats.auth import (
     CredentialsError,
@@ -100,6 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
     except (MigrationError, PrivilegeError, StreamConfigError, ExportError) as exc:
         _say("error", str(exc), None)
+        return EXIT_FAILED
+    except DataDirVersionError as exc:
+        _say("incompatible", str(exc), exc.hint)
         return EXIT_FAILED
     except _POSTGRES_REFUSED as exc:  # configuration, not an outage: not waited out
         _say("refused", f"Postgres refused the connection: {exc}", "check TRELLIS_DATABASE_URL")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import socket
@@ -15,15 +16,21 @@ from pathlib import Path
 import asyncpg
 import nats
 import pytest
+from harness import run_cli
 
+from trellis.adapters.checkpoint_key import KEY_FILE, load_or_create
 from trellis.adapters.embedded.servers import (
     PG_ENGINE_ROLE,
     PG_OWNER_ROLE,
+    PG_SYSTEM_USER,
+    DataDirVersionError,
     EmbeddedNats,
     EmbeddedPostgres,
     EmbeddedServerError,
     default_data_dir,
     free_port,
+    postgres_bin_dir,
+    postgres_major_version,
 )
 from trellis.adapters.settings import redacted
 
@@ -239,3 +246,97 @@ def test_servers_left_running_are_stopped_when_python_exits(tmp_path: Path) -> N
             os.kill(pid, 0)
     assert not _accepts_tcp(nats_port)
     assert not _accepts_tcp(pg_port)
+
+
+# -- a data dir of another PostgreSQL major version ---------------------------------------------
+#
+# The stand-in for a data dir that pgserver's PostgreSQL 16 made: one the bundled PostgreSQL
+# made, whose PG_VERSION file then says 16. That is faithful for what is tested here because
+# PG_VERSION is what decides: PostgreSQL's own check (ValidatePgVersion, which refuses a data
+# dir of another major before it reads anything else in it) compares that file's contents
+# with its own major, and so does Trellis's. The first test runs the bundled postgres on the
+# stand-in to show it refuses it for exactly that reason.
+
+
+def _made_by(tmp_path: Path, version: str) -> EmbeddedPostgres:
+    """A data dir the bundled PostgreSQL initialised and served once, relabelled `version`."""
+    server = EmbeddedPostgres(tmp_path / "data")
+    with server:
+        pass
+    (server.pgdata / "PG_VERSION").write_text(f"{version}\n")
+    return server
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, int, int, str]]:
+    """Every file and dir under `root`: mode, owner, mtime and content digest."""
+    seen = {}
+    for path in sorted(root.rglob("*")):
+        st = path.lstat()
+        digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
+        seen[str(path.relative_to(root))] = (st.st_mode, st.st_uid, st.st_mtime_ns, digest)
+    return seen
+
+
+def test_the_stand_in_is_refused_by_postgresql_itself_for_its_pg_version(tmp_path: Path) -> None:
+    server = _made_by(tmp_path, "16")
+    bundled = postgres_major_version(postgres_bin_dir())
+    # Root's groups dropped as well: a group match with no permission bits denies access.
+    root = os.geteuid() == 0
+    as_server_user = {"user": PG_SYSTEM_USER, "group": PG_SYSTEM_USER, "extra_groups": []}
+    refused = subprocess.run(
+        [postgres_bin_dir() / "postgres", "--single", "-D", server.pgdata, "postgres"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+        cwd=server.pgdata, **(as_server_user if root else {}),
+    )  # fmt: skip
+    assert refused.returncode != 0
+    says = (
+        f"initialized by PostgreSQL version 16, which is not compatible with this version {bundled}"
+    )
+    assert says in refused.stderr, refused.stderr
+
+
+@pytest.mark.parametrize("made_by", ["older", "newer"])
+def test_postgres_refuses_a_data_dir_of_another_major_and_changes_nothing(
+    tmp_path: Path, made_by: str
+) -> None:
+    bundled = postgres_major_version(postgres_bin_dir())
+    # Older: pgserver's PostgreSQL 16. Newer: a data dir from a later Trellis, then downgraded.
+    found = "16" if made_by == "older" else str(int(bundled) + 1)
+    assert found != bundled
+    server = _made_by(tmp_path, found)
+    before = _snapshot(server.data_dir)
+
+    again = EmbeddedPostgres(server.data_dir)
+    with pytest.raises(DataDirVersionError) as refused:
+        again.start()
+
+    error = refused.value
+    assert (error.pgdata, error.found, error.bundled) == (again.pgdata, found, bundled)
+    assert f"{again.pgdata} was made by PostgreSQL {found}" in str(error)
+    assert f"which the bundled PostgreSQL {bundled} cannot start" in str(error)
+    assert str(again.pgdata) in error.hint and "move" in error.hint
+    assert ("pg_upgrade" in error.hint) == (made_by == "older")
+    assert not again.running and not _accepts_tcp(again.port)
+    assert _snapshot(server.data_dir) == before  # no chown, chmod, password or log line
+
+
+async def test_trellis_up_on_a_postgresql_16_data_dir_is_one_line_naming_both_versions(
+    tmp_path: Path,
+) -> None:
+    server = _made_by(tmp_path, "16")
+    load_or_create(server.data_dir / KEY_FILE)  # as an engine that served there made it
+    bundled = postgres_major_version(postgres_bin_dir())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")}
+    env["TRELLIS_DATA_DIR"] = str(server.data_dir)
+
+    code, out, err = await run_cli(env, "up")
+    assert "serving" not in out, out
+
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1 and "Traceback" not in err, (code, err)
+    assert lines[0].startswith(
+        f"trellis: incompatible: the PostgreSQL data dir {server.pgdata} was made by "
+        f"PostgreSQL 16, which the bundled PostgreSQL {bundled} cannot start"
+    ), lines[0]
+    assert "(hint: move " in lines[0] and "pg_upgrade" in lines[0], lines[0]
+    assert (server.pgdata / "PG_VERSION").read_text() == "16\n"

@@ -1,10 +1,13 @@
 """The built wheel works without the source tree: `trellis up` and a compose (issue 12 item 1).
 
-The repository is copied (without its venv and build products), built into a wheel with pip,
-and the wheel installed into a fresh venv. From a directory outside the source tree, with no
-TRELLIS_* URLs (so the embedded NATS and PostgreSQL start from the installed packages), that
-venv's `trellis up` serves, and its CLI imports a fabric and composes a GPU on it: the
-migrations come from inside the wheel. The wheel installs one import name, `trellis`.
+Once per supported interpreter (Python 3.11, 3.12 and 3.13; one that is not installed is a
+skip naming it): the repository is copied (without its venv and build products), built into a
+wheel by that interpreter's pip, and the wheel installed into a fresh venv of that interpreter
+with its dependencies from the package index, so each Python proves that every dependency
+installs there. From a directory outside the source tree, with no TRELLIS_* URLs (so the
+embedded NATS and PostgreSQL start from the installed packages), that venv's `trellis up`
+serves, and its CLI imports a fabric and composes a GPU on it: the migrations come from inside
+the wheel. The wheel installs one import name, `trellis`.
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # a wheel build, a venv install, an embedded PostgreSQL start
+pytestmark = pytest.mark.slow  # per Python: a wheel build, a venv install, an embedded start
 
 REPO = Path(__file__).resolve().parents[2]
 SKIP = shutil.ignore_patterns(".venv", ".git", "build", "dist", "*.egg-info", "*.so", "_paths_c.c")
+SUPPORTED = ["3.11", "3.12", "3.13"]  # pyproject.toml's classifiers
 
 
 def run(*cmd: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:
@@ -36,18 +40,48 @@ def run(*cmd: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:
     return done.stdout
 
 
-async def test_the_wheel_installs_into_a_fresh_venv_and_serves_a_compose(tmp_path: Path) -> None:
+def interpreter(version: str) -> Path | None:
+    """A working `python<version>`: the running one, one on PATH, or one pyenv installed.
+
+    Each candidate is asked its version, since a pyenv shim on PATH exists for every version
+    pyenv knows but runs only those the current pyenv setting selects."""
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    candidates = [
+        Path(sys.executable),
+        *(Path(found) for found in [shutil.which(f"python{version}")] if found),
+        *sorted(pyenv.glob(f"{version}.*/bin/python{version}")),
+    ]
+    for candidate in candidates:
+        try:
+            said = subprocess.run(
+                [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                capture_output=True, text=True, timeout=30,
+            )  # fmt: skip
+        except OSError:
+            continue
+        if said.returncode == 0 and said.stdout.strip() == version:
+            return candidate
+    return None
+
+
+@pytest.mark.parametrize("version", SUPPORTED)
+async def test_the_wheel_installs_into_a_fresh_venv_and_serves_a_compose(
+    tmp_path: Path, version: str
+) -> None:
+    python = interpreter(version)
+    if python is None:
+        pytest.skip(f"python{version} is not installed (not on PATH, not among pyenv's versions)")
+    venv = tmp_path / "venv"
+    run(python, "-m", "venv", venv, cwd=tmp_path)
     source = tmp_path / "src"
     shutil.copytree(REPO, source, ignore=SKIP)
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", tmp_path / "wheel", ".",
-        cwd=source)  # fmt: skip
+    run(venv / "bin" / "python", "-m", "pip", "wheel", "--no-deps", "-q", "-w", tmp_path / "wheel",
+        ".", cwd=source)  # fmt: skip
     (wheel,) = (tmp_path / "wheel").glob("trellis_fabric-*.whl")
     with zipfile.ZipFile(wheel) as built:
         top_level = {name.split("/")[0] for name in built.namelist()}
     # One import name, the namespace; engine/, adapters/ ... are not installed at the top level.
     assert {name for name in top_level if not name.endswith(".dist-info")} == {"trellis"}
-    venv = tmp_path / "venv"
-    run(sys.executable, "-m", "venv", venv, cwd=tmp_path)
     run(venv / "bin" / "pip", "install", "-q", wheel, cwd=tmp_path)
     shutil.rmtree(source)  # nothing of the source tree is left to lean on
 
