@@ -72,9 +72,22 @@ EXIT_USAGE = 2  # the command line is wrong (a flag, an id): nothing was sent
 EXIT_UNAVAILABLE = 3  # NATS, the engine or Postgres could not be reached, or did not answer
 EXIT_INTERNAL = 70  # a bug: the line says so, and -v shows the traceback
 EXIT_INTERRUPTED = 130
+EXIT_PIPE_CLOSED = 141  # what a shell reports for a command killed by SIGPIPE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, where a closed pipe can still be told apart from a bug
+        return code
+    except BrokenPipeError:
+        # The reader went away (`trellis ... | head -1`): stop quietly, as a command killed by
+        # SIGPIPE would, and keep the interpreter's last flush from complaining.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE_CLOSED
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     try:
         args = parser.parse_args(argv)
@@ -92,6 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.run(args)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        raise  # not a bug, nor a database that is down: main stops quietly
     except CliError as exc:
         _say(exc.code, str(exc), exc.hint)
         return exc.exit

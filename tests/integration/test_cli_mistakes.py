@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -159,3 +160,20 @@ async def test_help_names_the_defaults_the_environment_and_the_exit_codes(tmp_pa
     assert "2 usage, 3 unavailable, 70 internal" in out, out
     code, out, _ = await run_cli(base_env(tmp_path), "compose", "--help")
     assert code == 0 and "(default: 10.0)" in out and "$TRELLIS_TENANT" in out, out
+
+
+@pytest.mark.parametrize(
+    "command", [["--help"], ["schema", "export", "--help"], ["completion", "bash"]]
+)
+def test_a_reader_that_goes_away_stops_the_cli_quietly(command: list[str]) -> None:
+    """`trellis ... | head -1`: no 'internal' line and no traceback when the pipe closes."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first line: every write is EPIPE
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "trellis.adapters.entrypoints.cli", *command],
+            stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (141, ""), done.stderr
