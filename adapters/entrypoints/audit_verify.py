@@ -8,7 +8,7 @@ Four checks, one pass over each domain's log (docs/auditing.md, "Verifying the l
 - invariants: the independent audit over the raw event data (engine.audit.InvariantAudit);
 - projections: the whole log replayed into fresh projection tables, compared row by row with
   the live ones, each up to the version its live checkpoint says it holds;
-- kv: the log folded with engine.state.evolve, rendered as the relay renders the bucket, and
+- kv: the log folded as the relay folds it (kv_state.fold), rendered as it renders the bucket, and
   compared with what TRELLIS_STATE holds, up to the relay's checkpoint. Skipped (and said so)
   when NATS cannot be reached.
 
@@ -32,16 +32,15 @@ import msgspec
 from trellis.adapters.bootstrap import find_endpoint, nats_servers
 from trellis.adapters.embedded.servers import default_data_dir
 from trellis.adapters.entrypoints import audit_proofs, render
-from trellis.adapters.nats import kv_audit
+from trellis.adapters.nats import kv_audit, kv_state
 from trellis.adapters.nats.auth import CredentialsError, NkeyCredentials, Principal, SecureDir
 from trellis.adapters.nats.jetstream import stream_name
-from trellis.adapters.nats.kv_state import changes, coalesce, everything
+from trellis.adapters.nats.kv_state import View, changes, coalesce, everything
 from trellis.adapters.postgres import verify as db
 from trellis.adapters.postgres.store import connect_pool
 from trellis.adapters.settings import Settings, SettingsError
 from trellis.engine.audit import ChainCheck, CheckpointCheck, Finding, InvariantAudit
 from trellis.engine.records import RecordedEvent
-from trellis.engine.state import DomainState, evolve
 from trellis.projections.base import Fact
 from trellis.projections.sink import default_projections
 
@@ -263,11 +262,12 @@ async def _domain(
 
 
 class _Fold:
-    """engine.state.evolve over the domain's events, noting what the relay would have put in
+    """The relay's fold (kv_state.fold: engine.state.evolve and the conditions) over the
+    domain's events, noting what the relay would have put in
     the bucket by its checkpoint: the state there and the position each key last changed at."""
 
     def __init__(self, domain: str, relay_version: int):
-        self.state = DomainState(domain=domain)
+        self.state = View.empty(domain)
         self.relay_version = relay_version
         self.at_relay = self.state if relay_version == 0 else None
         self.written_at: dict[str, int] = {}
@@ -281,7 +281,8 @@ class _Fold:
             return None
         try:
             event = record.event()
-            before, self.state = self.state, evolve(self.state, event)
+            before = self.state
+            self.state = kv_state.fold(before, event, record.recorded_at, record.position)
         except Exception as exc:  # an event this code cannot read, or a forged log's
             self.stop(record, f"the engine's fold cannot apply it: {type(exc).__name__}: {exc}")
             return None

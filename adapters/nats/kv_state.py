@@ -5,12 +5,19 @@ Keys are `<domain>.device.<id>`, `<domain>.composition.<id>` and `<domain>.host.
 decides on, so a scheduler watching the bucket sees exactly what the engine believes. Every
 value carries the log `position` of the event that wrote it, to line it up with the stream.
 
-`changes(before, after, event, position)` lists the keys one event changed, with their new
-values. It finds them by identity: `evolve` replaces exactly the entries an event touches and
-shares everything else, so a map that is the same object before and after is skipped at once,
-and an entry that is the same object (or an equal one) did not change. No per-event-type table
-to keep in step with `evolve`. `coalesce` reduces a batch of changes to the writes that matter:
-the bucket holds current state, and a watcher may not see every step (the stream has them).
+`changes(before, after, event, position)` (two `View`s) lists the keys one event changed, with
+their new values. It finds them by identity: `evolve` (and `fold`) replace exactly the entries
+an event touches and share everything else, so a map that is the same object before and after
+is skipped at once, and an entry that is the same object (or an equal one) did not change. No
+per-event-type table to keep in step with `evolve`. `coalesce` reduces a batch of changes to
+the writes that matter: the bucket holds current state, and a watcher may not see every step
+(the stream has them).
+
+A composition value also carries `conditions` (engine/conditions.py), Kubernetes-style, for a
+DRA driver's binding conditions and an autoscaler; they need the time and position of the
+events, which `evolve` does not keep, so the renderer folds a `View`: the engine's state plus
+each live composition's conditions (`fold`, one event at a time, as the relay and
+`trellis verify` both do).
 
 A composition that ends (released or failed) leaves `evolve`'s state; its key gets its final
 value, `state` "released" or "failed", and is then deleted. A watcher sees the end and why, and
@@ -21,15 +28,24 @@ removed from the fabric has its key deleted.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
 import msgspec
 
+from trellis.engine.conditions import Condition, Track, observe
 from trellis.engine.events import CompositionFailed, DeviceBinding, Event
 from trellis.engine.model import Health
 from trellis.engine.records import format_time
 from trellis.engine.results import Time
-from trellis.engine.state import Composition, CompositionState, DomainState, NodeState, usable
+from trellis.engine.state import (
+    Composition,
+    CompositionState,
+    DomainState,
+    NodeState,
+    evolve,
+    usable,
+)
 
 KeyChange = tuple[str, bytes | None]  # (key, JSON value), or (key, None): delete the key
 
@@ -66,6 +82,8 @@ class CompositionEntry(msgspec.Struct, kw_only=True):
     devices: list[BoundDevice]
     impaired_by: list[str]  # the components whose faults impair it, oldest first
     position: int
+    # Bound, PathEstablished, Ready, Impaired, Failed, in that order (engine/conditions.py).
+    conditions: list[Condition] = []
 
 
 class HostEntry(msgspec.Struct, kw_only=True):
@@ -77,56 +95,87 @@ class HostEntry(msgspec.Struct, kw_only=True):
     position: int
 
 
+class View(msgspec.Struct, frozen=True, kw_only=True):
+    """What the bucket renders: the engine's state and each live composition's conditions."""
+
+    state: DomainState
+    tracks: dict[str, Track] = {}
+    ended: dict[str, Track] = {}  # the final tracks of the compositions the last event ended
+
+    @classmethod
+    def empty(cls, domain: str) -> View:
+        return cls(state=DomainState(domain=domain))
+
+
+def fold(view: View, event: Event, at: datetime, position: int) -> View:
+    """`view` after `event`, recorded `at` at log `position`: evolve, then the conditions."""
+    state = evolve(view.state, event)
+    cid = getattr(event, "composition_id", "")
+    live = state.compositions.get(cid)
+    gone = None if live is not None else view.state.compositions.get(cid)
+    tracks, ended = view.tracks, {}
+    if live is not None:
+        track = observe(tracks.get(cid), live, event, at, position)
+        if track is not tracks.get(cid):
+            tracks = {**tracks, cid: track}
+    elif gone is not None:
+        ended = {cid: observe(tracks.get(cid), gone, event, at, position)}
+        tracks = {k: v for k, v in tracks.items() if k != cid}
+    if state is view.state and tracks is view.tracks and not (ended or view.ended):
+        return view
+    return View(state=state, tracks=tracks, ended=ended)
+
+
 _encode = msgspec.json.Encoder().encode
 
 
-def everything(state: DomainState, position: int) -> list[KeyChange]:
-    """Every key of `state`, with its value as of log `position`: a bucket filled afresh."""
-    return changes(DomainState(domain=state.domain), state, None, position)
+def everything(view: View, position: int) -> list[KeyChange]:
+    """Every key of `view`, with its value as of log `position`: a bucket filled afresh."""
+    return changes(View.empty(view.state.domain), view, None, position)
 
 
-def changes(
-    before: DomainState, after: DomainState, event: Event | None, position: int
-) -> list[KeyChange]:
+def changes(before: View, after: View, event: Event | None, position: int) -> list[KeyChange]:
     """The keys `event` (at log `position`) changed between `before` and `after`, with values.
 
     Order: compositions, then devices, then hosts, each by id; an ended composition's final
     value comes right before its delete.
     """
-    domain = after.domain
     out: list[KeyChange] = []
     hosts: set[str] = set()
-    for cid in _changed(before.compositions, after.compositions):
-        key = f"{domain}.composition.{cid}"
-        now = after.compositions.get(cid)
-        if now is not None:
-            out.append((key, _encode(composition_entry(now, position))))
-            if cid not in before.compositions:
-                hosts.add(now.host)
+    was, now = before.state, after.state
+    touched = _changed(was.compositions, now.compositions) | _changed(before.tracks, after.tracks)
+    for cid in sorted(touched):
+        key = f"{now.domain}.composition.{cid}"
+        live = now.compositions.get(cid)
+        if live is not None:
+            out.append((key, _encode(composition_entry(live, after.tracks.get(cid), position))))
+            if cid not in was.compositions:
+                hosts.add(live.host)
             continue
         ended = "failed" if isinstance(event, CompositionFailed) else "released"
-        final = msgspec.structs.replace(before.compositions[cid], state=ended)
-        out += [(key, _encode(composition_entry(final, position))), (key, None)]
+        final = msgspec.structs.replace(was.compositions[cid], state=ended)
+        last = composition_entry(final, after.ended.get(cid), position)
+        out += [(key, _encode(last)), (key, None)]
         hosts.add(final.host)
 
     devices: set[str] = set()
-    for node_id in _changed(before.nodes, after.nodes):
-        kind = (after.nodes.get(node_id) or before.nodes[node_id]).spec.kind
+    for node_id in _changed(was.nodes, now.nodes):
+        kind = (now.nodes.get(node_id) or was.nodes[node_id]).spec.kind
         if kind == "device":
             devices.add(node_id)
         elif kind == "host":
             hosts.add(node_id)
-    devices |= _changed(before.device_owner, after.device_owner)
-    devices |= _changed(before.memory_used, after.memory_used)
+    devices |= _changed(was.device_owner, now.device_owner)
+    devices |= _changed(was.memory_used, now.memory_used)
 
     for device in sorted(devices):
-        node = after.nodes.get(device)
-        entry = None if node is None else _encode(device_entry(after, node, position))
-        out.append((f"{domain}.device.{device}", entry))
+        node = now.nodes.get(device)
+        entry = None if node is None else _encode(device_entry(now, node, position))
+        out.append((f"{now.domain}.device.{device}", entry))
     for host in sorted(hosts):
-        node = after.nodes.get(host)
-        entry = None if node is None else _encode(host_entry(after, node, position))
-        out.append((f"{domain}.host.{host}", entry))
+        node = now.nodes.get(host)
+        entry = None if node is None else _encode(host_entry(now, node, position))
+        out.append((f"{now.domain}.host.{host}", entry))
     return out
 
 
@@ -166,7 +215,9 @@ def device_entry(state: DomainState, node: NodeState, position: int) -> DeviceEn
     )
 
 
-def composition_entry(composition: Composition, position: int) -> CompositionEntry:
+def composition_entry(
+    composition: Composition, track: Track | None, position: int
+) -> CompositionEntry:
     return CompositionEntry(
         tenant=composition.tenant,
         host=composition.host,
@@ -175,6 +226,7 @@ def composition_entry(composition: Composition, position: int) -> CompositionEnt
         devices=[_bound(b) for b in composition.bindings],
         impaired_by=list(composition.impaired_by),
         position=position,
+        conditions=list(track.conditions) if track is not None else [],
     )
 
 

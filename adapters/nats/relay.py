@@ -2,8 +2,9 @@
 
 The relay is a sink of the engine's log followers (engine.follower): one follower per domain
 hands it that domain's events in batches. For each batch the relay
-1. folds the events into its own copy of the domain's DomainState (engine.state.evolve, rebuilt
-   from the log when it resumes) and notes the KV keys they changed (adapters/nats/kv_state.py);
+1. folds the events into its own copy of the domain's state and compositions' conditions
+   (kv_state.fold: engine.state.evolve and engine.conditions, rebuilt from the log when it
+   resumes) and notes the KV keys they changed (adapters/nats/kv_state.py);
 2. publishes the events it has not published yet to `<prefix>.events.<domain>.<type>` as one
    atomic batch (JetStream 2.12: all or none stored), each with `Nats-Msg-Id` = event id and the
    envelope of ARCHITECTURE §6 (`data` byte for byte as stored, so a consumer can check the
@@ -48,6 +49,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 
+from trellis.adapters.nats import kv_state
 from trellis.adapters.nats.jetstream import (
     DEFAULT_PREFIX,
     Envelope,
@@ -59,11 +61,10 @@ from trellis.adapters.nats.jetstream import (
     event_subject,
     stream_name,
 )
-from trellis.adapters.nats.kv_state import KeyChange, changes, coalesce, everything
+from trellis.adapters.nats.kv_state import KeyChange, View, changes, coalesce, everything
 from trellis.adapters.postgres import follower_checkpoints
 from trellis.engine.follower import Progress, Rewound, Stalled
 from trellis.engine.records import RecordedEvent
-from trellis.engine.state import DomainState, evolve
 
 log = logging.getLogger("trellis.relay")
 
@@ -93,7 +94,7 @@ class _End(msgspec.Struct, frozen=True):
 
 
 class _Fold(msgspec.Struct, frozen=True):
-    state: DomainState
+    state: View
     version: int  # the last version folded into `state`
 
 
@@ -164,7 +165,7 @@ class RelaySink:
             row = await conn.fetchrow(follower_checkpoints.READ, self._checkpoint_name, domain)
         checkpoint = Progress(row["version"], row["position"])
         self._checkpoints[domain] = checkpoint
-        self._folds[domain] = _Fold(DomainState(domain=domain), 0)
+        self._folds[domain] = _Fold(View.empty(domain), 0)
         self._ends.pop(domain, None)
         # A bucket this relay found was kept up by relays before it; once the relay has had to
         # make one, a domain it takes up again may have keys missing: put them all once.
@@ -181,7 +182,7 @@ class RelaySink:
             except Exception as exc:  # a newer engine's event, or damage: stop before it
                 stalled = Stalled(checkpoint, record.position, f"{record.type}: {exc}")
                 break
-            before, state = state, evolve(state, event)
+            before, state = state, kv_state.fold(state, event, record.recorded_at, record.position)
             folded = record.version
             if record.version > checkpoint.version:
                 changed += changes(before, state, event, record.position)
@@ -213,7 +214,7 @@ class RelaySink:
         self,
         domain: str,
         records: list[RecordedEvent],
-        state: DomainState,
+        state: View,
         changed: list[KeyChange],
     ) -> Progress:
         """Publish what the stream lacks, put the keys, move the checkpoint: one step."""
@@ -312,7 +313,7 @@ class RelaySink:
         if made:
             self._generation += 1  # every domain's keys are put again, in full
 
-    async def _rewrite(self, domain: str, state: DomainState, position: int) -> None:
+    async def _rewrite(self, domain: str, state: View, position: int) -> None:
         """Make the domain's keys exactly `state` (as of `position`): every key put, and the
         keys the state no longer has (left by a relay that stopped mid-way) deleted."""
         writes = coalesce(everything(state, position))

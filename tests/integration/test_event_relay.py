@@ -37,7 +37,13 @@ from trellis.adapters.nats.jetstream import (
     ensure_stream,
     stream_name,
 )
-from trellis.adapters.nats.kv_state import composition_entry, device_entry, host_entry
+from trellis.adapters.nats.kv_state import (
+    View,
+    composition_entry,
+    device_entry,
+    fold,
+    host_entry,
+)
 from trellis.adapters.nats.relay import RelayError, RelaySink
 from trellis.adapters.postgres.store import PostgresEventStore, connect_pool
 from trellis.engine.follower import Follower, Stalled
@@ -573,16 +579,20 @@ async def test_a_kv_watch_sees_a_composition_come_and_go_and_its_device_change_h
 
 
 async def assert_bucket_is_the_state(h: Harness, nc: NATS, prefix: str) -> None:
-    """Every key of the bucket, and no other, with the value the engine's state gives it."""
+    """Every key of the bucket, and no other, with the value the engine's state gives it (and
+    the conditions the log's events give each composition)."""
     stored = {
         key: {k: v for k, v in msgspec.json.decode(body).items() if k != "position"}
         for key, body in (await bucket_values(nc.jetstream(), prefix)).items()
     }
     state = h.engine.state(HALL)
     assert state is not None
+    view = View.empty(HALL)
+    async for record in h.store.read(HALL):
+        view = fold(view, record.event(), record.recorded_at, record.position)
     expected: dict[str, Any] = {}
     for cid, c in state.compositions.items():
-        expected[f"{HALL}.composition.{cid}"] = composition_entry(c, 0)
+        expected[f"{HALL}.composition.{cid}"] = composition_entry(c, view.tracks[cid], 0)
     for node_id, node in state.nodes.items():
         if node.spec.kind == "device":
             expected[f"{HALL}.device.{node_id}"] = device_entry(state, node, 0)

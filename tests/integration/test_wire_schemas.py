@@ -13,6 +13,7 @@ value it writes are validated likewise.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import functools
 import json
@@ -342,3 +343,65 @@ async def test_stream_messages_and_kv_values_match_the_committed_schemas(
         check("kv", value, kinds[kind], strict=True)
         seen.add(kind)
     assert seen >= {"device", "host"}, seen
+
+
+async def test_composition_conditions_in_kv_match_the_schema_in_every_state(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str
+) -> None:
+    """Every value the relay puts for a composition, pending, active, failed and impaired,
+    validates (closed) against kv.schema.json, and its conditions say that state."""
+    async with serving(
+        nats_url, database_url, pg_schema, subject_prefix, clock=ManualClock(), saga_deadline=3.0
+    ) as h:
+        w = Wire(h, subject_prefix)
+        puts: list[dict[str, Any]] = []
+
+        async def kept(msg: Any) -> None:
+            if msg.data:  # a delete or purge marker has none
+                puts.append(json.loads(msg.data))
+
+        bucket = bucket_name(subject_prefix)
+        sub = await h.client.nc.subscribe(f"$KV.{bucket}.{DOMAIN}.composition.>", cb=kept)
+        sim = cast(SimulatedFabric, h.fabric)
+        expect_ok(await w.admin("import-topology", "topo", **fabric()))
+        one_gpu = {"host": "host-01", "devices": [{"kind": "gpu"}]}
+
+        sim.hang_next("bind")  # pending until the saga's deadline, then failed
+        hung = asyncio.create_task(w.intent("acme", "compose", "c-hung", **one_gpu))
+        await until(lambda: any(p["state"] == "pending" for p in puts))
+        expect_error(await hung, "failed")
+        cid = expect_ok(await w.intent("acme", "compose", "c-ok", **one_gpu))["composition_id"]
+        await h.relayed(DOMAIN)  # put active before the fault, not coalesced with it
+        down = {"component": "host-01", "state": "failed", "detail": "psu"}
+        expect_ok(await w.admin("report-fault", "f1", **down))
+        await h.relayed(DOMAIN)
+        await h.client.nc.flush()  # every put the server passed on has arrived
+        await sub.unsubscribe()
+
+    by_state: dict[str, dict[str, Any]] = {}
+    for value in puts:
+        check("kv", value, "CompositionEntry", strict=True)
+        by_state[value["state"]] = {c["type"]: c for c in value["conditions"]}
+    assert set(by_state) >= {"pending", "active", "failed", "impaired"}, set(by_state)
+    status = {s: {t: c["status"] for t, c in conds.items()} for s, conds in by_state.items()}
+    assert status["pending"] == {
+        "Bound": "True", "PathEstablished": "False", "Ready": "False", "Impaired": "False",
+        "Failed": "False",
+    }  # fmt: skip
+    assert status["active"]["Ready"] == "True" and status["active"]["PathEstablished"] == "True"
+    failed = by_state["failed"]["Failed"]
+    assert failed["status"] == "True" and failed["reason"] == "CompositionFailed"
+    assert "bind" in failed["message"] and failed["components"]
+    impaired = by_state["impaired"]
+    assert status["impaired"]["Impaired"] == "True" and status["impaired"]["Ready"] == "False"
+    last = next(p for p in reversed(puts) if p["state"] == "impaired")
+    assert impaired["Impaired"]["components"] == last["impaired_by"] and cid
+    # A condition is stamped with the log position of the event that moved it, never later.
+    assert all(c["observed_position"] <= last["position"] for c in impaired.values())
+
+
+async def until(ready: Any, timeout: float = 10.0) -> None:
+    """Wait, bounded, for `ready()` to be true (what the relay puts arrives asynchronously)."""
+    async with asyncio.timeout(timeout):
+        while not ready():
+            await asyncio.sleep(0.02)

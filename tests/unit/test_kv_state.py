@@ -1,15 +1,40 @@
-"""The KV bucket's keys and values, derived purely from the state before and after each event."""
+"""The KV bucket's keys and values, derived purely from the events: the state before and after
+each one, and the compositions' conditions from the events' times and positions."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
-from unit.fabric_builder import DOMAIN, FabricBuilder, compose, composed, release, report_fault
+from unit.fabric_builder import (
+    DOMAIN,
+    FabricBuilder,
+    compose,
+    compose_pending,
+    release,
+    report_fault,
+    run,
+)
 
-from trellis.adapters.nats.kv_state import KeyChange, changes, coalesce
-from trellis.engine.events import ComponentRemoved, Event, TopologyImported
-from trellis.engine.state import DomainState, evolve
+from trellis.adapters.nats.kv_state import KeyChange, View, changes, coalesce, everything, fold
+from trellis.engine.events import (
+    ComponentRemoved,
+    CompositionReleased,
+    Event,
+    LeaseExpired,
+    TopologyImported,
+)
+from trellis.engine.intents import FailComposition, settle_request_id
+from trellis.engine.records import format_time
+from trellis.engine.state import DomainState
+
+START = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def recorded(position: int) -> datetime:
+    """When the event at `position` was recorded: a second apart, as no wall clock reads."""
+    return START + timedelta(seconds=position)
 
 
 def hall() -> DomainState:
@@ -21,14 +46,26 @@ def hall() -> DomainState:
     return b.state()
 
 
-def played(state: DomainState, events: list[Event]) -> tuple[DomainState, list[KeyChange]]:
-    """Fold `events` one by one as the relay does; every key change, positions 1, 2, ..."""
+def played(
+    start: DomainState | View, events: list[Event], first: int = 1
+) -> tuple[View, list[KeyChange]]:
+    """Fold `events` one by one as the relay does; every key change, positions `first`, ..."""
+    view = start if isinstance(start, View) else View(state=start)
     out: list[KeyChange] = []
-    for position, event in enumerate(events, start=1):
-        after = evolve(state, event)
-        out += changes(state, after, event, position)
-        state = after
-    return state, out
+    for position, event in enumerate(events, start=first):
+        after = fold(view, event, recorded(position), position)
+        out += changes(view, after, event, position)
+        view = after
+    return view, out
+
+
+def composed_view(state: DomainState, tenant: str, **body: Any) -> tuple[View, Any, int]:
+    """A compose that must succeed, folded from `state`: the view, the result and the next
+    free position."""
+    events, result = compose(state, tenant, **body)
+    assert result.state == "active", result
+    view, _ = played(state, events)
+    return view, result, len(events) + 1
 
 
 def decoded(value: bytes | None) -> dict[str, Any] | None:
@@ -87,11 +124,11 @@ def test_a_compose_writes_the_composition_its_devices_and_its_host() -> None:
 
 
 def test_a_release_writes_the_final_state_then_deletes_the_key_and_frees_the_devices() -> None:
-    state, result = composed(hall(), "acme", host="h", device_ids=["g2"])
+    view, result, next_position = composed_view(hall(), "acme", host="h", device_ids=["g2"])
     cid = result.composition_id
-    events, _ = release(state, "acme", cid)
+    events, _ = release(view.state, "acme", cid)
 
-    _, changed = played(state, events)
+    _, changed = played(view, events, next_position)
 
     key = f"{DOMAIN}.composition.{cid}"
     mine = [(k, decoded(v)) for k, v in changed if k == key]
@@ -107,10 +144,10 @@ def test_a_release_writes_the_final_state_then_deletes_the_key_and_frees_the_dev
 
 
 def test_a_fault_on_a_used_device_shows_on_the_device_and_on_the_impaired_composition() -> None:
-    state, result = composed(hall(), "acme", host="h", device_ids=["g1"])
-    events, _ = report_fault(state, "g1", "degraded")
+    view, result, next_position = composed_view(hall(), "acme", host="h", device_ids=["g1"])
+    events, _ = report_fault(view.state, "g1", "degraded")
 
-    _, changed = played(state, events)
+    _, changed = played(view, events, next_position)
 
     values = last_values(changed)
     assert values[f"{DOMAIN}.device.g1"]["health"] == "degraded"  # type: ignore[index]
@@ -159,3 +196,141 @@ def test_a_batch_comes_down_to_each_keys_last_value_and_an_ended_key_to_its_end(
         "d.device.g2": [None],
         "d.device.g3": [b"added again"],
     }
+
+
+# ---- conditions (engine/conditions.py) ----
+
+
+def conditions_of(changed: list[KeyChange], cid: str) -> list[dict[str, dict[str, Any]]]:
+    """Each value the composition's key was given, as its conditions by type."""
+    key = f"{DOMAIN}.composition.{cid}"
+    values = [decoded(v) for k, v in changed if k == key and v is not None]
+    return [{c["type"]: c for c in value["conditions"]} for value in values if value]
+
+
+def status(conditions: dict[str, dict[str, Any]]) -> dict[str, str]:
+    return {t: c["status"] for t, c in conditions.items()}
+
+
+def when(position: int) -> str:
+    return format_time(recorded(position))
+
+
+def test_a_compose_is_bound_and_pending_then_established_and_ready() -> None:
+    events, result = compose(hall(), "acme", host="h", devices=[{"kind": "gpu"}] * 2)
+    types = [type(e).__name__ for e in events]
+    reserved, activated = (
+        types.index("DevicesReserved") + 1,
+        types.index("CompositionActivated") + 1,
+    )
+
+    _, changed = played(hall(), events)
+
+    steps = conditions_of(changed, result.composition_id)
+    pending, active = steps[types.index("DevicesReserved")], steps[-1]
+    assert list(pending) == ["Bound", "PathEstablished", "Ready", "Impaired", "Failed"]
+    assert status(pending) == {
+        "Bound": "True", "PathEstablished": "False", "Ready": "False", "Impaired": "False",
+        "Failed": "False",
+    }  # fmt: skip
+    assert pending["Bound"]["reason"] == "DevicesReserved"
+    assert pending["Bound"]["message"] == "2 devices reserved: g1, g2"
+    assert (pending["Bound"]["last_transition_time"], pending["Bound"]["observed_position"]) == (
+        when(reserved),
+        reserved,
+    )
+    # One PathEstablished of two: still False, and the message says how far it got.
+    assert steps[types.index("PathEstablished")]["PathEstablished"]["message"] == (
+        "1 of 2 paths established"
+    )
+    assert status(active) == {**status(pending), "PathEstablished": "True", "Ready": "True"}
+    assert active["Ready"]["reason"] == "Activated"
+    assert active["Ready"]["observed_position"] == activated
+    assert active["Ready"]["last_transition_time"] == when(activated)
+    assert active["Bound"] == pending["Bound"]  # no transition: time and position kept
+
+
+def test_a_failed_compose_says_failed_with_the_devices_left_without_a_path() -> None:
+    events, result = compose_pending(hall(), "acme", host="h", device_ids=["g1", "mem"])
+    cid = result.composition_id
+    view, _ = played(hall(), events)
+    settle = FailComposition(
+        request_id=settle_request_id(cid), composition_id=cid, step="bind", target="g1",
+        error="controller said no",
+    )  # fmt: skip
+    failing, _ = run(view.state, settle, "engine")
+    position = len(events) + 1
+
+    _, changed = played(view, failing, position)
+
+    final = conditions_of(changed, cid)[-1]
+    assert status(final) == {
+        "Bound": "True", "PathEstablished": "False", "Ready": "False", "Impaired": "False",
+        "Failed": "True",
+    }  # fmt: skip
+    failed = final["Failed"]
+    assert failed["reason"] == "CompositionFailed"
+    assert "bind g1" in failed["message"] and "controller said no" in failed["message"]
+    assert failed["components"] == ["g1", "mem"]
+    assert (failed["last_transition_time"], failed["observed_position"]) == (
+        when(position),
+        position,
+    )
+    assert final["Ready"]["reason"] == "Failed"
+
+
+def test_an_impaired_composition_names_what_impairs_it_and_is_ready_again_once_repaired() -> None:
+    view, result, position = composed_view(hall(), "acme", host="h", device_ids=["g1"])
+    cid = result.composition_id
+    first, _ = report_fault(view.state, "g1", "degraded", "ecc errors")
+    view, changed = played(view, first, position)
+    impaired = conditions_of(changed, cid)[-1]
+    position += len(first)
+    second, _ = report_fault(view.state, "l-h", "failed", "cable cut")
+    view, changed = played(view, second, position)
+    worse = conditions_of(changed, cid)[-1]
+    position += len(second)
+    mended, _ = report_fault(view.state, "g1", "healthy")  # l-h is still down: impaired
+    view, changed = played(view, mended, position)
+    position += len(mended)
+    healed, _ = report_fault(view.state, "l-h", "healthy")
+    _, changed = played(view, healed, position)
+    ready = conditions_of(changed, cid)[-1]
+
+    assert status(impaired)["Impaired"] == "True" and status(impaired)["Ready"] == "False"
+    assert impaired["Impaired"]["reason"] == "ComponentUnusable"
+    assert impaired["Impaired"]["components"] == ["g1"]
+    assert impaired["Ready"]["reason"] == "Impaired"
+    # A second fault adds to what impairs it; still impaired, so no new transition.
+    assert worse["Impaired"]["components"] == ["g1", "l-h"]
+    assert worse["Impaired"]["last_transition_time"] == impaired["Impaired"]["last_transition_time"]
+    assert status(ready)["Ready"] == "True" and status(ready)["Impaired"] == "False"
+    assert ready["Impaired"]["reason"] == "Repaired" and ready["Impaired"]["components"] == []
+    assert ready["Ready"]["observed_position"] > worse["Impaired"]["observed_position"]
+
+
+def test_a_lease_that_ran_out_is_the_reason_its_release_gives() -> None:
+    view, result, position = composed_view(hall(), "acme", host="h", device_ids=["g1"])
+    cid = result.composition_id
+    expiry = [LeaseExpired(composition_id=cid), CompositionReleased(composition_id=cid)]
+
+    _, changed = played(view, expiry, position)
+
+    expired, final = conditions_of(changed, cid)
+    assert (expired["Ready"]["status"], expired["Ready"]["reason"]) == ("False", "LeaseExpired")
+    assert final["Ready"]["reason"] == "LeaseExpired"
+    assert final["Ready"]["observed_position"] == position  # the expiry was the transition
+
+
+def test_a_bucket_filled_afresh_renders_the_conditions_the_events_wrote() -> None:
+    view, result, position = composed_view(hall(), "acme", host="h", device_ids=["g1"])
+    faulted, _ = report_fault(view.state, "g1", "degraded")
+    view, changed = played(view, faulted, position)
+    key = f"{DOMAIN}.composition.{result.composition_id}"
+
+    afresh = dict(everything(view, 999))[key]
+    incremental = [v for k, v in changed if k == key][-1]
+
+    assert afresh is not None and incremental is not None
+    assert decoded(afresh)["conditions"] == decoded(incremental)["conditions"]  # type: ignore[index]
+    assert decoded(afresh)["conditions"]  # type: ignore[index]
