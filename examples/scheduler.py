@@ -50,6 +50,7 @@ from nats.js.kv import KV_DEL, KV_PURGE
 
 log = logging.getLogger("scheduler")
 DEFAULT_PREFIX = "trellis"
+CONNECT_ATTEMPTS = 5  # then it gives up (exit 3); NATS reconnects are tried as often
 REQUEST_TIMEOUT_S = 30.0  # a compose is answered once the fabric saga settled it
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -277,6 +278,8 @@ class Placement:
     composition_id: str | None = None
     refused_at: int | None = None  # View.freed when it was last refused
     waiting_for: str | None = None  # why the view said it does not fit (logged once)
+    resend: dict[str, Any] | None = None  # a compose whose answer was lost: sent again as is
+    not_before: float = 0.0  # monotonic time before which it is not tried again
     done: bool = False
 
 
@@ -409,7 +412,7 @@ class Scheduler:
         if demand.memory_gib:
             devices.append({"kind": "memory", "capacity_gib": demand.memory_gib})
         left = max(1.0, placement.until - time.monotonic())
-        body: dict[str, Any] = {
+        body: dict[str, Any] = placement.resend or {
             "request_id": f"sched-{uuid.uuid4().hex}",
             "host_selector": {"labels": {}},
             "devices": devices,
@@ -417,9 +420,20 @@ class Scheduler:
             "labels": {"scheduler": "example", "demand": str(placement.number)},
             "reason": f"example scheduler: demand {placement.number}",
         }
-        if demand.max_hops is not None:
+        if demand.max_hops is not None and placement.resend is None:
             body["constraints"] = {"max_hops": demand.max_hops}
-        reply = await self._request(self._intent("compose"), body)
+        try:
+            reply = await self._request(self._intent("compose"), body)
+        except (nats.errors.Error, OSError) as exc:
+            reply = {"ok": False, "error": {"code": "unavailable", "message": str(exc)}}
+        placement.resend = None
+        if not reply.get("ok") and reply.get("error", {}).get("code") == "unavailable":
+            # Maybe composed, maybe not: the same request_id and body again later tell which.
+            placement.resend = body
+            placement.not_before = time.monotonic() + self.retry_seconds
+            note("unavailable", demand=placement.number, request_id=body["request_id"],
+                 message=reply["error"].get("message"))  # fmt: skip
+            return False
         if reply.get("ok"):
             result = reply["result"]
             placement.composition_id = result["composition_id"]
@@ -462,7 +476,10 @@ class Scheduler:
 
     async def _release(self, placement: Placement, cid: str, why: str) -> None:
         body = {"request_id": f"sched-{uuid.uuid4().hex}", "composition_id": cid}
-        reply = await self._request(self._intent("release"), body)
+        try:
+            reply = await self._request(self._intent("release"), body)
+        except (nats.errors.Error, OSError) as exc:  # its lease ends it
+            reply = {"ok": False, "error": {"code": "unavailable", "message": str(exc)}}
         if reply.get("ok"):
             self.counts["released"] += 1
             note("released", demand=placement.number, composition_id=cid, why=why)
@@ -490,7 +507,9 @@ class Scheduler:
                 else:
                     note("unserved", demand=placement.number)
                 continue
-            if placement.composition_id is not None or now < placement.due:
+            if placement.composition_id is not None or now < max(
+                placement.due, placement.not_before
+            ):
                 continue
             if placement.refused_at is not None and placement.refused_at == self.view.freed:
                 continue  # refused, and nothing was freed since
@@ -590,7 +609,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def main_async(args: argparse.Namespace, demands: list[Demand]) -> int:
-    nc = await nats.connect(args.nats, name=f"example-scheduler-{args.tenant}")
+    nc = await nats.connect(
+        args.nats,
+        name=f"example-scheduler-{args.tenant}",
+        connect_timeout=2,
+        max_reconnect_attempts=CONNECT_ATTEMPTS,
+        reconnect_time_wait=1,
+        error_cb=_nats_error,
+    )
     scheduler = Scheduler(
         nc,
         domain=args.domain,
@@ -622,6 +648,10 @@ async def main_async(args: argparse.Namespace, demands: list[Demand]) -> int:
             write_dump(args.dump, scheduler.dump())
         await nc.close()
     return 0
+
+
+async def _nats_error(exc: Exception) -> None:
+    note("nats_error", error=str(exc) or type(exc).__name__)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -196,6 +196,34 @@ async def test_the_example_scheduler_places_demand_and_its_view_converges_to_the
     assert final["held"] == {}
 
 
+async def test_with_once_it_runs_its_demand_through_and_exits(
+    h: Harness, nats_url: str, subject_prefix: str, tmp_path: Path
+) -> None:
+    demand = tmp_path / "demand.jsonl"
+    short = [
+        {"at": 0, "gpus": 1, "model": "H100", "seconds": 0.5},
+        {"at": 0.2, "memory_gib": 128, "seconds": 0.5},
+    ]
+    demand.write_text("".join(json.dumps(d) + "\n" for d in short))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(SCHEDULER), "--nats", nats_url, "--prefix", subject_prefix,
+        "--domain", DOMAIN, "--tenant", TENANT, "--demand", str(demand), "--once",
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(proc.communicate(), WITHIN_S)
+
+    assert proc.returncode == 0, err.decode()
+    lines = [json.loads(line) for line in err.decode().splitlines()]
+    released = [line for line in lines if line["event"] == "released"]
+    assert [line["why"] for line in released] == ["done", "done"], lines
+    history = expect_ok(await h.client.query(DOMAIN, "history", {"tenant": TENANT}))
+    held = {(i["composition_id"], i["device"]) for i in history["intervals"] if i["end"]}
+    placed = {(line["composition_id"], d) for line in lines if line["event"] == "placed"
+              for d in line["devices"]}  # fmt: skip
+    assert held == placed and len(placed) == 2
+    assert await tenant_compositions(h) == {}
+
+
 def test_the_example_scheduler_imports_nothing_from_trellis() -> None:
     tree = ast.parse(SCHEDULER.read_text())
     imported: set[str] = set()
@@ -233,3 +261,17 @@ def test_a_bad_demand_file_is_one_line_and_exit_2_before_any_connection(
     assert done.returncode == 2, done
     assert says in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_no_nats_is_one_line_and_exit_3(tmp_path: Path) -> None:
+    demand = tmp_path / "demand.jsonl"
+    demand.write_text(json.dumps(DEMAND[0]) + "\n")
+    done = subprocess.run(
+        [sys.executable, str(SCHEDULER), "--nats", "nats://127.0.0.1:1", "--domain", DOMAIN,
+         "--tenant", TENANT, "--demand", str(demand), "--once"],
+        capture_output=True, text=True, timeout=WITHIN_S,
+    )  # fmt: skip
+
+    assert done.returncode == 3, done
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("scheduler: cannot reach NATS")
