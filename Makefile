@@ -26,7 +26,7 @@ demo: install
 check: install
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/mypy trellis
+	$(BIN)/mypy trellis examples/scheduler.py
 
 up: install
 	$(BIN)/trellis up

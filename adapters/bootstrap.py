@@ -440,6 +440,7 @@ async def engine_on(
     follow_options: dict[str, float] | None = None,
     credentials: NkeyCredentials | None = None,
     lease_ttl: float = 3.0,
+    read_wait: float = 2.0,
     signer: Signer | None = None,
     checkpoint_every: int = DEFAULT_EVERY,
     snapshot_every: int = 10_000,
@@ -454,7 +455,8 @@ async def engine_on(
     answer. Without a `fabric` driver the engine drives a SimulatedFabric (there is no
     hardware). `follow_options` tune the log followers (engine.follower.Follower);
     `credentials`: the engine's own NATS identity in secure mode; `lease_ttl`: seconds a
-    writer lease lasts unrenewed (engine/ownership.py); `snapshot_every`: events between
+    writer lease lasts unrenewed (engine/ownership.py); `read_wait`: seconds a query waits for
+    its `min_position`; `snapshot_every`: events between
     snapshots of a domain's state and read models (0: none); `signer`: the checkpoint key
     (None: a key of this run only, for tests; `trellis up` passes the data dir's), and a
     checkpoint every `checkpoint_every` events per domain. `followers="process"` runs the log
@@ -547,6 +549,7 @@ async def engine_on(
             leases=PostgresLeases(lease_pool),
             name=f"{socket.gethostname()}:{os.getpid()}",
             lease_ttl=lease_ttl,
+            read_wait=read_wait,
             audit=audit,
             snapshots=snapshots,
             snapshot_every=snapshot_every,
@@ -644,6 +647,7 @@ async def running_engine(
                 saga_deadline=settings.saga_deadline,
                 stream_limits=settings.stream_limits,
                 lease_ttl=settings.lease_ttl,
+                read_wait=settings.read_wait,
                 signer=signer,
                 checkpoint_every=settings.checkpoint_every,
                 snapshot_every=settings.snapshot_every,

@@ -39,6 +39,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     fabric_state: Path | None = None  # None: fabric-sim.json in the data dir
     saga_deadline: float = 10.0
     lease_ttl: float = 3.0  # seconds a domain's writer lease lasts unrenewed
+    # Seconds a query waits for its domain's log to reach its `min_position`, then `unavailable`.
+    read_wait: float = 2.0
     # Snapshot a domain's state and read models every this many events (engine/snapshots.py,
     # projections/past.py); 0: never (every start and past answer folds from the first event).
     snapshot_every: int = 10_000
@@ -129,6 +131,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             ),
             saga_deadline=_float(
                 env, "TRELLIS_SAGA_DEADLINE", 10.0, lambda v: v > 0, "a number of seconds above 0"
+            ),
+            read_wait=_float(
+                env, "TRELLIS_READ_WAIT", 2.0, lambda v: v >= 0, "a number of seconds, 0 or more"
             ),
             fabric_seed=_integer(env, "TRELLIS_FABRIC_SEED", 0),
             fabric_latency_ms=_float(

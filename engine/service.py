@@ -63,6 +63,7 @@ log = logging.getLogger(__name__)
 _encode = msgspec.json.Encoder().encode
 # Answered by the AuditTrail (signed Merkle checkpoints), not from state or projections.
 AUDIT_QUERIES = ("proof", "consistency", "checkpoint-key")
+_REACH_POLL_S = 0.01  # how often a query waiting for its `min_position` looks at the head
 
 
 class _ComposeOutcome(msgspec.Struct):
@@ -112,8 +113,10 @@ class Engine:
         snapshot_every: int = 0,
         audit: AuditTrail | None = None,
         telemetry: Telemetry | None = None,
+        read_wait: float = 2.0,
     ):
         self._store = store
+        self._read_wait = read_wait
         self._telemetry = telemetry or NoTelemetry()
         self._snapshots = snapshots
         self._snapshot_every = snapshot_every
@@ -373,11 +376,11 @@ class Engine:
         if served is None:
             return _no_domain(domain)
         writer = served.writer
-        head = writer.head
         try:
+            await self._reach(domain, writer, getattr(query, "min_position", None))
+            head = writer.head
             past = await self._past(domain, query, head)
-            # The answer is as of this event (the writer's head: every committed event of the
-            # domain, so any `min_position` a reply of this log gave is included).
+            # The answer is as of this event (the writer's head, which includes `min_position`).
             upto = past or head
             state = writer.state
             result: msgspec.Struct
@@ -403,6 +406,30 @@ class Engine:
         except IntentRejected as exc:
             return replies.rejection(exc)
         return replies.ok(_encode(result), upto.position)
+
+    async def _reach(self, domain: str, writer: DomainWriter, min_position: int | None) -> None:
+        """Wait, at most `read_wait` seconds, until the domain's log as the writer holds it
+        includes `min_position` (read-your-writes; the read models then wait for the head).
+
+        Raises:
+            IntentRejected: `unavailable` when the head has not reached it in time.
+        """
+        if min_position is None or writer.head.position >= min_position:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._read_wait
+        # The head moves only by this writer's commits: a short poll, no hook in the writer.
+        while writer.head.position < min_position and loop.time() < deadline:
+            await asyncio.sleep(min(_REACH_POLL_S, max(0.0, deadline - loop.time())))
+        head = writer.head.position
+        if head < min_position:
+            raise IntentRejected(
+                "unavailable",
+                f"the log of domain {domain!r} has not reached position {min_position} within "
+                f"{self._read_wait:g} s (its head is at {head}); retry, or ask for a position "
+                "a reply of this domain gave",
+                {"domain": domain, "min_position": min_position, "head": head},
+            )
 
     async def _past(self, domain: str, query: msgspec.Struct, head: Head) -> Head | None:
         """The event a query's `at` names, when that is before the head; None: answer live.
