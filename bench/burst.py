@@ -520,7 +520,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     )
     started = time.perf_counter()
     async with (
-        servers(settings) as (nats_url, database_url, owner_url),
+        servers(settings) as (nats_url, database_url, owner_url, _monitor),
         fresh_schema(owner_url, args.keep) as schema,
     ):
         prefix = f"b{uuid.uuid4().hex[:12]}"

@@ -20,6 +20,9 @@ a committed Postgres transaction, as ratios to a floor measured in the same run.
 - `--followers process` runs the engine with its log followers in the follower process
   (TRELLIS_FOLLOWERS=process); `both` runs the engine phases once each way, one after the
   other, beside the same floor (the process rows are named `<phase>@process`).
+- `--metrics both` runs the engine phases once without and once with Prometheus metrics served
+  and scraped every second (rows `<phase>@metrics`), and prints what the metrics cost as the
+  ratio of each metered phase to its plain twin.
 - diagnostic (`-np` rows, no target): serial and the largest load again with the projection
   runner paused, to show what its transactions cost the intents.
 
@@ -510,12 +513,49 @@ def progress(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+class Scrapes:
+    """How many scrapes of the metrics page a phase saw (each read in full)."""
+
+    taken = 0
+
+
+@contextlib.asynccontextmanager
+async def scraped(url: str | None) -> AsyncIterator[Scrapes]:
+    """While open, GET `url` once a second, as a Prometheus would (15x its usual rate), so
+    the phases pay for the page being rendered too. No url: nothing is scraped."""
+    scrapes = Scrapes()
+
+    async def scrape() -> None:
+        assert url is not None
+        host, port = url.removeprefix("http://").split("/")[0].split(":")
+        while True:
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n")
+            page = await reader.read()
+            writer.close()
+            if b"trellis_intents_total" not in page:
+                raise BenchFailure(f"the metrics page at {url} lacks trellis_intents_total")
+            scrapes.taken += 1
+            await asyncio.sleep(1.0)
+
+    task = asyncio.create_task(scrape()) if url else None
+    try:
+        yield scrapes
+    finally:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     settings = Settings.from_env()
     levels = [int(c) for c in args.concurrency.split(",") if c]
-    modes: list[FollowersMode] = (
+    followers: list[FollowersMode] = (
         ["inline", "process"] if args.followers == "both" else [args.followers]
     )
+    metered = {"off": [False], "on": [True], "both": [False, True]}[args.metrics]
+    modes = [(f, m) for f in followers for m in metered]
     n_domains = args.domains
     spread = args.spread_clients
     clients_per_rack = max([*levels, math.ceil(spread / n_domains)]) / RACKS
@@ -535,7 +575,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     }
     started = time.perf_counter()
     async with (
-        servers(settings) as (nats_url, database_url, owner_url),
+        servers(settings) as (nats_url, database_url, owner_url, _monitor),
         fresh_schema(owner_url, args.keep) as schema,
     ):
         prefix = f"b{uuid.uuid4().hex[:12]}"
@@ -572,12 +612,14 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             phases: dict[str, Any] = {}
             checks: list[dict[str, Any]] = []
 
-            async def run_mode(mode: FollowersMode) -> None:
+            async def run_mode(mode: FollowersMode, metrics: bool) -> None:
                 # Each mode drives domains and subjects of its own; its phases are named
-                # "<phase>@process" beside the inline ones when both run.
-                tag = "" if len(modes) == 1 or mode == "inline" else f"@{mode}"
-                domains = [f"bench-{mode}-{d}" for d in range(n_domains)]
-                mode_prefix = f"{prefix}{mode[0]}"
+                # "<phase>@process" beside the inline ones when both run, and "<phase>@metrics"
+                # when the engine serves Prometheus metrics (scraped every second).
+                tag = "" if len(followers) == 1 or mode == "inline" else f"@{mode}"
+                tag += "@metrics" if metrics and len(metered) > 1 else ""
+                domains = [f"bench-{mode}-{int(metrics)}-{d}" for d in range(n_domains)]
+                mode_prefix = f"{prefix}{mode[0]}{int(metrics)}"
                 # A schema of its own too: a follower process follows every domain in its log.
                 async with (
                     fresh_schema(owner_url, args.keep) as mode_schema,
@@ -588,7 +630,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                         schema=mode_schema,
                         prefix=mode_prefix,
                         followers=mode,
+                        metrics_at=("127.0.0.1", 0) if metrics else None,
                     ) as running,
+                    scraped(running.metrics_url) as scrapes,
                 ):
                     probe = Probe(running)
                     ncs: list[NATS] = [
@@ -633,6 +677,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                             )
                             figures["diagnostic"] = diagnostic
                             figures["followers"] = mode
+                            figures["metrics"] = metrics
+                            figures["scrapes"] = scrapes.taken
                             figures["clients"] = workers
                             figures["domains"] = len(doms)
                             figures["engine"] = probe.since(mark)
@@ -656,7 +702,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                                 args.seconds,
                                 args.max_pairs,
                             )
-                        if args.diagnose and mode == "inline":
+                        if args.diagnose and mode == "inline" and not metrics:
                             # The same engine with its projection followers paused: what their
                             # transactions cost the intents (not the engine as deployed; no target).
                             await settle(running, domains)
@@ -707,7 +753,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                             await nc.close()
 
             for mode in modes:
-                await run_mode(mode)
+                await run_mode(*mode)
             await clean_floor()
         finally:
             await close_floor()
@@ -825,6 +871,28 @@ def table(result: dict[str, Any]) -> str:
     )
     if any(ph["diagnostic"] for ph in result["phases"].values()):
         rows.append("*-np: diagnostic, the projection runner paused; no target applies.")
+    metered = [(n.removesuffix("@metrics"), n) for n in result["phases"] if n.endswith("@metrics")]
+    if metered:
+        rows += [
+            "",
+            f"{'metrics on/off':>16} {'pairs/s':>9} {'p50':>7} {'p99':>7} {'cpu/pair':>8} "
+            f"{'scrapes':>7}",
+        ]
+        for plain, on in metered:
+            a, b = result["phases"][plain], result["phases"][on]
+            cpu = "process_cpu_ms_per_pair"
+            rows.append(
+                f"{plain:>16} {b['pairs_per_s'] / a['pairs_per_s']:>8.2f}x "
+                f"{b['pair']['p50_ms'] / a['pair']['p50_ms']:>6.2f}x "
+                f"{b['pair']['p99_ms'] / a['pair']['p99_ms']:>6.2f}x "
+                f"{b['cpu'][cpu] / a['cpu'][cpu]:>7.2f}x {b['scrapes']:>7}"
+            )
+        rows.append(
+            "metrics on/off: the same phase on an engine serving Prometheus metrics (scraped "
+            "every second) over one without, run after it; pairs/s above 1 is faster, p50, p99 "
+            "and cpu/pair (this process's CPU per pair) above 1 cost more. Whatever else the "
+            "machine runs meanwhile lands on one side only: cpu/pair is the steadier figure."
+        )
     return "\n".join(rows)
 
 
@@ -900,6 +968,12 @@ def main() -> None:
         choices=("inline", "process", "both"),
         default="inline",
         help="where the log followers run (TRELLIS_FOLLOWERS); both: one engine after the other",
+    )
+    parser.add_argument(
+        "--metrics",
+        choices=("off", "on", "both"),
+        default="off",
+        help="serve Prometheus metrics, scraped every second; both: one engine without, one with",
     )
     parser.add_argument(
         "--no-diagnose",

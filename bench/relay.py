@@ -85,7 +85,7 @@ async def one_run(nats_url: str, database_url: str, schema: str, head: int) -> d
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     async with (
-        servers(Settings.from_env()) as (nats_url, database_url, owner_url),
+        servers(Settings.from_env()) as (nats_url, database_url, owner_url, _monitor),
         fresh_schema(owner_url, keep=False) as schema,
     ):
         prefix = f"relayfill{uuid.uuid4().hex[:8]}"
