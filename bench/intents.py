@@ -554,7 +554,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     followers: list[FollowersMode] = (
         ["inline", "process"] if args.followers == "both" else [args.followers]
     )
-    metered = {"off": [False], "on": [True], "both": [False, True]}[args.metrics]
+    metered = {"off": [False], "on": [True], "both": [False, True], "both-on-first": [True, False]}[
+        args.metrics
+    ]
     modes = [(f, m) for f in followers for m in metered]
     n_domains = args.domains
     spread = args.spread_clients
@@ -889,7 +891,7 @@ def table(result: dict[str, Any]) -> str:
             )
         rows.append(
             "metrics on/off: the same phase on an engine serving Prometheus metrics (scraped "
-            "every second) over one without, run after it; pairs/s above 1 is faster, p50, p99 "
+            "every second) over one without; pairs/s above 1 is faster, p50, p99 "
             "and cpu/pair (this process's CPU per pair) above 1 cost more. Whatever else the "
             "machine runs meanwhile lands on one side only: cpu/pair is the steadier figure."
         )
@@ -971,9 +973,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--metrics",
-        choices=("off", "on", "both"),
+        choices=("off", "on", "both", "both-on-first"),
         default="off",
-        help="serve Prometheus metrics, scraped every second; both: one engine without, one with",
+        help="serve Prometheus metrics, scraped every second; both: one engine without, then one "
+        "with (both-on-first: the other order, to see what the order does)",
     )
     parser.add_argument(
         "--no-diagnose",
