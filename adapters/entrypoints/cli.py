@@ -38,7 +38,14 @@ from trellis.adapters.bootstrap import (
     until_accepted,
 )
 from trellis.adapters.embedded.servers import DataDirVersionError, default_data_dir, reload_nats
-from trellis.adapters.entrypoints import audit_proofs, audit_verify, completion, export, render
+from trellis.adapters.entrypoints import (
+    audit_proofs,
+    audit_verify,
+    completion,
+    economics,
+    export,
+    render,
+)
 from trellis.adapters.nats.auth import (
     CredentialsError,
     NkeyCredentials,
@@ -284,6 +291,20 @@ def _parser() -> argparse.ArgumentParser:
         help="the address metrics listen on; default 127.0.0.1 (env TRELLIS_METRICS_HOST)",
     )
     up.set_defaults(run=_up)
+
+    demo = sub.add_parser("demo", help="demonstrations on a fresh engine of their own")
+    demo_sub = demo.add_subparsers(metavar="DEMO")
+    econ = demo_sub.add_parser(
+        "economics",
+        help="Azure's LLM trace through pooled composition and fixed GPU boxes, compared",
+    )
+    econ.add_argument(
+        "--seconds", type=_demo_number(5, 3600), default=45.0, help="compressed demand, seconds"
+    )
+    econ.add_argument(
+        "--requests", type=_demo_number(1, 100_000), default=200, help="trace requests to replay"
+    )
+    econ.set_defaults(run=_demo_economics)
 
     follow = sub.add_parser(
         "follow", help="run the log followers alone (what TRELLIS_FOLLOWERS=process starts)"
@@ -653,6 +674,45 @@ def _metrics_port(text: str) -> int | None:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _demo_number(low: float, high: float) -> Any:
+    """An argparse type: a number from `low` to `high` (whole when `low` is an int)."""
+    kind = int if isinstance(low, int) else float
+
+    def number(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not between {low} and {high}")
+        return value
+
+    return number
+
+
+def _demo_economics(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    _no_embedded_engine_running(settings)
+    plan = economics.Plan(seconds=float(args.seconds), requests=int(args.requests))
+    asyncio.run(economics.main(plan, settings))
+    return EXIT_OK
+
+
+def _no_embedded_engine_running(settings: Settings) -> None:
+    """Embedded servers keep their files in the data dir: a second engine there would collide
+    with the first's (postmaster.pid). Engines on shared servers may run side by side (a
+    standby takes over a domain), so only the embedded case is refused."""
+    if settings.nats_url and settings.database_url:
+        return
+    pid = running_engine_pid(settings)
+    if pid is not None:
+        raise CliError(
+            f"an engine already runs on {settings.data_dir or default_data_dir()} (pid {pid})",
+            code="running",
+            hint="stop it first, or give this one its own TRELLIS_DATA_DIR",
+        )
+
+
 def _up(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     if args.metrics_port is not None:
@@ -663,17 +723,7 @@ def _up(args: argparse.Namespace) -> int:
         settings = msgspec.structs.replace(settings, secure=True)
     elif args.tenant:
         raise CliError("--tenant issues secure mode identities; add --secure")
-    if not (settings.nats_url and settings.database_url):
-        # Embedded servers keep their files in the data dir: a second engine there would
-        # collide with the first's (postmaster.pid). Engines on shared servers may run side by
-        # side (a standby takes over a domain), so only the embedded case is refused.
-        pid = running_engine_pid(settings)
-        if pid is not None:
-            raise CliError(
-                f"an engine already runs on {settings.data_dir or default_data_dir()} (pid {pid})",
-                code="running",
-                hint="stop it first, or give this one its own TRELLIS_DATA_DIR",
-            )
+    _no_embedded_engine_running(settings)
 
     async def serve() -> None:
         stop = asyncio.Event()

@@ -38,9 +38,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from trellis.adapters.bootstrap import connect_nats, running_engine
 from trellis.adapters.entrypoints.render import table
 from trellis.adapters.entrypoints.workload import Request, compress, read_trace
 from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 HALL = REPO / "examples" / "hall.json"
@@ -457,11 +459,9 @@ async def economics(
     return out[0], out[1], logs
 
 
-async def main(plan: Plan) -> None:
-    from trellis.adapters.bootstrap import connect_nats, running_engine
-    from trellis.adapters.settings import Settings
-
-    async with running_engine(Settings.from_env()) as running:
+async def main(plan: Plan, settings: Settings) -> None:
+    """Start an engine as configured (embedded servers for unset URLs), run both, compare."""
+    async with running_engine(settings) as running:
         nc = await connect_nats(running.nats_url, name="trellis-economics")
         try:
             p, f, _ = await economics(nc, running.store, running.subject_prefix, plan)
@@ -476,4 +476,4 @@ async def main(plan: Plan) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(Plan()))
+    asyncio.run(main(Plan(), Settings.from_env()))

@@ -1,0 +1,143 @@
+"""`trellis demo economics`, tiny, end to end on a real engine (issue 13 item 4).
+
+Both runs go through NATS to a real engine on real Postgres. The figures the demo prints must
+equal what an independent fold of the log's typed events gives (who held what from when to
+when, at what price; which requests were composed and which refused), and pooled composition
+must serve at least as many requests as fixed boxes on demand that overloads the boxes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Any
+
+import pytest_asyncio
+from harness import Harness, serving
+
+from trellis.adapters.bootstrap import connect_nats
+from trellis.adapters.entrypoints import economics
+from trellis.engine.events import (
+    CompositionActivated,
+    CompositionFailed,
+    CompositionImpaired,
+    CompositionRejected,
+    CompositionReleased,
+    CompositionRequested,
+    DeviceReplaced,
+    DevicesReserved,
+    LeaseExpired,
+)
+
+# 40 requests in 10 s, each holding hardware for 2-9 s: more than the hall's 16 boxes at once.
+PLAN = economics.Plan(seconds=10.0, requests=40)
+
+
+@pytest_asyncio.fixture
+async def h(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str
+) -> AsyncIterator[Harness]:
+    async with serving(nats_url, database_url, pg_schema, subject_prefix) as harness:
+        yield harness
+
+
+class Folded:
+    """What the log says, folded here without the demo's code or the history projection."""
+
+    def __init__(self, records: list[Any]) -> None:
+        self.open: dict[tuple[str, str], tuple[datetime, str, float]] = {}
+        self.held: list[tuple[str, float, float]] = []  # kind, seconds, dollars
+        self.phases: dict[int, set[str]] = {}
+        self.first_refusal: dict[int, str] = {}
+        self.impaired: set[str] = set()
+        self.repaired: set[str] = set()
+        self.scheduler = ""
+        for record in records:
+            self._fold(record.recorded_at, record.event())
+
+    def _fold(self, at: datetime, event: Any) -> None:
+        match event:
+            case CompositionRequested(request=request):
+                self.scheduler = request.labels["scheduler"]
+                self.phases.setdefault(self._request(request.labels), set()).add(
+                    request.labels["demand"]
+                )
+            case CompositionRejected(request=request, code=code, details=details):
+                assert request is not None
+                kind = request.devices[details["entry"]].kind
+                self.first_refusal.setdefault(self._request(request.labels), f"{code} ({kind})")
+            case DevicesReserved(composition_id=cid, devices=bindings):
+                for b in bindings:
+                    self.open[(cid, b.device)] = (at, b.kind, b.cost_per_hour or 0.0)
+            case DeviceReplaced(composition_id=cid, old_device=old, binding=b):
+                self._end(at, cid, old)
+                self.open[(cid, b.device)] = (at, b.kind, b.cost_per_hour or 0.0)
+            case LeaseExpired(composition_id=cid) | CompositionReleased(composition_id=cid):
+                self._end(at, cid, None)
+            case CompositionFailed(composition_id=cid):
+                self._end(at, cid, None)
+            case CompositionImpaired(composition_id=cid):
+                self.impaired.add(cid)
+            case CompositionActivated(composition_id=cid) if cid in self.impaired:
+                self.repaired.add(cid)
+            case _:
+                pass
+
+    def _request(self, labels: dict[str, str]) -> int:
+        number = int(labels["demand"])
+        return number if labels["scheduler"] == "fixed-pods" else number // 2
+
+    def _end(self, at: datetime, cid: str, device: str | None) -> None:
+        for key in [k for k in self.open if k[0] == cid and device in (None, k[1])]:
+            start, kind, price = self.open.pop(key)
+            seconds = (at - start).total_seconds()
+            self.held.append((kind, seconds, seconds / 3600 * price))
+
+    def served(self) -> int:
+        whole = 1 if self.scheduler == "fixed-pods" else 2
+        return sum(len(p) == whole for p in self.phases.values())
+
+    def refused(self) -> Counter[str]:
+        served = {
+            r
+            for r, p in self.phases.items()
+            if len(p) == (1 if self.scheduler == "fixed-pods" else 2)
+        }
+        return Counter(why for r, why in self.first_refusal.items() if r not in served)
+
+
+async def test_the_economics_figures_are_the_logs_and_pooling_serves_more(
+    h: Harness, nats_url: str, subject_prefix: str
+) -> None:
+    nc = await connect_nats(nats_url, name="test-economics")
+    try:
+        pooled, fixed, _ = await economics.economics(nc, h.store, subject_prefix, PLAN)
+    finally:
+        await nc.close()
+    hall = json.loads(economics.HALL.read_text())
+    for figures, scheduler in ((pooled, "pooled"), (fixed, "fixed")):
+        domain = next(d for d in await h.store.domains() if d.startswith(f"econ-{scheduler}-"))
+        folded = Folded([r async for r in h.store.read(domain)])
+        assert not folded.open, "every lease has run out"
+        assert figures.served == folded.served()
+        assert figures.refused == folded.refused()
+        assert figures.served + sum(figures.refused.values()) == PLAN.requests
+        gpu_seconds = sum(s for kind, s, _ in folded.held if kind == "gpu")
+        assert math.isclose(figures.gpu_seconds, gpu_seconds, rel_tol=1e-9)
+        assert math.isclose(figures.billed, sum(d for _, _, d in folded.held), rel_tol=1e-9)
+        assert figures.impaired == len(folded.impaired)
+        assert figures.repaired == len(folded.repaired)
+        gpus = sum(n.get("device_kind") == "gpu" for n in hall["nodes"])
+        assert max(figures.gpu_util) <= 1.0
+        # Sampled at most a second apart, utilization integrates to the GPU-seconds held, each
+        # interval's two ends off by at most a sample each.
+        gpu_intervals = sum(kind == "gpu" for kind, _, _ in folded.held)
+        assert abs(sum(figures.gpu_util) * gpus - gpu_seconds) <= 2 * gpu_intervals
+    assert fixed.served < PLAN.requests, "the demand overloads the boxes"
+    assert pooled.served >= fixed.served
+    assert fixed.idle_gpu_seconds > pooled.idle_gpu_seconds
+    table = economics.comparison(pooled, fixed)
+    assert "served" in table and str(pooled.served) in table
