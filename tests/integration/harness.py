@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import msgspec
 from nats.js import JetStreamContext
@@ -136,6 +138,28 @@ async def bucket_values(js: JetStreamContext, prefix: str) -> dict[str, bytes]:
             entry = await kv.get(key)
             values[key] = entry.value or b""
     return values
+
+
+def cli_env(
+    data_dir: Path,
+    nats_url: str,
+    database_url: str,
+    pg_schema: str,
+    subject_prefix: str,
+    **more: str,
+) -> dict[str, str]:
+    """The environment of a `trellis` CLI (or `trellis up`) pointed at this test's servers,
+    schema and subjects, with none of the caller's TRELLIS_* settings; `more` adds settings,
+    e.g. TRELLIS_DOMAIN="hall"."""
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")},
+        "TRELLIS_DATA_DIR": str(data_dir),
+        "TRELLIS_NATS_URL": nats_url,
+        "TRELLIS_DATABASE_URL": database_url,
+        "TRELLIS_DB_SCHEMA": pg_schema,
+        "TRELLIS_SUBJECT_PREFIX": subject_prefix,
+        **more,
+    }
 
 
 async def run_cli(env: dict[str, str], *args: str, timeout: float = 60.0) -> tuple[int, str, str]:

@@ -8,7 +8,6 @@ one by itself every N events; the table keeps them append-only; bad input gets t
 
 from __future__ import annotations
 
-import os
 import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,7 +18,7 @@ import msgspec
 import pytest
 import pytest_asyncio
 from fabrics import expect_error, expect_ok, fabric
-from harness import Harness, serving
+from harness import Harness, cli_env, serving
 from harness import run_cli as trellis
 
 from trellis.adapters.bootstrap import checkpoint_key_path, checkpoint_signer, connect_nats
@@ -282,15 +281,9 @@ async def test_an_auditor_fetches_and_checks_a_proof_with_the_cli(
     pg_schema: str,
     subject_prefix: str,
 ) -> None:
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")},
-        "TRELLIS_DATA_DIR": str(tmp_path / "data"),
-        "TRELLIS_NATS_URL": nats_url,
-        "TRELLIS_DATABASE_URL": database_url,
-        "TRELLIS_DB_SCHEMA": pg_schema,
-        "TRELLIS_SUBJECT_PREFIX": subject_prefix,
-        "TRELLIS_DOMAIN": HALL,
-    }
+    env = cli_env(
+        tmp_path / "data", nats_url, database_url, pg_schema, subject_prefix, TRELLIS_DOMAIN=HALL
+    )
     expect_ok(await h.client.admin(HALL, "import-topology", fabric()))
     await compose_and_release(h)
     event = (await events(h))[2]

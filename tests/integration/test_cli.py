@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import msgspec
 import pytest
 import pytest_asyncio
-from harness import Harness, serving
+from harness import Harness, cli_env, serving
 from harness import run_cli as trellis
 
 from trellis.adapters.fabric.sim import SimulatedFabric
@@ -37,15 +36,9 @@ def env(
     """The CLI's environment: the test's servers, and a data dir of its own, so nothing in
     the developer's (a secured ~/.local/share/trellis, TRELLIS_* variables) changes what it
     does: from a secured data dir the CLI would connect with that dir's identities."""
-    return {
-        **{k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")},
-        "TRELLIS_DATA_DIR": str(tmp_path / "data"),
-        "TRELLIS_NATS_URL": nats_url,
-        "TRELLIS_DATABASE_URL": database_url,
-        "TRELLIS_DB_SCHEMA": pg_schema,
-        "TRELLIS_SUBJECT_PREFIX": subject_prefix,
-        "TRELLIS_DOMAIN": DOMAIN,
-    }
+    return cli_env(
+        tmp_path / "data", nats_url, database_url, pg_schema, subject_prefix, TRELLIS_DOMAIN=DOMAIN
+    )
 
 
 async def test_an_operator_imports_composes_asks_why_and_releases(

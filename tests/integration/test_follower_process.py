@@ -20,7 +20,7 @@ import pytest
 import pytest_asyncio
 from engines import Fleet
 from fabrics import expect_ok, fabric
-from harness import Harness, bucket_values, serving
+from harness import Harness, bucket_values, cli_env, serving
 from isolation import unique_subject_prefix
 from nats.aio.client import Client as NATS
 
@@ -188,16 +188,15 @@ async def until(what: str, check: Callable[[], bool], within: float = 20.0) -> N
 async def test_trellis_up_runs_its_followers_in_a_process_and_leaves_none_behind(
     nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, tmp_path: Path
 ) -> None:
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")},
-        "TRELLIS_NATS_URL": nats_url,
-        "TRELLIS_DATABASE_URL": database_url,
-        "TRELLIS_DB_SCHEMA": pg_schema,
-        "TRELLIS_SUBJECT_PREFIX": subject_prefix,
-        "TRELLIS_DATA_DIR": str(tmp_path / "data"),
-        "TRELLIS_FABRIC_STATE": str(tmp_path / "fabric-sim.json"),
-        "TRELLIS_FOLLOWERS": "process",
-    }
+    env = cli_env(
+        tmp_path / "data",
+        nats_url,
+        database_url,
+        pg_schema,
+        subject_prefix,
+        TRELLIS_FABRIC_STATE=str(tmp_path / "fabric-sim.json"),
+        TRELLIS_FOLLOWERS="process",
+    )
     fleet = Fleet(env, tmp_path, HALL)
     nc = await connect_nats(nats_url, name="test-client")
     try:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import json
-import os
 import re
 import urllib.error
 import urllib.request
@@ -19,7 +18,7 @@ from typing import Any
 import pytest_asyncio
 from engines import Fleet
 from fabrics import expect_error, expect_ok, fabric
-from harness import Harness, run_cli, serving
+from harness import Harness, cli_env, run_cli, serving
 from isolation import Database, create_schema, unique_schema_name
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -274,15 +273,14 @@ async def until_healthy(url: str, within_s: float = 20.0) -> bool:
 async def test_trellis_up_prints_its_metrics_url_and_serves_it(
     nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, tmp_path: Path
 ) -> None:
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")},
-        "TRELLIS_NATS_URL": nats_url,
-        "TRELLIS_DATABASE_URL": database_url,
-        "TRELLIS_DB_SCHEMA": pg_schema,
-        "TRELLIS_SUBJECT_PREFIX": subject_prefix,
-        "TRELLIS_DATA_DIR": str(tmp_path / "data"),
-        "TRELLIS_METRICS_PORT": "0",
-    }
+    env = cli_env(
+        tmp_path / "data",
+        nats_url,
+        database_url,
+        pg_schema,
+        subject_prefix,
+        TRELLIS_METRICS_PORT="0",
+    )
     fleet = Fleet(env, tmp_path, DOMAIN)
     try:
         engine = await fleet.start_one()

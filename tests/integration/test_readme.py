@@ -21,7 +21,6 @@ README's output lines are matched with the real ones.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import shlex
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest_asyncio
-from harness import Harness, serving
+from harness import Harness, cli_env, serving
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -154,14 +153,7 @@ async def test_the_readme_shows_what_the_cli_prints(
     pg_schema: str,
     subject_prefix: str,
 ) -> None:
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")},
-        "TRELLIS_DATA_DIR": str(tmp_path / "data"),
-        "TRELLIS_NATS_URL": nats_url,
-        "TRELLIS_DATABASE_URL": database_url,
-        "TRELLIS_DB_SCHEMA": pg_schema,
-        "TRELLIS_SUBJECT_PREFIX": subject_prefix,
-    }
+    env = cli_env(tmp_path / "data", nats_url, database_url, pg_schema, subject_prefix)
     session = examples(README.read_text())
     assert len(session) >= 20, "the README lost its checked examples"
     ids: dict[str, str] = {}  # the README's composition ids -> this run's

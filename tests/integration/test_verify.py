@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import copy
 import json
-import os
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,7 +24,7 @@ import msgspec
 import pytest
 import pytest_asyncio
 from fabrics import expect_ok
-from harness import Harness, ManualClock, run_cli, serving, undecodable_event
+from harness import Harness, ManualClock, cli_env, run_cli, serving, undecodable_event
 from isolation import Database
 from nats.js import JetStreamContext
 
@@ -74,14 +73,7 @@ async def sql(owner_url: str, pg_schema: str) -> AsyncIterator[asyncpg.Connectio
 def env(
     tmp_path: Path, nats_url: str, database_url: str, pg_schema: str, subject_prefix: str
 ) -> dict[str, str]:
-    return {
-        **{k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")},
-        "TRELLIS_DATA_DIR": str(tmp_path / "data"),
-        "TRELLIS_NATS_URL": nats_url,
-        "TRELLIS_DATABASE_URL": database_url,
-        "TRELLIS_DB_SCHEMA": pg_schema,
-        "TRELLIS_SUBJECT_PREFIX": subject_prefix,
-    }
+    return cli_env(tmp_path / "data", nats_url, database_url, pg_schema, subject_prefix)
 
 
 async def trellis(env: dict[str, str], *args: str) -> tuple[int, str, str]:
