@@ -265,6 +265,18 @@ def _parser() -> argparse.ArgumentParser:
         metavar="ADDRESS",
         help="the address metrics listen on; default 127.0.0.1 (env TRELLIS_METRICS_HOST)",
     )
+    up.add_argument(
+        "--http",
+        type=_http_port,
+        metavar="PORT",
+        help="serve the live fabric page (an operator's view) on PORT (0: a free one); "
+        "default: off (env TRELLIS_HTTP_PORT)",
+    )
+    up.add_argument(
+        "--http-host",
+        metavar="ADDRESS",
+        help="the address the page listens on; default 127.0.0.1 (env TRELLIS_HTTP_HOST)",
+    )
     up.set_defaults(run=_up)
 
     follow = sub.add_parser(
@@ -635,8 +647,19 @@ def _metrics_port(text: str) -> int | None:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _http_port(text: str) -> int | None:
+    try:
+        return metrics_port(text, "--http")
+    except SettingsError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _up(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
+    if args.http is not None:
+        settings = msgspec.structs.replace(settings, http_port=args.http)
+    if args.http_host:
+        settings = msgspec.structs.replace(settings, http_host=args.http_host)
     if args.metrics_port is not None:
         settings = msgspec.structs.replace(settings, metrics_port=args.metrics_port)
     if args.metrics_host:
@@ -684,6 +707,8 @@ def _up(args: argparse.Namespace) -> int:
                 if running.metrics_url:
                     url = running.metrics_url
                     print(f"metrics: {url}/metrics (Prometheus), health: {url}/healthz")
+                if running.page_url:
+                    print(f"fabric page: {running.page_url}/ (operators only)")
                 print(f"fabric: simulated, its hardware state in {fabric_state_path(settings)}")
                 if running.secure_dir is not None:
                     _print_secure(settings, SecureDir(running.secure_dir.parent))
