@@ -42,6 +42,13 @@ FABRIC = json.loads((Path(__file__).parents[2] / "examples" / "fabric.json").rea
 H100 = {"host": "host-01", "devices": [{"kind": "gpu", "models": ["H100"]}], "reason": "demo"}
 WAIT_MS = 30_000  # how long the browser waits for the page to show something, on a busy box
 RED = "rgb(214, 40, 40)"  # page.css: a failed node's fill
+SAME_COLOUR = """([device, composition]) => {
+  const swatch = document.querySelector(`#compositions [data-id="${composition}"] .swatch`);
+  const circle = document.querySelector(`#fabric [data-id="${device}"] circle`);
+  if (!swatch || !circle) return false;
+  const colour = getComputedStyle(swatch).backgroundColor;
+  return colour !== "" && colour === getComputedStyle(circle).fill;
+}"""
 
 
 @pytest_asyncio.fixture
@@ -93,11 +100,8 @@ async def test_the_page_shows_the_fabric_and_follows_it_live(
     await expect(listed).to_contain_text(device["id"])
     held = page.locator(f'#fabric .held[data-composition="{cid}"]')
     await expect(held).to_have_count(len(device["path"]) - 1)  # one line per hop
-    colour = await listed.locator(".swatch").evaluate("e => getComputedStyle(e).backgroundColor")
-    fill = (
-        await node(page, device["id"]).locator("circle").evaluate("e => getComputedStyle(e).fill")
-    )
-    assert fill == colour, (fill, colour)
+    # The device is filled with the tenant's colour, the composition's swatch in the list.
+    await page.wait_for_function(SAME_COLOUR, arg=[device["id"], cid])
 
     # A fault turns its component red, and the faults list names it.
     faulty = "gpu-007"
