@@ -6,11 +6,12 @@ projections and the event relay (each domain's log followers: read models, JetSt
 KV bucket; with TRELLIS_FOLLOWERS=process, in a follower process of their own), the engine with
 its state rebuilt from the log, and the NATS intake (also the engine's NATS micro service);
 with a metrics port, the Prometheus metrics and health server (adapters/entrypoints/metrics.py)
-and the instruments it reads. Leaving the context stops all of it, in reverse order. A Postgres
-or NATS that cannot be reached yet is waited for, with backoff and a log line per attempt;
-cancelling the wait (Ctrl-C) stops the start cleanly. In secure mode (adapters/nats/auth.py)
-the embedded nats-server runs with the generated users and the engine
-connects as its own identity.
+and the instruments it reads; with an HTTP port, the live fabric page
+(adapters/entrypoints/fabric_page.py). Leaving the context stops all of it, in reverse order.
+A Postgres or NATS that cannot be reached yet is waited for, with backoff and a log line per
+attempt; cancelling the wait (Ctrl-C) stops the start cleanly. In secure mode
+(adapters/nats/auth.py) the embedded nats-server runs with the generated users, the engine
+connects as its own identity and the fabric page as the operator.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from trellis.adapters.embedded.servers import (
     default_data_dir,
     reload_nats,
 )
+from trellis.adapters.entrypoints.fabric_page import FabricPage
 from trellis.adapters.entrypoints.metrics import MetricsServer
 from trellis.adapters.fabric.sim import SimulatedFabric
 from trellis.adapters.fabric.timed import TimedFabric
@@ -108,9 +110,11 @@ class RunningEngine(msgspec.Struct, kw_only=True):
     follower_process: FollowerProcess | None = None  # TRELLIS_FOLLOWERS=process
     service_id: str = ""  # the NATS micro service's instance id ($SRV.*.trellis-engine.<id>)
     metrics_url: str | None = None  # Prometheus metrics and health, when served
+    page_url: str | None = None  # the live fabric page, when served
 
 
 ENGINE_IDENTITY = Principal("engine", "engine")
+OPERATOR_IDENTITY = Principal("operator", "operator")
 
 
 def nats_servers(url: str) -> list[str]:
@@ -447,6 +451,8 @@ async def engine_on(
     followers: FollowersMode = "inline",
     checkpoint_key: Path | None = None,
     metrics_at: tuple[str, int] | None = None,
+    page_at: tuple[str, int] | None = None,
+    page_credentials: NkeyCredentials | None = None,
 ) -> AsyncIterator[RunningEngine]:
     """The engine, its projections, its event relay and its NATS intake on given servers, until
     the context exits. Migrations run first, through `owner_url` when given (the schema's
@@ -463,10 +469,12 @@ async def engine_on(
     followers in a process of their own (adapters/follow_process.py), which signs with the
     key in `checkpoint_key` (None: a key file of this run only, made for both). `metrics_at`
     (host, port; port 0: a free one) serves Prometheus metrics and a health check there
-    (adapters/entrypoints/metrics.py).
+    (adapters/entrypoints/metrics.py). `page_at` (host, port; likewise) serves the live
+    fabric page there (adapters/entrypoints/fabric_page.py), a NATS client of its own that
+    connects as `page_credentials` (secure mode: the operator).
 
     Raises:
-        SettingsError: the metrics address cannot be bound.
+        SettingsError: the metrics or the page's address cannot be bound.
     """
     if followers == "process" and checkpoint_key is None and signer is not None:
         raise ValueError("followers='process' with a signer needs its checkpoint_key file")
@@ -584,6 +592,9 @@ async def engine_on(
                 raise SettingsError(f"metrics cannot listen on {where}: {exc}") from None
             stack.push_async_callback(server.close)
             metrics_url = server.url
+        page_url = None
+        if page_at is not None:
+            page_url = await _serve_page(stack, nats_url, prefix, page_at, page_credentials)
         yield RunningEngine(
             engine=engine,
             fabric=fabric,
@@ -599,7 +610,28 @@ async def engine_on(
             subject_prefix=prefix,
             service_id=intake.service.id,
             metrics_url=metrics_url,
+            page_url=page_url,
         )
+
+
+async def _serve_page(
+    stack: contextlib.AsyncExitStack,
+    nats_url: str,
+    prefix: str,
+    at: tuple[str, int],
+    credentials: NkeyCredentials | None,
+) -> str:
+    """Serve the fabric page at `at` (closed with `stack`); its URL."""
+    page_nc = await connect_nats(nats_url, name="trellis-page", credentials=credentials)
+    stack.push_async_callback(page_nc.close)
+    page = FabricPage(page_nc, prefix=prefix, host=at[0], port=at[1])
+    try:
+        await page.start()
+    except OSError as exc:
+        await page.close()
+        raise SettingsError(f"the fabric page cannot listen on {at[0]}:{at[1]}: {exc}") from None
+    stack.push_async_callback(page.close)
+    return page.url
 
 
 async def _true(value: bool) -> bool:
@@ -658,6 +690,14 @@ async def running_engine(
                     (settings.metrics_host, settings.metrics_port)
                     if settings.metrics_port is not None
                     else None
+                ),
+                page_at=(
+                    (settings.http_host, settings.http_port)
+                    if settings.http_port is not None
+                    else None
+                ),
+                page_credentials=(
+                    secure.credentials(OPERATOR_IDENTITY) if secure is not None else None
                 ),
             )
         )

@@ -70,6 +70,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # given (0: a free one, printed at start); on loopback unless another address is named.
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    # The live fabric page (adapters/entrypoints/fabric_page.py): likewise off unless a port is
+    # given, and on loopback unless another address is named. It is an operator's view.
+    http_port: int | None = None
+    http_host: str = "127.0.0.1"
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -152,6 +156,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             pg_port=_port(env, "TRELLIS_PG_PORT"),
             metrics_port=metrics_port(env.get("TRELLIS_METRICS_PORT", ""), "TRELLIS_METRICS_PORT"),
             metrics_host=env.get("TRELLIS_METRICS_HOST", "").strip() or "127.0.0.1",
+            http_port=metrics_port(env.get("TRELLIS_HTTP_PORT", ""), "TRELLIS_HTTP_PORT"),
+            http_host=env.get("TRELLIS_HTTP_HOST", "").strip() or "127.0.0.1",
         )
 
 
@@ -202,8 +208,8 @@ def _port(env: dict[str, str], name: str) -> int | None:
 
 
 def metrics_port(text: str, name: str) -> int | None:
-    """The metrics port `text` names (`name` says where it came from, for the error); empty:
-    none (metrics off); 0: a free port.
+    """The port of an HTTP endpoint (metrics, the fabric page) `text` names (`name` says where
+    it came from, for the error); empty: none (that endpoint is off); 0: a free port.
 
     Raises:
         SettingsError: `text` is no TCP port.

@@ -290,6 +290,18 @@ def _parser() -> argparse.ArgumentParser:
         metavar="ADDRESS",
         help="the address metrics listen on; default 127.0.0.1 (env TRELLIS_METRICS_HOST)",
     )
+    up.add_argument(
+        "--http",
+        type=_http_port,
+        metavar="PORT",
+        help="serve the live fabric page (an operator's view) on PORT (0: a free one); "
+        "default: off (env TRELLIS_HTTP_PORT)",
+    )
+    up.add_argument(
+        "--http-host",
+        metavar="ADDRESS",
+        help="the address the page listens on; default 127.0.0.1 (env TRELLIS_HTTP_HOST)",
+    )
     up.set_defaults(run=_up)
 
     demo = sub.add_parser("demo", help="demonstrations on a fresh engine of their own")
@@ -713,8 +725,19 @@ def _no_embedded_engine_running(settings: Settings) -> None:
         )
 
 
+def _http_port(text: str) -> int | None:
+    try:
+        return metrics_port(text, "--http")
+    except SettingsError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _up(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
+    if args.http is not None:
+        settings = msgspec.structs.replace(settings, http_port=args.http)
+    if args.http_host:
+        settings = msgspec.structs.replace(settings, http_host=args.http_host)
     if args.metrics_port is not None:
         settings = msgspec.structs.replace(settings, metrics_port=args.metrics_port)
     if args.metrics_host:
@@ -752,6 +775,8 @@ def _up(args: argparse.Namespace) -> int:
                 if running.metrics_url:
                     url = running.metrics_url
                     print(f"metrics: {url}/metrics (Prometheus), health: {url}/healthz")
+                if running.page_url:
+                    print(f"fabric page: {running.page_url}/ (operators only)")
                 print(f"fabric: simulated, its hardware state in {fabric_state_path(settings)}")
                 if running.secure_dir is not None:
                     _print_secure(settings, SecureDir(running.secure_dir.parent))

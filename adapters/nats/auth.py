@@ -3,7 +3,9 @@
 One identity per principal, each an nkey (an Ed25519 key pair; NATS users by public key):
 
 - `engine`: no limits (it serves every subject and runs the relay);
-- `operator`: publishes `<prefix>.admin.>` and `<prefix>.query.>`;
+- `operator`: publishes `<prefix>.admin.>` and `<prefix>.query.>`, and reads the JetStream
+  stream TRELLIS_EVENTS and the KV bucket TRELLIS_STATE as the auditor does (the live fabric
+  page, adapters/entrypoints/fabric_page.py, connects as the operator);
 - `auditor`: read-only: publishes `<prefix>.query.>` and reads, but never changes, the
   JetStream streams TRELLIS_EVENTS and TRELLIS_CHECKPOINTS and the KV bucket TRELLIS_STATE;
 - one per tenant: publishes `<prefix>.intent.*.<tenant>.>` and `<prefix>.view.*.<tenant>.>`.
@@ -114,7 +116,12 @@ def permissions(principal: Principal, key: str, prefix: str) -> dict[str, Any] |
         case "engine":
             return None
         case "operator":
-            publish = [f"{prefix}.admin.>", f"{prefix}.query.>", *_discovery()]
+            publish = [
+                f"{prefix}.admin.>",
+                f"{prefix}.query.>",
+                *_jetstream_reads(prefix),
+                *_discovery(),
+            ]
             subscribe = inbox
         case "auditor":
             publish = [f"{prefix}.query.>", *_jetstream_reads(prefix), *_discovery()]

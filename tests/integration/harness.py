@@ -41,6 +41,7 @@ class Harness(msgspec.Struct, kw_only=True):
     follower_process: FollowerProcess | None = None  # followers="process"
     service_id: str = ""  # the engine's NATS micro service instance
     metrics_url: str | None = None  # with metrics_at=(host, port)
+    page_url: str | None = None  # with page_at=(host, port)
 
     async def projected(self, domain: str, timeout: float = 5.0) -> int:
         """Until the domain's projections hold its whole log; the log's last position."""
@@ -87,6 +88,7 @@ async def serving(
                 follower_process=running.follower_process,
                 service_id=running.service_id,
                 metrics_url=running.metrics_url,
+                page_url=running.page_url,
             )
         finally:
             await client_nc.close()

@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import sys
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -584,3 +585,65 @@ async def test_up_secure_issues_identities_and_stays_secure(
         code, out, err = await trellis_cli(env, "connections", "--view", "globex", "--json")
         assert code == 0, err
         assert {r["tenant"] for r in json.loads(out)["connections"]} == {"globex"}
+
+
+def read(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        body: bytes = response.read()
+        return body
+
+
+def first_snapshot(url: str) -> dict[str, Any]:
+    """The `snapshot` message a fabric page's /events stream opens with."""
+    with urllib.request.urlopen(f"{url}/events", timeout=10) as stream:
+        for line in stream:
+            if line.startswith(b"event: snapshot"):
+                snapshot: dict[str, Any] = json.loads(stream.readline().removeprefix(b"data: "))
+                return snapshot
+    raise AssertionError("the stream ended without a snapshot")
+
+
+async def test_the_fabric_page_connects_as_the_operator_and_sees_every_tenant(
+    tmp_path: Path, database_url: str, pg_schema: str
+) -> None:
+    prefix = unique_subject_prefix()
+    secure = SecureDir(tmp_path)
+    secure.ensure(prefix, ["acme", "globex"])
+    server = EmbeddedNats(tmp_path, config=secure.config_path)
+    await asyncio.to_thread(server.start)
+    try:
+        async with engine_on(
+            server.url,
+            database_url,
+            schema=pg_schema,
+            prefix=prefix,
+            credentials=secure.credentials(ENGINE_IDENTITY),
+            page_at=("127.0.0.1", 0),
+            page_credentials=secure.credentials(OPERATOR),
+        ) as running:
+            rig = Rig(secure, server, running)
+            try:
+                await imported(rig)
+                ids = {
+                    await compose(
+                        await rig.connect(who), who.name, {"host": "host-01", "devices": [SLICE]}
+                    )
+                    for who in (ACME, GLOBEX)
+                }
+                assert running.page_url is not None
+                keys = {f"{DOMAIN}.composition.{cid}" for cid in ids}
+                deadline = asyncio.get_running_loop().time() + 10
+                # The page's operator identity watches the bucket: both tenants' compositions.
+                while not keys <= set(
+                    (await asyncio.to_thread(first_snapshot, running.page_url))["values"]
+                ):
+                    assert asyncio.get_running_loop().time() < deadline, "not in the snapshot"
+                    await asyncio.sleep(0.1)
+                topology = await asyncio.to_thread(
+                    read, f"{running.page_url}/api/topology?domain={DOMAIN}"
+                )
+                assert json.loads(topology)["ok"] is True
+            finally:
+                await rig.close()
+    finally:
+        await asyncio.to_thread(server.stop)

@@ -79,7 +79,11 @@ async def test_the_wheel_installs_into_a_fresh_venv_and_serves_a_compose(
         ".", cwd=source)  # fmt: skip
     (wheel,) = (tmp_path / "wheel").glob("trellis_fabric-*.whl")
     with zipfile.ZipFile(wheel) as built:
-        top_level = {name.split("/")[0] for name in built.namelist()}
+        names = set(built.namelist())
+        top_level = {name.split("/")[0] for name in names}
+    # The fabric page's files are package data: `trellis up --http` serves them from the wheel.
+    web = "trellis/adapters/entrypoints/web"
+    assert {f"{web}/index.html", f"{web}/page.js", f"{web}/page.css"} <= names
     # One import name, the namespace; engine/, adapters/ ... are not installed at the top level.
     assert {name for name in top_level if not name.endswith(".dist-info")} == {"trellis"}
     run(venv / "bin" / "pip", "install", "-q", wheel, cwd=tmp_path)

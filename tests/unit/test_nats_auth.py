@@ -48,12 +48,21 @@ def test_only_the_engine_may_subscribe_to_every_inbox() -> None:
         assert not any(s.startswith("_INBOX.>") or s == ">" for s in subscribe)
 
 
-def test_the_operator_administers_and_queries_and_is_no_tenant() -> None:
-    publish, _ = allowed(Principal("operator", "operator"), "p1")
+def test_the_operator_administers_queries_reads_the_feed_and_is_no_tenant() -> None:
+    publish, subscribe = allowed(Principal("operator", "operator"), "p1")
     discovery = [
         f"$SRV.{v}.trellis-engine{one}" for v in ("PING", "INFO", "STATS") for one in ("", ".*")
     ]
-    assert publish == ["p1.admin.>", "p1.query.>", *discovery]
+    assert publish[:2] == ["p1.admin.>", "p1.query.>"] and publish[-len(discovery) :] == discovery
+    # The stream and the bucket, read as the auditor reads them (the live fabric page)...
+    reads = publish[2 : -len(discovery)]
+    assert "$JS.API.CONSUMER.CREATE.TRELLIS_EVENTS_p1.>" in reads
+    assert "$JS.API.STREAM.INFO.KV_TRELLIS_STATE_p1" in reads
+    changes = ("STREAM.CREATE", "STREAM.UPDATE", "STREAM.DELETE", "STREAM.PURGE", "MSG.DELETE")
+    assert [s for s in reads if any(c in s for c in (*changes, "CONSUMER.DELETE", "$KV."))] == []
+    # ...never a tenant's subjects, and replies on its own inbox only.
+    assert not any(s.startswith(("p1.intent", "p1.view")) for s in publish)
+    assert subscribe == [f"_INBOX.{KEY}.>"]
     tenant, _ = allowed(Principal("tenant", "acme"), "p1")
     assert not any(s.startswith("$SRV") for s in tenant)  # stats count every tenant's requests
 

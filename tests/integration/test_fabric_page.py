@@ -1,0 +1,175 @@
+"""The live fabric page (`trellis up --http`), in a real headless browser against a real engine.
+
+Debian's chromium (`apt-get install -y chromium`) is driven by Playwright's Python package with
+`executable_path`; Playwright's own browsers are never downloaded. The page is loaded once and
+never reloaded: a compose and a fault sent over NATS reach it through the KV bucket and the
+event feed (server-sent events), and a click asks the engine's `why` through the page's server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from engines import Fleet
+from fabrics import expect_ok
+from harness import Harness, run_cli, serving
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+try:
+    from playwright.async_api import Page, async_playwright, expect
+except ImportError:  # the dev extra is not installed
+    async_playwright = None  # type: ignore[assignment]
+
+pytestmark = pytest.mark.skipif(
+    async_playwright is None or not os.access(CHROMIUM, os.X_OK),
+    reason="needs Debian's chromium and Playwright's Python package: "
+    "`apt-get install -y chromium` and `pip install -e '.[dev]'` (no `playwright install`)",
+)
+
+DOMAIN = "hall-1"
+FABRIC = json.loads((Path(__file__).parents[2] / "examples" / "fabric.json").read_text())
+H100 = {"host": "host-01", "devices": [{"kind": "gpu", "models": ["H100"]}], "reason": "demo"}
+WAIT_MS = 30_000  # how long the browser waits for the page to show something, on a busy box
+RED = "rgb(214, 40, 40)"  # page.css: a failed node's fill
+SAME_COLOUR = """([device, composition]) => {
+  const swatch = document.querySelector(`#compositions [data-id="${composition}"] .swatch`);
+  const circle = document.querySelector(`#fabric [data-id="${device}"] circle`);
+  if (!swatch || !circle) return false;
+  const colour = getComputedStyle(swatch).backgroundColor;
+  return colour !== "" && colour === getComputedStyle(circle).fill;
+}"""
+
+
+@pytest_asyncio.fixture
+async def h(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str
+) -> AsyncIterator[Harness]:
+    async with serving(
+        nats_url, database_url, pg_schema, subject_prefix, page_at=("127.0.0.1", 0)
+    ) as harness:
+        yield harness
+
+
+@pytest_asyncio.fixture
+async def page(h: Harness) -> AsyncIterator[Page]:
+    """A headless chromium tab on the fabric page, the fabric imported before it opens."""
+    expect_ok(await h.client.admin(DOMAIN, "import-topology", FABRIC))
+    await h.relayed(DOMAIN)
+    assert h.page_url is not None
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            tab = await browser.new_page(viewport={"width": 1400, "height": 900})
+            tab.set_default_timeout(WAIT_MS)
+            await tab.goto(f"{h.page_url}/")
+            yield tab
+        finally:
+            await browser.close()
+
+
+def node(page: Page, node_id: str) -> Any:
+    return page.locator(f'#fabric [data-id="{node_id}"]')
+
+
+async def test_the_page_shows_the_fabric_and_follows_it_live(
+    h: Harness, page: Page, tmp_path: Path
+) -> None:
+    # The graph: every host, switch, OCS and device of the imported fabric, and every link.
+    for spec in FABRIC["nodes"]:
+        await expect(node(page, spec["id"])).to_have_class(re.compile(f"kind-{spec['kind']}"))
+    await expect(page.locator("#fabric [data-link]")).to_have_count(len(FABRIC["links"]))
+    await expect(page.locator("#status")).to_have_text("live")
+    await page.evaluate("window.loadedOnce = true")  # gone if the page ever reloads
+
+    # A compose over NATS appears, coloured by its tenant, with the path it holds.
+    composed = expect_ok(await h.client.intent(DOMAIN, "acme", "compose", H100))
+    cid, (device,) = composed["composition_id"], composed["devices"]
+    listed = page.locator(f'#compositions [data-id="{cid}"]')
+    await expect(listed).to_have_attribute("data-tenant", "acme")
+    await expect(listed).to_contain_text(device["id"])
+    held = page.locator(f'#fabric .held[data-composition="{cid}"]')
+    await expect(held).to_have_count(len(device["path"]) - 1)  # one line per hop
+    # The device is filled with the tenant's colour, the composition's swatch in the list.
+    await page.wait_for_function(SAME_COLOUR, arg=[device["id"], cid])
+
+    # A fault turns its component red, and the faults list names it.
+    faulty = "gpu-007"
+    report = {"component": faulty, "state": "failed", "detail": "xid 79"}
+    expect_ok(await h.client.admin(DOMAIN, "report-fault", report))
+    await expect(node(page, faulty)).to_have_class(re.compile("health-failed"))
+    red = await node(page, faulty).locator("circle").evaluate("e => getComputedStyle(e).fill")
+    assert red == RED, red
+    await expect(page.locator(f'#faults [data-id="{faulty}"]')).to_contain_text("xid 79")
+
+    # A click on a device, then on the composition, shows the engine's own `why` of it.
+    for clicked, target in ((device["id"], node(page, device["id"])), (cid, listed)):
+        await target.click()
+        said = expect_ok(await h.client.query(DOMAIN, "why", {"id": clicked}))["text"]
+        await expect(page.locator(f'#why .text[data-id="{clicked}"]')).to_have_text(said)
+
+    # The utilization chart has sampled the held GPU.
+    await expect(page.locator("#utilization")).to_have_attribute("data-gpus-held", "1")
+    assert await page.evaluate("window.loadedOnce") is True, "the page reloaded"
+    shot = tmp_path / "fabric-page.png"
+    await page.screenshot(path=str(shot), full_page=True)
+    print(f"screenshot: {shot}")
+
+
+def get(url: str) -> tuple[int, str, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.headers["Content-Type"], response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers["Content-Type"], error.read()
+
+
+async def test_the_page_server_refuses_what_it_does_not_serve(h: Harness) -> None:
+    assert h.page_url is not None and h.page_url.startswith("http://127.0.0.1:")
+    status, kind, body = await asyncio.to_thread(get, f"{h.page_url}/api/why?domain=hall-1&id=a.b")
+    assert (status, kind) == (400, "application/json"), body
+    assert json.loads(body)["error"]["code"] == "invalid"
+    status, _, body = await asyncio.to_thread(get, f"{h.page_url}/api/topology?domain=no%20such")
+    assert status == 400 and json.loads(body)["error"]["code"] == "invalid"
+    # A domain nobody imported: the engine's own answer, passed on as is.
+    status, _, body = await asyncio.to_thread(get, f"{h.page_url}/api/topology?domain=nowhere")
+    assert status == 200 and json.loads(body)["error"]["code"] == "not_found", body
+    status, _, _ = await asyncio.to_thread(get, f"{h.page_url}/nothing-here")
+    assert status == 404
+    status, kind, body = await asyncio.to_thread(get, f"{h.page_url}/page.js")
+    assert status == 200 and kind.startswith("text/javascript") and b"EventSource" in body
+
+
+async def test_trellis_up_prints_the_page_url_and_serves_it(  # TRELLIS_HTTP_PORT=0
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, tmp_path: Path
+) -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")},
+        "TRELLIS_NATS_URL": nats_url,
+        "TRELLIS_DATABASE_URL": database_url,
+        "TRELLIS_DB_SCHEMA": pg_schema,
+        "TRELLIS_SUBJECT_PREFIX": subject_prefix,
+        "TRELLIS_DATA_DIR": str(tmp_path / "data"),
+        "TRELLIS_HTTP_PORT": "0",
+    }
+    fleet = Fleet(env, tmp_path, DOMAIN)
+    try:
+        engine = await fleet.start_one()
+        printed = re.search(r"fabric page: (http://127\.0\.0\.1:\d+)/ ", engine.said())
+        assert printed is not None, engine.said()
+        status, kind, body = await asyncio.to_thread(get, f"{printed[1]}/")
+        assert status == 200 and kind.startswith("text/html") and b"page.js" in body
+    finally:
+        await fleet.stop()
+    code, _, err = await run_cli(env, "up", "--http", "http")
+    assert code == 2 and err.startswith("trellis: usage: ") and "--http" in err, err
