@@ -20,8 +20,10 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml setup.py $(wildcard ext/*.pyx e
 test: install
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# The scripted session, then a short economics run (pooled vs fixed pods on real demand; ~45 s).
 demo: install
 	$(BIN)/python -m trellis.adapters.entrypoints.demo
+	$(BIN)/trellis demo economics --seconds 10 --requests 40
 
 check: install
 	$(BIN)/ruff format --check .
