@@ -119,8 +119,12 @@ class Rig:
             await nc.close()
 
 
-@pytest_asyncio.fixture
-async def rig(tmp_path: Path, database_url: str, pg_schema: str) -> AsyncIterator[Rig]:
+@contextlib.asynccontextmanager
+async def secured(
+    tmp_path: Path, database_url: str, pg_schema: str, page: bool = False
+) -> AsyncIterator[Rig]:
+    """A secure-mode NATS of this test's own and an engine on it as the engine identity;
+    `page`: with the live fabric page, connected as the operator."""
     prefix = unique_subject_prefix()
     secure = SecureDir(tmp_path)
     secure.ensure(prefix, ["acme", "globex"])
@@ -133,6 +137,8 @@ async def rig(tmp_path: Path, database_url: str, pg_schema: str) -> AsyncIterato
             schema=pg_schema,
             prefix=prefix,
             credentials=secure.credentials(ENGINE_IDENTITY),
+            page_at=("127.0.0.1", 0) if page else None,
+            page_credentials=secure.credentials(OPERATOR) if page else None,
         ) as running:
             rig = Rig(secure, server, running)
             try:
@@ -141,6 +147,12 @@ async def rig(tmp_path: Path, database_url: str, pg_schema: str) -> AsyncIterato
                 await rig.close()
     finally:
         await asyncio.to_thread(server.stop)
+
+
+@pytest_asyncio.fixture
+async def rig(tmp_path: Path, database_url: str, pg_schema: str) -> AsyncIterator[Rig]:
+    async with secured(tmp_path, database_url, pg_schema) as rig:
+        yield rig
 
 
 async def imported(rig: Rig) -> None:
@@ -606,44 +618,21 @@ def first_snapshot(url: str) -> dict[str, Any]:
 async def test_the_fabric_page_connects_as_the_operator_and_sees_every_tenant(
     tmp_path: Path, database_url: str, pg_schema: str
 ) -> None:
-    prefix = unique_subject_prefix()
-    secure = SecureDir(tmp_path)
-    secure.ensure(prefix, ["acme", "globex"])
-    server = EmbeddedNats(tmp_path, config=secure.config_path)
-    await asyncio.to_thread(server.start)
-    try:
-        async with engine_on(
-            server.url,
-            database_url,
-            schema=pg_schema,
-            prefix=prefix,
-            credentials=secure.credentials(ENGINE_IDENTITY),
-            page_at=("127.0.0.1", 0),
-            page_credentials=secure.credentials(OPERATOR),
-        ) as running:
-            rig = Rig(secure, server, running)
-            try:
-                await imported(rig)
-                ids = {
-                    await compose(
-                        await rig.connect(who), who.name, {"host": "host-01", "devices": [SLICE]}
-                    )
-                    for who in (ACME, GLOBEX)
-                }
-                assert running.page_url is not None
-                keys = {f"{DOMAIN}.composition.{cid}" for cid in ids}
-                deadline = asyncio.get_running_loop().time() + 10
-                # The page's operator identity watches the bucket: both tenants' compositions.
-                while not keys <= set(
-                    (await asyncio.to_thread(first_snapshot, running.page_url))["values"]
-                ):
-                    assert asyncio.get_running_loop().time() < deadline, "not in the snapshot"
-                    await asyncio.sleep(0.1)
-                topology = await asyncio.to_thread(
-                    read, f"{running.page_url}/api/topology?domain={DOMAIN}"
-                )
-                assert json.loads(topology)["ok"] is True
-            finally:
-                await rig.close()
-    finally:
-        await asyncio.to_thread(server.stop)
+    async with secured(tmp_path, database_url, pg_schema, page=True) as rig:
+        running = rig.running
+        await imported(rig)
+        ids = {
+            await compose(await rig.connect(who), who.name, {"host": "host-01", "devices": [SLICE]})
+            for who in (ACME, GLOBEX)
+        }
+        assert running.page_url is not None
+        keys = {f"{DOMAIN}.composition.{cid}" for cid in ids}
+        deadline = asyncio.get_running_loop().time() + 10
+        # The page's operator identity watches the bucket: both tenants' compositions.
+        while not keys <= set(
+            (await asyncio.to_thread(first_snapshot, running.page_url))["values"]
+        ):
+            assert asyncio.get_running_loop().time() < deadline, "not in the snapshot"
+            await asyncio.sleep(0.1)
+        topology = await asyncio.to_thread(read, f"{running.page_url}/api/topology?domain={DOMAIN}")
+        assert json.loads(topology)["ok"] is True
