@@ -1,11 +1,13 @@
 """Write examples/hall.json: the hall the economics demo (`trellis demo economics`) runs on.
 
 Eight racks. Each rack holds two hosts, sixteen GPUs (eight "in" each host's box: labelled
-`box=<host>`, cabled to the rack's PCIe switch like the others), two NICs, two NVMe drives and,
-on current racks, a CXL memory pool. Racks r1-r3 hold NVIDIA H100 (generation 9), r4 NVIDIA B200
-(generation 10), r5-r6 AMD MI300X (generation 9); r7-r8 are prior-generation racks of NVIDIA
-A100 (generation 8) without CXL. A memory rack holds two large CXL pools. Every rack switch has
-one uplink to each of two optical circuit switches, so any host reaches any rack's devices.
+`box=<host>`, on a GPU tray of their own, whose PCIe switch `tray-<host>` is cabled to the
+rack's switch), two NICs, two NVMe drives and, on current racks, a CXL memory pool. Racks r1-r3
+hold NVIDIA H100 (generation 9), r4 NVIDIA B200 (generation 10), r5-r6 AMD MI300X (generation
+9); r7-r8 are prior-generation racks of NVIDIA A100 (generation 8) without CXL. A memory rack
+holds two large CXL pools. Every rack switch has one uplink to each of two optical circuit
+switches, so any host reaches any rack's devices, and a host whose tray fails still reaches
+the rack's other tray.
 
 Prices are illustrative hourly list prices, not quotes. Run it again after editing:
 
@@ -64,6 +66,9 @@ def hall() -> dict[str, Any]:
             host = f"host-{rack}-{h}"
             nodes.append({"id": host, "kind": "host", "labels": labels})
             cable(host, switch, 512, 50)
+            tray = f"tray-{host}"
+            nodes.append({"id": tray, "kind": "switch", "latency_ns": 150, "labels": labels})
+            cable(switch, tray, 1024, 40)
             for g in range(1, GPUS_PER_BOX + 1):
                 gpu = f"gpu-{rack}-{h}-{g}"
                 nodes.append(
@@ -71,7 +76,7 @@ def hall() -> dict[str, Any]:
                      "model": model, "generation": generation, "memory_gib": hbm,
                      "cost_per_hour": price, "labels": {**labels, "box": host}}
                 )  # fmt: skip
-                cable(switch, gpu, 128, 40)
+                cable(tray, gpu, 128, 40)
             for kind, part, maker, gen, cost in (
                 ("nic", "CX7", "nvidia", 7, 0.2),
                 ("nvme", "PM1743", "samsung", 5, 0.1),

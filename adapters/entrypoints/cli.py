@@ -42,10 +42,11 @@ from trellis.adapters.entrypoints import (
     audit_proofs,
     audit_verify,
     completion,
-    economics,
     export,
     render,
 )
+from trellis.adapters.entrypoints.economics import demo as economics
+from trellis.adapters.entrypoints.economics.runs import Plan as EconomicsPlan
 from trellis.adapters.nats.auth import (
     CredentialsError,
     NkeyCredentials,
@@ -315,6 +316,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     econ.add_argument(
         "--requests", type=_demo_number(1, 100_000), default=200, help="trace requests to replay"
+    )
+    econ.add_argument(
+        "--out",
+        type=Path,
+        default=Path("trellis-economics"),
+        metavar="DIR",
+        help="where the report, figures.json and the plots go; default ./trellis-economics",
+    )
+    econ.add_argument(
+        "--http",
+        type=_http_port,
+        metavar="PORT",
+        help="serve the live fabric page on PORT while it runs, to watch it (0: a free one)",
+    )
+    econ.add_argument(
+        "--plain",
+        action="store_true",
+        help="progress as lines, not the live table (the default off a terminal)",
     )
     econ.set_defaults(run=_demo_economics)
 
@@ -704,9 +723,11 @@ def _demo_number(low: float, high: float) -> Any:
 
 def _demo_economics(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
+    if args.http is not None:
+        settings = msgspec.structs.replace(settings, http_port=args.http)
     _no_embedded_engine_running(settings)
-    plan = economics.Plan(seconds=float(args.seconds), requests=int(args.requests))
-    asyncio.run(economics.main(plan, settings))
+    plan = EconomicsPlan(seconds=float(args.seconds), requests=int(args.requests))
+    asyncio.run(economics.main(plan, settings, args.out, show=False if args.plain else None))
     return EXIT_OK
 
 

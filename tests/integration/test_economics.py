@@ -13,13 +13,17 @@ import math
 from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest_asyncio
 from harness import Harness, serving
 
 from trellis.adapters.bootstrap import connect_nats
-from trellis.adapters.entrypoints import economics
+from trellis.adapters.entrypoints.economics import demo, plots
+from trellis.adapters.entrypoints.economics.data import read_hall
+from trellis.adapters.entrypoints.economics.figures import comparison
+from trellis.adapters.entrypoints.economics.runs import Plan
 from trellis.engine.events import (
     CompositionActivated,
     CompositionFailed,
@@ -30,10 +34,11 @@ from trellis.engine.events import (
     DeviceReplaced,
     DevicesReserved,
     LeaseExpired,
+    PathRerouted,
 )
 
 # 40 requests in 10 s, each holding hardware for 2-9 s: more than the hall's 16 boxes at once.
-PLAN = economics.Plan(seconds=10.0, requests=40)
+PLAN = Plan(seconds=10.0, requests=40)
 
 
 @pytest_asyncio.fixture
@@ -53,7 +58,9 @@ class Folded:
         self.phases: dict[int, set[str]] = {}
         self.first_refusal: dict[int, str] = {}
         self.impaired: set[str] = set()
+        self.moved: set[str] = set()
         self.repaired: set[str] = set()
+        self.recovered: set[str] = set()
         self.scheduler = ""
         for record in records:
             self._fold(record.recorded_at, record.event())
@@ -74,6 +81,7 @@ class Folded:
                     self.open[(cid, b.device)] = (at, b.kind, b.cost_per_hour or 0.0)
             case DeviceReplaced(composition_id=cid, old_device=old, binding=b):
                 self._end(at, cid, old)
+                self.moved.add(cid)
                 self.open[(cid, b.device)] = (at, b.kind, b.cost_per_hour or 0.0)
             case LeaseExpired(composition_id=cid) | CompositionReleased(composition_id=cid):
                 self._end(at, cid, None)
@@ -81,8 +89,10 @@ class Folded:
                 self._end(at, cid, None)
             case CompositionImpaired(composition_id=cid):
                 self.impaired.add(cid)
+            case PathRerouted(composition_id=cid):
+                self.moved.add(cid)
             case CompositionActivated(composition_id=cid) if cid in self.impaired:
-                self.repaired.add(cid)
+                (self.repaired if cid in self.moved else self.recovered).add(cid)
             case _:
                 pass
 
@@ -110,14 +120,15 @@ class Folded:
 
 
 async def test_the_economics_figures_are_the_logs_and_pooling_serves_more(
-    h: Harness, nats_url: str, subject_prefix: str
+    h: Harness, nats_url: str, subject_prefix: str, tmp_path: Path
 ) -> None:
     nc = await connect_nats(nats_url, name="test-economics")
     try:
-        pooled, fixed, _ = await economics.economics(nc, h.store, subject_prefix, PLAN)
+        outcome = await demo.economics(nc, h.store, subject_prefix, PLAN)
     finally:
         await nc.close()
-    hall = json.loads(economics.HALL.read_text())
+    pooled, fixed = outcome.figures["pooled"], outcome.figures["fixed"]
+    hall = read_hall()
     for figures, scheduler in ((pooled, "pooled"), (fixed, "fixed")):
         domain = next(d for d in await h.store.domains() if d.startswith(f"econ-{scheduler}-"))
         folded = Folded([r async for r in h.store.read(domain)])
@@ -130,6 +141,7 @@ async def test_the_economics_figures_are_the_logs_and_pooling_serves_more(
         assert math.isclose(figures.billed, sum(d for _, _, d in folded.held), rel_tol=1e-9)
         assert figures.impaired == len(folded.impaired)
         assert figures.repaired == len(folded.repaired)
+        assert figures.recovered == len(folded.recovered - folded.repaired)
         gpus = sum(n.get("device_kind") == "gpu" for n in hall["nodes"])
         assert max(figures.gpu_util) <= 1.0
         # Sampled at most a second apart, utilization integrates to the GPU-seconds held, each
@@ -139,5 +151,31 @@ async def test_the_economics_figures_are_the_logs_and_pooling_serves_more(
     assert fixed.served < PLAN.requests, "the demand overloads the boxes"
     assert pooled.served >= fixed.served
     assert fixed.idle_gpu_seconds > pooled.idle_gpu_seconds
-    table = economics.comparison(pooled, fixed)
+    table = comparison(pooled, fixed)
     assert "served" in table and str(pooled.served) in table
+
+    # The storm cut the busiest GPU tray off in each run, and `why` was asked about it then.
+    for run in outcome.runs.values():
+        tray = run.struck[0]
+        assert tray.startswith("tray-"), run.struck
+        assert [w.id for w in run.whys][:1] == [tray]
+        assert "ComponentFaulted" in run.whys[0].chain, run.whys[0]
+    # Pooled compositions on the tray get GPUs from another tray; a fixed box has no other.
+    assert pooled.impaired >= 1 and pooled.repaired >= 1
+    assert fixed.impaired >= 1 and fixed.repaired == 0
+
+    text = demo.report(outcome, PLAN)
+    assert table in text and f"why {outcome.runs['fixed'].struck[0]}" in text
+    written = demo.write(outcome, PLAN, tmp_path, text)
+    assert plots.available(), "the dev install carries the demo extra"
+    assert {p.name for p in written} == {
+        "report.txt",
+        "figures.json",
+        "utilization.png",
+        "latency.png",
+        "refusals.png",
+    }
+    for png in (p for p in written if p.suffix == ".png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    record = json.loads((tmp_path / "figures.json").read_text())
+    assert record["runs"]["pooled"]["figures"]["served"] == pooled.served

@@ -1,11 +1,12 @@
-"""The economics demo's demand (adapters/entrypoints/workload.py): trace rows to phases."""
+"""The economics demo's demand (adapters/entrypoints/economics/workload.py): trace rows to
+phases."""
 
 from __future__ import annotations
 
 import itertools
 from pathlib import Path
 
-from trellis.adapters.entrypoints.workload import (
+from trellis.adapters.entrypoints.economics.workload import (
     BATCH,
     KV_MIB_PER_TOKEN,
     MAX_GPUS,

@@ -1,0 +1,164 @@
+"""`trellis demo economics`, whole: both runs on one engine, then the table, the storm's `why`
+answers, the plots and a JSON of every figure, written to an output folder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from trellis.adapters.bootstrap import connect_nats, running_engine
+from trellis.adapters.entrypoints.economics import live, plots
+from trellis.adapters.entrypoints.economics.data import read_hall
+from trellis.adapters.entrypoints.economics.figures import (
+    Figures,
+    comparison,
+    figures,
+    sparkline,
+    storm_refusal,
+)
+from trellis.adapters.entrypoints.economics.runs import (
+    Plan,
+    Run,
+    demand,
+    fixed,
+    history,
+    log_of,
+    pooled,
+)
+from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.settings import Settings
+
+CREDIT = (
+    "demand: Azure LLM inference trace 2023 (Azure/AzurePublicDataset, CC-BY 4.0);"
+    " figures from the log's history and events; latency as the client measured it."
+)
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What the demo found: each run's figures, log and record, by run name."""
+
+    figures: dict[str, Figures]
+    logs: dict[str, list[dict[str, Any]]]
+    runs: dict[str, Run]
+
+
+async def economics(
+    nc: Any,
+    store: Any,
+    prefix: str,
+    plan: Plan,
+    *,
+    stamp: str | None = None,
+    show: bool | None = False,
+) -> Outcome:
+    """Both runs on a running engine, one after the other, each in a domain of its own.
+    `show`: the progress view (None: live when on a terminal)."""
+    hall = read_hall(plan.hall)
+    requests = demand(plan)
+    client = TrellisClient(nc, prefix=prefix)
+    stamp = stamp or time.strftime("%Y%m%d-%H%M%S")
+    runs = [Run(name, f"econ-{name}-{stamp}") for name in ("pooled", "fixed")]
+    outcome = Outcome({}, {}, {run.name: run for run in runs})
+    for run in runs:
+        topology = {**hall, "request_id": f"hall-{run.domain}", "reason": "economics hall"}
+        reply = await client.admin(run.domain, "import-topology", topology)
+        if not reply["ok"]:
+            raise RuntimeError(f"the hall was refused: {reply['error']['message']}")
+    async with (
+        live.progress(runs, plan, live=show) if show is not False else contextlib.nullcontext()
+    ):
+        for run in runs:
+            run.stage = "running"
+            if run.name == "pooled":
+                await pooled(nc, prefix, run, requests, plan)
+            else:
+                await fixed(nc, prefix, run, requests, plan, hall)
+            run.stage = "draining"
+            await asyncio.sleep(max(r.seconds for r in requests) + 2.5)  # every lease ran out
+            head = (await store.head(run.domain)).position
+            intervals = await history(client, run.domain, head)
+            outcome.logs[run.name] = await log_of(store, run.domain)
+            outcome.figures[run.name] = figures(
+                hall, outcome.logs[run.name], intervals, len(requests), run.latencies
+            )
+            run.stage = "done"
+    return outcome
+
+
+def report(outcome: Outcome, plan: Plan) -> str:
+    """The text a person reads at the end: sparklines, the table, the storm's why answers."""
+    lines: list[str] = []
+    for name, got in outcome.figures.items():
+        run = outcome.runs[name]
+        lines.append(f"{name}: {got.requests} requests over {plan.seconds:g} s in {run.domain}")
+        lines.append(f"  GPU utilization |{sparkline(got.gpu_util)}|")
+        lines.append(f"  memory          |{sparkline(got.memory_util)}|")
+    lines += ["", comparison(outcome.figures["pooled"], outcome.figures["fixed"]), ""]
+    for name, run in outcome.runs.items():
+        lines.append(f"the storm in {name}: {', '.join(run.struck)} failed")
+        for why in run.whys:
+            lines.append(f"  why {why.id} ({why.at:g} s in): {why.text}")
+            lines.append(f"    chain: {' > '.join(why.chain[-6:])}")
+        refusal = storm_refusal(outcome.logs[name])
+        if refusal is not None:
+            lines.append(
+                f"  first refusal in the storm (position {refusal['position']}):"
+                f" {refusal['code']}: {refusal['message']}"
+            )
+    lines += ["", CREDIT]
+    return "\n".join(lines)
+
+
+def _plain(got: Figures) -> dict[str, Any]:
+    """Figures as JSON-ready fields (dataclasses.asdict would rebuild the Counter from pairs)."""
+    out = {f.name: getattr(got, f.name) for f in dataclasses.fields(got)}
+    out["refused"] = dict(got.refused)
+    return out
+
+
+def write(outcome: Outcome, plan: Plan, out: Path, text: str) -> list[Path]:
+    """report.txt, figures.json and (with matplotlib) the PNG plots in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.txt").write_text(text + "\n")
+    record = {
+        "plan": {"seconds": plan.seconds, "requests": plan.requests, "hall": str(plan.hall)},
+        "runs": {
+            name: {
+                "domain": outcome.runs[name].domain,
+                "storm": outcome.runs[name].struck,
+                "whys": [dataclasses.asdict(w) for w in outcome.runs[name].whys],
+                "storm_refusal": storm_refusal(outcome.logs[name]),
+                "figures": _plain(got),
+            }
+            for name, got in outcome.figures.items()
+        },
+    }
+    (out / "figures.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
+    written = [out / "report.txt", out / "figures.json"]
+    if plots.available():
+        storm = (plan.storm_at, plan.storm_at + plan.storm_for)
+        written += plots.draw(outcome.figures["pooled"], outcome.figures["fixed"], out, storm)
+    return written
+
+
+async def main(plan: Plan, settings: Settings, out: Path, *, show: bool | None = None) -> None:
+    """Start an engine as configured (embedded servers for unset URLs), run both, compare."""
+    async with running_engine(settings) as running:
+        nc = await connect_nats(running.nats_url, name="trellis-economics")
+        try:
+            outcome = await economics(nc, running.store, running.subject_prefix, plan, show=show)
+        finally:
+            await nc.close()
+    text = report(outcome, plan)
+    print(text)
+    written = write(outcome, plan, out, text)
+    print(f"\nwritten: {', '.join(str(p) for p in written)}")
+    if not plots.available():
+        print("plots skipped: matplotlib is not installed (pip install 'trellis-fabric[demo]')")

@@ -1,0 +1,98 @@
+"""The economics run's progress while it runs: a live table (rich) on a terminal, else a line
+every few seconds.
+
+The counts are the run's own (composes sent, composed, refused) and the GPUs its scheduler's
+KV view shows held; they say how far it has got. The figures come afterwards, from the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from trellis.adapters.entrypoints.economics.runs import Plan, Run
+
+PLAIN_EVERY_S = 5.0
+LIVE_PER_S = 4
+
+
+def rich_available() -> bool:
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def line(run: Run, plan: Plan) -> str:
+    c = run.counts
+    storm = f", storm: {' '.join(run.struck)}" if run.stage == "storm" else ""
+    return (
+        f"{run.name}: {run.stage}, {run.elapsed():.0f}/{plan.seconds:g} s, composes"
+        f" {c['sent']} ({c['composed']} composed, {c['refused']} refused),"
+        f" GPUs held {run.gpus_held}/{run.gpus}{storm}"
+    )
+
+
+def _table(runs: Sequence[Run], plan: Plan) -> Any:
+    from rich.table import Table
+
+    table = Table(title=f"trellis demo economics: {plan.requests} requests over {plan.seconds:g} s")
+    for heading in ("run", "stage", "seconds", "composes", "composed", "refused", "GPUs held"):
+        table.add_column(heading, justify="left" if heading in ("run", "stage") else "right")
+    for run in runs:
+        stage = f"[red]storm: {run.struck[0]}[/red]" if run.stage == "storm" else run.stage
+        c = run.counts
+        table.add_row(
+            run.name,
+            stage,
+            f"{min(run.elapsed(), plan.seconds):.0f}/{plan.seconds:g}",
+            str(c["sent"]),
+            str(c["composed"]),
+            str(c["refused"]),
+            f"{run.gpus_held}/{run.gpus}",
+        )
+    return table
+
+
+@contextlib.asynccontextmanager
+async def progress(
+    runs: Sequence[Run], plan: Plan, *, live: bool | None = None
+) -> AsyncIterator[None]:
+    """Show `runs` progressing until the block ends. `live` None: rich's live table when stdout
+    is a terminal and rich is installed."""
+    if live is None:
+        live = sys.stdout.isatty() and rich_available()
+    if live:
+        from rich.live import Live
+
+        with Live(_table(runs, plan), refresh_per_second=LIVE_PER_S) as view:
+
+            async def refresh() -> None:
+                while True:
+                    await asyncio.sleep(1 / LIVE_PER_S)
+                    view.update(_table(runs, plan))
+
+            task = asyncio.create_task(refresh())
+            try:
+                yield
+            finally:
+                task.cancel()
+                view.update(_table(runs, plan))
+        return
+
+    async def lines() -> None:
+        while True:
+            await asyncio.sleep(PLAIN_EVERY_S)
+            for run in runs:
+                if run.stage not in ("waiting", "done"):
+                    print(line(run, plan), flush=True)
+
+    task = asyncio.create_task(lines())
+    try:
+        yield
+    finally:
+        task.cancel()

@@ -1,0 +1,294 @@
+"""The economics demo's two runs: the same real demand through a real engine, pooled and fixed.
+
+Both runs drive one engine (NATS, Postgres, the simulated fabric), each in a domain of its own,
+only through NATS:
+
+- pooled: the example scheduler (examples/scheduler.py, its classes loaded from the file)
+  composes each request's prefill (GPUs by prompt) and then its decode (one GPU and a CXL
+  memory slice by context and output), from any rack over the OCS;
+- fixed pods: each request gets one box whole (a host, its eight GPUs, its NIC and NVMe, by the
+  `box` label), no pooled memory: a request whose KV cache exceeds the box's HBM headroom asks
+  for the rest from memory of its box, which none has, and the engine refuses it. A box is not
+  repaired: nothing but its own devices carry its label.
+
+Leases expire (nothing is released by hand). Midway a failure storm strikes both: the GPU tray
+that carries the most of the run's connections at that moment loses its PCIe switch, and a
+group of OCS ports fails; all heal a while later. While the storm lasts the run asks the
+engine `why` about the tray and about a composition that used it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trellis.adapters.entrypoints.economics.data import HALL, example_scheduler, trace_files
+from trellis.adapters.entrypoints.economics.workload import Request, compress, read_trace
+from trellis.adapters.nats.client import TrellisClient
+
+WEIGHTS_GIB = 140.0  # a 70B model in fp16 fills this much of a box's HBM before any KV cache
+TRACE_WINDOW_S = 600.0  # the trace's first ten minutes are the demand's shape
+TRAY = "tray-"  # the GPU trays' switches (examples/make_hall.py)
+STORM_PORTS = tuple(f"ocs-2:{p}" for p in range(1, 5))  # the ocs-2 uplinks of sw-r2 .. sw-r5
+BOX_TRIES = 3  # a fixed request tries this many boxes before it is refused
+CUT_OFF_S = 2.0  # a box whose compose found no path is skipped this long
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to run: `requests` over `seconds`, a storm from `storm_at` for `storm_for`."""
+
+    seconds: float = 45.0
+    requests: int = 200
+    hall: Path = HALL
+
+    @property
+    def storm_at(self) -> float:
+        return self.seconds / 2
+
+    @property
+    def storm_for(self) -> float:
+        return self.seconds / 4
+
+
+@dataclass(frozen=True)
+class Why:
+    """An answer of the engine's `why` query, asked at a moment of the run."""
+
+    at: float  # seconds into the run
+    id: str
+    text: str
+    chain: list[str]  # the event types that made it so
+
+
+@dataclass
+class Run:
+    """One run: its domain, what the client measured, and its progress as it goes."""
+
+    name: str
+    domain: str
+    latencies: list[float] = field(default_factory=list)  # seconds, measured by the client
+    counts: Counter[str] = field(default_factory=Counter)  # composes sent / composed / refused
+    stage: str = "waiting"
+    started: float | None = None  # time.monotonic() when its demand began
+    gpus_held: int = 0  # from the run's KV view, for the progress view
+    gpus: int = 0
+    struck: list[str] = field(default_factory=list)  # what the storm failed
+    whys: list[Why] = field(default_factory=list)
+
+    def elapsed(self) -> float:
+        return 0.0 if self.started is None else time.monotonic() - self.started
+
+
+def demand(plan: Plan) -> list[Request]:
+    rows = read_trace(trace_files())
+    return compress(rows, seconds=plan.seconds, count=plan.requests, window=TRACE_WINDOW_S)
+
+
+def boxes(hall: dict[str, Any]) -> dict[str, list[str]]:
+    """host -> the GPUs in its box."""
+    out: dict[str, list[str]] = {}
+    for node in hall["nodes"]:
+        if node.get("device_kind") == "gpu" and "box" in node.get("labels", {}):
+            out.setdefault(node["labels"]["box"], []).append(node["id"])
+    return out
+
+
+def needed_gpu_seconds(request: Request) -> int:
+    return request.prefill_gpus * 1 + request.decode_seconds
+
+
+async def _timed(run: Run, call: Any) -> Any:
+    started = time.perf_counter()
+    try:
+        return await call
+    finally:
+        run.latencies.append(time.perf_counter() - started)
+
+
+def _counted(run: Run, composed: bool) -> None:
+    run.counts["sent"] += 1
+    run.counts["composed" if composed else "refused"] += 1
+
+
+async def _watch_gpus(run: Run, view: Any) -> None:
+    """Keep the progress view's count of held GPUs from the scheduler's KV view."""
+    while True:
+        free = sum(map(len, view.free_gpus().values()))
+        run.gpus = sum(d.kind == "gpu" for d in view.devices.values())
+        run.gpus_held = run.gpus - free
+        await asyncio.sleep(0.25)
+
+
+async def pooled(nc: Any, prefix: str, run: Run, requests: Sequence[Request], plan: Plan) -> None:
+    """The example scheduler composes each phase from the pools; its policy releases what the
+    engine could not repair."""
+    ex = example_scheduler()
+    scheduler = ex.Scheduler(nc, domain=run.domain, tenant="pooled", prefix=prefix, lease_slack=0)
+    await scheduler.start()
+    start = run.started = time.monotonic()
+    watcher = asyncio.create_task(_watch_gpus(run, scheduler.view))
+
+    async def phase(number: int, at: float, wanted: Any) -> bool:
+        await asyncio.sleep(max(0.0, start + at - time.monotonic()))
+        now = time.monotonic()
+        placement = ex.Placement(number, wanted, now, now + wanted.seconds)
+        composed = bool(await _timed(run, scheduler.compose(placement)))
+        _counted(run, composed)
+        return composed
+
+    async def one(request: Request) -> None:
+        prefill = ex.Demand(gpus=request.prefill_gpus, seconds=1.0)
+        if not await phase(2 * request.number, request.at, prefill):
+            return
+        decode = ex.Demand(gpus=1, memory_gib=request.decode_gib, seconds=request.decode_seconds)
+        await phase(2 * request.number + 1, request.at + 1.0, decode)
+
+    try:
+        await asyncio.gather(*(one(r) for r in requests), storm(nc, prefix, run, plan))
+    finally:
+        watcher.cancel()
+        await scheduler.stop(release=False)  # leases end what is held
+
+
+async def fixed(
+    nc: Any, prefix: str, run: Run, requests: Sequence[Request], plan: Plan, hall: dict[str, Any]
+) -> None:
+    """One whole box per request, or a refusal; no pooled memory, no repair.
+
+    Its scheduler chooses the box with the most free GPUs in its KV view. A box whose compose
+    found no path (its tray cut off by the storm) is skipped for a while, and the request tries
+    the next box, BOX_TRIES in all."""
+    ex = example_scheduler()
+    view = ex.Scheduler(nc, domain=run.domain, tenant="fixed", prefix=prefix)
+    await view.start()  # only its local view of free GPUs is used
+    client = TrellisClient(nc, prefix=prefix)
+    hbm = {n["id"]: n.get("memory_gib") or 0.0 for n in hall["nodes"]}
+    pods = boxes(hall)
+    cut_off: dict[str, float] = {}  # box -> until when it is skipped
+    start = run.started = time.monotonic()
+    watcher = asyncio.create_task(_watch_gpus(run, view.view))
+
+    def best_box(tried: set[str]) -> str:
+        free = {g for ids in view.view.free_gpus().values() for g in ids}
+        now = time.monotonic()
+        candidates = [b for b in pods if b not in tried and cut_off.get(b, 0.0) <= now] or [
+            b for b in pods if b not in tried
+        ]
+        return max(candidates, key=lambda host: sum(g in free for g in pods[host]))
+
+    def body_for(request: Request, box: str) -> dict[str, Any]:
+        devices: list[dict[str, Any]] = [
+            {"kind": "gpu", "count": len(pods[box])},
+            {"kind": "nic"},
+            {"kind": "nvme"},
+        ]
+        headroom = sum(hbm[g] for g in pods[box]) - WEIGHTS_GIB
+        if request.decode_gib > headroom:  # the rest would have to come from outside the box
+            devices.append({"kind": "memory", "capacity_gib": request.decode_gib - headroom})
+        return {
+            "request_id": f"fixed-{uuid.uuid4().hex}",
+            "host": box,
+            "devices": devices,
+            "constraints": {"labels": {"box": box}},
+            "lease_seconds": request.seconds,
+            "labels": {
+                "scheduler": "fixed-pods",
+                "demand": str(request.number),
+                "need_gpu_seconds": str(needed_gpu_seconds(request)),
+            },
+        }
+
+    async def one(request: Request) -> None:
+        await asyncio.sleep(max(0.0, start + request.at - time.monotonic()))
+        tried: set[str] = set()
+        for _ in range(BOX_TRIES):
+            box = best_box(tried)
+            tried.add(box)
+            body = body_for(request, box)
+            reply = await _timed(run, client.intent(run.domain, "fixed", "compose", body))
+            if reply["ok"]:
+                view.view.took(reply["result"]["composition_id"], reply["result"]["devices"])
+                _counted(run, True)
+                return
+            if reply["error"]["code"] != "no_path":
+                break  # no whole box free, or the box cannot hold the KV cache: refused
+            cut_off[box] = time.monotonic() + CUT_OFF_S
+        _counted(run, False)
+
+    try:
+        await asyncio.gather(*(one(r) for r in requests), storm(nc, prefix, run, plan))
+    finally:
+        watcher.cancel()
+        await view.stop(release=False)
+
+
+async def busiest_tray(client: TrellisClient, domain: str) -> tuple[str, str | None]:
+    """The GPU tray whose switch the most of `domain`'s connections cross now, and one
+    composition that crosses it."""
+    reply = await client.query(domain, "connections", {})
+    crossing: Counter[str] = Counter()
+    example: dict[str, str] = {}
+    for row in reply["result"]["connections"] if reply["ok"] else []:
+        for part in row["path"]:
+            if part.startswith(TRAY):
+                crossing[part] += 1
+                example.setdefault(part, row["composition_id"])
+    if not crossing:
+        return "tray-host-r1-1", None
+    tray = max(sorted(crossing), key=lambda t: crossing[t])
+    return tray, example[tray]
+
+
+async def ask_why(client: TrellisClient, run: Run, id: str) -> None:
+    reply = await client.query(run.domain, "why", {"id": id})
+    if reply["ok"]:
+        result = reply["result"]
+        chain = [entry["type"] for entry in result["chain"]]
+        run.whys.append(Why(round(run.elapsed(), 1), id, result["text"], chain))
+    else:
+        run.whys.append(Why(round(run.elapsed(), 1), id, reply["error"]["message"], []))
+
+
+async def storm(nc: Any, prefix: str, run: Run, plan: Plan) -> None:
+    """The busiest GPU tray's switch and a group of OCS ports fail midway, and heal later;
+    `why` is asked about the tray and a composition on it while they are down."""
+    client = TrellisClient(nc, prefix=prefix)
+    await asyncio.sleep(plan.storm_at)
+    tray, composition = await busiest_tray(client, run.domain)
+    run.struck = [tray, *STORM_PORTS]
+    run.stage = "storm"
+    for component in run.struck:
+        fault = {"component": component, "state": "failed", "detail": "economics storm"}
+        await client.admin(run.domain, "report-fault", fault)
+    await asyncio.sleep(min(1.0, plan.storm_for / 2))
+    await ask_why(client, run, tray)
+    if composition is not None:
+        await ask_why(client, run, composition)
+    await asyncio.sleep(max(0.0, plan.storm_at + plan.storm_for - run.elapsed()))
+    for component in run.struck:
+        await client.admin(run.domain, "report-fault", {"component": component, "state": "healthy"})
+    run.stage = "healed"
+
+
+async def log_of(store: Any, domain: str) -> list[dict[str, Any]]:
+    """The domain's events as `{"type", "at", "position", "data"}`, from Postgres."""
+    return [
+        {"type": e.type, "at": e.recorded_at, "position": e.position, "data": json.loads(e.data)}
+        async for e in store.read(domain)
+    ]
+
+
+async def history(client: TrellisClient, domain: str, position: int) -> list[dict[str, Any]]:
+    reply = await client.query(domain, "history", {"min_position": position})
+    if not reply["ok"]:
+        raise RuntimeError(f"history of {domain}: {reply['error']['message']}")
+    intervals: list[dict[str, Any]] = reply["result"]["intervals"]
+    return intervals
