@@ -131,7 +131,7 @@ def figures(
     if pooled_run:  # the pools hand out what the work needs: all of it is needed
         need = gpu_seconds
     impaired = {e["data"]["composition_id"] for e in events if e["type"] == "CompositionImpaired"}
-    repaired, recovered = _mended(events)
+    repaired, recovered = mended(events)
     ordered = sorted(latencies)
     return Figures(
         requests=requests,
@@ -153,7 +153,7 @@ def figures(
     )
 
 
-def _mended(events: Sequence[dict[str, Any]]) -> tuple[set[str], set[str]]:
+def mended(events: Sequence[dict[str, Any]]) -> tuple[set[str], set[str]]:
     """Impaired compositions activated again: repaired (a device or path of theirs was moved
     after the impairment) and recovered (none was: the fault healed under them)."""
     impaired: set[str] = set()

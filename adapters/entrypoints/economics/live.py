@@ -37,7 +37,7 @@ def line(run: Run, plan: Plan) -> str:
     )
 
 
-def _table(runs: Sequence[Run], plan: Plan) -> Any:
+def status_table(runs: Sequence[Run], plan: Plan) -> Any:
     from rich.table import Table
 
     table = Table(title=f"trellis demo economics: {plan.requests} requests over {plan.seconds:g} s")
@@ -69,19 +69,19 @@ async def progress(
     if live:
         from rich.live import Live
 
-        with Live(_table(runs, plan), refresh_per_second=LIVE_PER_S) as view:
+        with Live(status_table(runs, plan), refresh_per_second=LIVE_PER_S) as view:
 
             async def refresh() -> None:
                 while True:
                     await asyncio.sleep(1 / LIVE_PER_S)
-                    view.update(_table(runs, plan))
+                    view.update(status_table(runs, plan))
 
             task = asyncio.create_task(refresh())
             try:
                 yield
             finally:
                 task.cancel()
-                view.update(_table(runs, plan))
+                view.update(status_table(runs, plan))
         return
 
     async def lines() -> None:
