@@ -46,7 +46,7 @@ def draw(
         axes.grid(alpha=0.3)
         if storm is not None:
             axes.axvspan(*storm, color="grey", alpha=0.2, label="failure storm")
-    gpu.legend(loc="upper right")
+    memory.legend(loc="upper right")  # pooled memory is low there, fixed pods hold none
     gpu.set_title("Utilization over time (from the log's history)")
     memory.set_xlabel("seconds into the run")
     figure.tight_layout()
