@@ -268,7 +268,8 @@ async def storm(nc: Any, prefix: str, run: Run, plan: Plan) -> None:
     for component in run.struck:
         fault = {"component": component, "state": "failed", "detail": "economics storm"}
         await client.admin(run.domain, "report-fault", fault)
-    await asyncio.sleep(min(1.0, plan.storm_for / 2))
+    # Asked as soon as the faults are recorded: the repairs came in the same commits, and the
+    # composition is still held (phases last seconds).
     await ask_why(client, run, tray)
     if composition is not None:
         await ask_why(client, run, composition)
