@@ -67,11 +67,12 @@ from trellis.adapters.nats.relay import RelaySink
 from trellis.adapters.postgres.checkpoints import DEFAULT_EVERY, PostgresAuditTrail
 from trellis.adapters.postgres.leases import PostgresLeases
 from trellis.adapters.postgres.snapshots import PostgresSnapshots
-from trellis.adapters.postgres.store import PostgresEventStore, connect_pool
+from trellis.adapters.postgres.store import IDLE_IN_APPEND_S, PostgresEventStore, connect_pool
 from trellis.adapters.settings import FollowersMode, Settings, SettingsError, redacted
 from trellis.engine.checkpoints import Signer
 from trellis.engine.errors import StoreUnavailable
 from trellis.engine.follower import Followers
+from trellis.engine.ownership import tick_of
 from trellis.engine.ports import Clock, FabricDriver
 from trellis.engine.service import Engine
 from trellis.projections import PostgresReadModels, ProjectionSink
@@ -487,7 +488,19 @@ async def engine_on(
         store = await until_reachable(
             "Postgres",
             redacted(database_url),
-            lambda: PostgresEventStore.open(database_url, schema=schema, owner_dsn=owner_url),
+            lambda: PostgresEventStore.open(
+                database_url,
+                schema=schema,
+                owner_dsn=owner_url,
+                # A writer stopped inside an append (SIGSTOP, a stuck VM) keeps the lease row
+                # locked (the log's fence check, schema/008) until the server ends its session,
+                # and a takeover waits for that lock. Its lease runs out two ticks at the
+                # earliest after the pause, so a session idle a tick in a transaction is ended
+                # before then: the takeover waits for the lease only. (An event loop stalled a
+                # tick mid-append loses that append, answered `unavailable` and resent; one
+                # stalled two ticks can lose the lease itself.)
+                idle_in_transaction_s=min(IDLE_IN_APPEND_S, tick_of(lease_ttl)),
+            ),
             (StoreUnavailable,),
         )
         stack.push_async_callback(store.close)

@@ -11,7 +11,8 @@ highest rendezvous score (sha256 of engine id and domain), so a domain's preferr
 changes only when that engine comes or goes. An engine claims the unheld domains it is
 preferred for, forwards requests for a domain to its holder (or, unheld, to its preferred
 engine), and hands over a domain whose preferred engine is another one that has been up for a
-while. A survivor takes a dead writer's domains within a lease time plus a tick.
+while. A survivor takes a dead writer's domains within a lease time plus a tick; for that, a
+writer's open transaction must not outlive its lease (adapters/bootstrap.py bounds it by a tick).
 
 An engine trusts its own clock only to stop early: a lease counts as held until the moment
 the renewal was sent plus the lease time, less a margin; the store, which fences appends by
@@ -42,6 +43,11 @@ class Lease(msgspec.Struct, kw_only=True):
         return time.monotonic() < self.until
 
 
+def tick_of(ttl: float) -> float:
+    """How often an engine renews its leases and looks at the others: three times a lease."""
+    return ttl / 3
+
+
 def preferred(domain: str, engines: list[str]) -> str | None:
     """The engine a domain prefers among `engines` (rendezvous hashing), None if there are none."""
     return max(
@@ -66,7 +72,7 @@ class Ownership:
         self.serves_all = serves_all
         self.name = name
         self.ttl = ttl
-        self.tick = ttl / 3
+        self.tick = tick_of(ttl)
         self._leases = leases
         self.alive: list[str] = [identity]
         self.holders: dict[str, Holder] = {}

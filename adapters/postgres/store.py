@@ -37,6 +37,8 @@ _PAGE = 2000
 CONNECT_TIMEOUT_S = 2.0
 COMMAND_TIMEOUT_S = 2.5
 ACQUIRE_TIMEOUT_S = 2.0
+# An append is four quick round trips: far less idle time than this. An engine with writer
+# leases bounds it by its lease tick instead (adapters/bootstrap.py).
 IDLE_IN_APPEND_S = 5.0
 
 # The event columns in the order RecordedEvent takes them (verify reads the log with them too).
@@ -101,8 +103,11 @@ class PostgresEventStore:
         owner_dsn: str | None = None,
         min_size: int = 1,
         max_size: int = 8,
+        idle_in_transaction_s: float = IDLE_IN_APPEND_S,
     ) -> PostgresEventStore:
-        """Connect a pool (optionally pinned to `schema`) and bring the schema up to date.
+        """Connect a pool (optionally pinned to `schema`) and bring the schema up to date. The
+        server ends a session left idle inside a transaction (an append) for
+        `idle_in_transaction_s`.
 
         With `owner_dsn`, the owner migrates and gives the pool's role the engine's privileges
         (adapters/postgres/privileges.py); without it the pool's own role migrates, which only
@@ -123,8 +128,7 @@ class PostgresEventStore:
                 max_size=max_size,
                 connect_timeout=CONNECT_TIMEOUT_S,
                 command_timeout=COMMAND_TIMEOUT_S,
-                # An append is four quick round trips: far less idle time than this.
-                idle_in_transaction_s=IDLE_IN_APPEND_S,
+                idle_in_transaction_s=idle_in_transaction_s,
             )
         try:
             with _translated("*"):

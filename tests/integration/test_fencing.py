@@ -15,6 +15,7 @@ import contextlib
 import math
 from collections.abc import AsyncIterator
 
+import asyncpg
 import msgspec
 import pytest
 import pytest_asyncio
@@ -22,6 +23,7 @@ from fabrics import expect_error, expect_ok, fabric, fetch
 from harness import Harness, serving
 
 from trellis.adapters.fabric.sim import SimulatedFabric
+from trellis.adapters.postgres.store import IDLE_IN_APPEND_S
 from trellis.engine.errors import WriterFenced
 from trellis.engine.ownership import preferred
 from trellis.engine.ports import FabricBinding
@@ -157,6 +159,52 @@ async def test_an_ex_writer_that_thinks_it_still_writes_can_neither_commit_nor_p
         assert expect_ok(reply)["state"] == "active"
     finally:
         stalled.cancel()
+
+
+async def test_a_writer_stopped_inside_an_append_holds_a_takeover_up_no_longer_than_its_lease(
+    pair: tuple[Harness, Harness, SimulatedFabric], database_url: str, pg_schema: str
+) -> None:
+    """A writer stopped (SIGSTOP) between an append's statements keeps the lease row locked
+    by the log's fence check, and a takeover waits for that lock. The server ends the stopped
+    append's session within a lease tick, before the lease can run out: the takeover waits for
+    the lease alone, and the append never commits."""
+    a, b, _ = pair
+    expect_ok(await a.client.admin("hall", "import-topology", fabric()))
+    old, epoch = (await holders(database_url, pg_schema))["hall"]
+    ex, successor = (a, b.engine) if a.engine.identity == old else (b, a.engine)
+
+    # Given: the writer stops renewing in the middle of an append that the log has fenced
+    # (an answer stored under its epoch: the lease row is locked FOR SHARE until it ends).
+    stalled = pause_renewals(ex.engine)
+    conn = await ex.store._pool.acquire()
+    try:
+        await conn.transaction().start()
+        await conn.execute(
+            "INSERT INTO trellis_requests"
+            " (domain, actor, request_id, verb, body_hash, reply, position, fence)"
+            " VALUES ('hall', 'acme', 'stopped-1', 'compose', '', '{}', 0, $1)",
+            epoch,
+        )
+        # Then: the other engine takes the domain over when the lease runs out, not when an
+        # append idle for IDLE_IN_APPEND_S (an engine's bound without leases) would end.
+        await until(
+            lambda: _held_by(database_url, pg_schema, successor.identity),
+            IDLE_IN_APPEND_S - 1,
+            "takeover",
+        )
+        await successor_is_writing(successor, database_url, pg_schema)
+        # ...and the stopped append can never commit: the server has ended its session.
+        with pytest.raises((asyncpg.PostgresError, asyncpg.InterfaceError)):
+            await conn.execute("COMMIT")
+        stored = await fetch(
+            database_url,
+            pg_schema,
+            "SELECT count(*) AS n FROM trellis_requests WHERE request_id = 'stopped-1'",
+        )
+        assert stored[0]["n"] == 0
+    finally:
+        stalled.cancel()
+        await ex.store._pool.release(conn)
 
 
 def pause_renewals(engine: Engine) -> asyncio.Task[None]:
