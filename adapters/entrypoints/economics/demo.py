@@ -5,7 +5,6 @@ answers, the plots and a JSON of every figure, written to an output folder.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import time
@@ -56,10 +55,10 @@ async def economics(
     plan: Plan,
     *,
     stamp: str | None = None,
-    show: bool | None = False,
+    show: live.View = "off",
 ) -> Outcome:
-    """Both runs on a running engine, one after the other, each in a domain of its own.
-    `show`: the progress view (None: live when on a terminal)."""
+    """Both runs on a running engine, one after the other, each in a domain of its own,
+    econ-pooled-<stamp> and econ-fixed-<stamp>. `show`: the progress view (live.View)."""
     hall = read_hall(plan.hall)
     requests = demand(plan)
     client = TrellisClient(nc, prefix=prefix)
@@ -71,9 +70,7 @@ async def economics(
         reply = await client.admin(run.domain, "import-topology", topology)
         if not reply["ok"]:
             raise RuntimeError(f"the hall was refused: {reply['error']['message']}")
-    async with (
-        live.progress(runs, plan, live=show) if show is not False else contextlib.nullcontext()
-    ):
+    async with live.progress(runs, plan, show):
         for run in runs:
             run.stage = "running"
             if run.name == "pooled":
@@ -148,7 +145,7 @@ def write(outcome: Outcome, plan: Plan, out: Path, text: str) -> list[Path]:
     return written
 
 
-async def main(plan: Plan, settings: Settings, out: Path, *, show: bool | None = None) -> None:
+async def main(plan: Plan, settings: Settings, out: Path, *, show: live.View = "auto") -> None:
     """Start an engine as configured (embedded servers for unset URLs), run both, compare."""
     async with running_engine(settings) as running:
         nc = await connect_nats(running.nats_url, name="trellis-economics")
