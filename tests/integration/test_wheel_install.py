@@ -9,7 +9,8 @@ embedded NATS and PostgreSQL start from the installed packages), that venv's `tr
 serves, and its CLI imports a fabric and composes a GPU on it: the migrations come from inside
 the wheel. The wheel installs one import name, `trellis`. On the running interpreter only (its
 two runs take half a minute), `trellis demo economics` then runs there too, on the hall, trace
-and scheduler the wheel carries, without matplotlib (so it says it skipped the plots).
+and scheduler the wheel carries, without matplotlib (so it says it skipped the plots), and
+with --http it prints the fabric page's URL, which serves the page while it runs.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -65,6 +68,46 @@ def interpreter(version: str) -> Path | None:
         if said.returncode == 0 and said.stdout.strip() == version:
             return candidate
     return None
+
+
+async def watched_demo(
+    trellis: Path, out: Path, *, cwd: Path, env: dict[str, str]
+) -> tuple[str, str | None]:
+    """`trellis demo economics`, tiny, with the fabric page on a free port: what it printed,
+    and the page's URL once a GET of it answered with the page, while the demo ran."""
+    proc = await asyncio.create_subprocess_exec(
+        trellis, "demo", "economics", "--seconds", "5", "--requests", "4", "--plain",
+        "--out", out, "--http", "0", cwd=cwd, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    stdout = proc.stdout
+    assert stdout is not None
+    lines: list[str] = []
+    page: str | None = None
+
+    def answers(url: str) -> bool:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return b"page.js" in response.read()
+
+    async def read() -> None:
+        nonlocal page
+        async for raw in stdout:
+            lines.append(raw.decode())
+            found = re.match(r"fabric page: (http://127\.0\.0\.1:\d+/\?domain=econ-pooled-\S+) ",
+                             lines[-1])  # fmt: skip
+            if found and page is None and await asyncio.to_thread(answers, found[1]):
+                page = found[1]
+
+    try:
+        await asyncio.wait_for(read(), 300)  # two runs of 5 s, each with ~10 s of leases after
+        code = await asyncio.wait_for(proc.wait(), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    said = "".join(lines)
+    assert code == 0, said
+    return said, page
 
 
 @pytest.mark.parametrize("version", SUPPORTED)
@@ -130,8 +173,8 @@ async def test_the_wheel_installs_into_a_fresh_venv_and_serves_a_compose(
     if version != RUNNING:
         return
     out = tmp_path / "economics"
-    said = run(trellis, "demo", "economics", "--seconds", "5", "--requests", "4", "--plain",
-               "--out", out, cwd=away, env=env)  # fmt: skip
+    said, page = await watched_demo(trellis, out, cwd=away, env=env)
+    assert page is not None, said  # it printed the fabric page's URL, and the page answered
     assert {"report.txt", "figures.json"} <= {p.name for p in out.iterdir()}, said
     assert "plots skipped: matplotlib is not installed" in said, said
     assert "CC-BY 4.0" in (out / "report.txt").read_text()
