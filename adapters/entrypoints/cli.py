@@ -727,7 +727,7 @@ def _demo_economics(args: argparse.Namespace) -> int:
         settings = msgspec.structs.replace(settings, http_port=args.http)
     _no_embedded_engine_running(settings)
     plan = EconomicsPlan(seconds=float(args.seconds), requests=int(args.requests))
-    asyncio.run(economics.main(plan, settings, args.out, show=False if args.plain else None))
+    asyncio.run(economics.main(plan, settings, args.out, show="lines" if args.plain else "auto"))
     return EXIT_OK
 
 

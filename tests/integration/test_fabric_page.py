@@ -4,6 +4,7 @@ Debian's chromium (`apt-get install -y chromium`) is driven by Playwright's Pyth
 `executable_path`; Playwright's own browsers are never downloaded. The page is loaded once and
 never reloaded: a compose and a fault sent over NATS reach it through the KV bucket and the
 event feed (server-sent events), and a click asks the engine's `why` through the page's server.
+A small `trellis demo economics` run is watched on pages opened before its domains existed.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ import pytest_asyncio
 from engines import Fleet
 from fabrics import expect_ok
 from harness import Harness, run_cli, serving
+
+from trellis.adapters.bootstrap import connect_nats
+from trellis.adapters.entrypoints.economics import demo
+from trellis.adapters.entrypoints.economics.runs import Plan
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 try:
@@ -124,6 +129,64 @@ async def test_the_page_shows_the_fabric_and_follows_it_live(
     shot = tmp_path / "fabric-page.png"
     await page.screenshot(path=str(shot), full_page=True)
     print(f"screenshot: {shot}")
+
+
+async def test_an_economics_run_shows_on_pages_opened_before_its_domains(
+    h: Harness, nats_url: str, subject_prefix: str, tmp_path: Path
+) -> None:
+    # Two pages open on an engine with no domain yet: the URL the demo prints (its first run's
+    # domain, imported just after) and the bare page, which picks a domain once one appears.
+    stamp = "page"
+    pooled, fixed = (demo.domain_of(run, stamp) for run in demo.RUNS)
+    assert h.page_url is not None
+    printed = demo.watch(h.page_url, stamp).split()[2]
+    assert printed == f"{h.page_url}/?domain={pooled}", printed
+    nc = await connect_nats(nats_url, name="test-page-economics")
+    plan = Plan(seconds=5, requests=8)
+    run: asyncio.Task[demo.Outcome] | None = None
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            tabs = []
+            for url in (printed, f"{h.page_url}/"):
+                tab = await browser.new_page(viewport={"width": 1400, "height": 900})
+                tab.set_default_timeout(WAIT_MS)
+                await tab.goto(url)
+                await expect(tab.locator("#status")).to_have_text("live")
+                tabs.append(tab)
+            watching, bare = tabs
+            await expect(watching.locator("#empty")).to_be_visible()
+            run = asyncio.create_task(
+                demo.economics(nc, h.store, subject_prefix, plan, stamp=stamp)
+            )
+
+            # The watched domain's hall arrives, then the pooled run's compositions on it.
+            await expect(node(watching, "host-r1-1")).to_have_class(re.compile("kind-host"))
+            listed = watching.locator("#compositions li.composition")
+            await expect(listed.first).to_have_attribute("data-tenant", "pooled")
+            await expect(watching.locator("#fabric .held").first).to_be_attached()
+            shot = tmp_path / "fabric-page-economics.png"
+            await watching.screenshot(path=str(shot), full_page=True)
+            print(f"screenshot: {shot}")
+
+            # The bare page lists both runs' domains; picked there, the fixed run's boxes show
+            # once it starts (after the pooled run and its leases' end, ~15 s).
+            await expect(bare.locator("#domain option")).to_have_text([fixed, pooled])
+            await bare.select_option("#domain", fixed)
+            boxes = bare.locator("#compositions li.composition")
+            await expect(boxes.first).to_have_attribute("data-tenant", "fixed", timeout=60_000)
+
+            outcome = await asyncio.wait_for(run, 90)
+            assert outcome.figures["pooled"].served > 0
+            # Every lease ran out before the run ended: both pages show nothing held.
+            await expect(listed).to_have_count(0)
+            await expect(boxes).to_have_count(0)
+        finally:
+            if run is not None and not run.done():
+                run.cancel()
+                await asyncio.gather(run, return_exceptions=True)
+            await browser.close()
+            await nc.close()
 
 
 def get(url: str) -> tuple[int, str, bytes]:

@@ -7,7 +7,10 @@ with its dependencies from the package index, so each Python proves that every d
 installs there. From a directory outside the source tree, with no TRELLIS_* URLs (so the
 embedded NATS and PostgreSQL start from the installed packages), that venv's `trellis up`
 serves, and its CLI imports a fabric and composes a GPU on it: the migrations come from inside
-the wheel. The wheel installs one import name, `trellis`.
+the wheel. The wheel installs one import name, `trellis`. On the running interpreter only (its
+two runs take half a minute), `trellis demo economics` then runs there too, on the hall, trace
+and scheduler the wheel carries, without matplotlib (so it says it skipped the plots), and
+with --http it prints the fabric page's URL, which serves the page while it runs.
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -30,6 +35,7 @@ pytestmark = pytest.mark.slow  # per Python: a wheel build, a venv install, an e
 REPO = Path(__file__).resolve().parents[2]
 SKIP = shutil.ignore_patterns(".venv", ".git", "build", "dist", "*.egg-info", "*.so", "_paths_c.c")
 SUPPORTED = ["3.11", "3.12", "3.13"]  # pyproject.toml's classifiers
+RUNNING = f"{sys.version_info.major}.{sys.version_info.minor}"  # the one that runs the demo too
 
 
 def run(*cmd: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:
@@ -64,6 +70,46 @@ def interpreter(version: str) -> Path | None:
     return None
 
 
+async def watched_demo(
+    trellis: Path, out: Path, *, cwd: Path, env: dict[str, str]
+) -> tuple[str, str | None]:
+    """`trellis demo economics`, tiny, with the fabric page on a free port: what it printed,
+    and the page's URL once a GET of it answered with the page, while the demo ran."""
+    proc = await asyncio.create_subprocess_exec(
+        trellis, "demo", "economics", "--seconds", "5", "--requests", "4", "--plain",
+        "--out", out, "--http", "0", cwd=cwd, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    stdout = proc.stdout
+    assert stdout is not None
+    lines: list[str] = []
+    page: str | None = None
+
+    def answers(url: str) -> bool:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return b"page.js" in response.read()
+
+    async def read() -> None:
+        nonlocal page
+        async for raw in stdout:
+            lines.append(raw.decode())
+            found = re.match(r"fabric page: (http://127\.0\.0\.1:\d+/\?domain=econ-pooled-\S+) ",
+                             lines[-1])  # fmt: skip
+            if found and page is None and await asyncio.to_thread(answers, found[1]):
+                page = found[1]
+
+    try:
+        await asyncio.wait_for(read(), 300)  # two runs of 5 s, each with ~10 s of leases after
+        code = await asyncio.wait_for(proc.wait(), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    said = "".join(lines)
+    assert code == 0, said
+    return said, page
+
+
 @pytest.mark.parametrize("version", SUPPORTED)
 async def test_the_wheel_installs_into_a_fresh_venv_and_serves_a_compose(
     tmp_path: Path, version: str
@@ -84,6 +130,11 @@ async def test_the_wheel_installs_into_a_fresh_venv_and_serves_a_compose(
     # The fabric page's files are package data: `trellis up --http` serves them from the wheel.
     web = "trellis/adapters/entrypoints/web"
     assert {f"{web}/index.html", f"{web}/page.js", f"{web}/page.css"} <= names
+    # The economics demo's inputs, the trace with its CC-BY credit beside it (setup.py).
+    examples = "trellis/adapters/entrypoints/economics/examples"
+    trace = f"{examples}/azure-llm-trace-2023"
+    assert {f"{examples}/hall.json", f"{examples}/scheduler.py", f"{trace}/NOTICE.md",
+            f"{trace}/LICENSE", f"{trace}/AzureLLMInferenceTrace_conv.csv"} <= names  # fmt: skip
     # One import name, the namespace; engine/, adapters/ ... are not installed at the top level.
     assert {name for name in top_level if not name.endswith(".dist-info")} == {"trellis"}
     run(venv / "bin" / "pip", "install", "-q", wheel, cwd=tmp_path)
@@ -119,3 +170,14 @@ async def test_the_wheel_installs_into_a_fresh_venv_and_serves_a_compose(
         code = up.wait(60)
         log.close()
     assert code == 0, (tmp_path / "up.log").read_text()
+    if version != RUNNING:
+        return
+    out = tmp_path / "economics"
+    said, page = await watched_demo(trellis, out, cwd=away, env=env)
+    assert page is not None, said  # it printed the fabric page's URL, and the page answered
+    assert {"report.txt", "figures.json"} <= {p.name for p in out.iterdir()}, said
+    assert "plots skipped: matplotlib is not installed" in said, said
+    assert "CC-BY 4.0" in (out / "report.txt").read_text()
+    hall = Path(json.loads((out / "figures.json").read_text())["plan"]["hall"])
+    assert "site-packages" in str(hall), hall  # the wheel's copy, not a source tree's
+    assert (hall.parent / "azure-llm-trace-2023" / "NOTICE.md").is_file()

@@ -89,7 +89,7 @@ async def test_plain_progress_prints_running_runs_only(
 ) -> None:
     monkeypatch.setattr(live, "PLAIN_EVERY_S", 0.01)
     runs = [a_run_in_the_storm(), Run("fixed", "econ-fixed-x")]
-    async with live.progress(runs, Plan(seconds=20, requests=50), live=False):
+    async with live.progress(runs, Plan(seconds=20, requests=50), "lines"):
         await asyncio.sleep(0.05)
     out = capsys.readouterr().out
     assert "pooled: storm" in out and "fixed:" not in out

@@ -1,6 +1,7 @@
 """What the economics demo runs with: the hall, the demand trace and the example scheduler.
 
-They live in the repository's examples/, which a user reads and edits.
+They live in the repository's examples/, which a user reads and edits; an installed wheel
+carries a copy of them beside this module (setup.py), since it has no examples/.
 """
 
 from __future__ import annotations
@@ -12,7 +13,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+
+def _examples_dir() -> Path:
+    """The source tree's examples/ (a clone, an editable install), else the wheel's copy."""
+    here = Path(__file__).resolve().parent
+    source = here.parents[2] / "examples"
+    return source if (source / "hall.json").is_file() else here / "examples"
+
+
+EXAMPLES = _examples_dir()
 HALL = EXAMPLES / "hall.json"
 TRACE = EXAMPLES / "azure-llm-trace-2023"
 SCHEDULER = EXAMPLES / "scheduler.py"

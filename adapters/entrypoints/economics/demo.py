@@ -5,7 +5,6 @@ answers, the plots and a JSON of every figure, written to an output folder.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import time
@@ -40,6 +39,28 @@ CREDIT = (
 )
 
 
+RUNS = ("pooled", "fixed")  # in the order they run
+
+
+def new_stamp() -> str:
+    return time.strftime("%Y%m%d-%H%M%S")
+
+
+def domain_of(run: str, stamp: str) -> str:
+    return f"econ-{run}-{stamp}"
+
+
+def watch(page_url: str, stamp: str) -> str:
+    """The line naming the fabric page, opened on the first run's domain: that domain is
+    imported just after, and the page shows it as it arrives."""
+    first, then = (domain_of(run, stamp) for run in RUNS)
+    return (
+        f"fabric page: {page_url}/?domain={first} (operators only)\n"
+        f"  the {RUNS[0]} run; the {RUNS[1]} run follows in {then} (pick it under domain);"
+        " the page stops with the demo"
+    )
+
+
 @dataclasses.dataclass
 class Outcome:
     """What the demo found: each run's figures, log and record, by run name."""
@@ -56,24 +77,22 @@ async def economics(
     plan: Plan,
     *,
     stamp: str | None = None,
-    show: bool | None = False,
+    show: live.View = "off",
 ) -> Outcome:
-    """Both runs on a running engine, one after the other, each in a domain of its own.
-    `show`: the progress view (None: live when on a terminal)."""
+    """Both runs on a running engine, one after the other, each in a domain of its own,
+    econ-pooled-<stamp> and econ-fixed-<stamp>. `show`: the progress view (live.View)."""
     hall = read_hall(plan.hall)
     requests = demand(plan)
     client = TrellisClient(nc, prefix=prefix)
-    stamp = stamp or time.strftime("%Y%m%d-%H%M%S")
-    runs = [Run(name, f"econ-{name}-{stamp}") for name in ("pooled", "fixed")]
+    stamp = stamp or new_stamp()
+    runs = [Run(name, domain_of(name, stamp)) for name in RUNS]
     outcome = Outcome({}, {}, {run.name: run for run in runs})
     for run in runs:
         topology = {**hall, "request_id": f"hall-{run.domain}", "reason": "economics hall"}
         reply = await client.admin(run.domain, "import-topology", topology)
         if not reply["ok"]:
             raise RuntimeError(f"the hall was refused: {reply['error']['message']}")
-    async with (
-        live.progress(runs, plan, live=show) if show is not False else contextlib.nullcontext()
-    ):
+    async with live.progress(runs, plan, show):
         for run in runs:
             run.stage = "running"
             if run.name == "pooled":
@@ -148,12 +167,16 @@ def write(outcome: Outcome, plan: Plan, out: Path, text: str) -> list[Path]:
     return written
 
 
-async def main(plan: Plan, settings: Settings, out: Path, *, show: bool | None = None) -> None:
+async def main(plan: Plan, settings: Settings, out: Path, *, show: live.View = "auto") -> None:
     """Start an engine as configured (embedded servers for unset URLs), run both, compare."""
+    stamp = new_stamp()
     async with running_engine(settings) as running:
+        if running.page_url:
+            print(watch(running.page_url, stamp), flush=True)
         nc = await connect_nats(running.nats_url, name="trellis-economics")
         try:
-            outcome = await economics(nc, running.store, running.subject_prefix, plan, show=show)
+            prefix = running.subject_prefix
+            outcome = await economics(nc, running.store, prefix, plan, stamp=stamp, show=show)
         finally:
             await nc.close()
     text = report(outcome, plan)

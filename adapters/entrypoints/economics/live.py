@@ -11,12 +11,15 @@ import asyncio
 import contextlib
 import sys
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from trellis.adapters.entrypoints.economics.runs import Plan, Run
 
 PLAIN_EVERY_S = 5.0
 LIVE_PER_S = 4
+#: How progress shows: not at all, as lines, as the live table, or the table when stdout is a
+#: terminal and rich is installed and lines otherwise.
+View = Literal["off", "lines", "live", "auto"]
 
 
 def rich_available() -> bool:
@@ -59,29 +62,29 @@ def status_table(runs: Sequence[Run], plan: Plan) -> Any:
 
 
 @contextlib.asynccontextmanager
-async def progress(
-    runs: Sequence[Run], plan: Plan, *, live: bool | None = None
-) -> AsyncIterator[None]:
-    """Show `runs` progressing until the block ends. `live` None: rich's live table when stdout
-    is a terminal and rich is installed."""
-    if live is None:
-        live = sys.stdout.isatty() and rich_available()
-    if live:
+async def progress(runs: Sequence[Run], plan: Plan, view: View = "auto") -> AsyncIterator[None]:
+    """Show `runs` progressing until the block ends, as `view` says."""
+    if view == "off":
+        yield
+        return
+    if view == "auto":
+        view = "live" if sys.stdout.isatty() and rich_available() else "lines"
+    if view == "live":
         from rich.live import Live
 
-        with Live(status_table(runs, plan), refresh_per_second=LIVE_PER_S) as view:
+        with Live(status_table(runs, plan), refresh_per_second=LIVE_PER_S) as table:
 
             async def refresh() -> None:
                 while True:
                     await asyncio.sleep(1 / LIVE_PER_S)
-                    view.update(status_table(runs, plan))
+                    table.update(status_table(runs, plan))
 
             task = asyncio.create_task(refresh())
             try:
                 yield
             finally:
                 task.cancel()
-                view.update(status_table(runs, plan))
+                table.update(status_table(runs, plan))
         return
 
     async def lines() -> None:

@@ -116,7 +116,9 @@ async function ask(what, params) {
 
 async function refreshTopology() {
   if (!state.domain) return render();
+  const domain = state.domain;
   const reply = await ask("topology");
+  if (domain !== state.domain) return;  // another domain was picked meanwhile; its own ask draws
   state.topology = reply.ok ? reply.result : null;
   layOut();
   render();
