@@ -28,6 +28,7 @@ from harness import Harness, run_cli, serving
 
 from trellis.adapters.bootstrap import connect_nats
 from trellis.adapters.entrypoints.economics import demo
+from trellis.adapters.entrypoints.economics.data import read_hall
 from trellis.adapters.entrypoints.economics.runs import Plan
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -53,6 +54,19 @@ SAME_COLOUR = """([device, composition]) => {
   if (!swatch || !circle) return false;
   const colour = getComputedStyle(swatch).backgroundColor;
   return colour !== "" && colour === getComputedStyle(circle).fill;
+}"""
+# The drawing's size, the room it has, and which nodes' shapes overlap another's.
+DRAWING = """() => {
+  const svg = document.querySelector("#fabric"), box = svg.getBoundingClientRect();
+  const shapes = [...svg.querySelectorAll(".node")]
+    .map((g) => [g.dataset.id, g.firstChild.getBoundingClientRect()]);
+  const overlaps = [];
+  shapes.forEach(([a, p], i) => shapes.slice(i + 1).forEach(([b, q]) => {
+    const apart = p.right <= q.left || q.right <= p.left || p.bottom <= q.top || q.bottom <= p.top;
+    if (!apart) overlaps.push(`${a}/${b}`);
+  }));
+  const room = svg.parentElement.clientWidth;
+  return { width: box.width, height: box.height, room, nodes: shapes.length, overlaps };
 }"""
 
 
@@ -95,6 +109,9 @@ async def test_the_page_shows_the_fabric_and_follows_it_live(
         await expect(node(page, spec["id"])).to_have_class(re.compile(f"kind-{spec['kind']}"))
     await expect(page.locator("#fabric [data-link]")).to_have_count(len(FABRIC["links"]))
     await expect(page.locator("#status")).to_have_text("live")
+    drawn = await page.evaluate(DRAWING)
+    assert drawn["nodes"] == len(FABRIC["nodes"]) and not drawn["overlaps"], drawn
+    assert drawn["height"] < 600 and drawn["width"] <= drawn["room"], drawn
     await page.evaluate("window.loadedOnce = true")  # gone if the page ever reloads
 
     # A compose over NATS appears, coloured by its tenant, with the path it holds.
@@ -149,7 +166,7 @@ async def test_an_economics_run_shows_on_pages_opened_before_its_domains(
         try:
             tabs = []
             for url in (printed, f"{h.page_url}/"):
-                tab = await browser.new_page(viewport={"width": 1400, "height": 900})
+                tab = await browser.new_page(viewport={"width": 1280, "height": 900})
                 tab.set_default_timeout(WAIT_MS)
                 await tab.goto(url)
                 await expect(tab.locator("#status")).to_have_text("live")
@@ -165,6 +182,11 @@ async def test_an_economics_run_shows_on_pages_opened_before_its_domains(
             listed = watching.locator("#compositions li.composition")
             await expect(listed.first).to_have_attribute("data-tenant", "pooled")
             await expect(watching.locator("#fabric .held").first).to_be_attached()
+            # The hall's 211 nodes laid out by rack, none over another, in under two screens
+            # at 1280 px (in one column they took ~5,800 px) and no wider than the page.
+            drawn, hall = await watching.evaluate(DRAWING), read_hall(plan.hall)
+            assert drawn["nodes"] == len(hall["nodes"]) and not drawn["overlaps"], drawn
+            assert drawn["height"] < 2500 and drawn["width"] <= drawn["room"], drawn
             shot = tmp_path / "fabric-page-economics.png"
             await watching.screenshot(path=str(shot), full_page=True)
             print(f"screenshot: {shot}")

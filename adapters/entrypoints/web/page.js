@@ -13,14 +13,17 @@ const TOPOLOGY_EVENTS = new Set([
 ]);
 const BAD_EVENTS = new Set(["ComponentFaulted", "CompositionImpaired", "CompositionFailed", "CompositionRejected"]);
 const FEED_KEPT = 200;
-const COLUMN = 190, ROW = 34, MARGIN = 24;
 
 const state = {
   values: new Map(),   // KV key -> value (adapters/nats/kv_state.py)
   utilization: {},     // domain -> [[t, gpus held, gpus, memory used GiB, memory GiB], ...]
   domain: new URLSearchParams(location.search).get("domain") || "",
   topology: null,      // the topology query's result for state.domain
-  layout: new Map(),   // node id -> {x, y}
+  layout: new Map(),   // node id -> {x, y, block, ...}: where layOut put it
+  blocks: [],          // the top switches' blocks: {x, y, width, height}
+  size: { width: 0, height: 0 },
+  bus: 0,              // the y of the bus under the OCS band
+  lane: new Map(),     // OCS id -> its lane's offset on the bus and in the gutters
   selected: "",
 };
 const $ = (id) => document.getElementById(id);
@@ -31,7 +34,7 @@ function el(tag, attrs = {}, text = "") {
   if (text) node.textContent = text;
   return node;
 }
-const SVG_TAGS = { svg: 1, g: 1, line: 1, rect: 1, circle: 1, polygon: 1, text: 1, title: 1 };
+const SVG_TAGS = { svg: 1, g: 1, line: 1, rect: 1, circle: 1, polygon: 1, polyline: 1, text: 1, title: 1 };
 
 // A tenant's colour: a hue from its name, the same on every page load, never near the red
 // and orange of faults.
@@ -126,60 +129,229 @@ async function refreshTopology() {
 
 // ---- the graph ----
 
-// Columns: hosts first, then switches and OCS by their distance in links from the nearest
-// host, then every device in one column, beside the switch it hangs off.
+// The layout follows the topology's own hierarchy, read from its links (never from ids):
+// OCS in a band on top; below it one block per top switch (a switch linked to an OCS, or,
+// where none is, the best-connected switch of its group), packed into as many columns as the
+// page is wide. In a block: the switch, the hosts linked to it beside it, its devices as tiles
+// in rows, then the switches beneath it (trays, leaves), each with its own tiles. A device
+// hangs off its deepest switch; what fits nowhere goes to an "unattached" block.
+// Links inside a block run down the parent's spine; links between blocks run up the gutter
+// left of the block to a bus under the OCS band.
+const BLOCK = 250, GAP = 20, MARGIN = 20, INDENT = 20, HEADER = 28, HOST_ROW = 30, TILE_ROW = 36;
+const byName = (a, b) => a.localeCompare(b, undefined, { numeric: true });
+const measurer = document.createElement("canvas").getContext("2d");
+function textWidth(text, px) {
+  measurer.font = `${px}px system-ui, sans-serif`;
+  return measurer.measureText(text).width;
+}
+
+// The boxes: one per switch and per OCS, each with the hosts, devices and switches under it.
+function hierarchy(topology) {
+  const kind = new Map(topology.nodes.map((n) => [n.id, n.kind]));
+  const near = new Map(topology.nodes.map((n) => [n.id, new Set()]));
+  for (const link of topology.links) {
+    if (!near.has(link.a) || !near.has(link.b) || link.a === link.b) continue;
+    near.get(link.a).add(link.b);
+    near.get(link.b).add(link.a);
+  }
+  const neighbours = (id, k) => [...near.get(id)].filter((o) => kind.get(o) === k).sort(byName);
+  const ids = (k) => topology.nodes.filter((n) => n.kind === k).map((n) => n.id).sort(byName);
+  const switches = ids("switch"), ocs = ids("ocs");
+  // A switch's depth: 1 beside an OCS, one more for each switch in between.
+  const depth = new Map();
+  const spread = (roots) => {
+    roots.forEach((id) => depth.set(id, 1));
+    for (let frontier = roots; frontier.length;) {
+      const next = [];
+      for (const id of frontier) {
+        for (const other of neighbours(id, "switch")) {
+          if (depth.has(other)) continue;
+          depth.set(other, depth.get(id) + 1);
+          next.push(other);
+        }
+      }
+      frontier = next;
+    }
+  };
+  spread(switches.filter((id) => neighbours(id, "ocs").length));
+  // No OCS reaches these: the one with most switches and hosts around tops its group.
+  const reach = (id) => neighbours(id, "switch").length + neighbours(id, "host").length;
+  for (let left; (left = switches.filter((id) => !depth.has(id))).length;) {
+    spread([left.sort((a, b) => reach(b) - reach(a) || byName(a, b))[0]]);
+  }
+  const boxes = new Map();
+  const box = (id) => boxes.get(id) || boxes.set(id, { id, hosts: [], devices: [], children: [] }).get(id);
+  const other = box("");
+  const tops = [], band = ocs.map(box);
+  for (const id of switches) {
+    if (depth.get(id) === 1) tops.push(box(id));
+    else box(neighbours(id, "switch").find((o) => depth.get(o) === depth.get(id) - 1)).children.push(box(id));
+  }
+  const shallowFirst = (a, b) => depth.get(a) - depth.get(b) || byName(a, b);
+  // A host sits with the switch nearest the OCS of those it is linked to.
+  const hostBox = new Map();
+  for (const id of ids("host")) {
+    const up = neighbours(id, "switch").sort(shallowFirst)[0] || neighbours(id, "ocs")[0];
+    hostBox.set(id, up ? box(up) : other);
+    hostBox.get(id).hosts.push(id);
+  }
+  // A device sits with its deepest switch (its tray, not the rack's), else its OCS, else
+  // beside its host.
+  for (const node of topology.nodes) {
+    if (["host", "switch", "ocs"].includes(node.kind)) continue;
+    const up = neighbours(node.id, "switch").sort(shallowFirst).pop() || neighbours(node.id, "ocs")[0];
+    const host = neighbours(node.id, "host")[0];
+    (up ? box(up) : host ? hostBox.get(host) : other).devices.push(node);
+  }
+  const deviceOrder = (a, b) => byName(a.device_kind || "", b.device_kind || "") || byName(a.id, b.id);
+  for (const b of boxes.values()) b.devices.sort(deviceOrder);
+  // Blocks with hosts (racks) first, the rest (pools) after them.
+  const hosted = (b) => (b.hosts.length || b.children.some(hosted) ? 0 : 1);
+  tops.sort((a, b) => hosted(a) - hosted(b) || byName(a.id, b.id));
+  if (other.hosts.length || other.devices.length) tops.push(other);
+  return { tops, band };
+}
+
+// Tile labels: what tells a device from its siblings (the common start of their ids cut at a
+// separator: "1".."8" for gpu-r1-1-1..8), the whole id when that says nothing.
+function shortLabels(devices) {
+  const whole = devices.map((d) => d.id);
+  if (whole.length < 2) return whole;
+  let common = whole.reduce((a, b) => { let i = 0; while (i < a.length && a[i] === b[i]) i++; return a.slice(0, i); });
+  common = common.slice(0, Math.max(...[..."-_.:/"].map((c) => common.lastIndexOf(c))) + 1);
+  const rest = whole.map((id) => id.slice(common.length));
+  return rest.every(Boolean) ? rest : whole;
+}
+function fit(text, px, room) {
+  if (textWidth(text, px) <= room) return text;
+  while (text.length > 1 && textWidth(`${text}…`, px) > room) text = text.slice(0, -1);
+  return `${text}…`;
+}
+
+// What a box holds, as its header says it: "8 gpu H100", "2 nic · 2 nvme · 1 memory"; with
+// the model where all of a kind share one, and without (for a narrow header).
+function summary(devices) {
+  const kinds = new Map();
+  for (const d of devices) {
+    const k = d.device_kind || d.kind;
+    kinds.set(k, [...(kinds.get(k) || []), d]);
+  }
+  const counts = [...kinds].map(([k, list]) => {
+    const models = new Set(list.map((d) => d.model));
+    return [`${list.length} ${k}`, models.size === 1 && list[0].model ? ` ${list[0].model}` : ""];
+  });
+  return [counts.map(([c, m]) => c + m).join(" · "), counts.map(([c]) => c).join(" · ")];
+}
+
 function layOut() {
   state.layout = new Map();
+  state.blocks = [];
+  state.size = { width: 0, height: 0 };
   const topology = state.topology;
   if (!topology) return;
-  const kind = new Map(topology.nodes.map((n) => [n.id, n.kind]));
-  const near = new Map(topology.nodes.map((n) => [n.id, []]));
-  for (const link of topology.links) {
-    near.get(link.a)?.push(link.b);
-    near.get(link.b)?.push(link.a);
-  }
-  const layer = new Map();
-  let frontier = topology.nodes.filter((n) => n.kind === "host").map((n) => n.id);
-  frontier.forEach((id) => layer.set(id, 0));
-  for (let depth = 1; frontier.length; depth++) {
-    const next = [];
-    for (const id of frontier) {
-      if (kind.get(id) === "device") continue;
-      for (const other of near.get(id)) {
-        if (layer.has(other) || kind.get(other) === "device" || kind.get(other) === "host") continue;
-        layer.set(other, depth);
-        next.push(other);
-      }
+  const { tops, band } = hierarchy(topology);
+  const at = state.layout;
+  const room = Math.max(BLOCK + 2 * MARGIN, $("fabric").parentElement.clientWidth - 2);
+  const columns = Math.max(1, Math.floor((room - 2 * MARGIN + GAP) / (BLOCK + GAP)));
+  const width = Math.floor((room - 2 * MARGIN - (columns - 1) * GAP) / columns);
+  let bottom = 0;
+
+  // Lays a box out at (x, y), `w` wide, in block `block`; answers its height.
+  const place = (b, x, y, w, block) => {
+    const spine = x + 12, put = (id, p) => at.set(id, { ...p, block, spine });
+    let cy = y + HEADER;
+    if (b.id) {
+      const [long, short] = summary(b.devices), labelRoom = w - 30 - textWidth(b.id, 11) - 8;
+      const said = [long, short].find((s) => s && textWidth(s, 10) <= labelRoom) || "";
+      put(b.id, { x: spine, y: y + 14, summary: said, summaryX: 16 + textWidth(b.id, 11) + 8 });
+    } else {
+      put("", { x: spine, y: y + 14, title: "unattached" });
     }
-    frontier = next;
+    const left = x + INDENT + 10, right = x + w - 6;
+    // Hosts beside the switch: cells in rows, each stub dropping from a channel above the row.
+    let hx = left;
+    for (const id of b.hosts) {
+      const cell = 34 + textWidth(id, 11);
+      if (hx > left && hx + cell > right) { hx = left; cy += HOST_ROW; }
+      put(id, { x: hx + 12, y: cy + 17, channel: cy + 3, from: b.id });
+      hx += cell + 8;
+    }
+    if (b.hosts.length) cy += HOST_ROW;
+    // Devices as tiles, as many to a row as fit.
+    const labels = shortLabels(b.devices);
+    const pitch = Math.min(80, Math.max(24, 8 + Math.max(0, ...labels.map((l) => textWidth(l, 9)))));
+    const fits = Math.max(1, Math.floor((right - left) / pitch));
+    const perRow = Math.ceil(b.devices.length / Math.ceil(b.devices.length / fits)) || 1;  // rows as even as can be
+    b.devices.forEach((d, i) => {
+      const row = Math.floor(i / perRow), column = i % perRow, top = cy + row * TILE_ROW;
+      put(d.id, { x: left + column * pitch + pitch / 2, y: top + 14, channel: top + 3, from: b.id,
+        label: fit(labels[i], 9, pitch - 4) });
+    });
+    cy += Math.ceil(b.devices.length / perRow) * TILE_ROW;
+    for (const child of b.children) {
+      cy += place(child, x + INDENT, cy, w - INDENT, block);
+      at.get(child.id).from = b.id;
+    }
+    return cy - y + 4;
+  };
+
+  // The OCS band, centred: an OCS with nothing under it takes only its label's room.
+  const top = MARGIN;
+  let rows = [[]], rowWidth = 0;
+  for (const b of band) {
+    const w = b.hosts.length || b.devices.length ? width : 44 + textWidth(b.id, 11);
+    if (rows[rows.length - 1].length && rowWidth + w > room - 2 * MARGIN) { rows.push([]); rowWidth = 0; }
+    rows[rows.length - 1].push([b, w]);
+    rowWidth += w + GAP;
   }
-  const fabricLayers = Math.max(0, ...[...layer.values()]);
-  const columns = [];
-  const place = (id, column) => (columns[column] ||= []).push(id);
-  for (const node of topology.nodes) {
-    if (node.kind === "device") continue;
-    place(node.id, layer.has(node.id) ? layer.get(node.id) : fabricLayers + 1);
+  let y = top;
+  for (const row of rows) {
+    const used = row.reduce((sum, [, w]) => sum + w + GAP, -GAP);
+    let x = Math.max(MARGIN, (room - used) / 2), tallest = 0;
+    for (const [b, w] of row) {
+      tallest = Math.max(tallest, place(b, x, y, w, "band"));
+      x += w + GAP;
+    }
+    if (row.length) y += tallest + 6;
   }
-  columns.forEach((ids) => ids.sort());
-  const rowOf = new Map();
-  columns.forEach((ids) => ids.forEach((id, row) => rowOf.set(id, row)));
-  const parent = (id) => (near.get(id) || []).filter((o) => kind.get(o) !== "device").sort()[0] || "";
-  const devices = topology.nodes.filter((n) => n.kind === "device").map((n) => n.id);
-  const deviceColumn = Math.max(columns.length, fabricLayers + 1);
-  devices.sort((a, b) => {
-    const pa = parent(a), pb = parent(b);
-    const ra = (layer.get(pa) ?? 99) * 1000 + (rowOf.get(pa) ?? 0);
-    const rb = (layer.get(pb) ?? 99) * 1000 + (rowOf.get(pb) ?? 0);
-    return ra - rb || (a < b ? -1 : 1);
+  state.bus = y + 4;
+  const lanes = Math.min(band.length, 4);
+  const start = state.bus + 3 * lanes + 10;
+
+  // The blocks, each into the column that is shortest so far.
+  const heights = new Array(columns).fill(0);
+  tops.forEach((b, i) => {
+    const column = heights.indexOf(Math.min(...heights));
+    const x = MARGIN + column * (width + GAP), by = start + heights[column];
+    const h = place(b, x, by, width, i);
+    state.blocks.push({ x, y: by, width, height: h });
+    heights[column] += h + GAP;
+    bottom = Math.max(bottom, by + h);
   });
-  columns[deviceColumn] = devices;
-  const tallest = Math.max(...columns.filter(Boolean).map((ids) => ids.length));
-  columns.forEach((ids, column) => {
-    if (!ids) return;
-    const offset = ((tallest - ids.length) * ROW) / 2;
-    ids.forEach((id, row) => state.layout.set(id, { x: MARGIN + 40 + column * COLUMN, y: MARGIN + offset + row * ROW }));
-  });
+  state.lane = new Map(band.map((b, i) => [b.id, (i % 4) * 3]));
+  state.size = { width: room, height: Math.max(bottom, state.bus) + MARGIN };
 }
+
+// A link's route, as the points of a polyline: down the parent's spine inside a box, by the
+// gutters and the bus between blocks, straight otherwise.
+function route(a, b) {
+  const at = state.layout, p = at.get(a), q = at.get(b);
+  if (!p || !q) return null;
+  if (p.block === q.block) {
+    const [up, down] = q.from === a ? [p, q] : p.from === b ? [q, p] : [null, null];
+    if (!up) return [[p.x, p.y], [q.x, q.y]];
+    const channel = down.channel ?? down.y;
+    return [[up.x, up.y], [up.x, channel], [down.x, channel], [down.x, down.y]];
+  }
+  const lane = state.lane.get(a) ?? state.lane.get(b) ?? 0, bus = state.bus + lane;
+  const toBus = (n) => {
+    if (n.block === "band") return [[n.x, n.y], [n.x, bus]];
+    const gutter = state.blocks[n.block].x - 14 + lane;
+    return [[n.x, n.y], [gutter, n.y], [gutter, bus]];
+  };
+  return [...toBus(p), ...toBus(q).reverse()];
+}
+const points = (route) => route.map(([x, y]) => `${Math.round(x)},${Math.round(y)}`).join(" ");
 
 function render() {
   renderGraph();
@@ -200,20 +372,22 @@ function renderGraph() {
   $("empty").hidden = Boolean(topology && topology.nodes.length);
   if (!topology) return svg.replaceChildren();
   const at = state.layout;
-  let width = 0, height = 0;
-  for (const { x, y } of at.values()) { width = Math.max(width, x); height = Math.max(height, y); }
-  svg.setAttribute("width", width + COLUMN);
-  svg.setAttribute("height", height + MARGIN * 2);
+  svg.setAttribute("width", state.size.width);
+  svg.setAttribute("height", state.size.height);
+  const blocks = el("g", { class: "blocks" });
+  for (const b of state.blocks) {
+    blocks.append(el("rect", { x: b.x, y: b.y, width: b.width, height: b.height, rx: 4, class: "block" }));
+  }
+  const unattached = at.get("");
+  if (unattached) blocks.append(el("text", { x: unattached.x - 4, y: unattached.y + 4, class: "block-title" }, unattached.title));
   const links = el("g", { class: "links" }), held = el("g", { class: "paths" }), nodes = el("g");
-  const linkBetween = new Map();
   for (const link of topology.links) {
-    const a = at.get(link.a), b = at.get(link.b);
-    if (!a || !b) continue;
-    const line = el("line", { x1: a.x, y1: a.y, x2: b.x, y2: b.y, "data-link": link.id,
+    const way = route(link.a, link.b);
+    if (!way) continue;
+    const line = el("polyline", { points: points(way), "data-link": link.id,
       class: `link health-${link.drained ? "drained" : link.health}` });
     line.append(el("title", {}, `${link.id}: ${link.a} - ${link.b}, ${link.free_gbps} of ${link.capacity_gbps} Gb/s free, ${link.health}`));
     links.append(line);
-    linkBetween.set([link.a, link.b].sort().join(" "), link);
   }
   const holder = new Map(); // device id -> tenant colour
   for (const [id, composition] of entries("composition")) {
@@ -221,10 +395,9 @@ function renderGraph() {
     for (const device of composition.devices) {
       holder.set(device.id, colour);
       for (let i = 1; i < device.path.length; i++) {
-        const a = at.get(device.path[i - 1]), b = at.get(device.path[i]);
-        if (!a || !b) continue;
-        held.append(el("line", { x1: a.x, y1: a.y, x2: b.x, y2: b.y, stroke: colour,
-          class: "held", "data-composition": id }));
+        const way = route(device.path[i - 1], device.path[i]);
+        if (!way) continue;
+        held.append(el("polyline", { points: points(way), stroke: colour, class: "held", "data-composition": id }));
       }
     }
   }
@@ -234,19 +407,20 @@ function renderGraph() {
     const m = marks(node);
     const g = el("g", { class: `node kind-${node.kind} health-${m.health}${m.drained ? " drained" : ""}${node.id === state.selected ? " selected" : ""}`,
       "data-id": node.id, "data-health": m.health, transform: `translate(${p.x},${p.y})` });
-    if (node.kind === "host") g.append(el("rect", { x: -14, y: -10, width: 28, height: 20, rx: 3 }));
-    else if (node.kind === "device") g.append(el("circle", { r: 10 }));
-    else g.append(el("polygon", { points: node.kind === "ocs" ? "0,-13 13,0 0,13 -13,0" : "-12,-10 12,-10 12,10 -12,10 -16,0" }));
+    if (node.kind === "host") g.append(el("rect", { x: -12, y: -8, width: 24, height: 16, rx: 3 }));
+    else if (node.kind === "device") g.append(el("circle", { r: 8 }));
+    else g.append(el("polygon", { points: node.kind === "ocs" ? "0,-11 11,0 0,11 -11,0" : "-9,-8 10,-8 10,8 -9,8 -12,0" }));
     const colour = holder.get(node.id);
     if (colour && m.health !== "failed") g.firstChild.setAttribute("style", `fill: ${colour}`);
-    const label = node.kind === "device" ? [node.id, node.model || node.device_kind] : [node.id];
-    g.append(el("text", { x: 18, y: label.length > 1 ? -1 : 4 }, label[0]));
-    if (label[1]) g.append(el("text", { x: 18, y: 11, class: "model" }, label[1]));
-    g.append(el("title", {}, `${node.id}: ${node.kind}${node.device_kind ? " " + node.device_kind : ""}, ${m.health}${m.drained ? ", drained" : ""}${node.detail ? " (" + node.detail + ")" : ""}`));
+    if (node.kind === "device") g.append(el("text", { y: 19, class: "tile" }, p.label ?? node.id));
+    else g.append(el("text", { x: 16, y: 4 }, node.id));
+    if (p.summary) g.append(el("text", { x: p.summaryX, y: 4, class: "model" }, p.summary));
+    const model = node.model ? ` ${node.model}` : "";
+    g.append(el("title", {}, `${node.id}: ${node.kind}${node.device_kind ? " " + node.device_kind : ""}${model}, ${m.health}${m.drained ? ", drained" : ""}${node.detail ? " (" + node.detail + ")" : ""}`));
     g.addEventListener("click", () => why(node.id));
     nodes.append(g);
   }
-  svg.replaceChildren(links, held, nodes);
+  svg.replaceChildren(blocks, links, held, nodes);
 }
 
 function renderCompositions() {
@@ -346,5 +520,8 @@ $("domain").addEventListener("change", (e) => {
   $("feed").replaceChildren();
   refreshTopology();
 });
+// The number of block columns follows the page's width.
+function relayout() { layOut(); renderGraph(); }
+window.addEventListener("resize", () => later(relayout, 150));
 setInterval(drawUtilization, 5000);
 connect();
