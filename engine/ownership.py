@@ -17,17 +17,26 @@ writer's open transaction must not outlive its lease (adapters/bootstrap.py boun
 An engine trusts its own clock only to stop early: a lease counts as held until the moment
 the renewal was sent plus the lease time, less a margin; the store, which fences appends by
 its own clock, keeps it at least that long.
+
+Every call to the lease store is given a lease time: one that has not answered by then is as
+good as lost, and must not hold up the ownership loop, nor a load or a drop waiting on it
+(waiting for a pool connection, say, which no statement timeout bounds).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
+from typing import TypeVar
 
 import msgspec
 
+from trellis.engine.errors import StoreUnavailable
 from trellis.engine.ports import Holder, LeaseStore
+
+_T = TypeVar("_T")
 
 MARGIN = 0.5  # seconds before the store's expiry an engine stops counting on its lease
 
@@ -80,8 +89,8 @@ class Ownership:
 
     async def heartbeat(self) -> None:
         """Say this engine is up, and learn who else is."""
-        alive = await self._leases.heartbeat(
-            self.identity, self.name, self.ttl, serves_all=self.serves_all
+        alive = await self._within(
+            self._leases.heartbeat(self.identity, self.name, self.ttl, serves_all=self.serves_all)
         )
         now = time.monotonic()
         self.alive = sorted(set(alive) | {self.identity})
@@ -90,7 +99,7 @@ class Ownership:
     async def acquire(self, domain: str) -> Lease | None:
         """The domain's lease, if nobody else holds it."""
         sent = time.monotonic()
-        epoch = await self._leases.acquire(domain, self.identity, self.ttl)
+        epoch = await self._within(self._leases.acquire(domain, self.identity, self.ttl))
         if epoch is None:
             return None
         self.holders[domain] = Holder(domain=domain, engine=self.identity, epoch=epoch)
@@ -104,7 +113,7 @@ class Ownership:
         when our own count ran out meanwhile (an event loop held up by a long decision).
         A lease renewed under another epoch was taken over and given back: lost."""
         sent = time.monotonic()
-        kept = await self._leases.renew(self.identity, list(held), self.ttl)
+        kept = await self._within(self._leases.renew(self.identity, list(held), self.ttl))
         lost = []
         for domain, lease in held.items():
             if kept.get(domain) == lease.epoch:
@@ -114,15 +123,29 @@ class Ownership:
         return lost
 
     async def release(self, lease: Lease) -> None:
-        await self._leases.release(lease.domain, self.identity, lease.epoch)
+        await self._within(self._leases.release(lease.domain, self.identity, lease.epoch))
         self.holders.pop(lease.domain, None)
 
     async def look(self) -> None:
         """Learn who holds which domain now."""
-        self.holders = {h.domain: h for h in await self._leases.holders()}
+        self.holders = {h.domain: h for h in await self._within(self._leases.holders())}
 
     async def leave(self) -> None:
-        await self._leases.leave(self.identity)
+        await self._within(self._leases.leave(self.identity))
+
+    async def _within(self, call: Awaitable[_T]) -> _T:
+        """One lease store call, given a lease time.
+
+        Raises:
+            StoreUnavailable: it had not answered by then.
+        """
+        try:
+            async with asyncio.timeout(self.ttl) as bound:
+                return await call
+        except TimeoutError as exc:
+            if not bound.expired():
+                raise
+            raise StoreUnavailable(f"the lease store did not answer within {self.ttl:g} s") from exc
 
     def preferred(self, domain: str) -> str:
         """The engine `domain` prefers; an engine limited to some domains (TRELLIS_DOMAINS)

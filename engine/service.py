@@ -37,7 +37,7 @@ from trellis.engine.intents import (
     lease_expiry_request_id,
     settle_request_id,
 )
-from trellis.engine.ownership import Lease, Ownership
+from trellis.engine.ownership import Lease, Ownership, tick_of
 from trellis.engine.ports import (
     AuditTrail,
     Clock,
@@ -92,6 +92,13 @@ class Engine:
     With `leases`, a domain is written only while this engine holds its writer lease
     (engine/ownership.py): `route` names the engine a request belongs to when it is another
     one, and a lease that is lost ends the domain's writer and fabric here at once.
+
+    The ownership loop keeps ticking whatever one tick meets (a database restarting under it,
+    a step that waits on a lock): each tick gets a lease time, a load as long, and a drop waits
+    a tick for the domain's writer, fabric and followers to end before going on without
+    them. Going on is safe: whatever of the dropped domain still runs holds an epoch the log
+    and the fabric refuse once another writer has taken the lease, so a survivor takes over a
+    free lease within a tick or two of the database answering again.
     """
 
     def __init__(
@@ -141,8 +148,12 @@ class Engine:
             else None
         )
         self._served: dict[str, _Served] = {}
+        # What a tick and a load are given, and a drop (see above): a drop only cancels tasks
+        # and waits for them, so it is given a tick, and the tick goes on to claim what is free.
+        self._patience = lease_ttl
+        self._drop_within = tick_of(lease_ttl)
         self._tasks: list[asyncio.Task[None]] = []
-        self._drops: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[None]] = set()  # drops, and ticks that overran
         self._loading = asyncio.Lock()  # loads are rare; one lock keeps them simple
 
     @property
@@ -165,7 +176,7 @@ class Engine:
                 if self.serves(domain):
                     await self._runtime(domain, create=True)
         else:
-            await self._own_tick()
+            await self._bounded_tick()
             self._tasks.append(asyncio.create_task(self._own_loop(), name="writer-leases"))
         if lease_tick_seconds is not None:
             self._tasks.append(
@@ -176,11 +187,16 @@ class Engine:
         """Stop; writer leases are given up at once, so another engine takes over now."""
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, *self._drops, return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         for domain in list(self._served):
             # The followers stay: whoever closes them drains them first (a clean exit leaves
             # the stream complete).
             await self._drop(domain, "the engine stops", release=True, unfollow=False)
+        if self._background:  # drops that overran, ticks that did not end when cancelled
+            _, stuck = await asyncio.wait(self._background, timeout=self._patience)
+            for task in stuck:
+                log.error("%s did not end; the engine stops without it", task.get_name())
+                task.cancel()
         if self._ownership is not None:
             with contextlib.suppress(Exception):  # the store may be gone; leases run out then
                 await self._ownership.leave()
@@ -226,10 +242,40 @@ class Engine:
         assert self._ownership is not None
         while True:
             await asyncio.sleep(self._ownership.tick)
-            try:
-                await self._own_tick()
-            except Exception:  # the next tick tries again; unrenewed leases run out
-                log.exception("writer lease tick failed")
+            await self._bounded_tick()
+
+    async def _bounded_tick(self) -> None:
+        """One tick, in a task of its own, given a lease time; whatever it raised or awaited,
+        this returns by then, so the loop goes on. The next tick tries again (unrenewed
+        leases run out meanwhile)."""
+        tick = asyncio.create_task(self._own_tick(), name="writer-lease-tick")
+        try:
+            await asyncio.wait({tick}, timeout=self._patience)
+        finally:
+            if not tick.done():  # overran, or the loop is stopping
+                tick.cancel()
+                self._keep(tick)  # it may take a moment to unwind
+        if not tick.done():
+            log.error(
+                "writer lease tick still running after %.1f s (a lease time): cancelled",
+                self._patience,
+            )
+        elif tick.cancelled():
+            # Nobody cancelled it: a driver let a CancelledError out (asyncpg may, when a
+            # connection dies under a query). Only this tick is lost, not the loop.
+            log.error("writer lease tick failed: cancelled from within")
+        elif (exc := tick.exception()) is not None:
+            log.error("writer lease tick failed", exc_info=exc)
+
+    def _keep(self, task: asyncio.Task[None]) -> None:
+        """Hold on to a task that runs on by itself until it ends (close waits for it)."""
+        self._background.add(task)
+        task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("%s failed", task.get_name(), exc_info=exc)
 
     async def _own_tick(self) -> None:
         """Heartbeat, renew what we hold (dropping what we lost), claim what prefers us, and
@@ -547,8 +593,23 @@ class Engine:
                 await self._drop(domain, "its writer lease ran out")  # paused past it, say
                 served = None
             if served is None:
-                served = await self._load(domain, create=create)
+                served = await self._bounded_load(domain, create=create)
         return served
+
+    async def _bounded_load(self, domain: str, *, create: bool) -> _Served | None:
+        """`_load`, given a lease time when there are leases: a load that outlasts the lease
+        it took could not write under it anyway (the lease is renewed only once the domain
+        is served), and it must not hold `_loading`, which every other load waits for."""
+        if self._ownership is None:
+            return await self._load(domain, create=create)
+        try:
+            async with asyncio.timeout(self._patience) as bound:
+                return await self._load(domain, create=create)
+        except TimeoutError as exc:
+            if not bound.expired():
+                raise
+            log.warning("domain %s: loading it took over %.1f s; given up", domain, self._patience)
+            raise StoreUnavailable(f"loading domain {domain!r} took too long") from exc
 
     async def _load(self, domain: str, *, create: bool) -> _Served | None:
         if not create and (await self._store.head(domain)).version == 0:
@@ -626,15 +687,19 @@ class Engine:
         """The log or the fabric refused our epoch: stop writing the domain (once)."""
         served = self._served.get(domain)
         if served is not None and served.writer is writer:
-            task = asyncio.create_task(self._drop(domain, "another engine writes it now"))
-            self._drops.add(task)
-            task.add_done_callback(self._drops.discard)
+            drop = self._drop(domain, "another engine writes it now")
+            self._keep(asyncio.create_task(drop, name=f"fenced-{domain}"))
 
     async def _drop(
         self, domain: str, why: str, *, release: bool = False, unfollow: bool = True
     ) -> None:
         """Stop writing `domain` here: its writer, fabric and (`unfollow`) followers end; with
-        `release`, its lease is given up for another engine to take at once."""
+        `release`, its lease is given up for another engine to take at once.
+
+        Waits a tick at most: the ending goes on in a task of its own (neither a
+        cancelled caller nor an overrun stops it half way), and a caller (a tick, a load
+        holding `_loading`) goes on without it. Nothing of it can write meanwhile under an
+        epoch another writer has superseded: the log and the fabric refuse it."""
         served = self._served.pop(domain, None)
         if served is None:
             return
@@ -644,9 +709,25 @@ class Engine:
             domain,
             why,
         )
+        ending = asyncio.create_task(
+            self._end(domain, served, release=release, unfollow=unfollow), name=f"drop-{domain}"
+        )
+        self._keep(ending)
+        await asyncio.wait({ending}, timeout=self._drop_within)
+        if not ending.done():
+            log.error(
+                "domain %s: its writer, fabric or followers still running %.1f s after this "
+                "engine stopped writing it; going on without waiting for them",
+                domain,
+                self._drop_within,
+            )
+
+    async def _end(self, domain: str, served: _Served, *, release: bool, unfollow: bool) -> None:
         await served.sync.close()
         await served.writer.close()
-        if unfollow and self._followers is not None:
+        # The followers follow the log, not this writer: a load that took the domain up again
+        # while this drop overran keeps them.
+        if unfollow and self._followers is not None and domain not in self._served:
             await self._followers.unfollow(domain)
         if release and served.lease is not None and self._ownership is not None:
             with contextlib.suppress(Exception):  # it runs out by itself otherwise

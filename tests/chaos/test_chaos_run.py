@@ -91,6 +91,7 @@ UNEXPECTED = "unexpected answers"
 STALE_COMMITS = "commits under a superseded writer epoch"
 HARDWARE_UNLIKE = "hardware unlike the log"
 ASLEEP_S = 2.5  # how long past the end of its lease the paused writer sleeps
+POLL_S = 0.05  # how often a wait for a takeover looks at the lease table
 
 
 def contended_hall(racks: int = 4) -> dict[str, Any]:
@@ -284,6 +285,9 @@ class Chaos:
                 survivor, now = await self.fleet.writer()
                 if survivor is not writer and now > epoch:
                     break
+                # The paused writer holds its lease a while yet, and `writer()` answers it at
+                # once: look again shortly, not in a loop of connections.
+                await asyncio.sleep(POLL_S)
             self.takeovers.append(time.monotonic() - paused)
             await self.load.moved_on("with the writer paused")
             await asyncio.sleep(ASLEEP_S)

@@ -1,0 +1,126 @@
+"""The ownership loop keeps ticking whatever one tick meets (engine/service.py).
+
+An engine renews its writer leases, drops what it lost and claims what is free from one loop;
+if a tick waits for ever (here: a drop whose writer waits on a row lock the database holds it
+at, as a restarting or busy database can leave any step), the engine would never take a free
+lease again. Real Postgres throughout: the wait is a real lock wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+import pytest_asyncio
+from fabrics import expect_ok, fabric, fetch, gpu
+from harness import Harness, serving
+
+TTL = 1.0  # seconds a writer lease lasts: what a tick, a load and a drop are each given
+EVERY = 4  # versions between the writer's snapshots
+DOMAIN = "hall"
+
+
+@pytest_asyncio.fixture
+async def engine(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str
+) -> AsyncIterator[Harness]:
+    async with serving(
+        nats_url, database_url, pg_schema, subject_prefix, lease_ttl=TTL, snapshot_every=EVERY
+    ) as h:
+        yield h
+
+
+async def lease(database_url: str, schema: str) -> tuple[str, int] | None:
+    """(holder, epoch) of the domain's writer lease while it runs, else None."""
+    rows = await fetch(
+        database_url,
+        schema,
+        "SELECT holder, epoch FROM trellis_writer_leases"
+        " WHERE domain = $1 AND expires_at > clock_timestamp()",
+        DOMAIN,
+    )
+    return (rows[0]["holder"], rows[0]["epoch"]) if rows else None
+
+
+@pytest.mark.parametrize("noticed_by", ["tick", "request"])
+async def test_a_drop_that_hangs_does_not_stop_the_engine_taking_the_lease_back(
+    engine: Harness, database_url: str, pg_schema: str, noticed_by: str
+) -> None:
+    """`noticed_by`: who finds the lease lost first, the ownership loop or a request (which
+    drops and loads the domain holding the lock every load takes, the loop's too)."""
+    h = engine
+    expect_ok(await h.client.admin(DOMAIN, "import-topology", {"request_id": "imp", **fabric()}))
+    held = await lease(database_url, pg_schema)
+    assert held is not None and held[0] == h.engine.identity
+    epoch = held[1]
+    version = (await h.store.head(DOMAIN)).version
+    due = (version // EVERY + 1) * EVERY  # the version of the writer's next snapshot
+
+    # Given: the writer's next snapshot waits on a row lock (another session inserts the same
+    # snapshot row and keeps its transaction open), so closing the writer waits for it.
+    blocker = await asyncpg.connect(database_url, server_settings={"search_path": pg_schema})
+    try:
+        block = blocker.transaction()
+        await block.start()
+        await blocker.execute(
+            "INSERT INTO trellis_snapshots (domain, kind, version, position, hash, format, body)"
+            " VALUES ($1, 'state', $2, 1, repeat('0', 64), 'blocker', ''::bytea)",
+            DOMAIN,
+            due,
+        )
+        for n in range(due - version):
+            node = {"request_id": f"add-{n}", "node": gpu(f"gpu-1{n}")}
+            expect_ok(await h.client.admin(DOMAIN, "add-node", node))
+        writer = h.engine._served[DOMAIN].writer
+        assert writer.head.version >= due and writer._saving  # the save is under way
+
+        # When: the lease runs out in the store (as after a pause or a database restart): the
+        # next tick, or a request, finds it lost and drops the domain, whose writer cannot end.
+        await fetch(
+            database_url,
+            pg_schema,
+            "UPDATE trellis_writer_leases SET expires_at = clock_timestamp() WHERE domain = $1",
+            DOMAIN,
+        )
+        if noticed_by == "request":
+            lease_here = h.engine._served[DOMAIN].lease
+            assert lease_here is not None
+            lease_here.until = 0.0  # the engine's own count ran out too, as after a pause
+            early = {"request_id": "early", "node": gpu("gpu-19")}
+            expect_ok(await h.client.admin(DOMAIN, "add-node", early))
+
+        # Then: the loop goes on without that drop and takes the free lease again, under a
+        # newer epoch, and the domain commits under it.
+        deadline = asyncio.get_running_loop().time() + 10 * TTL
+        while True:
+            now = await lease(database_url, pg_schema)
+            if now is not None and now[1] > epoch and DOMAIN in h.engine.domains:
+                break
+            assert asyncio.get_running_loop().time() < deadline, f"no takeover: {now}"
+            await asyncio.sleep(0.05)
+        assert now[0] == h.engine.identity
+        assert h.engine.fence(DOMAIN) == now[1]
+        assert h.engine._served[DOMAIN].writer is not writer
+        added = {"request_id": "after", "node": gpu("gpu-20")}
+        expect_ok(await h.client.admin(DOMAIN, "add-node", added))
+    finally:
+        await blocker.close()  # ends the blocking transaction: the old writer's save goes on
+
+    # The old writer committed nothing under its superseded epoch after the new one began.
+    fences = await fetch(
+        database_url,
+        pg_schema,
+        "SELECT fence FROM trellis_events WHERE domain = $1 ORDER BY version",
+        DOMAIN,
+    )
+    seen = [r["fence"] for r in fences]
+    assert seen == sorted(seen) and seen[-1] == now[1], seen
+    # ...and once its save went through, the drop ended; the followers still follow.
+    deadline = asyncio.get_running_loop().time() + 10 * TTL
+    while h.engine._background:
+        assert asyncio.get_running_loop().time() < deadline, h.engine._background
+        await asyncio.sleep(0.05)
+    await h.projected(DOMAIN)
+    await h.relayed(DOMAIN)
