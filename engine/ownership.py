@@ -52,6 +52,25 @@ class Lease(msgspec.Struct, kw_only=True):
         return time.monotonic() < self.until
 
 
+class Overran(StoreUnavailable):
+    """A call the ownership loop waits on had not ended in the time it was given."""
+
+
+async def within(seconds: float, call: Awaitable[_T], what: str) -> _T:
+    """`call`, given `seconds`: what the ownership loop waits on must not hold it up.
+
+    Raises:
+        Overran: `what`, within `seconds`, when it had not ended by then.
+    """
+    try:
+        async with asyncio.timeout(seconds) as bound:
+            return await call
+    except TimeoutError as exc:
+        if not bound.expired():
+            raise
+        raise Overran(f"{what} within {seconds:g} s") from exc
+
+
 def tick_of(ttl: float) -> float:
     """How often an engine renews its leases and looks at the others: three times a lease."""
     return ttl / 3
@@ -134,18 +153,7 @@ class Ownership:
         await self._within(self._leases.leave(self.identity))
 
     async def _within(self, call: Awaitable[_T]) -> _T:
-        """One lease store call, given a lease time.
-
-        Raises:
-            StoreUnavailable: it had not answered by then.
-        """
-        try:
-            async with asyncio.timeout(self.ttl) as bound:
-                return await call
-        except TimeoutError as exc:
-            if not bound.expired():
-                raise
-            raise StoreUnavailable(f"the lease store did not answer within {self.ttl:g} s") from exc
+        return await within(self.ttl, call, "the lease store did not answer")
 
     def preferred(self, domain: str) -> str:
         """The engine `domain` prefers; an engine limited to some domains (TRELLIS_DOMAINS)

@@ -37,7 +37,7 @@ from trellis.engine.intents import (
     lease_expiry_request_id,
     settle_request_id,
 )
-from trellis.engine.ownership import Lease, Ownership, tick_of
+from trellis.engine.ownership import Lease, Overran, Ownership, tick_of, within
 from trellis.engine.ports import (
     AuditTrail,
     Clock,
@@ -603,13 +603,11 @@ class Engine:
         if self._ownership is None:
             return await self._load(domain, create=create)
         try:
-            async with asyncio.timeout(self._patience) as bound:
-                return await self._load(domain, create=create)
-        except TimeoutError as exc:
-            if not bound.expired():
-                raise
+            loading = self._load(domain, create=create)
+            return await within(self._patience, loading, f"loading domain {domain!r} did not end")
+        except Overran:
             log.warning("domain %s: loading it took over %.1f s; given up", domain, self._patience)
-            raise StoreUnavailable(f"loading domain {domain!r} took too long") from exc
+            raise
 
     async def _load(self, domain: str, *, create: bool) -> _Served | None:
         if not create and (await self._store.head(domain)).version == 0:
