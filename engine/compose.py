@@ -27,6 +27,7 @@ from trellis.engine.placement import Placement, Rejection, hosts_of, place
 from trellis.engine.quotas import over_quota
 from trellis.engine.results import ComposedDevice, ComposeResult, ExtendResult, ReleaseResult
 from trellis.engine.state import Composition, DomainState, evolve, usable
+from trellis.engine.views import unknown_composition
 
 
 def composition_id(domain: str, tenant: str, request_id: str) -> str:
@@ -207,13 +208,11 @@ def unused_circuits(state: DomainState, leaving: Composition) -> list[CircuitRef
 
 
 def _owned(state: DomainState, cid: str, ctx: Context) -> Composition:
+    """The actor's live composition `cid`. Another tenant's is answered exactly as one that
+    does not exist, as views answer (ARCHITECTURE §3), so no tenant learns another's ids."""
     composition = state.compositions.get(cid)
-    if composition is None:
-        raise IntentRejected("not_found", f"no live composition {cid!r}", {"id": cid})
-    if composition.tenant != ctx.actor:
-        raise IntentRejected(
-            "forbidden", f"composition {cid!r} belongs to another tenant", {"id": cid}
-        )
+    if composition is None or composition.tenant != ctx.actor:
+        raise unknown_composition(cid)
     return composition
 
 

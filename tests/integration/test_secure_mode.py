@@ -194,10 +194,11 @@ async def test_a_tenant_can_act_only_as_itself(rig: Rig, database_url: str, pg_s
     )
 
     assert await row_counts(database_url, pg_schema) == before  # nothing reached the log
-    # Its own subjects work, and another's composition is still not its to release.
+    # Its own subjects work, and another's composition is still not its to release (nor to
+    # know of: it is `not_found`, as an unknown id is).
     await compose(acme, "acme", {"host": "host-01", "device_ids": ["gpu-001"]})
     mine = await acme.client.intent(DOMAIN, "acme", "release", {"composition_id": theirs})
-    expect_error(mine, "forbidden")
+    expect_error(mine, "not_found")
 
 
 async def test_no_tenant_reads_another_tenants_replies(rig: Rig) -> None:

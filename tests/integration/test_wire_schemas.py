@@ -173,7 +173,7 @@ async def every_subject(h: Harness, w: Wire) -> None:
     cast(SimulatedFabric, h.fabric).fail_next("bind")
     nic = [{"kind": "nic"}]
     expect_error(await w.intent("globex", "compose", "c5", host="host-01", devices=nic), "failed")
-    expect_error(await w.intent("globex", "release", "r0", composition_id=cid), "forbidden")
+    expect_error(await w.intent("globex", "release", "r0", composition_id=cid), "not_found")
     expect_error(await w.intent("acme", "release", "c1", composition_id=cid), "conflict")
     expect_error(await w.intent("acme", "release", "r1", composition_id="c-none"), "not_found")
     expect_error(await w.intent("acme", "compose", "c6", **one_gpu, colour="red"), "invalid")

@@ -722,12 +722,22 @@ def test_extend_of_a_lease_without_expiry_counts_from_now() -> None:
 
 
 @pytest.mark.parametrize("verb", ["release", "extend"])
-def test_release_or_extend_by_another_tenant_is_forbidden(verb: str) -> None:
+def test_release_or_extend_by_another_tenant_is_not_found_as_for_an_unknown_id(verb: str) -> None:
     state = FabricBuilder().host("h").gpu("g").chain("h", "g").state()
     state, result = composed(state, "a", host="h", devices=[GPU])
     cid = result.composition_id
-    events, error = release(state, "b", cid) if verb == "release" else extend(state, "b", cid, 60)
-    assert events == [] and error.code == "forbidden"
+
+    def attempt(tenant: str, target: str) -> tuple[list[Any], Any]:
+        if verb == "release":
+            return release(state, tenant, target)
+        return extend(state, tenant, target, 60)
+
+    events, error = attempt("b", cid)
+    _, unknown = attempt("b", "c-nothing")
+    assert events == [] and error.code == "not_found"
+    # Word for word the answer for an id that does not exist: no existence oracle.
+    assert error.message == unknown.message.replace("c-nothing", cid)
+    assert error.details == {"id": cid} and unknown.details == {"id": "c-nothing"}
 
 
 @pytest.mark.parametrize("verb", ["release", "extend"])
