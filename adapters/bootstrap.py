@@ -331,12 +331,18 @@ async def embedded_or_configured(
             )
             await asyncio.to_thread(server.start)
             nats_url, monitor_url = server.url, server.monitor_url
+            if nats_config is not None and settings.nats_monitor_port is not None:
+                log.warning(
+                    "TRELLIS_NATS_MONITOR_PORT is ignored in secure mode: nats-server's "
+                    "monitoring has no authentication and lists every identity's inbox"
+                )
             watched.append((_pid(server), signal.SIGTERM))
         if not database_url:
             pg = stack.enter_context(EmbeddedPostgres(data_dir, settings.pg_port))
             await asyncio.to_thread(pg.start)
             database_url, owner_url = pg.url, pg.owner_url
             watched.append((_pid(pg), signal.SIGINT))  # PostgreSQL's fast shutdown
+                    monitor=nats_config is None,  # secure mode: no unauthenticated /connz
         if watched:
             # Stopped before the servers on a clean exit; if this process is killed, it stops
             # them, so a SIGKILLed `trellis up` leaves no orphaned server behind.

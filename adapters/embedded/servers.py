@@ -349,16 +349,21 @@ class EmbeddedNats(_EmbeddedServer):
         *,
         config: Path | None = None,
         monitor_port: int | None = None,
+        monitor: bool = True,
     ):
         super().__init__(data_dir, port)
         self._server_name = ""
         self.config = Path(config).absolute() if config is not None else None
-        # The HTTP monitoring endpoint (/varz, /jsz, /healthz) that NATS tooling reads.
-        self.monitor_port: int = monitor_port if monitor_port is not None else free_port()
+        # The HTTP monitoring endpoint (/varz, /jsz, /healthz) that NATS tooling reads, on
+        # loopback only. It has no authentication and /connz lists every connection's
+        # subscriptions (every identity's inbox), so secure mode runs without it (monitor=False).
+        self.monitor_port: int | None = (
+            (monitor_port if monitor_port is not None else free_port()) if monitor else None
+        )
 
     @property
-    def monitor_url(self) -> str:
-        return f"http://{HOST}:{self.monitor_port}"
+    def monitor_url(self) -> str | None:
+        return f"http://{HOST}:{self.monitor_port}" if self.monitor_port is not None else None
 
     @property
     def url(self) -> str:
@@ -407,7 +412,8 @@ class EmbeddedNats(_EmbeddedServer):
             "--jetstream",
             "--store_dir", str(self.store_dir),
             "--pid", str(self.pid_path),
-            "--http_port", str(self.monitor_port),
+            # Monitoring listens on --addr (loopback), as the client port does.
+            *(["--http_port", str(self.monitor_port)] if self.monitor_port is not None else []),
         ]  # fmt: skip
 
     def _is_ready(self, proc: subprocess.Popen[bytes]) -> bool:

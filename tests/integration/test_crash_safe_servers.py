@@ -17,6 +17,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 from harness import run_cli
 
@@ -82,6 +83,9 @@ async def test_a_killed_trellis_up_takes_its_servers_with_it(tmp_path: Path) -> 
     assert f"NATS monitoring: http://127.0.0.1:{ports['monitor']}" in out, out
     with urllib.request.urlopen(f"http://127.0.0.1:{ports['monitor']}/healthz", timeout=5) as r:
         assert r.status == 200
+    # Every port nats-server listens on, monitoring included, is on loopback only.
+    loopback = {("127.0.0.1", ports["nats"]), ("127.0.0.1", ports["monitor"])}
+    assert listening(pids["nats-server"]) == loopback
 
     first.send_signal(signal.SIGKILL)
     await first.wait()
@@ -105,3 +109,12 @@ async def test_a_killed_trellis_up_takes_its_servers_with_it(tmp_path: Path) -> 
         second.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(second.wait(), 60) == 0
     assert not any(alive(pid) for pid in pids.values())  # a clean stop stops them too
+
+
+def listening(pid: int) -> set[tuple[str, int]]:
+    """The addresses a process listens on (TCP)."""
+    return {
+        (c.laddr.ip, c.laddr.port)
+        for c in psutil.Process(pid).net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN
+    }

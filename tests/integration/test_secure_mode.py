@@ -28,6 +28,7 @@ from harness import run_cli
 from isolation import unique_subject_prefix
 from nats.aio.client import Client as NATS
 from nats.js.api import StreamConfig
+from test_crash_safe_servers import listening
 
 from trellis.adapters.bootstrap import (
     ENGINE_IDENTITY,
@@ -562,6 +563,10 @@ async def test_up_secure_issues_identities_and_stays_secure(
 
     async with trellis_up(env, "--secure", "--tenant", "acme") as banner:
         assert "secure mode: NATS identities in" in banner
+        # No monitoring port: nats-server's /connz would list every identity's inbox, unasked.
+        assert "NATS monitoring" not in banner
+        nats_pid = int((data_dir / "nats.pid").read_text())
+        assert listening(nats_pid) == {("127.0.0.1", int(url.rsplit(":", 1)[1]))}
         url = json.loads((data_dir / "endpoints.json").read_text())["nats_url"]
         # Issuing legacy's identity reloaded the server; serving means that reload is done:
         # legacy is let in at its first try, and no client is dropped by the reload any more.
