@@ -64,6 +64,7 @@ from trellis.adapters.nats.checkpoints import CheckpointPublisher
 from trellis.adapters.nats.intake import NatsIntake
 from trellis.adapters.nats.jetstream import StreamLimits
 from trellis.adapters.nats.relay import RelaySink
+from trellis.adapters.nats.replies import AnyInbox, OwnInbox
 from trellis.adapters.postgres.checkpoints import DEFAULT_EVERY, PostgresAuditTrail
 from trellis.adapters.postgres.leases import PostgresLeases
 from trellis.adapters.postgres.snapshots import PostgresSnapshots
@@ -115,7 +116,15 @@ class RunningEngine(msgspec.Struct, kw_only=True):
 
 
 ENGINE_IDENTITY = Principal("engine", "engine")
+RELAY_IDENTITY = Principal("relay", "relay")
+CHECKPOINTS_IDENTITY = Principal("checkpoints", "checkpoints")
 OPERATOR_IDENTITY = Principal("operator", "operator")
+
+
+def _identity(secure: SecureDir | None, who: Principal) -> NkeyCredentials | None:
+    """Who a connection of the engine's process connects as: `who` in secure mode, else
+    nobody in particular."""
+    return secure.credentials(who) if secure is not None else None
 
 
 def nats_servers(url: str) -> list[str]:
@@ -321,28 +330,28 @@ async def embedded_or_configured(
         watched: list[tuple[int, int]] = []
         monitor_url = None
         if not nats_url:
+            if nats_config is not None and settings.nats_monitor_port is not None:
+                log.warning(
+                    "TRELLIS_NATS_MONITOR_PORT is ignored in secure mode: nats-server's "
+                    "monitoring has no authentication and lists every identity's inbox"
+                )
             server = stack.enter_context(
                 EmbeddedNats(
                     data_dir,
                     settings.nats_port,
                     config=nats_config,
                     monitor_port=settings.nats_monitor_port,
+                    monitor=nats_config is None,  # secure mode: no unauthenticated /connz
                 )
             )
             await asyncio.to_thread(server.start)
             nats_url, monitor_url = server.url, server.monitor_url
-            if nats_config is not None and settings.nats_monitor_port is not None:
-                log.warning(
-                    "TRELLIS_NATS_MONITOR_PORT is ignored in secure mode: nats-server's "
-                    "monitoring has no authentication and lists every identity's inbox"
-                )
             watched.append((_pid(server), signal.SIGTERM))
         if not database_url:
             pg = stack.enter_context(EmbeddedPostgres(data_dir, settings.pg_port))
             await asyncio.to_thread(pg.start)
             database_url, owner_url = pg.url, pg.owner_url
             watched.append((_pid(pg), signal.SIGINT))  # PostgreSQL's fast shutdown
-                    monitor=nats_config is None,  # secure mode: no unauthenticated /connz
         if watched:
             # Stopped before the servers on a clean exit; if this process is killed, it stops
             # them, so a SIGKILLed `trellis up` leaves no orphaned server behind.
@@ -382,7 +391,7 @@ async def follower_sinks(
     schema: str | None,
     prefix: str,
     stream_limits: StreamLimits | None,
-    credentials: NkeyCredentials | None,
+    secure: SecureDir | None,
     signer: Signer | None,
     checkpoint_every: int,
     snapshot_every: int,
@@ -400,7 +409,9 @@ async def follower_sinks(
     await until_reachable(
         "NATS", redacted(nats_url), lambda: probe_nats(nats_url), (NatsUnreachable,)
     )
-    relay_nc = await connect_nats(nats_url, name="trellis-relay", credentials=credentials)
+    relay_nc = await connect_nats(
+        nats_url, name="trellis-relay", credentials=_identity(secure, RELAY_IDENTITY)
+    )
     stack.push_async_callback(relay_nc.close)
     projections = ProjectionSink(projection_pool, snapshot_every=snapshot_every)
     snapshots = PostgresSnapshots(projection_pool)
@@ -412,8 +423,18 @@ async def follower_sinks(
         relay.prepare,
         (NatsTimeoutError, NoRespondersError, ServiceUnavailableError),
     )
+    # In secure mode the checkpoints have an identity of their own, the only one that may
+    # write their stream (adapters/nats/auth.py).
+    checkpoint_nc = relay_nc
+    if secure is not None:
+        checkpoint_nc = await connect_nats(
+            nats_url,
+            name="trellis-checkpoints",
+            credentials=secure.credentials(CHECKPOINTS_IDENTITY),
+        )
+        stack.push_async_callback(checkpoint_nc.close)
     checkpoints = CheckpointPublisher(
-        relay_nc, prefix=prefix, replicas=(stream_limits or StreamLimits()).replicas
+        checkpoint_nc, prefix=prefix, replicas=(stream_limits or StreamLimits()).replicas
     )
     await until_reachable(
         "the JetStream checkpoint stream",
@@ -449,7 +470,7 @@ async def engine_on(
     saga_deadline: float = 10.0,
     stream_limits: StreamLimits | None = None,
     follow_options: dict[str, float] | None = None,
-    credentials: NkeyCredentials | None = None,
+    secure: SecureDir | None = None,
     lease_ttl: float = 3.0,
     read_wait: float = 2.0,
     signer: Signer | None = None,
@@ -459,7 +480,6 @@ async def engine_on(
     checkpoint_key: Path | None = None,
     metrics_at: tuple[str, int] | None = None,
     page_at: tuple[str, int] | None = None,
-    page_credentials: NkeyCredentials | None = None,
 ) -> AsyncIterator[RunningEngine]:
     """The engine, its projections, its event relay and its NATS intake on given servers, until
     the context exits. Migrations run first, through `owner_url` when given (the schema's
@@ -467,7 +487,8 @@ async def engine_on(
     is rebuilt from the log before it serves. Postgres, then NATS, are waited for until they
     answer. Without a `fabric` driver the engine drives a SimulatedFabric (there is no
     hardware). `follow_options` tune the log followers (engine.follower.Follower);
-    `credentials`: the engine's own NATS identity in secure mode; `lease_ttl`: seconds a
+    `secure`: secure mode's identities (each job connects as its own, adapters/nats/auth.py,
+    and replies go only to the requester's own inbox); `lease_ttl`: seconds a
     writer lease lasts unrenewed (engine/ownership.py); `read_wait`: seconds a query waits for
     its `min_position`; `snapshot_every`: events between
     snapshots of a domain's state and read models (0: none); `signer`: the checkpoint key
@@ -478,7 +499,7 @@ async def engine_on(
     (host, port; port 0: a free one) serves Prometheus metrics and a health check there
     (adapters/entrypoints/metrics.py). `page_at` (host, port; likewise) serves the live
     fabric page there (adapters/entrypoints/fabric_page.py), a NATS client of its own that
-    connects as `page_credentials` (secure mode: the operator).
+    connects as the operator in secure mode.
 
     Raises:
         SettingsError: the metrics or the page's address cannot be bound.
@@ -517,7 +538,7 @@ async def engine_on(
             schema=schema,
             prefix=prefix,
             stream_limits=stream_limits,
-            credentials=credentials,
+            secure=secure,
             signer=signer,
             checkpoint_every=checkpoint_every,
             snapshot_every=snapshot_every,
@@ -538,7 +559,7 @@ async def engine_on(
                     checkpoint_every=checkpoint_every,
                     snapshot_every=snapshot_every,
                     stream_limits=msgspec.structs.astuple(stream_limits or StreamLimits()),
-                    credentials=str(credentials.path) if credentials is not None else None,
+                    secure_data_dir=str(secure.root.parent) if secure is not None else None,
                 )
             )
             await process.start()
@@ -584,11 +605,20 @@ async def engine_on(
         )
         await engine.start()
         stack.push_async_callback(engine.close)
-        nc = await connect_nats(nats_url, name="trellis-engine", credentials=credentials)
+        nc = await connect_nats(
+            nats_url, name="trellis-engine", credentials=_identity(secure, ENGINE_IDENTITY)
+        )
         # close, not drain: intake.stop() below has already unsubscribed and waited for every
         # request in flight, which is what a drain would do (and nats-py's drain can stall).
         stack.push_async_callback(nc.close)
-        intake = NatsIntake(nc, engine, prefix=prefix, domains=domains, observer=metrics)
+        intake = NatsIntake(
+            nc,
+            engine,
+            prefix=prefix,
+            domains=domains,
+            observer=metrics,
+            reply_rule=OwnInbox(secure.inboxes) if secure is not None else AnyInbox(),
+        )
         await intake.start()
         stack.push_async_callback(intake.stop)
         metrics_url = None
@@ -613,7 +643,9 @@ async def engine_on(
             metrics_url = server.url
         page_url = None
         if page_at is not None:
-            page_url = await _serve_page(stack, nats_url, prefix, page_at, page_credentials)
+            page_url = await _serve_page(
+                stack, nats_url, prefix, page_at, _identity(secure, OPERATOR_IDENTITY)
+            )
         yield RunningEngine(
             engine=engine,
             fabric=fabric,
@@ -702,7 +734,7 @@ async def running_engine(
                 signer=signer,
                 checkpoint_every=settings.checkpoint_every,
                 snapshot_every=settings.snapshot_every,
-                credentials=secure.credentials(ENGINE_IDENTITY) if secure is not None else None,
+                secure=secure,
                 followers=settings.followers,
                 checkpoint_key=checkpoint_key_path(settings),
                 metrics_at=(
@@ -714,9 +746,6 @@ async def running_engine(
                     (settings.http_host, settings.http_port)
                     if settings.http_port is not None
                     else None
-                ),
-                page_credentials=(
-                    secure.credentials(OPERATOR_IDENTITY) if secure is not None else None
                 ),
             )
         )

@@ -32,8 +32,9 @@ from trellis.engine.follower import DomainLog, Followers
 log = logging.getLogger("trellis.follow")
 
 ENTRY_MODULE = "trellis.adapters.entrypoints.follow"
-#: The environment variable naming the engine's NATS credentials file (secure mode).
-CREDENTIALS_ENV = "TRELLIS_FOLLOWER_CREDENTIALS"
+#: The environment variable naming the data dir whose secure/ holds the identities the
+#: follower process connects as (secure mode: the relay's and the checkpoints').
+SECURE_DATA_DIR_ENV = "TRELLIS_FOLLOWER_SECURE_DATA_DIR"
 #: The engine's pid: the follower process exits when it is no longer its parent.
 PARENT_ENV = "TRELLIS_FOLLOWER_PARENT"
 RESTART_FIRST_S = 0.25
@@ -166,7 +167,7 @@ def follower_env(
     checkpoint_every: int,
     snapshot_every: int,
     stream_limits: tuple[int, float, int],
-    credentials: str | None,
+    secure_data_dir: str | None,
 ) -> dict[str, str]:
     """The follower process's environment: this one's, with the engine's resolved endpoints
     and settings in place of any TRELLIS_* variable it had."""
@@ -186,6 +187,6 @@ def follower_env(
     }
     if schema:
         env["TRELLIS_DB_SCHEMA"] = schema
-    if credentials:
-        env[CREDENTIALS_ENV] = credentials
+    if secure_data_dir:
+        env[SECURE_DATA_DIR_ENV] = secure_data_dir
     return env

@@ -64,6 +64,13 @@ class EngineMetrics:
             ["family", "verb", "code"],
             registry=registry,
         )
+        self.dropped_requests = Counter(
+            "trellis_requests_dropped",
+            "Requests dropped unanswered, by family: their reply subject was not the "
+            "requester's inbox (ARCHITECTURE §3), so nothing was decided or written.",
+            ["family"],
+            registry=registry,
+        )
         self.reply_seconds = Histogram(
             "trellis_reply_seconds",
             "From receiving a request to sending its reply (a compose: after its saga settled).",
@@ -125,6 +132,10 @@ class EngineMetrics:
         counter = self.intents if family in WRITE_FAMILIES else self.queries
         counter.labels(family, verb, code).inc()
         self.reply_seconds.labels(family, verb).observe(seconds)
+
+    def dropped(self, family: str) -> None:
+        """A request of `family` was dropped unanswered (its reply subject is no inbox)."""
+        self.dropped_requests.labels(family).inc()
 
     # ---- the timed fabric's observer (adapters/fabric/timed.py) ----
 

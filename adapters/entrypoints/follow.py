@@ -29,8 +29,8 @@ from trellis.adapters.bootstrap import (
     follower_sinks,
     until_reachable,
 )
-from trellis.adapters.follow_process import CREDENTIALS_ENV, PARENT_ENV, committed_subject
-from trellis.adapters.nats.auth import NkeyCredentials
+from trellis.adapters.follow_process import PARENT_ENV, SECURE_DATA_DIR_ENV, committed_subject
+from trellis.adapters.nats.auth import SecureDir
 from trellis.adapters.postgres.store import PostgresEventStore
 from trellis.adapters.settings import Settings, SettingsError, redacted
 from trellis.engine.errors import StoreUnavailable
@@ -48,7 +48,7 @@ WAKE_DELAY_S = 0.02
 
 
 async def follow(
-    settings: Settings, credentials: NkeyCredentials | None = None, parent: int | None = None
+    settings: Settings, secure: SecureDir | None = None, parent: int | None = None
 ) -> None:
     """Follow every domain in the log until SIGTERM or SIGINT, or until the process `parent`
     is no longer ours."""
@@ -74,7 +74,7 @@ async def follow(
             schema=settings.db_schema,
             prefix=settings.subject_prefix,
             stream_limits=settings.stream_limits,
-            credentials=credentials,
+            secure=secure,
             signer=checkpoint_signer(settings),
             checkpoint_every=settings.checkpoint_every,
             snapshot_every=settings.snapshot_every,
@@ -123,14 +123,14 @@ def main() -> int:
         level=logging.INFO if os.environ.get("TRELLIS_VERBOSE") else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s [follow]: %(message)s",
     )
-    creds = os.environ.get(CREDENTIALS_ENV)
+    secure = os.environ.get(SECURE_DATA_DIR_ENV)
     # The engine's pid from the engine itself: it may be gone before this line runs.
     parent = os.environ.get(PARENT_ENV)
     try:
         asyncio.run(
             follow(
                 Settings.from_env(),
-                NkeyCredentials(Path(creds)) if creds else None,
+                SecureDir(Path(secure)) if secure else None,
                 int(parent) if parent and parent.isdigit() else None,
             )
         )

@@ -1,8 +1,17 @@
 """Secure mode on the NATS side: nkey identities, what each may do, the server's config.
 
-One identity per principal, each an nkey (an Ed25519 key pair; NATS users by public key):
+One identity per principal, each an nkey (an Ed25519 key pair; NATS users by public key),
+each allowed only what its job needs (ARCHITECTURE §3):
 
-- `engine`: no limits (it serves every subject and runs the relay);
+- `engine`: the engine's intake. It subscribes to the request subjects and its forwarding
+  subject, and publishes only replies (`_INBOX.>`) and requests it forwards to another engine
+  (`<prefix>.engine.>`), never a stream, the bucket or another subject: a request that names
+  some other reply subject cannot make it write there (adapters/nats/replies.py refuses it
+  first; the server would too);
+- `relay`: the only writer of the JetStream stream TRELLIS_EVENTS and the KV bucket
+  TRELLIS_STATE (it creates them, publishes events and puts values), and of the internal commit
+  signal the follower process wakes on;
+- `checkpoints`: the only writer of the stream TRELLIS_CHECKPOINTS (signed tree heads);
 - `operator`: publishes `<prefix>.admin.>` and `<prefix>.query.>`, and reads the JetStream
   stream TRELLIS_EVENTS and the KV bucket TRELLIS_STATE as the auditor does (the live fabric
   page, adapters/entrypoints/fabric_page.py, connects as the operator);
@@ -29,6 +38,8 @@ Files under `<data_dir>/secure/` (the directory 0700, every file 0600)::
                          an external server `include`s it)
     secure.json          the subject prefix the permissions are written for
     engine.nk            nkey seeds, one per identity (the secret; `nats --nkey` reads them too)
+    relay.nk
+    checkpoints.nk
     operator.nk
     auditor.nk
     tenants/<name>.nk
@@ -51,8 +62,8 @@ import nkeys
 from trellis.adapters.nats.jetstream import bucket_name, checkpoint_stream_name, stream_name
 from trellis.adapters.nats.micro import SERVICE_NAME
 
-Role = Literal["engine", "operator", "auditor", "tenant"]
-ROLES: tuple[Role, ...] = ("engine", "operator", "auditor")
+Role = Literal["engine", "relay", "checkpoints", "operator", "auditor", "tenant"]
+ROLES: tuple[Role, ...] = ("engine", "relay", "checkpoints", "operator", "auditor")
 SECURE_DIR = "secure"
 CONFIG_FILE = "auth.conf"
 _SETTINGS_FILE = "secure.json"
@@ -109,12 +120,32 @@ def tenant_name_problem(name: str) -> str | None:
     return None
 
 
-def permissions(principal: Principal, key: str, prefix: str) -> dict[str, Any] | None:
-    """What `principal` (public key `key`) may publish and subscribe to; None: everything."""
+def permissions(principal: Principal, key: str, prefix: str) -> dict[str, Any]:
+    """What `principal` (public key `key`) may publish and subscribe to."""
     inbox = [f"{inbox_prefix(key)}.>"]
     match principal.role:
         case "engine":
-            return None
+            publish = ["_INBOX.>", f"{prefix}.engine.>"]
+            subscribe = [
+                *inbox,
+                *(f"{prefix}.{family}.>" for family in ("intent", "admin", "query", "view")),
+                f"{prefix}.engine.>",
+                "$SRV.>",
+            ]
+        case "relay":
+            publish = [
+                f"{prefix}.events.>",
+                f"$KV.{bucket_name(prefix)}.>",
+                f"{prefix}.internal.>",
+                *_jetstream_writes([stream_name(prefix), f"KV_{bucket_name(prefix)}"]),
+            ]
+            subscribe = [*inbox, f"{prefix}.internal.>"]
+        case "checkpoints":
+            publish = [
+                f"{prefix}.checkpoints.>",
+                *_jetstream_writes([checkpoint_stream_name(prefix)]),
+            ]
+            subscribe = inbox
         case "operator":
             publish = [
                 f"{prefix}.admin.>",
@@ -133,6 +164,22 @@ def permissions(principal: Principal, key: str, prefix: str) -> dict[str, Any] |
             ]
             subscribe = inbox
     return {"publish": {"allow": publish}, "subscribe": {"allow": subscribe}}
+
+
+def _jetstream_writes(streams: list[str]) -> list[str]:
+    """The JetStream API calls that make and keep `streams` (and read their last messages, as
+    the relay does to resume); never delete or purge."""
+    subjects = ["$JS.API.INFO"]
+    for s in streams:
+        subjects += [
+            f"$JS.API.STREAM.INFO.{s}",
+            f"$JS.API.STREAM.CREATE.{s}",
+            f"$JS.API.STREAM.UPDATE.{s}",
+            f"$JS.API.STREAM.MSG.GET.{s}",
+            f"$JS.API.DIRECT.GET.{s}",
+            f"$JS.API.DIRECT.GET.{s}.>",
+        ]
+    return subjects
 
 
 def _discovery() -> list[str]:
@@ -176,11 +223,7 @@ def authorization_config(users: Iterable[tuple[Principal, str]], prefix: str) ->
     """
     entries = []
     for principal, key in users:
-        entry: dict[str, Any] = {"nkey": key}
-        allowed = permissions(principal, key, prefix)
-        if allowed is not None:
-            entry["permissions"] = allowed
-        entries.append(entry)
+        entries.append({"nkey": key, "permissions": permissions(principal, key, prefix)})
     block = json.dumps({"users": entries}, indent=2)
     return (
         "# Trellis secure mode: NATS users (nkeys) and their permissions for subject prefix\n"
@@ -258,6 +301,19 @@ class SecureDir:
 
     def credentials(self, principal: Principal) -> NkeyCredentials:
         return NkeyCredentials(self.seed_path(principal))
+
+    def inboxes(self) -> tuple[str, str, dict[str, str]]:
+        """The inbox prefixes of the operator, the auditor and every tenant (by name): where
+        the engine may answer each (adapters/nats/replies.py's OwnInbox)."""
+
+        def of(principal: Principal) -> str:
+            return inbox_prefix(public_key(self.credentials(principal).seed()))
+
+        return (
+            of(Principal("operator", "operator")),
+            of(Principal("auditor", "auditor")),
+            {name: of(Principal("tenant", name)) for name in self.tenants()},
+        )
 
     def tenants(self) -> list[str]:
         """Every tenant with an identity here, sorted."""

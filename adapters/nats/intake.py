@@ -23,6 +23,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from trellis.adapters.nats.micro import EndpointCount, EngineService
+from trellis.adapters.nats.replies import AnyInbox, DropLog, ReplyRule
 from trellis.engine import replies
 from trellis.engine.errors import ServedElsewhere
 from trellis.engine.service import Engine
@@ -49,9 +50,12 @@ def served(prefix: str, domains: list[str] | None) -> list[tuple[str, str, str]]
 
 
 class RequestObserver(Protocol):
-    """Told of every answer the intake sends (adapters/instruments.py counts them)."""
+    """Told of every answer the intake sends, and of every request it drops unanswered
+    (adapters/instruments.py counts them)."""
 
     def replied(self, family: str, verb: str, code: str, seconds: float) -> None: ...
+
+    def dropped(self, family: str) -> None: ...
 
 
 class _Error(msgspec.Struct):
@@ -87,6 +91,7 @@ class NatsIntake:
         domains: list[str] | None = None,
         max_in_flight: int = 10_000,
         observer: RequestObserver | None = None,
+        reply_rule: ReplyRule | None = None,
     ):
         self._nc = nc
         self._engine = engine
@@ -94,6 +99,8 @@ class NatsIntake:
         self._domains = domains
         self._depth = len(prefix.split("."))
         self._observer = observer
+        self._reply_rule = reply_rule or AnyInbox()
+        self._drops = DropLog()
         self._subs: list[Any] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(max_in_flight)
@@ -145,10 +152,27 @@ class NatsIntake:
             await asyncio.gather(*stuck, return_exceptions=True)
 
     async def _on_msg(self, msg: Msg, endpoint: EndpointCount) -> None:
+        if not self._answerable(msg):
+            return  # nothing is decided, nothing is written, nobody is answered
         await self._slots.acquire()  # backpressure: bounded work in flight
         task = asyncio.create_task(self._serve(msg, endpoint))
         self._tasks.add(task)
         task.add_done_callback(self._done)
+
+    def _answerable(self, msg: Msg) -> bool:
+        """Whether the request's reply subject is an inbox its subject's identity may be
+        answered on (adapters/nats/replies.py); counts and logs it when not."""
+        tokens = msg.subject.split(".")[self._depth :]
+        if tokens[:2] == ["engine", self._engine.identity]:
+            tokens = tokens[2:]  # forwarded: the client's own subject follows
+        family = tokens[0] if tokens and tokens[0] in FAMILIES else "other"
+        tenant = tokens[2] if family in ("intent", "view") and len(tokens) > 2 else None
+        if msg.reply and self._reply_rule.allows(family, tenant, msg.reply):
+            return True
+        self._drops.dropped(family, msg.subject, msg.reply)
+        if self._observer is not None:
+            self._observer.dropped(family)
+        return False
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -179,7 +203,7 @@ class NatsIntake:
                 f"the engine failed to serve this request ({cause}); retry",
                 {"cause": cause},
             )
-        if msg.reply:
+        if msg.reply:  # checked on arrival (_answerable)
             try:
                 await msg.respond(reply)
             except Exception:  # the requester is gone or NATS is down; the log still has it

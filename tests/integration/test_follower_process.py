@@ -24,7 +24,7 @@ from harness import Harness, bucket_values, cli_env, serving
 from isolation import unique_subject_prefix
 from nats.aio.client import Client as NATS
 
-from trellis.adapters.bootstrap import ENGINE_IDENTITY, connect_nats, engine_on
+from trellis.adapters.bootstrap import connect_nats, engine_on
 from trellis.adapters.embedded.servers import EmbeddedNats
 from trellis.adapters.follow_process import CommitSignal, FollowerProcess
 from trellis.adapters.nats.auth import Principal, SecureDir
@@ -222,7 +222,7 @@ async def test_trellis_up_runs_its_followers_in_a_process_and_leaves_none_behind
         await nc.close()
 
 
-async def test_in_secure_mode_the_follower_process_connects_as_the_engine(
+async def test_in_secure_mode_the_follower_process_connects_as_the_relay(
     tmp_path: Path, database_url: str, pg_schema: str
 ) -> None:
     prefix = unique_subject_prefix()
@@ -236,7 +236,7 @@ async def test_in_secure_mode_the_follower_process_connects_as_the_engine(
             database_url,
             schema=pg_schema,
             prefix=prefix,
-            credentials=secure.credentials(ENGINE_IDENTITY),
+            secure=secure,
             followers="process",
         ) as running:
             operator = await connect_nats(
@@ -250,7 +250,7 @@ async def test_in_secure_mode_the_follower_process_connects_as_the_engine(
                 tenant = TrellisClient(acme, prefix=prefix)
                 expect_ok(await admin.admin(HALL, "import-topology", fabric()))
                 composed = expect_ok(await tenant.intent(HALL, "acme", "compose", GPU))
-                # The follower process, connected as the engine, folded the read models (the
+                # The follower process, connected as the relay, folded the read models (the
                 # tenant's view) and relayed the log to the stream.
                 mine = expect_ok(await tenant.view(HALL, "acme", "connections"))
                 assert [c["composition_id"] for c in mine["connections"]] == [
@@ -259,7 +259,7 @@ async def test_in_secure_mode_the_follower_process_connects_as_the_engine(
                 head = (await running.store.head(HALL)).position
                 deadline = time.monotonic() + 20
                 while True:
-                    envelopes = await stream_events(server.url, prefix, running.nc)
+                    envelopes = await stream_events(server.url, prefix, operator)
                     if envelopes and envelopes[-1].position >= head:
                         break
                     assert time.monotonic() < deadline, "the follower process relayed nothing"

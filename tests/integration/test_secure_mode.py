@@ -31,7 +31,6 @@ from nats.js.api import StreamConfig
 from test_crash_safe_servers import listening
 
 from trellis.adapters.bootstrap import (
-    ENGINE_IDENTITY,
     RunningEngine,
     connect_nats,
     engine_on,
@@ -52,6 +51,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fabric.json"
 DOMAIN = "hall-1"
 OPERATOR = Principal("operator", "operator")
 AUDITOR = Principal("auditor", "auditor")
+RELAY = Principal("relay", "relay")
 ACME = Principal("tenant", "acme")
 GLOBEX = Principal("tenant", "globex")
 SLICE = {"kind": "memory", "capacity_gib": 64}
@@ -137,9 +137,8 @@ async def secured(
             database_url,
             schema=pg_schema,
             prefix=prefix,
-            credentials=secure.credentials(ENGINE_IDENTITY),
+            secure=secure,
             page_at=("127.0.0.1", 0) if page else None,
-            page_credentials=secure.credentials(OPERATOR) if page else None,
         ) as running:
             rig = Rig(secure, server, running)
             try:
@@ -384,11 +383,11 @@ async def test_the_auditor_reads_the_queries_stream_and_bucket_and_changes_nothi
         await js.update_stream(StreamConfig(name=events, subjects=["x.>"]), timeout=0.5)
     assert await row_counts(database_url, pg_schema) == before
 
-    engine_js = rig.running.nc.jetstream()
-    after = await engine_js.stream_info(events)
+    relay_js = (await rig.connect(RELAY)).nc.jetstream()  # the one writer of both
+    after = await relay_js.stream_info(events)
     assert after.config.subjects == info.config.subjects
     assert after.state.messages >= info.state.messages
-    assert (await (await engine_js.key_value(bucket)).get(f"{DOMAIN}.device.gpu-001")).value
+    assert (await (await relay_js.key_value(bucket)).get(f"{DOMAIN}.device.gpu-001")).value
 
 
 async def until_stream_has(js: Any, stream: str, position: int) -> None:
@@ -563,11 +562,11 @@ async def test_up_secure_issues_identities_and_stays_secure(
 
     async with trellis_up(env, "--secure", "--tenant", "acme") as banner:
         assert "secure mode: NATS identities in" in banner
+        url = json.loads((data_dir / "endpoints.json").read_text())["nats_url"]
         # No monitoring port: nats-server's /connz would list every identity's inbox, unasked.
         assert "NATS monitoring" not in banner
         nats_pid = int((data_dir / "nats.pid").read_text())
         assert listening(nats_pid) == {("127.0.0.1", int(url.rsplit(":", 1)[1]))}
-        url = json.loads((data_dir / "endpoints.json").read_text())["nats_url"]
         # Issuing legacy's identity reloaded the server; serving means that reload is done:
         # legacy is let in at its first try, and no client is dropped by the reload any more.
         legacy = secure.credentials(Principal("tenant", "legacy")).connect_options()
@@ -584,7 +583,7 @@ async def test_up_secure_issues_identities_and_stays_secure(
         ]:
             assert path.stat().st_mode & 0o777 == 0o600, path
         assert sorted(p.name for p in secure.root.glob("*.nk")) == [
-            "auditor.nk", "engine.nk", "operator.nk"
+            "auditor.nk", "checkpoints.nk", "engine.nk", "operator.nk", "relay.nk"
         ]  # fmt: skip
         code, _, err = await trellis_cli(env, "release", held, "--tenant", "legacy")
         assert code == 0, err

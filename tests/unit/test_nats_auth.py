@@ -40,12 +40,37 @@ def test_a_tenant_may_publish_only_its_own_intents_and_views() -> None:
     assert subscribe == [f"_INBOX.{KEY}.>"]
 
 
-def test_only_the_engine_may_subscribe_to_every_inbox() -> None:
-    assert permissions(Principal("engine", "engine"), KEY, "trellis") is None
-    for role in ("operator", "auditor"):
+def test_nobody_may_subscribe_to_every_inbox() -> None:
+    for role in ("engine", "relay", "checkpoints", "operator", "auditor"):
         _, subscribe = allowed(Principal(role, role))  # type: ignore[arg-type]
         assert f"_INBOX.{KEY}.>" in subscribe
         assert not any(s.startswith("_INBOX.>") or s == ">" for s in subscribe)
+
+
+def test_the_engine_publishes_only_replies_and_requests_it_forwards() -> None:
+    publish, subscribe = allowed(Principal("engine", "engine"), "p1")
+    assert publish == ["_INBOX.>", "p1.engine.>"]
+    for family in ("intent", "admin", "query", "view", "engine"):
+        assert f"p1.{family}.>" in subscribe
+
+
+def test_only_the_relay_writes_the_stream_and_bucket_and_only_checkpoints_their_stream() -> None:
+    writes = {
+        "p1.events.>": "relay",
+        "$KV.TRELLIS_STATE_p1.>": "relay",
+        "$JS.API.STREAM.CREATE.TRELLIS_EVENTS_p1": "relay",
+        "$JS.API.STREAM.CREATE.KV_TRELLIS_STATE_p1": "relay",
+        "p1.checkpoints.>": "checkpoints",
+        "$JS.API.STREAM.CREATE.TRELLIS_CHECKPOINTS_p1": "checkpoints",
+    }
+    roles = ["engine", "relay", "checkpoints", "operator", "auditor"]
+    publishing = {role: allowed(Principal(role, role), "p1")[0] for role in roles}  # type: ignore[arg-type]
+    publishing["tenant"] = allowed(Principal("tenant", "acme"), "p1")[0]
+    for subject, writer in writes.items():
+        assert [r for r, allow in publishing.items() if subject in allow] == [writer], subject
+    wide = (">", "$JS.API.>", "$KV.>", "_INBOX.>")
+    for role, allow in publishing.items():
+        assert role == "engine" or not any(a in wide for a in allow), role
 
 
 def test_the_operator_administers_queries_reads_the_feed_and_is_no_tenant() -> None:
@@ -86,7 +111,8 @@ def test_the_config_holds_public_keys_only_and_is_json_inside() -> None:
     text = authorization_config(users, "trellis")
     assert seed not in text
     block = json.loads(text.split("authorization: ", 1)[1])
-    assert block["users"][0] == {"nkey": public_key(seed)}
+    assert block["users"][0]["nkey"] == public_key(seed)
+    assert block["users"][0]["permissions"]["publish"]["allow"] == ["_INBOX.>", "trellis.engine.>"]
     assert block["users"][1]["permissions"]["publish"]["allow"][0] == "trellis.intent.*.a.>"
 
 
@@ -114,7 +140,7 @@ def test_ensure_issues_each_identity_once_and_privately(tmp_path: Path) -> None:
     assert secure.ensure("p1", ["acme"]) == ["acme"]
     seeds = {p: p.read_text() for p in secure.root.rglob("*.nk")}
     assert {p.relative_to(secure.root).as_posix() for p in seeds} == {
-        "engine.nk", "operator.nk", "auditor.nk", "tenants/acme.nk"
+        "engine.nk", "relay.nk", "checkpoints.nk", "operator.nk", "auditor.nk", "tenants/acme.nk"
     }  # fmt: skip
 
     assert secure.ensure("p1", ["acme", "globex"]) == ["globex"]

@@ -1,0 +1,93 @@
+"""Where the engine may answer (ARCHITECTURE §3): only a request's own reply subject, and only
+when it is an inbox.
+
+A request names its reply subject itself, and the engine publishes the answer there under its
+own identity. Without this rule a tenant could have the engine write its answer into another
+tenant's KV key or into the event stream (a reply subject of `$KV.TRELLIS_STATE.…` or
+`trellis.events.…`), which overwrote a composition's value and stopped a domain's relay. So a
+request whose reply subject is no inbox, or that has none, is dropped unanswered before it is
+decided: it writes nothing.
+
+In plain mode an inbox is any `_INBOX.` subject. In secure mode it must also be the inbox
+prefix of the identity the request's subject admits (adapters/nats/auth.py): the tenant of an
+`intent` or `view` subject, the operator for `admin`, the operator or an auditor for `query`.
+So a tenant cannot have the engine answer into another tenant's inbox either.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+INBOX = "_INBOX."
+#: How often a refusal of one kind is logged at most (each is counted in the metrics anyway).
+LOG_EVERY_S = 60.0
+
+
+class ReplyRule(Protocol):
+    """Whether a request of `family` (for `tenant`, of an intent or a view) may be answered on
+    `reply`."""
+
+    def allows(self, family: str, tenant: str | None, reply: str) -> bool: ...
+
+
+class AnyInbox:
+    """Plain mode: any inbox, nothing else."""
+
+    def allows(self, family: str, tenant: str | None, reply: str) -> bool:
+        return reply.startswith(INBOX)
+
+
+class OwnInbox:
+    """Secure mode: the inbox of the identity the subject admits. `inboxes` gives the inbox
+    prefixes (`_INBOX.<public key>`) of the operator, the auditor and each tenant; a tenant it
+    does not know yet (issued after start, `trellis tenant add`) makes it read them again. Only
+    the server's users can send, and a tenant's user sends only under its own name, so an
+    unknown name is a newly issued tenant, not a flood."""
+
+    def __init__(self, inboxes: Callable[[], tuple[str, str, dict[str, str]]]):
+        self._read = inboxes
+        self._operator, self._auditor, self._tenants = inboxes()
+
+    def allows(self, family: str, tenant: str | None, reply: str) -> bool:
+        if not reply.startswith(INBOX):
+            return False
+        match family:
+            case "intent" | "view":
+                prefix = self._tenant(tenant)
+                return prefix is not None and reply.startswith(prefix + ".")
+            case "admin":
+                return reply.startswith(self._operator + ".")
+            case "query":
+                return reply.startswith((self._operator + ".", self._auditor + "."))
+        return False
+
+    def _tenant(self, tenant: str | None) -> str | None:
+        if tenant is None:
+            return None
+        if tenant not in self._tenants:
+            self._operator, self._auditor, self._tenants = self._read()
+        return self._tenants.get(tenant)
+
+
+class DropLog:
+    """Logs refused reply subjects, once a minute per family at most."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._last: dict[str, float] = {}
+
+    def dropped(self, family: str, subject: str, reply: str) -> None:
+        now = self._clock()
+        if now - self._last.get(family, -LOG_EVERY_S) >= LOG_EVERY_S:
+            self._last[family] = now
+            log.warning(
+                "dropped a request on %s unanswered: its reply subject %r is not the "
+                "requester's inbox (counted in trellis_requests_dropped; logged once a minute)",
+                subject,
+                reply[:120],
+            )
