@@ -61,6 +61,7 @@ from trellis.adapters.nats.auth import (
     tenant_name_problem,
 )
 from trellis.adapters.nats.checkpoints import CheckpointPublisher
+from trellis.adapters.nats.foreign import ForeignMessages
 from trellis.adapters.nats.intake import NatsIntake
 from trellis.adapters.nats.jetstream import StreamLimits
 from trellis.adapters.nats.relay import RelaySink
@@ -624,6 +625,7 @@ async def engine_on(
         metrics_url = None
         if metrics is not None and metrics_at is not None:
             metrics.watch(engine, following, projections=projections.name, relay=relay.name)
+            relay.foreign.on_skip = metrics.foreign_message
             server = MetricsServer(
                 metrics.registry,
                 {
@@ -644,7 +646,7 @@ async def engine_on(
         page_url = None
         if page_at is not None:
             page_url = await _serve_page(
-                stack, nats_url, prefix, page_at, _identity(secure, OPERATOR_IDENTITY)
+                stack, nats_url, prefix, page_at, _identity(secure, OPERATOR_IDENTITY), metrics
             )
         yield RunningEngine(
             engine=engine,
@@ -671,11 +673,13 @@ async def _serve_page(
     prefix: str,
     at: tuple[str, int],
     credentials: NkeyCredentials | None,
+    metrics: EngineMetrics | None,
 ) -> str:
     """Serve the fabric page at `at` (closed with `stack`); its URL."""
     page_nc = await connect_nats(nats_url, name="trellis-page", credentials=credentials)
     stack.push_async_callback(page_nc.close)
-    page = FabricPage(page_nc, prefix=prefix, host=at[0], port=at[1])
+    foreign = ForeignMessages("page", metrics.foreign_message if metrics is not None else None)
+    page = FabricPage(page_nc, prefix=prefix, host=at[0], port=at[1], foreign=foreign)
     try:
         await page.start()
     except OSError as exc:

@@ -71,6 +71,14 @@ class EngineMetrics:
             ["family"],
             registry=registry,
         )
+        self.foreign_messages = Counter(
+            "trellis_foreign_messages",
+            "Messages of the event stream or the state bucket that are not the contract's "
+            "(not an event of the log, not a value of the bucket), skipped by `consumer` while "
+            "reading `domain` (ARCHITECTURE §3).",
+            ["consumer", "domain"],
+            registry=registry,
+        )
         self.reply_seconds = Histogram(
             "trellis_reply_seconds",
             "From receiving a request to sending its reply (a compose: after its saga settled).",
@@ -136,6 +144,10 @@ class EngineMetrics:
     def dropped(self, family: str) -> None:
         """A request of `family` was dropped unanswered (its reply subject is no inbox)."""
         self.dropped_requests.labels(family).inc()
+
+    def foreign_message(self, consumer: str, domain: str) -> None:
+        """`consumer` skipped a message of the stream or the bucket that is not the contract's."""
+        self.foreign_messages.labels(consumer, domain).inc()
 
     # ---- the timed fabric's observer (adapters/fabric/timed.py) ----
 

@@ -312,7 +312,9 @@ class Scheduler:
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list[Any] = []
         self._watcher: Any = None
-        self.counts = {"placed": 0, "refused": 0, "released": 0, "impaired": 0, "failed": 0}
+        self.counts = dict.fromkeys(
+            ("placed", "refused", "released", "impaired", "failed", "foreign"), 0
+        )
 
     # -- feeds --
 
@@ -343,9 +345,13 @@ class Scheduler:
                 self._on_entry(entry)
 
     def _on_entry(self, entry: Any) -> None:
-        _, kind, name = entry.key.split(".", 2)
         deleted = entry.operation in (KV_DEL, KV_PURGE)
-        composition = self.view.apply(kind, name, None if deleted else entry.value)
+        try:
+            _, kind, name = entry.key.split(".", 2)
+            composition = self.view.apply(kind, name, None if deleted else entry.value)
+        except (ValueError, msgspec.DecodeError):  # not the contract's: skip and count it
+            self._foreign(f"key {entry.key}")
+            return
         if composition is not None and composition.tenant == self.tenant:
             self._our_composition(name, composition)
         self._wake.set()
@@ -371,9 +377,20 @@ class Scheduler:
             note("ended", composition_id=cid, state=value.state, demand=placement.number)
             placement.composition_id = None
 
+    def _foreign(self, where: str) -> None:
+        """A message of the bucket or the stream that is not the contract's (ARCHITECTURE §3):
+        skipped and counted, never a reason to stop; logged the first time."""
+        if not self.counts["foreign"]:
+            note("foreign", where=where, detail="skipped; later ones are counted, not logged")
+        self.counts["foreign"] += 1
+
     async def _on_event(self, msg: Any) -> None:
-        envelope = msgspec.json.decode(msg.data, type=Envelope)
-        event = msgspec.json.decode(envelope.data, type=CompositionEvent)
+        try:
+            envelope = msgspec.json.decode(msg.data, type=Envelope)
+            event = msgspec.json.decode(envelope.data, type=CompositionEvent)
+        except msgspec.DecodeError:
+            self._foreign(f"seq {msg.metadata.sequence.stream}")
+            return
         ours = self._holding(event.composition_id) is not None
         if envelope.type == "CompositionFailed" and ours:
             self.counts["failed"] += 1

@@ -57,7 +57,14 @@ from trellis.adapters.nats.auth import (
 )
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.nats.contract import contract_files
-from trellis.adapters.nats.jetstream import StreamConfigError, bucket_name, stream_name
+from trellis.adapters.nats.foreign import ForeignMessages
+from trellis.adapters.nats.jetstream import (
+    StreamConfigError,
+    bucket_name,
+    stream_event,
+    stream_name,
+)
+from trellis.adapters.nats.kv_state import bucket_entry
 from trellis.adapters.postgres.export import ExportError
 from trellis.adapters.postgres.migrations import SCHEMA_DIR, MigrationError
 from trellis.adapters.postgres.privileges import PrivilegeError
@@ -890,10 +897,15 @@ def _composition_list(args: argparse.Namespace) -> int:
             return []
         rows = []
         prefix = f"{args.domain}.composition."
+        foreign = ForeignMessages("composition list")
         for key in sorted(k for k in keys if k.startswith(prefix)):
             entry = await kv.get(key)
-            if entry.value:
-                rows.append({"id": key.rsplit(".", 1)[1], **msgspec.json.decode(entry.value)})
+            if not entry.value:
+                continue
+            if bucket_entry(key, entry.value) is None:  # not the contract's: skipped, counted
+                foreign.skipped(args.domain, f"key {key}")
+                continue
+            rows.append({"id": key.rsplit(".", 1)[1], **msgspec.json.decode(entry.value)})
         return rows
 
     rows = [
@@ -922,8 +934,13 @@ def _watch(args: argparse.Namespace) -> int:
         )  # fmt: skip
         shown = 0
         owners: dict[str, str] = {}  # composition -> tenant, from the requests seen
+        foreign = ForeignMessages("watch")
         try:
             async for msg in sub.messages:
+                prefix = settings.subject_prefix
+                if stream_event(prefix, msg.subject, msg.data, msg.headers) is None:
+                    foreign.skipped(domain, f"seq {msg.metadata.sequence.stream}")
+                    continue
                 event = msgspec.json.decode(msg.data)
                 if _watched(args, event, owners):
                     # json: each event as the stream carries it, one JSON document a line.

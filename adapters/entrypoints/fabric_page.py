@@ -37,7 +37,9 @@ from nats.js.api import DeliverPolicy
 from nats.js.kv import KV_DEL, KV_PURGE
 
 from trellis.adapters.entrypoints.httpd import DEFAULT_HOST, HttpServer, Request, Response, Stream
-from trellis.adapters.nats.jetstream import bucket_name, stream_name
+from trellis.adapters.nats.foreign import ForeignMessages
+from trellis.adapters.nats.jetstream import bucket_name, stream_event, stream_name
+from trellis.adapters.nats.kv_state import bucket_entry
 
 log = logging.getLogger(__name__)
 
@@ -116,11 +118,19 @@ class FabricPage(HttpServer):
     """The fabric page at `host`:`port` (0: a free port; `url` says which), fed over `nc`."""
 
     def __init__(
-        self, nc: NATS, *, prefix: str = "trellis", host: str = DEFAULT_HOST, port: int = 0
+        self,
+        nc: NATS,
+        *,
+        prefix: str = "trellis",
+        host: str = DEFAULT_HOST,
+        port: int = 0,
+        foreign: ForeignMessages | None = None,
     ):
         super().__init__(self._answer, host=host, port=port)
         self._nc = nc
         self._prefix = prefix
+        # What the stream and the bucket hold that is not the contract's: never shown.
+        self.foreign = foreign or ForeignMessages("page")
         self._values: dict[str, msgspec.Raw] = {}  # the bucket, as last seen
         self._samples: dict[str, collections.deque[Sample]] = {}
         self._changed: set[str] = set()  # domains whose devices changed since the last sample
@@ -174,22 +184,25 @@ class FabricPage(HttpServer):
             key: str = entry.key
             domain, _, rest = key.partition(".")
             if entry.operation in (KV_DEL, KV_PURGE):
-                self._values.pop(key, None)
+                if key not in self._values:
+                    continue  # never shown (or not the contract's): nothing to remove
+                self._values.pop(key)
                 value: msgspec.Raw | None = None
+            elif bucket_entry(key, entry.value or b"") is None:
+                self.foreign.skipped("", f"key {key}")
+                continue
             else:
-                value = msgspec.Raw(entry.value or b"null")
+                value = msgspec.Raw(entry.value)
                 self._values[key] = value
             if rest.startswith("device."):
                 self._changed.add(domain)
             self._broadcast(_message("kv", {"key": key, "value": value}))
 
     async def _on_event(self, msg: Msg) -> None:
-        try:
-            event = _feed_event.decode(msg.data)
-        except msgspec.DecodeError:
-            log.warning("fabric page: a stream message that is no event on %s", msg.subject)
+        if stream_event(self._prefix, msg.subject, msg.data, msg.headers) is None:
+            self.foreign.skipped("", f"seq {msg.metadata.sequence.stream}")
             return
-        self._broadcast(_message("feed", event))
+        self._broadcast(_message("feed", _feed_event.decode(msg.data)))
 
     async def _sample(self) -> None:
         while True:

@@ -21,6 +21,7 @@ import dataclasses
 import logging
 import re
 from collections.abc import Awaitable
+from datetime import datetime
 from typing import Annotated, Any
 
 import msgspec
@@ -29,7 +30,7 @@ from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfi
 from nats.js.errors import APIError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
-from trellis.engine.records import RecordedEvent, format_time
+from trellis.engine.records import RecordedEvent, chain_hash, format_time
 
 log = logging.getLogger("trellis.relay")
 
@@ -118,6 +119,40 @@ class Envelope(msgspec.Struct, kw_only=True):
 
 
 encode_envelope = msgspec.json.Encoder().encode
+_decode_envelope = msgspec.json.Decoder(Envelope).decode
+
+
+def stream_event(
+    prefix: str, subject: str, data: bytes, headers: dict[str, str] | None
+) -> Envelope | None:
+    """The event a message of the stream carries, exactly as the relay publishes it; None for
+    a foreign message (ARCHITECTURE §3: skipped and counted by every consumer, never a reason
+    to stop). An event of the log is an envelope whose subject is `<prefix>.events.<its
+    domain>.<its type>`, whose message id is its event id, and whose hash is its chain hash
+    (engine.records.chain_hash) of its own fields."""
+    try:
+        envelope = _decode_envelope(data)
+        recorded_at = datetime.fromisoformat(envelope.recorded_at)
+    except (msgspec.DecodeError, ValueError):
+        return None
+    if subject != f"{prefix}.events.{envelope.domain}.{envelope.type}":
+        return None
+    if (headers or {}).get("Nats-Msg-Id") != envelope.id:
+        return None
+    digest = chain_hash(
+        envelope.prev_hash,
+        id=envelope.id,
+        domain=envelope.domain,
+        version=envelope.version,
+        type=envelope.type,
+        schema_version=envelope.schema_version,
+        recorded_at=recorded_at,
+        actor=envelope.actor,
+        causation_id=envelope.causation_id,
+        correlation_id=envelope.correlation_id,
+        data=bytes(envelope.data),
+    )
+    return envelope if digest == envelope.hash else None
 
 
 async def ensure_stream(js: JetStreamContext, prefix: str, limits: StreamLimits) -> None:

@@ -35,6 +35,7 @@ import msgspec
 
 from trellis.engine.conditions import Condition, Track, observe
 from trellis.engine.events import CompositionFailed, DeviceBinding, Event
+from trellis.engine.ids import is_valid_id
 from trellis.engine.model import Health
 from trellis.engine.records import format_time
 from trellis.engine.results import Time
@@ -93,6 +94,29 @@ class HostEntry(msgspec.Struct, kw_only=True):
     drained: bool
     compositions: list[str]  # ids, sorted
     position: int
+
+
+Entry = DeviceEntry | CompositionEntry | HostEntry
+_ENTRIES: dict[str, msgspec.json.Decoder[Any]] = {
+    "device": msgspec.json.Decoder(DeviceEntry),
+    "composition": msgspec.json.Decoder(CompositionEntry),
+    "host": msgspec.json.Decoder(HostEntry),
+}
+
+
+def bucket_entry(key: str, value: bytes) -> Entry | None:
+    """The value of a bucket key as the contract has it; None for a key or a value that is not
+    the contract's (ARCHITECTURE §3: a consumer skips and counts it, and goes on)."""
+    domain, _, rest = key.partition(".")
+    kind, _, name = rest.partition(".")
+    decoder = _ENTRIES.get(kind)
+    if decoder is None or not (is_valid_id(domain) and is_valid_id(name)):
+        return None
+    try:
+        entry: Entry = decoder.decode(value)
+    except msgspec.DecodeError:  # ValidationError is one
+        return None
+    return entry
 
 
 class View(msgspec.Struct, frozen=True, kw_only=True):

@@ -50,6 +50,7 @@ from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 
 from trellis.adapters.nats import kv_state
+from trellis.adapters.nats.foreign import ForeignMessages
 from trellis.adapters.nats.jetstream import (
     DEFAULT_PREFIX,
     Envelope,
@@ -59,6 +60,7 @@ from trellis.adapters.nats.jetstream import (
     ensure_bucket,
     ensure_stream,
     event_subject,
+    stream_event,
     stream_name,
 )
 from trellis.adapters.nats.kv_state import KeyChange, View, changes, coalesce, everything
@@ -74,6 +76,8 @@ ATOMIC_BATCH_MAX = 1000  # JetStream's limit on messages in one atomic batch
 KV_IN_FLIGHT = 256
 CHECK_INTERVAL_S = 2.0  # how often quiet followers look whether the stream and bucket exist
 MIN_SERVER = (2, 12)  # atomic batches
+# Messages looked at, back from a foreign last one, for the domain's last event.
+SCAN_BACK = 1000
 _WRONG_LAST_SEQUENCE = 10071  # JetStream's err_code for an expected-last-sequence mismatch
 
 
@@ -136,6 +140,7 @@ class RelaySink:
         self._ends: dict[str, _End] = {}  # cached; dropped whenever it may be stale
         self._checkpoints: dict[str, Progress] = {}
         self._synced: dict[str, int] = {}  # domain -> bucket generation its keys were put in
+        self.foreign = ForeignMessages("relay")  # skipped in the stream (metrics set on_skip)
         self.resyncs = 0  # batches refused because the domain's stream moved, then redone
         self.duplicates = 0  # events found in the stream past a lost checkpoint, not resent
 
@@ -255,16 +260,40 @@ class RelaySink:
         return saved
 
     async def _domain_end(self, domain: str) -> _End:
+        """Where the domain's events end in the stream: the sequence of the last message on
+        its subjects (what the next batch's guard expects) and the version of its last event.
+        A foreign last message (anything but an event the relay published: a stray publish,
+        a reply injected there) is skipped and counted; the version is then the last event's
+        before it."""
         try:
             msg = await self._js.get_last_msg(self.stream, f"{self.prefix}.events.{domain}.*")
         except NotFoundError:
             return _End(0, 0)
-        try:
-            return _End(int(msg.seq or 0), int(json.loads(msg.data or b"{}")["version"]))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise RelayError(
-                f"the last message of {domain} in {self.stream} is unreadable"
-            ) from exc
+        seq = int(msg.seq or 0)
+        event = stream_event(self.prefix, msg.subject or "", msg.data or b"", msg.headers)
+        if event is not None and event.domain == domain:
+            return _End(seq, event.version)
+        self.foreign.skipped(domain, f"seq {seq} of {self.stream}")
+        return _End(seq, await self._last_version_before(domain, seq))
+
+    async def _last_version_before(self, domain: str, seq: int) -> int:
+        """The version of the domain's last event stored before `seq`, looking back at most
+        SCAN_BACK messages (JetStream has no "previous on this subject"); past that, the
+        relay's own checkpoint (what it knows it published)."""
+        subjects = f"{self.prefix}.events.{domain}."
+        for back in range(seq - 1, max(0, seq - 1 - SCAN_BACK), -1):
+            try:
+                msg = await self._js.get_msg(self.stream, back)
+            except NotFoundError:  # aged out or deleted
+                continue
+            subject = msg.subject or ""
+            if not subject.startswith(subjects):
+                continue
+            event = stream_event(self.prefix, subject, msg.data or b"", msg.headers)
+            if event is not None and event.domain == domain:
+                return event.version
+            self.foreign.skipped(domain, f"seq {back} of {self.stream}")
+        return self._checkpoints[domain].version
 
     async def _publish(self, domain: str, end: _End, records: list[RecordedEvent]) -> _End:
         """One atomic batch; the first message expects the domain's stream to end at `end`."""
