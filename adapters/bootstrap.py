@@ -52,6 +52,7 @@ from trellis.adapters.entrypoints.metrics import MetricsServer
 from trellis.adapters.fabric.sim import SimulatedFabric
 from trellis.adapters.fabric.timed import TimedFabric
 from trellis.adapters.follow_process import CommitSignal, FollowerProcess, follower_env
+from trellis.adapters.health import FollowerGauges, FollowerHealth
 from trellis.adapters.instruments import EngineMetrics
 from trellis.adapters.nats.auth import (
     CredentialsError,
@@ -74,6 +75,7 @@ from trellis.adapters.settings import FollowersMode, Settings, SettingsError, re
 from trellis.engine.checkpoints import Signer
 from trellis.engine.errors import StoreUnavailable
 from trellis.engine.follower import Followers
+from trellis.engine.lag import LagTracker
 from trellis.engine.ownership import tick_of
 from trellis.engine.ports import Clock, FabricDriver
 from trellis.engine.service import Engine
@@ -481,6 +483,7 @@ async def engine_on(
     checkpoint_key: Path | None = None,
     metrics_at: tuple[str, int] | None = None,
     page_at: tuple[str, int] | None = None,
+    health: LagTracker | None = None,
 ) -> AsyncIterator[RunningEngine]:
     """The engine, its projections, its event relay and its NATS intake on given servers, until
     the context exits. Migrations run first, through `owner_url` when given (the schema's
@@ -498,8 +501,9 @@ async def engine_on(
     followers in a process of their own (adapters/follow_process.py), which signs with the
     key in `checkpoint_key` (None: a key file of this run only, made for both). `metrics_at`
     (host, port; port 0: a free one) serves Prometheus metrics and a health check there
-    (adapters/entrypoints/metrics.py). `page_at` (host, port; likewise) serves the live
-    fabric page there (adapters/entrypoints/fabric_page.py), a NATS client of its own that
+    (adapters/entrypoints/metrics.py), its followers judged by `health`'s bounds
+    (engine/lag.py; default 60 s and 10,000 events). `page_at` (host, port; likewise) serves
+    the live fabric page there (adapters/entrypoints/fabric_page.py), a NATS client of its own that
     connects as the operator in secure mode.
 
     Raises:
@@ -626,15 +630,29 @@ async def engine_on(
         if metrics is not None and metrics_at is not None:
             metrics.watch(engine, following, projections=projections.name, relay=relay.name)
             relay.foreign.on_skip = metrics.foreign_message
+            lag = FollowerHealth(
+                projection_pool,
+                lambda: _heads(engine),
+                {
+                    **{name: name for name in projections.checkpoint_names},
+                    "relay": relay.checkpoint_name,
+                },
+                health or LagTracker(),
+            )
+            lag.start()
+            stack.push_async_callback(lag.close)
+            metrics.registry.register(FollowerGauges(lag))
             server = MetricsServer(
                 metrics.registry,
                 {
                     "intake": lambda: _true(intake.serving),
                     "nats": lambda: _true(nc.is_connected),
                     "store": lambda: _answers(store),
+                    "followers": lambda: _true(lag.healthy()),
                 },
                 host=metrics_at[0],
                 port=metrics_at[1],
+                details=lambda: {"problems": lag.problems(), "domains": lag.domains()},
             )
             try:
                 await server.start()
@@ -691,6 +709,16 @@ async def _serve_page(
 
 async def _true(value: bool) -> bool:
     return value
+
+
+def _heads(engine: Engine) -> dict[str, tuple[int, int]]:
+    """The log's head (version, position) of every domain `engine` writes now."""
+    heads = {}
+    for domain in engine.domains:
+        head = engine.head(domain)
+        if head is not None:
+            heads[domain] = (head.version, head.position)
+    return heads
 
 
 async def _answers(store: PostgresEventStore) -> bool:
@@ -751,6 +779,7 @@ async def running_engine(
                     if settings.http_port is not None
                     else None
                 ),
+                health=LagTracker(settings.health_stall_s, settings.health_max_behind),
             )
         )
         running.nats_monitor_url = monitor_url

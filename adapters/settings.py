@@ -70,6 +70,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # given (0: a free one, printed at start); on loopback unless another address is named.
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    # /healthz fails when a log follower (a projection, the relay) of a domain has not moved
+    # for this many seconds while the log is ahead of it, or trails it by more than this many
+    # events (adapters/health.py).
+    health_stall_s: float = 60.0
+    health_max_behind: int = 10_000
     # The live fabric page (adapters/entrypoints/fabric_page.py): likewise off unless a port is
     # given, and on loopback unless another address is named. It is an operator's view.
     http_port: int | None = None
@@ -156,6 +161,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             pg_port=_port(env, "TRELLIS_PG_PORT"),
             metrics_port=metrics_port(env.get("TRELLIS_METRICS_PORT", ""), "TRELLIS_METRICS_PORT"),
             metrics_host=env.get("TRELLIS_METRICS_HOST", "").strip() or "127.0.0.1",
+            health_stall_s=_float(
+                env, "TRELLIS_HEALTH_STALL_SECONDS", 60.0, lambda v: v > 0, "seconds, above 0"
+            ),
+            health_max_behind=_positive(env, "TRELLIS_HEALTH_MAX_BEHIND", 10_000),
             http_port=metrics_port(env.get("TRELLIS_HTTP_PORT", ""), "TRELLIS_HTTP_PORT"),
             http_host=env.get("TRELLIS_HTTP_HOST", "").strip() or "127.0.0.1",
         )
@@ -181,6 +190,13 @@ def _snapshot_every(env: dict[str, str]) -> int:
     if every < 0:
         raise SettingsError(f"TRELLIS_SNAPSHOT_EVERY must be 0 or more; got {every}")
     return every
+
+
+def _positive(env: dict[str, str], name: str, default: int) -> int:
+    value = _integer(env, name, default)
+    if value < 1:
+        raise SettingsError(f"{name} must be 1 or more; got {value}")
+    return value
 
 
 def _probability(env: dict[str, str], name: str) -> float:

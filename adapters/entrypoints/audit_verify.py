@@ -10,7 +10,13 @@ Four checks, one pass over each domain's log (docs/auditing.md, "Verifying the l
   the live ones, each up to the version its live checkpoint says it holds;
 - kv: the log folded as the relay folds it (kv_state.fold), rendered as it renders the bucket, and
   compared with what TRELLIS_STATE holds, up to the relay's checkpoint. Skipped (and said so)
-  when NATS cannot be reached.
+  when NATS cannot be reached;
+- stream: the domain's last event in TRELLIS_EVENTS is the log's (same version, same hash),
+  and no earlier than what the relay says it published.
+
+A part that is behind the log (a projection, or the relay, which fills the stream and the
+bucket) is a finding, never a pass: verify first waits up to `--wait` seconds (5) for every
+part to reach the head it read, so a live engine's usual few milliseconds do not count.
 
 Exit 0: no findings; 1: findings; 2: verify could not run (one line on stderr). `-o json` prints
 the report as one JSON document. Nothing is written anywhere but temporary tables.
@@ -34,7 +40,7 @@ from trellis.adapters.embedded.servers import default_data_dir
 from trellis.adapters.entrypoints import audit_proofs, render
 from trellis.adapters.nats import kv_audit, kv_state
 from trellis.adapters.nats.auth import CredentialsError, NkeyCredentials, Principal, SecureDir
-from trellis.adapters.nats.jetstream import stream_name
+from trellis.adapters.nats.jetstream import DomainEnd, domain_end, stream_name
 from trellis.adapters.nats.kv_state import View, changes, coalesce, everything
 from trellis.adapters.postgres import verify as db
 from trellis.adapters.postgres.store import connect_pool
@@ -44,7 +50,10 @@ from trellis.engine.records import RecordedEvent
 from trellis.projections.base import Fact
 from trellis.projections.sink import default_projections
 
-CHECKS = ("chain", "invariants", "projections", "kv")
+CHECKS = ("chain", "invariants", "projections", "kv", "stream")
+#: Seconds verify waits for the projections and the relay to reach the log's head.
+CATCH_UP_S = 5.0
+_POLL_S = 0.1
 NATS_TIMEOUT_S = 3.0
 
 
@@ -57,6 +66,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     render.add_output_options(parser)  # the report; wide is the table
     parser.add_argument(
         "--creds", type=Path, help="NATS credentials for the KV check (default: the auditor's)"
+    )
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=CATCH_UP_S,
+        metavar="SECONDS",
+        help="how long the projections and the relay may take to reach the log's head before "
+        f"being behind counts as a finding (default {CATCH_UP_S:g})",
     )
 
 
@@ -78,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
                 prefix=settings.subject_prefix,
                 domain=args.domain,
                 credentials=_credentials(settings, args.creds),
+                wait=args.wait,
             )
         )
     except (CannotRun, SettingsError, CredentialsError, LookupError) as exc:
@@ -130,8 +148,10 @@ async def verify(
     prefix: str = "trellis",
     domain: str | None = None,
     credentials: NkeyCredentials | None = None,
+    wait: float = CATCH_UP_S,
 ) -> dict[str, Any]:
-    """Run every check over the log in `schema` (and the bucket for `prefix`); the report.
+    """Run every check over the log in `schema` (and the bucket and stream for `prefix`); the
+    report. The projections and the relay get `wait` seconds to reach each domain's head.
 
     Raises:
         CannotRun: `domain` is not in the log.
@@ -143,7 +163,7 @@ async def verify(
     )
     try:
         async with pool.acquire() as reader, pool.acquire() as scratch:
-            return await _verify(reader, scratch, nats_url, prefix, domain, credentials)
+            return await _verify(reader, scratch, nats_url, prefix, domain, credentials, wait)
     finally:
         await pool.close()
 
@@ -155,6 +175,7 @@ async def _verify(
     prefix: str,
     only: str | None,
     credentials: NkeyCredentials | None,
+    wait: float,
 ) -> dict[str, Any]:
     live = await db.live_schema(reader)
     domains = await db.domains(reader)
@@ -171,10 +192,13 @@ async def _verify(
     js, nc, why_not = await _jetstream(nats_url, credentials)
     if js is None:
         checks["kv"].skip(why_not)
+        checks["stream"].skip(why_not)
     report_domains: dict[str, Any] = {}
     try:
         for domain in domains:
-            audited = await _domain(reader, scratch, replay, js, prefix, domain, heads, checks)
+            audited = await _domain(
+                reader, scratch, replay, js, prefix, domain, heads, checks, wait
+            )
             report_domains[domain] = audited | {
                 "latest_checkpoint": (anchors or {}).get(domain),
             }
@@ -203,12 +227,17 @@ async def _domain(
     domain: str,
     heads: dict[str, tuple[int, int, str]],
     checks: dict[str, _Check],
+    wait: float,
 ) -> dict[str, Any]:
     names = [p.name for p in default_projections()]
     relay_name = f"relay:{stream_name(prefix)}"
-    projected = await db.follower_checkpoints(reader, names, domain)
-    upto = {name: projected.get(name, (0, 0))[0] for name in names}
-    relayed = (await db.follower_checkpoints(reader, [relay_name], domain)).get(relay_name, (0, 0))
+    head_version = heads[domain][0] if domain in heads else 0
+    followers = [*names, relay_name] if js is not None else names
+    applied = await _caught_up(reader, followers, domain, head_version, wait)
+    upto = {name: applied.get(name, (0, 0))[0] for name in names}
+    relayed = applied.get(relay_name, (0, 0))
+    end = await domain_end(js, prefix, domain) if js is not None else None
+    tail_hash: dict[int, str] = {}  # the log's hash at the stream's last event
 
     chain = ChainCheck(domain)
     anchors = CheckpointCheck(domain, await db.checkpoint_roots(reader, domain))
@@ -220,6 +249,8 @@ async def _domain(
         for record in batch:
             chain.feed(record)
             anchors.feed(record)
+            if end is not None and end.event is not None and record.version == end.event.version:
+                tail_hash[record.version] = record.hash
             try:
                 data = json.loads(record.data)
             except ValueError as exc:
@@ -252,8 +283,23 @@ async def _domain(
 
     differences = await _projections(scratch, replay, domain, names, upto, fold, checks)
     findings += differences
+    behind = [
+        _behind("projections", domain, f"projection {name}", upto[name], head_version, wait)
+        for name in names
+        if upto[name] < head_version
+    ]
+    checks["projections"].found(behind)
+    findings += behind
     if js is not None:
         findings += await _kv(reader, js, prefix, domain, relay_name, relayed, fold, checks)
+        if relayed[0] < head_version:
+            lag = [_behind("kv", domain, "the relay", relayed[0], head_version, wait)]
+            checks["kv"].found(lag)
+            findings += lag
+        assert end is not None
+        stream = _stream(domain, end, relayed[0], head_version, tail_hash)
+        checks["stream"].found(stream)
+        findings += stream
     return {
         "head": {"version": chain.version, "position": chain.position, "hash": chain.hash},
         "findings": [msgspec.to_builtins(f) for f in findings],
@@ -374,6 +420,69 @@ async def _kv(
     findings = kv_audit.compare(domain, expected, fold.written_at, relayed[1], actual)
     check.details.setdefault("compared_up_to", {})[domain] = relayed[0]
     check.found(findings)
+    return findings
+
+
+async def _caught_up(
+    reader: asyncpg.Connection, names: list[str], domain: str, head: int, wait: float
+) -> dict[str, tuple[int, int]]:
+    """The followers' checkpoints for `domain`, once every one has reached version `head`, or
+    as they are after `wait` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    while True:
+        applied = await db.follower_checkpoints(reader, names, domain)
+        if all(applied.get(n, (0, 0))[0] >= head for n in names) or loop.time() >= deadline:
+            return applied
+        await asyncio.sleep(_POLL_S)
+
+
+def _behind(check: str, domain: str, part: str, version: int, head: int, wait: float) -> Finding:
+    return Finding(
+        check=check,
+        domain=domain,
+        message=f"{part} is behind the log: at version {version} of {head} after waiting "
+        f"{wait:g} s (a stalled follower; the engine's /healthz names it too)",
+        details={"version": version, "head": head},
+    )
+
+
+def _stream(
+    domain: str, end: DomainEnd, relayed: int, head: int, tail_hash: dict[int, str]
+) -> list[Finding]:
+    """The stream's last event of `domain` against the log and the relay's checkpoint."""
+    last = end.event
+    if last is None:
+        if relayed == 0 and head == 0:
+            return []
+        return [
+            Finding(
+                check="stream",
+                domain=domain,
+                message=f"the stream holds no event of the domain; the relay says it published "
+                f"up to version {relayed} and the log is at {head}",
+            )
+        ]
+    findings = []
+    if tail_hash.get(last.version) != last.hash:
+        findings.append(
+            Finding(
+                check="stream",
+                domain=domain,
+                message=f"the stream's last event (version {last.version}) is not the log's",
+                details={"version": last.version, "stream_hash": last.hash},
+            )
+        )
+    if last.version < max(relayed, head):
+        findings.append(
+            Finding(
+                check="stream",
+                domain=domain,
+                message=f"the stream ends at version {last.version}; the log is at {head} and "
+                f"the relay says it published up to {relayed}",
+                details={"version": last.version, "head": head, "relayed": relayed},
+            )
+        )
     return findings
 
 

@@ -1,6 +1,7 @@
 """The metrics endpoint of `trellis up --metrics-port`: Prometheus text on `/metrics`, and
 `/healthz` (200 while the engine serves and its checks pass, 503 otherwise, with a JSON body
-naming each check).
+naming each check, and, per domain, the log's head and how far each of its followers got:
+adapters/health.py).
 
 Served by the small HTTP server on the engine's own event loop (httpd.py): the gauges read the
 engine's state and the health checks ask its store and NATS connection, all without crossing
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -33,10 +35,12 @@ class MetricsServer(HttpServer):
         *,
         host: str = DEFAULT_HOST,
         port: int = 0,
+        details: Callable[[], dict[str, Any]] | None = None,
     ):
         super().__init__(self._answer, host=host, port=port)
         self._registry = registry
         self._checks = dict(checks)
+        self._details = details or dict
 
     async def health(self) -> tuple[bool, dict[str, bool]]:
         """Whether every check passes, and each one's result (a check that raises fails)."""
@@ -51,6 +55,7 @@ class MetricsServer(HttpServer):
             return Response(200, CONTENT_TYPE_LATEST, generate_latest(self._registry))
         if request.path in ("/healthz", "/health"):
             healthy, checks = await self.health()
-            body = json.dumps({"status": "ok" if healthy else "unavailable", "checks": checks})
+            status = "ok" if healthy else "unavailable"
+            body = json.dumps({"status": status, "checks": checks, **self._details()})
             return Response(200 if healthy else 503, "application/json", body.encode() + b"\n")
         return Response(404, "text/plain", b"not found: try /metrics or /healthz\n")

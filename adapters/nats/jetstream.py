@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -153,6 +153,52 @@ def stream_event(
         data=bytes(envelope.data),
     )
     return envelope if digest == envelope.hash else None
+
+
+# Messages looked at, back from a foreign last one, for a domain's last event: JetStream has
+# no "previous message on this subject".
+SCAN_BACK = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class DomainEnd:
+    """Where a domain's messages end in the stream: the last one's sequence (0: none), and
+    the last event of the log among them (None: none within the look-back)."""
+
+    seq: int
+    event: Envelope | None
+
+
+async def domain_end(
+    js: JetStreamContext,
+    prefix: str,
+    domain: str,
+    foreign: Callable[[str, str], None] | None = None,
+) -> DomainEnd:
+    """The end of `domain`'s subjects in the event stream. A foreign message on them (ARCHITECTURE
+    §3) is passed over and told to `foreign(domain, where)`; the search looks back SCAN_BACK
+    messages at most."""
+    stream, subjects = stream_name(prefix), f"{prefix}.events.{domain}."
+    try:
+        msg = await js.get_last_msg(stream, subjects + "*")
+    except NotFoundError:
+        return DomainEnd(0, None)
+    seq = int(msg.seq or 0)
+    for back in range(seq, max(0, seq - SCAN_BACK), -1):
+        if back != seq:
+            try:
+                msg = await js.get_msg(stream, back)
+            except NotFoundError:  # aged out or deleted
+                continue
+        subject = msg.subject or ""
+        if not subject.startswith(subjects):
+            continue
+        event = stream_event(prefix, subject, msg.data or b"", msg.headers)
+        if event is not None and event.domain == domain:
+            return DomainEnd(seq, event)
+        if foreign is not None:
+            foreign(domain, f"seq {back} of {stream}")
+    return DomainEnd(seq, None)
 
 
 async def ensure_stream(js: JetStreamContext, prefix: str, limits: StreamLimits) -> None:

@@ -46,7 +46,6 @@ import asyncpg
 import msgspec
 from nats.aio.client import Client as NATS
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 
 from trellis.adapters.nats import kv_state
@@ -56,11 +55,11 @@ from trellis.adapters.nats.jetstream import (
     Envelope,
     StreamLimits,
     bucket_name,
+    domain_end,
     encode_envelope,
     ensure_bucket,
     ensure_stream,
     event_subject,
-    stream_event,
     stream_name,
 )
 from trellis.adapters.nats.kv_state import KeyChange, View, changes, coalesce, everything
@@ -76,8 +75,6 @@ ATOMIC_BATCH_MAX = 1000  # JetStream's limit on messages in one atomic batch
 KV_IN_FLIGHT = 256
 CHECK_INTERVAL_S = 2.0  # how often quiet followers look whether the stream and bucket exist
 MIN_SERVER = (2, 12)  # atomic batches
-# Messages looked at, back from a foreign last one, for the domain's last event.
-SCAN_BACK = 1000
 _WRONG_LAST_SEQUENCE = 10071  # JetStream's err_code for an expected-last-sequence mismatch
 
 
@@ -127,7 +124,7 @@ class RelaySink:
         self.prefix = prefix
         self.stream = stream_name(prefix)
         self.bucket = bucket_name(prefix)
-        self._checkpoint_name = f"relay:{self.stream}"
+        self.checkpoint_name = f"relay:{self.stream}"
         self._pool = pool
         self._nc = nc
         self._js = nc.jetstream()
@@ -166,8 +163,8 @@ class RelaySink:
     async def resume(self, domain: str) -> tuple[int, Progress]:
         """From the first event: the fold that renders KV values is rebuilt from the log."""
         async with self._pool.acquire() as conn:
-            await conn.execute(follower_checkpoints.ENSURE, self._checkpoint_name, domain)
-            row = await conn.fetchrow(follower_checkpoints.READ, self._checkpoint_name, domain)
+            await conn.execute(follower_checkpoints.ENSURE, self.checkpoint_name, domain)
+            row = await conn.fetchrow(follower_checkpoints.READ, self.checkpoint_name, domain)
         checkpoint = Progress(row["version"], row["position"])
         self._checkpoints[domain] = checkpoint
         self._folds[domain] = _Fold(View.empty(domain), 0)
@@ -204,7 +201,7 @@ class RelaySink:
         """Quiet moments: a checkpoint reset by an operator means fold and put again; a bucket
         that vanished is made again and refilled."""
         async with self._pool.acquire() as conn:
-            row = await conn.fetchrow(follower_checkpoints.READ, self._checkpoint_name, domain)
+            row = await conn.fetchrow(follower_checkpoints.READ, self.checkpoint_name, domain)
         if row is None or row["version"] < self._checkpoints.get(domain, Progress()).version:
             raise Rewound
         if time.monotonic() - self._checked > CHECK_INTERVAL_S:
@@ -228,7 +225,7 @@ class RelaySink:
         last = records[-1]
         try:
             async with self._pool.acquire() as conn, conn.transaction():
-                row = await conn.fetchrow(follower_checkpoints.LOCK, self._checkpoint_name, domain)
+                row = await conn.fetchrow(follower_checkpoints.LOCK, self.checkpoint_name, domain)
                 done = Progress(row["version"], row["position"])
                 if done.version < self._checkpoints[domain].version:
                     raise Rewound
@@ -246,7 +243,7 @@ class RelaySink:
                 saved = max(done, Progress(last.version, last.position), key=_version)
                 await conn.execute(
                     follower_checkpoints.SAVE,
-                    self._checkpoint_name,
+                    self.checkpoint_name,
                     domain,
                     saved.version,
                     saved.position,
@@ -261,39 +258,13 @@ class RelaySink:
 
     async def _domain_end(self, domain: str) -> _End:
         """Where the domain's events end in the stream: the sequence of the last message on
-        its subjects (what the next batch's guard expects) and the version of its last event.
-        A foreign last message (anything but an event the relay published: a stray publish,
-        a reply injected there) is skipped and counted; the version is then the last event's
-        before it."""
-        try:
-            msg = await self._js.get_last_msg(self.stream, f"{self.prefix}.events.{domain}.*")
-        except NotFoundError:
-            return _End(0, 0)
-        seq = int(msg.seq or 0)
-        event = stream_event(self.prefix, msg.subject or "", msg.data or b"", msg.headers)
-        if event is not None and event.domain == domain:
-            return _End(seq, event.version)
-        self.foreign.skipped(domain, f"seq {seq} of {self.stream}")
-        return _End(seq, await self._last_version_before(domain, seq))
-
-    async def _last_version_before(self, domain: str, seq: int) -> int:
-        """The version of the domain's last event stored before `seq`, looking back at most
-        SCAN_BACK messages (JetStream has no "previous on this subject"); past that, the
-        relay's own checkpoint (what it knows it published)."""
-        subjects = f"{self.prefix}.events.{domain}."
-        for back in range(seq - 1, max(0, seq - 1 - SCAN_BACK), -1):
-            try:
-                msg = await self._js.get_msg(self.stream, back)
-            except NotFoundError:  # aged out or deleted
-                continue
-            subject = msg.subject or ""
-            if not subject.startswith(subjects):
-                continue
-            event = stream_event(self.prefix, subject, msg.data or b"", msg.headers)
-            if event is not None and event.domain == domain:
-                return event.version
-            self.foreign.skipped(domain, f"seq {back} of {self.stream}")
-        return self._checkpoints[domain].version
+        its subjects (what the next batch's guard expects) and the version of its last event
+        (foreign messages skipped and counted; beyond the look-back, the relay's checkpoint:
+        what it knows it published)."""
+        end = await domain_end(self._js, self.prefix, domain, self.foreign.skipped)
+        if end.event is not None:
+            return _End(end.seq, end.event.version)
+        return _End(end.seq, self._checkpoints[domain].version if end.seq else 0)
 
     async def _publish(self, domain: str, end: _End, records: list[RecordedEvent]) -> _End:
         """One atomic batch; the first message expects the domain's stream to end at `end`."""

@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from trellis.adapters.embedded.servers import PG_ENGINE_ROLE, PG_OWNER_ROLE, EmbeddedPostgres
 from trellis.adapters.nats.micro import SERVICE_NAME, package_version
+from trellis.engine.lag import LagTracker
 
 DOMAIN = "hall-1"
 H100 = {"host": "host-01", "devices": [{"kind": "gpu", "models": ["H100"]}]}
@@ -231,10 +232,78 @@ async def test_metrics_count_unknown_verbs_under_one_label(h: Harness) -> None:
 async def test_health_is_200_while_serving(h: Harness) -> None:
     assert h.metrics_url is not None and h.metrics_url.startswith("http://127.0.0.1:")
     status, body = await asyncio.to_thread(health, h.metrics_url)
-    assert (status, body) == (200, {"status": "ok", "checks": dict.fromkeys(CHECKS, True)})
+    assert (status, body) == (
+        200,
+        {"status": "ok", "checks": dict.fromkeys(CHECKS, True), "problems": [], "domains": {}},
+    )
 
 
-CHECKS = ("intake", "nats", "store")
+CHECKS = ("intake", "nats", "store", "followers")
+
+
+async def until_health(url: str, wanted: int, timeout: float = 15.0) -> dict[str, Any]:
+    """Poll /healthz until it answers `wanted`; its body."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        status, body = await asyncio.to_thread(health, url)
+        if status == wanted:
+            return body
+        assert asyncio.get_running_loop().time() < deadline, (status, body)
+        await asyncio.sleep(0.2)
+
+
+async def test_health_shows_each_domains_head_and_where_each_follower_is(h: Harness) -> None:
+    assert h.metrics_url is not None
+    expect_ok(await h.client.admin(DOMAIN, "import-topology", fabric()))
+    expect_ok(await h.client.intent(DOMAIN, "acme", "compose", H100_AND_MEMORY))
+    head = await h.store.head(DOMAIN)
+    await h.projected(DOMAIN)
+    await h.relayed(DOMAIN)
+    deadline = asyncio.get_running_loop().time() + 10
+    while True:  # sampled every second
+        body = await until_health(h.metrics_url, 200)
+        parts = body["domains"].get(DOMAIN, {}).get("parts", {})
+        if parts and all(p["version"] == head.version for p in parts.values()):
+            break
+        assert asyncio.get_running_loop().time() < deadline, body
+        await asyncio.sleep(0.2)
+    assert body["domains"][DOMAIN]["head"] == {"version": head.version, "position": head.position}
+    assert {"relay", "connections", "compositions", "devices"} <= set(parts)
+    for part in parts.values():
+        assert (part["position"], part["behind"], part["ok"]) == (head.position, 0, True)
+
+
+async def test_health_fails_naming_the_domain_and_part_while_the_relay_stalls(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str
+) -> None:
+    async with serving(
+        nats_url,
+        database_url,
+        pg_schema,
+        subject_prefix,
+        metrics_at=LOOPBACK_ANY_PORT,
+        health=LagTracker(stall_s=1.0, max_behind=10_000),
+    ) as h:
+        assert h.metrics_url is not None
+        expect_ok(await h.client.admin(DOMAIN, "import-topology", fabric()))
+        await h.relayed(DOMAIN)
+        relay = h.followers.of("relay", DOMAIN)
+        assert relay is not None
+        await relay.stop()  # stuck, as a relay the stream refuses is
+        expect_ok(await h.client.intent(DOMAIN, "acme", "compose", H100_AND_MEMORY))
+
+        body = await until_health(h.metrics_url, 503)
+        assert body["checks"]["followers"] is False
+        (problem,) = body["problems"]
+        assert problem.startswith(f"relay of domain {DOMAIN}: not moved for")
+        assert body["domains"][DOMAIN]["parts"]["relay"]["ok"] is False
+        assert body["domains"][DOMAIN]["parts"]["connections"]["ok"] is True
+        samples = await scraped(h)
+        assert sample(samples, "trellis_follower_stalled", domain=DOMAIN, part="relay") == 1.0
+        assert sample(samples, "trellis_follower_stalled", domain=DOMAIN, part="devices") == 0.0
+
+        relay.start()  # it moves again: healthy again
+        await until_health(h.metrics_url, 200)
 
 
 async def test_health_is_503_while_the_store_is_down(
@@ -255,6 +324,8 @@ async def test_health_is_503_while_the_store_is_down(
         assert body == {
             "status": "unavailable",
             "checks": {**dict.fromkeys(CHECKS, True), "store": False},
+            "problems": [],
+            "domains": {},
         }
         await asyncio.to_thread(own_postgres.start)
         assert await until_healthy(h.metrics_url), "still unhealthy after Postgres came back"

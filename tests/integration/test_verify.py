@@ -142,8 +142,10 @@ async def scripted_run(h: Harness, clock: ManualClock) -> None:
         await h.relayed(domain)
 
 
-async def verified(h: Harness, nats_url: str, database_url: str, schema: str, prefix: str) -> Any:
-    return await verify(database_url, schema=schema, nats_url=nats_url, prefix=prefix)
+async def verified(
+    h: Harness, nats_url: str, database_url: str, schema: str, prefix: str, wait: float = 5.0
+) -> Any:
+    return await verify(database_url, schema=schema, nats_url=nats_url, prefix=prefix, wait=wait)
 
 
 def findings(report: dict[str, Any], domain: str = HALL) -> list[dict[str, Any]]:
@@ -170,6 +172,7 @@ async def test_a_scripted_run_verifies_clean_with_exit_0(
         "invariants": "pass",
         "projections": "pass",
         "kv": "pass",
+        "stream": "pass",
     }
     for domain in (HALL, OTHER):
         head = await h.store.head(domain)
@@ -298,9 +301,12 @@ async def test_a_chain_rewritten_consistently_is_caught_by_the_stored_checkpoint
 
     report = await verified(h, nats_url, database_url, pg_schema, subject_prefix)
 
-    chain = [f for f in findings(report) if f["check"] not in ("projection", "kv")]
+    chain = [f for f in findings(report) if f["check"] not in ("projection", "kv", "stream")]
     size = report["domains"][HALL]["latest_checkpoint"]["size"]
     assert [(f["check"], f["version"]) for f in chain] == [("checkpoint", size)]
+    # The stream still holds the events as they were: its last one is no longer the log's.
+    (stream,) = [f for f in findings(report) if f["check"] == "stream"]
+    assert "is not the log's" in stream["message"]
     assert report["checks"]["chain"]["status"] == "fail"
 
 
@@ -471,8 +477,44 @@ async def test_an_event_this_build_cannot_read_stops_the_replay_there_and_says_s
     appended = await h.store.append(HALL, head, [later], [], fence=h.engine.fence(HALL))
     future = appended.events[0]
 
-    report = await verified(h, nats_url, database_url, pg_schema, subject_prefix)
+    report = await verified(h, nats_url, database_url, pg_schema, subject_prefix, wait=0.5)
 
-    assert [(f["check"], f["position"]) for f in findings(report)] == [("replay", future.position)]
+    found = findings(report)
+    assert [(f["check"], f["position"]) for f in found if "position" in f] == [
+        ("replay", future.position)
+    ]
+    # The projections and the relay stopped before it, and are told as behind, never passed.
+    behind = {(f["check"], f["message"].split(" is behind")[0]) for f in found[1:]}
+    assert ("kv", "the relay") in behind and ("projections", "projection devices") in behind
     assert report["checks"]["projections"]["status"] == "fail"
     assert report["checks"]["chain"]["status"] == "pass"
+
+
+async def test_a_stalled_relay_is_a_finding_never_a_pass(
+    h: Harness,
+    nats_url: str,
+    database_url: str,
+    pg_schema: str,
+    subject_prefix: str,
+) -> None:
+    # Given: the relay stopped after the import, and the log went on without it.
+    expect_ok(await h.client.admin(HALL, "import-topology", FABRIC))
+    await h.relayed(HALL)
+    relay = h.followers.of("relay", HALL)
+    assert relay is not None
+    await relay.stop()
+    expect_ok(await h.client.admin(HALL, "drain", {"id": "sw-pool"}))
+    head = await h.store.head(HALL)
+    await h.projected(HALL)
+
+    report = await verified(h, nats_url, database_url, pg_schema, subject_prefix, wait=0.5)
+
+    assert report["ok"] is False
+    assert report["checks"]["kv"]["status"] == "fail"
+    assert report["checks"]["stream"]["status"] == "fail"
+    assert report["checks"]["projections"]["status"] == "pass"  # they are caught up
+    messages = {f["check"]: f["message"] for f in findings(report)}
+    assert messages["kv"].startswith(f"the relay is behind the log: at version 1 of {head.version}")
+    assert messages["stream"].startswith(
+        f"the stream ends at version 1; the log is at {head.version}"
+    )
