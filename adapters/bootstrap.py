@@ -21,13 +21,14 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
@@ -116,6 +117,7 @@ class RunningEngine(msgspec.Struct, kw_only=True):
     service_id: str = ""  # the NATS micro service's instance id ($SRV.*.trellis-engine.<id>)
     metrics_url: str | None = None  # Prometheus metrics and health, when served
     page_url: str | None = None  # the live fabric page, when served
+    page_token: str | None = None  # secure mode: the page's token (`<page_url>/?token=...`)
 
 
 ENGINE_IDENTITY = Principal("engine", "engine")
@@ -484,6 +486,7 @@ async def engine_on(
     metrics_at: tuple[str, int] | None = None,
     page_at: tuple[str, int] | None = None,
     health: LagTracker | None = None,
+    allowed_hosts: Sequence[str] = (),
 ) -> AsyncIterator[RunningEngine]:
     """The engine, its projections, its event relay and its NATS intake on given servers, until
     the context exits. Migrations run first, through `owner_url` when given (the schema's
@@ -503,8 +506,10 @@ async def engine_on(
     (host, port; port 0: a free one) serves Prometheus metrics and a health check there
     (adapters/entrypoints/metrics.py), its followers judged by `health`'s bounds
     (engine/lag.py; default 60 s and 10,000 events). `page_at` (host, port; likewise) serves
-    the live fabric page there (adapters/entrypoints/fabric_page.py), a NATS client of its own that
-    connects as the operator in secure mode.
+    the live fabric page there (adapters/entrypoints/fabric_page.py), a NATS client of its own
+    that connects as the operator in secure mode, where it asks a browser for the token it
+    was given (`page_token`). Both answer only requests whose Host is their address or one of
+    `allowed_hosts`.
 
     Raises:
         SettingsError: the metrics or the page's address cannot be bound.
@@ -653,6 +658,7 @@ async def engine_on(
                 host=metrics_at[0],
                 port=metrics_at[1],
                 details=lambda: {"problems": lag.problems(), "domains": lag.domains()},
+                allowed_hosts=allowed_hosts,
             )
             try:
                 await server.start()
@@ -661,10 +667,18 @@ async def engine_on(
                 raise SettingsError(f"metrics cannot listen on {where}: {exc}") from None
             stack.push_async_callback(server.close)
             metrics_url = server.url
-        page_url = None
+        page_url = page_token = None
         if page_at is not None:
+            page_token = secrets.token_urlsafe(24) if secure is not None else None
             page_url = await _serve_page(
-                stack, nats_url, prefix, page_at, _identity(secure, OPERATOR_IDENTITY), metrics
+                stack,
+                nats_url,
+                prefix,
+                page_at,
+                _identity(secure, OPERATOR_IDENTITY),
+                metrics,
+                allowed_hosts,
+                page_token,
             )
         yield RunningEngine(
             engine=engine,
@@ -682,6 +696,7 @@ async def engine_on(
             service_id=intake.service.id,
             metrics_url=metrics_url,
             page_url=page_url,
+            page_token=page_token,
         )
 
 
@@ -692,12 +707,22 @@ async def _serve_page(
     at: tuple[str, int],
     credentials: NkeyCredentials | None,
     metrics: EngineMetrics | None,
+    allowed_hosts: Sequence[str],
+    token: str | None,
 ) -> str:
     """Serve the fabric page at `at` (closed with `stack`); its URL."""
     page_nc = await connect_nats(nats_url, name="trellis-page", credentials=credentials)
     stack.push_async_callback(page_nc.close)
     foreign = ForeignMessages("page", metrics.foreign_message if metrics is not None else None)
-    page = FabricPage(page_nc, prefix=prefix, host=at[0], port=at[1], foreign=foreign)
+    page = FabricPage(
+        page_nc,
+        prefix=prefix,
+        host=at[0],
+        port=at[1],
+        foreign=foreign,
+        allowed_hosts=allowed_hosts,
+        token=token,
+    )
     try:
         await page.start()
     except OSError as exc:
@@ -780,6 +805,7 @@ async def running_engine(
                     else None
                 ),
                 health=LagTracker(settings.health_stall_s, settings.health_max_behind),
+                allowed_hosts=settings.allowed_hosts,
             )
         )
         running.nats_monitor_url = monitor_url

@@ -79,6 +79,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # given, and on loopback unless another address is named. It is an operator's view.
     http_port: int | None = None
     http_host: str = "127.0.0.1"
+    # Names (besides the bound address) that the page, its API and /metrics answer to in a
+    # request's Host (adapters/entrypoints/httpd.py): e.g. the name of a proxy in front.
+    allowed_hosts: list[str] = []
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -167,6 +170,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             health_max_behind=_positive(env, "TRELLIS_HEALTH_MAX_BEHIND", 10_000),
             http_port=metrics_port(env.get("TRELLIS_HTTP_PORT", ""), "TRELLIS_HTTP_PORT"),
             http_host=env.get("TRELLIS_HTTP_HOST", "").strip() or "127.0.0.1",
+            allowed_hosts=[
+                name.strip()
+                for name in env.get("TRELLIS_ALLOWED_HOSTS", "").split(",")
+                if name.strip()
+            ],
         )
 
 

@@ -310,6 +310,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="ADDRESS",
         help="the address the page listens on; default 127.0.0.1 (env TRELLIS_HTTP_HOST)",
     )
+    up.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a name (besides the bound address) the page and /metrics answer to in a request's "
+        "Host, e.g. a proxy's; repeatable (env TRELLIS_ALLOWED_HOSTS, comma-separated)",
+    )
     up.set_defaults(run=_up)
 
     demo = sub.add_parser("demo", help="demonstrations on a fresh engine of their own")
@@ -766,6 +774,9 @@ def _up(args: argparse.Namespace) -> int:
         settings = msgspec.structs.replace(settings, http_port=args.http)
     if args.http_host:
         settings = msgspec.structs.replace(settings, http_host=args.http_host)
+    if args.allow_host:
+        allowed = [*settings.allowed_hosts, *args.allow_host]
+        settings = msgspec.structs.replace(settings, allowed_hosts=allowed)
     if args.metrics_port is not None:
         settings = msgspec.structs.replace(settings, metrics_port=args.metrics_port)
     if args.metrics_host:
@@ -804,7 +815,8 @@ def _up(args: argparse.Namespace) -> int:
                     url = running.metrics_url
                     print(f"metrics: {url}/metrics (Prometheus), health: {url}/healthz")
                 if running.page_url:
-                    print(f"fabric page: {running.page_url}/ (operators only)")
+                    token = f"?token={running.page_token}" if running.page_token else ""
+                    print(f"fabric page: {running.page_url}/{token} (operators only)")
                 print(f"fabric: simulated, its hardware state in {fabric_state_path(settings)}")
                 if running.secure_dir is not None:
                     _print_secure(settings, SecureDir(running.secure_dir.parent))

@@ -22,11 +22,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import hmac
 import importlib.resources
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import msgspec
@@ -59,6 +60,7 @@ QUERY_TIMEOUT_S = 5.0
 #: EventSource reconnects and starts again from a fresh snapshot.
 BACKLOG = 10_000
 _ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+TOKEN_COOKIE = "trellis_page"
 _NO_STORE = (("Cache-Control", "no-store"),)
 
 
@@ -125,8 +127,13 @@ class FabricPage(HttpServer):
         host: str = DEFAULT_HOST,
         port: int = 0,
         foreign: ForeignMessages | None = None,
+        allowed_hosts: Iterable[str] = (),
+        token: str | None = None,
     ):
-        super().__init__(self._answer, host=host, port=port)
+        super().__init__(self._answer, host=host, port=port, allowed_hosts=allowed_hosts)
+        # Secure mode: the page reads as the operator, so only a browser that was given the
+        # token `trellis up` printed may see it (kept in an HttpOnly, SameSite cookie).
+        self._token = token
         self._nc = nc
         self._prefix = prefix
         # What the stream and the bucket hold that is not the contract's: never shown.
@@ -240,7 +247,30 @@ class FabricPage(HttpServer):
 
     # ---- to the browser ----
 
+    def _unless_authorised(self, request: Request) -> Response | None:
+        """None for a request that carries the page's token (its cookie); a redirect that sets
+        the cookie for one that brings the token in its URL; 401 otherwise."""
+        assert self._token is not None
+        given = request.query.get("token")
+        if given is not None and hmac.compare_digest(given.encode(), self._token.encode()):
+            cookie = f"{TOKEN_COOKIE}={self._token}; HttpOnly; SameSite=Strict; Path=/"
+            headers = (("Location", request.path), ("Set-Cookie", cookie), *_NO_STORE)
+            return Response(302, "text/plain", b"", headers)
+        held = _cookie(request, TOKEN_COOKIE) or ""
+        if hmac.compare_digest(held.encode(), self._token.encode()):
+            return None
+        return Response(
+            401,
+            "text/plain",
+            b"the fabric page needs the address `trellis up` printed (it carries a token)\n",
+            _NO_STORE,
+        )
+
     async def _answer(self, request: Request) -> Response | Stream:
+        if self._token is not None:
+            refused = self._unless_authorised(request)
+            if refused is not None:
+                return refused
         if request.path in self._files:
             body, kind = self._files[request.path]
             return Response(200, kind, body, _NO_STORE)
@@ -291,6 +321,14 @@ class FabricPage(HttpServer):
                 503, {"ok": False, "error": {"code": "unavailable", "message": message}}
             )
         return Response(200, "application/json", reply.data, _NO_STORE)
+
+
+def _cookie(request: Request, name: str) -> str | None:
+    for part in request.headers.get("cookie", "").split(";"):
+        key, eq, value = part.strip().partition("=")
+        if eq and key == name:
+            return value
+    return None
 
 
 def _message(event: str, data: Any) -> bytes:

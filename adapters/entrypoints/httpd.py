@@ -5,6 +5,13 @@ connection without crossing threads. One request per connection, then close: a s
 page load needs no keep-alive. A handler answers a `Request` with a `Response` (a whole body),
 or with a `Stream` (an open-ended body, such as server-sent events) that runs until the client
 leaves or the server closes.
+
+Every request is checked before any handler sees it (ARCHITECTURE §10, Health): its `Host` must
+be the address the server is bound to, or a name given to it (`allowed_hosts`, with or without
+the port), else `421 Misdirected Request`. That defeats DNS rebinding: a hostile web page whose
+name was made to resolve to 127.0.0.1 still sends its own name as the Host, so the browser of
+an operator who opened it can read nothing. A request with an `Origin` (a browser's fetch or
+EventSource from a page) must come from one of those same authorities, else `403`.
 """
 
 from __future__ import annotations
@@ -12,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import NamedTuple
 
 DEFAULT_HOST = "127.0.0.1"
 _READ_TIMEOUT_S = 5.0
 _MAX_HEAD = 16 * 1024  # a request line and headers; a browser sends well under this
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+_REASONS = {200: "OK", 302: "Found", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden"}
+_REASONS |= {404: "Not Found", 405: "Method Not Allowed", 421: "Misdirected Request"}
 _REASONS |= {502: "Bad Gateway", 503: "Service Unavailable"}
 
 
@@ -26,6 +34,7 @@ class Request(NamedTuple):
     method: str  # GET or HEAD: nothing else reaches a handler
     path: str
     query: dict[str, str]  # the last value of each name
+    headers: dict[str, str]  # names lower-cased
 
 
 class Response(NamedTuple):
@@ -46,12 +55,22 @@ Handler = Callable[[Request], Awaitable[Response | Stream]]
 
 
 class HttpServer:
-    """Serves `handler` at `host`:`port` (0: a free port; `url` says which)."""
+    """Serves `handler` at `host`:`port` (0: a free port; `url` says which), to requests whose
+    Host is that address or one of `allowed_hosts` (names, with or without a port)."""
 
-    def __init__(self, handler: Handler, *, host: str = DEFAULT_HOST, port: int = 0):
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        host: str = DEFAULT_HOST,
+        port: int = 0,
+        allowed_hosts: Iterable[str] = (),
+    ):
         self._handler = handler
         self._host = host
         self._port = port
+        self._names = {name.strip().lower() for name in allowed_hosts if name.strip()}
+        self._authorities: frozenset[str] = frozenset()
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
 
@@ -69,6 +88,11 @@ class HttpServer:
             OSError: the address cannot be bound (in use, or not this machine's).
         """
         self._server = await asyncio.start_server(self._on_connection, self._host, self._port)
+        bound = self.url.removeprefix("http://")
+        port = bound.rsplit(":", 1)[1]
+        self._authorities = frozenset(
+            {bound, *self._names, *(f"{name}:{port}" for name in self._names)}
+        )
 
     async def close(self) -> None:
         """Stop listening and end every connection, open streams included."""
@@ -94,7 +118,7 @@ class HttpServer:
             if isinstance(request, Response):
                 answer: Response | Stream = request
             else:
-                answer = await self._handler(request)
+                answer = self._refusal(request) or await self._handler(request)
             if isinstance(answer, Stream):
                 await _stream(writer, answer)
             else:
@@ -117,6 +141,19 @@ class HttpServer:
             with contextlib.suppress(ConnectionError, asyncio.CancelledError):
                 await writer.wait_closed()
 
+    def _refusal(self, request: Request) -> Response | None:
+        """421 for a Host that is not this server's, 403 for a foreign Origin; None: serve."""
+        host = request.headers.get("host", "").lower()
+        if host not in self._authorities:
+            known = ", ".join(sorted(self._authorities))
+            told = host or "a request without a Host"
+            why = f"this server answers to {known}, not to {told} (see --allow-host)\n"
+            return Response(421, "text/plain", why.encode())
+        origin = request.headers.get("origin")
+        if origin is not None and origin.lower().removeprefix("http://") not in self._authorities:
+            return Response(403, "text/plain", b"a page of another origin may not ask this\n")
+        return None
+
 
 async def _stream(writer: asyncio.StreamWriter, stream: Stream) -> None:
     writer.write(
@@ -135,11 +172,17 @@ async def _stream(writer: asyncio.StreamWriter, stream: Stream) -> None:
 
 def _parse(head: bytes) -> Request | Response:
     """The request whose line and headers are `head`, or the error response it deserves."""
-    line = head.split(b"\r\n", 1)[0].decode("latin-1").split()
+    first, *fields = head.decode("latin-1").split("\r\n")
+    line = first.split()
     if len(line) != 3 or len(head) > _MAX_HEAD:
         return Response(400, "text/plain", b"bad request\n")
     method, target, _ = line
     if method not in ("GET", "HEAD"):
         return Response(405, "text/plain", b"only GET and HEAD\n")
+    headers = {}
+    for field in fields:
+        name, colon, value = field.partition(":")
+        if colon:
+            headers[name.strip().lower()] = value.strip()
     parts = urllib.parse.urlsplit(target)
-    return Request(method, parts.path, dict(urllib.parse.parse_qsl(parts.query)))
+    return Request(method, parts.path, dict(urllib.parse.parse_qsl(parts.query)), headers)

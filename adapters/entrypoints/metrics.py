@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -36,8 +36,9 @@ class MetricsServer(HttpServer):
         host: str = DEFAULT_HOST,
         port: int = 0,
         details: Callable[[], dict[str, Any]] | None = None,
+        allowed_hosts: Iterable[str] = (),
     ):
-        super().__init__(self._answer, host=host, port=port)
+        super().__init__(self._answer, host=host, port=port, allowed_hosts=allowed_hosts)
         self._registry = registry
         self._checks = dict(checks)
         self._details = details or dict

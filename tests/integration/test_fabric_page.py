@@ -10,6 +10,7 @@ A small `trellis demo economics` run is watched on pages opened before its domai
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import re
@@ -258,3 +259,88 @@ async def test_trellis_up_prints_the_page_url_and_serves_it(  # TRELLIS_HTTP_POR
         await fleet.stop()
     code, _, err = await run_cli(env, "up", "--http", "http")
     assert code == 2 and err.startswith("trellis: usage: ") and "--http" in err, err
+
+
+# The palette's colours as RGB, and the smallest CIE76 distance between any two of them.
+COLOURS = """(tenants) => tenants.map((t) => tenantColour(t))"""
+
+
+def lab(hex_colour: str) -> tuple[float, float, float]:
+    """CIE L*a*b* (D65) of an sRGB colour."""
+    rgb = [int(hex_colour[i : i + 2], 16) / 255 for i in (1, 3, 5)]
+    lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
+    x = (0.4124 * lin[0] + 0.3576 * lin[1] + 0.1805 * lin[2]) / 0.95047
+    y = 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+    z = (0.0193 * lin[0] + 0.1192 * lin[1] + 0.9505 * lin[2]) / 1.08883
+
+    def f(t: float) -> float:
+        return t ** (1 / 3) if t > 0.008856 else 7.787 * t + 16 / 116
+
+    return 116 * f(y) - 16, 500 * (f(x) - f(y)), 200 * (f(y) - f(z))
+
+
+async def test_sixteen_tenants_get_sixteen_colours_far_apart(page: Page) -> None:
+    # Names that hash close together, as tenant-a and tenant-b once did (1 degree apart).
+    tenants = [f"tenant-{chr(ord('a') + i)}" for i in range(16)]
+    colours = await page.evaluate(COLOURS, tenants)
+    assert len(set(colours)) == 16, colours
+    again = await page.evaluate(COLOURS, tenants)
+    assert again == colours  # a tenant keeps its colour
+    points = [lab(c) for c in colours]
+    closest = min(
+        sum((a - b) ** 2 for a, b in zip(p, q, strict=True)) ** 0.5
+        for i, p in enumerate(points)
+        for q in points[i + 1 :]
+    )
+    assert closest > 30, closest  # CIE76: about 2.3 is a just-noticeable difference
+    fault = lab("#d62828")  # page.css: failed nodes
+    assert min(sum((a - b) ** 2 for a, b in zip(p, fault, strict=True)) ** 0.5 for p in points) > 30
+
+
+def cable(id: str, a: str, b: str) -> dict[str, Any]:
+    return {"id": id, "a": a, "b": b, "capacity_gbps": 64, "latency_ns": 1}
+
+
+async def test_a_chain_of_4000_switches_is_drawn_not_blank(h: Harness) -> None:
+    switches = [f"sw-{i:04}" for i in range(4000)]
+    chain = {
+        "nodes": [
+            {"id": "host-01", "kind": "host"},
+            *({"id": s, "kind": "switch", "latency_ns": 10} for s in switches),
+            {"id": "gpu-end", "kind": "device", "device_kind": "gpu", "model": "H100"},
+        ],
+        "links": [
+            cable("l-host", "host-01", switches[0]),
+            *(cable(f"l-{i:04}", a, b) for i, (a, b) in enumerate(itertools.pairwise(switches))),
+            cable("l-end", switches[-1], "gpu-end"),
+        ],
+    }
+    expect_ok(await h.client.admin("chain", "import-topology", chain))
+    await h.relayed("chain")
+    assert h.page_url is not None
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            tab = await browser.new_page(viewport={"width": 1400, "height": 900})
+            tab.set_default_timeout(WAIT_MS)
+            await tab.goto(f"{h.page_url}/?domain=chain")
+            await expect(node(tab, "gpu-end")).to_have_count(1)
+            await expect(node(tab, switches[-1])).to_have_count(1)
+            assert await tab.locator("#problem").is_hidden()
+        finally:
+            await browser.close()
+
+
+async def test_what_the_page_cannot_draw_is_said_in_a_banner_and_the_rest_goes_on(
+    h: Harness, page: Page
+) -> None:
+    await expect(node(page, "host-01")).to_have_count(1)
+    await expect(page.locator("#problem")).to_be_hidden()
+    # A topology the drawing cannot take (what a bug or a foreign answer would bring).
+    await page.evaluate("() => { state.topology = { nodes: null, links: 7 }; later(relayout, 0); }")
+    await expect(page.locator("#problem")).to_be_visible()
+    await expect(page.locator("#problem")).to_contain_text("drawing (relayout)")
+    # The live feed and the lists keep working.
+    composed = expect_ok(await h.client.intent(DOMAIN, "acme", "compose", H100))
+    listed = page.locator(f'#compositions [data-id="{composed["composition_id"]}"]')
+    await expect(listed).to_have_attribute("data-tenant", "acme")

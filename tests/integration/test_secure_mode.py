@@ -37,6 +37,7 @@ from trellis.adapters.bootstrap import (
     until_accepted,
 )
 from trellis.adapters.embedded.servers import EmbeddedNats
+from trellis.adapters.entrypoints.fabric_page import TOKEN_COOKIE
 from trellis.adapters.nats.auth import (
     NkeyCredentials,
     Principal,
@@ -604,15 +605,21 @@ async def test_up_secure_issues_identities_and_stays_secure(
         assert {r["tenant"] for r in json.loads(out)["connections"]} == {"globex"}
 
 
-def read(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=10) as response:
+def read(url: str, token: str | None = None) -> bytes:
+    with urllib.request.urlopen(with_token(url, token), timeout=10) as response:
         body: bytes = response.read()
         return body
 
 
-def first_snapshot(url: str) -> dict[str, Any]:
+def with_token(url: str, token: str | None) -> urllib.request.Request:
+    """A request carrying the page's token as the browser keeps it: in its cookie."""
+    headers = {"Cookie": f"{TOKEN_COOKIE}={token}"} if token else {}
+    return urllib.request.Request(url, headers=headers)
+
+
+def first_snapshot(url: str, token: str | None = None) -> dict[str, Any]:
     """The `snapshot` message a fabric page's /events stream opens with."""
-    with urllib.request.urlopen(f"{url}/events", timeout=10) as stream:
+    with urllib.request.urlopen(with_token(f"{url}/events", token), timeout=10) as stream:
         for line in stream:
             if line.startswith(b"event: snapshot"):
                 snapshot: dict[str, Any] = json.loads(stream.readline().removeprefix(b"data: "))
@@ -634,10 +641,14 @@ async def test_the_fabric_page_connects_as_the_operator_and_sees_every_tenant(
         keys = {f"{DOMAIN}.composition.{cid}" for cid in ids}
         deadline = asyncio.get_running_loop().time() + 10
         # The page's operator identity watches the bucket: both tenants' compositions.
+        token = running.page_token
+        assert token is not None
         while not keys <= set(
-            (await asyncio.to_thread(first_snapshot, running.page_url))["values"]
+            (await asyncio.to_thread(first_snapshot, running.page_url, token))["values"]
         ):
             assert asyncio.get_running_loop().time() < deadline, "not in the snapshot"
             await asyncio.sleep(0.1)
-        topology = await asyncio.to_thread(read, f"{running.page_url}/api/topology?domain={DOMAIN}")
+        topology = await asyncio.to_thread(
+            read, f"{running.page_url}/api/topology?domain={DOMAIN}", token
+        )
         assert json.loads(topology)["ok"] is True

@@ -13,6 +13,7 @@ const TOPOLOGY_EVENTS = new Set([
 ]);
 const BAD_EVENTS = new Set(["ComponentFaulted", "CompositionImpaired", "CompositionFailed", "CompositionRejected"]);
 const FEED_KEPT = 200;
+const MAX_NEST = 6;  // switch boxes nested deeper than this sit in their ancestor at this depth
 
 const state = {
   values: new Map(),   // KV key -> value (adapters/nats/kv_state.py)
@@ -25,6 +26,7 @@ const state = {
   bus: 0,              // the y of the bus under the OCS band
   lane: new Map(),     // OCS id -> its lane's offset on the bus and in the gutters
   selected: "",
+  colours: new Map(),  // tenant -> its colour (tenantColour)
 };
 const $ = (id) => document.getElementById(id);
 
@@ -36,13 +38,55 @@ function el(tag, attrs = {}, text = "") {
 }
 const SVG_TAGS = { svg: 1, g: 1, line: 1, rect: 1, circle: 1, polygon: 1, polyline: 1, text: 1, title: 1 };
 
-// A tenant's colour: a hue from its name, the same on every page load, never near the red
-// and orange of faults.
+// Sixteen colours far apart from each other (CIE76 distance 34 at the least) and from the red
+// and orange of faults (42), picked greedily from an sRGB grid of mid lightness.
+const PALETTE = [
+  "#1f77b4", "#00c000", "#0000e0", "#804000", "#e020a0", "#00c0a0", "#a0a000", "#e0a0c0",
+  "#8060e0", "#006000", "#802040", "#808060", "#c000e0", "#00c0e0", "#604080", "#60c060",
+];
+
+// A tenant's colour: the palette's slot its name hashes to, or the next one no other tenant
+// holds, so up to 16 tenants never share one. A tenant keeps its colour for the page's life;
+// tenants are given theirs in the order of their names (snapshot), so a reload repeats it.
 function tenantColour(tenant) {
+  let colour = state.colours.get(tenant);
+  if (colour) return colour;
   let hash = 0;
   for (const c of tenant) hash = (hash * 31 + c.charCodeAt(0)) >>> 0;
-  return `hsl(${60 + (hash % 260)}, 60%, 42%)`;
+  const taken = new Set(state.colours.values());
+  let slot = hash % PALETTE.length;
+  for (let tries = 0; tries < PALETTE.length && taken.has(PALETTE[slot]); tries++) {
+    slot = (slot + 1) % PALETTE.length;
+  }
+  colour = PALETTE[slot];  // past 16 tenants, colours repeat
+  state.colours.set(tenant, colour);
+  return colour;
 }
+
+// What went wrong, shown above the fabric instead of a blank page; the rest keeps working.
+function showProblem(text) {
+  const banner = $("problem");
+  banner.textContent = text;
+  banner.hidden = false;
+}
+
+// `work`, with whatever it throws shown as the page's problem instead of stopping the page.
+function guarded(work, what) {
+  return (...args) => {
+    try {
+      const result = work(...args);
+      if (result && typeof result.catch === "function") {
+        return result.catch((e) => showProblem(`${what}: ${e && e.message ? e.message : e}`));
+      }
+      return result;
+    } catch (e) {
+      showProblem(`${what}: ${e && e.message ? e.message : e}`);
+      return undefined;
+    }
+  };
+}
+window.addEventListener("error", (e) => showProblem(`the page failed: ${e.message}`));
+window.addEventListener("unhandledrejection", (e) => showProblem(`the page failed: ${e.reason}`));
 
 function entries(kind) {
   const start = `${state.domain}.${kind}.`, found = [];
@@ -58,32 +102,39 @@ function connect() {
   const source = new EventSource("events");
   source.addEventListener("open", () => setStatus("live"));
   source.addEventListener("error", () => setStatus("connecting"));
-  source.addEventListener("snapshot", (e) => {
+  source.addEventListener("snapshot", guarded((e) => {
     const snapshot = JSON.parse(e.data);
     state.values = new Map(Object.entries(snapshot.values));
     state.utilization = snapshot.utilization;
+    const tenants = new Set();
+    for (const [key, value] of state.values) {
+      if (key.split(".")[1] === "composition" && value && typeof value.tenant === "string") {
+        tenants.add(value.tenant);
+      }
+    }
+    [...tenants].sort().forEach(tenantColour);
     domainsChanged();
     refreshTopology();
-  });
-  source.addEventListener("kv", (e) => {
+  }, "the snapshot"));
+  source.addEventListener("kv", guarded((e) => {
     const { key, value } = JSON.parse(e.data);
     if (value === null || ["released", "failed"].includes(value.state)) state.values.delete(key);
     else state.values.set(key, value);
     if (!key.startsWith(`${state.domain}.`)) domainsChanged();
     later(render);
-  });
-  source.addEventListener("feed", (e) => {
+  }, "a change"));
+  source.addEventListener("feed", guarded((e) => {
     const event = JSON.parse(e.data);
     if (event.domain !== state.domain) return;
     showEvent(event);
     if (TOPOLOGY_EVENTS.has(event.type)) later(refreshTopology, 200);
-  });
-  source.addEventListener("utilization", (e) => {
+  }, "an event"));
+  source.addEventListener("utilization", guarded((e) => {
     const { domain, sample } = JSON.parse(e.data);
     (state.utilization[domain] ||= []).push(sample);
     if (state.utilization[domain].length > 900) state.utilization[domain].shift();
     if (domain === state.domain) drawUtilization();
-  });
+  }, "utilization"));
 }
 
 function setStatus(text) {
@@ -95,7 +146,8 @@ function setStatus(text) {
 const pending = new Map();
 function later(work, ms = 50) {
   if (pending.has(work)) return;
-  pending.set(work, setTimeout(() => { pending.delete(work); work(); }, ms));
+  const run = guarded(work, `drawing (${work.name})`);
+  pending.set(work, setTimeout(() => { pending.delete(work); run(); }, ms));
 }
 
 function domainsChanged() {
@@ -117,15 +169,16 @@ async function ask(what, params) {
   return response.json();
 }
 
-async function refreshTopology() {
+const refreshTopology = guarded(async function refreshTopology() {
   if (!state.domain) return render();
   const domain = state.domain;
   const reply = await ask("topology");
   if (domain !== state.domain) return;  // another domain was picked meanwhile; its own ask draws
   state.topology = reply.ok ? reply.result : null;
+  if (!reply.ok && reply.error) showProblem(`topology of ${domain}: ${reply.error.message}`);
   layOut();
   render();
-}
+}, "the topology");
 
 // ---- the graph ----
 
@@ -183,9 +236,18 @@ function hierarchy(topology) {
   const box = (id) => boxes.get(id) || boxes.set(id, { id, hosts: [], devices: [], children: [] }).get(id);
   const other = box("");
   const tops = [], band = ocs.map(box);
-  for (const id of switches) {
+  // Boxes nest at most MAX_NEST deep: a deeper switch sits in its ancestor at that depth, so a
+  // chain of thousands of switches draws as a long box, not as thousands of nested ones.
+  const parent = new Map();
+  const byDepth = [...switches].sort((a, b) => depth.get(a) - depth.get(b));
+  for (const id of byDepth) {
+    if (depth.get(id) === 1) continue;
+    const up = neighbours(id, "switch").find((o) => depth.get(o) === depth.get(id) - 1);
+    parent.set(id, depth.get(up) > MAX_NEST ? parent.get(up) : up);
+  }
+  for (const id of byDepth) {
     if (depth.get(id) === 1) tops.push(box(id));
-    else box(neighbours(id, "switch").find((o) => depth.get(o) === depth.get(id) - 1)).children.push(box(id));
+    else box(parent.get(id)).children.push(box(id));
   }
   const shallowFirst = (a, b) => depth.get(a) - depth.get(b) || byName(a, b);
   // A host sits with the switch nearest the OCS of those it is linked to.
@@ -206,7 +268,7 @@ function hierarchy(topology) {
   const deviceOrder = (a, b) => byName(a.device_kind || "", b.device_kind || "") || byName(a.id, b.id);
   for (const b of boxes.values()) b.devices.sort(deviceOrder);
   // Blocks with hosts (racks) first, the rest (pools) after them.
-  const hosted = (b) => (b.hosts.length || b.children.some(hosted) ? 0 : 1);
+  const hosted = (b) => (b.hosts.length || b.children.some(hosted) ? 0 : 1);  // MAX_NEST deep
   tops.sort((a, b) => hosted(a) - hosted(b) || byName(a.id, b.id));
   if (other.hosts.length || other.devices.length) tops.push(other);
   return { tops, band };
@@ -353,12 +415,12 @@ function route(a, b) {
 }
 const points = (route) => route.map(([x, y]) => `${Math.round(x)},${Math.round(y)}`).join(" ");
 
-function render() {
-  renderGraph();
-  renderCompositions();
-  renderFaults();
-  drawUtilization();
-}
+// Each part on its own: one that cannot draw (said in the banner) does not stop the others.
+const render = (() => {
+  const parts = [renderGraph, renderCompositions, renderFaults, drawUtilization].map(
+    (part) => guarded(part, `drawing (${part.name})`));
+  return function render() { parts.forEach((part) => part()); };
+})();
 
 // A node's health and drain as of the freshest source: its KV value, else the topology.
 function marks(node) {

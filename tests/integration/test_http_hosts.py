@@ -1,0 +1,118 @@
+"""Every HTTP endpoint answers only to its own address (ARCHITECTURE §10; issue 21, finding 3).
+
+A hostile web page can make its own name resolve to 127.0.0.1 (DNS rebinding) and have the
+operator's browser read the fabric page and its API. Its requests still carry its own name as
+the Host, so the page, its API, its event stream and /metrics refuse them (421); a browser
+request from a page of another origin is refused too (403). In secure mode the page, which
+reads as the operator, serves only a browser that was given the token `trellis up` printed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import urllib.parse
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from fabrics import expect_ok, fabric
+from harness import Harness, serving
+from test_secure_mode import secured
+
+from trellis.adapters.entrypoints.fabric_page import TOKEN_COOKIE
+
+DOMAIN = "hall-1"
+LOOPBACK = ("127.0.0.1", 0)
+PATHS = ["/", "/page.js", f"/api/topology?domain={DOMAIN}", "/events"]
+
+
+@pytest_asyncio.fixture
+async def h(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str
+) -> AsyncIterator[Harness]:
+    async with serving(
+        nats_url,
+        database_url,
+        pg_schema,
+        subject_prefix,
+        page_at=LOOPBACK,
+        metrics_at=LOOPBACK,
+        allowed_hosts=["trellis.example"],
+    ) as harness:
+        expect_ok(await harness.client.admin(DOMAIN, "import-topology", fabric()))
+        yield harness
+
+
+def get(url: str, path: str, **headers: str) -> tuple[int, dict[str, str], bytes]:
+    """GET `path` from the server at `url` with exactly these extra headers (Host included
+    when given); the status, headers and the first bytes of the body."""
+    where = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=10)
+    try:
+        conn.request("GET", path, headers=headers)
+        response = conn.getresponse()
+        return response.status, dict(response.getheaders()), response.read(2048)
+    finally:
+        conn.close()
+
+
+def authority(url: str) -> str:
+    return url.removeprefix("http://")
+
+
+async def ask(url: str, path: str, **headers: str) -> tuple[int, dict[str, str], bytes]:
+    return await asyncio.to_thread(get, url, path, **headers)
+
+
+@pytest.mark.parametrize("server", ["page", "metrics"])
+async def test_a_host_that_is_not_the_servers_is_misdirected(h: Harness, server: str) -> None:
+    url = h.page_url if server == "page" else h.metrics_url
+    assert url is not None
+    port = url.rsplit(":", 1)[1]
+    paths = PATHS if server == "page" else ["/metrics", "/healthz"]
+    for path in paths:
+        for host in (f"attacker.example:{port}", "attacker.example", f"localhost:{port}", ""):
+            status, _, body = await ask(url, path, Host=host)
+            assert status == 421, (path, host, body)
+        # Its own address, and a name given to it (with or without the port), are served.
+        for host in (authority(url), "trellis.example", f"trellis.example:{port}"):
+            if path == "/events":
+                continue  # a stream: served, checked below
+            status, _, _ = await ask(url, path, Host=host)
+            assert status == 200, (path, host)
+
+
+async def test_a_page_of_another_origin_may_not_read_the_stream_or_the_api(h: Harness) -> None:
+    assert h.page_url is not None
+    own = authority(h.page_url)
+    for path in PATHS:
+        status, _, _ = await ask(h.page_url, path, Host=own, Origin="http://attacker.example")
+        assert status == 403, path
+    status, _, body = await ask(
+        h.page_url, "/api/topology?domain=hall-1", Host=own, Origin=f"http://{own}"
+    )
+    assert status == 200 and b'"ok":true' in body
+
+
+async def test_in_secure_mode_the_page_serves_only_the_browser_given_its_token(
+    tmp_path: Path, database_url: str, pg_schema: str
+) -> None:
+    async with secured(tmp_path, database_url, pg_schema, page=True) as rig:
+        url, token = rig.running.page_url, rig.running.page_token
+        assert url is not None and token
+        own = authority(url)
+        for path in PATHS:
+            assert (await ask(url, path, Host=own))[0] == 401, path
+            cookie = f"{TOKEN_COOKIE}=not-{token}"
+            assert (await ask(url, path, Host=own, Cookie=cookie))[0] == 401, path
+        # The printed address carries the token: it becomes a cookie scripts cannot read.
+        status, headers, _ = await ask(url, f"/?token={token}", Host=own)
+        assert status == 302 and headers["Location"] == "/"
+        assert headers["Set-Cookie"] == (
+            f"{TOKEN_COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/"
+        )
+        for path in PATHS[:3]:
+            cookie = f"other=1; {TOKEN_COOKIE}={token}"
+            assert (await ask(url, path, Host=own, Cookie=cookie))[0] == 200, path
