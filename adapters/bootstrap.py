@@ -80,6 +80,7 @@ from trellis.engine.lag import LagTracker
 from trellis.engine.ownership import tick_of
 from trellis.engine.ports import Clock, FabricDriver
 from trellis.engine.service import Engine
+from trellis.engine.throttle import RateLimit
 from trellis.projections import PostgresReadModels, ProjectionSink
 
 log = logging.getLogger(__name__)
@@ -487,6 +488,7 @@ async def engine_on(
     page_at: tuple[str, int] | None = None,
     health: LagTracker | None = None,
     allowed_hosts: Sequence[str] = (),
+    rate_limit: RateLimit | None = None,
 ) -> AsyncIterator[RunningEngine]:
     """The engine, its projections, its event relay and its NATS intake on given servers, until
     the context exits. Migrations run first, through `owner_url` when given (the schema's
@@ -509,7 +511,8 @@ async def engine_on(
     the live fabric page there (adapters/entrypoints/fabric_page.py), a NATS client of its own
     that connects as the operator in secure mode, where it asks a browser for the token it
     was given (`page_token`). Both answer only requests whose Host is their address or one of
-    `allowed_hosts`.
+    `allowed_hosts`. Each tenant's intents go through `rate_limit` (default: engine/throttle.py's;
+    `RateLimit(0)`: none).
 
     Raises:
         SettingsError: the metrics or the page's address cannot be bound.
@@ -612,6 +615,7 @@ async def engine_on(
             snapshots=snapshots,
             snapshot_every=snapshot_every,
             telemetry=metrics,
+            rate_limit=rate_limit or RateLimit(),
         )
         await engine.start()
         stack.push_async_callback(engine.close)
@@ -806,6 +810,7 @@ async def running_engine(
                 ),
                 health=LagTracker(settings.health_stall_s, settings.health_max_behind),
                 allowed_hosts=settings.allowed_hosts,
+                rate_limit=settings.tenant_rate,
             )
         )
         running.nats_monitor_url = monitor_url

@@ -14,6 +14,7 @@ import msgspec
 from trellis.adapters.fabric.sim import ScriptedFault, parse_script
 from trellis.adapters.nats.jetstream import StreamLimits
 from trellis.engine.ids import is_valid_id
+from trellis.engine.throttle import DEFAULT_BURST, DEFAULT_PER_SECOND, RateLimit
 
 FabricDriverName = Literal["sim"]
 FollowersMode = Literal["inline", "process"]
@@ -75,6 +76,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # events (adapters/health.py).
     health_stall_s: float = 60.0
     health_max_behind: int = 10_000
+    # Each tenant's intents a second, and in a burst (engine/throttle.py); 0 a second: no limit.
+    tenant_rate: RateLimit = RateLimit()
     # The live fabric page (adapters/entrypoints/fabric_page.py): likewise off unless a port is
     # given, and on loopback unless another address is named. It is an operator's view.
     http_port: int | None = None
@@ -168,6 +171,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
                 env, "TRELLIS_HEALTH_STALL_SECONDS", 60.0, lambda v: v > 0, "seconds, above 0"
             ),
             health_max_behind=_positive(env, "TRELLIS_HEALTH_MAX_BEHIND", 10_000),
+            tenant_rate=RateLimit(
+                _float(
+                    env,
+                    "TRELLIS_TENANT_RATE",
+                    DEFAULT_PER_SECOND,
+                    lambda v: v >= 0,
+                    "intents a second, 0 (no limit) or more",
+                ),
+                _positive(env, "TRELLIS_TENANT_BURST", DEFAULT_BURST),
+            ),
             http_port=metrics_port(env.get("TRELLIS_HTTP_PORT", ""), "TRELLIS_HTTP_PORT"),
             http_host=env.get("TRELLIS_HTTP_HOST", "").strip() or "127.0.0.1",
             allowed_hosts=[

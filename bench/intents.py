@@ -71,6 +71,7 @@ from trellis.adapters.bootstrap import (
 )
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.settings import FollowersMode, Settings
+from trellis.engine.throttle import RateLimit
 from trellis.projections import PostgresReadModels
 
 TENANTS = [f"tenant-{i}" for i in range(8)]
@@ -633,6 +634,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                         prefix=mode_prefix,
                         followers=mode,
                         metrics_at=("127.0.0.1", 0) if metrics else None,
+                        # The intent path's cost, not a tenant's rate (bench/flood.py has that).
+                        rate_limit=RateLimit(0),
                     ) as running,
                     scraped(running.metrics_url) as scrapes,
                 ):

@@ -12,6 +12,7 @@ ErrorCode = Literal[
     "no_capacity",
     "no_path",
     "quota",
+    "throttled",
     "unavailable",
     "failed",
 ]

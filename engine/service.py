@@ -56,6 +56,7 @@ from trellis.engine.records import Head
 from trellis.engine.results import ConnectionsResult, HistoryResult
 from trellis.engine.saga import FabricSync, Settlement
 from trellis.engine.state import DomainState
+from trellis.engine.throttle import Bucket, RateLimit, take
 from trellis.engine.writer import DomainWriter
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ _encode = msgspec.json.Encoder().encode
 # Answered by the AuditTrail (signed Merkle checkpoints), not from state or projections.
 AUDIT_QUERIES = ("proof", "consistency", "checkpoint-key")
 _REACH_POLL_S = 0.01  # how often a query waiting for its `min_position` looks at the head
+MAX_BUCKETS = 10_000  # tenants' rate buckets kept before the refilled ones are forgotten
 
 
 class _ComposeOutcome(msgspec.Struct):
@@ -121,8 +123,12 @@ class Engine:
         audit: AuditTrail | None = None,
         telemetry: Telemetry | None = None,
         read_wait: float = 2.0,
+        rate_limit: RateLimit | None = None,
     ):
         self._store = store
+        # Each tenant's intents, through a token bucket (engine/throttle.py); None: no limit.
+        self._rate = rate_limit if rate_limit is not None and rate_limit.per_second > 0 else None
+        self._buckets: dict[str, Bucket] = {}
         self._read_wait = read_wait
         self._telemetry = telemetry or NoTelemetry()
         self._snapshots = snapshots
@@ -335,9 +341,11 @@ class Engine:
         body: bytes,
         *,
         forwarded: bool = False,
+        admitted: bool = False,
     ) -> bytes:
         """Answer one request; never raises for bad input. `tenant` is the subject's tenant
         token: of an intent, or of a view (a query with a tenant is that tenant's view).
+        `admitted`: the caller has taken the tenant's token already (`admit`).
 
         Raises:
             ServedElsewhere: another engine turned out to write the domain (unless the request
@@ -355,6 +363,10 @@ class Engine:
             )
         if not self.serves(domain):
             return replies.error("not_found", f"this engine does not serve domain {domain!r}")
+        if family == "intent" and tenant is not None and not admitted:
+            refused = self.admit(tenant)
+            if refused is not None:
+                return refused
         try:
             intent = decode_intent(family, verb, body)
         except InvalidIntent as exc:
@@ -377,6 +389,27 @@ class Engine:
             if forwarded or exc.holder is None:
                 return exc.reply()
             raise ServedElsewhere(domain, exc.holder.engine) from None
+
+    def admit(self, tenant: str) -> bytes | None:
+        """Take a token for one of `tenant`'s intents: None when it may go on, else the
+        `throttled` answer (nothing is decided, queued or written for it). Cheap and
+        synchronous, so a transport can answer a flood before anything else is spent on it."""
+        limit = self._rate
+        if limit is None:
+            return None
+        now = self._clock.now().timestamp()
+        if len(self._buckets) > MAX_BUCKETS:  # forget tenants whose buckets refilled
+            idle = limit.burst / limit.per_second
+            self._buckets = {t: b for t, b in self._buckets.items() if now - b.at < idle}
+        self._buckets[tenant], wait_ms = take(self._buckets.get(tenant), now, limit)
+        if not wait_ms:
+            return None
+        return replies.error(
+            "throttled",
+            f"tenant {tenant!r} sent more intents than its rate allows ({limit.per_second:g} "
+            f"a second, bursts of {limit.burst}); nothing was written: resend in {wait_ms} ms",
+            {"retry_after_ms": wait_ms},
+        )
 
     async def _once_settled(self, served: _Served, reply: bytes) -> bytes:
         """A compose is answered when the fabric saga has settled it: the composition is

@@ -444,12 +444,16 @@ class Scheduler:
         except (nats.errors.Error, OSError) as exc:
             reply = {"ok": False, "error": {"code": "unavailable", "message": str(exc)}}
         placement.resend = None
-        if not reply.get("ok") and reply.get("error", {}).get("code") == "unavailable":
-            # Maybe composed, maybe not: the same request_id and body again later tell which.
+        error = reply.get("error", {}) if not reply.get("ok") else {}
+        if error.get("code") in ("unavailable", "throttled"):
+            # unavailable: maybe composed, maybe not; the same request_id and body again later
+            # tell which. throttled: nothing was written; again once the rate allows.
             placement.resend = body
-            placement.not_before = time.monotonic() + self.retry_seconds
-            note("unavailable", demand=placement.number, request_id=body["request_id"],
-                 message=reply["error"].get("message"))  # fmt: skip
+            wait = error.get("details", {}).get("retry_after_ms")
+            pause = wait / 1000 if isinstance(wait, int | float) else self.retry_seconds
+            placement.not_before = time.monotonic() + pause
+            note(error["code"], demand=placement.number, request_id=body["request_id"],
+                 message=error.get("message"))  # fmt: skip
             return False
         if reply.get("ok"):
             result = reply["result"]

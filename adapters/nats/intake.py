@@ -152,19 +152,34 @@ class NatsIntake:
             await asyncio.gather(*stuck, return_exceptions=True)
 
     async def _on_msg(self, msg: Msg, endpoint: EndpointCount) -> None:
-        if not self._answerable(msg):
+        tokens = msg.subject.split(".")[self._depth :]
+        forwarded = tokens[:2] == ["engine", self._engine.identity]
+        if forwarded:
+            tokens = tokens[2:]  # forwarded to us: answer here, never forward again
+        if not self._answerable(msg, tokens):
             return  # nothing is decided, nothing is written, nobody is answered
+        admitted = False
+        if (
+            len(tokens) == 4
+            and tokens[0] == "intent"
+            and (forwarded or self._engine.route(tokens[1]) is None)
+        ):
+            # The domain's writer takes the tenant's token here, on arrival, and answers a
+            # throttled intent at once: a flood is answered as fast as it comes, ahead of
+            # the tasks and the writer's queue other tenants' intents need.
+            refused = self._engine.admit(tokens[2])
+            if refused is not None:
+                await self._reply(msg, refused, endpoint, endpoint.received(), tokens)
+                return
+            admitted = True
         await self._slots.acquire()  # backpressure: bounded work in flight
-        task = asyncio.create_task(self._serve(msg, endpoint))
+        task = asyncio.create_task(self._serve(msg, endpoint, tokens, forwarded, admitted))
         self._tasks.add(task)
         task.add_done_callback(self._done)
 
-    def _answerable(self, msg: Msg) -> bool:
+    def _answerable(self, msg: Msg, tokens: list[str]) -> bool:
         """Whether the request's reply subject is an inbox its subject's identity may be
         answered on (adapters/nats/replies.py); counts and logs it when not."""
-        tokens = msg.subject.split(".")[self._depth :]
-        if tokens[:2] == ["engine", self._engine.identity]:
-            tokens = tokens[2:]  # forwarded: the client's own subject follows
         family = tokens[0] if tokens and tokens[0] in FAMILIES else "other"
         tenant = tokens[2] if family in ("intent", "view") and len(tokens) > 2 else None
         if msg.reply and self._reply_rule.allows(family, tenant, msg.reply):
@@ -178,19 +193,21 @@ class NatsIntake:
         self._tasks.discard(task)
         self._slots.release()
 
-    async def _serve(self, msg: Msg, endpoint: EndpointCount) -> None:
+    async def _serve(
+        self,
+        msg: Msg,
+        endpoint: EndpointCount,
+        tokens: list[str],
+        forwarded: bool,
+        admitted: bool,
+    ) -> None:
         started_ns = endpoint.received()
-        started = time.perf_counter()
-        tokens = msg.subject.split(".")[self._depth :]
-        forwarded = tokens[:2] == ["engine", self._engine.identity]
-        if forwarded:
-            tokens = tokens[2:]  # forwarded to us: answer here, never forward again
-        elif len(tokens) > 2 and (writer := self._engine.route(tokens[1])) is not None:
+        if not forwarded and len(tokens) > 2 and (writer := self._engine.route(tokens[1])):
             await self._forward(msg, tokens, writer)
             endpoint.done(started_ns)  # handed on: the writer answers, and counts the answer
             return
         try:
-            reply = await self._route(tokens, msg.data, forwarded)
+            reply = await self._route(tokens, msg.data, forwarded, admitted)
         except ServedElsewhere as exc:
             await self._forward(msg, tokens, exc.writer)
             endpoint.done(started_ns)
@@ -203,17 +220,22 @@ class NatsIntake:
                 f"the engine failed to serve this request ({cause}); retry",
                 {"cause": cause},
             )
-        if msg.reply:  # checked on arrival (_answerable)
-            try:
-                await msg.respond(reply)
-            except Exception:  # the requester is gone or NATS is down; the log still has it
-                log.warning("could not reply on %s", msg.subject, exc_info=True)
+        await self._reply(msg, reply, endpoint, started_ns, tokens)
+
+    async def _reply(
+        self, msg: Msg, reply: bytes, endpoint: EndpointCount, started_ns: int, tokens: list[str]
+    ) -> None:
+        """Send `reply` (to an inbox: checked on arrival) and count it."""
+        try:
+            await msg.respond(reply)
+        except Exception:  # the requester is gone or NATS is down; the log still has it
+            log.warning("could not reply on %s", msg.subject, exc_info=True)
         error = _error_of(reply)
         endpoint.done(started_ns, None if error is None else f"{error.code}: {error.message}")
         if self._observer is not None:
             family, verb = _family_and_verb(tokens)
             code = "ok" if error is None else error.code
-            self._observer.replied(family, verb, code, time.perf_counter() - started)
+            self._observer.replied(family, verb, code, (time.perf_counter_ns() - started_ns) / 1e9)
 
     async def _forward(self, msg: Msg, tokens: list[str], writer: str) -> None:
         """Hand the request to the engine that writes its domain, as it came, reply subject
@@ -224,11 +246,15 @@ class NatsIntake:
         except Exception:  # NATS is down: the client times out and resends
             log.warning("could not forward %s to engine %s", msg.subject, writer)
 
-    async def _route(self, tokens: list[str], body: bytes, forwarded: bool) -> bytes:
+    async def _route(
+        self, tokens: list[str], body: bytes, forwarded: bool, admitted: bool
+    ) -> bytes:
         handle = self._engine.handle
         match tokens:
             case ["intent", domain, tenant, verb]:
-                return await handle("intent", domain, tenant, verb, body, forwarded=forwarded)
+                return await handle(
+                    "intent", domain, tenant, verb, body, forwarded=forwarded, admitted=admitted
+                )
             case ["admin", domain, verb]:
                 return await handle("admin", domain, None, verb, body, forwarded=forwarded)
             case ["query", domain, verb]:

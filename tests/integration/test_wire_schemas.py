@@ -32,6 +32,7 @@ from trellis.adapters.fabric.sim import SimulatedFabric
 from trellis.adapters.nats.jetstream import bucket_name, stream_name
 from trellis.adapters.postgres.migrations import SCHEMA_DIR
 from trellis.engine.intents import INTENTS
+from trellis.engine.throttle import RateLimit
 
 DOMAIN = "wire"
 FILES = ("intents", "events", "replies", "stream", "kv")
@@ -178,6 +179,12 @@ async def every_subject(h: Harness, w: Wire) -> None:
     expect_error(await w.intent("acme", "release", "r1", composition_id="c-none"), "not_found")
     expect_error(await w.intent("acme", "compose", "c6", **one_gpu, colour="red"), "invalid")
     expect_error(await w.intent("engine", "compose", "c7", **one_gpu), "forbidden")
+    # A tenant past its burst (the clock stands still here: no token comes back).
+    burst = RateLimit().burst
+    for i in range(burst):
+        await h.client.intent(DOMAIN, "flooder", "release", {"composition_id": f"c-{i}"})
+    throttled = await w.intent("flooder", "release", "f1", composition_id="c-none")
+    assert expect_error(throttled, "throttled")["details"]["retry_after_ms"] > 0
     extended = await w.intent("acme", "extend", "e1", composition_id=cid, lease_seconds=1200)
     expect_ok(extended)
 
@@ -266,7 +273,9 @@ async def test_every_subject_replies_as_its_schema_says(h: Harness, subject_pref
             check("replies", reply, "ErrorReply", strict=True)
             codes.add(reply["error"]["code"])
     assert succeeded == SUBJECTS, SUBJECTS - succeeded
-    assert codes >= {"invalid", "not_found", "forbidden", "conflict", "quota", "no_capacity"}
+    assert codes >= {
+        "invalid", "not_found", "forbidden", "conflict", "quota", "no_capacity", "throttled"
+    }  # fmt: skip
     assert "failed" in codes
 
     # A body is checked against its own subject's schema, not any.

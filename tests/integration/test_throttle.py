@@ -1,0 +1,88 @@
+"""Each tenant's intents go through a token bucket (ARCHITECTURE §3 `throttled`, §10 Tenants;
+issue 21, finding 4).
+
+Before, every refused compose was a permanent event: one tenant looping refusals grew the log
+without bound (38,400 events in 20 s). Now an intent past the tenant's rate is answered
+`throttled` with `retry_after_ms` before it is decided or queued: nothing is written for it,
+and another tenant is served meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest_asyncio
+from fabrics import expect_error, expect_ok, fabric, row_counts
+from harness import Harness, serving
+
+from trellis.engine.throttle import RateLimit
+
+DOMAIN = "hall-1"
+LIMIT = RateLimit(per_second=5.0, burst=20)
+# No such model: every one is refused, and every refusal is recorded (CompositionRejected).
+IMPOSSIBLE = {"host": "host-01", "devices": [{"kind": "gpu", "models": ["B999"]}]}
+SLICE = {"host": "host-01", "devices": [{"kind": "memory", "capacity_gib": 8}]}
+
+
+@pytest_asyncio.fixture
+async def h(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str
+) -> AsyncIterator[Harness]:
+    async with serving(
+        nats_url, database_url, pg_schema, subject_prefix, rate_limit=LIMIT
+    ) as harness:
+        expect_ok(await harness.client.admin(DOMAIN, "import-topology", fabric()))
+        yield harness
+
+
+async def test_a_flood_is_throttled_writes_only_what_its_rate_allows_and_others_are_served(
+    h: Harness, database_url: str, pg_schema: str
+) -> None:
+    events_before, _ = await row_counts(database_url, pg_schema)
+
+    async def flood(i: int) -> dict[str, Any]:
+        return await h.client.intent(DOMAIN, "flooder", "compose", IMPOSSIBLE)
+
+    async def calm() -> list[dict[str, Any]]:
+        answers = []
+        for _ in range(3):
+            composed = expect_ok(await h.client.intent(DOMAIN, "calm", "compose", SLICE))
+            answers.append(composed)
+            cid = {"composition_id": composed["composition_id"]}
+            answers.append(expect_ok(await h.client.intent(DOMAIN, "calm", "release", cid)))
+        return answers
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    flooded, served = await asyncio.gather(asyncio.gather(*(flood(i) for i in range(400))), calm())
+    elapsed = loop.time() - started
+
+    codes = [r["error"]["code"] for r in flooded]
+    throttled = [r for r in flooded if r["error"]["code"] == "throttled"]
+    refused = codes.count("no_capacity")
+    assert set(codes) == {"throttled", "no_capacity"}
+    # Its burst, and what the rate gave back while it lasted, got through: no more.
+    assert refused <= LIMIT.burst + LIMIT.per_second * elapsed + 1, (refused, elapsed)
+    assert len(throttled) >= 400 - refused
+    for reply in throttled:
+        assert reply["error"]["details"]["retry_after_ms"] > 0
+        assert "nothing was written" in reply["error"]["message"]
+    # Only the refusals that got through are in the log (one event each), beside calm's.
+    events_after, _ = await row_counts(database_url, pg_schema)
+    calm_events = len(served) // 2 * 5  # requested, reserved, path, activated; released
+    assert events_after - events_before <= refused + calm_events, (refused, events_after)
+    assert all(a.get("state") in ("active", "released") for a in served)
+
+
+async def test_a_throttled_tenant_is_served_again_once_its_tokens_are_back(h: Harness) -> None:
+    for _ in range(LIMIT.burst):
+        expect_error(await h.client.intent(DOMAIN, "t", "compose", IMPOSSIBLE), "no_capacity")
+    reply = await h.client.intent(DOMAIN, "t", "compose", IMPOSSIBLE)
+    wait_ms = expect_error(reply, "throttled")["details"]["retry_after_ms"]
+    assert 0 < wait_ms <= 1000 / LIMIT.per_second
+    await asyncio.sleep(wait_ms / 1000 + 0.05)
+    expect_error(await h.client.intent(DOMAIN, "t", "compose", IMPOSSIBLE), "no_capacity")
+    # Admin verbs and queries are the operator's: no tenant rate applies to them.
+    expect_ok(await h.client.query(DOMAIN, "free"))
