@@ -17,9 +17,14 @@ import msgspec
 ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}(?!\n)$"
 _ID_RE = re.compile(ID_PATTERN)
 
-# No control characters in free text: PostgreSQL text and jsonb cannot hold NUL, and a value
-# the log cannot store must be refused at the door (`invalid`), not fail a whole batch later.
-PLAIN_TEXT = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*$"
+# No control characters in free text (ARCHITECTURE §3): no C0 or C1 control (PostgreSQL text
+# and jsonb cannot hold NUL, and a value the log cannot store must be refused at the door,
+# `invalid`, not fail a whole batch later), and no bidirectional control (U+200E, U+200F,
+# U+202A-U+202E, U+2066-U+2069), which would make a terminal or a page show text in another
+# order than it is (a reason that reads as another tenant's id). Every str field of every
+# Struct is one of the types below, so every field refuses them.
+# Written as regex escapes, so the pattern (and the JSON Schemas made from it) shows them.
+PLAIN_TEXT = r"^[^\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]*$"
 
 Id = Annotated[str, msgspec.Meta(pattern=ID_PATTERN)]
 # What an operator may point at: a node or link id, or `<ocs id>:<port>` for one port of an OCS.

@@ -395,7 +395,9 @@ _PATTERN_WORDS = {
     f"Expected `str` matching regex {COMPONENT_REF_PATTERN!r}": (
         "Expected an id (1-64 letters, digits, '_' or '-'), or `<ocs id>:<port>` for one port"
     ),
-    f"Expected `str` matching regex {PLAIN_TEXT!r}": "Expected text without control characters",
+    f"Expected `str` matching regex {PLAIN_TEXT!r}": (
+        "Expected text without control or bidirectional-control characters"
+    ),
 }
 
 

@@ -930,7 +930,7 @@ def _composition_list(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(as_json(rows))
     else:
-        print(render.composition_rows(rows, wide=args.output == "wide"))
+        print(render.composition_rows(render.visible(rows), wide=args.output == "wide"))
     return 0
 
 
@@ -956,7 +956,11 @@ def _watch(args: argparse.Namespace) -> int:
                 event = msgspec.json.decode(msg.data)
                 if _watched(args, event, owners):
                     # json: each event as the stream carries it, one JSON document a line.
-                    line = msg.data.decode() if args.output == "json" else render.event_line(event)
+                    line = (
+                        msg.data.decode()
+                        if args.output == "json"
+                        else render.event_line(render.visible(event))
+                    )
                     print(line, flush=True)
                     shown += 1
                     if args.count is not None and shown >= args.count:
@@ -1377,9 +1381,10 @@ def _print_reply(args: argparse.Namespace, reply: dict[str, Any], show: Any) -> 
     if args.output == "json":
         print(as_json(reply["result"] if ok else reply))
     elif ok:
-        print(show(reply["result"], reply, wide=args.output == "wide"))
+        seen = render.visible(reply)  # text for a terminal: no control or bidi character raw
+        print(show(seen["result"], seen, wide=args.output == "wide"))
     else:
-        print(render.error_text(reply["error"]), file=sys.stderr)
+        print(render.error_text(render.visible(reply["error"])), file=sys.stderr)
     return 0 if ok else 1
 
 

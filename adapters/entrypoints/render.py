@@ -7,6 +7,7 @@ adds the columns a narrow terminal can do without (full times, request ids, posi
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,6 +23,23 @@ Column = tuple[str, Callable[[Row], object], bool]
 
 
 OUTPUTS = ("table", "json", "wide")
+# What a terminal must not be handed raw: C0 and C1 controls and the bidirectional controls.
+# Intents refuse them (engine/ids.py), but a log may hold older events, or a foreign message.
+_HIDDEN = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def visible(value: Any) -> Any:
+    """`value` (a reply's result, an event: any JSON) with every control or bidirectional
+    character in its strings written as an escape (`\\u202e`), so no text can reorder or forge
+    what the terminal shows."""
+    match value:
+        case str():
+            return _HIDDEN.sub(lambda m: f"\\u{ord(m.group()):04x}", value)
+        case dict():
+            return {visible(k): visible(v) for k, v in value.items()}
+        case list():
+            return [visible(v) for v in value]
+    return value
 
 
 def add_output_options(p: argparse.ArgumentParser) -> None:

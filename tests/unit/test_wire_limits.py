@@ -20,7 +20,7 @@ import msgspec.inspect as mi
 import pytest
 
 from trellis.adapters.postgres.migrations import SCHEMA_DIR
-from trellis.engine.ids import COMPONENT_REF_PATTERN, ID_PATTERN, is_valid_id
+from trellis.engine.ids import COMPONENT_REF_PATTERN, ID_PATTERN, PLAIN_TEXT, is_valid_id
 from trellis.engine.intents import (
     INTENTS,
     MAX_BODY_BYTES,
@@ -255,10 +255,16 @@ def test_numbers_must_be_finite_and_bounded(
 # ---- strings ----
 
 
-@pytest.mark.parametrize(
-    "text",
-    ['"\\ud800"', '"a\\udfffb"', '"\\u0000"', '"a\\u0007"', '"\\u007f"'],
-)
+# C0 and C1 controls (tab and newline too), lone surrogates and the bidirectional controls of
+# ARCHITECTURE §3 (U+200E, U+200F, U+202A-U+202E, U+2066-U+2069).
+HOSTILE_TEXT = [
+    '"\\ud800"', '"a\\udfffb"', '"\\u0000"', '"a\\u0007"', '"\\u007f"', '"a\\tb"', '"a\\nb"',
+    '"a\\u0085b"', '"\\u009f"', '"ab\\u202e"', '"\\u202a"', '"\\u200e"', '"\\u200f"',
+    '"a\\u2066b"', '"\\u2069"',
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("text", HOSTILE_TEXT)
 @pytest.mark.parametrize(
     "body",
     [
@@ -272,7 +278,7 @@ def test_text_without_lone_surrogates_or_control_characters(body: str, text: str
 
 
 @pytest.mark.parametrize("where", ["key", "value"])
-@pytest.mark.parametrize("text", ['"\\ud800"', '"a\\u0000"'])
+@pytest.mark.parametrize("text", HOSTILE_TEXT)
 def test_label_keys_and_values_are_plain_text(where: str, text: str) -> None:
     label = f'{{{text}: "v"}}' if where == "key" else f'{{"k": {text}}}'
     body = f'{{"request_id": "r", "host": "h", "labels": {label}}}'
@@ -405,3 +411,21 @@ def test_every_number_string_list_and_map_of_a_body_is_bounded(family: Family, v
             case _:
                 unbounded.append(f"{where}: {t!r} is not checked here")
     assert unbounded == []
+
+
+@pytest.mark.parametrize(("family", "verb"), sorted(INTENTS), ids=lambda v: str(v))
+def test_every_string_of_a_body_refuses_control_and_bidirectional_characters(
+    family: Family, verb: str
+) -> None:
+    """No str field can be added that forgets the rule: each one is an id, a component
+    reference, or carries PLAIN_TEXT."""
+    loose = [
+        f"{where}: pattern {t.pattern!r}"
+        for where, t in leaves(mi.type_info(INTENTS[(family, verb)]), verb, set())
+        if isinstance(t, mi.StrType)
+        and t.pattern not in (ID_PATTERN, COMPONENT_REF_PATTERN, PLAIN_TEXT)
+    ]
+    assert loose == []
+    for text in ("a\u202eb", "a\x85b", "a\tb", "\u2066x"):
+        assert not re.search(PLAIN_TEXT, text)
+    assert re.search(PLAIN_TEXT, "plain text, é ü 中文 and \u200d (a joiner)")

@@ -1,0 +1,39 @@
+"""What the CLI prints for people never carries a control or bidirectional character raw
+(issue 21, finding 6): a reason or label from an older event, or from a foreign message, is
+shown escaped, so it cannot reorder or forge a table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from trellis.adapters.entrypoints import cli, render
+
+EVIL = "acme\u202e-drow-ssap \x1b[2Jcleared\x85"
+
+
+def test_visible_escapes_every_control_and_bidi_character_in_keys_and_values() -> None:
+    shown = render.visible({"reason": EVIL, "labels": {"k\u2066": "v\nw"}, "n": [1, "x\u200f"]})
+    assert shown == {
+        "reason": "acme\\u202e-drow-ssap \\u001b[2Jcleared\\u0085",
+        "labels": {"k\\u2066": "v\\u000aw"},
+        "n": [1, "x\\u200f"],
+    }
+    assert render.visible("plain, é and 中文") == "plain, é and 中文"
+
+
+@pytest.mark.parametrize("output", ["table", "wide"])
+def test_a_reply_is_printed_escaped_and_json_stays_exact(
+    output: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reply = {"ok": True, "result": {"text": EVIL}, "position": 3, "replayed": False}
+    cli._print_reply(argparse.Namespace(output=output), reply, lambda r, _, wide: r["text"])
+    out = capsys.readouterr().out
+    assert "\u202e" not in out and "\x1b" not in out and "\\u202e" in out
+    error = {"ok": False, "error": {"code": "invalid", "message": EVIL, "details": {}}}
+    cli._print_reply(argparse.Namespace(output=output), error, None)
+    assert "\u202e" not in capsys.readouterr().err
+    cli._print_reply(argparse.Namespace(output="json"), reply, None)
+    assert json.loads(capsys.readouterr().out)["text"] == EVIL  # for scripts: the data itself
