@@ -127,7 +127,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
                 f"got {checkpoint_every}"
             )
         return cls(
-            nats_url=env.get("TRELLIS_NATS_URL") or None,
+            nats_url=_nats_url(env.get("TRELLIS_NATS_URL", "")),
             database_url=database_url,
             database_owner_url=database_owner_url,
             data_dir=Path(data_dir) if data_dir else None,
@@ -211,6 +211,45 @@ def _snapshot_every(env: dict[str, str]) -> int:
     if every < 0:
         raise SettingsError(f"TRELLIS_SNAPSHOT_EVERY must be 0 or more; got {every}")
     return every
+
+
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+
+
+def _nats_url(text: str) -> str | None:
+    """TRELLIS_NATS_URL: one NATS URL or several, comma-separated; unset or blank: embedded.
+    Checked here, so a typo is one line at once, not a connection timeout 10 s later."""
+    if not text.strip():
+        return None
+    for server in (part.strip() for part in text.split(",")):
+        problem = _nats_url_problem(server)
+        if problem:
+            raise SettingsError(
+                f"TRELLIS_NATS_URL {text.strip()!r} is not a NATS URL ({problem}); expected "
+                "nats://host:port, several comma-separated"
+            )
+    return text.strip()
+
+
+def _nats_url_problem(server: str) -> str | None:
+    if not server:
+        return "an empty server between commas"
+    if any(c.isspace() for c in server):
+        return "it holds a space"
+    parts = urllib.parse.urlsplit(server)
+    if parts.scheme not in NATS_SCHEMES:
+        return f"the scheme must be one of {', '.join(NATS_SCHEMES)}"
+    try:
+        port = parts.port
+    except ValueError:
+        return "its port is not a number from 1 to 65535"
+    if not parts.hostname:
+        return "it names no host"
+    if port is not None and not 1 <= port <= 65535:
+        return "its port is not a number from 1 to 65535"
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        return "it has a path, a query or a fragment"
+    return None
 
 
 def _positive(env: dict[str, str], name: str, default: int) -> int:

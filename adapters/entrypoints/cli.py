@@ -262,6 +262,23 @@ def _lease(text: str) -> int:
     return value
 
 
+def _verbose_anywhere(parser: argparse.ArgumentParser) -> None:
+    """`-v` after a subcommand too (`trellis compose -v ...`), as people type it: every
+    subcommand takes it, without resetting one given before the subcommand."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in set(action.choices.values()):
+                if not any("-v" in a.option_strings for a in sub._actions):
+                    sub.add_argument(
+                        "-v",
+                        "--verbose",
+                        action="store_true",
+                        default=argparse.SUPPRESS,
+                        help="log at INFO level",
+                    )
+                _verbose_anywhere(sub)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="trellis",
@@ -446,6 +463,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     complete.add_argument("shell", choices=completion.SHELLS)
     complete.set_defaults(run=_completion)
+    _verbose_anywhere(parser)
     return parser
 
 
@@ -1360,7 +1378,7 @@ def _on_nats(args: argparse.Namespace, subject_tail: str, work: Any) -> Any:
         except Exception as exc:
             reason = str(exc) or type(exc).__name__
             raise CliError(
-                f"cannot reach NATS at {url}: {reason}",
+                f"cannot reach NATS at {redacted(url)}: {reason}",
                 code="unavailable",
                 hint="is `trellis up` running? see TRELLIS_NATS_URL",
                 exit=EXIT_UNAVAILABLE,

@@ -50,14 +50,22 @@ def bash_completes(script: Path, *words: str) -> list[str]:
 def test_the_bash_script_completes_commands_options_and_choices(tmp_path: Path) -> None:
     script = completion_script("bash", tmp_path)
     assert bash_completes(script, "fab") == ["fabric"]
-    assert bash_completes(script, "fabric", "") == ["-h", "--help", "show", "check"]
+    assert bash_completes(script, "fabric", "") == [
+        "-h",
+        "--help",
+        "show",
+        "check",
+        "-v",
+        "--verbose",
+    ]
     assert bash_completes(script, "fabric", "check", "-o", "") == ["table", "json", "wide"]
     assert bash_completes(script, "free", "--kind", "g") == ["gpu"]
     assert bash_completes(script, "topology", "import", "--domain", "x", "--re") == [
         "--request-id",
         "--reason",
     ]
-    assert bash_completes(script, "completion", "") == ["-h", "--help", "bash", "zsh"]
+    completes = ["-h", "--help", "bash", "zsh", "-v", "--verbose"]
+    assert bash_completes(script, "completion", "") == completes
     # Generated from the parser: every command it has is offered, and nothing else.
     commands = next(a for a in cli._parser()._actions if isinstance(a, argparse._SubParsersAction))
     offered = [w for w in bash_completes(script, "") if not w.startswith("-")]

@@ -176,3 +176,45 @@ def test_a_reader_that_goes_away_stops_the_cli_quietly(command: list[str]) -> No
     finally:
         os.close(write_end)
     assert (done.returncode, done.stderr) == (141, ""), done.stderr
+
+
+# Issue 21, finding 7: ways to exit 70 (the code for bugs) that users found. Each is now the
+# documented code with one line. (A large import: test_size_limits.py; watch and composition
+# list on foreign stream or KV content: test_foreign_messages.py.)
+BAD_NATS_URLS = [
+    ("nats//x", "the scheme must be one of"),
+    ("http://x:4222", "the scheme must be one of"),
+    ("nats://:99999", "its port is not a number"),
+    ("nats://host:port", "its port is not a number"),
+    ("nats://a b", "it holds a space"),
+    ("nats://h:1,,nats://h:2", "an empty server between commas"),
+]
+
+
+@pytest.mark.parametrize(("url", "says"), BAD_NATS_URLS, ids=[u for u, _ in BAD_NATS_URLS])
+async def test_a_malformed_nats_url_is_a_config_line_at_once(
+    tmp_path: Path, url: str, says: str
+) -> None:
+    env = {**base_env(tmp_path), "TRELLIS_NATS_URL": url}
+    started = asyncio.get_running_loop().time()
+    code, _, err = await run_cli(env, "topology", "show")
+    line = one_line(err)
+    assert code == cli.EXIT_FAILED, err
+    assert line.startswith(f"trellis: config: TRELLIS_NATS_URL {url!r} is not a NATS URL"), line
+    assert says in line, line
+    # Not a connection timeout: it is refused before anything is dialled.
+    assert asyncio.get_running_loop().time() - started < 8
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["free", "-v"], ["topology", "show", "-v"], ["composition", "list", "-v"], ["-v", "free"]],
+    ids=" ".join,
+)
+async def test_v_after_the_subcommand_is_taken_as_before_it(
+    tmp_path: Path, args: list[str]
+) -> None:
+    code, _, err = await run_cli(base_env(tmp_path), *args)
+    line = one_line(err)
+    assert code == EXIT_UNAVAILABLE, err  # it went on to look for an engine: -v was understood
+    assert line.startswith("trellis: unavailable: no engine found"), line
