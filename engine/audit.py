@@ -211,6 +211,8 @@ class InvariantAudit:
         self._reported: set[tuple[str, str]] = set()
         self._nodes: dict[str, _Node] = {}
         self._links: dict[str, float] = {}  # link -> capacity_gbps
+        # An import in parts: the first parts' nodes and links, until its last part.
+        self._staged: tuple[dict[str, _Node], dict[str, float]] = ({}, {})
         self._compositions: dict[str, _Composition] = {}
         self._whole: dict[str, str] = {}  # device held whole -> composition
         self._slices: dict[str, dict[str, float]] = {}  # memory device -> composition -> GiB
@@ -240,8 +242,16 @@ class InvariantAudit:
     # -- topology --
 
     def _on_TopologyImported(self, data: dict[str, Any]) -> None:
-        self._nodes = {n["id"]: _node(n) for n in data.get("nodes", [])}
-        self._links = {lk["id"]: float(lk["capacity_gbps"]) for lk in data.get("links", [])}
+        nodes = {n["id"]: _node(n) for n in data.get("nodes", [])}
+        links = {lk["id"]: float(lk["capacity_gbps"]) for lk in data.get("links", [])}
+        part, parts = data.get("part", 1), data.get("parts", 1)
+        if part > 1:  # a later part of one import: with the parts before it
+            nodes, links = self._staged[0] | nodes, self._staged[1] | links
+        if part < parts:
+            self._staged = (nodes, links)
+            return
+        self._staged = ({}, {})
+        self._nodes, self._links = nodes, links
         for link in self._links:
             self._check_link(link)
 

@@ -25,7 +25,13 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=Tru
 
 
 class TopologyImported(Event):
-    """The domain's topology now equals this document; added/updated/removed say what moved."""
+    """The domain's topology now equals this document; added/updated/removed say what moved.
+
+    An import too large for one message of the event stream is recorded as `parts` events of
+    one batch, numbered `part` 1..`parts`, each with its share of the nodes, links and of the
+    added/updated/removed ids: together they are one import, and the topology equals their
+    document once the last part is folded (ARCHITECTURE §6; docs/architecture.md, "Size").
+    Events recorded before parts existed are whole: part 1 of 1."""
 
     nodes: list[NodeSpec]
     links: list[LinkSpec]
@@ -33,6 +39,8 @@ class TopologyImported(Event):
     updated: list[str] = []
     removed: list[str] = []
     reason: str = ""
+    part: int = 1
+    parts: int = 1
 
 
 class NodeAdded(Event):
@@ -269,3 +277,10 @@ SCHEMA_VERSIONS: dict[str, int] = {
 
 decode_event = msgspec.json.Decoder(AnyEvent).decode
 encode = msgspec.json.Encoder().encode
+
+# Every event must fit one message of the event stream, whose server refuses a message larger
+# than its max_payload (NATS's default: 1 MiB), envelope and headers included. An event that
+# would be larger is refused before commit (`invalid`; engine/writer.py), except an import,
+# which is recorded in parts of at most PART_BYTES each (TopologyImported.part).
+MAX_EVENT_BYTES = 900_000
+PART_BYTES = 512 * 1024

@@ -42,6 +42,11 @@ from trellis.engine.model import (
 MAX_BODY_BYTES = 1024 * 1024
 # Above what a body of MAX_BODY_BYTES can carry; stated so the bound is the contract's.
 MAX_TOPOLOGY_ITEMS = 100_000
+# An import larger than one body is sent in parts (ImportTopology.upload): at most this many,
+# and a domain of at most MAX_DOMAIN_ITEMS nodes and as many links (ARCHITECTURE §10, Size:
+# 65,536 devices and their hosts, switches and cables, with room to spare).
+MAX_UPLOAD_PARTS = 1024
+MAX_DOMAIN_ITEMS = 1_048_576
 
 Family = Literal["intent", "admin", "query"]
 
@@ -62,10 +67,20 @@ class Intent(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
 # ---- topology administration (trellis.admin.<domain>.<verb>) ----
 
 
+class Upload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Which part of an import in parts a body is: one import sent as `parts` bodies under one
+    request_id, decided once, whole, when the last has arrived (docs/architecture.md, Size)."""
+
+    part: Annotated[int, msgspec.Meta(ge=1, le=MAX_UPLOAD_PARTS)]
+    parts: Annotated[int, msgspec.Meta(ge=1, le=MAX_UPLOAD_PARTS)]
+
+
 class ImportTopology(Intent):
     nodes: Annotated[list[NodeSpec], msgspec.Meta(max_length=MAX_TOPOLOGY_ITEMS)] = []
     links: Annotated[list[LinkSpec], msgspec.Meta(max_length=MAX_TOPOLOGY_ITEMS)] = []
     reason: Text = ""
+    # A part of an import too large for one body; absent: the whole import in this one.
+    upload: Upload | None = None
 
 
 class AddNode(Intent):
@@ -244,7 +259,16 @@ class Query(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     min_position: NonNegInt | None = None
 
 
-class TopologyQuery(Query):
+class PagedQuery(Query):
+    """A query whose answer can be larger than one message: it comes in pages (engine/paging.py).
+    `offset`: how many items of the answer's lists (in their order) the asker has already; an
+    answer with `next` has more, asked for with `offset: next` and the first page's position
+    as `at`, so every page is of the same moment."""
+
+    offset: NonNegInt = 0
+
+
+class TopologyQuery(PagedQuery):
     pass
 
 
@@ -252,7 +276,7 @@ class CompositionQuery(Query):
     id: Id
 
 
-class ConnectionsQuery(Query):
+class ConnectionsQuery(PagedQuery):
     host: Id | None = None
     tenant: Id | None = None
     device: Id | None = None
@@ -262,7 +286,7 @@ class WhyQuery(Query):
     id: Id
 
 
-class FreeQuery(Query):
+class FreeQuery(PagedQuery):
     kind: DeviceKind | None = None
 
 
@@ -316,7 +340,7 @@ class CheckpointKeyQuery(Query):
 Moment = Annotated[datetime, msgspec.Meta(tz=True)]
 
 
-class HistoryQuery(Query):
+class HistoryQuery(PagedQuery):
     """Who held which device when: the intervals of `id` (a device, host or composition) and
     `tenant` that overlap [since, until] (either end open when left out)."""
 

@@ -66,7 +66,19 @@ class ExtendResult(msgspec.Struct, frozen=True, kw_only=True):
 # ---- topology administration (trellis.admin.<domain>.<verb>) ----
 
 
+class UploadProgress(msgspec.Struct, frozen=True, kw_only=True):
+    """How much of an import in parts has arrived (the answer to each part but the last)."""
+
+    part: int  # the one just received
+    parts: int
+    received: int  # parts received so far
+
+
 class ImportResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What an import changed. The lists name at most MAX_LISTED ids each (an answer must fit
+    one message); the counts are whole. To a part of an import in parts but its last, the
+    answer is `upload`, what has arrived: nothing is decided or recorded yet."""
+
     domain: str
     unchanged: bool
     nodes: int
@@ -74,6 +86,14 @@ class ImportResult(msgspec.Struct, frozen=True, kw_only=True):
     added: list[str] = []
     updated: list[str] = []
     removed: list[str] = []
+    added_count: int = 0
+    updated_count: int = 0
+    removed_count: int = 0
+    upload: UploadProgress | UnsetType = UNSET
+
+
+#: Ids an import's answer lists per change (its counts are whole): 1,000 ids fit a message.
+MAX_LISTED = 1000
 
 
 class ComponentResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -148,6 +168,8 @@ class TopologyResult(msgspec.Struct, frozen=True, kw_only=True):
     nodes: list[TopologyNode]
     links: list[TopologyLink]
     circuits: list[TopologyCircuit]
+    # More items follow (the answer is paged: engine/paging.py): ask with `offset: next`.
+    next: int | UnsetType = UNSET
 
 
 class FreeDevice(NodeSpec, kw_only=True, forbid_unknown_fields=False):
@@ -158,6 +180,8 @@ class FreeDevice(NodeSpec, kw_only=True, forbid_unknown_fields=False):
 
 class FreeResult(msgspec.Struct, frozen=True, kw_only=True):
     devices: list[FreeDevice]
+    # More items follow (the answer is paged: engine/paging.py): ask with `offset: next`.
+    next: int | UnsetType = UNSET
 
 
 class HitComposition(msgspec.Struct, frozen=True, kw_only=True):
@@ -232,6 +256,8 @@ class Connection(msgspec.Struct, frozen=True, kw_only=True):
 
 class ConnectionsResult(msgspec.Struct, frozen=True, kw_only=True):
     connections: list[Connection]
+    # More items follow (the answer is paged: engine/paging.py): ask with `offset: next`.
+    next: int | UnsetType = UNSET
 
 
 WhyKind = Literal["composition", "device", "host", "switch", "ocs", "link"]
@@ -269,6 +295,8 @@ class Interval(msgspec.Struct, frozen=True, kw_only=True):
 
 class HistoryResult(msgspec.Struct, frozen=True, kw_only=True):
     intervals: list[Interval]
+    # More items follow (the answer is paged: engine/paging.py): ask with `offset: next`.
+    next: int | UnsetType = UNSET
 
 
 # ---- the audit trail (admin checkpoint; query proof, consistency, checkpoint-key) ----

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 import msgspec
 
@@ -31,6 +32,7 @@ from trellis.engine.intents import (
     HistoryQuery,
     ImportTopology,
     InvalidIntent,
+    PagedQuery,
     RecordCheckpoint,
     WhyQuery,
     decode_intent,
@@ -38,6 +40,7 @@ from trellis.engine.intents import (
     settle_request_id,
 )
 from trellis.engine.ownership import Lease, Overran, Ownership, tick_of, within
+from trellis.engine.paging import paged
 from trellis.engine.ports import (
     AuditTrail,
     Clock,
@@ -53,10 +56,16 @@ from trellis.engine.ports import (
 )
 from trellis.engine.queries import STATE_QUERIES, answer
 from trellis.engine.records import Head
-from trellis.engine.results import ConnectionsResult, HistoryResult
+from trellis.engine.results import (
+    ConnectionsResult,
+    HistoryResult,
+    ImportResult,
+    UploadProgress,
+)
 from trellis.engine.saga import FabricSync, Settlement
 from trellis.engine.state import DomainState
 from trellis.engine.throttle import Bucket, RateLimit, take
+from trellis.engine.uploads import Uploads
 from trellis.engine.writer import DomainWriter
 
 log = logging.getLogger(__name__)
@@ -129,6 +138,8 @@ class Engine:
         # Each tenant's intents, through a token bucket (engine/throttle.py); None: no limit.
         self._rate = rate_limit if rate_limit is not None and rate_limit.per_second > 0 else None
         self._buckets: dict[str, Bucket] = {}
+        self._uploads = Uploads()  # imports sent in parts, until their last part
+        self._pages = _Pages()  # answers being read in pages
         self._read_wait = read_wait
         self._telemetry = telemetry or NoTelemetry()
         self._snapshots = snapshots
@@ -371,6 +382,20 @@ class Engine:
             intent = decode_intent(family, verb, body)
         except InvalidIntent as exc:
             return replies.error("invalid", str(exc))
+        if isinstance(intent, ImportTopology) and intent.upload is not None:
+            try:
+                assembled = self._uploads.add(
+                    domain, OPERATOR, intent, self._clock.now().timestamp()
+                )
+            except IntentRejected as exc:
+                return replies.rejection(exc)
+            if isinstance(assembled, UploadProgress):
+                head = self.head(domain)
+                result = ImportResult(
+                    domain=domain, unchanged=False, nodes=0, links=0, upload=assembled
+                )
+                return replies.ok(_encode(result), head.position if head else 0)
+            intent = assembled
         try:
             if family == "query":
                 return await self._query(domain, verb, intent, viewer=tenant)
@@ -462,26 +487,39 @@ class Engine:
             # The answer is as of this event (the writer's head, which includes `min_position`).
             upto = past or head
             state = writer.state
-            result: msgspec.Struct
-            if verb == "fabric":
-                result = await fabric_report.report(
-                    domain,
-                    self._fabric,
-                    lambda: served.writer.state,
-                    settling=lambda: not served.sync.idle,
-                    deadline=min(self._saga_deadline, fabric_report.READ_DEADLINE_S),
-                )
-            elif verb in AUDIT_QUERIES:
-                result = await self._trail().answer(domain, query, head=upto.version, viewer=viewer)
-            elif verb in STATE_QUERIES:
-                if past is not None:
-                    state = await snapshots.state_at(self._store, self._snapshots, domain, past)
-                result = answer(state, query, verb)
+
+            async def whole() -> msgspec.Struct:
+                nonlocal state
+                result: msgspec.Struct
+                if verb == "fabric":
+                    result = await fabric_report.report(
+                        domain,
+                        self._fabric,
+                        lambda: served.writer.state,
+                        settling=lambda: not served.sync.idle,
+                        deadline=min(self._saga_deadline, fabric_report.READ_DEADLINE_S),
+                    )
+                elif verb in AUDIT_QUERIES:
+                    result = await self._trail().answer(
+                        domain, query, head=upto.version, viewer=viewer
+                    )
+                elif verb in STATE_QUERIES:
+                    if past is not None:
+                        state = await snapshots.state_at(self._store, self._snapshots, domain, past)
+                    result = answer(state, query, verb)
+                else:
+                    # (Only `topology`'s view reads the state, and it is a state query.)
+                    result = await self._read_model_query(
+                        domain, query, head.position, viewer, past
+                    )
+                if viewer is not None:  # (`fabric` has no view: refused above)
+                    result = views.scope(verb, result, viewer, state)
+                return result
+
+            if isinstance(query, PagedQuery):  # larger than one message: in pages
+                result = await self._pages.page((domain, verb, viewer, upto.position), query, whole)
             else:
-                # (Only `topology`'s view reads the state, and it is a state query.)
-                result = await self._read_model_query(domain, query, head.position, viewer, past)
-            if viewer is not None:  # (`fabric` has no view: refused above)
-                result = views.scope(verb, result, viewer, state)
+                result = await whole()
         except IntentRejected as exc:
             return replies.rejection(exc)
         return replies.ok(_encode(result), upto.position)
@@ -773,6 +811,39 @@ class Engine:
             sync.kick()
 
         return committed
+
+
+class _Pages:
+    """The whole answers of paged queries being read page by page, a few, for a minute: the
+    pages after the first are cut from the answer the first was cut from, not computed again
+    (a 65,536-device topology is fifty pages)."""
+
+    KEPT = 4
+    TTL_S = 60.0
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[object, ...], tuple[float, msgspec.Struct]] = {}
+
+    async def page(
+        self,
+        at: tuple[object, ...],
+        query: PagedQuery,
+        whole: Callable[[], Awaitable[msgspec.Struct]],
+    ) -> msgspec.Struct:
+        """The page of `query` (at `at`: domain, verb, viewer, position) of the answer
+        `whole` computes, or of the one kept from an earlier page."""
+        key = (*at, _encode(msgspec.structs.replace(query, offset=0, at=None, min_position=None)))
+        now = time.monotonic()
+        for stale in [k for k, (t, _) in self._kept.items() if now - t > self.TTL_S]:
+            del self._kept[stale]
+        kept = self._kept.get(key) if query.offset else None
+        answer = kept[1] if kept is not None else await whole()
+        page = paged(answer, query.offset)
+        if getattr(page, "next", msgspec.UNSET) is not msgspec.UNSET:
+            self._kept[key] = (now, answer)
+            while len(self._kept) > self.KEPT:
+                del self._kept[min(self._kept, key=lambda k: self._kept[k][0])]
+        return page
 
 
 class _HeldElsewhere(Exception):

@@ -104,6 +104,13 @@ class Held(msgspec.Struct, frozen=True, kw_only=True):
     capacity_gib: float = 0.0  # memory: the slices' GiB, a pool asked for by id whole
 
 
+class Staged(msgspec.Struct, frozen=True, kw_only=True):
+    """The nodes and links of an import's first parts, until its last part applies them all."""
+
+    nodes: list[NodeSpec]
+    links: list[LinkSpec]
+
+
 class DomainState(msgspec.Struct, frozen=True, kw_only=True):
     """Everything `decide` needs about one domain. Maps are never mutated after construction.
 
@@ -125,6 +132,8 @@ class DomainState(msgspec.Struct, frozen=True, kw_only=True):
     exclusive_tenants: dict[str, dict[str, int]] = {}  # switch -> tenant -> exclusive paths
     quotas: dict[str, dict[str, Quota]] = {}  # tenant -> device kind -> its limits
     held: dict[str, dict[str, Held]] = {}  # tenant -> device kind -> what its live ones hold
+    # The parts of an import recorded in parts (TopologyImported.part < parts) before its last.
+    staged: Staged | None = None
 
     @property
     def exists(self) -> bool:
@@ -177,13 +186,20 @@ def evolve(state: DomainState, event: Event) -> DomainState:
     """Apply one event. Unknown-to-this-fold events (compositions, later) leave state as is."""
     replace = msgspec.structs.replace
     match event:
-        case TopologyImported(nodes=nodes, links=links):
+        case TopologyImported(nodes=nodes, links=links, part=part, parts=parts):
+            if parts > 1:
+                earlier = state.staged if part > 1 else None
+                nodes = [*(earlier.nodes if earlier else []), *nodes]
+                links = [*(earlier.links if earlier else []), *links]
+                if part < parts:
+                    return replace(state, staged=Staged(nodes=nodes, links=links))
             # Components that stay keep their health and drain marks; the specs are replaced.
             return replace(
                 state,
                 created=True,
                 nodes={n.id: _respec(state.nodes.get(n.id), n, NodeState) for n in nodes},
                 links={lk.id: _respec(state.links.get(lk.id), lk, LinkState) for lk in links},
+                staged=None,
             )
         case NodeAdded(node=node):
             return replace(state, nodes={**state.nodes, node.id: NodeState(spec=node)})

@@ -4,6 +4,7 @@ undrain and health reports, with the repairs that follow from a component's new 
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from functools import reduce
@@ -14,6 +15,7 @@ import msgspec
 from trellis.engine.context import Context, Decision
 from trellis.engine.errors import IntentRejected
 from trellis.engine.events import (
+    PART_BYTES,
     ComponentDrained,
     ComponentFaulted,
     ComponentRecovered,
@@ -27,6 +29,7 @@ from trellis.engine.events import (
     NodeAdded,
     PathRerouted,
     TopologyImported,
+    encode,
 )
 from trellis.engine.ids import split_ref
 from trellis.engine.intents import (
@@ -40,7 +43,7 @@ from trellis.engine.intents import (
 )
 from trellis.engine.model import LinkSpec, NodeSpec
 from trellis.engine.repair import impair_and_repair, repair, retry_impaired
-from trellis.engine.results import ComponentResult, ImportResult
+from trellis.engine.results import MAX_LISTED, ComponentResult, ImportResult
 from trellis.engine.state import DomainState, evolve, resolve_ref
 
 
@@ -105,9 +108,12 @@ def import_topology(state: DomainState, intent: ImportTopology, ctx: Context) ->
         unchanged=not (added or removed or updated),
         nodes=len(intent.nodes),
         links=len(intent.links),
-        added=added,
-        updated=updated,
-        removed=removed,
+        added=added[:MAX_LISTED],
+        updated=updated[:MAX_LISTED],
+        removed=removed[:MAX_LISTED],
+        added_count=len(added),
+        updated_count=len(updated),
+        removed_count=len(removed),
     )
     if result.unchanged:
         return Decision([], result)  # idempotent by content: same fabric, nothing to record
@@ -120,7 +126,48 @@ def import_topology(state: DomainState, intent: ImportTopology, ctx: Context) ->
         removed=removed,
         reason=intent.reason,
     )
-    return Decision([event], result)
+    events: list[Event] = [*in_parts(event)]
+    return Decision(events, result)
+
+
+def in_parts(event: TopologyImported, budget: int = PART_BYTES) -> list[TopologyImported]:
+    """`event` as one event, or, when its encoding is larger than `budget`, as parts of about
+    equal size that each fit it (TopologyImported.part/parts): every event of the log must fit
+    one message of the event stream. Each part carries the ids of its own nodes and links in
+    added/updated, and a share of the removed ids."""
+    size = len(encode(event))
+    count = math.ceil(size / budget)
+    while count > 1:
+        parts = _split(event, count)
+        if all(len(encode(p)) <= budget for p in parts):
+            return parts
+        count += max(1, count // 4)  # sizes are uneven: a few more, smaller parts
+    return [event]
+
+
+def _split(event: TopologyImported, count: int) -> list[TopologyImported]:
+    items: list[NodeSpec | LinkSpec] = [*event.nodes, *event.links]
+    size = math.ceil(len(items) / count)
+    chunks = [items[i * size : (i + 1) * size] for i in range(count)]
+    removed = event.removed
+    share = math.ceil(len(removed) / count) if removed else 0
+    added, updated = set(event.added), set(event.updated)
+    parts = []
+    for i, chunk in enumerate(chunks):
+        ids = [item.id for item in chunk]
+        parts.append(
+            TopologyImported(
+                nodes=[n for n in chunk if isinstance(n, NodeSpec)],
+                links=[lk for lk in chunk if isinstance(lk, LinkSpec)],
+                added=[x for x in ids if x in added],
+                updated=[x for x in ids if x in updated],
+                removed=removed[i * share : (i + 1) * share],
+                reason=event.reason,
+                part=i + 1,
+                parts=count,
+            )
+        )
+    return parts
 
 
 def remove(state: DomainState, intent: Remove) -> Decision:

@@ -27,6 +27,7 @@ from trellis.engine.errors import (
     StoreUnavailable,
     WriterFenced,
 )
+from trellis.engine.events import MAX_EVENT_BYTES
 from trellis.engine.ports import (
     Clock,
     EventStore,
@@ -290,17 +291,23 @@ class DomainWriter:
                 continue
             finally:
                 self._telemetry.decided(req.verb, time.perf_counter() - started)
+            decided = [
+                PendingEvent.of(
+                    event,
+                    actor=req.actor,
+                    causation_id=req.intent.request_id,  # type: ignore[attr-defined]
+                    correlation_id=req.correlation_id or req.intent.request_id,  # type: ignore[attr-defined]
+                    at=now,
+                )
+                for event in decision.events
+            ]
+            largest = max((len(e.data) for e in decided), default=0)
+            if largest > MAX_EVENT_BYTES:  # the stream could never carry it: record nothing
+                answers.append(replies.rejection(_too_large(req.verb, largest)))
+                continue
             for event in decision.events:
                 state = evolve(state, event)
-                events.append(
-                    PendingEvent.of(
-                        event,
-                        actor=req.actor,
-                        causation_id=req.intent.request_id,  # type: ignore[attr-defined]
-                        correlation_id=req.correlation_id or req.intent.request_id,  # type: ignore[attr-defined]
-                        at=now,
-                    )
-                )
+            events.extend(decided)
             first_in_batch[req.key] = len(pending)
             answers.append(("first", len(pending)))
             pending.append(
@@ -376,6 +383,15 @@ def body_hash(family: str, verb: str, intent: msgspec.Struct) -> str:
 
 def _resend(first_hash: str, first_reply: bytes, req: Request) -> bytes:
     return replies.as_replayed(first_reply) if first_hash == req.body_hash else _conflict(req)
+
+
+def _too_large(verb: str, size: int) -> IntentRejected:
+    return IntentRejected(
+        "invalid",
+        f"this {verb} would record an event of {size:,} bytes; an event must fit one message of "
+        f"the event stream (at most {MAX_EVENT_BYTES:,} bytes): ask for less at once",
+        {"event_bytes": size, "limit": MAX_EVENT_BYTES},
+    )
 
 
 def _conflict(req: Request) -> bytes:

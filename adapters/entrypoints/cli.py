@@ -17,7 +17,7 @@ import sys
 import time
 import traceback
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -908,7 +908,10 @@ def _topology_import(args: argparse.Namespace) -> int:
     # first answer. Importing the same content twice is a no-op anyway (idempotent by content).
     request_id = args.request_id or str(uuid.uuid4())
     reply = _request(
-        args, f"admin.{args.domain}.import-topology", {**body, "request_id": request_id}
+        args,
+        f"admin.{args.domain}.import-topology",
+        body,
+        send=lambda client: client.import_topology(args.domain, body, request_id),
     )
     return _print_reply(args, reply, render.import_summary)
 
@@ -1050,13 +1053,13 @@ def _version() -> str:
 
 
 def _topology_show(args: argparse.Namespace) -> int:
-    reply = _request(args, f"query.{args.domain}.topology", _at(args, {}))
+    reply = _paged(args, f"query.{args.domain}.topology", _at(args, {}))
     return _print_reply(args, reply, render.topology_tables)
 
 
 def _replay(args: argparse.Namespace) -> int:
     """The fabric, then what was connected to what and why, both as of `--at`."""
-    topology = _request(args, f"query.{args.domain}.topology", _at(args, {}))
+    topology = _paged(args, f"query.{args.domain}.topology", _at(args, {}))
     if not topology.get("ok"):
         return _print_reply(args, topology, render.topology_tables)
     connections = _request(args, f"query.{args.domain}.connections", _at(args, {}))
@@ -1126,7 +1129,7 @@ def _extend(args: argparse.Namespace) -> int:
 
 def _connections(args: argparse.Namespace) -> int:
     filters = {k: getattr(args, k) for k in ("host", "tenant", "device") if getattr(args, k)}
-    reply = _request(args, _query_subject(args, "connections"), _at(args, filters))
+    reply = _paged(args, _query_subject(args, "connections"), _at(args, filters))
     return _print_reply(args, reply, render.connections_table)
 
 
@@ -1137,13 +1140,13 @@ def _why(args: argparse.Namespace) -> int:
 
 def _history(args: argparse.Namespace) -> int:
     filters = {k: getattr(args, k) for k in ("id", "tenant", "since", "until") if getattr(args, k)}
-    reply = _request(args, _query_subject(args, "history"), _at(args, filters))
+    reply = _paged(args, _query_subject(args, "history"), _at(args, filters))
     return _print_reply(args, reply, render.history_table)
 
 
 def _free(args: argparse.Namespace) -> int:
     body = {"kind": args.kind} if args.kind else {}
-    reply = _request(args, _query_subject(args, "free"), _at(args, body))
+    reply = _paged(args, _query_subject(args, "free"), _at(args, body))
     return _print_reply(args, reply, render.free_table)
 
 
@@ -1176,6 +1179,11 @@ def _send_admin(args: argparse.Namespace, verb: str, body: dict[str, Any], show:
     body = {**body, "request_id": args.request_id or str(uuid.uuid4())}
     reply = _request(args, f"admin.{args.domain}.{verb}", body)
     return _print_reply(args, reply, show)
+
+
+def _paged(args: argparse.Namespace, subject_tail: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A query whose answer may come in pages: all of them, as one reply."""
+    return _request(args, subject_tail, body, send=lambda c: c.all_pages(subject_tail, body))
 
 
 def _query_subject(args: argparse.Namespace, what: str) -> str:
@@ -1307,7 +1315,7 @@ class _Refusals:
         if "violation" in text.lower() and not self.refused.done():
             self.refused.set_result(text.removeprefix("nats: ").strip("'"))
 
-    async def first(self, step: Any, timeout: float) -> Any:
+    async def first(self, step: Any, timeout: float | None) -> Any:
         task = asyncio.ensure_future(step)
         done, _ = await asyncio.wait(
             {task, self.refused}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
@@ -1321,12 +1329,21 @@ class _Refusals:
         raise TimeoutError
 
 
-def _request(args: argparse.Namespace, subject_tail: str, body: dict[str, Any]) -> dict[str, Any]:
+def _request(
+    args: argparse.Namespace,
+    subject_tail: str,
+    body: dict[str, Any],
+    send: Callable[[TrellisClient], Awaitable[dict[str, Any]]] | None = None,
+) -> dict[str, Any]:
+    """Send `body` on `subject_tail` (or have `send` talk to the engine, e.g. an import in
+    parts) and return the reply, every failure turned into one CliError line. `--timeout` is
+    each request's: `send` may make many (pages, parts)."""
+
     async def ask(nc: NATS, settings: Settings, url: str, refusals: _Refusals, who: str) -> Any:
         client = TrellisClient(nc, prefix=settings.subject_prefix, timeout=args.timeout)
-        asked = client.raw(subject_tail, msgspec.json.encode(body))
-        try:
-            return await refusals.first(asked, args.timeout)
+        asked = send(client) if send else client.raw(subject_tail, msgspec.json.encode(body))
+        try:  # the client's own timeout bounds each request
+            return await refusals.first(asked, None if send else args.timeout)
         except CliError as exc:
             raise CliError(f"{exc} ({who} may not send that)", code="forbidden") from None
         except NoRespondersError:

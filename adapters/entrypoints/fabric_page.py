@@ -38,6 +38,7 @@ from nats.js.api import DeliverPolicy
 from nats.js.kv import KV_DEL, KV_PURGE
 
 from trellis.adapters.entrypoints.httpd import DEFAULT_HOST, HttpServer, Request, Response, Stream
+from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.nats.foreign import ForeignMessages
 from trellis.adapters.nats.jetstream import bucket_name, stream_event, stream_name
 from trellis.adapters.nats.kv_state import bucket_entry
@@ -312,15 +313,15 @@ class FabricPage(HttpServer):
                 problem = f"id {body['id']!r} is not an id"
         if problem is not None:
             return _envelope(400, {"ok": False, "error": {"code": "invalid", "message": problem}})
-        subject = f"{self._prefix}.query.{domain}.{what}"
-        try:
-            reply = await self._nc.request(subject, _encode(body), timeout=QUERY_TIMEOUT_S)
+        client = TrellisClient(self._nc, prefix=self._prefix, timeout=QUERY_TIMEOUT_S)
+        try:  # a large domain's topology comes in pages: the browser gets them joined
+            reply = await client.all_pages(f"query.{domain}.{what}", body)
         except (NatsError, TimeoutError) as exc:
             message = f"the engine did not answer {what}: {str(exc) or type(exc).__name__}"
             return _envelope(
                 503, {"ok": False, "error": {"code": "unavailable", "message": message}}
             )
-        return Response(200, "application/json", reply.data, _NO_STORE)
+        return _envelope(200, reply)
 
 
 def _cookie(request: Request, name: str) -> str | None:

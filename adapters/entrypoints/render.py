@@ -160,11 +160,12 @@ def import_summary(result: Row, reply: Row, wide: bool = False) -> str:
         f" at position {reply['position']}" + (" (replayed)" if reply.get("replayed") else "")
     ]
     for key in ("added", "updated", "removed"):
-        ids = result[key]
+        ids, total = result[key], result.get(f"{key}_count") or len(result[key])
         if ids:
-            shown = ", ".join(ids if wide or len(ids) <= 12 else ids[:12])
-            if len(ids) > 12 and not wide:
-                shown += f", ... ({len(ids)} in all)"
+            named = ids if wide else ids[:12]
+            shown = ", ".join(named)
+            if total > len(named):
+                shown += f", ... ({total} in all)"
             lines.append(f"  {key}: {shown}")
     return "\n".join(lines)
 

@@ -96,7 +96,13 @@ def test_each_subjects_reply_is_its_result_or_an_error() -> None:
     assert defs["ErrorBody"]["required"] == ["code", "message", "details"]
     # Left out when absent (UNSET), so not required: the cable an OCS port names.
     assert "link" not in defs["BlastRadiusResult"]["required"]
-    assert defs["ImportResult"]["required"][-3:] == ["added", "updated", "removed"]
+    required = defs["ImportResult"]["required"]
+    assert required[-6:] == [
+        "added",
+        "updated",
+        "removed",
+        *(f"{c}_count" for c in ("added", "updated", "removed")),
+    ]
 
 
 def test_the_asyncapi_document_names_every_subject_and_its_references_resolve() -> None:
