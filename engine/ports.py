@@ -11,6 +11,7 @@ from typing import Literal, Protocol
 
 import msgspec
 
+from trellis.engine import replies
 from trellis.engine.follower import Failure
 from trellis.engine.records import Head, PendingEvent, RecordedEvent
 from trellis.engine.results import (
@@ -47,6 +48,31 @@ class PendingReply(msgspec.Struct, frozen=True, kw_only=True):
     ok: bool
     body: bytes
     event_index: int | None = None
+
+
+def reply_position(expected: Head, reply: PendingReply, positions: dict[int, int]) -> int:
+    """The position a stored answer carries: its batch event's (`positions` maps the batch's
+    versions to their positions), or the head's before the batch."""
+    if reply.event_index is None:
+        return expected.position
+    return positions[expected.version + reply.event_index + 1]
+
+
+def stored_replies(
+    expected: Head, pending: Sequence[PendingReply], positions: dict[int, int]
+) -> list[StoredReply]:
+    """The answers an append stores, as every EventStore renders them: a success wrapped in
+    its ok envelope with its position, a recorded rejection as it is."""
+    return [
+        StoredReply(
+            actor=p.actor,
+            request_id=p.request_id,
+            verb=p.verb,
+            body_hash=p.body_hash,
+            reply=replies.ok(p.body, reply_position(expected, p, positions)) if p.ok else p.body,
+        )
+        for p in pending
+    ]
 
 
 class Appended(msgspec.Struct, frozen=True):

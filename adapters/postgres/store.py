@@ -17,9 +17,14 @@ from typing import Any
 import asyncpg
 
 from trellis.adapters.postgres.privileges import bypasses_privileges
-from trellis.engine import replies
 from trellis.engine.errors import ConcurrencyConflict, EventRefused, StoreUnavailable, WriterFenced
-from trellis.engine.ports import Appended, PendingReply, StoredReply
+from trellis.engine.ports import (
+    Appended,
+    PendingReply,
+    StoredReply,
+    reply_position,
+    stored_replies,
+)
 from trellis.engine.records import Head, PendingEvent, RecordedEvent, hash_of
 
 log = logging.getLogger(__name__)
@@ -270,7 +275,7 @@ class PostgresEventStore:
                         _INSERT_EVENTS, domain, *zip(*rows, strict=True), fence
                     )
                     positions = {r["version"]: r["position"] for r in inserted}
-                stored = _render_replies(expected, replies_, positions)
+                stored = stored_replies(expected, replies_, positions)
                 if stored:
                     await conn.execute(
                         _INSERT_REPLIES,
@@ -280,7 +285,7 @@ class PostgresEventStore:
                         [s.verb for s in stored],
                         [s.body_hash for s in stored],
                         [s.reply.decode() for s in stored],
-                        [_reply_position(expected, r, positions) for r in replies_],
+                        [reply_position(expected, r, positions) for r in replies_],
                         fence,
                     )
         recorded = [_recorded_from_row(domain, row, positions[row[1]]) for row in rows]
@@ -316,27 +321,6 @@ def _chain(domain: str, expected: Head, events: Sequence[PendingEvent]) -> list[
         )
         prev = digest
     return rows
-
-
-def _reply_position(expected: Head, reply: PendingReply, positions: dict[int, int]) -> int:
-    if reply.event_index is None:
-        return expected.position
-    return positions[expected.version + reply.event_index + 1]
-
-
-def _render_replies(
-    expected: Head, pending: Sequence[PendingReply], positions: dict[int, int]
-) -> list[StoredReply]:
-    return [
-        StoredReply(
-            actor=p.actor,
-            request_id=p.request_id,
-            verb=p.verb,
-            body_hash=p.body_hash,
-            reply=replies.ok(p.body, _reply_position(expected, p, positions)) if p.ok else p.body,
-        )
-        for p in pending
-    ]
 
 
 def _recorded_from_row(domain: str, row: tuple[Any, ...], position: int) -> RecordedEvent:
