@@ -1,9 +1,10 @@
 """Trellis: an event-sourced control plane for composable AI infrastructure.
 
-The installed import names live under this namespace (``trellis.engine``, ``trellis.projections``,
-``trellis.adapters``, ``trellis.ext``). In the repository each is a symlink to its top-level folder,
-so the source tree keeps ``engine/``, ``projections/``, ``adapters/`` and ``ext/`` while a built
-wheel carries them here, as real folders, and installs no other top-level name.
+Every module lives under this one name (``trellis.engine``, ``trellis.projections``,
+``trellis.adapters``, ``trellis.ext``), in real folders here. The repository's root names
+``engine/``, ``projections/``, ``adapters/`` and ``ext/`` are links into them for readers, never
+imported through; ``schema/`` and ``examples/`` are mapped in as ``trellis.schema`` and
+``trellis.examples`` (setup.py).
 """
 
 #: The distribution's name on PyPI ("trellis" there is an unrelated project).

@@ -1,7 +1,7 @@
 """What the economics demo runs with: the hall, the demand trace and the example scheduler.
 
-They live in the repository's examples/, which a user reads and edits; an installed wheel
-carries a copy of them beside this module (setup.py), since it has no examples/.
+They live in the repository's examples/, which a user reads and edits, installed as the package
+`trellis.examples` (setup.py), so a checkout and a wheel find them the same way.
 """
 
 from __future__ import annotations
@@ -9,19 +9,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from importlib import resources
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-
-def _examples_dir() -> Path:
-    """The source tree's examples/ (a clone, an editable install), else the wheel's copy."""
-    here = Path(__file__).resolve().parent
-    source = here.parents[2] / "examples"
-    return source if (source / "hall.json").is_file() else here / "examples"
-
-
-EXAMPLES = _examples_dir()
+# The repository's examples/, which setup.py maps into the package as `trellis.examples`.
+EXAMPLES = Path(str(resources.files("trellis.examples")))
 HALL = EXAMPLES / "hall.json"
 TRACE = EXAMPLES / "azure-llm-trace-2023"
 SCHEDULER = EXAMPLES / "scheduler.py"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from importlib import resources
 from pathlib import Path
 
 import asyncpg
@@ -19,13 +20,10 @@ from trellis.adapters.postgres.privileges import grant_engine
 
 
 def _schema_dir() -> Path:
-    """TRELLIS_SCHEMA_DIR, else the copy an installed wheel carries beside this module
-    (setup.py), else the repository's schema/ folder (a source tree, an editable install)."""
+    """TRELLIS_SCHEMA_DIR, else the package `trellis.schema`: the repository's schema/, which
+    setup.py maps into the package (a wheel carries it, an editable install maps onto it)."""
     configured = os.environ.get("TRELLIS_SCHEMA_DIR")
-    if configured:
-        return Path(configured)
-    packaged = Path(__file__).resolve().parent / "schema"
-    return packaged if packaged.is_dir() else Path(__file__).resolve().parents[2] / "schema"
+    return Path(configured) if configured else Path(str(resources.files("trellis.schema")))
 
 
 SCHEMA_DIR = _schema_dir()
