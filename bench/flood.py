@@ -5,8 +5,8 @@
 - flood: the same, while tenant `flood` sends FLOOD composes (a model nobody has, so every one
   that reaches the engine is refused and recorded) with IN_FLIGHT in flight.
 - Both phases run twice, each on an engine of its own in the same run: with the default tenant
-  rate (`engine/throttle.py`: what `trellis up` uses) and with no rate at all (the baseline that
-  shows what the rate prevents).
+  rate (`engine/core/throttle.py`: what `trellis up` uses) and with no rate at all (the baseline
+  that shows what the rate prevents).
 
 Printed: calm's p50/p99 calm and flooding (ROUNDS floods one after another, calm sampling
 them all), their ratio, what one flood was answered (`throttled`, refused), how many events it
@@ -48,7 +48,7 @@ from intents import (
 from trellis.adapters.bootstrap import connect_nats, engine_on
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.settings import Settings
-from trellis.engine.throttle import RateLimit
+from trellis.engine.core.throttle import RateLimit
 
 DOMAIN = "flood"
 CALM_HOST = "host-r0-0"

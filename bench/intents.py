@@ -71,7 +71,7 @@ from trellis.adapters.bootstrap import (
 )
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.settings import FollowersMode, Settings
-from trellis.engine.throttle import RateLimit
+from trellis.engine.core.throttle import RateLimit
 from trellis.projections import PostgresReadModels
 
 TENANTS = [f"tenant-{i}" for i in range(8)]

@@ -16,10 +16,16 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from trellis.engine import replies
-from trellis.engine.errors import ConcurrencyConflict, EventRefused, WriterFenced
-from trellis.engine.ports import EventStore, LeaseStore, PendingReply, Snapshot, SnapshotStore
-from trellis.engine.records import GENESIS_HASH, Head, PendingEvent, hash_of
+from trellis.engine.core import replies
+from trellis.engine.core.errors import ConcurrencyConflict, EventRefused, WriterFenced
+from trellis.engine.core.records import GENESIS_HASH, Head, PendingEvent, hash_of
+from trellis.engine.service.ports import (
+    EventStore,
+    LeaseStore,
+    PendingReply,
+    Snapshot,
+    SnapshotStore,
+)
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 SHORT_LEASE_S = 0.2  # long enough to append under, short enough to wait out

@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 from path_cores import implementation
 from unit.fabric_builder import NOW, FabricBuilder, apply, run
 
-import trellis.engine.placement as placement
-from trellis.engine.errors import IntentRejected
-from trellis.engine.intents import Compose, Release, ReportFault
+import trellis.engine.core.placement as placement
+from trellis.engine.core.errors import IntentRejected
+from trellis.engine.core.intents import Compose, Release, ReportFault
 from trellis.ext import Conditions, DeviceInfo, LinkInfo, NodeInfo, PathRequest, Selector
 from trellis.ext._paths_py import selected
 

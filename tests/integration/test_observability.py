@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from trellis.adapters.embedded.servers import PG_ENGINE_ROLE, PG_OWNER_ROLE, EmbeddedPostgres
 from trellis.adapters.nats.micro import SERVICE_NAME, package_version
-from trellis.engine.lag import LagTracker
+from trellis.engine.core.lag import LagTracker
 
 DOMAIN = "hall-1"
 H100 = {"host": "host-01", "devices": [{"kind": "gpu", "models": ["H100"]}]}

@@ -3,9 +3,9 @@
 NATS refuses a message over 1 MiB. Before, that showed three ways: at about 3,800 devices
 `topology show` and the page failed, at about 5,000 the import was accepted but its event could
 never be relayed (the domain never reached the bucket or the stream), and above that the CLI
-exited 70. Now an import larger than one request goes in parts (engine/uploads.py), an event
+exited 70. Now an import larger than one request goes in parts (engine/core/uploads.py), an event
 larger than one message is recorded in parts (TopologyImported.part), and the answers that grow
-with a domain come in pages (engine/paging.py). One hall of 65,536 GPUs, shared by the module,
+with a domain come in pages (engine/core/paging.py). One hall of 65,536 GPUs, shared by the module,
 goes through the CLI end to end.
 """
 
@@ -25,7 +25,7 @@ from fabrics import expect_error, expect_ok, row_counts
 from harness import Harness, bucket_values, cli_env, run_cli, serving
 
 from trellis.adapters.nats.jetstream import stream_name
-from trellis.engine.events import MAX_EVENT_BYTES
+from trellis.engine.core.events import MAX_EVENT_BYTES
 
 pytestmark = pytest.mark.slow
 DOMAIN = "hall"

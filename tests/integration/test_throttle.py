@@ -17,7 +17,7 @@ import pytest_asyncio
 from fabrics import expect_error, expect_ok, fabric, row_counts
 from harness import Harness, serving
 
-from trellis.engine.throttle import RateLimit
+from trellis.engine.core.throttle import RateLimit
 
 DOMAIN = "hall-1"
 LIMIT = RateLimit(per_second=5.0, burst=20)

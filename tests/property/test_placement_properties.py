@@ -37,16 +37,16 @@ from unit.fabric_builder import (
     report_fault,
 )
 
-from trellis.engine.errors import IntentRejected
-from trellis.engine.events import (
+from trellis.engine.core.errors import IntentRejected
+from trellis.engine.core.events import (
     CompositionImpaired,
     CompositionRejected,
     Event,
     decode_event,
     encode,
 )
-from trellis.engine.placement import FUNNEL_STAGES
-from trellis.engine.state import DomainState, evolve, usable
+from trellis.engine.core.placement import FUNNEL_STAGES
+from trellis.engine.core.state import DomainState, evolve, usable
 from trellis.ext import Circuit, Conditions, Fabric, LinkInfo, NodeInfo, PathRequest, best_paths
 
 SETTINGS = settings(

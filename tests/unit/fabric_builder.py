@@ -22,11 +22,11 @@ from typing import Any
 
 import msgspec
 
-from trellis.engine.context import Context
-from trellis.engine.decide import decide
-from trellis.engine.errors import IntentRejected
-from trellis.engine.events import Event, TopologyImported
-from trellis.engine.intents import (
+from trellis.engine.core.context import Context
+from trellis.engine.core.decide import decide
+from trellis.engine.core.errors import IntentRejected
+from trellis.engine.core.events import Event, TopologyImported
+from trellis.engine.core.intents import (
     Compose,
     Drain,
     EstablishComposition,
@@ -35,8 +35,8 @@ from trellis.engine.intents import (
     ReportFault,
     settle_request_id,
 )
-from trellis.engine.model import LinkSpec, NodeSpec
-from trellis.engine.state import DomainState, evolve
+from trellis.engine.core.model import LinkSpec, NodeSpec
+from trellis.engine.core.state import DomainState, evolve
 
 DOMAIN = "d1"
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

@@ -1,4 +1,4 @@
-"""The independent checks of `trellis verify` (engine/audit.py) on small hand-written logs.
+"""The independent checks of `trellis verify` (engine/core/audit.py) on small hand-written logs.
 
 Each invariant gets a log that breaks it, checked to be named with its first position, and the
 same log made lawful (the release, the second circuit on other ports, ...) checked to be clean,
@@ -14,9 +14,9 @@ from typing import Any
 
 import msgspec
 
-from trellis.engine.audit import ChainCheck, CheckpointCheck, Finding, audit
-from trellis.engine.merkle import MerkleTree, leaf_hash
-from trellis.engine.records import GENESIS_HASH, RecordedEvent, chain_hash
+from trellis.engine.core.audit import ChainCheck, CheckpointCheck, Finding, audit
+from trellis.engine.core.merkle import MerkleTree, leaf_hash
+from trellis.engine.core.records import GENESIS_HASH, RecordedEvent, chain_hash
 
 D = "hall-1"
 Ev = tuple[str, dict[str, Any]]

@@ -1,4 +1,5 @@
-"""engine/checkpoints.py: C2SP checkpoints in signed notes, checked with the verifier key only."""
+"""engine/core/checkpoints.py: C2SP checkpoints in signed notes, checked with the verifier key
+only."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import base64
 
 import pytest
 
-from trellis.engine.checkpoints import (
+from trellis.engine.core.checkpoints import (
     Checkpoint,
     NoteError,
     Signer,

@@ -13,9 +13,9 @@ import pytest
 
 from trellis.adapters.nats.contract import contract_files
 from trellis.adapters.postgres.migrations import SCHEMA_DIR
-from trellis.engine.contract import RESULTS, subjects
-from trellis.engine.intents import INTENTS
-from trellis.engine.upcast import UnknownEventType, upcast
+from trellis.engine.core.contract import RESULTS, subjects
+from trellis.engine.core.intents import INTENTS
+from trellis.engine.core.upcast import UnknownEventType, upcast
 
 PAYLOADS = Path(__file__).parent / "payloads"
 
@@ -59,7 +59,7 @@ def resolve(document: object, pointer: str) -> object:
 
 
 def test_every_subject_has_its_result_struct() -> None:
-    """A subject added to INTENTS needs its reply's result in engine.contract.RESULTS."""
+    """A subject added to INTENTS needs its reply's result in engine.core.contract.RESULTS."""
     assert set(RESULTS) == set(INTENTS)
     # Every query has a tenant's view but the operator's `fabric`.
     assert set(subjects()) == {f"{f}.{v}" for f, v in INTENTS} | {

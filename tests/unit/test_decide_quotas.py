@@ -24,15 +24,15 @@ from fabric_builder import (
     run,
 )
 
-from trellis.engine import queries, quotas, views
-from trellis.engine.errors import IntentRejected
-from trellis.engine.events import (
+from trellis.engine.core import queries, quotas, views
+from trellis.engine.core.errors import IntentRejected
+from trellis.engine.core.events import (
     CompositionRejected,
     DeviceReplaced,
     QuotaCleared,
     QuotaSet,
 )
-from trellis.engine.intents import (
+from trellis.engine.core.intents import (
     ClearQuota,
     FailComposition,
     InvalidIntent,
@@ -41,8 +41,8 @@ from trellis.engine.intents import (
     decode_intent,
     settle_request_id,
 )
-from trellis.engine.results import QuotasResult
-from trellis.engine.state import DomainState, Held, Quota, held_gib
+from trellis.engine.core.results import QuotasResult
+from trellis.engine.core.state import DomainState, Held, Quota, held_gib
 
 GPU: dict[str, Any] = {"kind": "gpu"}
 

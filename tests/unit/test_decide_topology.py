@@ -8,9 +8,9 @@ from functools import reduce
 import msgspec
 import pytest
 
-from trellis.engine.decide import Context, decide
-from trellis.engine.errors import IntentRejected
-from trellis.engine.events import (
+from trellis.engine.core.decide import Context, decide
+from trellis.engine.core.errors import IntentRejected
+from trellis.engine.core.events import (
     ComponentDrained,
     ComponentFaulted,
     ComponentRecovered,
@@ -20,7 +20,7 @@ from trellis.engine.events import (
     NodeAdded,
     TopologyImported,
 )
-from trellis.engine.intents import (
+from trellis.engine.core.intents import (
     AddLink,
     AddNode,
     Drain,
@@ -29,8 +29,8 @@ from trellis.engine.intents import (
     ReportFault,
     Undrain,
 )
-from trellis.engine.model import LinkSpec, NodeSpec
-from trellis.engine.state import DomainState, evolve
+from trellis.engine.core.model import LinkSpec, NodeSpec
+from trellis.engine.core.state import DomainState, evolve
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

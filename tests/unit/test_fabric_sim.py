@@ -22,8 +22,9 @@ from trellis.adapters.fabric.sim import (
     parse_script,
     read_state_file,
 )
-from trellis.engine.errors import FabricError
-from trellis.engine.ports import FabricBinding, FabricCircuit, FabricDriver, FabricSnapshot
+from trellis.engine.core.errors import FabricError
+from trellis.engine.core.fabric import FabricBinding, FabricCircuit, FabricSnapshot
+from trellis.engine.service.ports import FabricDriver
 
 D = "d1"
 
@@ -769,8 +770,8 @@ STOPPED_MID_OPERATION = """
 import asyncio, os, signal, stat, sys
 from pathlib import Path
 from trellis.adapters.fabric.sim import SimulatedFabric
-from trellis.engine.errors import WriterFenced
-from trellis.engine.ports import FabricCircuit
+from trellis.engine.core.errors import WriterFenced
+from trellis.engine.core.fabric import FabricCircuit
 
 real_fsync = os.fsync
 

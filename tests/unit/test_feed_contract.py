@@ -12,7 +12,7 @@ import pytest
 
 from trellis.adapters.nats.jetstream import Envelope, encode_envelope, stream_event
 from trellis.adapters.nats.kv_state import DeviceEntry, bucket_entry
-from trellis.engine.records import GENESIS_HASH, RecordedEvent, chain_hash
+from trellis.engine.core.records import GENESIS_HASH, RecordedEvent, chain_hash
 
 AT = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 

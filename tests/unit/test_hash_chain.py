@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from trellis.engine.records import GENESIS_HASH, Head, RecordedEvent, chain_hash, verify_chain
+from trellis.engine.core.records import GENESIS_HASH, Head, RecordedEvent, chain_hash, verify_chain
 
 
 def chain(n: int) -> list[RecordedEvent]:

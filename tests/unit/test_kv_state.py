@@ -18,16 +18,16 @@ from unit.fabric_builder import (
 )
 
 from trellis.adapters.nats.kv_state import KeyChange, View, changes, coalesce, everything, fold
-from trellis.engine.events import (
+from trellis.engine.core.events import (
     ComponentRemoved,
     CompositionReleased,
     Event,
     LeaseExpired,
     TopologyImported,
 )
-from trellis.engine.intents import FailComposition, settle_request_id
-from trellis.engine.records import format_time
-from trellis.engine.state import DomainState
+from trellis.engine.core.intents import FailComposition, settle_request_id
+from trellis.engine.core.records import format_time
+from trellis.engine.core.state import DomainState
 
 START = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -198,7 +198,7 @@ def test_a_batch_comes_down_to_each_keys_last_value_and_an_ended_key_to_its_end(
     }
 
 
-# ---- conditions (engine/conditions.py) ----
+# ---- conditions (engine/core/conditions.py) ----
 
 
 def conditions_of(changed: list[KeyChange], cid: str) -> list[dict[str, dict[str, Any]]]:

@@ -1,9 +1,9 @@
-"""engine/lag.py: when a log follower counts as stalled or too far behind (pure: time is
+"""engine/core/lag.py: when a log follower counts as stalled or too far behind (pure: time is
 given)."""
 
 from __future__ import annotations
 
-from trellis.engine.lag import LagTracker
+from trellis.engine.core.lag import LagTracker
 
 RELAY = ("d", "relay")
 

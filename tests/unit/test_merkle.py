@@ -1,4 +1,4 @@
-"""engine/merkle.py against RFC 6962/9162 test vectors and an independent reference.
+"""engine/core/merkle.py against RFC 6962/9162 test vectors and an independent reference.
 
 The vectors are the Certificate Transparency reference data (the eight leaves and their tree
 heads, inclusion paths and consistency proofs that CT implementations share). The reference
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trellis.engine.merkle import MerkleTree, leaf_hash, verify_consistency, verify_inclusion
+from trellis.engine.core.merkle import MerkleTree, leaf_hash, verify_consistency, verify_inclusion
 
 # ---- the CT reference data (data only) ----
 

@@ -8,8 +8,8 @@ import msgspec
 import pytest
 from unit.fabric_builder import FabricBuilder, apply, composed, report_fault, request_id, run
 
-from trellis.engine.errors import IntentRejected
-from trellis.engine.events import (
+from trellis.engine.core.errors import IntentRejected
+from trellis.engine.core.events import (
     CircuitCreated,
     CircuitRemoved,
     ComponentDrained,
@@ -21,9 +21,9 @@ from trellis.engine.events import (
     DeviceReplaced,
     PathRerouted,
 )
-from trellis.engine.intents import BlastRadiusQuery, Drain, Undrain
-from trellis.engine.queries import answer
-from trellis.engine.state import DomainState
+from trellis.engine.core.intents import BlastRadiusQuery, Drain, Undrain
+from trellis.engine.core.queries import answer
+from trellis.engine.core.state import DomainState
 
 GPU = {"kind": "gpu"}
 

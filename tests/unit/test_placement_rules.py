@@ -24,8 +24,8 @@ from fabric_builder import (
     report_fault,
 )
 
-from trellis.engine.errors import IntentRejected
-from trellis.engine.events import (
+from trellis.engine.core.errors import IntentRejected
+from trellis.engine.core.events import (
     CircuitCreated,
     CircuitRemoved,
     CompositionImpaired,
@@ -33,7 +33,7 @@ from trellis.engine.events import (
     CompositionReleased,
     Event,
 )
-from trellis.engine.state import DomainState
+from trellis.engine.core.state import DomainState
 
 GPU: dict[str, Any] = {"kind": "gpu"}
 

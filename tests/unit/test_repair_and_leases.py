@@ -16,8 +16,8 @@ from unit.fabric_builder import (
     run,
 )
 
-from trellis.engine.errors import IntentRejected
-from trellis.engine.events import (
+from trellis.engine.core.errors import IntentRejected
+from trellis.engine.core.events import (
     CircuitRemoved,
     ComponentFaulted,
     CompositionActivated,
@@ -27,8 +27,8 @@ from trellis.engine.events import (
     LeaseExpired,
     PathRerouted,
 )
-from trellis.engine.intents import Drain, ExpireLeases
-from trellis.engine.state import DomainState, evolve
+from trellis.engine.core.intents import Drain, ExpireLeases
+from trellis.engine.core.state import DomainState, evolve
 
 GPU = {"kind": "gpu"}
 

@@ -15,17 +15,17 @@ from unit.fabric_builder import (
     run,
 )
 
-from trellis.engine.errors import IntentRejected
-from trellis.engine.events import CircuitRemoved, CompositionFailed
-from trellis.engine.fabric_plan import bindings_of, circuits_of, reconcile
-from trellis.engine.intents import (
+from trellis.engine.core.errors import IntentRejected
+from trellis.engine.core.events import CircuitRemoved, CompositionFailed
+from trellis.engine.core.fabric import FabricBinding, FabricCircuit, FabricSnapshot
+from trellis.engine.core.fabric_plan import bindings_of, circuits_of, reconcile
+from trellis.engine.core.intents import (
     EstablishComposition,
     ExpireLeases,
     FailComposition,
     settle_request_id,
 )
-from trellis.engine.ports import FabricBinding, FabricCircuit, FabricSnapshot
-from trellis.engine.state import DomainState
+from trellis.engine.core.state import DomainState
 
 
 def through_an_ocs() -> DomainState:

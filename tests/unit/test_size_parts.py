@@ -1,6 +1,6 @@
 """What keeps every message under NATS's limit (issue 21, finding 5), pure: an import recorded
-in parts (engine/topology.py `in_parts`), folded as one; an import received in parts
-(engine/uploads.py); answers cut into pages (engine/paging.py)."""
+in parts (engine/core/topology.py `in_parts`), folded as one; an import received in parts
+(engine/core/uploads.py); answers cut into pages (engine/core/paging.py)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ from datetime import UTC, datetime
 import msgspec
 import pytest
 
-from trellis.engine.audit import InvariantAudit
-from trellis.engine.errors import IntentRejected
-from trellis.engine.events import TopologyImported, encode
-from trellis.engine.intents import ImportTopology, Upload
-from trellis.engine.model import LinkSpec, NodeSpec
-from trellis.engine.paging import paged
-from trellis.engine.results import FreeResult, UploadProgress
-from trellis.engine.state import DomainState, evolve
-from trellis.engine.topology import in_parts
-from trellis.engine.uploads import TTL_S, Uploads
+from trellis.engine.core.audit import InvariantAudit
+from trellis.engine.core.errors import IntentRejected
+from trellis.engine.core.events import TopologyImported, encode
+from trellis.engine.core.intents import ImportTopology, Upload
+from trellis.engine.core.model import LinkSpec, NodeSpec
+from trellis.engine.core.paging import paged
+from trellis.engine.core.results import FreeResult, UploadProgress
+from trellis.engine.core.state import DomainState, evolve
+from trellis.engine.core.topology import in_parts
+from trellis.engine.core.uploads import TTL_S, Uploads
 
 AT = datetime(2026, 12, 1, tzinfo=UTC)
 

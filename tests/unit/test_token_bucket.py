@@ -1,8 +1,8 @@
-"""engine/throttle.py: each tenant's token bucket (pure)."""
+"""engine/core/throttle.py: each tenant's token bucket (pure)."""
 
 from __future__ import annotations
 
-from trellis.engine.throttle import Bucket, RateLimit, take
+from trellis.engine.core.throttle import Bucket, RateLimit, take
 
 LIMIT = RateLimit(per_second=10.0, burst=5)
 

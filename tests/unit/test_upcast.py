@@ -12,7 +12,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from trellis.engine.events import (
+from trellis.engine.core.events import (
     EVENT_TYPES,
     SCHEMA_VERSIONS,
     DeviceBinding,
@@ -21,7 +21,7 @@ from trellis.engine.events import (
     PathRerouted,
     encode,
 )
-from trellis.engine.upcast import UPCASTERS, upcast
+from trellis.engine.core.upcast import UPCASTERS, upcast
 
 PAYLOADS = Path(__file__).parent / "payloads"
 

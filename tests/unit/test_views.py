@@ -1,4 +1,4 @@
-"""Tenant views (engine/views.py): each query's answer as one tenant may see it."""
+"""Tenant views (engine/core/views.py): each query's answer as one tenant may see it."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import msgspec
 import pytest
 from fabric_builder import FabricBuilder, composed
 
-from trellis.engine import queries, views
-from trellis.engine.errors import IntentRejected
-from trellis.engine.intents import BlastRadiusQuery, ConnectionsQuery, TopologyQuery
-from trellis.engine.results import (
+from trellis.engine.core import queries, views
+from trellis.engine.core.errors import IntentRejected
+from trellis.engine.core.intents import BlastRadiusQuery, ConnectionsQuery, TopologyQuery
+from trellis.engine.core.results import (
     CompositionResult,
     Connection,
     ConnectionsResult,
@@ -20,8 +20,8 @@ from trellis.engine.results import (
     Requested,
     WhyResult,
 )
-from trellis.engine.service import AUDIT_QUERIES
-from trellis.engine.state import DomainState
+from trellis.engine.core.state import DomainState
+from trellis.engine.service.router import AUDIT_QUERIES
 
 
 def two_tenants() -> tuple[DomainState, str, str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trellis.engine.intents import (
+from trellis.engine.core.intents import (
     MAX_BODY_BYTES,
     BlastRadiusQuery,
     Drain,

@@ -20,8 +20,8 @@ import msgspec.inspect as mi
 import pytest
 
 from trellis.adapters.postgres.migrations import SCHEMA_DIR
-from trellis.engine.ids import COMPONENT_REF_PATTERN, ID_PATTERN, PLAIN_TEXT, is_valid_id
-from trellis.engine.intents import (
+from trellis.engine.core.ids import COMPONENT_REF_PATTERN, ID_PATTERN, PLAIN_TEXT, is_valid_id
+from trellis.engine.core.intents import (
     INTENTS,
     MAX_BODY_BYTES,
     MAX_TOPOLOGY_ITEMS,

@@ -73,14 +73,14 @@ from trellis.adapters.postgres.leases import PostgresLeases
 from trellis.adapters.postgres.snapshots import PostgresSnapshots
 from trellis.adapters.postgres.store import IDLE_IN_APPEND_S, PostgresEventStore, connect_pool
 from trellis.adapters.settings import FollowersMode, Settings, SettingsError, redacted
-from trellis.engine.checkpoints import Signer
-from trellis.engine.errors import StoreUnavailable
-from trellis.engine.follower import Followers
-from trellis.engine.lag import LagTracker
-from trellis.engine.ownership import tick_of
-from trellis.engine.ports import Clock, FabricDriver
-from trellis.engine.service import Engine
-from trellis.engine.throttle import RateLimit
+from trellis.engine.core.checkpoints import Signer
+from trellis.engine.core.errors import StoreUnavailable
+from trellis.engine.core.lag import LagTracker
+from trellis.engine.core.throttle import RateLimit
+from trellis.engine.service.follower import Followers
+from trellis.engine.service.ownership import tick_of
+from trellis.engine.service.ports import Clock, FabricDriver
+from trellis.engine.service.router import Engine
 from trellis.projections import PostgresReadModels, ProjectionSink
 
 log = logging.getLogger(__name__)
@@ -379,7 +379,7 @@ def _end(process: subprocess.Popen[bytes]) -> None:
 
 
 class Sinks(NamedTuple):
-    """What follows the log (engine/follower.py): the projections, the event relay and the
+    """What follows the log (engine/service/follower.py): the projections, the event relay and the
     checkpoints, with the snapshots of the read models' pool."""
 
     projections: ProjectionSink
@@ -495,11 +495,11 @@ async def engine_on(
     owner, who then grants `database_url`'s role the engine's privileges); the engine's state
     is rebuilt from the log before it serves. Postgres, then NATS, are waited for until they
     answer. Without a `fabric` driver the engine drives a SimulatedFabric (there is no
-    hardware). `follow_options` tune the log followers (engine.follower.Follower);
+    hardware). `follow_options` tune the log followers (engine.service.follower.Follower);
     `secure`: secure mode's identities (each job connects as its own, adapters/nats/auth.py,
     and replies go only to the requester's own inbox); `lease_ttl`: seconds a
-    writer lease lasts unrenewed (engine/ownership.py); `read_wait`: seconds a query waits for
-    its `min_position`; `snapshot_every`: events between
+    writer lease lasts unrenewed (engine/service/ownership.py); `read_wait`: seconds a query waits
+    for its `min_position`; `snapshot_every`: events between
     snapshots of a domain's state and read models (0: none); `signer`: the checkpoint key
     (None: a key of this run only, for tests; `trellis up` passes the data dir's), and a
     checkpoint every `checkpoint_every` events per domain. `followers="process"` runs the log
@@ -507,11 +507,12 @@ async def engine_on(
     key in `checkpoint_key` (None: a key file of this run only, made for both). `metrics_at`
     (host, port; port 0: a free one) serves Prometheus metrics and a health check there
     (adapters/entrypoints/metrics.py), its followers judged by `health`'s bounds
-    (engine/lag.py; default 60 s and 10,000 events). `page_at` (host, port; likewise) serves
+    (engine/core/lag.py; default 60 s and 10,000 events). `page_at` (host, port; likewise) serves
     the live fabric page there (adapters/entrypoints/fabric_page.py), a NATS client of its own
     that connects as the operator in secure mode, where it asks a browser for the token it
     was given (`page_token`). Both answer only requests whose Host is their address or one of
-    `allowed_hosts`. Each tenant's intents go through `rate_limit` (default: engine/throttle.py's;
+    `allowed_hosts`. Each tenant's intents go through `rate_limit` (default:
+    engine/core/throttle.py's;
     `RateLimit(0)`: none).
 
     Raises:

@@ -1,6 +1,6 @@
 """The deployment's checkpoint signing key: an Ed25519 key in a file, made once.
 
-The engine signs every checkpoint (engine/checkpoints.py) with this key. It is generated at the
+The engine signs every checkpoint (engine/core/checkpoints.py) with this key. It is generated at the
 first start into `<data dir>/checkpoint-key.pem` (or TRELLIS_CHECKPOINT_KEY), a PKCS#8 PEM
 file readable by its owner only (0600), and never leaves that file: clients get the public
 half as a C2SP verifier key (the `checkpoint-key` query), also written beside it in
@@ -23,7 +23,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from trellis.engine.checkpoints import KEY_NAME, Signer
+from trellis.engine.core.checkpoints import KEY_NAME, Signer
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The log followers in a process of their own (TRELLIS_FOLLOWERS=process).
 
 The engine's intake and writers then have its event loop and its core to themselves: the
-projections, the event relay and the checkpoints (engine/follower.py) run in the follower
+projections, the event relay and the checkpoints (engine/service/follower.py) run in the follower
 process, `python -m trellis.adapters.entrypoints.follow`. Two pieces live on the engine's side:
 
 - `CommitSignal`, the engine's stand-in for its followers: after each commit it publishes an
@@ -27,7 +27,7 @@ from collections.abc import Mapping
 
 from nats.aio.client import Client as NATS
 
-from trellis.engine.follower import DomainLog, Followers
+from trellis.engine.service.follower import DomainLog, Followers
 
 log = logging.getLogger("trellis.follow")
 

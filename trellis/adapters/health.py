@@ -4,7 +4,7 @@ Every second the engine's domains' heads (as its writers hold them) are compared
 followers' checkpoints in PostgreSQL (`trellis_follower_checkpoints`, where every sink moves
 its own in the transaction that applies its batch, inline or in the follower process alike):
 the projections (the slowest of them) and the event relay (the JetStream stream and the KV
-bucket). engine.lag judges them; the last judgement is what the health check and the gauges
+bucket). engine.core.lag judges them; the last judgement is what the health check and the gauges
 report. A relay stopped by a message it cannot pass, or by an event too large to publish,
 thus fails the health check within `stall_s` of its last move, naming the domain and the part.
 """
@@ -21,7 +21,7 @@ import asyncpg
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from trellis.engine.lag import LagTracker, PartHealth
+from trellis.engine.core.lag import LagTracker, PartHealth
 
 log = logging.getLogger(__name__)
 

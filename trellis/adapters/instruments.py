@@ -2,8 +2,8 @@
 
 `EngineMetrics` holds a registry of its own, never prometheus-client's global default one, so
 several engines in one process (the tests) keep separate counts. It is the engine's Telemetry
-(engine/ports.py: decisions, group commits, saga outcomes), the intake's request observer (every
-answer by family, verb and reply code, and how long it took) and the timed fabric's observer
+(engine/service/ports.py: decisions, group commits, saga outcomes), the intake's request observer
+(every answer by family, verb and reply code, and how long it took) and the timed fabric's observer
 (adapters/fabric/timed.py). Gauges of state (devices free and used, utilization, how far the
 projections and the relay trail the log) are read from the engine when scraped, so they are
 never stale and cost nothing between scrapes.
@@ -19,11 +19,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from trellis.engine.follower import Followers
-from trellis.engine.intents import INTENTS
-from trellis.engine.ports import SagaOutcome
-from trellis.engine.service import Engine
-from trellis.engine.state import DomainState, usable
+from trellis.engine.core.intents import INTENTS
+from trellis.engine.core.state import DomainState, usable
+from trellis.engine.service.follower import Followers
+from trellis.engine.service.ports import SagaOutcome
+from trellis.engine.service.router import Engine
 
 # Labels take only values from these sets, so a client sending made-up verbs cannot grow the
 # number of series without bound; anything else is counted as "other".
@@ -42,7 +42,7 @@ _DECIDE_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1
 _LATENCY_BUCKETS = (
     5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
-# Requests per group commit: the writer takes at most 256 at a time (engine.writer).
+# Requests per group commit: the writer takes at most 256 at a time (engine.service.writer).
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -119,7 +119,7 @@ class EngineMetrics:
             registry=registry,
         )
 
-    # ---- the engine's Telemetry (engine/ports.py) ----
+    # ---- the engine's Telemetry (engine/service/ports.py) ----
 
     def decided(self, verb: str, seconds: float) -> None:
         self.decide_seconds.labels(verb).observe(seconds)

@@ -13,8 +13,8 @@ import msgspec
 
 from trellis.adapters.fabric.sim import ScriptedFault, parse_script
 from trellis.adapters.nats.jetstream import StreamLimits
-from trellis.engine.ids import is_valid_id
-from trellis.engine.throttle import DEFAULT_BURST, DEFAULT_PER_SECOND, RateLimit
+from trellis.engine.core.ids import is_valid_id
+from trellis.engine.core.throttle import DEFAULT_BURST, DEFAULT_PER_SECOND, RateLimit
 
 FabricDriverName = Literal["sim"]
 FollowersMode = Literal["inline", "process"]
@@ -42,7 +42,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     lease_ttl: float = 3.0  # seconds a domain's writer lease lasts unrenewed
     # Seconds a query waits for its domain's log to reach its `min_position`, then `unavailable`.
     read_wait: float = 2.0
-    # Snapshot a domain's state and read models every this many events (engine/snapshots.py,
+    # Snapshot a domain's state and read models every this many events (engine/service/snapshots.py,
     # projections/past.py); 0: never (every start and past answer folds from the first event).
     snapshot_every: int = 10_000
     # The simulated fabric's knobs (adapters.fabric.sim.SimulatedFabric).
@@ -76,7 +76,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # events (adapters/health.py).
     health_stall_s: float = 60.0
     health_max_behind: int = 10_000
-    # Each tenant's intents a second, and in a burst (engine/throttle.py); 0 a second: no limit.
+    # Each tenant's intents a second, and in a burst (engine/core/throttle.py); 0 a second: no
+    # limit.
     tenant_rate: RateLimit = RateLimit()
     # The live fabric page (adapters/entrypoints/fabric_page.py): likewise off unless a port is
     # given, and on loopback unless another address is named. It is an operator's view.

@@ -8,8 +8,8 @@ from typing import Any, NamedTuple, Protocol
 
 import msgspec
 
-from trellis.engine.events import Event
-from trellis.engine.records import RecordedEvent
+from trellis.engine.core.events import Event
+from trellis.engine.core.records import RecordedEvent
 from trellis.projections.table import RowSource, Table
 
 

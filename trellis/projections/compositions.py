@@ -12,8 +12,8 @@ from typing import Any
 
 import msgspec
 
-from trellis.engine.compose import devices_of
-from trellis.engine.events import (
+from trellis.engine.core.compose import devices_of
+from trellis.engine.core.events import (
     CompositionActivated,
     CompositionFailed,
     CompositionImpaired,
@@ -111,7 +111,7 @@ def _requested(fact: Fact, event: CompositionRequested) -> Row:
 
 
 def _fold(row: Row, event: Event) -> None:
-    """The same transitions as engine.state.evolve, told in rows."""
+    """The same transitions as engine.core.state.evolve, told in rows."""
     match event:
         case DevicesReserved(devices=bindings):
             row["devices"].extend(device_entry(b) for b in bindings)

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from trellis.engine.events import (
+from trellis.engine.core.events import (
     CompositionFailed,
     CompositionReleased,
     CompositionRequested,
@@ -21,7 +21,7 @@ from trellis.engine.events import (
     DevicesReserved,
     PathRerouted,
 )
-from trellis.engine.records import RecordedEvent
+from trellis.engine.core.records import RecordedEvent
 from trellis.projections.base import Fact, composition_of
 from trellis.projections.table import Column, Row, Rows, RowSource, Table
 

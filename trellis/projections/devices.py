@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from trellis.engine.events import (
+from trellis.engine.core.events import (
     ComponentDrained,
     ComponentFaulted,
     ComponentRecovered,
@@ -27,8 +27,8 @@ from trellis.engine.events import (
     NodeAdded,
     TopologyImported,
 )
-from trellis.engine.model import LinkSpec, NodeSpec
-from trellis.engine.records import RecordedEvent
+from trellis.engine.core.model import LinkSpec, NodeSpec
+from trellis.engine.core.records import RecordedEvent
 from trellis.projections.base import Fact, chain_entry, composition_of
 from trellis.projections.table import Column, Row, Rows, RowSource, Table
 

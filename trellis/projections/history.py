@@ -16,11 +16,11 @@ When an interval starts and ends (times are the `recorded_at` of the events, pos
                    the stand-in's interval starts at the same event).
   A reroute (PathRerouted) keeps the device, and its interval. Impairment does not end one:
   the tenant still holds the device. A device in use cannot be removed from the topology
-  (engine/topology.py refuses), so removal ends nothing.
+  (engine/core/topology.py refuses), so removal ends nothing.
 
 proj_history_compositions is each composition's life (requested, activated, ended, how);
 proj_history_devices the attributes of every device as the topology says now, for bindings
-of schema version 1 that did not record them (engine/upcast.py).
+of schema version 1 that did not record them (engine/core/upcast.py).
 
 `Window` and `interval_query` say which intervals a `history` query asks for, in memory and
 in SQL, for the live and past readers of projections/read_models.py and projections/past.py.
@@ -34,7 +34,7 @@ from typing import Any
 
 import msgspec
 
-from trellis.engine.events import (
+from trellis.engine.core.events import (
     ComponentRemoved,
     CompositionActivated,
     CompositionFailed,
@@ -49,8 +49,8 @@ from trellis.engine.events import (
     NodeAdded,
     TopologyImported,
 )
-from trellis.engine.model import NodeSpec
-from trellis.engine.records import RecordedEvent
+from trellis.engine.core.model import NodeSpec
+from trellis.engine.core.records import RecordedEvent
 from trellis.projections.base import Fact, composition_of
 from trellis.projections.table import Column, Row, Rows, RowSource, Table
 

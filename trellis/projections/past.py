@@ -25,10 +25,10 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from trellis.engine.follower import DomainLog
-from trellis.engine.ports import Snapshot, SnapshotStore
-from trellis.engine.records import Head, RecordedEvent
-from trellis.engine.snapshots import first_usable
+from trellis.engine.core.records import Head, RecordedEvent
+from trellis.engine.service.follower import DomainLog
+from trellis.engine.service.ports import Snapshot, SnapshotStore
+from trellis.engine.service.snapshots import first_usable
 from trellis.projections.base import Fact, Projection
 from trellis.projections.history import Window, interval_query
 from trellis.projections.table import Key, Row, Table, as_stored

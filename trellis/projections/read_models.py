@@ -1,8 +1,8 @@
-"""engine.ports.ReadModels over the projection tables: the `composition`, `connections`, `why`
-and `history` queries (ARCHITECTURE §4), live and at any past moment.
+"""engine.service.ports.ReadModels over the projection tables: the `composition`, `connections`,
+`why` and `history` queries (ARCHITECTURE §4), live and at any past moment.
 
 Every answer is built from rows in a fixed order, so the same rows always give the same answer,
-`text` included, as the Structs of engine/results.py (the contract's shapes). The rows come
+`text` included, as the Structs of engine/core/results.py (the contract's shapes). The rows come
 from a RowReader: the live tables, or the projections folded in memory up to a past event
 (projections/past.py), so an answer at a past moment is the answer the live tables gave then.
 """
@@ -17,11 +17,9 @@ from typing import Any, Protocol
 import asyncpg
 import msgspec
 
-from trellis.engine.errors import IntentRejected
-from trellis.engine.follower import DomainLog, Failure
-from trellis.engine.ports import SnapshotStore
-from trellis.engine.records import Head
-from trellis.engine.results import (
+from trellis.engine.core.errors import IntentRejected
+from trellis.engine.core.records import Head
+from trellis.engine.core.results import (
     ChainEntry,
     ComposedDevice,
     CompositionResult,
@@ -32,7 +30,9 @@ from trellis.engine.results import (
     WhyKind,
     WhyResult,
 )
-from trellis.engine.views import IN_USE_BY_OTHERS, may_see, split_rows
+from trellis.engine.core.views import IN_USE_BY_OTHERS, may_see, split_rows
+from trellis.engine.service.follower import DomainLog, Failure
+from trellis.engine.service.ports import SnapshotStore
 from trellis.projections.base import iso
 from trellis.projections.history import Window, interval_query
 from trellis.projections.past import fold_past
@@ -84,7 +84,7 @@ SELECT min(position) FROM trellis_follower_checkpoints
 
 class Waiter(Protocol):
     """What can tell when a sink has applied a domain up to a position, and what holds it up
-    (engine.follower.Followers)."""
+    (engine.service.follower.Followers)."""
 
     async def wait_for(
         self, sink: str, domain: str, position: int, timeout: float = 5.0
@@ -148,7 +148,7 @@ class Answers:
         """What `target` (a device, host, switch, OCS, link or composition) is connected to,
         the events that made it so, and one sentence saying it; None if the id is unknown.
 
-        With `viewer` (a tenant's view, engine/views.py) only that tenant's connections and
+        With `viewer` (a tenant's view, engine/core/views.py) only that tenant's connections and
         their events are told; what others hold is only "in use by others", and another
         tenant's composition is unknown (None)."""
         reader = self._reader

@@ -1,6 +1,6 @@
 """The projections as a follower's sink: each domain's events folded into the projection tables.
 
-An engine follows each domain it serves with an engine.follower.Follower over this sink. A
+An engine follows each domain it serves with an engine.service.follower.Follower over this sink. A
 batch of one domain's events is applied to every projection in one transaction, together with
 each projection's checkpoint for that domain (trellis_follower_checkpoints, schema/005), so
 tables and checkpoints always agree. The checkpoint rows are locked (FOR UPDATE) first: two
@@ -23,8 +23,8 @@ from collections.abc import Iterator, Sequence
 
 import asyncpg
 
-from trellis.engine.follower import DomainLog, Follower, Progress, Rewound, Stalled
-from trellis.engine.records import RecordedEvent
+from trellis.engine.core.records import RecordedEvent
+from trellis.engine.service.follower import DomainLog, Follower, Progress, Rewound, Stalled
 from trellis.projections.base import Fact, Projection
 from trellis.projections.compositions import CompositionsProjection
 from trellis.projections.connections import ConnectionsProjection
@@ -66,7 +66,7 @@ def default_projections() -> list[Projection]:
 
 
 class ProjectionSink:
-    """Folds domains' events into projection tables (engine.follower.Sink).
+    """Folds domains' events into projection tables (engine.service.follower.Sink).
 
     Args:
         pool: asyncpg pool whose search_path holds the log and the projection tables

@@ -7,7 +7,7 @@ query, as `trellis proof` / `trellis consistency` print it) and the verifier key
 `checkpoint-key` query's answer, or `<data dir>/checkpoint-key.pem.pub`, obtained once and
 kept apart). It checks each note's Ed25519 signature with the key, that the proof's tree
 size and root are a signed checkpoint's, and the proof itself per RFC 9162
-(engine/merkle.py). An inclusion proof is of an event hash: given with `--event-hash`, or
+(engine/core/merkle.py). An inclusion proof is of an event hash: given with `--event-hash`, or
 recomputed from the event itself (`--event FILE`, the event as the TRELLIS_EVENTS stream
 carries it), which also checks that the event is the one at that leaf.
 
@@ -31,9 +31,9 @@ import msgspec
 
 from trellis.adapters.entrypoints import render
 from trellis.adapters.nats.jetstream import Envelope
-from trellis.engine.checkpoints import Checkpoint, NoteError, Verifier, open_checkpoint
-from trellis.engine.merkle import leaf_hash, verify_consistency, verify_inclusion
-from trellis.engine.records import chain_hash
+from trellis.engine.core.checkpoints import Checkpoint, NoteError, Verifier, open_checkpoint
+from trellis.engine.core.merkle import leaf_hash, verify_consistency, verify_inclusion
+from trellis.engine.core.records import chain_hash
 
 Request = Callable[[argparse.Namespace, str, dict[str, Any]], dict[str, Any]]
 

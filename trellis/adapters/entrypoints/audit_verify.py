@@ -3,9 +3,9 @@
 Four checks, one pass over each domain's log (docs/auditing.md, "Verifying the log"):
 
 - chain: every event's sha256 hash, its link to the one before, gap-free versions from the
-  genesis hash, the stream head where the chain ends (engine.audit.ChainCheck), and every
-  stored Merkle checkpoint's root recomputed from the log (engine.audit.CheckpointCheck);
-- invariants: the independent audit over the raw event data (engine.audit.InvariantAudit);
+  genesis hash, the stream head where the chain ends (engine.core.audit.ChainCheck), and every
+  stored Merkle checkpoint's root recomputed from the log (engine.core.audit.CheckpointCheck);
+- invariants: the independent audit over the raw event data (engine.core.audit.InvariantAudit);
 - projections: the whole log replayed into fresh projection tables, compared row by row with
   the live ones, each up to the version its live checkpoint says it holds;
 - kv: the log folded as the relay folds it (kv_state.fold), rendered as it renders the bucket, and
@@ -45,8 +45,8 @@ from trellis.adapters.nats.kv_state import View, changes, coalesce, everything
 from trellis.adapters.postgres import verify as db
 from trellis.adapters.postgres.store import connect_pool
 from trellis.adapters.settings import Settings, SettingsError
-from trellis.engine.audit import ChainCheck, CheckpointCheck, Finding, InvariantAudit
-from trellis.engine.records import RecordedEvent
+from trellis.engine.core.audit import ChainCheck, CheckpointCheck, Finding, InvariantAudit
+from trellis.engine.core.records import RecordedEvent
 from trellis.projections.base import Fact
 from trellis.projections.sink import default_projections
 
@@ -308,7 +308,7 @@ async def _domain(
 
 
 class _Fold:
-    """The relay's fold (kv_state.fold: engine.state.evolve and the conditions) over the
+    """The relay's fold (kv_state.fold: engine.core.state.evolve and the conditions) over the
     domain's events, noting what the relay would have put in
     the bucket by its checkpoint: the state there and the position each key last changed at."""
 

@@ -70,10 +70,10 @@ from trellis.adapters.postgres.migrations import SCHEMA_DIR, MigrationError
 from trellis.adapters.postgres.privileges import PrivilegeError
 from trellis.adapters.postgres.store import PostgresEventStore, connect_pool
 from trellis.adapters.settings import Settings, SettingsError, metrics_port, redacted
-from trellis.engine.errors import StoreUnavailable
-from trellis.engine.fabric_report import FabricReport
-from trellis.engine.ids import COMPONENT_REF_PATTERN, ID_PATTERN
-from trellis.engine.intents import LEASE_SECONDS_RANGE
+from trellis.engine.core.errors import StoreUnavailable
+from trellis.engine.core.ids import COMPONENT_REF_PATTERN, ID_PATTERN
+from trellis.engine.core.intents import LEASE_SECONDS_RANGE
+from trellis.engine.core.results import FabricReport
 from trellis.projections import rebuild
 
 DEFAULT_DOMAIN = "default"

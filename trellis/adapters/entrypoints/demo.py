@@ -28,8 +28,8 @@ from trellis.adapters.entrypoints.render import (
 from trellis.adapters.fabric.sim import SimulatedFabric
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.settings import Settings, redacted
-from trellis.engine.ports import FabricDriver
-from trellis.engine.records import verify_chain
+from trellis.engine.core.records import verify_chain
+from trellis.engine.service.ports import FabricDriver
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fabric.json"
 

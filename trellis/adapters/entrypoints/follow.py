@@ -33,9 +33,9 @@ from trellis.adapters.follow_process import PARENT_ENV, SECURE_DATA_DIR_ENV, com
 from trellis.adapters.nats.auth import SecureDir
 from trellis.adapters.postgres.store import PostgresEventStore
 from trellis.adapters.settings import Settings, SettingsError, redacted
-from trellis.engine.errors import StoreUnavailable
-from trellis.engine.follower import Followers
-from trellis.engine.ids import is_valid_id
+from trellis.engine.core.errors import StoreUnavailable
+from trellis.engine.core.ids import is_valid_id
+from trellis.engine.service.follower import Followers
 
 log = logging.getLogger("trellis.follow")
 

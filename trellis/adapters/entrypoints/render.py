@@ -13,9 +13,9 @@ from typing import Any
 
 import msgspec
 
-from trellis.engine.fabric_plan import Reconciliation
-from trellis.engine.fabric_report import FabricReport
-from trellis.engine.ports import FabricBinding, FabricCircuit
+from trellis.engine.core.fabric import FabricBinding, FabricCircuit
+from trellis.engine.core.fabric_plan import Reconciliation
+from trellis.engine.core.results import FabricReport
 
 Row = dict[str, Any]
 # A column: its header, its cell, and whether only `-o wide` shows it.
@@ -24,7 +24,7 @@ Column = tuple[str, Callable[[Row], object], bool]
 
 OUTPUTS = ("table", "json", "wide")
 # What a terminal must not be handed raw: C0 and C1 controls and the bidirectional controls.
-# Intents refuse them (engine/ids.py), but a log may hold older events, or a foreign message.
+# Intents refuse them (engine/core/ids.py), but a log may hold older events, or a foreign message.
 _HIDDEN = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 

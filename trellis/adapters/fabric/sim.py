@@ -46,8 +46,8 @@ from typing import Any, Literal, TypeVar, get_args
 
 import msgspec
 
-from trellis.engine.errors import FabricError, WriterFenced
-from trellis.engine.ports import FabricBinding, FabricCircuit, FabricSnapshot
+from trellis.engine.core.errors import FabricError, WriterFenced
+from trellis.engine.core.fabric import FabricBinding, FabricCircuit, FabricSnapshot
 
 FabricOp = Literal["create_circuit", "remove_circuit", "bind", "unbind", "snapshot"]
 FABRIC_OPS: tuple[str, ...] = get_args(FabricOp)

@@ -11,7 +11,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from trellis.engine.ports import FabricBinding, FabricCircuit, FabricDriver, FabricSnapshot
+from trellis.engine.core.fabric import FabricBinding, FabricCircuit, FabricSnapshot
+from trellis.engine.service.ports import FabricDriver
 
 T = TypeVar("T")
 #: observe(operation, outcome, seconds)

@@ -1,4 +1,4 @@
-"""engine.ports.LeaseStore in memory, with schema/008's rules: a lease is taken when free or
+"""engine.service.ports.LeaseStore in memory, with schema/008's rules: a lease is taken when free or
 run out, each take draws the next epoch, renewals reach only leases still running.
 
 Times come from one monotonic clock (injectable, so tests can run a lease out without
@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import msgspec
 
-from trellis.engine.ports import Holder
+from trellis.engine.service.ports import Holder
 
 
 class _Lease(msgspec.Struct):

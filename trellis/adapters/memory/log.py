@@ -1,4 +1,4 @@
-"""engine.ports.EventStore in memory, keeping the rules the PostgreSQL log enforces:
+"""engine.service.ports.EventStore in memory, keeping the rules the PostgreSQL log enforces:
 
 - an append follows the head it expected (version and hash), else ConcurrencyConflict;
 - a request id is stored once per domain and actor, else ConcurrencyConflict;
@@ -19,10 +19,15 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 
 from trellis.adapters.memory.leases import MemoryLeases
-from trellis.engine.errors import ConcurrencyConflict, EventRefused, StoreUnavailable, WriterFenced
-from trellis.engine.ids import is_valid_id
-from trellis.engine.ports import Appended, PendingReply, StoredReply, stored_replies
-from trellis.engine.records import Head, PendingEvent, RecordedEvent, hash_of
+from trellis.engine.core.errors import (
+    ConcurrencyConflict,
+    EventRefused,
+    StoreUnavailable,
+    WriterFenced,
+)
+from trellis.engine.core.ids import is_valid_id
+from trellis.engine.core.records import Head, PendingEvent, RecordedEvent, hash_of
+from trellis.engine.service.ports import Appended, PendingReply, StoredReply, stored_replies
 
 
 class MemoryLog:

@@ -1,4 +1,4 @@
-"""engine.ports.SnapshotStore in memory, checked against a MemoryLog as the PostgreSQL store
+"""engine.service.ports.SnapshotStore in memory, checked against a MemoryLog as the PostgreSQL store
 checks against the log: a snapshot whose event the log does not hold with that position and
 hash is skipped with a warning."""
 
@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import msgspec
 
 from trellis.adapters.memory.log import MemoryLog
-from trellis.engine.ports import Snapshot
+from trellis.engine.service.ports import Snapshot
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Signed checkpoints onto JetStream: the stream TRELLIS_CHECKPOINTS (ARCHITECTURE §3, §6).
 
 One message per checkpoint on `<prefix>.checkpoints.<domain>`: the body is the whole C2SP
-signed note (engine/checkpoints.py) as UTF-8 text, so a witness or auditor can check it with
+signed note (engine/core/checkpoints.py) as UTF-8 text, so a witness or auditor can check it with
 the verifier key alone; `Nats-Msg-Id` is `<domain>/<size>` (a checkpoint published again is
 dropped as a duplicate), and the headers `Trellis-Domain` and `Trellis-Size` say what it is
 without parsing. The stream keeps every checkpoint (file storage, no age or size limit: a

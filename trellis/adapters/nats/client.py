@@ -36,7 +36,7 @@ class TrellisClient:
         return await self.raw(f"query.{domain}.{what}", msgspec.json.encode(body or {}))
 
     async def all_pages(self, subject_tail: str, body: dict[str, Any]) -> dict[str, Any]:
-        """A query whose answer may come in pages (engine/paging.py): every page, joined into
+        """A query whose answer may come in pages (engine/core/paging.py): every page, joined into
         one reply. Pages after the first are asked for at the first one's position, so they
         are all of one moment."""
         reply = await self.raw(subject_tail, msgspec.json.encode(body))
@@ -57,7 +57,7 @@ class TrellisClient:
         self, domain: str, doc: dict[str, Any], request_id: str | None = None
     ) -> dict[str, Any]:
         """Import `doc` (nodes, links, reason): in one request when it fits one, else in parts
-        under one request_id (engine/uploads.py), the import's answer coming with the last.
+        under one request_id (engine/core/uploads.py), the import's answer coming with the last.
         An engine that lost the first parts (it stopped, or another took the domain over)
         answers the last with its progress instead: then every part is sent again, once."""
         request_id = request_id or str(uuid.uuid4())

@@ -1,4 +1,4 @@
-"""The scheduler feed's wire formats as JSON Schema, beside the engine's (engine/contract.py),
+"""The scheduler feed's wire formats as JSON Schema, beside the engine's (engine/core/contract.py),
 and an AsyncAPI 3 document that names every subject with them.
 
 - stream.schema.json: a message of the JetStream stream TRELLIS_EVENTS, the event envelope
@@ -20,8 +20,8 @@ import msgspec
 
 from trellis.adapters.nats.jetstream import Envelope
 from trellis.adapters.nats.kv_state import CompositionEntry, DeviceEntry, HostEntry
-from trellis.engine.contract import HEADER, document, json_schemas, pretty, sent, subjects
-from trellis.engine.events import AnyEvent
+from trellis.engine.core.contract import HEADER, document, json_schemas, pretty, sent, subjects
+from trellis.engine.core.events import AnyEvent
 
 SCHEMA_FORMAT = "application/schema+json;version=draft-2020-12"
 # The tokens of a subject, as AsyncAPI channel parameters.

@@ -4,7 +4,7 @@ Each message is served in its own task, so intents that arrive together wait in 
 writer's queue at the same time and are committed as one batch (group commit). Any engine of a
 deployment may receive any request; one that does not write the request's domain forwards it,
 reply subject and all, to `<prefix>.engine.<writer id>.<subject>`, where the writer answers
-the client directly (engine/ownership.py decides who writes what).
+the client directly (engine/service/ownership.py decides who writes what).
 
 The intake is also the engine's NATS micro service (adapters/nats/micro.py): each subscription
 is an endpoint there, counted as it answers, and an observer (adapters/instruments.py) is told
@@ -24,9 +24,9 @@ from nats.aio.msg import Msg
 
 from trellis.adapters.nats.micro import EndpointCount, EngineService
 from trellis.adapters.nats.replies import AnyInbox, DropLog, ReplyRule
-from trellis.engine import replies
-from trellis.engine.errors import ServedElsewhere
-from trellis.engine.service import Engine
+from trellis.engine.core import replies
+from trellis.engine.core.errors import ServedElsewhere
+from trellis.engine.service.router import Engine
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ _decode_outcome = msgspec.json.Decoder(_Outcome).decode
 
 
 def _error_of(reply: bytes) -> _Error | None:
-    """The error a reply (an envelope of engine.replies) carries; None for a success."""
+    """The error a reply (an envelope of engine.core.replies) carries; None for a success."""
     outcome = _decode_outcome(reply)
     return None if outcome.ok else outcome.error
 

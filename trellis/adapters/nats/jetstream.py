@@ -30,7 +30,7 @@ from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfi
 from nats.js.errors import APIError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
-from trellis.engine.records import RecordedEvent, chain_hash, format_time
+from trellis.engine.core.records import RecordedEvent, chain_hash, format_time
 
 log = logging.getLogger("trellis.relay")
 
@@ -129,7 +129,7 @@ def stream_event(
     a foreign message (ARCHITECTURE §3: skipped and counted by every consumer, never a reason
     to stop). An event of the log is an envelope whose subject is `<prefix>.events.<its
     domain>.<its type>`, whose message id is its event id, and whose hash is its chain hash
-    (engine.records.chain_hash) of its own fields."""
+    (engine.core.records.chain_hash) of its own fields."""
     try:
         envelope = _decode_envelope(data)
         recorded_at = datetime.fromisoformat(envelope.recorded_at)

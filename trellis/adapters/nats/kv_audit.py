@@ -23,7 +23,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from trellis.adapters.nats.jetstream import bucket_name
-from trellis.engine.audit import Finding
+from trellis.engine.core.audit import Finding
 
 _IN_FLIGHT = 256
 _GONE = ("DEL", "PURGE")

@@ -1,8 +1,8 @@
 """What the KV bucket TRELLIS_STATE holds: one small JSON value per device, composition and host.
 
 Keys are `<domain>.device.<id>`, `<domain>.composition.<id>` and `<domain>.host.<id>`
-(ARCHITECTURE §3). Values are rendered from engine.state.DomainState, the fold the engine itself
-decides on, so a scheduler watching the bucket sees exactly what the engine believes. Every
+(ARCHITECTURE §3). Values are rendered from engine.core.state.DomainState, the fold the engine
+itself decides on, so a scheduler watching the bucket sees exactly what the engine believes. Every
 value carries the log `position` of the event that wrote it, to line it up with the stream.
 
 `changes(before, after, event, position)` (two `View`s) lists the keys one event changed, with
@@ -13,7 +13,7 @@ per-event-type table to keep in step with `evolve`. `coalesce` reduces a batch o
 the writes that matter: the bucket holds current state, and a watcher may not see every step
 (the stream has them).
 
-A composition value also carries `conditions` (engine/conditions.py), Kubernetes-style, for a
+A composition value also carries `conditions` (engine/core/conditions.py), Kubernetes-style, for a
 DRA driver's binding conditions and an autoscaler; they need the time and position of the
 events, which `evolve` does not keep, so the renderer folds a `View`: the engine's state plus
 each live composition's conditions (`fold`, one event at a time, as the relay and
@@ -33,13 +33,13 @@ from typing import Any
 
 import msgspec
 
-from trellis.engine.conditions import Condition, Track, observe
-from trellis.engine.events import CompositionFailed, DeviceBinding, Event
-from trellis.engine.ids import is_valid_id
-from trellis.engine.model import Health
-from trellis.engine.records import format_time
-from trellis.engine.results import Time
-from trellis.engine.state import (
+from trellis.engine.core.conditions import Condition, Track, observe
+from trellis.engine.core.events import CompositionFailed, DeviceBinding, Event
+from trellis.engine.core.ids import is_valid_id
+from trellis.engine.core.model import Health
+from trellis.engine.core.records import format_time
+from trellis.engine.core.results import Time
+from trellis.engine.core.state import (
     Composition,
     CompositionState,
     DomainState,
@@ -83,7 +83,7 @@ class CompositionEntry(msgspec.Struct, kw_only=True):
     devices: list[BoundDevice]
     impaired_by: list[str]  # the components whose faults impair it, oldest first
     position: int
-    # Bound, PathEstablished, Ready, Impaired, Failed, in that order (engine/conditions.py).
+    # Bound, PathEstablished, Ready, Impaired, Failed, in that order (engine/core/conditions.py).
     conditions: list[Condition] = []
 
 

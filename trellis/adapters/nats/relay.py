@@ -1,9 +1,9 @@
 """The event relay: each domain's log, in version order, onto JetStream; current state into KV.
 
-The relay is a sink of the engine's log followers (engine.follower): one follower per domain
+The relay is a sink of the engine's log followers (engine.service.follower): one follower per domain
 hands it that domain's events in batches. For each batch the relay
 1. folds the events into its own copy of the domain's state and compositions' conditions
-   (kv_state.fold: engine.state.evolve and engine.conditions, rebuilt from the log when it
+   (kv_state.fold: engine.core.state.evolve and engine.core.conditions, rebuilt from the log when it
    resumes) and notes the KV keys they changed (adapters/nats/kv_state.py);
 2. publishes the events it has not published yet to `<prefix>.events.<domain>.<type>` as one
    atomic batch (JetStream 2.12: all or none stored), each with `Nats-Msg-Id` = event id and the
@@ -64,8 +64,8 @@ from trellis.adapters.nats.jetstream import (
 )
 from trellis.adapters.nats.kv_state import KeyChange, View, changes, coalesce, everything
 from trellis.adapters.postgres import follower_checkpoints
-from trellis.engine.follower import Progress, Rewound, Stalled
-from trellis.engine.records import RecordedEvent
+from trellis.engine.core.records import RecordedEvent
+from trellis.engine.service.follower import Progress, Rewound, Stalled
 
 log = logging.getLogger("trellis.relay")
 

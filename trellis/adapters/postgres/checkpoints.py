@@ -1,11 +1,11 @@
 """Signed Merkle checkpoints in Postgres: the AuditTrail port, and the checkpointer sink.
 
-`PostgresAuditTrail` keeps each domain's RFC 9162 tree (engine/merkle.py) in memory, grown from
+`PostgresAuditTrail` keeps each domain's RFC 9162 tree (engine/core/merkle.py) in memory, grown from
 the `hash` column of `trellis_events` in version order, and
 - records checkpoints in `trellis_checkpoints` (schema/010): the signed C2SP note of the
-  tree's root at a size (engine/checkpoints.py), then hands each to `publish` (the JetStream
+  tree's root at a size (engine/core/checkpoints.py), then hands each to `publish` (the JetStream
   stream TRELLIS_CHECKPOINTS, adapters/nats/checkpoints.py);
-- as a log follower's sink (engine/follower.py), records one every `every` events: for sizes
+- as a log follower's sink (engine/service/follower.py), records one every `every` events: for sizes
   N, 2N, 3N... as the domain's log passes them, in the transaction that moves the sink's
   follower checkpoint, and publishes them before that commits (a failed publication rolls the
   step back and the follower retries; Ed25519 signatures are deterministic, so a checkpoint
@@ -31,19 +31,19 @@ import asyncpg
 import msgspec
 
 from trellis.adapters.postgres import follower_checkpoints
-from trellis.engine.actors import OPERATOR
-from trellis.engine.checkpoints import Checkpoint, Signer, origin_of
-from trellis.engine.errors import IntentRejected, StoreUnavailable
-from trellis.engine.follower import Progress
-from trellis.engine.intents import CheckpointKeyQuery, ConsistencyQuery, ProofQuery
-from trellis.engine.merkle import MerkleTree, leaf_hash
-from trellis.engine.records import RecordedEvent, format_time
-from trellis.engine.results import (
+from trellis.engine.core.actors import OPERATOR
+from trellis.engine.core.checkpoints import Checkpoint, Signer, origin_of
+from trellis.engine.core.errors import IntentRejected, StoreUnavailable
+from trellis.engine.core.intents import CheckpointKeyQuery, ConsistencyQuery, ProofQuery
+from trellis.engine.core.merkle import MerkleTree, leaf_hash
+from trellis.engine.core.records import RecordedEvent, format_time
+from trellis.engine.core.results import (
     CheckpointKeyResult,
     CheckpointResult,
     ConsistencyResult,
     ProofResult,
 )
+from trellis.engine.service.follower import Progress
 
 log = logging.getLogger("trellis.checkpoints")
 
@@ -82,8 +82,8 @@ def _reachable() -> Iterator[None]:
 
 
 class PostgresAuditTrail:
-    """Checkpoints and proofs of the log in the pool's schema (engine.ports.AuditTrail, and an
-    engine.follower.Sink).
+    """Checkpoints and proofs of the log in the pool's schema (engine.service.ports.AuditTrail, and
+    an engine.service.follower.Sink).
 
     Args:
         pool: asyncpg pool whose search_path holds the log (migrations applied).
@@ -94,7 +94,7 @@ class PostgresAuditTrail:
     """
 
     name = SINK_NAME
-    # Not woken by every commit (engine.follower.Followers): a checkpoint falls due only
+    # Not woken by every commit (engine.service.follower.Followers): a checkpoint falls due only
     # every so many events, and reading each commit's events for it cost the appends.
     poll_every = 1.0
 

@@ -1,4 +1,4 @@
-"""engine.ports.LeaseStore on PostgreSQL: writer leases with epochs, and engine heartbeats.
+"""engine.service.ports.LeaseStore on PostgreSQL: writer leases with epochs, and engine heartbeats.
 
 The tables and the check that fences appends are schema/008. Every time is the database's
 clock_timestamp(), so no two engines' clocks are ever compared. Leases are taken, renewed and
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from trellis.engine.ports import Holder
+from trellis.engine.service.ports import Holder
 
 _HEARTBEAT = """
 INSERT INTO trellis_engines (id, name, serves_all, started_at, heartbeat_at)

@@ -1,4 +1,4 @@
-"""engine.ports.SnapshotStore over the trellis_snapshots table (schema/012).
+"""engine.service.ports.SnapshotStore over the trellis_snapshots table (schema/012).
 
 Candidates are read newest first, a few at a time, joined with the log so that a snapshot
 whose event the log does not hold with the same position and hash (a restored or altered
@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 
-from trellis.engine.ports import Snapshot
+from trellis.engine.service.ports import Snapshot
 
 log = logging.getLogger(__name__)
 

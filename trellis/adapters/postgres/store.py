@@ -17,15 +17,20 @@ from typing import Any
 import asyncpg
 
 from trellis.adapters.postgres.privileges import bypasses_privileges
-from trellis.engine.errors import ConcurrencyConflict, EventRefused, StoreUnavailable, WriterFenced
-from trellis.engine.ports import (
+from trellis.engine.core.errors import (
+    ConcurrencyConflict,
+    EventRefused,
+    StoreUnavailable,
+    WriterFenced,
+)
+from trellis.engine.core.records import Head, PendingEvent, RecordedEvent, hash_of
+from trellis.engine.service.ports import (
     Appended,
     PendingReply,
     StoredReply,
     reply_position,
     stored_replies,
 )
-from trellis.engine.records import Head, PendingEvent, RecordedEvent, hash_of
 
 log = logging.getLogger(__name__)
 

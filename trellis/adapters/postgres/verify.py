@@ -19,8 +19,8 @@ import asyncpg
 import msgspec
 
 from trellis.adapters.postgres.store import EVENT_COLUMNS, event_from_row
-from trellis.engine.audit import Finding
-from trellis.engine.records import RecordedEvent
+from trellis.engine.core.audit import Finding
+from trellis.engine.core.records import RecordedEvent
 from trellis.projections.base import Fact, Projection
 from trellis.projections.table import PostgresRows, Table
 
