@@ -25,7 +25,7 @@ from trellis.engine.core.intents import Compose, ImportTopology
 from trellis.engine.core.records import Head, PendingEvent
 from trellis.engine.core.state import DomainState, evolve
 
-PAYLOADS = Path(__file__).parents[1] / "unit" / "payloads"
+PAYLOADS = Path(__file__).parents[1] / "core" / "payloads"
 
 
 @pytest_asyncio.fixture

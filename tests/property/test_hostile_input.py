@@ -529,7 +529,8 @@ def field_case(draw: st.DrawFn, subject: Subject, base: dict[str, Any]) -> Case:
     elif (
         isinstance(shape, mi.ListType | mi.DictType) and path_exists(base, path) and at(base, path)
     ):
-        # A list too long to fit a body (nodes, links) is left to tests/unit/test_wire_limits.py.
+        # A list too long to fit a body (nodes, links) is left to
+        # tests/adapters/test_wire_limits.py.
         options += ["too many"] * 2 if (shape.max_length or MAX_BODY_BYTES) < 10_000 else []
     what = draw(st.sampled_from(options))
     match what:

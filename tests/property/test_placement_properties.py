@@ -23,9 +23,7 @@ from typing import Any
 
 import msgspec
 import networkx as nx
-from hypothesis import HealthCheck, event, example, given, settings
-from hypothesis import strategies as st
-from unit.fabric_builder import (
+from core.fabric_builder import (
     DOMAIN,
     NOW,
     FabricBuilder,
@@ -36,6 +34,8 @@ from unit.fabric_builder import (
     release,
     report_fault,
 )
+from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import strategies as st
 
 from trellis.engine.core.errors import IntentRejected
 from trellis.engine.core.events import (

@@ -3,7 +3,7 @@
 ``LiveConditions`` holds the reference's ``Conditions`` mappings and changes them in place,
 so ``_paths_py.best_paths`` reads it as it reads a ``Conditions``; ``best_devices`` is the
 device choice spelt with ``best_paths`` and a sort. ``_paths_c`` has the same names, methods
-and errors; tests/ext runs every test on both.
+and errors; tests/property runs every test on both.
 """
 
 from __future__ import annotations

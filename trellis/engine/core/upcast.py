@@ -2,7 +2,7 @@
 
 An upcaster takes the JSON object of version N (as a dict) and returns version N+1. They chain,
 so a payload written years ago is lifted one step at a time. Checked-in payloads of every old
-version (tests/unit/payloads/v<N>/) are decoded by a test to keep it honest.
+version (tests/core/payloads/v<N>/) are decoded by a test to keep it honest.
 
 v1 -> v2 of DevicesReserved, PathRerouted and DeviceReplaced: each DeviceBinding gained the
 required `model` and `cost_per_hour` (engine.core.events.DeviceBinding). A v1 payload did not say

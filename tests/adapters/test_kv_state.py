@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
-from unit.fabric_builder import (
+from core.fabric_builder import (
     DOMAIN,
     FabricBuilder,
     compose,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import msgspec
-from unit.fabric_builder import (
+from core.fabric_builder import (
     NOW,
     FabricBuilder,
     apply,

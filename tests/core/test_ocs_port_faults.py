@@ -6,7 +6,7 @@ import re
 
 import msgspec
 import pytest
-from unit.fabric_builder import FabricBuilder, apply, composed, report_fault, request_id, run
+from core.fabric_builder import FabricBuilder, apply, composed, report_fault, request_id, run
 
 from trellis.engine.core.errors import IntentRejected
 from trellis.engine.core.events import (

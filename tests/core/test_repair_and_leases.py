@@ -6,7 +6,7 @@ from datetime import timedelta
 from functools import reduce
 
 import msgspec
-from unit.fabric_builder import (
+from core.fabric_builder import (
     NOW,
     FabricBuilder,
     apply,

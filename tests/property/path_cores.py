@@ -1,4 +1,4 @@
-"""The path core's surface as each implementation provides it (for tests/ext)."""
+"""The path core's surface as each implementation provides it (for tests/property)."""
 
 from __future__ import annotations
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import msgspec
 import pytest
+from core.fabric_builder import NOW, FabricBuilder, apply, run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from path_cores import implementation
-from unit.fabric_builder import NOW, FabricBuilder, apply, run
 
 import trellis.engine.core.placement as placement
 from trellis.engine.core.errors import IntentRejected
