@@ -23,6 +23,7 @@ from test_secure_mode import ACME, GLOBEX, OPERATOR, Rig, imported, secured
 
 from trellis.adapters.nats.auth import inbox_prefix, public_key
 from trellis.adapters.nats.jetstream import bucket_name, stream_name
+from trellis.adapters.nats.micro import SERVICE_NAME
 
 DOMAIN = "hall-1"
 GPU = {"host": "host-01", "devices": [{"kind": "gpu"}]}
@@ -80,6 +81,8 @@ async def test_a_request_whose_reply_is_no_inbox_is_dropped_and_changes_nothing(
         await send_with_reply(nc, f"{prefix}.query.{DOMAIN}.topology", {}, reply)
         compose = {"request_id": f"hostile-{i}", **GPU}
         await send_with_reply(nc, f"{prefix}.intent.{DOMAIN}.acme.compose", compose, reply)
+        for verb in ("PING", "INFO", "STATS"):  # the engine's NATS micro service, too
+            await send_with_reply(nc, f"$SRV.{verb}.{SERVICE_NAME}", {}, reply)
     await nc.publish(
         f"{prefix}.intent.{DOMAIN}.acme.compose", msgspec.json.encode({"request_id": "nr", **GPU})
     )

@@ -111,6 +111,8 @@ class NatsIntake:
                 "subject_prefix": prefix,
                 "domains": ",".join(domains) if domains else "*",
             },
+            # Discovery is the operator's and auditors', as queries are: their inboxes only.
+            may_answer=lambda msg: self._answerable(msg, ["query"]),
         )
         self.serving = False  # subscribed, and not stopping
 

@@ -16,6 +16,11 @@ endpoints cannot carry the intake without breaking the contract:
 So the intake goes on serving each request in its own task, in the queue group engines fail
 over by, and counts it on its endpoint when it answers (an `ok: false` reply is an error); the
 `EngineService` reports these counts through nats.micro's public `info()` and `stats()`.
+
+nats.micro answers a discovery request on whatever reply subject it names, which would let
+anyone have the engine publish its PING answer into the bucket or the event stream; the
+`EngineService` answers only where `may_answer` allows (the intake's reply rule,
+adapters/nats/replies.py) and drops the rest unanswered.
 """
 
 from __future__ import annotations
@@ -23,8 +28,10 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import time
+from collections.abc import Callable
 
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.micro.service import (
     SEMVER_REGEX,
     EndpointInfo,
@@ -102,7 +109,14 @@ class EndpointCount:
 class EngineService(Service):
     """nats.micro's service, reporting the intake's endpoints (see the module docstring)."""
 
-    def __init__(self, nc: NATS, *, metadata: dict[str, str]):
+    def __init__(
+        self,
+        nc: NATS,
+        *,
+        metadata: dict[str, str],
+        may_answer: Callable[[Msg], bool] = lambda msg: True,
+    ):
+        self._may_answer = may_answer
         super().__init__(
             nc,
             ServiceConfig(
@@ -130,3 +144,18 @@ class EngineService(Service):
     def stats(self) -> ServiceStats:
         stats: ServiceStats = super().stats()
         return dataclasses.replace(stats, endpoints=[e.stats() for e in self.endpoints])
+
+    # nats.micro subscribes these handlers (looked up on the instance) to the $SRV subjects;
+    # each answers only where `may_answer` allows.
+
+    async def _handle_ping_request(self, msg: Msg) -> None:
+        if self._may_answer(msg):
+            await super()._handle_ping_request(msg)
+
+    async def _handle_info_request(self, msg: Msg) -> None:
+        if self._may_answer(msg):
+            await super()._handle_info_request(msg)
+
+    async def _handle_stats_request(self, msg: Msg) -> None:
+        if self._may_answer(msg):
+            await super()._handle_stats_request(msg)
