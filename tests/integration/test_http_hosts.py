@@ -21,7 +21,7 @@ from fabrics import expect_ok, fabric
 from harness import Harness, serving
 from test_secure_mode import secured
 
-from trellis.adapters.entrypoints.fabric_page import TOKEN_COOKIE
+from trellis.adapters.http.fabric_page import TOKEN_COOKIE
 
 DOMAIN = "hall-1"
 LOOPBACK = ("127.0.0.1", 0)

@@ -37,7 +37,7 @@ from trellis.adapters.bootstrap import (
     until_accepted,
 )
 from trellis.adapters.embedded.servers import EmbeddedNats
-from trellis.adapters.entrypoints.fabric_page import TOKEN_COOKIE
+from trellis.adapters.http.fabric_page import TOKEN_COOKIE
 from trellis.adapters.nats.auth import (
     NkeyCredentials,
     Principal,

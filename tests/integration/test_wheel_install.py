@@ -128,7 +128,7 @@ async def test_the_wheel_installs_into_a_fresh_venv_and_serves_a_compose(
         names = set(built.namelist())
         top_level = {name.split("/")[0] for name in names}
     # The fabric page's files are package data: `trellis up --http` serves them from the wheel.
-    web = "trellis/adapters/entrypoints/web"
+    web = "trellis/adapters/http/web"
     assert {f"{web}/index.html", f"{web}/page.js", f"{web}/page.css"} <= names
     # The economics demo's inputs, the trace with its CC-BY credit beside it (setup.py).
     examples = "trellis/adapters/entrypoints/economics/examples"

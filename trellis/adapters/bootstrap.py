@@ -5,9 +5,9 @@ no URLs are configured, the Postgres event store (migrated by the schema's owner
 projections and the event relay (each domain's log followers: read models, JetStream stream and
 KV bucket; with TRELLIS_FOLLOWERS=process, in a follower process of their own), the engine with
 its state rebuilt from the log, and the NATS intake (also the engine's NATS micro service);
-with a metrics port, the Prometheus metrics and health server (adapters/entrypoints/metrics.py)
+with a metrics port, the Prometheus metrics and health server (adapters/http/metrics.py)
 and the instruments it reads; with an HTTP port, the live fabric page
-(adapters/entrypoints/fabric_page.py). Leaving the context stops all of it, in reverse order.
+(adapters/http/fabric_page.py). Leaving the context stops all of it, in reverse order.
 A Postgres or NATS that cannot be reached yet is waited for, with backoff and a log line per
 attempt; cancelling the wait (Ctrl-C) stops the start cleanly. In secure mode
 (adapters/nats/auth.py) the embedded nats-server runs with the generated users, the engine
@@ -48,12 +48,12 @@ from trellis.adapters.embedded.servers import (
     default_data_dir,
     reload_nats,
 )
-from trellis.adapters.entrypoints.fabric_page import FabricPage
-from trellis.adapters.entrypoints.metrics import MetricsServer
 from trellis.adapters.fabric.sim import SimulatedFabric
 from trellis.adapters.fabric.timed import TimedFabric
 from trellis.adapters.follow_process import CommitSignal, FollowerProcess, follower_env
 from trellis.adapters.health import FollowerGauges, FollowerHealth
+from trellis.adapters.http.fabric_page import FabricPage
+from trellis.adapters.http.metrics import MetricsServer
 from trellis.adapters.instruments import EngineMetrics
 from trellis.adapters.nats.auth import (
     CredentialsError,
@@ -506,9 +506,9 @@ async def engine_on(
     followers in a process of their own (adapters/follow_process.py), which signs with the
     key in `checkpoint_key` (None: a key file of this run only, made for both). `metrics_at`
     (host, port; port 0: a free one) serves Prometheus metrics and a health check there
-    (adapters/entrypoints/metrics.py), its followers judged by `health`'s bounds
+    (adapters/http/metrics.py), its followers judged by `health`'s bounds
     (engine/core/lag.py; default 60 s and 10,000 events). `page_at` (host, port; likewise) serves
-    the live fabric page there (adapters/entrypoints/fabric_page.py), a NATS client of its own
+    the live fabric page there (adapters/http/fabric_page.py), a NATS client of its own
     that connects as the operator in secure mode, where it asks a browser for the token it
     was given (`page_token`). Both answer only requests whose Host is their address or one of
     `allowed_hosts`. Each tenant's intents go through `rate_limit` (default:

@@ -67,7 +67,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     nats_port: int | None = None
     nats_monitor_port: int | None = None
     pg_port: int | None = None
-    # Prometheus metrics and /healthz (adapters/entrypoints/metrics.py): off unless a port is
+    # Prometheus metrics and /healthz (adapters/http/metrics.py): off unless a port is
     # given (0: a free one, printed at start); on loopback unless another address is named.
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
@@ -79,12 +79,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Each tenant's intents a second, and in a burst (engine/core/throttle.py); 0 a second: no
     # limit.
     tenant_rate: RateLimit = RateLimit()
-    # The live fabric page (adapters/entrypoints/fabric_page.py): likewise off unless a port is
+    # The live fabric page (adapters/http/fabric_page.py): likewise off unless a port is
     # given, and on loopback unless another address is named. It is an operator's view.
     http_port: int | None = None
     http_host: str = "127.0.0.1"
     # Names (besides the bound address) that the page, its API and /metrics answer to in a
-    # request's Host (adapters/entrypoints/httpd.py): e.g. the name of a proxy in front.
+    # request's Host (adapters/http/server.py): e.g. the name of a proxy in front.
     allowed_hosts: list[str] = []
 
     @classmethod

@@ -14,7 +14,7 @@ each allowed only what its job needs (ARCHITECTURE §3):
 - `checkpoints`: the only writer of the stream TRELLIS_CHECKPOINTS (signed tree heads);
 - `operator`: publishes `<prefix>.admin.>` and `<prefix>.query.>`, and reads the JetStream
   stream TRELLIS_EVENTS and the KV bucket TRELLIS_STATE as the auditor does (the live fabric
-  page, adapters/entrypoints/fabric_page.py, connects as the operator);
+  page, adapters/http/fabric_page.py, connects as the operator);
 - `auditor`: read-only: publishes `<prefix>.query.>` and reads, but never changes, the
   JetStream streams TRELLIS_EVENTS and TRELLIS_CHECKPOINTS and the KV bucket TRELLIS_STATE;
 - one per tenant: publishes `<prefix>.intent.*.<tenant>.>` and `<prefix>.view.*.<tenant>.>`.

@@ -3,7 +3,7 @@
 naming each check, and, per domain, the log's head and how far each of its followers got:
 adapters/health.py).
 
-Served by the small HTTP server on the engine's own event loop (httpd.py): the gauges read the
+Served by the small HTTP server on the engine's own event loop (server.py): the gauges read the
 engine's state and the health checks ask its store and NATS connection, all without crossing
 threads. prometheus-client's own server runs in a thread of its own, where neither could be
 done safely.
@@ -18,7 +18,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from trellis.adapters.entrypoints.httpd import DEFAULT_HOST, HttpServer, Request, Response
+from trellis.adapters.http.server import DEFAULT_HOST, HttpServer, Request, Response
 
 #: A health check: True when what it checks is fine. It must finish promptly on its own.
 Check = Callable[[], Awaitable[bool]]

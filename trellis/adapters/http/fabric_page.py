@@ -37,7 +37,7 @@ from nats.errors import Error as NatsError
 from nats.js.api import DeliverPolicy
 from nats.js.kv import KV_DEL, KV_PURGE
 
-from trellis.adapters.entrypoints.httpd import DEFAULT_HOST, HttpServer, Request, Response, Stream
+from trellis.adapters.http.server import DEFAULT_HOST, HttpServer, Request, Response, Stream
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.nats.foreign import ForeignMessages
 from trellis.adapters.nats.jetstream import bucket_name, stream_event, stream_name
