@@ -21,7 +21,7 @@ from fabrics import expect_ok, fabric
 from harness import Harness, serving
 from test_secure_mode import secured
 
-from trellis.adapters.http.fabric_page import TOKEN_COOKIE
+from trellis.adapters.http.fabric_page import token_cookie
 
 DOMAIN = "hall-1"
 LOOPBACK = ("127.0.0.1", 0)
@@ -102,17 +102,20 @@ async def test_in_secure_mode_the_page_serves_only_the_browser_given_its_token(
     async with secured(tmp_path, database_url, pg_schema, page=True) as rig:
         url, token = rig.running.page_url, rig.running.page_token
         assert url is not None and token
-        own = authority(url)
+        own, name = authority(url), token_cookie(url)
+        # Cookies are shared across a host's ports: each page's cookie is named for its port,
+        # so a token kept for another engine's page on this machine does not open this one.
+        assert name == f"trellis_page_{url.rsplit(':', 1)[1]}"
         for path in PATHS:
             assert (await ask(url, path, Host=own))[0] == 401, path
-            cookie = f"{TOKEN_COOKIE}=not-{token}"
+            cookie = f"{name}=not-{token}"
+            assert (await ask(url, path, Host=own, Cookie=cookie))[0] == 401, path
+            cookie = f"trellis_page={token}"
             assert (await ask(url, path, Host=own, Cookie=cookie))[0] == 401, path
         # The printed address carries the token: it becomes a cookie scripts cannot read.
         status, headers, _ = await ask(url, f"/?token={token}", Host=own)
         assert status == 302 and headers["Location"] == "/"
-        assert headers["Set-Cookie"] == (
-            f"{TOKEN_COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/"
-        )
+        assert headers["Set-Cookie"] == (f"{name}={token}; HttpOnly; SameSite=Strict; Path=/")
         for path in PATHS[:3]:
-            cookie = f"other=1; {TOKEN_COOKIE}={token}"
+            cookie = f"other=1; {name}={token}"
             assert (await ask(url, path, Host=own, Cookie=cookie))[0] == 200, path

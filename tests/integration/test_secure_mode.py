@@ -37,7 +37,7 @@ from trellis.adapters.bootstrap import (
     until_accepted,
 )
 from trellis.adapters.embedded.servers import EmbeddedNats
-from trellis.adapters.http.fabric_page import TOKEN_COOKIE
+from trellis.adapters.http.fabric_page import token_cookie
 from trellis.adapters.nats.auth import (
     NkeyCredentials,
     Principal,
@@ -613,7 +613,7 @@ def read(url: str, token: str | None = None) -> bytes:
 
 def with_token(url: str, token: str | None) -> urllib.request.Request:
     """A request carrying the page's token as the browser keeps it: in its cookie."""
-    headers = {"Cookie": f"{TOKEN_COOKIE}={token}"} if token else {}
+    headers = {"Cookie": f"{token_cookie(url)}={token}"} if token else {}
     return urllib.request.Request(url, headers=headers)
 
 

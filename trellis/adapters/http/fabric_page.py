@@ -27,6 +27,7 @@ import importlib.resources
 import logging
 import re
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
@@ -61,7 +62,15 @@ QUERY_TIMEOUT_S = 5.0
 #: EventSource reconnects and starts again from a fresh snapshot.
 BACKLOG = 10_000
 _ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
-TOKEN_COOKIE = "trellis_page"
+
+
+def token_cookie(url: str) -> str:
+    """The name of the cookie holding the page token for the page at `url`. Browsers share
+    cookies across ports, so each page's is named after its port: two engines' pages on one
+    machine then keep a token each instead of overwriting one another's."""
+    return f"trellis_page_{urllib.parse.urlsplit(url).port}"
+
+
 _NO_STORE = (("Cache-Control", "no-store"),)
 
 
@@ -254,10 +263,10 @@ class FabricPage(HttpServer):
         assert self._token is not None
         given = request.query.get("token")
         if given is not None and hmac.compare_digest(given.encode(), self._token.encode()):
-            cookie = f"{TOKEN_COOKIE}={self._token}; HttpOnly; SameSite=Strict; Path=/"
+            cookie = f"{token_cookie(self.url)}={self._token}; HttpOnly; SameSite=Strict; Path=/"
             headers = (("Location", request.path), ("Set-Cookie", cookie), *_NO_STORE)
             return Response(302, "text/plain", b"", headers)
-        held = _cookie(request, TOKEN_COOKIE) or ""
+        held = _cookie(request, token_cookie(self.url)) or ""
         if hmac.compare_digest(held.encode(), self._token.encode()):
             return None
         return Response(
