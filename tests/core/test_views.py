@@ -21,7 +21,7 @@ from trellis.engine.core.results import (
     WhyResult,
 )
 from trellis.engine.core.state import DomainState
-from trellis.engine.service.router import AUDIT_QUERIES
+from trellis.engine.service.answers import AUDIT_QUERIES
 
 
 def two_tenants() -> tuple[DomainState, str, str]:

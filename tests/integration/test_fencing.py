@@ -210,13 +210,13 @@ async def test_a_writer_stopped_inside_an_append_holds_a_takeover_up_no_longer_t
 def pause_renewals(engine: Engine) -> asyncio.Task[None]:
     """Stop `engine` renewing its writer leases, while it keeps counting them as held; a task
     that keeps it so until cancelled."""
-    for task in engine._tasks:  # the test plays the paused process's clock
+    for task in engine.custody._tasks:  # the test plays the paused process's clock
         if task.get_name() == "writer-leases":
             task.cancel()
 
     async def believe() -> None:
         while True:
-            for served in engine._served.values():
+            for served in engine.custody._served.values():
                 if served.lease is not None:
                     served.lease.until = math.inf
             await asyncio.sleep(0.01)
@@ -259,7 +259,7 @@ async def test_a_writer_whose_own_count_ran_out_keeps_a_lease_the_store_still_ho
     h = single
     expect_ok(await h.client.admin("hall", "import-topology", fabric()))
     _, epoch = (await holders(database_url, pg_schema))["hall"]
-    served = h.engine._served["hall"]
+    served = h.engine.custody._served["hall"]
     assert served.lease is not None
 
     # The writer finds its count run out before a batch: it renews out of turn and commits.
@@ -268,11 +268,11 @@ async def test_a_writer_whose_own_count_ran_out_keeps_a_lease_the_store_still_ho
     cid = expect_ok(reply)["composition_id"]
     # The lease keeper finds it run out: the store's renewal under our epoch keeps it.
     served.lease.until = 0.0
-    await h.engine._own_tick()
-    assert h.engine._served.get("hall") is served
+    await h.engine.custody._own_tick()
+    assert h.engine.custody._served.get("hall") is served
     assert (await holders(database_url, pg_schema))["hall"][1] == epoch
     reply = await h.client.intent(
         "hall", "acme", "release", {"request_id": "held-up-2", "composition_id": cid}
     )
     assert expect_ok(reply)["state"] == "released"
-    assert h.engine._served.get("hall") is served
+    assert h.engine.custody._served.get("hall") is served

@@ -73,7 +73,7 @@ async def test_a_drop_that_hangs_does_not_stop_the_engine_taking_the_lease_back(
         for n in range(due - version):
             node = {"request_id": f"add-{n}", "node": gpu(f"gpu-1{n}")}
             expect_ok(await h.client.admin(DOMAIN, "add-node", node))
-        writer = h.engine._served[DOMAIN].writer
+        writer = h.engine.custody._served[DOMAIN].writer
         assert writer.head.version >= due and writer._saving  # the save is under way
 
         # When: the lease runs out in the store (as after a pause or a database restart): the
@@ -85,7 +85,7 @@ async def test_a_drop_that_hangs_does_not_stop_the_engine_taking_the_lease_back(
             DOMAIN,
         )
         if noticed_by == "request":
-            lease_here = h.engine._served[DOMAIN].lease
+            lease_here = h.engine.custody._served[DOMAIN].lease
             assert lease_here is not None
             lease_here.until = 0.0  # the engine's own count ran out too, as after a pause
             early = {"request_id": "early", "node": gpu("gpu-19")}
@@ -102,7 +102,7 @@ async def test_a_drop_that_hangs_does_not_stop_the_engine_taking_the_lease_back(
             await asyncio.sleep(0.05)
         assert now[0] == h.engine.identity
         assert h.engine.fence(DOMAIN) == now[1]
-        assert h.engine._served[DOMAIN].writer is not writer
+        assert h.engine.custody._served[DOMAIN].writer is not writer
         added = {"request_id": "after", "node": gpu("gpu-20")}
         expect_ok(await h.client.admin(DOMAIN, "add-node", added))
     finally:
@@ -119,8 +119,8 @@ async def test_a_drop_that_hangs_does_not_stop_the_engine_taking_the_lease_back(
     assert seen == sorted(seen) and seen[-1] == now[1], seen
     # ...and once its save went through, the drop ended; the followers still follow.
     deadline = asyncio.get_running_loop().time() + 10 * TTL
-    while h.engine._background:
-        assert asyncio.get_running_loop().time() < deadline, h.engine._background
+    while h.engine.custody._background:
+        assert asyncio.get_running_loop().time() < deadline, h.engine.custody._background
         await asyncio.sleep(0.05)
     await h.projected(DOMAIN)
     await h.relayed(DOMAIN)

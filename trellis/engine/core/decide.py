@@ -9,8 +9,6 @@ of intents is decided in its own module: the fabric (engine.core.topology), quot
 
 from __future__ import annotations
 
-import msgspec
-
 from trellis.engine.core import quotas, topology
 from trellis.engine.core.compose import compose, expire_leases, extend, release
 from trellis.engine.core.context import Context, Decision
@@ -26,6 +24,7 @@ from trellis.engine.core.intents import (
     Extend,
     FailComposition,
     ImportTopology,
+    Intent,
     Release,
     Remove,
     ReportFault,
@@ -38,7 +37,7 @@ from trellis.engine.core.state import DomainState
 __all__ = ["Context", "Decision", "decide"]
 
 
-def decide(state: DomainState, intent: msgspec.Struct, ctx: Context) -> Decision:
+def decide(state: DomainState, intent: Intent, ctx: Context) -> Decision:
     """Decide what an intent means for the domain.
 
     Raises:

@@ -355,7 +355,7 @@ class HistoryQuery(PagedQuery):
             raise ValueError("`since` is after `until`")
 
 
-INTENTS: dict[tuple[Family, str], type[msgspec.Struct]] = {
+INTENTS: dict[tuple[Family, str], type[Intent] | type[Query]] = {
     ("intent", "compose"): Compose,
     ("intent", "release"): Release,
     ("intent", "extend"): Extend,
@@ -383,15 +383,18 @@ INTENTS: dict[tuple[Family, str], type[msgspec.Struct]] = {
     ("query", "history"): HistoryQuery,
 }
 
-_DECODERS = {key: msgspec.json.Decoder(cls) for key, cls in INTENTS.items()}
+_DECODERS: dict[tuple[Family, str], msgspec.json.Decoder[Intent | Query]] = {
+    key: msgspec.json.Decoder(cls) for key, cls in INTENTS.items()
+}
 
 
 class InvalidIntent(ValueError):
     """The body could not be decoded into the verb's Struct; the message says why."""
 
 
-def decode_intent(family: Family, verb: str, body: bytes) -> msgspec.Struct:
-    """Decode a request body strictly into the Struct for `family`/`verb`.
+def decode_intent(family: Family, verb: str, body: bytes) -> Intent | Query:
+    """Decode a request body strictly into the Struct for `family`/`verb`: an Intent (it
+    carries a request_id) for the `intent` and `admin` families, a Query for `query`.
 
     Raises:
         InvalidIntent: unknown verb, body too large, malformed JSON, unknown fields, wrong types

@@ -26,7 +26,7 @@ from typing import Any, Protocol, TypeVar
 import msgspec
 
 from trellis.engine.core.errors import IntentRejected
-from trellis.engine.core.intents import ConnectionsQuery, HistoryQuery, QuotasQuery
+from trellis.engine.core.intents import ConnectionsQuery, HistoryQuery, Query, QuotasQuery
 from trellis.engine.core.results import (
     BlastRadiusResult,
     CompositionResult,
@@ -50,6 +50,7 @@ class Held(Protocol):
 
 
 Row = TypeVar("Row", bound=Held)
+Q = TypeVar("Q", bound=Query)
 
 IN_USE_BY_OTHERS = "in use by others"
 
@@ -59,7 +60,7 @@ def unknown_composition(composition_id: str) -> IntentRejected:
     return IntentRejected("not_found", f"no composition {composition_id!r}", {"id": composition_id})
 
 
-def scoped_query(query: msgspec.Struct, tenant: str) -> msgspec.Struct:
+def scoped_query(query: Q, tenant: str) -> Q:
     """The query a view runs: `connections`, `quotas` and `history` filtered by the tenant
     (unless the body names a tenant already: then the scope keeps only the rows that are
     both, i.e. none of another's)."""

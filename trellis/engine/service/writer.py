@@ -28,6 +28,7 @@ from trellis.engine.core.errors import (
     WriterFenced,
 )
 from trellis.engine.core.events import MAX_EVENT_BYTES
+from trellis.engine.core.intents import Intent
 from trellis.engine.core.records import Head, PendingEvent
 from trellis.engine.core.state import DomainState, evolve
 from trellis.engine.service import snapshots
@@ -50,14 +51,14 @@ _encode = msgspec.json.Encoder().encode
 class Request(msgspec.Struct, kw_only=True):
     actor: str
     verb: str
-    intent: msgspec.Struct
+    intent: Intent
     body_hash: str
     reply: asyncio.Future[bytes]
     correlation_id: str | None = None  # default: the request id
 
     @property
     def key(self) -> tuple[str, str]:
-        return (self.actor, self.intent.request_id)  # type: ignore[attr-defined]
+        return (self.actor, self.intent.request_id)
 
 
 class DomainWriter:
@@ -139,7 +140,7 @@ class DomainWriter:
         self,
         actor: str,
         verb: str,
-        intent: msgspec.Struct,
+        intent: Intent,
         family: str,
         correlation_id: str | None = None,
     ) -> bytes:
@@ -296,8 +297,8 @@ class DomainWriter:
                 PendingEvent.of(
                     event,
                     actor=req.actor,
-                    causation_id=req.intent.request_id,  # type: ignore[attr-defined]
-                    correlation_id=req.correlation_id or req.intent.request_id,  # type: ignore[attr-defined]
+                    causation_id=req.intent.request_id,
+                    correlation_id=req.correlation_id or req.intent.request_id,
                     at=now,
                 )
                 for event in decision.events
@@ -314,7 +315,7 @@ class DomainWriter:
             pending.append(
                 PendingReply(
                     actor=req.actor,
-                    request_id=req.intent.request_id,  # type: ignore[attr-defined]
+                    request_id=req.intent.request_id,
                     verb=req.verb,
                     body_hash=req.body_hash,
                     # A recorded rejection (no_capacity, no_path) is stored like any answer.
@@ -377,7 +378,7 @@ class DomainWriter:
         task.add_done_callback(self._saving.discard)
 
 
-def body_hash(family: str, verb: str, intent: msgspec.Struct) -> str:
+def body_hash(family: str, verb: str, intent: Intent) -> str:
     """Hash of the decoded body, so key order and whitespace do not make a resend 'different'."""
     return hashlib.sha256(f"{family}.{verb}\n".encode() + _encode(intent)).hexdigest()
 
@@ -396,7 +397,7 @@ def _too_large(verb: str, size: int) -> IntentRejected:
 
 
 def _conflict(req: Request) -> bytes:
-    rid = req.intent.request_id  # type: ignore[attr-defined]
+    rid = req.intent.request_id
     return replies.error(
         "conflict",
         f"request_id {rid!r} was already used with a different body",
