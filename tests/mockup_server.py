@@ -20,6 +20,7 @@ A GET with `$expand` or `$top` rewrites what the server holds, so nothing here s
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -52,6 +53,8 @@ class MockupServer:
     Args:
         tree: A short-form mockup folder.
         latency: Seconds the server waits before every answer (its `-t`).
+        timed: Take the wait from the `time.json` files of the tree where there are some
+            (its `-T`: `{"POST_Time": 0.5}` beside an `index.json` slows POSTs there).
         etag: Run it under the wrapper that adds ETags and `If-Match`.
         strict: (with `etag`) a change without `If-Match` is 428.
         created: (with `etag`) a POST answers 201, not 204.
@@ -62,6 +65,7 @@ class MockupServer:
         tree: Path,
         *,
         latency: float = 0.0,
+        timed: bool = False,
         etag: bool = False,
         strict: bool = False,
         created: bool = False,
@@ -69,6 +73,7 @@ class MockupServer:
     ) -> None:
         self.tree = tree
         self.latency = latency
+        self.timed = timed
         self.etag = etag
         self.strict = strict
         self.created = created
@@ -91,6 +96,8 @@ class MockupServer:
         args = ["-H", "127.0.0.1", "-p", str(self.port), "-S", "-D", str(self.tree)]
         if self.latency:
             args += ["-t", str(self.latency)]
+        if self.timed:
+            args.append("-T")
         if self.etag:
             wrapper = [str(WRAPPER)]
             wrapper += ["--strict"] if self.strict else []
@@ -173,6 +180,24 @@ class MockupServer:
             "/_trellis/faults",
             {"status": status, "method": method, "contains": contains, "times": times},
         )
+
+
+class _InThreads:
+    """A MockupServer's helpers as coroutines, each call in a thread (see `at`)."""
+
+    def __init__(self, server: MockupServer) -> None:
+        self._server = server
+
+    def __getattr__(self, name: str) -> Any:
+        call = getattr(self._server, name)
+        return lambda *args, **kwargs: asyncio.to_thread(call, *args, **kwargs)
+
+
+def at(server: MockupServer) -> Any:
+    """`await at(server).patch(uri, body)`: a person at the fabric manager, from an event loop.
+    The server answers one connection at a time, so a blocking call on the loop, while an
+    engine on the same loop has a connection open to it, would wait for itself."""
+    return _InThreads(server)
 
 
 def wipe(server: MockupServer) -> None:

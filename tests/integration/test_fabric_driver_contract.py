@@ -28,6 +28,7 @@ from trellis.engine.errors import FabricError, WriterFenced
 from trellis.engine.ports import FabricBinding, FabricCircuit, FabricDriver, FabricSnapshot
 
 DRIVERS = ["sim", "redfish", "redfish-if-match"]
+FABRIC_URI = "/redfish/v1/Fabrics/Trellis"
 FABRIC = {
     "nodes": [
         {"id": "host-1", "kind": "host"},
@@ -302,7 +303,7 @@ async def test_the_redfish_fence_holds_across_drivers_as_across_processes(
             await old.bind(d, binding(device="gpu-2"), fence=3)
         held = await new.snapshot(d)
         assert held.bindings == [binding()]
-        fabric = servers[kind].get("/redfish/v1/Fabrics/Trellis")
+        fabric = servers[kind].get(FABRIC_URI)
         assert fabric["Oem"]["Trellis"]["WriterEpochs"][d] == 4
     finally:
         await old.close()
@@ -315,3 +316,29 @@ def test_the_contract_fabric_is_the_tree_the_driver_discovers(tmp_path: Path) ->
     tree = write_tree(FABRIC, tmp_path)
     assert (tree / "Fabrics/Trellis/Switches/ocs-1/Ports/7/index.json").exists()
     assert msgspec.json.decode((tree / "Systems/host-1/index.json").read_bytes())["Id"] == "host-1"
+
+
+@pytest.mark.parametrize("kind", ["redfish", "redfish-if-match"])
+async def test_a_read_overlapping_its_own_changes_never_makes_the_driver_forget_them(
+    servers: dict[str, MockupServer], kind: str, d: str
+) -> None:
+    # A pass's snapshot and a saga's binds run at once; a read that began before a zone was
+    # made must not make the driver believe it is gone, or the next bind makes a second one.
+    fabric = RedfishFabric(RedfishClient(servers[kind].url))
+    try:
+        await fabric.snapshot(d)
+        reading = asyncio.create_task(fabric.snapshot(d))
+        await asyncio.sleep(0.001)  # its first request, the Zones collection, is on its way
+        await fabric.bind(d, binding(device="gpu-1", composition="c-1"))
+        await reading  # it read no zone, and ends after the bind made one
+        await fabric.bind(d, binding(device="gpu-2", composition="c-1"))
+        zones = [
+            z
+            for z in await asyncio.to_thread(servers[kind].members, f"{FABRIC_URI}/Zones")
+            if (await asyncio.to_thread(servers[kind].get, z)).get("Oem", {}).get("Trellis")
+        ]
+        assert len(zones) == 1, zones
+        assert [b.device for b in (await fabric.snapshot(d)).bindings] == ["gpu-1", "gpu-2"]
+    finally:
+        await fabric.close()
+        await asyncio.to_thread(wipe, servers[kind])

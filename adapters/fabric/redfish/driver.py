@@ -24,10 +24,11 @@ change it was making (the window is one request), which the successor's reconcil
 undoes.
 
 The driver reads its own work back on every `snapshot`: the Zones and Connections collections
-and the memory pools' MemoryChunks, each member read. OCS ports are read where cables are, and
-every port of every OCS on a deep read: the first of a domain, every `resync_s` seconds, and
-every read without a fence (a tool's, such as `trellis fabric check`). What the driver itself
-changed is known between reads; what someone else changed is seen at the next read.
+and the memory pools' MemoryChunks, each member read, and the OCS ports where cables are;
+every port of every OCS only on a deep read (the first of a domain, then every `resync_s`
+seconds). What the driver itself changed is known between reads; what someone else changed is
+seen at the next read. Discovery and reads run one at a time per domain and to their end even
+when the caller gives up (the saga's deadline), so a slow service is still read.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import msgspec
@@ -90,6 +91,7 @@ class _Held(msgspec.Struct, kw_only=True):
     findings: list[str] = []
     read_at: float | None = None  # of the last deep read (None: never read)
     stale: bool = True  # a change's outcome is unknown: read everything before the next one
+    version: int = 0  # moved by every change, before and after: a read across one is stale
 
 
 class RedfishFabric:
@@ -122,6 +124,8 @@ class RedfishFabric:
         self.poll_s = poll_s
         self._maps: dict[str, FabricMap] = {}
         self._mapped_at: dict[str, float] = {}
+        self._mapping: dict[str, asyncio.Future[FabricMap]] = {}
+        self._reading: dict[str, tuple[bool, asyncio.Future[FabricSnapshot]]] = {}
         self._held: dict[str, _Held] = {}
         self._fences: dict[str, int] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
@@ -143,6 +147,15 @@ class RedfishFabric:
         recent = time.monotonic() - self._mapped_at.get(domain, -math.inf) < REDISCOVER_S
         if fmap is not None and (known or recent):
             return fmap
+        # One discovery at a time per domain, shielded: a caller that gives up (the saga's
+        # deadline) leaves it running for the next, so a slow service is still mapped.
+        mapping = self._mapping.get(domain)
+        if mapping is None:
+            mapping = self._mapping[domain] = _background(self._discover(domain))
+            mapping.add_done_callback(lambda _: self._mapping.pop(domain, None))
+        return await asyncio.shield(mapping)
+
+    async def _discover(self, domain: str) -> FabricMap:
         try:
             fmap = await discover(self.client, fabric=await self._fabric_of(domain))
         except (DiscoveryError, RedfishError) as exc:
@@ -174,7 +187,8 @@ class RedfishFabric:
         a, b = await self._circuit_ports(domain, circuit)
         async with self._lock(domain, f"ocs:{circuit.ocs}"):
             await self._fenced(domain, fence)
-            await self._guarded(circuit.ocs, self._set_circuit(domain, circuit, a, b))
+            held = self._held.setdefault(domain, _Held())
+            await self._guarded(circuit.ocs, self._set_circuit(domain, circuit, a, b), held)
 
     async def remove_circuit(
         self, domain: str, circuit: FabricCircuit, *, fence: int | None = None
@@ -183,7 +197,8 @@ class RedfishFabric:
         a, b = await self._circuit_ports(domain, circuit)
         async with self._lock(domain, f"ocs:{circuit.ocs}"):
             await self._fenced(domain, fence)
-            await self._guarded(circuit.ocs, self._clear_circuit(domain, a, b))
+            held = self._held.setdefault(domain, _Held())
+            await self._guarded(circuit.ocs, self._clear_circuit(domain, a, b), held)
 
     async def bind(self, domain: str, binding: FabricBinding, *, fence: int | None = None) -> None:
         """Zone a device to its host (a memory slice: a chunk and a connection); a no-op when
@@ -222,11 +237,7 @@ class RedfishFabric:
         await self._fenced(domain, fence)
         held = self._held.setdefault(domain, _Held())
         due = held.read_at is None or time.monotonic() - held.read_at >= self.resync_s
-        try:
-            await self._read(domain, fmap, held, deep=fence is None or due or held.stale)
-        except RedfishError as exc:
-            raise FabricError(f"reading the fabric of {domain}: {exc}") from None
-        return _snapshot(fmap, held)
+        return await self._fresh(domain, fmap, held, deep=due or held.stale)
 
     def findings(self, domain: str) -> list[str]:
         """What the last read of the domain's fabric found and cannot explain."""
@@ -244,13 +255,36 @@ class RedfishFabric:
         was, or when a change's outcome is unknown (a lost answer)."""
         held = self._held.setdefault(domain, _Held())
         if held.stale:
-            try:
-                await self._read(domain, fmap, held, deep=True)
-            except RedfishError as exc:
-                raise FabricError(f"reading the fabric of {domain}: {exc}") from None
+            await self._fresh(domain, fmap, held, deep=True)
         return held
 
-    async def _read(self, domain: str, fmap: FabricMap, held: _Held, *, deep: bool) -> None:
+    async def _fresh(
+        self, domain: str, fmap: FabricMap, held: _Held, *, deep: bool
+    ) -> FabricSnapshot:
+        """A read of the domain's work on the service. One read at a time per domain, shielded
+        like discovery; a caller that wants a deep read and finds a shallow one running
+        waits for it, then reads deeply."""
+        while True:
+            running = self._reading.get(domain)
+            if running is None:
+                running = (deep, _background(self._read(domain, fmap, held, deep=deep)))
+                self._reading[domain] = running
+                running[1].add_done_callback(lambda _: self._reading.pop(domain, None))
+            was_deep, read = running
+            try:
+                snapshot = await asyncio.shield(read)
+            except RedfishError as exc:
+                raise FabricError(f"reading the fabric of {domain}: {exc}") from None
+            if was_deep or not deep:
+                return snapshot
+
+    async def _read(
+        self, domain: str, fmap: FabricMap, held: _Held, *, deep: bool
+    ) -> FabricSnapshot:
+        """Read the domain's work back. What it read replaces what `held` knows only when the
+        driver changed nothing meanwhile (else `held`, kept up to date by the change, is
+        newer); the snapshot is what was read either way."""
+        version = held.version
         findings: list[str] = []
         ours = {*fmap.host_endpoints.values(), *fmap.device_endpoints.values()}
         zones: dict[str, _Zone] = {}
@@ -311,10 +345,14 @@ class RedfishFabric:
                 continue  # another domain's circuit
             if oem.get("CircuitTo") and oem.get("Domain") is None:
                 findings.append(f"ocs port {uri} is in a circuit that is not Trellis's")
-        held.zones, held.slices, held.ports, held.findings = zones, slices, ports, findings
-        held.stale = False
-        if deep:
-            held.read_at = time.monotonic()
+        read = _Held(zones=zones, slices=slices, ports=ports, findings=findings)
+        held.findings = findings
+        if held.version == version:
+            held.zones, held.slices, held.ports = zones, slices, ports
+            held.stale = False
+            if deep:
+                held.read_at = time.monotonic()
+        return _snapshot(fmap, read)
 
     async def _members(self, collection: str | None) -> list[Resource]:
         if collection is None:
@@ -635,19 +673,30 @@ class RedfishFabric:
             raise FabricError(f"reading the writer epoch of {domain}: {exc}") from None
         self._fences[domain] = max(seen, fence)
 
-    async def _guarded(self, component: str, work: Any, held: _Held | None = None) -> None:
-        """Run one change; a failure of the service is a FabricError naming `component`."""
+    async def _guarded(self, component: str, work: Awaitable[None], held: _Held) -> None:
+        """Run one change; a failure of the service is a FabricError naming `component`. A
+        read that overlaps the change does not overwrite what the change made known."""
+        held.version += 1
         try:
             await work
         except HttpError as exc:
-            if held is not None and exc.status >= 500:
+            if exc.status >= 500:
                 held.stale = True  # a 5xx may have half-done it
             raise FabricError(str(exc), component=component) from None
         except RedfishError as exc:
             raise FabricError(str(exc), component=component) from None
+        finally:
+            held.version += 1
 
     def _lock(self, domain: str, key: str) -> asyncio.Lock:
         return self._locks.setdefault((domain, key), asyncio.Lock())
+
+
+def _background(work: Coroutine[Any, Any, _T]) -> asyncio.Future[_T]:
+    """A task that runs to its end whoever waits for it; its failure is never left unread."""
+    task = asyncio.ensure_future(work)
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+    return task
 
 
 def _names(fmap: FabricMap, node: str) -> bool:
