@@ -429,6 +429,9 @@ async def test_reconciliation_remakes_removes_and_reports_but_touches_nothing_el
                  "Paths": {"gpu-009": ["host-03", "sw-r2", "gpu-009"]}}  # fmt: skip
         await at(shared).post(ZONES, _zone("stray", ["I-host-03", "T-gpu-009"], stray))
         await at(shared).post(ZONES, _zone("someone else's", ["I-host-04", f"T-{gpu}"]))
+        pool = {"TargetEndpoints": [{"@odata.id": f"{F}/Endpoints/T-mem-02"}]}
+        theirs = {"Name": "someone else's", "ConnectionType": "Memory", "Links": pool}
+        await at(shared).post(CONNECTIONS, theirs)
 
         async def reconciled() -> bool:
             zones = [await at(shared).get(z) for z in await at(shared).members(ZONES)]
@@ -441,13 +444,19 @@ async def test_reconciliation_remakes_removes_and_reports_but_touches_nothing_el
         report = expect_ok(await h.client.query(domain, "fabric"))
         assert report["in_step"] is True
         assert any(f"T-{gpu}" in finding for finding in report["findings"]), report
+        assert any(
+            f.startswith("connection") and f.endswith("T-mem-02") for f in report["findings"]
+        ), report
         env = cli_env(tmp_path, nats_url, database_url, pg_schema, subject_prefix)
         code, out, err = await run_cli(env, "fabric", "check", "--domain", domain)
         assert code == 0, (out, err)
         assert f"{domain}: hardware holds what the log says" in out
         assert "found, not Trellis's to change: zone" in out and f"T-{gpu}" in out
-        names = [(await at(shared).get(z)).get("Name") for z in await at(shared).members(ZONES)]
-        assert "someone else's" in names  # reported, never touched
+        for collection in (ZONES, CONNECTIONS):  # reported, never touched
+            names = [
+                (await at(shared).get(u)).get("Name") for u in await at(shared).members(collection)
+            ]
+            assert "someone else's" in names
 
 
 def _zone(name: str, endpoints: list[str], trellis: dict[str, Any] | None = None) -> dict[str, Any]:

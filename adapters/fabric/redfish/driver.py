@@ -286,17 +286,14 @@ class RedfishFabric:
         newer); the snapshot is what was read either way."""
         version = held.version
         findings: list[str] = []
-        ours = {*fmap.host_endpoints.values(), *fmap.device_endpoints.values()}
+        devices = set(fmap.device_endpoints.values())
         zones: dict[str, _Zone] = {}
         for zone in await self._members(fmap.zones):
             oem, endpoints = trellis_oem(zone.body), links(zone.body, "Endpoints")
             cid = oem.get("CompositionId")
             if oem.get("Domain") != domain:
-                if not oem and set(endpoints) & set(fmap.device_endpoints.values()):
-                    findings.append(
-                        f"zone {zone.uri}, not Trellis's, zones endpoints of this domain's "
-                        f"devices: {', '.join(sorted(set(endpoints) & ours))}"
-                    )
+                if not oem and devices & set(endpoints):
+                    findings.append(_foreign("zone", zone.uri, endpoints))
                 continue
             if not isinstance(cid, str) or not isinstance(oem.get("Host"), str):
                 findings.append(f"zone {zone.uri} is tagged for {domain} but names no composition")
@@ -308,6 +305,9 @@ class RedfishFabric:
         for connection in await self._members(fmap.connections):
             oem = trellis_oem(connection.body)
             if oem.get("Domain") != domain:
+                targets = links(connection.body, "TargetEndpoints")
+                if not oem and devices & set(targets):
+                    findings.append(_foreign("connection", connection.uri, targets))
                 continue
             key, made = _slice(oem)
             chunks = [
@@ -718,6 +718,11 @@ def _check_path(binding: FabricBinding) -> None:
 def _tagged(cid: str) -> Callable[[Json], bool]:
     """Delete only what is still tagged with this composition (never another's resource)."""
     return lambda body: trellis_oem(body).get("CompositionId") == cid
+
+
+def _foreign(kind: str, uri: str, endpoints: list[str]) -> str:
+    named = ", ".join(last_segment(e) for e in sorted(endpoints))
+    return f"{kind} {uri}, not Trellis's, holds endpoints of this domain: {named}"
 
 
 def _paths(oem: Json) -> dict[str, list[str]]:
