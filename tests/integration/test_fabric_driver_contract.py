@@ -18,7 +18,7 @@ from pathlib import Path
 import msgspec
 import pytest
 import pytest_asyncio
-from mockup_server import MockupServer, wipe
+from mockup_server import MockupServer, at, wipe
 from redfish_trees import write_tree
 
 from trellis.adapters.fabric.redfish.client import RedfishClient
@@ -214,13 +214,22 @@ async def test_one_host_may_hold_a_device_for_two_compositions(
     assert len((await driver.snapshot(d)).bindings) == 2
 
 
-async def test_slices_of_one_memory_pool_go_to_several_hosts(driver: FabricDriver, d: str) -> None:
+async def test_slices_of_one_memory_pool_go_to_several_hosts(
+    driver: FabricDriver, d: str, servers: dict[str, MockupServer]
+) -> None:
     one = binding(device="mem-1", host="host-1", composition="c-1", capacity_gib=64)
     two = binding(device="mem-1", host="host-2", composition="c-2", capacity_gib=1.5)
     await driver.bind(d, one)
     await driver.bind(d, two)
     await driver.bind(d, one)
     assert (await driver.snapshot(d)).bindings == [one, two]
+    if isinstance(driver, RedfishFabric):  # chunks come in the pool's steps (1 GiB here)
+        pool = "/redfish/v1/Chassis/mem-1/MemoryDomains/mem-1/MemoryChunks"
+        server = next(s for s in servers.values() if s.url == driver.client.origin)
+        sizes = [
+            (await at(server).get(c))["MemoryChunkSizeMiB"] for c in await at(server).members(pool)
+        ]
+        assert sorted(sizes) == [2048, 64 * 1024]
     await driver.unbind(d, one)
     assert (await driver.snapshot(d)).bindings == [two]
 

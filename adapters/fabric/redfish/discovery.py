@@ -82,6 +82,8 @@ class FabricMap(msgspec.Struct, frozen=True, kw_only=True):
     host_endpoints: dict[str, str]  # host -> the initiator endpoint zones name it by
     device_endpoints: dict[str, str]  # device -> its target endpoint
     memory_domains: dict[str, str]  # memory pool -> its MemoryDomain (chunks are made there)
+    # memory pool -> (MinMemoryChunkSizeMiB, MemoryChunkIncrementMiB), None where not given
+    chunking: dict[str, tuple[int | None, int | None]] = {}
     endpoint_nodes: dict[str, list[str]]  # endpoint -> the hosts or devices it stands for
     ocs: dict[str, Ocs]
     cables: dict[str, list[str]]  # link -> the switch ports whose state is its state
@@ -268,6 +270,7 @@ class _Crawl:
             host_endpoints={ids[h]: sorted(eps)[0] for h, eps in hosts.items() if eps},
             device_endpoints={ids[d]: devices[d]["endpoint"] for d in devices},
             memory_domains={ids[d]: d for d in devices if devices[d]["device_kind"] == "memory"},
+            chunking={ids[d]: devices[d]["chunking"] for d in devices if "chunking" in devices[d]},
             endpoint_nodes={e: n for e, n in named.items() if n},
             ocs=ocs,
             cables=cables,
@@ -365,6 +368,10 @@ class _Crawl:
                 )
             device = await self._device(uri, body, "memory")
             device["spec"]["capacity_gib"] = size * _GIB_PER_MIB
+            device["chunking"] = tuple(
+                v if isinstance(v, int) and v > 0 else None
+                for v in (body.get("MinMemoryChunkSizeMiB"), body.get("MemoryChunkIncrementMiB"))
+            )
             pools[uri] = device
         return pools
 

@@ -24,11 +24,13 @@ change it was making (the window is one request), which the successor's reconcil
 undoes.
 
 The driver reads its own work back on every `snapshot`: the Zones and Connections collections
-and the memory pools' MemoryChunks, each member read, and the OCS ports where cables are;
-every port of every OCS only on a deep read (the first of a domain, then every `resync_s`
-seconds). What the driver itself changed is known between reads; what someone else changed is
-seen at the next read. Discovery and reads run one at a time per domain and to their end even
-when the caller gives up (the saga's deadline), so a slow service is still read.
+and the memory pools' MemoryChunks, each member read, and the OCS ports where cables are. A
+deep read (the first of a domain, then every `resync_s` seconds) also reads every port of
+every OCS, and members the last deep read found to be someone else's, which shallow reads
+skip: a shallow read costs what this domain holds, not what the whole fabric manager does.
+What the driver itself changed is known between reads; what someone else changed is seen at
+the next read (or deep read). Discovery and reads run one at a time per domain and to their
+end even when the caller gives up (the saga's deadline), so a slow service is still read.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ class _Held(msgspec.Struct, kw_only=True):
     slices: dict[tuple[str, str], _Slice] = {}  # (device, composition) -> its chunk and connection
     ports: dict[str, Json] = {}  # OCS port -> its Oem.Trellis, as last read
     findings: list[str] = []
+    foreign: dict[str, list[str]] = {}  # members not this domain's -> what they make us report
     read_at: float | None = None  # of the last deep read (None: never read)
     stale: bool = True  # a change's outcome is unknown: read everything before the next one
     version: int = 0  # moved by every change, before and after: a read across one is stale
@@ -287,13 +290,32 @@ class RedfishFabric:
         version = held.version
         findings: list[str] = []
         devices = set(fmap.device_endpoints.values())
+        # Members that are not this domain's, each with what it makes us report: a shallow
+        # read skips those the last deep read found, so it costs what this domain holds.
+        foreign: dict[str, list[str]] = {}
+
+        async def members(collection: str | None) -> list[Resource]:
+            uris = await self._member_uris(collection)
+            known = {} if deep else {u: held.foreign[u] for u in uris if u in held.foreign}
+            for uri, said in known.items():
+                foreign[uri] = said
+                findings.extend(said)
+            read = await asyncio.gather(
+                *(self.client.get_or_none(u) for u in uris if u not in known)
+            )
+            return [r for r in read if r is not None]
+
+        def not_ours(uri: str, *said: str) -> None:
+            foreign[uri] = list(said)
+            findings.extend(said)
+
         zones: dict[str, _Zone] = {}
-        for zone in await self._members(fmap.zones):
+        for zone in await members(fmap.zones):
             oem, endpoints = trellis_oem(zone.body), links(zone.body, "Endpoints")
             cid = oem.get("CompositionId")
             if oem.get("Domain") != domain:
-                if not oem and devices & set(endpoints):
-                    findings.append(_foreign("zone", zone.uri, endpoints))
+                theirs = not oem and devices & set(endpoints)
+                not_ours(zone.uri, *([_foreign("zone", zone.uri, endpoints)] if theirs else []))
                 continue
             if not isinstance(cid, str) or not isinstance(oem.get("Host"), str):
                 findings.append(f"zone {zone.uri} is tagged for {domain} but names no composition")
@@ -302,12 +324,13 @@ class RedfishFabric:
                 uri=zone.uri, host=oem["Host"], endpoints=endpoints, paths=_paths(oem)
             )
         slices: dict[tuple[str, str], _Slice] = {}
-        for connection in await self._members(fmap.connections):
+        for connection in await members(fmap.connections):
             oem = trellis_oem(connection.body)
             if oem.get("Domain") != domain:
                 targets = links(connection.body, "TargetEndpoints")
-                if not oem and devices & set(targets):
-                    findings.append(_foreign("connection", connection.uri, targets))
+                theirs = not oem and devices & set(targets)
+                said = [_foreign("connection", connection.uri, targets)] if theirs else []
+                not_ours(connection.uri, *said)
                 continue
             key, made = _slice(oem)
             chunks = [
@@ -322,10 +345,11 @@ class RedfishFabric:
             made.connection, made.chunk = connection.uri, next((c for c in chunks if c), None)
             slices[key] = made
         for pool in sorted(set(fmap.memory_domains.values())):
-            for chunk in await self._members(f"{pool}/MemoryChunks"):
+            for chunk in await members(f"{pool}/MemoryChunks"):
                 oem = trellis_oem(chunk.body)
                 key, made = _slice(oem)
                 if oem.get("Domain") != domain or key is None or made is None:
+                    not_ours(chunk.uri)
                     continue
                 if key not in slices:
                     made.chunk = chunk.uri  # a chunk without its connection: half made
@@ -346,7 +370,7 @@ class RedfishFabric:
             if oem.get("CircuitTo") and oem.get("Domain") is None:
                 findings.append(f"ocs port {uri} is in a circuit that is not Trellis's")
         read = _Held(zones=zones, slices=slices, ports=ports, findings=findings)
-        held.findings = findings
+        held.findings, held.foreign = findings, foreign
         if held.version == version:
             held.zones, held.slices, held.ports = zones, slices, ports
             held.stale = False
@@ -354,17 +378,15 @@ class RedfishFabric:
                 held.read_at = time.monotonic()
         return _snapshot(fmap, read)
 
-    async def _members(self, collection: str | None) -> list[Resource]:
+    async def _member_uris(self, collection: str | None) -> list[str]:
         if collection is None:
             return []
         try:
-            uris = await self.client.members(collection)
+            return await self.client.members(collection)
         except HttpError as exc:
             if exc.status == 404:
                 return []
             raise
-        read = await asyncio.gather(*(self.client.get_or_none(u) for u in uris))
-        return [r for r in read if r is not None]
 
     # -- zones ---------------------------------------------------------------------------------
 
@@ -513,7 +535,7 @@ class RedfishFabric:
         if made is None or made.chunk is None:
             chunk_body = {
                 "Name": f"Trellis {cid} {device}",
-                "MemoryChunkSizeMiB": await self._chunk_size(pool, binding.capacity_gib),
+                "MemoryChunkSizeMiB": _chunk_size(fmap, device, binding.capacity_gib),
                 "Oem": {"Trellis": tags},
             }
             chunk = await self._create(held, f"{pool}/MemoryChunks", chunk_body)
@@ -548,17 +570,6 @@ class RedfishFabric:
         if made.chunk is not None:
             await self.client.delete(made.chunk, still=_tagged(binding.composition_id))
         del held.slices[key]
-
-    async def _chunk_size(self, pool: str, capacity_gib: float) -> int:
-        """The slice in MiB, rounded up to what the pool can make (MinMemoryChunkSizeMiB,
-        MemoryChunkIncrementMiB)."""
-        body = (await self.client.get(pool)).body
-        size = math.ceil(capacity_gib * 1024)
-        step = body.get("MemoryChunkIncrementMiB")
-        if isinstance(step, int) and step > 0:
-            size = math.ceil(size / step) * step
-        least = body.get("MinMemoryChunkSizeMiB")
-        return max(size, least) if isinstance(least, int) else size
 
     # -- circuits ------------------------------------------------------------------------------
 
@@ -636,10 +647,12 @@ class RedfishFabric:
 
     async def _create(self, held: _Held, collection: str, body: Json) -> str:
         try:
-            return await self.client.post(collection, body)
+            made = await self.client.post(collection, body)
         except Unreachable:
             held.stale = True  # it may have been made: read before the next change
             raise
+        held.foreign.pop(made, None)  # a service may give a deleted member's URI again
+        return made
 
     async def _fenced(self, domain: str, fence: int | None) -> None:
         """Refuse a call from an older writer epoch than the fabric manager has seen for the
@@ -718,6 +731,16 @@ def _check_path(binding: FabricBinding) -> None:
 def _tagged(cid: str) -> Callable[[Json], bool]:
     """Delete only what is still tagged with this composition (never another's resource)."""
     return lambda body: trellis_oem(body).get("CompositionId") == cid
+
+
+def _chunk_size(fmap: FabricMap, pool: str, capacity_gib: float) -> int:
+    """The slice in MiB, rounded up to what the pool can make (its MinMemoryChunkSizeMiB
+    and MemoryChunkIncrementMiB, as discovery read them)."""
+    least, step = fmap.chunking.get(pool, (None, None))
+    size = math.ceil(capacity_gib * 1024)
+    if step:
+        size = math.ceil(size / step) * step
+    return max(size, least or 0)
 
 
 def _foreign(kind: str, uri: str, endpoints: list[str]) -> str:
