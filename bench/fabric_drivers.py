@@ -11,10 +11,10 @@ against the simulated fabric, in one run, on the same fabric.
   runs as in production (every 5 s).
 - Serially, one client composes (Host2: the GPU and a 16 GiB memory slice) and releases, one
   pair after another (a compose is answered once its saga has programmed the fabric, a
-  release once committed: the fabric pass takes the composition away right after); the two engines take turns in chunks of `--chunk` pairs (ABAB...), so
-  drift on a shared machine falls on both alike. p50 / p99 of each intent's round trip, the
-  Redfish figures as ratios to the simulator's, and the HTTP requests the Redfish driver
-  sent per pair.
+  release once committed: the fabric pass takes the composition away right after); the two
+  engines take turns in chunks of `--chunk` pairs (ABAB...), so drift on a shared machine
+  falls on both alike. p50 / p99 of each intent's round trip, the Redfish figures as ratios
+  to the simulator's, and the HTTP requests the Redfish driver sent per pair.
 Every reply is checked (compose ok and `active` with both devices, release ok), and at the
 end both fabrics must hold nothing. Uses TRELLIS_NATS_URL / TRELLIS_DATABASE_URL when set,
 else embedded servers; fresh schemas (dropped afterwards) and subject prefixes. The last line
@@ -65,9 +65,7 @@ COMPOSE = {
 class Side:
     """One driver's engine and client, and its samples."""
 
-    def __init__(
-        self, name: str, fabric: FabricDriver, client: TrellisClient, idle: Any
-    ) -> None:
+    def __init__(self, name: str, fabric: FabricDriver, client: TrellisClient, idle: Any) -> None:
         self.name = name
         self.fabric = fabric
         self.client = client
