@@ -809,9 +809,15 @@ def fabric_from_settings(settings: Settings) -> FabricDriver:
             client = RedfishClient(
                 settings.redfish_url, settings.redfish_user, settings.redfish_password
             )
-            return RedfishFabric(
-                client, fabric=settings.redfish_fabric, events_at=settings.redfish_events
+            # Events need an address the service can reach: the one configured, else, for a
+            # service on this machine, a free loopback port.
+            local = urllib.parse.urlsplit(client.origin).hostname in (
+                "127.0.0.1",
+                "localhost",
+                "::1",
             )
+            events_at = settings.redfish_events or (("127.0.0.1", 0) if local else None)
+            return RedfishFabric(client, fabric=settings.redfish_fabric, events_at=events_at)
         case "sim":
             try:
                 fabric = SimulatedFabric(

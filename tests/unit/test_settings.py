@@ -138,6 +138,16 @@ def test_the_redfish_driver_is_configured_from_the_environment() -> None:
     assert fabric.fabric == "PCIe" and fabric.events_at == ("::1", 0)
     assert fabric.client.origin == "https://fm.example:8443"
     assert Settings.from_env({}).redfish_url is None  # the simulator stays the default
+    local = Settings.from_env(
+        {"TRELLIS_FABRIC": "redfish", "TRELLIS_REDFISH_URL": "http://localhost:8000"}
+    )
+    remote = Settings.from_env(
+        {"TRELLIS_FABRIC": "redfish", "TRELLIS_REDFISH_URL": "http://fm:8000"}
+    )
+    drivers = [fabric_from_settings(s) for s in (local, remote)]
+    assert all(isinstance(d, RedfishFabric) for d in drivers)
+    # Events need an address the service reaches: for one on this machine, the loopback.
+    assert [getattr(d, "events_at", "?") for d in drivers] == [("127.0.0.1", 0), None]
 
 
 def test_the_fabric_state_lives_in_the_data_dir_unless_configured(tmp_path: Path) -> None:
