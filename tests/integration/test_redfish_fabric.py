@@ -370,6 +370,7 @@ async def test_an_event_from_the_fabric_manager_is_acted_on_before_the_next_poll
             watch = h.fabric_watch
             assert watch is not None
             await until("subscribed", lambda: _subscribed(server, watch.events_url))
+            await until("the first poll done", lambda: _true(watch.polls >= 1))
             polls = watch.polls
             port = f"{F}/Switches/sw-r1/Ports/P1"  # host-01's first cable
             await at(server).patch(port, {"Status": {"Health": "Warning"}})
@@ -395,6 +396,10 @@ async def test_an_event_from_the_fabric_manager_is_acted_on_before_the_next_poll
             await until("the degraded cable recorded", degraded, within=10.0)
             assert watch.events >= 1 and watch.polls == polls + 1
         assert server.members("/redfish/v1/EventService/Subscriptions") == []  # engine stopped
+
+
+async def _true(condition: bool) -> bool:
+    return condition
 
 
 async def _subscribed(server: MockupServer, url: str | None) -> bool:
