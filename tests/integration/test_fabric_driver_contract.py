@@ -351,3 +351,25 @@ async def test_a_read_overlapping_its_own_changes_never_makes_the_driver_forget_
     finally:
         await fabric.close()
         await asyncio.to_thread(wipe, servers[kind])
+
+
+async def test_a_fabric_manager_slower_than_the_deadline_is_still_read(
+    tmp_path: Path, d: str
+) -> None:
+    # Every answer takes 50 ms: discovering the fabric takes seconds, each call is given
+    # 0.3 s (as the engine's deadline would), and the next call goes on from where the last
+    # one was given up, instead of starting over for ever.
+    with MockupServer(write_tree(FABRIC, tmp_path), latency=0.05) as server:
+        fabric = RedfishFabric(RedfishClient(server.url))
+        try:
+            for _ in range(200):
+                try:
+                    snapshot = await asyncio.wait_for(fabric.snapshot(d), 0.3)
+                    break
+                except TimeoutError:
+                    continue
+            else:
+                pytest.fail("never read within 60 s of 0.3 s tries")
+            assert snapshot == FabricSnapshot(circuits=[], bindings=[])
+        finally:
+            await fabric.close()
