@@ -311,29 +311,13 @@ class RedfishClient:
                 return await self._on(reader, writer, method, request)
             except (OSError, asyncio.IncompleteReadError, _ClosedBeforeAnswer):
                 continue  # the service closed it while idle: try another, or a new one
-        reader, writer = await self._connect()
+        reader, writer = await asyncio.open_connection(
+            self._host, self._port, ssl=self._ssl, server_hostname=self._host if self._ssl else None
+        )
         try:
             return await self._on(reader, writer, method, request)
         except _ClosedBeforeAnswer:
             raise ConnectionResetError("the service closed the connection unanswered") from None
-
-    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """A new connection. A caller cancelled while it is made never leaves it open unused:
-        a single-threaded service (DMTF's Mockup Server) would wait on it for a request and
-        answer nobody else."""
-        connecting = asyncio.ensure_future(
-            asyncio.open_connection(
-                self._host,
-                self._port,
-                ssl=self._ssl,
-                server_hostname=self._host if self._ssl else None,
-            )
-        )
-        try:
-            return await asyncio.shield(connecting)
-        except asyncio.CancelledError:
-            connecting.add_done_callback(_close_unused)
-            raise
 
     async def _on(
         self,
@@ -356,13 +340,6 @@ class RedfishClient:
                 writer.close()
                 with contextlib.suppress(OSError, ssl.SSLError):
                     await writer.wait_closed()
-
-
-def _close_unused(
-    connecting: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]],
-) -> None:
-    if not connecting.cancelled() and connecting.exception() is None:
-        connecting.result()[1].close()
 
 
 class _ClosedBeforeAnswer(Exception):
