@@ -1,6 +1,6 @@
 FROM python:3.11-slim
 
-# A C compiler for the Cython path core (ext/_paths_c.pyx), built by `pip install .`.
+# A C compiler for the Cython path core (trellis/ext/_paths_c.pyx), built by `pip install .`.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends build-essential \
     && rm -rf /var/lib/apt/lists/*

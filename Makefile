@@ -13,7 +13,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --upgrade pip
 
 # Reinstall only when the build inputs change; the editable install rebuilds the extension.
-$(VENV)/.installed: $(BIN)/python pyproject.toml setup.py $(wildcard ext/*.pyx ext/*.pxd)
+$(VENV)/.installed: $(BIN)/python pyproject.toml setup.py $(wildcard trellis/ext/*.pyx trellis/ext/*.pxd)
 	$(BIN)/python -m pip install -e '.[dev]'
 	touch $@
 
@@ -35,5 +35,5 @@ up: install
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
-	rm -f ext/*.c ext/*.so ext/*.html
+	rm -f trellis/ext/*.c trellis/ext/*.so trellis/ext/*.html
 	find . -path ./.git -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -52,7 +52,7 @@ from trellis.adapters.fabric.redfish.driver import RedfishFabric  # noqa: E402
 from trellis.adapters.fabric.sim import SimulatedFabric  # noqa: E402
 from trellis.adapters.nats.client import TrellisClient  # noqa: E402
 from trellis.adapters.settings import Settings  # noqa: E402
-from trellis.engine.ports import FabricDriver  # noqa: E402
+from trellis.engine.service.ports import FabricDriver  # noqa: E402
 
 DOMAIN = "cxl"
 COMPOSE = {

@@ -39,7 +39,7 @@ from trellis.adapters.bootstrap import connect_nats, engine_on
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.postgres.store import PostgresEventStore
 from trellis.adapters.settings import Settings
-from trellis.engine.records import Head, PendingEvent, RecordedEvent
+from trellis.engine.core.records import Head, PendingEvent, RecordedEvent
 
 DOMAIN = "bench"
 

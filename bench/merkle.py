@@ -1,4 +1,4 @@
-"""Merkle proof benchmark: what a proof costs as a domain's log grows (engine/merkle.py).
+"""Merkle proof benchmark: what a proof costs as a domain's log grows (engine/core/merkle.py).
 
 For trees of 1K to 1M leaves (random 32-byte leaf hashes; the tree never reads their
 content) it times building the tree leaf by leaf, and the median of random inclusion paths,
@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trellis.engine.merkle import MerkleTree, verify_consistency, verify_inclusion
+from trellis.engine.core.merkle import MerkleTree, verify_consistency, verify_inclusion
 
 SAMPLES = 2000
 

@@ -43,10 +43,10 @@ sys.path.insert(0, str(FsPath(__file__).resolve().parents[1]))
 
 from bench.fabrics import TENANTS, build, document
 from bench.pathcheck import percentile
-from trellis.engine.actors import ENGINE, OPERATOR
-from trellis.engine.context import Context
-from trellis.engine.decide import decide
-from trellis.engine.intents import (
+from trellis.engine.core.actors import ENGINE, OPERATOR
+from trellis.engine.core.context import Context
+from trellis.engine.core.decide import decide
+from trellis.engine.core.intents import (
     Compose,
     Constraints,
     DeviceRequest,
@@ -56,7 +56,7 @@ from trellis.engine.intents import (
     ReportFault,
     settle_request_id,
 )
-from trellis.engine.state import DomainState, evolve
+from trellis.engine.core.state import DomainState, evolve
 from trellis.ext import IMPLEMENTATION
 
 DOMAIN = "bench"

@@ -37,7 +37,7 @@ from trellis.adapters.nats.jetstream import bucket_name, stream_name
 from trellis.adapters.nats.relay import RelaySink
 from trellis.adapters.postgres.store import PostgresEventStore, connect_pool
 from trellis.adapters.settings import Settings
-from trellis.engine.follower import Follower
+from trellis.engine.service.follower import Follower
 
 DOMAIN = "bench"
 

@@ -39,7 +39,7 @@ from snapshots import DOMAIN, Clock, fill
 from trellis.adapters.postgres.snapshots import PostgresSnapshots
 from trellis.adapters.postgres.store import EVENT_COLUMNS, PostgresEventStore, connect_pool
 from trellis.adapters.settings import Settings
-from trellis.engine.writer import DomainWriter
+from trellis.engine.service.writer import DomainWriter
 from trellis.projections.sink import rebuild
 
 _PAGE = 2000

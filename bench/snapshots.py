@@ -8,7 +8,7 @@ folded by a ProjectionSink, which takes the read-model snapshots. Measured, each
 same figure without snapshots in the same run:
 
 - engine start: a DomainWriter's `catch_up` (what `Engine` does for a domain on first use);
-- a state query (`topology`) at a random past position: engine.snapshots.state_at + answer;
+- a state query (`topology`) at a random past position: engine.service.snapshots.state_at + answer;
 - a history query (`why` of a GPU) at a random past position: PostgresReadModels.past.
 
 Uses TRELLIS_DATABASE_URL when set, else an embedded PostgreSQL; the schema is dropped
@@ -39,16 +39,16 @@ from intents import fresh_schema, progress, servers, topology
 from trellis.adapters.postgres.snapshots import PostgresSnapshots
 from trellis.adapters.postgres.store import PostgresEventStore, connect_pool
 from trellis.adapters.settings import Settings
-from trellis.engine import snapshots
-from trellis.engine.actors import ENGINE, OPERATOR
-from trellis.engine.context import Context
-from trellis.engine.decide import decide
-from trellis.engine.follower import Follower
-from trellis.engine.intents import EstablishComposition, decode_intent, settle_request_id
-from trellis.engine.queries import answer
-from trellis.engine.records import Head, PendingEvent
-from trellis.engine.state import DomainState, evolve
-from trellis.engine.writer import DomainWriter
+from trellis.engine.core.actors import ENGINE, OPERATOR
+from trellis.engine.core.context import Context
+from trellis.engine.core.decide import decide
+from trellis.engine.core.intents import EstablishComposition, decode_intent, settle_request_id
+from trellis.engine.core.queries import answer
+from trellis.engine.core.records import Head, PendingEvent
+from trellis.engine.core.state import DomainState, evolve
+from trellis.engine.service import snapshots
+from trellis.engine.service.follower import Follower
+from trellis.engine.service.writer import DomainWriter
 from trellis.projections import PostgresReadModels, ProjectionSink
 
 DOMAIN = "bench"

@@ -4,7 +4,7 @@ Written against the published contract only: ARCHITECTURE.md §3-6, the as-built
 docs/architecture.md §11 and the payload shapes of schema/json/events.schema.json. It reads
 the raw rows of `trellis_events` and `trellis_requests` (asyncpg, JSON), the messages of the
 JetStream stream `TRELLIS_EVENTS` (nats-py, JSON), and the final answers the clients got. It
-never calls the engine's fold (`engine.state.evolve`) nor decodes into the engine's Structs:
+never calls the engine's fold (`engine.core.state.evolve`) nor decodes into the engine's Structs:
 allocations are rebuilt here from the event payloads, so a bug in the engine's own bookkeeping
 cannot hide itself from this check. It imports nothing of the project.
 

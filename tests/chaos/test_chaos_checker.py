@@ -2,8 +2,8 @@
 promise it checks, broken on purpose, is found and named.
 
 The logs are built as the engine writes them: every payload must decode as the engine's own
-event type (engine.events) and every hash is the engine's (engine.records.chain_hash), so the
-checker, which imports neither, is held to the engine's real shapes and hashing.
+event type (engine.core.events) and every hash is the engine's (engine.core.records.chain_hash), so
+the checker, which imports neither, is held to the engine's real shapes and hashing.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 import checker
 from checker import Ack, LogRow, RequestRow, StreamMessage, check
 
-from trellis.engine.records import GENESIS_HASH, chain_hash
-from trellis.engine.upcast import upcast
+from trellis.engine.core.records import GENESIS_HASH, chain_hash
+from trellis.engine.core.upcast import upcast
 
 DOMAIN = "hall"
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

@@ -13,7 +13,7 @@ from typing import Any
 
 import asyncpg
 
-from trellis.engine.errors import ERROR_CODES
+from trellis.engine.core.errors import ERROR_CODES
 
 Doc = dict[str, Any]
 

@@ -23,10 +23,10 @@ from trellis.adapters.nats.jetstream import bucket_name
 from trellis.adapters.nats.relay import RelaySink
 from trellis.adapters.postgres.checkpoints import PostgresAuditTrail
 from trellis.adapters.postgres.store import PostgresEventStore
-from trellis.engine.follower import Followers
-from trellis.engine.ports import FabricDriver
-from trellis.engine.records import PendingEvent
-from trellis.engine.service import Engine
+from trellis.engine.core.records import PendingEvent
+from trellis.engine.service.follower import Followers
+from trellis.engine.service.ports import FabricDriver
+from trellis.engine.service.router import Engine
 from trellis.projections import ProjectionSink
 
 

@@ -18,7 +18,7 @@ import pytest_asyncio
 from fabrics import check_envelope, expect_error, expect_ok, fabric, gpu, row_counts
 from harness import Harness, serving
 
-from trellis.engine.intents import MAX_BODY_BYTES
+from trellis.engine.core.intents import MAX_BODY_BYTES
 
 DOMAIN = "hall-1"
 

@@ -27,8 +27,8 @@ from trellis.adapters.entrypoints import cli
 from trellis.adapters.entrypoints.audit_proofs import ProofRejected, check
 from trellis.adapters.nats.jetstream import Envelope, checkpoint_stream_name
 from trellis.adapters.settings import Settings, SettingsError
-from trellis.engine.checkpoints import Signer, Verifier, open_checkpoint
-from trellis.engine.records import RecordedEvent
+from trellis.engine.core.checkpoints import Signer, Verifier, open_checkpoint
+from trellis.engine.core.records import RecordedEvent
 
 HALL = "hall-1"
 QUICK = {"poll_interval": 0.2, "max_backoff": 0.5}

@@ -15,7 +15,7 @@ from harness import Harness, cli_env, serving
 from harness import run_cli as trellis
 
 from trellis.adapters.fabric.sim import SimulatedFabric
-from trellis.engine.ports import FabricBinding
+from trellis.engine.core.fabric import FabricBinding
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fabric.json"
 DOMAIN = "hall-1"

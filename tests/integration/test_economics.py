@@ -24,7 +24,7 @@ from trellis.adapters.entrypoints.economics import demo, plots
 from trellis.adapters.entrypoints.economics.data import read_hall
 from trellis.adapters.entrypoints.economics.figures import comparison
 from trellis.adapters.entrypoints.economics.runs import Plan
-from trellis.engine.events import (
+from trellis.engine.core.events import (
     CompositionActivated,
     CompositionFailed,
     CompositionImpaired,

@@ -46,8 +46,8 @@ from trellis.adapters.nats.kv_state import (
 )
 from trellis.adapters.nats.relay import RelayError, RelaySink
 from trellis.adapters.postgres.store import PostgresEventStore, connect_pool
-from trellis.engine.follower import Follower, Stalled
-from trellis.engine.records import RecordedEvent, verify_chain
+from trellis.engine.core.records import RecordedEvent, verify_chain
+from trellis.engine.service.follower import Follower, Stalled
 
 HALL = "hall-1"
 QUICK = {"poll_interval": 0.2, "max_backoff": 0.5}  # followers that notice things fast

@@ -1,11 +1,11 @@
-"""The FabricDriver contract (engine/ports.py), run against every driver it applies to: the
+"""The FabricDriver contract (engine/service/ports.py), run against every driver it applies to: the
 simulated fabric, and the Redfish driver on DMTF's Mockup Server serving a tree made from a
 small fabric, both as DMTF wrote it (no ETags) and under the wrapper that adds ETags and
 answers 428 to a change without `If-Match` (tests/etag_mockup_server.py).
 
 One Mockup Server per module and kind, shared: each test works in a domain of its own, and what
 Trellis left on the server is wiped after each test. The simulator's own behaviour (seeded
-faults, state files) is tests/unit/test_fabric_sim.py's.
+faults, state files) is tests/adapters/test_fabric_sim.py's.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from redfish_trees import write_tree
 from trellis.adapters.fabric.redfish.client import RedfishClient
 from trellis.adapters.fabric.redfish.driver import RedfishFabric
 from trellis.adapters.fabric.sim import SimulatedFabric
-from trellis.engine.errors import FabricError, WriterFenced
-from trellis.engine.ports import FabricBinding, FabricCircuit, FabricDriver, FabricSnapshot
+from trellis.engine.core.errors import FabricError, WriterFenced
+from trellis.engine.core.fabric import FabricBinding, FabricCircuit, FabricSnapshot
+from trellis.engine.service.ports import FabricDriver
 
 DRIVERS = ["sim", "redfish", "redfish-if-match"]
 FABRIC_URI = "/redfish/v1/Fabrics/Trellis"

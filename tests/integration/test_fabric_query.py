@@ -1,5 +1,5 @@
 """The `fabric` query (`<prefix>.query.<domain>.fabric`): the engine answers from its own fabric
-driver, compared with the log (engine/fabric_report.py), over real NATS and Postgres."""
+driver, compared with the log (engine/service/fabric_report.py), over real NATS and Postgres."""
 
 from __future__ import annotations
 

@@ -24,10 +24,10 @@ from harness import Harness, serving
 
 from trellis.adapters.fabric.sim import SimulatedFabric
 from trellis.adapters.postgres.store import IDLE_IN_APPEND_S
-from trellis.engine.errors import WriterFenced
-from trellis.engine.ownership import preferred
-from trellis.engine.ports import FabricBinding
-from trellis.engine.service import Engine
+from trellis.engine.core.errors import WriterFenced
+from trellis.engine.core.fabric import FabricBinding
+from trellis.engine.service.ownership import preferred
+from trellis.engine.service.router import Engine
 
 TTL = 1.0  # seconds a writer lease lasts: short, so takeovers are quick
 DOMAINS = [f"hall-{i}" for i in range(6)]

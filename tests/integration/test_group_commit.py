@@ -12,7 +12,7 @@ import pytest_asyncio
 from fabrics import expect_error, expect_ok, fabric, gpu
 from harness import Harness, serving
 
-from trellis.engine.records import verify_chain
+from trellis.engine.core.records import verify_chain
 
 DOMAIN = "hall-1"
 N = 200

@@ -1,6 +1,6 @@
 """Connection history over real NATS and Postgres: who held which device when, and why it
 ended (projections/history.py, the `history` query and its tenant view), and a log that
-still holds events of schema version 1 (engine/upcast.py)."""
+still holds events of schema version 1 (engine/core/upcast.py)."""
 
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ from history_day import DOMAIN, FABRIC, T0, at, brief, compose, day_served, hist
 
 from trellis.adapters.fabric.sim import SimulatedFabric
 from trellis.adapters.postgres.store import PostgresEventStore
-from trellis.engine.context import Context
-from trellis.engine.decide import decide
-from trellis.engine.events import DevicesReserved, Event, encode
-from trellis.engine.intents import Compose, ImportTopology
-from trellis.engine.records import Head, PendingEvent
-from trellis.engine.state import DomainState, evolve
+from trellis.engine.core.context import Context
+from trellis.engine.core.decide import decide
+from trellis.engine.core.events import DevicesReserved, Event, encode
+from trellis.engine.core.intents import Compose, ImportTopology
+from trellis.engine.core.records import Head, PendingEvent
+from trellis.engine.core.state import DomainState, evolve
 
-PAYLOADS = Path(__file__).parents[1] / "unit" / "payloads"
+PAYLOADS = Path(__file__).parents[1] / "core" / "payloads"
 
 
 @pytest_asyncio.fixture

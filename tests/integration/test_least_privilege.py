@@ -32,8 +32,8 @@ from isolation import (
 from trellis.adapters.embedded.servers import PG_ENGINE_ROLE, PG_OWNER_ROLE, EmbeddedPostgres
 from trellis.adapters.postgres.migrations import MigrationError, prepare_schema
 from trellis.adapters.postgres.privileges import TABLES, Kind, PrivilegeError
-from trellis.engine.events import ComponentDrained, encode
-from trellis.engine.records import chain_hash
+from trellis.engine.core.events import ComponentDrained, encode
+from trellis.engine.core.records import chain_hash
 
 DOMAIN = "hall-1"
 INSUFFICIENT_PRIVILEGE = "42501"

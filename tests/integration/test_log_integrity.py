@@ -22,8 +22,8 @@ import pytest_asyncio
 from fabrics import expect_error, expect_ok, fabric, gpu
 from harness import Harness, serving
 
-from trellis.engine.events import ComponentDrained, encode
-from trellis.engine.records import GENESIS_HASH, Head, RecordedEvent, chain_hash, verify_chain
+from trellis.engine.core.events import ComponentDrained, encode
+from trellis.engine.core.records import GENESIS_HASH, Head, RecordedEvent, chain_hash, verify_chain
 
 DOMAIN = "hall-1"
 

@@ -22,11 +22,11 @@ from fabrics import row_counts
 
 from trellis.adapters.clock import SystemClock
 from trellis.adapters.postgres.store import PostgresEventStore
-from trellis.engine.errors import EventRefused
-from trellis.engine.intents import AddNode, ImportTopology
-from trellis.engine.model import NodeSpec
-from trellis.engine.records import Head, PendingEvent
-from trellis.engine.writer import DomainWriter
+from trellis.engine.core.errors import EventRefused
+from trellis.engine.core.intents import AddNode, ImportTopology
+from trellis.engine.core.model import NodeSpec
+from trellis.engine.core.records import Head, PendingEvent
+from trellis.engine.service.writer import DomainWriter
 
 DOMAIN = "hall-1"
 AT = datetime(2026, 12, 1, tzinfo=UTC)

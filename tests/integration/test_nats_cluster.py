@@ -37,7 +37,7 @@ from trellis.adapters.nats.jetstream import (
     stream_name,
 )
 from trellis.adapters.nats.kv_state import device_entry, host_entry
-from trellis.engine.state import DomainState
+from trellis.engine.core.state import DomainState
 
 PREFIX = "trellis"  # the cluster is the test's own: the real names TRELLIS_EVENTS, TRELLIS_STATE
 STREAM, KV_STREAM = stream_name(PREFIX), f"KV_{bucket_name(PREFIX)}"

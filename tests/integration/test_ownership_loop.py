@@ -1,4 +1,4 @@
-"""The ownership loop keeps ticking whatever one tick meets (engine/service.py).
+"""The ownership loop keeps ticking whatever one tick meets (engine/service/router.py).
 
 An engine renews its writer leases, drops what it lost and claims what is free from one loop;
 if a tick waits for ever (here: a drop whose writer waits on a row lock the database holds it

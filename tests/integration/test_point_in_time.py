@@ -24,9 +24,9 @@ from fabrics import edited, expect_error, expect_ok
 from harness import Harness, ManualClock, serving
 
 from trellis.adapters.postgres.snapshots import PostgresSnapshots
-from trellis.engine.errors import EventRefused
-from trellis.engine.records import PendingEvent, RecordedEvent
-from trellis.engine.writer import DomainWriter
+from trellis.engine.core.errors import EventRefused
+from trellis.engine.core.records import PendingEvent, RecordedEvent
+from trellis.engine.service.writer import DomainWriter
 
 DOMAIN = "hall-1"
 FABRIC = json.loads((Path(__file__).parents[2] / "examples" / "fabric.json").read_text())

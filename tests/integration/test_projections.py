@@ -21,8 +21,8 @@ import pytest_asyncio
 from fabrics import expect_ok
 from harness import Harness, serving, undecodable_event
 
-from trellis.engine.follower import Follower, Stalled
-from trellis.engine.ports import EventStore
+from trellis.engine.service.follower import Follower, Stalled
+from trellis.engine.service.ports import EventStore
 from trellis.projections.base import Fact, Projection
 from trellis.projections.devices import DevicesProjection
 from trellis.projections.read_models import PostgresReadModels
@@ -636,7 +636,7 @@ async def test_an_undecodable_event_stalls_its_domain_after_everything_before_it
 
 
 def wire(answer: Any) -> Any:
-    """A read model's answer as the reply carries it (engine/results.py Structs, encoded)."""
+    """A read model's answer as the reply carries it (engine/core/results.py Structs, encoded)."""
     return msgspec.to_builtins(answer)
 
 

@@ -25,9 +25,9 @@ from fabrics import Doc, device, expect_error, expect_ok, fetch, gpu, host, link
 from harness import Harness, serving
 
 from trellis.adapters.postgres.store import PostgresEventStore
-from trellis.engine.errors import EventRefused
-from trellis.engine.events import EVENT_TYPES
-from trellis.engine.records import Head, PendingEvent
+from trellis.engine.core.errors import EventRefused
+from trellis.engine.core.events import EVENT_TYPES
+from trellis.engine.core.records import Head, PendingEvent
 
 DOMAIN, OTHER = "hall-1", "hall-2"
 GPU = {"kind": "gpu"}

@@ -24,20 +24,20 @@ import pytest_asyncio
 from harness import undecodable_event
 
 from trellis.adapters.postgres.store import PostgresEventStore
-from trellis.engine.actors import ENGINE, OPERATOR
-from trellis.engine.context import Context
-from trellis.engine.decide import decide
-from trellis.engine.errors import IntentRejected
-from trellis.engine.follower import Follower, Stalled
-from trellis.engine.intents import (
+from trellis.engine.core.actors import ENGINE, OPERATOR
+from trellis.engine.core.context import Context
+from trellis.engine.core.decide import decide
+from trellis.engine.core.errors import IntentRejected
+from trellis.engine.core.intents import (
     EstablishComposition,
     ExpireLeases,
     FailComposition,
     decode_intent,
     settle_request_id,
 )
-from trellis.engine.records import Head, PendingEvent, RecordedEvent
-from trellis.engine.state import DomainState, evolve
+from trellis.engine.core.records import Head, PendingEvent, RecordedEvent
+from trellis.engine.core.state import DomainState, evolve
+from trellis.engine.service.follower import Follower, Stalled
 from trellis.projections.sink import ProjectionSink, rebuild
 
 DOMAIN = "hall-1"

@@ -38,8 +38,8 @@ from trellis.adapters.fabric.redfish.discovery import discover
 from trellis.adapters.fabric.redfish.driver import RedfishFabric
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.postgres.store import PostgresEventStore
-from trellis.engine.fabric_plan import reconcile
-from trellis.engine.state import DomainState, evolve
+from trellis.engine.core.fabric_plan import reconcile
+from trellis.engine.core.state import DomainState, evolve
 
 EXAMPLE = json.loads((Path(__file__).resolve().parents[2] / "examples/fabric.json").read_text())
 DOMAIN = "hall"

@@ -16,8 +16,8 @@ import pytest_asyncio
 from fabrics import expect_error, expect_ok, fabric, row_counts
 from harness import Harness, ManualClock, serving
 
-from trellis.engine.compose import composition_id
-from trellis.engine.intents import lease_expiry_request_id, settle_request_id
+from trellis.engine.core.compose import composition_id
+from trellis.engine.core.intents import lease_expiry_request_id, settle_request_id
 
 DOMAIN = "hall-1"
 VICTIM = "beta"

@@ -18,7 +18,7 @@ from harness import Harness, serving
 from isolation import Database, create_schema, unique_schema_name
 
 from trellis.adapters.embedded.servers import PG_ENGINE_ROLE, PG_OWNER_ROLE, EmbeddedPostgres
-from trellis.engine.records import verify_chain
+from trellis.engine.core.records import verify_chain
 
 DOMAIN = "hall-1"
 

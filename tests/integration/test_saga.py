@@ -15,8 +15,8 @@ from fabrics import expect_error, expect_ok, fabric
 from harness import Harness, serving
 
 from trellis.adapters.fabric.sim import SimulatedFabric
-from trellis.engine.fabric_plan import reconcile
-from trellis.engine.ports import FabricCircuit
+from trellis.engine.core.fabric import FabricCircuit
+from trellis.engine.core.fabric_plan import reconcile
 
 DOMAIN = "hall-1"
 DEADLINE = 0.5  # seconds a saga may take before it is abandoned and undone

@@ -34,9 +34,9 @@ from trellis.adapters.bootstrap import connect_nats
 from trellis.adapters.fabric.sim import read_state_file
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.postgres.store import PostgresEventStore
-from trellis.engine.fabric_plan import reconcile
-from trellis.engine.ports import FabricBinding, FabricCircuit, FabricSnapshot
-from trellis.engine.state import DomainState, evolve
+from trellis.engine.core.fabric import FabricBinding, FabricCircuit, FabricSnapshot
+from trellis.engine.core.fabric_plan import reconcile
+from trellis.engine.core.state import DomainState, evolve
 
 REPO = Path(__file__).resolve().parents[2]
 DOMAIN = "hall-1"

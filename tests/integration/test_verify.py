@@ -32,16 +32,16 @@ from trellis.adapters.bootstrap import connect_nats
 from trellis.adapters.entrypoints.audit_verify import verify
 from trellis.adapters.nats.jetstream import bucket_name
 from trellis.adapters.postgres.store import PostgresEventStore
-from trellis.engine.events import (
+from trellis.engine.core.events import (
     CompositionRequested,
     DeviceBinding,
     DevicesReserved,
     TopologyImported,
 )
-from trellis.engine.intents import Compose
-from trellis.engine.merkle import MerkleTree, leaf_hash
-from trellis.engine.model import LinkSpec, NodeSpec
-from trellis.engine.records import Head, PendingEvent, RecordedEvent, hash_of
+from trellis.engine.core.intents import Compose
+from trellis.engine.core.merkle import MerkleTree, leaf_hash
+from trellis.engine.core.model import LinkSpec, NodeSpec
+from trellis.engine.core.records import Head, PendingEvent, RecordedEvent, hash_of
 
 HALL = "hall-1"
 OTHER = "hall-2"

@@ -31,7 +31,7 @@ from referencing.jsonschema import DRAFT202012
 from trellis.adapters.fabric.sim import SimulatedFabric
 from trellis.adapters.nats.jetstream import bucket_name, stream_name
 from trellis.adapters.postgres.migrations import SCHEMA_DIR
-from trellis.engine.intents import INTENTS
+from trellis.engine.core.intents import INTENTS
 
 DOMAIN = "wire"
 FILES = ("intents", "events", "replies", "stream", "kv")

@@ -61,10 +61,10 @@ from isolation import (
 from nats.errors import BadSubjectError, MaxPayloadError, NoRespondersError
 from zeros import ZeroTable, zeros
 
-from trellis.engine.ids import COMPONENT_REF_PATTERN, ID_PATTERN
-from trellis.engine.intents import INTENTS, MAX_BODY_BYTES
-from trellis.engine.model import MAX_QUANTITY
-from trellis.engine.views import SCOPES
+from trellis.engine.core.ids import COMPONENT_REF_PATTERN, ID_PATTERN
+from trellis.engine.core.intents import INTENTS, MAX_BODY_BYTES
+from trellis.engine.core.model import MAX_QUANTITY
+from trellis.engine.core.views import SCOPES
 
 DOMAINS = ("hall-1", "hall-2")
 HOME = DOMAINS[0]  # where the reused request ids were first committed
@@ -185,7 +185,7 @@ SUBJECTS = [
             "until": "2026-12-01T12:00:00+01:00",
         },
     ),
-    # The tenant-scoped views (engine/views.py), one line each.
+    # The tenant-scoped views (engine/core/views.py), one line each.
     Subject("view", "topology", {}, decodes_as="query"),
     Subject("view", "composition", {"id": "c-1"}, decodes_as="query"),
     Subject("view", "connections", {"host": "host-01", "device": "gpu-01"}, decodes_as="query"),
@@ -529,7 +529,8 @@ def field_case(draw: st.DrawFn, subject: Subject, base: dict[str, Any]) -> Case:
     elif (
         isinstance(shape, mi.ListType | mi.DictType) and path_exists(base, path) and at(base, path)
     ):
-        # A list too long to fit a body (nodes, links) is left to tests/unit/test_wire_limits.py.
+        # A list too long to fit a body (nodes, links) is left to
+        # tests/adapters/test_wire_limits.py.
         options += ["too many"] * 2 if (shape.max_length or MAX_BODY_BYTES) < 10_000 else []
     what = draw(st.sampled_from(options))
     match what:

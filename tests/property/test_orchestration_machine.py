@@ -65,12 +65,12 @@ from isolation import (
 from test_placement_properties import check_invariants
 
 from trellis.adapters.fabric.sim import SimulatedFabric
-from trellis.engine.compose import composition_id
-from trellis.engine.errors import ERROR_CODES
-from trellis.engine.fabric_plan import bindings_of, circuits_of, reconcile
-from trellis.engine.intents import settle_request_id
-from trellis.engine.ports import FabricBinding, FabricCircuit, FabricSnapshot
-from trellis.engine.state import Composition, DomainState, LinkState, NodeState, evolve, usable
+from trellis.engine.core.compose import composition_id
+from trellis.engine.core.errors import ERROR_CODES
+from trellis.engine.core.fabric import FabricBinding, FabricCircuit, FabricSnapshot
+from trellis.engine.core.fabric_plan import bindings_of, circuits_of, reconcile
+from trellis.engine.core.intents import settle_request_id
+from trellis.engine.core.state import Composition, DomainState, LinkState, NodeState, evolve, usable
 
 DOMAIN = "hall"
 TENANTS = ("acme", "bolt")

@@ -23,9 +23,7 @@ from typing import Any
 
 import msgspec
 import networkx as nx
-from hypothesis import HealthCheck, event, example, given, settings
-from hypothesis import strategies as st
-from unit.fabric_builder import (
+from core.fabric_builder import (
     DOMAIN,
     NOW,
     FabricBuilder,
@@ -36,17 +34,19 @@ from unit.fabric_builder import (
     release,
     report_fault,
 )
+from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import strategies as st
 
-from trellis.engine.errors import IntentRejected
-from trellis.engine.events import (
+from trellis.engine.core.errors import IntentRejected
+from trellis.engine.core.events import (
     CompositionImpaired,
     CompositionRejected,
     Event,
     decode_event,
     encode,
 )
-from trellis.engine.placement import FUNNEL_STAGES
-from trellis.engine.state import DomainState, evolve, usable
+from trellis.engine.core.placement import FUNNEL_STAGES
+from trellis.engine.core.state import DomainState, evolve, usable
 from trellis.ext import Circuit, Conditions, Fabric, LinkInfo, NodeInfo, PathRequest, best_paths
 
 SETTINGS = settings(

@@ -1,1 +1,0 @@
-"""Fabric drivers behind engine.ports.FabricDriver; the simulated fabric so far."""

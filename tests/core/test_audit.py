@@ -1,0 +1,437 @@
+"""The independent checks of `trellis verify` (engine/core/audit.py) on small hand-written logs.
+
+Each invariant gets a log that breaks it, checked to be named with its first position, and the
+same log made lawful (the release, the second circuit on other ports, ...) checked to be clean,
+so a check that never fires, or fires on everything, fails here.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+
+from trellis.engine.core.audit import ChainCheck, CheckpointCheck, Finding, audit
+from trellis.engine.core.merkle import MerkleTree, leaf_hash
+from trellis.engine.core.records import GENESIS_HASH, RecordedEvent, chain_hash
+
+D = "hall-1"
+Ev = tuple[str, dict[str, Any]]
+
+
+def topology() -> Ev:
+    nodes = [
+        {"id": "host-01", "kind": "host"},
+        {"id": "host-02", "kind": "host"},
+        {"id": "sw-1", "kind": "switch"},
+        {"id": "ocs-1", "kind": "ocs", "ports": 8},
+        {"id": "gpu-01", "kind": "device", "device_kind": "gpu"},
+        {"id": "gpu-02", "kind": "device", "device_kind": "gpu"},
+        {"id": "mem-01", "kind": "device", "device_kind": "memory", "capacity_gib": 100},
+    ]
+    links = [
+        {"id": "l-h1", "a": "host-01", "b": "sw-1", "capacity_gbps": 100},
+        {"id": "l-h2", "a": "host-02", "b": "sw-1", "capacity_gbps": 100},
+        {"id": "l-g1", "a": "sw-1", "b": "gpu-01", "capacity_gbps": 64},
+        {"id": "l-g2", "a": "sw-1", "b": "gpu-02", "capacity_gbps": 64},
+        {"id": "l-m", "a": "sw-1", "b": "mem-01", "capacity_gbps": 128},
+    ]
+    return "TopologyImported", {"type": "TopologyImported", "nodes": nodes, "links": links}
+
+
+def requested(cid: str, tenant: str = "t1", isolation: str = "shared", host: str = "host-01") -> Ev:
+    request = {"request_id": f"r-{cid}", "constraints": {"isolation": isolation}}
+    return "CompositionRequested", {
+        "composition_id": cid,
+        "tenant": tenant,
+        "host": host,
+        "request": request,
+        "requested_at": "2026-12-01T00:00:00Z",
+    }
+
+
+def binding(
+    device: str, gbps: float = 10, gib: float | None = None, host: str = "host-01"
+) -> dict[str, Any]:
+    link = {"gpu-01": "l-g1", "gpu-02": "l-g2", "mem-01": "l-m"}[device]
+    return {
+        "device": device,
+        "kind": "memory" if device.startswith("mem") else "gpu",
+        "path": [host, "sw-1", device],
+        "links": [f"l-h{host[-1]}", link],
+        "circuits": [],
+        "hops": 2,
+        "latency_ns": 250,
+        "bandwidth_gbps": gbps,
+        "capacity_gib": gib,
+    }
+
+
+def reserved(cid: str, *bindings: dict[str, Any]) -> Ev:
+    return "DevicesReserved", {"composition_id": cid, "devices": list(bindings)}
+
+
+def established(cid: str, *devices: str) -> list[Ev]:
+    return [
+        *(("PathEstablished", {"composition_id": cid, "device": d, "path": []}) for d in devices),
+        ("CompositionActivated", {"composition_id": cid}),
+    ]
+
+
+def released(cid: str) -> Ev:
+    return "CompositionReleased", {"composition_id": cid}
+
+
+def circuit(a: int, b: int, kind: str = "CircuitCreated") -> Ev:
+    return kind, {"ocs": "ocs-1", "a_port": a, "b_port": b, "host": "host-01"}
+
+
+def run(*events: Ev | list[Ev]) -> list[Finding]:
+    flat: list[Ev] = []
+    for e in events:
+        flat += e if isinstance(e, list) else [e]
+    # Positions are 10x the version, so a finding's position is visibly not its version.
+    return audit(D, [(10 * v, v, t, d) for v, (t, d) in enumerate(flat, 1)])
+
+
+def named(findings: list[Finding]) -> list[tuple[str, int]]:
+    return [(f.check, f.position) for f in findings]
+
+
+# ---- no device in two live compositions ----
+
+
+def test_a_device_given_to_a_second_live_composition_is_named_at_that_reservation() -> None:
+    findings = run(
+        topology(),
+        requested("c1"),
+        reserved("c1", binding("gpu-01")),
+        requested("c2"),
+        reserved("c2", binding("gpu-01")),  # version 5
+    )
+    assert named(findings) == [("device_double_allocation", 50)]
+    assert findings[0].details["compositions"] == ["c1", "c2"]
+
+
+def test_a_device_released_can_be_held_again() -> None:
+    assert not run(
+        topology(),
+        requested("c1"),
+        reserved("c1", binding("gpu-01")),
+        released("c1"),
+        requested("c2"),
+        reserved("c2", binding("gpu-01")),
+    )
+
+
+def test_a_failed_composition_gives_its_device_back_too() -> None:
+    assert not run(
+        topology(),
+        requested("c1"),
+        reserved("c1", binding("gpu-01")),
+        ("CompositionFailed", {"composition_id": "c1", "reason": "fabric"}),
+        requested("c2"),
+        reserved("c2", binding("gpu-01")),
+    )
+
+
+def test_a_replacement_onto_a_device_someone_holds_is_named() -> None:
+    findings = run(
+        topology(),
+        requested("c1"),
+        reserved("c1", binding("gpu-01")),
+        requested("c2"),
+        reserved("c2", binding("gpu-02")),
+        (
+            "DeviceReplaced",
+            {"composition_id": "c2", "old_device": "gpu-02", "binding": binding("gpu-01")},
+        ),
+    )
+    assert named(findings) == [("device_double_allocation", 60)]
+
+
+def test_a_reroute_keeps_the_device_and_frees_the_old_path() -> None:
+    rerouted = {**binding("gpu-01", gbps=64), "links": ["l-h2", "l-g1"]}
+    assert not run(
+        topology(),
+        requested("c1"),
+        reserved("c1", binding("gpu-01", gbps=60)),
+        (
+            "PathRerouted",
+            {"composition_id": "c1", "device": "gpu-01", "old_path": [], "binding": rerouted},
+        ),
+        # l-h1 is free again (the reroute left it), so 100 Gbps fit there now.
+        requested("c2"),
+        reserved("c2", binding("gpu-02", gbps=60)),
+    )
+
+
+# ---- memory pools ----
+
+
+def test_memory_slices_share_a_pool_up_to_its_capacity() -> None:
+    assert not run(
+        topology(),
+        requested("c1"),
+        reserved("c1", binding("mem-01", gib=60)),
+        requested("c2"),
+        reserved("c2", binding("mem-01", gib=40)),
+    )
+
+
+def test_memory_sliced_beyond_its_capacity_is_named() -> None:
+    findings = run(
+        topology(),
+        requested("c1"),
+        reserved("c1", binding("mem-01", gib=60)),
+        requested("c2"),
+        reserved("c2", binding("mem-01", gib=41)),
+    )
+    assert named(findings) == [("memory_over_capacity", 50)]
+
+
+def test_two_slices_of_one_pool_in_one_composition_are_named() -> None:
+    findings = run(
+        topology(),
+        requested("c1"),
+        reserved("c1", binding("mem-01", gib=10, gbps=1), binding("mem-01", gib=10, gbps=1)),
+    )
+    assert named(findings) == [("device_double_allocation", 30)]
+
+
+def test_a_pool_held_whole_cannot_be_sliced_by_another() -> None:
+    findings = run(
+        topology(),
+        requested("c1"),
+        reserved("c1", binding("mem-01")),  # asked for by id: the whole pool
+        requested("c2"),
+        reserved("c2", binding("mem-01", gib=10)),
+    )
+    assert named(findings) == [("device_double_allocation", 50)]
+
+
+# ---- links ----
+
+
+def test_a_link_reserved_over_its_capacity_is_named_at_the_reservation() -> None:
+    ok = run(
+        topology(),
+        requested("c1"),
+        reserved("c1", binding("gpu-01", gbps=50)),
+        requested("c2"),
+        reserved("c2", binding("gpu-02", gbps=50)),  # l-h1: 100 of 100
+    )
+    assert not ok
+    findings = run(
+        topology(),
+        requested("c1"),
+        reserved("c1", binding("gpu-01", gbps=50)),
+        requested("c2"),
+        reserved("c2", binding("gpu-02", gbps=51)),
+    )
+    assert named(findings) == [("link_over_capacity", 50)]
+    assert findings[0].details["link"] == "l-h1"
+
+
+def test_a_link_shrunk_below_what_it_carries_is_named_at_the_import() -> None:
+    kind, doc = topology()
+    smaller = {
+        **doc,
+        "links": [{**lk, "capacity_gbps": 8} if lk["id"] == "l-g1" else lk for lk in doc["links"]],
+    }
+    findings = run(
+        (kind, doc), requested("c1"), reserved("c1", binding("gpu-01", gbps=10)), (kind, smaller)
+    )
+    assert named(findings) == [("link_over_capacity", 40)]
+
+
+# ---- OCS ports ----
+
+
+def test_an_ocs_port_in_two_circuits_is_named() -> None:
+    findings = run(topology(), circuit(0, 1), circuit(1, 2))
+    assert named(findings) == [("ocs_port_reuse", 30)]
+    assert findings[0].details["port"] == 1
+
+
+def test_a_removed_circuit_frees_its_ports() -> None:
+    assert not run(topology(), circuit(0, 1), circuit(0, 1, "CircuitRemoved"), circuit(1, 2))
+
+
+# ---- exclusive isolation ----
+
+
+def test_an_exclusive_composition_on_a_switch_another_tenant_uses_is_named() -> None:
+    findings = run(
+        topology(),
+        requested("c1", tenant="t1"),
+        reserved("c1", binding("gpu-01")),
+        requested("c2", tenant="t2", isolation="exclusive", host="host-02"),
+        reserved("c2", binding("gpu-02", host="host-02")),
+    )
+    assert named(findings) == [("exclusive_shared_switch", 50)]
+
+
+def test_another_tenant_routed_through_an_exclusive_switch_is_named() -> None:
+    findings = run(
+        topology(),
+        requested("c1", tenant="t1", isolation="exclusive"),
+        reserved("c1", binding("gpu-01")),
+        requested("c2", tenant="t2", host="host-02"),
+        reserved("c2", binding("gpu-02", host="host-02")),
+    )
+    assert named(findings) == [("exclusive_shared_switch", 50)]
+
+
+def test_exclusive_allows_the_same_tenant_and_a_switch_others_have_left() -> None:
+    assert not run(
+        topology(),
+        requested("c1", tenant="t1", isolation="exclusive"),
+        reserved("c1", binding("gpu-01")),
+        requested("c2", tenant="t1", host="host-02"),
+        reserved("c2", binding("gpu-02", host="host-02")),
+        released("c1"),
+        released("c2"),
+        requested("c3", tenant="t2", isolation="exclusive"),
+        reserved("c3", binding("gpu-01")),
+    )
+
+
+# ---- activation ----
+
+
+def test_activated_without_a_path_for_every_device_is_named() -> None:
+    findings = run(
+        topology(),
+        requested("c1"),
+        reserved("c1", binding("gpu-01"), binding("gpu-02")),
+        established("c1", "gpu-01"),  # gpu-02's PathEstablished is missing
+    )
+    assert named(findings) == [("active_without_path", 50)]
+    assert findings[0].details["devices"] == ["gpu-02"]
+
+
+def test_activated_with_every_path_and_after_a_repair_is_clean() -> None:
+    assert not run(
+        topology(),
+        requested("c1"),
+        reserved("c1", binding("gpu-01")),
+        established("c1", "gpu-01"),
+        ("CompositionImpaired", {"composition_id": "c1", "component": "gpu-01"}),
+        (
+            "DeviceReplaced",
+            {"composition_id": "c1", "old_device": "gpu-01", "binding": binding("gpu-02")},
+        ),
+        ("CompositionActivated", {"composition_id": "c1"}),
+    )
+
+
+def test_one_violation_is_named_once_at_its_first_position() -> None:
+    findings = run(
+        topology(),
+        circuit(0, 1),
+        circuit(1, 2),
+        circuit(1, 3),
+    )
+    assert named(findings) == [("ocs_port_reuse", 30)]
+
+
+def test_a_payload_without_its_fields_is_named_and_the_audit_goes_on() -> None:
+    findings = run(
+        topology(),
+        ("DevicesReserved", {"devices": [binding("gpu-01")]}),  # no composition_id
+        circuit(0, 1),
+        circuit(1, 2),
+    )
+    assert named(findings) == [("malformed_event", 20), ("ocs_port_reuse", 40)]
+
+
+# ---- the hash chain ----
+
+
+def recorded(n: int, seconds: list[int] | None = None) -> list[RecordedEvent]:
+    """A valid chain of `n` events, recorded at those seconds past noon (1, 2, 3... by
+    default)."""
+    events, prev = [], GENESIS_HASH
+    for version in range(1, n + 1):
+        second = seconds[version - 1] if seconds else version
+        fields = dict(
+            id=str(uuid.uuid4()),
+            domain=D,
+            version=version,
+            type="ComponentDrained",
+            schema_version=1,
+            recorded_at=datetime(2026, 12, 1, 12, 0, second, tzinfo=UTC),
+            actor="operator",
+            causation_id=f"r{version}",
+            correlation_id=f"r{version}",
+            data=b'{"type":"ComponentDrained","component":"sw-1"}',
+        )
+        digest = chain_hash(prev, **fields)
+        events.append(RecordedEvent(position=version * 10, prev_hash=prev, hash=digest, **fields))
+        prev = digest
+    return events
+
+
+def chain_findings(events: list[RecordedEvent]) -> list[tuple[str, int, int]]:
+    check = ChainCheck(D)
+    for e in events:
+        check.feed(e)
+    return [(f.check, f.version, f.position) for f in check.findings]
+
+
+def test_a_clean_chain_has_no_findings_and_ends_at_its_head() -> None:
+    events = recorded(4)
+    check = ChainCheck(D)
+    for e in events:
+        check.feed(e)
+    assert check.findings == []
+    assert check.head_finding(4, 40, events[-1].hash) is None
+    assert check.head_finding(3, 30, events[-2].hash) is not None
+
+
+def test_each_tampered_event_is_named_by_version_and_position() -> None:
+    events = recorded(5)
+    events[1] = msgspec.structs.replace(events[1], data=b'{"type":"ComponentDrained"}')
+    events[3] = msgspec.structs.replace(events[3], actor="mallory")
+    assert chain_findings(events) == [("hash_mismatch", 2, 20), ("hash_mismatch", 4, 40)]
+
+
+def test_a_missing_event_and_a_forged_genesis_are_named() -> None:
+    events = recorded(4)
+    assert chain_findings(events[:1] + events[2:]) == [
+        ("version_gap", 3, 30),
+        ("broken_link", 3, 30),
+    ]
+    forged = msgspec.structs.replace(events[0], prev_hash="1" * 64)
+    assert ("genesis", 1, 10) in chain_findings([forged, *events[1:]])
+
+
+def test_a_recorded_at_that_goes_back_is_named() -> None:
+    assert chain_findings(recorded(4, seconds=[1, 2, 2, 3])) == []  # equal times are fine
+    assert chain_findings(recorded(4, seconds=[1, 5, 3, 6])) == [("time_order", 3, 30)]
+
+
+def test_stored_checkpoints_must_be_the_logs_merkle_roots() -> None:
+    events = recorded(5)
+    tree = MerkleTree(leaf_hash(bytes.fromhex(e.hash)) for e in events)
+    root = {n: base64.b64encode(tree.root(n)).decode() for n in (2, 5)}
+
+    def check(checkpoints: list[tuple[int, str]], log: list[RecordedEvent]) -> list[Any]:
+        c = CheckpointCheck(D, checkpoints)
+        for e in log:
+            c.feed(e)
+        return [(f.check, f.version, f.position) for f in c.findings()]
+
+    assert check([(2, root[2]), (5, root[5])], events) == []
+    # The log was rewritten at version 2 after the checkpoint of 2 events was made.
+    forked = [events[0], msgspec.structs.replace(events[1], hash="ab" * 32), *events[2:]]
+    assert check([(2, root[2]), (5, root[5])], forked) == [
+        ("checkpoint", 2, 20),
+        ("checkpoint", 5, 50),
+    ]
+    # Events were cut off the end after a checkpoint of five was made.
+    assert check([(5, root[5])], events[:4]) == [("checkpoint", 5, 0)]

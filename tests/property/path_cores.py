@@ -1,0 +1,46 @@
+"""The path core's surface as each implementation provides it (for tests/property)."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType, SimpleNamespace
+
+import pytest
+
+from trellis.ext import _live_py, _paths_py
+
+CORES = ("python", "cython")
+
+
+def compiled() -> ModuleType:
+    try:
+        return importlib.import_module("trellis.ext._paths_c")
+    except ImportError as exc:
+        # A missing build must not turn into silently skipped cross-checks.
+        pytest.fail(f"ext._paths_c is not built ({exc}); run `make test` to build it")
+
+
+def implementation(name: str) -> SimpleNamespace:
+    """The path core's surface as one implementation provides it."""
+    if name == "python":
+        return SimpleNamespace(
+            name="python",
+            Fabric=_paths_py.Fabric,
+            LiveConditions=_live_py.LiveConditions,
+            best_paths=_paths_py.best_paths,
+            best_costs=_paths_py.best_costs,
+            census=_paths_py.census,
+            best_devices=_live_py.best_devices,
+            hop_distances=_paths_py.hop_distances,
+        )
+    module = compiled()
+    return SimpleNamespace(
+        name="cython",
+        Fabric=module.Fabric,
+        LiveConditions=module.LiveConditions,
+        best_paths=module.best_paths,
+        best_costs=module.best_costs,
+        census=module.census,
+        best_devices=module.best_devices,
+        hop_distances=module.hop_distances,
+    )

@@ -1,0 +1,94 @@
+"""The deployment's checkpoint signing key: an Ed25519 key in a file, made once.
+
+The engine signs every checkpoint (engine/core/checkpoints.py) with this key. It is generated at the
+first start into `<data dir>/checkpoint-key.pem` (or TRELLIS_CHECKPOINT_KEY), a PKCS#8 PEM
+file readable by its owner only (0600), and never leaves that file: clients get the public
+half as a C2SP verifier key (the `checkpoint-key` query), also written beside it in
+`<key file>.pub` for operators who hand it to auditors out of band. Engines of one deployment
+share the file, so every checkpoint of the deployment verifies with the same key.
+
+Two engines starting at once on one data dir both end up with the key that reached the disk
+first: the file is written under a temporary name and linked into place, which fails for the
+second, and that one reads the first's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import stat
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from trellis.engine.core.checkpoints import KEY_NAME, Signer
+
+log = logging.getLogger(__name__)
+
+KEY_FILE = "checkpoint-key.pem"
+
+
+class KeyFileError(RuntimeError):
+    """The key file exists but holds no Ed25519 private key, or cannot be read or written."""
+
+
+def public_key_path(path: Path) -> Path:
+    return path.with_name(path.name + ".pub")
+
+
+def load_or_create(path: Path, name: str = KEY_NAME) -> Signer:
+    """The signer of the key in `path`, generated there first when there is none.
+
+    Raises:
+        KeyFileError: the file is unreadable or holds something else.
+    """
+    try:
+        if not path.exists():
+            _create(path)
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o077:
+            log.warning("checkpoint key %s was readable by others (%o); made it 0600", path, mode)
+            path.chmod(0o600)
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    except OSError as exc:
+        raise KeyFileError(f"checkpoint key {path}: {exc}") from None
+    except ValueError as exc:
+        raise KeyFileError(f"checkpoint key {path} holds no usable key: {exc}") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise KeyFileError(f"checkpoint key {path} is not an Ed25519 key")
+    signer = Signer(key.private_bytes_raw(), name)
+    _write_public(path, signer)
+    return signer
+
+
+def _create(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pem = Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(pem)
+            f.flush()
+            os.fsync(f.fileno())
+        with contextlib.suppress(FileExistsError):  # another engine's key got there first
+            os.link(temporary, path)
+            log.warning("generated the checkpoint signing key %s", path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def _write_public(path: Path, signer: Signer) -> None:
+    """`<key file>.pub`: the verifier key, for auditors (public, so 0644)."""
+    pub = public_key_path(path)
+    text = signer.verifier.key() + "\n"
+    with contextlib.suppress(OSError):  # a read-only data dir: the query still answers it
+        if not pub.exists() or pub.read_text() != text:
+            pub.write_text(text)
+            pub.chmod(0o644)

@@ -1,0 +1,295 @@
+"""`trellis checkpoint`, `proof`, `consistency`, `checkpoint-key`, and the offline check of a
+proof: `trellis verify --checkpoint FILE --proof FILE`.
+
+The offline check needs no server, no database and no trust in the operator: only the
+checkpoint notes the auditor kept, a proof file (the result of the `proof` or `consistency`
+query, as `trellis proof` / `trellis consistency` print it) and the verifier key (the
+`checkpoint-key` query's answer, or `<data dir>/checkpoint-key.pem.pub`, obtained once and
+kept apart). It checks each note's Ed25519 signature with the key, that the proof's tree
+size and root are a signed checkpoint's, and the proof itself per RFC 9162
+(engine/core/merkle.py). An inclusion proof is of an event hash: given with `--event-hash`, or
+recomputed from the event itself (`--event FILE`, the event as the TRELLIS_EVENTS stream
+carries it), which also checks that the event is the one at that leaf.
+
+The commands that talk to the engine get the CLI's request function from
+adapters/entrypoints/cli.py, which registers them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import sys
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from trellis.adapters.entrypoints import render
+from trellis.adapters.nats.jetstream import Envelope
+from trellis.engine.core.checkpoints import Checkpoint, NoteError, Verifier, open_checkpoint
+from trellis.engine.core.merkle import leaf_hash, verify_consistency, verify_inclusion
+from trellis.engine.core.records import chain_hash
+
+Request = Callable[[argparse.Namespace, str, dict[str, Any]], dict[str, Any]]
+
+
+class ProofRejected(Exception):
+    """The proof, a checkpoint or the key does not hold up; the message says what."""
+
+
+# ---- the offline check ----
+
+
+def check(
+    notes: list[str],
+    proof: dict[str, Any],
+    verifier_key: str,
+    *,
+    event_hash: str | None = None,
+) -> str:
+    """Check `proof` against the signed checkpoints `notes` with `verifier_key` alone; the
+    line that says what was proved.
+
+    Raises:
+        ProofRejected: anything does not hold.
+    """
+    try:
+        verifier = Verifier.parse(verifier_key)
+        checkpoints = [open_checkpoint(note, verifier) for note in notes]
+    except NoteError as exc:
+        raise ProofRejected(str(exc)) from None
+    if not checkpoints:
+        raise ProofRejected("give at least one checkpoint (--checkpoint FILE)")
+    origins = {c.origin for c in checkpoints}
+    if len(origins) > 1:
+        raise ProofRejected(f"the checkpoints are of different logs: {', '.join(sorted(origins))}")
+    signer = f"{verifier.name}+{verifier.key_hash.hex()}"
+    try:
+        if "leaf_index" in proof:
+            return _inclusion(checkpoints, proof, event_hash, signer)
+        if "from_size" in proof:
+            return _consistency(checkpoints, proof, signer)
+    except (KeyError, TypeError, ValueError, binascii.Error) as exc:
+        raise ProofRejected(f"the proof file is malformed: {exc!r}") from None
+    raise ProofRejected("the proof file holds neither an inclusion nor a consistency proof")
+
+
+def _inclusion(
+    checkpoints: list[Checkpoint], proof: dict[str, Any], event_hash: str | None, signer: str
+) -> str:
+    if event_hash is None:
+        raise ProofRejected("an inclusion proof is of an event: give --event-hash or --event")
+    index, size = int(proof["leaf_index"]), int(proof["tree_size"])
+    signed = _signed_at(checkpoints, size)
+    if _decode(proof["root"]) != signed.root:
+        raise ProofRejected(f"the proof's root is not the signed root of size {size}")
+    leaf = leaf_hash(bytes.fromhex(event_hash))
+    if not verify_inclusion(leaf, index, size, [_decode(p) for p in proof["path"]], signed.root):
+        raise ProofRejected(
+            f"the proof does not put event hash {event_hash} at leaf {index} of {signed.origin}'s "
+            f"tree of {size} events"
+        )
+    return (
+        f"ok: event hash {event_hash[:16]}… is leaf {index} (version {index + 1}) of "
+        f"{signed.origin}'s tree of {size} events, signed by {signer}"
+    )
+
+
+def _consistency(checkpoints: list[Checkpoint], proof: dict[str, Any], signer: str) -> str:
+    old, new = int(proof["from_size"]), int(proof["to_size"])
+    roots = {old: _decode(proof["from_root"]), new: _decode(proof["to_root"])}
+    for checkpoint in checkpoints:
+        if checkpoint.size not in roots:
+            raise ProofRejected(
+                f"the checkpoint of size {checkpoint.size} is neither end of the proof "
+                f"({old} -> {new})"
+            )
+        if roots[checkpoint.size] != checkpoint.root:
+            raise ProofRejected(f"the proof's root of size {checkpoint.size} is not the signed one")
+    path = [_decode(p) for p in proof["path"]]
+    if not verify_consistency(old, new, roots[old], roots[new], path):
+        raise ProofRejected(f"the proof does not show the tree of {old} is a prefix of {new}'s")
+    anchored = " and ".join(str(s) for s in sorted({c.size for c in checkpoints}))
+    return (
+        f"ok: {checkpoints[0].origin}'s log of {old} events is a prefix of its log of {new} "
+        f"(signed checkpoints of {anchored} by {signer})"
+    )
+
+
+def _signed_at(checkpoints: list[Checkpoint], size: int) -> Checkpoint:
+    for checkpoint in checkpoints:
+        if checkpoint.size == size:
+            return checkpoint
+    sizes = ", ".join(str(c.size) for c in checkpoints)
+    raise ProofRejected(f"the proof is for a tree of {size} events; the checkpoints are of {sizes}")
+
+
+def _decode(text: str) -> bytes:
+    return base64.b64decode(text, validate=True)
+
+
+def event_file_hash(path: Path) -> tuple[str, int]:
+    """The hash of the event in `path` (its envelope as the stream carries it), recomputed from
+    its content, and its version.
+
+    Raises:
+        ProofRejected: unreadable, or its content does not give its own hash.
+    """
+    try:
+        envelope = msgspec.json.decode(path.read_bytes(), type=Envelope)
+        at = datetime.strptime(envelope.recorded_at, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    except (OSError, msgspec.DecodeError, ValueError) as exc:
+        raise ProofRejected(f"cannot read the event in {path}: {exc}") from None
+    computed = chain_hash(
+        envelope.prev_hash,
+        id=envelope.id,
+        domain=envelope.domain,
+        version=envelope.version,
+        type=envelope.type,
+        schema_version=envelope.schema_version,
+        recorded_at=at,
+        actor=envelope.actor,
+        causation_id=envelope.causation_id,
+        correlation_id=envelope.correlation_id,
+        data=bytes(envelope.data),
+    )
+    if computed != envelope.hash:
+        raise ProofRejected(f"the event in {path} does not hash to the hash it carries")
+    return computed, envelope.version
+
+
+# ---- the commands ----
+
+
+def register(sub: Any, request: Request, client_options: Callable[[Any], None]) -> None:
+    """Add checkpoint, proof, consistency and checkpoint-key to the `trellis` parser."""
+    cp = sub.add_parser("checkpoint", help="sign and publish a checkpoint of the log now")
+    client_options(cp)
+    cp.set_defaults(run=lambda args: _checkpoint(args, request))
+
+    proof = sub.add_parser("proof", help="an RFC 9162 inclusion proof of an event (JSON)")
+    proof.add_argument("event_id")
+    proof.add_argument("--size", type=int, help="tree size (default: the latest checkpoint's)")
+    proof.add_argument("--view", metavar="TENANT", help="ask as TENANT's view")
+    client_options(proof)
+    proof.set_defaults(run=lambda args: _proof(args, request))
+
+    cons = sub.add_parser("consistency", help="an RFC 9162 consistency proof (JSON)")
+    cons.add_argument("from_size", type=int)
+    cons.add_argument("to_size", type=int)
+    cons.add_argument("--view", metavar="TENANT", help="ask as TENANT's view")
+    client_options(cons)
+    cons.set_defaults(run=lambda args: _consistency_command(args, request))
+
+    key = sub.add_parser("checkpoint-key", help="the verifier key of the checkpoint signer")
+    client_options(key)
+    key.set_defaults(run=lambda args: _checkpoint_key(args, request))
+
+
+def add_offline_verify(p: argparse.ArgumentParser) -> None:
+    """The offline proof check's options on `trellis verify` (which also verifies the log
+    against the database when given no --proof; that mode lives elsewhere)."""
+    p.add_argument(
+        "--checkpoint",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="a signed checkpoint note (repeatable: both ends of a consistency proof)",
+    )
+    p.add_argument("--proof", type=Path, metavar="FILE", help="a proof or consistency file")
+    p.add_argument("--key", metavar="VERIFIER_KEY", help="the checkpoint signer's verifier key")
+    p.add_argument("--key-file", type=Path, metavar="FILE", help="a file holding the key")
+    p.add_argument("--event-hash", metavar="HEX", help="the hash of the event proved included")
+    p.add_argument("--event", type=Path, metavar="FILE", help="the event itself (stream JSON)")
+
+
+def verify_offline(args: argparse.Namespace) -> int:
+    """`trellis verify --checkpoint FILE --proof FILE`: exit 0 and one `ok:` line when the
+    proof holds, else 1 and one line saying what does not."""
+    try:
+        if args.proof is None:
+            raise ProofRejected("give the proof to check: --proof FILE")
+        key = _key(args)
+        notes = [_read(path) for path in args.checkpoint]
+        proof = msgspec.json.decode(_read(args.proof).encode())
+        if isinstance(proof, dict) and isinstance(proof.get("result"), dict):
+            proof = proof["result"]  # a whole reply (as `nats req` prints it) will do too
+        if not isinstance(proof, dict):
+            raise ProofRejected(f"{args.proof} holds no proof object")
+        event_hash = args.event_hash
+        if args.event is not None:
+            event_hash, version = event_file_hash(args.event)
+            if "leaf_index" in proof and int(proof["leaf_index"]) != version - 1:
+                raise ProofRejected(
+                    f"the event is version {version}; the proof is of leaf {proof['leaf_index']}"
+                )
+        print(check(notes, proof, key, event_hash=event_hash))
+        return 0
+    except (ProofRejected, msgspec.DecodeError) as exc:
+        print(f"trellis verify: FAILED: {exc}", file=sys.stderr)
+        return 1
+
+
+def _key(args: argparse.Namespace) -> str:
+    if args.key:
+        return str(args.key)
+    if args.key_file:
+        return _read(args.key_file).strip()
+    raise ProofRejected("give the verifier key: --key KEY or --key-file FILE")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise ProofRejected(f"cannot read {path}: {exc}") from None
+
+
+def _checkpoint(args: argparse.Namespace, request: Request) -> int:
+    reply = request(args, f"admin.{args.domain}.checkpoint", {"request_id": str(uuid.uuid4())})
+    return _print(args, reply, lambda result: result["note"].rstrip("\n"))
+
+
+def _proof(args: argparse.Namespace, request: Request) -> int:
+    body: dict[str, Any] = {"event_id": args.event_id}
+    if args.size is not None:
+        body["size"] = args.size
+    reply = request(args, _subject(args, "proof"), body)
+    return _print(args, reply, _pretty)
+
+
+def _consistency_command(args: argparse.Namespace, request: Request) -> int:
+    body = {"from_size": args.from_size, "to_size": args.to_size}
+    reply = request(args, _subject(args, "consistency"), body)
+    return _print(args, reply, _pretty)
+
+
+def _checkpoint_key(args: argparse.Namespace, request: Request) -> int:
+    reply = request(args, f"query.{args.domain}.checkpoint-key", {})
+    return _print(args, reply, lambda result: result["verifier_key"])
+
+
+def _subject(args: argparse.Namespace, what: str) -> str:
+    if getattr(args, "view", None):
+        return f"view.{args.domain}.{args.view}.{what}"
+    return f"query.{args.domain}.{what}"
+
+
+def _pretty(result: dict[str, Any]) -> str:
+    return msgspec.json.format(msgspec.json.encode(result), indent=2).decode()
+
+
+def _print(args: argparse.Namespace, reply: dict[str, Any], show: Callable[[Any], str]) -> int:
+    if args.output == "json":
+        print(_pretty(reply["result"] if reply.get("ok") else reply))
+    elif reply.get("ok"):
+        print(show(reply["result"]))
+    else:
+        print(render.error_text(reply["error"]), file=sys.stderr)
+    return 0 if reply.get("ok") else 1

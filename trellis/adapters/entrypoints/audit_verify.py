@@ -1,0 +1,450 @@
+"""`trellis verify`: prove the log intact and the read models true to it, from the database.
+
+Four checks, one pass over each domain's log (docs/auditing.md, "Verifying the log"):
+
+- chain: every event's sha256 hash, its link to the one before, gap-free versions from the
+  genesis hash, the stream head where the chain ends (engine.core.audit.ChainCheck), and every
+  stored Merkle checkpoint's root recomputed from the log (engine.core.audit.CheckpointCheck);
+- invariants: the independent audit over the raw event data (engine.core.audit.InvariantAudit);
+- projections: the whole log replayed into fresh projection tables, compared row by row with
+  the live ones, each up to the version its live checkpoint says it holds;
+- kv: the log folded as the relay folds it (kv_state.fold), rendered as it renders the bucket, and
+  compared with what TRELLIS_STATE holds, up to the relay's checkpoint. Skipped (and said so)
+  when NATS cannot be reached.
+
+Exit 0: no findings; 1: findings; 2: verify could not run (one line on stderr). `-o json` prints
+the report as one JSON document. Nothing is written anywhere but temporary tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import msgspec
+
+from trellis.adapters.bootstrap import find_endpoint, nats_servers
+from trellis.adapters.embedded.servers import default_data_dir
+from trellis.adapters.entrypoints import audit_proofs, render
+from trellis.adapters.nats import kv_audit, kv_state
+from trellis.adapters.nats.auth import CredentialsError, NkeyCredentials, Principal, SecureDir
+from trellis.adapters.nats.jetstream import stream_name
+from trellis.adapters.nats.kv_state import View, changes, coalesce, everything
+from trellis.adapters.postgres import verify as db
+from trellis.adapters.postgres.store import connect_pool
+from trellis.adapters.settings import Settings, SettingsError
+from trellis.engine.core.audit import ChainCheck, CheckpointCheck, Finding, InvariantAudit
+from trellis.engine.core.records import RecordedEvent
+from trellis.projections.base import Fact
+from trellis.projections.sink import default_projections
+
+CHECKS = ("chain", "invariants", "projections", "kv")
+NATS_TIMEOUT_S = 3.0
+
+
+class CannotRun(Exception):
+    """Verify could not do its work (no database, no such domain, ...): exit 2, one line."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--domain", help="only this domain (default: every domain)")
+    render.add_output_options(parser)  # the report; wide is the table
+    parser.add_argument(
+        "--creds", type=Path, help="NATS credentials for the KV check (default: the auditor's)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """`trellis verify`; with --proof or --checkpoint, the offline proof check instead (no
+    database: adapters/entrypoints/audit_proofs.py)."""
+    if getattr(args, "proof", None) is not None or getattr(args, "checkpoint", None):
+        return audit_proofs.verify_offline(args)
+    try:
+        settings = Settings.from_env()
+        url = find_endpoint(settings, "database_url")
+        if url is None:
+            raise CannotRun("no database: set TRELLIS_DATABASE_URL or start one with `trellis up`")
+        report = asyncio.run(
+            verify(
+                url,
+                schema=settings.db_schema,
+                nats_url=find_endpoint(settings, "nats_url"),
+                prefix=settings.subject_prefix,
+                domain=args.domain,
+                credentials=_credentials(settings, args.creds),
+            )
+        )
+    except (CannotRun, SettingsError, CredentialsError, LookupError) as exc:
+        print(f"trellis verify: {exc}", file=sys.stderr)
+        return 2
+    except ConnectionError:
+        raise  # nothing listens: the CLI's one `unavailable` line (exit 3)
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+        print(
+            f"trellis verify: cannot read the database: {exc or type(exc).__name__}",
+            file=sys.stderr,
+        )
+        return 2
+    if args.output == "json":
+        print(msgspec.json.format(msgspec.json.encode(report), indent=2).decode())
+    else:
+        print(text(report))
+    return 0 if report["ok"] else 1
+
+
+# ---- the audit ----
+
+
+@dataclass
+class _Check:
+    status: str = "pass"  # pass, fail, skipped
+    reason: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def found(self, findings: list[Finding]) -> None:
+        if findings:  # a failure in one domain outweighs a skip in another
+            self.status = "fail"
+
+    def skip(self, reason: str) -> None:
+        if self.status != "fail":
+            self.status, self.reason = "skipped", reason
+
+    def report(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"status": self.status}
+        if self.reason:
+            out["reason"] = self.reason
+        return out | self.details
+
+
+async def verify(
+    database_url: str,
+    *,
+    schema: str | None = None,
+    nats_url: str | None = None,
+    prefix: str = "trellis",
+    domain: str | None = None,
+    credentials: NkeyCredentials | None = None,
+) -> dict[str, Any]:
+    """Run every check over the log in `schema` (and the bucket for `prefix`); the report.
+
+    Raises:
+        CannotRun: `domain` is not in the log.
+        LookupError: there is no Trellis log in that schema.
+    """
+    # The reader sits idle in its snapshot while a batch is folded on the other connection.
+    pool = await connect_pool(
+        database_url, schema=schema, min_size=2, max_size=2, idle_in_transaction_s=600.0
+    )
+    try:
+        async with pool.acquire() as reader, pool.acquire() as scratch:
+            return await _verify(reader, scratch, nats_url, prefix, domain, credentials)
+    finally:
+        await pool.close()
+
+
+async def _verify(
+    reader: asyncpg.Connection,
+    scratch: asyncpg.Connection,
+    nats_url: str | None,
+    prefix: str,
+    only: str | None,
+    credentials: NkeyCredentials | None,
+) -> dict[str, Any]:
+    live = await db.live_schema(reader)
+    domains = await db.domains(reader)
+    if only is not None:
+        if only not in domains:
+            raise CannotRun(f"the log has no domain {only!r}")
+        domains = [only]
+    heads = await db.stream_heads(reader)
+    anchors = await db.latest_checkpoints(reader)
+    checks = {name: _Check() for name in CHECKS}
+    projections = default_projections()
+    replay = db.ProjectionReplay(scratch, live, projections)
+    await replay.prepare()
+    js, nc, why_not = await _jetstream(nats_url, credentials)
+    if js is None:
+        checks["kv"].skip(why_not)
+    report_domains: dict[str, Any] = {}
+    try:
+        for domain in domains:
+            audited = await _domain(reader, scratch, replay, js, prefix, domain, heads, checks)
+            report_domains[domain] = audited | {
+                "latest_checkpoint": (anchors or {}).get(domain),
+            }
+    finally:
+        if nc is not None:
+            await nc.close()
+    checks["chain"].details["events"] = sum(d["events"] for d in report_domains.values())
+    if anchors is None:
+        checks["chain"].details["checkpoints"] = "this database keeps no Merkle checkpoints"
+    ok = not any(d["findings"] for d in report_domains.values())
+    for d in report_domains.values():
+        del d["events"]
+    return {
+        "ok": ok,
+        "domains": report_domains,
+        "checks": {name: check.report() for name, check in checks.items()},
+    }
+
+
+async def _domain(
+    reader: asyncpg.Connection,
+    scratch: asyncpg.Connection,
+    replay: db.ProjectionReplay,
+    js: Any,
+    prefix: str,
+    domain: str,
+    heads: dict[str, tuple[int, int, str]],
+    checks: dict[str, _Check],
+) -> dict[str, Any]:
+    names = [p.name for p in default_projections()]
+    relay_name = f"relay:{stream_name(prefix)}"
+    projected = await db.follower_checkpoints(reader, names, domain)
+    upto = {name: projected.get(name, (0, 0))[0] for name in names}
+    relayed = (await db.follower_checkpoints(reader, [relay_name], domain)).get(relay_name, (0, 0))
+
+    chain = ChainCheck(domain)
+    anchors = CheckpointCheck(domain, await db.checkpoint_roots(reader, domain))
+    invariants = InvariantAudit(domain)
+    fold = _Fold(domain, relay_version=relayed[0])
+    replay.start()
+    async for batch in db.events(reader, domain):
+        facts = []
+        for record in batch:
+            chain.feed(record)
+            anchors.feed(record)
+            try:
+                data = json.loads(record.data)
+            except ValueError as exc:
+                fold.stop(record, f"its data is no JSON: {exc}")
+                continue
+            invariants.feed(record.position, record.version, record.type, data)
+            fact = fold.feed(record)
+            if fact is not None:
+                facts.append(fact)
+        if facts and not fold.stopped:
+            try:
+                await replay.feed(facts, upto)
+            except Exception as exc:  # a projection's fold refuses what the log holds
+                fold.stop(facts[0].record, f"the projections cannot fold this batch: {exc!r}")
+
+    findings = list(chain.findings)
+    head = heads.get(domain)
+    if head is None:
+        findings.append(
+            Finding(check="stream_head", domain=domain, message="the domain has no stream head")
+        )
+    elif (stale := chain.head_finding(*head)) is not None:
+        findings.append(stale)
+    findings += anchors.findings()
+    checks["chain"].found(findings)
+    checks["invariants"].found(invariants.findings)
+    findings += invariants.findings
+    checks["projections"].found(fold.findings)  # the replay could not go on
+    findings += fold.findings
+
+    differences = await _projections(scratch, replay, domain, names, upto, fold, checks)
+    findings += differences
+    if js is not None:
+        findings += await _kv(reader, js, prefix, domain, relay_name, relayed, fold, checks)
+    return {
+        "head": {"version": chain.version, "position": chain.position, "hash": chain.hash},
+        "findings": [msgspec.to_builtins(f) for f in findings],
+        "events": chain.count,
+    }
+
+
+class _Fold:
+    """The relay's fold (kv_state.fold: engine.core.state.evolve and the conditions) over the
+    domain's events, noting what the relay would have put in
+    the bucket by its checkpoint: the state there and the position each key last changed at."""
+
+    def __init__(self, domain: str, relay_version: int):
+        self.state = View.empty(domain)
+        self.relay_version = relay_version
+        self.at_relay = self.state if relay_version == 0 else None
+        self.written_at: dict[str, int] = {}
+        self.findings: list[Finding] = []
+        self.stopped = False
+        self.version = 0
+
+    def feed(self, record: RecordedEvent) -> Fact | None:
+        """Fold one event; its Fact for the projections, or None once the fold has stopped."""
+        if self.stopped:
+            return None
+        try:
+            event = record.event()
+            before = self.state
+            self.state = kv_state.fold(before, event, record.recorded_at, record.position)
+        except Exception as exc:  # an event this code cannot read, or a forged log's
+            self.stop(record, f"the engine's fold cannot apply it: {type(exc).__name__}: {exc}")
+            return None
+        self.version = record.version
+        if record.version <= self.relay_version:
+            for key, _ in changes(before, self.state, event, record.position):
+                self.written_at[key] = record.position
+            if record.version == self.relay_version:
+                self.at_relay = self.state
+        return Fact(record, event)
+
+    def stop(self, record: RecordedEvent, why: str) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        self.findings.append(
+            Finding(
+                check="replay",
+                domain=record.domain,
+                position=record.position,
+                version=record.version,
+                message=f"event {record.version} (position {record.position}): {why}; the "
+                "replay stops there",
+            )
+        )
+
+
+async def _projections(
+    scratch: asyncpg.Connection,
+    replay: db.ProjectionReplay,
+    domain: str,
+    names: list[str],
+    upto: dict[str, int],
+    fold: _Fold,
+    checks: dict[str, _Check],
+) -> list[Finding]:
+    """Compare in one snapshot with the checkpoints read there: the projections may have moved
+    on while the log was read, so the replay first catches up to where they are now."""
+    check = checks["projections"]
+    if fold.stopped:
+        return []  # the replay is incomplete: every row after the stop would differ
+    async with scratch.transaction(isolation="repeatable_read"):
+        now = await db.follower_checkpoints(scratch, names, domain)
+        target = {name: now.get(name, (0, 0))[0] for name in names}
+        if any(target[n] < upto[n] for n in names):
+            check.skip("the projections were rebuilt while verify ran; run it again")
+            return []
+        if target != upto:
+            # Decoding needs no state; `feed` takes each projection's own range of them.
+            records = await db.events_between(
+                scratch, domain, min(upto.values()), max(target.values())
+            )
+            await replay.feed([Fact(r, r.event()) for r in records], target)
+        findings = await replay.compare(domain)
+    compared = check.details.setdefault("compared_up_to", {})
+    compared[domain] = target
+    check.found(findings)
+    return findings
+
+
+async def _kv(
+    reader: asyncpg.Connection,
+    js: Any,
+    prefix: str,
+    domain: str,
+    relay_name: str,
+    relayed: tuple[int, int],
+    fold: _Fold,
+    checks: dict[str, _Check],
+) -> list[Finding]:
+    check = checks["kv"]
+    if fold.at_relay is None:
+        check.skip(f"{domain}: the relay's checkpoint is beyond what the log could be folded to")
+        return []
+    try:
+        actual = await kv_audit.bucket_entries(js, prefix, domain)
+    except Exception as exc:  # no bucket, no permission, NATS gone mid-way
+        check.skip(f"cannot read the bucket: {type(exc).__name__}: {exc}")
+        return []
+    after = (await db.follower_checkpoints(reader, [relay_name], domain)).get(relay_name, (0, 0))
+    if after != relayed:
+        check.skip("the relay moved on while verify read the bucket; run it again when quiet")
+        return []
+    expected = {
+        key: values[-1]
+        for key, values in coalesce(everything(fold.at_relay, 0)).items()
+        if values[-1] is not None
+    }
+    findings = kv_audit.compare(domain, expected, fold.written_at, relayed[1], actual)
+    check.details.setdefault("compared_up_to", {})[domain] = relayed[0]
+    check.found(findings)
+    return findings
+
+
+async def _jetstream(url: str | None, credentials: NkeyCredentials | None) -> tuple[Any, Any, str]:
+    """(JetStream context, connection, "") or (None, None, why not)."""
+    if url is None:
+        return None, None, "no NATS: TRELLIS_NATS_URL is unset and no `trellis up` runs here"
+    import nats
+
+    options = credentials.connect_options() if credentials is not None else {}
+    try:
+        # Bounded from outside: nats-py retries a first connect that is refused.
+        nc = await asyncio.wait_for(
+            nats.connect(
+                nats_servers(url),
+                name="trellis-verify",
+                connect_timeout=NATS_TIMEOUT_S,
+                allow_reconnect=False,
+                error_cb=_quiet,
+                **options,
+            ),
+            NATS_TIMEOUT_S,
+        )
+    except TimeoutError:
+        return None, None, f"NATS unreachable at {url}: no connection in {NATS_TIMEOUT_S:g} s"
+    except Exception as exc:
+        return None, None, f"NATS unreachable at {url}: {exc or type(exc).__name__}"
+    return nc.jetstream(timeout=NATS_TIMEOUT_S), nc, ""
+
+
+async def _quiet(exc: Exception) -> None:
+    """nats-py's default prints each failed connect attempt; the report says it once."""
+
+
+def _credentials(settings: Settings, creds: Path | None) -> NkeyCredentials | None:
+    """--creds, else the auditor's identity where the data dir holds secure mode's, else none."""
+    if creds is not None:
+        return NkeyCredentials(creds)
+    secure = SecureDir(settings.data_dir or default_data_dir())
+    if secure.exists() and secure.seed_path(Principal("auditor", "auditor")).is_file():
+        return secure.credentials(Principal("auditor", "auditor"))
+    return None
+
+
+# ---- text ----
+
+
+def text(report: dict[str, Any]) -> str:
+    """The report for people: each domain's anchor (chain head, latest checkpoint), its
+    findings, then one line per check."""
+    lines = []
+    for domain, d in report["domains"].items():
+        head = d["head"]
+        lines.append(
+            f"{domain}: head version {head['version']} position {head['position']} "
+            f"hash {head['hash']}"
+        )
+        cp = d["latest_checkpoint"]
+        if cp is None:
+            lines.append("  latest checkpoint: none")
+        else:
+            lines.append(
+                f"  latest checkpoint: size {cp['size']} root {cp['root']} at {cp['recorded_at']}"
+            )
+        for f in d["findings"]:
+            lines.append(f"  FINDING {f['check']}: {f['message']}")
+    for name, check in report["checks"].items():
+        reason = f" ({check['reason']})" if check.get("reason") else ""
+        if name == "chain":
+            reason = f" ({check['events']} events)"
+        lines.append(f"check {name}: {check['status']}{reason}")
+    count = sum(len(d["findings"]) for d in report["domains"].values())
+    lines.append("verified: no findings" if report["ok"] else f"NOT verified: {count} findings")
+    return "\n".join(lines)

@@ -1,0 +1,144 @@
+"""The follower process: the log followers of TRELLIS_FOLLOWERS=process (follow_process.py).
+
+`python -m trellis.adapters.entrypoints.follow` (or `trellis follow`) keeps the projections, the
+event relay (JetStream stream and KV bucket) and the signed checkpoints up to date with every
+domain in the log: the same sinks the engine follows inline (adapters.bootstrap.follower_sinks).
+It is woken by the engine's commit signal on `<prefix>.internal.committed.<domain>`, looks at
+the log every second as well (a missed signal, a new domain), and exits cleanly on SIGTERM or
+SIGINT after a last catch-up, or when the process that started it is gone (a killed engine
+leaves no follower behind; the next engine starts its own). It reads the engine's settings from
+the environment: both URLs must be set (the engine's `FollowerProcess` sets them, with
+TRELLIS_FOLLOWER_CREDENTIALS in secure mode). The schema must be migrated already: the engine
+does that before it starts this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from nats.aio.msg import Msg
+
+from trellis.adapters.bootstrap import (
+    checkpoint_signer,
+    follower_sinks,
+    until_reachable,
+)
+from trellis.adapters.follow_process import CREDENTIALS_ENV, PARENT_ENV, committed_subject
+from trellis.adapters.nats.auth import NkeyCredentials
+from trellis.adapters.postgres.store import PostgresEventStore
+from trellis.adapters.settings import Settings, SettingsError, redacted
+from trellis.engine.core.errors import StoreUnavailable
+from trellis.engine.service.follower import Followers
+from trellis.engine.core.ids import is_valid_id
+
+log = logging.getLogger("trellis.follow")
+
+#: Seconds between looks at the log for new domains and missed commits.
+POLL_S = 1.0
+#: Seconds a commit signal waits for others before it wakes the followers: a core of its own
+#: would otherwise let them apply every commit alone, a transaction per sink each, and on a
+#: small machine those commits compete with the engine's own for Postgres.
+WAKE_DELAY_S = 0.02
+
+
+async def follow(
+    settings: Settings, credentials: NkeyCredentials | None = None, parent: int | None = None
+) -> None:
+    """Follow every domain in the log until SIGTERM or SIGINT, or until the process `parent`
+    is no longer ours."""
+    if not (settings.nats_url and settings.database_url):
+        raise SettingsError("the follower process needs TRELLIS_NATS_URL and TRELLIS_DATABASE_URL")
+    nats_url, database_url = settings.nats_url, settings.database_url
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with contextlib.AsyncExitStack() as stack:
+        store = await until_reachable(
+            "Postgres",
+            redacted(database_url),
+            lambda: PostgresEventStore.open(database_url, schema=settings.db_schema),
+            (StoreUnavailable,),
+        )
+        stack.push_async_callback(store.close)
+        sinks = await follower_sinks(
+            stack,
+            nats_url,
+            database_url,
+            schema=settings.db_schema,
+            prefix=settings.subject_prefix,
+            stream_limits=settings.stream_limits,
+            credentials=credentials,
+            signer=checkpoint_signer(settings),
+            checkpoint_every=settings.checkpoint_every,
+            snapshot_every=settings.snapshot_every,
+        )
+        followers = Followers(
+            store, [sinks.projections, sinks.relay, sinks.audit], poll_interval=POLL_S
+        )
+        stack.push_async_callback(followers.close)
+
+        pending: set[str] = set()
+
+        def wake() -> None:
+            for domain in sorted(pending):
+                followers.follow(domain)
+                followers.notify(domain)
+            pending.clear()
+
+        async def woken(msg: Msg) -> None:
+            domain = msg.subject.rpartition(".")[2]
+            if is_valid_id(domain):
+                if not pending:
+                    loop.call_later(WAKE_DELAY_S, wake)
+                pending.add(domain)
+
+        sub = await sinks.nc.subscribe(committed_subject(settings.subject_prefix), cb=woken)
+        stack.push_async_callback(sub.unsubscribe)
+        log.info("following the log of %s (pid %d)", settings.subject_prefix, os.getpid())
+        while not stop.is_set():
+            if (
+                parent is not None and os.getppid() != parent
+            ):  # the engine died without stopping us: so do we
+                log.warning("the engine (pid %d) is gone; stopping", parent)
+                break
+            try:
+                for domain in await store.domains():
+                    followers.follow(domain)
+            except Exception as exc:  # Postgres away: the followers report their own failures
+                log.warning("cannot list the log's domains: %r", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), POLL_S)
+        log.info("stopping: a last catch-up, then exit")
+
+
+def main() -> int:
+    logging.basicConfig(
+        level=logging.INFO if os.environ.get("TRELLIS_VERBOSE") else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s [follow]: %(message)s",
+    )
+    creds = os.environ.get(CREDENTIALS_ENV)
+    # The engine's pid from the engine itself: it may be gone before this line runs.
+    parent = os.environ.get(PARENT_ENV)
+    try:
+        asyncio.run(
+            follow(
+                Settings.from_env(),
+                NkeyCredentials(Path(creds)) if creds else None,
+                int(parent) if parent and parent.isdigit() else None,
+            )
+        )
+    except SettingsError as exc:
+        print(f"trellis follow: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Fabric drivers behind engine.service.ports.FabricDriver; the simulated fabric so far."""

@@ -1,0 +1,191 @@
+"""The log followers in a process of their own (TRELLIS_FOLLOWERS=process).
+
+The engine's intake and writers then have its event loop and its core to themselves: the
+projections, the event relay and the checkpoints (engine/service/follower.py) run in the follower
+process, `python -m trellis.adapters.entrypoints.follow`. Two pieces live on the engine's side:
+
+- `CommitSignal`, the engine's stand-in for its followers: after each commit it publishes an
+  empty core NATS message on `<prefix>.internal.committed.<domain>` (coalesced per loop turn),
+  which wakes that domain's followers over there. A lost signal costs at most the follower's
+  poll interval: it looks at the log every second anyway.
+- `FollowerProcess`, which starts the follower process with the engine's endpoints in its
+  environment, restarts it with backoff (logged) whenever it exits, and stops it (SIGTERM, then
+  SIGKILL after a grace period) when the engine stops.
+
+Nothing is lost when the process dies: every sink moves its checkpoint in the transaction that
+applies a batch, so the next process resumes where the last one's last commit ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Mapping
+
+from nats.aio.client import Client as NATS
+
+from trellis.engine.service.follower import DomainLog, Followers
+
+log = logging.getLogger("trellis.follow")
+
+ENTRY_MODULE = "trellis.adapters.entrypoints.follow"
+#: The environment variable naming the engine's NATS credentials file (secure mode).
+CREDENTIALS_ENV = "TRELLIS_FOLLOWER_CREDENTIALS"
+#: The engine's pid: the follower process exits when it is no longer its parent.
+PARENT_ENV = "TRELLIS_FOLLOWER_PARENT"
+RESTART_FIRST_S = 0.25
+RESTART_MAX_S = 10.0
+#: A process that ran this long before it exited starts the backoff over.
+STEADY_S = 30.0
+STOP_GRACE_S = 10.0
+
+
+def committed_subject(prefix: str, domain: str = "*") -> str:
+    """The internal subject the engine signals a commit of `domain` on (`*`: any domain)."""
+    return f"{prefix}.internal.committed.{domain}"
+
+
+class CommitSignal(Followers):
+    """The engine's followers when they run in the follower process: none here; a commit
+    publishes the wake-up signal instead (each domain once per loop turn, however many commits
+    it made in that turn)."""
+
+    def __init__(self, log: DomainLog, nc: NATS, prefix: str):
+        super().__init__(log, [])
+        self._nc = nc
+        self._prefix = prefix
+        self._pending: set[str] = set()
+        self._scheduled = False
+        self._sending: set[asyncio.Task[None]] = set()
+
+    def notify(self, domain: str) -> None:
+        self._pending.add(domain)
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        domains, self._pending = self._pending, set()
+        task = asyncio.create_task(self._send(domains))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send(self, domains: set[str]) -> None:
+        try:
+            for domain in domains:
+                await self._nc.publish(committed_subject(self._prefix, domain), b"")
+        except Exception as exc:  # NATS away: the follower's poll finds the commit anyway
+            log.debug("commit signal not sent: %r", exc)
+
+
+class FollowerProcess:
+    """The follower process, kept running: restarted with backoff whenever it exits.
+
+    Args:
+        env: its whole environment (TRELLIS_* endpoints and settings, see follower_env).
+    """
+
+    def __init__(self, env: Mapping[str, str]):
+        self._env = dict(env)
+        self.process: asyncio.subprocess.Process | None = None
+        self.restarts = 0
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+        self._started = asyncio.Event()
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    async def start(self) -> None:
+        """Start the process (and its keeper); returns once it was spawned."""
+        self._task = asyncio.create_task(self._keep(), name="follower-process")
+        await self._started.wait()
+
+    async def stop(self, grace: float = STOP_GRACE_S) -> None:
+        """SIGTERM (it drains and exits), SIGKILL if it is not gone after `grace` seconds."""
+        self._stopping = True
+        process = self.process
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), grace)
+            except TimeoutError:
+                log.warning("the follower process ignored SIGTERM for %.0f s; killing it", grace)
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _keep(self) -> None:
+        loop = asyncio.get_running_loop()
+        delay = RESTART_FIRST_S
+        while not self._stopping:
+            try:
+                self.process = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", ENTRY_MODULE, env=self._env
+                )
+            except OSError as exc:
+                log.warning("cannot start the follower process: %s", exc)
+            else:
+                self._started.set()
+                if self._stopping:  # stop() came while this one was being spawned
+                    self.process.terminate()
+                began = loop.time()
+                code = await self.process.wait()
+                if self._stopping:
+                    return
+                if loop.time() - began > STEADY_S:
+                    delay = RESTART_FIRST_S
+                log.warning(
+                    "the follower process (pid %d) exited with %s; restarting in %.2g s",
+                    self.process.pid,
+                    code,
+                    delay,
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RESTART_MAX_S)
+            self.restarts += 1
+
+
+def follower_env(
+    *,
+    nats_url: str,
+    database_url: str,
+    schema: str | None,
+    prefix: str,
+    checkpoint_key: str,
+    checkpoint_every: int,
+    snapshot_every: int,
+    stream_limits: tuple[int, float, int],
+    credentials: str | None,
+) -> dict[str, str]:
+    """The follower process's environment: this one's, with the engine's resolved endpoints
+    and settings in place of any TRELLIS_* variable it had."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")}
+    max_bytes, max_age, replicas = stream_limits
+    env |= {
+        PARENT_ENV: str(os.getpid()),
+        "TRELLIS_NATS_URL": nats_url,
+        "TRELLIS_DATABASE_URL": database_url,
+        "TRELLIS_SUBJECT_PREFIX": prefix,
+        "TRELLIS_CHECKPOINT_KEY": checkpoint_key,
+        "TRELLIS_CHECKPOINT_EVERY": str(checkpoint_every),
+        "TRELLIS_SNAPSHOT_EVERY": str(snapshot_every),
+        "TRELLIS_EVENTS_MAX_BYTES": str(max_bytes),
+        "TRELLIS_EVENTS_MAX_AGE": repr(max_age),
+        "TRELLIS_JS_REPLICAS": str(replicas),
+    }
+    if schema:
+        env["TRELLIS_DB_SCHEMA"] = schema
+    if credentials:
+        env[CREDENTIALS_ENV] = credentials
+    return env

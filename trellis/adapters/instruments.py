@@ -1,0 +1,230 @@
+"""The Prometheus instruments of one engine (docs/operations.md: Metrics names each one).
+
+`EngineMetrics` holds a registry of its own, never prometheus-client's global default one, so
+several engines in one process (the tests) keep separate counts. It is the engine's Telemetry
+(engine/service/ports.py: decisions, group commits, saga outcomes), the intake's request observer (every
+answer by family, verb and reply code, and how long it took) and the timed fabric's observer
+(adapters/fabric/timed.py). Gauges of state (devices free and used, utilization, how far the
+projections and the relay trail the log) are read from the engine when scraped, so they are
+never stale and cost nothing between scrapes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections import defaultdict
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from trellis.engine.service.follower import Followers
+from trellis.engine.core.intents import INTENTS
+from trellis.engine.service.ports import SagaOutcome
+from trellis.engine.service.router import Engine
+from trellis.engine.core.state import DomainState, usable
+
+# Labels take only values from these sets, so a client sending made-up verbs cannot grow the
+# number of series without bound; anything else is counted as "other".
+WRITE_FAMILIES = ("intent", "admin")
+_KNOWN_VERBS = {(family, verb) for family, verb in INTENTS} | {
+    ("view", verb) for family, verb in INTENTS if family == "query"
+}
+OTHER = "other"
+_MEMORY = "memory"
+# A memory pool with less than this many GiB unsliced has none left (as the `free` query says).
+_NO_GIB = 1e-9
+
+# Seconds: decisions take microseconds, commits and replies milliseconds, and a compose is
+# answered only once its fabric saga settled (up to the saga deadline, 10 s by default).
+_DECIDE_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 0.1, 1.0)
+_LATENCY_BUCKETS = (
+    5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+# Requests per group commit: the writer takes at most 256 at a time (engine.service.writer).
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class EngineMetrics:
+    """One engine's instruments and the registry that exposes them."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        registry = self.registry
+        self.intents = Counter(
+            "trellis_intents",
+            "Intents and admin verbs answered, by family, verb and reply code (ok or the error).",
+            ["family", "verb", "code"],
+            registry=registry,
+        )
+        self.queries = Counter(
+            "trellis_queries",
+            "Queries and tenant views answered, by family, verb and reply code.",
+            ["family", "verb", "code"],
+            registry=registry,
+        )
+        self.reply_seconds = Histogram(
+            "trellis_reply_seconds",
+            "From receiving a request to sending its reply (a compose: after its saga settled).",
+            ["family", "verb"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.decide_seconds = Histogram(
+            "trellis_decide_seconds",
+            "Deciding one intent (the pure decide step), by verb.",
+            ["verb"],
+            buckets=_DECIDE_BUCKETS,
+            registry=registry,
+        )
+        self.commit_seconds = Histogram(
+            "trellis_commit_seconds",
+            "One group commit: a batch's events and request ids in one Postgres transaction.",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.batch_requests = Histogram(
+            "trellis_group_commit_requests",
+            "Requests decided together and committed in one transaction.",
+            buckets=_BATCH_BUCKETS,
+            registry=registry,
+        )
+        self.saga_outcomes = Counter(
+            "trellis_saga_outcomes",
+            "Compose sagas settled: established (active or impaired) or failed (undone).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.fabric_seconds = Histogram(
+            "trellis_fabric_operation_seconds",
+            "One call of the fabric driver, by operation and outcome (ok, error, abandoned).",
+            ["operation", "outcome"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+
+    # ---- the engine's Telemetry (engine/service/ports.py) ----
+
+    def decided(self, verb: str, seconds: float) -> None:
+        self.decide_seconds.labels(verb).observe(seconds)
+
+    def committed(self, domain: str, requests: int, seconds: float) -> None:
+        self.commit_seconds.observe(seconds)
+        self.batch_requests.observe(requests)
+
+    def settled(self, domain: str, outcome: SagaOutcome) -> None:
+        self.saga_outcomes.labels(outcome).inc()
+
+    # ---- the intake's observer (adapters/nats/intake.py) ----
+
+    def replied(self, family: str, verb: str, code: str, seconds: float) -> None:
+        """A request of `family` and `verb` was answered with `code` ("ok" or the error's)."""
+        if (family, verb) not in _KNOWN_VERBS:
+            verb = OTHER
+        counter = self.intents if family in WRITE_FAMILIES else self.queries
+        counter.labels(family, verb, code).inc()
+        self.reply_seconds.labels(family, verb).observe(seconds)
+
+    # ---- the timed fabric's observer (adapters/fabric/timed.py) ----
+
+    def fabric_operation(self, operation: str, outcome: str, seconds: float) -> None:
+        self.fabric_seconds.labels(operation, outcome).observe(seconds)
+
+    def watch(self, engine: Engine, followers: Followers, *, projections: str, relay: str) -> None:
+        """Report `engine`'s devices and how far the follower sinks named `projections` and
+        `relay` trail its log, each time the registry is scraped."""
+        self.registry.register(_StateGauges(engine, followers, projections, relay))
+
+
+class _StateGauges(Collector):
+    """Gauges computed from the engine's state when scraped: every domain this engine writes."""
+
+    def __init__(self, engine: Engine, followers: Followers, projections: str, relay: str):
+        self._engine = engine
+        self._followers = followers
+        self._lags = (
+            (projections, "trellis_projection_lag_positions", "projections"),
+            (relay, "trellis_relay_lag_positions", "the event relay (JetStream stream and KV)"),
+        )
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        # Known up front: registering must not read the engine (it may not have started).
+        return iter(self._families())
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        free, used, utilization, *lags = families = self._families()
+        for domain in self._engine.domains:
+            state, head = self._engine.state(domain), self._engine.head(domain)
+            if state is None or head is None:
+                continue  # dropped since `domains` was read
+            _devices(domain, state, free, used, utilization)
+            for (sink, _, _), gauge in zip(self._lags, lags, strict=True):
+                follower = self._followers.of(sink, domain)
+                if follower is not None:
+                    gauge.add_metric([domain], max(0, head.position - follower.position))
+        return iter(families)
+
+    def _families(self) -> list[GaugeMetricFamily]:
+        return [
+            GaugeMetricFamily(
+                "trellis_devices_free",
+                "Usable devices nobody holds (memory pools: with GiB left), by kind and model.",
+                labels=["domain", "kind", "model"],
+            ),
+            GaugeMetricFamily(
+                "trellis_devices_used",
+                "Devices a live composition holds (memory pools: any slice), by kind and model.",
+                labels=["domain", "kind", "model"],
+            ),
+            GaugeMetricFamily(
+                "trellis_device_utilization",
+                "Used over usable, per kind: usable devices held / usable devices (memory: GiB "
+                "held / GiB of usable pools).",
+                labels=["domain", "kind"],
+            ),
+            *(
+                GaugeMetricFamily(
+                    name,
+                    f"Log positions between the domain's last event and what {what} applied.",
+                    labels=["domain"],
+                )
+                for _, name, what in self._lags
+            ),
+        ]
+
+
+def _devices(
+    domain: str,
+    state: DomainState,
+    free: GaugeMetricFamily,
+    used: GaugeMetricFamily,
+    utilization: GaugeMetricFamily,
+) -> None:
+    """Add one domain's device counts and utilization to the gauges."""
+    free_count: Tally[tuple[str, str]] = Tally()
+    used_count: Tally[tuple[str, str]] = Tally()
+    usable_amount: defaultdict[str, float] = defaultdict(float)  # per kind: devices (memory: GiB)
+    held_amount: defaultdict[str, float] = defaultdict(float)
+    for device_id, node in state.nodes.items():
+        spec = node.spec
+        if spec.kind != "device" or spec.device_kind is None:
+            continue
+        kind: str = spec.device_kind
+        model = (kind, spec.model or "")
+        whole = 1.0 if kind != _MEMORY else spec.capacity_gib or 0.0
+        if device_id in state.device_owner:  # a memory pool asked for by id is held whole
+            held = whole
+        else:
+            held = state.memory_used.get(device_id, 0.0) if kind == _MEMORY else 0.0
+        used_count[model] += held > _NO_GIB
+        free_count[model] += usable(node) and whole - held > _NO_GIB
+        if usable(node):
+            usable_amount[kind] += whole
+            held_amount[kind] += held
+    for key in sorted(free_count.keys() | used_count.keys()):
+        free.add_metric([domain, *key], free_count[key])
+        used.add_metric([domain, *key], used_count[key])
+    for kind, amount in sorted(usable_amount.items()):
+        if amount > 0:
+            utilization.add_metric([domain, kind], held_amount[kind] / amount)

@@ -1,0 +1,220 @@
+"""NATS in front of the engine: request-reply subjects of ARCHITECTURE §3, in a queue group.
+
+Each message is served in its own task, so intents that arrive together wait in the domain
+writer's queue at the same time and are committed as one batch (group commit). Any engine of a
+deployment may receive any request; one that does not write the request's domain forwards it,
+reply subject and all, to `<prefix>.engine.<writer id>.<subject>`, where the writer answers
+the client directly (engine/service/ownership.py decides who writes what).
+
+The intake is also the engine's NATS micro service (adapters/nats/micro.py): each subscription
+is an endpoint there, counted as it answers, and an observer (adapters/instruments.py) is told
+every answer's family, verb, reply code and time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Protocol
+
+import msgspec
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from trellis.adapters.nats.micro import EndpointCount, EngineService
+from trellis.engine.core import replies
+from trellis.engine.core.errors import ServedElsewhere
+from trellis.engine.service.router import Engine
+
+log = logging.getLogger(__name__)
+
+QUEUE_GROUP = "trellis-engine"
+STOP_GRACE_S = 10.0
+SERVICE_STOP_S = 2.0
+
+
+FAMILIES = ("intent", "admin", "query", "view")  # view: a tenant's own view of the queries
+
+
+def served(prefix: str, domains: list[str] | None) -> list[tuple[str, str, str]]:
+    """(family, domain token, subject) of every subject to serve: every domain by wildcard,
+    or just the listed ones."""
+    out = []
+    for d in domains or ["*"]:
+        for family in FAMILIES:
+            tail = "*.*" if family in ("intent", "view") else "*"  # tenant and verb, or verb
+            out.append((family, d, f"{prefix}.{family}.{d}.{tail}"))
+    return out
+
+
+class RequestObserver(Protocol):
+    """Told of every answer the intake sends (adapters/instruments.py counts them)."""
+
+    def replied(self, family: str, verb: str, code: str, seconds: float) -> None: ...
+
+
+class _Error(msgspec.Struct):
+    code: str
+    message: str = ""
+
+
+class _Outcome(msgspec.Struct):
+    """What the intake reads of a reply: whether it is an error, and which."""
+
+    ok: bool
+    error: _Error | None = None
+
+
+_decode_outcome = msgspec.json.Decoder(_Outcome).decode
+
+
+def _error_of(reply: bytes) -> _Error | None:
+    """The error a reply (an envelope of engine.core.replies) carries; None for a success."""
+    outcome = _decode_outcome(reply)
+    return None if outcome.ok else outcome.error
+
+
+class NatsIntake:
+    """Subscribes the engine to its subjects and answers each request after its commit."""
+
+    def __init__(
+        self,
+        nc: NATS,
+        engine: Engine,
+        *,
+        prefix: str = "trellis",
+        domains: list[str] | None = None,
+        max_in_flight: int = 10_000,
+        observer: RequestObserver | None = None,
+    ):
+        self._nc = nc
+        self._engine = engine
+        self._prefix = prefix
+        self._domains = domains
+        self._depth = len(prefix.split("."))
+        self._observer = observer
+        self._subs: list[Any] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self.service = EngineService(
+            nc,
+            metadata={
+                "engine": engine.identity,
+                "subject_prefix": prefix,
+                "domains": ",".join(domains) if domains else "*",
+            },
+        )
+        self.serving = False  # subscribed, and not stopping
+
+    async def start(self) -> None:
+        await self.service.start()  # $SRV.PING, INFO and STATS
+        for family, domain, subject in served(self._prefix, self._domains):
+            name = family if domain == "*" else f"{family}-{domain}"
+            metadata = {"family": family, "domain": domain}
+            await self._serve_endpoint(self.service.add(name, subject, QUEUE_GROUP, metadata))
+        # Requests other engines forward here: this engine writes their domain, or should.
+        # Only this engine subscribes to its own subject, so it needs no queue group.
+        own = f"{self._prefix}.engine.{self._engine.identity}.>"
+        await self._serve_endpoint(self.service.add("forwarded", own, "", {"family": "any"}))
+        await self._nc.flush()
+        self.serving = True
+
+    async def _serve_endpoint(self, endpoint: EndpointCount) -> None:
+        async def on_msg(msg: Msg) -> None:
+            await self._on_msg(msg, endpoint)
+
+        queue = endpoint.queue_group
+        self._subs.append(await self._nc.subscribe(endpoint.subject, queue=queue, cb=on_msg))
+
+    async def stop(self) -> None:
+        self.serving = False
+        try:  # gone from discovery first; its drain needs NATS, which may be away
+            await asyncio.wait_for(self.service.stop(), SERVICE_STOP_S)
+        except Exception as exc:
+            log.debug("micro service not stopped cleanly: %r", exc)
+        for sub in self._subs:
+            await sub.unsubscribe()
+        self._subs.clear()
+        if self._tasks:
+            # Requests in flight get their answers; a request stuck past the grace period is
+            # cancelled (its client times out and resends with the same request_id).
+            _, stuck = await asyncio.wait(self._tasks, timeout=STOP_GRACE_S)
+            for task in stuck:
+                task.cancel()
+            await asyncio.gather(*stuck, return_exceptions=True)
+
+    async def _on_msg(self, msg: Msg, endpoint: EndpointCount) -> None:
+        await self._slots.acquire()  # backpressure: bounded work in flight
+        task = asyncio.create_task(self._serve(msg, endpoint))
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._slots.release()
+
+    async def _serve(self, msg: Msg, endpoint: EndpointCount) -> None:
+        started_ns = endpoint.received()
+        started = time.perf_counter()
+        tokens = msg.subject.split(".")[self._depth :]
+        forwarded = tokens[:2] == ["engine", self._engine.identity]
+        if forwarded:
+            tokens = tokens[2:]  # forwarded to us: answer here, never forward again
+        elif len(tokens) > 2 and (writer := self._engine.route(tokens[1])) is not None:
+            await self._forward(msg, tokens, writer)
+            endpoint.done(started_ns)  # handed on: the writer answers, and counts the answer
+            return
+        try:
+            reply = await self._route(tokens, msg.data, forwarded)
+        except ServedElsewhere as exc:
+            await self._forward(msg, tokens, exc.writer)
+            endpoint.done(started_ns)
+            return
+        except Exception as exc:
+            log.exception("failed to serve %s", msg.subject)
+            cause = f"{type(exc).__name__}: {exc}"
+            reply = replies.error(
+                "unavailable",
+                f"the engine failed to serve this request ({cause}); retry",
+                {"cause": cause},
+            )
+        if msg.reply:
+            try:
+                await msg.respond(reply)
+            except Exception:  # the requester is gone or NATS is down; the log still has it
+                log.warning("could not reply on %s", msg.subject, exc_info=True)
+        error = _error_of(reply)
+        endpoint.done(started_ns, None if error is None else f"{error.code}: {error.message}")
+        if self._observer is not None:
+            family, verb = _family_and_verb(tokens)
+            code = "ok" if error is None else error.code
+            self._observer.replied(family, verb, code, time.perf_counter() - started)
+
+    async def _forward(self, msg: Msg, tokens: list[str], writer: str) -> None:
+        """Hand the request to the engine that writes its domain, as it came, reply subject
+        and all, so that engine answers the client directly."""
+        forward = ".".join([self._prefix, "engine", writer, *tokens])
+        try:
+            await self._nc.publish(forward, msg.data, reply=msg.reply, headers=msg.headers)
+        except Exception:  # NATS is down: the client times out and resends
+            log.warning("could not forward %s to engine %s", msg.subject, writer)
+
+    async def _route(self, tokens: list[str], body: bytes, forwarded: bool) -> bytes:
+        handle = self._engine.handle
+        match tokens:
+            case ["intent", domain, tenant, verb]:
+                return await handle("intent", domain, tenant, verb, body, forwarded=forwarded)
+            case ["admin", domain, verb]:
+                return await handle("admin", domain, None, verb, body, forwarded=forwarded)
+            case ["query", domain, verb]:
+                return await handle("query", domain, None, verb, body, forwarded=forwarded)
+            case ["view", domain, tenant, verb]:
+                return await handle("query", domain, tenant, verb, body, forwarded=forwarded)
+        return replies.error("invalid", f"unknown subject {'.'.join(tokens)!r}")
+
+
+def _family_and_verb(tokens: list[str]) -> tuple[str, str]:
+    """A request's family and verb, from its subject's tokens after the prefix."""
+    family = tokens[0] if tokens and tokens[0] in FAMILIES else "other"
+    return family, tokens[-1] if len(tokens) > 2 else ""

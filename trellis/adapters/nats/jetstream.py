@@ -1,0 +1,207 @@
+"""The JetStream side of the contract (ARCHITECTURE §3, §6): names, configuration, envelope.
+
+- Stream `TRELLIS_EVENTS` on subjects `<prefix>.events.>`, one message per event on
+  `<prefix>.events.<domain>.<type>`, message id (`Nats-Msg-Id`) = event id, body = `Envelope`.
+  File storage, a 2-minute duplicate window, discard-old limits (`StreamLimits`: 1 GiB and a
+  week by default; the log in Postgres keeps everything), atomic batches allowed.
+- KV bucket `TRELLIS_STATE`, file storage, history 1 (values: adapters/nats/kv_state.py).
+- Both are kept on `StreamLimits.replicas` servers (TRELLIS_JS_REPLICAS; 1, or 3 on a
+  cluster), set at creation and brought in line at every start (JetStream scales an existing
+  stream up or down in place).
+
+For the default subject prefix `trellis` the names are exactly those. Any other prefix (each
+test uses its own) gets `TRELLIS_EVENTS_<prefix>` / `TRELLIS_STATE_<prefix>`, with every
+character outside `[A-Za-z0-9_-]` (a dot, say) replaced by `_`. Two prefixes that map to the
+same name cannot share a server: `ensure_stream` refuses a stream whose subjects are not its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from collections.abc import Awaitable
+from typing import Annotated, Any
+
+import msgspec
+from nats.js import JetStreamContext
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import APIError, BucketNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
+
+from trellis.engine.core.records import RecordedEvent, format_time
+
+log = logging.getLogger("trellis.relay")
+
+DEFAULT_PREFIX = "trellis"
+DUPLICATE_WINDOW_S = 120.0
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def stream_name(prefix: str = DEFAULT_PREFIX) -> str:
+    """`TRELLIS_EVENTS`, or `TRELLIS_EVENTS_<prefix, sanitised>` for another subject prefix."""
+    return _derived("TRELLIS_EVENTS", prefix)
+
+
+def checkpoint_stream_name(prefix: str = DEFAULT_PREFIX) -> str:
+    """`TRELLIS_CHECKPOINTS` (signed tree heads, ARCHITECTURE §6), derived as `stream_name`."""
+    return _derived("TRELLIS_CHECKPOINTS", prefix)
+
+
+def bucket_name(prefix: str = DEFAULT_PREFIX) -> str:
+    """`TRELLIS_STATE`, or `TRELLIS_STATE_<prefix, sanitised>` for another subject prefix."""
+    return _derived("TRELLIS_STATE", prefix)
+
+
+def _derived(base: str, prefix: str) -> str:
+    return base if prefix == DEFAULT_PREFIX else f"{base}_{_UNSAFE.sub('_', prefix)}"
+
+
+def event_subject(prefix: str, record: RecordedEvent) -> str:
+    return f"{prefix}.events.{record.domain}.{record.type}"
+
+
+class StreamConfigError(RuntimeError):
+    """The stream or the bucket cannot be set up as configured: the stream name is taken by a
+    stream with other subjects (a prefix that sanitises to the same name, or a stream made by
+    hand), or JetStream refuses the configuration (more replicas than it has servers up)."""
+
+
+class StreamLimits(msgspec.Struct, frozen=True, kw_only=True):
+    """How much of the log the stream keeps (the oldest events go first; 0 means no limit),
+    and on how many JetStream servers the stream and the KV bucket are kept. Defaults suit a
+    dev box (TRELLIS_EVENTS_MAX_BYTES, TRELLIS_EVENTS_MAX_AGE, TRELLIS_JS_REPLICAS)."""
+
+    max_bytes: int = 1 << 30  # 1 GiB
+    max_age_s: float = 7 * 24 * 3600.0  # a week
+    replicas: int = 1  # 3 on a 3-node cluster: a copy survives the loss of any one node
+
+
+class Envelope(msgspec.Struct, kw_only=True):
+    """The body of a stream message: the event as the log holds it (ARCHITECTURE §6)."""
+
+    id: Annotated[str, msgspec.Meta(extra_json_schema={"format": "uuid"})]
+    domain: str
+    version: int
+    position: int
+    type: str
+    schema_version: int
+    # UTC with microseconds and "Z", exactly as the hash covers it
+    recorded_at: Annotated[str, msgspec.Meta(extra_json_schema={"format": "date-time"})]
+    actor: str
+    causation_id: str
+    correlation_id: str
+    # The stored JSON text, byte for byte, so the hash can be checked: an event payload
+    # (events.schema.json; adapters/nats/contract.py puts its schema beside this one).
+    data: Annotated[msgspec.Raw, msgspec.Meta(extra_json_schema={"$ref": "#/$defs/Event"})]
+    prev_hash: str
+    hash: str
+
+    @classmethod
+    def of(cls, record: RecordedEvent) -> Envelope:
+        return cls(
+            id=record.id,
+            domain=record.domain,
+            version=record.version,
+            position=record.position,
+            type=record.type,
+            schema_version=record.schema_version,
+            recorded_at=format_time(record.recorded_at),
+            actor=record.actor,
+            causation_id=record.causation_id,
+            correlation_id=record.correlation_id,
+            data=msgspec.Raw(record.data),
+            prev_hash=record.prev_hash,
+            hash=record.hash,
+        )
+
+
+encode_envelope = msgspec.json.Encoder().encode
+
+
+async def ensure_stream(js: JetStreamContext, prefix: str, limits: StreamLimits) -> None:
+    """Create the event stream, or bring an existing one's limits in line with `limits`.
+
+    Raises:
+        StreamConfigError: a stream of that name carries other subjects, or JetStream refuses
+            the configuration (more replicas than servers).
+    """
+    name, subjects = stream_name(prefix), [f"{prefix}.events.>"]
+    max_age = limits.max_age_s
+    wanted = StreamConfig(
+        name=name,
+        description="Trellis event log, relayed from PostgreSQL (adapters/nats/relay.py)",
+        subjects=subjects,
+        retention=RetentionPolicy.LIMITS,
+        discard=DiscardPolicy.OLD,  # a window on the log: never refuse a new event
+        storage=StorageType.FILE,
+        max_bytes=limits.max_bytes or -1,
+        max_age=max_age,
+        # The window may not exceed the age limit (the server refuses that).
+        duplicate_window=min(DUPLICATE_WINDOW_S, max_age) if max_age else DUPLICATE_WINDOW_S,
+        allow_atomic=True,  # the relay publishes each domain's batch as one atomic batch
+        num_replicas=limits.replicas,
+    )
+    try:
+        have = (await js.stream_info(name)).config
+    except NotFoundError:
+        await _configured(js.add_stream(wanted), f"stream {name}", limits.replicas)
+        return
+    if have.subjects != subjects:
+        raise StreamConfigError(
+            f"stream {name} carries {have.subjects}, not {subjects}: another subject prefix "
+            "maps to the same stream name, or the stream was made by hand"
+        )
+    managed = (
+        "max_bytes",
+        "max_age",
+        "duplicate_window",
+        "discard",
+        "allow_atomic",
+        "num_replicas",
+    )
+    if any(getattr(have, f) != getattr(wanted, f) for f in managed):
+        changed = dataclasses.replace(have, **{f: getattr(wanted, f) for f in managed})
+        await _configured(js.update_stream(changed), f"stream {name}", limits.replicas)
+
+
+async def ensure_bucket(
+    js: JetStreamContext, prefix: str, replicas: int = 1
+) -> tuple[KeyValue, bool]:
+    """The state bucket on `replicas` servers, and whether it had to be made (then it holds
+    nothing yet).
+
+    Raises:
+        StreamConfigError: JetStream refuses that many replicas.
+    """
+    bucket = bucket_name(prefix)
+    try:
+        kv = await js.key_value(bucket)
+    except BucketNotFoundError:
+        created = js.create_key_value(
+            bucket=bucket,
+            description="Trellis current state per device, composition and host",
+            history=1,
+            storage=StorageType.FILE,
+            replicas=replicas,
+        )
+        made: KeyValue = await _configured(created, f"bucket {bucket}", replicas)
+        return made, True
+    # A bucket is a stream underneath (KV_<bucket>); its replicas are that stream's.
+    have = (await js.stream_info(f"KV_{bucket}")).config
+    if have.num_replicas != replicas:
+        changed = dataclasses.replace(have, num_replicas=replicas)
+        await _configured(js.update_stream(changed), f"bucket {bucket}", replicas)
+    return kv, False
+
+
+async def _configured(request: Awaitable[Any], what: str, replicas: int) -> Any:
+    """Await a create or update; a refusal becomes a StreamConfigError that says why."""
+    try:
+        return await request
+    except APIError as exc:
+        raise StreamConfigError(
+            f"JetStream refused {what} with {replicas} replica(s) (TRELLIS_JS_REPLICAS): "
+            f"{exc.description}"
+        ) from exc

@@ -1,0 +1,362 @@
+"""The event relay: each domain's log, in version order, onto JetStream; current state into KV.
+
+The relay is a sink of the engine's log followers (engine.service.follower): one follower per domain
+hands it that domain's events in batches. For each batch the relay
+1. folds the events into its own copy of the domain's state and compositions' conditions
+   (kv_state.fold: engine.core.state.evolve and engine.core.conditions, rebuilt from the log when it
+   resumes) and notes the KV keys they changed (adapters/nats/kv_state.py);
+2. publishes the events it has not published yet to `<prefix>.events.<domain>.<type>` as one
+   atomic batch (JetStream 2.12: all or none stored), each with `Nats-Msg-Id` = event id and the
+   envelope of ARCHITECTURE §6 (`data` byte for byte as stored, so a consumer can check the
+   hash chain). The batch's first message expects the last sequence on
+   `<prefix>.events.<domain>.*` to be the one the relay last saw for the domain, so the server
+   stores a domain's events only directly after the domain's previous one: never out of order,
+   never twice, whatever other domains publish meanwhile;
+3. puts each changed key's latest value into the KV bucket, and moves the domain's checkpoint
+   (trellis_follower_checkpoints, schema/005) in the transaction that held the checkpoint row
+   locked since the batch began. Relays of several engine instances take turns on that lock.
+
+Nothing acknowledged is lost from the stream and nothing reaches it twice:
+- A resume starts at the checkpoint. What was published but not checkpointed (a crash or a
+  failure between the commit of the batch and the checkpoint) is recognised by the last message
+  on the domain's subjects, whose version says how far the stream really goes; below it only the
+  KV keys are put again (puts are idempotent).
+- A refused batch (the domain's last sequence moved) or a missing reply makes the relay read
+  where the domain's messages end and try again from there; the follower retries with backoff.
+- Order between domains is the order in which their batches commit; within a domain it is the
+  log's. Each message carries its log `position`.
+
+Failures are the follower's to retry: a domain whose events cannot be relayed holds up only its
+own feed. A bucket that is removed is made again and refilled with every domain's current state;
+the stream and bucket are checked while the log is quiet, too.
+
+Stream and bucket names, their configuration and the message body: adapters/nats/jetstream.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+
+import asyncpg
+import msgspec
+from nats.aio.client import Client as NATS
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.errors import NotFoundError
+from nats.js.kv import KeyValue
+
+from trellis.adapters.nats import kv_state
+from trellis.adapters.nats.jetstream import (
+    DEFAULT_PREFIX,
+    Envelope,
+    StreamLimits,
+    bucket_name,
+    encode_envelope,
+    ensure_bucket,
+    ensure_stream,
+    event_subject,
+    stream_name,
+)
+from trellis.adapters.nats.kv_state import KeyChange, View, changes, coalesce, everything
+from trellis.adapters.postgres import follower_checkpoints
+from trellis.engine.service.follower import Progress, Rewound, Stalled
+from trellis.engine.core.records import RecordedEvent
+
+log = logging.getLogger("trellis.relay")
+
+SINK_NAME = "relay"
+PUBLISH_TIMEOUT_S = 5.0
+ATOMIC_BATCH_MAX = 1000  # JetStream's limit on messages in one atomic batch
+KV_IN_FLIGHT = 256
+CHECK_INTERVAL_S = 2.0  # how often quiet followers look whether the stream and bucket exist
+MIN_SERVER = (2, 12)  # atomic batches
+_WRONG_LAST_SEQUENCE = 10071  # JetStream's err_code for an expected-last-sequence mismatch
+
+
+class RelayError(RuntimeError):
+    """JetStream refused or did not answer a batch; the follower retries."""
+
+
+class UnsupportedServer(RelayError):
+    """The NATS server is older than the relay needs (atomic batches came with 2.12)."""
+
+
+class _End(msgspec.Struct, frozen=True):
+    """Where a domain's messages end in the stream: the last one's sequence and event version
+    (0, 0 when the stream holds none of them)."""
+
+    seq: int
+    version: int
+
+
+class _Fold(msgspec.Struct, frozen=True):
+    state: View
+    version: int  # the last version folded into `state`
+
+
+class RelaySink:
+    """Publishes domains' events to the stream and their state to the bucket (a follower Sink).
+
+    Args:
+        pool: asyncpg pool whose search_path holds the log (migrations applied).
+        nc: a NATS connection of the relay's own.
+        prefix: the subject prefix (`trellis`); also decides the stream and bucket names.
+        limits: what the stream keeps; set on the stream when the relay first prepares it.
+        publish_timeout: seconds to wait for a batch's acknowledgement.
+    """
+
+    name = SINK_NAME
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        nc: NATS,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        limits: StreamLimits | None = None,
+        publish_timeout: float = PUBLISH_TIMEOUT_S,
+    ):
+        self.prefix = prefix
+        self.stream = stream_name(prefix)
+        self.bucket = bucket_name(prefix)
+        self._checkpoint_name = f"relay:{self.stream}"
+        self._pool = pool
+        self._nc = nc
+        self._js = nc.jetstream()
+        self._limits = limits or StreamLimits()
+        self._publish_timeout = publish_timeout
+        self._kv: KeyValue | None = None
+        self._checked = 0.0  # when the stream and bucket were last known to exist
+        self._generation = 0  # bumped each time the bucket had to be made (again)
+        self._folds: dict[str, _Fold] = {}
+        self._ends: dict[str, _End] = {}  # cached; dropped whenever it may be stale
+        self._checkpoints: dict[str, Progress] = {}
+        self._synced: dict[str, int] = {}  # domain -> bucket generation its keys were put in
+        self.resyncs = 0  # batches refused because the domain's stream moved, then redone
+        self.duplicates = 0  # events found in the stream past a lost checkpoint, not resent
+
+    async def prepare(self) -> None:
+        """Check the server, then create or update the stream and the bucket.
+
+        Raises:
+            UnsupportedServer: the server cannot take atomic batches.
+        """
+        version = self._nc.connected_server_version
+        if (version.major, version.minor) < MIN_SERVER:
+            wanted = ".".join(map(str, MIN_SERVER))
+            raise UnsupportedServer(
+                f"the event relay needs nats-server {wanted} or later (atomic batch publish); "
+                f"connected to {version}"
+            )
+        await ensure_stream(self._js, self.prefix, self._limits)
+        await self._ensure_bucket()
+        self._checked = time.monotonic()
+
+    # ---- the Sink protocol ----
+
+    async def resume(self, domain: str) -> tuple[int, Progress]:
+        """From the first event: the fold that renders KV values is rebuilt from the log."""
+        async with self._pool.acquire() as conn:
+            await conn.execute(follower_checkpoints.ENSURE, self._checkpoint_name, domain)
+            row = await conn.fetchrow(follower_checkpoints.READ, self._checkpoint_name, domain)
+        checkpoint = Progress(row["version"], row["position"])
+        self._checkpoints[domain] = checkpoint
+        self._folds[domain] = _Fold(View.empty(domain), 0)
+        self._ends.pop(domain, None)
+        # A bucket this relay found was kept up by relays before it; once the relay has had to
+        # make one, a domain it takes up again may have keys missing: put them all once.
+        self._synced[domain] = self._generation if self._generation == 0 else -1
+        return 0, checkpoint
+
+    async def apply(self, domain: str, records: Sequence[RecordedEvent]) -> Progress:
+        checkpoint = self._checkpoints[domain]
+        fold = self._folds[domain]
+        state, folded, changed, stalled = fold.state, fold.version, [], None
+        for record in records:
+            try:
+                event = record.event()
+            except Exception as exc:  # a newer engine's event, or damage: stop before it
+                stalled = Stalled(checkpoint, record.position, f"{record.type}: {exc}")
+                break
+            before, state = state, kv_state.fold(state, event, record.recorded_at, record.position)
+            folded = record.version
+            if record.version > checkpoint.version:
+                changed += changes(before, state, event, record.position)
+        fresh = [r for r in records if checkpoint.version < r.version <= folded]
+        if fresh:
+            checkpoint = await self._relay(domain, fresh, state, changed)
+        self._folds[domain] = _Fold(state, folded)
+        if stalled is not None:
+            stalled.progress = checkpoint
+            raise stalled
+        return checkpoint
+
+    async def refresh(self, domain: str) -> None:
+        """Quiet moments: a checkpoint reset by an operator means fold and put again; a bucket
+        that vanished is made again and refilled."""
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(follower_checkpoints.READ, self._checkpoint_name, domain)
+        if row is None or row["version"] < self._checkpoints.get(domain, Progress()).version:
+            raise Rewound
+        if time.monotonic() - self._checked > CHECK_INTERVAL_S:
+            await self.prepare()
+        fold = self._folds.get(domain)
+        if fold is not None and self._synced.get(domain) != self._generation:
+            await self._rewrite(domain, fold.state, self._checkpoints[domain].position)
+
+    # ---- internals ----
+
+    async def _relay(
+        self,
+        domain: str,
+        records: list[RecordedEvent],
+        state: View,
+        changed: list[KeyChange],
+    ) -> Progress:
+        """Publish what the stream lacks, put the keys, move the checkpoint: one step."""
+        if self._kv is None:
+            await self.prepare()
+        last = records[-1]
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                row = await conn.fetchrow(follower_checkpoints.LOCK, self._checkpoint_name, domain)
+                done = Progress(row["version"], row["position"])
+                if done.version < self._checkpoints[domain].version:
+                    raise Rewound
+                end = self._ends.get(domain)
+                if end is None or done.version > self._checkpoints[domain].version:
+                    end = await self._domain_end(domain)  # another relay may have published
+                unsent = [r for r in records if r.version > max(done.version, end.version)]
+                found = sum(done.version < r.version <= end.version for r in records)
+                for start in range(0, len(unsent), ATOMIC_BATCH_MAX):
+                    end = await self._publish(domain, end, unsent[start : start + ATOMIC_BATCH_MAX])
+                if self._synced.get(domain) != self._generation:
+                    await self._rewrite(domain, state, last.position)
+                else:
+                    await self._write(coalesce(changed))
+                saved = max(done, Progress(last.version, last.position), key=_version)
+                await conn.execute(
+                    follower_checkpoints.SAVE,
+                    self._checkpoint_name,
+                    domain,
+                    saved.version,
+                    saved.position,
+                )
+        except BaseException:
+            self._ends.pop(domain, None)  # part of it may be stored: read where it ends
+            raise
+        self._ends[domain] = end
+        self._checkpoints[domain] = saved
+        self.duplicates += found
+        return saved
+
+    async def _domain_end(self, domain: str) -> _End:
+        try:
+            msg = await self._js.get_last_msg(self.stream, f"{self.prefix}.events.{domain}.*")
+        except NotFoundError:
+            return _End(0, 0)
+        try:
+            return _End(int(msg.seq or 0), int(json.loads(msg.data or b"{}")["version"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise RelayError(
+                f"the last message of {domain} in {self.stream} is unreadable"
+            ) from exc
+
+    async def _publish(self, domain: str, end: _End, records: list[RecordedEvent]) -> _End:
+        """One atomic batch; the first message expects the domain's stream to end at `end`."""
+        batch_id = uuid.uuid4().hex
+        guard = {
+            "Nats-Expected-Last-Subject-Sequence": str(end.seq),
+            "Nats-Expected-Last-Subject-Sequence-Subject": f"{self.prefix}.events.{domain}.*",
+        }
+        for number, record in enumerate(records, 1):
+            headers = {
+                "Nats-Msg-Id": record.id,
+                "Nats-Batch-Id": batch_id,
+                "Nats-Batch-Sequence": str(number),
+                **(guard if number == 1 else {}),
+            }
+            subject = event_subject(self.prefix, record)
+            body = encode_envelope(Envelope.of(record))
+            if number < len(records):
+                await self._nc.publish(subject, body, headers=headers)
+                continue
+            headers["Nats-Batch-Commit"] = "1"
+            try:
+                reply = await self._nc.request(
+                    subject, body, headers=headers, timeout=self._publish_timeout
+                )
+            except NatsTimeoutError as exc:
+                raise RelayError(
+                    f"no acknowledgement for {len(records)} events of {domain} in "
+                    f"{self._publish_timeout:g} s"
+                ) from exc
+            ack = json.loads(reply.data or b"{}")
+            error = ack.get("error")
+            if error:
+                if error.get("err_code") == _WRONG_LAST_SEQUENCE:
+                    self.resyncs += 1
+                raise RelayError(
+                    f"{self.stream} refused {len(records)} events of {domain} "
+                    f"(versions {records[0].version}-{record.version}): "
+                    f"{error.get('description', error)}"
+                )
+            return _End(int(ack["seq"]), record.version)
+        raise AssertionError("an empty batch")
+
+    async def _ensure_bucket(self) -> None:
+        self._kv, made = await ensure_bucket(self._js, self.prefix, self._limits.replicas)
+        if made:
+            self._generation += 1  # every domain's keys are put again, in full
+
+    async def _rewrite(self, domain: str, state: View, position: int) -> None:
+        """Make the domain's keys exactly `state` (as of `position`): every key put, and the
+        keys the state no longer has (left by a relay that stopped mid-way) deleted."""
+        writes = coalesce(everything(state, position))
+        for key in await self._keys(domain):
+            if key not in writes:
+                writes[key] = [None]
+        await self._write(writes)
+        self._synced[domain] = self._generation
+
+    async def _keys(self, domain: str) -> list[str]:
+        """The domain's keys in the bucket, from the subjects of its stream: one answer from
+        what is stored (nats-py's `keys()` watches, and may stop before the last entries)."""
+        prefix = f"$KV.{self.bucket}."
+        info = await self._js.stream_info(
+            f"KV_{self.bucket}", subjects_filter=f"{prefix}{domain}.>"
+        )
+        return [subject[len(prefix) :] for subject in (info.state.subjects or {})]
+
+    async def _write(self, writes: dict[str, list[bytes | None]]) -> None:
+        """Put (or delete) the batch's keys: one key's writes in order, different keys at once
+        (a few hundred in flight at most). Every write is waited for, and the first error is
+        raised after all of them (no TaskGroup: its cancellation would reach this task)."""
+        kv = self._kv
+        assert kv is not None
+
+        async def write(key: str, values: list[bytes | None]) -> None:
+            for value in values:
+                if value is None:
+                    await kv.delete(key)
+                else:
+                    await kv.put(key, value)
+
+        keys = list(writes)
+        for start in range(0, len(keys), KV_IN_FLIGHT):
+            results = await asyncio.gather(
+                *(write(key, writes[key]) for key in keys[start : start + KV_IN_FLIGHT]),
+                return_exceptions=True,
+            )
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if errors:
+                self._kv = None  # the bucket may be gone: check it (and make it) again
+                raise RelayError(f"KV bucket {self.bucket}: {errors[0]!r}") from errors[0]
+
+
+def _version(progress: Progress) -> int:
+    return progress.version

@@ -1,0 +1,315 @@
+"""Signed Merkle checkpoints in Postgres: the AuditTrail port, and the checkpointer sink.
+
+`PostgresAuditTrail` keeps each domain's RFC 9162 tree (engine/core/merkle.py) in memory, grown from
+the `hash` column of `trellis_events` in version order, and
+- records checkpoints in `trellis_checkpoints` (schema/010): the signed C2SP note of the
+  tree's root at a size (engine/core/checkpoints.py), then hands each to `publish` (the JetStream
+  stream TRELLIS_CHECKPOINTS, adapters/nats/checkpoints.py);
+- as a log follower's sink (engine/service/follower.py), records one every `every` events: for sizes
+  N, 2N, 3N... as the domain's log passes them, in the transaction that moves the sink's
+  follower checkpoint, and publishes them before that commits (a failed publication rolls the
+  step back and the follower retries; Ed25519 signatures are deterministic, so a checkpoint
+  published twice is the same message, and its message id `<domain>/<size>` lets JetStream
+  drop the copy);
+- answers the `proof`, `consistency` and `checkpoint-key` queries.
+
+A tree is read once per process and domain and then only grows (about a second for a million
+events, 64 bytes of memory per event); proofs then cost microseconds. The roots come from the
+log as the database holds it now: a row altered after a checkpoint was signed gives proofs
+against a root no signed checkpoint has, which is what an auditor's offline check catches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+
+import asyncpg
+import msgspec
+
+from trellis.adapters.postgres import follower_checkpoints
+from trellis.engine.core.actors import OPERATOR
+from trellis.engine.core.checkpoints import Checkpoint, Signer, origin_of
+from trellis.engine.core.errors import IntentRejected, StoreUnavailable
+from trellis.engine.service.follower import Progress
+from trellis.engine.core.intents import CheckpointKeyQuery, ConsistencyQuery, ProofQuery
+from trellis.engine.core.merkle import MerkleTree, leaf_hash
+from trellis.engine.core.records import RecordedEvent, format_time
+from trellis.engine.core.results import (
+    CheckpointKeyResult,
+    CheckpointResult,
+    ConsistencyResult,
+    ProofResult,
+)
+
+log = logging.getLogger("trellis.checkpoints")
+
+SINK_NAME = "checkpoints"
+DEFAULT_EVERY = 1000
+_PAGE = 10_000
+
+#: publish(domain, size, note): put a recorded checkpoint where auditors and witnesses see it.
+Publish = Callable[[str, int, str], Awaitable[None]]
+
+_INSERT = """
+INSERT INTO trellis_checkpoints (domain, size, root, note) VALUES ($1, $2, $3, $4)
+    ON CONFLICT (domain, size) DO NOTHING
+"""
+_READ = "SELECT size, root, recorded_at, note FROM trellis_checkpoints WHERE domain = $1"
+_ONE = _READ + " AND size = $2"
+_LATEST = _READ + " AND size <= $2 ORDER BY size DESC LIMIT 1"
+_HASHES = """
+SELECT version, hash FROM trellis_events
+ WHERE domain = $1 AND version > $2 AND version <= $3 ORDER BY version LIMIT $4
+"""
+_EVENT = "SELECT version, actor FROM trellis_events WHERE domain = $1 AND id = $2"
+
+
+@contextlib.contextmanager
+def _reachable() -> Iterator[None]:
+    """A database that is away is `unavailable` (resend), never a crash of the query."""
+    try:
+        yield
+    except (OSError, TimeoutError, asyncpg.InterfaceError) as exc:
+        raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+    except asyncpg.PostgresError as exc:
+        if exc.sqlstate and exc.sqlstate[:2] in ("08", "53", "57", "58"):
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        raise
+
+
+class PostgresAuditTrail:
+    """Checkpoints and proofs of the log in the pool's schema (engine.service.ports.AuditTrail, and an
+    engine.service.follower.Sink).
+
+    Args:
+        pool: asyncpg pool whose search_path holds the log (migrations applied).
+        signer: the deployment's checkpoint key (adapters/checkpoint_key.py).
+        every: a checkpoint each time a domain's log reaches a multiple of this many events.
+        publish: where recorded checkpoints go; None: they are only recorded.
+        follower: the name of the sink's follower checkpoint (one per publication target).
+    """
+
+    name = SINK_NAME
+    # Not woken by every commit (engine.service.follower.Followers): a checkpoint falls due only
+    # every so many events, and reading each commit's events for it cost the appends.
+    poll_every = 1.0
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        signer: Signer,
+        *,
+        every: int = DEFAULT_EVERY,
+        publish: Publish | None = None,
+        follower: str = SINK_NAME,
+    ):
+        if every < 1:
+            raise ValueError(f"a checkpoint every {every} events is not a period")
+        self._pool = pool
+        self._signer = signer
+        self._every = every
+        self._publish = publish
+        self._follower = follower
+        self._trees: dict[str, MerkleTree] = {}
+        self._growing: dict[str, asyncio.Lock] = {}
+
+    @property
+    def verifier_key(self) -> str:
+        return self._signer.verifier.key()
+
+    # ---- the AuditTrail port ----
+
+    async def answer(
+        self, domain: str, query: msgspec.Struct, *, head: int, viewer: str | None = None
+    ) -> ProofResult | ConsistencyResult | CheckpointKeyResult:
+        with _reachable():
+            match query:
+                case ProofQuery(event_id=event_id, size=size):
+                    return await self._proof(domain, str(event_id), size, head, viewer)
+                case ConsistencyQuery(from_size=old, to_size=new):
+                    return await self._consistency(domain, old, new, head)
+                case CheckpointKeyQuery():
+                    return CheckpointKeyResult(verifier_key=self.verifier_key)
+        raise IntentRejected("invalid", "not a query of the audit trail")
+
+    async def checkpoint(self, domain: str, size: int) -> CheckpointResult:
+        if size < 1:
+            raise IntentRejected("not_found", f"domain {domain!r} has no events to checkpoint")
+        with _reachable():
+            async with self._pool.acquire() as conn:
+                row = await self._record(conn, domain, size)
+        try:
+            await self._announce(domain, row)
+        except Exception as exc:
+            raise IntentRejected(
+                "unavailable",
+                f"checkpoint {size} of {domain!r} is recorded but could not be published "
+                f"({exc}); ask again to publish it",
+                {"domain": domain, "size": size},
+            ) from exc
+        return CheckpointResult(
+            domain=domain,
+            size=row["size"],
+            root=row["root"],
+            recorded_at=format_time(row["recorded_at"]),
+            note=row["note"],
+        )
+
+    # ---- the Sink protocol ----
+
+    async def resume(self, domain: str) -> tuple[int, Progress]:
+        async with self._pool.acquire() as conn:
+            await conn.execute(follower_checkpoints.ENSURE, self._follower, domain)
+            row = await conn.fetchrow(follower_checkpoints.READ, self._follower, domain)
+        progress = Progress(row["version"], row["position"])
+        return progress.version, progress
+
+    async def apply(self, domain: str, records: Sequence[RecordedEvent]) -> Progress:
+        """Record (and publish) the checkpoint of every multiple of `every` the batch reaches."""
+        last = records[-1]
+        if last.version // self._every == (records[0].version - 1) // self._every:
+            # No checkpoint falls in this batch: no commit either (a commit per batch was a
+            # third of an append's cost). The stored progress stays behind; a restart re-reads
+            # fewer than `every` events and records what they reach.
+            return Progress(last.version, last.position)
+        async with self._pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(follower_checkpoints.LOCK, self._follower, domain)
+            done = Progress(row["version"], row["position"])
+            if done.version >= last.version:
+                return done  # another engine's follower got here first
+            first = (done.version // self._every + 1) * self._every
+            for size in range(first, last.version + 1, self._every):
+                await self._announce(domain, await self._record(conn, domain, size))
+            await conn.execute(
+                follower_checkpoints.SAVE, self._follower, domain, last.version, last.position
+            )
+        return Progress(last.version, last.position)
+
+    async def refresh(self, domain: str) -> None:
+        """Nothing outside the log changes what a checkpoint says."""
+
+    # ---- internals ----
+
+    async def _record(self, conn: asyncpg.Connection, domain: str, size: int) -> asyncpg.Record:
+        """The checkpoint of `size` as stored: signed and inserted now, or recorded before."""
+        row = await conn.fetchrow(_ONE, domain, size)
+        if row is None:
+            tree = await self._tree(conn, domain, size)
+            checkpoint = Checkpoint(origin=origin_of(domain), size=size, root=tree.root(size))
+            note = self._signer.checkpoint(checkpoint)
+            root = base64.b64encode(checkpoint.root).decode()
+            await conn.execute(_INSERT, domain, size, root, note)
+            row = await conn.fetchrow(_ONE, domain, size)
+            log.info("domain %s: checkpoint of %d events, root %s", domain, size, root)
+        return row
+
+    async def _announce(self, domain: str, row: asyncpg.Record) -> None:
+        if self._publish is not None:
+            await self._publish(domain, row["size"], row["note"])
+
+    async def _tree(self, conn: asyncpg.Connection, domain: str, size: int) -> MerkleTree:
+        """The domain's tree with at least `size` leaves, read from the log where it lacks them.
+
+        Raises:
+            IntentRejected: `unavailable` when the log has fewer events than `size`.
+        """
+        lock = self._growing.setdefault(domain, asyncio.Lock())
+        async with lock:
+            tree = self._trees.setdefault(domain, MerkleTree())
+            while tree.size < size:
+                rows = await conn.fetch(_HASHES, domain, tree.size, size, _PAGE)
+                if not rows or rows[0]["version"] != tree.size + 1:
+                    break  # the log ends (or has a gap: damage; nothing past it is a leaf)
+                for row in rows:
+                    if row["version"] != tree.size + 1:
+                        break
+                    tree.append(leaf_hash(bytes.fromhex(row["hash"])))
+            if tree.size < size:
+                raise IntentRejected(
+                    "unavailable",
+                    f"the log of {domain!r} holds {tree.size} consecutive events, not {size}",
+                    {"domain": domain, "size": size},
+                )
+            return tree
+
+    async def _proof(
+        self, domain: str, event_id: str, size: int | None, head: int, viewer: str | None
+    ) -> ProofResult:
+        async with self._pool.acquire() as conn:
+            event = await conn.fetchrow(_EVENT, domain, event_id)
+            # A tenant's view proves the tenant's own events and the operator's (the shared
+            # fabric); anyone else's is answered as an unknown event would be.
+            hidden = (
+                viewer is not None
+                and event is not None
+                and event["actor"] not in (viewer, OPERATOR)
+            )
+            if event is None or hidden:
+                raise IntentRejected(
+                    "not_found", f"no event {event_id} in domain {domain!r}", {"id": event_id}
+                )
+            if size is None:
+                latest = await conn.fetchrow(_LATEST, domain, head)
+                if latest is None:
+                    raise IntentRejected(
+                        "not_found",
+                        f"domain {domain!r} has no checkpoint yet: `trellis checkpoint` makes "
+                        "one, or ask with `size`",
+                        {"domain": domain},
+                    )
+                size, note = latest["size"], latest["note"]
+            else:
+                _within(domain, size, head, "size")
+                stored = await conn.fetchrow(_ONE, domain, size)
+                note = stored["note"] if stored is not None else None
+            index = event["version"] - 1
+            if index >= size:
+                raise IntentRejected(
+                    "conflict",
+                    f"event {event_id} is leaf {index} of {domain!r}, beyond the tree of {size} "
+                    f"events; ask with a size above {index} or after the next checkpoint",
+                    {"leaf_index": index, "tree_size": size},
+                )
+            tree = await self._tree(conn, domain, size)
+        return ProofResult(
+            leaf_index=index,
+            tree_size=size,
+            root=_b64(tree.root(size)),
+            path=[_b64(h) for h in tree.inclusion_path(index, size)],
+            checkpoint=note,
+        )
+
+    async def _consistency(self, domain: str, old: int, new: int, head: int) -> ConsistencyResult:
+        _within(domain, new, head, "to_size")
+        if old > new:
+            raise IntentRejected(
+                "invalid",
+                f"from_size {old} is beyond to_size {new}: a log only grows",
+                {"from_size": old, "to_size": new},
+            )
+        async with self._pool.acquire() as conn:
+            tree = await self._tree(conn, domain, new)
+        return ConsistencyResult(
+            from_size=old,
+            to_size=new,
+            from_root=_b64(tree.root(old)),
+            to_root=_b64(tree.root(new)),
+            path=[_b64(h) for h in tree.consistency_proof(old, new)],
+        )
+
+
+def _within(domain: str, size: int, head: int, field: str) -> None:
+    if size > head:
+        raise IntentRejected(
+            "invalid",
+            f"{field} {size} is beyond the log of {domain!r}, which holds {head} events",
+            {field: size, "events": head},
+        )
+
+
+def _b64(digest: bytes) -> str:
+    return base64.b64encode(digest).decode()

@@ -1,0 +1,307 @@
+"""Configuration from the environment (README: Configuration)."""
+
+from __future__ import annotations
+
+import math
+import os
+import urllib.parse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal, get_args
+
+import msgspec
+
+from trellis.adapters.fabric.redfish.client import service_base
+from trellis.adapters.fabric.sim import ScriptedFault, parse_script
+from trellis.adapters.nats.jetstream import StreamLimits
+from trellis.engine.core.ids import is_valid_id
+
+FabricDriverName = Literal["sim", "redfish"]
+FollowersMode = Literal["inline", "process"]
+FOLLOWERS_MODES: tuple[str, ...] = get_args(FollowersMode)
+FABRIC_DRIVERS: tuple[str, ...] = get_args(FabricDriverName)
+MAX_JS_REPLICAS = 5  # JetStream keeps a stream on at most 5 servers
+
+
+class SettingsError(ValueError):
+    """A TRELLIS_* variable holds a value Trellis cannot use; the message names it."""
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    nats_url: str | None = None
+    database_url: str | None = None
+    # The schema owner's DSN, for migrations and the engine role's grants (README: Least privilege).
+    database_owner_url: str | None = None
+    data_dir: Path | None = None
+    domains: list[str] | None = None
+    subject_prefix: str = "trellis"
+    db_schema: str | None = None
+    fabric: FabricDriverName = "sim"
+    fabric_state: Path | None = None  # None: fabric-sim.json in the data dir
+    saga_deadline: float = 10.0
+    lease_ttl: float = 3.0  # seconds a domain's writer lease lasts unrenewed
+    # Seconds a query waits for its domain's log to reach its `min_position`, then `unavailable`.
+    read_wait: float = 2.0
+    # Snapshot a domain's state and read models every this many events (engine/service/snapshots.py,
+    # projections/past.py); 0: never (every start and past answer folds from the first event).
+    snapshot_every: int = 10_000
+    # The simulated fabric's knobs (adapters.fabric.sim.SimulatedFabric).
+    fabric_seed: int = 0
+    fabric_latency_ms: float = 0.0
+    fabric_failure_rate: float = 0.0
+    fabric_hang_rate: float = 0.0
+    fabric_script: list[ScriptedFault] = []
+    # The Redfish driver (adapters/fabric/redfish/): the fabric manager's base URL (with or
+    # without /redfish/v1), its credentials, the fabric to drive (None: the one named like the
+    # domain, else the only one), and where to receive its events (None: health is polled).
+    redfish_url: str | None = None
+    redfish_user: str | None = None
+    redfish_password: str | None = None
+    redfish_fabric: str | None = None
+    redfish_events: tuple[str, int] | None = None
+    # What the JetStream event stream keeps (adapters/nats/jetstream.py); 0: no limit.
+    stream_limits: StreamLimits = StreamLimits()
+    # Secure mode (adapters/nats/auth.py): NATS users and permissions. Also on whenever the
+    # data dir holds its identities already (`trellis up --secure` once is enough).
+    secure: bool = False
+    # Signed Merkle checkpoints (adapters/postgres/checkpoints.py): one every N events per
+    # domain, signed with the key in this file (None: checkpoint-key.pem in the data dir).
+    checkpoint_every: int = 1000
+    checkpoint_key: Path | None = None
+    # Where the log followers run (adapters/follow_process.py): in the engine's event loop, or
+    # in a follower process of their own that the engine starts and keeps running.
+    followers: FollowersMode = "inline"
+    # The embedded servers' ports (None: a free one at each start).
+    nats_port: int | None = None
+    nats_monitor_port: int | None = None
+    pg_port: int | None = None
+    # Prometheus metrics and /healthz (adapters/entrypoints/metrics.py): off unless a port is
+    # given (0: a free one, printed at start); on loopback unless another address is named.
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    # The live fabric page (adapters/entrypoints/fabric_page.py): likewise off unless a port is
+    # given, and on loopback unless another address is named. It is an operator's view.
+    http_port: int | None = None
+    http_host: str = "127.0.0.1"
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        """Read TRELLIS_* variables; unset URLs mean "start the embedded servers".
+
+        Raises:
+            SettingsError: A variable is set to something unusable.
+        """
+        env = dict(os.environ if env is None else env)
+        domains = [d.strip() for d in env.get("TRELLIS_DOMAINS", "").split(",") if d.strip()]
+        bad = [d for d in domains if not is_valid_id(d)]
+        if bad:
+            raise SettingsError(f"TRELLIS_DOMAINS holds invalid ids: {', '.join(bad)}")
+        fabric = env.get("TRELLIS_FABRIC") or "sim"
+        if fabric not in FABRIC_DRIVERS:
+            valid = ", ".join(FABRIC_DRIVERS)
+            raise SettingsError(f"TRELLIS_FABRIC={fabric!r} names no fabric driver; valid: {valid}")
+        try:
+            script = parse_script(env.get("TRELLIS_FABRIC_SCRIPT", ""))
+        except ValueError as exc:
+            raise SettingsError(f"TRELLIS_FABRIC_SCRIPT: {exc}") from None
+        redfish_url = env.get("TRELLIS_REDFISH_URL") or None
+        if fabric == "redfish" and not redfish_url:
+            raise SettingsError("TRELLIS_FABRIC=redfish needs TRELLIS_REDFISH_URL")
+        if redfish_url:
+            try:
+                service_base(redfish_url)
+            except ValueError as exc:
+                raise SettingsError(f"TRELLIS_REDFISH_URL: {exc}") from None
+        followers = env.get("TRELLIS_FOLLOWERS") or "inline"
+        if followers not in FOLLOWERS_MODES:
+            valid = ", ".join(FOLLOWERS_MODES)
+            raise SettingsError(f"TRELLIS_FOLLOWERS={followers!r}: valid are {valid}")
+        database_url = env.get("TRELLIS_DATABASE_URL") or None
+        database_owner_url = env.get("TRELLIS_DATABASE_OWNER_URL") or None
+        if database_owner_url and not database_url:
+            raise SettingsError(
+                "TRELLIS_DATABASE_OWNER_URL is set but TRELLIS_DATABASE_URL is not: the engine "
+                "needs a URL of its own (the embedded Postgres brings both)"
+            )
+        data_dir = env.get("TRELLIS_DATA_DIR")
+        fabric_state = env.get("TRELLIS_FABRIC_STATE")
+        checkpoint_key = env.get("TRELLIS_CHECKPOINT_KEY")
+        checkpoint_every = _integer(env, "TRELLIS_CHECKPOINT_EVERY", 1000)
+        if checkpoint_every < 1:
+            raise SettingsError(
+                f"TRELLIS_CHECKPOINT_EVERY must be a number of events, 1 or more; "
+                f"got {checkpoint_every}"
+            )
+        return cls(
+            nats_url=env.get("TRELLIS_NATS_URL") or None,
+            database_url=database_url,
+            database_owner_url=database_owner_url,
+            data_dir=Path(data_dir) if data_dir else None,
+            domains=domains or None,
+            subject_prefix=env.get("TRELLIS_SUBJECT_PREFIX") or "trellis",
+            db_schema=env.get("TRELLIS_DB_SCHEMA") or None,
+            fabric=fabric,  # type: ignore[arg-type]  # checked above
+            fabric_state=Path(fabric_state) if fabric_state else None,
+            snapshot_every=_snapshot_every(env),
+            lease_ttl=_float(
+                env,
+                "TRELLIS_LEASE_TTL",
+                3.0,
+                lambda v: v >= 0.5,
+                "a number of seconds, 0.5 or more",
+            ),
+            saga_deadline=_float(
+                env, "TRELLIS_SAGA_DEADLINE", 10.0, lambda v: v > 0, "a number of seconds above 0"
+            ),
+            read_wait=_float(
+                env, "TRELLIS_READ_WAIT", 2.0, lambda v: v >= 0, "a number of seconds, 0 or more"
+            ),
+            fabric_seed=_integer(env, "TRELLIS_FABRIC_SEED", 0),
+            fabric_latency_ms=_float(
+                env, "TRELLIS_FABRIC_LATENCY_MS", 0.0, lambda v: v >= 0, "milliseconds, 0 or more"
+            ),
+            fabric_failure_rate=_probability(env, "TRELLIS_FABRIC_FAILURE_RATE"),
+            fabric_hang_rate=_probability(env, "TRELLIS_FABRIC_HANG_RATE"),
+            fabric_script=script,
+            redfish_url=redfish_url,
+            redfish_user=env.get("TRELLIS_REDFISH_USER") or None,
+            redfish_password=env.get("TRELLIS_REDFISH_PASSWORD") or None,
+            redfish_fabric=env.get("TRELLIS_REDFISH_FABRIC") or None,
+            redfish_events=_address(env, "TRELLIS_REDFISH_EVENTS"),
+            stream_limits=_stream_limits(env),
+            secure=_flag(env, "TRELLIS_SECURE"),
+            checkpoint_every=checkpoint_every,
+            checkpoint_key=Path(checkpoint_key) if checkpoint_key else None,
+            followers=followers,  # type: ignore[arg-type]  # checked above
+            nats_port=_port(env, "TRELLIS_NATS_PORT"),
+            nats_monitor_port=_port(env, "TRELLIS_NATS_MONITOR_PORT"),
+            pg_port=_port(env, "TRELLIS_PG_PORT"),
+            metrics_port=metrics_port(env.get("TRELLIS_METRICS_PORT", ""), "TRELLIS_METRICS_PORT"),
+            metrics_host=env.get("TRELLIS_METRICS_HOST", "").strip() or "127.0.0.1",
+            http_port=metrics_port(env.get("TRELLIS_HTTP_PORT", ""), "TRELLIS_HTTP_PORT"),
+            http_host=env.get("TRELLIS_HTTP_HOST", "").strip() or "127.0.0.1",
+        )
+
+
+def _float(
+    env: dict[str, str], name: str, default: float, valid: Callable[[float], bool], expected: str
+) -> float:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and valid(value)):
+        raise SettingsError(f"{name} must be {expected}; got {text!r}")
+    return value
+
+
+def _snapshot_every(env: dict[str, str]) -> int:
+    every = _integer(env, "TRELLIS_SNAPSHOT_EVERY", 10_000)
+    if every < 0:
+        raise SettingsError(f"TRELLIS_SNAPSHOT_EVERY must be 0 or more; got {every}")
+    return every
+
+
+def _probability(env: dict[str, str], name: str) -> float:
+    return _float(env, name, 0.0, lambda v: 0 <= v <= 1, "a probability within [0, 1]")
+
+
+def _integer(env: dict[str, str], name: str, default: int) -> int:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise SettingsError(f"{name} must be an integer; got {text!r}") from None
+
+
+def _port(env: dict[str, str], name: str) -> int | None:
+    """A TCP port to pin an embedded server to; unset: a free one at each start."""
+    if not env.get(name, "").strip():
+        return None
+    port = _integer(env, name, 0)
+    if not 1 <= port <= 65535:
+        raise SettingsError(f"{name} must be a TCP port (1-65535); got {port}")
+    return port
+
+
+def _address(env: dict[str, str], name: str) -> tuple[str, int] | None:
+    """HOST:PORT to listen on (port 0: a free one); unset: none."""
+    text = env.get(name, "").strip()
+    if not text:
+        return None
+    host, _, port = text.rpartition(":")
+    number = metrics_port(port, name) if host else None
+    if number is None:
+        raise SettingsError(f"{name} must be HOST:PORT to listen on; got {text!r}")
+    return host.strip("[]"), number
+
+
+def metrics_port(text: str, name: str) -> int | None:
+    """The port of an HTTP endpoint (metrics, the fabric page) `text` names (`name` says where
+    it came from, for the error); empty: none (that endpoint is off); 0: a free port.
+
+    Raises:
+        SettingsError: `text` is no TCP port.
+    """
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise SettingsError(f"{name} must be a TCP port (0-65535, 0: any free one); got {text!r}")
+    return port
+
+
+def _flag(env: dict[str, str], name: str) -> bool:
+    text = env.get(name, "").strip().lower()
+    if text in ("", "0", "false", "no"):
+        return False
+    if text in ("1", "true", "yes"):
+        return True
+    raise SettingsError(f"{name} must be 1 or 0 (true or false); got {env[name]!r}")
+
+
+def _stream_limits(env: dict[str, str]) -> StreamLimits:
+    default = StreamLimits()
+    max_bytes = _integer(env, "TRELLIS_EVENTS_MAX_BYTES", default.max_bytes)
+    if max_bytes < 0:
+        raise SettingsError(f"TRELLIS_EVENTS_MAX_BYTES must be 0 or more; got {max_bytes}")
+    max_age = _float(
+        env, "TRELLIS_EVENTS_MAX_AGE", default.max_age_s, lambda v: v >= 0, "seconds, 0 or more"
+    )
+    replicas = _integer(env, "TRELLIS_JS_REPLICAS", default.replicas)
+    if not 1 <= replicas <= MAX_JS_REPLICAS:
+        raise SettingsError(
+            f"TRELLIS_JS_REPLICAS must be within 1..{MAX_JS_REPLICAS} (JetStream's limit); "
+            f"got {replicas}"
+        )
+    return StreamLimits(max_bytes=max_bytes, max_age_s=max_age, replicas=replicas)
+
+
+def redacted(url: str) -> str:
+    """`url` (or a comma-separated list of them) without secrets, fit for logs and terminals:
+    no password in the user part or a `password` query parameter, and no NATS token (a user
+    part without a password)."""
+    return ",".join(_without_password(one) for one in url.split(","))
+
+
+def _without_password(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, host = netloc.rpartition("@")
+        user, colon, _ = userinfo.partition(":")
+        is_token = not colon and not parts.scheme.startswith("postgres")
+        netloc = f"{'***' if is_token else user}@{host}"
+    query = urllib.parse.urlencode(
+        [(k, v) for k, v in urllib.parse.parse_qsl(parts.query) if k != "password"]
+    )
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=query))

@@ -1,0 +1,187 @@
+"""A composition's conditions, Kubernetes style, derived purely from the log's events.
+
+A DRA driver with binding conditions (KEP-5007) waits for a condition to be True before the
+pod binds and gives up when a failure condition is True; an autoscaling planner wants to know
+what is ready, what is degraded and why. Both read these from the KV value of a composition
+(adapters/nats/kv_state.py). Every composition carries all five, in this order:
+
+  Bound            its devices are reserved (DevicesReserved)
+  PathEstablished  the fabric holds every device's path (one PathEstablished per device)
+  Ready            it is active: usable as composed (CompositionActivated); False again while
+                   impaired, after its lease expired, once released or failed
+  Impaired         a component on its paths is unusable; `components` names them, oldest first
+  Failed           the fabric could not establish it (CompositionFailed); `components` names
+                   the devices whose paths were never established, `message` the engine's why
+
+`last_transition_time` is the `recorded_at` of the event at which `status` last changed and
+`observed_position` that event's log position: no wall clock, so a replay of the log renders
+the same conditions. A change of reason or message alone keeps both (as in Kubernetes).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+import msgspec
+
+from trellis.engine.core.events import (
+    CompositionActivated,
+    CompositionFailed,
+    CompositionImpaired,
+    CompositionReleased,
+    CompositionRequested,
+    DevicesReserved,
+    Event,
+    LeaseExpired,
+    PathEstablished,
+)
+from trellis.engine.core.records import format_time
+from trellis.engine.core.results import Time
+from trellis.engine.core.state import Composition
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+ConditionType = Literal["Bound", "PathEstablished", "Ready", "Impaired", "Failed"]
+TYPES: tuple[ConditionType, ...] = ("Bound", "PathEstablished", "Ready", "Impaired", "Failed")
+
+
+class Condition(msgspec.Struct, frozen=True, kw_only=True):
+    """One aspect of a composition's state, as a Kubernetes condition."""
+
+    type: ConditionType
+    status: ConditionStatus
+    reason: str  # CamelCase, machine-readable
+    message: str  # for people
+    last_transition_time: Time  # recorded_at of the event that last changed `status`
+    observed_position: int  # that event's log position
+    components: list[str] = []  # Impaired: what impairs it; Failed: devices left without a path
+
+
+Conditions = tuple[Condition, ...]  # one of each type, in TYPES order
+
+
+class Track(msgspec.Struct, frozen=True, kw_only=True):
+    """What the log has said so far about one composition's conditions."""
+
+    conditions: Conditions = ()
+    established: frozenset[str] = frozenset()  # devices a PathEstablished has named
+
+
+def observe(
+    track: Track | None, composition: Composition, event: Event, at: datetime, position: int
+) -> Track:
+    """The track after `event` (recorded `at`, at log `position`) about `composition`: its
+    state after the event, or just before it for the event that ends it. Returns `track`
+    itself when the event changes nothing in it."""
+    track = track or Track()
+    established = track.established
+    if isinstance(event, PathEstablished):
+        established = established | {event.device}
+    conditions = _next(
+        track.conditions, composition, event, _Stamp(format_time(at), position), established
+    )
+    if conditions is track.conditions and established == track.established:
+        return track
+    return Track(conditions=conditions, established=established)
+
+
+def _next(
+    conditions: Conditions,
+    composition: Composition,
+    event: Event,
+    now: _Stamp,
+    established: frozenset[str],
+) -> Conditions:
+    match event:
+        case CompositionRequested():
+            waiting = "waiting for its devices to be reserved"
+            return tuple(
+                now.set(None, t, "False", "Requested" if t in _PHASES else "Pending", waiting)
+                for t in TYPES
+            )
+        case DevicesReserved():
+            devices = ", ".join(b.device for b in composition.bindings)
+            count = len(composition.bindings)
+            message = f"{count} device{'s' * (count != 1)} reserved: {devices}"
+            return _with(conditions, now, "Bound", "True", "DevicesReserved", message)
+        case PathEstablished():
+            done, count = len(established), len(composition.bindings)
+            if done < count:
+                message = f"{done} of {count} paths established"
+                return _with(conditions, now, "PathEstablished", "False", "Establishing", message)
+            message = f"the fabric holds all {count} paths"
+            return _with(conditions, now, "PathEstablished", "True", "PathsEstablished", message)
+        case CompositionActivated():
+            out = _with(conditions, now, "Ready", "True", "Activated", "active")
+            if _get(out, "Impaired").status == "True":
+                out = _with(out, now, "Impaired", "False", "Repaired", "every path is usable")
+            return out
+        case CompositionImpaired(reason=why):
+            parts = list(composition.impaired_by)
+            message = why or f"{', '.join(parts)} unusable"
+            out = _with(conditions, now, "Impaired", "True", "ComponentUnusable", message, parts)
+            return _with(out, now, "Ready", "False", "Impaired", message)
+        case LeaseExpired():
+            return _with(conditions, now, "Ready", "False", "LeaseExpired", "its lease ran out")
+        case CompositionReleased(reason=why):
+            expired = _get(conditions, "Ready").reason == "LeaseExpired"
+            reason = "LeaseExpired" if expired else "Released"
+            return _with(conditions, now, "Ready", "False", reason, why or "released")
+        case CompositionFailed(reason=why):
+            missing = [b.device for b in composition.bindings if b.device not in established]
+            message = why or "the fabric could not establish it"
+            out = _with(conditions, now, "Failed", "True", "CompositionFailed", message, missing)
+            return _with(out, now, "Ready", "False", "Failed", message)
+        case _:
+            return conditions
+
+
+_PHASES = ("Bound", "PathEstablished")
+
+
+class _Stamp(msgspec.Struct, frozen=True):
+    time: str
+    position: int
+
+    def set(
+        self,
+        old: Condition | None,
+        type: ConditionType,
+        status: ConditionStatus,
+        reason: str,
+        message: str,
+        components: list[str] | None = None,
+    ) -> Condition:
+        """`old` with these fields; a new transition time only when the status changes."""
+        time, position = self.time, self.position
+        if old is not None and old.status == status:
+            time, position = old.last_transition_time, old.observed_position
+        return Condition(
+            type=type,
+            status=status,
+            reason=reason,
+            message=message,
+            last_transition_time=time,
+            observed_position=position,
+            components=components if components is not None else [],
+        )
+
+
+def _get(conditions: Conditions, type: ConditionType) -> Condition:
+    return conditions[TYPES.index(type)]
+
+
+def _with(
+    conditions: Conditions,
+    now: _Stamp,
+    type: ConditionType,
+    status: ConditionStatus,
+    reason: str,
+    message: str,
+    components: list[str] | None = None,
+) -> Conditions:
+    index = TYPES.index(type)
+    updated = now.set(conditions[index], type, status, reason, message, components)
+    if updated == conditions[index]:
+        return conditions
+    return (*conditions[:index], updated, *conditions[index + 1 :])

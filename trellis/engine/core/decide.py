@@ -1,0 +1,83 @@
+"""decide(state, intent, context) -> Decision: the pure heart of the engine.
+
+No I/O and no clock reads: time arrives in the Context. A rejection that records nothing is
+raised as IntentRejected; everything that changes the world comes back as events. Each family
+of intents is decided in its own module: the fabric (engine.core.topology), quotas (engine.core.quotas),
+compositions (engine.core.compose) and their settlement after the fabric saga (engine.core.settle).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from trellis.engine.core import quotas, topology
+from trellis.engine.core.compose import compose, expire_leases, extend, release
+from trellis.engine.core.context import Context, Decision
+from trellis.engine.core.errors import IntentRejected
+from trellis.engine.core.intents import (
+    AddLink,
+    AddNode,
+    ClearQuota,
+    Compose,
+    Drain,
+    EstablishComposition,
+    ExpireLeases,
+    Extend,
+    FailComposition,
+    ImportTopology,
+    Release,
+    Remove,
+    ReportFault,
+    SetQuota,
+    Undrain,
+)
+from trellis.engine.core.settle import establish, fail
+from trellis.engine.core.state import DomainState
+
+__all__ = ["Context", "Decision", "decide"]
+
+
+def decide(state: DomainState, intent: msgspec.Struct, ctx: Context) -> Decision:
+    """Decide what an intent means for the domain.
+
+    Raises:
+        IntentRejected: the intent is refused and nothing is recorded.
+    """
+    if not state.exists and not isinstance(intent, ImportTopology):
+        raise IntentRejected(
+            "not_found",
+            f"domain {ctx.domain!r} does not exist; import a topology first",
+            {"domain": ctx.domain},
+        )
+    match intent:
+        case ImportTopology():
+            return topology.import_topology(state, intent, ctx)
+        case AddNode():
+            return topology.add_node(state, intent)
+        case AddLink():
+            return topology.add_link(state, intent)
+        case Remove():
+            return topology.remove(state, intent)
+        case Drain():
+            return topology.drain(state, intent)
+        case Undrain():
+            return topology.undrain(state, intent)
+        case ReportFault():
+            return topology.report_fault(state, intent)
+        case SetQuota():
+            return quotas.set_quota(state, intent)
+        case ClearQuota():
+            return quotas.clear_quota(state, intent)
+        case ExpireLeases():
+            return expire_leases(state, ctx)
+        case EstablishComposition():
+            return establish(state, intent)
+        case FailComposition():
+            return fail(state, intent)
+        case Compose():
+            return compose(state, intent, ctx)
+        case Release():
+            return release(state, intent, ctx)
+        case Extend():
+            return extend(state, intent, ctx)
+    raise IntentRejected("invalid", f"{ctx.verb} is not served by this engine version")

@@ -1,0 +1,69 @@
+"""The reply envelope every request gets (ARCHITECTURE §3).
+
+`OkReply[R]` is the envelope of a result of type R: the engine fills it with the result
+already encoded (`msgspec.Raw`), and engine/core/contract.py gives each subject's the Struct of
+engine/core/results.py that subject answers with.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, Literal, TypeVar
+
+import msgspec
+
+from trellis.engine.core.errors import ErrorCode, IntentRejected
+
+
+class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
+    code: ErrorCode
+    message: str
+    details: dict[str, Any] = {}
+
+
+R = TypeVar("R")
+
+
+class OkReply(msgspec.Struct, Generic[R], frozen=True, kw_only=True):
+    ok: Literal[True] = True
+    result: R
+    position: int  # the log position the answer includes (read your writes with it)
+    replayed: bool = False  # the stored first answer to a repeated request_id
+
+
+class ErrorReply(msgspec.Struct, frozen=True, kw_only=True):
+    ok: Literal[False] = False
+    error: ErrorBody
+
+
+_encode = msgspec.json.Encoder().encode
+_decode_ok = msgspec.json.Decoder(OkReply[msgspec.Raw]).decode
+
+
+def ok(result: bytes, position: int, *, replayed: bool = False) -> bytes:
+    """Encode a success reply around an already-encoded `result` object."""
+    return _encode(OkReply(result=msgspec.Raw(result), position=position, replayed=replayed))
+
+
+def error(code: ErrorCode, message: str, details: dict[str, Any] | None = None) -> bytes:
+    return _encode(ErrorReply(error=ErrorBody(code=code, message=message, details=details or {})))
+
+
+def rejection(exc: IntentRejected) -> bytes:
+    return error(exc.code, exc.message, exc.details)
+
+
+def decode_ok(reply: bytes) -> OkReply[msgspec.Raw] | None:
+    """The success reply inside `reply`; None when it is an error reply."""
+    try:
+        return _decode_ok(reply)
+    except msgspec.ValidationError:
+        return None
+
+
+def as_replayed(stored: bytes) -> bytes:
+    """The stored first answer, marked as a replay (error answers have no such flag)."""
+    try:
+        reply = _decode_ok(stored)
+    except msgspec.ValidationError:
+        return stored
+    return _encode(msgspec.structs.replace(reply, replayed=True))

@@ -1,0 +1,381 @@
+"""Checkpointed followers of the log: the one loop the projections and the event relay share.
+
+A Follower reads one domain's events in version order from where its Sink stands and hands
+them over in batches. The sink applies a batch and moves its checkpoint in one step (one
+transaction), so after a crash sink and checkpoint agree and the follower resumes where the
+last step ended, with nothing applied twice. A sink may skip what another follower of the same
+checkpoint applied first, and says so by the progress it returns.
+
+There is one follower per (sink, domain), so a domain whose events a sink cannot take (an event
+this code cannot decode, a value the stream or the bucket refuses, a server that is away) holds
+up its own follower only: every other domain's feed, read models and queries go on. A failure
+is logged with the position it stopped at and retried with backoff, for as long as it lasts;
+`failure` says what holds the follower up, so a query can name the cause.
+
+Stopping is explicit: `stop()` raises a flag before it cancels, and the loop reads that flag,
+never the task's `cancelling()` count. (On Python 3.11 a TaskGroup whose child failed leaves
+its parent's count at 1; the relay once read that as a stop and ended without a word.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Protocol
+
+import msgspec
+
+from trellis.engine.core.records import RecordedEvent
+
+log = logging.getLogger("trellis.follow")
+
+
+class Progress(msgspec.Struct, frozen=True):
+    """How far a sink has applied a domain: the version and log position of its last event."""
+
+    version: int = 0
+    position: int = 0
+
+
+class Rewound(Exception):
+    """The sink's checkpoint is behind what it was handed (someone rebuilt it): resume."""
+
+
+class Stalled(Exception):
+    """The sink applied what came before `position` and cannot take the event there."""
+
+    def __init__(self, progress: Progress, position: int, cause: str):
+        super().__init__(f"cannot take the event at position {position}: {cause}")
+        self.progress = progress
+        self.position = position
+        self.cause = cause
+
+
+class Failure(msgspec.Struct, frozen=True, kw_only=True):
+    """What holds a follower up: where it stopped, why, and since when (monotonic seconds)."""
+
+    sink: str
+    domain: str
+    after: int  # the position of the last event applied
+    position: int | None  # the event it cannot take, when that is known
+    cause: str
+    attempts: int
+    since: float
+
+
+class DomainLog(Protocol):
+    """One domain's events in version order (engine.service.ports.EventStore is one)."""
+
+    def read(
+        self, domain: str, after_version: int = 0, limit: int | None = None
+    ) -> AsyncIterator[RecordedEvent]: ...
+
+
+class Sink(Protocol):
+    """Where a follower takes a domain's events."""
+
+    name: str
+
+    async def resume(self, domain: str) -> tuple[int, Progress]:
+        """Where to start: the version after which the sink needs the domain's events (it may
+        want events it applied before, to rebuild a fold) and its checkpoint."""
+        ...
+
+    async def apply(self, domain: str, records: Sequence[RecordedEvent]) -> Progress:
+        """Take the next events (consecutive versions) and move the checkpoint with them, at
+        once; the checkpoint now.
+
+        Raises:
+            Rewound: the stored checkpoint moved back; nothing was applied.
+            Stalled: an event cannot be taken; everything before it was.
+        """
+        ...
+
+    async def refresh(self, domain: str) -> None:
+        """The log is quiet: notice what changed outside (a rebuild, a bucket removed).
+
+        Raises:
+            Rewound: the stored checkpoint moved back.
+        """
+        ...
+
+
+class Follower:
+    """Keeps one sink up to date with one domain's log, in the background once started.
+
+    Args:
+        domain: the domain to follow.
+        log: reads its events.
+        sink: takes them.
+        batch_size: events per `apply`.
+        poll_interval: seconds between looks when nobody calls `notify()`.
+        max_backoff: the longest wait between retries of a failure.
+    """
+
+    def __init__(
+        self,
+        domain: str,
+        log: DomainLog,
+        sink: Sink,
+        *,
+        batch_size: int = 500,
+        poll_interval: float = 5.0,
+        max_backoff: float = 30.0,
+    ):
+        self.domain = domain
+        self.sink = sink
+        self._log = log
+        self._batch_size = batch_size
+        self._poll_interval = poll_interval
+        self._max_backoff = max_backoff
+        self.progress = Progress()
+        self.failure: Failure | None = None
+        self._read = 0  # the last version handed to the sink
+        self._resumed = False
+        self._lock = asyncio.Lock()  # one catch-up at a time
+        self._poke = asyncio.Event()
+        self._advanced = asyncio.Event()
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def position(self) -> int:
+        """The log position of the last event the sink has applied."""
+        return self.progress.position
+
+    def notify(self) -> None:
+        """The domain's log has grown."""
+        self._poke.set()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._stopping = False
+            self._task = asyncio.create_task(
+                self._run(), name=f"follow-{self.sink.name}-{self.domain}"
+            )
+
+    async def stop(self) -> None:
+        """Stop following; a batch in flight is not applied (its sink rolls back)."""
+        task, self._task = self._task, None
+        if task is not None:
+            self._stopping = True
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def wait_for(self, position: int, timeout: float = 5.0) -> bool:
+        """True once the sink has applied the domain's events up to `position`; False if that
+        took over `timeout`. Without a background task the caller's own task catches up."""
+        if self.position >= position:
+            return True
+        if self._task is None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.catch_up(), timeout)
+            return self.position >= position
+        self.notify()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.position < position:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._advanced.wait(), remaining)
+        return True
+
+    async def catch_up(self) -> int:
+        """Apply the domain's log up to its end; return how many events were handed over.
+
+        Raises:
+            Stalled: an event cannot be taken (everything before it was applied).
+            Exception: whatever the sink or the log raised; nothing of that batch was applied.
+        """
+        async with self._lock:
+            handed = 0
+            while True:
+                if not self._resumed:
+                    self._read, progress = await self.sink.resume(self.domain)
+                    self._advance(progress)
+                    self._resumed = True
+                batch = [r async for r in self._log.read(self.domain, self._read, self._batch_size)]
+                if not batch:
+                    return handed
+                try:
+                    progress = await self.sink.apply(self.domain, batch)
+                except Rewound:
+                    log.info("%s moved back (a rebuild?); reading again", self._name)
+                    self._resumed = False
+                    continue
+                except Stalled as exc:
+                    self._read = max(self._read, exc.progress.version)
+                    self._advance(exc.progress)
+                    raise
+                self._read = batch[-1].version
+                self._advance(progress)
+                self._recovered()
+                handed += len(batch)
+
+    async def refresh(self) -> None:
+        """Ask the sink to look for outside changes (done on every quiet poll)."""
+        async with self._lock:
+            if self._resumed:
+                try:
+                    await self.sink.refresh(self.domain)
+                except Rewound:
+                    self._resumed = False
+
+    # ---- internals ----
+
+    @property
+    def _name(self) -> str:
+        return f"{self.sink.name} of domain {self.domain}"
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            self._poke.clear()
+            try:
+                await self.catch_up()
+                self._recovered()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if self._stopping:
+                    raise asyncio.CancelledError from exc  # a stop the driver reported as an error
+                await asyncio.sleep(self._failed(exc))
+                continue
+            try:
+                await asyncio.wait_for(self._poke.wait(), self._poll_interval)
+            except TimeoutError:
+                with contextlib.suppress(Exception):  # a failure here shows on the next pass
+                    await self.refresh()
+
+    def _failed(self, exc: Exception) -> float:
+        """Record and log a failure; the seconds to wait before the next attempt."""
+        attempts = 1 if self.failure is None else self.failure.attempts + 1
+        delay = min(self._max_backoff, 0.05 * 2**attempts)
+        stalled = exc if isinstance(exc, Stalled) else None
+        self.failure = Failure(
+            sink=self.sink.name,
+            domain=self.domain,
+            after=self.position,
+            position=stalled.position if stalled else None,
+            cause=stalled.cause if stalled else f"{type(exc).__name__}: {exc}",
+            attempts=attempts,
+            since=time.monotonic() if self.failure is None else self.failure.since,
+        )
+        where = f"at position {stalled.position}" if stalled else f"after position {self.position}"
+        log.warning(
+            "%s stopped %s: %s (attempt %d; retrying in %.2f s)",
+            self._name,
+            where,
+            self.failure.cause,
+            attempts,
+            delay,
+            exc_info=attempts == 1,  # the traceback once, then a line per attempt
+        )
+        return delay
+
+    def _recovered(self) -> None:
+        if self.failure is not None:
+            log.warning("%s is moving again after %d failures", self._name, self.failure.attempts)
+            self.failure = None
+
+    def _advance(self, progress: Progress) -> None:
+        if progress == self.progress:
+            return
+        self.progress = progress
+        # Wake every wait_for; each re-checks the position against its own target.
+        advanced, self._advanced = self._advanced, asyncio.Event()
+        advanced.set()
+
+
+def _unhurried(sink: Sink) -> float | None:
+    """A sink with `poll_every` (seconds) is not woken by each commit but looks at its log
+    that often: one that acts only every so many events (the checkpoints) then costs no read
+    per commit."""
+    every: float | None = getattr(sink, "poll_every", None)
+    return every
+
+
+class Followers:
+    """Every follower of every domain an engine serves: one per (sink, domain).
+
+    Args:
+        log: reads each domain's events.
+        sinks: what to keep up to date (the projections, the event relay).
+        **options: passed to each Follower (batch_size, poll_interval, max_backoff).
+    """
+
+    def __init__(self, log: DomainLog, sinks: Sequence[Sink], **options: float):
+        self.sinks = {sink.name: sink for sink in sinks}
+        self._log = log
+        self._options = options
+        self._followers: dict[str, dict[str, Follower]] = {}
+
+    @property
+    def domains(self) -> list[str]:
+        return sorted(self._followers)
+
+    def follow(self, domain: str) -> None:
+        """Start following `domain` with every sink (nothing happens if already)."""
+        if domain in self._followers:
+            return
+        followers = {
+            name: Follower(domain, self._log, sink, **self._options_for(sink))  # type: ignore[arg-type]
+            for name, sink in self.sinks.items()
+        }
+        self._followers[domain] = followers
+        for follower in followers.values():
+            follower.start()
+
+    async def unfollow(self, domain: str) -> None:
+        for follower in self._followers.pop(domain, {}).values():
+            await follower.stop()
+
+    def notify(self, domain: str) -> None:
+        """A commit: wake the domain's followers, except those of unhurried sinks."""
+        for follower in self._followers.get(domain, {}).values():
+            if _unhurried(follower.sink) is None:
+                follower.notify()
+
+    def _options_for(self, sink: Sink) -> dict[str, float]:
+        every = _unhurried(sink)
+        return self._options if every is None else {**self._options, "poll_interval": every}
+
+    def of(self, sink: str, domain: str) -> Follower | None:
+        return self._followers.get(domain, {}).get(sink)
+
+    async def wait_for(self, sink: str, domain: str, position: int, timeout: float = 5.0) -> bool:
+        """True once `sink` has applied `domain` up to `position`."""
+        follower = self.of(sink, domain)
+        return follower is not None and await follower.wait_for(position, timeout)
+
+    def failures(self) -> list[Failure]:
+        """What holds any follower up now, by domain and sink."""
+        return [
+            f.failure
+            for _, by_sink in sorted(self._followers.items())
+            for _, f in sorted(by_sink.items())
+            if f.failure is not None
+        ]
+
+    async def close(self, drain_timeout: float = 2.0) -> None:
+        """Stop every follower, then give each a last catch-up (a clean exit leaves the stream
+        complete); that gives up after `drain_timeout` seconds in all (NATS may be away)."""
+        followers = [f for by_sink in self._followers.values() for f in by_sink.values()]
+        self._followers.clear()
+        for follower in followers:
+            await follower.stop()
+        if drain_timeout > 0 and followers:
+            try:
+                await asyncio.wait_for(_drain(followers), drain_timeout)
+            except Exception as exc:
+                log.warning("followers stopped before the end of the log: %r", exc)
+
+
+async def _drain(followers: Iterable[Follower]) -> None:
+    for follower in followers:
+        await follower.catch_up()

@@ -1,0 +1,288 @@
+"""The fabric saga: make the hardware of one domain hold what its log says (ARCHITECTURE §8).
+
+A FabricSync runs passes, one at a time, whenever something committed (and once at start):
+1. snapshot the hardware, then read the writer's state, in that order (engine.core.fabric_plan);
+2. take away what the hardware holds and the log no longer does (released, failed, expired,
+   rerouted), bindings before circuits, so ports and devices are free before anything new
+   needs them; then program what settled compositions need and the hardware lacks (repairs);
+3. start the compose saga of every pending composition that has none running (also when the
+   snapshot failed: the saga's own steps then fail and are undone). Sagas run on their own,
+   so one slow fabric call holds up nothing else; each, within its deadline, creates its
+   circuits and binds its devices. On an error or at the deadline it undoes what
+   it may have programmed and settles the composition as failed, otherwise as established.
+   Settling is an internal intent under `settle_request_id`, so it is recorded once, one way.
+   Passes leave everything of a pending composition alone.
+Every driver operation is idempotent and a pass starts from the log, so a pass that failed is
+simply run again after a backoff, and an engine that restarts finishes or undoes the sagas a
+crash interrupted with its first pass. Nothing here decides: the state says what to do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from trellis.engine.core import replies
+from trellis.engine.core.compose import unused_circuits
+from trellis.engine.core.errors import FabricError, WriterFenced
+from trellis.engine.core.fabric_plan import bindings_of, circuits_of, reconcile
+from trellis.engine.core.intents import EstablishComposition, FailComposition, settle_request_id
+from trellis.engine.core.fabric import FabricBinding, FabricCircuit
+from trellis.engine.service.ports import FabricDriver, NoTelemetry, SagaOutcome, Telemetry
+from trellis.engine.core.state import Composition, DomainState
+
+log = logging.getLogger(__name__)
+
+Settlement = EstablishComposition | FailComposition
+_Item = TypeVar("_Item", FabricBinding, FabricCircuit)
+# Hands a settlement to the domain's writer; resolves to the reply the composer should get.
+Settle = Callable[[str, Settlement], Awaitable[bytes]]
+
+
+class FabricSync:
+    """The one task that drives one domain's fabric."""
+
+    def __init__(
+        self,
+        domain: str,
+        state: Callable[[], DomainState],
+        fabric: FabricDriver,
+        settle: Settle,
+        *,
+        deadline: float,
+        max_backoff: float = 5.0,
+        fence: int | None = None,
+        on_fenced: Callable[[], None] | None = None,
+        telemetry: Telemetry | None = None,
+    ):
+        self.domain = domain
+        self._telemetry = telemetry or NoTelemetry()
+        self._fence = fence  # every driver call carries the writer epoch it is made under
+        self._on_fenced = on_fenced
+        self._state = state
+        self._fabric = fabric
+        self._settle = settle
+        self._deadline = deadline
+        self._max_backoff = max_backoff
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()  # set while the hardware is in step and nothing is due
+        self._task: asyncio.Task[None] | None = None
+        self._settled: dict[str, asyncio.Future[bytes]] = {}
+        self._sagas: dict[str, asyncio.Task[None]] = {}  # composition id -> its running saga
+        self.passes = 0  # completed passes, for tests and metrics
+
+    def kick(self) -> None:
+        """Something committed: run a pass soon (passes coalesce)."""
+        self._idle.clear()
+        self._wake.set()
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"fabric-{self.domain}")
+
+    async def close(self) -> None:
+        """Stop driving the fabric. Whoever waits for a settlement hears `unavailable`: the
+        domain's next writer finishes the saga, and a resend gets its settlement."""
+        tasks = [*self._sagas.values(), *([self._task] if self._task else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for cid, future in self._settled.items():
+            if not future.done():
+                future.set_result(
+                    replies.error(
+                        "unavailable",
+                        f"composition {cid} is being established by another writer; ask again "
+                        "with the same request_id",
+                        {"composition_id": cid},
+                    )
+                )
+
+    async def wait_idle(self) -> None:
+        """Until a pass found the hardware in step with the log, no saga runs and nothing
+        else is due."""
+        await self._idle.wait()
+
+    @property
+    def idle(self) -> bool:
+        """True while the hardware was last found in step and nothing is due (wait_idle's
+        condition); False while a pass or a saga is running or due."""
+        return self._idle.is_set()
+
+    def settlement(self, composition_id: str) -> asyncio.Future[bytes]:
+        """Resolves to the reply that settles `composition_id` when this engine settles it."""
+        future = self._settled.get(composition_id)
+        if future is None:
+            future = asyncio.get_running_loop().create_future()
+            self._settled[composition_id] = future
+        return future
+
+    async def _run(self) -> None:
+        backoff = 0.0
+        while True:
+            if backoff:
+                await asyncio.sleep(backoff)
+                self._wake.set()
+            elif not (self._wake.is_set() or self._sagas):
+                self._idle.set()
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                in_step = await self.run_pass()
+            except WriterFenced as exc:
+                self._fenced(exc)
+                return
+            except Exception:  # the next pass starts from the log again
+                log.exception("domain %s: fabric pass failed", self.domain)
+                in_step = False
+            backoff = 0.0 if in_step else min(self._max_backoff, max(0.1, backoff * 2))
+
+    async def run_pass(self) -> bool:
+        """One pass; True when every operation it tried succeeded."""
+        try:
+            snapshot = await asyncio.wait_for(
+                self._fabric.snapshot(self.domain, fence=self._fence), self._deadline
+            )
+        except (FabricError, TimeoutError):
+            # The fabric cannot be read now (its manager is down, say). Pending compositions
+            # still get their saga: its own steps meet the same fabric and fail (undone, as
+            # any failed step), so the composer hears an outcome instead of waiting for it.
+            state = self._state()
+            self._start_sagas(
+                sorted(c for c, v in state.compositions.items() if v.state == "pending")
+            )
+            raise
+        state = self._state()
+        plan = reconcile(snapshot, state)
+        fabric = self._fabric
+        ok = await self._apply(fabric.unbind, plan.unbind)
+        ok &= await self._apply(fabric.remove_circuit, plan.remove)
+        ok &= await self._apply(fabric.create_circuit, plan.create)
+        ok &= await self._apply(fabric.bind, plan.bind)
+        self._start_sagas(plan.pending)
+        self.passes += 1
+        return ok
+
+    def _start_sagas(self, pending: list[str]) -> None:
+        """Start the saga of each of `pending` that is still pending and has none running.
+
+        Sagas run on their own: one slow fabric call must not hold up the rest of the domain.
+        The list is as old as the state read before the caller's awaits; meanwhile a saga may
+        have settled its composition (and a release ended it), so only compositions pending
+        *now* get a saga. Nothing else settles a pending composition, so it stays pending
+        until the saga started here settles it."""
+        now = self._state().compositions
+        for cid in pending:
+            composition = now.get(cid)
+            if (
+                cid not in self._sagas
+                and composition is not None
+                and composition.state == "pending"
+            ):
+                self._sagas[cid] = asyncio.create_task(self._saga(composition), name=f"saga-{cid}")
+
+    async def _saga(self, composition: Composition) -> None:
+        """Program one pending composition, settle it and tell whoever waits for it. If the
+        store could not record the settlement it stays pending and a later pass runs it again."""
+        cid = composition.id
+        try:
+            settlement = await self._compose_saga(composition)
+            reply = await self._settle(self.domain, settlement)
+            if replies.decode_ok(reply) is not None:
+                established = isinstance(settlement, EstablishComposition)
+                outcome: SagaOutcome = "established" if established else "failed"
+                self._telemetry.settled(self.domain, outcome)
+            future = self._settled.pop(cid, None)
+            if future is not None and not future.done():
+                future.set_result(reply)
+            settled = self._state().compositions.get(cid)
+            if settled is not None and settled.state == "pending":
+                await asyncio.sleep(1.0)  # the store said no; give it a moment
+        except WriterFenced as exc:  # the domain's next writer drives this saga again
+            self._fenced(exc)
+            return
+        except Exception:
+            log.exception("domain %s: saga of %s failed; a later pass retries", self.domain, cid)
+            await asyncio.sleep(1.0)
+        finally:
+            del self._sagas[cid]
+        self.kick()  # the settlement's commit wakes a pass too; this covers the failures
+
+    async def _apply(self, op: Callable[..., Awaitable[None]], items: list[_Item]) -> bool:
+        """Run one kind of operation for every item, each within the deadline; failures are
+        logged and retried by a later pass.
+
+        Raises:
+            WriterFenced: the driver refused our writer epoch: another engine drives it now.
+        """
+        results = await asyncio.gather(
+            *(
+                asyncio.wait_for(op(self.domain, item, fence=self._fence), self._deadline)
+                for item in items
+            ),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, WriterFenced):
+                raise result
+        failed = [(item, r) for item, r in zip(items, results, strict=True) if r is not None]
+        for item, exc in failed:
+            log.warning("domain %s: %s %s failed: %s", self.domain, op.__name__, item, exc)
+        return not failed
+
+    def _fenced(self, exc: WriterFenced) -> None:
+        log.warning("domain %s: the fabric refused this writer: %s", self.domain, exc)
+        if self._on_fenced is not None:
+            self._on_fenced()
+
+    async def _compose_saga(self, composition: Composition) -> Settlement:
+        """Program one pending composition; on failure undo it. Never raises for the fabric."""
+        cid = composition.id
+        request_id = settle_request_id(cid)
+        step, target = "", ""
+        try:
+            async with asyncio.timeout(self._deadline):
+                for circuit in circuits_of(composition):
+                    step, target = (
+                        "create_circuit",
+                        f"{circuit.ocs}:{circuit.a_port}-{circuit.b_port}",
+                    )
+                    await self._fabric.create_circuit(self.domain, circuit, fence=self._fence)
+                for binding in bindings_of(composition):
+                    step, target = "bind", binding.device
+                    await self._fabric.bind(self.domain, binding, fence=self._fence)
+            return EstablishComposition(request_id=request_id, composition_id=cid)
+        except FabricError as exc:
+            component, error = exc.component or "", str(exc)
+        except TimeoutError:
+            component, error = "", f"no answer within {self._deadline:g}s"
+        log.warning(
+            "domain %s: composing %s failed at %s %s: %s", self.domain, cid, step, target, error
+        )
+        await self._undo(composition)
+        return FailComposition(
+            request_id=request_id,
+            composition_id=cid,
+            step=step,
+            target=target,
+            component=component,
+            error=error,
+        )
+
+    async def _undo(self, composition: Composition) -> None:
+        """Take back whatever the saga may have programmed, the call that failed included (it
+        may have taken effect). Circuits another composition also passes stay. What cannot be
+        undone now is removed by a later pass, once the failure is recorded."""
+        state, cid = self._state(), composition.id
+        ours = [
+            FabricCircuit(ocs=c.ocs, a_port=c.a_port, b_port=c.b_port)
+            for c in unused_circuits(state, composition)
+        ]
+        try:
+            async with asyncio.timeout(self._deadline):
+                for binding in bindings_of(composition):
+                    await self._fabric.unbind(self.domain, binding, fence=self._fence)
+                for circuit in ours:
+                    await self._fabric.remove_circuit(self.domain, circuit, fence=self._fence)
+        except (FabricError, TimeoutError) as exc:
+            log.warning("domain %s: undoing %s left work for later: %s", self.domain, cid, exc)

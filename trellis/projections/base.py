@@ -1,0 +1,63 @@
+"""What every projection shares: the decoded events it folds, its interface, small helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, NamedTuple, Protocol
+
+import msgspec
+
+from trellis.engine.core.events import Event
+from trellis.engine.core.records import RecordedEvent
+from trellis.projections.table import RowSource, Table
+
+
+class Fact(NamedTuple):
+    """One log entry: its envelope (position, time, actor, request id) and its decoded payload.
+
+    Decoded once per batch and shared by every projection (events are frozen)."""
+
+    record: RecordedEvent
+    event: Event
+
+
+class Projection(Protocol):
+    """A read model folded from the log.
+
+    `apply` folds `facts` (ascending positions, all after this projection's checkpoint) into
+    `tables`, reading and writing them only through `source` with projections.table.Rows: in
+    the sink's transaction (PostgresRows), or in memory for a past moment (projections/past.py).
+    The sink then advances the checkpoint named `name` in that same transaction. It must depend
+    only on the facts and on its own tables, so that replaying the log from an empty start (or
+    from a snapshot of its tables) yields the same rows.
+    """
+
+    name: str
+    tables: tuple[Table, ...]
+
+    async def apply(self, source: RowSource, facts: Sequence[Fact]) -> None: ...
+
+
+def composition_of(event: Event) -> str | None:
+    """The composition an event is about, if any (CircuitCreated names one only when a
+    composition created the circuit)."""
+    cid = getattr(event, "composition_id", None)
+    return cid or None
+
+
+def iso(at: datetime | None) -> str | None:
+    """A timestamp as the wire shows it (msgspec's RFC 3339, UTC as `Z`), so read models print
+    the same text as the engine's own replies."""
+    return None if at is None else str(msgspec.to_builtins(at))
+
+
+def chain_entry(record: RecordedEvent) -> dict[str, Any]:
+    """How a `chain` names one event: type, position, time, actor and request id."""
+    return {
+        "type": record.type,
+        "position": record.position,
+        "time": iso(record.recorded_at),
+        "actor": record.actor,
+        "request_id": record.causation_id,
+    }

@@ -1,0 +1,312 @@
+"""The projections as a follower's sink: each domain's events folded into the projection tables.
+
+An engine follows each domain it serves with an engine.service.follower.Follower over this sink. A
+batch of one domain's events is applied to every projection in one transaction, together with
+each projection's checkpoint for that domain (trellis_follower_checkpoints, schema/005), so
+tables and checkpoints always agree. The checkpoint rows are locked (FOR UPDATE) first: two
+followers of the same domain (an engine handing a domain over, `trellis projections rebuild`
+while the engine runs) take turns, and one that finds a checkpoint already past part of its
+batch skips that part. One that finds a checkpoint behind what it was handed (someone
+rebuilt) raises Rewound and resumes from there.
+
+Checkpoints are per projection, so a projection added later catches up on its own. Every
+`snapshot_every` versions the batch also snapshots the domain's live rows, for answers at past
+moments (projections/past.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+from collections.abc import Iterator, Sequence
+
+import asyncpg
+
+from trellis.engine.service.follower import DomainLog, Follower, Progress, Rewound, Stalled
+from trellis.engine.core.records import RecordedEvent
+from trellis.projections.base import Fact, Projection
+from trellis.projections.compositions import CompositionsProjection
+from trellis.projections.connections import ConnectionsProjection
+from trellis.projections.devices import DevicesProjection
+from trellis.projections.history import HistoryProjection
+from trellis.projections.past import save_snapshot
+from trellis.projections.replay import Changes, ReplayRows, write
+from trellis.projections.table import PostgresRows, Table
+
+log = logging.getLogger("trellis.projections")
+
+SINK_NAME = "projections"
+
+_ENSURE = """
+INSERT INTO trellis_follower_checkpoints (follower, domain, version, position)
+SELECT name, $2, 0, 0 FROM unnest($1::text[]) AS name
+    ON CONFLICT (follower, domain) DO NOTHING
+"""
+_READ = """
+SELECT follower, version, position FROM trellis_follower_checkpoints
+ WHERE follower = ANY($1::text[]) AND domain = $2
+"""
+_LOCK = _READ + " ORDER BY follower FOR UPDATE"
+_SAVE = """
+UPDATE trellis_follower_checkpoints AS c SET version = u.version, position = u.position
+  FROM unnest($1::text[], $3::bigint[], $4::bigint[]) AS u(follower, version, position)
+ WHERE c.follower = u.follower AND c.domain = $2
+"""
+
+
+def default_projections() -> list[Projection]:
+    """The projections the queries read: compositions, connections, history, devices."""
+    return [
+        CompositionsProjection(),
+        ConnectionsProjection(),
+        HistoryProjection(),
+        DevicesProjection(),
+    ]
+
+
+class ProjectionSink:
+    """Folds domains' events into projection tables (engine.service.follower.Sink).
+
+    Args:
+        pool: asyncpg pool whose search_path holds the log and the projection tables
+            (migrations already applied, as PostgresEventStore.open does).
+        projections: what to fold; `default_projections()` when omitted.
+        snapshot_every: snapshot a domain's live rows (projections/past.py) in the batch that
+            reaches each multiple of this many versions; 0: never.
+    """
+
+    name = SINK_NAME
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        projections: Sequence[Projection] | None = None,
+        *,
+        snapshot_every: int = 0,
+    ):
+        self.pool = pool
+        self._snapshot_every = snapshot_every
+        self._projections = list(projections if projections is not None else default_projections())
+        self._names = [p.name for p in self._projections]
+        if len(set(self._names)) != len(self._names):
+            raise ValueError(f"projection names must be unique: {self._names}")
+        self._seen: dict[str, int] = {}  # domain -> the lowest checkpoint as last seen
+
+    @property
+    def checkpoint_names(self) -> list[str]:
+        """The projections' names, which key their checkpoints."""
+        return list(self._names)
+
+    @property
+    def projections(self) -> list[Projection]:
+        """What the sink folds, in the order it folds them."""
+        return list(self._projections)
+
+    @property
+    def table_defs(self) -> list[Table]:
+        """Every table the projections own, in a fixed order."""
+        return [t for p in self._projections for t in p.tables]
+
+    @property
+    def tables(self) -> list[str]:
+        """The names of `table_defs`."""
+        return [t.name for t in self.table_defs]
+
+    async def resume(self, domain: str) -> tuple[int, Progress]:
+        async with self.pool.acquire() as conn:
+            await conn.execute(_ENSURE, self._names, domain)
+            rows = await conn.fetch(_READ, self._names, domain)
+        lowest = min((Progress(r["version"], r["position"]) for r in rows), key=_version)
+        self._seen[domain] = lowest.version
+        return lowest.version, lowest
+
+    async def apply(self, domain: str, records: Sequence[RecordedEvent]) -> Progress:
+        """Fold one batch into every projection and move their checkpoints, atomically."""
+        facts: list[Fact] = []
+        stalled: Stalled | None = None
+        for record in records:
+            try:
+                facts.append(Fact(record, record.event()))
+            except Exception as exc:  # a newer engine's event, or damage: stop before it
+                stalled = Stalled(Progress(), record.position, f"{record.type}: {exc}")
+                break
+        progress = await self._commit(domain, facts, records[0].version) if facts else None
+        if stalled is not None:
+            stalled.progress = progress or await self._lowest(domain)
+            raise stalled
+        assert progress is not None
+        return progress
+
+    async def refresh(self, domain: str) -> None:
+        """A quiet moment: a checkpoint below what we last saw means someone rebuilt."""
+        if (await self._lowest(domain)).version < self._seen.get(domain, 0):
+            raise Rewound
+
+    async def _lowest(self, domain: str) -> Progress:
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(_READ, self._names, domain)
+        return min((Progress(r["version"], r["position"]) for r in rows), key=_version)
+
+    async def _commit(self, domain: str, facts: list[Fact], first: int) -> Progress:
+        last = facts[-1].record
+        async with self.pool.acquire() as conn, conn.transaction():
+            locked = {
+                r["follower"]: Progress(r["version"], r["position"])
+                for r in await conn.fetch(_LOCK, self._names, domain)
+            }
+            if len(locked) < len(self._names) or any(
+                cp.version < first - 1 for cp in locked.values()
+            ):
+                raise Rewound  # events before this batch would be missing from a projection
+            for projection in self._projections:
+                done = locked[projection.name].version
+                todo = [f for f in facts if f.record.version > done]
+                if todo:
+                    await projection.apply(PostgresRows(conn), todo)
+            # A snapshot is of every table at exactly `last` (none may be past it already).
+            exact = all(cp.version <= last.version for cp in locked.values())
+            if (
+                exact
+                and self._snapshot_every
+                and _crosses(first - 1, last.version, self._snapshot_every)
+            ):
+                await save_snapshot(conn, self._projections, last)
+            # Never move a checkpoint back: another follower may already be past this batch.
+            saved = {
+                name: max(cp, Progress(last.version, last.position), key=_version)
+                for name, cp in locked.items()
+            }
+            await conn.execute(
+                _SAVE,
+                list(saved),
+                domain,
+                [cp.version for cp in saved.values()],
+                [cp.position for cp in saved.values()],
+            )
+        lowest = min(saved.values(), key=_version)
+        self._seen[domain] = lowest.version
+        return lowest
+
+
+def _version(progress: Progress) -> int:
+    return progress.version
+
+
+def _crosses(before: int, after: int, every: int) -> bool:
+    """True when a multiple of `every` lies in (before, after]."""
+    return after // every > before // every
+
+
+async def rebuild(
+    pool: asyncpg.Pool, log: DomainLog, domains: Sequence[str], *, batch_size: int = 10_000
+) -> int:
+    """Empty every projection table, reset the checkpoints and replay the log of `domains`,
+    `batch_size` events per transaction.
+
+    Queries see the tables empty, then filling, until the replay ends; engines following the
+    domains notice the checkpoints moved back and take part. Returns the events applied.
+    """
+    sink = ProjectionSink(pool)
+    async with pool.acquire() as conn, conn.transaction():
+        # Locks every checkpoint row first, so no follower commits between truncate and reset.
+        await conn.execute(
+            "SELECT 1 FROM trellis_follower_checkpoints WHERE follower = ANY($1::text[]) "
+            "FOR UPDATE",
+            sink.checkpoint_names,
+        )
+        if sink.tables:
+            await conn.execute(f"TRUNCATE {', '.join(sink.tables)}")
+        await conn.execute(
+            "UPDATE trellis_follower_checkpoints SET version = 0, position = 0 "
+            "WHERE follower = ANY($1::text[])",
+            sink.checkpoint_names,
+        )
+    applied = 0
+    for domain in domains:
+        applied += await _replay(sink, log, domain, batch_size)
+        # The rest, if the replay handed over (or the log grew since): the ordinary way.
+        applied += await Follower(domain, log, sink, batch_size=batch_size).catch_up()
+    return applied
+
+
+async def _replay(sink: ProjectionSink, log: DomainLog, domain: str, batch_size: int) -> int:
+    """Fold `domain`'s log into the emptied tables with the rows carried in memory
+    (projections/replay.py) while no one else moves its checkpoints; the events applied.
+
+    Stops, and leaves the rest to an ordinary follower, at an event it cannot decode (which
+    that follower reports as it always does) or when another follower has committed since
+    this one's last batch (the rows in memory no longer are the tables').
+    """
+    saved, _ = await sink.resume(domain)
+    if saved != 0:
+        return 0
+    rows = ReplayRows(sink.pool, sink.table_defs)
+    committed = Progress()
+    applied = 0
+
+    async def fold(facts: list[Fact]) -> bool:
+        nonlocal committed, applied
+        for projection in sink.projections:
+            await projection.apply(rows, facts)
+        last = facts[-1].record
+        progress = Progress(last.version, last.position)
+        if not await _write_batch(sink, domain, rows.changes(), committed, progress):
+            return False
+        committed, applied = progress, applied + len(facts)
+        return True
+
+    facts: list[Fact] = []
+    with _collector_paused():
+        async for record in log.read(domain):
+            try:
+                facts.append(Fact(record, record.event()))
+            except Exception:
+                break
+            if len(facts) == batch_size:
+                if not await fold(facts):
+                    return applied
+                facts = []
+        if facts:
+            await fold(facts)
+    return applied
+
+
+async def _write_batch(
+    sink: ProjectionSink,
+    domain: str,
+    changes: list[Changes],
+    expected: Progress,
+    progress: Progress,
+) -> bool:
+    """Write a replayed batch and move the checkpoints to `progress`, in one transaction;
+    False (nothing written) when a checkpoint is no longer `expected`."""
+    names = sink.checkpoint_names
+    async with sink.pool.acquire() as conn, conn.transaction():
+        locked = [
+            Progress(r["version"], r["position"]) for r in await conn.fetch(_LOCK, names, domain)
+        ]
+        if len(locked) < len(names) or any(cp != expected for cp in locked):
+            return False
+        await write(conn, changes)
+        await conn.execute(
+            _SAVE, names, domain, [progress.version] * len(names), [progress.position] * len(names)
+        )
+    return True
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No automatic garbage collection for the length of a replay.
+
+    The rows held in memory are long-lived and many; at the default thresholds the collector
+    scanned them again and again, a third of a rebuild's time. What a replay leaves behind is
+    freed by reference counting (its few cycles wait for the next collection after it)."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
