@@ -8,6 +8,7 @@ import pytest
 
 from trellis.adapters.bootstrap import fabric_from_settings, fabric_state_path
 from trellis.adapters.entrypoints import cli
+from trellis.adapters.fabric.redfish.driver import RedfishFabric
 from trellis.adapters.fabric.sim import ScriptedFault, SimulatedFabric
 from trellis.adapters.nats.jetstream import StreamLimits
 from trellis.adapters.settings import Settings, SettingsError, redacted
@@ -84,9 +85,14 @@ def test_metrics_are_off_unless_a_port_is_given_and_0_takes_a_free_one() -> None
         ("TRELLIS_DOMAINS", "hall 1", "TRELLIS_DOMAINS holds invalid ids: hall 1"),
         (
             "TRELLIS_FABRIC",
-            "redfish",
-            "TRELLIS_FABRIC='redfish' names no fabric driver; valid: sim",
+            "h3",
+            "TRELLIS_FABRIC='h3' names no fabric driver; valid: sim, redfish",
         ),
+        ("TRELLIS_FABRIC", "redfish", "TRELLIS_FABRIC=redfish needs TRELLIS_REDFISH_URL"),
+        ("TRELLIS_REDFISH_URL", "fm:8000", "TRELLIS_REDFISH_URL: 'fm:8000' is no http://"),
+        ("TRELLIS_REDFISH_URL", "https://root:pw@fm", "TRELLIS_REDFISH_URL: give the Redfish"),
+        ("TRELLIS_REDFISH_EVENTS", "9000", "TRELLIS_REDFISH_EVENTS must be HOST:PORT"),
+        ("TRELLIS_REDFISH_EVENTS", "h:port", "TRELLIS_REDFISH_EVENTS must be a TCP port"),
         ("TRELLIS_SAGA_DEADLINE", "0", "TRELLIS_SAGA_DEADLINE must be a number of seconds above 0"),
         ("TRELLIS_SAGA_DEADLINE", "soon", "TRELLIS_SAGA_DEADLINE must be a number of seconds"),
         ("TRELLIS_SAGA_DEADLINE", "inf", "TRELLIS_SAGA_DEADLINE must be a number of seconds"),
@@ -112,6 +118,36 @@ def test_an_unusable_value_is_refused_naming_the_variable(
     with pytest.raises(SettingsError) as err:
         Settings.from_env({variable: value})
     assert str(err.value).startswith(complaint)
+
+
+def test_the_redfish_driver_is_configured_from_the_environment() -> None:
+    settings = Settings.from_env(
+        {
+            "TRELLIS_FABRIC": "redfish",
+            "TRELLIS_REDFISH_URL": "https://fm.example:8443/redfish/v1",
+            "TRELLIS_REDFISH_USER": "trellis",
+            "TRELLIS_REDFISH_PASSWORD": "s3cret",
+            "TRELLIS_REDFISH_FABRIC": "PCIe",
+            "TRELLIS_REDFISH_EVENTS": "[::1]:0",
+        }
+    )
+    assert (settings.redfish_user, settings.redfish_password) == ("trellis", "s3cret")
+    assert settings.redfish_events == ("::1", 0)
+    fabric = fabric_from_settings(settings)
+    assert isinstance(fabric, RedfishFabric)
+    assert fabric.fabric == "PCIe" and fabric.events_at == ("::1", 0)
+    assert fabric.client.origin == "https://fm.example:8443"
+    assert Settings.from_env({}).redfish_url is None  # the simulator stays the default
+    local = Settings.from_env(
+        {"TRELLIS_FABRIC": "redfish", "TRELLIS_REDFISH_URL": "http://localhost:8000"}
+    )
+    remote = Settings.from_env(
+        {"TRELLIS_FABRIC": "redfish", "TRELLIS_REDFISH_URL": "http://fm:8000"}
+    )
+    drivers = [fabric_from_settings(s) for s in (local, remote)]
+    assert all(isinstance(d, RedfishFabric) for d in drivers)
+    # Events need an address the service reaches: for one on this machine, the loopback.
+    assert [getattr(d, "events_at", "?") for d in drivers] == [("127.0.0.1", 0), None]
 
 
 def test_the_fabric_state_lives_in_the_data_dir_unless_configured(tmp_path: Path) -> None:
@@ -148,11 +184,11 @@ def test_the_configured_simulator_has_the_knobs_and_the_script_armed(
 def test_the_cli_reports_a_bad_setting_in_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("TRELLIS_FABRIC", "redfish")
+    monkeypatch.setenv("TRELLIS_FABRIC", "h3")
     assert cli.main(["up"]) == 1
     err = capsys.readouterr().err
     assert err == (
-        "trellis: config: TRELLIS_FABRIC='redfish' names no fabric driver; valid: sim"
+        "trellis: config: TRELLIS_FABRIC='h3' names no fabric driver; valid: sim, redfish"
         " (hint: see README: Configuration)\n"
     )
 

@@ -16,6 +16,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 
 from trellis.adapters.bootstrap import connect_nats, engine_on
+from trellis.adapters.fabric.redfish.watch import FabricWatch
 from trellis.adapters.follow_process import FollowerProcess
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.nats.jetstream import bucket_name
@@ -42,6 +43,7 @@ class Harness(msgspec.Struct, kw_only=True):
     service_id: str = ""  # the engine's NATS micro service instance
     metrics_url: str | None = None  # with metrics_at=(host, port)
     page_url: str | None = None  # with page_at=(host, port)
+    fabric_watch: FabricWatch | None = None  # with a Redfish fabric driver
 
     async def projected(self, domain: str, timeout: float = 5.0) -> int:
         """Until the domain's projections hold its whole log; the log's last position."""
@@ -89,6 +91,7 @@ async def serving(
                 service_id=running.service_id,
                 metrics_url=running.metrics_url,
                 page_url=running.page_url,
+                fabric_watch=running.fabric_watch,
             )
         finally:
             await client_nc.close()

@@ -205,7 +205,7 @@ async def test_fabric_show_asks_the_engine_not_a_local_file(
         code, out, _ = await trellis(env, "fabric", "show", "-o", "json")
         shown = json.loads(out)
         held = msgspec.to_builtins(await fabric.snapshot(DOMAIN))
-        assert {k: shown[k] for k in ("circuits", "bindings")} == held
+        assert {k: shown[k] for k in ("circuits", "bindings", "findings")} == held
         assert (shown["domain"], shown["in_step"]) == (DOMAIN, True), shown
 
         await trellis(env, "release", cid, "--tenant", "acme")

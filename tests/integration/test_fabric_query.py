@@ -40,7 +40,7 @@ async def test_the_fabric_query_reports_a_running_saga_and_then_what_the_driver_
         check_envelope(reply)
         after = expect_ok(reply)
         held = msgspec.to_builtins(await fabric_driver.snapshot(DOMAIN))
-        assert {k: after[k] for k in ("circuits", "bindings")} == held
+        assert {k: after[k] for k in ("circuits", "bindings", "findings")} == held
         assert [b["composition_id"] for b in after["bindings"]] == [composed["composition_id"]]
         assert after["domain"] == DOMAIN and after["in_step"] is True, after
         assert after["settling"] is False and after["differences"] == {

@@ -48,6 +48,9 @@ from trellis.adapters.embedded.servers import (
     default_data_dir,
     reload_nats,
 )
+from trellis.adapters.fabric.redfish.client import RedfishClient
+from trellis.adapters.fabric.redfish.driver import RedfishFabric
+from trellis.adapters.fabric.redfish.watch import FabricWatch
 from trellis.adapters.fabric.sim import SimulatedFabric
 from trellis.adapters.fabric.timed import TimedFabric
 from trellis.adapters.follow_process import CommitSignal, FollowerProcess, follower_env
@@ -118,6 +121,7 @@ class RunningEngine(msgspec.Struct, kw_only=True):
     service_id: str = ""  # the NATS micro service's instance id ($SRV.*.trellis-engine.<id>)
     metrics_url: str | None = None  # Prometheus metrics and health, when served
     page_url: str | None = None  # the live fabric page, when served
+    fabric_watch: FabricWatch | None = None  # the Redfish driver's timer, health and events
     page_token: str | None = None  # secure mode: the page's token (`<page_url>/?token=...`)
 
 
@@ -620,6 +624,12 @@ async def engine_on(
         )
         await engine.start()
         stack.push_async_callback(engine.close)
+        watch = None
+        if isinstance(fabric, RedfishFabric):  # its reconciliation timer and health
+            stack.push_async_callback(fabric.close)
+            watch = FabricWatch(fabric, engine)
+            await watch.start()
+            stack.push_async_callback(watch.close)
         nc = await connect_nats(
             nats_url, name="trellis-engine", credentials=_identity(secure, ENGINE_IDENTITY)
         )
@@ -702,6 +712,7 @@ async def engine_on(
             metrics_url=metrics_url,
             page_url=page_url,
             page_token=page_token,
+            fabric_watch=watch,
         )
 
 
@@ -885,13 +896,28 @@ def fabric_state_path(settings: Settings) -> Path:
 
 
 def fabric_from_settings(settings: Settings) -> FabricDriver:
-    """The fabric driver `settings` name. Only the simulator exists so far; it keeps its
-    "hardware" in its state file, so that outlives the engine as real hardware would.
+    """The fabric driver `settings` name: the simulator, which keeps its "hardware" in its
+    state file, so that outlives the engine as real hardware would; or a Redfish fabric
+    manager (adapters/fabric/redfish/).
 
     Raises:
         SettingsError: The state file cannot be read.
     """
     match settings.fabric:
+        case "redfish":
+            assert settings.redfish_url is not None  # Settings checks it
+            client = RedfishClient(
+                settings.redfish_url, settings.redfish_user, settings.redfish_password
+            )
+            # Events need an address the service can reach: the one configured, else, for a
+            # service on this machine, a free loopback port.
+            local = urllib.parse.urlsplit(client.origin).hostname in (
+                "127.0.0.1",
+                "localhost",
+                "::1",
+            )
+            events_at = settings.redfish_events or (("127.0.0.1", 0) if local else None)
+            return RedfishFabric(client, fabric=settings.redfish_fabric, events_at=events_at)
         case "sim":
             try:
                 fabric = SimulatedFabric(

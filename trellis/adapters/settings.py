@@ -11,12 +11,13 @@ from typing import Literal, get_args
 
 import msgspec
 
+from trellis.adapters.fabric.redfish.client import service_base
 from trellis.adapters.fabric.sim import ScriptedFault, parse_script
 from trellis.adapters.nats.jetstream import StreamLimits
 from trellis.engine.core.ids import is_valid_id
 from trellis.engine.core.throttle import DEFAULT_BURST, DEFAULT_PER_SECOND, RateLimit
 
-FabricDriverName = Literal["sim"]
+FabricDriverName = Literal["sim", "redfish"]
 FollowersMode = Literal["inline", "process"]
 FOLLOWERS_MODES: tuple[str, ...] = get_args(FollowersMode)
 FABRIC_DRIVERS: tuple[str, ...] = get_args(FabricDriverName)
@@ -51,6 +52,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     fabric_failure_rate: float = 0.0
     fabric_hang_rate: float = 0.0
     fabric_script: list[ScriptedFault] = []
+    # The Redfish driver (adapters/fabric/redfish/): the fabric manager's base URL (with or
+    # without /redfish/v1), its credentials, the fabric to drive (None: the one named like the
+    # domain, else the only one), and where to receive its events (None: health is polled).
+    redfish_url: str | None = None
+    redfish_user: str | None = None
+    redfish_password: str | None = None
+    redfish_fabric: str | None = None
+    redfish_events: tuple[str, int] | None = None
     # What the JetStream event stream keeps (adapters/nats/jetstream.py); 0: no limit.
     stream_limits: StreamLimits = StreamLimits()
     # Secure mode (adapters/nats/auth.py): NATS users and permissions. Also on whenever the
@@ -107,6 +116,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             script = parse_script(env.get("TRELLIS_FABRIC_SCRIPT", ""))
         except ValueError as exc:
             raise SettingsError(f"TRELLIS_FABRIC_SCRIPT: {exc}") from None
+        redfish_url = env.get("TRELLIS_REDFISH_URL") or None
+        if fabric == "redfish" and not redfish_url:
+            raise SettingsError("TRELLIS_FABRIC=redfish needs TRELLIS_REDFISH_URL")
+        if redfish_url:
+            try:
+                service_base(redfish_url)
+            except ValueError as exc:
+                raise SettingsError(f"TRELLIS_REDFISH_URL: {exc}") from None
         followers = env.get("TRELLIS_FOLLOWERS") or "inline"
         if followers not in FOLLOWERS_MODES:
             valid = ", ".join(FOLLOWERS_MODES)
@@ -158,6 +175,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             fabric_failure_rate=_probability(env, "TRELLIS_FABRIC_FAILURE_RATE"),
             fabric_hang_rate=_probability(env, "TRELLIS_FABRIC_HANG_RATE"),
             fabric_script=script,
+            redfish_url=redfish_url,
+            redfish_user=env.get("TRELLIS_REDFISH_USER") or None,
+            redfish_password=env.get("TRELLIS_REDFISH_PASSWORD") or None,
+            redfish_fabric=env.get("TRELLIS_REDFISH_FABRIC") or None,
+            redfish_events=_address(env, "TRELLIS_REDFISH_EVENTS"),
             stream_limits=_stream_limits(env),
             secure=_flag(env, "TRELLIS_SECURE"),
             checkpoint_every=checkpoint_every,
@@ -282,6 +304,18 @@ def _port(env: dict[str, str], name: str) -> int | None:
     if not 1 <= port <= 65535:
         raise SettingsError(f"{name} must be a TCP port (1-65535); got {port}")
     return port
+
+
+def _address(env: dict[str, str], name: str) -> tuple[str, int] | None:
+    """HOST:PORT to listen on (port 0: a free one); unset: none."""
+    text = env.get(name, "").strip()
+    if not text:
+        return None
+    host, _, port = text.rpartition(":")
+    number = metrics_port(port, name) if host else None
+    if number is None:
+        raise SettingsError(f"{name} must be HOST:PORT to listen on; got {text!r}")
+    return host.strip("[]"), number
 
 
 def metrics_port(text: str, name: str) -> int | None:

@@ -43,6 +43,7 @@ from trellis.adapters.entrypoints import (
     audit_verify,
     completion,
     export,
+    redfish_import,
     render,
 )
 from trellis.adapters.entrypoints.economics import demo as economics
@@ -384,10 +385,13 @@ def _parser() -> argparse.ArgumentParser:
 
     topo = sub.add_parser("topology", help="import or show a domain's fabric")
     topo_sub = topo.add_subparsers(metavar="ACTION")
-    imp = topo_sub.add_parser("import", help="import a topology document (JSON)")
-    imp.add_argument("file", type=Path)
+    imp = topo_sub.add_parser(
+        "import", help="import a topology document (JSON), or one read from a Redfish service"
+    )
+    imp.add_argument("file", type=Path, nargs="?")
     imp.add_argument("--request-id", help="resend-safe id (default: a fresh one)")
     imp.add_argument("--reason", default="")
+    redfish_import.add_arguments(imp)
     _client_options(imp)
     imp.set_defaults(run=_topology_import)
     show = topo_sub.add_parser("show", help="nodes and links with health and free capacity")
@@ -835,7 +839,10 @@ def _up(args: argparse.Namespace) -> int:
                 if running.page_url:
                     token = f"?token={running.page_token}" if running.page_token else ""
                     print(f"fabric page: {running.page_url}/{token} (operators only)")
-                print(f"fabric: simulated, its hardware state in {fabric_state_path(settings)}")
+                if settings.redfish_url and settings.fabric == "redfish":
+                    print(f"fabric: Redfish at {redacted(settings.redfish_url)}")
+                else:
+                    print(f"fabric: simulated, its hardware state in {fabric_state_path(settings)}")
                 if running.secure_dir is not None:
                     _print_secure(settings, SecureDir(running.secure_dir.parent))
                 print(f"serving {running.subject_prefix}.* for domains: {domains}. Ctrl-C stops.")
@@ -902,8 +909,20 @@ def _tenant_add(args: argparse.Namespace) -> int:
 
 
 def _topology_import(args: argparse.Namespace) -> int:
-    doc = _read_json(args.file)
-    body = {**doc, "reason": args.reason or doc.get("reason", f"imported from {args.file.name}")}
+    if (args.file is None) == (args.from_redfish is None):
+        raise CliError("give a topology file or --from-redfish URL (one of them)")
+    if args.from_redfish is not None:
+        try:
+            body = redfish_import.read(args)
+        except redfish_import.RedfishImportError as exc:
+            raise CliError(str(exc), code="unavailable", exit=EXIT_UNAVAILABLE) from None
+        if args.dry_run:
+            print(redfish_import.show(body))
+            return 0
+    else:
+        doc = _read_json(args.file)
+        reason = args.reason or doc.get("reason", f"imported from {args.file.name}")
+        body = {**doc, "reason": reason}
     # A fresh id per run: importing A, then B, then A again must import A, not replay its
     # first answer. Importing the same content twice is a no-op anyway (idempotent by content).
     request_id = args.request_id or str(uuid.uuid4())

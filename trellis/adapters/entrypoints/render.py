@@ -124,6 +124,7 @@ def fabric_tables(result: Row, reply: Row, wide: bool = False) -> str:
         circuits if report.circuits else "",
         bindings if report.bindings else "",
         f"{held}; {verdict}, at position {reply['position']}",
+        "\n".join(_findings(report)),
     ]
     return "\n\n".join(part for part in parts if part)
 
@@ -136,7 +137,14 @@ def fabric_check(result: Row, reply: Row, wide: bool = False) -> str:
     verdict = "hardware and log differ" if lines else "hardware holds what the log says"
     if lines and report.settling:
         verdict += " (the engine is still programming the fabric: check again shortly)"
-    return "\n".join([f"{report.domain}: {verdict}", *(f"  {line}" for line in lines)])
+    return "\n".join(
+        [f"{report.domain}: {verdict}", *(f"  {line}" for line in lines), *_findings(report)]
+    )
+
+
+def _findings(report: FabricReport) -> list[str]:
+    """What the driver saw on the fabric and cannot explain; Trellis leaves it alone."""
+    return [f"  found, not Trellis's to change: {finding}" for finding in report.findings]
 
 
 def _count(items: Sequence[object], noun: str) -> str:

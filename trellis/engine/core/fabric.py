@@ -28,7 +28,11 @@ class FabricCircuit(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class FabricSnapshot(msgspec.Struct, frozen=True, kw_only=True):
-    """What the hardware of one domain holds now; compared with the log by tests and audits."""
+    """What the hardware of one domain holds now; compared with the log by tests and audits.
+    `findings`: what the driver saw on the fabric and cannot explain (a resource of another
+    client holding one of this domain's devices, a tagged resource it cannot map), one
+    sentence each; it never touches those."""
 
     circuits: list[FabricCircuit]
     bindings: list[FabricBinding]
+    findings: list[str] = []

@@ -346,7 +346,8 @@ class FabricReport(msgspec.Struct, frozen=True, kw_only=True):
     circuits and bindings are the saga's business, not differences). `in_step` is true when
     the four operation lists are empty. `settling` is true while the engine is still
     programming the domain's fabric (a saga runs or a pass is due): differences seen then may
-    be on their way out.
+    be on their way out. `findings` is what the driver saw on the fabric and cannot explain
+    (engine.core.fabric.FabricSnapshot), never a difference the engine would change.
     """
 
     domain: str
@@ -355,3 +356,4 @@ class FabricReport(msgspec.Struct, frozen=True, kw_only=True):
     in_step: bool
     settling: bool
     differences: Reconciliation
+    findings: list[str] = []

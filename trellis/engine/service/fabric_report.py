@@ -62,4 +62,5 @@ async def report(
         in_step=plan.in_step,
         settling=settling(),
         differences=plan,
+        findings=snapshot.findings,
     )

@@ -5,9 +5,10 @@ A FabricSync runs passes, one at a time, whenever something committed (and once 
 2. take away what the hardware holds and the log no longer does (released, failed, expired,
    rerouted), bindings before circuits, so ports and devices are free before anything new
    needs them; then program what settled compositions need and the hardware lacks (repairs);
-3. start the compose saga of every pending composition that has none running. Sagas run on
-   their own, so one slow fabric call holds up nothing else; each, within its deadline,
-   creates its circuits and binds its devices. On an error or at the deadline it undoes what
+3. start the compose saga of every pending composition that has none running (also when the
+   snapshot failed: the saga's own steps then fail and are undone). Sagas run on their own,
+   so one slow fabric call holds up nothing else; each, within its deadline, creates its
+   circuits and binds its devices. On an error or at the deadline it undoes what
    it may have programmed and settles the composition as failed, otherwise as established.
    Settling is an internal intent under `settle_request_id`, so it is recorded once, one way.
    Passes leave everything of a pending composition alone.
@@ -138,9 +139,19 @@ class FabricSync:
 
     async def run_pass(self) -> bool:
         """One pass; True when every operation it tried succeeded."""
-        snapshot = await asyncio.wait_for(
-            self._fabric.snapshot(self.domain, fence=self._fence), self._deadline
-        )
+        try:
+            snapshot = await asyncio.wait_for(
+                self._fabric.snapshot(self.domain, fence=self._fence), self._deadline
+            )
+        except (FabricError, TimeoutError):
+            # The fabric cannot be read now (its manager is down, say). Pending compositions
+            # still get their saga: its own steps meet the same fabric and fail (undone, as
+            # any failed step), so the composer hears an outcome instead of waiting for it.
+            state = self._state()
+            self._start_sagas(
+                sorted(c for c, v in state.compositions.items() if v.state == "pending")
+            )
+            raise
         state = self._state()
         plan = reconcile(snapshot, state)
         fabric = self._fabric
@@ -148,13 +159,20 @@ class FabricSync:
         ok &= await self._apply(fabric.remove_circuit, plan.remove)
         ok &= await self._apply(fabric.create_circuit, plan.create)
         ok &= await self._apply(fabric.bind, plan.bind)
-        # Sagas run on their own: one slow fabric call must not hold up the rest of the domain.
-        # The plan is as old as the state read before the awaits above; meanwhile a saga may
-        # have settled its composition (and a release ended it), so only compositions pending
-        # *now* get a saga. Nothing else settles a pending composition, so it stays pending
-        # until the saga started here settles it.
+        self._start_sagas(plan.pending)
+        self.passes += 1
+        return ok
+
+    def _start_sagas(self, pending: list[str]) -> None:
+        """Start the saga of each of `pending` that is still pending and has none running.
+
+        Sagas run on their own: one slow fabric call must not hold up the rest of the domain.
+        The list is as old as the state read before the caller's awaits; meanwhile a saga may
+        have settled its composition (and a release ended it), so only compositions pending
+        *now* get a saga. Nothing else settles a pending composition, so it stays pending
+        until the saga started here settles it."""
         now = self._state().compositions
-        for cid in plan.pending:
+        for cid in pending:
             composition = now.get(cid)
             if (
                 cid not in self._sagas
@@ -162,8 +180,6 @@ class FabricSync:
                 and composition.state == "pending"
             ):
                 self._sagas[cid] = asyncio.create_task(self._saga(composition), name=f"saga-{cid}")
-        self.passes += 1
-        return ok
 
     async def _saga(self, composition: Composition) -> None:
         """Program one pending composition, settle it and tell whoever waits for it. If the

@@ -1,0 +1,417 @@
+"""A small Redfish client on asyncio streams: GET, POST, PATCH and DELETE of JSON resources,
+with Basic authentication, ETags and `If-Match` (DMTF DSP0266).
+
+The standard library and nothing else: a fabric driver needs a handful of verbs on one service,
+and an HTTP dependency would be one more thing for every deployment to carry. HTTP/1.1 with
+keep-alive where the service keeps connections open (a POST always opens a connection of its
+own, so a request that might have been carried out is never sent twice), bodies by
+Content-Length, chunked or up to the close (an HTTP/1.0 service such as DMTF's Mockup Server).
+
+Concurrency is bounded (`max_in_flight`): a fabric manager is one service, often a small one,
+and a burst of requests must queue here rather than overflow its listen backlog.
+
+Changes carry `If-Match` with the ETag of the last read when the service gives ETags (the
+`ETag` header, else the body's `@odata.etag`), never `*`. `update` and `delete` read first and
+retry after a fresh read when the service answers 412 (the resource changed since) or 428 (it
+wants `If-Match`), so a concurrent change is never overwritten.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import ssl
+import urllib.parse
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+SERVICE_ROOT = "/redfish/v1"
+#: Seconds one request may take, connecting included, unless the client says otherwise.
+DEFAULT_TIMEOUT_S = 5.0
+#: Fresh reads after a 412 or 428 before `update` and `delete` give up.
+PRECONDITION_RETRIES = 3
+_MAX_HEAD = 64 * 1024
+_MAX_BODY = 64 * 1024 * 1024
+
+Json = dict[str, Any]
+
+
+class RedfishError(Exception):
+    """A request to the Redfish service failed; `uri` names the resource."""
+
+    def __init__(self, message: str, *, uri: str = ""):
+        super().__init__(message)
+        self.uri = uri
+
+
+class Unreachable(RedfishError):
+    """No answer: the connection was refused, reset or timed out, or TLS failed."""
+
+
+class HttpError(RedfishError):
+    """The service answered with an error status; `message` carries its first
+    `@Message.ExtendedInfo` message, when it sent one."""
+
+    def __init__(self, method: str, uri: str, status: int, message: str = ""):
+        said = f": {message}" if message else ""
+        super().__init__(f"{method} {uri} answered {status}{said}", uri=uri)
+        self.status = status
+
+
+class Resource(msgspec.Struct, frozen=True):
+    """One resource as read: its JSON body and its ETag (None: the service gives none)."""
+
+    uri: str
+    body: Json
+    etag: str | None
+
+
+class _Response(msgspec.Struct, frozen=True):
+    status: int
+    headers: dict[str, str]  # lower-cased names
+    body: bytes
+    reusable: bool
+
+
+def service_base(url: str) -> tuple[str, str]:
+    """Split a service URL, given with or without `/redfish/v1`, into its origin
+    (`scheme://host:port`) and the path before `/redfish` (usually empty, unless the service
+    sits behind a proxy under a prefix).
+
+    Raises:
+        ValueError: `url` is no http(s) URL.
+    """
+    parts = urllib.parse.urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{url!r} is no http:// or https:// URL of a Redfish service")
+    if parts.username or parts.password:
+        raise ValueError("give the Redfish credentials apart, not inside the URL")
+    path = parts.path.rstrip("/")
+    prefix = path[: path.find("/redfish")] if "/redfish" in path else path
+    return f"{parts.scheme}://{parts.netloc}", prefix
+
+
+class RedfishClient:
+    """A client of one Redfish service.
+
+    Args:
+        url: The service's base URL, with or without `/redfish/v1`.
+        user: The account for HTTP Basic authentication (None: no authentication).
+        password: Its password.
+        timeout: Seconds each request may take, connecting included.
+        max_in_flight: Requests in flight at once; more wait their turn.
+        ssl_context: For https URLs (default: the system's trust store, verified).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        user: str | None = None,
+        password: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        max_in_flight: int = 4,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.origin, self._prefix = service_base(url)
+        parts = urllib.parse.urlsplit(self.origin)
+        self._host = parts.hostname or ""
+        self._tls = parts.scheme == "https"
+        self._port = parts.port or (443 if self._tls else 80)
+        self._ssl = (ssl_context or ssl.create_default_context()) if self._tls else None
+        self._authorization = (
+            "Basic " + base64.b64encode(f"{user}:{password or ''}".encode()).decode()
+            if user
+            else None
+        )
+        self.timeout = timeout
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self.requests = 0  # sent, for tests and benchmarks
+
+    @property
+    def root(self) -> str:
+        """The service root's URI, as `@odata.id` values name it."""
+        return f"{SERVICE_ROOT}/"
+
+    async def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for _, writer in idle:
+            writer.close()
+            with contextlib.suppress(OSError, ssl.SSLError):
+                await writer.wait_closed()
+
+    # -- the verbs ---------------------------------------------------------------------------
+
+    async def get(self, uri: str) -> Resource:
+        """Read one resource.
+
+        Raises:
+            HttpError: The service answered an error (404: no such resource).
+            Unreachable: It did not answer.
+        """
+        response = await self._request("GET", uri)
+        body = _json(response.body, "GET", uri)
+        etag = response.headers.get("etag") or body.get("@odata.etag")
+        return Resource(uri=uri, body=body, etag=etag if isinstance(etag, str) else None)
+
+    async def get_or_none(self, uri: str) -> Resource | None:
+        """Read one resource; None when the service says it does not exist (404)."""
+        try:
+            return await self.get(uri)
+        except HttpError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def members(self, collection: str) -> list[str]:
+        """The member URIs of a collection, following `Members@odata.nextLink` pages."""
+        uris: list[str] = []
+        page: str | None = collection
+        while page is not None:
+            body = (await self.get(page)).body
+            uris += [m["@odata.id"] for m in body.get("Members", []) if "@odata.id" in m]
+            next_link = body.get("Members@odata.nextLink")
+            page = next_link if isinstance(next_link, str) and next_link != page else None
+        return uris
+
+    async def post(self, collection: str, body: Json) -> str:
+        """Create a member of a collection; the new member's URI. A service may answer 201
+        or 204; either way its `Location` header names the new resource.
+
+        Raises:
+            HttpError: The service refused it, or said neither where nor what it made.
+            Unreachable: It did not answer (the member may or may not exist now).
+        """
+        response = await self._request("POST", collection, body, fresh=True)
+        location = response.headers.get("location")
+        if not location and response.body:
+            made = _json(response.body, "POST", collection).get("@odata.id")
+            location = made if isinstance(made, str) else None
+        if not location:
+            raise HttpError("POST", collection, response.status, "no Location for the new member")
+        return self._path_of(location)
+
+    async def patch(self, resource: Resource, change: Json) -> None:
+        """Change a resource as read (`If-Match` its ETag, when it has one)."""
+        await self._request("PATCH", resource.uri, change, etag=resource.etag)
+
+    async def update(self, uri: str, change: Callable[[Json], Json | None]) -> Json | None:
+        """Read `uri`, then PATCH what `change(body)` returns (None: nothing to change), with
+        `If-Match` the ETag just read; after a 412 or 428, read again and retry. The PATCH
+        sent, or None.
+
+        Raises:
+            HttpError: The service refused the change (a 412 or 428 after the last retry too).
+            Unreachable: It did not answer.
+        """
+        for attempt in range(PRECONDITION_RETRIES + 1):
+            resource = await self.get(uri)
+            patch = change(resource.body)
+            if patch is None:
+                return None
+            try:
+                await self.patch(resource, patch)
+                return patch
+            except HttpError as exc:
+                if exc.status not in (412, 428) or attempt == PRECONDITION_RETRIES:
+                    raise
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    async def delete(self, uri: str, still: Callable[[Json], bool] = lambda _: True) -> bool:
+        """Delete `uri` if it exists and `still(body)` holds when read, with `If-Match` the
+        ETag just read; after a 412 or 428, read again and retry. True when this deleted it;
+        False when it was gone already (or `still` said no).
+
+        Raises:
+            HttpError: The service refused the deletion.
+            Unreachable: It did not answer.
+        """
+        for attempt in range(PRECONDITION_RETRIES + 1):
+            resource = await self.get_or_none(uri)
+            if resource is None or not still(resource.body):
+                return False
+            try:
+                await self._request("DELETE", uri, etag=resource.etag)
+                return True
+            except HttpError as exc:
+                if exc.status == 404:
+                    return False  # someone else deleted it between our read and our delete
+                if exc.status not in (412, 428) or attempt == PRECONDITION_RETRIES:
+                    raise
+        raise AssertionError("unreachable")
+
+    # -- HTTP --------------------------------------------------------------------------------
+
+    def _path_of(self, uri: str) -> str:
+        """The path of a URI or URL the service gave (`Location` may be absolute)."""
+        parts = urllib.parse.urlsplit(uri)
+        path = parts.path or "/"
+        if self._prefix and path.startswith(self._prefix + "/redfish"):
+            path = path[len(self._prefix) :]
+        return path
+
+    async def _request(
+        self,
+        method: str,
+        uri: str,
+        body: Json | None = None,
+        *,
+        etag: str | None = None,
+        fresh: bool = False,
+    ) -> _Response:
+        path = self._prefix + uri if uri.startswith("/redfish") else uri
+        payload = msgspec.json.encode(body) if body is not None else b""
+        head = [
+            f"{method} {path} HTTP/1.1",
+            f"Host: {self._host_header()}",
+            "Accept: application/json",
+            "OData-Version: 4.0",
+            "User-Agent: trellis-redfish",
+        ]
+        if self._authorization:
+            head.append(f"Authorization: {self._authorization}")
+        if body is not None:
+            head += ["Content-Type: application/json", f"Content-Length: {len(payload)}"]
+        elif method in ("POST", "PATCH", "DELETE"):
+            head.append("Content-Length: 0")
+        if etag is not None:
+            head.append(f"If-Match: {etag}")
+        request = ("\r\n".join(head) + "\r\n\r\n").encode() + payload
+        async with self._slots:
+            self.requests += 1
+            try:
+                async with asyncio.timeout(self.timeout):
+                    response = await self._exchange(method, request, fresh=fresh)
+            except TimeoutError:
+                raise Unreachable(
+                    f"{method} {uri}: no answer within {self.timeout:g} s", uri=uri
+                ) from None
+            except (OSError, ssl.SSLError, asyncio.IncompleteReadError, ValueError) as exc:
+                reason = str(exc) or type(exc).__name__
+                raise Unreachable(f"{method} {uri}: {reason}", uri=uri) from None
+        if response.status >= 400:
+            raise HttpError(method, uri, response.status, _error_message(response.body))
+        return response
+
+    def _host_header(self) -> str:
+        default = 443 if self._tls else 80
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return host if self._port == default else f"{host}:{self._port}"
+
+    async def _exchange(self, method: str, request: bytes, *, fresh: bool) -> _Response:
+        """Send on an idle kept-alive connection (for a request that may be sent twice) or a
+        new one; a kept one the service closed meanwhile is retried once on a new one."""
+        while self._idle and not fresh:
+            reader, writer = self._idle.pop()
+            try:
+                return await self._on(reader, writer, method, request)
+            except (OSError, asyncio.IncompleteReadError, _ClosedBeforeAnswer):
+                continue  # the service closed it while idle: try another, or a new one
+        reader, writer = await asyncio.open_connection(
+            self._host, self._port, ssl=self._ssl, server_hostname=self._host if self._ssl else None
+        )
+        try:
+            return await self._on(reader, writer, method, request)
+        except _ClosedBeforeAnswer:
+            raise ConnectionResetError("the service closed the connection unanswered") from None
+
+    async def _on(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        method: str,
+        request: bytes,
+    ) -> _Response:
+        keep = False
+        try:
+            writer.write(request)
+            await writer.drain()
+            response = await _read_response(reader, method)
+            keep = response.reusable
+            return response
+        finally:
+            if keep:
+                self._idle.append((reader, writer))
+            else:
+                writer.close()
+                with contextlib.suppress(OSError, ssl.SSLError):
+                    await writer.wait_closed()
+
+
+class _ClosedBeforeAnswer(Exception):
+    """The connection ended before the first byte of an answer."""
+
+
+async def _read_response(reader: asyncio.StreamReader, method: str) -> _Response:
+    status_line = await reader.readline()
+    if not status_line:
+        raise _ClosedBeforeAnswer
+    version, _, rest = status_line.decode("latin-1").strip().partition(" ")
+    code = rest.split(" ", 1)[0]
+    if not version.startswith("HTTP/") or not code.isdigit():
+        raise ValueError(f"not an HTTP response: {status_line[:80]!r}")
+    status = int(code)
+    headers: dict[str, str] = {}
+    size = 0
+    while True:
+        line = await reader.readline()
+        size += len(line)
+        if size > _MAX_HEAD:
+            raise ValueError("response headers too large")
+        if line in (b"\r\n", b"\n", b""):
+            break
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if 100 <= status < 200:  # an interim answer (100 Continue): the real one follows
+        return await _read_response(reader, method)
+    closes = headers.get("connection", "").lower() == "close" or version == "HTTP/1.0"
+    if method == "HEAD" or status in (204, 304):
+        return _Response(status, headers, b"", not closes)
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        return _Response(status, headers, await _read_chunked(reader), not closes)
+    if "content-length" in headers:
+        length = int(headers["content-length"])
+        if not 0 <= length <= _MAX_BODY:
+            raise ValueError(f"response body of {length} bytes")
+        return _Response(status, headers, await reader.readexactly(length), not closes)
+    return _Response(status, headers, await reader.read(_MAX_BODY), False)  # up to the close
+
+
+async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+    body = bytearray()
+    while True:
+        size = int((await reader.readline()).split(b";", 1)[0].strip() or b"0", 16)
+        if size == 0:
+            while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                pass  # trailers
+            return bytes(body)
+        if len(body) + size > _MAX_BODY:
+            raise ValueError("response body too large")
+        body += await reader.readexactly(size)
+        await reader.readline()
+
+
+def _json(data: bytes, method: str, uri: str) -> Json:
+    try:
+        body = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        raise HttpError(method, uri, 200, "the answer is not JSON") from None
+    if not isinstance(body, dict):
+        raise HttpError(method, uri, 200, "the answer is not a JSON object")
+    return body
+
+
+def _error_message(data: bytes) -> str:
+    """The first message of a Redfish error body, if there is one."""
+    try:
+        body = msgspec.json.decode(data)
+        error = body["error"]
+        info = error.get("@Message.ExtendedInfo") or []
+        message = info[0].get("Message") if info else error.get("message")
+        return str(message) if message else ""
+    except Exception:
+        return ""
