@@ -131,7 +131,7 @@ async def test_the_wheel_installs_into_a_fresh_venv_and_serves_a_compose(
     web = "trellis/adapters/http/web"
     assert {f"{web}/index.html", f"{web}/page.js", f"{web}/page.css"} <= names
     # The economics demo's inputs, the trace with its CC-BY credit beside it (setup.py).
-    examples = "trellis/adapters/entrypoints/economics/examples"
+    examples = "trellis/examples"
     trace = f"{examples}/azure-llm-trace-2023"
     assert {f"{examples}/hall.json", f"{examples}/scheduler.py", f"{trace}/NOTICE.md",
             f"{trace}/LICENSE", f"{trace}/AzureLLMInferenceTrace_conv.csv"} <= names  # fmt: skip
