@@ -241,38 +241,3 @@ async def successor_is_writing(engine: Engine, database_url: str, schema: str) -
 
 async def _writes(engine: Engine) -> bool:
     return "hall" in engine.domains
-
-
-@pytest_asyncio.fixture
-async def single(
-    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str
-) -> AsyncIterator[Harness]:
-    async with serving(nats_url, database_url, pg_schema, subject_prefix, lease_ttl=3.0) as h:
-        yield h
-
-
-async def test_a_writer_whose_own_count_ran_out_keeps_a_lease_the_store_still_holds(
-    single: Harness, database_url: str, pg_schema: str
-) -> None:
-    """An event loop held up past the engine's own count of its lease (a long decision) is
-    not a lost lease: the store, which renews only a lease that never lapsed, decides."""
-    h = single
-    expect_ok(await h.client.admin("hall", "import-topology", fabric()))
-    _, epoch = (await holders(database_url, pg_schema))["hall"]
-    served = h.engine.custody._served["hall"]
-    assert served.lease is not None
-
-    # The writer finds its count run out before a batch: it renews out of turn and commits.
-    served.lease.until = 0.0
-    reply = await h.client.intent("hall", "acme", "compose", {"request_id": "held-up-1", **NIC})
-    cid = expect_ok(reply)["composition_id"]
-    # The lease keeper finds it run out: the store's renewal under our epoch keeps it.
-    served.lease.until = 0.0
-    await h.engine.custody._own_tick()
-    assert h.engine.custody._served.get("hall") is served
-    assert (await holders(database_url, pg_schema))["hall"][1] == epoch
-    reply = await h.client.intent(
-        "hall", "acme", "release", {"request_id": "held-up-2", "composition_id": cid}
-    )
-    assert expect_ok(reply)["state"] == "released"
-    assert h.engine.custody._served.get("hall") is served

@@ -1,0 +1,92 @@
+"""Group commit: intents that arrive together share one append, and nobody hears back before
+their event is committed (ARCHITECTURE §2 and §6). The writer's behaviour, on the in-memory
+log (tests/adapters/memory_rig.py); PostgreSQL's own guarantees are tests/store_contract.py's."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+import pytest_asyncio
+from integration.fabrics import expect_error, expect_ok, fabric, gpu
+from memory_rig import Rig, in_memory
+
+from trellis.engine.core.records import verify_chain
+
+DOMAIN = "hall-1"
+N = 200
+
+
+@pytest_asyncio.fixture
+async def rig() -> AsyncIterator[Rig]:
+    async with in_memory() as r:
+        yield r
+
+
+async def test_concurrent_intents_are_committed_in_batches_and_answered_after_commit(
+    rig: Rig,
+) -> None:
+    # Given: an imported fabric.
+    expect_ok(await rig.client.admin(DOMAIN, "import-topology", fabric()))
+    imports = rig.log.appends
+    unseen: list[int] = []
+
+    async def add(i: int) -> dict[str, Any]:
+        reply = await rig.client.admin(
+            DOMAIN, "add-node", {"request_id": f"add-{i}", "node": gpu(f"gpu-n{i:03}")}
+        )
+        # The moment the reply is here, its event must be in the log.
+        if reply.get("ok") and rig.log.counts()[0] < reply["position"]:
+            unseen.append(i)
+        return reply
+
+    # When: N add-node intents are in flight together.
+    replies = await asyncio.gather(*(add(i) for i in range(N)))
+
+    # Then: all ok, each with its own position, and each in the log when its reply arrived.
+    for reply in replies:
+        expect_ok(reply)
+    assert unseen == []
+    positions = [r["position"] for r in replies]
+    assert len(set(positions)) == N
+    events = [e async for e in rig.log.read(DOMAIN)]
+    assert [e.version for e in events] == list(range(1, N + 2))
+    by_request = {e.causation_id: e.position for e in events[1:]}
+    assert by_request == {f"add-{i}": positions[i] for i in range(N)}
+    assert rig.log.appends - imports < N, "every intent had an append of its own: no batching"
+    assert rig.log.counts() == (N + 1, N + 1)
+    assert verify_chain(events) is None
+
+
+async def test_rejections_inside_a_batch_do_not_spoil_the_others(rig: Rig) -> None:
+    # Given: an imported fabric.
+    expect_ok(await rig.client.admin(DOMAIN, "import-topology", fabric()))
+
+    # When: good intents, intents for existing ids and pairs racing for one new id arrive together.
+    good = [{"node": gpu(f"gpu-g{i:02}")} for i in range(40)]
+    taken = [{"node": gpu("gpu-01")} for _ in range(40)]
+    racing = [{"node": gpu(f"gpu-r{i % 10}")} for i in range(40)]  # four requests per id
+    bodies = [body for trio in zip(good, taken, racing, strict=True) for body in trio]
+    replies = await asyncio.gather(*(rig.client.admin(DOMAIN, "add-node", b) for b in bodies))
+
+    # Then: each new id was added exactly once, by exactly one request; the rest are conflicts.
+    winners: dict[str, int] = {}
+    for body, reply in zip(bodies, replies, strict=True):
+        node = body["node"]["id"]
+        if reply["ok"]:
+            assert node not in winners, f"{node} was added twice"
+            winners[node] = reply["position"]
+        else:
+            assert node in {"gpu-01"} | {f"gpu-r{i}" for i in range(10)}, reply
+            expect_error(reply, "conflict")
+    assert set(winners) == {b["node"]["id"] for b in good + racing}
+    added = [e async for e in rig.log.read(DOMAIN) if e.type == "NodeAdded"]
+    assert {node_of(e.data): e.position for e in added} == winners
+
+
+def node_of(data: bytes) -> str:
+    """The node a NodeAdded event's data adds."""
+    node: str = msgspec.json.decode(data)["node"]["id"]
+    return node

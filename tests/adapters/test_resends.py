@@ -1,0 +1,120 @@
+"""Request ids: a resend returns the first answer, a reused id with another body is a conflict.
+
+ARCHITECTURE §3/§6: the reply is stored with the events in one append, keyed by
+(domain, actor, request_id), and a resend is answered from it without writing anything. The
+writer's behaviour, on the in-memory log; the PostgreSQL key is tests/integration/
+test_request_ids.py's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest_asyncio
+from integration.fabrics import expect_error, expect_ok, fabric, gpu
+from memory_rig import Rig, in_memory
+
+DOMAIN = "hall-1"
+
+
+@pytest_asyncio.fixture
+async def rig() -> AsyncIterator[Rig]:
+    async with in_memory() as r:
+        yield r
+
+
+async def imported(rig: Rig) -> dict[str, Any]:
+    reply = await rig.client.admin(
+        DOMAIN, "import-topology", {"request_id": "import-1", **fabric()}
+    )
+    expect_ok(reply)
+    return reply
+
+
+async def test_resending_a_request_id_with_the_same_body_returns_the_stored_reply_replayed(
+    rig: Rig,
+) -> None:
+    # Given: a drain answered first, then another intent that moved the domain's head on.
+    first_import = await imported(rig)
+    body = {"request_id": "drain-sw", "id": "sw-1", "reason": "maintenance"}
+    first = await rig.client.admin(DOMAIN, "drain", body)
+    assert first["replayed"] is False
+    expect_ok(await rig.client.admin(DOMAIN, "drain", {"id": "gpu-01"}))
+    counts = rig.log.counts()
+
+    # When: both are resent, one of them with another key order and spacing.
+    again = await rig.client.admin(DOMAIN, "drain", body)
+    spaced = b'{ "reason" : "maintenance", "id" : "sw-1", "request_id" : "drain-sw" }'
+    respaced = await rig.client.raw(f"admin.{DOMAIN}.drain", spaced)
+    import_again = await rig.client.admin(
+        DOMAIN, "import-topology", {"request_id": "import-1", **fabric()}
+    )
+
+    # Then: the first answers, word for word, marked replayed; nothing new in the log.
+    assert again == {**first, "replayed": True}
+    assert respaced == again
+    assert import_again == {**first_import, "replayed": True}
+    assert again["position"] == first["position"] < (await rig.log.head(DOMAIN)).position
+    assert rig.log.counts() == counts
+
+
+async def test_rejects_a_request_id_reused_with_a_different_body_as_conflict(rig: Rig) -> None:
+    await imported(rig)
+    expect_ok(await rig.client.admin(DOMAIN, "drain", {"request_id": "r-1", "id": "sw-1"}))
+    counts = rig.log.counts()
+
+    other_body = await rig.client.admin(DOMAIN, "drain", {"request_id": "r-1", "id": "gpu-01"})
+    other_verb = await rig.client.admin(DOMAIN, "undrain", {"request_id": "r-1", "id": "sw-1"})
+
+    for reply in (other_body, other_verb):
+        assert expect_error(reply, "conflict")["details"] == {"request_id": "r-1"}
+    assert rig.log.counts() == counts
+    topo = expect_ok(await rig.client.query(DOMAIN, "topology"))
+    drained = {n["id"] for n in topo["nodes"] if n["drained"]}
+    assert drained == {"sw-1"}
+
+
+async def test_two_requests_with_the_same_request_id_in_flight_together_make_one_event(
+    rig: Rig,
+) -> None:
+    await imported(rig)
+
+    for round_ in range(8):
+        rid = f"twin-{round_}"
+        body = {"request_id": rid, "node": gpu(f"gpu-t{round_}")}
+
+        a, b = await asyncio.gather(
+            rig.client.admin(DOMAIN, "add-node", body), rig.client.admin(DOMAIN, "add-node", body)
+        )
+
+        assert expect_ok(a) == expect_ok(b)
+        assert a["position"] == b["position"]
+        assert sorted([a["replayed"], b["replayed"]]) == [False, True]
+        assert [e.causation_id for e in rig.log.all_events()].count(rid) == 1
+    assert rig.log.event_types(DOMAIN) == [
+        "TopologyImported",
+        *["NodeAdded"] * 8,
+    ]
+    assert rig.log.counts() == (9, 9)
+
+
+async def test_racing_bodies_under_one_request_id_leave_one_winner_and_conflicts(rig: Rig) -> None:
+    await imported(rig)
+    same = {"request_id": "race", "node": gpu("gpu-a")}
+    other = {"request_id": "race", "node": gpu("gpu-b")}
+
+    replies = await asyncio.gather(
+        *(rig.client.admin(DOMAIN, "add-node", b) for b in (same, other, same, other))
+    )
+
+    firsts = [r for r in replies if r["ok"] and not r["replayed"]]
+    assert len(firsts) == 1
+    winner = firsts[0]["result"]["component"]
+    for body, reply in zip((same, other, same, other), replies, strict=True):
+        if body["node"]["id"] == winner:
+            assert reply == {**firsts[0], "replayed": reply["replayed"]}
+        else:
+            expect_error(reply, "conflict")
+    assert rig.log.event_types(DOMAIN) == ["TopologyImported", "NodeAdded"]
