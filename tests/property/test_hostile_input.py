@@ -326,8 +326,13 @@ ID_CHARS = string.ascii_letters + string.digits + "_-"
 # Subject-token separators and wildcards, whitespace, NUL and DEL, right-to-left and zero-width
 # marks, a byte-order mark, a non-ASCII letter, other punctuation, lone surrogates.
 BAD_ID_CHARS = list(".*> \n\r\t\x00\x7f\u202e\u200f\u200b\ufeffé/:$\ud800\udfff")
-# Control characters (newline, return and tab are allowed in free text), lone surrogates.
-BAD_TEXT_CHARS = list("\x00\x01\x08\x0b\x0c\x1b\x1f\x7f\ud800\udbff\udc00")
+# Control characters (C0 with tab, newline and return, DEL and C1), the bidi marks, embeddings,
+# overrides and isolates that reorder what a terminal shows (ids.PLAIN_TEXT), lone surrogates.
+BAD_TEXT_CHARS = list(
+    "\x00\x01\x08\t\n\r\x0b\x0c\x1b\x1f\x7f\x80\x85\x9f"
+    "\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+    "\ud800\udbff\udc00"
+)
 # Text around a bad character: anything but surrogates and control characters (those are bad
 # themselves, and would only make the case less clear).
 PLAIN = st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=8)
