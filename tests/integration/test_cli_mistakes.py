@@ -34,6 +34,9 @@ USAGE = [
     (["why", "bad.id"], "not a valid component or composition id"),
     (["quota", "set", "a b", "gpu", "--count", "1"], "not a valid tenant"),
     (["compose", "--bogus"], "unrecognized arguments: --bogus"),
+    # Hostile shapes of the same mistakes: arguments that are not UTF-8, numbers past int64.
+    (["compose", "--host", "\udcff\udcfe", "--gpu", "1"], "not a valid host id"),
+    (["compose", "--host", "h1", "--gpu", "1", "--lease", "9" * 30], "a lease is 1 to"),
 ]
 
 
@@ -59,6 +62,30 @@ async def test_a_wrong_command_line_is_one_usage_line_and_exit_2(
     line = one_line(err)
     assert code == EXIT_USAGE, (code, err)
     assert line.startswith("trellis: usage: ") and says in line and "(hint: " in line, line
+    assert out == ""
+
+
+# Files that cannot be a topology document: the CLI says so before it sends anything.
+UNREADABLE = {
+    "a directory": ("dir", None, "Is a directory"),
+    "bytes that are not JSON": ("noise.json", bytes(range(256)) * 4, "JSON is malformed"),
+    "JSON that is not UTF-8": ("latin.json", '{"nodes": "\xe9"}'.encode("latin-1"), "Invalid UTF-8"),
+}
+
+
+@pytest.mark.parametrize(("name", "content", "says"), UNREADABLE.values(), ids=list(UNREADABLE))
+async def test_a_file_that_is_no_document_is_one_error_line_and_exit_1(
+    tmp_path: Path, name: str, content: bytes | None, says: str
+) -> None:
+    path = tmp_path / name
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    code, out, err = await run_cli(base_env(tmp_path), "topology", "import", str(path))
+    line = one_line(err)
+    assert code == 1, (code, err)
+    assert line.startswith(f"trellis: error: cannot read {path}") and says in line, line
     assert out == ""
 
 
