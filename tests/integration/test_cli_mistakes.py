@@ -69,7 +69,11 @@ async def test_a_wrong_command_line_is_one_usage_line_and_exit_2(
 UNREADABLE = {
     "a directory": ("dir", None, "Is a directory"),
     "bytes that are not JSON": ("noise.json", bytes(range(256)) * 4, "JSON is malformed"),
-    "JSON that is not UTF-8": ("latin.json", '{"nodes": "\xe9"}'.encode("latin-1"), "Invalid UTF-8"),
+    "JSON that is not UTF-8": (
+        "latin.json",
+        '{"nodes": "\xe9"}'.encode("latin-1"),
+        "Invalid UTF-8",
+    ),
 }
 
 

@@ -9,7 +9,7 @@ engine with SIGKILL at a different moment of it, then starts another engine. Tha
 first pass, and its reconciliation, finish or undo the saga and remove what the log does not
 hold. The check is independent of the engine: a fresh driver reads the server, and its
 snapshot is reconciled with the domain folded from the log (the engine's own `evolve`).
-What each restart found (resources the killed engine left, kept, removed, made) is counted in
+What each restart found (resources left by the killed engine, kept, removed, made) is counted in
 the run's summary table.
 """
 
@@ -140,9 +140,9 @@ async def test_a_killed_engine_leaves_the_fabric_manager_equal_to_the_log_after_
                 await until("the restarted engine's fabric in step", lambda: settled(client))
                 after = await held_on(server)
                 table.tried("kills")
-                table.tried("resources the killed engine left", len(left))
-                table.tried("of them kept (the log holds them)", len(left & after))
-                table.tried("of them removed (the log does not)", len(left - after))
+                table.tried("resources left by the killed engine", len(left))
+                table.tried("resources left, kept (the log holds them)", len(left & after))
+                table.tried("resources left, removed (the log does not)", len(left - after))
                 table.tried("resources made after the restart", len(after - left))
                 # Independent of the engine: a fresh driver's reading against the log.
                 fresh = RedfishFabric(RedfishClient(server.url))
