@@ -1,7 +1,7 @@
 """Parquet export (adapters/postgres/export.py, `trellis export --parquet`) of a scripted day
 over real NATS and Postgres: what is exported equals the log, column types round-trip, a
-second export appends only what is new, and the README's DuckDB query gives the GPU-hours a
-sum over the log's own events gives."""
+second export appends only what is new, and the auditing guide's DuckDB query gives the
+GPU-hours a sum over the log's own events gives."""
 
 from __future__ import annotations
 
@@ -262,12 +262,12 @@ async def test_an_export_stops_where_the_history_projection_has_folded(
     assert (rest.first_position, rest.last_position, rest.held_back) == (folded + 1, head, None)
 
 
-async def test_the_readme_duckdb_query_gives_the_gpu_hours_of_the_log(
+async def test_the_auditing_guide_duckdb_query_gives_the_gpu_hours_of_the_log(
     pool: asyncpg.Pool, day: Day, tmp_path: Path
 ) -> None:
     await export(pool, tmp_path)
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## GPU-hours from a Parquet export") :]
+    guide = (ROOT / "docs" / "auditing.md").read_text()
+    section = guide[guide.index("### GPU-hours and cost by tenant and model") :]
     query = sql_block(section).replace("'export/", f"'{tmp_path}/")
     answered = {
         (tenant, model): (hours, cost)

@@ -1,8 +1,9 @@
-"""The README's CLI examples are real output (issue 12 item 4).
+"""The CLI examples of the README and of docs/ are real output (issue 12 item 4).
 
-Every block of README.md marked `<!-- checked: tests/integration/test_readme.py -->` is run,
-command by command and block after block, as one session against a fresh engine over real NATS
-and Postgres, and what the CLI prints must be what the README shows. In a block:
+Every block of README.md or of a page docs/*.md marked
+`<!-- checked: tests/integration/test_readme.py -->` is run, command by command and block after
+block, one page as one session against a fresh engine over real NATS and Postgres, and what the
+CLI prints must be what the page shows. In a block:
 
 - a line starting `$ trellis ` is a command (a trailing backslash continues it on the next
   line; `# ...` is a comment), run from the repository's root;
@@ -14,8 +15,8 @@ Log records (`2026-12-01 10:00:00,123 WARNING ...`) are left out: they depend on
 
 Both sides are normalised first, as they differ on every run: composition ids, uuids, ISO
 times, sha256 hashes, durations and rates, and the widths of table columns (runs of spaces).
-A composition id in a command stands for the one the README showed: ids are matched up as the
-README's output lines are matched with the real ones.
+A composition id in a command stands for the one the page showed: ids are matched up as the
+page's output lines are matched with the real ones.
 """
 
 from __future__ import annotations
@@ -28,13 +29,19 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import NamedTuple
 
+import pytest
 import pytest_asyncio
 from harness import Harness, cli_env, serving
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
+TOUR = REPO / "docs" / "tour.md"
 MARKER = "<!-- checked: tests/integration/test_readme.py -->"
-DOMAIN = "default"  # the README's: no --domain, no TRELLIS_DOMAIN
+# Every page with a checked block; each is a session of its own.
+CHECKED = [
+    page for page in [README, *sorted((REPO / "docs").glob("*.md"))] if MARKER in page.read_text()
+]
+DOMAIN = "default"  # the pages': no --domain, no TRELLIS_DOMAIN
 ANY_LINES = "..."
 LOG_RECORD = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (DEBUG|INFO|WARNING) ")
 
@@ -49,37 +56,38 @@ VARYING = [
 
 
 class Example(NamedTuple):
-    line: int  # of the command in README.md
+    where: str  # page:line of the command
     command: str
     output: list[str]
     exit: int
 
 
-def examples(text: str) -> list[Example]:
-    """The commands of every checked block, in order."""
+def examples(page: Path) -> list[Example]:
+    """The commands of every checked block of a page, in order."""
+    name = str(page.relative_to(REPO))
     found: list[Example] = []
-    lines = text.splitlines()
+    lines = page.read_text().splitlines()
     i = 0
     while i < len(lines):
         if lines[i].strip() != MARKER:
             i += 1
             continue
-        assert lines[i + 1].startswith("```"), f"README.md:{i + 2}: a fence follows {MARKER}"
+        assert lines[i + 1].startswith("```"), f"{name}:{i + 2}: a fence follows {MARKER}"
         i += 2
-        block: list[tuple[int, str]] = []
+        block: list[tuple[str, str]] = []
         while not lines[i].startswith("```"):
-            block.append((i + 1, lines[i]))
+            block.append((f"{name}:{i + 1}", lines[i]))
             i += 1
         found += _commands(block)
     return found
 
 
-def _commands(block: list[tuple[int, str]]) -> list[Example]:
+def _commands(block: list[tuple[str, str]]) -> list[Example]:
     commands: list[Example] = []
     j = 0
     while j < len(block):
-        number, text = block[j]
-        assert text.startswith("$ trellis "), f"README.md:{number}: expected `$ trellis ...`"
+        where, text = block[j]
+        assert text.startswith("$ trellis "), f"{where}: expected `$ trellis ...`"
         command = text[2:]
         while command.endswith("\\"):
             j += 1
@@ -92,7 +100,7 @@ def _commands(block: list[tuple[int, str]]) -> list[Example]:
         code = 0
         if output and (ended := re.fullmatch(r"\(exit (\d+)\)", output[-1])):
             code, output = int(ended.group(1)), output[:-1]
-        commands.append(Example(number, command, output, code))
+        commands.append(Example(where, command, output, code))
     return commands
 
 
@@ -145,7 +153,17 @@ async def h(
         yield harness
 
 
-async def test_the_readme_shows_what_the_cli_prints(
+def test_the_readme_and_the_tour_keep_their_checked_examples() -> None:
+    readme = [example.command for example in examples(README)]
+    for step in ("topology import", "compose", "why", "release", "--at"):
+        assert any(step in command for command in readme), f"the README's tour lost `{step}`"
+    assert len(examples(TOUR)) >= 20, "docs/tour.md lost its checked examples"
+    assert CHECKED[:1] == [README] and TOUR in CHECKED
+
+
+@pytest.mark.parametrize("page", CHECKED, ids=[str(page.relative_to(REPO)) for page in CHECKED])
+async def test_each_checked_page_shows_what_the_cli_prints(
+    page: Path,
     h: Harness,
     tmp_path: Path,
     nats_url: str,
@@ -154,12 +172,11 @@ async def test_the_readme_shows_what_the_cli_prints(
     subject_prefix: str,
 ) -> None:
     env = cli_env(tmp_path / "data", nats_url, database_url, pg_schema, subject_prefix)
-    session = examples(README.read_text())
-    assert len(session) >= 20, "the README lost its checked examples"
-    ids: dict[str, str] = {}  # the README's composition ids -> this run's
+    session = examples(page)
+    ids: dict[str, str] = {}  # the page's composition ids -> this run's
     for example in session:
         if h.engine.state(DOMAIN) is not None:
-            # The README shows a settled system: the fabric programmed, the KV feed caught up.
+            # The pages show a settled system: the fabric programmed, the KV feed caught up.
             await h.fabric_idle(DOMAIN)
             await h.relayed(DOMAIN)
         args = shlex.split(example.command, comments=True)[1:]
@@ -168,10 +185,10 @@ async def test_the_readme_shows_what_the_cli_prints(
         pairs = aligned(example.output, printed)
         shown = "\n".join(["$ " + example.command, *printed, *([f"(exit {code})"] * (code != 0))])
         assert pairs is not None and code == example.exit, (
-            f"README.md:{example.line}: the CLI prints something else; it prints:\n{shown}"
+            f"{example.where}: the CLI prints something else; it prints:\n{shown}"
         )
-        for readme_line, real_line in pairs:
+        for shown_line, real_line in pairs:
             for theirs, ours in zip(
-                COMPOSITION_ID.findall(readme_line), COMPOSITION_ID.findall(real_line), strict=True
+                COMPOSITION_ID.findall(shown_line), COMPOSITION_ID.findall(real_line), strict=True
             ):
                 ids.setdefault(theirs, ours)
