@@ -479,7 +479,7 @@ async def verify_log(
 @contextlib.asynccontextmanager
 async def servers(settings: Settings) -> AsyncIterator[Endpoints]:
     """The configured servers, or embedded ones in a temporary directory. Without an owner URL
-    the one database URL is the owner's as well (README: Least privilege)."""
+    the one database URL is the owner's as well (docs/security.md, Least privilege)."""
     with contextlib.ExitStack() as stack:
         if not (settings.nats_url and settings.database_url) and settings.data_dir is None:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="trellis-bench-"))

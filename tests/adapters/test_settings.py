@@ -189,7 +189,7 @@ def test_the_cli_reports_a_bad_setting_in_one_line(
     err = capsys.readouterr().err
     assert err == (
         "trellis: config: TRELLIS_FABRIC='h3' names no fabric driver; valid: sim, redfish"
-        " (hint: see README: Configuration)\n"
+        " (hint: see docs/configuration.md)\n"
     )
 
 

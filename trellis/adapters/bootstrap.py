@@ -318,7 +318,7 @@ async def _first_line(host: str, port: int) -> bytes:
 
 class Endpoints(NamedTuple):
     """Where the engine's servers are: NATS, Postgres for the engine's role, and Postgres for
-    the schema's owner (None: the engine's role migrates, see README: Least privilege)."""
+    the schema's owner (None: the engine's role migrates, see docs/security.md, Least privilege)."""
 
     nats_url: str
     database_url: str

@@ -1,4 +1,4 @@
-"""Configuration from the environment (README: Configuration)."""
+"""Configuration from the environment (docs/configuration.md)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ class SettingsError(ValueError):
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
     nats_url: str | None = None
     database_url: str | None = None
-    # The schema owner's DSN, for migrations and the engine role's grants (README: Least privilege).
+    # The schema owner's DSN, for migrations and the engine role's grants (docs/security.md,
+    # Least privilege).
     database_owner_url: str | None = None
     data_dir: Path | None = None
     domains: list[str] | None = None

@@ -127,7 +127,7 @@ def _main(argv: Sequence[str] | None) -> int:
         _say(exc.code, str(exc), exc.hint)
         return exc.exit
     except SettingsError as exc:
-        _say("config", str(exc), "see README: Configuration")
+        _say("config", str(exc), "see docs/configuration.md")
         return EXIT_FAILED
     except (MigrationError, PrivilegeError, StreamConfigError, ExportError) as exc:
         _say("error", str(exc), None)
@@ -225,7 +225,7 @@ class _RawEpilog(_Help):
         return "".join(indent + line for line in text.splitlines(keepends=True))
 
 
-ENVIRONMENT = """environment (README: Configuration has them all):
+ENVIRONMENT = """environment (docs/configuration.md has them all):
   TRELLIS_NATS_URL       the engine's NATS (unset: the local `trellis up`'s, or embedded)
   TRELLIS_DATABASE_URL   its PostgreSQL (unset: embedded)
   TRELLIS_DATA_DIR       embedded servers' data, endpoints.json, identities

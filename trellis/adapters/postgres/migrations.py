@@ -113,7 +113,7 @@ async def migrate(
         raise MigrationError(
             f"role {who} cannot migrate the schema (search_path {path}): {exc}. Migrations "
             "run as the schema's owner, given by TRELLIS_DATABASE_OWNER_URL "
-            "(README: Least privilege)"
+            "(docs/security.md, Least privilege)"
         ) from exc
     return applied_now
 

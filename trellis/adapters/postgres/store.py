@@ -152,7 +152,8 @@ class PostgresEventStore:
                         log.warning(
                             "the engine's Postgres role %s owns the log or is a superuser, so "
                             "only triggers keep the log append-only; give the engine a role of "
-                            "its own and TRELLIS_DATABASE_OWNER_URL (README: Least privilege)",
+                            "its own and TRELLIS_DATABASE_OWNER_URL "
+                            "(docs/security.md, Least privilege)",
                             await conn.fetchval("SELECT current_user"),
                         )
         except BaseException:
