@@ -215,13 +215,13 @@ class FabricSync:
         Raises:
             WriterFenced: the driver refused our writer epoch: another engine drives it now.
         """
-        results = await asyncio.gather(
-            *(
-                asyncio.wait_for(op(self.domain, item, fence=self._fence), self._deadline)
-                for item in items
-            ),
-            return_exceptions=True,
-        )
+
+        async def one(item: _Item) -> None:
+            # The call is made inside the task: a pass cancelled before the task ran leaves no
+            # driver coroutine created and never awaited.
+            await asyncio.wait_for(op(self.domain, item, fence=self._fence), self._deadline)
+
+        results = await asyncio.gather(*(one(item) for item in items), return_exceptions=True)
         for result in results:
             if isinstance(result, WriterFenced):
                 raise result
