@@ -78,6 +78,7 @@ class Custody:
         identity: str | None = None,
         name: str = "",
         lease_ttl: float = 3.0,
+        domain_cap: int = 0,
         snapshots: SnapshotStore | None = None,
         snapshot_every: int = 0,
         telemetry: Telemetry | None = None,
@@ -100,6 +101,7 @@ class Custody:
                 name or self.identity,
                 lease_ttl,
                 serves_all=self._allowed is None,
+                cap=domain_cap,
             )
             if leases is not None
             else None
@@ -235,8 +237,8 @@ class Custody:
             log.error("%s failed", task.get_name(), exc_info=exc)
 
     async def _own_tick(self) -> None:
-        """Heartbeat, renew what we hold (dropping what we lost), claim what prefers us, and
-        hand over one domain that prefers another engine."""
+        """Heartbeat, renew what we hold (dropping what we lost), place the domains over the
+        live engines, claim what is placed here, and hand over one domain placed elsewhere."""
         ownership = self._ownership
         assert ownership is not None
         await ownership.heartbeat()
@@ -244,10 +246,11 @@ class Custody:
         for domain in await ownership.renew(held):
             await self._drop(domain, "its writer lease was lost")
         await ownership.look()
-        for domain in await self._store.domains():
+        domains = [d for d in await self._store.domains() if self.serves(d)]
+        ownership.place(domains)
+        for domain in domains:
             if (
-                self.serves(domain)
-                and domain not in self._served
+                domain not in self._served
                 and domain not in ownership.holders
                 and ownership.preferred(domain) == self.identity
             ):
@@ -255,7 +258,7 @@ class Custody:
                     await self.runtime(domain, create=False)
         for domain in sorted(self._served):
             successor = ownership.preferred(domain)
-            if successor != self.identity and ownership.stable(successor):
+            if successor not in (None, self.identity) and ownership.stable(successor):
                 await self._drop(domain, f"handed over to engine {successor}", release=True)
                 break  # one a tick, so domains move gradually
 

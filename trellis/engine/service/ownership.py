@@ -6,13 +6,14 @@ draws a new epoch; the writer's appends and fabric calls carry it, and the log a
 refuse a stale one, so an engine that lost its lease (killed, or paused past it) can neither
 commit nor program the hardware once another has taken over.
 
-Spreading: among the engines whose heartbeat is fresh, each domain prefers the one with the
-highest rendezvous score (sha256 of engine id and domain), so a domain's preferred engine
-changes only when that engine comes or goes. An engine claims the unheld domains it is
-preferred for, forwards requests for a domain to its holder (or, unheld, to its preferred
-engine), and hands over a domain whose preferred engine is another one that has been up for a
-while. A survivor takes a dead writer's domains within a lease time plus a tick; for that, a
-writer's open transaction must not outlive its lease (adapters/bootstrap.py bounds it by a tick).
+Spreading: every tick, each engine places the log's domains on the engines whose heartbeat is
+fresh (engine/core/spread.py: rendezvous hashing with balanced loads, so every engine holds
+within one domain of every other, and at most `cap` when one is set), and all compute the same
+placement. An engine claims the unheld domains placed on it, forwards requests for a domain to
+its holder (or, unheld, to the engine it is placed on), and hands over a domain placed on
+another engine that has been up for a while. A survivor takes a dead writer's domains within
+a lease time plus a tick; for that, a writer's open transaction must not outlive its lease
+(adapters/bootstrap.py bounds it by a tick).
 
 An engine trusts its own clock only to stop early: a lease counts as held until the moment
 the renewal was sent plus the lease time, less a margin; the store, which fences appends by
@@ -26,7 +27,6 @@ good as lost, and must not hold up the ownership loop, nor a load or a drop wait
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from collections.abc import Awaitable, Mapping
 from typing import TypeVar
@@ -34,6 +34,7 @@ from typing import TypeVar
 import msgspec
 
 from trellis.engine.core.errors import StoreUnavailable
+from trellis.engine.core.spread import score, spread
 from trellis.engine.service.ports import Holder, LeaseStore
 
 _T = TypeVar("_T")
@@ -78,9 +79,7 @@ def tick_of(ttl: float) -> float:
 
 def preferred(domain: str, engines: list[str]) -> str | None:
     """The engine a domain prefers among `engines` (rendezvous hashing), None if there are none."""
-    return max(
-        engines, key=lambda e: hashlib.sha256(f"{e}/{domain}".encode()).digest(), default=None
-    )
+    return max(engines, key=lambda e: score(e, domain), default=None)
 
 
 class Ownership:
@@ -91,10 +90,18 @@ class Ownership:
         identity: this engine's id (also a NATS subject token).
         name: how people recognise it (host and pid).
         ttl: seconds a lease and a heartbeat last; renewals run three times as often.
+        cap: the most domains placed on one engine (0: no limit but the balanced share).
     """
 
     def __init__(
-        self, leases: LeaseStore, identity: str, name: str, ttl: float, *, serves_all: bool = True
+        self,
+        leases: LeaseStore,
+        identity: str,
+        name: str,
+        ttl: float,
+        *,
+        serves_all: bool = True,
+        cap: int = 0,
     ):
         self.identity = identity
         self.serves_all = serves_all
@@ -104,6 +111,9 @@ class Ownership:
         self._leases = leases
         self.alive: list[str] = [identity]
         self.holders: dict[str, Holder] = {}
+        self.cap = cap
+        self.placement: dict[str, str] = {}  # domain -> engine, as of the last `place`
+        self._placed: frozenset[str] = frozenset()  # the domains `place` was given
         self._first_seen: dict[str, float] = {}
 
     async def heartbeat(self) -> None:
@@ -155,11 +165,21 @@ class Ownership:
     async def _within(self, call: Awaitable[_T]) -> _T:
         return await within(self.ttl, call, "the lease store did not answer")
 
-    def preferred(self, domain: str) -> str:
-        """The engine `domain` prefers; an engine limited to some domains (TRELLIS_DOMAINS)
-        prefers itself for each of them, the operator having placed them there."""
+    def place(self, domains: list[str]) -> None:
+        """Place `domains` (the log's) on the live engines, as every engine does."""
+        self._placed = frozenset(domains)
+        self.placement = spread(domains, self.alive, self.cap) if self.serves_all else {}
+
+    def preferred(self, domain: str) -> str | None:
+        """The engine `domain` is placed on; None when every engine is at its cap (whoever
+        is asked for it writes it). An engine limited to some domains (TRELLIS_DOMAINS) is
+        placed on itself for each of them, the operator having placed them there. A domain
+        newer than the last placement prefers its rendezvous engine meanwhile."""
         if not self.serves_all:
             return self.identity
+        placed = self.placement.get(domain)
+        if placed is not None or domain in self._placed:
+            return placed
         return preferred(domain, self.alive) or self.identity
 
     def stable(self, engine: str) -> bool:
@@ -174,4 +194,4 @@ class Ownership:
         if holder is not None:
             return None if holder.engine == self.identity else holder.engine
         chosen = self.preferred(domain)
-        return None if chosen == self.identity else chosen
+        return None if chosen in (None, self.identity) else chosen
