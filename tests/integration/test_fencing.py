@@ -26,7 +26,7 @@ from trellis.adapters.fabric.sim import SimulatedFabric
 from trellis.adapters.postgres.store import IDLE_IN_APPEND_S
 from trellis.engine.core.errors import WriterFenced
 from trellis.engine.core.fabric import FabricBinding
-from trellis.engine.service.ownership import preferred
+from trellis.engine.core.spread import spread
 from trellis.engine.service.router import Engine
 
 TTL = 1.0  # seconds a writer lease lasts: short, so takeovers are quick
@@ -83,15 +83,15 @@ async def test_each_domain_has_one_writer_spread_over_the_engines_and_requests_r
     for domain in DOMAINS:
         expect_ok(await a.client.admin(domain, "import-topology", fabric()))
 
-    # Each domain ends up written by the engine it prefers (rendezvous over the two), once
-    # both have been up long enough for the first to hand domains over.
-    wanted = {d: preferred(d, sorted(engines)) for d in DOMAINS}
+    # Each domain ends up written by the engine it is placed on (engine/core/spread.py: 3 and
+    # 3), once both have been up long enough for the first to hand domains over.
+    wanted = spread(DOMAINS, engines)
 
-    async def spread() -> bool:
+    async def spread_out() -> bool:
         held = await holders(database_url, pg_schema)
         return all(held.get(d, ("", 0))[0] == wanted[d] for d in DOMAINS)
 
-    await until(spread, 10 * TTL + 5, "spread of the domains over both engines")
+    await until(spread_out, 10 * TTL + 5, "spread of the domains over both engines")
     for domain in DOMAINS:
         writing = [e for e in engines.values() if domain in e.domains]
         assert [e.identity for e in writing] == [wanted[domain]], domain
