@@ -110,7 +110,9 @@ class Follower:
         domain: the domain to follow.
         log: reads its events.
         sink: takes them.
-        batch_size: events per `apply`.
+        batch_size: events per `apply` at most; after a failure, batches are halved (down to
+            one event) and grow back as they succeed, so a batch too big for the sink's time
+            limit (a 65,536-device import, on a busy machine) is taken in smaller ones.
         poll_interval: seconds between looks when nobody calls `notify()`.
         max_backoff: the longest wait between retries of a failure.
     """
@@ -129,6 +131,7 @@ class Follower:
         self.sink = sink
         self._log = log
         self._batch_size = batch_size
+        self._batch = batch_size  # what the next read asks for
         self._poll_interval = poll_interval
         self._max_backoff = max_backoff
         self.progress = Progress()
@@ -200,7 +203,7 @@ class Follower:
                     self._read, progress = await self.sink.resume(self.domain)
                     self._advance(progress)
                     self._resumed = True
-                batch = [r async for r in self._log.read(self.domain, self._read, self._batch_size)]
+                batch = [r async for r in self._log.read(self.domain, self._read, self._batch)]
                 if not batch:
                     return handed
                 try:
@@ -216,6 +219,7 @@ class Follower:
                 self._read = batch[-1].version
                 self._advance(progress)
                 self._recovered()
+                self._batch = min(self._batch_size, self._batch * 2)
                 handed += len(batch)
 
     async def refresh(self) -> None:
@@ -255,6 +259,8 @@ class Follower:
     def _failed(self, exc: Exception) -> float:
         """Record and log a failure; the seconds to wait before the next attempt."""
         attempts = 1 if self.failure is None else self.failure.attempts + 1
+        if not isinstance(exc, Stalled):  # the batch may be what failed: try a smaller one
+            self._batch = max(1, self._batch // 2)
         delay = min(self._max_backoff, 0.05 * 2**attempts)
         stalled = exc if isinstance(exc, Stalled) else None
         self.failure = Failure(
