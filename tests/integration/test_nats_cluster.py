@@ -160,16 +160,19 @@ async def answered(
     client: TrellisClient, domain: str, tenant: str, verb: str, body: dict[str, Any]
 ) -> dict[str, Any]:
     """The contract's client: resend with the same request_id until the answer is something
-    other than a timeout, no responders (an engine moving to another node) or `unavailable`."""
+    other than a timeout, no responders (an engine moving to another node), `unavailable`, or
+    `throttled` (resent once its `retry_after_ms` has passed)."""
     async with asyncio.timeout(CATCH_UP_S):
         while True:
             try:
                 reply = await client.intent(domain, tenant, verb, body)
             except (nats.errors.Error, TimeoutError):
                 reply = None
-            if reply is not None and reply.get("error", {}).get("code") != "unavailable":
+            error = (reply or {}).get("error", {})
+            if reply is not None and error.get("code") not in ("unavailable", "throttled"):
                 return reply
-            await asyncio.sleep(0.05)
+            retry_after_ms = error.get("details", {}).get("retry_after_ms", 50)
+            await asyncio.sleep(max(retry_after_ms, 50) / 1000)
 
 
 async def cycle(client: TrellisClient, domain: str, tenant: str, n: int, load: Load) -> None:
