@@ -355,9 +355,24 @@ class Followers:
         return self._followers.get(domain, {}).get(sink)
 
     async def wait_for(self, sink: str, domain: str, position: int, timeout: float = 5.0) -> bool:
-        """True once `sink` has applied `domain` up to `position`."""
-        follower = self.of(sink, domain)
-        return follower is not None and await follower.wait_for(position, timeout)
+        """True once `sink` has applied `domain` up to `position`; False after `timeout`, or at
+        once when the domain is not followed here.
+
+        The follower is looked up again every second: an engine that lost the domain and took
+        it up again follows it with new followers, and the old ones never move."""
+        if self.of(sink, domain) is None:
+            return False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            remaining = deadline - loop.time()
+            follower = self.of(sink, domain)
+            if follower is None:  # dropped; perhaps taken up again in a moment
+                await asyncio.sleep(min(max(remaining, 0), 0.05))
+            elif await follower.wait_for(position, min(max(remaining, 0), 1.0)):
+                return True
+            if loop.time() >= deadline:
+                return False
 
     def failures(self) -> list[Failure]:
         """What holds any follower up now, by domain and sink."""

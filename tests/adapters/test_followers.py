@@ -1,18 +1,21 @@
-"""A follower whose batch is too big for its sink's time limit takes it in smaller ones.
+"""Followers on the in-memory log: the rules CI's 65,536-device import broke.
 
-A 65,536-device import is 35 events of about a megabyte each; projecting them in one batch can
+A follower whose batch is too big for its sink's time limit takes it in smaller ones: a
+65,536-device import is 35 events of about a megabyte each; projecting them in one batch can
 outlast the database's command timeout on a busy machine, and retrying the same batch then
-fails the same way for ever. After a failure the follower halves its batch (down to one event)
-and grows it back as batches succeed."""
+fails the same way for ever. After a failure the follower halves its batch (down to one
+event) and grows it back as batches succeed. And a wait for a position outlives followers
+replaced when an engine takes a domain up again."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from trellis.adapters.memory import MemoryLog
 from trellis.engine.core.records import Head, PendingEvent, RecordedEvent
-from trellis.engine.service.follower import Follower, Progress
+from trellis.engine.service.follower import Follower, Followers, Progress
 
 DOMAIN = "hall"
 
@@ -39,6 +42,20 @@ class SlowForBigBatches:
 
     async def refresh(self, domain: str) -> None:
         return None
+
+
+class Held(SlowForBigBatches):
+    """A sink that applies nothing until `release` is set."""
+
+    name = "held"
+
+    def __init__(self) -> None:
+        super().__init__(limit=1_000_000)
+        self.release = asyncio.Event()
+
+    async def apply(self, domain: str, records: Sequence[RecordedEvent]) -> Progress:
+        await self.release.wait()
+        return await super().apply(domain, records)
 
 
 async def logged(events: int) -> MemoryLog:
@@ -73,3 +90,27 @@ async def test_a_batch_past_the_sinks_time_limit_is_taken_in_smaller_ones() -> N
     # 32 failed, then 16 and 8; 4 went through, and the batch grew back after it.
     assert sink.sizes[:4] == [32, 16, 8, 4]
     assert max(sink.sizes[4:]) > 4
+
+
+async def test_a_wait_outlives_the_followers_an_engine_replaced_when_it_took_the_domain_again() -> (
+    None
+):
+    # An engine that loses a domain's lease and takes it up again follows it anew; whoever
+    # waited on the old followers (read-your-writes, a test's harness) must see the new ones.
+    log, sink = await logged(3), Held()
+    followers = Followers(log, [sink], max_backoff=0.01)
+    followers.follow(DOMAIN)
+    waiting = asyncio.create_task(followers.wait_for("held", DOMAIN, 3, timeout=10))
+    await asyncio.sleep(0.1)
+    await followers.unfollow(DOMAIN)  # lost...
+    followers.follow(DOMAIN)  # ...and taken up again
+    sink.release.set()
+    try:
+        assert await waiting
+    finally:
+        await followers.close(drain_timeout=0)
+
+
+async def test_a_domain_not_followed_here_is_not_waited_for() -> None:
+    followers = Followers(await logged(1), [Held()])
+    assert await followers.wait_for("held", DOMAIN, 1, timeout=10) is False
