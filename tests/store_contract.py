@@ -81,6 +81,13 @@ class EventStoreContract:
         assert await events_of(stores.log, "d1") == []
         assert "d1" not in await stores.log.domains()
 
+    async def test_a_barrier_records_nothing(self, stores: Stores) -> None:
+        # What it waits for (the synchronous standby) is tests/chaos/test_primary_loss.py's.
+        appended = await stores.log.append("d1", Head(), pending(1), [])
+        await stores.log.barrier()
+        assert await stores.log.head("d1") == appended.head
+        assert await events_of(stores.log, "d1") == appended.events
+
     async def test_an_append_numbers_chains_and_returns_the_events(self, stores: Stores) -> None:
         batch = pending(3)
         appended = await stores.log.append("d1", Head(), batch, [])

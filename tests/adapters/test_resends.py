@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest_asyncio
 from integration.fabrics import expect_error, expect_ok, fabric, gpu
-from memory_rig import Rig, in_memory
+from memory_rig import CountingLog, Rig, in_memory
+
+from trellis.engine.core.errors import StoreUnavailable
 
 DOMAIN = "hall-1"
 
@@ -118,3 +120,40 @@ async def test_racing_bodies_under_one_request_id_leave_one_winner_and_conflicts
         else:
             expect_error(reply, "conflict")
     assert rig.log.event_types(DOMAIN) == ["TopologyImported", "NodeAdded"]
+
+
+class StandbyAway(CountingLog):
+    """A log whose synchronous standby is away: what was committed stays readable, but a
+    commit's wait for the standby never ends (StoreUnavailable once it is given up)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.away = False
+        self.barriers = 0
+
+    async def barrier(self) -> None:
+        self.barriers += 1
+        if self.away:
+            raise StoreUnavailable("TimeoutError: canceling wait for synchronous replication")
+
+
+async def test_a_resend_is_answered_from_the_log_only_once_a_commit_waited_for_the_standby() -> (
+    None
+):
+    # ARCHITECTURE §6 / docs/deployment.md: a commit whose wait for the standby was cancelled
+    # is on the primary alone; answering a resend from it would acknowledge an intent the
+    # standby may never have. The engine first commits something of its own that waits.
+    log = StandbyAway()
+    async with in_memory(log=log) as rig:
+        await imported(rig)
+        body = {"request_id": "drain-sw", "id": "sw-1", "reason": "maintenance"}
+        first = await rig.client.admin(DOMAIN, "drain", body)
+        assert log.barriers == 0  # a commit covers itself
+
+        log.away = True
+        refused = await rig.client.admin(DOMAIN, "drain", body)
+        assert expect_error(refused, "unavailable")
+        log.away = False
+        again = await rig.client.admin(DOMAIN, "drain", body)
+        assert again == {**first, "replayed": True}
+        assert log.barriers == 2

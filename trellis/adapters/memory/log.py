@@ -97,6 +97,9 @@ class MemoryLog:
         held = self._replies.get(domain, {})
         return {key: held[key] for key in keys if key in held}
 
+    async def barrier(self) -> None:
+        await self._round_trip()  # memory has no standby: everything is as durable as it gets
+
     async def append(
         self,
         domain: str,

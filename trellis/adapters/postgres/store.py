@@ -262,6 +262,14 @@ class PostgresEventStore:
             for r in rows
         }
 
+    async def barrier(self) -> None:
+        # A transactional message writes WAL, so its commit waits for the synchronous standby
+        # (synchronous_commit) like an append's, covering every commit before it; it changes
+        # no table, and any role may send it.
+        with _translated("*"):
+            async with self._pool.acquire(timeout=ACQUIRE_TIMEOUT_S) as conn, conn.transaction():
+                await conn.execute("SELECT pg_logical_emit_message(true, 'trellis', 'barrier')")
+
     async def append(
         self,
         domain: str,

@@ -115,6 +115,14 @@ class EventStore(Protocol):
         EventRefused (the log refuses an event's content) or StoreUnavailable."""
         ...
 
+    async def barrier(self) -> None:
+        """Return once everything committed before the call is as durable as an append: in
+        PostgreSQL, a commit of our own that waits for the synchronous standby, as an append's
+        does. A commit whose wait for the standby was cancelled stays on the primary alone;
+        an answer read back from the log must not be given before this covers it.
+        Raises StoreUnavailable."""
+        ...
+
 
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     """A fold of one domain as of one event (engine/service/snapshots.py)."""

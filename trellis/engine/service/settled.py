@@ -54,5 +54,6 @@ async def once_settled(store: EventStore, served: Served, reply: bytes, wait_s: 
         stored = (await store.find_replies(writer.domain, [key])).get(key)
         if stored is None:
             return reply  # cannot happen: a composition leaves pending only by settling
+        await store.barrier()  # read back from the log: durable before it is an answer
         settled = stored.reply
     return replies.as_replayed(settled) if accepted.replayed else settled

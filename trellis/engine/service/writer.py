@@ -329,6 +329,10 @@ class DomainWriter:
                 )
             )
         committed: list[StoredReply] = []
+        if not pending and any(r.key in stored for r in batch):
+            # Answers read back from the log, and nothing to commit that would cover them: the
+            # first time they were committed, the wait for the standby may have been cancelled.
+            await self._store.barrier()
         if pending:
             started = time.perf_counter()
             appended = await self._store.append(
