@@ -17,6 +17,8 @@ from integration.fabrics import expect_error, expect_ok, fabric, gpu
 from memory_rig import CountingLog, Rig, in_memory
 
 from trellis.engine.core.errors import StoreUnavailable
+from trellis.engine.core.records import RecordedEvent
+from trellis.engine.service.ports import Appended
 
 DOMAIN = "hall-1"
 
@@ -123,13 +125,33 @@ async def test_racing_bodies_under_one_request_id_leave_one_winner_and_conflicts
 
 
 class StandbyAway(CountingLog):
-    """A log whose synchronous standby is away: what was committed stays readable, but a
-    commit's wait for the standby never ends (StoreUnavailable once it is given up)."""
+    """A primary whose synchronous standby is away: a commit is made, but its wait for the
+    standby never ends (StoreUnavailable once given up); `failover` promotes a standby that
+    has only what was committed before it went away."""
 
     def __init__(self) -> None:
         super().__init__()
         self.away = False
         self.barriers = 0
+        self._standby_had: tuple[list[RecordedEvent], dict[str, dict[Any, Any]]] = ([], {})
+
+    def standby_leaves(self) -> None:
+        self.away = True
+        self._standby_had = (list(self._log), {d: dict(r) for d, r in self._replies.items()})
+
+    def failover(self) -> None:
+        self.away = False
+        self._log, replies_ = self._standby_had
+        self._replies = {d: dict(r) for d, r in replies_.items()}
+        self._domains = {}
+        for event in self._log:
+            self._domains.setdefault(event.domain, []).append(event)
+
+    async def append(self, *args: Any, **kwargs: Any) -> Appended:
+        appended = await super().append(*args, **kwargs)
+        if self.away:  # committed on the primary alone
+            raise StoreUnavailable("TimeoutError: canceling wait for synchronous replication")
+        return appended
 
     async def barrier(self) -> None:
         self.barriers += 1
@@ -150,10 +172,31 @@ async def test_a_resend_is_answered_from_the_log_only_once_a_commit_waited_for_t
         first = await rig.client.admin(DOMAIN, "drain", body)
         assert log.barriers == 0  # a commit covers itself
 
-        log.away = True
+        log.standby_leaves()
         refused = await rig.client.admin(DOMAIN, "drain", body)
         assert expect_error(refused, "unavailable")
         log.away = False
         again = await rig.client.admin(DOMAIN, "drain", body)
         assert again == {**first, "replayed": True}
         assert log.barriers == 2
+
+
+async def test_a_writer_that_folded_what_a_failover_lost_reads_the_domain_again() -> None:
+    # A release committed on the primary alone; the writer read it back (a resend, refused
+    # while the standby is away); the standby is promoted without it. The writer must not go
+    # on from what it folded: the resend is decided again on the log as it stands.
+    log = StandbyAway()
+    async with in_memory(log=log) as rig:
+        await imported(rig)
+        compose = {"request_id": "c-1", "host": "host-01", "devices": [{"kind": "gpu"}]}
+        cid = expect_ok(await rig.client.intent(DOMAIN, "acme", "compose", compose))
+        release = {"request_id": "r-1", "composition_id": cid["composition_id"]}
+
+        log.standby_leaves()
+        expect_error(await rig.client.intent(DOMAIN, "acme", "release", release), "unavailable")
+        expect_error(await rig.client.intent(DOMAIN, "acme", "release", release), "unavailable")
+        log.failover()
+        released = await rig.client.intent(DOMAIN, "acme", "release", release)
+
+        assert expect_ok(released)["state"] == "released"
+        assert log.event_types(DOMAIN).count("CompositionReleased") == 1

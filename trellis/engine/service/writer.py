@@ -118,6 +118,16 @@ class DomainWriter:
         """Fold every event after our head into the state (start, or after a lost race); at
         start, from the newest usable snapshot."""
         state, head, last_time = self.state, self.head, self._last_time
+        if head.version and not await self._log_holds(head):
+            # The log lost what we folded last: a promoted standby never had the commits
+            # whose wait for it was given up. Fold the log as it stands, from the start.
+            log.warning(
+                "domain %s: the log no longer holds version %d that this writer folded (a "
+                "failover to a standby without it?); reading the domain again",
+                self.domain,
+                head.version,
+            )
+            state, head, last_time = DomainState(domain=self.domain), Head(), None
         if head.version == 0 and self._snapshots is not None:
             candidates = self._snapshots.candidates(self.domain, "state")
             found = await snapshots.first_usable(candidates, STATE_FORMAT, state_of)
@@ -135,6 +145,12 @@ class DomainWriter:
             head = Head(recorded.version, recorded.position, recorded.hash)
             last_time = recorded.recorded_at
         self.state, self.head, self._last_time, self._stale = state, head, last_time, False
+
+    async def _log_holds(self, head: Head) -> bool:
+        """Whether the log's event at `head.version` is the one we folded there."""
+        async for recorded in self._store.read(self.domain, head.version - 1, limit=1):
+            return recorded.hash == head.hash
+        return False
 
     async def request(
         self,
