@@ -1,0 +1,225 @@
+"""A frozen engine loses its traffic within a bounded window (issue 25 item 1; ARCHITECTURE
+§10: within 10 s of the pause, the other engines answer all of the frozen engine's requests).
+
+Two `trellis up` over a 3-node NATS cluster of the test's own, two domains (one written by
+each engine, as the domains spread), clients composing and releasing on both and resending
+with the same request_id on a timeout, as the contract says. One engine is stopped with
+SIGSTOP (a long GC pause, a stuck disk, a VM migration) for PAUSE_S, then woken.
+
+NATS keeps handing the frozen engine its queue-group share until the server drops the
+connection (ping_max pings, ping_interval apart, unanswered); its domain's writer lease runs
+out and the other engine takes it over. Printed: the acknowledged rate before, in the first
+10 s of the pause, after them, and after the wake. Checked: every request id acknowledged
+once in the log, both domains served in the pause's last seconds, the woken engine serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import nats.errors
+import pytest
+import pytest_asyncio
+from engines import Fleet, client_at
+from isolation import Database, create_schema, unique_schema_name
+
+from trellis.adapters.embedded.cluster import NatsCluster
+from trellis.adapters.embedded.servers import PG_ENGINE_ROLE, PG_OWNER_ROLE, EmbeddedPostgres
+from trellis.adapters.nats.client import TrellisClient
+
+pytestmark = pytest.mark.slow
+
+PREFIX = "trellis"
+DOMAINS = ("hall-a", "hall-b")
+CLIENTS = 6
+GPUS = 16
+PAUSE_S = 14.0
+WITHIN_S = 10.0  # ARCHITECTURE §10
+REQUEST_TIMEOUT_S = 1.0
+
+
+def hall() -> dict[str, Any]:
+    nodes: list[dict[str, Any]] = [
+        {"id": "host-01", "kind": "host"},
+        {"id": "sw-1", "kind": "switch", "latency_ns": 150},
+    ]
+    links = [{"id": "l-host", "a": "host-01", "b": "sw-1", "capacity_gbps": 400}]
+    for i in range(GPUS):
+        nodes.append({"id": f"gpu-{i:02d}", "kind": "device", "device_kind": "gpu"})
+        links.append({"id": f"l-{i:02d}", "a": "sw-1", "b": f"gpu-{i:02d}", "capacity_gbps": 64})
+    return {"nodes": nodes, "links": links}
+
+
+class Acks:
+    """Acknowledged request ids with the time each was acknowledged, per domain."""
+
+    def __init__(self) -> None:
+        self.at: dict[str, tuple[str, float]] = {}
+
+    def add(self, domain: str, request_id: str) -> None:
+        self.at[request_id] = (domain, time.monotonic())
+
+    def rate(self, start: float, end: float, domain: str | None = None) -> float:
+        """Acknowledgements a second in [start, end)."""
+        n = sum(1 for d, t in self.at.values() if start <= t < end and domain in (None, d))
+        return n / (end - start)
+
+
+async def answered(
+    client: TrellisClient, domain: str, verb: str, body: dict[str, Any]
+) -> dict[str, Any]:
+    """Resend with the same request_id until answered (ARCHITECTURE §3)."""
+    while True:
+        try:
+            reply = await client.intent(domain, "acme", verb, body)
+        except (nats.errors.Error, TimeoutError):
+            continue
+        if reply.get("error", {}).get("code") not in ("unavailable", "throttled"):
+            return reply
+        await asyncio.sleep(0.05)
+
+
+async def work(client: TrellisClient, n: int, acks: Acks, stop: asyncio.Event) -> None:
+    domain, cycle = DOMAINS[n % len(DOMAINS)], 0
+    while not stop.is_set():
+        rid = f"k{n}-c-{cycle}"
+        body = {"request_id": rid, "host": "host-01", "devices": [{"kind": "gpu"}]}
+        reply = await answered(client, domain, "compose", body)
+        assert reply.get("ok") is True, reply
+        acks.add(domain, rid)
+        rid = f"k{n}-r-{cycle}"
+        cid = reply["result"]["composition_id"]
+        reply = await answered(
+            client, domain, "release", {"request_id": rid, "composition_id": cid}
+        )
+        assert reply.get("ok") is True, reply
+        acks.add(domain, rid)
+        cycle += 1
+
+
+@pytest_asyncio.fixture
+async def fleet(
+    nats_cluster: NatsCluster, own_postgres: EmbeddedPostgres, tmp_path: Path
+) -> AsyncIterator[Fleet]:
+    schema = unique_schema_name()
+    db = Database(own_postgres.url, own_postgres.owner_url, PG_ENGINE_ROLE, PG_OWNER_ROLE)
+    await create_schema(db, schema)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")},
+        "TRELLIS_NATS_URL": nats_cluster.url,
+        "TRELLIS_DATABASE_URL": own_postgres.url,
+        "TRELLIS_DB_SCHEMA": schema,
+        "TRELLIS_SUBJECT_PREFIX": PREFIX,
+        "TRELLIS_DATA_DIR": str(tmp_path / "data"),
+        "TRELLIS_TENANT_RATE": "0",
+    }
+    engines = Fleet(env, tmp_path, DOMAINS[0])
+    try:
+        for _ in range(2):
+            await engines.start_one()
+        yield engines
+    finally:
+        await engines.stop()
+
+
+async def writers(fleet: Fleet) -> dict[str, int]:
+    """domain -> pid of the engine holding its writer lease now."""
+    conn = await asyncpg.connect(
+        fleet.env["TRELLIS_DATABASE_URL"],
+        server_settings={"search_path": fleet.env["TRELLIS_DB_SCHEMA"]},
+    )
+    try:
+        rows = await conn.fetch(
+            "SELECT l.domain, e.name FROM trellis_writer_leases l "
+            "JOIN trellis_engines e ON e.id = l.holder WHERE l.expires_at > clock_timestamp()"
+        )
+    finally:
+        await conn.close()
+    return {r["domain"]: int(r["name"].rsplit(":", 1)[1]) for r in rows}
+
+
+async def test_a_frozen_engine_loses_its_traffic_within_ten_seconds(
+    nats_cluster: NatsCluster, fleet: Fleet
+) -> None:
+    acks, stop = Acks(), asyncio.Event()
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(
+                client_at(nats_cluster, i % 3, prefix=PREFIX, timeout=REQUEST_TIMEOUT_S)
+            )
+            for i in range(3)
+        ]
+        for domain in DOMAINS:
+            body = {"request_id": f"import-{domain}", **hall()}
+            assert (await answered_admin(clients[0], domain, body)).get("ok") is True
+        # The domains spread: one each (each engine claims what is placed on it).
+        async with asyncio.timeout(60):
+            while len(set((await writers(fleet)).values())) < 2:
+                await asyncio.sleep(0.2)
+        held = await writers(fleet)
+        frozen = next(e for e in fleet.engines if e.proc.pid == held[DOMAINS[0]])
+
+        tasks = [asyncio.create_task(work(clients[i % 3], i, acks, stop)) for i in range(CLIENTS)]
+        try:
+            await asyncio.sleep(6)
+            before = (time.monotonic() - 5, time.monotonic())
+            frozen.proc.send_signal(signal.SIGSTOP)
+            paused = time.monotonic()
+            try:
+                await asyncio.sleep(PAUSE_S)
+            finally:
+                frozen.proc.send_signal(signal.SIGCONT)
+            woken = time.monotonic()
+            await asyncio.sleep(6)
+        finally:
+            stop.set()
+            await asyncio.wait_for(asyncio.gather(*tasks), 60)
+
+    rates = {
+        "before": acks.rate(*before),
+        f"first {WITHIN_S:g} s of the pause": acks.rate(paused, paused + WITHIN_S),
+        f"pause after {WITHIN_S:g} s": acks.rate(paused + WITHIN_S, woken),
+        "after the wake": acks.rate(woken + 1, woken + 6),
+    }
+    print("acknowledged intents a second: " + ", ".join(f"{k} {v:.1f}" for k, v in rates.items()))
+    # Within the bound, both domains are served again, the frozen engine's included...
+    for domain in DOMAINS:
+        assert acks.rate(paused + WITHIN_S, woken, domain) > 0, (domain, rates)
+    # ...and the woken engine gave up what it no longer holds, and serves again.
+    assert frozen.alive
+    assert acks.rate(woken + 1, woken + 6) > 0, rates
+    assert await logged_once(fleet, acks)
+
+
+async def answered_admin(client: TrellisClient, domain: str, body: dict[str, Any]) -> Any:
+    while True:
+        try:
+            return await client.admin(domain, "import-topology", body)
+        except (nats.errors.Error, TimeoutError):
+            await asyncio.sleep(0.1)
+
+
+async def logged_once(fleet: Fleet, acks: Acks) -> bool:
+    conn = await asyncpg.connect(
+        fleet.env["TRELLIS_DATABASE_URL"],
+        server_settings={"search_path": fleet.env["TRELLIS_DB_SCHEMA"]},
+    )
+    try:
+        rows = await conn.fetch(
+            "SELECT causation_id, count(*) AS n FROM trellis_events "
+            "WHERE type IN ('CompositionRequested', 'CompositionReleased') GROUP BY 1"
+        )
+    finally:
+        await conn.close()
+    recorded = {r["causation_id"]: r["n"] for r in rows}
+    wrong = {rid: recorded.get(rid, 0) for rid in acks.at if recorded.get(rid, 0) != 1}
+    assert wrong == {}, wrong
+    return True
