@@ -146,6 +146,9 @@ async def test_nats_micro_stats_count_requests_errors_and_time(h: Harness) -> No
 
     stats = await srv(h, "STATS")
     assert stats["type"] == "io.nats.micro.v1.stats_response"
+    # Which domains the engine writes now (`trellis engines` gathers them from every engine).
+    assert before["metadata"]["writes"] == "" and before["metadata"]["writes_count"] == "0"
+    assert stats["metadata"]["writes"] == DOMAIN and stats["metadata"]["writes_count"] == "1"
     intent, admin = endpoint(stats, "intent"), endpoint(stats, "admin")
     query, view = endpoint(stats, "query"), endpoint(stats, "view")
     counts = {e["name"]: (e["num_requests"], e["num_errors"]) for e in stats["endpoints"]}

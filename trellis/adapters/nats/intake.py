@@ -113,6 +113,10 @@ class NatsIntake:
             },
             # Discovery is the operator's and auditors', as queries are: their inboxes only.
             may_answer=lambda msg: self._answerable(msg, ["query"]),
+            now=lambda: {
+                "writes": ",".join(engine.domains),
+                "writes_count": str(len(engine.domains)),
+            },
         )
         self.serving = False  # subscribed, and not stopping
 

@@ -2,7 +2,8 @@
 `$SRV.PING`, `$SRV.INFO` and `$SRV.STATS` (each also `.trellis-engine` and
 `.trellis-engine.<id>`) answer with the engine's identity, its endpoints (the intake's
 subjects) and their request counts, error counts and processing times: `nats micro ls`,
-`nats micro info trellis-engine`, `nats micro stats trellis-engine`.
+`nats micro info trellis-engine`, `nats micro stats trellis-engine`. STATS also says which
+domains the engine writes now (metadata `writes`, comma-separated, and `writes_count`).
 
 nats.micro answers the `$SRV` subjects; the endpoints it reports are the intake's own
 subscriptions (adapters/nats/intake.py), counted by an `EndpointCount` each. nats.micro's own
@@ -115,8 +116,10 @@ class EngineService(Service):
         *,
         metadata: dict[str, str],
         may_answer: Callable[[Msg], bool] = lambda msg: True,
+        now: Callable[[], dict[str, str]] = dict,
     ):
         self._may_answer = may_answer
+        self._now = now
         super().__init__(
             nc,
             ServiceConfig(
@@ -142,8 +145,14 @@ class EngineService(Service):
         return dataclasses.replace(info, endpoints=[e.info() for e in self.endpoints])
 
     def stats(self) -> ServiceStats:
+        """The endpoints' counts, and in the metadata what `now` says of this moment (which
+        domains the engine writes: `trellis engines` asks every engine for it)."""
         stats: ServiceStats = super().stats()
-        return dataclasses.replace(stats, endpoints=[e.stats() for e in self.endpoints])
+        return dataclasses.replace(
+            stats,
+            endpoints=[e.stats() for e in self.endpoints],
+            metadata={**stats.metadata, **self._now()},
+        )
 
     # nats.micro subscribes these handlers (looked up on the instance) to the $SRV subjects;
     # each answers only where `may_answer` allows.
