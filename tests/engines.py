@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 import time
@@ -18,9 +19,11 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+from isolation import Database, create_schema, unique_schema_name
 from nats.aio.client import Client as NATS
 
 from trellis.adapters.embedded.cluster import NatsCluster
+from trellis.adapters.embedded.servers import PG_ENGINE_ROLE, PG_OWNER_ROLE, EmbeddedPostgres
 from trellis.adapters.nats.client import TrellisClient
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,6 +69,24 @@ class EngineProcess:
                 await self.kill()
 
 
+async def fleet_env(
+    nats_url: str, postgres: EmbeddedPostgres, data: Path, **more: str
+) -> dict[str, str]:
+    """The environment of `trellis up` processes over these servers, in a fresh schema of
+    their own, with none of the caller's TRELLIS_* settings; `more` adds settings."""
+    schema = unique_schema_name()
+    db = Database(postgres.url, postgres.owner_url, PG_ENGINE_ROLE, PG_OWNER_ROLE)
+    await create_schema(db, schema)
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")},
+        "TRELLIS_NATS_URL": nats_url,
+        "TRELLIS_DATABASE_URL": postgres.url,
+        "TRELLIS_DB_SCHEMA": schema,
+        "TRELLIS_DATA_DIR": str(data / "data"),
+        **more,
+    }
+
+
 class Fleet:
     """Engines all on the same servers, schema, subjects and fabric state file (`env`)."""
 
@@ -106,22 +127,23 @@ class Fleet:
 
     async def holder(self) -> tuple[int, int] | None:
         """(pid, epoch) of the engine holding the domain's writer lease (the lease table)."""
+        return (await self.leases()).get(self.domain)
+
+    async def leases(self) -> dict[str, tuple[int, int]]:
+        """domain -> (pid, epoch) of the engine holding its writer lease now."""
         conn = await asyncpg.connect(
             self.env["TRELLIS_DATABASE_URL"],
             server_settings={"search_path": self.env["TRELLIS_DB_SCHEMA"]},
         )
         try:
-            row = await conn.fetchrow(
-                "SELECT e.name, l.epoch FROM trellis_writer_leases l "
-                "JOIN trellis_engines e ON e.id = l.holder "
-                "WHERE l.domain = $1 AND l.expires_at > clock_timestamp()",
-                self.domain,
+            rows = await conn.fetch(
+                "SELECT l.domain, e.name, l.epoch FROM trellis_writer_leases l "
+                "JOIN trellis_engines e ON e.id = l.holder WHERE l.expires_at > clock_timestamp()"
             )
         finally:
             await conn.close()
-        if row is None:
-            return None
-        return int(row["name"].rsplit(":", 1)[1]), int(row["epoch"])  # name is host:pid
+        # An engine's name is host:pid.
+        return {r["domain"]: (int(r["name"].rsplit(":", 1)[1]), int(r["epoch"])) for r in rows}
 
     async def stop(self) -> None:
         for engine in self.engines:

@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import random
 import signal
 import sys
@@ -51,13 +50,12 @@ import nats.errors
 import pytest
 import pytest_asyncio
 from checker import PROMISES, Ack, LogRow, check, read_log, read_stream
-from engines import REPO, EngineProcess, Fleet, client_at
-from isolation import Database, create_schema, unique_schema_name
+from engines import REPO, EngineProcess, Fleet, client_at, fleet_env
 from nats.aio.client import Client as NATS
 from zeros import zeros
 
 from trellis.adapters.embedded.cluster import ClusterNode, NatsCluster
-from trellis.adapters.embedded.servers import PG_ENGINE_ROLE, PG_OWNER_ROLE, EmbeddedPostgres
+from trellis.adapters.embedded.servers import EmbeddedPostgres
 from trellis.adapters.nats.client import TrellisClient
 
 DOMAIN = "hall"
@@ -356,19 +354,14 @@ async def fleet(
     nats_cluster: NatsCluster, own_postgres: EmbeddedPostgres, tmp_path: Path
 ) -> AsyncIterator[Fleet]:
     """ENGINES `trellis up` over the run's cluster and Postgres, in a schema of its own."""
-    schema = unique_schema_name()
-    db = Database(own_postgres.url, own_postgres.owner_url, PG_ENGINE_ROLE, PG_OWNER_ROLE)
-    await create_schema(db, schema)
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")},
-        "TRELLIS_NATS_URL": nats_cluster.url,
-        "TRELLIS_JS_REPLICAS": "3",
-        "TRELLIS_DATABASE_URL": own_postgres.url,
-        "TRELLIS_DB_SCHEMA": schema,
-        "TRELLIS_SUBJECT_PREFIX": PREFIX,
-        "TRELLIS_DATA_DIR": str(tmp_path / "data"),
-        "TRELLIS_FABRIC_STATE": str(tmp_path / "fabric-sim.json"),
-    }
+    env = await fleet_env(
+        nats_cluster.url,
+        own_postgres,
+        tmp_path,
+        TRELLIS_JS_REPLICAS="3",
+        TRELLIS_SUBJECT_PREFIX=PREFIX,
+        TRELLIS_FABRIC_STATE=str(tmp_path / "fabric-sim.json"),
+    )
     engines = Fleet(env, tmp_path, DOMAIN)
     try:
         for _ in range(ENGINES):

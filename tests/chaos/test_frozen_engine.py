@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -28,11 +27,11 @@ import asyncpg
 import nats.errors
 import pytest
 import pytest_asyncio
-from engines import Fleet, client_at
-from isolation import Database, create_schema, unique_schema_name
+from engines import Fleet, client_at, fleet_env
+from integration.fabrics import one_switch
 
 from trellis.adapters.embedded.cluster import NatsCluster
-from trellis.adapters.embedded.servers import PG_ENGINE_ROLE, PG_OWNER_ROLE, EmbeddedPostgres
+from trellis.adapters.embedded.servers import EmbeddedPostgres
 from trellis.adapters.nats.client import TrellisClient
 
 pytestmark = pytest.mark.slow
@@ -44,18 +43,6 @@ GPUS = 16
 PAUSE_S = 14.0
 WITHIN_S = 10.0  # ARCHITECTURE §10
 REQUEST_TIMEOUT_S = 1.0
-
-
-def hall() -> dict[str, Any]:
-    nodes: list[dict[str, Any]] = [
-        {"id": "host-01", "kind": "host"},
-        {"id": "sw-1", "kind": "switch", "latency_ns": 150},
-    ]
-    links = [{"id": "l-host", "a": "host-01", "b": "sw-1", "capacity_gbps": 400}]
-    for i in range(GPUS):
-        nodes.append({"id": f"gpu-{i:02d}", "kind": "device", "device_kind": "gpu"})
-        links.append({"id": f"l-{i:02d}", "a": "sw-1", "b": f"gpu-{i:02d}", "capacity_gbps": 64})
-    return {"nodes": nodes, "links": links}
 
 
 class Acks:
@@ -109,18 +96,13 @@ async def work(client: TrellisClient, n: int, acks: Acks, stop: asyncio.Event) -
 async def fleet(
     nats_cluster: NatsCluster, own_postgres: EmbeddedPostgres, tmp_path: Path
 ) -> AsyncIterator[Fleet]:
-    schema = unique_schema_name()
-    db = Database(own_postgres.url, own_postgres.owner_url, PG_ENGINE_ROLE, PG_OWNER_ROLE)
-    await create_schema(db, schema)
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")},
-        "TRELLIS_NATS_URL": nats_cluster.url,
-        "TRELLIS_DATABASE_URL": own_postgres.url,
-        "TRELLIS_DB_SCHEMA": schema,
-        "TRELLIS_SUBJECT_PREFIX": PREFIX,
-        "TRELLIS_DATA_DIR": str(tmp_path / "data"),
-        "TRELLIS_TENANT_RATE": "0",
-    }
+    env = await fleet_env(
+        nats_cluster.url,
+        own_postgres,
+        tmp_path,
+        TRELLIS_SUBJECT_PREFIX=PREFIX,
+        TRELLIS_TENANT_RATE="0",
+    )
     engines = Fleet(env, tmp_path, DOMAINS[0])
     try:
         for _ in range(2):
@@ -128,22 +110,6 @@ async def fleet(
         yield engines
     finally:
         await engines.stop()
-
-
-async def writers(fleet: Fleet) -> dict[str, int]:
-    """domain -> pid of the engine holding its writer lease now."""
-    conn = await asyncpg.connect(
-        fleet.env["TRELLIS_DATABASE_URL"],
-        server_settings={"search_path": fleet.env["TRELLIS_DB_SCHEMA"]},
-    )
-    try:
-        rows = await conn.fetch(
-            "SELECT l.domain, e.name FROM trellis_writer_leases l "
-            "JOIN trellis_engines e ON e.id = l.holder WHERE l.expires_at > clock_timestamp()"
-        )
-    finally:
-        await conn.close()
-    return {r["domain"]: int(r["name"].rsplit(":", 1)[1]) for r in rows}
 
 
 async def test_a_frozen_engine_loses_its_traffic_within_ten_seconds(
@@ -158,14 +124,14 @@ async def test_a_frozen_engine_loses_its_traffic_within_ten_seconds(
             for i in range(3)
         ]
         for domain in DOMAINS:
-            body = {"request_id": f"import-{domain}", **hall()}
+            body = {"request_id": f"import-{domain}", **one_switch(GPUS)}
             assert (await answered_admin(clients[0], domain, body)).get("ok") is True
         # The domains spread: one each (each engine claims what is placed on it).
         async with asyncio.timeout(60):
-            while len(set((await writers(fleet)).values())) < 2:
+            while len({pid for pid, _ in (await fleet.leases()).values()}) < 2:
                 await asyncio.sleep(0.2)
-        held = await writers(fleet)
-        frozen = next(e for e in fleet.engines if e.proc.pid == held[DOMAINS[0]])
+        pid, _ = (await fleet.leases())[DOMAINS[0]]
+        frozen = next(e for e in fleet.engines if e.proc.pid == pid)
 
         tasks = [asyncio.create_task(work(clients[i % 3], i, acks, stop)) for i in range(CLIENTS)]
         try:

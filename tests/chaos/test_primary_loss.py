@@ -23,6 +23,7 @@ from typing import Any
 import asyncpg
 import nats.errors
 import pytest
+from integration.fabrics import one_switch
 from postgres_pair import PostgresPair
 
 from trellis.adapters.bootstrap import connect_nats, engine_on
@@ -35,19 +36,6 @@ DOMAIN = "hall"
 WORKERS = 6
 GPUS = 16
 REQUEST_TIMEOUT_S = 3.0
-
-
-def hall() -> dict[str, Any]:
-    """One host and GPUS GPUs behind one switch."""
-    nodes: list[dict[str, Any]] = [
-        {"id": "host-01", "kind": "host"},
-        {"id": "sw-1", "kind": "switch", "latency_ns": 150},
-    ]
-    links = [{"id": "l-host", "a": "host-01", "b": "sw-1", "capacity_gbps": 400}]
-    for i in range(GPUS):
-        nodes.append({"id": f"gpu-{i:02d}", "kind": "device", "device_kind": "gpu"})
-        links.append({"id": f"l-{i:02d}", "a": "sw-1", "b": f"gpu-{i:02d}", "capacity_gbps": 64})
-    return {"nodes": nodes, "links": links}
 
 
 class Load:
@@ -135,7 +123,7 @@ async def loaded(
         nc = await connect_nats(nats_url, name="primary-loss-client")
         client = TrellisClient(nc, prefix=prefix, timeout=REQUEST_TIMEOUT_S)
         try:
-            imported = await client.admin(DOMAIN, "import-topology", hall())
+            imported = await client.admin(DOMAIN, "import-topology", one_switch(GPUS))
             assert imported.get("ok") is True, imported
             load, stop = Load(), asyncio.Event()
             workers = [

@@ -186,3 +186,14 @@ def hall(racks: int = 8, hosts: int = 4, leaves: int = 4, gpus_per_leaf: int = 1
                 nodes.append(gpu(gpu_id, model=model, generation=generation))
                 links.append(link(f"{gpu_id}-l", leaf, gpu_id, capacity_gbps=64))
     return {"nodes": nodes, "links": links}
+
+
+def one_switch(gpus: int) -> Doc:
+    """`host-01` and `gpus` H100s (`gpu-00`...) behind one switch: composes need no circuit,
+    and as many can be held at once as there are GPUs."""
+    nodes: list[Doc] = [host("host-01"), switch("sw-1")]
+    links: list[Doc] = [link("l-host", "host-01", "sw-1", capacity_gbps=400)]
+    for i in range(gpus):
+        nodes.append(gpu(f"gpu-{i:02d}"))
+        links.append(link(f"l-gpu-{i:02d}", "sw-1", f"gpu-{i:02d}", capacity_gbps=64))
+    return {"nodes": nodes, "links": links}

@@ -19,7 +19,7 @@ import msgspec
 import nats.errors
 import pytest
 from engines import client_at
-from fabrics import expect_ok, fetch
+from fabrics import expect_ok, fetch, one_switch
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
@@ -45,20 +45,6 @@ DOMAINS = ("hall-a", "hall-b")
 GPUS = 6
 REQUEST_TIMEOUT_S = 2.0
 CATCH_UP_S = 30.0
-
-
-def hall(gpus: int = GPUS) -> dict[str, Any]:
-    """One host and `gpus` GPUs behind one switch: composes need no circuits."""
-    nodes: list[dict[str, Any]] = [
-        {"id": "host-01", "kind": "host"},
-        {"id": "sw-1", "kind": "switch", "latency_ns": 150},
-    ]
-    links = [{"id": "l-host", "a": "host-01", "b": "sw-1", "capacity_gbps": 400}]
-    for i in range(gpus):
-        gpu = f"gpu-{i:02d}"
-        nodes.append({"id": gpu, "kind": "device", "device_kind": "gpu", "model": "H100"})
-        links.append({"id": f"l-{gpu}", "a": "sw-1", "b": gpu, "capacity_gbps": 64})
-    return {"nodes": nodes, "links": links}
 
 
 # ---- the cluster itself ----
@@ -226,7 +212,7 @@ async def test_engines_over_a_cluster_lose_nothing_when_a_nats_node_is_killed_mi
             )
         clients = [await stack.enter_async_context(at_node(cluster, i)) for i in range(3)]
         for domain in DOMAINS:
-            expect_ok(await clients[0].admin(domain, "import-topology", hall()))
+            expect_ok(await clients[0].admin(domain, "import-topology", one_switch(GPUS)))
         js = clients[0].nc.jetstream()
         assert await replicas(js, STREAM) == await replicas(js, KV_STREAM) == 3
 
