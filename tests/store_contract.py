@@ -217,6 +217,23 @@ class EventStoreContract:
                 )
         assert await stores.log.head("d1") == first.head
 
+    async def test_a_writer_woken_after_a_takeover_is_fenced_whatever_its_events_times(
+        self, stores: Stores
+    ) -> None:
+        # Its successor's events came later than the ones it decided before its pause: it
+        # must hear "fenced" (and resend elsewhere), never that its events are refused.
+        old = await stores.leases.acquire("d1", "e-1", SHORT_LEASE_S)
+        first = await stores.log.append("d1", Head(), pending(1), [], fence=old)
+        await asyncio.sleep(SHORT_LEASE_S * 1.5)
+        new = await stores.leases.acquire("d1", "e-2", 30)
+        assert new is not None and old is not None and new > old
+        later = pending(1, at=T0 + timedelta(hours=2))
+        await stores.log.append("d1", first.head, later, [], fence=new)
+        with pytest.raises(WriterFenced):
+            await stores.log.append(
+                "d1", first.head, pending(1, at=T0 + timedelta(hours=1)), [], fence=old
+            )
+
     async def test_a_lease_run_out_fences_its_writer(self, stores: Stores) -> None:
         epoch = await stores.leases.acquire("d1", "e-1", SHORT_LEASE_S)
         await asyncio.sleep(SHORT_LEASE_S * 1.5)

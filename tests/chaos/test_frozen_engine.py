@@ -159,9 +159,13 @@ async def test_a_frozen_engine_loses_its_traffic_within_ten_seconds(
     # Within the bound, both domains are served again, the frozen engine's included...
     for domain in DOMAINS:
         assert acks.rate(paused + WITHIN_S, woken, domain) > 0, (domain, rates)
-    # ...and the woken engine gave up what it no longer holds, and serves again.
+    # ...and the woken engine noticed its stall, gave up what it no longer holds without a
+    # burst of errors, and serves again.
     assert frozen.alive
     assert acks.rate(woken + 1, woken + 6) > 0, rates
+    said = frozen.said()
+    assert "this engine did not run for" in said, said[-3000:]
+    assert [line for line in said.splitlines() if " ERROR " in line] == [], said[-5000:]
     assert await logged_once(fleet, acks)
 
 

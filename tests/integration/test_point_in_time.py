@@ -354,7 +354,8 @@ async def test_time_never_goes_back_along_a_domain(h: Harness, clock: ManualCloc
     expect_ok(await h.client.admin(DOMAIN, "drain", {"id": "gpu-012", "reason": "firmware"}))
     drained = [e async for e in h.store.read(DOMAIN)][-1]
     assert drained.recorded_at == imported.recorded_at
-    # And the log itself refuses an event recorded before its predecessor, whoever writes it.
+    # And the log itself refuses an event recorded before its predecessor, whoever writes it
+    # (under the domain's writer lease: a writer without it is fenced first).
     earlier = PendingEvent(
         id="00000000-0000-4000-8000-0000000000aa",
         type="ComponentUndrained",
@@ -369,5 +370,5 @@ async def test_time_never_goes_back_along_a_domain(h: Harness, clock: ManualCloc
     with pytest.raises(
         (EventRefused, asyncpg.PostgresError, Exception), match="before its predecessor"
     ):
-        await h.store.append(DOMAIN, head, [earlier], [])
+        await h.store.append(DOMAIN, head, [earlier], [], fence=h.engine.fence(DOMAIN))
     assert await h.store.head(DOMAIN) == head

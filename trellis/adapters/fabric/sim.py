@@ -485,10 +485,13 @@ class SimulatedFabric:
 
         if self._writer is None:
             return fenced_apply()
-        done = self._writer.submit(self._transact, fenced_apply, op)
+        done = asyncio.wrap_future(self._writer.submit(self._transact, fenced_apply, op))
+        # Its outcome is read even when nobody waits for it any more, so asyncio does not
+        # log it as "never retrieved".
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())
         # Shielded: a caller that gives up (the engine's deadline) must not stop a change the
         # "hardware" is making, nor its write to disk.
-        return await asyncio.shield(asyncio.wrap_future(done))
+        return await asyncio.shield(done)
 
     def _transact(self, apply: Callable[[], _T], op: str) -> _T:
         """Run in the state thread: apply one operation to the newest generation and publish

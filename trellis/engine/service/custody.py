@@ -199,8 +199,20 @@ class Custody:
 
     async def _own_loop(self) -> None:
         assert self._ownership is not None
+        loop = asyncio.get_running_loop()
         while True:
+            slept_at = loop.time()
             await asyncio.sleep(self._ownership.tick)
+            stalled = loop.time() - slept_at - self._ownership.tick
+            if stalled > self._patience:
+                # Woken from a pause (SIGSTOP, a stuck VM, a long GC): the leases ran out
+                # meanwhile and other engines took the domains. Say so once; the tick then
+                # keeps only what is still ours, and drops the rest quietly.
+                log.warning(
+                    "this engine did not run for %.1f s (a paused process?); keeping only "
+                    "the writer leases it still holds",
+                    stalled,
+                )
             await self._bounded_tick()
 
     async def _bounded_tick(self) -> None:

@@ -132,6 +132,13 @@ class FabricSync:
             except WriterFenced as exc:
                 self._fenced(exc)
                 return
+            except (FabricError, TimeoutError) as exc:  # expected of hardware: one line
+                log.warning(
+                    "domain %s: fabric pass failed (%s); the next one starts from the log",
+                    self.domain,
+                    f"{type(exc).__name__}: {exc}" if str(exc) else "no answer in time",
+                )
+                in_step = False
             except Exception:  # the next pass starts from the log again
                 log.exception("domain %s: fabric pass failed", self.domain)
                 in_step = False
