@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest_asyncio
 from fabrics import expect_error, expect_ok, fabric, row_counts
-from harness import Harness, serving
+from harness import Harness, ManualClock, serving
 
 from trellis.engine.core.throttle import RateLimit
 
@@ -76,13 +76,32 @@ async def test_a_flood_is_throttled_writes_only_what_its_rate_allows_and_others_
     assert all(a.get("state") in ("active", "released") for a in served)
 
 
-async def test_a_throttled_tenant_is_served_again_once_its_tokens_are_back(h: Harness) -> None:
+@pytest_asyncio.fixture
+async def still(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str
+) -> AsyncIterator[tuple[Harness, ManualClock]]:
+    """An engine whose clock moves only when the test says: no token comes back meanwhile,
+    however slowly a loaded machine sends the burst."""
+    clock = ManualClock()
+    async with serving(
+        nats_url, database_url, pg_schema, subject_prefix, rate_limit=LIMIT, clock=clock
+    ) as harness:
+        expect_ok(await harness.client.admin(DOMAIN, "import-topology", fabric()))
+        yield harness, clock
+
+
+async def test_a_throttled_tenant_is_served_again_once_its_tokens_are_back(
+    still: tuple[Harness, ManualClock],
+) -> None:
+    h, clock = still
     for _ in range(LIMIT.burst):
         expect_error(await h.client.intent(DOMAIN, "t", "compose", IMPOSSIBLE), "no_capacity")
     reply = await h.client.intent(DOMAIN, "t", "compose", IMPOSSIBLE)
     wait_ms = expect_error(reply, "throttled")["details"]["retry_after_ms"]
     assert 0 < wait_ms <= 1000 / LIMIT.per_second
-    await asyncio.sleep(wait_ms / 1000 + 0.05)
+    clock.advance(wait_ms / 1000 / 2)  # not yet
+    expect_error(await h.client.intent(DOMAIN, "t", "compose", IMPOSSIBLE), "throttled")
+    clock.advance(wait_ms / 1000)
     expect_error(await h.client.intent(DOMAIN, "t", "compose", IMPOSSIBLE), "no_capacity")
     # Admin verbs and queries are the operator's: no tenant rate applies to them.
     expect_ok(await h.client.query(DOMAIN, "free"))
