@@ -91,8 +91,9 @@ from bench.intents import (
     stats,
     timed_ms,
 )
-from trellis.adapters.bootstrap import RunningEngine, connect_nats, engine_on
+from trellis.adapters.bootstrap import RunningEngine, engine_on
 from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.settings import Settings
 
 REPO = FsPath(__file__).resolve().parents[1]

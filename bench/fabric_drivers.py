@@ -45,12 +45,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 from intents import fresh_schema, percentile, servers  # noqa: E402  (bench/ on the path)
 from mockup_server import MOCKUPS, MockupServer  # noqa: E402  (tests/ on the path)
 
-from trellis.adapters.bootstrap import connect_nats, engine_on  # noqa: E402
+from trellis.adapters.bootstrap import engine_on  # noqa: E402
 from trellis.adapters.fabric.redfish.client import RedfishClient  # noqa: E402
 from trellis.adapters.fabric.redfish.discovery import discover  # noqa: E402
 from trellis.adapters.fabric.redfish.driver import RedfishFabric  # noqa: E402
 from trellis.adapters.fabric.sim import SimulatedFabric  # noqa: E402
 from trellis.adapters.nats.client import TrellisClient  # noqa: E402
+from trellis.adapters.nats.connect import connect_nats  # noqa: E402
 from trellis.adapters.settings import Settings  # noqa: E402
 from trellis.engine.service.ports import FabricDriver  # noqa: E402
 

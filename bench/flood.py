@@ -45,8 +45,9 @@ from intents import (
     topology,
 )
 
-from trellis.adapters.bootstrap import connect_nats, engine_on
+from trellis.adapters.bootstrap import engine_on
 from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.settings import Settings
 from trellis.engine.core.throttle import RateLimit
 

@@ -62,14 +62,9 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from trellis.adapters.bootstrap import (
-    Endpoints,
-    RunningEngine,
-    connect_nats,
-    embedded_or_configured,
-    engine_on,
-)
+from trellis.adapters.bootstrap import Endpoints, RunningEngine, embedded_or_configured, engine_on
 from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.settings import FollowersMode, Settings
 from trellis.engine.core.throttle import RateLimit
 from trellis.projections import PostgresReadModels

@@ -35,8 +35,9 @@ sys.path.insert(0, str(FsPath(__file__).resolve().parent))
 import asyncpg
 from intents import TENANTS, Load, fresh_schema, host_of, pair, progress, servers, topology
 
-from trellis.adapters.bootstrap import connect_nats, engine_on
+from trellis.adapters.bootstrap import engine_on
 from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.postgres.store import PostgresEventStore
 from trellis.adapters.settings import Settings
 from trellis.engine.core.records import Head, PendingEvent, RecordedEvent

@@ -15,10 +15,11 @@ import msgspec
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 
-from trellis.adapters.bootstrap import connect_nats, engine_on
+from trellis.adapters.bootstrap import engine_on
 from trellis.adapters.fabric.redfish.watch import FabricWatch
 from trellis.adapters.follow_process import FollowerProcess
 from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.nats.jetstream import bucket_name
 from trellis.adapters.nats.relay import RelaySink
 from trellis.adapters.postgres.checkpoints import PostgresAuditTrail

@@ -19,11 +19,11 @@ from typing import Any
 import pytest_asyncio
 from harness import Harness, serving
 
-from trellis.adapters.bootstrap import connect_nats
 from trellis.adapters.entrypoints.economics import demo, plots
 from trellis.adapters.entrypoints.economics.data import read_hall
 from trellis.adapters.entrypoints.economics.figures import comparison
 from trellis.adapters.entrypoints.economics.runs import Plan
+from trellis.adapters.nats.connect import connect_nats
 from trellis.engine.core.events import (
     CompositionActivated,
     CompositionFailed,

@@ -27,10 +27,10 @@ from engines import Fleet
 from fabrics import expect_ok
 from harness import Harness, run_cli, serving
 
-from trellis.adapters.bootstrap import connect_nats
 from trellis.adapters.entrypoints.economics import demo
 from trellis.adapters.entrypoints.economics.data import read_hall
 from trellis.adapters.entrypoints.economics.runs import Plan
+from trellis.adapters.nats.connect import connect_nats
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 try:

@@ -24,11 +24,12 @@ from harness import Harness, bucket_values, cli_env, serving
 from isolation import unique_subject_prefix
 from nats.aio.client import Client as NATS
 
-from trellis.adapters.bootstrap import connect_nats, engine_on
+from trellis.adapters.bootstrap import engine_on
 from trellis.adapters.embedded.servers import EmbeddedNats
 from trellis.adapters.follow_process import CommitSignal, FollowerProcess
 from trellis.adapters.nats.auth import Principal, SecureDir
 from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.nats.jetstream import Envelope, checkpoint_stream_name, stream_name
 from trellis.adapters.settings import Settings, SettingsError
 

@@ -23,10 +23,11 @@ from fabrics import expect_ok, fetch
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from trellis.adapters.bootstrap import RunningEngine, connect_nats, engine_on, nats_servers
+from trellis.adapters.bootstrap import RunningEngine, engine_on
 from trellis.adapters.embedded.cluster import ClusterNode, NatsCluster
 from trellis.adapters.embedded.servers import free_port
 from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.connect import connect_nats, nats_servers
 from trellis.adapters.nats.jetstream import (
     Envelope,
     StreamConfigError,

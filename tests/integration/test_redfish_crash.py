@@ -32,11 +32,11 @@ from nats.errors import NoRespondersError
 from redfish_trees import write_tree
 from zeros import zeros
 
-from trellis.adapters.bootstrap import connect_nats
 from trellis.adapters.fabric.redfish.client import RedfishClient
 from trellis.adapters.fabric.redfish.discovery import discover
 from trellis.adapters.fabric.redfish.driver import RedfishFabric
 from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.postgres.store import PostgresEventStore
 from trellis.engine.core.fabric_plan import reconcile
 from trellis.engine.core.state import DomainState, evolve

@@ -30,9 +30,9 @@ from fabrics import event_types, expect_error, expect_ok, fabric
 from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
 
-from trellis.adapters.bootstrap import connect_nats
 from trellis.adapters.fabric.sim import read_state_file
 from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.postgres.store import PostgresEventStore
 from trellis.engine.core.fabric import FabricBinding, FabricCircuit, FabricSnapshot
 from trellis.engine.core.fabric_plan import reconcile

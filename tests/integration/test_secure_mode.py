@@ -30,12 +30,7 @@ from nats.aio.client import Client as NATS
 from nats.js.api import StreamConfig
 from test_crash_safe_servers import listening
 
-from trellis.adapters.bootstrap import (
-    RunningEngine,
-    connect_nats,
-    engine_on,
-    until_accepted,
-)
+from trellis.adapters.bootstrap import RunningEngine, engine_on
 from trellis.adapters.embedded.servers import EmbeddedNats
 from trellis.adapters.http.fabric_page import token_cookie
 from trellis.adapters.nats.auth import (
@@ -46,6 +41,7 @@ from trellis.adapters.nats.auth import (
     public_key,
 )
 from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.connect import connect_nats, until_accepted
 from trellis.adapters.nats.jetstream import bucket_name, stream_name
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fabric.json"

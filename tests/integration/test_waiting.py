@@ -19,9 +19,9 @@ import pytest_asyncio
 from fabrics import expect_ok, fabric
 from isolation import delete_relay_targets, unique_subject_prefix
 
-from trellis.adapters.bootstrap import connect_nats
 from trellis.adapters.embedded.servers import EmbeddedNats, EmbeddedPostgres, free_port
 from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.settings import redacted
 
 REPO = Path(__file__).resolve().parents[2]

@@ -29,15 +29,9 @@ from nats.js.api import DeliverPolicy
 from nats.js.errors import NoKeysError
 
 from trellis import DISTRIBUTION
-from trellis.adapters.bootstrap import (
-    connect_nats,
-    fabric_state_path,
-    find_endpoint,
-    running_engine,
-    running_engine_pid,
-    until_accepted,
-)
+from trellis.adapters.bootstrap import fabric_state_path, running_engine
 from trellis.adapters.embedded.servers import DataDirVersionError, default_data_dir, reload_nats
+from trellis.adapters.endpoints import find_endpoint, running_engine_pid
 from trellis.adapters.entrypoints import (
     audit_proofs,
     audit_verify,
@@ -57,6 +51,7 @@ from trellis.adapters.nats.auth import (
     public_key,
 )
 from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.connect import connect_nats, until_accepted
 from trellis.adapters.nats.contract import contract_files
 from trellis.adapters.nats.foreign import ForeignMessages
 from trellis.adapters.nats.jetstream import (

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trellis.adapters.bootstrap import connect_nats, running_engine
+from trellis.adapters.bootstrap import running_engine
 from trellis.adapters.entrypoints.render import (
     blast_radius_table,
     compose_summary,
@@ -27,6 +27,7 @@ from trellis.adapters.entrypoints.render import (
 )
 from trellis.adapters.fabric.sim import SimulatedFabric
 from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.settings import Settings, redacted
 from trellis.engine.core.records import verify_chain
 from trellis.engine.service.ports import FabricDriver

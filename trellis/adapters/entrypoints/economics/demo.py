@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trellis.adapters.bootstrap import connect_nats, running_engine
+from trellis.adapters.bootstrap import running_engine
 from trellis.adapters.entrypoints.economics import live, plots
 from trellis.adapters.entrypoints.economics.data import read_hall
 from trellis.adapters.entrypoints.economics.figures import (
@@ -31,6 +31,7 @@ from trellis.adapters.entrypoints.economics.runs import (
     pooled,
 )
 from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.settings import Settings
 
 CREDIT = (
