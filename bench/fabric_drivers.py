@@ -96,10 +96,11 @@ async def side(
 ) -> Any:
     async with fresh_schema(urls.database_owner_url, keep) as schema:
         prefix = f"b{uuid.uuid4().hex[:10]}"
-        async with engine_on(
-            urls.nats_url, urls.database_url, owner_url=urls.database_owner_url,
-            schema=schema, prefix=prefix, fabric=fabric,
-        ) as running:  # fmt: skip
+        settings = Settings(
+            nats_url=urls.nats_url, database_url=urls.database_url,
+            database_owner_url=urls.database_owner_url, db_schema=schema, subject_prefix=prefix,
+        )  # fmt: skip
+        async with engine_on(settings, fabric=fabric) as running:
             nc = await connect_nats(urls.nats_url, name=f"bench-{name}")
             try:
                 client = TrellisClient(nc, prefix=prefix, timeout=30.0)

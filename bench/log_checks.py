@@ -47,7 +47,10 @@ DOMAIN = "bench"
 
 async def write_log(nats_url: str, database_url: str, schema: str, pairs: int) -> None:
     prefix = f"b{uuid.uuid4().hex[:12]}"
-    async with engine_on(nats_url, database_url, schema=schema, prefix=prefix) as running:
+    settings = Settings(
+        nats_url=nats_url, database_url=database_url, db_schema=schema, subject_prefix=prefix
+    )
+    async with engine_on(settings) as running:
         nc = await connect_nats(nats_url, name="bench-log-checks")
         try:
             client = TrellisClient(nc, prefix=prefix)

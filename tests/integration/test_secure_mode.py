@@ -24,13 +24,13 @@ import nats
 import pytest
 import pytest_asyncio
 from fabrics import expect_error, expect_ok, row_counts
-from harness import run_cli
+from harness import engine_at, run_cli
 from isolation import unique_subject_prefix
 from nats.aio.client import Client as NATS
 from nats.js.api import StreamConfig
 from test_crash_safe_servers import listening
 
-from trellis.adapters.bootstrap import RunningEngine, engine_on
+from trellis.adapters.bootstrap import RunningEngine
 from trellis.adapters.embedded.servers import EmbeddedNats
 from trellis.adapters.http.fabric_page import token_cookie
 from trellis.adapters.nats.auth import (
@@ -129,7 +129,7 @@ async def secured(
     server = EmbeddedNats(tmp_path, config=secure.config_path)
     await asyncio.to_thread(server.start)
     try:
-        async with engine_on(
+        async with engine_at(
             server.url,
             database_url,
             schema=pg_schema,

@@ -79,15 +79,14 @@ from trellis.adapters.nats.issuing import (
 from trellis.adapters.nats.jetstream import StreamLimits
 from trellis.adapters.nats.relay import RelaySink
 from trellis.adapters.nats.replies import AnyInbox, OwnInbox
-from trellis.adapters.postgres.checkpoints import DEFAULT_EVERY, PostgresAuditTrail
+from trellis.adapters.postgres.checkpoints import PostgresAuditTrail
 from trellis.adapters.postgres.leases import PostgresLeases
 from trellis.adapters.postgres.snapshots import PostgresSnapshots
 from trellis.adapters.postgres.store import IDLE_IN_APPEND_S, PostgresEventStore, connect_pool
-from trellis.adapters.settings import FollowersMode, Settings, SettingsError, redacted
+from trellis.adapters.settings import Settings, SettingsError, redacted
 from trellis.engine.core.checkpoints import Signer
 from trellis.engine.core.errors import StoreUnavailable
 from trellis.engine.core.lag import LagTracker
-from trellis.engine.core.throttle import RateLimit
 from trellis.engine.service.follower import Followers
 from trellis.engine.service.ownership import tick_of
 from trellis.engine.service.ports import Clock, FabricDriver
@@ -275,60 +274,63 @@ async def follower_sinks(
 
 @contextlib.asynccontextmanager
 async def engine_on(
-    nats_url: str,
-    database_url: str,
+    settings: Settings,
     *,
-    owner_url: str | None = None,
-    schema: str | None = None,
-    prefix: str = "trellis",
-    domains: list[str] | None = None,
-    clock: Clock | None = None,
     fabric: FabricDriver | None = None,
-    saga_deadline: float = 10.0,
-    stream_limits: StreamLimits | None = None,
-    follow_options: dict[str, float] | None = None,
-    secure: SecureDir | None = None,
-    lease_ttl: float = 3.0,
-    read_wait: float = 2.0,
+    clock: Clock | None = None,
     signer: Signer | None = None,
-    checkpoint_every: int = DEFAULT_EVERY,
-    snapshot_every: int = 10_000,
-    followers: FollowersMode = "inline",
-    checkpoint_key: Path | None = None,
-    metrics_at: tuple[str, int] | None = None,
-    page_at: tuple[str, int] | None = None,
-    health: LagTracker | None = None,
-    allowed_hosts: Sequence[str] = (),
-    rate_limit: RateLimit | None = None,
+    secure: SecureDir | None = None,
+    follow_options: dict[str, float] | None = None,
 ) -> AsyncIterator[RunningEngine]:
-    """The engine, its projections, its event relay and its NATS intake on given servers, until
-    the context exits. Migrations run first, through `owner_url` when given (the schema's
-    owner, who then grants `database_url`'s role the engine's privileges); the engine's state
-    is rebuilt from the log before it serves. Postgres, then NATS, are waited for until they
-    answer. Without a `fabric` driver the engine drives a SimulatedFabric (there is no
-    hardware). `follow_options` tune the log followers (engine.service.follower.Follower);
-    `secure`: secure mode's identities (each job connects as its own, adapters/nats/auth.py,
-    and replies go only to the requester's own inbox); `lease_ttl`: seconds a
-    writer lease lasts unrenewed (engine/service/ownership.py); `read_wait`: seconds a query waits
-    for its `min_position`; `snapshot_every`: events between
-    snapshots of a domain's state and read models (0: none); `signer`: the checkpoint key
-    (None: a key of this run only, for tests; `trellis up` passes the data dir's), and a
-    checkpoint every `checkpoint_every` events per domain. `followers="process"` runs the log
-    followers in a process of their own (adapters/follow_process.py), which signs with the
-    key in `checkpoint_key` (None: a key file of this run only, made for both). `metrics_at`
-    (host, port; port 0: a free one) serves Prometheus metrics and a health check there
-    (adapters/http/metrics.py), its followers judged by `health`'s bounds
-    (engine/core/lag.py; default 60 s and 10,000 events). `page_at` (host, port; likewise) serves
-    the live fabric page there (adapters/http/fabric_page.py), a NATS client of its own
-    that connects as the operator in secure mode, where it asks a browser for the token it
-    was given (`page_token`). Both answer only requests whose Host is their address or one of
-    `allowed_hosts`. Each tenant's intents go through `rate_limit` (default:
-    engine/core/throttle.py's;
-    `RateLimit(0)`: none).
+    """The engine, its projections, its event relay and its NATS intake on the servers
+    `settings` names (`nats_url` and `database_url` must be set: `running_engine` starts
+    embedded ones first), until the context exits. Migrations run first, through
+    `database_owner_url` when given (the schema's owner, who then grants `database_url`'s role
+    the engine's privileges); the engine's state is rebuilt from the log before it serves.
+    Postgres, then NATS, are waited for until they answer.
+
+    Everything else is read from `settings` as `trellis up` reads it (docs/configuration.md):
+    the schema and subject prefix, the domains, the saga deadline, the writer lease
+    (engine/service/ownership.py), a query's wait for its `min_position`, the snapshot and
+    checkpoint intervals, the stream limits, the tenant rate limit (engine/core/throttle.py;
+    `RateLimit(0)`: none), where the log followers run (`followers="process"`: a process of
+    their own, adapters/follow_process.py, which signs with the key in `checkpoint_key`; None:
+    a key file of this run only, made for both), the Prometheus metrics and health check
+    (`metrics_port`, adapters/http/metrics.py; followers judged by the `health_*` bounds,
+    engine/core/lag.py) and the live fabric page (`http_port`, adapters/http/fabric_page.py:
+    a NATS client of its own that connects as the operator in secure mode, where it asks a
+    browser for the token it was given, `page_token`). Both answer only requests whose Host
+    is their address or one of `allowed_hosts`.
+
+    What `settings` cannot carry, or what tests replace:
+        fabric: the fabric driver; None: an in-memory SimulatedFabric (there is no hardware;
+            `trellis up` passes the one `fabric_from_settings` makes).
+        clock: the engine's clock; None: the system's.
+        signer: the checkpoint key; None: a key of this run only (`trellis up` passes the
+            data dir's).
+        secure: secure mode's identities (each job connects as its own,
+            adapters/nats/auth.py, and replies go only to the requester's own inbox).
+        follow_options: tuning of the log followers (engine.service.follower.Follower).
 
     Raises:
+        ValueError: `settings` names no NATS or no Postgres.
         SettingsError: the metrics or the page's address cannot be bound.
     """
+    if not (settings.nats_url and settings.database_url):
+        raise ValueError("engine_on needs settings with nats_url and database_url")
+    nats_url, database_url = settings.nats_url, settings.database_url
+    owner_url, schema = settings.database_owner_url, settings.db_schema
+    prefix, lease_ttl = settings.subject_prefix, settings.lease_ttl
+    followers, checkpoint_key = settings.followers, settings.checkpoint_key
+    stream_limits = settings.stream_limits
+    checkpoint_every, snapshot_every = settings.checkpoint_every, settings.snapshot_every
+    metrics_at = (
+        (settings.metrics_host, settings.metrics_port)
+        if settings.metrics_port is not None
+        else None
+    )
+    page_at = (settings.http_host, settings.http_port) if settings.http_port is not None else None
+    allowed_hosts = settings.allowed_hosts
     if followers == "process" and checkpoint_key is None and signer is not None:
         raise ValueError("followers='process' with a signer needs its checkpoint_key file")
     async with contextlib.AsyncExitStack() as stack:
@@ -407,8 +409,8 @@ async def engine_on(
             store,
             clock or SystemClock(),
             fabric if metrics is None else TimedFabric(fabric, metrics.fabric_operation),
-            saga_deadline=saga_deadline,
-            domains=domains,
+            saga_deadline=settings.saga_deadline,
+            domains=settings.domains,
             # In process mode a read waits on the checkpoints table (the follower process
             # moves it), for every projection's checkpoint.
             read_models=PostgresReadModels(
@@ -422,12 +424,12 @@ async def engine_on(
             leases=PostgresLeases(lease_pool),
             name=f"{socket.gethostname()}:{os.getpid()}",
             lease_ttl=lease_ttl,
-            read_wait=read_wait,
+            read_wait=settings.read_wait,
             audit=audit,
             snapshots=snapshots,
             snapshot_every=snapshot_every,
             telemetry=metrics,
-            rate_limit=rate_limit or RateLimit(),
+            rate_limit=settings.tenant_rate,
         )
         await engine.start()
         stack.push_async_callback(engine.close)
@@ -447,7 +449,7 @@ async def engine_on(
             nc,
             engine,
             prefix=prefix,
-            domains=domains,
+            domains=settings.domains,
             observer=metrics,
             reply_rule=OwnInbox(secure.inboxes) if secure is not None else AnyInbox(),
         )
@@ -464,7 +466,7 @@ async def engine_on(
                     **{name: name for name in projections.checkpoint_names},
                     "relay": relay.checkpoint_name,
                 },
-                health or LagTracker(),
+                LagTracker(settings.health_stall_s, settings.health_max_behind),
             )
             lag.start()
             stack.push_async_callback(lag.close)
@@ -598,39 +600,15 @@ async def running_engine(
                 settings, nats_config=secure.config_path if secure is not None else None
             )
         )
+        served = msgspec.structs.replace(
+            settings,
+            nats_url=nats_url,
+            database_url=database_url,
+            database_owner_url=owner_url,
+            checkpoint_key=checkpoint_key_path(settings),
+        )
         running = await stack.enter_async_context(
-            engine_on(
-                nats_url,
-                database_url,
-                owner_url=owner_url,
-                schema=settings.db_schema,
-                prefix=settings.subject_prefix,
-                domains=settings.domains,
-                fabric=fabric,
-                saga_deadline=settings.saga_deadline,
-                stream_limits=settings.stream_limits,
-                lease_ttl=settings.lease_ttl,
-                read_wait=settings.read_wait,
-                signer=signer,
-                checkpoint_every=settings.checkpoint_every,
-                snapshot_every=settings.snapshot_every,
-                secure=secure,
-                followers=settings.followers,
-                checkpoint_key=checkpoint_key_path(settings),
-                metrics_at=(
-                    (settings.metrics_host, settings.metrics_port)
-                    if settings.metrics_port is not None
-                    else None
-                ),
-                page_at=(
-                    (settings.http_host, settings.http_port)
-                    if settings.http_port is not None
-                    else None
-                ),
-                health=LagTracker(settings.health_stall_s, settings.health_max_behind),
-                allowed_hosts=settings.allowed_hosts,
-                rate_limit=settings.tenant_rate,
-            )
+            engine_on(served, fabric=fabric, signer=signer, secure=secure)
         )
         running.nats_monitor_url = monitor_url
         if secure is not None:
