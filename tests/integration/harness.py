@@ -20,7 +20,6 @@ from trellis.adapters.bootstrap import RunningEngine, engine_on
 from trellis.adapters.fabric.redfish.watch import FabricWatch
 from trellis.adapters.follow_process import FollowerProcess
 from trellis.adapters.nats.client import TrellisClient
-from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.nats.jetstream import bucket_name
 from trellis.adapters.nats.relay import RelaySink
 from trellis.adapters.postgres.checkpoints import PostgresAuditTrail
@@ -122,28 +121,25 @@ async def serving(
     nats_url: str, database_url: str, schema: str, prefix: str, **engine_kwargs: object
 ) -> AsyncIterator[Harness]:
     """Run the engine as `trellis up` wires it; `client` talks to it as any client would."""
-    async with engine_at(
-        nats_url, database_url, schema=schema, prefix=prefix, **engine_kwargs
-    ) as running:
-        client_nc = await connect_nats(nats_url, name="test-client")
-        try:
-            yield Harness(
-                engine=running.engine,
-                fabric=running.fabric,
-                store=running.store,
-                followers=running.followers,
-                projections=running.projections,
-                relay=running.relay,
-                audit=running.audit,
-                client=TrellisClient(client_nc, prefix=prefix),
-                follower_process=running.follower_process,
-                service_id=running.service_id,
-                metrics_url=running.metrics_url,
-                page_url=running.page_url,
-                fabric_watch=running.fabric_watch,
-            )
-        finally:
-            await client_nc.close()
+    async with (
+        engine_at(nats_url, database_url, schema=schema, prefix=prefix, **engine_kwargs) as running,
+        TrellisClient.connected(nats_url, prefix=prefix, name="test-client") as client,
+    ):
+        yield Harness(
+            engine=running.engine,
+            fabric=running.fabric,
+            store=running.store,
+            followers=running.followers,
+            projections=running.projections,
+            relay=running.relay,
+            audit=running.audit,
+            client=client,
+            follower_process=running.follower_process,
+            service_id=running.service_id,
+            metrics_url=running.metrics_url,
+            page_url=running.page_url,
+            fabric_watch=running.fabric_watch,
+        )
 
 
 class ManualClock:

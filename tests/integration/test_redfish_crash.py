@@ -36,7 +36,6 @@ from trellis.adapters.fabric.redfish.client import RedfishClient
 from trellis.adapters.fabric.redfish.discovery import discover
 from trellis.adapters.fabric.redfish.driver import RedfishFabric
 from trellis.adapters.nats.client import TrellisClient
-from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.postgres.store import PostgresEventStore
 from trellis.engine.core.fabric_plan import reconcile
 from trellis.engine.core.state import DomainState, evolve
@@ -57,9 +56,10 @@ pytestmark = pytest.mark.slow
 
 @pytest_asyncio.fixture
 async def client(nats_url: str, subject_prefix: str) -> AsyncIterator[TrellisClient]:
-    nc = await connect_nats(nats_url, name="crash-client")
-    yield TrellisClient(nc, prefix=subject_prefix, timeout=10.0)
-    await nc.close()
+    async with TrellisClient.connected(
+        nats_url, prefix=subject_prefix, timeout=10.0, name="crash-client"
+    ) as client:
+        yield client
 
 
 async def log_state(database_url: str, schema: str) -> DomainState:

@@ -27,7 +27,6 @@ from trellis.adapters.entrypoints.render import (
 )
 from trellis.adapters.fabric.sim import SimulatedFabric
 from trellis.adapters.nats.client import TrellisClient
-from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.settings import Settings, redacted
 from trellis.engine.core.records import verify_chain
 from trellis.engine.service.ports import FabricDriver
@@ -239,13 +238,11 @@ async def main() -> None:
     async with running_engine(settings) as running:
         nats, postgres = redacted(running.nats_url), redacted(running.database_url)
         print(f"engine up: NATS {nats}, Postgres {postgres}")
-        nc = await connect_nats(running.nats_url, name="trellis-demo")
-        try:
-            client = TrellisClient(nc, prefix=running.subject_prefix)
+        async with TrellisClient.connected(
+            running.nats_url, prefix=running.subject_prefix, name="trellis-demo"
+        ) as client:
             await session(client, domain)
             await compositions(client, domain, running.fabric)
-        finally:
-            await nc.close()
         await show_log(running, domain)
     print("\nengine stopped; the log stays in Postgres: run `make demo` again for a new domain.")
 

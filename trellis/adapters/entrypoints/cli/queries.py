@@ -7,7 +7,6 @@ import argparse
 from typing import Any
 
 import msgspec
-from nats.aio.client import Client as NATS
 from nats.js.errors import NoKeysError
 
 from trellis.adapters.entrypoints import (
@@ -22,6 +21,7 @@ from trellis.adapters.entrypoints.cli.talk import (
     query_subject,
     request,
 )
+from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.nats.foreign import ForeignMessages
 from trellis.adapters.nats.jetstream import (
     bucket_name,
@@ -36,8 +36,8 @@ def composition_get(args: argparse.Namespace) -> int:
 
 
 def composition_list(args: argparse.Namespace) -> int:
-    async def read(nc: NATS, settings: Settings, url: str, *_: Any) -> list[dict[str, Any]]:
-        kv = await nc.jetstream().key_value(bucket_name(settings.subject_prefix))
+    async def read(client: TrellisClient, settings: Settings, *_: Any) -> list[dict[str, Any]]:
+        kv = await client.nc.jetstream().key_value(bucket_name(settings.subject_prefix))
         try:
             keys = await kv.keys()
         except NoKeysError:

@@ -1,10 +1,12 @@
-"""Talking to a running engine: connecting as the CLI does, a request and its reply, and printing
-the reply as `-o` asks."""
+"""Talking to a running engine: the CLI's session (adapters/nats/client.py's TrellisClient, as
+the identity secure mode gives the subject), a request and its reply with every failure one
+line, and printing the reply as `-o` asks."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 import uuid
 from collections.abc import Awaitable, Callable
@@ -12,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
 
 from trellis.adapters.embedded.servers import default_data_dir
@@ -23,12 +24,8 @@ from trellis.adapters.entrypoints import (
 from trellis.adapters.entrypoints.cli.errors import EXIT_UNAVAILABLE, CliError
 from trellis.adapters.nats.auth import (
     CredentialsError,
-    NkeyCredentials,
-    Principal,
-    SecureDir,
 )
-from trellis.adapters.nats.client import TrellisClient
-from trellis.adapters.nats.connect import connect_nats
+from trellis.adapters.nats.client import NatsRefused, NoIdentity, TrellisClient, identity_for
 from trellis.adapters.settings import Settings, redacted
 
 
@@ -82,56 +79,6 @@ def pairs(items: list[str]) -> dict[str, str]:
     return pairs
 
 
-def credentials(
-    settings: Settings, creds: Path | None, subject_tail: str
-) -> NkeyCredentials | None:
-    """Who to connect as: --creds / TRELLIS_NATS_CREDS; else, where the data dir holds secure
-    mode's identities, the tenant's own for an intent or a view and the operator's for the
-    rest; else nobody (a server without users)."""
-    if creds is not None:
-        return NkeyCredentials(creds)
-    secure = SecureDir(settings.data_dir or default_data_dir())
-    if not secure.exists():
-        return None
-    family, _, rest = subject_tail.partition(".")
-    if family in ("intent", "view"):
-        tenant = Principal("tenant", rest.split(".")[1])
-        if not secure.seed_path(tenant).is_file():
-            raise CliError(
-                f"secure mode: no identity for tenant {tenant.name!r} in {secure.tenants_dir}; "
-                f"`trellis tenant add {tenant.name}` issues one (or give --creds FILE)"
-            )
-        return secure.credentials(tenant)
-    return secure.credentials(Principal("operator", "operator"))
-
-
-class Refusals:
-    """What the server refused on this connection (credentials, or a publish its permissions
-    deny): nats-py reports those only to the error callback, and a request would just time
-    out. `first(...)` gives up on the awaited step as soon as one arrives."""
-
-    def __init__(self) -> None:
-        self.refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-
-    async def on_error(self, exc: Exception) -> None:
-        text = str(exc)
-        if "violation" in text.lower() and not self.refused.done():
-            self.refused.set_result(text.removeprefix("nats: ").strip("'"))
-
-    async def first(self, step: Any, timeout: float | None) -> Any:
-        task = asyncio.ensure_future(step)
-        done, _ = await asyncio.wait(
-            {task, self.refused}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-        )
-        if task in done:
-            return task.result()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        if self.refused.done():
-            raise CliError(f"NATS refused it: {self.refused.result()}")
-        raise TimeoutError
-
-
 def request(
     args: argparse.Namespace,
     subject_tail: str,
@@ -142,12 +89,11 @@ def request(
     parts) and return the reply, every failure turned into one CliError line. `--timeout` is
     each request's: `send` may make many (pages, parts)."""
 
-    async def ask(nc: NATS, settings: Settings, url: str, refusals: Refusals, who: str) -> Any:
-        client = TrellisClient(nc, prefix=settings.subject_prefix, timeout=args.timeout)
+    async def ask(client: TrellisClient, settings: Settings, url: str, who: str) -> Any:
         asked = send(client) if send else client.raw(subject_tail, msgspec.json.encode(body))
         try:  # the client's own timeout bounds each request
-            return await refusals.first(asked, None if send else args.timeout)
-        except CliError as exc:
+            return await client.unrefused(asked, None if send else args.timeout)
+        except NatsRefused as exc:
             raise CliError(f"{exc} ({who} may not send that)", code="forbidden") from None
         except NoRespondersError:
             raise CliError(
@@ -169,9 +115,9 @@ def request(
 
 
 def on_nats(args: argparse.Namespace, subject_tail: str, work: Any) -> Any:
-    """Connect as the CLI does (the engine's NATS, the identity for `subject_tail`), run
-    `await work(nc, settings, url, refusals, who)`, and close; connection trouble is one
-    line."""
+    """Connect as the CLI does (the engine's NATS, the identity for `subject_tail`; a client
+    that stops at the server's first refusal), run `await work(client, settings, url, who)`,
+    and close; connection trouble is one line."""
     settings = Settings.from_env()
     url = find_endpoint(settings, "nats_url")
     if url is None:
@@ -181,32 +127,37 @@ def on_nats(args: argparse.Namespace, subject_tail: str, work: Any) -> Any:
             hint="start one with `trellis up`, or set TRELLIS_NATS_URL",
             exit=EXIT_UNAVAILABLE,
         )
-    creds = credentials(settings, args.creds, subject_tail)
+    try:
+        creds = identity_for(settings.data_dir or default_data_dir(), args.creds, subject_tail)
+    except NoIdentity as exc:
+        raise CliError(str(exc)) from None
     who = f"the identity in {creds.path}" if creds else "no credentials (see --creds)"
 
     async def go() -> Any:
-        refusals = Refusals()
-        connecting = connect_nats(
-            url, name="trellis-cli", credentials=creds, on_error=refusals.on_error
-        )
-        try:
-            nc = await refusals.first(connecting, args.timeout)
-        except (CliError, CredentialsError) as exc:
-            raise CliError(
-                f"{exc} (connecting to {url} with {who})", code="refused", hint="see --creds"
-            ) from None
-        except Exception as exc:
-            reason = str(exc) or type(exc).__name__
-            raise CliError(
-                f"cannot reach NATS at {redacted(url)}: {reason}",
-                code="unavailable",
-                hint="is `trellis up` running? see TRELLIS_NATS_URL",
-                exit=EXIT_UNAVAILABLE,
-            ) from None
-        try:
-            return await work(nc, settings, url, refusals, who)
-        finally:
-            await nc.close()
+        async with contextlib.AsyncExitStack() as stack:
+            session = TrellisClient.connected(
+                url,
+                prefix=settings.subject_prefix,
+                timeout=args.timeout,
+                name="trellis-cli",
+                credentials=creds,
+                stop_on_refusal=True,
+            )
+            try:
+                client = await stack.enter_async_context(session)
+            except (NatsRefused, CredentialsError) as exc:
+                raise CliError(
+                    f"{exc} (connecting to {url} with {who})", code="refused", hint="see --creds"
+                ) from None
+            except Exception as exc:
+                reason = str(exc) or type(exc).__name__
+                raise CliError(
+                    f"cannot reach NATS at {redacted(url)}: {reason}",
+                    code="unavailable",
+                    hint="is `trellis up` running? see TRELLIS_NATS_URL",
+                    exit=EXIT_UNAVAILABLE,
+                ) from None
+            return await work(client, settings, url, who)
 
     return asyncio.run(go())
 

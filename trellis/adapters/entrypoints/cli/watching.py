@@ -6,13 +6,13 @@ import argparse
 from typing import Any
 
 import msgspec
-from nats.aio.client import Client as NATS
 from nats.js.api import DeliverPolicy
 
 from trellis.adapters.entrypoints import (
     render,
 )
 from trellis.adapters.entrypoints.cli.talk import on_nats
+from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.nats.foreign import ForeignMessages
 from trellis.adapters.nats.jetstream import (
     stream_event,
@@ -22,11 +22,11 @@ from trellis.adapters.settings import Settings
 
 
 def watch(args: argparse.Namespace) -> int:
-    async def follow(nc: NATS, settings: Settings, *_: Any) -> int:
+    async def follow(client: TrellisClient, settings: Settings, *_: Any) -> int:
         domain = "*" if args.all_domains else args.domain
         subject = f"{settings.subject_prefix}.events.{domain}.*"
         policy = DeliverPolicy.ALL if args.from_start else DeliverPolicy.NEW
-        js = nc.jetstream()
+        js = client.nc.jetstream()
         sub = await js.subscribe(
             subject, stream=stream_name(settings.subject_prefix), ordered_consumer=True,
             deliver_policy=policy,
