@@ -9,9 +9,11 @@ with a metrics port, the Prometheus metrics and health server (adapters/http/met
 and the instruments it reads; with an HTTP port, the live fabric page
 (adapters/http/fabric_page.py). Leaving the context stops all of it, in reverse order.
 A Postgres or NATS that cannot be reached yet is waited for, with backoff and a log line per
-attempt; cancelling the wait (Ctrl-C) stops the start cleanly. In secure mode
-(adapters/nats/auth.py) the embedded nats-server runs with the generated users, the engine
-connects as its own identity and the fabric page as the operator.
+attempt (adapters/nats/connect.py); cancelling the wait (Ctrl-C) stops the start cleanly. In
+secure mode (adapters/nats/auth.py, issued by adapters/nats/issuing.py) the embedded
+nats-server runs with the generated users, the engine connects as its own identity and the
+fabric page as the operator. Once serving, it writes endpoints.json for local clients
+(adapters/endpoints.py). `engine_on(settings)` is the same engine on servers already running.
 """
 
 from __future__ import annotations
