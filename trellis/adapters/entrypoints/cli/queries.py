@@ -12,6 +12,12 @@ from nats.js.errors import NoKeysError
 from trellis.adapters.entrypoints import (
     render,
 )
+from trellis.adapters.entrypoints.cli.options import (
+    DEVICE_KINDS,
+    client_options,
+    identifier,
+    query_options,
+)
 from trellis.adapters.entrypoints.cli.talk import (
     as_json,
     at,
@@ -28,6 +34,7 @@ from trellis.adapters.nats.jetstream import (
 )
 from trellis.adapters.nats.kv_state import bucket_entry
 from trellis.adapters.settings import Settings
+from trellis.engine.core.ids import COMPONENT_REF_PATTERN
 
 
 def composition_get(args: argparse.Namespace) -> int:
@@ -95,3 +102,66 @@ def free(args: argparse.Namespace) -> int:
 def blast_radius(args: argparse.Namespace) -> int:
     reply = request(args, query_subject(args, "blast-radius"), at(args, {"id": args.id}))
     return print_reply(args, reply, render.blast_radius_table)
+
+
+def add_composition(sub: Any) -> None:
+    """`composition get` / `list`."""
+    comp = sub.add_parser("composition", help="one composition, or the live ones")
+    comp_sub = comp.add_subparsers(metavar="ACTION")
+    get = comp_sub.add_parser("get", help="a composition: host, devices, state and lease")
+    get.add_argument("id", type=identifier("composition id"))
+    query_options(get)
+    get.set_defaults(run=composition_get)
+    listing = comp_sub.add_parser(
+        "list",
+        help="the live compositions, one a line, from the KV feed (TRELLIS_STATE), which "
+        "follows the log a moment behind the replies",
+    )
+    listing.add_argument("--tenant", type=identifier("tenant"), help="only this tenant's")
+    listing.add_argument("--state", choices=["pending", "active", "impaired"])
+    listing.add_argument("--host", type=identifier("host id"), help="only those on this host")
+    client_options(listing)
+    listing.set_defaults(run=composition_list)
+
+
+def add_commands(sub: Any) -> None:
+    """`connections`, `why`, `free`, `history`, `blast-radius`."""
+    conn = sub.add_parser("connections", help="what is connected to what, and why")
+    conn.add_argument("--host", type=identifier("host id"))
+    conn.add_argument("--tenant", type=identifier("tenant"), help="only this tenant's connections")
+    conn.add_argument("--device", type=identifier("device id"))
+    query_options(conn)
+    conn.set_defaults(run=connections)
+
+    why_parser = sub.add_parser("why", help="why a device, host, composition or link is as it is")
+    why_parser.add_argument(
+        "id", type=identifier("component or composition id", COMPONENT_REF_PATTERN)
+    )
+    query_options(why_parser)
+    why_parser.set_defaults(run=why)
+
+    free_parser = sub.add_parser("free", help="usable devices with capacity left")
+    free_parser.add_argument("--kind", choices=DEVICE_KINDS)
+    query_options(free_parser)
+    free_parser.set_defaults(run=free)
+
+    history_parser = sub.add_parser("history", help="who held which device when")
+    history_parser.add_argument(
+        "--id",
+        "--device",
+        dest="id",
+        type=identifier("device, host or composition id"),
+        help="a device, host or composition (default: all)",
+    )
+    history_parser.add_argument(
+        "--tenant", type=identifier("tenant"), help="only this tenant's intervals"
+    )
+    history_parser.add_argument("--since", metavar="TIME", help="ISO time with offset, e.g. ...Z")
+    history_parser.add_argument("--until", metavar="TIME", help="ISO time with offset")
+    query_options(history_parser)
+    history_parser.set_defaults(run=history)
+
+    blast = sub.add_parser("blast-radius", help="what a failure of a component would hit")
+    blast.add_argument("id", type=identifier("component id", COMPONENT_REF_PATTERN))
+    query_options(blast)
+    blast.set_defaults(run=blast_radius)

@@ -7,6 +7,8 @@ import argparse
 import asyncio
 import signal
 import sys
+from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -14,6 +16,12 @@ from trellis.adapters.bootstrap import fabric_state_path, running_engine
 from trellis.adapters.embedded.servers import default_data_dir, reload_nats
 from trellis.adapters.endpoints import find_endpoint, running_engine_pid
 from trellis.adapters.entrypoints.cli.errors import EXIT_OK, CliError
+from trellis.adapters.entrypoints.cli.options import (
+    demo_number,
+    http_port_arg,
+    identifier,
+    metrics_port_arg,
+)
 from trellis.adapters.entrypoints.economics import demo as economics
 from trellis.adapters.entrypoints.economics.runs import Plan as EconomicsPlan
 from trellis.adapters.nats.auth import (
@@ -174,3 +182,100 @@ def tenant_add(args: argparse.Namespace) -> int:
     else:
         print(f"no embedded nats-server runs on {data_dir}: the next `trellis up` serves it")
     return 0
+
+
+def add_commands(sub: Any) -> None:
+    """`up`, `demo`, `follow` and `tenant`."""
+    up_parser = sub.add_parser(
+        "up", help="run the engine (embedded NATS/Postgres unless configured)"
+    )
+    up_parser.add_argument(
+        "--secure",
+        action="store_true",
+        help="NATS users and permissions: an identity per tenant, operator, auditor, engine",
+    )
+    up_parser.add_argument(
+        "--tenant",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="(secure mode) issue this tenant an identity too; repeatable",
+    )
+    up_parser.add_argument(
+        "--metrics-port",
+        type=metrics_port_arg,
+        metavar="PORT",
+        help="serve Prometheus /metrics and /healthz on PORT (0: a free one); "
+        "default: off (env TRELLIS_METRICS_PORT)",
+    )
+    up_parser.add_argument(
+        "--metrics-host",
+        metavar="ADDRESS",
+        help="the address metrics listen on; default 127.0.0.1 (env TRELLIS_METRICS_HOST)",
+    )
+    up_parser.add_argument(
+        "--http",
+        type=http_port_arg,
+        metavar="PORT",
+        help="serve the live fabric page (an operator's view) on PORT (0: a free one); "
+        "default: off (env TRELLIS_HTTP_PORT)",
+    )
+    up_parser.add_argument(
+        "--http-host",
+        metavar="ADDRESS",
+        help="the address the page listens on; default 127.0.0.1 (env TRELLIS_HTTP_HOST)",
+    )
+    up_parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a name (besides the bound address) the page and /metrics answer to in a request's "
+        "Host, e.g. a proxy's; repeatable (env TRELLIS_ALLOWED_HOSTS, comma-separated)",
+    )
+    up_parser.set_defaults(run=up)
+
+    demo = sub.add_parser("demo", help="demonstrations on a fresh engine of their own")
+    demo_sub = demo.add_subparsers(metavar="DEMO")
+    econ = demo_sub.add_parser(
+        "economics",
+        help="Azure's LLM trace through pooled composition and fixed GPU boxes, compared",
+    )
+    econ.add_argument(
+        "--seconds", type=demo_number(5, 3600), default=45.0, help="compressed demand, seconds"
+    )
+    econ.add_argument(
+        "--requests", type=demo_number(1, 100_000), default=200, help="trace requests to replay"
+    )
+    econ.add_argument(
+        "--out",
+        type=Path,
+        default=Path("trellis-economics"),
+        metavar="DIR",
+        help="where the report, figures.json and the plots go; default ./trellis-economics",
+    )
+    econ.add_argument(
+        "--http",
+        type=http_port_arg,
+        metavar="PORT",
+        help="serve the live fabric page on PORT while it runs, to watch it (0: a free one)",
+    )
+    econ.add_argument(
+        "--plain",
+        action="store_true",
+        help="progress as lines, not the live table (the default off a terminal)",
+    )
+    econ.set_defaults(run=demo_economics)
+
+    follow_parser = sub.add_parser(
+        "follow", help="run the log followers alone (what TRELLIS_FOLLOWERS=process starts)"
+    )
+    follow_parser.set_defaults(run=follow)
+
+    tenant = sub.add_parser("tenant", help="tenants' NATS identities (secure mode)")
+    tenant_sub = tenant.add_subparsers(metavar="ACTION")
+    tenant_add_parser = tenant_sub.add_parser(
+        "add", help="issue a tenant's credentials; a running embedded NATS takes them at once"
+    )
+    tenant_add_parser.add_argument("name", type=identifier("tenant"))
+    tenant_add_parser.set_defaults(run=tenant_add)

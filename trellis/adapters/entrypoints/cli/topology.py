@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import uuid
+from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -12,6 +14,10 @@ from trellis.adapters.entrypoints import (
     render,
 )
 from trellis.adapters.entrypoints.cli.errors import EXIT_UNAVAILABLE, CliError
+from trellis.adapters.entrypoints.cli.options import (
+    at_option,
+    client_options,
+)
 from trellis.adapters.entrypoints.cli.talk import (
     as_json,
     at,
@@ -88,3 +94,48 @@ def fabric_check(args: argparse.Namespace) -> int:
         report = msgspec.convert(reply["result"], FabricReport)
         code = 1 if render.fabric_differences(report.differences) else 0
     return code
+
+
+def add_commands(sub: Any) -> None:
+    """`topology import` / `show`, and `replay`."""
+    topo = sub.add_parser("topology", help="import or show a domain's fabric")
+    topo_sub = topo.add_subparsers(metavar="ACTION")
+    imp = topo_sub.add_parser(
+        "import", help="import a topology document (JSON), or one read from a Redfish service"
+    )
+    imp.add_argument("file", type=Path, nargs="?")
+    imp.add_argument("--request-id", help="resend-safe id (default: a fresh one)")
+    imp.add_argument("--reason", default="")
+    redfish_import.add_arguments(imp)
+    client_options(imp)
+    imp.set_defaults(run=topology_import)
+    show = topo_sub.add_parser("show", help="nodes and links with health and free capacity")
+    at_option(show)
+    client_options(show)
+    show.set_defaults(run=topology_show)
+
+    replay_parser = sub.add_parser(
+        "replay", help="the fabric and its connections as they were at a past moment"
+    )
+    at_option(replay_parser, required=True)
+    client_options(replay_parser)
+    replay_parser.set_defaults(run=replay)
+
+
+def add_fabric(sub: Any) -> None:
+    """`fabric show` / `check`."""
+    fabric = sub.add_parser(
+        "fabric", help="the hardware as the engine's fabric driver sees it (the `fabric` query)"
+    )
+    fabric_sub = fabric.add_subparsers(metavar="ACTION")
+    fabric_show_parser = fabric_sub.add_parser(
+        "show", help="the circuits and bindings the domain's hardware holds"
+    )
+    client_options(fabric_show_parser)
+    fabric_show_parser.set_defaults(run=fabric_show)
+    fabric_check_parser = fabric_sub.add_parser(
+        "check",
+        help="does the domain's hardware hold exactly what the log says? exit 1 when not",
+    )
+    client_options(fabric_check_parser)
+    fabric_check_parser.set_defaults(run=fabric_check)

@@ -11,6 +11,10 @@ from nats.js.api import DeliverPolicy
 from trellis.adapters.entrypoints import (
     render,
 )
+from trellis.adapters.entrypoints.cli.options import (
+    client_options,
+    identifier,
+)
 from trellis.adapters.entrypoints.cli.talk import on_nats
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.nats.foreign import ForeignMessages
@@ -78,3 +82,34 @@ def _watched(args: argparse.Namespace, event: dict[str, Any], owners: dict[str, 
         data.get("tenant"),
         owners.get(data.get("composition_id", "")),
     )
+
+
+def add_commands(sub: Any) -> None:
+    """`watch`."""
+    watch_parser = sub.add_parser(
+        "watch", help="live events from the stream (TRELLIS_EVENTS), one a line, until Ctrl-C"
+    )
+    watch_parser.add_argument(
+        "--type",
+        action="append",
+        default=[],
+        metavar="EVENT",
+        help="only this event type, e.g. CompositionActivated; repeatable",
+    )
+    watch_parser.add_argument(
+        "--tenant",
+        type=identifier("tenant"),
+        help="only this tenant's: events it caused or that name it, and the engine's on "
+        "compositions it requested while watching",
+    )
+    watch_parser.add_argument(
+        "--all-domains", action="store_true", help="every domain, not --domain"
+    )
+    watch_parser.add_argument(
+        "--from-start",
+        action="store_true",
+        help="replay the stream from its first event instead of new ones only",
+    )
+    watch_parser.add_argument("--count", type=int, metavar="N", help="stop after N events")
+    client_options(watch_parser)
+    watch_parser.set_defaults(run=watch)
