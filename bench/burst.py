@@ -91,8 +91,9 @@ from bench.intents import (
     stats,
     timed_ms,
 )
-from trellis.adapters.bootstrap import RunningEngine, connect_nats, engine_on
+from trellis.adapters.bootstrap import RunningEngine, engine_on
 from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.settings import Settings
 
 REPO = FsPath(__file__).resolve().parents[1]
@@ -537,9 +538,14 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             chunks.append(await timed_ms(combined, half, args.budget / 2))
             parts_nats = await timed_ms(nats_only, half // 2, args.budget / 4)
             parts_pg = await timed_ms(pg_only, half // 2, args.budget / 4)
-            async with engine_on(
-                nats_url, database_url, owner_url=owner_url, schema=schema, prefix=prefix
-            ) as running:
+            settings = Settings(
+                nats_url=nats_url,
+                database_url=database_url,
+                database_owner_url=owner_url,
+                db_schema=schema,
+                subject_prefix=prefix,
+            )
+            async with engine_on(settings) as running:
                 probe = Probe(running)
                 ncs = [await connect_nats(nats_url, name=f"bench-burst-{i}") for i in range(4)]
                 try:

@@ -45,12 +45,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 from intents import fresh_schema, percentile, servers  # noqa: E402  (bench/ on the path)
 from mockup_server import MOCKUPS, MockupServer  # noqa: E402  (tests/ on the path)
 
-from trellis.adapters.bootstrap import connect_nats, engine_on  # noqa: E402
+from trellis.adapters.bootstrap import engine_on  # noqa: E402
 from trellis.adapters.fabric.redfish.client import RedfishClient  # noqa: E402
 from trellis.adapters.fabric.redfish.discovery import discover  # noqa: E402
 from trellis.adapters.fabric.redfish.driver import RedfishFabric  # noqa: E402
 from trellis.adapters.fabric.sim import SimulatedFabric  # noqa: E402
 from trellis.adapters.nats.client import TrellisClient  # noqa: E402
+from trellis.adapters.nats.connect import connect_nats  # noqa: E402
 from trellis.adapters.settings import Settings  # noqa: E402
 from trellis.engine.service.ports import FabricDriver  # noqa: E402
 
@@ -95,10 +96,11 @@ async def side(
 ) -> Any:
     async with fresh_schema(urls.database_owner_url, keep) as schema:
         prefix = f"b{uuid.uuid4().hex[:10]}"
-        async with engine_on(
-            urls.nats_url, urls.database_url, owner_url=urls.database_owner_url,
-            schema=schema, prefix=prefix, fabric=fabric,
-        ) as running:  # fmt: skip
+        settings = Settings(
+            nats_url=urls.nats_url, database_url=urls.database_url,
+            database_owner_url=urls.database_owner_url, db_schema=schema, subject_prefix=prefix,
+        )  # fmt: skip
+        async with engine_on(settings, fabric=fabric) as running:
             nc = await connect_nats(urls.nats_url, name=f"bench-{name}")
             try:
                 client = TrellisClient(nc, prefix=prefix, timeout=30.0)

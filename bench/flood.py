@@ -45,8 +45,9 @@ from intents import (
     topology,
 )
 
-from trellis.adapters.bootstrap import connect_nats, engine_on
+from trellis.adapters.bootstrap import engine_on
 from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.settings import Settings
 from trellis.engine.core.throttle import RateLimit
 
@@ -123,14 +124,15 @@ async def phase(args: argparse.Namespace, limit: RateLimit, name: str) -> dict[s
     settings = Settings.from_env()
     async with servers(settings) as urls, fresh_schema(urls.database_owner_url, False) as schema:
         prefix = f"bench{int(time.time() * 1000) % 10**9}"
-        async with engine_on(
-            urls.nats_url,
-            urls.database_url,
-            owner_url=urls.database_owner_url,
-            schema=schema,
-            prefix=prefix,
-            rate_limit=limit,
-        ) as running:
+        settings = Settings(
+            nats_url=urls.nats_url,
+            database_url=urls.database_url,
+            database_owner_url=urls.database_owner_url,
+            db_schema=schema,
+            subject_prefix=prefix,
+            tenant_rate=limit,
+        )
+        async with engine_on(settings) as running:
             calm_nc = await connect_nats(urls.nats_url, name="bench-calm")
             try:
                 calm = TrellisClient(calm_nc, prefix=prefix, timeout=30)

@@ -62,14 +62,9 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from trellis.adapters.bootstrap import (
-    Endpoints,
-    RunningEngine,
-    connect_nats,
-    embedded_or_configured,
-    engine_on,
-)
+from trellis.adapters.bootstrap import Endpoints, RunningEngine, embedded_or_configured, engine_on
 from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.settings import FollowersMode, Settings
 from trellis.engine.core.throttle import RateLimit
 from trellis.projections import PostgresReadModels
@@ -627,15 +622,18 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 async with (
                     fresh_schema(owner_url, args.keep) as mode_schema,
                     engine_on(
-                        nats_url,
-                        database_url,
-                        owner_url=owner_url,
-                        schema=mode_schema,
-                        prefix=mode_prefix,
-                        followers=mode,
-                        metrics_at=("127.0.0.1", 0) if metrics else None,
-                        # The intent path's cost, not a tenant's rate (bench/flood.py has that).
-                        rate_limit=RateLimit(0),
+                        Settings(
+                            nats_url=nats_url,
+                            database_url=database_url,
+                            database_owner_url=owner_url,
+                            db_schema=mode_schema,
+                            subject_prefix=mode_prefix,
+                            followers=mode,
+                            metrics_port=0 if metrics else None,
+                            # The intent path's cost, not a tenant's rate (bench/flood.py has
+                            # that).
+                            tenant_rate=RateLimit(0),
+                        )
                     ) as running,
                     scraped(running.metrics_url) as scrapes,
                 ):

@@ -35,8 +35,9 @@ sys.path.insert(0, str(FsPath(__file__).resolve().parent))
 import asyncpg
 from intents import TENANTS, Load, fresh_schema, host_of, pair, progress, servers, topology
 
-from trellis.adapters.bootstrap import connect_nats, engine_on
+from trellis.adapters.bootstrap import engine_on
 from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.postgres.store import PostgresEventStore
 from trellis.adapters.settings import Settings
 from trellis.engine.core.records import Head, PendingEvent, RecordedEvent
@@ -46,7 +47,10 @@ DOMAIN = "bench"
 
 async def write_log(nats_url: str, database_url: str, schema: str, pairs: int) -> None:
     prefix = f"b{uuid.uuid4().hex[:12]}"
-    async with engine_on(nats_url, database_url, schema=schema, prefix=prefix) as running:
+    settings = Settings(
+        nats_url=nats_url, database_url=database_url, db_schema=schema, subject_prefix=prefix
+    )
+    async with engine_on(settings) as running:
         nc = await connect_nats(nats_url, name="bench-log-checks")
         try:
             client = TrellisClient(nc, prefix=prefix)

@@ -31,8 +31,9 @@ sys.path.insert(0, str(FsPath(__file__).resolve().parent))
 
 from intents import TENANTS, Load, fresh_schema, host_of, pair, progress, servers, topology
 
-from trellis.adapters.bootstrap import connect_nats, engine_on
+from trellis.adapters.bootstrap import engine_on
 from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.nats.jetstream import bucket_name, stream_name
 from trellis.adapters.nats.relay import RelaySink
 from trellis.adapters.postgres.store import PostgresEventStore, connect_pool
@@ -89,14 +90,15 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         fresh_schema(owner_url, keep=False) as schema,
     ):
         prefix = f"relayfill{uuid.uuid4().hex[:8]}"
-        async with engine_on(
-            nats_url,
-            database_url,
-            owner_url=owner_url,
-            schema=schema,
-            prefix=prefix,
+        settings = Settings(
+            nats_url=nats_url,
+            database_url=database_url,
+            database_owner_url=owner_url,
+            db_schema=schema,
+            subject_prefix=prefix,
             domains=[DOMAIN],
-        ) as running:
+        )
+        async with engine_on(settings) as running:
             client_nc = await connect_nats(nats_url, name="bench-client")
             try:
                 client = TrellisClient(client_nc, prefix=prefix)

@@ -14,7 +14,7 @@ import asyncpg
 import nats
 from nats.js.errors import NotFoundError
 
-from trellis.adapters.bootstrap import nats_servers
+from trellis.adapters.nats.connect import nats_servers
 from trellis.adapters.nats.jetstream import bucket_name, checkpoint_stream_name, stream_name
 from trellis.adapters.postgres.migrations import prepare_schema
 

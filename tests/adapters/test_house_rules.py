@@ -6,6 +6,7 @@ in each part of the house and check what it says, so a rule that stops applying 
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -62,3 +63,38 @@ def test_the_core_as_it_stands_keeps_the_rules() -> None:
         capture_output=True, text=True, cwd=REPO,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout
+
+
+def entrypoint_imports(path: Path) -> list[str]:
+    """The modules of trellis.adapters.entrypoints that the module at `path` imports."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        found += [n for n in names if n.startswith("trellis.adapters.entrypoints")]
+    return found
+
+
+def test_the_adapters_never_import_the_entrypoints() -> None:
+    # One way (docs/architecture.md §7): the entrypoints wire the adapters; an adapter that
+    # imported an entrypoint would make the CLI's modules part of the engine's process.
+    adapters = REPO / "trellis" / "adapters"
+    entrypoints = adapters / "entrypoints"
+    offenders = {
+        str(path.relative_to(REPO)): found
+        for path in sorted(adapters.rglob("*.py"))
+        if entrypoints not in path.parents and (found := entrypoint_imports(path))
+    }
+    assert offenders == {}
+
+
+def test_the_entrypoint_rule_sees_an_import(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("from trellis.adapters.entrypoints.cli import main\n")
+    assert entrypoint_imports(probe) == [
+        "trellis.adapters.entrypoints.cli",
+        "trellis.adapters.entrypoints.cli.main",
+    ]

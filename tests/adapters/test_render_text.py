@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from trellis.adapters.entrypoints import cli, render
+from trellis.adapters.entrypoints import render
+from trellis.adapters.entrypoints.cli import talk
 
 EVIL = "acme\u202e-drow-ssap \x1b[2Jcleared\x85"
 
@@ -29,11 +30,11 @@ def test_a_reply_is_printed_escaped_and_json_stays_exact(
     output: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     reply = {"ok": True, "result": {"text": EVIL}, "position": 3, "replayed": False}
-    cli._print_reply(argparse.Namespace(output=output), reply, lambda r, _, wide: r["text"])
+    talk.print_reply(argparse.Namespace(output=output), reply, lambda r, _, wide: r["text"])
     out = capsys.readouterr().out
     assert "\u202e" not in out and "\x1b" not in out and "\\u202e" in out
     error = {"ok": False, "error": {"code": "invalid", "message": EVIL, "details": {}}}
-    cli._print_reply(argparse.Namespace(output=output), error, None)
+    talk.print_reply(argparse.Namespace(output=output), error, None)
     assert "\u202e" not in capsys.readouterr().err
-    cli._print_reply(argparse.Namespace(output="json"), reply, None)
+    talk.print_reply(argparse.Namespace(output="json"), reply, None)
     assert json.loads(capsys.readouterr().out)["text"] == EVIL  # for scripts: the data itself

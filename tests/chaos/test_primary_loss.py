@@ -24,9 +24,9 @@ import asyncpg
 import nats.errors
 import pytest
 from integration.fabrics import one_switch
+from integration.harness import engine_at
 from postgres_pair import PostgresPair
 
-from trellis.adapters.bootstrap import connect_nats, engine_on
 from trellis.adapters.nats.client import TrellisClient
 from trellis.engine.core.throttle import RateLimit
 
@@ -112,30 +112,28 @@ async def loaded(
 ) -> AsyncIterator[tuple[Load, asyncio.Event]]:
     """An engine over the pair, the domain imported, WORKERS clients composing and releasing
     until the event is set; on exit, the clients' last answers are awaited."""
-    async with engine_on(
-        nats_url,
-        pair.url,
-        owner_url=pair.owner_url,
-        prefix=prefix,
-        lease_ttl=lease_ttl,
-        rate_limit=RateLimit(0),
+    async with (
+        engine_at(
+            nats_url,
+            pair.url,
+            owner_url=pair.owner_url,
+            prefix=prefix,
+            lease_ttl=lease_ttl,
+            rate_limit=RateLimit(0),
+        ),
+        TrellisClient.connected(
+            nats_url, prefix=prefix, timeout=REQUEST_TIMEOUT_S, name="primary-loss-client"
+        ) as client,
     ):
-        nc = await connect_nats(nats_url, name="primary-loss-client")
-        client = TrellisClient(nc, prefix=prefix, timeout=REQUEST_TIMEOUT_S)
+        imported = await client.admin(DOMAIN, "import-topology", one_switch(GPUS))
+        assert imported.get("ok") is True, imported
+        load, stop = Load(), asyncio.Event()
+        workers = [asyncio.create_task(work(client, f"w{i}", load, stop)) for i in range(WORKERS)]
         try:
-            imported = await client.admin(DOMAIN, "import-topology", one_switch(GPUS))
-            assert imported.get("ok") is True, imported
-            load, stop = Load(), asyncio.Event()
-            workers = [
-                asyncio.create_task(work(client, f"w{i}", load, stop)) for i in range(WORKERS)
-            ]
-            try:
-                yield load, stop
-            finally:
-                stop.set()
-                await asyncio.wait_for(asyncio.gather(*workers), 120)
+            yield load, stop
         finally:
-            await nc.close()
+            stop.set()
+            await asyncio.wait_for(asyncio.gather(*workers), 120)
 
 
 async def recorded(pair: PostgresPair) -> Counter[str]:

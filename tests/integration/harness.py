@@ -10,12 +10,13 @@ import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import msgspec
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 
-from trellis.adapters.bootstrap import connect_nats, engine_on
+from trellis.adapters.bootstrap import RunningEngine, engine_on
 from trellis.adapters.fabric.redfish.watch import FabricWatch
 from trellis.adapters.follow_process import FollowerProcess
 from trellis.adapters.nats.client import TrellisClient
@@ -23,7 +24,10 @@ from trellis.adapters.nats.jetstream import bucket_name
 from trellis.adapters.nats.relay import RelaySink
 from trellis.adapters.postgres.checkpoints import PostgresAuditTrail
 from trellis.adapters.postgres.store import PostgresEventStore
+from trellis.adapters.settings import Settings
+from trellis.engine.core.lag import LagTracker
 from trellis.engine.core.records import PendingEvent
+from trellis.engine.core.throttle import RateLimit
 from trellis.engine.service.follower import Followers
 from trellis.engine.service.ports import FabricDriver
 from trellis.engine.service.router import Engine
@@ -64,37 +68,78 @@ class Harness(msgspec.Struct, kw_only=True):
         await asyncio.wait_for(sync.wait_idle(), timeout)
 
 
+#: engine_on's own parameters: what Settings cannot carry, or what tests replace.
+ENGINE_OVERRIDES = ("fabric", "clock", "signer", "secure", "follow_options")
+
+
+def engine_settings(
+    nats_url: str,
+    database_url: str,
+    *,
+    schema: str | None = None,
+    prefix: str = "trellis",
+    owner_url: str | None = None,
+    metrics_at: tuple[str, int] | None = None,
+    page_at: tuple[str, int] | None = None,
+    health: LagTracker | None = None,
+    rate_limit: RateLimit | None = None,
+    **fields: Any,
+) -> Settings:
+    """The Settings `trellis up` would read for an engine on these servers, from the names the
+    tests use: `schema`, `prefix`, `owner_url`, `metrics_at` and `page_at` (host, port),
+    `health` (its bounds), `rate_limit`; any other keyword is a Settings field."""
+    extra: dict[str, Any] = {}
+    if metrics_at is not None:
+        extra.update(metrics_host=metrics_at[0], metrics_port=metrics_at[1])
+    if page_at is not None:
+        extra.update(http_host=page_at[0], http_port=page_at[1])
+    if health is not None:
+        extra.update(health_stall_s=health.stall_s, health_max_behind=health.max_behind)
+    if rate_limit is not None:
+        extra.update(tenant_rate=rate_limit)
+    return Settings(
+        nats_url=nats_url,
+        database_url=database_url,
+        database_owner_url=owner_url,
+        db_schema=schema,
+        subject_prefix=prefix,
+        **extra,
+        **fields,
+    )
+
+
+def engine_at(
+    nats_url: str, database_url: str, **kwargs: Any
+) -> contextlib.AbstractAsyncContextManager[RunningEngine]:
+    """`engine_on` for tests: `kwargs` are engine_settings's, plus engine_on's overrides."""
+    overrides = {name: kwargs.pop(name) for name in ENGINE_OVERRIDES if name in kwargs}
+    return engine_on(engine_settings(nats_url, database_url, **kwargs), **overrides)
+
+
 @contextlib.asynccontextmanager
 async def serving(
     nats_url: str, database_url: str, schema: str, prefix: str, **engine_kwargs: object
 ) -> AsyncIterator[Harness]:
     """Run the engine as `trellis up` wires it; `client` talks to it as any client would."""
-    async with engine_on(
-        nats_url,
-        database_url,
-        schema=schema,
-        prefix=prefix,
-        **engine_kwargs,  # type: ignore[arg-type]
-    ) as running:
-        client_nc = await connect_nats(nats_url, name="test-client")
-        try:
-            yield Harness(
-                engine=running.engine,
-                fabric=running.fabric,
-                store=running.store,
-                followers=running.followers,
-                projections=running.projections,
-                relay=running.relay,
-                audit=running.audit,
-                client=TrellisClient(client_nc, prefix=prefix),
-                follower_process=running.follower_process,
-                service_id=running.service_id,
-                metrics_url=running.metrics_url,
-                page_url=running.page_url,
-                fabric_watch=running.fabric_watch,
-            )
-        finally:
-            await client_nc.close()
+    async with (
+        engine_at(nats_url, database_url, schema=schema, prefix=prefix, **engine_kwargs) as running,
+        TrellisClient.connected(nats_url, prefix=prefix, name="test-client") as client,
+    ):
+        yield Harness(
+            engine=running.engine,
+            fabric=running.fabric,
+            store=running.store,
+            followers=running.followers,
+            projections=running.projections,
+            relay=running.relay,
+            audit=running.audit,
+            client=client,
+            follower_process=running.follower_process,
+            service_id=running.service_id,
+            metrics_url=running.metrics_url,
+            page_url=running.page_url,
+            fabric_watch=running.fabric_watch,
+        )
 
 
 class ManualClock:

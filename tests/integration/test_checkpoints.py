@@ -21,10 +21,11 @@ from fabrics import expect_error, expect_ok, fabric
 from harness import Harness, cli_env, serving
 from harness import run_cli as trellis
 
-from trellis.adapters.bootstrap import checkpoint_key_path, checkpoint_signer, connect_nats
+from trellis.adapters.bootstrap import checkpoint_key_path, checkpoint_signer
 from trellis.adapters.checkpoint_key import load_or_create, public_key_path
 from trellis.adapters.entrypoints import cli
 from trellis.adapters.entrypoints.audit_proofs import ProofRejected, check
+from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.nats.jetstream import Envelope, checkpoint_stream_name
 from trellis.adapters.settings import Settings, SettingsError
 from trellis.engine.core.checkpoints import Signer, Verifier, open_checkpoint

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from trellis.adapters.entrypoints import cli
+from trellis.adapters.entrypoints.cli import parser
 
 SHELL_TIMEOUT_S = 60.0
 
@@ -67,7 +67,9 @@ def test_the_bash_script_completes_commands_options_and_choices(tmp_path: Path) 
     completes = ["-h", "--help", "bash", "zsh", "-v", "--verbose"]
     assert bash_completes(script, "completion", "") == completes
     # Generated from the parser: every command it has is offered, and nothing else.
-    commands = next(a for a in cli._parser()._actions if isinstance(a, argparse._SubParsersAction))
+    commands = next(
+        a for a in parser.make_parser()._actions if isinstance(a, argparse._SubParsersAction)
+    )
     offered = [w for w in bash_completes(script, "") if not w.startswith("-")]
     assert offered == list(commands.choices)
 

@@ -21,6 +21,7 @@ from isolation import unique_subject_prefix
 
 from trellis.adapters.embedded.servers import free_port
 from trellis.adapters.entrypoints import cli
+from trellis.adapters.entrypoints.cli import queries
 
 EXIT_USAGE, EXIT_UNAVAILABLE = cli.EXIT_USAGE, cli.EXIT_UNAVAILABLE
 
@@ -174,7 +175,7 @@ def test_an_unexpected_failure_is_one_line_and_exit_70_and_v_shows_the_traceback
     def broken(_: object) -> int:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(cli, "_free", broken)
+    monkeypatch.setattr(queries, "free", broken)
     assert cli.main(["free"]) == cli.EXIT_INTERNAL
     err = capsys.readouterr().err
     assert one_line(err) == (

@@ -19,11 +19,11 @@ from typing import Any
 import pytest_asyncio
 from harness import Harness, serving
 
-from trellis.adapters.bootstrap import connect_nats
 from trellis.adapters.entrypoints.economics import demo, plots
 from trellis.adapters.entrypoints.economics.data import read_hall
 from trellis.adapters.entrypoints.economics.figures import comparison
 from trellis.adapters.entrypoints.economics.runs import Plan
+from trellis.adapters.nats.client import TrellisClient
 from trellis.engine.core.events import (
     CompositionActivated,
     CompositionFailed,
@@ -122,11 +122,10 @@ class Folded:
 async def test_the_economics_figures_are_the_logs_and_pooling_serves_more(
     h: Harness, nats_url: str, subject_prefix: str, tmp_path: Path
 ) -> None:
-    nc = await connect_nats(nats_url, name="test-economics")
-    try:
-        outcome = await demo.economics(nc, h.store, subject_prefix, PLAN)
-    finally:
-        await nc.close()
+    async with TrellisClient.connected(
+        nats_url, prefix=subject_prefix, name="test-economics"
+    ) as client:
+        outcome = await demo.economics(client, h.store, PLAN)
     pooled, fixed = outcome.figures["pooled"], outcome.figures["fixed"]
     hall = read_hall()
     for figures, scheduler in ((pooled, "pooled"), (fixed, "fixed")):

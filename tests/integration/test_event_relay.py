@@ -27,8 +27,8 @@ from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from trellis.adapters.bootstrap import connect_nats
 from trellis.adapters.embedded.servers import EmbeddedNats
+from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.nats.jetstream import (
     Envelope,
     StreamConfigError,

@@ -27,10 +27,11 @@ from engines import Fleet
 from fabrics import expect_ok
 from harness import Harness, run_cli, serving
 
-from trellis.adapters.bootstrap import connect_nats
 from trellis.adapters.entrypoints.economics import demo
 from trellis.adapters.entrypoints.economics.data import read_hall
 from trellis.adapters.entrypoints.economics.runs import Plan
+from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.connect import connect_nats
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 try:
@@ -160,6 +161,7 @@ async def test_an_economics_run_shows_on_pages_opened_before_its_domains(
     printed = demo.watch(h.page_url, stamp).split()[2]
     assert printed == f"{h.page_url}/?domain={pooled}", printed
     nc = await connect_nats(nats_url, name="test-page-economics")
+    client = TrellisClient(nc, prefix=subject_prefix)
     plan = Plan(seconds=5, requests=8)
     run: asyncio.Task[demo.Outcome] | None = None
     async with async_playwright() as playwright:
@@ -174,9 +176,7 @@ async def test_an_economics_run_shows_on_pages_opened_before_its_domains(
                 tabs.append(tab)
             watching, bare = tabs
             await expect(watching.locator("#empty")).to_be_visible()
-            run = asyncio.create_task(
-                demo.economics(nc, h.store, subject_prefix, plan, stamp=stamp)
-            )
+            run = asyncio.create_task(demo.economics(client, h.store, plan, stamp=stamp))
 
             # The watched domain's hall arrives, then the pooled run's compositions on it.
             await expect(node(watching, "host-r1-1")).to_have_class(re.compile("kind-host"))

@@ -8,7 +8,7 @@ import asyncpg
 import nats
 from isolation import Database
 
-from trellis.adapters.bootstrap import nats_servers
+from trellis.adapters.nats.connect import nats_servers
 from trellis.adapters.postgres.privileges import TABLES
 
 

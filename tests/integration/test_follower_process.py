@@ -20,15 +20,15 @@ import pytest
 import pytest_asyncio
 from engines import Fleet
 from fabrics import expect_ok, fabric
-from harness import Harness, bucket_values, cli_env, serving
+from harness import Harness, bucket_values, cli_env, engine_at, serving
 from isolation import unique_subject_prefix
 from nats.aio.client import Client as NATS
 
-from trellis.adapters.bootstrap import connect_nats, engine_on
 from trellis.adapters.embedded.servers import EmbeddedNats
 from trellis.adapters.follow_process import CommitSignal, FollowerProcess
 from trellis.adapters.nats.auth import Principal, SecureDir
 from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.nats.jetstream import Envelope, checkpoint_stream_name, stream_name
 from trellis.adapters.settings import Settings, SettingsError
 
@@ -231,7 +231,7 @@ async def test_in_secure_mode_the_follower_process_connects_as_the_relay(
     server = EmbeddedNats(tmp_path, config=secure.config_path)
     await asyncio.to_thread(server.start)
     try:
-        async with engine_on(
+        async with engine_at(
             server.url,
             database_url,
             schema=pg_schema,

@@ -20,13 +20,15 @@ import nats.errors
 import pytest
 from engines import client_at
 from fabrics import expect_ok, fetch, one_switch
+from harness import engine_at
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from trellis.adapters.bootstrap import RunningEngine, connect_nats, engine_on, nats_servers
+from trellis.adapters.bootstrap import RunningEngine
 from trellis.adapters.embedded.cluster import ClusterNode, NatsCluster
 from trellis.adapters.embedded.servers import free_port
 from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.connect import connect_nats, nats_servers
 from trellis.adapters.nats.jetstream import (
     Envelope,
     StreamConfigError,
@@ -201,7 +203,7 @@ async def test_engines_over_a_cluster_lose_nothing_when_a_nats_node_is_killed_mi
         engines: dict[str, RunningEngine] = {}
         for domain in DOMAINS:
             engines[domain] = await stack.enter_async_context(
-                engine_on(
+                engine_at(
                     cluster.url,
                     database_url,
                     schema=pg_schema,

@@ -32,7 +32,6 @@ from nats.errors import NoRespondersError
 from redfish_trees import write_tree
 from zeros import zeros
 
-from trellis.adapters.bootstrap import connect_nats
 from trellis.adapters.fabric.redfish.client import RedfishClient
 from trellis.adapters.fabric.redfish.discovery import discover
 from trellis.adapters.fabric.redfish.driver import RedfishFabric
@@ -57,9 +56,10 @@ pytestmark = pytest.mark.slow
 
 @pytest_asyncio.fixture
 async def client(nats_url: str, subject_prefix: str) -> AsyncIterator[TrellisClient]:
-    nc = await connect_nats(nats_url, name="crash-client")
-    yield TrellisClient(nc, prefix=subject_prefix, timeout=10.0)
-    await nc.close()
+    async with TrellisClient.connected(
+        nats_url, prefix=subject_prefix, timeout=10.0, name="crash-client"
+    ) as client:
+        yield client
 
 
 async def log_state(database_url: str, schema: str) -> DomainState:

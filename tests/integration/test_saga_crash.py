@@ -27,10 +27,8 @@ from pathlib import Path
 import msgspec
 import pytest
 from fabrics import event_types, expect_error, expect_ok, fabric
-from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
 
-from trellis.adapters.bootstrap import connect_nats
 from trellis.adapters.fabric.sim import read_state_file
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.postgres.store import PostgresEventStore
@@ -152,11 +150,13 @@ def rig(
 
 @contextlib.asynccontextmanager
 async def client_of(rig: Rig, timeout: float) -> AsyncIterator[TrellisClient]:
-    nc: NATS = await connect_nats(rig.env["TRELLIS_NATS_URL"], name="test-client")
-    try:
-        yield TrellisClient(nc, prefix=rig.env["TRELLIS_SUBJECT_PREFIX"], timeout=timeout)
-    finally:
-        await nc.close()
+    async with TrellisClient.connected(
+        rig.env["TRELLIS_NATS_URL"],
+        prefix=rig.env["TRELLIS_SUBJECT_PREFIX"],
+        timeout=timeout,
+        name="test-client",
+    ) as client:
+        yield client
 
 
 async def killed_mid_saga(rig: Rig, hang: str) -> str:

@@ -24,18 +24,13 @@ import nats
 import pytest
 import pytest_asyncio
 from fabrics import expect_error, expect_ok, row_counts
-from harness import run_cli
+from harness import engine_at, run_cli
 from isolation import unique_subject_prefix
 from nats.aio.client import Client as NATS
 from nats.js.api import StreamConfig
 from test_crash_safe_servers import listening
 
-from trellis.adapters.bootstrap import (
-    RunningEngine,
-    connect_nats,
-    engine_on,
-    until_accepted,
-)
+from trellis.adapters.bootstrap import RunningEngine
 from trellis.adapters.embedded.servers import EmbeddedNats
 from trellis.adapters.http.fabric_page import token_cookie
 from trellis.adapters.nats.auth import (
@@ -46,6 +41,7 @@ from trellis.adapters.nats.auth import (
     public_key,
 )
 from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.connect import connect_nats, until_accepted
 from trellis.adapters.nats.jetstream import bucket_name, stream_name
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fabric.json"
@@ -133,7 +129,7 @@ async def secured(
     server = EmbeddedNats(tmp_path, config=secure.config_path)
     await asyncio.to_thread(server.start)
     try:
-        async with engine_on(
+        async with engine_at(
             server.url,
             database_url,
             schema=pg_schema,

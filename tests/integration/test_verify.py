@@ -28,8 +28,8 @@ from harness import Harness, ManualClock, cli_env, run_cli, serving, undecodable
 from isolation import Database
 from nats.js import JetStreamContext
 
-from trellis.adapters.bootstrap import connect_nats
 from trellis.adapters.entrypoints.audit_verify import verify
+from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.nats.jetstream import bucket_name
 from trellis.adapters.postgres.store import PostgresEventStore
 from trellis.engine.core.events import (

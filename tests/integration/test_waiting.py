@@ -19,7 +19,6 @@ import pytest_asyncio
 from fabrics import expect_ok, fabric
 from isolation import delete_relay_targets, unique_subject_prefix
 
-from trellis.adapters.bootstrap import connect_nats
 from trellis.adapters.embedded.servers import EmbeddedNats, EmbeddedPostgres, free_port
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.settings import redacted
@@ -104,12 +103,8 @@ async def test_trellis_up_waits_for_postgres_then_nats_and_then_serves(
         await asyncio.to_thread(nats.start)
         # ...and serves once both are up: a client's intent succeeds.
         await engine.says("trellis engine up")
-        nc = await connect_nats(nats.url, name="test-client")
-        try:
-            client = TrellisClient(nc, prefix=prefix)
+        async with TrellisClient.connected(nats.url, prefix=prefix, name="test-client") as client:
             expect_ok(await client.admin(DOMAIN, "import-topology", fabric()))
-        finally:
-            await nc.close()
         assert await engine.stopped_by_sigint() == 0
         said = engine.text()
         assert "Postgres" in said and "is reachable after" in said

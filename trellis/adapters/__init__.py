@@ -5,5 +5,6 @@
 - `fabric`: fabric drivers (the simulated fabric).
 - `embedded`: the real nats-server and PostgreSQL started from pip packages.
 - `entrypoints`: the `trellis` command and the demo.
-- `bootstrap`, `settings`, `clock`: the one place that wires them to the engine.
+- `bootstrap`, `settings`, `clock`: the one place that wires them to the engine;
+  `endpoints`: where a local `trellis up` listens (endpoints.json).
 """

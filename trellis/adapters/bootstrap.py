@@ -9,16 +9,17 @@ with a metrics port, the Prometheus metrics and health server (adapters/http/met
 and the instruments it reads; with an HTTP port, the live fabric page
 (adapters/http/fabric_page.py). Leaving the context stops all of it, in reverse order.
 A Postgres or NATS that cannot be reached yet is waited for, with backoff and a log line per
-attempt; cancelling the wait (Ctrl-C) stops the start cleanly. In secure mode
-(adapters/nats/auth.py) the embedded nats-server runs with the generated users, the engine
-connects as its own identity and the fabric page as the operator.
+attempt (adapters/nats/connect.py); cancelling the wait (Ctrl-C) stops the start cleanly. In
+secure mode (adapters/nats/auth.py, issued by adapters/nats/issuing.py) the embedded
+nats-server runs with the generated users, the engine connects as its own identity and the
+fabric page as the operator. Once serving, it writes endpoints.json for local clients
+(adapters/endpoints.py). `engine_on(settings)` is the same engine on servers already running.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import secrets
@@ -28,12 +29,11 @@ import socket
 import subprocess
 import tempfile
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import NamedTuple
 
 import msgspec
-import nats
 from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -48,6 +48,7 @@ from trellis.adapters.embedded.servers import (
     default_data_dir,
     reload_nats,
 )
+from trellis.adapters.endpoints import write_endpoints
 from trellis.adapters.fabric.redfish.client import RedfishClient
 from trellis.adapters.fabric.redfish.driver import RedfishFabric
 from trellis.adapters.fabric.redfish.watch import FabricWatch
@@ -59,27 +60,35 @@ from trellis.adapters.http.fabric_page import FabricPage
 from trellis.adapters.http.metrics import MetricsServer
 from trellis.adapters.instruments import EngineMetrics
 from trellis.adapters.nats.auth import (
-    CredentialsError,
     NkeyCredentials,
-    Principal,
     SecureDir,
-    tenant_name_problem,
 )
 from trellis.adapters.nats.checkpoints import CheckpointPublisher
+from trellis.adapters.nats.connect import NatsUnreachable, connect_nats, probe_nats, until_reachable
 from trellis.adapters.nats.foreign import ForeignMessages
 from trellis.adapters.nats.intake import NatsIntake
+from trellis.adapters.nats.issuing import (
+    CHECKPOINTS_IDENTITY,
+    ENGINE_IDENTITY,
+    OPERATOR_IDENTITY,
+    RELAY_IDENTITY,
+    identity,
+    issue,
+    secure_dir,
+    tenants_holding,
+    until_issued_accepted,
+)
 from trellis.adapters.nats.jetstream import StreamLimits
 from trellis.adapters.nats.relay import RelaySink
 from trellis.adapters.nats.replies import AnyInbox, OwnInbox
-from trellis.adapters.postgres.checkpoints import DEFAULT_EVERY, PostgresAuditTrail
+from trellis.adapters.postgres.checkpoints import PostgresAuditTrail
 from trellis.adapters.postgres.leases import PostgresLeases
 from trellis.adapters.postgres.snapshots import PostgresSnapshots
 from trellis.adapters.postgres.store import IDLE_IN_APPEND_S, PostgresEventStore, connect_pool
-from trellis.adapters.settings import FollowersMode, Settings, SettingsError, redacted
+from trellis.adapters.settings import Settings, SettingsError, redacted
 from trellis.engine.core.checkpoints import Signer
 from trellis.engine.core.errors import StoreUnavailable
 from trellis.engine.core.lag import LagTracker
-from trellis.engine.core.throttle import RateLimit
 from trellis.engine.service.follower import Followers
 from trellis.engine.service.ownership import tick_of
 from trellis.engine.service.ports import Clock, FabricDriver
@@ -88,19 +97,9 @@ from trellis.projections import PostgresReadModels, ProjectionSink
 
 log = logging.getLogger(__name__)
 
-ENDPOINTS_FILE = "endpoints.json"
 FABRIC_STATE_FILE = "fabric-sim.json"
-# Waiting for a server: the first retry comes soon, later ones no more often than this.
-RETRY_FIRST_S = 0.25
-RETRY_MAX_S = 5.0
-_NATS_PROBE_TIMEOUT_S = 2.0
 #: How long the health check waits for the store to answer.
 HEALTH_CHECK_S = 2.0
-#: How long a reload of nats-server may take to let a newly issued identity in (a loaded
-#: machine takes seconds; the reload itself is one SIGHUP).
-ACCEPT_TIMEOUT_S = 30.0
-
-T = TypeVar("T")
 
 
 class RunningEngine(msgspec.Struct, kw_only=True):
@@ -123,197 +122,6 @@ class RunningEngine(msgspec.Struct, kw_only=True):
     page_url: str | None = None  # the live fabric page, when served
     fabric_watch: FabricWatch | None = None  # the Redfish driver's timer, health and events
     page_token: str | None = None  # secure mode: the page's token (`<page_url>/?token=...`)
-
-
-ENGINE_IDENTITY = Principal("engine", "engine")
-RELAY_IDENTITY = Principal("relay", "relay")
-CHECKPOINTS_IDENTITY = Principal("checkpoints", "checkpoints")
-OPERATOR_IDENTITY = Principal("operator", "operator")
-
-
-def _identity(secure: SecureDir | None, who: Principal) -> NkeyCredentials | None:
-    """Who a connection of the engine's process connects as: `who` in secure mode, else
-    nobody in particular."""
-    return secure.credentials(who) if secure is not None else None
-
-
-def nats_servers(url: str) -> list[str]:
-    """The servers a TRELLIS_NATS_URL names: one URL, or several separated by commas.
-
-    Raises:
-        ValueError: it names none.
-    """
-    servers = [part.strip() for part in url.split(",") if part.strip()]
-    if not servers:
-        raise ValueError(f"no NATS server URL in {url!r}")
-    return servers
-
-
-async def connect_nats(
-    url: str,
-    name: str = "trellis",
-    *,
-    credentials: NkeyCredentials | None = None,
-    on_error: Callable[[Exception], Awaitable[None]] | None = None,
-) -> NATS:
-    """A NATS connection that keeps reconnecting, so a NATS restart is a pause, not an exit.
-
-    `url` may list several servers, comma-separated (the nodes of a cluster): the connection
-    starts at one of them and moves to another when its server goes away. The nodes of a
-    cluster also tell their clients about each other, so it can move to nodes it was not given;
-    listing them all lets it start while any one of them is down.
-
-    Args:
-        url: the server, or several comma-separated.
-        name: the connection's name, as the server's monitoring shows it.
-        credentials: the identity to connect as (secure mode); None: anonymous.
-        on_error: called with each asynchronous error (refused credentials, a publish the
-            server's permissions deny); by default they are logged.
-
-    Raises:
-        CredentialsError: `credentials` holds no usable nkey seed.
-    """
-    options = credentials.connect_options() if credentials is not None else {}
-    nc = NATS()
-
-    async def lost() -> None:
-        if not (nc.is_closed or nc.is_draining):  # a close of our own is no loss
-            log.warning("lost the NATS connection; reconnecting")
-
-    async def back() -> None:
-        log.warning("NATS connection restored")
-
-    await nc.connect(
-        nats_servers(url),
-        name=name,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.25,  # type: ignore[arg-type]  # annotated int, takes seconds
-        connect_timeout=5,
-        error_cb=on_error or _nats_error,
-        disconnected_cb=lost,
-        reconnected_cb=back,
-        **options,
-    )
-    return nc
-
-
-async def _nats_error(exc: Exception) -> None:
-    # nats-py's default prints a traceback for every failed (re)connect attempt. Refused
-    # credentials or permissions are worth a warning: retrying will not fix them.
-    text = str(exc) or type(exc).__name__
-    log.log(logging.WARNING if "violation" in text.lower() else logging.DEBUG, "nats: %s", text)
-
-
-async def until_accepted(
-    url: str, creds: NkeyCredentials, timeout: float = ACCEPT_TIMEOUT_S
-) -> None:
-    """Return once the nats-server at `url` lets `creds` connect: after the reload (SIGHUP)
-    that added that identity, which takes effect a moment after the signal.
-
-    Every refusal until then counts as "not yet", whatever its form: before the reload the
-    identity is unknown (`Authorization Violation`), and while the server reloads it drops
-    every client that has not finished its handshake, valid or not (the same error, or a
-    connection reset when it closes before the client's CONNECT). Once the new identity is
-    accepted the reload has passed that point, so clients that connect afterwards are kept.
-
-    Raises:
-        TimeoutError: still refused after `timeout` seconds; says with what.
-        CredentialsError: `creds` holds no usable nkey seed.
-    """
-    options = creds.connect_options()
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        try:
-            nc = await nats.connect(
-                nats_servers(url),
-                allow_reconnect=False,
-                connect_timeout=_NATS_PROBE_TIMEOUT_S,
-                error_cb=_ignore_refusal,
-                **options,
-            )
-        except (nats.errors.Error, OSError) as exc:  # TimeoutError is an OSError
-            if loop.time() > deadline:
-                reason = str(exc) or type(exc).__name__
-                raise TimeoutError(
-                    f"the nats-server at {redacted(url)} still refuses {creds.path} "
-                    f"after {timeout:.0f}s: {reason}"
-                ) from None
-            await asyncio.sleep(0.1)
-        else:
-            await nc.close()
-            return
-
-
-async def _ignore_refusal(exc: Exception) -> None:
-    """nats-py reports each refused attempt to the error callback too; the caller retries."""
-
-
-async def until_reachable(
-    what: str,
-    where: str,
-    attempt: Callable[[], Awaitable[T]],
-    unreachable: tuple[type[BaseException], ...],
-) -> T:
-    """`attempt()`'s result, retried with exponential backoff for as long as it raises one of
-    `unreachable`; one warning per failed attempt names `what` and `where` (no secrets in it).
-    Any other error ends the wait. Cancelling it (Ctrl-C) ends it too."""
-    delay, failures = RETRY_FIRST_S, 0
-    while True:
-        try:
-            result = await attempt()
-        except unreachable as exc:
-            failures += 1
-            reason = str(exc) or type(exc).__name__
-            log.warning(
-                "waiting for %s at %s (attempt %d: %s); next try in %.2g s",
-                what, where, failures, reason, delay,
-            )  # fmt: skip
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, RETRY_MAX_S)
-            continue
-        if failures:
-            log.warning("%s at %s is reachable after %d failed attempts", what, where, failures)
-        return result
-
-
-class NatsUnreachable(ConnectionError):
-    """No server of a NATS URL list answered with its INFO line."""
-
-
-async def probe_nats(url: str) -> None:
-    """Return once any server of `url` (comma-separated NATS URLs) greets a TCP client with its
-    INFO line, as a NATS server does first thing: before TLS and before any credentials, so
-    the probe needs neither. Websocket URLs are left to the client library.
-
-    Raises:
-        NatsUnreachable: No server answered.
-    """
-    reasons = []
-    for one in (u.strip() for u in url.split(",")):
-        parts = urllib.parse.urlsplit(one if "://" in one else f"nats://{one}")
-        if parts.scheme in ("ws", "wss"):
-            return
-        host, port = parts.hostname or "127.0.0.1", parts.port or 4222
-        try:
-            if (await _first_line(host, port)).startswith(b"INFO "):
-                return
-            reasons.append(f"{host}:{port}: no NATS greeting")
-        except (OSError, TimeoutError) as exc:
-            reasons.append(f"{host}:{port}: {str(exc) or type(exc).__name__}")
-    raise NatsUnreachable("; ".join(reasons))
-
-
-async def _first_line(host: str, port: int) -> bytes:
-    reader, writer = await asyncio.wait_for(
-        asyncio.open_connection(host, port), _NATS_PROBE_TIMEOUT_S
-    )
-    try:
-        return await asyncio.wait_for(reader.readline(), _NATS_PROBE_TIMEOUT_S)
-    finally:
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
 
 
 class Endpoints(NamedTuple):
@@ -420,7 +228,7 @@ async def follower_sinks(
         "NATS", redacted(nats_url), lambda: probe_nats(nats_url), (NatsUnreachable,)
     )
     relay_nc = await connect_nats(
-        nats_url, name="trellis-relay", credentials=_identity(secure, RELAY_IDENTITY)
+        nats_url, name="trellis-relay", credentials=identity(secure, RELAY_IDENTITY)
     )
     stack.push_async_callback(relay_nc.close)
     projections = ProjectionSink(projection_pool, snapshot_every=snapshot_every)
@@ -468,60 +276,63 @@ async def follower_sinks(
 
 @contextlib.asynccontextmanager
 async def engine_on(
-    nats_url: str,
-    database_url: str,
+    settings: Settings,
     *,
-    owner_url: str | None = None,
-    schema: str | None = None,
-    prefix: str = "trellis",
-    domains: list[str] | None = None,
-    clock: Clock | None = None,
     fabric: FabricDriver | None = None,
-    saga_deadline: float = 10.0,
-    stream_limits: StreamLimits | None = None,
-    follow_options: dict[str, float] | None = None,
-    secure: SecureDir | None = None,
-    lease_ttl: float = 3.0,
-    read_wait: float = 2.0,
+    clock: Clock | None = None,
     signer: Signer | None = None,
-    checkpoint_every: int = DEFAULT_EVERY,
-    snapshot_every: int = 10_000,
-    followers: FollowersMode = "inline",
-    checkpoint_key: Path | None = None,
-    metrics_at: tuple[str, int] | None = None,
-    page_at: tuple[str, int] | None = None,
-    health: LagTracker | None = None,
-    allowed_hosts: Sequence[str] = (),
-    rate_limit: RateLimit | None = None,
+    secure: SecureDir | None = None,
+    follow_options: dict[str, float] | None = None,
 ) -> AsyncIterator[RunningEngine]:
-    """The engine, its projections, its event relay and its NATS intake on given servers, until
-    the context exits. Migrations run first, through `owner_url` when given (the schema's
-    owner, who then grants `database_url`'s role the engine's privileges); the engine's state
-    is rebuilt from the log before it serves. Postgres, then NATS, are waited for until they
-    answer. Without a `fabric` driver the engine drives a SimulatedFabric (there is no
-    hardware). `follow_options` tune the log followers (engine.service.follower.Follower);
-    `secure`: secure mode's identities (each job connects as its own, adapters/nats/auth.py,
-    and replies go only to the requester's own inbox); `lease_ttl`: seconds a
-    writer lease lasts unrenewed (engine/service/ownership.py); `read_wait`: seconds a query waits
-    for its `min_position`; `snapshot_every`: events between
-    snapshots of a domain's state and read models (0: none); `signer`: the checkpoint key
-    (None: a key of this run only, for tests; `trellis up` passes the data dir's), and a
-    checkpoint every `checkpoint_every` events per domain. `followers="process"` runs the log
-    followers in a process of their own (adapters/follow_process.py), which signs with the
-    key in `checkpoint_key` (None: a key file of this run only, made for both). `metrics_at`
-    (host, port; port 0: a free one) serves Prometheus metrics and a health check there
-    (adapters/http/metrics.py), its followers judged by `health`'s bounds
-    (engine/core/lag.py; default 60 s and 10,000 events). `page_at` (host, port; likewise) serves
-    the live fabric page there (adapters/http/fabric_page.py), a NATS client of its own
-    that connects as the operator in secure mode, where it asks a browser for the token it
-    was given (`page_token`). Both answer only requests whose Host is their address or one of
-    `allowed_hosts`. Each tenant's intents go through `rate_limit` (default:
-    engine/core/throttle.py's;
-    `RateLimit(0)`: none).
+    """The engine, its projections, its event relay and its NATS intake on the servers
+    `settings` names (`nats_url` and `database_url` must be set: `running_engine` starts
+    embedded ones first), until the context exits. Migrations run first, through
+    `database_owner_url` when given (the schema's owner, who then grants `database_url`'s role
+    the engine's privileges); the engine's state is rebuilt from the log before it serves.
+    Postgres, then NATS, are waited for until they answer.
+
+    Everything else is read from `settings` as `trellis up` reads it (docs/configuration.md):
+    the schema and subject prefix, the domains, the saga deadline, the writer lease
+    (engine/service/ownership.py), a query's wait for its `min_position`, the snapshot and
+    checkpoint intervals, the stream limits, the tenant rate limit (engine/core/throttle.py;
+    `RateLimit(0)`: none), where the log followers run (`followers="process"`: a process of
+    their own, adapters/follow_process.py, which signs with the key in `checkpoint_key`; None:
+    a key file of this run only, made for both), the Prometheus metrics and health check
+    (`metrics_port`, adapters/http/metrics.py; followers judged by the `health_*` bounds,
+    engine/core/lag.py) and the live fabric page (`http_port`, adapters/http/fabric_page.py:
+    a NATS client of its own that connects as the operator in secure mode, where it asks a
+    browser for the token it was given, `page_token`). Both answer only requests whose Host
+    is their address or one of `allowed_hosts`.
+
+    What `settings` cannot carry, or what tests replace:
+        fabric: the fabric driver; None: an in-memory SimulatedFabric (there is no hardware;
+            `trellis up` passes the one `fabric_from_settings` makes).
+        clock: the engine's clock; None: the system's.
+        signer: the checkpoint key; None: a key of this run only (`trellis up` passes the
+            data dir's).
+        secure: secure mode's identities (each job connects as its own,
+            adapters/nats/auth.py, and replies go only to the requester's own inbox).
+        follow_options: tuning of the log followers (engine.service.follower.Follower).
 
     Raises:
+        ValueError: `settings` names no NATS or no Postgres.
         SettingsError: the metrics or the page's address cannot be bound.
     """
+    if not (settings.nats_url and settings.database_url):
+        raise ValueError("engine_on needs settings with nats_url and database_url")
+    nats_url, database_url = settings.nats_url, settings.database_url
+    owner_url, schema = settings.database_owner_url, settings.db_schema
+    prefix, lease_ttl = settings.subject_prefix, settings.lease_ttl
+    followers, checkpoint_key = settings.followers, settings.checkpoint_key
+    stream_limits = settings.stream_limits
+    checkpoint_every, snapshot_every = settings.checkpoint_every, settings.snapshot_every
+    metrics_at = (
+        (settings.metrics_host, settings.metrics_port)
+        if settings.metrics_port is not None
+        else None
+    )
+    page_at = (settings.http_host, settings.http_port) if settings.http_port is not None else None
+    allowed_hosts = settings.allowed_hosts
     if followers == "process" and checkpoint_key is None and signer is not None:
         raise ValueError("followers='process' with a signer needs its checkpoint_key file")
     async with contextlib.AsyncExitStack() as stack:
@@ -600,8 +411,8 @@ async def engine_on(
             store,
             clock or SystemClock(),
             fabric if metrics is None else TimedFabric(fabric, metrics.fabric_operation),
-            saga_deadline=saga_deadline,
-            domains=domains,
+            saga_deadline=settings.saga_deadline,
+            domains=settings.domains,
             # In process mode a read waits on the checkpoints table (the follower process
             # moves it), for every projection's checkpoint.
             read_models=PostgresReadModels(
@@ -615,12 +426,12 @@ async def engine_on(
             leases=PostgresLeases(lease_pool),
             name=f"{socket.gethostname()}:{os.getpid()}",
             lease_ttl=lease_ttl,
-            read_wait=read_wait,
+            read_wait=settings.read_wait,
             audit=audit,
             snapshots=snapshots,
             snapshot_every=snapshot_every,
             telemetry=metrics,
-            rate_limit=rate_limit or RateLimit(),
+            rate_limit=settings.tenant_rate,
         )
         await engine.start()
         stack.push_async_callback(engine.close)
@@ -631,7 +442,7 @@ async def engine_on(
             await watch.start()
             stack.push_async_callback(watch.close)
         nc = await connect_nats(
-            nats_url, name="trellis-engine", credentials=_identity(secure, ENGINE_IDENTITY)
+            nats_url, name="trellis-engine", credentials=identity(secure, ENGINE_IDENTITY)
         )
         # close, not drain: intake.stop() below has already unsubscribed and waited for every
         # request in flight, which is what a drain would do (and nats-py's drain can stall).
@@ -640,7 +451,7 @@ async def engine_on(
             nc,
             engine,
             prefix=prefix,
-            domains=domains,
+            domains=settings.domains,
             observer=metrics,
             reply_rule=OwnInbox(secure.inboxes) if secure is not None else AnyInbox(),
         )
@@ -657,7 +468,7 @@ async def engine_on(
                     **{name: name for name in projections.checkpoint_names},
                     "relay": relay.checkpoint_name,
                 },
-                health or LagTracker(),
+                LagTracker(settings.health_stall_s, settings.health_max_behind),
             )
             lag.start()
             stack.push_async_callback(lag.close)
@@ -690,7 +501,7 @@ async def engine_on(
                 nats_url,
                 prefix,
                 page_at,
-                _identity(secure, OPERATOR_IDENTITY),
+                identity(secure, OPERATOR_IDENTITY),
                 metrics,
                 allowed_hosts,
                 page_token,
@@ -784,68 +595,34 @@ async def running_engine(
     signer = checkpoint_signer(settings)  # likewise a bad key file
     secure = secure_dir(settings)
     if secure is not None:
-        _issue(secure, settings, tenants)
+        issue(secure, settings, tenants)
     async with contextlib.AsyncExitStack() as stack:
         nats_url, database_url, owner_url, monitor_url = await stack.enter_async_context(
             embedded_or_configured(
                 settings, nats_config=secure.config_path if secure is not None else None
             )
         )
+        served = msgspec.structs.replace(
+            settings,
+            nats_url=nats_url,
+            database_url=database_url,
+            database_owner_url=owner_url,
+            checkpoint_key=checkpoint_key_path(settings),
+        )
         running = await stack.enter_async_context(
-            engine_on(
-                nats_url,
-                database_url,
-                owner_url=owner_url,
-                schema=settings.db_schema,
-                prefix=settings.subject_prefix,
-                domains=settings.domains,
-                fabric=fabric,
-                saga_deadline=settings.saga_deadline,
-                stream_limits=settings.stream_limits,
-                lease_ttl=settings.lease_ttl,
-                read_wait=settings.read_wait,
-                signer=signer,
-                checkpoint_every=settings.checkpoint_every,
-                snapshot_every=settings.snapshot_every,
-                secure=secure,
-                followers=settings.followers,
-                checkpoint_key=checkpoint_key_path(settings),
-                metrics_at=(
-                    (settings.metrics_host, settings.metrics_port)
-                    if settings.metrics_port is not None
-                    else None
-                ),
-                page_at=(
-                    (settings.http_host, settings.http_port)
-                    if settings.http_port is not None
-                    else None
-                ),
-                health=LagTracker(settings.health_stall_s, settings.health_max_behind),
-                allowed_hosts=settings.allowed_hosts,
-                rate_limit=settings.tenant_rate,
-            )
+            engine_on(served, fabric=fabric, signer=signer, secure=secure)
         )
         running.nats_monitor_url = monitor_url
         if secure is not None:
             running.secure_dir = secure.root
-            issued = _issue(secure, settings, _tenants_holding(running.engine))
+            issued = issue(secure, settings, tenants_holding(running.engine))
             data_dir = settings.data_dir or default_data_dir()
             if issued and not settings.nats_url and reload_nats(data_dir):
-                await _until_issued_accepted(nats_url, secure, issued)
-        endpoints = _write_endpoints(settings, nats_url, database_url)
+                await until_issued_accepted(nats_url, secure, issued)
+        endpoints = write_endpoints(settings, nats_url, database_url)
         stack.callback(endpoints.unlink, missing_ok=True)
         log.info("engine serving %s on %s", settings.subject_prefix, redacted(nats_url))
         yield running
-
-
-async def _until_issued_accepted(nats_url: str, secure: SecureDir, tenants: list[str]) -> None:
-    """Serve only once the reload lets the newly issued tenants in: a client that connected
-    while it ran could be dropped, and one told "serving" expects to be let in."""
-    for tenant in tenants:
-        try:
-            await until_accepted(nats_url, secure.credentials(Principal("tenant", tenant)))
-        except TimeoutError as exc:
-            log.warning("%s: tenant %s may be refused until the server reloads", exc, tenant)
 
 
 def checkpoint_key_path(settings: Settings) -> Path:
@@ -863,31 +640,6 @@ def checkpoint_signer(settings: Settings) -> Signer:
         return load_or_create(checkpoint_key_path(settings))
     except KeyFileError as exc:
         raise SettingsError(str(exc)) from None
-
-
-def secure_dir(settings: Settings) -> SecureDir | None:
-    """Secure mode's identities when it is on: asked for (`trellis up --secure`,
-    TRELLIS_SECURE), or set up in the data dir before (once secured, a data dir stays so)."""
-    secure = SecureDir(settings.data_dir or default_data_dir())
-    return secure if settings.secure or secure.exists() else None
-
-
-def _issue(secure: SecureDir, settings: Settings, tenants: Iterable[str]) -> list[str]:
-    """Identities for the roles and `tenants`, and the config; the tenants that are new."""
-    try:
-        return secure.ensure(settings.subject_prefix, tenants)
-    except (CredentialsError, OSError) as exc:
-        raise SettingsError(f"secure mode ({secure.root}): {exc}") from None
-
-
-def _tenants_holding(engine: Engine) -> list[str]:
-    """Every tenant with a live composition that can have an identity (names from before
-    secure mode that are no id, or name a role, get none: `trellis tenant add` says why)."""
-    held = set()
-    for domain in engine.domains:
-        state = engine.state(domain)
-        held |= {c.tenant for c in state.compositions.values()} if state else set()
-    return sorted(t for t in held if tenant_name_problem(t) is None)
 
 
 def fabric_state_path(settings: Settings) -> Path:
@@ -932,60 +684,3 @@ def fabric_from_settings(settings: Settings) -> FabricDriver:
             for fault in settings.fabric_script:
                 fault.arm(fabric)
             return fabric
-
-
-def _write_endpoints(settings: Settings, nats_url: str, database_url: str) -> Path:
-    """Tell local CLI clients where a running engine listens (the embedded ports are random).
-    Readable by this user only: the database URL carries the engine role's password."""
-    path = (settings.data_dir or default_data_dir()) / ENDPOINTS_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    endpoints = {"nats_url": nats_url, "database_url": database_url, "pid": os.getpid()}
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)  # an older file may have been created more open
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps({**endpoints, "subject_prefix": settings.subject_prefix}))
-    return path
-
-
-def _endpoints(settings: Settings) -> dict[str, Any] | None:
-    """What a local `trellis up` wrote, if that engine still runs; a file left by one that
-    was killed is stale and ignored."""
-    path = (settings.data_dir or default_data_dir()) / ENDPOINTS_FILE
-    try:
-        written = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(written, dict):
-        return None
-    pid = written.get("pid")
-    if isinstance(pid, int) and not _alive(pid):
-        return None
-    return written
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
-
-
-def running_engine_pid(settings: Settings) -> int | None:
-    """The pid of the `trellis up` serving from this data dir, when one runs."""
-    written = _endpoints(settings)
-    pid = written.get("pid") if written else None
-    return pid if isinstance(pid, int) and pid != os.getpid() else None
-
-
-def find_endpoint(settings: Settings, name: str) -> str | None:
-    """`name` ("nats_url" or "database_url") from the environment, else from what a local
-    `trellis up` that still runs wrote, else None."""
-    configured: str | None = getattr(settings, name)
-    if configured:
-        return configured
-    written = _endpoints(settings)
-    value = written.get(name) if written else None
-    return str(value) if value is not None else None

@@ -12,7 +12,7 @@ recomputed from the event itself (`--event FILE`, the event as the TRELLIS_EVENT
 carries it), which also checks that the event is the one at that leaf.
 
 The commands that talk to the engine get the CLI's request function from
-adapters/entrypoints/cli.py, which registers them.
+adapters/entrypoints/cli/parser.py, which registers them.
 """
 
 from __future__ import annotations

@@ -35,11 +35,12 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from trellis.adapters.bootstrap import find_endpoint, nats_servers
 from trellis.adapters.embedded.servers import default_data_dir
+from trellis.adapters.endpoints import find_endpoint
 from trellis.adapters.entrypoints import audit_proofs, render
 from trellis.adapters.nats import kv_audit, kv_state
 from trellis.adapters.nats.auth import CredentialsError, NkeyCredentials, Principal, SecureDir
+from trellis.adapters.nats.connect import nats_servers
 from trellis.adapters.nats.jetstream import DomainEnd, domain_end, stream_name
 from trellis.adapters.nats.kv_state import View, changes, coalesce, everything
 from trellis.adapters.postgres import verify as db

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trellis.adapters.bootstrap import connect_nats, running_engine
+from trellis.adapters.bootstrap import running_engine
 from trellis.adapters.entrypoints.render import (
     blast_radius_table,
     compose_summary,
@@ -238,13 +238,11 @@ async def main() -> None:
     async with running_engine(settings) as running:
         nats, postgres = redacted(running.nats_url), redacted(running.database_url)
         print(f"engine up: NATS {nats}, Postgres {postgres}")
-        nc = await connect_nats(running.nats_url, name="trellis-demo")
-        try:
-            client = TrellisClient(nc, prefix=running.subject_prefix)
+        async with TrellisClient.connected(
+            running.nats_url, prefix=running.subject_prefix, name="trellis-demo"
+        ) as client:
             await session(client, domain)
             await compositions(client, domain, running.fabric)
-        finally:
-            await nc.close()
         await show_log(running, domain)
     print("\nengine stopped; the log stays in Postgres: run `make demo` again for a new domain.")
 

@@ -7,7 +7,7 @@ import argparse
 import asyncio
 from datetime import datetime
 
-from trellis.adapters.bootstrap import find_endpoint
+from trellis.adapters.endpoints import find_endpoint
 from trellis.adapters.postgres.export import DomainExport, ExportError, export_parquet
 from trellis.adapters.postgres.store import connect_pool
 from trellis.adapters.settings import Settings

@@ -24,13 +24,10 @@ from pathlib import Path
 
 from nats.aio.msg import Msg
 
-from trellis.adapters.bootstrap import (
-    checkpoint_signer,
-    follower_sinks,
-    until_reachable,
-)
+from trellis.adapters.bootstrap import checkpoint_signer, follower_sinks
 from trellis.adapters.follow_process import PARENT_ENV, SECURE_DATA_DIR_ENV, committed_subject
 from trellis.adapters.nats.auth import SecureDir
+from trellis.adapters.nats.connect import until_reachable
 from trellis.adapters.postgres.store import PostgresEventStore
 from trellis.adapters.settings import Settings, SettingsError, redacted
 from trellis.engine.core.errors import StoreUnavailable

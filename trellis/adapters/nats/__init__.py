@@ -1,1 +1,2 @@
-"""NATS: the request intake, the event relay onto JetStream and KV, and the wire client."""
+"""NATS: the request intake, the event relay onto JetStream and KV, the wire client, connecting
+(connect.py) and secure mode's identities (auth.py) and their issuing (issuing.py)."""

@@ -1,21 +1,150 @@
-"""A small NATS client for the wire contract: what the CLI, the demo and the tests speak."""
+"""A small NATS client for the wire contract: what the CLI, the demo, the economics run and the
+tests speak. `TrellisClient.connected` opens one on a connection of its own; with
+`stop_on_refusal` (the CLI's session) a refusal by the server (credentials it does not know, a
+subject its permissions deny) ends the step that waits for it at once, instead of as a timeout,
+and `identity_for` chooses who to connect as in secure mode."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from pathlib import Path
+from typing import Any, TypeVar
 
 import msgspec
 from nats.aio.client import Client as NATS
+
+from trellis.adapters.nats.auth import NkeyCredentials, Principal, SecureDir
+from trellis.adapters.nats.connect import connect_nats
+
+T = TypeVar("T")
+
+
+class NatsRefused(Exception):
+    """The server refused this connection, or a publish on it (credentials, permissions)."""
+
+
+class NoIdentity(LookupError):
+    """Secure mode's data dir holds no identity for the tenant a subject names; says how to
+    issue one."""
+
+
+class Refusals:
+    """What the server refused on this connection (credentials, or a publish its permissions
+    deny): nats-py reports those only to the error callback, and a request would just time
+    out. `first(...)` gives up on the awaited step as soon as one arrives."""
+
+    def __init__(self) -> None:
+        self.refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def on_error(self, exc: Exception) -> None:
+        text = str(exc)
+        if "violation" in text.lower() and not self.refused.done():
+            self.refused.set_result(text.removeprefix("nats: ").strip("'"))
+
+    async def first(self, step: Awaitable[T], timeout: float | None) -> T:
+        """`step`'s result; NatsRefused once the server refuses something first, TimeoutError
+        after `timeout` seconds (None: no limit)."""
+        task = asyncio.ensure_future(step)
+        either: set[asyncio.Future[Any]] = {task, self.refused}
+        done, _ = await asyncio.wait(either, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        if self.refused.done():
+            raise NatsRefused(f"NATS refused it: {self.refused.result()}")
+        raise TimeoutError
+
+
+def identity_for(data_dir: Path, creds: Path | None, subject_tail: str) -> NkeyCredentials | None:
+    """Who to connect as to send on `subject_tail`: `creds` when given; else, where `data_dir`
+    holds secure mode's identities, the tenant's own for an intent or a view and the
+    operator's for the rest; else nobody (a server without users).
+
+    Raises:
+        NoIdentity: secure mode, and no identity for the tenant `subject_tail` names.
+    """
+    if creds is not None:
+        return NkeyCredentials(creds)
+    secure = SecureDir(data_dir)
+    if not secure.exists():
+        return None
+    family, _, rest = subject_tail.partition(".")
+    if family in ("intent", "view"):
+        tenant = Principal("tenant", rest.split(".")[1])
+        if not secure.seed_path(tenant).is_file():
+            raise NoIdentity(
+                f"secure mode: no identity for tenant {tenant.name!r} in {secure.tenants_dir}; "
+                f"`trellis tenant add {tenant.name}` issues one (or give --creds FILE)"
+            )
+        return secure.credentials(tenant)
+    return secure.credentials(Principal("operator", "operator"))
 
 
 class TrellisClient:
     """Request-reply over `<prefix>.{intent,admin,query,view}.<domain>...` (ARCHITECTURE §3)."""
 
-    def __init__(self, nc: NATS, *, prefix: str = "trellis", timeout: float = 10.0):
+    def __init__(
+        self,
+        nc: NATS,
+        *,
+        prefix: str = "trellis",
+        timeout: float = 10.0,
+        refusals: Refusals | None = None,
+    ):
         self.nc = nc
         self.prefix = prefix
         self.timeout = timeout
+        self.refusals = refusals
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def connected(
+        cls,
+        url: str,
+        *,
+        prefix: str = "trellis",
+        timeout: float = 10.0,
+        name: str = "trellis-client",
+        credentials: NkeyCredentials | None = None,
+        stop_on_refusal: bool = False,
+    ) -> AsyncIterator[TrellisClient]:
+        """A client on a NATS connection of its own to `url` (adapters/nats/connect.py: one
+        that keeps reconnecting), as `credentials` (None: anonymous), closed with the context;
+        `timeout` is each request's. With `stop_on_refusal`, a refusal by the server is
+        NatsRefused at once (connecting, or in `unrefused`), and connecting is bounded by
+        `timeout`; without it, refusals are logged as connect_nats logs them.
+
+        Raises:
+            NatsRefused: (stop_on_refusal) the server refused the credentials.
+            TimeoutError: (stop_on_refusal) no connection within `timeout`.
+            CredentialsError: `credentials` holds no usable nkey seed.
+        """
+        refusals = Refusals() if stop_on_refusal else None
+        connecting = connect_nats(
+            url,
+            name=name,
+            credentials=credentials,
+            on_error=refusals.on_error if refusals is not None else None,
+        )
+        nc = await (refusals.first(connecting, timeout) if refusals is not None else connecting)
+        try:
+            yield cls(nc, prefix=prefix, timeout=timeout, refusals=refusals)
+        finally:
+            await nc.close()
+
+    async def close(self) -> None:
+        await self.nc.close()
+
+    async def unrefused(self, step: Awaitable[T], timeout: float | None = None) -> T:
+        """`step`'s result; NatsRefused as soon as the server refuses something on this
+        connection (with `stop_on_refusal`), TimeoutError after `timeout` (None: no limit)."""
+        if self.refusals is None:
+            return await asyncio.wait_for(step, timeout)
+        return await self.refusals.first(step, timeout)
 
     async def raw(self, subject_tail: str, body: bytes) -> dict[str, Any]:
         msg = await self.nc.request(f"{self.prefix}.{subject_tail}", body, timeout=self.timeout)

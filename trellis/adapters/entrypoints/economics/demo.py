@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trellis.adapters.bootstrap import connect_nats, running_engine
+from trellis.adapters.bootstrap import running_engine
 from trellis.adapters.entrypoints.economics import live, plots
 from trellis.adapters.entrypoints.economics.data import read_hall
 from trellis.adapters.entrypoints.economics.figures import (
@@ -71,9 +71,8 @@ class Outcome:
 
 
 async def economics(
-    nc: Any,
+    client: TrellisClient,
     store: Any,
-    prefix: str,
     plan: Plan,
     *,
     stamp: str | None = None,
@@ -83,7 +82,7 @@ async def economics(
     econ-pooled-<stamp> and econ-fixed-<stamp>. `show`: the progress view (live.View)."""
     hall = read_hall(plan.hall)
     requests = demand(plan)
-    client = TrellisClient(nc, prefix=prefix)
+    nc, prefix = client.nc, client.prefix
     stamp = stamp or new_stamp()
     runs = [Run(name, domain_of(name, stamp)) for name in RUNS]
     outcome = Outcome({}, {}, {run.name: run for run in runs})
@@ -173,12 +172,10 @@ async def main(plan: Plan, settings: Settings, out: Path, *, show: live.View = "
     async with running_engine(settings) as running:
         if running.page_url:
             print(watch(running.page_url, stamp), flush=True)
-        nc = await connect_nats(running.nats_url, name="trellis-economics")
-        try:
-            prefix = running.subject_prefix
-            outcome = await economics(nc, running.store, prefix, plan, stamp=stamp, show=show)
-        finally:
-            await nc.close()
+        async with TrellisClient.connected(
+            running.nats_url, prefix=running.subject_prefix, name="trellis-economics"
+        ) as client:
+            outcome = await economics(client, running.store, plan, stamp=stamp, show=show)
     text = report(outcome, plan)
     print(text)
     written = write(outcome, plan, out, text)

@@ -1,0 +1,152 @@
+"""The operator's verbs: `drain`, `undrain`, `report-fault`, `add-node`, `add-link`, `remove`,
+and `quota set` / `clear` / `show`."""
+
+from __future__ import annotations
+
+import argparse
+import uuid
+from pathlib import Path
+from typing import Any
+
+from trellis.adapters.entrypoints import (
+    render,
+)
+from trellis.adapters.entrypoints.cli.options import (
+    DEVICE_KINDS,
+    client_options,
+    identifier,
+    query_options,
+)
+from trellis.adapters.entrypoints.cli.talk import (
+    print_reply,
+    query_subject,
+    read_json,
+    request,
+    send_admin,
+)
+from trellis.engine.core.ids import COMPONENT_REF_PATTERN
+
+
+def _admin(args: argparse.Namespace, verb: str, body: dict[str, Any]) -> int:
+    body = {**body, "request_id": args.request_id or str(uuid.uuid4())}
+    reply = request(args, f"admin.{args.domain}.{verb}", body)
+    return print_reply(args, reply, render.component_summary)
+
+
+def drain(args: argparse.Namespace) -> int:
+    return _admin(args, "drain", {"id": args.id, "reason": args.reason, "force": args.force})
+
+
+def undrain(args: argparse.Namespace) -> int:
+    return _admin(args, "undrain", {"id": args.id, "reason": args.reason})
+
+
+def report_fault(args: argparse.Namespace) -> int:
+    body = {"component": args.id, "state": args.state, "detail": args.detail}
+    return _admin(args, "report-fault", body)
+
+
+def add_node(args: argparse.Namespace) -> int:
+    return _admin(args, "add-node", {"node": read_json(args.file), "reason": args.reason})
+
+
+def add_link(args: argparse.Namespace) -> int:
+    return _admin(args, "add-link", {"link": read_json(args.file), "reason": args.reason})
+
+
+def remove(args: argparse.Namespace) -> int:
+    return _admin(args, "remove", {"id": args.id, "reason": args.reason})
+
+
+def quota_set(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"tenant": args.tenant, "kind": args.kind, "reason": args.reason}
+    if args.count is not None:
+        body["count"] = args.count
+    if args.gib is not None:
+        body["capacity_gib"] = args.gib
+    return send_admin(args, "set-quota", body, render.quota_summary)
+
+
+def quota_clear(args: argparse.Namespace) -> int:
+    body = {"tenant": args.tenant, "kind": args.kind, "reason": args.reason}
+    return send_admin(args, "clear-quota", body, render.quota_summary)
+
+
+def quota_show(args: argparse.Namespace) -> int:
+    filters = {k: getattr(args, k) for k in ("tenant", "kind") if getattr(args, k)}
+    reply = request(args, query_subject(args, "quotas"), filters)
+    return print_reply(args, reply, render.quota_table)
+
+
+def add_commands(sub: Any) -> None:
+    """The operator's verbs on one component (trellis.admin.<domain>.<verb>)."""
+    component = identifier("component id (a node, a link or <ocs>:<port>)", COMPONENT_REF_PATTERN)
+    drain_parser = sub.add_parser(
+        "drain", help="take a component out of service for new paths (existing ones stay)"
+    )
+    drain_parser.add_argument("id", type=component)
+    drain_parser.add_argument(
+        "--force", action="store_true", help="also move (or impair) the live paths through it"
+    )
+    undrain_parser = sub.add_parser("undrain", help="put a drained component back in service")
+    undrain_parser.add_argument("id", type=component)
+    fault = sub.add_parser(
+        "report-fault", help="record a component's health: failed, degraded or healthy again"
+    )
+    fault.add_argument("id", type=component)
+    fault.add_argument("--state", choices=["failed", "degraded", "healthy"], default="failed")
+    fault.add_argument("--detail", default="", help="what was seen (free text)")
+    add_node_parser = sub.add_parser(
+        "add-node", help="add one node (a JSON NodeSpec, see schema/json)"
+    )
+    add_node_parser.add_argument("file", type=Path, help="the node as JSON, or - for stdin")
+    add_link_parser = sub.add_parser(
+        "add-link", help="add one link (a JSON LinkSpec, see schema/json)"
+    )
+    add_link_parser.add_argument("file", type=Path, help="the link as JSON, or - for stdin")
+    remove_parser = sub.add_parser("remove", help="remove a node or link no live composition uses")
+    remove_parser.add_argument("id", type=identifier("node or link id"))
+    for p, run in (
+        (drain_parser, drain),
+        (undrain_parser, undrain),
+        (fault, report_fault),
+        (add_node_parser, add_node),
+        (add_link_parser, add_link),
+        (remove_parser, remove),
+    ):
+        if p is not fault:
+            p.add_argument("--reason", default="", help="why, recorded with the event")
+        p.add_argument("--request-id", help="resend-safe id (default: a fresh one)")
+        client_options(p)
+        p.set_defaults(run=run)
+
+
+def add_quota(sub: Any) -> None:
+    """`quota set` / `clear` / `show`."""
+    quota = sub.add_parser("quota", help="tenants' quotas per device kind, and what they hold")
+    quota_sub = quota.add_subparsers(metavar="ACTION")
+    set_ = quota_sub.add_parser(
+        "set", help="set a tenant's whole quota for a kind (a limit left out: no limit)"
+    )
+    set_.add_argument("tenant", type=identifier("tenant"))
+    set_.add_argument("kind", choices=DEVICE_KINDS)
+    set_.add_argument(
+        "--count", type=int, metavar="N", help="devices held at once (memory: slices)"
+    )
+    set_.add_argument("--gib", type=float, metavar="GIB", help="memory only: GiB held at once")
+    set_.add_argument("--reason", default="")
+    set_.add_argument("--request-id", help="resend-safe id (default: a fresh one)")
+    client_options(set_)
+    set_.set_defaults(run=quota_set)
+    clear = quota_sub.add_parser("clear", help="remove a tenant's quota for a kind")
+    clear.add_argument("tenant", type=identifier("tenant"))
+    clear.add_argument("kind", choices=DEVICE_KINDS)
+    clear.add_argument("--reason", default="")
+    clear.add_argument("--request-id", help="resend-safe id (default: a fresh one)")
+    client_options(clear)
+    clear.set_defaults(run=quota_clear)
+    show = quota_sub.add_parser("show", help="quotas and holdings, by tenant and kind")
+    show.add_argument("--tenant", type=identifier("tenant"), help="only this tenant")
+    show.add_argument("--kind", choices=DEVICE_KINDS)
+    query_options(show)
+    show.set_defaults(run=quota_show)

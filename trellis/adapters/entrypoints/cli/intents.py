@@ -1,0 +1,119 @@
+"""A tenant's intents: `compose`, `release`, `extend`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from trellis.adapters.entrypoints import (
+    render,
+)
+from trellis.adapters.entrypoints.cli.options import (
+    identifier,
+    intent_options,
+    lease_seconds,
+)
+from trellis.adapters.entrypoints.cli.talk import pairs, read_json, send_intent
+
+
+def compose(args: argparse.Namespace) -> int:
+    body = read_json(args.file) if args.file else _compose_body(args)
+    return send_intent(args, "compose", body, render.compose_summary)
+
+
+def _compose_body(args: argparse.Namespace) -> dict[str, Any]:
+    devices: list[dict[str, Any]] = []
+    shared = {"bandwidth_gbps": args.bandwidth} if args.bandwidth else {}
+    if args.gpu:
+        gpu: dict[str, Any] = {"kind": "gpu", "count": args.gpu, **shared}
+        if args.model:
+            gpu["models"] = args.model
+        if args.min_generation is not None:
+            gpu["min_generation"] = args.min_generation
+        devices.append(gpu)
+    if args.memory:
+        devices.append({"kind": "memory", "capacity_gib": args.memory, **shared})
+    for kind in ("nic", "nvme"):
+        if getattr(args, kind):
+            devices.append({"kind": kind, "count": getattr(args, kind), **shared})
+    constraints: dict[str, Any] = {"isolation": "exclusive" if args.exclusive else "shared"}
+    if args.max_hops is not None:
+        constraints["max_hops"] = args.max_hops
+    if args.max_latency_ns is not None:
+        constraints["max_latency_ns"] = args.max_latency_ns
+    if args.label:
+        constraints["labels"] = pairs(args.label)
+    body: dict[str, Any] = {"constraints": constraints, "reason": args.reason}
+    if args.host:
+        body["host"] = args.host
+    else:
+        body["host_selector"] = {"labels": pairs(args.host_label)}
+    if devices:
+        body["devices"] = devices
+    if args.device_id:
+        body["device_ids"] = args.device_id
+    if args.lease:
+        body["lease_seconds"] = args.lease
+    return body
+
+
+def release(args: argparse.Namespace) -> int:
+    body = {"composition_id": args.composition_id, "reason": args.reason}
+    return send_intent(args, "release", body, render.release_summary)
+
+
+def extend(args: argparse.Namespace) -> int:
+    body = {"composition_id": args.composition_id, "lease_seconds": args.lease}
+    return send_intent(args, "extend", body, render.extend_summary)
+
+
+def add_commands(sub: Any) -> None:
+    """`compose` and `release`."""
+    compose_parser = sub.add_parser("compose", help="compose a host and devices (flags or --file)")
+    compose_parser.add_argument("--file", type=Path, help="a compose body (JSON) instead of flags")
+    compose_parser.add_argument("--host", type=identifier("host id"), help="the host to compose on")
+    compose_parser.add_argument(
+        "--host-label", action="append", default=[], metavar="K=V", help="pick a host by label"
+    )
+    compose_parser.add_argument("--gpu", type=int, default=0, metavar="N", help="number of GPUs")
+    compose_parser.add_argument("--model", action="append", default=[], help="acceptable GPU model")
+    compose_parser.add_argument("--min-generation", type=int)
+    compose_parser.add_argument("--memory", type=float, metavar="GIB", help="a memory slice of GIB")
+    compose_parser.add_argument("--nic", type=int, default=0, metavar="N")
+    compose_parser.add_argument("--nvme", type=int, default=0, metavar="N")
+    compose_parser.add_argument(
+        "--device-id", action="append", default=[], type=identifier("device id"), help="a device"
+    )
+    compose_parser.add_argument(
+        "--bandwidth", type=float, default=0.0, metavar="GBPS", help="per device"
+    )
+    compose_parser.add_argument("--max-hops", type=int)
+    compose_parser.add_argument("--max-latency-ns", type=int)
+    compose_parser.add_argument(
+        "--exclusive", action="store_true", help="no switch shared with others"
+    )
+    compose_parser.add_argument(
+        "--label", action="append", default=[], metavar="K=V", help="device label constraint"
+    )
+    compose_parser.add_argument(
+        "--lease", type=lease_seconds, metavar="SECONDS", help="lease length"
+    )
+    compose_parser.add_argument("--reason", default="")
+    intent_options(compose_parser)
+    compose_parser.set_defaults(run=compose)
+
+    release_parser = sub.add_parser("release", help="release a composition")
+    release_parser.add_argument("composition_id", type=identifier("composition id"))
+    release_parser.add_argument("--reason", default="")
+    intent_options(release_parser)
+    release_parser.set_defaults(run=release)
+
+
+def add_extend(sub: Any) -> None:
+    """`extend`."""
+    extend_parser = sub.add_parser("extend", help="extend a composition's lease")
+    extend_parser.add_argument("composition_id", type=identifier("composition id"))
+    extend_parser.add_argument("--lease", type=lease_seconds, required=True, metavar="SECONDS")
+    intent_options(extend_parser)
+    extend_parser.set_defaults(run=extend)

@@ -1,0 +1,111 @@
+"""`trellis`'s main: parse the command line, run the command, and turn every failure into one
+line on stderr and its exit code (errors.py)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+
+import asyncpg
+
+from trellis.adapters.embedded.servers import DataDirVersionError
+from trellis.adapters.entrypoints.cli.errors import (
+    EXIT_FAILED,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_PIPE_CLOSED,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    CliError,
+    UsageError,
+    say,
+)
+from trellis.adapters.entrypoints.cli.parser import make_parser
+from trellis.adapters.nats.jetstream import (
+    StreamConfigError,
+)
+from trellis.adapters.postgres.export import ExportError
+from trellis.adapters.postgres.migrations import MigrationError
+from trellis.adapters.postgres.privileges import PrivilegeError
+from trellis.adapters.settings import SettingsError
+from trellis.engine.core.errors import StoreUnavailable
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, where a closed pipe can still be told apart from a bug
+        return code
+    except BrokenPipeError:
+        # The reader went away (`trellis ... | head -1`): stop quietly, as a command killed by
+        # SIGPIPE would, and keep the interpreter's last flush from complaining.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE_CLOSED
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    parser = make_parser()
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        say("usage", str(exc), exc.hint)
+        return EXIT_USAGE
+    if not hasattr(args, "run"):
+        parser.print_help()
+        return EXIT_USAGE
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        code: int = args.run(args)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        raise  # not a bug, nor a database that is down: main stops quietly
+    except CliError as exc:
+        say(exc.code, str(exc), exc.hint)
+        return exc.exit
+    except SettingsError as exc:
+        say("config", str(exc), "see docs/configuration.md")
+        return EXIT_FAILED
+    except (MigrationError, PrivilegeError, StreamConfigError, ExportError) as exc:
+        say("error", str(exc), None)
+        return EXIT_FAILED
+    except DataDirVersionError as exc:
+        say("incompatible", str(exc), exc.hint)
+        return EXIT_FAILED
+    except _POSTGRES_REFUSED as exc:  # configuration, not an outage: not waited out
+        say("refused", f"Postgres refused the connection: {exc}", "check TRELLIS_DATABASE_URL")
+        return EXIT_FAILED
+    except StoreUnavailable as exc:
+        say("unavailable", str(exc), "is Postgres running? see TRELLIS_DATABASE_URL")
+        return EXIT_UNAVAILABLE
+    except _POSTGRES_DOWN as exc:  # the local commands that read the database themselves
+        say(
+            "unavailable",
+            f"cannot reach Postgres: {exc or type(exc).__name__}",
+            "is `trellis up` or Postgres running? see TRELLIS_DATABASE_URL",
+        )
+        return EXIT_UNAVAILABLE
+    except Exception as exc:
+        if args.verbose:
+            traceback.print_exc()
+        say("internal", f"{type(exc).__name__}: {exc}", "run with -v for the traceback")
+        return EXIT_INTERNAL
+    return code
+
+
+# A wrong role or password, or no such database.
+_POSTGRES_REFUSED = (
+    asyncpg.InvalidAuthorizationSpecificationError,
+    asyncpg.InvalidCatalogNameError,
+)
+
+
+# Nothing listens, or the server is starting or shutting down. (NATS commands report their
+# own connection trouble in on_nats, so what reaches main is a database connection's.)
+_POSTGRES_DOWN = (ConnectionError, asyncpg.CannotConnectNowError)

@@ -1,0 +1,135 @@
+"""The options commands share, and the argparse types that check values before anything is
+sent."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from trellis.adapters.entrypoints import render
+from trellis.adapters.settings import SettingsError, metrics_port
+from trellis.engine.core.ids import ID_PATTERN
+from trellis.engine.core.intents import LEASE_SECONDS_RANGE
+
+DEFAULT_DOMAIN = "default"
+DEFAULT_TENANT = "default"
+
+
+def identifier(what: str, pattern: str = ID_PATTERN) -> Any:
+    """An argparse type: a value the contract takes as an id (checked here, before sending)."""
+    compiled = re.compile(pattern)
+
+    def check(text: str) -> str:
+        if compiled.fullmatch(text) is None:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a valid {what}: 1-64 letters, digits, '_' or '-'"
+            )
+        return text
+
+    check.__name__ = what  # argparse names the type in its message
+    return check
+
+
+def lease_seconds(text: str) -> int:
+    """--lease: whole seconds within the contract's LeaseSeconds bounds."""
+    low, high = LEASE_SECONDS_RANGE
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds") from None
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"a lease is {low} to {high} seconds, not {value}")
+    return value
+
+
+DEVICE_KINDS = ["gpu", "memory", "nic", "nvme", "accelerator"]
+
+
+def at_option(p: argparse.ArgumentParser, *, required: bool = False) -> None:
+    p.add_argument(
+        "--at",
+        type=_point_in_time,
+        required=required,
+        metavar="TIME|POSITION",
+        help="answer as of a past moment: an ISO time with its zone (2026-12-01T10:00:00Z) "
+        "or a log position" + ("" if required else " (default: now)"),
+    )
+
+
+def _point_in_time(text: str) -> int | str:
+    """A log position (digits) or an ISO time, as the `at` field takes them."""
+    return int(text) if text.isdigit() else text
+
+
+def query_options(p: argparse.ArgumentParser) -> None:
+    at_option(p)
+    p.add_argument(
+        "--view",
+        type=identifier("tenant"),
+        metavar="TENANT",
+        help="ask as TENANT's view (<prefix>.view.<domain>.<tenant>.*): only its own data",
+    )
+    client_options(p)
+
+
+def intent_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--tenant",
+        type=identifier("tenant"),
+        default=os.environ.get("TRELLIS_TENANT", DEFAULT_TENANT),
+        help="who asks (default: $TRELLIS_TENANT or %(default)s)",
+    )
+    p.add_argument("--request-id", help="resend-safe id (default: a fresh one)")
+    client_options(p)
+
+
+def client_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--domain",
+        type=identifier("domain"),
+        default=os.environ.get("TRELLIS_DOMAIN", DEFAULT_DOMAIN),
+        help="the fabric domain (default: $TRELLIS_DOMAIN or %(default)s)",
+    )
+    render.add_output_options(p)
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a reply")
+    p.add_argument(
+        "--creds",
+        type=Path,
+        default=os.environ.get("TRELLIS_NATS_CREDS") or None,
+        metavar="FILE",
+        help="NATS identity (an nkey seed file) to connect as; default in secure mode: the "
+        "tenant's own for intents and views, else the operator's, from the data dir",
+    )
+
+
+def metrics_port_arg(text: str) -> int | None:
+    try:
+        return metrics_port(text, "--metrics-port")
+    except SettingsError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def demo_number(low: float, high: float) -> Any:
+    """An argparse type: a number from `low` to `high` (whole when `low` is an int)."""
+    kind = int if isinstance(low, int) else float
+
+    def number(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not between {low} and {high}")
+        return value
+
+    return number
+
+
+def http_port_arg(text: str) -> int | None:
+    try:
+        return metrics_port(text, "--http")
+    except SettingsError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

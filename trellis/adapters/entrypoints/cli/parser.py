@@ -1,0 +1,164 @@
+"""The `trellis` command line: the root parser and its help, and the order of the commands (as
+`--help` lists them); each area's module adds its own commands, their arguments and handlers."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+from pathlib import Path
+from typing import Any, NoReturn
+
+from trellis import DISTRIBUTION
+from trellis.adapters.entrypoints import (
+    audit_proofs,
+    audit_verify,
+    completion,
+    export,
+)
+from trellis.adapters.entrypoints.cli import (
+    admin,
+    intents,
+    local,
+    queries,
+    serve,
+    topology,
+    watching,
+)
+from trellis.adapters.entrypoints.cli.errors import UsageError
+from trellis.adapters.entrypoints.cli.options import client_options, identifier
+from trellis.adapters.entrypoints.cli.talk import request
+
+DESCRIPTION = "The `trellis` command: run the engine, and talk to a running one over NATS."
+
+
+class _Help(argparse.HelpFormatter):
+    """Help that names each option's default, when it has one worth naming."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "%(default)" in text
+            or not action.option_strings
+            or default in (None, False, [], argparse.SUPPRESS)
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a mistake reported as one line (not the usage block) and exit code 2,
+    and help that names defaults (every subcommand's parser is one of these)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message, f"`{self.prog} --help`")
+
+
+class _RawEpilog(_Help):
+    """The root's help: its epilog's lines kept as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "".join(indent + line for line in text.splitlines(keepends=True))
+
+
+ENVIRONMENT = """environment (docs/configuration.md has them all):
+  TRELLIS_NATS_URL       the engine's NATS (unset: the local `trellis up`'s, or embedded)
+  TRELLIS_DATABASE_URL   its PostgreSQL (unset: embedded)
+  TRELLIS_DATA_DIR       embedded servers' data, endpoints.json, identities
+  TRELLIS_SUBJECT_PREFIX subjects' first token (default trellis)
+  TRELLIS_DOMAIN         --domain's default
+  TRELLIS_TENANT         --tenant's default
+  TRELLIS_NATS_CREDS     --creds' default
+exit codes: 0 ok, 1 refused or failed, 2 usage, 3 unavailable, 70 internal (docs/operations.md)"""
+
+
+def _verbose_anywhere(parser: argparse.ArgumentParser) -> None:
+    """`-v` after a subcommand too (`trellis compose -v ...`), as people type it: every
+    subcommand takes it, without resetting one given before the subcommand."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in set(action.choices.values()):
+                if not any("-v" in a.option_strings for a in sub._actions):
+                    sub.add_argument(
+                        "-v",
+                        "--verbose",
+                        action="store_true",
+                        default=argparse.SUPPRESS,
+                        help="log at INFO level",
+                    )
+                _verbose_anywhere(sub)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="trellis",
+        description=DESCRIPTION,
+        epilog=ENVIRONMENT,
+        formatter_class=_RawEpilog,
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser.add_argument("--version", action="version", version=f"trellis {_version()}")
+    sub = parser.add_subparsers(metavar="COMMAND")
+    # In the order `--help` lists them.
+    serve.add_commands(sub)
+    topology.add_commands(sub)
+    intents.add_commands(sub)
+    queries.add_composition(sub)
+    watching.add_commands(sub)
+    intents.add_extend(sub)
+    admin.add_commands(sub)
+    queries.add_commands(sub)
+    admin.add_quota(sub)
+    audit_proofs.register(sub, request, client_options)
+    # One `verify`, two modes: with --proof / --checkpoint the offline proof check
+    # (audit_proofs), else the log against the database (audit_verify.run dispatches).
+    verify = sub.add_parser(
+        "verify",
+        help="check the hash chain, the invariants, the projections and the KV bucket against "
+        "the log (exit 1 on any finding, 2 when it cannot run); with --proof, check a proof "
+        "offline against signed checkpoints",
+    )
+    audit_verify.add_arguments(verify)
+    audit_proofs.add_offline_verify(verify)
+    verify.set_defaults(run=audit_verify.run)
+
+    topology.add_fabric(sub)
+    local.add_projections(sub)
+
+    parquet = sub.add_parser(
+        "export", help="append the log, connection history and compositions to Parquet files"
+    )
+    parquet.add_argument("--parquet", type=Path, required=True, metavar="DIR")
+    parquet.add_argument(
+        "--domain", type=identifier("domain"), help="only this domain (default: every domain)"
+    )
+    parquet.add_argument("--since", metavar="TIME", help="skip events before this ISO time")
+    parquet.add_argument("--until", metavar="TIME", help="stop at the last event at or before")
+    parquet.set_defaults(run=export.run)
+
+    local.add_schema(sub)
+
+    complete = sub.add_parser(
+        "completion",
+        help="print a shell completion script (`source <(trellis completion bash)`)",
+    )
+    complete.add_argument("shell", choices=completion.SHELLS)
+    complete.set_defaults(run=_completion)
+    _verbose_anywhere(parser)
+    return parser
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "unknown"
+
+
+def _completion(args: argparse.Namespace) -> int:
+    print(completion.script(make_parser(), args.shell), end="")
+    return 0

@@ -1,0 +1,167 @@
+"""Queries: `composition get` / `list`, `connections`, `why`, `history`, `free`,
+`blast-radius`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import msgspec
+from nats.js.errors import NoKeysError
+
+from trellis.adapters.entrypoints import (
+    render,
+)
+from trellis.adapters.entrypoints.cli.options import (
+    DEVICE_KINDS,
+    client_options,
+    identifier,
+    query_options,
+)
+from trellis.adapters.entrypoints.cli.talk import (
+    as_json,
+    at,
+    on_nats,
+    paged,
+    print_reply,
+    query_subject,
+    request,
+)
+from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.foreign import ForeignMessages
+from trellis.adapters.nats.jetstream import (
+    bucket_name,
+)
+from trellis.adapters.nats.kv_state import bucket_entry
+from trellis.adapters.settings import Settings
+from trellis.engine.core.ids import COMPONENT_REF_PATTERN
+
+
+def composition_get(args: argparse.Namespace) -> int:
+    reply = request(args, query_subject(args, "composition"), at(args, {"id": args.id}))
+    return print_reply(args, reply, render.compose_summary)
+
+
+def composition_list(args: argparse.Namespace) -> int:
+    async def read(client: TrellisClient, settings: Settings, *_: Any) -> list[dict[str, Any]]:
+        kv = await client.nc.jetstream().key_value(bucket_name(settings.subject_prefix))
+        try:
+            keys = await kv.keys()
+        except NoKeysError:
+            return []
+        rows = []
+        prefix = f"{args.domain}.composition."
+        foreign = ForeignMessages("composition list")
+        for key in sorted(k for k in keys if k.startswith(prefix)):
+            entry = await kv.get(key)
+            if not entry.value:
+                continue
+            if bucket_entry(key, entry.value) is None:  # not the contract's: skipped, counted
+                foreign.skipped(args.domain, f"key {key}")
+                continue
+            rows.append({"id": key.rsplit(".", 1)[1], **msgspec.json.decode(entry.value)})
+        return rows
+
+    rows = [
+        r
+        for r in on_nats(args, f"query.{args.domain}.composition", read)
+        if (args.tenant is None or r["tenant"] == args.tenant)
+        and (args.state is None or r["state"] == args.state)
+        and (args.host is None or r["host"] == args.host)
+    ]
+    if args.output == "json":
+        print(as_json(rows))
+    else:
+        print(render.composition_rows(render.visible(rows), wide=args.output == "wide"))
+    return 0
+
+
+def connections(args: argparse.Namespace) -> int:
+    filters = {k: getattr(args, k) for k in ("host", "tenant", "device") if getattr(args, k)}
+    reply = paged(args, query_subject(args, "connections"), at(args, filters))
+    return print_reply(args, reply, render.connections_table)
+
+
+def why(args: argparse.Namespace) -> int:
+    reply = request(args, query_subject(args, "why"), at(args, {"id": args.id}))
+    return print_reply(args, reply, render.why_text)
+
+
+def history(args: argparse.Namespace) -> int:
+    filters = {k: getattr(args, k) for k in ("id", "tenant", "since", "until") if getattr(args, k)}
+    reply = paged(args, query_subject(args, "history"), at(args, filters))
+    return print_reply(args, reply, render.history_table)
+
+
+def free(args: argparse.Namespace) -> int:
+    body = {"kind": args.kind} if args.kind else {}
+    reply = paged(args, query_subject(args, "free"), at(args, body))
+    return print_reply(args, reply, render.free_table)
+
+
+def blast_radius(args: argparse.Namespace) -> int:
+    reply = request(args, query_subject(args, "blast-radius"), at(args, {"id": args.id}))
+    return print_reply(args, reply, render.blast_radius_table)
+
+
+def add_composition(sub: Any) -> None:
+    """`composition get` / `list`."""
+    comp = sub.add_parser("composition", help="one composition, or the live ones")
+    comp_sub = comp.add_subparsers(metavar="ACTION")
+    get = comp_sub.add_parser("get", help="a composition: host, devices, state and lease")
+    get.add_argument("id", type=identifier("composition id"))
+    query_options(get)
+    get.set_defaults(run=composition_get)
+    listing = comp_sub.add_parser(
+        "list",
+        help="the live compositions, one a line, from the KV feed (TRELLIS_STATE), which "
+        "follows the log a moment behind the replies",
+    )
+    listing.add_argument("--tenant", type=identifier("tenant"), help="only this tenant's")
+    listing.add_argument("--state", choices=["pending", "active", "impaired"])
+    listing.add_argument("--host", type=identifier("host id"), help="only those on this host")
+    client_options(listing)
+    listing.set_defaults(run=composition_list)
+
+
+def add_commands(sub: Any) -> None:
+    """`connections`, `why`, `free`, `history`, `blast-radius`."""
+    conn = sub.add_parser("connections", help="what is connected to what, and why")
+    conn.add_argument("--host", type=identifier("host id"))
+    conn.add_argument("--tenant", type=identifier("tenant"), help="only this tenant's connections")
+    conn.add_argument("--device", type=identifier("device id"))
+    query_options(conn)
+    conn.set_defaults(run=connections)
+
+    why_parser = sub.add_parser("why", help="why a device, host, composition or link is as it is")
+    why_parser.add_argument(
+        "id", type=identifier("component or composition id", COMPONENT_REF_PATTERN)
+    )
+    query_options(why_parser)
+    why_parser.set_defaults(run=why)
+
+    free_parser = sub.add_parser("free", help="usable devices with capacity left")
+    free_parser.add_argument("--kind", choices=DEVICE_KINDS)
+    query_options(free_parser)
+    free_parser.set_defaults(run=free)
+
+    history_parser = sub.add_parser("history", help="who held which device when")
+    history_parser.add_argument(
+        "--id",
+        "--device",
+        dest="id",
+        type=identifier("device, host or composition id"),
+        help="a device, host or composition (default: all)",
+    )
+    history_parser.add_argument(
+        "--tenant", type=identifier("tenant"), help="only this tenant's intervals"
+    )
+    history_parser.add_argument("--since", metavar="TIME", help="ISO time with offset, e.g. ...Z")
+    history_parser.add_argument("--until", metavar="TIME", help="ISO time with offset")
+    query_options(history_parser)
+    history_parser.set_defaults(run=history)
+
+    blast = sub.add_parser("blast-radius", help="what a failure of a component would hit")
+    blast.add_argument("id", type=identifier("component id", COMPONENT_REF_PATTERN))
+    query_options(blast)
+    blast.set_defaults(run=blast_radius)

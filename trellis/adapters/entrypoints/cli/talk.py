@@ -1,0 +1,182 @@
+"""Talking to a running engine: the CLI's session (adapters/nats/client.py's TrellisClient, as
+the identity secure mode gives the subject), a request and its reply with every failure one
+line, and printing the reply as `-o` asks."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from nats.errors import NoRespondersError
+
+from trellis.adapters.embedded.servers import default_data_dir
+from trellis.adapters.endpoints import find_endpoint
+from trellis.adapters.entrypoints import (
+    render,
+)
+from trellis.adapters.entrypoints.cli.errors import EXIT_UNAVAILABLE, CliError
+from trellis.adapters.nats.auth import (
+    CredentialsError,
+)
+from trellis.adapters.nats.client import NatsRefused, NoIdentity, TrellisClient, identity_for
+from trellis.adapters.settings import Settings, redacted
+
+
+def at(args: argparse.Namespace, body: dict[str, Any]) -> dict[str, Any]:
+    return body if getattr(args, "at", None) is None else {**body, "at": args.at}
+
+
+def send_admin(args: argparse.Namespace, verb: str, body: dict[str, Any], show: Any) -> int:
+    body = {**body, "request_id": args.request_id or str(uuid.uuid4())}
+    reply = request(args, f"admin.{args.domain}.{verb}", body)
+    return print_reply(args, reply, show)
+
+
+def paged(args: argparse.Namespace, subject_tail: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A query whose answer may come in pages: all of them, as one reply."""
+    return request(args, subject_tail, body, send=lambda c: c.all_pages(subject_tail, body))
+
+
+def query_subject(args: argparse.Namespace, what: str) -> str:
+    """The operator's query, or with --view the tenant's own view of it."""
+    if args.view:
+        return f"view.{args.domain}.{args.view}.{what}"
+    return f"query.{args.domain}.{what}"
+
+
+def send_intent(args: argparse.Namespace, verb: str, body: dict[str, Any], show: Any) -> int:
+    body = {**body, "request_id": args.request_id or body.get("request_id") or str(uuid.uuid4())}
+    reply = request(args, f"intent.{args.domain}.{args.tenant}.{verb}", body)
+    return print_reply(args, reply, show)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from a file, or from stdin for `-`."""
+    try:
+        data = sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
+        doc = msgspec.json.decode(data)
+    except (OSError, msgspec.DecodeError) as exc:
+        raise CliError(f"cannot read {path}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise CliError(f"{path} must hold a JSON object")
+    return doc
+
+
+def pairs(items: list[str]) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise CliError(f"expected K=V, got {item!r}")
+        pairs[key] = value
+    return pairs
+
+
+def request(
+    args: argparse.Namespace,
+    subject_tail: str,
+    body: dict[str, Any],
+    send: Callable[[TrellisClient], Awaitable[dict[str, Any]]] | None = None,
+) -> dict[str, Any]:
+    """Send `body` on `subject_tail` (or have `send` talk to the engine, e.g. an import in
+    parts) and return the reply, every failure turned into one CliError line. `--timeout` is
+    each request's: `send` may make many (pages, parts)."""
+
+    async def ask(client: TrellisClient, settings: Settings, url: str, who: str) -> Any:
+        asked = send(client) if send else client.raw(subject_tail, msgspec.json.encode(body))
+        try:  # the client's own timeout bounds each request
+            return await client.unrefused(asked, None if send else args.timeout)
+        except NatsRefused as exc:
+            raise CliError(f"{exc} ({who} may not send that)", code="forbidden") from None
+        except NoRespondersError:
+            raise CliError(
+                f"no engine serves {settings.subject_prefix}.* on {url}",
+                code="unavailable",
+                hint="start one with `trellis up`; check TRELLIS_SUBJECT_PREFIX",
+                exit=EXIT_UNAVAILABLE,
+            ) from None
+        except TimeoutError:
+            raise CliError(
+                f"no reply within {args.timeout}s from {url}",
+                code="unavailable",
+                hint="is the engine busy or stopped? try a longer --timeout",
+                exit=EXIT_UNAVAILABLE,
+            ) from None
+
+    reply: dict[str, Any] = on_nats(args, subject_tail, ask)
+    return reply
+
+
+def on_nats(args: argparse.Namespace, subject_tail: str, work: Any) -> Any:
+    """Connect as the CLI does (the engine's NATS, the identity for `subject_tail`; a client
+    that stops at the server's first refusal), run `await work(client, settings, url, who)`,
+    and close; connection trouble is one line."""
+    settings = Settings.from_env()
+    url = find_endpoint(settings, "nats_url")
+    if url is None:
+        raise CliError(
+            "no engine found",
+            code="unavailable",
+            hint="start one with `trellis up`, or set TRELLIS_NATS_URL",
+            exit=EXIT_UNAVAILABLE,
+        )
+    try:
+        creds = identity_for(settings.data_dir or default_data_dir(), args.creds, subject_tail)
+    except NoIdentity as exc:
+        raise CliError(str(exc)) from None
+    who = f"the identity in {creds.path}" if creds else "no credentials (see --creds)"
+
+    async def go() -> Any:
+        async with contextlib.AsyncExitStack() as stack:
+            session = TrellisClient.connected(
+                url,
+                prefix=settings.subject_prefix,
+                timeout=args.timeout,
+                name="trellis-cli",
+                credentials=creds,
+                stop_on_refusal=True,
+            )
+            try:
+                client = await stack.enter_async_context(session)
+            except (NatsRefused, CredentialsError) as exc:
+                raise CliError(
+                    f"{exc} (connecting to {url} with {who})", code="refused", hint="see --creds"
+                ) from None
+            except Exception as exc:
+                reason = str(exc) or type(exc).__name__
+                raise CliError(
+                    f"cannot reach NATS at {redacted(url)}: {reason}",
+                    code="unavailable",
+                    hint="is `trellis up` running? see TRELLIS_NATS_URL",
+                    exit=EXIT_UNAVAILABLE,
+                ) from None
+            return await work(client, settings, url, who)
+
+    return asyncio.run(go())
+
+
+def print_reply(args: argparse.Namespace, reply: dict[str, Any], show: Any) -> int:
+    """Print a reply as `-o` asks: `show(result, reply, wide=...)` for people, or (json) the
+    result as it came; a refusal is the error and its funnel on stderr, or (json) the error
+    reply on stdout. Exit 1 on a refusal."""
+    ok = bool(reply.get("ok"))
+    if args.output == "json":
+        print(as_json(reply["result"] if ok else reply))
+    elif ok:
+        seen = render.visible(reply)  # text for a terminal: no control or bidi character raw
+        print(show(seen["result"], seen, wide=args.output == "wide"))
+    else:
+        print(render.error_text(render.visible(reply["error"])), file=sys.stderr)
+    return 0 if ok else 1
+
+
+def as_json(value: Any) -> str:
+    """One JSON document, indented."""
+    return msgspec.json.format(msgspec.json.encode(value), indent=2).decode()

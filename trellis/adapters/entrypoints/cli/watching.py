@@ -1,0 +1,115 @@
+"""`trellis watch`: live events from the stream, one a line."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import msgspec
+from nats.js.api import DeliverPolicy
+
+from trellis.adapters.entrypoints import (
+    render,
+)
+from trellis.adapters.entrypoints.cli.options import (
+    client_options,
+    identifier,
+)
+from trellis.adapters.entrypoints.cli.talk import on_nats
+from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.foreign import ForeignMessages
+from trellis.adapters.nats.jetstream import (
+    stream_event,
+    stream_name,
+)
+from trellis.adapters.settings import Settings
+
+
+def watch(args: argparse.Namespace) -> int:
+    async def follow(client: TrellisClient, settings: Settings, *_: Any) -> int:
+        domain = "*" if args.all_domains else args.domain
+        subject = f"{settings.subject_prefix}.events.{domain}.*"
+        policy = DeliverPolicy.ALL if args.from_start else DeliverPolicy.NEW
+        js = client.nc.jetstream()
+        sub = await js.subscribe(
+            subject, stream=stream_name(settings.subject_prefix), ordered_consumer=True,
+            deliver_policy=policy,
+        )  # fmt: skip
+        shown = 0
+        owners: dict[str, str] = {}  # composition -> tenant, from the requests seen
+        foreign = ForeignMessages("watch")
+        try:
+            async for msg in sub.messages:
+                prefix = settings.subject_prefix
+                if stream_event(prefix, msg.subject, msg.data, msg.headers) is None:
+                    foreign.skipped(domain, f"seq {msg.metadata.sequence.stream}")
+                    continue
+                event = msgspec.json.decode(msg.data)
+                if _watched(args, event, owners):
+                    # json: each event as the stream carries it, one JSON document a line.
+                    line = (
+                        msg.data.decode()
+                        if args.output == "json"
+                        else render.event_line(render.visible(event))
+                    )
+                    print(line, flush=True)
+                    shown += 1
+                    if args.count is not None and shown >= args.count:
+                        break
+        finally:
+            await sub.unsubscribe()
+        return 0
+
+    try:
+        code: int = on_nats(args, f"query.{args.domain}.topology", follow)
+    except KeyboardInterrupt:
+        return 0
+    return code
+
+
+def _watched(args: argparse.Namespace, event: dict[str, Any], owners: dict[str, str]) -> bool:
+    """Whether `watch` shows `event`. A tenant's events are those it caused, those naming it,
+    and the engine's on its compositions (settlements, repairs), known from their requests."""
+    data = event.get("data") or {}
+    if event.get("type") == "CompositionRequested" and "tenant" in data:
+        owners[data["composition_id"]] = data["tenant"]
+    if args.type and event.get("type") not in args.type:
+        return False
+    if args.tenant is None:
+        return True
+    return args.tenant in (
+        event.get("actor"),
+        data.get("tenant"),
+        owners.get(data.get("composition_id", "")),
+    )
+
+
+def add_commands(sub: Any) -> None:
+    """`watch`."""
+    watch_parser = sub.add_parser(
+        "watch", help="live events from the stream (TRELLIS_EVENTS), one a line, until Ctrl-C"
+    )
+    watch_parser.add_argument(
+        "--type",
+        action="append",
+        default=[],
+        metavar="EVENT",
+        help="only this event type, e.g. CompositionActivated; repeatable",
+    )
+    watch_parser.add_argument(
+        "--tenant",
+        type=identifier("tenant"),
+        help="only this tenant's: events it caused or that name it, and the engine's on "
+        "compositions it requested while watching",
+    )
+    watch_parser.add_argument(
+        "--all-domains", action="store_true", help="every domain, not --domain"
+    )
+    watch_parser.add_argument(
+        "--from-start",
+        action="store_true",
+        help="replay the stream from its first event instead of new ones only",
+    )
+    watch_parser.add_argument("--count", type=int, metavar="N", help="stop after N events")
+    client_options(watch_parser)
+    watch_parser.set_defaults(run=watch)
