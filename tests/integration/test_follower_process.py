@@ -25,7 +25,7 @@ from isolation import unique_subject_prefix
 from nats.aio.client import Client as NATS
 
 from trellis.adapters.bootstrap import connect_nats, engine_on
-from trellis.adapters.embedded.servers import EmbeddedNats
+from trellis.adapters.embedded.nats_server import EmbeddedNats
 from trellis.adapters.follow_process import CommitSignal, FollowerProcess
 from trellis.adapters.nats.auth import Principal, SecureDir
 from trellis.adapters.nats.client import TrellisClient

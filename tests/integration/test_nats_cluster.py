@@ -25,7 +25,7 @@ from nats.js import JetStreamContext
 
 from trellis.adapters.bootstrap import RunningEngine, connect_nats, engine_on, nats_servers
 from trellis.adapters.embedded.cluster import ClusterNode, NatsCluster
-from trellis.adapters.embedded.servers import free_port
+from trellis.adapters.embedded.process import free_port
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.nats.jetstream import (
     Envelope,

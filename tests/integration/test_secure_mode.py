@@ -36,7 +36,7 @@ from trellis.adapters.bootstrap import (
     engine_on,
     until_accepted,
 )
-from trellis.adapters.embedded.servers import EmbeddedNats
+from trellis.adapters.embedded.nats_server import EmbeddedNats
 from trellis.adapters.http.fabric_page import token_cookie
 from trellis.adapters.nats.auth import (
     NkeyCredentials,

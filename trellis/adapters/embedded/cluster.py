@@ -39,13 +39,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from trellis.adapters.embedded.servers import (
+from trellis.adapters.embedded.nats_server import nats_server_binary
+from trellis.adapters.embedded.process import (
     HOST,
+    ChildProcess,
     EmbeddedServerError,
-    _EmbeddedServer,
     default_data_dir,
     free_port,
-    nats_server_binary,
 )
 
 __all__ = ["ClusterNode", "NatsCluster"]
@@ -71,7 +71,7 @@ def _get_json(port: int, path: str) -> dict[str, Any]:
     return answer
 
 
-class ClusterNode(_EmbeddedServer):
+class ClusterNode(ChildProcess):
     """One nats-server of a cluster: JetStream under ``<data_dir>/nats``, routes to its peers.
 
     Args:

@@ -36,7 +36,7 @@ import asyncpg
 import msgspec
 
 from trellis.adapters.bootstrap import find_endpoint, nats_servers
-from trellis.adapters.embedded.servers import default_data_dir
+from trellis.adapters.embedded.process import default_data_dir
 from trellis.adapters.entrypoints import audit_proofs, render
 from trellis.adapters.nats import kv_audit, kv_state
 from trellis.adapters.nats.auth import CredentialsError, NkeyCredentials, Principal, SecureDir

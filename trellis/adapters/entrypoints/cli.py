@@ -37,7 +37,9 @@ from trellis.adapters.bootstrap import (
     running_engine_pid,
     until_accepted,
 )
-from trellis.adapters.embedded.servers import DataDirVersionError, default_data_dir, reload_nats
+from trellis.adapters.embedded.nats_server import reload_nats
+from trellis.adapters.embedded.postgres_server import DataDirVersionError
+from trellis.adapters.embedded.process import default_data_dir
 from trellis.adapters.entrypoints import (
     audit_proofs,
     audit_verify,
