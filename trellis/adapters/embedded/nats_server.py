@@ -21,13 +21,18 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 from trellis.adapters.embedded.process import HOST, ChildProcess, EmbeddedServerError, free_port
 
 __all__ = ["MAIN_NATS_CONFIG", "EmbeddedNats", "nats_server_binary", "reload_nats"]
 
 MAIN_NATS_CONFIG = "nats.conf"
+
+_HTTP_TIMEOUT_S = 1.0
 
 
 def nats_server_binary() -> Path:
@@ -79,6 +84,17 @@ class EmbeddedNats(ChildProcess):
     @property
     def monitor_url(self) -> str | None:
         return f"http://{HOST}:{self.monitor_port}" if self.monitor_port is not None else None
+
+    def monitor(self, endpoint: str) -> dict[str, Any]:
+        """A monitoring endpoint's JSON (``varz``, ``routez``, ``jsz``, ``healthz``...).
+
+        Raises:
+            OSError: the server does not answer, or runs without monitoring.
+            ValueError: it answers something other than a JSON object.
+        """
+        if self.monitor_port is None:
+            raise OSError(f"{self.name} runs without monitoring")
+        return _get_json(self.monitor_port, endpoint)
 
     @property
     def url(self) -> str:
@@ -150,6 +166,20 @@ class EmbeddedNats(ChildProcess):
                 return answer.startswith(b"PONG") or bool(refused)
         except (OSError, ValueError):
             return False
+
+
+def _get_json(port: int, path: str) -> dict[str, Any]:
+    """GET a monitoring endpoint; its JSON body, also for an error status (/healthz says 503
+    with a reason). Raises OSError or ValueError when the server does not answer with JSON."""
+    try:
+        with urllib.request.urlopen(f"http://{HOST}:{port}/{path}", timeout=_HTTP_TIMEOUT_S) as r:
+            body = r.read()
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+    answer = json.loads(body)
+    if not isinstance(answer, dict):
+        raise ValueError(f"/{path} answered {answer!r}")
+    return answer
 
 
 def reload_nats(data_dir: Path) -> bool:
