@@ -40,7 +40,7 @@ from bench.fabrics import Request, World, build, requests
 from trellis.ext import _live_py, _paths_py
 
 try:
-    from trellis.ext import _paths_c
+    from trellis.ext import _live_c, _paths_c
 except ImportError as exc:  # pragma: no cover - the bench needs the build
     raise SystemExit(f"the compiled core is not built ({exc}); run `make install`") from exc
 
@@ -100,7 +100,7 @@ def run_size(
     c_fabric = _paths_c.Fabric(world.nodes, world.links, world.device_infos())
     setup["compiled_fabric_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    live = _paths_c.LiveConditions(c_fabric, cond)
+    live = _live_c.LiveConditions(c_fabric, cond)
     setup["compiled_conditions_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     py_fabric = _paths_py.Fabric(world.nodes, world.links)
@@ -108,7 +108,7 @@ def run_size(
     impls: dict[str, dict[str, Callable[[Request], Any]]] = {
         "compiled": {
             "single": lambda r: _paths_c.best_paths(c_fabric, live, r.path, {r.device}),
-            "choice": lambda r: _paths_c.best_devices(c_fabric, live, r.path, r.selector, 1),
+            "choice": lambda r: _live_c.best_devices(c_fabric, live, r.path, r.selector, 1),
         },
         "reference": {
             "single": lambda r: _paths_py.best_paths(py_fabric, cond, r.path, {r.device}),

@@ -31,7 +31,8 @@ from isolation import (
 from zeros import tables
 
 from trellis.adapters.embedded.cluster import NatsCluster
-from trellis.adapters.embedded.servers import EmbeddedNats, EmbeddedPostgres
+from trellis.adapters.embedded.nats_server import EmbeddedNats
+from trellis.adapters.embedded.postgres_server import EmbeddedPostgres
 
 
 class Servers(NamedTuple):

@@ -23,7 +23,11 @@ from isolation import Database, create_schema, unique_schema_name
 from nats.aio.client import Client as NATS
 
 from trellis.adapters.embedded.cluster import NatsCluster
-from trellis.adapters.embedded.servers import PG_ENGINE_ROLE, PG_OWNER_ROLE, EmbeddedPostgres
+from trellis.adapters.embedded.postgres_server import (
+    PG_ENGINE_ROLE,
+    PG_OWNER_ROLE,
+    EmbeddedPostgres,
+)
 from trellis.adapters.nats.client import TrellisClient
 
 REPO = Path(__file__).resolve().parents[1]

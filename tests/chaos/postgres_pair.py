@@ -17,8 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from trellis.adapters.embedded.servers import (
-    HOST,
+from trellis.adapters.embedded.postgres_server import (
     PG_DATABASE,
     PG_ENGINE_ROLE,
     PG_OWNER_ROLE,
@@ -26,6 +25,7 @@ from trellis.adapters.embedded.servers import (
     PG_SYSTEM_USER,
     EmbeddedPostgres,
 )
+from trellis.adapters.embedded.process import HOST
 
 SETTINGS = {"synchronous_standby_names": "'*'", "synchronous_commit": "'on'"}
 

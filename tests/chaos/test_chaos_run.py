@@ -55,7 +55,7 @@ from nats.aio.client import Client as NATS
 from zeros import zeros
 
 from trellis.adapters.embedded.cluster import ClusterNode, NatsCluster
-from trellis.adapters.embedded.servers import EmbeddedPostgres
+from trellis.adapters.embedded.postgres_server import EmbeddedPostgres
 from trellis.adapters.nats.client import TrellisClient
 
 DOMAIN = "hall"

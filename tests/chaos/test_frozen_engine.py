@@ -31,7 +31,7 @@ from engines import Fleet, client_at, fleet_env
 from integration.fabrics import one_switch
 
 from trellis.adapters.embedded.cluster import NatsCluster
-from trellis.adapters.embedded.servers import EmbeddedPostgres
+from trellis.adapters.embedded.postgres_server import EmbeddedPostgres
 from trellis.adapters.nats.client import TrellisClient
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ import pytest
 from harness import run_cli
 from isolation import unique_subject_prefix
 
-from trellis.adapters.embedded.servers import free_port
+from trellis.adapters.embedded.process import free_port
 from trellis.adapters.entrypoints import cli
 from trellis.adapters.entrypoints.cli import queries
 

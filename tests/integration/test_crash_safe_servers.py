@@ -21,7 +21,7 @@ import psutil
 import pytest
 from harness import run_cli
 
-from trellis.adapters.embedded.servers import free_port
+from trellis.adapters.embedded.process import free_port
 from trellis.adapters.embedded.watchdog import alive
 
 pytestmark = pytest.mark.slow  # two embedded PostgreSQL starts

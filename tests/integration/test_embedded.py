@@ -19,19 +19,17 @@ import pytest
 from harness import run_cli
 
 from trellis.adapters.checkpoint_key import KEY_FILE, load_or_create
-from trellis.adapters.embedded.servers import (
+from trellis.adapters.embedded.nats_server import EmbeddedNats
+from trellis.adapters.embedded.postgres_server import (
     PG_ENGINE_ROLE,
     PG_OWNER_ROLE,
     PG_SYSTEM_USER,
     DataDirVersionError,
-    EmbeddedNats,
     EmbeddedPostgres,
-    EmbeddedServerError,
-    default_data_dir,
-    free_port,
     postgres_bin_dir,
     postgres_major_version,
 )
+from trellis.adapters.embedded.process import EmbeddedServerError, default_data_dir, free_port
 from trellis.adapters.settings import redacted
 
 
@@ -231,7 +229,8 @@ def test_servers_left_running_are_stopped_when_python_exits(tmp_path: Path) -> N
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from trellis.adapters.embedded.servers import EmbeddedNats, EmbeddedPostgres\n"
+        "from trellis.adapters.embedded.nats_server import EmbeddedNats\n"
+        "from trellis.adapters.embedded.postgres_server import EmbeddedPostgres\n"
         f"d = Path({str(tmp_path)!r})\n"
         "n, p = EmbeddedNats(d), EmbeddedPostgres(d)\n"
         "n.start(); p.start()\n"

@@ -27,7 +27,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from trellis.adapters.embedded.servers import EmbeddedNats
+from trellis.adapters.embedded.nats_server import EmbeddedNats
 from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.nats.jetstream import (
     Envelope,

@@ -24,7 +24,7 @@ from harness import Harness, bucket_values, cli_env, engine_at, serving
 from isolation import unique_subject_prefix
 from nats.aio.client import Client as NATS
 
-from trellis.adapters.embedded.servers import EmbeddedNats
+from trellis.adapters.embedded.nats_server import EmbeddedNats
 from trellis.adapters.follow_process import CommitSignal, FollowerProcess
 from trellis.adapters.nats.auth import Principal, SecureDir
 from trellis.adapters.nats.client import TrellisClient

@@ -29,7 +29,11 @@ from isolation import (
     unique_subject_prefix,
 )
 
-from trellis.adapters.embedded.servers import PG_ENGINE_ROLE, PG_OWNER_ROLE, EmbeddedPostgres
+from trellis.adapters.embedded.postgres_server import (
+    PG_ENGINE_ROLE,
+    PG_OWNER_ROLE,
+    EmbeddedPostgres,
+)
 from trellis.adapters.postgres.migrations import MigrationError, prepare_schema
 from trellis.adapters.postgres.privileges import TABLES, Kind, PrivilegeError
 from trellis.engine.core.events import ComponentDrained, encode

@@ -26,7 +26,7 @@ from nats.js import JetStreamContext
 
 from trellis.adapters.bootstrap import RunningEngine
 from trellis.adapters.embedded.cluster import ClusterNode, NatsCluster
-from trellis.adapters.embedded.servers import free_port
+from trellis.adapters.embedded.process import free_port
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.nats.connect import connect_nats, nats_servers
 from trellis.adapters.nats.jetstream import (

@@ -22,7 +22,11 @@ from harness import Harness, cli_env, run_cli, serving
 from isolation import Database, create_schema, unique_schema_name
 from prometheus_client.parser import text_string_to_metric_families
 
-from trellis.adapters.embedded.servers import PG_ENGINE_ROLE, PG_OWNER_ROLE, EmbeddedPostgres
+from trellis.adapters.embedded.postgres_server import (
+    PG_ENGINE_ROLE,
+    PG_OWNER_ROLE,
+    EmbeddedPostgres,
+)
 from trellis.adapters.nats.micro import SERVICE_NAME, package_version
 from trellis.engine.core.lag import LagTracker
 

@@ -17,7 +17,11 @@ from fabrics import expect_error, expect_ok, fabric, gpu, link
 from harness import Harness, serving
 from isolation import Database, create_schema, unique_schema_name
 
-from trellis.adapters.embedded.servers import PG_ENGINE_ROLE, PG_OWNER_ROLE, EmbeddedPostgres
+from trellis.adapters.embedded.postgres_server import (
+    PG_ENGINE_ROLE,
+    PG_OWNER_ROLE,
+    EmbeddedPostgres,
+)
 from trellis.engine.core.records import verify_chain
 
 DOMAIN = "hall-1"

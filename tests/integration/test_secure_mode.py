@@ -31,7 +31,7 @@ from nats.js.api import StreamConfig
 from test_crash_safe_servers import listening
 
 from trellis.adapters.bootstrap import RunningEngine
-from trellis.adapters.embedded.servers import EmbeddedNats
+from trellis.adapters.embedded.nats_server import EmbeddedNats
 from trellis.adapters.http.fabric_page import token_cookie
 from trellis.adapters.nats.auth import (
     NkeyCredentials,

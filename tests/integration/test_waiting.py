@@ -19,7 +19,9 @@ import pytest_asyncio
 from fabrics import expect_ok, fabric
 from isolation import delete_relay_targets, unique_subject_prefix
 
-from trellis.adapters.embedded.servers import EmbeddedNats, EmbeddedPostgres, free_port
+from trellis.adapters.embedded.nats_server import EmbeddedNats
+from trellis.adapters.embedded.postgres_server import EmbeddedPostgres
+from trellis.adapters.embedded.process import free_port
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.settings import redacted
 

@@ -33,7 +33,7 @@ import pytest
 pytestmark = pytest.mark.slow  # per Python: a wheel build, a venv install, an embedded start
 
 REPO = Path(__file__).resolve().parents[2]
-SKIP = shutil.ignore_patterns(".venv", ".git", "build", "dist", "*.egg-info", "*.so", "_paths_c.c")
+SKIP = shutil.ignore_patterns(".venv", ".git", "build", "dist", "*.egg-info", "*.so", "*_c.c")
 SUPPORTED = ["3.11", "3.12", "3.13"]  # pyproject.toml's classifiers
 RUNNING = f"{sys.version_info.major}.{sys.version_info.minor}"  # the one that runs the demo too
 

@@ -12,12 +12,12 @@ from trellis.ext import _live_py, _paths_py
 CORES = ("python", "cython")
 
 
-def compiled() -> ModuleType:
+def compiled(name: str = "_paths_c") -> ModuleType:
     try:
-        return importlib.import_module("trellis.ext._paths_c")
+        return importlib.import_module(f"trellis.ext.{name}")
     except ImportError as exc:
         # A missing build must not turn into silently skipped cross-checks.
-        pytest.fail(f"ext._paths_c is not built ({exc}); run `make test` to build it")
+        pytest.fail(f"ext.{name} is not built ({exc}); run `make test` to build it")
 
 
 def implementation(name: str) -> SimpleNamespace:
@@ -33,14 +33,14 @@ def implementation(name: str) -> SimpleNamespace:
             best_devices=_live_py.best_devices,
             hop_distances=_paths_py.hop_distances,
         )
-    module = compiled()
+    module, live = compiled(), compiled("_live_c")
     return SimpleNamespace(
         name="cython",
         Fabric=module.Fabric,
-        LiveConditions=module.LiveConditions,
+        LiveConditions=live.LiveConditions,
         best_paths=module.best_paths,
         best_costs=module.best_costs,
         census=module.census,
-        best_devices=module.best_devices,
+        best_devices=live.best_devices,
         hop_distances=module.hop_distances,
     )

@@ -42,12 +42,9 @@ from nats.js.errors import ServiceUnavailableError
 from trellis.adapters.checkpoint_key import KEY_FILE, KeyFileError, load_or_create
 from trellis.adapters.clock import SystemClock
 from trellis.adapters.embedded import watchdog
-from trellis.adapters.embedded.servers import (
-    EmbeddedNats,
-    EmbeddedPostgres,
-    default_data_dir,
-    reload_nats,
-)
+from trellis.adapters.embedded.nats_server import EmbeddedNats, reload_nats
+from trellis.adapters.embedded.postgres_server import EmbeddedPostgres
+from trellis.adapters.embedded.process import default_data_dir
 from trellis.adapters.endpoints import write_endpoints
 from trellis.adapters.fabric.redfish.client import RedfishClient
 from trellis.adapters.fabric.redfish.driver import RedfishFabric

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trellis.adapters.embedded.servers import default_data_dir
+from trellis.adapters.embedded.process import default_data_dir
 from trellis.adapters.settings import Settings
 
 ENDPOINTS_FILE = "endpoints.json"

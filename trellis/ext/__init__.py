@@ -1,9 +1,11 @@
-"""Path core: the compiled Cython module, or its pure-Python reference as a fallback.
+"""Path core: the compiled Cython modules, or their pure-Python reference as a fallback.
 
-One surface, two implementations: ``Fabric``, ``LiveConditions``, ``best_paths``,
-``best_costs``, ``best_devices``, ``census`` and ``hop_distances`` come from ``ext._paths_c``
-when it is built, else from the reference (``ext._paths_py``, the spec, and ``ext._live_py``,
-its incremental twins). The value types (``Conditions``, ``PathRequest``, ``Path``, ``Circuit``,
+One surface, two implementations, file for file: ``Fabric``, ``best_paths``, ``best_costs``,
+``census`` and ``hop_distances`` come from ``ext._paths_c`` when it is built, else from
+``ext._paths_py`` (the reference, the spec); ``LiveConditions`` and ``best_devices`` from
+``ext._live_c``, else from ``ext._live_py`` (the reference's incremental twins). The compiled
+pair share their C declarations in ``ext/_paths_c.pxd``; a missing build of either selects the
+reference for all. The value types (``Conditions``, ``PathRequest``, ``Path``, ``Circuit``,
 ``NodeInfo``, ``LinkInfo``, ``DeviceInfo``, ``Selector``) and ``PathError`` are the
 reference's in both.
 
@@ -64,15 +66,8 @@ if os.environ.get("TRELLIS_PURE_PYTHON", "") not in ("", "0"):
     _reference()
 else:
     try:
-        from ._paths_c import (
-            Fabric,
-            LiveConditions,
-            best_costs,
-            best_devices,
-            best_paths,
-            census,
-            hop_distances,
-        )
+        from ._live_c import LiveConditions, best_devices
+        from ._paths_c import Fabric, best_costs, best_paths, census, hop_distances
     except ImportError as exc:
         # Still correct, only slower; say why so a missing build is not mistaken for a slow host.
         warnings.warn(

@@ -2,7 +2,7 @@
 
 ``LiveConditions`` holds the reference's ``Conditions`` mappings and changes them in place,
 so ``_paths_py.best_paths`` reads it as it reads a ``Conditions``; ``best_devices`` is the
-device choice spelt with ``best_paths`` and a sort. ``_paths_c`` has the same names, methods
+device choice spelt with ``best_paths`` and a sort. ``_live_c`` has the same names, methods
 and errors; tests/property runs every test on both.
 """
 
@@ -18,7 +18,7 @@ _NO_CONDITIONS = Conditions()
 
 
 class LiveConditions:
-    """Conditions of one fabric, changed in place; see ``_paths_c.LiveConditions``."""
+    """Conditions of one fabric, changed in place; see ``_live_c.LiveConditions``."""
 
     def __init__(self, fabric: Fabric, conditions: Conditions = _NO_CONDITIONS) -> None:
         self.fabric = fabric

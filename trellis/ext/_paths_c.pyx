@@ -1,6 +1,9 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
 """Compiled path core; must agree exactly with ``ext._paths_py`` (the spec), errors included.
 
+``_live_c`` is the compiled twin of ``_live_py`` (conditions changed in place, the device
+choice); what the two modules share is declared in ``_paths_c.pxd``.
+
 Layout (section 5 of ARCHITECTURE.md, data layout in docs/architecture.md section 11):
 
 - ``Fabric``: the static topology, rebuilt only when the topology changes. Node and link ids
@@ -8,10 +11,12 @@ Layout (section 5 of ARCHITECTURE.md, data layout in docs/architecture.md sectio
   way the reference does. CSR adjacency (link, far node, far end's OCS port slot), per-link
   capacity and latency, per-node kind and latency, and the cabled ports of each OCS as *slots*
   (grouped by OCS, in port order). A search vertex is a node, or a slot (an OCS entry port).
-- ``LiveConditions``: what changes between requests, as flat arrays: usable flags, free
+- ``_ConditionArrays``: what changes between requests, as flat arrays: usable flags, free
   bandwidth per link, circuit per slot (other slot, owner host), and per switch the number of
-  tenants with paths (and exclusive holds) and, when there is one, which. Each update touches
-  O(1) entries; a journal (``checkpoint``/``rollback``) lets a decision try picks and undo them.
+  tenants with paths (and exclusive holds) and, when there is one, which. A ``Conditions``
+  snapshot is converted for one search; ``_live_c.LiveConditions`` keeps them and changes them
+  in place, O(1) entries per update, with a journal (``checkpoint``/``rollback``) that lets a
+  decision try picks and undo them.
 - The search runs without the GIL over buffers kept in a per-fabric workspace that grows only
   when a search needs more than any search before (no allocation per step).
 """
@@ -122,15 +127,9 @@ def hop_distances(indptr, indices, source, max_hops):
 
 # ---- the section-5 path search ----
 
-cdef enum:
-    HOST = 0
-    SWITCH = 1
-    OCS = 2
-    DEVICE = 3
-    NO_CIRCUIT = -1
-    DANGLING = -2  # a circuit whose other port has no cable: the reference raises KeyError
-    NOBODY = -2  # an owner or tenant that is no node or known tenant: equal to no request's
-    UNUSABLE = 1
+# The node kinds and markers (HOST ... UNUSABLE), the C structs (FabricData, CondData, Label,
+# Settled, Query, DEntry, WS) and the extension types' attributes are declared in
+# _paths_c.pxd, which _live_c.pyx cimports too.
 
 cdef double _EPSILON = 1e-9  # as _paths_py._EPSILON: reservations that add up exactly fit
 cdef int64_t _NO_LIMIT = (<int64_t>1) << 62
@@ -145,168 +144,9 @@ cdef void* _alloc(Py_ssize_t count, size_t size) except NULL:
     return p
 
 
-ctypedef struct FabricData:
-    int32_t n_nodes
-    int32_t n_links
-    int32_t n_slots
-    int32_t n_ocs
-    int8_t* kind  # per node
-    int64_t* node_lat
-    int32_t* ocs_rank  # per node: its rank among OCS, or -1
-    int32_t* adj_ptr  # CSR over nodes: n_nodes + 1 offsets
-    int32_t* adj_link
-    int32_t* adj_far
-    int32_t* adj_slot  # the far end's slot when the far node is an OCS, else -1
-    int32_t* adj_near_slot  # this end's slot when this node is an OCS, else -1
-    int32_t* inner_ptr  # n_nodes + 1 offsets into inner_arc
-    int32_t* inner_arc  # per node, its adjacency positions whose far node is no device
-    int64_t* link_lat
-    double* link_cap
-    int32_t* slot_ocs  # per slot: its OCS node
-    int64_t* slot_port
-    int32_t* slot_link  # the cable on the port
-    int32_t* slot_far  # the node at the cable's other end
-    int32_t* slot_far_slot  # that end's slot when it is an OCS, else -1
-    int32_t* ocs_slots  # per OCS rank: n_ocs + 1 offsets into the slots
-    # per node, what a Selector tests (DeviceInfo); dev_kind -1: no device, or no such info
-    int32_t n_models
-    int32_t* dev_kind
-    int32_t* dev_model
-    int64_t* dev_gen
-    double* dev_mem
-    double* dev_cap
-    int64_t* dev_rank
-
-
-ctypedef struct CondData:
-    uint8_t* node_flags
-    uint8_t* link_flags
-    double* free  # capacity - reserved, computed as the reference computes it
-    double* reserved  # as given (not read by the search; kept so free stays exact)
-    int32_t* circ_other  # per slot: the other slot, NO_CIRCUIT or DANGLING
-    int32_t* circ_owner  # per slot: the owner host's node index, or NOBODY
-    int32_t* users_n  # per node (switches): tenants with live paths through it
-    int32_t* users_sole  # the tenant when users_n == 1
-    int32_t* holders_n  # tenants holding it exclusively
-    int32_t* holders_sole
-    uint8_t* taken  # per node: a device held whole
-    double* sliced  # per node: GiB sliced out of a memory device
-
-
-ctypedef struct Label:
-    int64_t latency
-    int64_t seq  # offset into the arena: depth nodes, then depth - 1 links
-    uint64_t mask  # OCS on the path, one bit per OCS rank modulo 64
-    uint64_t free_mask  # of those, OCS it left on a new circuit where the host holds none
-    int32_t hops
-    int32_t new_circuits
-    int32_t vertex  # a node, or n_nodes + slot
-    int32_t node  # the last node
-    int32_t depth  # nodes on the path
-    int32_t parent
-    int32_t circ_in  # the slots of the circuit the last step crossed, or -1
-    int32_t circ_out
-    int32_t circ_new
-
-
-ctypedef struct Settled:
-    int64_t latency
-    uint64_t mask
-    uint64_t free_mask
-    int32_t label
-    int32_t next
-
-
-ctypedef struct Query:
-    int32_t host
-    int32_t tenant
-    int exclusive
-    int isolation
-    int bounded
-    int64_t max_hops
-    int64_t max_latency
-    double bandwidth
-    int64_t n_targets  # the search stops once this many targets are found (as len(targets))
-    int32_t best_n  # > 0: stop once the best n by (hops, latency, rank, id) are certain
-    int use_lb  # prune labels that cannot reach a target (within max_hops): ws.lb is set
-    int use_lat_lb  # with a latency bound: prune on ws.lat_lb too
-    int select  # candidates are the devices _selected admits, not marked targets
-    int32_t sel_kind
-    int has_models  # the admitted model ids carry ws.model_stamp
-    int has_min_gen
-    int64_t min_gen
-    int has_min_mem
-    double min_mem
-    int has_slice
-    double slice_gib
-    int32_t n_labels  # > 0: admitted devices carry target_stamp and label_hits == n_labels
-    int64_t limit_hops  # the request's own max_hops; max_hops may be lower while deepening
-    int64_t next_bound  # deepening: the least hops + lb of a label cut by max_hops < limit
-    # results
-    int32_t n_found
-    int32_t n_best
-    int32_t error_slot  # a dangling circuit of the host was met there
-    int out_of_memory
-
-
-ctypedef struct DEntry:
-    int64_t key
-    int32_t node
-
-
-ctypedef struct WS:
-    Label* labels
-    int64_t labels_cap
-    int64_t n_labels
-    int32_t* arena
-    int64_t arena_cap
-    int64_t arena_used
-    int32_t* heap
-    int64_t heap_cap
-    int64_t heap_n
-    Settled* settled
-    int64_t settled_cap
-    int64_t n_settled
-    int32_t* settled_head  # per vertex
-    uint32_t* settled_stamp  # per vertex
-    int32_t* pushed_label  # per vertex: the smallest label pushed there in this search
-    uint32_t* pushed_stamp  # per vertex
-    int32_t* deferred  # OCS entry labels whose new-circuit exits are not pushed yet (FIFO)
-    int64_t deferred_cap
-    int64_t deferred_head
-    int64_t deferred_tail
-    uint32_t* target_stamp  # per node
-    uint32_t* found_stamp  # per node
-    int32_t* found_label  # per node
-    int32_t* found  # nodes in the order found
-    int64_t* rank  # per node (best_devices)
-    int32_t* best  # the best n found so far, best first
-    int64_t best_cap
-    int32_t* lb  # per node: fewest hops to a target over the relaxed fabric (with lb_stamp)
-    uint32_t* lb_stamp
-    int32_t* queue  # BFS queue, one slot per node
-    int64_t* lat_lb  # per node: least latency to a target over the relaxed fabric (lat_stamp)
-    uint32_t* lat_stamp
-    DEntry* dheap  # the latency bound's Dijkstra heap
-    int32_t targets[64]  # the marked targets when at most _LOWER_BOUND_TARGETS (lower bounds)
-    int32_t n_targets
-    uint32_t* own_stamp  # per OCS rank: own_flag is this search's
-    uint8_t* own_flag  # per OCS rank: the host holds a circuit there
-    uint32_t* model_stamp  # per model id: admitted by this search's Selector
-    int32_t* label_hits  # per node: labels of this search's Selector it carries
-    int64_t dheap_cap
-    uint32_t stamp  # per search: targets, lower bounds
-    uint32_t round  # per round of a search (see _deepen): settled, pushed, found
-    int32_t n_models
-    int32_t n_ocs
-    int32_t n_nodes
-    int32_t n_vertices
-
-
 cdef class _Workspace:
     """Search buffers for one fabric; reused across searches, grown only when short."""
 
-    cdef WS w
 
     def __cinit__(self, int32_t n_nodes, int32_t n_slots, int32_t n_models, int32_t n_ocs):
         memset(&self.w, 0, sizeof(WS))
@@ -422,29 +262,9 @@ cdef class Fabric:
         ValueError: a node kind the path core does not know, a link to an unknown node or to
             itself, a duplicate link id, an OCS end without a port, or two cables on one OCS
             port (decide() refuses all of these before they reach a topology).
-    """
 
-    cdef FabricData d
-    cdef readonly tuple node_ids  # sorted: index order is id order
-    cdef readonly tuple link_ids
-    cdef dict _node_index
-    cdef dict _link_index
-    cdef dict _slot_of_key  # "<ocs>:<port>" -> slot
-    cdef dict _slot_of_port  # (ocs index, port) -> slot
-    cdef tuple _kinds  # kind strings by node index
-    cdef tuple _slot_port_obj  # the port values as given, by slot
-    cdef object _nodes
-    cdef object _links
-    cdef object _graph
-    cdef readonly dict ports
-    cdef _Workspace _spare
-    cdef readonly dict devices  # device id -> DeviceInfo, as given (device nodes only)
-    cdef dict _device_kinds  # kind string -> id
-    cdef dict _model_ids  # model string -> id
-    cdef dict _label_index  # (key, value) -> node indices of devices carrying it
-    cdef dict _buckets  # (kind id, model id) -> node indices, in id order
-    cdef dict _kind_models  # kind id -> its model ids
-    cdef list _model_names  # model id -> string
+    Its C attributes are declared in _paths_c.pxd.
+    """
 
     def __cinit__(self):
         memset(&self.d, 0, sizeof(FabricData))
@@ -700,23 +520,9 @@ cdef class Fabric:
             self._spare = ws
 
 
-cdef class LiveConditions:
-    """Conditions held as arrays on one fabric and changed in place, O(1) entries per change.
-
-    Built from a ``Conditions`` snapshot; the same methods on the reference twin
-    (``ext._live_py.LiveConditions``) change its mappings the same way.
-    """
-
-    cdef readonly Fabric fabric
-    cdef CondData c
-    cdef dict _tenant_ids
-    cdef dict _users  # node index -> {tenant: count}
-    cdef dict _holders
-    cdef dict _dangling  # slot -> the other port as given, for the reference's KeyError
-    cdef dict _tracked  # key -> the components its paths pass (node i, link n_nodes + k)
-    cdef dict _through  # component -> {key: how many of its paths pass it}
-    cdef list _journal
-    cdef int _depth
+cdef class _ConditionArrays:
+    """The conditions of one fabric as arrays, built from a ``Conditions`` snapshot: what the
+    search reads. ``_live_c.LiveConditions`` is these arrays changed in place."""
 
     def __cinit__(self):
         memset(&self.c, 0, sizeof(CondData))
@@ -756,10 +562,7 @@ cdef class LiveConditions:
         self._users = {}
         self._holders = {}
         self._dangling = {}
-        self._tracked = {}
-        self._through = {}
         self._journal = None
-        self._depth = 0
         self._load(conditions)
 
     def __dealloc__(self):
@@ -816,137 +619,6 @@ cdef class LiveConditions:
             if i is not None:
                 self.c.sliced[<int32_t>i] = gib
 
-    # ---- the journal ----
-
-    def checkpoint(self):
-        """Start recording changes; ``rollback(mark)`` undoes every change since. Nestable."""
-        if self._journal is None:
-            self._journal = []
-        self._depth += 1
-        return len(self._journal)
-
-    def rollback(self, mark):
-        """Undo every change since ``checkpoint()`` returned ``mark``, and end that checkpoint."""
-        if self._journal is None or self._depth == 0:
-            raise ValueError("rollback without a checkpoint")
-        journal = self._journal
-        self._journal = None  # the undo steps themselves are not recorded
-        try:
-            while len(journal) > mark:
-                entry = journal.pop()
-                what = entry[0]
-                if what == 0:
-                    self.c.node_flags[<int32_t>entry[1]] = entry[2]
-                elif what == 1:
-                    self.c.link_flags[<int32_t>entry[1]] = entry[2]
-                elif what == 2:
-                    self.c.reserved[<int32_t>entry[1]] = entry[2]
-                    self.c.free[<int32_t>entry[1]] = entry[3]
-                elif what == 7:
-                    self.c.taken[<int32_t>entry[1]] = entry[2]
-                elif what == 8:
-                    self.c.sliced[<int32_t>entry[1]] = entry[2]
-                elif what == 6:
-                    self._untrack(entry[1])
-                    if entry[2] is not None:
-                        self._track(entry[1], entry[2])
-                elif what == 3:
-                    s = entry[1]
-                    self.c.circ_other[<int32_t>s] = entry[2]
-                    self.c.circ_owner[<int32_t>s] = entry[3]
-                    if entry[4] is None:
-                        self._dangling.pop(s, None)
-                    else:
-                        self._dangling[s] = entry[4]
-                else:
-                    table = self._users if what == 4 else self._holders
-                    self._set_tenants(table, entry[1], entry[2], what == 5)
-        finally:
-            self._depth -= 1
-            self._journal = journal if self._depth > 0 else None
-
-    # ---- changes ----
-
-    cdef int32_t _component(self, component, bint *is_link) except -2:
-        i = self.fabric._node_index.get(component)
-        if i is not None:
-            is_link[0] = False
-            return i
-        k = self.fabric._link_index.get(component)
-        if k is not None:
-            is_link[0] = True
-            return k
-        raise KeyError(component)
-
-    def set_usable(self, component, bint usable):
-        """Mark a node or link usable (healthy, undrained) or not.
-
-        Raises:
-            KeyError: no node or link of the fabric has that id.
-        """
-        cdef bint is_link = False
-        cdef int32_t i = self._component(component, &is_link)
-        cdef uint8_t* flags = self.c.link_flags if is_link else self.c.node_flags
-        cdef uint8_t flag = (flags[i] & ~UNUSABLE) | (0 if usable else UNUSABLE)
-        if flag != flags[i]:
-            if self._journal is not None:
-                self._journal.append((1 if is_link else 0, i, flags[i]))
-            flags[i] = flag
-
-    cdef int32_t _node(self, node) except -1:
-        i = self.fabric._node_index.get(node)
-        if i is None:
-            raise KeyError(node)
-        return i
-
-    def set_taken(self, device, bint taken):
-        """Mark a device taken (held whole; no selector chooses it) or not.
-
-        Raises:
-            KeyError: no node of the fabric has that id.
-        """
-        cdef int32_t i = self._node(device)
-        cdef uint8_t flag = 1 if taken else 0
-        if flag != self.c.taken[i]:
-            if self._journal is not None:
-                self._journal.append((7, i, self.c.taken[i]))
-            self.c.taken[i] = flag
-
-    def set_sliced(self, device, gib):
-        """Set the GiB sliced out of a memory device (0: none).
-
-        Raises:
-            KeyError: no node of the fabric has that id.
-        """
-        cdef int32_t i = self._node(device)
-        if self._journal is not None:
-            self._journal.append((8, i, self.c.sliced[i]))
-        self.c.sliced[i] = gib
-
-    cdef int32_t _link(self, link) except -1:
-        k = self.fabric._link_index.get(link)
-        if k is None:
-            raise KeyError(link)
-        return k
-
-    def set_reserved(self, link, gbps):
-        """Set the bandwidth reserved on a link (the reference's ``reserved_gbps[link]``)."""
-        cdef int32_t k = self._link(link)
-        if self._journal is not None:
-            self._journal.append((2, k, self.c.reserved[k], self.c.free[k]))
-        self.c.reserved[k] = gbps
-        self.c.free[k] = self.fabric.d.link_cap[k] - self.c.reserved[k]
-
-    def reserve(self, link, gbps):
-        """Add to the bandwidth reserved on a link."""
-        cdef int32_t k = self._link(link)
-        self.set_reserved(link, self.c.reserved[k] + <double>gbps)
-
-    def reserved(self, link):
-        """The bandwidth reserved on a link."""
-        cdef int32_t k = self._link(link)
-        return self.c.reserved[k]
-
     cdef _set_slot(self, s, other, owner):
         cdef Fabric f = self.fabric
         cdef int32_t slot = s, other_slot
@@ -970,25 +642,6 @@ cdef class LiveConditions:
         w = f._node_index.get(owner)
         self.c.circ_owner[slot] = NOBODY if w is None else <int32_t>w
 
-    def set_circuit(self, ocs, port, other, owner):
-        """Record that ``<ocs>:<port>`` is in a circuit to ``other``, owned by host ``owner``
-        (the reference's ``circuits["<ocs>:<port>"] = (other, owner)``). A port without a
-        cable carries no path, so it is not recorded."""
-        s = self.fabric._slot_of_key.get(f"{ocs}:{port}")
-        if s is not None:
-            self._set_slot(s, other, owner)
-
-    def clear_circuit(self, ocs, port):
-        """``<ocs>:<port>`` is in no circuit any more."""
-        s = self.fabric._slot_of_key.get(f"{ocs}:{port}")
-        if s is not None:
-            self._set_slot(s, None, None)
-
-    def add_circuit(self, ocs, a_port, b_port, owner):
-        """A circuit a_port <-> b_port owned by ``owner``: both ports' entries."""
-        self.set_circuit(ocs, a_port, b_port, owner)
-        self.set_circuit(ocs, b_port, a_port, owner)
-
     cdef _set_tenants(self, dict table, i, tenants, bint exclusive):
         cdef int32_t node = i
         cdef int32_t* count = self.c.holders_n if exclusive else self.c.users_n
@@ -1010,86 +663,6 @@ cdef class LiveConditions:
             sole[node] = tid
         else:
             sole[node] = NOBODY
-
-    def set_switch_tenants(self, switch, tenants):
-        """Tenants with live paths through ``switch`` (the reference's ``switch_tenants``)."""
-        i = self.fabric._node_index.get(switch)
-        if i is not None:
-            self._set_tenants(self._users, i, tenants, False)
-
-    def set_exclusive_tenants(self, switch, tenants):
-        """Tenants holding ``switch`` exclusively (the reference's ``exclusive_tenants``)."""
-        i = self.fabric._node_index.get(switch)
-        if i is not None:
-            self._set_tenants(self._holders, i, tenants, True)
-
-    def hold_switch(self, switch, tenant, bint exclusive):
-        """One more path of ``tenant`` through ``switch``; held exclusively if ``exclusive``."""
-        i = self.fabric._node_index.get(switch)
-        if i is None:
-            return
-        for table, applies in ((self._users, True), (self._holders, exclusive)):
-            if applies:
-                counts = dict(table.get(i, {}))
-                counts[tenant] = counts.get(tenant, 0) + 1
-                self._set_tenants(table, i, counts, table is self._holders)
-
-    # ---- blast radius: which tracked paths pass a component ----
-
-    cdef int32_t _component_index(self, component) except -1:
-        cdef bint is_link = False
-        cdef int32_t i = self._component(component, &is_link)
-        return self.fabric.d.n_nodes + i if is_link else i
-
-    cdef _track(self, key, list components):
-        self._tracked[key] = components
-        for i in components:
-            keys = self._through.setdefault(i, {})
-            keys[key] = keys.get(key, 0) + 1
-
-    cdef _untrack(self, key):
-        components = self._tracked.pop(key, None)
-        if components is None:
-            return
-        for i in components:
-            keys = self._through[i]
-            if keys[key] == 1:
-                del keys[key]
-                if not keys:
-                    del self._through[i]
-            else:
-                keys[key] -= 1
-
-    def track(self, key, nodes, links):
-        """Record that ``key`` (a composition, say) has a path over ``nodes`` and ``links``;
-        tracking a key again adds to what it passes.
-
-        Raises:
-            KeyError: a node or link the fabric lacks.
-        """
-        added = [self._component_index(n) for n in nodes]
-        added += [self._component_index(k) for k in links]
-        old = self._tracked.get(key)
-        if self._journal is not None:
-            self._journal.append((6, key, None if old is None else list(old)))
-        self._untrack(key)
-        self._track(key, ([] if old is None else old) + added)
-
-    def untrack(self, key):
-        """``key`` has no paths any more."""
-        old = self._tracked.get(key)
-        if old is not None:
-            if self._journal is not None:
-                self._journal.append((6, key, list(old)))
-            self._untrack(key)
-
-    def through(self, component):
-        """The tracked keys whose paths pass ``component`` (its blast radius), sorted.
-
-        Raises:
-            KeyError: no node or link of the fabric has that id.
-        """
-        return sorted(self._through.get(self._component_index(component), ()))
 
     cdef int32_t _tenant(self, tenant):
         tid = self._tenant_ids.get(tenant)
@@ -1686,17 +1259,18 @@ cdef int64_t _limit(value) except? -1:
     return value
 
 
-cdef LiveConditions _live(Fabric fabric, conditions):
-    cdef LiveConditions live
-    if isinstance(conditions, LiveConditions):
+cdef _ConditionArrays _live(Fabric fabric, conditions):
+    # LiveConditions (_live_c) as they are; a snapshot converted for this search.
+    cdef _ConditionArrays live
+    if isinstance(conditions, _ConditionArrays):
         live = conditions
         if live.fabric is not fabric:
             raise ValueError("these LiveConditions belong to another Fabric")
         return live
-    return LiveConditions(fabric, conditions)
+    return _ConditionArrays(fabric, conditions)
 
 
-cdef _prepare(Fabric fabric, LiveConditions live, request, Query* q):
+cdef _prepare(Fabric fabric, _ConditionArrays live, request, Query* q):
     host = request.host
     i = fabric._node_index.get(host)
     if i is None or fabric.d.kind[<int32_t>i] != HOST:
@@ -1839,7 +1413,7 @@ cdef void _deepen(const FabricData* f, const CondData* c, WS* ws, Query* q) noex
 cdef int32_t _LOWER_BOUND_TARGETS = 64
 
 
-cdef _run(Fabric fabric, LiveConditions live, WS* ws, Query* q, int32_t n_marked):
+cdef _run(Fabric fabric, _ConditionArrays live, WS* ws, Query* q, int32_t n_marked):
     # A circuit to a port without a cable (never built by the engine) raises in the reference
     # when the search reaches it; pruning could skip that, so it is off while one exists.
     q.use_lb = 0 < n_marked <= _LOWER_BOUND_TARGETS and not live._dangling
@@ -1892,7 +1466,7 @@ def best_paths(Fabric fabric not None, conditions, request, targets):
     Raises:
         PathError: the host is unknown, not a host, or unusable.
     """
-    cdef LiveConditions live = _live(fabric, conditions)
+    cdef _ConditionArrays live = _live(fabric, conditions)
     cdef Query q
     cdef _Workspace owner
     cdef WS* ws
@@ -1961,7 +1535,7 @@ cdef bint _arm(Fabric fabric, WS* ws, Query* q, selector, int32_t kind, list mod
 
 
 cdef int32_t _select_targets(
-    Fabric fabric, LiveConditions live, _Workspace owner, Query* q, selector
+    Fabric fabric, _ConditionArrays live, _Workspace owner, Query* q, selector
 ) except -2:
     """Point the search at the devices `selector` admits: tested as it reaches them
     (q.select; returns 0), or, with at most 64 possible, listed as marked targets so the
@@ -1991,32 +1565,10 @@ cdef int32_t _select_targets(
     return n_marked if n_marked > 0 else -1
 
 
-cdef list _best_selected(Fabric fabric, LiveConditions live, Query* q, selector, n):
-    cdef _Workspace owner
-    cdef int32_t j, count, n_marked
-    count = <int32_t>min(max(operator.index(n), 0), len(fabric.devices))
-    if count == 0:
-        return []
-    owner = fabric._take()
-    try:
-        owner.next_stamp()
-        n_marked = _select_targets(fabric, live, owner, q, selector)
-        if n_marked < 0:
-            return []
-        if n_marked > 0 and count > n_marked:
-            count = n_marked
-        owner.ensure_best(count)
-        q.best_n = count
-        _run(fabric, live, &owner.w, q, n_marked)
-        return [_path(fabric, &owner.w, owner.w.best[j]) for j in range(q.n_best)]
-    finally:
-        fabric._give(owner)
-
-
 def census(Fabric fabric not None, conditions, selector):
     """``_paths_py.census``: the why-not funnel's first four counts for ``selector``, taken
     in the core (no list of ids leaves it)."""
-    cdef LiveConditions live = _live(fabric, conditions)
+    cdef _ConditionArrays live = _live(fabric, conditions)
     cdef Query q
     cdef _Workspace owner
     cdef WS* ws
@@ -2060,7 +1612,7 @@ def best_costs(Fabric fabric not None, conditions, request, targets):
     """``{device: (hops, latency_ns)}`` of ``best_paths(...)``, from the same search, without
     building the paths (the why-not funnel counts and ranks, it does not bind). ``targets``
     may be a ``Selector``, as in ``best_devices``."""
-    cdef LiveConditions live = _live(fabric, conditions)
+    cdef _ConditionArrays live = _live(fabric, conditions)
     cdef Query q
     cdef _Workspace owner
     cdef WS* ws
@@ -2091,55 +1643,5 @@ def best_costs(Fabric fabric not None, conditions, request, targets):
             label = &ws.labels[ws.found_label[ws.found[i]]]
             costs[fabric.node_ids[ws.found[i]]] = (label.hops, label.latency)
         return costs
-    finally:
-        fabric._give(owner)
-
-
-def best_devices(Fabric fabric not None, conditions, request, ranked, n=1):
-    """The best ``n`` target devices by (hops, latency, rank, id) of their best paths.
-
-    ``ranked`` maps each candidate device to its policy rank. The answer equals sorting
-    ``best_paths(...)`` over the candidates by that key and keeping ``n``, from one search
-    that stops as soon as no device still unseen can enter the first ``n``.
-
-    ``ranked`` may instead be a ``Selector``: the candidates are the fabric's devices it
-    admits under these conditions, ranked by their ``DeviceInfo.rank``. They are tested as
-    the search reaches them, so the cost does not grow with the devices of the kind; only
-    when at most 64 could qualify are they listed first, for the lower bounds.
-
-    Raises:
-        PathError: the host is unknown, not a host, or unusable.
-    """
-    cdef LiveConditions live = _live(fabric, conditions)
-    cdef Query q
-    cdef _Workspace owner
-    cdef WS* ws
-    cdef int32_t i, count, n_marked = 0
-    cdef dict node_index
-    _prepare(fabric, live, request, &q)
-    if isinstance(ranked, Selector):
-        return _best_selected(fabric, live, &q, ranked, n)
-    count = <int32_t>min(max(operator.index(n), 0), len(ranked))
-    if count == 0:
-        return []
-    owner = fabric._take()
-    ws = &owner.w
-    try:
-        owner.next_stamp()
-        owner.ensure_best(count)
-        node_index = <dict>fabric._node_index
-        for target, rank in ranked.items():
-            i = node_index.get(target, -1)
-            if i >= 0 and fabric.d.kind[i] == DEVICE:
-                if ws.target_stamp[i] != ws.stamp:
-                    ws.target_stamp[i] = ws.stamp
-                    ws.found[n_marked] = i
-                    n_marked += 1
-                ws.rank[i] = rank
-        q.n_targets = len(ranked)
-        q.best_n = count
-        _run(fabric, live, ws, &q, n_marked)
-        # When the search ran out first, every device found is among the best n.
-        return [_path(fabric, ws, ws.best[i]) for i in range(q.n_best)]
     finally:
         fabric._give(owner)

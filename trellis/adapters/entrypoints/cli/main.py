@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from trellis.adapters.embedded.servers import DataDirVersionError
+from trellis.adapters.embedded.postgres_server import DataDirVersionError
 from trellis.adapters.entrypoints.cli.errors import (
     EXIT_FAILED,
     EXIT_INTERNAL,

@@ -13,7 +13,8 @@ from typing import Any
 import msgspec
 
 from trellis.adapters.bootstrap import fabric_state_path, running_engine
-from trellis.adapters.embedded.servers import default_data_dir, reload_nats
+from trellis.adapters.embedded.nats_server import reload_nats
+from trellis.adapters.embedded.process import default_data_dir
 from trellis.adapters.endpoints import find_endpoint, running_engine_pid
 from trellis.adapters.entrypoints.cli.errors import EXIT_OK, CliError
 from trellis.adapters.entrypoints.cli.options import (

