@@ -44,6 +44,7 @@ class Harness(msgspec.Struct, kw_only=True):
     metrics_url: str | None = None  # with metrics_at=(host, port)
     page_url: str | None = None  # with page_at=(host, port)
     fabric_watch: FabricWatch | None = None  # with a Redfish fabric driver
+    redfish_url: str | None = None  # with redfish=RedfishOptions(...)
 
     async def projected(self, domain: str, timeout: float = 5.0) -> int:
         """Until the domain's projections hold its whole log; the log's last position."""
@@ -92,6 +93,7 @@ async def serving(
                 metrics_url=running.metrics_url,
                 page_url=running.page_url,
                 fabric_watch=running.fabric_watch,
+                redfish_url=running.redfish_url,
             )
         finally:
             await client_nc.close()

@@ -57,6 +57,8 @@ from trellis.adapters.follow_process import CommitSignal, FollowerProcess, follo
 from trellis.adapters.health import FollowerGauges, FollowerHealth
 from trellis.adapters.http.fabric_page import FabricPage
 from trellis.adapters.http.metrics import MetricsServer
+from trellis.adapters.http.redfish.accounts import admin_password
+from trellis.adapters.http.redfish.serve import ACCOUNTS_FILE, RedfishOptions, serve_redfish
 from trellis.adapters.instruments import EngineMetrics
 from trellis.adapters.nats.auth import (
     CredentialsError,
@@ -123,6 +125,7 @@ class RunningEngine(msgspec.Struct, kw_only=True):
     page_url: str | None = None  # the live fabric page, when served
     fabric_watch: FabricWatch | None = None  # the Redfish driver's timer, health and events
     page_token: str | None = None  # secure mode: the page's token (`<page_url>/?token=...`)
+    redfish_url: str | None = None  # the northbound Redfish service, when served
 
 
 ENGINE_IDENTITY = Principal("engine", "engine")
@@ -493,6 +496,7 @@ async def engine_on(
     health: LagTracker | None = None,
     allowed_hosts: Sequence[str] = (),
     rate_limit: RateLimit | None = None,
+    redfish: RedfishOptions | None = None,
 ) -> AsyncIterator[RunningEngine]:
     """The engine, its projections, its event relay and its NATS intake on given servers, until
     the context exits. Migrations run first, through `owner_url` when given (the schema's
@@ -517,10 +521,11 @@ async def engine_on(
     was given (`page_token`). Both answer only requests whose Host is their address or one of
     `allowed_hosts`. Each tenant's intents go through `rate_limit` (default:
     engine/core/throttle.py's;
-    `RateLimit(0)`: none).
+    `RateLimit(0)`: none). `redfish` serves the northbound Redfish service
+    (adapters/http/redfish/), a NATS client of its own (the operator in secure mode).
 
     Raises:
-        SettingsError: the metrics or the page's address cannot be bound.
+        SettingsError: the metrics, the page's or Redfish's address cannot be bound.
     """
     if followers == "process" and checkpoint_key is None and signer is not None:
         raise ValueError("followers='process' with a signer needs its checkpoint_key file")
@@ -695,6 +700,24 @@ async def engine_on(
                 allowed_hosts,
                 page_token,
             )
+        redfish_url = None
+        if redfish is not None:
+            try:
+                redfish_url = await serve_redfish(
+                    stack,
+                    lambda: connect_nats(
+                        nats_url,
+                        name="trellis-redfish",
+                        credentials=_identity(secure, OPERATOR_IDENTITY),
+                    ),
+                    prefix,
+                    redfish,
+                    store.domains,
+                    allowed_hosts,
+                )
+            except (OSError, ValueError) as exc:
+                where = f"{redfish.host}:{redfish.port}"
+                raise SettingsError(f"Redfish cannot serve on {where}: {exc}") from None
         yield RunningEngine(
             engine=engine,
             fabric=fabric,
@@ -713,6 +736,7 @@ async def engine_on(
             page_url=page_url,
             page_token=page_token,
             fabric_watch=watch,
+            redfish_url=redfish_url,
         )
 
 
@@ -823,6 +847,7 @@ async def running_engine(
                 health=LagTracker(settings.health_stall_s, settings.health_max_behind),
                 allowed_hosts=settings.allowed_hosts,
                 rate_limit=settings.tenant_rate,
+                redfish=_redfish_options(settings),
             )
         )
         running.nats_monitor_url = monitor_url
@@ -836,6 +861,29 @@ async def running_engine(
         stack.callback(endpoints.unlink, missing_ok=True)
         log.info("engine serving %s on %s", settings.subject_prefix, redacted(nats_url))
         yield running
+
+
+def _redfish_options(settings: Settings) -> RedfishOptions | None:
+    """The Redfish service's options, when `settings` ask for it (TRELLIS_REDFISH_PORT)."""
+    if settings.redfish_port is None:
+        return None
+    data_dir = settings.data_dir or default_data_dir()
+    password, _ = admin_password(data_dir, settings.redfish_admin_password)
+    return RedfishOptions(
+        host=settings.redfish_host,
+        port=settings.redfish_port,
+        accounts=data_dir / ACCOUNTS_FILE,
+        admin_password=password,
+        cert=settings.redfish_cert,
+        key=settings.redfish_key,
+    )
+
+
+def redfish_password_file(settings: Settings) -> Path | None:
+    """Where `admin`'s generated Redfish password is (None: it came from the environment)."""
+    if settings.redfish_admin_password:
+        return None
+    return (settings.data_dir or default_data_dir()) / "redfish-admin-password"
 
 
 async def _until_issued_accepted(nats_url: str, secure: SecureDir, tenants: list[str]) -> None:

@@ -33,6 +33,7 @@ from trellis.adapters.bootstrap import (
     connect_nats,
     fabric_state_path,
     find_endpoint,
+    redfish_password_file,
     running_engine,
     running_engine_pid,
     until_accepted,
@@ -328,6 +329,20 @@ def _parser() -> argparse.ArgumentParser:
         metavar="ADDRESS",
         help="the address the page listens on; default 127.0.0.1 (env TRELLIS_HTTP_HOST)",
     )
+    up.add_argument(
+        "--redfish",
+        type=_redfish_port,
+        metavar="PORT",
+        help="serve the Redfish service /redfish/v1 on PORT (0: a free one); "
+        "default: off (env TRELLIS_REDFISH_PORT; docs/redfish.md)",
+    )
+    up.add_argument(
+        "--redfish-host",
+        metavar="ADDRESS",
+        help="the address Redfish listens on; default 127.0.0.1 (env TRELLIS_REDFISH_HOST)",
+    )
+    up.add_argument("--redfish-cert", metavar="FILE", help="serve Redfish over TLS: certificate")
+    up.add_argument("--redfish-key", metavar="FILE", help="serve Redfish over TLS: private key")
     up.add_argument(
         "--allow-host",
         action="append",
@@ -790,8 +805,23 @@ def _http_port(text: str) -> int | None:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _redfish_port(text: str) -> int | None:
+    try:
+        return metrics_port(text, "--redfish")
+    except SettingsError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _up(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
+    if args.redfish is not None:
+        settings = msgspec.structs.replace(settings, redfish_port=args.redfish)
+    if args.redfish_host:
+        settings = msgspec.structs.replace(settings, redfish_host=args.redfish_host)
+    if args.redfish_cert:
+        settings = msgspec.structs.replace(settings, redfish_cert=Path(args.redfish_cert))
+    if args.redfish_key:
+        settings = msgspec.structs.replace(settings, redfish_key=Path(args.redfish_key))
     if args.http is not None:
         settings = msgspec.structs.replace(settings, http_port=args.http)
     if args.http_host:
@@ -839,6 +869,11 @@ def _up(args: argparse.Namespace) -> int:
                 if running.page_url:
                     token = f"?token={running.page_token}" if running.page_token else ""
                     print(f"fabric page: {running.page_url}/{token} (operators only)")
+                if running.redfish_url:
+                    print(f"Redfish: {running.redfish_url}/redfish/v1 (user admin)")
+                    secret = redfish_password_file(settings)
+                    if secret is not None:
+                        print(f"Redfish admin password: in {secret} (mode 0600)")
                 if settings.redfish_url and settings.fabric == "redfish":
                     print(f"fabric: Redfish at {redacted(settings.redfish_url)}")
                 else:

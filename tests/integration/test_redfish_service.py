@@ -1,0 +1,283 @@
+"""The northbound Redfish service (`trellis up --redfish`, ARCHITECTURE §11, docs/redfish.md)
+against a live engine: the read model, compose and release through HTTP checked against the
+engine's own `connections` view, Redfish error bodies, tenants, and DMTF's validators."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest_asyncio
+from harness import Harness, serving
+from redfish_http import RedfishHttp
+
+from trellis.adapters.http.redfish.serve import RedfishOptions
+
+DOMAIN = "hall-1"
+FABRIC = json.loads((Path(__file__).parents[2] / "examples" / "fabric.json").read_text())
+ADMIN_PASSWORD = "admin-secret-1"
+R = "/redfish/v1"
+BLOCKS = f"{R}/CompositionService/ResourceBlocks"
+
+
+def block(node: str) -> dict[str, str]:
+    return {"@odata.id": f"{BLOCKS}/{DOMAIN}.{node}"}
+
+
+@pytest_asyncio.fixture
+async def h(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, tmp_path: Path
+) -> AsyncIterator[Harness]:
+    options = RedfishOptions(
+        accounts=tmp_path / "redfish-accounts.json", admin_password=ADMIN_PASSWORD
+    )
+    async with serving(nats_url, database_url, pg_schema, subject_prefix, redfish=options) as h:
+        reply = await h.client.import_topology(DOMAIN, FABRIC)
+        assert reply["ok"], reply
+        yield h
+
+
+@pytest_asyncio.fixture
+async def admin(h: Harness) -> RedfishHttp:
+    assert h.redfish_url is not None
+    return RedfishHttp(h.redfish_url, "admin", ADMIN_PASSWORD)
+
+
+async def tenant_account(admin: RedfishHttp, name: str, tenant: str, role: str = "Operator"):
+    answer = await admin(
+        "POST",
+        f"{R}/AccountService/Accounts",
+        {
+            "UserName": name,
+            "Password": f"{name}-password",
+            "RoleId": role,
+            "Oem": {"Trellis": {"Tenant": tenant}},
+        },
+    )
+    assert answer.status == 201, answer
+    return admin.as_user(name, f"{name}-password")
+
+
+async def connections(h: Harness, **query: Any) -> list[dict[str, Any]]:
+    reply = await h.client.query(DOMAIN, "connections", query)
+    assert reply["ok"], reply
+    return list(reply["result"]["connections"])
+
+
+async def test_serves_the_service_root_without_credentials_and_nothing_else(
+    admin: RedfishHttp,
+) -> None:
+    anonymous = RedfishHttp(admin.base)
+    root = await anonymous.get(f"{R}/")
+    assert root.status == 200 and root.body["CompositionService"]["@odata.id"]
+    assert root.headers["odata-version"] == "4.0"
+    assert (await anonymous.get(f"{R}/$metadata")).status == 200
+    assert (await anonymous.get(f"{R}/odata")).status == 200
+    denied = await anonymous.get(f"{R}/Systems")
+    assert denied.status == 401 and "www-authenticate" in denied.headers
+    assert (await admin.get(f"{R}/Systems")).status == 200
+
+
+async def test_composes_specific_blocks_and_releases_them_as_the_engine_sees(
+    h: Harness, admin: RedfishHttp
+) -> None:
+    acme = await tenant_account(admin, "alice", "acme")
+    answer = await acme(
+        "POST",
+        f"{R}/Systems",
+        {"Name": "decode", "Links": {"ResourceBlocks": [block("host-01"), block("gpu-002")]}},
+    )
+    assert answer.status == 201, answer
+    cid = answer.body["Id"]
+    assert answer.headers["location"] == f"{R}/Systems/{cid}"
+    rows = await connections(h)
+    assert [(r["device"], r["host"], r["composition_id"], r["tenant"]) for r in rows] == [
+        ("gpu-002", "host-01", cid, "acme")
+    ]
+    gpu = await acme.get(f"{BLOCKS}/{DOMAIN}.gpu-002")
+    assert gpu.body["CompositionStatus"]["CompositionState"] == "Composed"
+    assert gpu.body["Client"] == "acme"
+    assert "etag" in gpu.headers
+    system = await acme.get(f"{R}/Systems/{cid}")
+    assert system.status == 200
+    assert system.body["Oem"]["Trellis"]["Paths"]["gpu-002"][0] == "host-01"
+    gone = await acme("DELETE", f"{R}/Systems/{cid}")
+    assert gone.status == 204, gone
+    assert await connections(h) == []
+    assert (await acme.get(f"{R}/Systems/{cid}")).status == 404
+    gpu = await acme.get(f"{BLOCKS}/{DOMAIN}.gpu-002")
+    assert gpu.body["CompositionStatus"]["CompositionState"] == "Unused"
+
+
+async def test_composes_a_constrained_request_with_a_memory_slice(
+    h: Harness, admin: RedfishHttp
+) -> None:
+    acme = await tenant_account(admin, "alice", "acme")
+    answer = await acme(
+        "POST",
+        f"{R}/Systems",
+        {
+            "Name": "constrained",
+            "@Redfish.ZoneAffinity": DOMAIN,
+            "Processors": {
+                "Members": [{"@Redfish.RequestedCount": 2, "ProcessorType": "GPU",
+                             "Model": "H100"}]
+            },
+            "Memory": {"Members": [{"@Redfish.RequestedCount": 1, "CapacityMiB": 64 * 1024}]},
+        },
+    )  # fmt: skip
+    assert answer.status == 201, answer
+    cid = answer.body["Id"]
+    rows = await connections(h)
+    assert sorted(r["device"] for r in rows if r["composition_id"] == cid) == sorted(
+        d for d in answer.body["Oem"]["Trellis"]["Paths"]
+    )
+    kinds = {r["device"].split("-")[0] for r in rows}
+    assert kinds == {"gpu", "mem"}
+    assert any(link["@odata.id"].endswith(f".{rows[0]['host']}")
+               for link in answer.body["Links"]["ResourceBlocks"])  # fmt: skip
+    memory = next(r for r in rows if r["device"].startswith("mem"))
+    slices = await acme.get(f"{R}/Fabrics/{DOMAIN}/Connections")
+    assert slices.body["Members"] == [
+        {"@odata.id": f"{R}/Fabrics/{DOMAIN}/Connections/{cid}.{memory['device']}"}
+    ]
+    zone = await acme.get(f"{R}/Fabrics/{DOMAIN}/Zones/{cid}")
+    assert zone.status == 200 and zone.body["ZoneType"] == "ZoneOfEndpoints"
+
+
+async def test_refuses_bad_compositions_with_registry_messages_and_writes_nothing(
+    h: Harness, admin: RedfishHttp
+) -> None:
+    acme = await tenant_account(admin, "alice", "acme")
+    head = (await h.store.head(DOMAIN)).position
+
+    async def post(body: dict[str, Any], **kwargs: Any):
+        return await acme("POST", f"{R}/Systems", body, **kwargs)
+
+    twice = await post({"Links": {"ResourceBlocks": [block("host-01"), block("gpu-002"),
+                                                     block("gpu-002")]}})  # fmt: skip
+    assert (twice.status, twice.messages()) == (400, ["ResourceBlockInvalid"])
+    unknown = await post({"Links": {"ResourceBlocks": [block("host-01"), block("gpu-999")]}})
+    assert (unknown.status, unknown.messages()) == (400, ["ResourceBlockNotFound"])
+    impossible = await post(
+        {"Links": {"ResourceBlocks": [block("host-01")]},
+         "Processors": {"Members": [{"@Redfish.RequestedCount": 40, "ProcessorType": "GPU"}]}}
+    )  # fmt: skip
+    assert (impossible.status, impossible.messages()) == (400, ["NoResourceMatch"])
+    resolution = impossible.body["error"]["@Message.ExtendedInfo"][0]["Resolution"]
+    assert "Funnel" in resolution and "free" in resolution, resolution
+    assert (await post({"Links": "x"})).status == 400
+    malformed = await acme("POST", f"{R}/Systems", None)
+    assert malformed.status == 400
+    # Rejected composes are recorded (CompositionRejected) but connect nothing.
+    assert await connections(h) == []
+    assert (await h.store.head(DOMAIN)).position >= head
+
+    taken = await post({"Links": {"ResourceBlocks": [block("host-01"), block("gpu-002")]}})
+    assert taken.status == 201
+    in_use = await post({"Links": {"ResourceBlocks": [block("host-02"), block("gpu-002")]}})
+    assert (in_use.status, in_use.messages()) == (409, ["ResourceBlockInUse"])
+    system = f"{R}/Systems/{taken.body['Id']}"
+    stale = await acme("DELETE", system, headers={"If-Match": 'W/"stale"'})
+    assert (stale.status, stale.messages()) == (412, ["PreconditionFailed"])
+    assert len(await connections(h)) == 1
+    current = (await acme.get(system)).headers["etag"]
+    assert (await acme("DELETE", system, headers={"If-Match": current})).status == 204
+
+
+async def test_an_idempotency_key_makes_a_retried_post_one_compose(
+    h: Harness, admin: RedfishHttp
+) -> None:
+    acme = await tenant_account(admin, "alice", "acme")
+    body = {"Links": {"ResourceBlocks": [block("host-01"), block("gpu-001")]}}
+    key = {"Idempotency-Key": "retry-me-1"}
+    first = await acme("POST", f"{R}/Systems", body, headers=key)
+    again = await acme("POST", f"{R}/Systems", body, headers=key)
+    assert first.status == 201 and again.status in (201, 409)
+    assert len(await connections(h)) == 1
+    if again.status == 201:
+        assert again.body["Id"] == first.body["Id"]
+
+
+async def test_concurrent_posts_for_one_block_have_one_winner(
+    h: Harness, admin: RedfishHttp
+) -> None:
+    acme = await tenant_account(admin, "alice", "acme")
+    bolt = await tenant_account(admin, "bob", "bolt")
+    bodies = [
+        {"Links": {"ResourceBlocks": [block(host), block("gpu-003")]}}
+        for host in ("host-01", "host-02")
+    ]
+    answers = await asyncio.gather(
+        *(
+            client("POST", f"{R}/Systems", bodies[i % 2])
+            for i, client in enumerate([acme, bolt] * 4)
+        )
+    )
+    statuses = sorted(a.status for a in answers)
+    assert statuses.count(201) == 1, answers
+    assert all(400 <= s < 500 for s in statuses if s != 201), statuses
+    rows = await connections(h, device="gpu-003")
+    assert len(rows) == 1
+
+
+async def test_a_tenant_sees_only_its_own_systems_and_others_blocks_as_unavailable(
+    h: Harness, admin: RedfishHttp
+) -> None:
+    acme = await tenant_account(admin, "alice", "acme")
+    bolt = await tenant_account(admin, "bob", "bolt")
+    viewer = await tenant_account(admin, "carol", "acme", role="ReadOnly")
+    mine = await acme(
+        "POST", f"{R}/Systems", {"Links": {"ResourceBlocks": [block("host-01"), block("gpu-002")]}}
+    )
+    assert mine.status == 201
+    cid = mine.body["Id"]
+    assert [m["@odata.id"] for m in (await bolt.get(f"{R}/Systems")).body["Members"]] == []
+    assert (await bolt.get(f"{R}/Systems/{cid}")).status == 404
+    assert (await bolt("DELETE", f"{R}/Systems/{cid}")).status == 404
+    seen = (await bolt.get(f"{BLOCKS}/{DOMAIN}.gpu-002")).body
+    assert seen["CompositionStatus"]["CompositionState"] == "Unavailable"
+    assert "Client" not in seen and "Pool" not in seen
+    assert seen["Links"]["ComputerSystems"] == []
+    assert (await bolt.get(f"{R}/Fabrics/{DOMAIN}/Zones")).body["Members"] == []
+    # A ReadOnly account of the same tenant reads its systems and may not change them.
+    assert (await viewer.get(f"{R}/Systems/{cid}")).status == 200
+    assert (await viewer("DELETE", f"{R}/Systems/{cid}")).status == 403
+    # The Administrator sees every tenant's and composes for one it names.
+    assert (await admin.get(f"{BLOCKS}/{DOMAIN}.gpu-002")).body["Client"] == "acme"
+    pair = {"ResourceBlocks": [block("host-02"), block("gpu-001")]}
+    nameless = await admin("POST", f"{R}/Systems", {"Links": pair})
+    assert nameless.status == 400
+    named = await admin(
+        "POST", f"{R}/Systems", {"Links": pair, "Oem": {"Trellis": {"Tenant": "bolt"}}}
+    )
+    assert named.status == 201
+    assert [r["tenant"] for r in await connections(h, device="gpu-001")] == ["bolt"]
+
+
+async def test_accounts_need_a_tenant_and_sessions_carry_a_token(admin: RedfishHttp) -> None:
+    refused = await admin(
+        "POST",
+        f"{R}/AccountService/Accounts",
+        {"UserName": "nobody", "Password": "long-enough", "RoleId": "Operator"},
+    )
+    assert refused.status == 400
+    await tenant_account(admin, "alice", "acme")
+    anonymous = RedfishHttp(admin.base)
+    login = await anonymous(
+        "POST",
+        f"{R}/SessionService/Sessions",
+        {"UserName": "alice", "Password": "alice-password"},
+    )
+    assert login.status == 201 and login.headers["x-auth-token"]
+    token = {"X-Auth-Token": login.headers["x-auth-token"]}
+    assert (await anonymous.get(f"{R}/Systems", headers=token)).status == 200
+    assert (await anonymous("DELETE", login.headers["location"], headers=token)).status == 204
+    assert (await anonymous.get(f"{R}/Systems", headers=token)).status == 401
+    bad = await anonymous(
+        "POST", f"{R}/SessionService/Sessions", {"UserName": "alice", "Password": "wrong-one"}
+    )
+    assert bad.status == 401
