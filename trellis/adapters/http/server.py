@@ -47,6 +47,7 @@ class Request(NamedTuple):
     query: dict[str, str]  # the last value of each name
     headers: dict[str, str]  # names lower-cased
     body: bytes = b""  # only for a server that takes more than GET and HEAD
+    raw_query: str = ""  # the query string as sent (`query` drops names without a value)
 
 
 class Response(NamedTuple):
@@ -226,4 +227,5 @@ def _parse(head: bytes, methods: frozenset[str] = _READ_ONLY) -> Request | Respo
         if colon:
             headers[name.strip().lower()] = value.strip()
     parts = urllib.parse.urlsplit(target)
-    return Request(method, parts.path, dict(urllib.parse.parse_qsl(parts.query)), headers)
+    query = dict(urllib.parse.parse_qsl(parts.query))
+    return Request(method, parts.path, query, headers, raw_query=parts.query)

@@ -211,7 +211,7 @@ class AccountStore:
     def open_session(self, account: Account) -> Session:
         session = Session(
             id=secrets.token_hex(8),
-            token=secrets.token_urlsafe(32),
+            token=secrets.token_hex(32),
             user_name=account.user_name,
             expires=time.monotonic() + SESSION_TIMEOUT_S,
         )

@@ -192,7 +192,7 @@ def message(
     for i, arg in enumerate(args, start=1):
         text = text.replace(f"%{i}", arg)
     body: dict[str, Any] = {
-        "@odata.type": "#Message.v1_2_0.Message",
+        "@odata.type": "#Message.v1_3_0.Message",
         "MessageId": f"{entry.registry}.{name}",
         "Message": text,
         "MessageArgs": list(args),

@@ -21,6 +21,7 @@ import binascii
 import logging
 import re
 import ssl
+import urllib.parse
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -110,8 +111,18 @@ class RedfishService:
     async def handle(self, request: Request) -> Response:
         path = request.path.rstrip("/") or "/"
         try:
-            if any(k.startswith("$") or k in ("only", "excerpt") for k in request.query):
+            names = [
+                urllib.parse.unquote(item.partition("=")[0])
+                for item in request.raw_query.split("&")
+                if item
+            ]
+            if any(n.startswith("$") or n in ("only", "excerpt") for n in names):
                 raise error(501, "QueryNotSupported")
+            if request.headers.get("odata-version", "4.0") != "4.0":
+                raise error(412, "PreconditionFailed")
+            if request.method == "POST" and path.endswith("/Members"):
+                # DSP0266: a POST to a collection's Members is a POST to the collection.
+                path = path.removesuffix("/Members")
             if path == "/redfish":
                 return _json(200, {"v1": f"{R}/"}, (("Allow", "GET, HEAD"),))
             if path == f"{R}/$metadata":
