@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import ssl
 import urllib.error
 import urllib.request
 from typing import Any, NamedTuple
@@ -23,13 +24,21 @@ class Answer(NamedTuple):
 
 
 class RedfishHttp:
-    def __init__(self, base: str, user: str | None = None, password: str | None = None):
+    def __init__(
+        self,
+        base: str,
+        user: str | None = None,
+        password: str | None = None,
+        *,
+        verify: bool = True,
+    ):
         self.base = base.rstrip("/")
         self.user = user
         self.password = password
+        self.verify = verify  # False: accept a self-signed certificate (tests only)
 
     def as_user(self, user: str, password: str) -> RedfishHttp:
-        return RedfishHttp(self.base, user, password)
+        return RedfishHttp(self.base, user, password, verify=self.verify)
 
     async def __call__(
         self,
@@ -57,7 +66,8 @@ class RedfishHttp:
         for name, value in headers.items():
             request.add_header(name, value)
         try:
-            with urllib.request.urlopen(request, timeout=30) as response:
+            context = None if self.verify else ssl._create_unverified_context()
+            with urllib.request.urlopen(request, timeout=30, context=context) as response:
                 status, raw, got = response.status, response.read(), response.headers
         except urllib.error.HTTPError as exc:
             status, raw, got = exc.code, exc.read(), exc.headers

@@ -10,9 +10,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import pytest_asyncio
 from harness import Harness, serving
 from redfish_http import RedfishHttp
+from self_signed import self_signed
 
 from trellis.adapters.http.redfish.serve import RedfishOptions
 
@@ -281,3 +283,49 @@ async def test_accounts_need_a_tenant_and_sessions_carry_a_token(admin: RedfishH
         "POST", f"{R}/SessionService/Sessions", {"UserName": "alice", "Password": "wrong-one"}
     )
     assert bad.status == 401
+
+
+async def test_serves_over_tls_when_given_a_certificate_and_key(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, tmp_path: Path
+) -> None:
+    cert, key = self_signed(tmp_path)
+    options = RedfishOptions(
+        accounts=tmp_path / "accounts.json", admin_password=ADMIN_PASSWORD, cert=cert, key=key
+    )
+    async with serving(nats_url, database_url, pg_schema, subject_prefix, redfish=options) as h:
+        assert h.redfish_url is not None and h.redfish_url.startswith("https://")
+        client = RedfishHttp(h.redfish_url, "admin", ADMIN_PASSWORD, verify=False)
+        assert (await client.get(f"{R}/")).status == 200
+        assert (await client.get(f"{R}/Systems")).status == 200
+
+
+async def test_dmtfs_redfish_library_composes_and_decomposes(
+    h: Harness, admin: RedfishHttp
+) -> None:
+    redfish = pytest.importorskip("redfish", reason="the redfish extra brings DMTF's library")
+    await tenant_account(admin, "alice", "acme")
+
+    def compose_and_release() -> tuple[int, str, int]:
+        client = redfish.redfish_client(
+            base_url=admin.base, username="alice", password="alice-password"
+        )
+        client.login(auth="session")
+        try:
+            made = client.post(
+                f"{R}/Systems",
+                body={"Links": {"ResourceBlocks": [block("host-02"), block("gpu-004")]}},
+            )
+            location = made.getheader("Location")
+            gone = client.delete(location)
+            return made.status, location, gone.status
+        finally:
+            client.logout()
+
+    # The library is synchronous: it runs in a thread while the engine serves here.
+    made_status, location, _ = await asyncio.to_thread(compose_and_release)
+    assert made_status == 201 and location.startswith(f"{R}/Systems/")
+    assert await connections(h) == []
+    history = await h.client.query(DOMAIN, "history", {"id": "gpu-004"})
+    assert [i["composition_id"] for i in history["result"]["intervals"]] == [
+        location.rsplit("/", 1)[1]
+    ]
