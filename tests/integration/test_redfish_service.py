@@ -5,6 +5,7 @@ engine's own `connections` view, Redfish error bodies, tenants, and DMTF's valid
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -367,3 +368,62 @@ async def test_sushy_reads_the_composition_service_and_its_blocks(
     assert zones == [DOMAIN]
     assert "composed" in states[f"{DOMAIN}.gpu-002"].lower()
     assert "unused" in states[f"{DOMAIN}.gpu-001"].lower()
+
+
+async def test_the_event_stream_tells_each_account_only_what_it_may_see(
+    h: Harness, admin: RedfishHttp
+) -> None:
+    acme = await tenant_account(admin, "alice", "acme")
+    bolt = await tenant_account(admin, "bob", "bolt")
+    service = (await acme.get(f"{R}/EventService")).body
+    assert service["ServerSentEventUri"] == f"{R}/EventService/SSE"
+
+    async def listen(client: RedfishHttp, box: list[dict[str, Any]]) -> None:
+        host, port = client.base.removeprefix("http://").rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        token = base64.b64encode(f"{client.user}:{client.password}".encode()).decode()
+        writer.write(
+            f"GET {R}/EventService/SSE HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"Authorization: Basic {token}\r\n\r\n".encode()
+        )
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    return
+                if line.startswith(b"data: "):
+                    box.append(json.loads(line[6:]))
+        finally:
+            writer.close()
+
+    seen: dict[str, list[dict[str, Any]]] = {"admin": [], "acme": [], "bolt": []}
+    tasks = [
+        asyncio.create_task(listen(client, seen[name]))
+        for name, client in (("admin", admin), ("acme", acme), ("bolt", bolt))
+    ]
+    await asyncio.sleep(0.5)  # the streams are open
+    made = await acme(
+        "POST", f"{R}/Systems", {"Links": {"ResourceBlocks": [block("host-01"), block("gpu-002")]}}
+    )
+    assert made.status == 201
+    assert (await acme("DELETE", f"{R}/Systems/{made.body['Id']}")).status == 204
+    system = f"{R}/Systems/{made.body['Id']}"
+
+    def records(name: str) -> list[tuple[str, str]]:
+        return [
+            (e["MessageId"].rsplit(".", 1)[-1], e["OriginOfCondition"]["@odata.id"])
+            for event in seen[name]
+            for e in event["Events"]
+        ]
+
+    expected = [("ResourceCreated", system), ("ResourceRemoved", system)]
+    for _ in range(100):
+        if records("admin") == expected and records("acme") == expected:
+            break
+        await asyncio.sleep(0.1)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert records("admin") == expected
+    assert records("acme") == expected
+    assert records("bolt") == []

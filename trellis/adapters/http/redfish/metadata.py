@@ -38,6 +38,8 @@ SCHEMAS: dict[str, tuple[str, ...]] = {
     "SessionService": ("SessionService.v1_2_0",),
     "SessionCollection": (),
     "Session": ("Session.v1_8_0",),
+    "EventService": ("EventService.v1_12_0",),
+    "Event": ("Event.v1_11_0",),
     "CollectionCapabilities": ("CollectionCapabilities.v1_4_1",),
     "Message": ("Message.v1_3_0",),
     "Resource": ("Resource.v1_23_0",),

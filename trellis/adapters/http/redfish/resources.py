@@ -210,6 +210,7 @@ def service_root(service_uuid: uuid.UUID) -> dict[str, Any]:
         "CompositionService": ref(f"{R}/CompositionService"),
         "AccountService": ref(f"{R}/AccountService"),
         "SessionService": ref(f"{R}/SessionService"),
+        "EventService": ref(f"{R}/EventService"),
         "Links": {"Sessions": ref(f"{R}/SessionService/Sessions")},
     }
 
@@ -222,6 +223,7 @@ ODATA_TOP = [
     ("AccountService", f"{R}/AccountService"),
     ("SessionService", f"{R}/SessionService"),
     ("Sessions", f"{R}/SessionService/Sessions"),
+    ("EventService", f"{R}/EventService"),
 ]
 
 

@@ -41,10 +41,11 @@ from trellis.adapters.http.redfish.accounts import (
     AccountError,
     AccountStore,
 )
+from trellis.adapters.http.redfish.events import EventFeed, event_service
 from trellis.adapters.http.redfish.metadata import metadata_xml
 from trellis.adapters.http.redfish.registries import RedfishError, error, from_engine, message
 from trellis.adapters.http.redfish.resources import R, Reader, Viewer, ref
-from trellis.adapters.http.server import DEFAULT_HOST, HttpServer, Request, Response
+from trellis.adapters.http.server import DEFAULT_HOST, HttpServer, Request, Response, Stream
 from trellis.adapters.nats.client import TrellisClient
 from trellis.engine.core.ids import is_valid_id
 
@@ -87,6 +88,7 @@ class RedfishService:
         self.client = TrellisClient(nc, prefix=prefix)
         self.reader = Reader(self.client, domains)
         self.uuid = uuid.uuid5(uuid.NAMESPACE_URL, f"trellis:{prefix}:redfish")
+        self.events = EventFeed(nc, self.client, prefix)
         self._server = HttpServer(
             self.handle,
             host=host,
@@ -101,14 +103,20 @@ class RedfishService:
         return self._server.url
 
     async def start(self) -> None:
-        await self._server.start()
+        await self.events.start()
+        try:
+            await self._server.start()
+        except OSError:
+            await self.events.close()
+            raise
 
     async def close(self) -> None:
+        await self.events.close()
         await self._server.close()
 
     # ---- HTTP ----
 
-    async def handle(self, request: Request) -> Response:
+    async def handle(self, request: Request) -> Response | Stream:
         path = request.path.rstrip("/") or "/"
         try:
             names = [
@@ -134,6 +142,10 @@ class RedfishService:
                 path == f"{R}/SessionService/Sessions" and request.method == "POST"
             ):
                 account = self._authenticate(request)
+            if path == f"{R}/EventService/SSE":
+                _only("GET" if request.method == "HEAD" else request.method, "GET")
+                assert account is not None
+                return Stream("text/event-stream", self.events.stream(account.tenant))
             reply = await self._route(request, path, account)
         except RedfishError as exc:
             headers = exc.headers
@@ -224,6 +236,9 @@ class RedfishService:
         if top == "Fabrics":
             _only(method, "GET")
             return await self._fabrics(parts[1:], viewer)
+        if top == "EventService" and len(parts) == 1:
+            _only(method, "GET")
+            return Reply(body=event_service())
         raise error(404, "ResourceNotFound", "Resource", path)
 
     async def _composition(self, parts: list[str], viewer: Viewer) -> Reply:
