@@ -714,6 +714,7 @@ async def engine_on(
                     redfish,
                     store.domains,
                     allowed_hosts,
+                    writes=secure is None,  # docs/redfish.md: secure mode reads only, for now
                 )
             except (OSError, ValueError) as exc:
                 where = f"{redfish.host}:{redfish.port}"

@@ -26,6 +26,7 @@ from typing import Any
 
 from trellis.adapters.http.redfish.registries import RedfishError, error, from_engine
 from trellis.adapters.nats.client import TrellisClient
+from trellis.engine.core.ids import is_valid_id
 
 R = "/redfish/v1"
 BLOCK_TYPE = {
@@ -167,22 +168,36 @@ class Reader:
                 raise from_engine(reply.get("error", {}))
         return Domain(name, topology["result"], connections["result"]["connections"])
 
-    async def composition(self, domain: str, composition: str) -> dict[str, Any]:
-        body: dict[str, Any] = {"id": composition}
-        if domain in self.positions:
-            body["min_position"] = self.positions[domain]
-        reply = await self.client.query(domain, "composition", body)
-        if not reply.get("ok"):
-            raise from_engine(reply.get("error", {}), "ComputerSystem")
-        result: dict[str, Any] = reply["result"]
-        return result
-
-    async def find_system(self, composition: str, viewer: Viewer) -> Domain:
-        """The domain holding live composition `composition` that `viewer` may see."""
-        for domain in await self.all():
-            if composition in domain.by_composition and viewer.sees(domain.tenant_of(composition)):
-                return domain
+    async def find_system(self, composition: str, viewer: Viewer) -> tuple[str, dict[str, Any]]:
+        """The domain holding live composition `composition` that `viewer` may see, and the
+        engine's `composition` answer for it (one query per domain)."""
+        if not is_valid_id(composition):
+            raise error(404, "ResourceNotFound", "ComputerSystem", composition)
+        domains = await self.domains()
+        replies = await asyncio.gather(
+            *(
+                self.client.query(
+                    d,
+                    "composition",
+                    {"id": composition}
+                    | ({"min_position": self.positions[d]} if d in self.positions else {}),
+                )
+                for d in domains
+            )
+        )
+        for domain, reply in zip(domains, replies, strict=True):
+            if not reply.get("ok"):
+                if reply.get("error", {}).get("code") == "not_found":
+                    continue
+                raise from_engine(reply.get("error", {}), "ComputerSystem")
+            found: dict[str, Any] = reply["result"]
+            if found.get("state") in LIVE and viewer.sees(str(found.get("tenant"))):
+                return domain, found
         raise error(404, "ResourceNotFound", "ComputerSystem", composition)
+
+
+#: The states of a composition that has a ComputerSystem.
+LIVE = ("pending", "active", "impaired")
 
 
 # ---- the service root and the OData documents ----
@@ -461,15 +476,18 @@ def capabilities(object_id: str) -> dict[str, Any]:
     return body
 
 
-def system(domain: Domain, composition: dict[str, Any]) -> dict[str, Any]:
+def system(domain: Domain | str, composition: dict[str, Any]) -> dict[str, Any]:
+    """The ComputerSystem of a composition: the engine's `composition` answer, or a compose
+    result with the request's tenant, labels and reason added (`domain`: its name will do)."""
+    name = domain if isinstance(domain, str) else domain.name
     cid = composition["composition_id"]
     host = composition["host"]
-    blocks = [block_id(domain.name, host)] + [
-        block_id(domain.name, d["id"]) for d in composition.get("devices", [])
+    blocks = [block_id(name, host)] + [
+        block_id(name, d["id"]) for d in composition.get("devices", [])
     ]
     state = composition.get("state", "active")
     oem: dict[str, Any] = {
-        "Domain": domain.name,
+        "Domain": name,
         "CompositionId": cid,
         "Tenant": composition.get("tenant"),
         "State": state,

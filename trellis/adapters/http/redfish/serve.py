@@ -31,6 +31,7 @@ async def serve_redfish(
     options: RedfishOptions,
     domains: Callable[[], Awaitable[list[str]]],
     allowed_hosts: Sequence[str] = (),
+    writes: bool = True,
 ) -> str:
     """Serve Redfish as `options` say (closed with `stack`); its URL.
 
@@ -57,6 +58,7 @@ async def serve_redfish(
         port=options.port,
         allowed_hosts=allowed_hosts,
         ssl_context=context,
+        writes=writes,
     )
     await service.start()
     stack.push_async_callback(service.close)

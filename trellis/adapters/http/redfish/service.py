@@ -83,8 +83,12 @@ class RedfishService:
         port: int = 0,
         allowed_hosts: Iterable[str] = (),
         ssl_context: ssl.SSLContext | None = None,
+        writes: bool = True,
     ) -> None:
         self.accounts = accounts
+        # False in secure mode: the service connects as the operator, whose NATS identity may
+        # not publish tenants' intents; acting under each tenant's identity is not built yet.
+        self.writes = writes
         self.client = TrellisClient(nc, prefix=prefix)
         self.reader = Reader(self.client, domains)
         self.uuid = uuid.uuid5(uuid.NAMESPACE_URL, f"trellis:{prefix}:redfish")
@@ -365,18 +369,19 @@ class RedfishService:
         if len(parts) != 1:
             raise error(404, "ResourceNotFound", "Resource", "/".join(parts))
         cid = parts[0]
-        domain = await self.reader.find_system(cid, viewer)
-        composition = await self.reader.composition(domain.name, cid)
+        domain, composition = await self.reader.find_system(cid, viewer)
         body = rs.system(domain, composition)
         if method == "DELETE":
             _may_change(account)
+            self._writable()
             _if_match(request, body)
-            return await self._release(request, domain.name, cid, composition["tenant"])
+            return await self._release(request, domain, cid, composition["tenant"])
         _only(method, "GET", "DELETE")
         return Reply(body=body, allow="GET, HEAD, DELETE")
 
     async def _compose(self, request: Request, account: Account) -> Reply:
         _may_change(account)
+        self._writable()
         body = _json_body(request)
         oem_tenant = _dig(body, "Oem", "Trellis", "Tenant")
         if account.tenant is not None:
@@ -424,14 +429,31 @@ class RedfishService:
         self.reader.wrote(domain, reply.get("position"))
         result = reply["result"]
         cid = result["composition_id"]
-        composition = await self.reader.composition(domain, cid)
-        system = rs.system(await self.reader.domain(domain), composition)
+        # The answer is built from the engine's committed reply (what the compose decided),
+        # not read back: the projections reach that position a moment later, and any read
+        # after this one waits for it (Reader.wrote).
+        composition = {
+            **result,
+            "tenant": tenant,
+            "labels": intent.get("labels", {}),
+            "reason": intent.get("reason", ""),
+        }
+        system = rs.system(domain, composition)
         return Reply(
             status=201,
             body=system,
             headers=[("Location", f"{R}/Systems/{cid}")],
             allow="GET, HEAD, DELETE",
         )
+
+    def _writable(self) -> None:
+        if not self.writes:
+            raise error(
+                501,
+                "GeneralError",
+                resolution="In secure mode the Redfish service reads only: compose and release "
+                "over NATS with the tenant's identity (docs/redfish.md).",
+            )
 
     async def _plan(self, body: dict[str, Any]) -> _Plan:
         """What a POST to Systems asks for, checked against the read model."""
