@@ -14,11 +14,16 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from harness import Harness, serving
+from isolation import unique_subject_prefix
 from redfish_http import RedfishHttp
 from self_signed import self_signed
 
+from trellis.adapters.bootstrap import connect_nats, engine_on
+from trellis.adapters.embedded.servers import EmbeddedNats
 from trellis.adapters.http.redfish import AccountStore, RedfishService
 from trellis.adapters.http.redfish.serve import RedfishOptions
+from trellis.adapters.nats.auth import Principal, SecureDir
+from trellis.adapters.nats.client import TrellisClient
 
 DOMAIN = "hall-1"
 FABRIC = json.loads((Path(__file__).parents[2] / "examples" / "fabric.json").read_text())
@@ -457,3 +462,48 @@ async def test_a_read_only_service_refuses_writes_and_still_reads(
         assert (await admin.get(f"{BLOCKS}/{DOMAIN}.gpu-002")).status == 200
     finally:
         await service.close()
+
+
+async def test_in_secure_mode_each_tenants_intents_go_under_its_own_identity(
+    tmp_path: Path, database_url: str, pg_schema: str
+) -> None:
+    """The service reads as the operator and sends acme's compose and release over acme's
+    own NATS identity; a tenant never issued one is refused, and nothing is written for it."""
+    prefix = unique_subject_prefix()
+    secure = SecureDir(tmp_path)
+    secure.ensure(prefix, ["acme"])
+    server = EmbeddedNats(tmp_path, config=secure.config_path)
+    await asyncio.to_thread(server.start)
+    options = RedfishOptions(accounts=tmp_path / "accounts.json", admin_password=ADMIN_PASSWORD)
+    try:
+        async with engine_on(
+            server.url, database_url, schema=pg_schema, prefix=prefix, secure=secure,
+            redfish=options,
+        ) as running:  # fmt: skip
+            operator = await connect_nats(
+                server.url, credentials=secure.credentials(Principal("operator", "operator"))
+            )
+            try:
+                client = TrellisClient(operator, prefix=prefix)
+                assert (await client.import_topology(DOMAIN, FABRIC))["ok"]
+                admin = RedfishHttp(str(running.redfish_url), "admin", ADMIN_PASSWORD)
+                acme = await tenant_account(admin, "alice", "acme")
+                globex = await tenant_account(admin, "gary", "globex")
+                pair = {"ResourceBlocks": [block("host-01"), block("gpu-002")]}
+                made = await acme("POST", f"{R}/Systems", {"Links": pair})
+                assert made.status == 201, made
+                rows = (await client.query(DOMAIN, "connections", {}))["result"]["connections"]
+                assert [(r["device"], r["tenant"]) for r in rows] == [("gpu-002", "acme")]
+                refused = await globex(
+                    "POST",
+                    f"{R}/Systems",
+                    {"Links": {"ResourceBlocks": [block("host-02"), block("gpu-001")]}},
+                )
+                assert refused.status == 403, refused
+                assert (await acme("DELETE", made.headers["location"])).status == 204
+                rows = (await client.query(DOMAIN, "connections", {}))["result"]["connections"]
+                assert rows == []
+            finally:
+                await operator.close()
+    finally:
+        await asyncio.to_thread(server.stop)

@@ -714,7 +714,11 @@ async def engine_on(
                     redfish,
                     store.domains,
                     allowed_hosts,
-                    writes=secure is None,  # docs/redfish.md: secure mode reads only, for now
+                    tenant_connection=(
+                        None
+                        if secure is None
+                        else _tenant_connection(nats_url, secure)  # acts as each tenant
+                    ),
                 )
             except (OSError, ValueError) as exc:
                 where = f"{redfish.host}:{redfish.port}"
@@ -739,6 +743,21 @@ async def engine_on(
             fabric_watch=watch,
             redfish_url=redfish_url,
         )
+
+
+def _tenant_connection(nats_url: str, secure: SecureDir) -> Callable[[str], Awaitable[NATS | None]]:
+    """Secure mode: a NATS connection as `tenant`'s identity, None while it has none (the
+    Redfish service sends each tenant's intents over one, docs/redfish.md)."""
+
+    async def connect(tenant: str) -> NATS | None:
+        principal = Principal("tenant", tenant)
+        if not secure.seed_path(principal).exists():
+            return None
+        return await connect_nats(
+            nats_url, name=f"trellis-redfish-{tenant}", credentials=secure.credentials(principal)
+        )
+
+    return connect
 
 
 async def _serve_page(

@@ -32,6 +32,7 @@ async def serve_redfish(
     domains: Callable[[], Awaitable[list[str]]],
     allowed_hosts: Sequence[str] = (),
     writes: bool = True,
+    tenant_connection: Callable[[str], Awaitable[object | None]] | None = None,
 ) -> str:
     """Serve Redfish as `options` say (closed with `stack`); its URL.
 
@@ -59,6 +60,7 @@ async def serve_redfish(
         allowed_hosts=allowed_hosts,
         ssl_context=context,
         writes=writes,
+        tenant_connection=tenant_connection,  # type: ignore[arg-type]
     )
     await service.start()
     stack.push_async_callback(service.close)

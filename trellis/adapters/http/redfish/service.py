@@ -8,6 +8,8 @@ contract, like any other client (ARCHITECTURE §11).
   `Oem.Trellis.Tenant`); the engine decides, the log records, and the answer maps back to
   HTTP (registries.py). An `Idempotency-Key` header is the intent's `request_id`, so a
   retried POST gets the first answer.
+- In secure mode the service reads as the operator and sends each tenant's intents over a
+  connection of that tenant's own NATS identity (`tenant_connection`).
 - Accounts and sessions (accounts.py) are the service's only state of its own.
 
 It runs on the shared HTTP server (adapters/http/server.py): the same Host and Origin checks
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import logging
 import re
 import ssl
@@ -84,11 +87,16 @@ class RedfishService:
         allowed_hosts: Iterable[str] = (),
         ssl_context: ssl.SSLContext | None = None,
         writes: bool = True,
+        tenant_connection: Callable[[str], Awaitable[NATS | None]] | None = None,
     ) -> None:
         self.accounts = accounts
-        # False in secure mode: the service connects as the operator, whose NATS identity may
-        # not publish tenants' intents; acting under each tenant's identity is not built yet.
+        # Secure mode: the service's own connection is the operator's, which may not publish
+        # tenants' intents; each tenant's intents go over a connection of that tenant's
+        # identity (`tenant_connection`, None for a tenant never issued one). Without one,
+        # and with `writes` False, the service reads only.
         self.writes = writes
+        self._tenant_connection = tenant_connection
+        self._tenant_clients: dict[str, TrellisClient] = {}
         self.client = TrellisClient(nc, prefix=prefix)
         self.reader = Reader(self.client, domains)
         self.uuid = uuid.uuid5(uuid.NAMESPACE_URL, f"trellis:{prefix}:redfish")
@@ -117,6 +125,26 @@ class RedfishService:
     async def close(self) -> None:
         await self.events.close()
         await self._server.close()
+        for client in self._tenant_clients.values():
+            with contextlib.suppress(NatsError):
+                await client.nc.close()
+
+    async def _acting_as(self, tenant: str) -> TrellisClient:
+        """The client that sends `tenant`'s intents: its own identity's in secure mode."""
+        if self._tenant_connection is None:
+            return self.client
+        known = self._tenant_clients.get(tenant)
+        if known is None:
+            nc = await self._tenant_connection(tenant)
+            if nc is None:
+                raise error(
+                    403,
+                    "InsufficientPrivilege",
+                    resolution=f"Tenant {tenant} has no NATS identity in secure mode; issue "
+                    f"one with `trellis tenant add {tenant}` and resubmit the request.",
+                )
+            known = self._tenant_clients[tenant] = TrellisClient(nc, prefix=self.client.prefix)
+        return known
 
     # ---- HTTP ----
 
@@ -414,7 +442,7 @@ class RedfishService:
         lease = _dig(body, "Oem", "Trellis", "LeaseSeconds")
         if lease is not None:
             intent["lease_seconds"] = lease
-        reply = await self.client.intent(domain, tenant, "compose", intent)
+        reply = await (await self._acting_as(tenant)).intent(domain, tenant, "compose", intent)
         if not reply.get("ok"):
             failure = reply.get("error", {})
             if failure.get("code") in ("no_capacity", "no_path") and plan.device_ids:
@@ -447,7 +475,7 @@ class RedfishService:
         )
 
     def _writable(self) -> None:
-        if not self.writes:
+        if not self.writes and self._tenant_connection is None:
             raise error(
                 501,
                 "GeneralError",
@@ -551,7 +579,7 @@ class RedfishService:
 
     async def _release(self, request: Request, domain: str, cid: str, tenant: str) -> Reply:
         intent = {"request_id": _request_id(request), "composition_id": cid}
-        reply = await self.client.intent(domain, tenant, "release", intent)
+        reply = await (await self._acting_as(tenant)).intent(domain, tenant, "release", intent)
         if not reply.get("ok"):
             raise from_engine(reply.get("error", {}), "ComputerSystem")
         self.reader.wrote(domain, reply.get("position"))
