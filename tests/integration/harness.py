@@ -48,6 +48,7 @@ class Harness(msgspec.Struct, kw_only=True):
     metrics_url: str | None = None  # with metrics_at=(host, port)
     page_url: str | None = None  # with page_at=(host, port)
     fabric_watch: FabricWatch | None = None  # with a Redfish fabric driver
+    redfish_url: str | None = None  # with redfish=RedfishOptions(...)
 
     async def projected(self, domain: str, timeout: float = 5.0) -> int:
         """Until the domain's projections hold its whole log; the log's last position."""
@@ -69,7 +70,7 @@ class Harness(msgspec.Struct, kw_only=True):
 
 
 #: engine_on's own parameters: what Settings cannot carry, or what tests replace.
-ENGINE_OVERRIDES = ("fabric", "clock", "signer", "secure", "follow_options")
+ENGINE_OVERRIDES = ("fabric", "clock", "signer", "secure", "follow_options", "redfish")
 
 
 def engine_settings(
@@ -139,6 +140,7 @@ async def serving(
             metrics_url=running.metrics_url,
             page_url=running.page_url,
             fabric_watch=running.fabric_watch,
+            redfish_url=running.redfish_url,
         )
 
 

@@ -29,7 +29,7 @@ import socket
 import subprocess
 import tempfile
 import urllib.parse
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -55,9 +55,12 @@ from trellis.adapters.follow_process import CommitSignal, FollowerProcess, follo
 from trellis.adapters.health import FollowerGauges, FollowerHealth
 from trellis.adapters.http.fabric_page import FabricPage
 from trellis.adapters.http.metrics import MetricsServer
+from trellis.adapters.http.redfish.accounts import admin_password
+from trellis.adapters.http.redfish.serve import ACCOUNTS_FILE, RedfishOptions, serve_redfish
 from trellis.adapters.instruments import EngineMetrics
 from trellis.adapters.nats.auth import (
     NkeyCredentials,
+    Principal,
     SecureDir,
 )
 from trellis.adapters.nats.checkpoints import CheckpointPublisher
@@ -119,6 +122,7 @@ class RunningEngine(msgspec.Struct, kw_only=True):
     page_url: str | None = None  # the live fabric page, when served
     fabric_watch: FabricWatch | None = None  # the Redfish driver's timer, health and events
     page_token: str | None = None  # secure mode: the page's token (`<page_url>/?token=...`)
+    redfish_url: str | None = None  # the northbound Redfish service, when served
 
 
 class Endpoints(NamedTuple):
@@ -280,6 +284,7 @@ async def engine_on(
     signer: Signer | None = None,
     secure: SecureDir | None = None,
     follow_options: dict[str, float] | None = None,
+    redfish: RedfishOptions | None = None,
 ) -> AsyncIterator[RunningEngine]:
     """The engine, its projections, its event relay and its NATS intake on the servers
     `settings` names (`nats_url` and `database_url` must be set: `running_engine` starts
@@ -310,10 +315,13 @@ async def engine_on(
         secure: secure mode's identities (each job connects as its own,
             adapters/nats/auth.py, and replies go only to the requester's own inbox).
         follow_options: tuning of the log followers (engine.service.follower.Follower).
+        redfish: the northbound Redfish service (adapters/http/redfish/), a NATS client of
+            its own (the operator in secure mode); None: none (`trellis up` passes the one
+            `TRELLIS_REDFISH_PORT` asks for, its accounts and password in the data dir).
 
     Raises:
         ValueError: `settings` names no NATS or no Postgres.
-        SettingsError: the metrics or the page's address cannot be bound.
+        SettingsError: the metrics, the page's or Redfish's address cannot be bound.
     """
     if not (settings.nats_url and settings.database_url):
         raise ValueError("engine_on needs settings with nats_url and database_url")
@@ -503,6 +511,29 @@ async def engine_on(
                 allowed_hosts,
                 page_token,
             )
+        redfish_url = None
+        if redfish is not None:
+            try:
+                redfish_url = await serve_redfish(
+                    stack,
+                    lambda: connect_nats(
+                        nats_url,
+                        name="trellis-redfish",
+                        credentials=identity(secure, OPERATOR_IDENTITY),
+                    ),
+                    prefix,
+                    redfish,
+                    store.domains,
+                    allowed_hosts,
+                    tenant_connection=(
+                        None
+                        if secure is None
+                        else _tenant_connection(nats_url, secure)  # acts as each tenant
+                    ),
+                )
+            except (OSError, ValueError) as exc:
+                where = f"{redfish.host}:{redfish.port}"
+                raise SettingsError(f"Redfish cannot serve on {where}: {exc}") from None
         yield RunningEngine(
             engine=engine,
             fabric=fabric,
@@ -521,7 +552,23 @@ async def engine_on(
             page_url=page_url,
             page_token=page_token,
             fabric_watch=watch,
+            redfish_url=redfish_url,
         )
+
+
+def _tenant_connection(nats_url: str, secure: SecureDir) -> Callable[[str], Awaitable[NATS | None]]:
+    """Secure mode: a NATS connection as `tenant`'s identity, None while it has none (the
+    Redfish service sends each tenant's intents over one, docs/redfish.md)."""
+
+    async def connect(tenant: str) -> NATS | None:
+        principal = Principal("tenant", tenant)
+        if not secure.seed_path(principal).exists():
+            return None
+        return await connect_nats(
+            nats_url, name=f"trellis-redfish-{tenant}", credentials=secure.credentials(principal)
+        )
+
+    return connect
 
 
 async def _serve_page(
@@ -607,7 +654,13 @@ async def running_engine(
             checkpoint_key=checkpoint_key_path(settings),
         )
         running = await stack.enter_async_context(
-            engine_on(served, fabric=fabric, signer=signer, secure=secure)
+            engine_on(
+                served,
+                fabric=fabric,
+                signer=signer,
+                secure=secure,
+                redfish=_redfish_options(settings),
+            )
         )
         running.nats_monitor_url = monitor_url
         if secure is not None:
@@ -620,6 +673,29 @@ async def running_engine(
         stack.callback(endpoints.unlink, missing_ok=True)
         log.info("engine serving %s on %s", settings.subject_prefix, redacted(nats_url))
         yield running
+
+
+def _redfish_options(settings: Settings) -> RedfishOptions | None:
+    """The Redfish service's options, when `settings` ask for it (TRELLIS_REDFISH_PORT)."""
+    if settings.redfish_port is None:
+        return None
+    data_dir = settings.data_dir or default_data_dir()
+    password, _ = admin_password(data_dir, settings.redfish_admin_password)
+    return RedfishOptions(
+        host=settings.redfish_host,
+        port=settings.redfish_port,
+        accounts=data_dir / ACCOUNTS_FILE,
+        admin_password=password,
+        cert=settings.redfish_cert,
+        key=settings.redfish_key,
+    )
+
+
+def redfish_password_file(settings: Settings) -> Path | None:
+    """Where `admin`'s generated Redfish password is (None: it came from the environment)."""
+    if settings.redfish_admin_password:
+        return None
+    return (settings.data_dir or default_data_dir()) / "redfish-admin-password"
 
 
 def checkpoint_key_path(settings: Settings) -> Path:

@@ -96,6 +96,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Names (besides the bound address) that the page, its API and /metrics answer to in a
     # request's Host (adapters/http/server.py): e.g. the name of a proxy in front.
     allowed_hosts: list[str] = []
+    # The northbound Redfish service (adapters/http/redfish/, docs/redfish.md): off unless a
+    # port is given, on loopback unless another address is named, TLS with a cert and key;
+    # `admin`'s first password (None: generated into the data dir, 0600).
+    redfish_port: int | None = None
+    redfish_host: str = "127.0.0.1"
+    redfish_admin_password: str | None = None
+    redfish_cert: Path | None = None
+    redfish_key: Path | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -212,6 +220,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
                 for name in env.get("TRELLIS_ALLOWED_HOSTS", "").split(",")
                 if name.strip()
             ],
+            redfish_port=metrics_port(env.get("TRELLIS_REDFISH_PORT", ""), "TRELLIS_REDFISH_PORT"),
+            redfish_host=env.get("TRELLIS_REDFISH_HOST", "").strip() or "127.0.0.1",
+            redfish_admin_password=env.get("TRELLIS_REDFISH_ADMIN_PASSWORD") or None,
+            redfish_cert=_path(env, "TRELLIS_REDFISH_CERT"),
+            redfish_key=_path(env, "TRELLIS_REDFISH_KEY"),
         )
 
 
@@ -317,6 +330,11 @@ def _address(env: dict[str, str], name: str) -> tuple[str, int] | None:
     if number is None:
         raise SettingsError(f"{name} must be HOST:PORT to listen on; got {text!r}")
     return host.strip("[]"), number
+
+
+def _path(env: dict[str, str], name: str) -> Path | None:
+    value = env.get(name, "").strip()
+    return Path(value) if value else None
 
 
 def metrics_port(text: str, name: str) -> int | None:

@@ -1,10 +1,13 @@
-"""The small HTTP server under the engine's own web endpoints (metrics.py, fabric_page.py).
+"""The small HTTP server under the engine's own web endpoints (metrics.py, fabric_page.py,
+redfish/).
 
 It runs on the engine's event loop, so a handler may read the engine's state or await its NATS
 connection without crossing threads. One request per connection, then close: a scrape or a
 page load needs no keep-alive. A handler answers a `Request` with a `Response` (a whole body),
 or with a `Stream` (an open-ended body, such as server-sent events) that runs until the client
-leaves or the server closes.
+leaves or the server closes. A server answers GET and HEAD only unless it is given more
+`methods` (the Redfish service's writes); a request of those carries its body, read by its
+Content-Length (at most 1 MiB). Given an `ssl` context, it serves HTTPS.
 
 Every request is checked before any handler sees it (ARCHITECTURE §10, Health): its `Host` must
 be the address the server is bound to, or a name given to it (`allowed_hosts`, with or without
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl as ssl_module
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import NamedTuple
@@ -25,16 +29,25 @@ from typing import NamedTuple
 DEFAULT_HOST = "127.0.0.1"
 _READ_TIMEOUT_S = 5.0
 _MAX_HEAD = 16 * 1024  # a request line and headers; a browser sends well under this
-_REASONS = {200: "OK", 302: "Found", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden"}
-_REASONS |= {404: "Not Found", 405: "Method Not Allowed", 421: "Misdirected Request"}
-_REASONS |= {502: "Bad Gateway", 503: "Service Unavailable"}
+_MAX_BODY = 1024 * 1024  # a request body (only where the server takes more than GET and HEAD)
+_REASONS = {200: "OK", 201: "Created", 202: "Accepted", 204: "No Content", 302: "Found"}
+_REASONS |= {304: "Not Modified", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden"}
+_REASONS |= {404: "Not Found", 405: "Method Not Allowed", 406: "Not Acceptable"}
+_REASONS |= {409: "Conflict", 411: "Length Required", 412: "Precondition Failed"}
+_REASONS |= {413: "Content Too Large", 415: "Unsupported Media Type", 421: "Misdirected Request"}
+_REASONS |= {428: "Precondition Required", 429: "Too Many Requests"}
+_REASONS |= {431: "Request Header Fields Too Large", 500: "Internal Server Error"}
+_REASONS |= {501: "Not Implemented", 502: "Bad Gateway", 503: "Service Unavailable"}
+_READ_ONLY = frozenset({"GET", "HEAD"})
 
 
 class Request(NamedTuple):
-    method: str  # GET or HEAD: nothing else reaches a handler
+    method: str  # GET or HEAD, or one of the server's `methods`: nothing else reaches a handler
     path: str
     query: dict[str, str]  # the last value of each name
     headers: dict[str, str]  # names lower-cased
+    body: bytes = b""  # only for a server that takes more than GET and HEAD
+    raw_query: str = ""  # the query string as sent (`query` drops names without a value)
 
 
 class Response(NamedTuple):
@@ -65,8 +78,12 @@ class HttpServer:
         host: str = DEFAULT_HOST,
         port: int = 0,
         allowed_hosts: Iterable[str] = (),
+        methods: Iterable[str] = _READ_ONLY,
+        ssl: ssl_module.SSLContext | None = None,
     ):
         self._handler = handler
+        self._methods = frozenset(methods) | _READ_ONLY
+        self._ssl = ssl
         self._host = host
         self._port = port
         self._names = {name.strip().lower() for name in allowed_hosts if name.strip()}
@@ -79,7 +96,8 @@ class HttpServer:
         """The server's base address, e.g. http://127.0.0.1:9464."""
         assert self._server is not None, "not started"
         host, port = self._server.sockets[0].getsockname()[:2]
-        return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        scheme = "https" if self._ssl is not None else "http"
+        return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
 
     async def start(self) -> None:
         """Listen.
@@ -87,8 +105,10 @@ class HttpServer:
         Raises:
             OSError: the address cannot be bound (in use, or not this machine's).
         """
-        self._server = await asyncio.start_server(self._on_connection, self._host, self._port)
-        bound = self.url.removeprefix("http://")
+        self._server = await asyncio.start_server(
+            self._on_connection, self._host, self._port, ssl=self._ssl
+        )
+        bound = self.url.split("://", 1)[1]
         port = bound.rsplit(":", 1)[1]
         self._authorities = frozenset(
             {bound, *self._names, *(f"{name}:{port}" for name in self._names)}
@@ -114,7 +134,9 @@ class HttpServer:
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _READ_TIMEOUT_S)
             except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
                 head = b""  # answered 400
-            request = _parse(head)
+            request = _parse(head, self._methods)
+            if not isinstance(request, Response) and request.method not in _READ_ONLY:
+                request = await _with_body(reader, request)
             if isinstance(request, Response):
                 answer: Response | Stream = request
             else:
@@ -150,7 +172,7 @@ class HttpServer:
             why = f"this server answers to {known}, not to {told} (see --allow-host)\n"
             return Response(421, "text/plain", why.encode())
         origin = request.headers.get("origin")
-        if origin is not None and origin.lower().removeprefix("http://") not in self._authorities:
+        if origin is not None and origin.lower().split("://", 1)[-1] not in self._authorities:
             return Response(403, "text/plain", b"a page of another origin may not ask this\n")
         return None
 
@@ -170,19 +192,40 @@ async def _stream(writer: asyncio.StreamWriter, stream: Stream) -> None:
             await aclose()
 
 
-def _parse(head: bytes) -> Request | Response:
+async def _with_body(reader: asyncio.StreamReader, request: Request) -> Request | Response:
+    """`request` with the body its Content-Length announces (none without one)."""
+    if "chunked" in request.headers.get("transfer-encoding", "").lower():
+        return Response(411, "text/plain", b"send a Content-Length, not chunks\n")
+    try:
+        length = int(request.headers.get("content-length", "0"))
+    except ValueError:
+        return Response(400, "text/plain", b"bad Content-Length\n")
+    if length < 0:
+        return Response(400, "text/plain", b"bad Content-Length\n")
+    if length > _MAX_BODY:
+        return Response(413, "text/plain", b"request body too large\n")
+    try:
+        body = await asyncio.wait_for(reader.readexactly(length), _READ_TIMEOUT_S)
+    except (asyncio.IncompleteReadError, TimeoutError):
+        return Response(400, "text/plain", b"incomplete body\n")
+    return request._replace(body=body)
+
+
+def _parse(head: bytes, methods: frozenset[str] = _READ_ONLY) -> Request | Response:
     """The request whose line and headers are `head`, or the error response it deserves."""
     first, *fields = head.decode("latin-1").split("\r\n")
     line = first.split()
     if len(line) != 3 or len(head) > _MAX_HEAD:
         return Response(400, "text/plain", b"bad request\n")
     method, target, _ = line
-    if method not in ("GET", "HEAD"):
-        return Response(405, "text/plain", b"only GET and HEAD\n")
+    if method not in methods:
+        allowed = ", ".join(sorted(methods))
+        return Response(405, "text/plain", f"only {allowed}\n".encode(), (("Allow", allowed),))
     headers = {}
     for field in fields:
         name, colon, value = field.partition(":")
         if colon:
             headers[name.strip().lower()] = value.strip()
     parts = urllib.parse.urlsplit(target)
-    return Request(method, parts.path, dict(urllib.parse.parse_qsl(parts.query)), headers)
+    query = dict(urllib.parse.parse_qsl(parts.query))
+    return Request(method, parts.path, query, headers, raw_query=parts.query)

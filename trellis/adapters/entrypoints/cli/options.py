@@ -133,3 +133,10 @@ def http_port_arg(text: str) -> int | None:
         return metrics_port(text, "--http")
     except SettingsError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def redfish_port_arg(text: str) -> int | None:
+    try:
+        return metrics_port(text, "--redfish")
+    except SettingsError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

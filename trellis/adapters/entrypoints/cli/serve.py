@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from trellis.adapters.bootstrap import fabric_state_path, running_engine
+from trellis.adapters.bootstrap import fabric_state_path, redfish_password_file, running_engine
 from trellis.adapters.embedded.nats_server import reload_nats
 from trellis.adapters.embedded.process import default_data_dir
 from trellis.adapters.endpoints import find_endpoint, running_engine_pid
@@ -22,6 +22,7 @@ from trellis.adapters.entrypoints.cli.options import (
     http_port_arg,
     identifier,
     metrics_port_arg,
+    redfish_port_arg,
 )
 from trellis.adapters.entrypoints.economics import demo as economics
 from trellis.adapters.entrypoints.economics.runs import Plan as EconomicsPlan
@@ -44,6 +45,14 @@ def follow(args: argparse.Namespace) -> int:
 
 def demo_economics(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
+    if args.redfish is not None:
+        settings = msgspec.structs.replace(settings, redfish_port=args.redfish)
+    if args.redfish_host:
+        settings = msgspec.structs.replace(settings, redfish_host=args.redfish_host)
+    if args.redfish_cert:
+        settings = msgspec.structs.replace(settings, redfish_cert=Path(args.redfish_cert))
+    if args.redfish_key:
+        settings = msgspec.structs.replace(settings, redfish_key=Path(args.redfish_key))
     if args.http is not None:
         settings = msgspec.structs.replace(settings, http_port=args.http)
     _no_embedded_engine_running(settings)
@@ -69,6 +78,14 @@ def _no_embedded_engine_running(settings: Settings) -> None:
 
 def up(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
+    if args.redfish is not None:
+        settings = msgspec.structs.replace(settings, redfish_port=args.redfish)
+    if args.redfish_host:
+        settings = msgspec.structs.replace(settings, redfish_host=args.redfish_host)
+    if args.redfish_cert:
+        settings = msgspec.structs.replace(settings, redfish_cert=Path(args.redfish_cert))
+    if args.redfish_key:
+        settings = msgspec.structs.replace(settings, redfish_key=Path(args.redfish_key))
     if args.http is not None:
         settings = msgspec.structs.replace(settings, http_port=args.http)
     if args.http_host:
@@ -116,6 +133,11 @@ def up(args: argparse.Namespace) -> int:
                 if running.page_url:
                     token = f"?token={running.page_token}" if running.page_token else ""
                     print(f"fabric page: {running.page_url}/{token} (operators only)")
+                if running.redfish_url:
+                    print(f"Redfish: {running.redfish_url}/redfish/v1 (user admin)")
+                    secret = redfish_password_file(settings)
+                    if secret is not None:
+                        print(f"Redfish admin password: in {secret} (mode 0600)")
                 if settings.redfish_url and settings.fabric == "redfish":
                     print(f"fabric: Redfish at {redacted(settings.redfish_url)}")
                 else:
@@ -225,6 +247,24 @@ def add_commands(sub: Any) -> None:
         "--http-host",
         metavar="ADDRESS",
         help="the address the page listens on; default 127.0.0.1 (env TRELLIS_HTTP_HOST)",
+    )
+    up_parser.add_argument(
+        "--redfish",
+        type=redfish_port_arg,
+        metavar="PORT",
+        help="serve the Redfish service /redfish/v1 on PORT (0: a free one); "
+        "default: off (env TRELLIS_REDFISH_PORT; docs/redfish.md)",
+    )
+    up_parser.add_argument(
+        "--redfish-host",
+        metavar="ADDRESS",
+        help="the address Redfish listens on; default 127.0.0.1 (env TRELLIS_REDFISH_HOST)",
+    )
+    up_parser.add_argument(
+        "--redfish-cert", metavar="FILE", help="serve Redfish over TLS: certificate"
+    )
+    up_parser.add_argument(
+        "--redfish-key", metavar="FILE", help="serve Redfish over TLS: private key"
     )
     up_parser.add_argument(
         "--allow-host",

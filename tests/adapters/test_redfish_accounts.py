@@ -1,0 +1,73 @@
+"""The Redfish service's accounts file (adapters/http/redfish/accounts.py): slow salted hashes
+only, 0600, tenants required, sessions that expire."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from trellis.adapters.http.redfish import accounts
+from trellis.adapters.http.redfish.accounts import AccountError, AccountStore, admin_password
+
+
+def test_stores_only_salted_scrypt_hashes_in_a_0600_file(tmp_path: Path) -> None:
+    store = AccountStore(tmp_path / "accounts.json")
+    store.ensure_admin("first-password")
+    store.create("alice", "alice-password", "Operator", "acme")
+    store.create("bob", "alice-password", "ReadOnly", "bolt")
+    raw = (tmp_path / "accounts.json").read_text()
+    assert "alice-password" not in raw and "first-password" not in raw
+    rows = {a["user_name"]: a for a in json.loads(raw)}
+    assert rows["alice"]["salt"] != rows["bob"]["salt"]
+    assert rows["alice"]["hash"] != rows["bob"]["hash"]  # same password, other salt
+    assert stat.S_IMODE((tmp_path / "accounts.json").stat().st_mode) == 0o600
+    again = AccountStore(tmp_path / "accounts.json")
+    assert again.check("alice", "alice-password") is not None
+    assert again.check("alice", "wrong-password") is None
+    assert again.check("nobody", "alice-password") is None
+    assert not again.ensure_admin("another-password")  # made once
+    assert again.check("admin", "first-password") is not None
+
+
+def test_refuses_tenant_roles_without_a_tenant_and_administrators_with_one(
+    tmp_path: Path,
+) -> None:
+    store = AccountStore(tmp_path / "accounts.json")
+    with pytest.raises(AccountError):
+        store.create("alice", "long-enough", "Operator", None)
+    with pytest.raises(AccountError):
+        store.create("root2", "long-enough", "Administrator", "acme")
+    with pytest.raises(AccountError):
+        store.create("alice", "short", "Operator", "acme")
+    with pytest.raises(AccountError):
+        store.create("al ice", "long-enough", "Operator", "acme")
+    with pytest.raises(AccountError):
+        store.create("alice", "long-enough", "Superuser", "acme")
+    store.create("alice", "long-enough", "Operator", "acme")
+    with pytest.raises(AccountError):
+        store.create("alice", "long-enough", "Operator", "acme")
+
+
+def test_sessions_expire_and_end_with_a_password_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = AccountStore(tmp_path / "accounts.json")
+    alice = store.create("alice", "alice-password", "Operator", "acme")
+    session = store.open_session(alice)
+    assert store.by_token(session.token) is not None
+    store.update("alice", password="new-password")
+    assert store.by_token(session.token) is None
+    later = store.open_session(alice)
+    now = accounts.time.monotonic()
+    monkeypatch.setattr(accounts.time, "monotonic", lambda: now + accounts.SESSION_TIMEOUT_S + 1)
+    assert store.by_token(later.token) is None
+
+
+def test_the_generated_admin_password_is_kept_in_a_0600_file(tmp_path: Path) -> None:
+    password, path = admin_password(tmp_path, None)
+    assert path is not None and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert admin_password(tmp_path, None) == (password, path)
+    assert admin_password(tmp_path, "given-password") == ("given-password", None)

@@ -1,0 +1,509 @@
+"""The northbound Redfish service (`trellis up --redfish`, ARCHITECTURE §11, docs/redfish.md)
+against a live engine: the read model, compose and release through HTTP checked against the
+engine's own `connections` view, Redfish error bodies, tenants, and DMTF's validators."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from harness import Harness, engine_at, serving
+from isolation import unique_subject_prefix
+from redfish_http import RedfishHttp
+from self_signed import self_signed
+
+from trellis.adapters.embedded.nats_server import EmbeddedNats
+from trellis.adapters.http.redfish import AccountStore, RedfishService
+from trellis.adapters.http.redfish.serve import RedfishOptions
+from trellis.adapters.nats.auth import Principal, SecureDir
+from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.connect import connect_nats
+
+DOMAIN = "hall-1"
+FABRIC = json.loads((Path(__file__).parents[2] / "examples" / "fabric.json").read_text())
+ADMIN_PASSWORD = "admin-secret-1"
+R = "/redfish/v1"
+BLOCKS = f"{R}/CompositionService/ResourceBlocks"
+
+
+def block(node: str) -> dict[str, str]:
+    return {"@odata.id": f"{BLOCKS}/{DOMAIN}.{node}"}
+
+
+@pytest_asyncio.fixture
+async def h(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, tmp_path: Path
+) -> AsyncIterator[Harness]:
+    options = RedfishOptions(
+        accounts=tmp_path / "redfish-accounts.json", admin_password=ADMIN_PASSWORD
+    )
+    async with serving(nats_url, database_url, pg_schema, subject_prefix, redfish=options) as h:
+        reply = await h.client.import_topology(DOMAIN, FABRIC)
+        assert reply["ok"], reply
+        yield h
+
+
+@pytest_asyncio.fixture
+async def admin(h: Harness) -> RedfishHttp:
+    assert h.redfish_url is not None
+    return RedfishHttp(h.redfish_url, "admin", ADMIN_PASSWORD)
+
+
+async def tenant_account(admin: RedfishHttp, name: str, tenant: str, role: str = "Operator"):
+    answer = await admin(
+        "POST",
+        f"{R}/AccountService/Accounts",
+        {
+            "UserName": name,
+            "Password": f"{name}-password",
+            "RoleId": role,
+            "Oem": {"Trellis": {"Tenant": tenant}},
+        },
+    )
+    assert answer.status == 201, answer
+    return admin.as_user(name, f"{name}-password")
+
+
+async def connections(h: Harness, **query: Any) -> list[dict[str, Any]]:
+    reply = await h.client.query(DOMAIN, "connections", query)
+    assert reply["ok"], reply
+    return list(reply["result"]["connections"])
+
+
+async def test_serves_the_service_root_without_credentials_and_nothing_else(
+    admin: RedfishHttp,
+) -> None:
+    anonymous = RedfishHttp(admin.base)
+    root = await anonymous.get(f"{R}/")
+    assert root.status == 200 and root.body["CompositionService"]["@odata.id"]
+    assert root.headers["odata-version"] == "4.0"
+    assert (await anonymous.get(f"{R}/$metadata")).status == 200
+    assert (await anonymous.get(f"{R}/odata")).status == 200
+    denied = await anonymous.get(f"{R}/Systems")
+    assert denied.status == 401 and "www-authenticate" in denied.headers
+    assert (await admin.get(f"{R}/Systems")).status == 200
+
+
+async def test_composes_specific_blocks_and_releases_them_as_the_engine_sees(
+    h: Harness, admin: RedfishHttp
+) -> None:
+    acme = await tenant_account(admin, "alice", "acme")
+    answer = await acme(
+        "POST",
+        f"{R}/Systems",
+        {"Name": "decode", "Links": {"ResourceBlocks": [block("host-01"), block("gpu-002")]}},
+    )
+    assert answer.status == 201, answer
+    cid = answer.body["Id"]
+    assert answer.headers["location"] == f"{R}/Systems/{cid}"
+    rows = await connections(h)
+    assert [(r["device"], r["host"], r["composition_id"], r["tenant"]) for r in rows] == [
+        ("gpu-002", "host-01", cid, "acme")
+    ]
+    gpu = await acme.get(f"{BLOCKS}/{DOMAIN}.gpu-002")
+    assert gpu.body["CompositionStatus"]["CompositionState"] == "Composed"
+    assert gpu.body["Client"] == "acme"
+    assert "etag" in gpu.headers
+    system = await acme.get(f"{R}/Systems/{cid}")
+    assert system.status == 200
+    assert system.body["Oem"]["Trellis"]["Paths"]["gpu-002"][0] == "host-01"
+    gone = await acme("DELETE", f"{R}/Systems/{cid}")
+    assert gone.status == 204, gone
+    assert await connections(h) == []
+    assert (await acme.get(f"{R}/Systems/{cid}")).status == 404
+    gpu = await acme.get(f"{BLOCKS}/{DOMAIN}.gpu-002")
+    assert gpu.body["CompositionStatus"]["CompositionState"] == "Unused"
+
+
+async def test_composes_a_constrained_request_with_a_memory_slice(
+    h: Harness, admin: RedfishHttp
+) -> None:
+    acme = await tenant_account(admin, "alice", "acme")
+    answer = await acme(
+        "POST",
+        f"{R}/Systems",
+        {
+            "Name": "constrained",
+            "@Redfish.ZoneAffinity": DOMAIN,
+            "Processors": {
+                "Members": [{"@Redfish.RequestedCount": 2, "ProcessorType": "GPU",
+                             "Model": "H100"}]
+            },
+            "Memory": {"Members": [{"@Redfish.RequestedCount": 1, "CapacityMiB": 64 * 1024}]},
+        },
+    )  # fmt: skip
+    assert answer.status == 201, answer
+    cid = answer.body["Id"]
+    rows = await connections(h)
+    assert sorted(r["device"] for r in rows if r["composition_id"] == cid) == sorted(
+        d for d in answer.body["Oem"]["Trellis"]["Paths"]
+    )
+    kinds = {r["device"].split("-")[0] for r in rows}
+    assert kinds == {"gpu", "mem"}
+    assert any(link["@odata.id"].endswith(f".{rows[0]['host']}")
+               for link in answer.body["Links"]["ResourceBlocks"])  # fmt: skip
+    memory = next(r for r in rows if r["device"].startswith("mem"))
+    slices = await acme.get(f"{R}/Fabrics/{DOMAIN}/Connections")
+    assert slices.body["Members"] == [
+        {"@odata.id": f"{R}/Fabrics/{DOMAIN}/Connections/{cid}.{memory['device']}"}
+    ]
+    zone = await acme.get(f"{R}/Fabrics/{DOMAIN}/Zones/{cid}")
+    assert zone.status == 200 and zone.body["ZoneType"] == "ZoneOfEndpoints"
+
+
+async def test_refuses_bad_compositions_with_registry_messages_and_writes_nothing(
+    h: Harness, admin: RedfishHttp
+) -> None:
+    acme = await tenant_account(admin, "alice", "acme")
+    head = (await h.store.head(DOMAIN)).position
+
+    async def post(body: dict[str, Any], **kwargs: Any):
+        return await acme("POST", f"{R}/Systems", body, **kwargs)
+
+    twice = await post({"Links": {"ResourceBlocks": [block("host-01"), block("gpu-002"),
+                                                     block("gpu-002")]}})  # fmt: skip
+    assert (twice.status, twice.messages()) == (400, ["ResourceBlockInvalid"])
+    unknown = await post({"Links": {"ResourceBlocks": [block("host-01"), block("gpu-999")]}})
+    assert (unknown.status, unknown.messages()) == (400, ["ResourceBlockNotFound"])
+    impossible = await post(
+        {"Links": {"ResourceBlocks": [block("host-01")]},
+         "Processors": {"Members": [{"@Redfish.RequestedCount": 40, "ProcessorType": "GPU"}]}}
+    )  # fmt: skip
+    assert (impossible.status, impossible.messages()) == (400, ["NoResourceMatch"])
+    resolution = impossible.body["error"]["@Message.ExtendedInfo"][0]["Resolution"]
+    assert "Funnel" in resolution and "free" in resolution, resolution
+    assert (await post({"Links": "x"})).status == 400
+    malformed = await acme("POST", f"{R}/Systems", None)
+    assert malformed.status == 400
+    # Rejected composes are recorded (CompositionRejected) but connect nothing.
+    assert await connections(h) == []
+    assert (await h.store.head(DOMAIN)).position >= head
+
+    taken = await post({"Links": {"ResourceBlocks": [block("host-01"), block("gpu-002")]}})
+    assert taken.status == 201
+    in_use = await post({"Links": {"ResourceBlocks": [block("host-02"), block("gpu-002")]}})
+    assert (in_use.status, in_use.messages()) == (409, ["ResourceBlockInUse"])
+    system = f"{R}/Systems/{taken.body['Id']}"
+    stale = await acme("DELETE", system, headers={"If-Match": 'W/"stale"'})
+    assert (stale.status, stale.messages()) == (412, ["PreconditionFailed"])
+    assert len(await connections(h)) == 1
+    current = (await acme.get(system)).headers["etag"]
+    assert (await acme("DELETE", system, headers={"If-Match": current})).status == 204
+
+
+async def test_an_idempotency_key_makes_a_retried_post_one_compose(
+    h: Harness, admin: RedfishHttp
+) -> None:
+    acme = await tenant_account(admin, "alice", "acme")
+    body = {"Links": {"ResourceBlocks": [block("host-01"), block("gpu-001")]}}
+    key = {"Idempotency-Key": "retry-me-1"}
+    first = await acme("POST", f"{R}/Systems", body, headers=key)
+    again = await acme("POST", f"{R}/Systems", body, headers=key)
+    assert first.status == 201 and again.status in (201, 409)
+    assert len(await connections(h)) == 1
+    if again.status == 201:
+        assert again.body["Id"] == first.body["Id"]
+
+
+async def test_concurrent_posts_for_one_block_have_one_winner(
+    h: Harness, admin: RedfishHttp
+) -> None:
+    acme = await tenant_account(admin, "alice", "acme")
+    bolt = await tenant_account(admin, "bob", "bolt")
+    bodies = [
+        {"Links": {"ResourceBlocks": [block(host), block("gpu-003")]}}
+        for host in ("host-01", "host-02")
+    ]
+    answers = await asyncio.gather(
+        *(
+            client("POST", f"{R}/Systems", bodies[i % 2])
+            for i, client in enumerate([acme, bolt] * 4)
+        )
+    )
+    statuses = sorted(a.status for a in answers)
+    assert statuses.count(201) == 1, answers
+    assert all(400 <= s < 500 for s in statuses if s != 201), statuses
+    rows = await connections(h, device="gpu-003")
+    assert len(rows) == 1
+
+
+async def test_a_tenant_sees_only_its_own_systems_and_others_blocks_as_unavailable(
+    h: Harness, admin: RedfishHttp
+) -> None:
+    acme = await tenant_account(admin, "alice", "acme")
+    bolt = await tenant_account(admin, "bob", "bolt")
+    viewer = await tenant_account(admin, "carol", "acme", role="ReadOnly")
+    mine = await acme(
+        "POST", f"{R}/Systems", {"Links": {"ResourceBlocks": [block("host-01"), block("gpu-002")]}}
+    )
+    assert mine.status == 201
+    cid = mine.body["Id"]
+    assert [m["@odata.id"] for m in (await bolt.get(f"{R}/Systems")).body["Members"]] == []
+    assert (await bolt.get(f"{R}/Systems/{cid}")).status == 404
+    assert (await bolt("DELETE", f"{R}/Systems/{cid}")).status == 404
+    seen = (await bolt.get(f"{BLOCKS}/{DOMAIN}.gpu-002")).body
+    assert seen["CompositionStatus"]["CompositionState"] == "Unavailable"
+    assert "Client" not in seen and "Pool" not in seen
+    assert seen["Links"]["ComputerSystems"] == []
+    assert (await bolt.get(f"{R}/Fabrics/{DOMAIN}/Zones")).body["Members"] == []
+    # A ReadOnly account of the same tenant reads its systems and may not change them.
+    assert (await viewer.get(f"{R}/Systems/{cid}")).status == 200
+    assert (await viewer("DELETE", f"{R}/Systems/{cid}")).status == 403
+    # The Administrator sees every tenant's and composes for one it names.
+    assert (await admin.get(f"{BLOCKS}/{DOMAIN}.gpu-002")).body["Client"] == "acme"
+    pair = {"ResourceBlocks": [block("host-02"), block("gpu-001")]}
+    nameless = await admin("POST", f"{R}/Systems", {"Links": pair})
+    assert nameless.status == 400
+    named = await admin(
+        "POST", f"{R}/Systems", {"Links": pair, "Oem": {"Trellis": {"Tenant": "bolt"}}}
+    )
+    assert named.status == 201
+    assert [r["tenant"] for r in await connections(h, device="gpu-001")] == ["bolt"]
+
+
+async def test_accounts_need_a_tenant_and_sessions_carry_a_token(admin: RedfishHttp) -> None:
+    refused = await admin(
+        "POST",
+        f"{R}/AccountService/Accounts",
+        {"UserName": "nobody", "Password": "long-enough", "RoleId": "Operator"},
+    )
+    assert refused.status == 400
+    await tenant_account(admin, "alice", "acme")
+    anonymous = RedfishHttp(admin.base)
+    login = await anonymous(
+        "POST",
+        f"{R}/SessionService/Sessions",
+        {"UserName": "alice", "Password": "alice-password"},
+    )
+    assert login.status == 201 and login.headers["x-auth-token"]
+    token = {"X-Auth-Token": login.headers["x-auth-token"]}
+    assert (await anonymous.get(f"{R}/Systems", headers=token)).status == 200
+    assert (await anonymous("DELETE", login.headers["location"], headers=token)).status == 204
+    assert (await anonymous.get(f"{R}/Systems", headers=token)).status == 401
+    bad = await anonymous(
+        "POST", f"{R}/SessionService/Sessions", {"UserName": "alice", "Password": "wrong-one"}
+    )
+    assert bad.status == 401
+
+
+async def test_serves_over_tls_when_given_a_certificate_and_key(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, tmp_path: Path
+) -> None:
+    cert, key = self_signed(tmp_path)
+    options = RedfishOptions(
+        accounts=tmp_path / "accounts.json", admin_password=ADMIN_PASSWORD, cert=cert, key=key
+    )
+    async with serving(nats_url, database_url, pg_schema, subject_prefix, redfish=options) as h:
+        assert h.redfish_url is not None and h.redfish_url.startswith("https://")
+        client = RedfishHttp(h.redfish_url, "admin", ADMIN_PASSWORD, verify=False)
+        assert (await client.get(f"{R}/")).status == 200
+        assert (await client.get(f"{R}/Systems")).status == 200
+
+
+async def test_dmtfs_redfish_library_composes_and_decomposes(
+    h: Harness, admin: RedfishHttp
+) -> None:
+    redfish = pytest.importorskip("redfish", reason="the redfish extra brings DMTF's library")
+    await tenant_account(admin, "alice", "acme")
+
+    def compose_and_release() -> tuple[int, str, int]:
+        client = redfish.redfish_client(
+            base_url=admin.base, username="alice", password="alice-password"
+        )
+        client.login(auth="session")
+        try:
+            made = client.post(
+                f"{R}/Systems",
+                body={"Links": {"ResourceBlocks": [block("host-02"), block("gpu-004")]}},
+            )
+            location = made.getheader("Location")
+            gone = client.delete(location)
+            return made.status, location, gone.status
+        finally:
+            client.logout()
+
+    # The library is synchronous: it runs in a thread while the engine serves here.
+    made_status, location, _ = await asyncio.to_thread(compose_and_release)
+    assert made_status == 201 and location.startswith(f"{R}/Systems/")
+    assert await connections(h) == []
+    history = await h.client.query(DOMAIN, "history", {"id": "gpu-004"})
+    assert [i["composition_id"] for i in history["result"]["intervals"]] == [
+        location.rsplit("/", 1)[1]
+    ]
+
+
+async def test_sushy_reads_the_composition_service_and_its_blocks(
+    h: Harness, admin: RedfishHttp
+) -> None:
+    sushy = pytest.importorskip("sushy", reason="the redfish extra brings OpenStack's sushy")
+    acme = await tenant_account(admin, "alice", "acme")
+    made = await acme(
+        "POST", f"{R}/Systems", {"Links": {"ResourceBlocks": [block("host-01"), block("gpu-002")]}}
+    )
+    assert made.status == 201
+
+    def read() -> tuple[list[str], dict[str, str], list[str]]:
+        from sushy.resources.compositionservice import resourceblock, resourcezone
+
+        conn = sushy.Sushy(
+            admin.base + f"{R}/",
+            auth=sushy.auth.BasicAuth(username="alice", password="alice-password"),
+        )
+        service = conn.get_composition_service()
+        assert service.service_enabled
+        # sushy 5.x's CompositionService.resource_blocks passes its path getter itself, not
+        # the path, to the collection; the collections are built with the path here instead.
+        blocks = resourceblock.ResourceBlockCollection(
+            conn._conn, f"{R}/CompositionService/ResourceBlocks"
+        ).get_members()
+        states = {b.identity: str(b.composition_status.composition_state) for b in blocks}
+        zones = resourcezone.ResourceZoneCollection(
+            conn._conn, f"{R}/CompositionService/ResourceZones"
+        ).get_members()
+        systems = [s.identity for s in conn.get_system_collection().get_members()]
+        return systems, states, [z.identity for z in zones]
+
+    systems, states, zones = await asyncio.to_thread(read)
+    assert systems == [made.body["Id"]]
+    assert zones == [DOMAIN]
+    assert "composed" in states[f"{DOMAIN}.gpu-002"].lower()
+    assert "unused" in states[f"{DOMAIN}.gpu-001"].lower()
+
+
+async def test_the_event_stream_tells_each_account_only_what_it_may_see(
+    h: Harness, admin: RedfishHttp
+) -> None:
+    acme = await tenant_account(admin, "alice", "acme")
+    bolt = await tenant_account(admin, "bob", "bolt")
+    service = (await acme.get(f"{R}/EventService")).body
+    assert service["ServerSentEventUri"] == f"{R}/EventService/SSE"
+
+    async def listen(client: RedfishHttp, box: list[dict[str, Any]], ready: asyncio.Event) -> None:
+        host, port = client.base.removeprefix("http://").rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        token = base64.b64encode(f"{client.user}:{client.password}".encode()).decode()
+        writer.write(
+            f"GET {R}/EventService/SSE HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"Authorization: Basic {token}\r\n\r\n".encode()
+        )
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    return
+                if line.startswith(b": Trellis"):  # the stream's first line: it listens
+                    ready.set()
+                if line.startswith(b"data: "):
+                    box.append(json.loads(line[6:]))
+        finally:
+            writer.close()
+
+    seen: dict[str, list[dict[str, Any]]] = {"admin": [], "acme": [], "bolt": []}
+    ready = {name: asyncio.Event() for name in seen}
+    tasks = [
+        asyncio.create_task(listen(client, seen[name], ready[name]))
+        for name, client in (("admin", admin), ("acme", acme), ("bolt", bolt))
+    ]
+    await asyncio.wait_for(asyncio.gather(*(r.wait() for r in ready.values())), 10)
+    made = await acme(
+        "POST", f"{R}/Systems", {"Links": {"ResourceBlocks": [block("host-01"), block("gpu-002")]}}
+    )
+    assert made.status == 201
+    assert (await acme("DELETE", f"{R}/Systems/{made.body['Id']}")).status == 204
+    system = f"{R}/Systems/{made.body['Id']}"
+
+    def records(name: str) -> list[tuple[str, str]]:
+        """The stream's records about systems (the import's fabric event may still be on its
+        way to the streams when they open: every account sees that one)."""
+        return [
+            (e["MessageId"].rsplit(".", 1)[-1], e["OriginOfCondition"]["@odata.id"])
+            for event in seen[name]
+            for e in event["Events"]
+            if e["OriginOfCondition"]["@odata.id"].startswith(f"{R}/Systems/")
+        ]
+
+    expected = [("ResourceCreated", system), ("ResourceRemoved", system)]
+    for _ in range(100):
+        if records("admin") == expected and records("acme") == expected:
+            break
+        await asyncio.sleep(0.1)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert records("admin") == expected
+    assert records("acme") == expected
+    assert records("bolt") == []
+
+
+async def test_a_read_only_service_refuses_writes_and_still_reads(
+    h: Harness, tmp_path: Path
+) -> None:
+    """Secure mode's service (bootstrap passes writes=False there) reads, and says why not."""
+    store = AccountStore(tmp_path / "ro-accounts.json")
+    store.ensure_admin(ADMIN_PASSWORD)
+    service = RedfishService(
+        h.client.nc, store, h.store.domains, prefix=h.client.prefix, writes=False
+    )
+    await service.start()
+    try:
+        admin = RedfishHttp(service.url, "admin", ADMIN_PASSWORD)
+        body = {"Links": {"ResourceBlocks": [block("host-01"), block("gpu-002")]},
+                "Oem": {"Trellis": {"Tenant": "acme"}}}  # fmt: skip
+        refused = await admin("POST", f"{R}/Systems", body)
+        assert refused.status == 501
+        assert "secure mode" in refused.body["error"]["@Message.ExtendedInfo"][0]["Resolution"]
+        assert await connections(h) == []
+        assert (await admin.get(f"{BLOCKS}/{DOMAIN}.gpu-002")).status == 200
+    finally:
+        await service.close()
+
+
+async def test_in_secure_mode_each_tenants_intents_go_under_its_own_identity(
+    tmp_path: Path, database_url: str, pg_schema: str
+) -> None:
+    """The service reads as the operator and sends acme's compose and release over acme's
+    own NATS identity; a tenant never issued one is refused, and nothing is written for it."""
+    prefix = unique_subject_prefix()
+    secure = SecureDir(tmp_path)
+    secure.ensure(prefix, ["acme"])
+    server = EmbeddedNats(tmp_path, config=secure.config_path)
+    await asyncio.to_thread(server.start)
+    options = RedfishOptions(accounts=tmp_path / "accounts.json", admin_password=ADMIN_PASSWORD)
+    try:
+        async with engine_at(
+            server.url, database_url, schema=pg_schema, prefix=prefix, secure=secure,
+            redfish=options,
+        ) as running:  # fmt: skip
+            operator = await connect_nats(
+                server.url, credentials=secure.credentials(Principal("operator", "operator"))
+            )
+            try:
+                client = TrellisClient(operator, prefix=prefix)
+                assert (await client.import_topology(DOMAIN, FABRIC))["ok"]
+                admin = RedfishHttp(str(running.redfish_url), "admin", ADMIN_PASSWORD)
+                acme = await tenant_account(admin, "alice", "acme")
+                globex = await tenant_account(admin, "gary", "globex")
+                pair = {"ResourceBlocks": [block("host-01"), block("gpu-002")]}
+                made = await acme("POST", f"{R}/Systems", {"Links": pair})
+                assert made.status == 201, made
+                rows = (await client.query(DOMAIN, "connections", {}))["result"]["connections"]
+                assert [(r["device"], r["tenant"]) for r in rows] == [("gpu-002", "acme")]
+                refused = await globex(
+                    "POST",
+                    f"{R}/Systems",
+                    {"Links": {"ResourceBlocks": [block("host-02"), block("gpu-001")]}},
+                )
+                assert refused.status == 403, refused
+                assert (await acme("DELETE", made.headers["location"])).status == 204
+                rows = (await client.query(DOMAIN, "connections", {}))["result"]["connections"]
+                assert rows == []
+            finally:
+                await operator.close()
+    finally:
+        await asyncio.to_thread(server.stop)

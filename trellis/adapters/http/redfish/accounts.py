@@ -1,0 +1,273 @@
+"""The Redfish service's accounts and sessions: its one store of its own (ARCHITECTURE §11).
+
+Accounts live in one JSON file in the data directory, written 0600 and replaced atomically
+(write to a temporary file, fsync, rename), so a crash leaves the old file or the new one.
+A file rather than a Postgres table: accounts are the Redfish front door's business, not the
+engine's, and are needed before (and without) any query to the log. Passwords are stored only
+as scrypt hashes (n=2**14, r=8, p=1) with a 16-byte random salt each; checking compares in
+constant time.
+
+Every account is an `Administrator` (the operator: no tenant, sees and acts on everything) or
+belongs to one tenant with the role `Operator` (reads and changes that tenant's systems) or
+`ReadOnly` (reads them). Sessions are kept in memory: a restart ends them, and clients log in
+again, as they do when a session times out (`SESSION_TIMEOUT_S` without use).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import os
+import secrets
+import tempfile
+import time
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from trellis.engine.core.ids import is_valid_id
+
+Role = Literal["Administrator", "Operator", "ReadOnly"]
+ROLES: tuple[Role, ...] = ("Administrator", "Operator", "ReadOnly")
+ADMIN = "admin"
+SESSION_TIMEOUT_S = 1800
+MIN_PASSWORD = 8
+MAX_PASSWORD = 256
+_SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
+#: Privileges per role (DSP0266's standard roles).
+PRIVILEGES: dict[Role, list[str]] = {
+    "Administrator": ["Login", "ConfigureManager", "ConfigureUsers", "ConfigureSelf",
+                      "ConfigureComponents"],
+    "Operator": ["Login", "ConfigureSelf", "ConfigureComponents"],
+    "ReadOnly": ["Login", "ConfigureSelf"],
+}  # fmt: skip
+
+
+class Account(msgspec.Struct, kw_only=True):
+    id: str  # the Redfish Id in AccountService/Accounts (the user name)
+    user_name: str
+    role: Role
+    tenant: str | None  # None: Administrator
+    salt: str  # hex
+    hash: str  # hex, scrypt
+    enabled: bool = True
+    version: int = 1  # bumped on every change: part of the account's ETag
+
+    @property
+    def admin(self) -> bool:
+        return self.role == "Administrator"
+
+
+class Session(msgspec.Struct, kw_only=True):
+    id: str
+    token: str
+    user_name: str
+    expires: float  # monotonic seconds
+
+
+class AccountError(ValueError):
+    """A refused account change; `field` names the property at fault."""
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def hash_password(password: str, salt: bytes | None = None) -> tuple[str, str]:
+    """(salt, hash) as hex: scrypt of `password` with `salt` (a fresh one when None)."""
+    salt = salt if salt is not None else secrets.token_bytes(16)
+    digest = hashlib.scrypt(password.encode(), salt=salt, **_SCRYPT)
+    return salt.hex(), digest.hex()
+
+
+def _check_password(password: str) -> None:
+    if not isinstance(password, str) or not MIN_PASSWORD <= len(password) <= MAX_PASSWORD:
+        raise AccountError(
+            f"a password has {MIN_PASSWORD} to {MAX_PASSWORD} characters", "Password"
+        )
+
+
+class AccountStore:
+    """Accounts in the 0600 file `path`; `admin_password` sets `admin`'s when it is made."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._accounts: dict[str, Account] = {}
+        self._sessions: dict[str, Session] = {}  # by token
+        self._load()
+
+    def _load(self) -> None:
+        if self.path.exists():
+            accounts = msgspec.json.decode(self.path.read_bytes(), type=list[Account])
+            self._accounts = {a.user_name: a for a in accounts}
+
+    def _save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = msgspec.json.format(msgspec.json.encode(list(self._accounts.values())))
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".accounts-")
+        try:
+            os.fchmod(fd, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+    def ensure_admin(self, password: str) -> bool:
+        """Make `admin` with `password` unless it exists; whether it was made."""
+        if ADMIN in self._accounts:
+            return False
+        _check_password(password)
+        salt, digest = hash_password(password)
+        self._accounts[ADMIN] = Account(
+            id=ADMIN, user_name=ADMIN, role="Administrator", tenant=None, salt=salt, hash=digest
+        )
+        self._save()
+        return True
+
+    # ---- accounts ----
+
+    def all(self) -> list[Account]:
+        return sorted(self._accounts.values(), key=lambda a: a.user_name)
+
+    def get(self, user_name: str) -> Account | None:
+        return self._accounts.get(user_name)
+
+    def create(self, user_name: str, password: str, role: str, tenant: str | None) -> Account:
+        """A new account.
+
+        Raises:
+            AccountError: a bad or taken name, a short password, an unknown role, or a tenant
+                missing (Operator, ReadOnly) or given (Administrator).
+        """
+        if not isinstance(user_name, str) or not is_valid_id(user_name):
+            raise AccountError("a UserName is 1-64 letters, digits, '-' or '_'", "UserName")
+        if user_name in self._accounts:
+            raise AccountError(f"account {user_name} exists", "UserName")
+        _check_password(password)
+        if role not in ROLES:
+            raise AccountError(f"RoleId is one of {', '.join(ROLES)}", "RoleId")
+        if role == "Administrator":
+            if tenant is not None:
+                raise AccountError("an Administrator belongs to no tenant", "Oem/Trellis/Tenant")
+        elif not isinstance(tenant, str) or not is_valid_id(tenant):
+            raise AccountError(
+                f"an {role} account needs Oem.Trellis.Tenant, a tenant id", "Oem/Trellis/Tenant"
+            )
+        salt, digest = hash_password(password)
+        account = Account(
+            id=user_name,
+            user_name=user_name,
+            role=role,  # type: ignore[arg-type]
+            tenant=tenant,
+            salt=salt,
+            hash=digest,
+        )
+        self._accounts[user_name] = account
+        self._save()
+        return account
+
+    def update(
+        self, user_name: str, *, password: str | None = None, enabled: bool | None = None
+    ) -> Account:
+        account = self._accounts[user_name]
+        if password is not None:
+            _check_password(password)
+            account.salt, account.hash = hash_password(password)
+            self._end_sessions(user_name)
+        if enabled is not None:
+            account.enabled = enabled
+            if not enabled:
+                self._end_sessions(user_name)
+        account.version += 1
+        self._save()
+        return account
+
+    def delete(self, user_name: str) -> None:
+        if user_name == ADMIN:
+            raise AccountError("the first Administrator stays", "UserName")
+        del self._accounts[user_name]
+        self._end_sessions(user_name)
+        self._save()
+
+    def check(self, user_name: str, password: str) -> Account | None:
+        """The enabled account with that name and password, else None (in about the same
+        time either way: an unknown name still costs one hash)."""
+        account = self._accounts.get(user_name)
+        salt = bytes.fromhex(account.salt) if account else b"\0" * 16
+        _, digest = hash_password(password, salt)
+        if account is None or not account.enabled:
+            return None
+        return account if hmac.compare_digest(digest, account.hash) else None
+
+    # ---- sessions ----
+
+    def open_session(self, account: Account) -> Session:
+        session = Session(
+            id=secrets.token_hex(8),
+            token=secrets.token_hex(32),
+            user_name=account.user_name,
+            expires=time.monotonic() + SESSION_TIMEOUT_S,
+        )
+        self._sessions[session.token] = session
+        return session
+
+    def by_token(self, token: str) -> tuple[Session, Account] | None:
+        """The live session of `token` (its timeout starts again), with its account."""
+        self._expire()
+        for known, session in self._sessions.items():
+            if hmac.compare_digest(known, token):
+                account = self._accounts.get(session.user_name)
+                if account is None or not account.enabled:
+                    return None
+                session.expires = time.monotonic() + SESSION_TIMEOUT_S
+                return session, account
+        return None
+
+    def sessions(self) -> list[Session]:
+        self._expire()
+        return sorted(self._sessions.values(), key=lambda s: s.id)
+
+    def session(self, session_id: str) -> Session | None:
+        return next((s for s in self.sessions() if s.id == session_id), None)
+
+    def close_session(self, session_id: str) -> bool:
+        for token, session in list(self._sessions.items()):
+            if session.id == session_id:
+                del self._sessions[token]
+                return True
+        return False
+
+    def _end_sessions(self, user_name: str) -> None:
+        for token, session in list(self._sessions.items()):
+            if session.user_name == user_name:
+                del self._sessions[token]
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for token, session in list(self._sessions.items()):
+            if session.expires <= now:
+                del self._sessions[token]
+
+
+def admin_password(data_dir: Path, given: str | None) -> tuple[str, Path | None]:
+    """`admin`'s first password: `given` (TRELLIS_REDFISH_ADMIN_PASSWORD), else the one in the
+    0600 file `redfish-admin-password` of `data_dir`, made on first use; with the file's path
+    when it came from one."""
+    if given:
+        return given, None
+    path = data_dir / "redfish-admin-password"
+    if path.exists():
+        return path.read_text().strip(), path
+    data_dir.mkdir(parents=True, exist_ok=True)
+    password = secrets.token_urlsafe(18)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(password + "\n")
+    return password, path

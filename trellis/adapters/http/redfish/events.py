@@ -1,0 +1,234 @@
+"""The Redfish `EventService`: a server-sent-events stream of resource changes
+(ARCHITECTURE §11), from the engine's event feed (JetStream TRELLIS_EVENTS, new events only).
+
+Each event of the log that changes a Redfish resource becomes one Redfish `Event` with one
+record from DMTF's `ResourceEvent` registry, `OriginOfCondition` = the resource:
+
+- CompositionActivated: ResourceCreated of `Systems/<composition>`;
+- CompositionReleased, CompositionFailed: ResourceRemoved of `Systems/<composition>`;
+- CompositionImpaired, PathRerouted, DeviceReplaced, LeaseExtended: ResourceChanged of
+  `Systems/<composition>`;
+- ComponentFaulted, ComponentRecovered, ComponentDrained, ComponentUndrained: ResourceChanged
+  of `Fabrics/<domain>` (`Oem.Trellis.Component` names the node, link or port);
+- TopologyImported, NodeAdded, LinkAdded, ComponentRemoved: ResourceChanged of
+  `Fabrics/<domain>`.
+
+Filtered per account like everything else: a composition's events go to its tenant's accounts
+and to Administrators; fabric events (blocks and switches every account reads) to everyone.
+A composition's tenant is learned from its `CompositionRequested`, or asked of the engine
+(`composition`) for one composed before the stream started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
+from nats.js.api import DeliverPolicy
+
+from trellis.adapters.http.redfish.resources import R
+from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.foreign import ForeignMessages
+from trellis.adapters.nats.jetstream import stream_event, stream_name
+
+log = logging.getLogger(__name__)
+
+REGISTRY = "ResourceEvent.1.3"
+TEXT = {
+    "ResourceCreated": "The resource has been created successfully.",
+    "ResourceRemoved": "The resource has been removed successfully.",
+    "ResourceChanged": "One or more resource properties have changed.",
+}
+CREATED = {"CompositionActivated"}
+REMOVED = {"CompositionReleased", "CompositionFailed"}
+CHANGED = {"CompositionImpaired", "PathRerouted", "DeviceReplaced", "LeaseExtended"}
+COMPONENT = {"ComponentFaulted", "ComponentRecovered", "ComponentDrained", "ComponentUndrained"}
+TOPOLOGY = {"TopologyImported", "NodeAdded", "LinkAdded", "ComponentRemoved"}
+KEEPALIVE_S = 15.0
+BACKLOG = 1000  # events waiting for one stream; a stream this far behind is ended
+
+
+class _Data(msgspec.Struct):
+    composition_id: str | None = None
+    tenant: str | None = None
+    component: str | None = None
+
+
+_data = msgspec.json.Decoder(_Data)
+
+
+class _Listener:
+    def __init__(self, tenant: str | None) -> None:
+        self.tenant = tenant
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue(BACKLOG)
+
+
+class EventFeed:
+    """Follows the event feed and hands each open stream the events its account may see."""
+
+    def __init__(self, nc: NATS, client: TrellisClient, prefix: str) -> None:
+        self._nc = nc
+        self._client = client
+        self._prefix = prefix
+        self._listeners: set[_Listener] = set()
+        self._tenants: dict[tuple[str, str], str] = {}  # (domain, composition) -> tenant
+        self._ids = itertools.count(1)
+        self._sub: Any = None
+        self.foreign = ForeignMessages("redfish")
+
+    async def start(self) -> None:
+        js = self._nc.jetstream()
+        self._sub = await js.subscribe(
+            f"{self._prefix}.events.>",
+            stream=stream_name(self._prefix),
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.NEW,
+            cb=self._on_message,
+        )
+
+    async def close(self) -> None:
+        for listener in list(self._listeners):
+            with contextlib.suppress(asyncio.QueueFull):
+                listener.queue.put_nowait(None)
+        if self._sub is not None:
+            with contextlib.suppress(NatsError, asyncio.CancelledError):
+                await self._sub.unsubscribe()
+
+    async def stream(self, tenant: str | None) -> AsyncIterator[bytes]:
+        """An open stream's chunks for an account of `tenant` (None: an Administrator)."""
+        listener = _Listener(tenant)
+        self._listeners.add(listener)
+        try:
+            yield b": Trellis Redfish events\n\n"
+            while True:
+                try:
+                    chunk = await asyncio.wait_for(listener.queue.get(), KEEPALIVE_S)
+                except TimeoutError:
+                    yield b": keep-alive\n\n"
+                    continue
+                if chunk is None:
+                    return
+                yield chunk
+        finally:
+            self._listeners.discard(listener)
+
+    async def _on_message(self, msg: Msg) -> None:
+        envelope = stream_event(self._prefix, msg.subject, msg.data, msg.headers)
+        if envelope is None:
+            self.foreign.skipped("", f"seq {msg.metadata.sequence.stream}")
+            return
+        try:
+            data = _data.decode(envelope.data)
+        except msgspec.DecodeError:
+            return
+        domain, kind = envelope.domain, envelope.type
+        if kind == "CompositionRequested" and data.composition_id and data.tenant:
+            self._tenants[(domain, data.composition_id)] = data.tenant
+            return
+        record: tuple[str, str] | None = None
+        tenant: str | None = None
+        public = False
+        if data.composition_id and kind in CREATED | REMOVED | CHANGED:
+            message = (
+                "ResourceCreated"
+                if kind in CREATED
+                else "ResourceRemoved"
+                if kind in REMOVED
+                else "ResourceChanged"
+            )
+            record = (message, f"{R}/Systems/{data.composition_id}")
+            tenant = await self._tenant_of(domain, data.composition_id)
+            if kind in REMOVED:
+                self._tenants.pop((domain, data.composition_id), None)
+        elif kind in COMPONENT and data.component:
+            # A node or a link (or an OCS port): the fabric is the resource every account
+            # reads that holds them all.
+            record = ("ResourceChanged", f"{R}/Fabrics/{domain}")
+            public = True
+        elif kind in TOPOLOGY:
+            record = ("ResourceChanged", f"{R}/Fabrics/{domain}")
+            public = True
+        if record is None:
+            return
+        event_id = next(self._ids)
+        body = {
+            "@odata.type": "#Event.v1_11_0.Event",
+            "Id": str(event_id),
+            "Name": "Trellis resource event",
+            "Context": "",
+            "Events": [
+                {
+                    "EventId": envelope.id,
+                    "EventTimestamp": envelope.recorded_at,
+                    "MessageId": f"{REGISTRY}.{record[0]}",
+                    "Message": TEXT[record[0]],
+                    "MessageArgs": [],
+                    "MessageSeverity": "OK",
+                    "OriginOfCondition": {"@odata.id": record[1]},
+                    "Oem": {
+                        "Trellis": {
+                            "Domain": domain,
+                            "EventType": kind,
+                            "Position": envelope.position,
+                            **({"Component": data.component} if data.component else {}),
+                        }
+                    },
+                }
+            ],
+        }
+        chunk = b"id: %d\ndata: %s\n\n" % (event_id, msgspec.json.encode(body))
+        for listener in list(self._listeners):
+            if not (public or listener.tenant is None or listener.tenant == tenant):
+                continue
+            try:
+                listener.queue.put_nowait(chunk)
+            except asyncio.QueueFull:
+                log.warning("redfish: an event stream fell %d events behind; ended", BACKLOG)
+                self._listeners.discard(listener)
+                with contextlib.suppress(asyncio.QueueEmpty):
+                    listener.queue.get_nowait()
+                listener.queue.put_nowait(None)
+
+    async def _tenant_of(self, domain: str, composition: str) -> str | None:
+        known = self._tenants.get((domain, composition))
+        if known is not None:
+            return known
+        try:
+            reply = await self._client.query(domain, "composition", {"id": composition})
+        except (NatsError, TimeoutError):
+            return None
+        if reply.get("ok"):
+            tenant = reply["result"].get("tenant")
+            if isinstance(tenant, str):
+                self._tenants[(domain, composition)] = tenant
+                return tenant
+        return None
+
+
+def event_service() -> dict[str, Any]:
+    return {
+        "@odata.id": f"{R}/EventService",
+        "@odata.type": "#EventService.v1_12_0.EventService",
+        "Id": "EventService",
+        "Name": "Event Service",
+        "ServiceEnabled": True,
+        "Status": {"State": "Enabled", "Health": "OK"},
+        "ServerSentEventUri": f"{R}/EventService/SSE",
+        "RegistryPrefixes": ["ResourceEvent"],
+        "SSEFilterPropertiesSupported": {
+            "EventFormatType": False,
+            "MessageId": False,
+            "MetricReportDefinition": False,
+            "OriginResource": False,
+            "RegistryPrefix": False,
+            "ResourceType": False,
+        },
+    }
