@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,9 @@ from trellis.adapters.settings import Settings, redacted
 from trellis.engine.core.records import verify_chain
 from trellis.engine.service.ports import FabricDriver
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fabric.json"
+# The package `trellis.examples` is the repository's examples/ (setup.py maps it), in a
+# checkout and in a wheel alike.
+EXAMPLE = Path(str(resources.files("trellis.examples"))) / "fabric.json"
 
 
 def say(text: str) -> None:
