@@ -21,7 +21,7 @@ from trellis.adapters.memory import MemoryLeases, MemorySnapshots
 from trellis.engine.core.errors import ServedElsewhere
 from trellis.engine.service.router import Engine
 
-TTL = 0.6  # a tick is a third of it; an engine is worth handing to after two
+TTL = 1.0  # a tick is a third of it; an engine is worth handing to after two
 DOMAINS = [f"hall-{i:02}" for i in range(24)]
 NIC = {"host": "host-01", "devices": [{"kind": "nic"}]}
 

@@ -107,6 +107,11 @@ class Custody:
             else None
         )
         self._served: dict[str, Served] = {}
+        # Domains this engine handed over: to whom, until when (loop time). A request for one
+        # goes to the successor meanwhile; taking the domain back on a request (our view of
+        # the leases still naming us, another engine's view placing it here) made a domain
+        # pass to and fro under load instead of reaching its place.
+        self._handed: dict[str, tuple[str, float]] = {}
         # What a tick and a load are given, and a drop (see above): a drop only cancels tasks
         # and waits for them, so it is given a tick, and the tick goes on to claim what is free.
         self._patience = lease_ttl
@@ -166,7 +171,18 @@ class Custody:
         served = self._served.get(domain)
         if self._ownership is None or (served is not None and served.holds()):
             return None
-        return self._ownership.elsewhere(domain)
+        return self._successor(domain) or self._ownership.elsewhere(domain)
+
+    def _successor(self, domain: str) -> str | None:
+        """The engine this one handed `domain` to, for two lease times after (None: none)."""
+        handed = self._handed.get(domain)
+        if handed is None:
+            return None
+        successor, until = handed
+        if asyncio.get_running_loop().time() < until:
+            return successor
+        del self._handed[domain]
+        return None
 
     def fence(self, domain: str) -> int | None:
         """The writer epoch this engine writes `domain` under (None: no lease, or not ours)."""
@@ -271,6 +287,8 @@ class Custody:
         for domain in sorted(self._served):
             successor = ownership.preferred(domain)
             if successor not in (None, self.identity) and ownership.stable(successor):
+                until = asyncio.get_running_loop().time() + 2 * self._patience
+                self._handed[domain] = (successor, until)
                 await self._drop(domain, f"handed over to engine {successor}", release=True)
                 break  # one a tick, so domains move gradually
 
@@ -309,6 +327,9 @@ class Custody:
         served = self._served.get(domain)
         if served is not None and await self._still_ours(domain, served):
             return served
+        successor = self._successor(domain)
+        if successor is not None:  # just handed over: a request goes there, not back here
+            raise HeldElsewhere(domain, Holder(domain=domain, engine=successor, epoch=0))
         async with self._loading:  # two first requests for a domain must not load it twice
             served = self._served.get(domain)
             if served is not None and not await self._still_ours(domain, served):
