@@ -9,6 +9,7 @@ reservation is `conflict`, saying how it ended.
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -53,6 +54,7 @@ from trellis.engine.core.intents import (
 )
 from trellis.engine.core.results import ComposeResult, ReservationResult
 from trellis.engine.core.state import DomainState, Held
+from trellis.engine.core.upcast import upcast
 
 GPU: dict[str, Any] = {"kind": "gpu"}
 
@@ -475,3 +477,23 @@ def test_a_tenant_previews_and_lists_as_itself() -> None:
     assert [r.reservation_id for r in as_acme.reservations] == [mine.reservation_id]
     assert scoped_sneaky.reservations == []
     assert preview.tenant == "acme"
+
+
+# ---- the stored contract ----
+
+
+@pytest.mark.parametrize(
+    "name", ["ReservationMade", "ReservationApplied", "ReservationCancelled", "ReservationExpired"]
+)
+def test_v1_reservation_payloads_as_first_written_still_decode_and_fold(name: str) -> None:
+    """Stored events are contracts forever: the payloads checked in with the first version
+    decode into today's Structs, and a log of them folds."""
+    payloads = Path(__file__).parent / "payloads" / "v1"
+    event = upcast(name, 1, (payloads / f"{name}.json").read_bytes())
+    made = upcast("ReservationMade", 1, (payloads / "ReservationMade.json").read_bytes())
+    b = FabricBuilder().host("host-01").switch("sw-r1").gpu("gpu-042")
+    state = apply(b.chain("host-01", "sw-r1", "gpu-042").state(), [made])
+    assert type(event).__name__ == name
+    assert state.reserved_by == {"gpu-042": "rsv-0123456789abcdef"}
+    if name != "ReservationMade":
+        assert apply(state, [event]).reserved_by == {}
