@@ -45,8 +45,10 @@ from trellis.engine.core.intents import (
     CancelReservation,
     EstablishComposition,
     ExpireReservations,
+    ImportTopology,
     InvalidIntent,
     PreviewQuery,
+    Remove,
     ReservationsQuery,
     Reserve,
     decode_intent,
@@ -497,3 +499,24 @@ def test_v1_reservation_payloads_as_first_written_still_decode_and_fold(name: st
     assert state.reserved_by == {"gpu-042": "rsv-0123456789abcdef"}
     if name != "ReservationMade":
         assert apply(state, [event]).reserved_by == {}
+
+
+# ---- the fabric under a reservation ----
+
+
+def test_a_reserved_device_is_neither_removed_nor_respecified_but_its_paths_are_free() -> None:
+    state, made = reserved(hall(), "acme", host="h1", device_ids=["g1"])
+    b = FabricBuilder().host("h1").host("h2").switch("sw")
+    b.gpu("g1", model="B200").gpu("g2").gpu("g3").memory("m1", 1024)
+    for node in ("h1", "h2", "g1", "g2", "g3", "m1"):
+        b.link(node, "sw")
+    changed = ImportTopology(request_id=request_id(), nodes=list(b.nodes.values()), links=b.links)
+
+    removed, gone = run(state, Remove(request_id=request_id(), id="g1"))
+    respecified, respec = run(state, changed)
+    _, path_removed = run(state, Remove(request_id=request_id(), id="l-03"))  # g1's cable
+
+    for events, error in ((removed, gone), (respecified, respec)):
+        assert events == [] and error.code == "conflict"
+        assert error.details == {"reserved": ["g1"], "reservations": [made.reservation_id]}
+    assert not isinstance(path_removed, IntentRejected)  # a reservation holds no path
