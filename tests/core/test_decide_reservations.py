@@ -520,3 +520,18 @@ def test_a_reserved_device_is_neither_removed_nor_respecified_but_its_paths_are_
         assert events == [] and error.code == "conflict"
         assert error.details == {"reserved": ["g1"], "reservations": [made.reservation_id]}
     assert not isinstance(path_removed, IntentRejected)  # a reservation holds no path
+
+
+def test_an_ended_reservation_is_remembered_for_a_day_then_unknown() -> None:
+    state, old = reserved(hall(), "acme", host="h1", device_ids=["g1"])
+    state = apply(state, cancel(state, "acme", old.reservation_id)[0])
+    day_later = NOW + timedelta(days=1, seconds=RESERVATION_SECONDS + 1)
+    events, newer = reserve(state, "acme", now=day_later, host="h1", device_ids=["g2"])
+    state = apply(state, events)
+    state = apply(state, cancel(state, "acme", newer.reservation_id)[0])
+
+    _, forgotten = apply_reservation(state, "acme", old.reservation_id, now=day_later)
+    _, remembered = apply_reservation(state, "acme", newer.reservation_id, now=day_later)
+
+    assert forgotten.code == "not_found" and remembered.code == "conflict"
+    assert list(state.ended_reservations) == [newer.reservation_id]

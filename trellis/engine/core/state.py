@@ -6,7 +6,7 @@ touches, so a batch can be decided on a scratch state and thrown away if its com
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
 import msgspec
@@ -345,19 +345,27 @@ def evolve(state: DomainState, event: Event) -> DomainState:
             return state
 
 
+#: How long past its expiry an ended reservation is remembered (for apply's `conflict`).
+ENDED_RESERVATIONS_KEPT = timedelta(days=1)
+
+
 def _end_reservation(
     state: DomainState, rid: str, end: ReservationEnd, cid: str | None = None
 ) -> DomainState:
-    """The reservation ends: what it held goes back, and how it ended is kept."""
+    """The reservation ends: what it held goes back, and how it ended is kept, for a day past
+    its expiry (measured from when this one was made, a moment the log has reached): the
+    state stays bounded by a day's reservations, and older ones are simply unknown."""
     reservation = state.reservations[rid]
     state = _hold_reservation(state, reservation, sign=-1)
     ended = EndedReservation(
         tenant=reservation.tenant, end=end, expires_at=reservation.expires_at, composition_id=cid
     )
+    horizon = reservation.made_at - ENDED_RESERVATIONS_KEPT
+    kept = {k: v for k, v in state.ended_reservations.items() if v.expires_at >= horizon}
     return msgspec.structs.replace(
         state,
         reservations={k: v for k, v in state.reservations.items() if k != rid},
-        ended_reservations={**state.ended_reservations, rid: ended},
+        ended_reservations={**kept, rid: ended},
     )
 
 
