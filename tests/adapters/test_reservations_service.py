@@ -164,3 +164,19 @@ async def test_views_show_a_tenant_only_its_own_reservations_and_preview_as_it(r
     assert expect_error(blocked, "no_capacity")["details"]["held"] == "reserved"
     expect_error(other_apply, "not_found")
     assert rig.log.counts() == counts  # previews and views write nothing
+
+
+async def test_reservations_are_answered_at_a_past_moment_too(rig: Rig) -> None:
+    made = await reserve(rig, "acme", GPU_BY_ID)
+    rid = expect_ok(made)["reservation_id"]
+    expect_ok(
+        await rig.client.intent(DOMAIN, "acme", "cancel-reservation", {"reservation_id": rid})
+    )
+
+    then = expect_ok(await rig.client.query(DOMAIN, "reservations", {"at": made["position"]}))
+    now = expect_ok(await rig.client.query(DOMAIN, "reservations", {}))
+    free_then = expect_ok(await rig.client.query(DOMAIN, "free", {"at": made["position"]}))
+
+    assert [r["reservation_id"] for r in then["reservations"]] == [rid]
+    assert now["reservations"] == []
+    assert "gpu-01" not in [d["id"] for d in free_then["devices"]]
