@@ -23,9 +23,11 @@ from trellis.engine.core.events import (
     CompositionReleased,
     Event,
     LeaseExpired,
+    ReservationCancelled,
+    ReservationExpired,
     TopologyImported,
 )
-from trellis.engine.core.intents import FailComposition, settle_request_id
+from trellis.engine.core.intents import Apply, FailComposition, Reserve, settle_request_id
 from trellis.engine.core.records import format_time
 from trellis.engine.core.state import DomainState
 
@@ -86,7 +88,7 @@ def test_the_first_import_writes_every_device_and_host_and_nothing_else() -> Non
     assert sorted(values) == [f"{DOMAIN}.device.g1", f"{DOMAIN}.device.mem", f"{DOMAIN}.host.h"]
     assert values[f"{DOMAIN}.device.g1"] == {
         "kind": "gpu", "model": "H100", "health": "healthy", "drained": False, "owner": None,
-        "free": True, "capacity_gib": None, "free_gib": None, "position": 1,
+        "free": True, "capacity_gib": None, "free_gib": None, "position": 1, "reservation": None,
     }  # fmt: skip
     assert values[f"{DOMAIN}.device.mem"] is not None
     assert values[f"{DOMAIN}.device.mem"]["free_gib"] == 512
@@ -334,3 +336,71 @@ def test_a_bucket_filled_afresh_renders_the_conditions_the_events_wrote() -> Non
     assert afresh is not None and incremental is not None
     assert decoded(afresh)["conditions"] == decoded(incremental)["conditions"]  # type: ignore[index]
     assert decoded(afresh)["conditions"]  # type: ignore[index]
+
+
+# ---- reservations (`<domain>.reservation.<id>`) ----
+
+
+def reserve_events(state: DomainState, tenant: str, duration: int = 60, **manifest: Any) -> Any:
+    body = {"request_id": f"rsv-{tenant}", "manifest": manifest, "duration_seconds": duration}
+    events, result = run(state, msgspec.convert(body, Reserve), tenant)
+    assert not isinstance(result, Exception), result
+    return events, result
+
+
+def test_a_reservation_writes_its_key_and_its_devices_stop_being_free() -> None:
+    state = hall()
+    events, made = reserve_events(
+        state, "acme", host="h", devices=[{"kind": "gpu"}, {"kind": "memory", "capacity_gib": 256}]
+    )
+    rid = made.reservation_id
+
+    view, changed = played(state, events)
+
+    values = last_values(changed)
+    assert list(values) == [
+        f"{DOMAIN}.reservation.{rid}",
+        f"{DOMAIN}.device.g1",
+        f"{DOMAIN}.device.mem",
+    ]
+    entry = values[f"{DOMAIN}.reservation.{rid}"]
+    assert entry is not None
+    assert (entry["tenant"], entry["host"], entry["state"]) == ("acme", "h", "held")
+    assert entry["expires_at"] == format_time(made.expires_at)
+    assert [d["id"] for d in entry["devices"]] == ["g1", "mem"]
+    g1, mem = values[f"{DOMAIN}.device.g1"], values[f"{DOMAIN}.device.mem"]
+    assert g1 is not None and (g1["free"], g1["owner"], g1["reservation"]) == (False, None, rid)
+    assert mem is not None and (mem["free"], mem["free_gib"], mem["reservation"]) == (
+        True,
+        768,
+        None,
+    )
+    assert dict(everything(view, 1))[f"{DOMAIN}.reservation.{rid}"] == changed[0][1]
+
+
+def test_an_ended_reservation_shows_how_it_ended_then_its_key_goes() -> None:
+    state = hall()
+    events, made = reserve_events(state, "acme", host="h", device_ids=["g1"])
+    view, _ = played(state, events)
+    rid = made.reservation_id
+    key = f"{DOMAIN}.reservation.{rid}"
+    apply_intent = Apply(request_id="go", reservation_id=rid)
+    applied_events, composed = run(view.state, apply_intent, "acme")
+    for ending, how in (
+        ([ReservationCancelled(reservation_id=rid)], "cancelled"),
+        ([ReservationExpired(reservation_id=rid)], "expired"),
+        (applied_events, "applied"),
+    ):
+        _, changed = played(view, ending, 2)
+
+        writes = coalesce(changed)[key]
+        assert writes[-1] is None, how
+        final = decoded(writes[0])
+        assert final is not None and final["state"] == how
+        if how == "applied":
+            assert final["composition_id"] == composed.composition_id
+            g1 = last_values(changed)[f"{DOMAIN}.device.g1"]
+            assert g1 is not None and (g1["owner"], g1["reservation"]) == (
+                composed.composition_id,
+                None,
+            )

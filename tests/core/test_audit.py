@@ -435,3 +435,67 @@ def test_stored_checkpoints_must_be_the_logs_merkle_roots() -> None:
     ]
     # Events were cut off the end after a checkpoint of five was made.
     assert check([(5, root[5])], events[:4]) == [("checkpoint", 5, 0)]
+
+
+# ---- reservations hold devices too ----
+
+
+def reservation(rid: str, *bindings: dict[str, Any]) -> Ev:
+    return "ReservationMade", {
+        "reservation_id": rid,
+        "tenant": "t2",
+        "host": "host-02",
+        "request": {"request_id": f"r-{rid}"},
+        "devices": list(bindings),
+        "made_at": "2026-12-01T00:00:00Z",
+        "expires_at": "2026-12-01T00:05:00Z",
+    }
+
+
+def test_a_reserved_device_given_to_a_composition_is_named() -> None:
+    findings = run(
+        topology(),
+        reservation("rsv-1", binding("gpu-01", host="host-02")),
+        requested("c1"),
+        reserved("c1", binding("gpu-01")),  # version 4
+    )
+    assert named(findings) == [("device_double_allocation", 40)]
+    assert findings[0].details["reservations"] == ["rsv-1"]
+
+
+def test_a_device_reserved_while_composed_or_reserved_is_named() -> None:
+    composed = run(
+        topology(),
+        requested("c1"),
+        reserved("c1", binding("gpu-01")),
+        reservation("rsv-1", binding("gpu-01")),
+    )
+    twice = run(
+        topology(), reservation("rsv-1", binding("gpu-01")), reservation("rsv-2", binding("gpu-01"))
+    )
+    assert named(composed) == [("device_double_allocation", 40)]
+    assert named(twice) == [("device_double_allocation", 30)]
+
+
+def test_reserved_slices_count_against_the_pool() -> None:
+    findings = run(
+        topology(),
+        reservation("rsv-1", binding("mem-01", gib=60)),
+        requested("c1"),
+        reserved("c1", binding("mem-01", gib=50)),
+    )
+    assert named(findings) == [("memory_over_capacity", 40)]
+
+
+def test_an_applied_cancelled_or_expired_reservation_lets_its_device_go() -> None:
+    for end in ("ReservationApplied", "ReservationCancelled", "ReservationExpired"):
+        data = {"reservation_id": "rsv-1", "composition_id": "c1"}
+        if end != "ReservationApplied":
+            data.pop("composition_id")
+        assert not run(
+            topology(),
+            reservation("rsv-1", binding("gpu-01"), binding("mem-01", gib=60)),
+            (end, data),
+            requested("c1"),
+            reserved("c1", binding("gpu-01"), binding("mem-01", gib=60)),
+        ), end

@@ -160,6 +160,43 @@ async def test_an_operator_sets_shows_and_clears_a_quota(h: Harness, env: dict[s
     assert code == 0, out
 
 
+async def test_an_operator_previews_reserves_lists_applies_and_cancels(
+    h: Harness, env: dict[str, str]
+) -> None:
+    code, out, _ = await trellis(env, "topology", "import", str(EXAMPLE))
+    assert code == 0, out
+
+    code, out, _ = await trellis(env, "preview", "--host", "host-01", "--gpu", "1")
+    assert code == 0 and "a compose now would take, on host-01" in out
+    previewed = out.splitlines()[-1].split()[0]  # the one device row's id
+    code, out, _ = await trellis(
+        env, "reserve", "--host", "host-01", "--gpu", "1", "--tenant", "acme",
+        "--duration", "600", "--json",
+    )  # fmt: skip
+    assert code == 0, out
+    made = json.loads(out)
+    rid = made["reservation_id"]
+    assert [d["id"] for d in made["devices"]] == [previewed]
+
+    code, out, _ = await trellis(env, "reservation", "list")
+    assert code == 0 and rid in out and "acme" in out and previewed in out
+    code, out, _ = await trellis(env, "reservation", "list", "--view", "globex")
+    assert code == 0 and rid not in out
+    code, out, _ = await trellis(env, "free", "--kind", "gpu")
+    assert code == 0 and previewed not in out
+
+    code, out, _ = await trellis(env, "apply", rid, "--tenant", "acme")
+    assert code == 0 and "active" in out and previewed in out
+    code, _, err = await trellis(env, "apply", rid, "--tenant", "acme")
+    assert code == 1 and "conflict" in err and "applied already" in err
+
+    code, out, _ = await trellis(env, "reserve", "--host", "host-01", "--nic", "1", "--json")
+    assert code == 0, out
+    other = json.loads(out)["reservation_id"]
+    code, out, _ = await trellis(env, "reservation", "cancel", other)
+    assert code == 0 and f"reservation {other} cancelled" in out
+
+
 async def test_rebuilding_the_projections_gives_the_same_answers(
     h: Harness, env: dict[str, str]
 ) -> None:

@@ -102,6 +102,20 @@ GOOD = [
             "details": {"n": 2**63 - 1, "m": -(2**63), "x": 1.5},
         },
     ),
+    pending(
+        "ReservationMade",
+        {
+            "reservation_id": "rsv-1",
+            "tenant": "acme",
+            "host": "host-01",
+            "request": {**COMPOSE, "host": None},
+            "devices": [BINDING],
+            "made_at": "2026-12-01T00:00:00Z",
+            "expires_at": "2026-12-01T00:05:00Z",
+        },
+        actor="acme",
+    ),
+    pending("ReservationApplied", {"reservation_id": "rsv-1", "composition_id": "c-2"}),
     pending("EventFromTheFuture", "{}"),  # a newer engine's type: only the checks for all
 ]
 
@@ -115,6 +129,29 @@ async def test_the_log_accepts_every_valid_id_and_number_at_the_limits(
 
 BAD: list[tuple[str, str, str, PendingEvent]] = [
     # (case, domain, what the message names, the event)
+    (
+        "reservation-id",
+        DOMAIN,
+        "$.reservation_id",
+        pending("ReservationExpired", {"reservation_id": "rsv.1"}),
+    ),
+    (
+        "reserved-device",
+        DOMAIN,
+        "$.devices[*].device",
+        pending(
+            "ReservationMade",
+            {
+                "reservation_id": "rsv-2",
+                "tenant": "acme",
+                "host": "host-01",
+                "request": COMPOSE,
+                "devices": [{**BINDING, "device": "gpu 01"}],
+                "made_at": "2026-12-01T00:00:00Z",
+                "expires_at": "2026-12-01T00:05:00Z",
+            },
+        ),
+    ),
     ("domain-newline", "hall-1\n", "domain", pending("NodeAdded", {"node": HOST})),
     ("domain-dot", "hall.1", "domain", pending("NodeAdded", {"node": HOST})),
     ("domain-empty", "", "domain", pending("NodeAdded", {"node": HOST})),

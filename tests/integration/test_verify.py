@@ -123,6 +123,16 @@ async def scripted_run(h: Harness, clock: ManualClock) -> None:
     extend = {"composition_id": short, "lease_seconds": 60}
     expect_ok(await h.client.intent(HALL, "acme", "extend", extend))
     await compose(h, "acme", {"host": "host-01", "devices": [{"kind": "gpu"}]}, domain=OTHER)
+    # Reservations: one applied, one cancelled, one that expires beside `short`'s lease.
+    memory = {"host": "host-02", "devices": [{"kind": "memory", "capacity_gib": 32}]}
+    made = expect_ok(await h.client.intent(HALL, "initech", "reserve", {"manifest": memory}))
+    applied = {"reservation_id": made["reservation_id"]}
+    expect_ok(await h.client.intent(HALL, "initech", "apply", applied))
+    nic = {"manifest": {"host_selector": {}, "devices": [{"kind": "nic"}]}, "duration_seconds": 60}
+    dropped = expect_ok(await h.client.intent(HALL, "globex", "reserve", nic))
+    cancel = {"reservation_id": dropped["reservation_id"]}
+    expect_ok(await h.client.intent(HALL, "globex", "cancel-reservation", cancel))
+    expect_ok(await h.client.intent(HALL, "globex", "reserve", nic))
     # A fault on a device in use: the composition is impaired and mended by a replacement.
     used = expect_ok(await h.client.query(HALL, "composition", {"id": decode}))["devices"][0]["id"]
     expect_ok(await admin(HALL, "report-fault", {"component": used, "state": "failed"}))
@@ -130,7 +140,7 @@ async def scripted_run(h: Harness, clock: ManualClock) -> None:
     expect_ok(await admin(HALL, "drain", {"id": "gpu-012", "reason": "firmware"}))
     expect_ok(await h.client.intent(HALL, "initech", "release", {"composition_id": batch}))
     clock.advance(120)
-    assert len(await h.engine.expire_due_leases()) == 1  # `short`
+    assert len(await h.engine.expire_due_leases()) == 2  # `short`, and globex's reservation
     changed = copy.deepcopy(FABRIC)
     changed["nodes"] = [n for n in changed["nodes"] if n["id"] != "nvme-02"]
     changed["links"] = [lk for lk in changed["links"] if "nvme-02" not in (lk["a"], lk["b"])]
@@ -161,6 +171,8 @@ async def test_a_scripted_run_verifies_clean_with_exit_0(
     await scripted_run(h, clock)
     types = {e.type async for e in h.store.read(HALL)}
     assert {"DeviceReplaced", "LeaseExpired", "CompositionReleased", "PathEstablished"} <= types
+    assert {"ReservationMade", "ReservationApplied", "ReservationCancelled"} <= types
+    assert "ReservationExpired" in types
 
     code, out, err = await trellis(env, "verify", "--json")
 

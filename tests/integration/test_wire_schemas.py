@@ -187,6 +187,25 @@ async def every_subject(h: Harness, w: Wire) -> None:
     assert expect_error(throttled, "throttled")["details"]["retry_after_ms"] > 0
     extended = await w.intent("acme", "extend", "e1", composition_id=cid, lease_seconds=1200)
     expect_ok(extended)
+    # Reservations: reserve, apply one, cancel another, leave a third held (the queries below
+    # and the KV bucket show it); preview as the operator and as a tenant.
+    memory = {"host": "host-01", "devices": [{"kind": "memory", "capacity_gib": 128}]}
+    made = expect_ok(
+        await w.intent("globex", "reserve", "v1", manifest=memory, duration_seconds=600)
+    )
+    expect_ok(await w.intent("globex", "apply", "v2", reservation_id=made["reservation_id"]))
+    nic_id = {"host": "host-01", "device_ids": ["nic-01"]}
+    again = expect_ok(await w.intent("globex", "reserve", "v3", manifest=nic_id))
+    rid = again["reservation_id"]
+    expect_ok(await w.intent("globex", "cancel-reservation", "v4", reservation_id=rid))
+    expect_error(await w.intent("globex", "apply", "v5", reservation_id=rid), "conflict")
+    expect_ok(await w.intent("acme", "reserve", "v6", manifest=nic_id))
+    expect_error(await w.intent("globex", "reserve", "v7", manifest=nic_id), "no_capacity")
+    slice_64 = {
+        "manifest": {"host": "host-01", "devices": [{"kind": "memory", "capacity_gib": 64}]}
+    }
+    expect_ok(await w.query("preview", slice_64))
+    expect_ok(await w.query("preview", slice_64, view="acme"))
 
     expect_ok(await w.admin("add-node", "n1", node=gpu("gpu-03")))
     cable = link("l-gpu-03", "gpu-03", "ocs-1", b_port=4, capacity_gbps=64)
@@ -223,6 +242,7 @@ async def every_subject(h: Harness, w: Wire) -> None:
         ("why", {"id": "l-host"}),
         ("why", {"id": cid}),
         ("quotas", {}),
+        ("reservations", {}),
         ("proof", {"event_id": logged[0].id}),
         ("consistency", {"from_size": 1, "to_size": head}),
         ("checkpoint-key", {}),
@@ -340,7 +360,12 @@ async def test_stream_messages_and_kv_values_match_the_committed_schemas(
     assert invalid("stream", {**envelope, "data": {"type": "CompositionReleased"}}, "Envelope")
 
     kv = await js.key_value(bucket_name(subject_prefix))
-    kinds = {"device": "DeviceEntry", "composition": "CompositionEntry", "host": "HostEntry"}
+    kinds = {
+        "device": "DeviceEntry",
+        "composition": "CompositionEntry",
+        "host": "HostEntry",
+        "reservation": "ReservationEntry",
+    }
     seen = set()
     for key in await kv.keys():
         domain, kind, _ = key.split(".", 2)
@@ -351,7 +376,7 @@ async def test_stream_messages_and_kv_values_match_the_committed_schemas(
         check("kv", value)
         check("kv", value, kinds[kind], strict=True)
         seen.add(kind)
-    assert seen >= {"device", "host"}, seen
+    assert seen >= {"device", "host", "reservation"}, seen
 
 
 async def test_composition_conditions_in_kv_match_the_schema_in_every_state(

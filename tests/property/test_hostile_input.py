@@ -64,6 +64,7 @@ from zeros import ZeroTable, zeros
 from trellis.engine.core.ids import COMPONENT_REF_PATTERN, ID_PATTERN
 from trellis.engine.core.intents import INTENTS, MAX_BODY_BYTES
 from trellis.engine.core.model import MAX_QUANTITY
+from trellis.engine.core.throttle import RateLimit
 from trellis.engine.core.views import SCOPES
 
 DOMAINS = ("hall-1", "hall-2")
@@ -71,6 +72,7 @@ HOME = DOMAINS[0]  # where the reused request ids were first committed
 TENANT = "acme"
 INT64_MAX, INT64_MIN = 2**63 - 1, -(2**63)
 EXAMPLES = 120
+UNTHROTTLED = RateLimit(per_second=100_000.0, burst=100_000)
 
 # ---- the subjects, each with a valid body that sets every field it can ----
 
@@ -141,6 +143,10 @@ SUBJECTS = [
     Subject("intent", "compose", COMPOSE),
     Subject("intent", "release", {"composition_id": "c-1", "reason": "fuzz"}),
     Subject("intent", "extend", {"composition_id": "c-1", "lease_seconds": 60}),
+    Subject("intent", "reserve", {"manifest": COMPOSE, "duration_seconds": 300}),
+    Subject("intent", "apply", {"reservation_id": "rsv-1"}),
+    Subject("intent", "apply", {"manifest": COMPOSE}),
+    Subject("intent", "cancel-reservation", {"reservation_id": "rsv-1", "reason": "fuzz"}),
     Subject("admin", "import-topology", {**fabric(), "reason": "fuzz"}),
     Subject(
         "admin",
@@ -170,6 +176,8 @@ SUBJECTS = [
     Subject("query", "free", {"kind": "gpu"}),
     Subject("query", "blast-radius", {"id": "ocs-1:1"}),
     Subject("query", "quotas", {"tenant": TENANT, "kind": "gpu"}),
+    Subject("query", "preview", {"manifest": COMPOSE, "tenant": TENANT}),
+    Subject("query", "reservations", {"tenant": TENANT, "id": "rsv-1"}),
     Subject("admin", "checkpoint", {}),
     Subject("query", "proof", {"event_id": SOME_EVENT, "size": 3}),
     Subject("query", "consistency", {"from_size": 1, "to_size": 2}),
@@ -193,6 +201,8 @@ SUBJECTS = [
     Subject("view", "free", {"kind": "gpu"}, decodes_as="query"),
     Subject("view", "blast-radius", {"id": "ocs-1:1"}, decodes_as="query"),
     Subject("view", "quotas", {"kind": "memory"}, decodes_as="query"),
+    Subject("view", "preview", {"manifest": COMPOSE}, decodes_as="query"),
+    Subject("view", "reservations", {"id": "rsv-1"}, decodes_as="query"),
     Subject("view", "proof", {"event_id": SOME_EVENT, "size": 3}, decodes_as="query"),
     Subject("view", "consistency", {"from_size": 1, "to_size": 2}, decodes_as="query"),
     Subject("view", "checkpoint-key", {}, decodes_as="query"),
@@ -217,6 +227,9 @@ SEEDS: list[tuple[str, str, dict[str, Any]]] = [
     ("admin", "remove", {"id": "l-8", "reason": "seed"}),
     ("admin", "set-quota", {"tenant": "globex", "kind": "nic", "count": 1, "reason": "seed"}),
     ("admin", "clear-quota", {"tenant": "globex", "kind": "nic", "reason": "seed"}),
+    ("intent", "reserve", {"manifest": {"host": "host-01", "devices": [{"kind": "nic"}]}}),
+    ("intent", "cancel-reservation", {"reservation_id": "@", "reason": "seed"}),
+    ("intent", "apply", {"manifest": {"host": "host-01", "devices": [{"kind": "nic"}]}}),
 ]
 
 
@@ -756,14 +769,17 @@ async def seed(h: Harness) -> None:
     """Every domain imported; in HOME, one committed request under `seed-<verb>` per verb."""
     for domain in DOMAINS[1:]:
         expect_ok(await h.client.admin(domain, "import-topology", fabric()))
-    cid = None
+    cid = rid = None
     for family, verb, body in SEEDS:
         body = {**body, "request_id": seed_id(verb)}
         if body.get("composition_id") == "@":
             body["composition_id"] = cid
+        if body.get("reservation_id") == "@":
+            body["reservation_id"] = rid
         if family == "intent":
             result = expect_ok(await h.client.intent(HOME, TENANT, verb, body))
             cid = result.get("composition_id", cid)
+            rid = result.get("reservation_id", rid)
         else:
             expect_ok(await h.client.admin(HOME, verb, body))
 
@@ -814,7 +830,11 @@ def test_hostile_input_on_every_subject_gets_a_typed_refusal_and_writes_nothing(
     try:
         loop.run_until_complete(create_schema(database, schema))
         h = loop.run_until_complete(
-            stack.enter_async_context(serving(nats_url, database_url, schema, prefix))
+            # Every subject at once, 120 times: one tenant's intents would outrun its rate
+            # (throttled is another test's business: tests/integration/test_throttle.py).
+            stack.enter_async_context(
+                serving(nats_url, database_url, schema, prefix, rate_limit=UNTHROTTLED)
+            )
         )
         loop.run_until_complete(seed(h))
         run = Run(h, database_url, schema, table)

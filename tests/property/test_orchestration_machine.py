@@ -630,6 +630,45 @@ class OrchestrationMachine(RuleBasedStateMachine):
             return [cid]
         return []
 
+    @rule(target=compositions, data=st.data(), tenant=st.sampled_from(TENANTS), how=SABOTAGE)
+    def reserve_then_apply(
+        self, data: st.DataObject, tenant: str, how: tuple[str | None, str, bool]
+    ) -> Any:
+        """Reserve what a compose would take, then apply it: the same devices, settled by the
+        saga as a compose is (or failed and undone)."""
+        body = data.draw(compose_bodies(self.fabric), "body")
+        reply = self.send("intent", tenant, "reserve", {"manifest": body})
+        event(f"reserve: {'ok' if reply['ok'] else reply['error']['code']}")
+        if not reply["ok"]:
+            error_of(reply, {"invalid", "not_found", "no_capacity", "no_path"})
+            return multiple()
+        made = ok_result(reply)
+        rid, devices = made["reservation_id"], [d["id"] for d in made["devices"]]
+        state = self.state
+        assert rid in state.reservations
+        assert not set(devices) & set(state.device_owner)
+        self.sabotage(*how)
+        applied = self.send("intent", tenant, "apply", {"reservation_id": rid})
+        made_ids = self.compose_answered(tenant, applied)
+        if applied["ok"]:
+            assert [d["id"] for d in applied["result"]["devices"]] == devices
+        assert rid not in self.state.reservations
+        return multiple(*made_ids)
+
+    @rule(data=st.data(), tenant=st.sampled_from(TENANTS), seconds=st.sampled_from([30, 600]))
+    def reserve_and_hold(self, data: st.DataObject, tenant: str, seconds: int) -> None:
+        """A reservation left to expire (advance_clock_and_expire): its devices are nobody
+        else's meanwhile, and the hardware is not touched."""
+        body = data.draw(compose_bodies(self.fabric), "body")
+        reply = self.send(
+            "intent", tenant, "reserve", {"manifest": body, "duration_seconds": seconds}
+        )
+        if reply["ok"]:
+            for device in ok_result(reply)["devices"]:
+                assert device["id"] not in self.state.device_owner
+        else:
+            error_of(reply, {"invalid", "not_found", "no_capacity", "no_path"})
+
     @rule(cid=compositions, intruder=st.integers(0, 5))
     def release(self, cid: str, intruder: int) -> None:
         owner = self.owners[cid]
@@ -669,6 +708,7 @@ class OrchestrationMachine(RuleBasedStateMachine):
             result = ok_result(msgspec.json.decode(raw))
             assert all(cid not in self.state.compositions for cid in result["expired"])
         now = self.clock.now()
+        assert all(r.expires_at > now for r in self.state.reservations.values())
         assert not [
             cid
             for cid, c in self.state.compositions.items()
@@ -840,19 +880,21 @@ class OrchestrationMachine(RuleBasedStateMachine):
         )
         assert got == expected
 
-        # `free`: usable devices nobody holds whole (a pool named in `device_ids` is taken
-        # whole), pools with GiB to spare; worked out from the bindings, not the indexes.
-        whole = {
-            b.device
-            for c in state.compositions.values()
-            for b in c.bindings
-            if b.capacity_gib is None
-        }
-        sliced: dict[str, float] = defaultdict(float)
+        # `free`: usable devices nobody holds or reserves whole (a pool named in `device_ids`
+        # is taken whole), pools with GiB to spare; worked out from the bindings of the
+        # compositions and reservations, not the indexes.
+        held = [b for c in state.compositions.values() for b in c.bindings]
+        held += [b for r in state.reservations.values() for b in r.devices]
+        whole = {b.device for b in held if b.capacity_gib is None}
+        sliced: dict[str, float] = defaultdict(float)  # by compositions and reservations
+        composed: dict[str, float] = defaultdict(float)  # by compositions (the projection's)
+        for b in held:
+            if b.capacity_gib is not None:
+                sliced[b.device] += b.capacity_gib
         for c in state.compositions.values():
             for b in c.bindings:
                 if b.capacity_gib is not None:
-                    sliced[b.device] += b.capacity_gib
+                    composed[b.device] += b.capacity_gib
         expected_free: dict[str, float | None] = {}
         for device_id, node in state.nodes.items():
             if node.spec.kind != "device" or not usable(node) or device_id in whole:
@@ -888,7 +930,7 @@ class OrchestrationMachine(RuleBasedStateMachine):
             )
         }
         assert holders == {
-            d: (state.device_owner.get(d), round(sliced[d], 6)) for d in self.fabric.devices
+            d: (state.device_owner.get(d), round(composed[d], 6)) for d in self.fabric.devices
         }
 
         # The compositions projection: live ones in their state, the rest released or failed.

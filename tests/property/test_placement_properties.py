@@ -1,11 +1,14 @@
 """Placement properties on random small fabrics (hypothesis).
 
-1. Any sequence of compose / release / extend / report-fault keeps the section-5 invariants:
+1. Any sequence of compose / release / extend / report-fault / reserve / apply /
+   cancel-reservation / expiry keeps the section-5 invariants:
    no double allocation, memory and bandwidth within capacity and equal to the live bindings,
    circuits one per port and owned by one host, every path simple, well-formed and within its
    bounds, exclusive switches private, rejections recorded with a monotone funnel, decide()
    leaves its input alone, and folding the stored (encoded, decoded) events from scratch
-   rebuilds the same state.
+   rebuilds the same state. Reserved devices are held by exactly one reservation and by no
+   composition, an applied reservation composes exactly its devices, and the independent
+   audit of `trellis verify` finds nothing in the log.
 2. best_paths agrees with networkx: on fabrics without OCS and without constraints the hop
    count is networkx's shortest path length on the usable subgraph, and with OCS, bounds,
    bandwidth and tenancy the chosen path is the best one a brute-force enumeration of simple
@@ -33,10 +36,12 @@ from core.fabric_builder import (
     extend,
     release,
     report_fault,
+    run,
 )
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
+from trellis.engine.core.audit import audit
 from trellis.engine.core.errors import IntentRejected
 from trellis.engine.core.events import (
     CompositionImpaired,
@@ -45,8 +50,16 @@ from trellis.engine.core.events import (
     decode_event,
     encode,
 )
+from trellis.engine.core.intents import (
+    Apply,
+    CancelReservation,
+    EstablishComposition,
+    ExpireReservations,
+    Reserve,
+    settle_request_id,
+)
 from trellis.engine.core.placement import FUNNEL_STAGES
-from trellis.engine.core.state import DomainState, evolve, usable
+from trellis.engine.core.state import DomainState, Held, evolve, held_gib, usable
 from trellis.ext import Circuit, Conditions, Fabric, LinkInfo, NodeInfo, PathRequest, best_paths
 
 SETTINGS = settings(
@@ -212,6 +225,42 @@ def check_invariants(state: DomainState) -> None:
             circuits_in_use |= {(c.ocs, c.a_port, c.b_port, comp.host) for c in b.circuits}
             switches_of[cid] |= {n for n in b.path if state.nodes[n].spec.kind == "switch"}
 
+    # Reservations: each whole device held by one, none by a composition too; slices add up.
+    reserved_whole: dict[str, list[str]] = defaultdict(list)
+    reserved_sliced: dict[str, float] = defaultdict(float)
+    for rid, r in state.reservations.items():
+        for b in r.devices:
+            if b.capacity_gib is None:
+                reserved_whole[b.device].append(rid)
+            else:
+                reserved_sliced[b.device] += b.capacity_gib
+    assert all(len(rids) == 1 for rids in reserved_whole.values()), reserved_whole
+    assert state.reserved_by == {d: rids[0] for d, rids in reserved_whole.items()}
+    assert state.reserved_gib.keys() == reserved_sliced.keys()
+    assert all(abs(state.reserved_gib[d] - gib) < EPS for d, gib in reserved_sliced.items())
+    assert not reserved_whole.keys() & (owners.keys() | sliced.keys())
+    assert not reserved_sliced.keys() & owners.keys()
+    for device in sliced.keys() | reserved_sliced.keys():
+        used = sliced.get(device, 0.0) + reserved_sliced.get(device, 0.0)
+        assert used <= (state.nodes[device].spec.capacity_gib or 0) + EPS
+    # What each tenant holds (quotas) is its compositions' and reservations', by a scan.
+    scan: dict[str, dict[str, Held]] = {}
+    holders = [(c.tenant, c.bindings) for c in state.compositions.values()]
+    holders += [(r.tenant, r.devices) for r in state.reservations.values()]
+    for tenant, bindings in holders:
+        for b in bindings:
+            kinds = scan.setdefault(tenant, {})
+            was = kinds.get(b.kind, Held())
+            kinds[b.kind] = Held(
+                count=was.count + 1, capacity_gib=was.capacity_gib + held_gib(state, b)
+            )
+    assert state.held.keys() == scan.keys()
+    for tenant, kinds in scan.items():
+        assert state.held[tenant].keys() == kinds.keys()
+        for kind, held in kinds.items():
+            assert state.held[tenant][kind].count == held.count
+            assert abs(state.held[tenant][kind].capacity_gib - held.capacity_gib) < EPS
+
     # No device in two live compositions; a whole device is never also sliced.
     assert all(len(cids) == 1 for cids in owners.values()), owners
     assert not owners.keys() & sliced.keys()
@@ -325,8 +374,13 @@ def test_any_sequence_of_intents_keeps_the_placement_invariants(
     for step in range(data.draw(st.integers(5, 25))):
         now = NOW + timedelta(minutes=step)
         live = list(state.compositions)  # creation order
-        verb = data.draw(st.sampled_from(["compose"] * 5 + ["release"] * 2 + ["extend", "fault"]))
-        if verb != "compose" and verb != "fault" and not live:
+        held = list(state.reservations)
+        verbs = ["compose"] * 5 + ["release"] * 2 + ["extend", "fault"]
+        verbs += ["reserve"] * 3 + ["apply"] * 3 + ["cancel", "expire"]
+        verb = data.draw(st.sampled_from(verbs))
+        if verb in ("apply", "cancel") and not held:
+            verb = "reserve"
+        if verb in ("release", "extend") and not live:
             verb = "compose"
         before = state
         snapshot = encoded(state)
@@ -341,6 +395,39 @@ def test_any_sequence_of_intents_keeps_the_placement_invariants(
             component = data.draw(st.sampled_from(fabric.components))
             health = data.draw(st.sampled_from(["failed", "degraded", "healthy", "healthy"]))
             events, result = report_fault(state, component, health)
+        elif verb == "reserve":
+            tenant = data.draw(st.sampled_from(TENANTS))
+            body = {
+                "request_id": f"r-{step}",
+                "manifest": random_compose_body(data, fabric),
+                "duration_seconds": data.draw(st.sampled_from([60, 600, 3600])),
+            }
+            events, result = run(state, msgspec.convert(body, Reserve), tenant, now)
+        elif verb == "expire":
+            events, result = run(state, ExpireReservations(request_id=f"x-{step}"), "engine", now)
+            assert all(r.expires_at > now for r in apply(state, events).reservations.values())
+        elif verb in ("apply", "cancel"):
+            rid = data.draw(st.sampled_from(held))
+            owner = state.reservations[rid].tenant
+            tenant = data.draw(st.sampled_from([owner, owner, owner, "intruder"]))
+            if verb == "apply":
+                asked = Apply(request_id=f"r-{step}", reservation_id=rid)
+                events, result = run(state, asked, tenant, now)
+                if not isinstance(result, IntentRejected):  # settled as the saga would
+                    cid = result.composition_id
+                    settle = EstablishComposition(
+                        request_id=settle_request_id(cid), composition_id=cid
+                    )
+                    more, result = run(apply(state, events), settle, "engine", now)
+                    events = [*events, *more]
+            else:
+                asked = CancelReservation(request_id=f"r-{step}", reservation_id=rid)
+                events, result = run(state, asked, tenant, now)
+            if tenant != owner:
+                assert isinstance(result, IntentRejected) and result.code == "not_found"
+                assert events == []
+            elif isinstance(result, IntentRejected) and result.code == "conflict":
+                assert state.reservations[rid].expires_at <= now and events == []
         else:
             cid = data.draw(st.sampled_from(live))
             owner = state.compositions[cid].tenant
@@ -364,10 +451,26 @@ def test_any_sequence_of_intents_keeps_the_placement_invariants(
         log += events
 
         if isinstance(result, IntentRejected):
-            if result.code in ("no_capacity", "no_path"):
+            if result.code in ("no_capacity", "no_path", "quota"):
                 check_rejection(before, events, result)
             else:
                 assert events == []
+        elif verb == "reserve":
+            made = state.reservations[result.reservation_id]
+            for b in made.devices:
+                assert b.device not in before.device_owner and b.device not in before.reserved_by
+        elif verb == "apply":
+            reservation = before.reservations[rid]
+            composition = state.compositions[result.composition_id]
+            assert [b.device for b in composition.bindings] == [
+                b.device for b in reservation.devices
+            ]
+            assert [b.capacity_gib for b in composition.bindings] == [
+                b.capacity_gib for b in reservation.devices
+            ]
+            assert rid not in state.reservations
+        elif verb == "cancel":
+            assert rid not in state.reservations
         elif verb == "compose":
             assert result.composition_id in state.compositions
             check_new_paths_were_usable(before, state, result.composition_id)
@@ -399,6 +502,8 @@ def test_any_sequence_of_intents_keeps_the_placement_invariants(
         check_invariants(state)
         stored = [decode_event(encode(e)) for e in log]
         assert encoded(reduce(evolve, stored, DomainState(domain=DOMAIN))) == encoded(state)
+    raw = [msgspec.json.decode(encode(e)) for e in log]
+    assert audit(DOMAIN, [(i, i, d["type"], d) for i, d in enumerate(raw, 1)]) == []
 
 
 # ---- property 2: best_paths agrees with networkx ----

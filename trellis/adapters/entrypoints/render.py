@@ -324,6 +324,44 @@ def compose_summary(result: Row, reply: Row, wide: bool = False) -> str:
     return "\n".join([*lines, columns(_BOUND, result["devices"], wide)])
 
 
+def reservation_summary(result: Row, reply: Row, wide: bool = False) -> str:
+    """A reserve's answer: what is held, on which host, until when."""
+    head = (
+        f"reservation {result['reservation_id']} on {result['host']}: {result['state']} until "
+        f"{result['expires_at']} at position {reply['position']}"
+        + (" (replayed)" if reply.get("replayed") else "")
+    )
+    return "\n".join([head, columns(_BOUND, result["devices"], wide)])
+
+
+def preview_summary(result: Row, reply: Row, wide: bool = False) -> str:
+    """What a compose would take now (nothing held)."""
+    circuits = ", ".join(result["circuits"]) or "none"
+    head = f"a compose now would take, on {result['host']} (new circuits: {circuits}):"
+    return "\n".join([head, columns(_BOUND, result["devices"], wide)])
+
+
+def reservations_table(result: Row, reply: Row, wide: bool = False) -> str:
+    spec: list[Column] = [
+        ("RESERVATION", lambda r: r["reservation_id"], False),
+        ("TENANT", lambda r: r["tenant"], False),
+        ("HOST", lambda r: r["host"], False),
+        ("DEVICES", lambda r: ", ".join(d["id"] for d in r["devices"]), False),
+        ("EXPIRES", lambda r: _time(r["expires_at"], wide), False),
+        ("MADE", lambda r: _time(r["made_at"], wide), True),
+        ("REQUEST", lambda r: r["request_id"], True),
+        ("REASON", lambda r: r["reason"], True),
+    ]
+    return columns(spec, result["reservations"], wide)
+
+
+def cancel_summary(result: Row, reply: Row, wide: bool = False) -> str:
+    return (
+        f"reservation {result['reservation_id']} cancelled at position {reply['position']}; "
+        f"returned {', '.join(result['devices'])}"
+    )
+
+
 def release_summary(result: Row, reply: Row, wide: bool = False) -> str:
     circuits = ", ".join(result["circuits_removed"]) or "none"
     return (

@@ -5,8 +5,9 @@ and an AsyncAPI 3 document that names every subject with them.
   (ARCHITECTURE §6); its `data`, `#/$defs/Event`, is the event payload of events.schema.json,
   whose schemas it holds too, so the file stands alone;
 - kv.schema.json: a value of the KV bucket TRELLIS_STATE; `#/$defs/DeviceEntry`,
-  `CompositionEntry` and `HostEntry` are the values of `<domain>.device.<id>`,
-  `<domain>.composition.<id>` and `<domain>.host.<id>`;
+  `CompositionEntry`, `HostEntry` and `ReservationEntry` are the values of
+  `<domain>.device.<id>`, `<domain>.composition.<id>`, `<domain>.host.<id>` and
+  `<domain>.reservation.<id>`;
 - asyncapi.json: every subject (ARCHITECTURE §3) as a channel, with the operation the engine
   performs on it and the schema of each message, request and reply, by reference to the
   files above.
@@ -19,7 +20,12 @@ from typing import Any
 import msgspec
 
 from trellis.adapters.nats.jetstream import Envelope
-from trellis.adapters.nats.kv_state import CompositionEntry, DeviceEntry, HostEntry
+from trellis.adapters.nats.kv_state import (
+    CompositionEntry,
+    DeviceEntry,
+    HostEntry,
+    ReservationEntry,
+)
 from trellis.engine.core.contract import HEADER, document, json_schemas, pretty, sent, subjects
 from trellis.engine.core.events import AnyEvent
 
@@ -31,10 +37,10 @@ PARAMETERS = {
     "tenant": {"description": "the tenant asking (an id)"},
     "type": {"description": "the event type, e.g. CompositionActivated"},
     "kind": {
-        "description": "device, composition or host",
-        "enum": ["device", "composition", "host"],
+        "description": "device, composition, host or reservation",
+        "enum": ["device", "composition", "host", "reservation"],
     },
-    "id": {"description": "the device, composition or host id"},
+    "id": {"description": "the device, composition, host or reservation id"},
 }
 
 
@@ -44,7 +50,7 @@ def contract_files() -> dict[str, bytes]:
     (event,), events = msgspec.json.schema_components([AnyEvent])
     stream["$defs"] |= {**events, "Event": {"description": "An event payload.", **event}}
     sent(stream["$defs"], [Envelope])
-    values = [DeviceEntry, CompositionEntry, HostEntry]
+    values = [DeviceEntry, CompositionEntry, HostEntry, ReservationEntry]
     kv = document(
         "kv.schema.json", values, "A value of the state bucket, by the kind its key names."
     )

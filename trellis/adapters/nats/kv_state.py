@@ -1,9 +1,12 @@
-"""What the KV bucket TRELLIS_STATE holds: one small JSON value per device, composition and host.
+"""What the KV bucket TRELLIS_STATE holds: one small JSON value per device, composition, host
+and reservation.
 
 Keys are `<domain>.device.<id>`, `<domain>.composition.<id>` and `<domain>.host.<id>`
-(ARCHITECTURE §3). Values are rendered from engine.core.state.DomainState, the fold the engine
-itself decides on, so a scheduler watching the bucket sees exactly what the engine believes. Every
-value carries the log `position` of the event that wrote it, to line it up with the stream.
+(ARCHITECTURE §3), and `<domain>.reservation.<id>` for reservations (engine/core/reservations.py;
+a reservation that ends gets its final value, then is deleted, as a composition). Values are
+rendered from engine.core.state.DomainState, the fold the engine itself decides on, so a
+scheduler watching the bucket sees exactly what the engine believes. Every value carries the
+log `position` of the event that wrote it, to line it up with the stream.
 
 `changes(before, after, event, position)` (two `View`s) lists the keys one event changed, with
 their new values. It finds them by identity: `evolve` (and `fold`) replace exactly the entries
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -44,7 +47,9 @@ from trellis.engine.core.state import (
     CompositionState,
     DomainState,
     NodeState,
+    Reservation,
     evolve,
+    sliced_gib,
     usable,
 )
 
@@ -59,11 +64,30 @@ class DeviceEntry(msgspec.Struct, kw_only=True):
     health: Health
     drained: bool
     owner: str | None  # the composition holding it whole
-    # What the `free` query would list: healthy, undrained, held by nobody, GiB left in a pool.
+    # What the `free` query would list: healthy, undrained, held and reserved by nobody, GiB
+    # left in a pool.
     free: bool
     capacity_gib: float | None = None  # memory pools only: the pool's size...
-    free_gib: float | None = None  # ...and what is not sliced out of it
+    free_gib: float | None = None  # ...and what is not sliced out of it (or reserved)
     position: int
+    reservation: str | None = None  # the reservation holding it whole
+
+
+ReservationValue = Literal["held", "applied", "cancelled", "expired"]
+
+
+class ReservationEntry(msgspec.Struct, kw_only=True):
+    """`<domain>.reservation.<id>`: a live reservation (`held`), or the final state of one that
+    ended (`applied`, with the composition it became; `cancelled`; `expired`), just before
+    its delete."""
+
+    tenant: str
+    host: str
+    state: ReservationValue
+    expires_at: Time
+    devices: list[BoundDevice]  # the paths chosen when it was made
+    position: int
+    composition_id: str | None = None
 
 
 class BoundDevice(msgspec.Struct, kw_only=True):
@@ -96,11 +120,12 @@ class HostEntry(msgspec.Struct, kw_only=True):
     position: int
 
 
-Entry = DeviceEntry | CompositionEntry | HostEntry
+Entry = DeviceEntry | CompositionEntry | HostEntry | ReservationEntry
 _ENTRIES: dict[str, msgspec.json.Decoder[Any]] = {
     "device": msgspec.json.Decoder(DeviceEntry),
     "composition": msgspec.json.Decoder(CompositionEntry),
     "host": msgspec.json.Decoder(HostEntry),
+    "reservation": msgspec.json.Decoder(ReservationEntry),
 }
 
 
@@ -161,8 +186,8 @@ def everything(view: View, position: int) -> list[KeyChange]:
 def changes(before: View, after: View, event: Event | None, position: int) -> list[KeyChange]:
     """The keys `event` (at log `position`) changed between `before` and `after`, with values.
 
-    Order: compositions, then devices, then hosts, each by id; an ended composition's final
-    value comes right before its delete.
+    Order: compositions, then reservations, then devices, then hosts, each by id; an ended
+    composition's (or reservation's) final value comes right before its delete.
     """
     out: list[KeyChange] = []
     hosts: set[str] = set()
@@ -182,6 +207,18 @@ def changes(before: View, after: View, event: Event | None, position: int) -> li
         out += [(key, _encode(last)), (key, None)]
         hosts.add(final.host)
 
+    for rid in sorted(_changed(was.reservations, now.reservations)):
+        key = f"{now.domain}.reservation.{rid}"
+        held = now.reservations.get(rid)
+        if held is not None:
+            out.append((key, _encode(reservation_entry(held, "held", position))))
+            continue
+        how = now.ended_reservations.get(rid)
+        end: ReservationValue = how.end if how is not None else "cancelled"
+        applied_as = how.composition_id if how is not None else None
+        gone = reservation_entry(was.reservations[rid], end, position, applied_as)
+        out += [(key, _encode(gone)), (key, None)]
+
     devices: set[str] = set()
     for node_id in _changed(was.nodes, now.nodes):
         kind = (now.nodes.get(node_id) or was.nodes[node_id]).spec.kind
@@ -191,6 +228,8 @@ def changes(before: View, after: View, event: Event | None, position: int) -> li
             hosts.add(node_id)
     devices |= _changed(was.device_owner, now.device_owner)
     devices |= _changed(was.memory_used, now.memory_used)
+    devices |= _changed(was.reserved_by, now.reserved_by)
+    devices |= _changed(was.reserved_gib, now.reserved_gib)
 
     for device in sorted(devices):
         node = now.nodes.get(device)
@@ -220,11 +259,13 @@ def coalesce(changed: Iterable[KeyChange]) -> dict[str, list[bytes | None]]:
 def device_entry(state: DomainState, node: NodeState, position: int) -> DeviceEntry:
     spec = node.spec
     owner = state.device_owner.get(spec.id)
+    reservation = state.reserved_by.get(spec.id)
     capacity = free_gib = None
-    free = owner is None and usable(node)
+    whole = owner is not None or reservation is not None
+    free = not whole and usable(node)
     if spec.device_kind == "memory":
         capacity = spec.capacity_gib or 0.0
-        free_gib = 0.0 if owner else max(0.0, capacity - state.memory_used.get(spec.id, 0.0))
+        free_gib = 0.0 if whole else max(0.0, capacity - sliced_gib(state, spec.id))
         free = free and free_gib > 1e-9
     return DeviceEntry(
         kind=spec.device_kind or "",
@@ -236,6 +277,21 @@ def device_entry(state: DomainState, node: NodeState, position: int) -> DeviceEn
         capacity_gib=capacity,
         free_gib=free_gib,
         position=position,
+        reservation=reservation,
+    )
+
+
+def reservation_entry(
+    reservation: Reservation, state: ReservationValue, position: int, cid: str | None = None
+) -> ReservationEntry:
+    return ReservationEntry(
+        tenant=reservation.tenant,
+        host=reservation.host,
+        state=state,
+        expires_at=format_time(reservation.expires_at),
+        devices=[_bound(b) for b in reservation.devices],
+        position=position,
+        composition_id=cid,
     )
 
 

@@ -10,10 +10,11 @@ the events (dicts, as `json.loads` gives them), not the msgspec Structs and not
 drops a field) cannot hide itself by being used to check itself. It keeps only what the
 invariants need (ARCHITECTURE §1, §5, §8):
 
-- `device_double_allocation`: a whole device is held by at most one live composition, and a
-  memory device is either held whole by one or sliced, at most once per composition;
-- `memory_over_capacity`: the slices of a memory device never add up to more than its
-  capacity_gib;
+- `device_double_allocation`: a whole device is held by at most one live composition or live
+  reservation, and a memory device is either held whole by one or sliced, at most once per
+  composition (a reservation's devices pass to the composition it is applied as);
+- `memory_over_capacity`: the slices of a memory device, compositions' and reservations',
+  never add up to more than its capacity_gib;
 - `link_over_capacity`: the bandwidth live paths reserve on a link never exceeds its
   capacity_gbps;
 - `ocs_port_reuse`: an OCS port is in at most one circuit;
@@ -24,8 +25,10 @@ invariants need (ARCHITECTURE §1, §5, §8):
 
 A composition is live from `CompositionRequested` until `CompositionReleased` or
 `CompositionFailed`, which return everything it held (`LeaseExpired` is followed by the
-release). Each finding names the invariant, the domain and the first position where it
-happens; one violation (the same device, link, port or switch) is reported once.
+release). A reservation is live from `ReservationMade` until `ReservationApplied`,
+`ReservationCancelled` or `ReservationExpired`. Each finding names the invariant, the domain
+and the first position where it happens; one violation (the same device, link, port or
+switch) is reported once.
 """
 
 from __future__ import annotations
@@ -216,6 +219,10 @@ class InvariantAudit:
         self._compositions: dict[str, _Composition] = {}
         self._whole: dict[str, str] = {}  # device held whole -> composition
         self._slices: dict[str, dict[str, float]] = {}  # memory device -> composition -> GiB
+        # Live reservations: their bindings, and what they hold (whole, and slices).
+        self._reservations: dict[str, list[dict[str, Any]]] = {}
+        self._reserved_whole: dict[str, str] = {}  # device -> reservation
+        self._reserved_slices: dict[str, dict[str, float]] = {}  # device -> reservation -> GiB
         self._reserved: dict[str, float] = {}  # link -> Gbps reserved by live paths
         self._ports: dict[tuple[str, int], tuple[int, int]] = {}  # (ocs, port) -> its circuit
         self._switch_paths: dict[str, dict[str, int]] = {}  # switch -> tenant -> live paths
@@ -348,6 +355,65 @@ class InvariantAudit:
     def _on_CompositionFailed(self, data: dict[str, Any]) -> None:
         self._end(data["composition_id"])
 
+    # -- reservations --
+
+    def _on_ReservationMade(self, data: dict[str, Any]) -> None:
+        rid = data["reservation_id"]
+        bindings = list(data.get("devices", []))
+        for binding in bindings:
+            device = binding["device"]
+            gib = binding.get("capacity_gib")
+            holders = self._holders(device, whole=gib is None)
+            if holders:
+                self._report(
+                    "device_double_allocation",
+                    device,
+                    f"{device} is reserved by reservation {rid} while "
+                    f"{', '.join(holders)} holds it",
+                    {"device": device, "holders": [*holders, f"reservation {rid}"]},
+                )
+            if gib is None:
+                self._reserved_whole[device] = rid
+            else:
+                pool = self._reserved_slices.setdefault(device, {})
+                pool[rid] = pool.get(rid, 0.0) + float(gib)
+                self._check_pool(device)
+        self._reservations[rid] = bindings
+
+    def _on_ReservationApplied(self, data: dict[str, Any]) -> None:
+        self._unreserve(data["reservation_id"])
+
+    def _on_ReservationCancelled(self, data: dict[str, Any]) -> None:
+        self._unreserve(data["reservation_id"])
+
+    def _on_ReservationExpired(self, data: dict[str, Any]) -> None:
+        self._unreserve(data["reservation_id"])
+
+    def _unreserve(self, rid: str) -> None:
+        for binding in self._reservations.pop(rid, []):
+            device = binding["device"]
+            if binding.get("capacity_gib") is None:
+                if self._reserved_whole.get(device) == rid:
+                    del self._reserved_whole[device]
+            else:
+                pool = self._reserved_slices.get(device, {})
+                pool.pop(rid, None)
+                if not pool:
+                    self._reserved_slices.pop(device, None)
+
+    def _holders(self, device: str, *, whole: bool) -> list[str]:
+        """Who holds `device` so that another may not take it (`whole`: at all; else a slice:
+        whoever holds it whole)."""
+        holders = []
+        if (cid := self._whole.get(device)) is not None:
+            holders.append(f"composition {cid}")
+        if (rid := self._reserved_whole.get(device)) is not None:
+            holders.append(f"reservation {rid}")
+        if whole:
+            holders += [f"composition {c}" for c in sorted(self._slices.get(device, {}))]
+            holders += [f"reservation {r}" for r in sorted(self._reserved_slices.get(device, {}))]
+        return holders
+
     # -- holding and returning --
 
     def _hold(self, cid: str, binding: dict[str, Any]) -> None:
@@ -376,6 +442,18 @@ class InvariantAudit:
                 f"{device} is given to composition {cid} while composition "
                 f"{', '.join(others)} holds it",
                 {"device": device, "compositions": [*others, cid]},
+            )
+        reserving = sorted(
+            ({self._reserved_whole[device]} if device in self._reserved_whole else set())
+            | (set(self._reserved_slices.get(device, {})) if gib is None else set())
+        )
+        if reserving:
+            self._report(
+                "device_double_allocation",
+                device,
+                f"{device} is given to composition {cid} while reservation "
+                f"{', '.join(reserving)} holds it",
+                {"device": device, "compositions": [cid], "reservations": reserving},
             )
         composition.bindings[device] = binding
         if gib is None:
@@ -481,6 +559,7 @@ class InvariantAudit:
     def _check_pool(self, device: str) -> None:
         node = self._nodes.get(device)
         used = sum(self._slices.get(device, {}).values())
+        used += sum(self._reserved_slices.get(device, {}).values())
         capacity = node.capacity_gib if node is not None else None
         if capacity is not None and used > capacity + _EPSILON:
             self._report(

@@ -53,11 +53,27 @@ def devices_of(bindings: list[DeviceBinding]) -> list[ComposedDevice]:
 
 def compose(state: DomainState, intent: Compose, ctx: Context) -> Decision:
     tenant = ctx.actor
+    chosen = choose(state, intent, tenant)
+    if isinstance(chosen, Rejection):
+        return recorded(tenant, intent, chosen)
+    cid = composition_id(ctx.domain, tenant, intent.request_id)
+    events, result = composition_events(state, intent, ctx, cid, chosen)
+    return Decision(events, result)
+
+
+def choose(state: DomainState, intent: Compose, tenant: str) -> Placement | Rejection:
+    """The host and devices a compose of `intent` by `tenant` would take now, or why not (a
+    compose, a reservation and a preview choose alike).
+
+    Raises:
+        IntentRejected: the request is malformed or names what does not exist (`invalid`,
+            `not_found`); nothing is recorded.
+    """
     _check_shape(state, intent)
     # Quota first: what the tenant may hold does not depend on the fabric, and costs no search.
     over = over_quota(state, intent, tenant)
     if over is not None:
-        return _recorded(tenant, intent, over)
+        return over
     hosts = _candidate_hosts(state, intent)
     if isinstance(hosts, Rejection):
         outcomes: list[Placement | Rejection] = [hosts]
@@ -65,18 +81,24 @@ def compose(state: DomainState, intent: Compose, ctx: Context) -> Decision:
         outcomes = [place(state, intent, tenant, host) for host in hosts]
     placements = [p for p in outcomes if isinstance(p, Placement)]
     if not placements:
-        return _recorded(tenant, intent, _first_rejection(outcomes))
+        return _first_rejection(outcomes)
     # With a host_selector, the host whose paths are shortest (then fastest) wins; ids break ties.
     chosen = min(placements, key=lambda p: (*p.score, p.host))
     bindings = _with_entries(intent, chosen.bindings)
-    cid = composition_id(ctx.domain, tenant, intent.request_id)
+    return msgspec.structs.replace(chosen, bindings=bindings)
+
+
+def composition_events(
+    state: DomainState, intent: Compose, ctx: Context, cid: str, chosen: Placement
+) -> tuple[list[Event], ComposeResult]:
+    """The events that make composition `cid` of `chosen` pending, and the pending answer."""
     if cid in state.compositions:
         raise IntentRejected("conflict", f"composition {cid} already exists", {"id": cid})
     expires_at = ctx.now + timedelta(seconds=intent.lease_seconds) if intent.lease_seconds else None
     events: list[Event] = [
         CompositionRequested(
             composition_id=cid,
-            tenant=tenant,
+            tenant=ctx.actor,
             host=chosen.host,
             request=intent,
             requested_at=ctx.now,
@@ -88,7 +110,7 @@ def compose(state: DomainState, intent: Compose, ctx: Context) -> Decision:
             )
             for c in chosen.new_circuits
         ),
-        DevicesReserved(composition_id=cid, devices=bindings),
+        DevicesReserved(composition_id=cid, devices=chosen.bindings),
     ]
     # Pending until the fabric saga has programmed it (establish) or given up (fail).
     result = ComposeResult(
@@ -98,12 +120,12 @@ def compose(state: DomainState, intent: Compose, ctx: Context) -> Decision:
         expires_at=expires_at,
         devices=devices_of(chosen.bindings),
     )
-    return Decision(events, result)
+    return events, result
 
 
-def _recorded(tenant: str, intent: Compose, rejection: Rejection) -> Decision:
-    """A refused compose (quota, no_capacity, no_path), recorded as CompositionRejected so
-    auditors see it; its error is the request's stored answer."""
+def recorded(tenant: str, intent: Compose, rejection: Rejection) -> Decision:
+    """A refused compose, reserve or apply (quota, no_capacity, no_path), recorded as
+    CompositionRejected so auditors see it; its error is the request's stored answer."""
     error = IntentRejected(rejection.code, rejection.message, rejection.details)  # type: ignore[arg-type]
     event = CompositionRejected(
         tenant=tenant,
@@ -240,16 +262,19 @@ def _check_shape(state: DomainState, intent: Compose) -> None:
             raise IntentRejected("not_found", f"no host {intent.host!r}", {"id": intent.host})
 
 
+def unusable_host(state: DomainState, host: str) -> Rejection | None:
+    """The `no_path` rejection for a host that cannot carry paths now, or None."""
+    node = state.nodes.get(host)
+    if node is not None and usable(node):
+        return None
+    why = "gone" if node is None else "drained" if node.drained else node.health
+    details = {"host": host, "funnel": []}
+    return Rejection(code="no_path", message=f"host {host} is {why}", details=details)
+
+
 def _candidate_hosts(state: DomainState, intent: Compose) -> list[str] | Rejection:
     if intent.host is not None:
-        node = state.nodes[intent.host]
-        if not usable(node):
-            why = "drained" if node.drained else node.health
-            details = {"host": intent.host, "funnel": []}
-            return Rejection(
-                code="no_path", message=f"host {intent.host} is {why}", details=details
-            )
-        return [intent.host]
+        return unusable_host(state, intent.host) or [intent.host]
     wanted = intent.host_selector.labels if intent.host_selector else {}
     hosts = [
         host

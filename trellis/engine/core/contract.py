@@ -27,6 +27,7 @@ from trellis.engine.core.intents import INTENTS, Family
 from trellis.engine.core.replies import ErrorReply, OkReply
 from trellis.engine.core.results import (
     BlastRadiusResult,
+    CancelReservationResult,
     CheckpointKeyResult,
     CheckpointResult,
     ComponentResult,
@@ -39,10 +40,13 @@ from trellis.engine.core.results import (
     FreeResult,
     HistoryResult,
     ImportResult,
+    PreviewResult,
     ProofResult,
     QuotaResult,
     QuotasResult,
     ReleaseResult,
+    ReservationResult,
+    ReservationsResult,
     TopologyResult,
     WhyResult,
 )
@@ -57,6 +61,9 @@ RESULTS: dict[tuple[Family, str], type[msgspec.Struct]] = {
     ("intent", "compose"): ComposeResult,
     ("intent", "release"): ReleaseResult,
     ("intent", "extend"): ExtendResult,
+    ("intent", "reserve"): ReservationResult,
+    ("intent", "apply"): ComposeResult,
+    ("intent", "cancel-reservation"): CancelReservationResult,
     ("admin", "import-topology"): ImportResult,
     ("admin", "add-node"): ComponentResult,
     ("admin", "add-link"): ComponentResult,
@@ -79,6 +86,8 @@ RESULTS: dict[tuple[Family, str], type[msgspec.Struct]] = {
     ("query", "checkpoint-key"): CheckpointKeyResult,
     ("query", "history"): HistoryResult,
     ("query", "fabric"): FabricReport,
+    ("query", "preview"): PreviewResult,
+    ("query", "reservations"): ReservationsResult,
 }
 
 

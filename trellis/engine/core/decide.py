@@ -3,24 +3,27 @@
 No I/O and no clock reads: time arrives in the Context. A rejection that records nothing is
 raised as IntentRejected; everything that changes the world comes back as events. Each family
 of intents is decided in its own module: the fabric (engine.core.topology), quotas
-(engine.core.quotas), compositions (engine.core.compose) and their settlement after the fabric saga
-(engine.core.settle).
+(engine.core.quotas), compositions (engine.core.compose), reservations (engine.core.reservations)
+and their settlement after the fabric saga (engine.core.settle).
 """
 
 from __future__ import annotations
 
-from trellis.engine.core import quotas, topology
+from trellis.engine.core import quotas, reservations, topology
 from trellis.engine.core.compose import compose, expire_leases, extend, release
 from trellis.engine.core.context import Context, Decision
 from trellis.engine.core.errors import IntentRejected
 from trellis.engine.core.intents import (
     AddLink,
     AddNode,
+    Apply,
+    CancelReservation,
     ClearQuota,
     Compose,
     Drain,
     EstablishComposition,
     ExpireLeases,
+    ExpireReservations,
     Extend,
     FailComposition,
     ImportTopology,
@@ -28,6 +31,7 @@ from trellis.engine.core.intents import (
     Release,
     Remove,
     ReportFault,
+    Reserve,
     SetQuota,
     Undrain,
 )
@@ -80,4 +84,12 @@ def decide(state: DomainState, intent: Intent, ctx: Context) -> Decision:
             return release(state, intent, ctx)
         case Extend():
             return extend(state, intent, ctx)
+        case Reserve():
+            return reservations.reserve(state, intent, ctx)
+        case Apply():
+            return reservations.apply(state, intent, ctx)
+        case CancelReservation():
+            return reservations.cancel(state, intent, ctx)
+        case ExpireReservations():
+            return reservations.expire_reservations(state, ctx)
     raise IntentRejected("invalid", f"{ctx.verb} is not served by this engine version")

@@ -237,6 +237,45 @@ class CompositionFailed(Event):
     reason: str = ""
 
 
+# ---- reservations (engine/core/reservations.py) ----
+
+
+class ReservationMade(Event):
+    """The tenant holds these devices (a memory slice: its GiB of the pool) until `expires_at`:
+    no one else may compose or reserve them. `devices` are the bindings a compose of `request`
+    chose when it was made (paths included, as a preview shows them); the reservation holds the
+    devices and slices only, not the paths' bandwidth or circuits, which `apply` places again."""
+
+    reservation_id: Id
+    tenant: Id
+    host: str
+    request: Compose
+    devices: list[DeviceBinding]
+    made_at: datetime
+    expires_at: datetime
+
+
+class ReservationApplied(Event):
+    """The reservation became composition `composition_id` (recorded right before its
+    CompositionRequested): what it held passes to the composition."""
+
+    reservation_id: Id
+    composition_id: Id
+
+
+class ReservationCancelled(Event):
+    """The tenant gave the reservation's devices back."""
+
+    reservation_id: Id
+    reason: str = ""
+
+
+class ReservationExpired(Event):
+    """The reservation's time ran out unapplied; its devices are free again."""
+
+    reservation_id: Id
+
+
 AnyEvent = (
     TopologyImported
     | NodeAdded
@@ -262,6 +301,10 @@ AnyEvent = (
     | LeaseExpired
     | CompositionReleased
     | CompositionFailed
+    | ReservationMade
+    | ReservationApplied
+    | ReservationCancelled
+    | ReservationExpired
 )
 
 EVENT_TYPES: dict[str, type[Event]] = {cls.__name__: cls for cls in AnyEvent.__args__}  # type: ignore[attr-defined]

@@ -235,6 +235,70 @@ class FailComposition(Intent):
     error: Text = ""
 
 
+# ---- reservations (trellis.intent.<domain>.<tenant>.<verb>; engine/core/reservations.py) ----
+
+
+#: How long a reservation holds its devices when `reserve` names no `duration_seconds` (the
+#: default `ReservationDuration` of Redfish's CompositionService, ARCHITECTURE §11).
+RESERVATION_SECONDS = 300
+
+
+class Manifest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What a compose asks for, without its request_id: the body of `compose` as a value, so
+    `preview`, `reserve` and `apply` carry the same request a compose does (section 4)."""
+
+    host: Id | None = None
+    host_selector: HostSelector | None = None
+    devices: Annotated[list[DeviceRequest], msgspec.Meta(max_length=64)] = []
+    device_ids: Annotated[list[Id], msgspec.Meta(max_length=MAX_DEVICES)] = []
+    constraints: Constraints = Constraints()
+    lease_seconds: LeaseSeconds | None = None
+    labels: Labels = {}
+    reason: Text = ""
+
+    def compose(self, request_id: str) -> Compose:
+        """The compose this manifest asks for, under `request_id`."""
+        return Compose(request_id=request_id, **msgspec.structs.asdict(self))
+
+
+class Reserve(Intent):
+    """Hold the devices a compose of `manifest` would take (and a memory slice's GiB) for
+    `duration_seconds`; nobody else may take them meanwhile. `apply` composes them."""
+
+    manifest: Manifest
+    duration_seconds: LeaseSeconds = RESERVATION_SECONDS
+
+
+class Apply(Intent):
+    """Compose: from a reservation of the tenant (its devices, its manifest), or directly from
+    a manifest (as `compose` does). Exactly one of the two."""
+
+    reservation_id: Id | None = None
+    manifest: Manifest | None = None
+
+    def __post_init__(self) -> None:
+        if (self.reservation_id is None) == (self.manifest is None):
+            raise ValueError("give exactly one of `reservation_id` and `manifest`")
+
+
+class CancelReservation(Intent):
+    """Give the reservation's devices back before it expires."""
+
+    reservation_id: Id
+    reason: Text = ""
+
+
+class ExpireReservations(Intent):
+    """Internal: end every reservation whose time is up (the engine's own timer sends it,
+    deriving the due ones from state, as ExpireLeases). No subject carries it."""
+
+
+def reservation_expiry_request_id(reservation_ids: Iterable[str]) -> str:
+    """Named by the reservations it ends, so a resend after a crash replays, not re-decides."""
+    digest = hashlib.sha256(",".join(sorted(reservation_ids)).encode()).hexdigest()[:24]
+    return f"reservation-expiry-{digest}"
+
+
 def settle_request_id(composition_id: str) -> str:
     return f"settle-{composition_id}"
 
@@ -289,6 +353,22 @@ class WhyQuery(Query):
 
 class FreeQuery(PagedQuery):
     kind: DeviceKind | None = None
+
+
+class PreviewQuery(Query):
+    """What a compose of `manifest` would take now, written nowhere. `tenant`: whose compose
+    (isolation, quota); a tenant's view previews as that tenant, the operator's query as the
+    operator unless it names one."""
+
+    manifest: Manifest
+    tenant: Id | None = None
+
+
+class ReservationsQuery(Query):
+    """The live reservations, of `tenant` (a view: the asking tenant's own) and `id`."""
+
+    tenant: Id | None = None
+    id: Id | None = None
 
 
 class BlastRadiusQuery(Query):
@@ -359,6 +439,9 @@ INTENTS: dict[tuple[Family, str], type[Intent] | type[Query]] = {
     ("intent", "compose"): Compose,
     ("intent", "release"): Release,
     ("intent", "extend"): Extend,
+    ("intent", "reserve"): Reserve,
+    ("intent", "apply"): Apply,
+    ("intent", "cancel-reservation"): CancelReservation,
     ("admin", "import-topology"): ImportTopology,
     ("admin", "add-node"): AddNode,
     ("admin", "add-link"): AddLink,
@@ -381,6 +464,8 @@ INTENTS: dict[tuple[Family, str], type[Intent] | type[Query]] = {
     ("query", "consistency"): ConsistencyQuery,
     ("query", "checkpoint-key"): CheckpointKeyQuery,
     ("query", "history"): HistoryQuery,
+    ("query", "preview"): PreviewQuery,
+    ("query", "reservations"): ReservationsQuery,
 }
 
 _DECODERS: dict[tuple[Family, str], msgspec.json.Decoder[Intent | Query]] = {

@@ -21,7 +21,7 @@ from trellis.engine.core.events import CircuitRef, DeviceBinding
 from trellis.engine.core.intents import Compose, DeviceRequest
 from trellis.engine.core.model import NodeSpec
 from trellis.engine.core.policy import rank
-from trellis.engine.core.state import Component, DomainState, usable
+from trellis.engine.core.state import Component, DomainState, sliced_gib, taken, usable
 from trellis.ext import (
     Conditions,
     DeviceInfo,
@@ -115,8 +115,8 @@ def conditions_of(state: DomainState) -> Conditions:
         circuits=circuits,
         switch_tenants={k: dict(v) for k, v in state.switch_tenants.items()},
         exclusive_tenants={k: dict(v) for k, v in state.exclusive_tenants.items()},
-        taken=set(state.device_owner),
-        sliced_gib=dict(state.memory_used),
+        taken=set(state.device_owner) | set(state.reserved_by),
+        sliced_gib={d: sliced_gib(state, d) for d in state.memory_used.keys() | state.reserved_gib},
     )
 
 
@@ -147,6 +147,8 @@ class _Core:
         self.exclusive_tenants = state.exclusive_tenants
         self.owners = state.device_owner
         self.memory_used = state.memory_used
+        self.reserved_by = state.reserved_by
+        self.reserved_gib = state.reserved_gib
 
     def sync(self, state: DomainState) -> bool:
         """Bring the live conditions to `state`; False when its topology differs."""
@@ -173,18 +175,27 @@ class _Core:
                     if before.get(key) != c:
                         port, other = _circuit_ports(key, c)
                         live.set_circuit(c.ocs, port, other, c.host)
-            if state.device_owner is not self.owners:
+            # Taken whole by a composition or a reservation; sliced by either (state.taken).
+            if state.device_owner is not self.owners or state.reserved_by is not self.reserved_by:
                 # Key sets, compared at C speed: only who holds a device whole matters here.
-                for device in self.owners.keys() - state.device_owner.keys():
-                    live.set_taken(device, False)
-                for device in state.device_owner.keys() - self.owners.keys():
-                    live.set_taken(device, True)
-            if state.memory_used is not self.memory_used:
-                for device in self.memory_used.keys() - state.memory_used.keys():
-                    live.set_sliced(device, 0.0)
-                for device, gib in state.memory_used.items():
-                    if self.memory_used.get(device) != gib:
-                        live.set_sliced(device, gib)
+                changed = self.owners.keys() ^ state.device_owner.keys()
+                changed |= self.reserved_by.keys() ^ state.reserved_by.keys()
+                for device in changed:
+                    live.set_taken(device, taken(state, device))
+            if (
+                state.memory_used is not self.memory_used
+                or state.reserved_gib is not self.reserved_gib
+            ):
+                for device in (
+                    self.memory_used.keys()
+                    | state.memory_used.keys()
+                    | self.reserved_gib.keys()
+                    | state.reserved_gib.keys()
+                ):
+                    was = self.memory_used.get(device, 0.0) + self.reserved_gib.get(device, 0.0)
+                    now = sliced_gib(state, device)
+                    if was != now:
+                        live.set_sliced(device, now)
             for old_t, new_t, update in (
                 (self.switch_tenants, state.switch_tenants, live.set_switch_tenants),
                 (self.exclusive_tenants, state.exclusive_tenants, live.set_exclusive_tenants),
@@ -244,29 +255,42 @@ def _core(state: DomainState) -> _Core:
 # ---- choosing devices ----
 
 
-def place(state: DomainState, intent: Compose, tenant: str, host: str) -> Placement | Rejection:
-    """Choose every device of `intent` for `host`, or say why not."""
+def place(
+    state: DomainState,
+    intent: Compose,
+    tenant: str,
+    host: str,
+    pinned: list[DeviceBinding] | None = None,
+) -> Placement | Rejection:
+    """Choose every device of `intent` for `host`, or say why not. `pinned`: take exactly the
+    devices of these bindings, in their order (an applied reservation's), over paths found
+    now; `intent` then gives the constraints only."""
     with _CORES_LOCK:
         core = _core(state)
         # Each pick holds its bandwidth, circuits, switches and device for the next ones; all
         # of it is undone afterwards, since the decision is recorded as events, not here.
         mark = core.live.checkpoint()
         try:
-            return _place(state, core, intent, tenant, host)
+            return _place(state, core, intent, tenant, host, pinned)
         finally:
             core.live.rollback(mark)
 
 
 def _place(
-    state: DomainState, core: _Core, intent: Compose, tenant: str, host: str
+    state: DomainState,
+    core: _Core,
+    intent: Compose,
+    tenant: str,
+    host: str,
+    pinned: list[DeviceBinding] | None,
 ) -> Placement | Rejection:
     fabric, live = core.fabric, core.live
     exclusive = intent.constraints.isolation == "exclusive"
-    memory_used = dict(state.memory_used)
+    memory_used = {d: sliced_gib(state, d) for d in state.memory_used.keys() | state.reserved_gib}
     picked: set[str] = set()
     bindings: list[DeviceBinding] = []
     new_circuits: list[CircuitRef] = []
-    for index, slot in enumerate(_slots(state, intent)):
+    for index, slot in enumerate(_slots(state, intent, pinned)):
         entry = slot.entry
         for nth in range(entry.count):
             request = PathRequest(
@@ -300,11 +324,26 @@ class _Slot(msgspec.Struct, frozen=True):
 
     entry: DeviceRequest
     device: str | None = None
+    whole: bool = True  # a memory device named here: taken whole, or (False) a slice of it
 
 
-def _slots(state: DomainState, intent: Compose) -> list[_Slot]:
+def _slots(state: DomainState, intent: Compose, pinned: list[DeviceBinding] | None) -> list[_Slot]:
     """`device_ids` are served after `devices`, each as a one-device entry of its own kind.
-    decide() has checked that each names a device of this domain."""
+    decide() has checked that each names a device of this domain. `pinned`: exactly these
+    devices (a reservation's), each as its binding asked (a slice stays a slice)."""
+    if pinned is not None:
+        return [
+            _Slot(
+                DeviceRequest(
+                    kind=b.kind,  # type: ignore[arg-type]
+                    capacity_gib=b.capacity_gib,
+                    bandwidth_gbps=b.bandwidth_gbps,
+                ),
+                b.device,
+                whole=b.capacity_gib is None,
+            )
+            for b in pinned
+        ]
     slots = [_Slot(entry) for entry in intent.devices]
     for device in intent.device_ids:
         kind = state.nodes[device].spec.device_kind or "gpu"
@@ -361,11 +400,11 @@ def _selector(entry: DeviceRequest, intent: Compose) -> Selector:
 def _free(
     state: DomainState, device: str, slot: _Slot, memory_used: dict[str, float], picked: set[str]
 ) -> bool:
-    if device in picked or device in state.device_owner:
+    if device in picked or taken(state, device):
         return False
     if slot.entry.kind != "memory":
         return True
-    if slot.device is not None:  # a memory device asked for by id is taken whole
+    if slot.device is not None and slot.whole:  # a memory device asked for by id: whole
         return device not in memory_used
     capacity = state.nodes[device].spec.capacity_gib or 0.0
     return capacity - memory_used.get(device, 0.0) + 1e-9 >= (slot.entry.capacity_gib or 0.0)
@@ -439,6 +478,7 @@ def _why_not(
     exclusive = c.isolation == "exclusive"
     fabric, live = core.fabric, core.live
     labelled: Selector | set[str]
+    held: str | None = None  # a device asked for by id that someone holds: how
     if slot.device is None:
         # The core counts the first stages and searches by the selector: no list of the
         # hall's devices is built here.
@@ -449,6 +489,7 @@ def _why_not(
         free = healthy and _free(state, slot.device, slot, memory_used, picked)
         labelled = set(_by_id(state, slot, slot.device, intent, memory_used, picked))
         counts = [1, int(healthy), int(free), len(labelled)]
+        held = _held(state, slot) if healthy and not free else None
 
     def search(targets: Selector | Iterable[str], **limits: Any) -> Costs:
         """(hops, latency) of each target's best path: counts and the nearest need no more."""
@@ -497,6 +538,8 @@ def _why_not(
     message = f"entry {index} needs {entry.count} {what}, found {nth}: " + ", ".join(parts)
     if nearest:
         message += f" (nearest: {nearest['text']})"
+    if held is not None:
+        message += f"; {slot.device} is {'reserved' if held == 'reserved' else 'in use'}"
     # Labels are device attributes, isolation a path rule: with free devices of the right
     # labels left, the refusal is about paths.
     code = "no_capacity" if not n_labelled else "no_path"
@@ -508,7 +551,25 @@ def _why_not(
         "funnel": funnel,
         "nearest": nearest,
     }
+    if held is not None:
+        details["held"] = held  # "reserved" or "composed": why the device asked for is not free
     return Rejection(code=code, message=message, details=details)
+
+
+def _held(state: DomainState, slot: _Slot) -> str | None:
+    """Why a device asked for by id is not free: `reserved` (a reservation holds it, or too
+    much of a pool), `composed` (a composition does), or None (this request took it already)."""
+    device = slot.device
+    assert device is not None
+    if device in state.reserved_by:
+        return "reserved"
+    if device in state.device_owner:
+        return "composed"
+    if slot.entry.kind == "memory" and (
+        device in state.reserved_gib or device in state.memory_used
+    ):
+        return "reserved" if device in state.reserved_gib else "composed"
+    return None
 
 
 def _nearest(reachable: Costs, within_hops: Costs, within_latency: Costs) -> dict[str, Any] | None:

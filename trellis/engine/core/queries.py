@@ -1,6 +1,7 @@
 """Read-only answers computed from a domain's state (trellis.query.<domain>.<what>).
 
-`topology`, `free`, `blast-radius` and `quotas` are answered here from the writer's state.
+`topology`, `free`, `blast-radius`, `quotas`, `preview` and `reservations` are answered here
+from the writer's state.
 `composition`, `connections` and `why` carry history (who asked, when, which events), so they
 are answered from the projections (engine.service.ports.ReadModels) by the service.
 """
@@ -12,9 +13,16 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from trellis.engine.core import quotas
+from trellis.engine.core import quotas, reservations
 from trellis.engine.core.errors import IntentRejected
-from trellis.engine.core.intents import BlastRadiusQuery, FreeQuery, QuotasQuery, TopologyQuery
+from trellis.engine.core.intents import (
+    BlastRadiusQuery,
+    FreeQuery,
+    PreviewQuery,
+    QuotasQuery,
+    ReservationsQuery,
+    TopologyQuery,
+)
 from trellis.engine.core.results import (
     BlastRadiusResult,
     FreeDevice,
@@ -26,9 +34,17 @@ from trellis.engine.core.results import (
     TopologyNode,
     TopologyResult,
 )
-from trellis.engine.core.state import DomainState, LinkState, NodeState, resolve_ref, usable
+from trellis.engine.core.state import (
+    DomainState,
+    LinkState,
+    NodeState,
+    resolve_ref,
+    sliced_gib,
+    taken,
+    usable,
+)
 
-STATE_QUERIES = ("topology", "free", "blast-radius", "quotas")
+STATE_QUERIES = ("topology", "free", "blast-radius", "quotas", "preview", "reservations")
 
 
 def answer(state: DomainState, query: msgspec.Struct, what: str) -> msgspec.Struct:
@@ -48,6 +64,10 @@ def answer(state: DomainState, query: msgspec.Struct, what: str) -> msgspec.Stru
             return blast_radius(state, component)
         case QuotasQuery(tenant=tenant, kind=kind):
             return QuotasResult(quotas=quotas.quotas(state, tenant, kind))
+        case PreviewQuery():
+            return reservations.preview(state, query)
+        case ReservationsQuery():
+            return reservations.reservations(state, query)
     raise IntentRejected("invalid", f"query {what!r} is not answered from state")
 
 
@@ -68,17 +88,18 @@ def topology(state: DomainState) -> TopologyResult:
 
 
 def free(state: DomainState, kind: str | None) -> FreeResult:
-    """Usable devices with capacity left: whole devices nobody holds, pools with GiB to spare."""
+    """Usable devices with capacity left: whole devices nobody holds or reserves, pools with GiB
+    to spare (reserved slices count as used)."""
     devices = []
     for device_id, node in sorted(state.nodes.items()):
         spec = node.spec
         if spec.kind != "device" or (kind and spec.device_kind != kind) or not usable(node):
             continue
-        if device_id in state.device_owner:
+        if taken(state, device_id):  # held whole by a composition or a reservation
             continue
         left: float | UnsetType = UNSET
         if spec.device_kind == "memory":
-            left = (spec.capacity_gib or 0.0) - state.memory_used.get(device_id, 0.0)
+            left = (spec.capacity_gib or 0.0) - sliced_gib(state, device_id)
             if left <= 1e-9:
                 continue
         devices.append(FreeDevice(**msgspec.structs.asdict(spec), free_gib=left))

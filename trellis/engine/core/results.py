@@ -65,6 +65,45 @@ class ExtendResult(msgspec.Struct, frozen=True, kw_only=True):
     expires_at: Moment
 
 
+# ---- reservations (intent reserve / apply / cancel-reservation; query preview, reservations) ----
+
+
+class PreviewResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What a compose would take now (nothing is held): the host, each device with the path it
+    would get, and the OCS circuits it would create (`<ocs>:<a>-<b>`)."""
+
+    host: str
+    devices: list[ComposedDevice]
+    circuits: list[str]
+
+
+class ReservationResult(msgspec.Struct, frozen=True, kw_only=True):
+    """A live reservation: the devices it holds (with the paths chosen when it was made) until
+    `expires_at`, and the manifest `apply` composes."""
+
+    reservation_id: str
+    tenant: str
+    host: str
+    state: Literal["held"]
+    made_at: Moment
+    expires_at: Moment
+    devices: list[ComposedDevice]
+    request_id: str  # the reserve's
+    labels: dict[str, str]
+    reason: str
+    lease_seconds: int | None  # the lease the composition gets when applied
+
+
+class ReservationsResult(msgspec.Struct, frozen=True, kw_only=True):
+    reservations: list[ReservationResult]
+
+
+class CancelReservationResult(msgspec.Struct, frozen=True, kw_only=True):
+    reservation_id: str
+    state: Literal["cancelled"]
+    devices: list[str]  # what it gave back
+
+
 # ---- topology administration (trellis.admin.<domain>.<verb>) ----
 
 

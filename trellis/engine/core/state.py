@@ -6,7 +6,7 @@ touches, so a batch can be decided on a scratch state and thrown away if its com
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
 import msgspec
@@ -35,6 +35,10 @@ from trellis.engine.core.events import (
     PathRerouted,
     QuotaCleared,
     QuotaSet,
+    ReservationApplied,
+    ReservationCancelled,
+    ReservationExpired,
+    ReservationMade,
     TopologyImported,
 )
 from trellis.engine.core.ids import split_ref
@@ -81,6 +85,31 @@ class Composition(msgspec.Struct, frozen=True, kw_only=True):
     def uses(self, component: str) -> bool:
         """True when any of its paths passes `component` (a node, link or OCS)."""
         return any(component in b.path or component in b.links for b in self.bindings)
+
+
+ReservationEnd = Literal["applied", "cancelled", "expired"]
+
+
+class Reservation(msgspec.Struct, frozen=True, kw_only=True):
+    """A live reservation: devices (and memory slices) held for a tenant until `expires_at`."""
+
+    id: str
+    tenant: str
+    host: str
+    request: Compose
+    devices: list[DeviceBinding]
+    made_at: datetime
+    expires_at: datetime
+
+
+class EndedReservation(msgspec.Struct, frozen=True, kw_only=True):
+    """What is kept of a reservation that ended: whose it was and how it ended, so an `apply`
+    of it is answered `conflict` naming why, not `not_found`."""
+
+    tenant: str
+    end: ReservationEnd
+    expires_at: datetime
+    composition_id: str | None = None  # applied: the composition it became
 
 
 class Circuit(msgspec.Struct, frozen=True, kw_only=True):
@@ -132,6 +161,12 @@ class DomainState(msgspec.Struct, frozen=True, kw_only=True):
     exclusive_tenants: dict[str, dict[str, int]] = {}  # switch -> tenant -> exclusive paths
     quotas: dict[str, dict[str, Quota]] = {}  # tenant -> device kind -> its limits
     held: dict[str, dict[str, Held]] = {}  # tenant -> device kind -> what its live ones hold
+    # Reservations (engine/core/reservations.py): the live ones, what they hold (apart from
+    # what compositions hold, though placement treats both as taken) and how ended ones ended.
+    reservations: dict[str, Reservation] = {}
+    reserved_by: dict[str, str] = {}  # whole device -> reservation id
+    reserved_gib: dict[str, float] = {}  # memory device -> GiB its reservations' slices hold
+    ended_reservations: dict[str, EndedReservation] = {}
     # The parts of an import recorded in parts (TopologyImported.part < parts) before its last.
     staged: Staged | None = None
 
@@ -142,6 +177,16 @@ class DomainState(msgspec.Struct, frozen=True, kw_only=True):
 
     def component(self, component_id: str) -> Component | None:
         return self.nodes.get(component_id) or self.links.get(component_id)
+
+
+def taken(state: DomainState, device: str) -> bool:
+    """Held whole, by a composition or a reservation."""
+    return device in state.device_owner or device in state.reserved_by
+
+
+def sliced_gib(state: DomainState, device: str) -> float:
+    """GiB of a memory device sliced out, by compositions and reservations."""
+    return state.memory_used.get(device, 0.0) + state.reserved_gib.get(device, 0.0)
 
 
 def resolve_ref(state: DomainState, ref: str) -> str:
@@ -278,8 +323,74 @@ def evolve(state: DomainState, event: Event) -> DomainState:
             return replace(
                 state, compositions={k: v for k, v in state.compositions.items() if k != cid}
             )
+        case ReservationMade():
+            reservation = Reservation(
+                id=event.reservation_id,
+                tenant=event.tenant,
+                host=event.host,
+                request=event.request,
+                devices=event.devices,
+                made_at=event.made_at,
+                expires_at=event.expires_at,
+            )
+            state = _hold_reservation(state, reservation, sign=1)
+            return replace(state, reservations={**state.reservations, reservation.id: reservation})
+        case ReservationApplied(reservation_id=rid, composition_id=cid):
+            return _end_reservation(state, rid, "applied", cid)
+        case ReservationCancelled(reservation_id=rid):
+            return _end_reservation(state, rid, "cancelled")
+        case ReservationExpired(reservation_id=rid):
+            return _end_reservation(state, rid, "expired")
         case _:
             return state
+
+
+#: How long past its expiry an ended reservation is remembered (for apply's `conflict`).
+ENDED_RESERVATIONS_KEPT = timedelta(days=1)
+
+
+def _end_reservation(
+    state: DomainState, rid: str, end: ReservationEnd, cid: str | None = None
+) -> DomainState:
+    """The reservation ends: what it held goes back, and how it ended is kept, for a day past
+    its expiry (measured from when this one was made, a moment the log has reached): the
+    state stays bounded by a day's reservations, and older ones are simply unknown."""
+    reservation = state.reservations[rid]
+    state = _hold_reservation(state, reservation, sign=-1)
+    ended = EndedReservation(
+        tenant=reservation.tenant, end=end, expires_at=reservation.expires_at, composition_id=cid
+    )
+    horizon = reservation.made_at - ENDED_RESERVATIONS_KEPT
+    kept = {k: v for k, v in state.ended_reservations.items() if v.expires_at >= horizon}
+    return msgspec.structs.replace(
+        state,
+        reservations={k: v for k, v in state.reservations.items() if k != rid},
+        ended_reservations={**kept, rid: ended},
+    )
+
+
+def _hold_reservation(state: DomainState, reservation: Reservation, sign: int) -> DomainState:
+    """Add (sign=1) or return (sign=-1) the devices and slices a reservation holds, and count
+    them in its tenant's holdings (a reservation counts against quota as a composition does)."""
+    reserved_by = dict(state.reserved_by)
+    reserved_gib = dict(state.reserved_gib)
+    held = dict(state.held.get(reservation.tenant, {}))
+    for binding in reservation.devices:
+        _hold(held, binding.kind, sign, sign * held_gib(state, binding))
+        if binding.capacity_gib is not None:
+            _count(reserved_gib, binding.device, sign * binding.capacity_gib)
+        elif sign > 0:
+            reserved_by[binding.device] = reservation.id
+        else:
+            reserved_by.pop(binding.device, None)
+    by_tenant = dict(state.held)
+    if held:
+        by_tenant[reservation.tenant] = held
+    else:
+        by_tenant.pop(reservation.tenant, None)
+    return msgspec.structs.replace(
+        state, reserved_by=reserved_by, reserved_gib=reserved_gib, held=by_tenant
+    )
 
 
 def _set_composition(domain: DomainState, cid: str, **changes: object) -> DomainState:

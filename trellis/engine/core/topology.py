@@ -293,7 +293,8 @@ def _ocs_ports(lk: LinkSpec) -> set[tuple[str, int]]:
 
 
 def _refuse_if_in_use(state: DomainState, components: list[str]) -> None:
-    """Nothing a live composition's path uses may be removed or re-specified under it."""
+    """Nothing a live composition's path uses, and no device a live reservation holds, may be
+    removed or re-specified under it."""
     users = {
         cid: sorted(c for c in components if comp.uses(c))
         for cid, comp in state.compositions.items()
@@ -305,6 +306,20 @@ def _refuse_if_in_use(state: DomainState, components: list[str]) -> None:
             "conflict",
             f"{', '.join(in_use)} in use by {len(users)} live composition(s)",
             {"in_use": in_use, "compositions": sorted(users)},
+        )
+    # A reservation holds its devices, not its paths: those may not go or change under it.
+    wanted = set(components)
+    holding = {
+        rid: sorted({b.device for b in r.devices} & wanted) for rid, r in state.reservations.items()
+    }
+    holding = {rid: held for rid, held in holding.items() if held}
+    if holding:
+        reserved = sorted({d for held in holding.values() for d in held})
+        raise IntentRejected(
+            "conflict",
+            f"{', '.join(reserved)} reserved by {len(holding)} live reservation(s); cancel "
+            "them or wait until they end",
+            {"reserved": reserved, "reservations": sorted(holding)},
         )
 
 

@@ -26,13 +26,21 @@ from typing import Any, Protocol, TypeVar
 import msgspec
 
 from trellis.engine.core.errors import IntentRejected
-from trellis.engine.core.intents import ConnectionsQuery, HistoryQuery, Query, QuotasQuery
+from trellis.engine.core.intents import (
+    ConnectionsQuery,
+    HistoryQuery,
+    PreviewQuery,
+    Query,
+    QuotasQuery,
+    ReservationsQuery,
+)
 from trellis.engine.core.results import (
     BlastRadiusResult,
     CompositionResult,
     ConnectionsResult,
     HistoryResult,
     QuotasResult,
+    ReservationsResult,
     TopologyResult,
     WhyResult,
 )
@@ -61,10 +69,15 @@ def unknown_composition(composition_id: str) -> IntentRejected:
 
 
 def scoped_query(query: Q, tenant: str) -> Q:
-    """The query a view runs: `connections`, `quotas` and `history` filtered by the tenant
-    (unless the body names a tenant already: then the scope keeps only the rows that are
-    both, i.e. none of another's)."""
-    if isinstance(query, ConnectionsQuery | QuotasQuery | HistoryQuery) and query.tenant is None:
+    """The query a view runs: `connections`, `quotas`, `history` and `reservations` filtered by
+    the tenant (unless the body names a tenant already: then the scope keeps only the rows that
+    are both, i.e. none of another's); `preview` chosen as the tenant, whatever the body says."""
+    if isinstance(query, PreviewQuery):
+        return msgspec.structs.replace(query, tenant=tenant)  # a tenant previews as itself
+    if (
+        isinstance(query, ConnectionsQuery | QuotasQuery | HistoryQuery | ReservationsQuery)
+        and query.tenant is None
+    ):
         return msgspec.structs.replace(query, tenant=tenant)
     return query
 
@@ -160,6 +173,16 @@ def quotas(result: QuotasResult, tenant: str, state: DomainState) -> QuotasResul
     return _replace(result, quotas=split_rows(result.quotas, tenant)[0])
 
 
+def preview(result: msgspec.Struct, tenant: str, state: DomainState) -> msgspec.Struct:
+    """Chosen as the tenant (scoped_query): devices and paths of the shared fabric only."""
+    return result
+
+
+def reservations(result: ReservationsResult, tenant: str, state: DomainState) -> ReservationsResult:
+    """Only the tenant's own reservations: what others hold shows only as not free."""
+    return _replace(result, reservations=split_rows(result.reservations, tenant)[0])
+
+
 def audited(result: msgspec.Struct, tenant: str, state: DomainState) -> msgspec.Struct:
     """Proofs, checkpoints and the verifier key name no tenant (a proof is hashes only); the
     audit trail itself refuses a view's proof of another tenant's event (AuditTrail.answer
@@ -179,4 +202,6 @@ SCOPES: dict[str, Scope] = {
     "consistency": audited,
     "checkpoint-key": audited,
     "history": history,
+    "preview": preview,
+    "reservations": reservations,
 }

@@ -27,8 +27,15 @@ import msgspec
 from trellis.engine.core import replies
 from trellis.engine.core.actors import ENGINE
 from trellis.engine.core.errors import StoreUnavailable, WriterFenced
-from trellis.engine.core.intents import EstablishComposition, ExpireLeases, lease_expiry_request_id
+from trellis.engine.core.intents import (
+    EstablishComposition,
+    ExpireLeases,
+    ExpireReservations,
+    lease_expiry_request_id,
+    reservation_expiry_request_id,
+)
 from trellis.engine.core.records import Head
+from trellis.engine.core.reservations import due_reservations
 from trellis.engine.core.state import DomainState
 from trellis.engine.service.follower import Followers
 from trellis.engine.service.ownership import Lease, Overran, Ownership, tick_of, within
@@ -190,7 +197,8 @@ class Custody:
         return served.lease.epoch if served is not None and served.lease is not None else None
 
     async def expire_due_leases(self) -> list[bytes]:
-        """End every lease due by the clock's now, in every loaded domain; the replies."""
+        """End every lease and every reservation due by the clock's now, in every loaded
+        domain; the replies."""
         now = self._clock.now()
         answers = []
         for _, served in sorted(self._served.items()):
@@ -203,6 +211,12 @@ class Custody:
             if due:
                 expire = ExpireLeases(request_id=lease_expiry_request_id(due))
                 answers.append(await writer.request(ENGINE, "expire", expire, "internal"))
+            # Reservations whose time is up, derived from state the same way (a restart loses
+            # no timer); recorded as ReservationExpired.
+            ending = due_reservations(writer.state, now)
+            if ending:
+                end = ExpireReservations(request_id=reservation_expiry_request_id(ending))
+                answers.append(await writer.request(ENGINE, "expire-reservations", end, "internal"))
         return answers
 
     async def _expiry_loop(self, tick: float) -> None:

@@ -18,6 +18,7 @@ from trellis.engine.core.actors import OPERATOR, is_reserved
 from trellis.engine.core.errors import IntentRejected, ServedElsewhere, StoreUnavailable
 from trellis.engine.core.ids import is_valid_id
 from trellis.engine.core.intents import (
+    Apply,
     Compose,
     Family,
     ImportTopology,
@@ -262,6 +263,6 @@ class Engine:
         if isinstance(intent, RecordCheckpoint):
             return await self.answers.checkpoint(domain, served, intent.request_id)
         reply = await served.writer.request(tenant or OPERATOR, verb, intent, family)
-        if isinstance(intent, Compose):
+        if isinstance(intent, Compose | Apply):  # an apply composes: answered once settled too
             return await once_settled(self._store, served, reply, 3 * self._saga_deadline)
         return reply

@@ -18,7 +18,7 @@ from trellis.adapters.entrypoints.cli.talk import pairs, read_json, send_intent
 
 
 def compose(args: argparse.Namespace) -> int:
-    body = read_json(args.file) if args.file else _compose_body(args)
+    body = manifest(args)
     return send_intent(args, "compose", body, render.compose_summary)
 
 
@@ -68,38 +68,42 @@ def extend(args: argparse.Namespace) -> int:
     return send_intent(args, "extend", body, render.extend_summary)
 
 
+def manifest_options(p: argparse.ArgumentParser, file_help: str) -> None:
+    """What to compose (compose, reserve, preview): flags, or a JSON body with --file."""
+    p.add_argument("--file", type=Path, help=file_help)
+    p.add_argument("--host", type=identifier("host id"), help="the host to compose on")
+    p.add_argument(
+        "--host-label", action="append", default=[], metavar="K=V", help="pick a host by label"
+    )
+    p.add_argument("--gpu", type=int, default=0, metavar="N", help="number of GPUs")
+    p.add_argument("--model", action="append", default=[], help="acceptable GPU model")
+    p.add_argument("--min-generation", type=int)
+    p.add_argument("--memory", type=float, metavar="GIB", help="a memory slice of GIB")
+    p.add_argument("--nic", type=int, default=0, metavar="N")
+    p.add_argument("--nvme", type=int, default=0, metavar="N")
+    p.add_argument(
+        "--device-id", action="append", default=[], type=identifier("device id"), help="a device"
+    )
+    p.add_argument("--bandwidth", type=float, default=0.0, metavar="GBPS", help="per device")
+    p.add_argument("--max-hops", type=int)
+    p.add_argument("--max-latency-ns", type=int)
+    p.add_argument("--exclusive", action="store_true", help="no switch shared with others")
+    p.add_argument(
+        "--label", action="append", default=[], metavar="K=V", help="device label constraint"
+    )
+    p.add_argument("--lease", type=lease_seconds, metavar="SECONDS", help="lease length")
+    p.add_argument("--reason", default="")
+
+
+def manifest(args: argparse.Namespace) -> dict[str, Any]:
+    """The body `manifest_options` describe: read from --file, or built from the flags."""
+    return read_json(args.file) if args.file else _compose_body(args)
+
+
 def add_commands(sub: Any) -> None:
     """`compose` and `release`."""
     compose_parser = sub.add_parser("compose", help="compose a host and devices (flags or --file)")
-    compose_parser.add_argument("--file", type=Path, help="a compose body (JSON) instead of flags")
-    compose_parser.add_argument("--host", type=identifier("host id"), help="the host to compose on")
-    compose_parser.add_argument(
-        "--host-label", action="append", default=[], metavar="K=V", help="pick a host by label"
-    )
-    compose_parser.add_argument("--gpu", type=int, default=0, metavar="N", help="number of GPUs")
-    compose_parser.add_argument("--model", action="append", default=[], help="acceptable GPU model")
-    compose_parser.add_argument("--min-generation", type=int)
-    compose_parser.add_argument("--memory", type=float, metavar="GIB", help="a memory slice of GIB")
-    compose_parser.add_argument("--nic", type=int, default=0, metavar="N")
-    compose_parser.add_argument("--nvme", type=int, default=0, metavar="N")
-    compose_parser.add_argument(
-        "--device-id", action="append", default=[], type=identifier("device id"), help="a device"
-    )
-    compose_parser.add_argument(
-        "--bandwidth", type=float, default=0.0, metavar="GBPS", help="per device"
-    )
-    compose_parser.add_argument("--max-hops", type=int)
-    compose_parser.add_argument("--max-latency-ns", type=int)
-    compose_parser.add_argument(
-        "--exclusive", action="store_true", help="no switch shared with others"
-    )
-    compose_parser.add_argument(
-        "--label", action="append", default=[], metavar="K=V", help="device label constraint"
-    )
-    compose_parser.add_argument(
-        "--lease", type=lease_seconds, metavar="SECONDS", help="lease length"
-    )
-    compose_parser.add_argument("--reason", default="")
+    manifest_options(compose_parser, "a compose body (JSON) instead of flags")
     intent_options(compose_parser)
     compose_parser.set_defaults(run=compose)
 

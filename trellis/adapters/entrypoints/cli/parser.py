@@ -20,6 +20,7 @@ from trellis.adapters.entrypoints.cli import (
     intents,
     local,
     queries,
+    reservations,
     serve,
     topology,
     watching,
@@ -110,6 +111,7 @@ def make_parser() -> argparse.ArgumentParser:
     queries.add_composition(sub)
     watching.add_commands(sub)
     intents.add_extend(sub)
+    reservations.add_commands(sub)
     admin.add_commands(sub)
     queries.add_commands(sub)
     admin.add_quota(sub)
