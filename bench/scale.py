@@ -418,6 +418,16 @@ async def js_sizes(nc: NATS, prefix: str) -> dict[str, int]:
     }
 
 
+def nats_mem_mib(monitor_url: str | None) -> float:
+    """The nats-server's resident memory (its /varz `mem`), in MiB; nan without a monitor."""
+    if not monitor_url:
+        return float("nan")
+    import urllib.request
+
+    with urllib.request.urlopen(f"{monitor_url}/varz", timeout=5) as reply:
+        return float(json.loads(reply.read())["mem"]) / 2**20
+
+
 def delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, float]:
     return {k: after[k] - before[k] for k in after if isinstance(after[k], int | float)}
 
@@ -461,6 +471,7 @@ async def hall_phase(
                 **engine.mem(),
             }
             sizes0 = await log_sizes(fleet, [domain])
+            nats0 = nats_mem_mib(urls.nats_monitor_url)
             # Load the domain: import (in parts) until the read models and the stream hold it.
             cpu0, t0 = engine.cpu_s(), time.perf_counter()
             client = TrellisClient(nc, prefix=prefix, timeout=600)
@@ -480,6 +491,8 @@ async def hall_phase(
                 **await js_sizes(nc, prefix),
             }
             out["load"]["rss_over_idle_mib"] = out["load"]["rss_mib"] - out["idle"]["rss_mib"]
+            # What holding the domain's stream messages and bucket keys costs the server.
+            out["load"]["nats_mem_over_before_mib"] = nats_mem_mib(urls.nats_monitor_url) - nats0
             out["load"]["idle_cpu_share"] = await idle_share(engine, args.idle)
             progress(
                 f"  loaded in {settled_s:.1f} s (import {imported_s:.1f} s), engine CPU "
@@ -713,7 +726,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def ratio(a: float, b: float) -> float:
-    return a / b if b else float("nan")
+    """a over b; nan when b is not above zero (a baseline within the noise of nothing)."""
+    return a / b if b > 0 else float("nan")
 
 
 def hall_table(halls: list[dict[str, Any]]) -> list[str]:
@@ -721,7 +735,7 @@ def hall_table(halls: list[dict[str, Any]]) -> list[str]:
         "(a) one engine, one domain",
         f"{'devices':>8} {'idle MiB':>8} {'load s':>7} {'load cpu s':>10} {'RSS MiB':>8} "
         f"{'+MiB':>7} {'events':>6} {'log MiB':>7} {'stream MiB':>10} {'kv keys':>8} "
-        f"{'fold s':>6} {'fold cpu':>8} {'+MiB srv':>8} {'rest cpu':>8}",
+        f"{'fold s':>6} {'fold cpu':>8} {'+MiB srv':>8} {'rest cpu':>8} {'nats +MiB':>9}",
     ]
     rows.append("-" * len(rows[-1]))
     for h in halls:
@@ -732,7 +746,7 @@ def hall_table(halls: list[dict[str, Any]]) -> list[str]:
             f"{ld['events']:>6} {ld['schema_bytes'] / 2**20:>7.1f} "
             f"{ld['stream_bytes'] / 2**20:>10.1f} {ld['kv_messages']:>8,} {rs['fold_s']:>6.2f} "
             f"{rs['fold_cpu_s']:>8.2f} {rs['rss_over_idle_mib']:>8.0f} "
-            f"{ld['idle_cpu_share'] * 100:>7.1f}%"
+            f"{ld['idle_cpu_share'] * 100:>7.1f}% {ld['nats_mem_over_before_mib']:>9.0f}"
         )
     rows += [
         "",
@@ -764,7 +778,7 @@ def hall_table(halls: list[dict[str, Any]]) -> list[str]:
         ]
         for label, part, key in pairs:
             rows.append(
-                f"  {label:<40} {ratio(big[part][key], small[part][key]):>6.1f}x "
+                f"  {label:<40} {ratio(big[part][key], small[part][key]):>6.1f}x "  # nan: ~0
                 f"({small[part][key]:.2f} -> {big[part][key]:.2f})"
             )
         for name in ("serial", "c16"):
@@ -785,7 +799,8 @@ def hall_table(halls: list[dict[str, Any]]) -> list[str]:
         "engine's; kv keys: bucket messages (devices and hosts); fold s/cpu: a restarted "
         "engine's spawn to its first answered pair, less the idle engine's spawn to up and a "
         "pair; +MiB srv: the restarted engine's RSS over the idle one's; rest cpu: the engine's "
-        "CPU with the domain loaded and nothing asked. cpu ms/pair: the engine's CPU per "
+        "CPU with the domain loaded and nothing asked; nats +MiB: the nats-server's memory (/varz) "
+        "over its own before the import. cpu ms/pair: the engine's CPU per "
         "compose+release pair; marginal: less its CPU at rest over the phase.",
     ]
     return rows
