@@ -41,7 +41,7 @@ it again and loads it again (seen in two runs of three on 2 busy cores; docs/sca
 bench gives up after 240 s and says how many leases were lost; `--hall-lease-ttl 10` runs (a)
 with a 10 s lease (TRELLIS_LEASE_TTL). The fleets in (b) always run with the default.
 
-    python bench/scale.py --hall-lease-ttl 10   # ~3-4 minutes on 2 cores
+    python bench/scale.py --hall-lease-ttl 10   # ~3 minutes on 2 cores
     python bench/scale.py --quick               # 4,096 devices; M=6 over 1 and 2 engines, ~45 s
 """
 
@@ -426,10 +426,14 @@ async def log_sizes(fleet: Fleet, domains: list[str]) -> dict[str, float]:
         "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relkind = 'r'",
         fleet.schema,
     )
+    # The write-ahead log's position: what the server wrote in all (the bench's schema is the
+    # only one busy on an embedded server), full-page images included.
+    wal = await fleet.sql("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS at")
     return {
         "events": int(rows[0]["events"]),
         "event_data_bytes": int(rows[0]["data_bytes"]),
         "schema_bytes": int(tables[0]["bytes"]),
+        "wal_bytes": int(wal[0]["at"]),
     }
 
 
@@ -788,7 +792,7 @@ def hall_table(halls: list[dict[str, Any]]) -> list[str]:
         "",
         f"{'devices':>8} {'phase':>7} {'pairs':>6} {'pairs/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
         f"{'cpu ms/pair':>11} {'marginal':>8} {'engine cpu':>10} {'busy':>5} {'log B/pair':>10} "
-        f"{'stream B/pair':>13}",
+        f"{'WAL B/pair':>10} {'stream B/pair':>13}",
     ]
     rows.append("-" * len(rows[-1]))
     for h in halls:
@@ -801,7 +805,8 @@ def hall_table(halls: list[dict[str, Any]]) -> list[str]:
                 f"{ph['engine_cpu_ms_per_pair_marginal']:>8.2f} "
                 f"{ph['engine_cpu_share'] * 100:>9.0f}% "
                 f"{ph['cpu']['machine_busy_share'] * 100:>4.0f}% "
-                f"{h['per_pair']['schema_bytes']:>10.0f} {h['per_pair']['stream_bytes']:>13.0f}"
+                f"{h['per_pair']['schema_bytes']:>10.0f} {h['per_pair']['wal_bytes']:>10.0f} "
+                f"{h['per_pair']['stream_bytes']:>13.0f}"
             )
     if len(halls) == 2:
         small, big = halls
