@@ -85,8 +85,8 @@ from bench.intents import (
 )
 from bench.intents import host_of as small_host_of
 from bench.intents import topology as small_topology
-from trellis.adapters.bootstrap import connect_nats
 from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.nats.jetstream import bucket_name, stream_name
 from trellis.adapters.settings import Settings
 from trellis.projections.sink import default_projections
