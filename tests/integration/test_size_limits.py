@@ -59,9 +59,14 @@ def hall(racks: int = RACKS, hosts: int = HOSTS, gpus: int = GPUS) -> dict[str, 
 async def h(
     nats_url: str, database_url: str, pg_schema: str, subject_prefix: str
 ) -> AsyncIterator[Harness]:
+    # Deciding and folding a 65,536-device hall holds the engine's event loop for seconds;
+    # past a 3 s writer lease on a busy machine the engine loses the domain, loads it again,
+    # and never catches up (docs/scale.md, "what breaks first"). Such a hall needs the
+    # longer lease docs/configuration.md gives for it.
     async with serving(
-        nats_url, database_url, pg_schema, subject_prefix, page_at=("127.0.0.1", 0)
-    ) as harness:
+        nats_url, database_url, pg_schema, subject_prefix, page_at=("127.0.0.1", 0),
+        lease_ttl=10.0,
+    ) as harness:  # fmt: skip
         yield harness
 
 
