@@ -171,6 +171,21 @@ async def test_nats_micro_stats_count_requests_errors_and_time(h: Harness) -> No
         assert e["average_processing_time"] == e["processing_time"] // e["num_requests"], e
 
 
+async def test_trellis_engines_lists_each_engine_and_the_domains_it_writes(
+    h: Harness, tmp_path: Path, nats_url: str, database_url: str, pg_schema: str
+) -> None:
+    env = cli_env(tmp_path, nats_url, database_url, pg_schema, h.client.prefix)
+    code, out, err = await run_cli(env, "engines", "-o", "json")
+    assert code == 0, err
+    assert json.loads(out) == [{"engine": h.engine.identity, "writes": [], "domains": "*"}]
+    expect_ok(await h.client.admin(DOMAIN, "import-topology", fabric()))
+    code, out, err = await run_cli(env, "engines")
+    assert code == 0, err
+    header, row = out.splitlines()
+    assert header.split() == ["ENGINE", "WRITES", "DOMAINS", "SERVES"]
+    assert row.split() == [h.engine.identity, "1", DOMAIN, "*"]
+
+
 async def test_metrics_follow_a_compose_a_rejected_compose_and_a_release(h: Harness) -> None:
     expect_ok(await h.client.admin(DOMAIN, "import-topology", fabric()))
     before = await scraped(h)

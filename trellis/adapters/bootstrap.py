@@ -431,6 +431,7 @@ async def engine_on(
             leases=PostgresLeases(lease_pool),
             name=f"{socket.gethostname()}:{os.getpid()}",
             lease_ttl=lease_ttl,
+            domain_cap=settings.max_domains_per_engine,
             read_wait=settings.read_wait,
             audit=audit,
             snapshots=snapshots,

@@ -42,6 +42,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     fabric_state: Path | None = None  # None: fabric-sim.json in the data dir
     saga_deadline: float = 10.0
     lease_ttl: float = 3.0  # seconds a domain's writer lease lasts unrenewed
+    # The most domains one engine writes (engine/core/spread.py's cap); 0: its balanced share.
+    max_domains_per_engine: int = 0
     # Seconds a query waits for its domain's log to reach its `min_position`, then `unavailable`.
     read_wait: float = 2.0
     # Snapshot a domain's state and read models every this many events (engine/service/snapshots.py,
@@ -164,6 +166,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             fabric=fabric,  # type: ignore[arg-type]  # checked above
             fabric_state=Path(fabric_state) if fabric_state else None,
             snapshot_every=_snapshot_every(env),
+            max_domains_per_engine=_cap(env, "TRELLIS_MAX_DOMAINS_PER_ENGINE"),
             lease_ttl=_float(
                 env,
                 "TRELLIS_LEASE_TTL",
@@ -293,6 +296,13 @@ def _positive(env: dict[str, str], name: str, default: int) -> int:
     value = _integer(env, name, default)
     if value < 1:
         raise SettingsError(f"{name} must be 1 or more; got {value}")
+    return value
+
+
+def _cap(env: dict[str, str], name: str) -> int:
+    value = _integer(env, name, 0)
+    if value < 0:
+        raise SettingsError(f"{name} must be 0 (no cap) or more; got {value}")
     return value
 
 

@@ -154,6 +154,39 @@ class TrellisClient:
     async def admin(self, domain: str, verb: str, body: dict[str, Any]) -> dict[str, Any]:
         return await self.raw(f"admin.{domain}.{verb}", _with_request_id(body))
 
+    async def engines(self, quiet: float = 0.5) -> list[dict[str, Any]]:
+        """Every engine of this prefix, as its micro service's STATS tell (adapters/nats/
+        micro.py): `engine`, `writes` (the domains it writes now) and `domains` (what it
+        serves), sorted by engine. Answers are gathered until none came for `quiet` seconds."""
+        inbox = self.nc.new_inbox()
+        answers: asyncio.Queue[bytes] = asyncio.Queue()
+
+        async def on_answer(msg: Any) -> None:
+            answers.put_nowait(msg.data)
+
+        sub = await self.nc.subscribe(inbox, cb=on_answer)
+        found: dict[str, dict[str, Any]] = {}
+        try:
+            await self.nc.publish("$SRV.STATS.trellis-engine", b"", reply=inbox)
+            await self.nc.flush()
+            while True:
+                try:
+                    data = await asyncio.wait_for(answers.get(), quiet)
+                except TimeoutError:
+                    break
+                meta = msgspec.json.decode(data).get("metadata") or {}
+                if meta.get("subject_prefix") != self.prefix or "engine" not in meta:
+                    continue  # another deployment's engine on the same NATS
+                writes = [d for d in meta.get("writes", "").split(",") if d]
+                found[meta["engine"]] = {
+                    "engine": meta["engine"],
+                    "writes": writes,
+                    "domains": meta.get("domains", "*"),
+                }
+        finally:
+            await sub.unsubscribe()
+        return [found[e] for e in sorted(found)]
+
     async def intent(
         self, domain: str, tenant: str, verb: str, body: dict[str, Any]
     ) -> dict[str, Any]:

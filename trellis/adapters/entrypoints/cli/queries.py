@@ -1,5 +1,5 @@
 """Queries: `composition get` / `list`, `connections`, `why`, `history`, `free`,
-`blast-radius`."""
+`blast-radius`, `engines`."""
 
 from __future__ import annotations
 
@@ -99,6 +99,27 @@ def free(args: argparse.Namespace) -> int:
     return print_reply(args, reply, render.free_table)
 
 
+def engines(args: argparse.Namespace) -> int:
+    """Who writes which domain: every engine's answer to `$SRV.STATS.trellis-engine`."""
+
+    async def ask(client: TrellisClient, *_: Any) -> list[dict[str, Any]]:
+        return await client.engines()
+
+    rows = on_nats(args, "query.engines", ask)
+    if args.output == "json":
+        print(as_json(rows))
+        return 0
+    table = [("ENGINE", "WRITES", "DOMAINS", "SERVES")]
+    table += [
+        (r["engine"], str(len(r["writes"])), ",".join(r["writes"]) or "-", r["domains"])
+        for r in render.visible(rows)
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(4)]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
 def blast_radius(args: argparse.Namespace) -> int:
     reply = request(args, query_subject(args, "blast-radius"), at(args, {"id": args.id}))
     return print_reply(args, reply, render.blast_radius_table)
@@ -160,6 +181,10 @@ def add_commands(sub: Any) -> None:
     history_parser.add_argument("--until", metavar="TIME", help="ISO time with offset")
     query_options(history_parser)
     history_parser.set_defaults(run=history)
+
+    engines_parser = sub.add_parser("engines", help="the engines up, and which domains each writes")
+    client_options(engines_parser)
+    engines_parser.set_defaults(run=engines)
 
     blast = sub.add_parser("blast-radius", help="what a failure of a component would hit")
     blast.add_argument("id", type=identifier("component id", COMPONENT_REF_PATTERN))
