@@ -37,7 +37,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from trellis.adapters.embedded.nats_server import EmbeddedNats, nats_server_binary
+from trellis.adapters.embedded.nats_server import (
+    PING_INTERVAL_S,
+    PING_MAX,
+    EmbeddedNats,
+    nats_server_binary,
+)
 from trellis.adapters.embedded.process import (
     HOST,
     EmbeddedServerError,
@@ -79,8 +84,8 @@ class ClusterNode(EmbeddedNats):
         route_port: int,
         http_port: int,
         route_ports: list[int],
-        ping_interval_s: float = 2.0,
-        ping_max: int = 3,
+        ping_interval_s: float = PING_INTERVAL_S,
+        ping_max: int = PING_MAX,
     ) -> None:
         super().__init__(data_dir, port, monitor_port=http_port)
         self.name = f"nats-server {server_name}"
@@ -149,8 +154,8 @@ class NatsCluster:
         size: int = 3,
         *,
         name: str | None = None,
-        ping_interval_s: float = 2.0,
-        ping_max: int = 3,
+        ping_interval_s: float = PING_INTERVAL_S,
+        ping_max: int = PING_MAX,
     ) -> None:
         if size < 1:
             raise ValueError(f"a cluster needs at least one node, not {size}")

@@ -8,7 +8,8 @@ Layout under ``data_dir`` (shared with the embedded PostgreSQL)::
     nats/            JetStream store (-sd)
     nats.log
     nats.pid         the running nats-server's pid (secure mode reloads it with SIGHUP)
-    nats.conf        secure mode: the server's name, and an include of the users' config
+    nats.conf        the server's name and ping settings; secure mode: an include of the
+                     users' config
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ from trellis.adapters.embedded.process import HOST, ChildProcess, EmbeddedServer
 __all__ = ["MAIN_NATS_CONFIG", "EmbeddedNats", "nats_server_binary", "reload_nats"]
 
 MAIN_NATS_CONFIG = "nats.conf"
+# The server drops a connection that leaves PING_MAX pings, PING_INTERVAL_S apart, unanswered
+# (nats-server's default: 2 minutes): a frozen engine (SIGSTOP, a stuck VM, a long pause) then
+# stops being handed its queue group's share of requests within seconds (ARCHITECTURE §10).
+PING_INTERVAL_S = 2.0
+PING_MAX = 3
 
 _HTTP_TIMEOUT_S = 1.0
 
@@ -123,23 +129,23 @@ class EmbeddedNats(ChildProcess):
         # A fresh name per start lets the readiness probe tell our server from any other process
         # that grabbed the port in the meantime. Standalone JetStream does not depend on the name.
         self._server_name = f"trellis-embedded-{secrets.token_hex(6)}"
+        main = (
+            f"server_name: {json.dumps(self._server_name)}\n"
+            f"ping_interval: {json.dumps(f'{PING_INTERVAL_S:g}s')}\n"
+            f"ping_max: {PING_MAX}\n"
+        )
         if self.config is not None:
             # Included relative to this file's directory (nats-server joins include paths so).
             included = os.path.relpath(self.config, self.data_dir)
-            main = f"server_name: {json.dumps(self._server_name)}\ninclude {json.dumps(included)}\n"
-            self.main_config_path.write_text(main)
+            main += f"include {json.dumps(included)}\n"
+        self.main_config_path.write_text(main)
 
     def _command(self) -> list[str]:
-        named = (
-            ["--config", str(self.main_config_path)]
-            if self.config is not None
-            else ["--server_name", self._server_name]
-        )
         return [
             str(nats_server_binary()),
             "--addr", HOST,
             "--port", str(self.port),
-            *named,
+            "--config", str(self.main_config_path),
             "--jetstream",
             "--store_dir", str(self.store_dir),
             "--pid", str(self.pid_path),
