@@ -52,6 +52,7 @@ log = logging.getLogger("scheduler")
 DEFAULT_PREFIX = "trellis"
 CONNECT_ATTEMPTS = 5  # then it gives up (exit 3); NATS reconnects are tried as often
 REQUEST_TIMEOUT_S = 30.0  # a compose is answered once the fabric saga settled it
+ATTEMPT_S = 5.0  # one attempt's wait: a compose waits for its saga, so longer than a query's
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -410,7 +411,20 @@ class Scheduler:
     # -- intents --
 
     async def _request(self, subject: str, body: dict[str, Any]) -> dict[str, Any]:
-        reply = await self.nc.request(subject, json.dumps(body).encode(), timeout=REQUEST_TIMEOUT_S)
+        """The reply, within REQUEST_TIMEOUT_S; an attempt unanswered within ATTEMPT_S is sent
+        again as it is (same request_id), in case NATS handed it to a frozen engine."""
+        data = json.dumps(body).encode()
+        deadline, pause = time.monotonic() + REQUEST_TIMEOUT_S, 0.05
+        while True:
+            wait = min(ATTEMPT_S, deadline - time.monotonic())
+            try:
+                reply = await self.nc.request(subject, data, timeout=max(wait, 0.001))
+                break
+            except nats.errors.TimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, 1.0)
         answer: dict[str, Any] = json.loads(reply.data)
         return answer
 

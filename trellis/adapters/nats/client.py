@@ -14,12 +14,18 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
+import nats.errors
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 from trellis.adapters.nats.auth import NkeyCredentials, Principal, SecureDir
 from trellis.adapters.nats.connect import connect_nats
 
 T = TypeVar("T")
+
+# How long one attempt of a request waits before it is sent again (TrellisClient.raw).
+ATTEMPT_S = 2.0
+NO_RESPONDERS = "503"  # the status of the server's answer when nobody subscribes
 
 
 class NatsRefused(Exception):
@@ -147,7 +153,44 @@ class TrellisClient:
         return await self.refusals.first(step, timeout)
 
     async def raw(self, subject_tail: str, body: bytes) -> dict[str, Any]:
-        msg = await self.nc.request(f"{self.prefix}.{subject_tail}", body, timeout=self.timeout)
+        """One request's reply, waited for `timeout` seconds in all. An attempt unanswered
+        within ATTEMPT_S is sent again as it is (the same request_id: safe by the contract,
+        ARCHITECTURE §3), after a pause that doubles up to a second, to the same inbox: NATS
+        may have handed it to a frozen engine and the resend reaches another one, while a
+        slow engine's answer to an earlier attempt still counts.
+
+        Raises:
+            nats.errors.TimeoutError: no answer within `timeout`.
+            nats.errors.NoRespondersError: no engine subscribes to the subject.
+        """
+        subject = f"{self.prefix}.{subject_tail}"
+        loop = asyncio.get_running_loop()
+        deadline, pause = loop.time() + self.timeout, 0.05
+        answered: asyncio.Future[Msg] = loop.create_future()
+
+        async def on_answer(msg: Msg) -> None:
+            if not answered.done():
+                answered.set_result(msg)
+
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox, cb=on_answer)
+        try:
+            while not answered.done():
+                await self.nc.publish(subject, body, reply=inbox)
+                await asyncio.wait({answered}, timeout=min(ATTEMPT_S, deadline - loop.time()))
+                left = deadline - loop.time()
+                if answered.done():
+                    break
+                if left <= 0:
+                    raise nats.errors.TimeoutError
+                await asyncio.wait({answered}, timeout=min(pause, left))  # an answer ends it
+                pause = min(2 * pause, 1.0)
+        finally:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+        msg = answered.result()
+        if msg.headers and msg.headers.get("Status") == NO_RESPONDERS:
+            raise nats.errors.NoRespondersError
         reply: dict[str, Any] = msgspec.json.decode(msg.data)
         return reply
 
