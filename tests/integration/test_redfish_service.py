@@ -555,7 +555,7 @@ async def test_compose_action_previews_reserves_and_applies_a_reservation(
     assert held.status == 200, held
     assert held.body["Client"] == "acme"
     assert held.body["ReservedResourceBlocks"] == [block("host-01"), block("gpu-002")]
-    assert held.body["Manifest"]["Stanzas"][0]["StanzaType"] == "ComposeSystem"
+    assert held.body["Manifest"]["Stanzas"] == [{"StanzaType": "ComposeSystem", "StanzaId": rid}]
     listed = await acme.get(RESERVATIONS)
     assert [m["@odata.id"] for m in listed.body["Members"]] == [f"{RESERVATIONS}/{rid}"]
     gpu = await acme.get(f"{BLOCKS}/{DOMAIN}.gpu-002")

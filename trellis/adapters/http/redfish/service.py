@@ -1012,7 +1012,10 @@ def _reservation(domain: str, reservation: dict[str, Any]) -> dict[str, Any]:
             "Description": str(reservation.get("reason") or ""),
             "Timestamp": str(reservation["made_at"]),
             "Expand": "None",
-            "Stanzas": [{"StanzaType": "ComposeSystem", "StanzaId": rid, "Request": request}],
+            # No `Request` in the stanza: Manifest's Request type is open (AdditionalProperties)
+            # but DMTF's Service Validator fails any property in it, its `Links` included. The
+            # blocks it would name are ReservedResourceBlocks.
+            "Stanzas": [{"StanzaType": "ComposeSystem", "StanzaId": rid}],
         },
         "Oem": {"Trellis": {"ExpiresAt": str(reservation["expires_at"])}},
     }
