@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from harness import Harness, engine_at, serving
+from harness import Harness, ManualClock, engine_at, serving
 from isolation import unique_subject_prefix
 from redfish_http import RedfishHttp
 from self_signed import self_signed
@@ -507,3 +507,151 @@ async def test_in_secure_mode_each_tenants_intents_go_under_its_own_identity(
                 await operator.close()
     finally:
         await asyncio.to_thread(server.stop)
+
+
+COMPOSE = f"{R}/CompositionService/Actions/CompositionService.Compose"
+RESERVATIONS = f"{R}/CompositionService/CompositionReservations"
+
+
+def compose_action(request_type: str, *nodes: str, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"RequestFormat": "Manifest", "RequestType": request_type, **extra}
+    if nodes:
+        request = {"Links": {"ResourceBlocks": [block(n) for n in nodes]}}
+        stanza = {"StanzaType": "ComposeSystem", "StanzaId": "one", "Request": request}
+        body["Manifest"] = {"Stanzas": [stanza]}
+    return body
+
+
+def apply_reservation(rid: str) -> dict[str, Any]:
+    return {"RequestFormat": "Manifest", "RequestType": "Apply", "ReservationId": rid}
+
+
+async def reservations(h: Harness, **query: Any) -> list[dict[str, Any]]:
+    reply = await h.client.query(DOMAIN, "reservations", query)
+    assert reply["ok"], reply
+    return list(reply["result"]["reservations"])
+
+
+async def test_compose_action_previews_reserves_and_applies_a_reservation(
+    h: Harness, admin: RedfishHttp
+) -> None:
+    acme = await tenant_account(admin, "alice", "acme")
+    service = await acme.get(f"{R}/CompositionService")
+    assert service.body["ReservationDuration"] == "PT300S"
+    assert service.body["Actions"]["#CompositionService.Compose"]["target"] == COMPOSE
+    preview = await acme("POST", COMPOSE, compose_action("Preview", "host-01", "gpu-002"))
+    assert preview.status == 200, preview
+    stanza = preview.body["Manifest"]["Stanzas"][0]
+    assert stanza["Response"]["Links"]["ResourceBlocks"] == [block("host-01"), block("gpu-002")]
+    assert "ReservationId" not in preview.body
+    assert await reservations(h) == [] and await connections(h) == []
+
+    reserved = await acme("POST", COMPOSE, compose_action("PreviewReserve", "host-01", "gpu-002"))
+    assert reserved.status == 200, reserved
+    rid = reserved.body["ReservationId"]
+    assert [r["reservation_id"] for r in await reservations(h, tenant="acme")] == [rid]
+    assert await connections(h) == []
+    held = await acme.get(f"{RESERVATIONS}/{rid}")
+    assert held.status == 200, held
+    assert held.body["Client"] == "acme"
+    assert held.body["ReservedResourceBlocks"] == [block("host-01"), block("gpu-002")]
+    assert held.body["Manifest"]["Stanzas"] == [{"StanzaType": "ComposeSystem", "StanzaId": rid}]
+    listed = await acme.get(RESERVATIONS)
+    assert [m["@odata.id"] for m in listed.body["Members"]] == [f"{RESERVATIONS}/{rid}"]
+    gpu = await acme.get(f"{BLOCKS}/{DOMAIN}.gpu-002")
+    assert gpu.body["CompositionStatus"]["Reserved"] is True
+    # Reserved is taken: a plain POST /Systems of the device is refused, naming it.
+    taken = await acme(
+        "POST", f"{R}/Systems", {"Links": {"ResourceBlocks": [block("host-01"), block("gpu-002")]}}
+    )
+    assert taken.status == 409, taken
+
+    applied = await acme("POST", COMPOSE, apply_reservation(rid))
+    assert applied.status == 200, applied
+    system = applied.body["Manifest"]["Stanzas"][0]["Response"]
+    cid = system["Id"]
+    rows = await connections(h)
+    assert [(r["device"], r["host"], r["composition_id"], r["tenant"]) for r in rows] == [
+        ("gpu-002", "host-01", cid, "acme")
+    ]
+    assert await reservations(h) == []
+    assert (await acme.get(f"{RESERVATIONS}/{rid}")).status == 404
+    assert (await acme.get(f"{R}/Systems/{cid}")).status == 200
+    gpu = await acme.get(f"{BLOCKS}/{DOMAIN}.gpu-002")
+    assert gpu.body["CompositionStatus"]["Reserved"] is False
+
+    direct = await acme("POST", COMPOSE, compose_action("Apply", "host-02", "gpu-003"))
+    assert direct.status == 200, direct
+    assert {r["device"] for r in await connections(h)} == {"gpu-002", "gpu-003"}
+
+
+async def test_compose_action_refuses_bad_requests_with_registry_messages(
+    h: Harness, admin: RedfishHttp
+) -> None:
+    acme = await tenant_account(admin, "alice", "acme")
+    for body, status, name in [
+        ({"RequestType": "Preview"}, 400, "PropertyMissing"),
+        (compose_action("Sideways", "host-01", "gpu-002"), 400, "PropertyValueNotInList"),
+        (compose_action("Preview"), 400, "PropertyMissing"),
+        (compose_action("Apply", ReservationId="rsv-0000000000000000"), 404, "ResourceNotFound"),
+    ]:
+        answer = await acme("POST", COMPOSE, body)
+        assert answer.status == status, answer
+        info = answer.body["error"]["@Message.ExtendedInfo"]
+        assert info[0]["MessageId"].endswith(name), info
+    assert (await acme.get(COMPOSE)).status == 405
+    assert await reservations(h) == [] and await connections(h) == []
+
+
+async def test_a_tenant_sees_and_applies_only_its_own_reservations(
+    h: Harness, admin: RedfishHttp
+) -> None:
+    acme = await tenant_account(admin, "alice", "acme")
+    zeta = await tenant_account(admin, "zed", "zeta")
+    made = await acme("POST", COMPOSE, compose_action("PreviewReserve", "host-01", "gpu-002"))
+    assert made.status == 200, made
+    rid = made.body["ReservationId"]
+    assert (await zeta.get(RESERVATIONS)).body["Members"] == []
+    assert (await zeta.get(f"{RESERVATIONS}/{rid}")).status == 404
+    stolen = await zeta("POST", COMPOSE, apply_reservation(rid))
+    assert stolen.status == 404, stolen
+    assert (await zeta("DELETE", f"{RESERVATIONS}/{rid}")).status == 404
+    # The block is still reserved for everyone; only acme's own listing names the reservation.
+    gpu = await zeta.get(f"{BLOCKS}/{DOMAIN}.gpu-002")
+    assert gpu.body["CompositionStatus"]["Reserved"] is True
+    assert (await admin.get(RESERVATIONS)).body["Members"] == [
+        {"@odata.id": f"{RESERVATIONS}/{rid}"}
+    ]
+    assert await connections(h) == []
+    cancelled = await acme("DELETE", f"{RESERVATIONS}/{rid}")
+    assert cancelled.status == 204, cancelled
+    assert await reservations(h) == []
+
+
+async def test_an_expired_reservation_is_refused_naming_it_and_nothing_is_created(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, tmp_path: Path
+) -> None:
+    clock = ManualClock()
+    options = RedfishOptions(
+        accounts=tmp_path / "redfish-accounts.json", admin_password=ADMIN_PASSWORD
+    )
+    async with serving(
+        nats_url, database_url, pg_schema, subject_prefix, redfish=options, clock=clock
+    ) as h:
+        assert (await h.client.import_topology(DOMAIN, FABRIC))["ok"]
+        assert h.redfish_url is not None
+        acme = await tenant_account(RedfishHttp(h.redfish_url, "admin", ADMIN_PASSWORD),
+                                    "alice", "acme")  # fmt: skip
+        made = await acme("POST", COMPOSE, compose_action("PreviewReserve", "host-01", "gpu-002"))
+        assert made.status == 200, made
+        rid = made.body["ReservationId"]
+        clock.advance(301)
+        await h.engine.expire_due_leases()
+        refused = await acme("POST", COMPOSE, apply_reservation(rid))
+        assert refused.status == 409, refused
+        info = refused.body["error"]["@Message.ExtendedInfo"]
+        assert rid in json.dumps(info) and "expired" in json.dumps(info), info
+        assert await connections(h) == []
+        assert (await acme.get(RESERVATIONS)).body["Members"] == []
+        gpu = await acme.get(f"{BLOCKS}/{DOMAIN}.gpu-002")
+        assert gpu.body["CompositionStatus"]["Reserved"] is False

@@ -50,8 +50,8 @@ async def live(
     subject_prefix: str,
     tmp_path: Path,
 ) -> AsyncIterator[Harness]:
-    """A live engine with Redfish, one domain, two tenants and three compositions (one with a
-    memory slice), so that every kind of resource exists for the crawl."""
+    """A live engine with Redfish, one domain, two tenants, three compositions (one with a
+    memory slice) and a reservation, so that every kind of resource exists for the crawl."""
     options = RedfishOptions(
         accounts=tmp_path / "redfish-accounts.json", admin_password=ADMIN_PASSWORD
     )
@@ -73,6 +73,27 @@ async def live(
         ):  # fmt: skip
             answer = await admin("POST", f"{R}/Systems", body)
             assert answer.status == 201, answer
+        # A held reservation, so the crawl reads a CompositionReservation too.
+        stanza = {
+            "StanzaType": "ComposeSystem",
+            "StanzaId": "reserved",
+            "Request": {
+                "Links": {
+                    "ResourceBlocks": [
+                        {"@odata.id": f"{BLOCKS}/{DOMAIN}.host-02"},
+                        {"@odata.id": f"{BLOCKS}/{DOMAIN}.gpu-004"},
+                    ]
+                },
+                "Oem": {"Trellis": {"Tenant": "acme"}},
+            },
+        }
+        answer = await admin(
+            "POST",
+            f"{R}/CompositionService/Actions/CompositionService.Compose",
+            {"RequestFormat": "Manifest", "RequestType": "PreviewReserve",
+             "Manifest": {"Stanzas": [stanza]}},
+        )  # fmt: skip
+        assert answer.status == 200 and answer.body["ReservationId"], answer
         answer = await admin(
             "POST",
             f"{R}/AccountService/Accounts",

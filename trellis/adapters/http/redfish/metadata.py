@@ -10,6 +10,8 @@ SCHEMAS: dict[str, tuple[str, ...]] = {
     "ComputerSystemCollection": (),
     "ComputerSystem": ("ComputerSystem.v1_27_0",),
     "CompositionService": ("CompositionService.v1_2_3",),
+    "CompositionReservation": ("CompositionReservation.v1_0_2",),
+    "CompositionReservationCollection": (),
     "ResourceBlockCollection": (),
     "ResourceBlock": ("ResourceBlock.v1_4_3",),
     "ZoneCollection": (),

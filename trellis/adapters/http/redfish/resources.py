@@ -98,8 +98,17 @@ class Viewer:
 class Domain:
     """One domain's topology and connections, and what follows from them."""
 
-    def __init__(self, name: str, topology: dict[str, Any], connections: list[dict[str, Any]]):
+    def __init__(
+        self,
+        name: str,
+        topology: dict[str, Any],
+        connections: list[dict[str, Any]],
+        reservations: list[dict[str, Any]] | None = None,
+    ):
         self.name = name
+        #: The live reservations (every tenant's) and the devices they hold.
+        self.reservations = list(reservations or [])
+        self.reserved = {d["id"] for r in self.reservations for d in r.get("devices", [])}
         self.nodes: dict[str, dict[str, Any]] = {n["id"]: n for n in topology.get("nodes", [])}
         self.links: list[dict[str, Any]] = topology.get("links", [])
         self.circuits: list[dict[str, Any]] = topology.get("circuits", [])
@@ -159,14 +168,20 @@ class Reader:
         body: dict[str, Any] = {}
         if name in self.positions:
             body["min_position"] = self.positions[name]
-        topology, connections = await asyncio.gather(
+        topology, connections, reservations = await asyncio.gather(
             self.client.all_pages(f"query.{name}.topology", body),
             self.client.all_pages(f"query.{name}.connections", body),
+            self.client.query(name, "reservations", body),
         )
-        for reply in (topology, connections):
+        for reply in (topology, connections, reservations):
             if not reply.get("ok"):
                 raise from_engine(reply.get("error", {}))
-        return Domain(name, topology["result"], connections["result"]["connections"])
+        return Domain(
+            name,
+            topology["result"],
+            connections["result"]["connections"],
+            reservations["result"]["reservations"],
+        )
 
     async def find_system(self, composition: str, viewer: Viewer) -> tuple[str, dict[str, Any]]:
         """The domain holding live composition `composition` that `viewer` may see, and the
@@ -255,7 +270,7 @@ def odata_document() -> dict[str, Any]:
 # ---- CompositionService, blocks, zones ----
 
 
-def composition_service() -> dict[str, Any]:
+def composition_service(reservation_seconds: int) -> dict[str, Any]:
     return {
         "@odata.id": f"{R}/CompositionService",
         "@odata.type": "#CompositionService.v1_2_3.CompositionService",
@@ -269,6 +284,15 @@ def composition_service() -> dict[str, Any]:
         "ResourceZones": ref(f"{R}/CompositionService/ResourceZones"),
         "ActivePool": ref(f"{R}/CompositionService/ActivePool"),
         "FreePool": ref(f"{R}/CompositionService/FreePool"),
+        "CompositionReservations": ref(f"{R}/CompositionService/CompositionReservations"),
+        "ReservationDuration": f"PT{reservation_seconds}S",
+        "Actions": {
+            "#CompositionService.Compose": {
+                "target": f"{R}/CompositionService/Actions/CompositionService.Compose",
+                "RequestFormat@Redfish.AllowableValues": ["Manifest"],
+                "RequestType@Redfish.AllowableValues": ["Preview", "PreviewReserve", "Apply"],
+            }
+        },
     }
 
 
@@ -294,6 +318,9 @@ class BlockState:
             full = used + 1e-9 >= (spec.get("capacity_gib") or 0.0)
         elif spec["kind"] == "device":
             full = bool(compositions)  # held whole: by a tenant this viewer may not see
+        # A reserved device is taken, for everyone, until its reservation is applied or ends.
+        self.reserved = node in domain.reserved
+        full = full or (self.reserved and spec.get("device_kind") != "memory")
         # One tenant's block names it; a shared host or pool serving several names none.
         self.client = next(iter(tenants)) if self.visible and len(tenants) == 1 else None
         usable = spec.get("health") == "healthy" and not spec.get("drained")
@@ -316,7 +343,7 @@ def resource_block(domain: Domain, node: str, viewer: Viewer) -> dict[str, Any]:
     state = BlockState(domain, node, viewer)
     status: dict[str, Any] = {
         "CompositionState": state.state,
-        "Reserved": False,
+        "Reserved": state.reserved,
         "SharingCapable": state.sharing,
         "NumberOfCompositions": state.number,
     }

@@ -62,6 +62,9 @@ _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
 #: A member request's schema property -> the device kind it asks for.
 MEMBER_KINDS = {"Memory": "memory", "NetworkInterfaces": "nic", "Storage": "nvme"}
 PROCESSOR_KINDS = {"GPU": "gpu", "Accelerator": "accelerator"}
+#: How long a `PreviewReserve` holds what it reserved (CompositionService.ReservationDuration).
+RESERVATION_SECONDS = 300
+REQUEST_TYPES = ("Preview", "PreviewReserve", "Apply")
 
 
 class Reply(msgspec.Struct, kw_only=True):
@@ -263,6 +266,13 @@ class RedfishService:
         if top == "Systems":
             return await self._systems(request, method, parts[1:], account, viewer)
         if top == "CompositionService":
+            if parts[1:2] == ["Actions"]:
+                if parts[2:] != ["CompositionService.Compose"]:
+                    raise error(404, "ResourceNotFound", "Resource", "/".join(parts))
+                _only(method, "POST")
+                return await self._compose_action(request, account)
+            if parts[1:2] == ["CompositionReservations"]:
+                return await self._reservations(request, method, parts[2:], account, viewer)
             _only(method, "GET")
             return await self._composition(parts[1:], viewer)
         if top == "Fabrics":
@@ -276,7 +286,7 @@ class RedfishService:
     async def _composition(self, parts: list[str], viewer: Viewer) -> Reply:
         base = f"{R}/CompositionService"
         if not parts:
-            return Reply(body=rs.composition_service())
+            return Reply(body=rs.composition_service(RESERVATION_SECONDS))
         what, rest = parts[0], parts[1:]
         if what in ("ResourceBlocks", "ActivePool", "FreePool") and not rest:
             domains = await self.reader.all()
@@ -411,43 +421,16 @@ class RedfishService:
         _may_change(account)
         self._writable()
         body = _json_body(request)
-        oem_tenant = _dig(body, "Oem", "Trellis", "Tenant")
-        if account.tenant is not None:
-            tenant = account.tenant
-            if oem_tenant is not None and oem_tenant != tenant:
-                raise error(403, "InsufficientPrivilege")
-        elif oem_tenant is None:
-            raise error(400, "PropertyMissing", "Oem/Trellis/Tenant")
-        elif not isinstance(oem_tenant, str) or not is_valid_id(oem_tenant):
-            raise error(400, "PropertyValueFormatError", str(oem_tenant), "Oem/Trellis/Tenant")
-        else:
-            tenant = oem_tenant
-        plan = await self._plan(body)
-        intent: dict[str, Any] = {"request_id": _request_id(request)}
+        tenant = _tenant_of(body, account)
+        plan, manifest = await self._manifest(body)
         domain = plan.domain
-        if plan.host is not None:
-            intent["host"] = plan.host
-        else:
-            intent["host_selector"] = {"labels": {}}
-        if plan.device_ids:
-            intent["device_ids"] = plan.device_ids
-        if plan.devices:
-            intent["devices"] = plan.devices
-        reason = body.get("Description") or body.get("Name")
-        if isinstance(reason, str) and reason:
-            intent["reason"] = reason
-        labels = _dig(body, "Oem", "Trellis", "Labels")
-        if labels is not None:
-            intent["labels"] = labels
-        lease = _dig(body, "Oem", "Trellis", "LeaseSeconds")
-        if lease is not None:
-            intent["lease_seconds"] = lease
+        intent: dict[str, Any] = {"request_id": _request_id(request), **manifest}
         reply = await (await self._acting_as(tenant)).intent(domain, tenant, "compose", intent)
         if not reply.get("ok"):
             failure = reply.get("error", {})
             if failure.get("code") in ("no_capacity", "no_path") and plan.device_ids:
                 now = await self.reader.domain(domain)
-                held = [d for d in plan.device_ids if d in now.by_device]
+                held = [d for d in plan.device_ids if d in now.by_device or d in now.reserved]
                 if held:
                     raise RedfishError(
                         409,
@@ -473,6 +456,196 @@ class RedfishService:
             headers=[("Location", f"{R}/Systems/{cid}")],
             allow="GET, HEAD, DELETE",
         )
+
+    # ---- CompositionService.Compose and CompositionReservations ----
+
+    async def _compose_action(self, request: Request, account: Account) -> Reply:
+        """`CompositionService.Compose` with a one-stanza Manifest: `Preview` is the engine's
+        `preview` query (nothing written), `PreviewReserve` its `reserve` intent, `Apply` its
+        `apply` intent, of a `ReservationId` or of the Manifest."""
+        _may_change(account)
+        body = _json_body(request)
+        request_format = body.get("RequestFormat")
+        if request_format is None:
+            raise error(400, "PropertyMissing", "RequestFormat")
+        if request_format != "Manifest":
+            raise error(400, "PropertyValueNotInList", str(request_format), "RequestFormat")
+        request_type = body.get("RequestType")
+        if request_type is None:
+            raise error(400, "PropertyMissing", "RequestType")
+        if request_type not in REQUEST_TYPES:
+            raise error(400, "PropertyValueNotInList", str(request_type), "RequestType")
+        answer: dict[str, Any] = {"RequestFormat": "Manifest", "RequestType": request_type}
+        rid = body.get("ReservationId")
+        if rid is not None:
+            if request_type != "Apply":
+                raise error(400, "PropertyValueFormatError", str(rid), "ReservationId",
+                            resolution="Only an Apply names a ReservationId.")  # fmt: skip
+            if not isinstance(rid, str) or not is_valid_id(rid):
+                raise error(404, "ResourceNotFound", "CompositionReservation", str(rid))
+            self._writable()
+            return await self._apply_reservation(request, account, rid, body, answer)
+        stanza, system_request = _stanza(body)
+        tenant = _tenant_of(system_request, account)
+        plan, manifest = await self._manifest(system_request)
+        domain = plan.domain
+        stanza = {k: v for k, v in stanza.items() if k != "Response"}
+        if request_type == "Preview":
+            reply = await self.client.query(
+                domain, "preview", {"manifest": manifest, "tenant": tenant}
+            )
+            if not reply.get("ok"):
+                raise from_engine(reply.get("error", {}), "ResourceBlock")
+            chosen = reply["result"]
+            stanza["Response"] = _blocks_request(domain, chosen["host"], chosen["devices"])
+            answer["Manifest"] = {"Stanzas": [stanza]}
+            return Reply(body=answer, allow="POST", etag=False)
+        self._writable()
+        acting = await self._acting_as(tenant)
+        if request_type == "PreviewReserve":
+            intent = {
+                "request_id": _request_id(request),
+                "manifest": manifest,
+                "duration_seconds": RESERVATION_SECONDS,
+            }
+            reply = await acting.intent(domain, tenant, "reserve", intent)
+            if not reply.get("ok"):
+                raise from_engine(reply.get("error", {}), "ResourceBlock")
+            self.reader.wrote(domain, reply.get("position"))
+            made = reply["result"]
+            stanza["Response"] = _blocks_request(domain, made["host"], made["devices"])
+            answer["Manifest"] = {"Stanzas": [stanza]}
+            answer["ReservationId"] = made["reservation_id"]
+            location = f"{R}/CompositionService/CompositionReservations/{made['reservation_id']}"
+            return Reply(body=answer, headers=[("Location", location)], allow="POST", etag=False)
+        intent = {"request_id": _request_id(request), "manifest": manifest}
+        reply = await acting.intent(domain, tenant, "apply", intent)
+        system = self._applied(domain, tenant, reply, manifest)
+        stanza["Response"] = system
+        answer["Manifest"] = {"Stanzas": [stanza]}
+        return Reply(body=answer, headers=[("Location", system["@odata.id"])], allow="POST",
+                     etag=False)  # fmt: skip
+
+    async def _apply_reservation(
+        self, request: Request, account: Account, rid: str, body: dict[str, Any],
+        answer: dict[str, Any],
+    ) -> Reply:  # fmt: skip
+        viewer = Viewer(account.tenant)
+        found = await self._find_reservation(rid, viewer)
+        if found is not None:
+            domains, tenant = [found[0]], str(found[1]["tenant"])
+        else:
+            # Not live: ask the engine anyway, as the account's tenant, so that one of its own
+            # that has ended (expired, cancelled, applied) is refused saying so.
+            domains = await self.reader.domains()
+            tenant = account.tenant or _dig(body, "Oem", "Trellis", "Tenant")
+            if not isinstance(tenant, str) or not is_valid_id(tenant):
+                raise error(404, "ResourceNotFound", "CompositionReservation", rid)
+        acting = await self._acting_as(tenant)
+        intent = {"request_id": _request_id(request), "reservation_id": rid}
+        for domain in domains:
+            reply = await acting.intent(domain, tenant, "apply", intent)
+            if not reply.get("ok") and reply.get("error", {}).get("code") == "not_found":
+                continue
+            manifest: dict[str, Any] = {}
+            if found is not None:
+                manifest = {
+                    "labels": found[1].get("labels", {}),
+                    "reason": found[1].get("reason", ""),
+                }
+            system = self._applied(domain, tenant, reply, manifest)
+            answer["ReservationId"] = rid
+            return Reply(body=answer | {"Manifest": {"Stanzas": [{
+                "StanzaType": "ComposeSystem", "StanzaId": rid, "Response": system}]}},
+                headers=[("Location", system["@odata.id"])], allow="POST", etag=False)  # fmt: skip
+        raise error(404, "ResourceNotFound", "CompositionReservation", rid)
+
+    def _applied(
+        self, domain: str, tenant: str, reply: dict[str, Any], manifest: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The ComputerSystem an apply (or compose) answered, or its Redfish refusal."""
+        if not reply.get("ok"):
+            raise from_engine(reply.get("error", {}), "CompositionReservation")
+        self.reader.wrote(domain, reply.get("position"))
+        composition = {
+            **reply["result"],
+            "tenant": tenant,
+            "labels": manifest.get("labels", {}),
+            "reason": manifest.get("reason", ""),
+        }
+        return rs.system(domain, composition)
+
+    async def _find_reservation(
+        self, rid: str, viewer: Viewer
+    ) -> tuple[str, dict[str, Any]] | None:
+        """The domain and engine answer of live reservation `rid` that `viewer` may see."""
+        for d in await self.reader.all():
+            for r in d.reservations:
+                if r["reservation_id"] == rid and viewer.sees(str(r["tenant"])):
+                    return d.name, r
+        return None
+
+    async def _reservations(
+        self, request: Request, method: str, parts: list[str], account: Account, viewer: Viewer
+    ) -> Reply:
+        base = f"{R}/CompositionService/CompositionReservations"
+        if not parts:
+            _only(method, "GET")
+            members = [
+                f"{base}/{r['reservation_id']}"
+                for d in await self.reader.all()
+                for r in d.reservations
+                if viewer.sees(str(r["tenant"]))
+            ]
+            name = "Composition Reservations"
+            kind = "CompositionReservationCollection"
+            return Reply(body=rs.collection(base, kind, name, sorted(members)))
+        if len(parts) != 1:
+            raise error(404, "ResourceNotFound", "Resource", "/".join(parts))
+        found = await self._find_reservation(parts[0], viewer)
+        if found is None:
+            raise error(404, "ResourceNotFound", "CompositionReservation", parts[0])
+        domain, reservation = found
+        body = _reservation(domain, reservation)
+        allow = "GET, HEAD, DELETE"
+        if method == "DELETE":
+            _may_change(account)
+            self._writable()
+            _if_match(request, body)
+            tenant = str(reservation["tenant"])
+            intent = {"request_id": _request_id(request), "reservation_id": parts[0]}
+            acting = await self._acting_as(tenant)
+            reply = await acting.intent(domain, tenant, "cancel-reservation", intent)
+            if not reply.get("ok"):
+                raise from_engine(reply.get("error", {}), "CompositionReservation")
+            self.reader.wrote(domain, reply.get("position"))
+            return Reply(status=204, body=None, allow=allow)
+        _only(method, "GET", "DELETE")
+        return Reply(body=body, allow=allow)
+
+    async def _manifest(self, body: dict[str, Any]) -> tuple[_Plan, dict[str, Any]]:
+        """The engine's manifest (a compose body without request_id) for a ComputerSystem
+        request, checked against the read model, and the plan it came from."""
+        plan = await self._plan(body)
+        manifest: dict[str, Any] = {}
+        if plan.host is not None:
+            manifest["host"] = plan.host
+        else:
+            manifest["host_selector"] = {"labels": {}}
+        if plan.device_ids:
+            manifest["device_ids"] = plan.device_ids
+        if plan.devices:
+            manifest["devices"] = plan.devices
+        reason = body.get("Description") or body.get("Name")
+        if isinstance(reason, str) and reason:
+            manifest["reason"] = reason
+        labels = _dig(body, "Oem", "Trellis", "Labels")
+        if labels is not None:
+            manifest["labels"] = labels
+        lease = _dig(body, "Oem", "Trellis", "LeaseSeconds")
+        if lease is not None:
+            manifest["lease_seconds"] = lease
+        return plan, manifest
 
     def _writable(self) -> None:
         if not self.writes and self._tenant_connection is None:
@@ -567,7 +740,7 @@ class RedfishService:
                 resolution="A composition of specific blocks names one Compute block (the "
                 "host) beside its device blocks.",
             )
-        in_use = [d for d in devices if d in domain.by_device]
+        in_use = [d for d in devices if d in domain.by_device or _whole_reserved(domain, d)]
         if in_use:
             raise RedfishError(
                 409, [message("ResourceBlockInUse", rs.block_id(domain_name, d)) for d in in_use]
@@ -733,7 +906,10 @@ def _json(status: int, body: dict[str, Any], headers: tuple[tuple[str, str], ...
 def _allowed(path: str) -> str:
     if path == f"{R}/Systems" or path.endswith(("/Accounts", "/Sessions")):
         return "GET, HEAD, POST"
-    if path.startswith((f"{R}/Systems/", f"{R}/SessionService/Sessions/")):
+    if path.endswith("/CompositionService.Compose"):
+        return "POST"
+    if path.startswith((f"{R}/Systems/", f"{R}/SessionService/Sessions/",
+                        f"{R}/CompositionService/CompositionReservations/")):  # fmt: skip
         return "GET, HEAD, DELETE"
     if path.startswith(f"{R}/AccountService/Accounts/"):
         return "GET, HEAD, PATCH, DELETE"
@@ -786,6 +962,78 @@ def _request_id(request: Request) -> str:
     if not _REQUEST_ID.fullmatch(key):
         raise error(400, "PropertyValueFormatError", key, "Idempotency-Key")
     return key
+
+
+def _whole_reserved(domain: rs.Domain, device: str) -> bool:
+    """A device a reservation holds whole (a memory pool's reserved slice leaves room)."""
+    return device in domain.reserved and domain.nodes[device].get("device_kind") != "memory"
+
+
+def _stanza(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The one `ComposeSystem` stanza of a Compose action's Manifest, and its Request."""
+    manifest = body.get("Manifest")
+    if manifest is None:
+        raise error(400, "PropertyMissing", "Manifest")
+    stanzas = manifest.get("Stanzas") if isinstance(manifest, dict) else None
+    if not isinstance(stanzas, list) or len(stanzas) != 1 or not isinstance(stanzas[0], dict):
+        raise error(400, "PropertyValueFormatError", "Stanzas", "Manifest/Stanzas",
+                    resolution="A Manifest holds one ComposeSystem stanza; send one per "
+                    "request.")  # fmt: skip
+    stanza = stanzas[0]
+    kind = stanza.get("StanzaType")
+    if kind != "ComposeSystem":
+        raise error(400, "PropertyValueNotInList", str(kind), "Manifest/Stanzas/0/StanzaType")
+    system_request = stanza.get("Request")
+    if not isinstance(system_request, dict):
+        raise error(400, "PropertyMissing", "Manifest/Stanzas/0/Request")
+    return stanza, system_request
+
+
+def _blocks_request(domain: str, host: str, devices: list[dict[str, Any]]) -> dict[str, Any]:
+    """A ComputerSystem request naming the blocks chosen: a preview's or a reservation's."""
+    blocks = [host, *dict.fromkeys(str(d["id"]) for d in devices)]
+    prefix = f"{R}/CompositionService/ResourceBlocks"
+    return {"Links": {"ResourceBlocks": [ref(f"{prefix}/{rs.block_id(domain, b)}")
+                                         for b in blocks]}}  # fmt: skip
+
+
+def _reservation(domain: str, reservation: dict[str, Any]) -> dict[str, Any]:
+    rid = str(reservation["reservation_id"])
+    request = _blocks_request(domain, str(reservation["host"]), reservation["devices"])
+    return {
+        "@odata.id": f"{R}/CompositionService/CompositionReservations/{rid}",
+        "@odata.type": "#CompositionReservation.v1_0_2.CompositionReservation",
+        "Id": rid,
+        "Name": f"Composition Reservation {rid}",
+        "ReservationTime": str(reservation["made_at"]),
+        "Client": str(reservation["tenant"]),
+        "ReservedResourceBlocks": request["Links"]["ResourceBlocks"],
+        "Manifest": {
+            "Description": str(reservation.get("reason") or ""),
+            "Timestamp": str(reservation["made_at"]),
+            "Expand": "None",
+            # No `Request` in the stanza: Manifest's Request type is open (AdditionalProperties)
+            # but DMTF's Service Validator fails any property in it, its `Links` included. The
+            # blocks it would name are ReservedResourceBlocks.
+            "Stanzas": [{"StanzaType": "ComposeSystem", "StanzaId": rid}],
+        },
+        "Oem": {"Trellis": {"ExpiresAt": str(reservation["expires_at"])}},
+    }
+
+
+def _tenant_of(body: dict[str, Any], account: Account) -> str:
+    """Whose request: the account's tenant, or the one an Administrator names in
+    `Oem.Trellis.Tenant`."""
+    oem_tenant = _dig(body, "Oem", "Trellis", "Tenant")
+    if account.tenant is not None:
+        if oem_tenant is not None and oem_tenant != account.tenant:
+            raise error(403, "InsufficientPrivilege")
+        return account.tenant
+    if oem_tenant is None:
+        raise error(400, "PropertyMissing", "Oem/Trellis/Tenant")
+    if not isinstance(oem_tenant, str) or not is_valid_id(oem_tenant):
+        raise error(400, "PropertyValueFormatError", str(oem_tenant), "Oem/Trellis/Tenant")
+    return oem_tenant
 
 
 def _dig(body: dict[str, Any], *keys: str) -> Any:
