@@ -45,14 +45,6 @@ def follow(args: argparse.Namespace) -> int:
 
 def demo_economics(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
-    if args.redfish is not None:
-        settings = msgspec.structs.replace(settings, redfish_port=args.redfish)
-    if args.redfish_host:
-        settings = msgspec.structs.replace(settings, redfish_host=args.redfish_host)
-    if args.redfish_cert:
-        settings = msgspec.structs.replace(settings, redfish_cert=Path(args.redfish_cert))
-    if args.redfish_key:
-        settings = msgspec.structs.replace(settings, redfish_key=Path(args.redfish_key))
     if args.http is not None:
         settings = msgspec.structs.replace(settings, http_port=args.http)
     _no_embedded_engine_running(settings)
