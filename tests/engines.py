@@ -135,19 +135,23 @@ class Fleet:
 
     async def leases(self) -> dict[str, tuple[int, int]]:
         """domain -> (pid, epoch) of the engine holding its writer lease now."""
+        rows = await self.fetch(
+            "SELECT l.domain, e.name, l.epoch FROM trellis_writer_leases l "
+            "JOIN trellis_engines e ON e.id = l.holder WHERE l.expires_at > clock_timestamp()"
+        )
+        # An engine's name is host:pid.
+        return {r["domain"]: (int(r["name"].rsplit(":", 1)[1]), int(r["epoch"])) for r in rows}
+
+    async def fetch(self, sql: str) -> list[asyncpg.Record]:
+        """`sql`'s rows, read in the fleet's schema."""
         conn = await asyncpg.connect(
             self.env["TRELLIS_DATABASE_URL"],
             server_settings={"search_path": self.env["TRELLIS_DB_SCHEMA"]},
         )
         try:
-            rows = await conn.fetch(
-                "SELECT l.domain, e.name, l.epoch FROM trellis_writer_leases l "
-                "JOIN trellis_engines e ON e.id = l.holder WHERE l.expires_at > clock_timestamp()"
-            )
+            return await conn.fetch(sql)
         finally:
             await conn.close()
-        # An engine's name is host:pid.
-        return {r["domain"]: (int(r["name"].rsplit(":", 1)[1]), int(r["epoch"])) for r in rows}
 
     async def stop(self) -> None:
         for engine in self.engines:

@@ -23,7 +23,6 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import nats.errors
 import pytest
 import pytest_asyncio
@@ -210,17 +209,10 @@ async def answered_admin(client: TrellisClient, domain: str, body: dict[str, Any
 
 
 async def logged_once(fleet: Fleet, acks: Acks) -> bool:
-    conn = await asyncpg.connect(
-        fleet.env["TRELLIS_DATABASE_URL"],
-        server_settings={"search_path": fleet.env["TRELLIS_DB_SCHEMA"]},
+    rows = await fleet.fetch(
+        "SELECT causation_id, count(*) AS n FROM trellis_events "
+        "WHERE type IN ('CompositionRequested', 'CompositionReleased') GROUP BY 1"
     )
-    try:
-        rows = await conn.fetch(
-            "SELECT causation_id, count(*) AS n FROM trellis_events "
-            "WHERE type IN ('CompositionRequested', 'CompositionReleased') GROUP BY 1"
-        )
-    finally:
-        await conn.close()
     recorded = {r["causation_id"]: r["n"] for r in rows}
     wrong = {rid: recorded.get(rid, 0) for rid in acks.at if recorded.get(rid, 0) != 1}
     assert wrong == {}, wrong
