@@ -14,6 +14,7 @@ import json
 import re
 import shutil
 import sys
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -123,6 +124,7 @@ async def test_the_service_validator_crawls_a_live_instance_with_no_failures(
         "--schema_directory", str(CSDL), "--skipschema", "--logdir", str(logs),
     )  # fmt: skip
     summary = _summary(out)
+    print(f"Redfish Service Validator: {summary}")
     assert summary.get("pass", 0) > 100, out[-4000:]
     assert summary.get("fail", 0) == 0, out[-8000:]
     assert code == 0, out[-4000:]
@@ -168,6 +170,11 @@ async def test_the_protocol_validator_fails_only_what_docs_name(
             if row.get("Result", "").upper() == "FAIL":
                 failed.add(row.get("Assertion", "").split(":")[0].strip())
     shutil.copy(tsv[-1], tmp_path / "protocol.tsv")
+    with tsv[-1].open() as f:
+        results = Counter(
+            row.get("Result", "").upper() for row in csv.DictReader(f, delimiter="\t")
+        )
+    print(f"Redfish Protocol Validator: {dict(results)}, failed: {sorted(failed)}")
     assert failed <= KNOWN_PROTOCOL_FAILURES, (
         sorted(failed - KNOWN_PROTOCOL_FAILURES),
         out[-3000:],
