@@ -5,12 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import io
+from collections import Counter
 from typing import Any
 
 import pytest
 
 from trellis.adapters.entrypoints.economics import live
-from trellis.adapters.entrypoints.economics.figures import mended, percentile, storm_refusal
+from trellis.adapters.entrypoints.economics.figures import (
+    PERCENTILES,
+    Figures,
+    comparison,
+    mended,
+    percentile,
+    storm_refusal,
+    supported,
+)
 from trellis.adapters.entrypoints.economics.runs import Plan, Run
 
 
@@ -93,3 +102,31 @@ async def test_plain_progress_prints_running_runs_only(
         await asyncio.sleep(0.05)
     out = capsys.readouterr().out
     assert "pooled: storm" in out and "fixed:" not in out
+
+
+def test_a_percentile_is_shown_only_when_its_sample_count_supports_it() -> None:
+    # 40 composes cannot tell a p99 or a p99.9 from their maximum (issue 26 item 6).
+    assert [q for q in PERCENTILES if supported(q, 40)] == [50.0, 90.0]
+    assert [q for q in PERCENTILES if supported(q, 100)] == [50.0, 90.0, 99.0]
+    assert [q for q in PERCENTILES if supported(q, 1000)] == list(PERCENTILES)
+
+
+def test_the_comparison_names_what_was_held_and_prints_no_infinite_ratio() -> None:
+    def run(gpu_util: list[float], refused: int, latencies: int) -> Figures:
+        ordered = [0.01] * latencies
+        return Figures(
+            requests=10, served=10 - refused, refused=Counter(quota=refused),
+            gpu_util=gpu_util, memory_util=[0.0], gpu_seconds=1.0, idle_gpu_seconds=0.0,
+            free_gpus_memory_full=0.0, free_gib_gpus_full=0.0, billed=1.0, hall_cost=2.0,
+            impaired=0, repaired=0, recovered=0,
+            p99_ms=percentile(ordered, 99) if supported(99, latencies) else None,
+            latency_ms={},
+        )  # fmt: skip
+
+    text = comparison(run([0.5], refused=3, latencies=40), run([0.9], refused=0, latencies=40))
+    assert "GPU utilization" not in text and "GPUs held, mean % of the hall's" in text
+    assert "inf" not in text
+    (refused,) = [line for line in text.splitlines() if line.startswith("refused ")]
+    assert refused.split()[-1] == "-"  # 3 against 0: no ratio
+    (p99,) = [line for line in text.splitlines() if line.startswith("p99 compose")]
+    assert p99.split()[-3:] == ["-", "-", "-"]  # 40 composes tell no p99

@@ -116,8 +116,8 @@ def report(outcome: Outcome, plan: Plan) -> str:
     for name, got in outcome.figures.items():
         run = outcome.runs[name]
         lines.append(f"{name}: {got.requests} requests over {plan.seconds:g} s in {run.domain}")
-        lines.append(f"  GPU utilization |{sparkline(got.gpu_util)}|")
-        lines.append(f"  memory          |{sparkline(got.memory_util)}|")
+        lines.append(f"  GPUs held       |{sparkline(got.gpu_util)}|")
+        lines.append(f"  memory held     |{sparkline(got.memory_util)}|")
     lines += ["", comparison(outcome.figures["pooled"], outcome.figures["fixed"]), ""]
     for name, run in outcome.runs.items():
         lines.append(f"the storm in {name}: {', '.join(run.struck)} failed")

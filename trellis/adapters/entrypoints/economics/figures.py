@@ -1,6 +1,7 @@
 """One economics run's figures, computed from its log and not from the run's own counters.
 
-The `history` query (who held which device when, at what price) gives utilization, GPU-seconds
+The `history` query (who held which device when, at what price) gives what was held (GPUs and
+pooled memory held over time, a share of the hall's: not how busy the work kept them), GPU-seconds
 and cost; the log's CompositionRequested events (their labels name the trace request) give
 requests served; CompositionRejected (code, and the request entry its funnel stopped at) gives
 refusals by reason; CompositionImpaired, then DeviceReplaced or PathRerouted and a later
@@ -39,8 +40,9 @@ class Figures:
     impaired: int
     repaired: int  # the engine moved them off the fault, and they were active again
     recovered: int  # active again only once the fault healed
-    p99_ms: float
-    latency_ms: dict[str, float]  # compose latency percentiles, "p50" .. "p99.9"
+    p99_ms: float | None  # None: too few composes to tell a p99 (supported())
+    # Compose latency percentiles, "p50" .. "p99.9": only those the sample count supports.
+    latency_ms: dict[str, float]
 
 
 # ---- the figures, from the log ----
@@ -54,6 +56,12 @@ def percentile(ordered: Sequence[float], q: float) -> float:
     if not ordered:
         return 0.0
     return 1000 * ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+
+
+def supported(q: float, samples: int) -> bool:
+    """Whether `samples` values can tell a `q`th percentile from their maximum: at least one
+    value above it (p99 wants 100 samples, p99.9 wants 1,000)."""
+    return q < 100 and samples >= math.ceil(round(100 / (100 - q), 6))
 
 
 def _time(text: str) -> datetime:
@@ -148,8 +156,10 @@ def figures(
         impaired=len(impaired),
         repaired=len(repaired),
         recovered=len(recovered),
-        p99_ms=percentile(ordered, 99.0),
-        latency_ms={f"p{q:g}": percentile(ordered, q) for q in PERCENTILES},
+        p99_ms=percentile(ordered, 99.0) if supported(99.0, len(ordered)) else None,
+        latency_ms={
+            f"p{q:g}": percentile(ordered, q) for q in PERCENTILES if supported(q, len(ordered))
+        },
     )
 
 
@@ -197,9 +207,12 @@ def comparison(pooled_figures: Figures, fixed_figures: Figures) -> str:
     def mean(values: list[float]) -> float:
         return sum(values) / len(values) if values else 0.0
 
-    def row(what: str, p: float, f: float, fmt: str = "{:.0f}") -> list[str]:
-        ratio = f"{p / f:.2f}x" if f else ("-" if not p else "inf")
-        return [what, fmt.format(p), fmt.format(f), ratio]
+    def row(what: str, p: float | None, f: float | None, fmt: str = "{:.0f}") -> list[str]:
+        """A figure of both runs and their ratio; "-" for a figure too few samples support,
+        and for a ratio over nothing (no `inf`)."""
+        shown = [fmt.format(x) if x is not None else "-" for x in (p, f)]
+        ratio = f"{p / f:.2f}x" if p is not None and f else "-"
+        return [what, *shown, ratio]
 
     def per_served(x: Figures, dollars: float) -> float:
         return dollars / x.served if x.served else 0.0
@@ -213,15 +226,20 @@ def comparison(pooled_figures: Figures, fixed_figures: Figures) -> str:
     for reason in sorted(set(p.refused) | set(f.refused)):
         rows.append(row(f"  refused: {reason}", p.refused[reason], f.refused[reason]))
     rows += [
-        row("GPU utilization, mean %", 100 * mean(p.gpu_util), 100 * mean(f.gpu_util), "{:.1f}"),
         row(
-            "GPU utilization, peak %",
+            "GPUs held, mean % of the hall's",
+            100 * mean(p.gpu_util),
+            100 * mean(f.gpu_util),
+            "{:.1f}",
+        ),
+        row(
+            "GPUs held, peak % of the hall's",
             100 * max(p.gpu_util, default=0),
             100 * max(f.gpu_util, default=0),
             "{:.1f}",
         ),
         row(
-            "memory utilization, mean %",
+            "pooled memory held, mean %",
             100 * mean(p.memory_util),
             100 * mean(f.memory_util),
             "{:.1f}",

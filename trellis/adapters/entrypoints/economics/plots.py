@@ -47,14 +47,15 @@ def draw(
         if storm is not None:
             axes.axvspan(*storm, color="grey", alpha=0.2, label="failure storm")
     memory.legend(loc="upper right")  # pooled memory is low there, fixed pods hold none
-    gpu.set_title("Utilization over time (from the log's history)")
+    gpu.set_title("What was held over time (from the log's history)")
     memory.set_xlabel("seconds into the run")
     figure.tight_layout()
     figure.savefig(paths[0], dpi=100)
     pyplot.close(figure)
 
     figure, axes = pyplot.subplots(figsize=(7, 4))
-    labels = list(pooled.latency_ms)
+    # Only the percentiles both runs' compose counts support (figures.supported).
+    labels = [q for q in pooled.latency_ms if q in fixed.latency_ms]
     width = 0.38
     for offset, (name, figures, colour) in zip((-width / 2, width / 2), runs, strict=True):
         xs = [k + offset for k in range(len(labels))]
