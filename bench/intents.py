@@ -45,30 +45,35 @@ import contextlib
 import json
 import logging
 import math
+import multiprocessing as mp
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path as FsPath
-from typing import Any
+from typing import Any, TypeVar
 
 sys.path.insert(0, str(FsPath(__file__).resolve().parents[1]))
 
 import asyncpg
 import msgspec
-from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from trellis.adapters.bootstrap import Endpoints, RunningEngine, embedded_or_configured, engine_on
+from trellis.adapters.fabric.sim import SimulatedFabric
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.settings import FollowersMode, Settings
+from trellis.engine.core.fabric import FabricBinding
 from trellis.engine.core.throttle import RateLimit
 from trellis.projections import PostgresReadModels
 
+_T = TypeVar("_T")
 TENANTS = [f"tenant-{i}" for i in range(8)]
 RACKS = 4
 HOSTS_PER_RACK = 4
@@ -104,15 +109,22 @@ def stats(samples_ms: list[float]) -> dict[str, float]:
 # ---- the fabric ----
 
 
-def topology(gpus_per_rack: int) -> dict[str, Any]:
-    """RACKS racks; each has one PCIe switch carrying HOSTS_PER_RACK hosts and `gpus_per_rack`
+def topology(gpus_per_rack: int, racks: int = RACKS, ocs: bool = False) -> dict[str, Any]:
+    """`racks` racks; each has one PCIe switch carrying HOSTS_PER_RACK hosts and `gpus_per_rack`
     GPUs (A100 and H100 alternating). Requests ask for any GPU, so each compose picks among the
-    rack's free ones and nothing runs out while clients per rack <= gpus_per_rack."""
+    rack's free ones and nothing runs out while clients per rack <= gpus_per_rack. With `ocs`,
+    every rack switch also has an uplink to one port of one optical circuit switch, so the
+    racks are joined as the issue's probe fabric is (8 racks, one OCS)."""
     nodes: list[dict[str, Any]] = []
     links: list[dict[str, Any]] = []
-    for r in range(RACKS):
+    if ocs:
+        nodes.append({"id": "ocs-0", "kind": "ocs", "ports": 2 * racks, "latency_ns": 30})
+    for r in range(racks):
         sw = f"sw-r{r}"
         nodes.append({"id": sw, "kind": "switch", "latency_ns": 150, "labels": {"rack": f"r{r}"}})
+        if ocs:
+            links.append({"id": f"l-{sw}-ocs", "a": sw, "b": "ocs-0", "b_port": r,
+                          "capacity_gbps": 256})  # fmt: skip
         for h in range(HOSTS_PER_RACK):
             host = f"host-r{r}-{h}"
             nodes.append({"id": host, "kind": "host", "labels": {"rack": f"r{r}"}})
@@ -136,9 +148,9 @@ def topology(gpus_per_rack: int) -> dict[str, Any]:
     return {"nodes": nodes, "links": links}
 
 
-def host_of(worker: int) -> str:
+def host_of(worker: int, racks: int = RACKS) -> str:
     """Workers spread evenly over racks first, then over the hosts of a rack."""
-    rack, slot = worker % RACKS, (worker // RACKS) % HOSTS_PER_RACK
+    rack, slot = worker % racks, (worker // racks) % HOSTS_PER_RACK
     return f"host-r{rack}-{slot}"
 
 
@@ -340,6 +352,61 @@ async def floor_setup(
     return combined, nats_only, pg_only, close
 
 
+async def saga_floor_setup(
+    nats_url: str, database_url: str, schema: str, prefix: str, fabric_state: FsPath | None
+) -> tuple[Callable[[], Awaitable[None]], Callable[[], Awaitable[None]]]:
+    """(saga, close): the saga floor (ARCHITECTURE §10), the I/O a compose needs done by hand
+    and in sequence: the client's request-reply, whose handler commits the reserve, makes the
+    simulated hardware's durable write (one binding, through a SimulatedFabric of its own with
+    the engine's kind of state file: a new generation written, fsynced and linked, and its
+    folder fsynced) and commits the settlement, then replies. Samples alternate bind and unbind
+    so the hardware's state stays one binding small."""
+    responder = await connect_nats(nats_url, name="bench-saga-floor-responder")
+    client = await connect_nats(nats_url, name="bench-saga-floor-client")
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": schema})
+    await conn.execute(
+        "CREATE TABLE bench_saga_floor (id bigserial PRIMARY KEY, at timestamptz NOT NULL "
+        "DEFAULT now(), body text NOT NULL)"
+    )
+    insert = "INSERT INTO bench_saga_floor (body) VALUES ($1)"
+    hardware = SimulatedFabric(state_file=fabric_state)
+    binding = FabricBinding(
+        host="host-r0-0", device="gpu-r0-000", path=["host-r0-0", "sw-r0", "gpu-r0-000"],
+        composition_id="c-floor",
+    )  # fmt: skip
+    bound = [False]
+    reply_body = msgspec.json.encode({"ok": True, "result": {}, "position": 1, "replayed": False})
+
+    async def reserve_program_settle(msg: Msg) -> None:
+        async with conn.transaction():
+            await conn.execute(insert, msg.data.decode())
+        if bound[0]:
+            await hardware.unbind("floor", binding)
+        else:
+            await hardware.bind("floor", binding)
+        bound[0] = not bound[0]
+        async with conn.transaction():
+            await conn.execute(insert, "settled")
+        await msg.respond(reply_body)
+
+    await responder.subscribe(
+        f"{prefix}.floor.saga", queue="bench-floor", cb=reserve_program_settle
+    )
+    await responder.flush()
+    body = msgspec.json.encode({"request_id": str(uuid.uuid4()), "composition_id": "c-0"})
+
+    async def saga() -> None:
+        msg = await client.request(f"{prefix}.floor.saga", body, timeout=10)
+        msgspec.json.decode(msg.data)
+
+    async def close() -> None:
+        await client.close()
+        await responder.close()
+        await conn.close()
+
+    return saga, close
+
+
 async def timed_ms(op: Callable[[], Awaitable[None]], n: int, budget_s: float) -> list[float]:
     out: list[float] = []
     deadline = time.perf_counter() + budget_s
@@ -400,9 +467,10 @@ async def run_load(
     workers: int,
     seconds: float,
     max_pairs: int,
+    hosts: list[str],
 ) -> Load:
     """`workers` loops of compose+release until `seconds` pass or `max_pairs` are done; worker
-    i works in domain i % len(domains) as tenant i % 8 on the host `host_of(i // domains)`."""
+    i works in domain i % len(domains) as tenant i % 8 on host (i // domains) % len(hosts)."""
     load = Load()
     started = time.perf_counter()
     deadline = started + seconds
@@ -412,7 +480,7 @@ async def run_load(
         client = clients[i % len(clients)]
         domain = domains[i % len(domains)]
         tenant = TENANTS[i % len(TENANTS)]
-        host = host_of(i // len(domains))
+        host = hosts[(i // len(domains)) % len(hosts)]
         while time.perf_counter() < deadline and budget[0] > 0:
             budget[0] -= 1
             await pair(client, domain, tenant, host, load)
@@ -420,6 +488,67 @@ async def run_load(
     await asyncio.gather(*(worker(i) for i in range(workers)))
     load.seconds = time.perf_counter() - started
     return load
+
+
+class LoadPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """One phase's clients, as the client process runs them."""
+
+    nats_url: str
+    prefix: str
+    domains: list[str]
+    workers: int
+    seconds: float
+    max_pairs: int
+    hosts: list[str]
+
+
+def load_in_child(plan: bytes) -> bytes:
+    """Run a LoadPlan in this (client) process; its latencies, or the failure, as JSON.
+
+    The clients run in a process of their own, as real clients do: the bench process's CPU
+    is then the engine's alone, which is what the CPU-per-pair target counts."""
+    todo = msgspec.json.decode(plan, type=LoadPlan)
+
+    async def run() -> Load:
+        ncs = [await connect_nats(todo.nats_url, name=f"bench-client-{i}") for i in range(4)]
+        try:
+            clients = [TrellisClient(nc, prefix=todo.prefix, timeout=30) for nc in ncs]
+            return await run_load(
+                clients, todo.domains, todo.workers, todo.seconds, todo.max_pairs, todo.hosts
+            )
+        finally:
+            for nc in ncs:
+                await nc.close()
+
+    try:
+        load = asyncio.run(run())
+    except BenchFailure as exc:
+        return msgspec.json.encode({"failure": str(exc)})
+    return msgspec.json.encode(
+        {"pair": load.pair, "compose": load.compose, "release": load.release,
+         "seconds": load.seconds}
+    )  # fmt: skip
+
+
+class ClientProcess:
+    """The one process every phase's clients run in (spawned once, reused)."""
+
+    def __init__(self) -> None:
+        self._pool = ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"))
+
+    async def run(self, plan: LoadPlan) -> Load:
+        loop = asyncio.get_running_loop()
+        raw = await loop.run_in_executor(self._pool, load_in_child, msgspec.json.encode(plan))
+        got = msgspec.json.decode(raw)
+        if "failure" in got:
+            raise BenchFailure(got["failure"])
+        load = Load()
+        load.pair, load.compose, load.release = got["pair"], got["compose"], got["release"]
+        load.seconds = got["seconds"]
+        return load
+
+    def close(self) -> None:
+        self._pool.shutdown()
 
 
 async def settle(running: RunningEngine, domains: list[str]) -> None:
@@ -544,6 +673,16 @@ async def scraped(url: str | None) -> AsyncIterator[Scrapes]:
                 await task
 
 
+PROJECT_FABRIC = FsPath(__file__).resolve().parents[1] / "examples" / "fabric.json"
+
+
+def project_fabric() -> tuple[dict[str, Any], str]:
+    """The project's own example fabric (examples/fabric.json) and its first host."""
+    doc: dict[str, Any] = json.loads(PROJECT_FABRIC.read_text())
+    host = next(n["id"] for n in doc["nodes"] if n.get("kind") == "host")
+    return doc, host
+
+
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     settings = Settings.from_env()
     levels = [int(c) for c in args.concurrency.split(",") if c]
@@ -556,56 +695,76 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     modes = [(f, m) for f in followers for m in metered]
     n_domains = args.domains
     spread = args.spread_clients
-    clients_per_rack = max([*levels, math.ceil(spread / n_domains)]) / RACKS
+    racks = args.racks
+    clients_per_rack = max([*levels, math.ceil(spread / n_domains)]) / racks
     gpus_per_rack = max(32, math.ceil(clients_per_rack * 1.25) + 8)
-    doc = topology(gpus_per_rack)
+    doc = topology(gpus_per_rack, racks=racks, ocs=True)
+    hosts = [host_of(w, racks=racks) for w in range(racks * HOSTS_PER_RACK)]
+    project_doc, project_host = project_fabric()
     result: dict[str, Any] = {
         "bench": "intents",
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
+        "loop": args.loop,
         "nats": "configured" if settings.nats_url else "embedded",
         "postgres": "configured" if settings.database_url else "embedded",
         "fabric": {
-            "racks": RACKS,
-            "hosts": RACKS * HOSTS_PER_RACK,
-            "gpus_per_domain": RACKS * gpus_per_rack,
+            "racks": racks,
+            "ocs": 1,
+            "hosts": racks * HOSTS_PER_RACK,
+            "gpus_per_domain": racks * gpus_per_rack,
+            "project": PROJECT_FABRIC.name,
+            "hardware": "in memory" if args.fabric_memory else "state file (as trellis up)",
         },
+        "load_average": os.getloadavg(),
     }
     started = time.perf_counter()
+    clients_process = ClientProcess()
     async with (
         servers(settings) as (nats_url, database_url, owner_url, _monitor),
         fresh_schema(owner_url, args.keep) as schema,
     ):
+        state_dir = FsPath(tempfile.mkdtemp(prefix="trellis-bench-fabric-"))
         prefix = f"b{uuid.uuid4().hex[:12]}"
         async with conn_info(owner_url) as info:
             result["server"] = info
-        # The floor's table is the bench's own, in the schema the owner created.
+        # The floors' tables are the bench's own, in the schema the owner created.
         combined, nats_only, pg_only, close_floor = await floor_setup(
             nats_url, owner_url, schema, prefix
         )
+        saga, close_saga_floor = await saga_floor_setup(
+            nats_url,
+            owner_url,
+            schema,
+            prefix,
+            None if args.fabric_memory else state_dir / "floor" / "fabric-sim.json",
+        )
         try:
-            # The floor is measured clean, with nothing of Trellis running: half before the
+            # Both floors are measured clean, with nothing of Trellis running: half before the
             # engine starts, half after it stopped (and its relay and projections with it).
             # Beside each phase a short "loaded" chunk shows what the engine's background work
             # (followers catching up) does to the same round trip; it is no baseline.
-            n_phases = 1 + len(levels) + (n_domains > 1) + 2 * args.diagnose
+            n_phases = 2 + len(levels) + (n_domains > 1) + 2 * args.diagnose
             half = max(50, args.floor_samples // 2)
             clean_chunks: list[list[float]] = []
+            saga_chunks: list[list[float]] = []
             loaded_chunks: list[list[float]] = []
 
-            async def clean_floor() -> None:
-                clean_chunks.append(await timed_ms(combined, half, args.budget / 2))
+            async def clean_floors() -> None:
+                clean_chunks.append(await timed_ms(combined, half, args.budget / 4))
+                saga_chunks.append(await timed_ms(saga, half, args.budget / 4))
 
             async def loaded_floor() -> None:
                 loaded_chunks.append(
                     await timed_ms(combined, max(20, half // 10), args.budget / (4 * n_phases))
                 )
 
-            progress(f"floor: {half} samples before the engine, {half} after ...")
+            progress(f"floors: {half} samples each before the engine, {half} after ...")
             await timed_ms(combined, 50, 5)  # warm-up
-            await clean_floor()
-            parts_nats = await timed_ms(nats_only, half // 2, args.budget / 4)
-            parts_pg = await timed_ms(pg_only, half // 2, args.budget / 4)
+            await timed_ms(saga, 50, 5)
+            await clean_floors()
+            parts_nats = await timed_ms(nats_only, half // 2, args.budget / 8)
+            parts_pg = await timed_ms(pg_only, half // 2, args.budget / 8)
 
             phases: dict[str, Any] = {}
             checks: list[dict[str, Any]] = []
@@ -617,7 +776,13 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 tag = "" if len(followers) == 1 or mode == "inline" else f"@{mode}"
                 tag += "@metrics" if metrics and len(metered) > 1 else ""
                 domains = [f"bench-{mode}-{int(metrics)}-{d}" for d in range(n_domains)]
+                project = f"bench-{mode}-{int(metrics)}-project"
                 mode_prefix = f"{prefix}{mode[0]}{int(metrics)}"
+                hardware = (
+                    None
+                    if args.fabric_memory
+                    else SimulatedFabric(state_file=state_dir / mode_prefix / "fabric-sim.json")
+                )
                 # A schema of its own too: a follower process follows every domain in its log.
                 async with (
                     fresh_schema(owner_url, args.keep) as mode_schema,
@@ -633,138 +798,167 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                             # The intent path's cost, not a tenant's rate (bench/flood.py has
                             # that).
                             tenant_rate=RateLimit(0),
-                        )
+                        ),
+                        fabric=hardware,
                     ) as running,
                     scraped(running.metrics_url) as scrapes,
                 ):
                     probe = Probe(running)
-                    ncs: list[NATS] = [
-                        await connect_nats(nats_url, name=f"bench-client-{i}") for i in range(4)
-                    ]
+                    nc = await connect_nats(nats_url, name="bench-admin")
                     try:
-                        clients = [TrellisClient(nc, prefix=mode_prefix, timeout=30) for nc in ncs]
-                        for d in domains:
-                            reply = await clients[0].admin(d, "import-topology", doc)
+                        admin = TrellisClient(nc, prefix=mode_prefix, timeout=30)
+                        for d, d_doc in [*((d, doc) for d in domains), (project, project_doc)]:
+                            reply = await admin.admin(d, "import-topology", d_doc)
                             if not reply.get("ok"):
                                 raise BenchFailure(f"import into {d}: {reply}")
-                        composes = 0
+                    finally:
+                        await nc.close()
+                    composes = 0
 
-                        async def counted(
-                            doms: list[str], workers: int, secs: float, cap: int
-                        ) -> Load:
-                            nonlocal composes
-                            load = await run_load(clients, doms, workers, secs, cap)
-                            composes += len(load.pair)
-                            return load
+                    async def counted(
+                        doms: list[str], workers: int, secs: float, cap: int, on: list[str]
+                    ) -> Load:
+                        nonlocal composes
+                        plan = LoadPlan(
+                            nats_url=nats_url,
+                            prefix=mode_prefix,
+                            domains=doms,
+                            workers=workers,
+                            seconds=secs,
+                            max_pairs=cap,
+                            hosts=on,
+                        )
+                        load = await clients_process.run(plan)
+                        composes += len(load.pair)
+                        return load
 
-                        async def phase(
-                            name: str,
-                            doms: list[str],
-                            workers: int,
-                            seconds: float,
-                            cap: int,
-                            diagnostic: str = "",
-                        ) -> None:
-                            await settle(running, domains)
-                            await loaded_floor()
-                            mark = probe.mark()
-                            process = running.follower_process
-                            meter = CpuMeter(process.pid if process is not None else None)
-                            load = await counted(doms, workers, seconds, cap)
-                            figures = load.figures()
-                            figures["cpu"] = meter.read()
-                            figures["cpu"]["process_cpu_ms_per_pair"] = (
-                                (figures["cpu"]["process_cpu_s"] + figures["cpu"]["follower_cpu_s"])
-                                * 1000
-                                / max(1, len(load.pair))
-                            )
-                            figures["diagnostic"] = diagnostic
-                            figures["followers"] = mode
-                            figures["metrics"] = metrics
-                            figures["scrapes"] = scrapes.taken
-                            figures["clients"] = workers
-                            figures["domains"] = len(doms)
-                            figures["engine"] = probe.since(mark)
-                            phases[name + tag] = figures
-                            progress(
-                                f"  {name}: {len(load.pair)} pairs in {load.seconds:.1f} s, "
-                                f"{figures['pairs_per_s']:.0f} pairs/s, "
-                                f"{figures['engine']['replies_per_tx']:.1f} replies per commit"
-                            )
+                    async def phase(
+                        name: str,
+                        doms: list[str],
+                        workers: int,
+                        seconds: float,
+                        cap: int,
+                        on: list[str],
+                        diagnostic: str = "",
+                    ) -> None:
+                        await settle(running, [*domains, project])
+                        await loaded_floor()
+                        mark = probe.mark()
+                        process = running.follower_process
+                        meter = CpuMeter(process.pid if process is not None else None)
+                        load = await counted(doms, workers, seconds, cap, on)
+                        figures = load.figures()
+                        figures["cpu"] = meter.read()
+                        figures["cpu"]["process_cpu_ms_per_pair"] = (
+                            (figures["cpu"]["process_cpu_s"] + figures["cpu"]["follower_cpu_s"])
+                            * 1000
+                            / max(1, len(load.pair))
+                        )
+                        figures["diagnostic"] = diagnostic
+                        figures["serial"] = workers == 1
+                        figures["followers"] = mode
+                        figures["metrics"] = metrics
+                        figures["scrapes"] = scrapes.taken
+                        figures["clients"] = workers
+                        figures["domains"] = len(doms)
+                        figures["engine"] = probe.since(mark)
+                        phases[name + tag] = figures
+                        progress(
+                            f"  {name}: {len(load.pair)} pairs in {load.seconds:.1f} s, "
+                            f"{figures['pairs_per_s']:.0f} pairs/s, "
+                            f"{figures['engine']['replies_per_tx']:.1f} replies per commit"
+                        )
 
-                        progress("engine: warm-up, serial ...")
-                        await counted(domains[:1], 1, 30, args.warmup)
-                        await phase("serial", domains[:1], 1, args.seconds * 1.5, args.serial_pairs)
-                        for c in levels:
-                            await phase(f"c{c}", domains[:1], c, args.seconds, args.max_pairs)
-                        if n_domains > 1:
+                    progress("engine: warm-up, serial ...")
+                    await counted(domains[:1], 1, 30, args.warmup, hosts)
+                    await counted([project], 1, 30, args.warmup, [project_host])
+                    serial_s = args.seconds * 1.5
+                    await phase("serial", domains[:1], 1, serial_s, args.serial_pairs, hosts)
+                    await phase(
+                        "serial/project", [project], 1, serial_s, args.serial_pairs,
+                        [project_host],
+                    )  # fmt: skip
+                    for c in levels:
+                        await phase(f"c{c}", domains[:1], c, args.seconds, args.max_pairs, hosts)
+                    if n_domains > 1:
+                        await phase(
+                            f"c{spread}x{n_domains}d",
+                            domains,
+                            spread,
+                            args.seconds,
+                            args.max_pairs,
+                            hosts,
+                        )
+                    if args.diagnose and mode == "inline" and not metrics:
+                        # The same engine with its projection followers paused: what their
+                        # transactions cost the intents (not the engine as deployed; no target).
+                        await settle(running, [*domains, project])
+                        paused = [running.followers.of("projections", d) for d in domains]
+                        for follower in paused:
+                            if follower is not None:
+                                await follower.stop()
+                        try:
+                            why = "projections paused"
                             await phase(
-                                f"c{spread}x{n_domains}d",
-                                domains,
-                                spread,
+                                "serial-np",
+                                domains[:1],
+                                1,
                                 args.seconds,
-                                args.max_pairs,
+                                args.serial_pairs // 2,
+                                hosts,
+                                why,
                             )
-                        if args.diagnose and mode == "inline" and not metrics:
-                            # The same engine with its projection followers paused: what their
-                            # transactions cost the intents (not the engine as deployed; no target).
-                            await settle(running, domains)
-                            paused = [running.followers.of("projections", d) for d in domains]
+                            c = max(levels)
+                            await phase(
+                                f"c{c}-np",
+                                domains[:1],
+                                c,
+                                args.seconds / 2,
+                                args.max_pairs,
+                                hosts,
+                                why,
+                            )
+                        finally:
                             for follower in paused:
                                 if follower is not None:
-                                    await follower.stop()
-                            try:
-                                why = "projections paused"
-                                await phase(
-                                    "serial-np",
-                                    domains[:1],
-                                    1,
-                                    args.seconds,
-                                    args.serial_pairs // 2,
-                                    why,
-                                )
-                                c = max(levels)
-                                await phase(
-                                    f"c{c}-np",
-                                    domains[:1],
-                                    c,
-                                    args.seconds / 2,
-                                    args.max_pairs,
-                                    why,
-                                )
-                            finally:
-                                for follower in paused:
-                                    if follower is not None:
-                                        follower.start()
-                        if args.profile:
-                            import cProfile
-                            import pstats
+                                    follower.start()
+                    if args.profile:
+                        # The engine's own time in one more load phase (the clients are in
+                        # their process, so what shows is the engine's).
+                        import cProfile
+                        import pstats
 
-                            await settle(running, domains)
-                            prof = cProfile.Profile()
-                            prof.enable()
-                            await counted(domains[:1], max(levels), args.seconds, args.max_pairs)
-                            prof.disable()
-                            prof.dump_stats(args.profile)
-                            pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(
-                                30
-                            )
-                        await settle(running, domains)
-                        checks.append(await verify_log(running, domains, composes, composes))
-                    finally:
-                        for nc in ncs:
-                            await nc.close()
+                        await settle(running, [*domains, project])
+                        prof = cProfile.Profile()
+                        prof.enable()
+                        c = max(levels)
+                        await counted(domains[:1], c, args.seconds, args.max_pairs, hosts)
+                        prof.disable()
+                        prof.dump_stats(args.profile)
+                        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(30)
+                    await settle(running, [*domains, project])
+                    checks.append(
+                        await verify_log(running, [*domains, project], composes, composes)
+                    )
 
             for mode in modes:
                 await run_mode(*mode)
-            await clean_floor()
+            await clean_floors()
         finally:
             await close_floor()
+            await close_saga_floor()
+            clients_process.close()
+            shutil.rmtree(state_dir, ignore_errors=True)
     result["seconds"] = time.perf_counter() - started
     result["floor"] = stats([ms for c in clean_chunks for ms in c])
     result["floor_chunks_p50_ms"] = [percentile(c, 50) for c in clean_chunks]  # before, after
+    result["saga_floor"] = stats([ms for c in saga_chunks for ms in c])
+    result["saga_floor_chunks_p50_ms"] = [percentile(c, 50) for c in saga_chunks]
     result["floor_loaded"] = stats([ms for c in loaded_chunks for ms in c])
     result["floor_noise"] = floor_noise(result["floor"], result["floor_chunks_p50_ms"])
+    result["saga_floor_noise"] = floor_noise(
+        result["saga_floor"], result["saga_floor_chunks_p50_ms"]
+    )
     result["floor_parts"] = {"nats_request_reply": stats(parts_nats), "pg_commit": stats(parts_pg)}
     result["phases"] = phases
     result["check"] = {
@@ -789,13 +983,14 @@ async def conn_info(database_url: str) -> AsyncIterator[dict[str, str]]:
 
 
 def ratios(result: dict[str, Any]) -> dict[str, Any]:
-    floor = result["floor"]
+    floor, saga = result["floor"], result["saga_floor"]
     out: dict[str, Any] = {}
     for name, ph in result["phases"].items():
         out[name] = {
             what: {
                 "p50": ph[what]["p50_ms"] / floor["p50_ms"],
                 "p99": ph[what]["p99_ms"] / floor["p99_ms"],
+                "p99_saga": ph[what]["p99_ms"] / saga["p99_ms"],
             }
             for what in ("pair", "compose", "release")
         }
@@ -813,40 +1008,48 @@ def floor_noise(floor: dict[str, float], chunk_p50s: list[float]) -> str:
     """Why the floor is too noisy to judge targets by, or "" when it is clean enough."""
     spread = floor["p99_ms"] / floor["p50_ms"]
     if spread > NOISY_P99_OVER_P50:
-        return f"the floor's p99 is {spread:.1f}x its p50 (over {NOISY_P99_OVER_P50:.0f}x)"
+        return f"its p99 is {spread:.1f}x its p50 (over {NOISY_P99_OVER_P50:.0f}x)"
     if len(chunk_p50s) == 2 and min(chunk_p50s) > 0:
         drift = max(chunk_p50s) / min(chunk_p50s)
         if drift > NOISY_DRIFT:
-            return f"the floor's p50 moved {drift:.1f}x between before and after the engine"
+            return f"its p50 moved {drift:.1f}x between before and after the engine"
     return ""
 
 
 def table(result: dict[str, Any]) -> str:
-    floor = result["floor"]
+    floor, saga = result["floor"], result["saga_floor"]
     r = ratios(result)
     rows = []
     head = (
-        f"{'phase':>16} {'what':>8} {'n':>6} {'p50 ms':>8} {'p99 ms':>8} {'p99.9 ms':>8} "
-        f"{'p50/floor':>9} {'p99/floor':>9} {'pairs/s':>8} {'intents/s':>9} {'rate/floor':>10} "
+        f"{'phase':>18} {'what':>8} {'n':>6} {'p50 ms':>8} {'p99 ms':>8} {'p99.9 ms':>8} "
+        f"{'p99/unit':>8} {'p99/saga':>8} {'pairs/s':>8} {'intents/s':>9} {'rate/unit':>9} "
         f"{'per tx':>6} {'cpu ms':>6} {'busy':>5}"
     )
     rows.append(head)
     rows.append("-" * len(head))
     rows.append(
-        f"{'floor (clean)':>16} {'nats+pg':>8} {floor['n']:>6} {floor['p50_ms']:>8.2f} "
-        f"{floor['p99_ms']:>8.2f} {floor['p999_ms']:>8.2f} {'1.0x':>9} {'1.0x':>9} "
-        f"{'':>8} {floor['serial_rate_per_s']:>9.0f} {'1.0x':>10}"
+        f"{'unit floor':>18} {'nats+pg':>8} {floor['n']:>6} {floor['p50_ms']:>8.2f} "
+        f"{floor['p99_ms']:>8.2f} {floor['p999_ms']:>8.2f} {'1.0x':>8} "
+        f"{floor['p99_ms'] / saga['p99_ms']:>7.2f}x "
+        f"{'':>8} {floor['serial_rate_per_s']:>9.0f} {'1.0x':>9}"
+    )
+    rows.append(
+        f"{'saga floor':>18} {'by hand':>8} {saga['n']:>6} {saga['p50_ms']:>8.2f} "
+        f"{saga['p99_ms']:>8.2f} {saga['p999_ms']:>8.2f} "
+        f"{saga['p99_ms'] / floor['p99_ms']:>7.2f}x {'1.0x':>8} "
+        f"{'':>8} {saga['serial_rate_per_s']:>9.0f} "
+        f"{saga['serial_rate_per_s'] / floor['serial_rate_per_s']:>8.2f}x"
     )
     parts = [(result["floor_parts"][p], label) for p, label in (
         ("nats_request_reply", "nats"), ("pg_commit", "pg")
     )] + [(result["floor_loaded"], "loaded")]  # fmt: skip
     for s, label in parts:
         rows.append(
-            f"{'':>16} {label:>8} {s['n']:>6} {s['p50_ms']:>8.2f} {s['p99_ms']:>8.2f} "
+            f"{'':>18} {label:>8} {s['n']:>6} {s['p50_ms']:>8.2f} {s['p99_ms']:>8.2f} "
             f"{s['p999_ms']:>8.2f}"
         )
     for name, ph in result["phases"].items():
-        label = name if name.startswith("serial") else f"{name} {ph['clients']}c/{ph['domains']}d"
+        label = name if ph["serial"] else f"{name} {ph['clients']}c/{ph['domains']}d"
         for what in ("pair", "compose", "release"):
             s = ph[what]
             extra = ""
@@ -854,23 +1057,28 @@ def table(result: dict[str, Any]) -> str:
                 cpu = ph["cpu"]
                 extra = (
                     f" {ph['pairs_per_s']:>8.0f} {2 * ph['pairs_per_s']:>9.0f} "
-                    f"{r[name]['throughput']:>9.2f}x "
+                    f"{r[name]['throughput']:>8.2f}x "
                     f"{ph['engine']['replies_per_tx']:>6.1f} "
                     f"{cpu['process_cpu_ms_per_pair']:>6.2f} "
                     f"{cpu['machine_busy_share'] * 100:>4.0f}%"
                 )
             rows.append(
-                f"{label if what == 'pair' else '':>16} {what:>8} {s['n']:>6} "
+                f"{label if what == 'pair' else '':>18} {what:>8} {s['n']:>6} "
                 f"{s['p50_ms']:>8.2f} {s['p99_ms']:>8.2f} {s['p999_ms']:>8.2f} "
-                f"{r[name][what]['p50']:>8.1f}x {r[name][what]['p99']:>8.1f}x{extra}"
+                f"{r[name][what]['p99']:>7.1f}x {r[name][what]['p99_saga']:>7.2f}x{extra}"
             )
     rows.append("")
     rows.append(
-        "floor (clean): measured before the engine started and after it stopped; loaded: the "
-        "same round trip beside each phase, with the engine's followers running (no baseline). "
-        "rate/floor: intents/s over the floor's serial rate. per tx: intents answered per "
-        "engine commit (group commit); cpu ms: this process's CPU (engine, projections and "
-        "clients) per pair; busy: the whole machine's CPU busy share."
+        "unit floor: one NATS request-reply whose handler commits one row; saga floor: the I/O "
+        "of a compose by hand (request-reply, reserve commit, the simulated hardware's durable "
+        "write, settle commit); both measured clean, before the engine started and after it "
+        "stopped. loaded: the unit round trip beside each phase, with the engine's followers "
+        "running (no baseline). serial: the fabric of "
+        f"{result['fabric']['racks']} racks joined by one OCS; serial/project: "
+        f"{result['fabric']['project']}. rate/unit: intents/s over the unit floor's serial "
+        "rate. per tx: intents answered per engine commit (group commit); cpu ms: the engine "
+        "process's CPU (with its follower process, if any) per pair; the clients run in a "
+        "process of their own. busy: the whole machine's CPU busy share."
     )
     if any(ph["diagnostic"] for ph in result["phases"].values()):
         rows.append("*-np: diagnostic, the projection runner paused; no target applies.")
@@ -878,14 +1086,14 @@ def table(result: dict[str, Any]) -> str:
     if metered:
         rows += [
             "",
-            f"{'metrics on/off':>16} {'pairs/s':>9} {'p50':>7} {'p99':>7} {'cpu/pair':>8} "
+            f"{'metrics on/off':>18} {'pairs/s':>9} {'p50':>7} {'p99':>7} {'cpu/pair':>8} "
             f"{'scrapes':>7}",
         ]
         for plain, on in metered:
             a, b = result["phases"][plain], result["phases"][on]
             cpu = "process_cpu_ms_per_pair"
             rows.append(
-                f"{plain:>16} {b['pairs_per_s'] / a['pairs_per_s']:>8.2f}x "
+                f"{plain:>18} {b['pairs_per_s'] / a['pairs_per_s']:>8.2f}x "
                 f"{b['pair']['p50_ms'] / a['pair']['p50_ms']:>6.2f}x "
                 f"{b['pair']['p99_ms'] / a['pair']['p99_ms']:>6.2f}x "
                 f"{b['cpu'][cpu] / a['cpu'][cpu]:>7.2f}x {b['scrapes']:>7}"
@@ -893,44 +1101,51 @@ def table(result: dict[str, Any]) -> str:
         rows.append(
             "metrics on/off: the same phase on an engine serving Prometheus metrics (scraped "
             "every second) over one without; pairs/s above 1 is faster, p50, p99 "
-            "and cpu/pair (this process's CPU per pair) above 1 cost more. Whatever else the "
+            "and cpu/pair (the engine's CPU per pair) above 1 cost more. Whatever else the "
             "machine runs meanwhile lands on one side only: cpu/pair is the steadier figure."
         )
     return "\n".join(rows)
 
 
+SERIAL_TAIL_OVER_SAGA = 1.5  # ARCHITECTURE §10: serial p99 within 1.5x the saga floor's p99
+THROUGHPUT_OVER_UNIT = 5.0  # intents/s at least 5x the unit floor's serial rate
+CPU_MS_PER_PAIR = 1.0  # the engine's CPU per compose+release pair
+
+
 def targets(result: dict[str, Any]) -> dict[str, Any]:
+    """Every §10 intent target, judged per phase; a noisy floor judges nothing it bases."""
     r = ratios(result)
     phases = {n: ph for n, ph in result["phases"].items() if not ph["diagnostic"]}
     out: dict[str, Any] = {}
-    noise = result["floor_noise"]
-    for serial in (n for n in phases if n.partition("@")[0] == "serial"):
-        tag = serial.partition("@")[2]
-        for what in ("compose", "release", "pair"):
-            ratio = r[serial][what]["p99"]
-            name = f"serial_{what}_p99_le_3x_floor" + (f"@{tag}" if tag else "")
-            out[name] = {"ratio": ratio, "met": ratio <= 3}
-    for n in phases:
-        if n.partition("@")[0] == "serial":
-            continue
-        ratio = r[n]["throughput"]
-        out[f"throughput_{n}_ge_5x_floor_rate_in_intents"] = {"ratio": ratio, "met": ratio >= 5}
-    if noise:
-        for t in out.values():  # a noisy baseline proves nothing either way
-            t["met"] = None
+    for name, ph in phases.items():
+        if ph["serial"]:
+            for what in ("compose", "release"):
+                ratio = r[name][what]["p99_saga"]
+                met = None if result["saga_floor_noise"] else ratio <= SERIAL_TAIL_OVER_SAGA
+                out[f"{name}_{what}_p99_le_1.5x_saga_floor"] = {"ratio": ratio, "met": met}
+        else:
+            ratio = r[name]["throughput"]
+            met = None if result["floor_noise"] else ratio >= THROUGHPUT_OVER_UNIT
+            out[f"{name}_intents_per_s_ge_5x_unit_floor_rate"] = {"ratio": ratio, "met": met}
+        cpu = ph["cpu"]["process_cpu_ms_per_pair"]
+        out[f"{name}_engine_cpu_ms_per_pair_le_1"] = {"ratio": cpu, "met": cpu <= CPU_MS_PER_PAIR}
     return out
 
 
 def report(result: dict[str, Any]) -> None:
     print(table(result))
     print()
-    floor = result["floor"]
-    chunks = result["floor_chunks_p50_ms"]
-    print(
-        f"floor: serial rate {floor['serial_rate_per_s']:.0f}/s (1 / mean); p50 before the "
-        f"engine and after it: {', '.join(f'{c:.2f}' for c in chunks)} ms; beside the phases "
-        f"(loaded) {result['floor_loaded']['p50_ms']:.2f} ms"
-    )
+    for key, label in (("floor", "unit floor"), ("saga_floor", "saga floor")):
+        floor = result[key]
+        chunks = result[f"{key}_chunks_p50_ms"]
+        print(
+            f"{label}: serial rate {floor['serial_rate_per_s']:.0f}/s (1 / mean); p50 before the "
+            f"engine and after it: {', '.join(f'{c:.2f}' for c in chunks)} ms"
+        )
+    print(f"loaded unit floor beside the phases: p50 {result['floor_loaded']['p50_ms']:.2f} ms")
+    print("load average at the start (1, 5, 15 min): " + ", ".join(
+        f"{x:.2f}" for x in result["load_average"]
+    ))  # fmt: skip
     for name, ph in result["phases"].items():
         e, cpu = ph["engine"], ph["cpu"]
         print(
@@ -939,17 +1154,29 @@ def report(result: dict[str, Any]) -> None:
             f"p99 {e['append_p99_ms']:.2f} ms; projections: {e['projection_batches']} batches "
             f"of {e['projection_events_per_batch']:.0f} events, in a transaction "
             f"{e['projection_ms_total'] / 1000 / ph['seconds'] * 100:.0f}% of the time; "
-            f"process CPU {cpu['process_cpu_share'] * 100:.0f}% of a core"
+            f"engine CPU {cpu['process_cpu_share'] * 100:.0f}% of a core"
         )
     result["targets"] = targets(result)
-    if result["floor_noise"]:
-        print(f"targets NOT JUDGED: {result['floor_noise']}; run again on a quieter machine")
+    for key, label in (("floor_noise", "unit floor"), ("saga_floor_noise", "saga floor")):
+        if result[key]:
+            print(f"targets on the {label} NOT JUDGED: {result[key]}; run again on a quieter "
+                  "machine")  # fmt: skip
     for key, t in result["targets"].items():
         verdict = "not judged" if t["met"] is None else ("met" if t["met"] else "MISSED")
-        print(f"target {key}: {t['ratio']:.2f}x -> {verdict}")
+        unit = " ms" if key.endswith("cpu_ms_per_pair_le_1") else "x"
+        print(f"target {key}: {t['ratio']:.2f}{unit} -> {verdict}")
     problems = result["check"]["problems"]
     print("checks: " + ("every reply and the log agree" if not problems else "; ".join(problems)))
     print(json.dumps(result, separators=(",", ":"), default=str))
+
+
+def run_on(loop: str, main: Coroutine[Any, Any, _T]) -> _T:
+    """Run `main` on the event loop named."""
+    if loop == "uvloop":
+        import uvloop
+
+        return uvloop.run(main)
+    return asyncio.run(main)
 
 
 def main() -> None:
@@ -957,9 +1184,21 @@ def main() -> None:
     parser.add_argument("--floor-samples", type=int, default=2000, help="in chunks over the run")
     parser.add_argument("--serial-pairs", type=int, default=500)
     parser.add_argument("--warmup", type=int, default=30, help="serial pairs before timing")
-    parser.add_argument("--concurrency", default="16,64,256", help="clients, one domain")
+    parser.add_argument("--concurrency", default="8,64", help="clients, one domain")
     parser.add_argument("--domains", type=int, default=4, help="for the spread phase (1: none)")
-    parser.add_argument("--spread-clients", type=int, default=256, help="in the spread phase")
+    parser.add_argument("--spread-clients", type=int, default=64, help="in the spread phase")
+    parser.add_argument("--racks", type=int, default=8, help="racks joined by one OCS")
+    parser.add_argument(
+        "--fabric-memory",
+        action="store_true",
+        help="simulated hardware in memory only (default: a state file, as trellis up keeps)",
+    )
+    parser.add_argument(
+        "--loop",
+        choices=("asyncio", "uvloop"),
+        default="asyncio",
+        help="the event loop the engine runs on",
+    )
     parser.add_argument("--seconds", type=float, default=10.0, help="per load phase")
     parser.add_argument("--max-pairs", type=int, default=20_000, help="per load phase")
     parser.add_argument("--budget", type=float, default=10.0, help="seconds for all floor samples")
@@ -990,13 +1229,13 @@ def main() -> None:
         args.floor_samples = min(args.floor_samples, 400)
         args.serial_pairs = min(args.serial_pairs, 100)
         args.warmup = min(args.warmup, 10)
-        args.concurrency = "16,64"
+        args.concurrency = "8,64"
         args.spread_clients = min(args.spread_clients, 64)
         args.seconds = min(args.seconds, 2.0)
         args.budget = min(args.budget, 2.0)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     try:
-        result = asyncio.run(bench(args))
+        result = run_on(args.loop, bench(args))
     except BenchFailure as exc:
         raise SystemExit(f"a reply was not the success asked for; no figures: {exc}") from exc
     report(result)
