@@ -23,7 +23,7 @@ from trellis.adapters.fabric.sim import (
     read_state_file,
 )
 from trellis.engine.core.errors import FabricError
-from trellis.engine.core.fabric import FabricBinding, FabricCircuit, FabricSnapshot
+from trellis.engine.core.fabric import FabricBinding, FabricChange, FabricCircuit, FabricSnapshot
 from trellis.engine.service.ports import FabricDriver
 
 D = "d1"
@@ -633,13 +633,73 @@ async def test_every_generation_a_reader_can_see_is_complete_and_few_are_kept(
 
     monkeypatch.setattr(os, "link", checked_link)
     fabric = SimulatedFabric(state_file=path)
-    await asyncio.gather(*(fabric.create_circuit(D, circuit(2 * i, 2 * i + 1)) for i in range(9)))
+    for i in range(9):
+        await fabric.create_circuit(D, circuit(2 * i, 2 * i + 1))
     await fabric.bind(D, binding())
     await fabric.unbind(D, binding())
-    assert seen == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 9]  # one per change, in the order of changes
+    assert seen == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 9]  # one per call awaited, in their order
     assert [g.name for g in generations(path)] == [f"fabric.json.g{n}" for n in range(4, 12)]
     assert len(generations(path)) == KEPT_GENERATIONS
     assert set(tmp_path.iterdir()) == set(generations(path))  # and no temporary file is left
+
+
+async def test_changes_queued_together_are_written_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group commit: one program call, and calls made while a write is under way, become
+    one generation (one durable write), and each call still returns only once it holds."""
+    path = tmp_path / "fabric.json"
+    published: list[int] = []
+    real_link = os.link
+
+    def counted_link(src: str, dst: str) -> None:
+        real_link(src, dst)
+        published.append(sum(len(s.circuits) + len(s.bindings) for s in saved(path).values()))
+
+    monkeypatch.setattr(os, "link", counted_link)
+    fabric = SimulatedFabric(state_file=path)
+    changes = [FabricChange(op="create_circuit", circuit=circuit(1, 2)),
+               FabricChange(op="bind", binding=binding())]  # fmt: skip
+    await fabric.program(D, changes)
+    assert published == [2]  # both changes, one generation
+    await asyncio.gather(
+        *(fabric.create_circuit(D, circuit(2 * i + 3, 2 * i + 4)) for i in range(8))
+    )
+    # The first call's write was under way while the others queued: they follow as one.
+    assert len(published) < 1 + 8 and published[-1] == 10
+    assert saved(path)[D].circuits[-1] == circuit(17, 18)
+
+
+async def test_a_program_stops_at_the_first_failure_and_keeps_what_came_before(
+    tmp_path: Path,
+) -> None:
+    fabric = SimulatedFabric(state_file=tmp_path / "fabric.json")
+    fabric.fail_next("bind", "gpu-1")
+    told: list[FabricChange] = []
+    changes = [FabricChange(op="create_circuit", circuit=circuit(1, 2)),
+               FabricChange(op="bind", binding=binding()),
+               FabricChange(op="create_circuit", circuit=circuit(3, 4))]  # fmt: skip
+    with pytest.raises(FabricError, match="injected failure at gpu-1"):
+        await fabric.program(D, changes, started=told.append)
+    assert told[-1] == changes[1]  # the last change told is the one that failed
+    assert saved(tmp_path / "fabric.json")[D] == FabricSnapshot(
+        circuits=[circuit(1, 2)], bindings=[]
+    )
+    assert [op for op, _, _ in fabric.calls] == ["create_circuit", "bind"]  # nothing after it
+
+
+async def test_a_program_names_the_change_the_hardware_refused(tmp_path: Path) -> None:
+    """A refusal found where the state is (a port taken), not by a scripted fault."""
+    fabric = SimulatedFabric(state_file=tmp_path / "fabric.json")
+    await fabric.create_circuit(D, circuit(1, 2))
+    told: list[FabricChange] = []
+    changes = [FabricChange(op="bind", binding=binding()),
+               FabricChange(op="create_circuit", circuit=circuit(2, 3)),
+               FabricChange(op="create_circuit", circuit=circuit(4, 5))]  # fmt: skip
+    with pytest.raises(FabricError, match="port 2 is already in circuit 1-2"):
+        await fabric.program(D, changes, started=told.append)
+    assert told[-1] == changes[1]
+    assert (await fabric.snapshot(D)).bindings == [binding()]  # the change before it holds
 
 
 async def test_a_state_file_written_before_generations_is_where_they_start(

@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import itertools
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -64,10 +64,11 @@ from isolation import (
 )
 from test_placement_properties import check_invariants
 
+from trellis.adapters.fabric.in_turn import program_in_turn
 from trellis.adapters.fabric.sim import SimulatedFabric
 from trellis.engine.core.compose import composition_id
 from trellis.engine.core.errors import ERROR_CODES
-from trellis.engine.core.fabric import FabricBinding, FabricCircuit, FabricSnapshot
+from trellis.engine.core.fabric import FabricBinding, FabricChange, FabricCircuit, FabricSnapshot
 from trellis.engine.core.fabric_plan import bindings_of, circuits_of, reconcile
 from trellis.engine.core.intents import settle_request_id
 from trellis.engine.core.state import Composition, DomainState, LinkState, NodeState, evolve, usable
@@ -146,6 +147,17 @@ class SettlementAudit:
     async def snapshot(self, domain: str, *, fence: int | None = None) -> FabricSnapshot:
         await self._audit(domain)
         return await self.sim.snapshot(domain, fence=fence)
+
+    async def program(
+        self,
+        domain: str,
+        changes: Sequence[FabricChange],
+        *,
+        fence: int | None = None,
+        started: Callable[[FabricChange], None] | None = None,
+    ) -> None:
+        # Change by change, so each is audited (and each undo step counted) as a call.
+        await program_in_turn(self, domain, changes, fence=fence, started=started)
 
     async def _undoing(self, what: FabricBinding | FabricCircuit, call: Awaitable[None]) -> None:
         try:

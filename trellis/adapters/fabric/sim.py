@@ -10,8 +10,9 @@ order, so a run is reproducible from its seed and its sequence of calls.
 Given a `state_file`, what is programmed outlives the process, as real hardware outlives the
 engine that drives it, and is shared by every process that names the same file, as hardware is
 shared by the engines of a deployment. No process ever waits for another (real hardware is not
-locked by a client that stopped, so the simulator is not either): each change is published as
-a new generation of the state, `<state_file>.g<N>`, a complete file linked under a name only one
+locked by a client that stopped, so the simulator is not either): the changes queued together
+(one `program` call's, and whatever other calls queued meanwhile) are published as one new
+generation of the state, `<state_file>.g<N>`, a complete file linked under a name only one
 process can create. Every operation applies to the newest generation; a process that finds its
 generation's successor taken (another process published first) applies its operation again to
 the newest one, so a process that stopped mid-operation and wakes never overwrites newer state
@@ -38,8 +39,9 @@ import os
 import random
 import re
 import secrets
-from collections.abc import Callable, Collection, Mapping
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from collections.abc import Callable, Collection, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
@@ -47,7 +49,7 @@ from typing import Any, Literal, TypeVar, get_args
 import msgspec
 
 from trellis.engine.core.errors import FabricError, WriterFenced
-from trellis.engine.core.fabric import FabricBinding, FabricCircuit, FabricSnapshot
+from trellis.engine.core.fabric import FabricBinding, FabricChange, FabricCircuit, FabricSnapshot
 
 FabricOp = Literal["create_circuit", "remove_circuit", "bind", "unbind", "snapshot"]
 FABRIC_OPS: tuple[str, ...] = get_args(FabricOp)
@@ -263,6 +265,9 @@ class SimulatedFabric:
         self._saved = b""
         self._lineage: list[str] = []
         self._writer: ThreadPoolExecutor | None = None
+        self._queue: list[_Queued] = []  # operations for the state thread, in call order
+        self._queue_lock = threading.Lock()
+        self._draining = False  # the state thread is writing what is queued
         if state_file is not None:
             self._refresh()
             state_file.parent.mkdir(parents=True, exist_ok=True)
@@ -276,96 +281,171 @@ class SimulatedFabric:
         self, domain: str, circuit: FabricCircuit, *, fence: int | None = None
     ) -> None:
         """Cross-connect two OCS ports; a no-op when exactly this circuit exists."""
-
-        def apply() -> None:
-            _check_ports(circuit)
-            ports = self._domain(domain).ports
-            for port in (circuit.a_port, circuit.b_port):
-                held = ports.get((circuit.ocs, port))
-                if held is not None and held != circuit:
-                    raise FabricError(
-                        f"{circuit.ocs} port {port} is already in circuit "
-                        f"{held.a_port}-{held.b_port}",
-                        component=circuit.ocs,
-                    )
-            ports[(circuit.ocs, circuit.a_port)] = circuit
-            ports[(circuit.ocs, circuit.b_port)] = circuit
-
-        await self._operate("create_circuit", domain, circuit, (circuit.ocs,), apply, fence)
+        await self.program(
+            domain, [FabricChange(op="create_circuit", circuit=circuit)], fence=fence
+        )
 
     async def remove_circuit(
         self, domain: str, circuit: FabricCircuit, *, fence: int | None = None
     ) -> None:
         """Remove a cross-connect; a no-op when this exact circuit is not programmed."""
-
-        def apply() -> None:
-            _check_ports(circuit)
-            ports = self._domain(domain).ports
-            if ports.get((circuit.ocs, circuit.a_port)) == circuit:
-                del ports[(circuit.ocs, circuit.a_port)]
-                del ports[(circuit.ocs, circuit.b_port)]
-
-        await self._operate("remove_circuit", domain, circuit, (circuit.ocs,), apply, fence)
+        await self.program(
+            domain, [FabricChange(op="remove_circuit", circuit=circuit)], fence=fence
+        )
 
     async def bind(self, domain: str, binding: FabricBinding, *, fence: int | None = None) -> None:
         """Bind a device to a host over a path; a no-op when exactly this binding exists."""
-
-        def apply() -> None:
-            if not binding.path or binding.path[0] != binding.host:
-                raise FabricError(
-                    f"path of {binding.device} does not start at host {binding.host}",
-                    component=binding.device,
-                )
-            if binding.path[-1] != binding.device:
-                raise FabricError(
-                    f"path to {binding.device} ends at {binding.path[-1]}",
-                    component=binding.device,
-                )
-            bindings = self._domain(domain).bindings
-            if binding.capacity_gib is None and not self._shared(binding.device):
-                for other in bindings.values():
-                    if other.device == binding.device and other.host != binding.host:
-                        raise FabricError(
-                            f"{binding.device} is already bound to host {other.host}",
-                            component=binding.device,
-                        )
-            key = (binding.device, binding.composition_id)
-            held = bindings.get(key)
-            if held is not None and held != binding:
-                # Silently re-pointing a live binding would hide an engine that lost track of
-                # one; a reroute is an unbind of the old path, then a bind of the new.
-                raise FabricError(
-                    f"{binding.device} is already bound to {held.host} for "
-                    f"{binding.composition_id} over {'>'.join(held.path)}",
-                    component=binding.device,
-                )
-            # A copy, so a caller mutating its path list cannot rewrite the "hardware".
-            bindings[key] = msgspec.structs.replace(binding, path=list(binding.path))
-
-        await self._operate("bind", domain, binding, _touched(binding), apply, fence)
+        await self.program(domain, [FabricChange(op="bind", binding=binding)], fence=fence)
 
     async def unbind(
         self, domain: str, binding: FabricBinding, *, fence: int | None = None
     ) -> None:
         """Release a device from a host; a no-op when the host does not hold it for that
         composition. The path is not compared: releasing needs only host, device, composition."""
+        await self.program(domain, [FabricChange(op="unbind", binding=binding)], fence=fence)
 
-        def apply() -> None:
-            bindings = self._domain(domain).bindings
-            key = (binding.device, binding.composition_id)
-            held = bindings.get(key)
-            if held is not None and held.host == binding.host:
-                del bindings[key]
+    async def program(
+        self,
+        domain: str,
+        changes: Sequence[FabricChange],
+        *,
+        fence: int | None = None,
+        started: Callable[[FabricChange], None] | None = None,
+    ) -> None:
+        """Make `changes` in order, written to the state file once for all of them (one
+        generation), and return when they hold there. Each change meets the scripted and
+        random faults as a call of its own would, in order; at the first that fails, what
+        came before it (and it, if its fault says `applied`) is written, then it raises or
+        hangs, and nothing after it is tried."""
+        effects: list[Callable[[], None]] = []
+        stopped: tuple[FabricChange, _Roll] | None = None
+        delay = 0.0
+        for change in changes:
+            if started is not None:
+                started(change)
+            roll = self._roll(change.op, domain, _item(change), _touched_by(change))
+            delay += roll.delay
+            if roll.takes_effect:
+                effects.append(self._effect(domain, change))
+            if not roll.clean:
+                stopped = (change, roll)
+                break
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if effects:
+            failed_at: list[int] = []
 
-        await self._operate("unbind", domain, binding, _touched(binding), apply, fence)
+            def apply_in_order() -> None:
+                for i, effect in enumerate(effects):
+                    try:
+                        effect()
+                    except FabricError:
+                        failed_at.append(i)
+                        raise
+
+            try:
+                # Returning means "it holds now", and now includes after a crash: on disk first.
+                await self._hardware(domain, apply_in_order, fence, "+".join(
+                    dict.fromkeys(c.op for c in changes[: len(effects)])
+                ))  # fmt: skip
+            except FabricError:
+                if started is not None and failed_at:
+                    started(changes[failed_at[0]])
+                raise
+        if stopped is not None:
+            change, roll = stopped
+            if started is not None:
+                started(change)
+            if roll.hangs:
+                await _forever()
+            raise roll.error(change.op, domain)
+
+    def _effect(self, domain: str, change: FabricChange) -> Callable[[], None]:
+        """What `change` does to the hardware's state (run where the state is: in the state
+        thread, on the newest generation); raises FabricError where the hardware would."""
+        if change.circuit is not None:
+            circuit = change.circuit
+            if change.op == "create_circuit":
+                return lambda: self._create_circuit(domain, circuit)
+            return lambda: self._remove_circuit(domain, circuit)
+        assert change.binding is not None
+        binding = change.binding
+        if change.op == "bind":
+            return lambda: self._bind(domain, binding)
+        return lambda: self._unbind(domain, binding)
+
+    def _create_circuit(self, domain: str, circuit: FabricCircuit) -> None:
+        _check_ports(circuit)
+        ports = self._domain(domain).ports
+        for port in (circuit.a_port, circuit.b_port):
+            held = ports.get((circuit.ocs, port))
+            if held is not None and held != circuit:
+                raise FabricError(
+                    f"{circuit.ocs} port {port} is already in circuit {held.a_port}-{held.b_port}",
+                    component=circuit.ocs,
+                )
+        ports[(circuit.ocs, circuit.a_port)] = circuit
+        ports[(circuit.ocs, circuit.b_port)] = circuit
+
+    def _remove_circuit(self, domain: str, circuit: FabricCircuit) -> None:
+        _check_ports(circuit)
+        ports = self._domain(domain).ports
+        if ports.get((circuit.ocs, circuit.a_port)) == circuit:
+            del ports[(circuit.ocs, circuit.a_port)]
+            del ports[(circuit.ocs, circuit.b_port)]
+
+    def _bind(self, domain: str, binding: FabricBinding) -> None:
+        if not binding.path or binding.path[0] != binding.host:
+            raise FabricError(
+                f"path of {binding.device} does not start at host {binding.host}",
+                component=binding.device,
+            )
+        if binding.path[-1] != binding.device:
+            raise FabricError(
+                f"path to {binding.device} ends at {binding.path[-1]}",
+                component=binding.device,
+            )
+        bindings = self._domain(domain).bindings
+        if binding.capacity_gib is None and not self._shared(binding.device):
+            for other in bindings.values():
+                if other.device == binding.device and other.host != binding.host:
+                    raise FabricError(
+                        f"{binding.device} is already bound to host {other.host}",
+                        component=binding.device,
+                    )
+        key = (binding.device, binding.composition_id)
+        held = bindings.get(key)
+        if held is not None and held != binding:
+            # Silently re-pointing a live binding would hide an engine that lost track of
+            # one; a reroute is an unbind of the old path, then a bind of the new.
+            raise FabricError(
+                f"{binding.device} is already bound to {held.host} for "
+                f"{binding.composition_id} over {'>'.join(held.path)}",
+                component=binding.device,
+            )
+        # A copy, so a caller mutating its path list cannot rewrite the "hardware".
+        bindings[key] = msgspec.structs.replace(binding, path=list(binding.path))
+
+    def _unbind(self, domain: str, binding: FabricBinding) -> None:
+        bindings = self._domain(domain).bindings
+        key = (binding.device, binding.composition_id)
+        held = bindings.get(key)
+        if held is not None and held.host == binding.host:
+            del bindings[key]
 
     async def snapshot(self, domain: str, *, fence: int | None = None) -> FabricSnapshot:
         """What the simulated hardware of `domain` holds, in a stable order."""
 
-        def apply() -> FabricSnapshot:
-            return (self._domains.get(domain) or _Domain()).snapshot()
-
-        return await self._operate("snapshot", domain, None, (), apply, fence)
+        roll = self._roll("snapshot", domain, None, ())
+        if roll.delay > 0:
+            await asyncio.sleep(roll.delay)
+        if roll.hangs:
+            await _forever()
+        if not roll.clean:
+            raise roll.error("snapshot", domain)
+        return await self._hardware(
+            domain, lambda: (self._domains.get(domain) or _Domain()).snapshot(), fence, "snapshot"
+        )
 
     def fence_of(self, domain: str) -> int:
         """The highest writer epoch this fabric has seen for `domain` (0: none yet)."""
@@ -428,7 +508,7 @@ class SimulatedFabric:
         self._faults.clear()
         self._broken.clear()
         if self._writer is not None:
-            self._writer.submit(self._transact, self._forget, "reset").result()
+            self._queued(self._forget, "reset").result()
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -474,7 +554,7 @@ class SimulatedFabric:
         self._fences[domain] = fence
 
     async def _hardware(
-        self, op: str, domain: str, apply: Callable[[], _T], fence: int | None
+        self, domain: str, apply: Callable[[], _T], fence: int | None, op: str
     ) -> _T:
         """Check the fence and apply one operation to the hardware: in memory, or, with a
         state file, to its newest generation."""
@@ -485,7 +565,7 @@ class SimulatedFabric:
 
         if self._writer is None:
             return fenced_apply()
-        done = asyncio.wrap_future(self._writer.submit(self._transact, fenced_apply, op))
+        done = asyncio.wrap_future(self._queued(fenced_apply, op))
         # Its outcome is read even when nobody waits for it any more, so asyncio does not
         # log it as "never retrieved".
         done.add_done_callback(lambda f: f.cancelled() or f.exception())
@@ -493,25 +573,62 @@ class SimulatedFabric:
         # "hardware" is making, nor its write to disk.
         return await asyncio.shield(done)
 
-    def _transact(self, apply: Callable[[], _T], op: str) -> _T:
-        """Run in the state thread: apply one operation to the newest generation and publish
-        what it changed as the next; while another process publishes first, again on its
-        generation. Nothing here waits for another process."""
+    def _queued(self, apply: Callable[[], _T], op: str) -> Future[_T]:
+        """Queue an operation for the state thread, which writes everything queued meanwhile
+        as one generation (a group commit: one durable write for many changes)."""
+        future: Future[_T] = Future()
+        with self._queue_lock:
+            self._queue.append(_Queued(apply, op, future))
+            start, self._draining = not self._draining, True
+        if start:
+            assert self._writer is not None
+            self._writer.submit(self._drain)
+        return future
+
+    def _drain(self) -> None:
+        """Run in the state thread: write what is queued, batch after batch, until none is."""
+        while True:
+            with self._queue_lock:
+                batch, self._queue = self._queue, []
+                if not batch:
+                    self._draining = False
+                    return
+            self._transact(batch)
+
+    def _transact(self, batch: list[_Queued]) -> None:
+        """Apply `batch` to the newest generation and publish what it changed as the next;
+        while another process publishes first, again on its generation. Nothing here waits
+        for another process."""
         while True:
             try:
-                return self._attempt(apply, op)
+                outcomes = self._attempt(batch)
             except _Overtaken:
                 continue
+            except Exception as exc:  # the state could not be read or written: all failed
+                outcomes = [(False, exc)] * len(batch)
+            break
+        for queued, (ok, value) in zip(batch, outcomes, strict=True):
+            if ok:
+                queued.future.set_result(value)
+            else:
+                queued.future.set_exception(value)
 
-    def _attempt(self, apply: Callable[[], _T], op: str) -> _T:
+    def _attempt(self, batch: list[_Queued]) -> list[tuple[bool, Any]]:
         self._refresh()
+        outcomes: list[tuple[bool, Any]] = []
         try:
-            return apply()
+            for queued in batch:
+                try:
+                    outcomes.append((True, queued.apply()))
+                except Exception as exc:
+                    outcomes.append((False, exc))
         finally:
             # Even a failed call may have changed something (the fence, an applied fault).
             data = self._encode()
-            if data != self._saved or op == "reset":
-                self._publish(data, op)
+            ops = [queued.op for queued in batch]
+            if data != self._saved or "reset" in ops:
+                self._publish(data, ", ".join(dict.fromkeys(ops)))
+        return outcomes
 
     def _publish(self, data: bytes, op: str) -> None:
         """Publish memory as the generation after the one it was read from.
@@ -584,19 +701,15 @@ class SimulatedFabric:
             return self.latency.get(op, 0.0)
         return self.latency
 
-    async def _operate(
-        self,
-        op: str,
-        domain: str,
-        arg: FabricCircuit | FabricBinding | None,
+    def _roll(
+        self, op: str, domain: str, arg: FabricCircuit | FabricBinding | None,
         touched: tuple[str, ...],
-        apply: Callable[[], _T],
-        fence: int | None = None,
-    ) -> _T:
+    ) -> _Roll:  # fmt: skip
+        """Record one call and decide its fate. Everything random is decided here, before any
+        await, so outcomes follow call order and not the timing of concurrent calls. Mutating
+        calls always draw all three numbers, so changing one rate does not reshuffle the
+        others."""
         self.calls.append((op, domain, () if arg is None else (arg,)))
-        # Everything random is decided here, before the first await, so outcomes follow call
-        # order and not the timing of concurrent calls. Mutating calls always draw all three
-        # numbers, so changing one rate does not reshuffle the others.
         fault = self._claim(op, touched)
         delay = self._delay(op)
         hang = fail = False
@@ -605,26 +718,57 @@ class SimulatedFabric:
             delay += self.jitter * jitter
             hang = hang_roll < self.hang_rate
             fail = fail_roll < self.failure_rate
+        broken = next((c for c in touched if c in self._broken), None)
         primary = touched[-1] if touched else None  # the OCS, or the device being bound
+        return _Roll(delay, fault, broken, hang, fail, primary)
 
-        if delay > 0:
-            await asyncio.sleep(delay)
-        if fault is not None:
-            if fault.applied:
-                await self._hardware(op, domain, apply, fence)
-            if fault.kind == "hang":
-                await _forever()
-            culprit = fault.component or primary
-            raise FabricError(f"{op} in {domain}: injected failure at {culprit}", component=culprit)
-        for component in touched:
-            if component in self._broken:
-                raise FabricError(f"{op} in {domain}: {component} is broken", component=component)
-        if hang:
-            await _forever()
-        if fail:
-            raise FabricError(f"{op} in {domain}: random failure at {primary}", component=primary)
-        # Returning means "it holds now", and now includes after a crash: on disk first.
-        return await self._hardware(op, domain, apply, fence)
+
+@dataclass(frozen=True)
+class _Roll:
+    """The fate of one call: its delay, and what goes wrong with it, if anything (a scripted
+    fault first, then a broken component, then a random hang, then a random failure)."""
+
+    delay: float
+    fault: _Fault | None
+    broken: str | None
+    hang: bool
+    fail: bool
+    primary: str | None
+
+    @property
+    def clean(self) -> bool:
+        return self.fault is None and self.broken is None and not self.hang and not self.fail
+
+    @property
+    def takes_effect(self) -> bool:
+        """The change reaches the hardware (when clean, or a fault says applied)."""
+        return self.clean or (self.fault is not None and self.fault.applied)
+
+    @property
+    def hangs(self) -> bool:
+        if self.fault is not None:
+            return self.fault.kind == "hang"
+        return self.broken is None and self.hang
+
+    def error(self, op: str, domain: str) -> FabricError:
+        if self.fault is not None:
+            culprit = self.fault.component or self.primary
+            return FabricError(
+                f"{op} in {domain}: injected failure at {culprit}", component=culprit
+            )
+        if self.broken is not None:
+            return FabricError(f"{op} in {domain}: {self.broken} is broken", component=self.broken)
+        return FabricError(f"{op} in {domain}: random failure at {self.primary}",
+                           component=self.primary)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Queued:
+    """An operation waiting for the state thread, and where its outcome goes."""
+
+    apply: Callable[[], Any]
+    op: str
+    future: Future[Any]
 
 
 class ScriptedFault(msgspec.Struct, frozen=True, kw_only=True):
@@ -685,6 +829,19 @@ def parse_script(script: str) -> list[ScriptedFault]:
 async def _forever() -> None:
     """Wait until cancelled: the engine's deadline is the only way out."""
     await asyncio.get_running_loop().create_future()
+
+
+def _item(change: FabricChange) -> FabricCircuit | FabricBinding:
+    item = change.circuit if change.circuit is not None else change.binding
+    assert item is not None, f"a {change.op} names nothing to change"
+    return item
+
+
+def _touched_by(change: FabricChange) -> tuple[str, ...]:
+    if change.circuit is not None:
+        return (change.circuit.ocs,)
+    assert change.binding is not None
+    return _touched(change.binding)
 
 
 def _touched(binding: FabricBinding) -> tuple[str, ...]:

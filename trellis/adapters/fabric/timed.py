@@ -8,10 +8,10 @@ operation name, its outcome and its duration. Outcomes: `ok`, `error` (the drive
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from trellis.engine.core.fabric import FabricBinding, FabricCircuit, FabricSnapshot
+from trellis.engine.core.fabric import FabricBinding, FabricChange, FabricCircuit, FabricSnapshot
 from trellis.engine.service.ports import FabricDriver
 
 T = TypeVar("T")
@@ -50,6 +50,18 @@ class TimedFabric:
 
     async def snapshot(self, domain: str, *, fence: int | None = None) -> FabricSnapshot:
         return await self._timed("snapshot", self.driver.snapshot(domain, fence=fence))
+
+    async def program(
+        self,
+        domain: str,
+        changes: Sequence[FabricChange],
+        *,
+        fence: int | None = None,
+        started: Callable[[FabricChange], None] | None = None,
+    ) -> None:
+        await self._timed(
+            "program", self.driver.program(domain, changes, fence=fence, started=started)
+        )
 
     async def _timed(self, operation: str, call: Awaitable[T]) -> T:
         started = time.perf_counter()

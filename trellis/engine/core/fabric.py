@@ -1,10 +1,13 @@
-"""What a fabric holds, in the engine's words: bindings, circuits and a snapshot of both.
+"""What a fabric holds, in the engine's words: bindings, circuits and a snapshot of both, and
+the changes a driver makes to them.
 
 The FabricDriver port (engine/service/ports.py) speaks them; the pure plan
 (engine.core.fabric_plan) compares them with the log.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import msgspec
 
@@ -36,3 +39,23 @@ class FabricSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     circuits: list[FabricCircuit]
     bindings: list[FabricBinding]
     findings: list[str] = []
+
+
+FabricOp = Literal["create_circuit", "remove_circuit", "bind", "unbind"]
+
+
+class FabricChange(msgspec.Struct, frozen=True, kw_only=True):
+    """One change to the hardware, as `FabricDriver.program` takes a list of them: a circuit
+    made or taken away, or a binding made or taken away."""
+
+    op: FabricOp
+    circuit: FabricCircuit | None = None
+    binding: FabricBinding | None = None
+
+    @property
+    def target(self) -> str:
+        """What the change is made on, as a failure report names it."""
+        if self.circuit is not None:
+            return f"{self.circuit.ocs}:{self.circuit.a_port}-{self.circuit.b_port}"
+        return self.binding.device if self.binding is not None else ""
+

@@ -5,14 +5,14 @@ The core never imports an adapter; `adapters.bootstrap` wires concrete ones in.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
 from typing import Literal, Protocol
 
 import msgspec
 
 from trellis.engine.core import replies
-from trellis.engine.core.fabric import FabricBinding, FabricCircuit, FabricSnapshot
+from trellis.engine.core.fabric import FabricBinding, FabricChange, FabricCircuit, FabricSnapshot
 from trellis.engine.core.records import Head, PendingEvent, RecordedEvent
 from trellis.engine.core.results import (
     CheckpointKeyResult,
@@ -315,6 +315,24 @@ class FabricDriver(Protocol):
     ) -> None: ...
 
     async def snapshot(self, domain: str, *, fence: int | None = None) -> FabricSnapshot: ...
+
+    async def program(
+        self,
+        domain: str,
+        changes: Sequence[FabricChange],
+        *,
+        fence: int | None = None,
+        started: Callable[[FabricChange], None] | None = None,
+    ) -> None:
+        """Make `changes` in their order; return once all of them hold. Raise `FabricError` at
+        the first that fails (those before it may hold; nothing after it is tried).
+
+        `started` is told each change as the driver begins it, so a caller that stops
+        waiting knows where the driver was; when `program` raises, the last change told is
+        the one that failed. A driver that can make several changes in one request or one
+        durable write does (the simulated fabric writes them once); one that cannot makes
+        them one after another (adapters.fabric.in_turn)."""
+        ...
 
 
 SagaOutcome = Literal["established", "failed"]

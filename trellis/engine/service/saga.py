@@ -27,7 +27,7 @@ from typing import TypeVar
 from trellis.engine.core import replies
 from trellis.engine.core.compose import unused_circuits
 from trellis.engine.core.errors import FabricError, WriterFenced
-from trellis.engine.core.fabric import FabricBinding, FabricCircuit
+from trellis.engine.core.fabric import FabricBinding, FabricChange, FabricCircuit
 from trellis.engine.core.fabric_plan import bindings_of, circuits_of, reconcile
 from trellis.engine.core.intents import EstablishComposition, FailComposition, settle_request_id
 from trellis.engine.core.state import Composition, DomainState
@@ -246,23 +246,22 @@ class FabricSync:
         """Program one pending composition; on failure undo it. Never raises for the fabric."""
         cid = composition.id
         request_id = settle_request_id(cid)
-        step, target = "", ""
+        changes = [
+            *(FabricChange(op="create_circuit", circuit=c) for c in circuits_of(composition)),
+            *(FabricChange(op="bind", binding=b) for b in bindings_of(composition)),
+        ]
+        at: list[FabricChange] = []  # the change the driver began last: the one that failed
         try:
             async with asyncio.timeout(self._deadline):
-                for circuit in circuits_of(composition):
-                    step, target = (
-                        "create_circuit",
-                        f"{circuit.ocs}:{circuit.a_port}-{circuit.b_port}",
-                    )
-                    await self._fabric.create_circuit(self.domain, circuit, fence=self._fence)
-                for binding in bindings_of(composition):
-                    step, target = "bind", binding.device
-                    await self._fabric.bind(self.domain, binding, fence=self._fence)
+                await self._fabric.program(
+                    self.domain, changes, fence=self._fence, started=at.append
+                )
             return EstablishComposition(request_id=request_id, composition_id=cid)
         except FabricError as exc:
             component, error = exc.component or "", str(exc)
         except TimeoutError:
             component, error = "", f"no answer within {self._deadline:g}s"
+        step, target = (at[-1].op, at[-1].target) if at else ("", "")
         log.warning(
             "domain %s: composing %s failed at %s %s: %s", self.domain, cid, step, target, error
         )
@@ -281,15 +280,18 @@ class FabricSync:
         may have taken effect). Circuits another composition also passes stay. What cannot be
         undone now is removed by a later pass, once the failure is recorded."""
         state, cid = self._state(), composition.id
-        ours = [
-            FabricCircuit(ocs=c.ocs, a_port=c.a_port, b_port=c.b_port)
-            for c in unused_circuits(state, composition)
+        changes = [
+            *(FabricChange(op="unbind", binding=b) for b in bindings_of(composition)),
+            *(
+                FabricChange(
+                    op="remove_circuit",
+                    circuit=FabricCircuit(ocs=c.ocs, a_port=c.a_port, b_port=c.b_port),
+                )
+                for c in unused_circuits(state, composition)
+            ),
         ]
         try:
             async with asyncio.timeout(self._deadline):
-                for binding in bindings_of(composition):
-                    await self._fabric.unbind(self.domain, binding, fence=self._fence)
-                for circuit in ours:
-                    await self._fabric.remove_circuit(self.domain, circuit, fence=self._fence)
+                await self._fabric.program(self.domain, changes, fence=self._fence)
         except (FabricError, TimeoutError) as exc:
             log.warning("domain %s: undoing %s left work for later: %s", self.domain, cid, exc)

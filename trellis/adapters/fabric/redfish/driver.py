@@ -38,11 +38,12 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 import msgspec
 
+from trellis.adapters.fabric.in_turn import program_in_turn
 from trellis.adapters.fabric.redfish.client import (
     HttpError,
     Json,
@@ -60,7 +61,7 @@ from trellis.adapters.fabric.redfish.discovery import (
     trellis_oem,
 )
 from trellis.engine.core.errors import FabricError, WriterFenced
-from trellis.engine.core.fabric import FabricBinding, FabricCircuit, FabricSnapshot
+from trellis.engine.core.fabric import FabricBinding, FabricChange, FabricCircuit, FabricSnapshot
 
 #: Seconds between deep reads of a domain's fabric (and so the reconciliation timer's tick).
 RESYNC_S = 15.0
@@ -233,6 +234,17 @@ class RedfishFabric:
             else:
                 work = self._unbind_zone(fmap, held, binding, device_ep)
             await self._guarded(binding.device, work, held)
+
+    async def program(
+        self,
+        domain: str,
+        changes: Sequence[FabricChange],
+        *,
+        fence: int | None = None,
+        started: Callable[[FabricChange], None] | None = None,
+    ) -> None:
+        """The changes one request after another: Redfish has no batch of PATCHes."""
+        await program_in_turn(self, domain, changes, fence=fence, started=started)
 
     async def snapshot(self, domain: str, *, fence: int | None = None) -> FabricSnapshot:
         """What the fabric manager holds of this domain's work, read from it."""
