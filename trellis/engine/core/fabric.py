@@ -58,4 +58,3 @@ class FabricChange(msgspec.Struct, frozen=True, kw_only=True):
         if self.circuit is not None:
             return f"{self.circuit.ocs}:{self.circuit.a_port}-{self.circuit.b_port}"
         return self.binding.device if self.binding is not None else ""
-
