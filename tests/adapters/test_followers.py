@@ -114,3 +114,41 @@ async def test_a_wait_outlives_the_followers_an_engine_replaced_when_it_took_the
 async def test_a_domain_not_followed_here_is_not_waited_for() -> None:
     followers = Followers(await logged(1), [Held()])
     assert await followers.wait_for("held", DOMAIN, 1, timeout=10) is False
+
+
+async def grown(log: MemoryLog, by: int) -> None:
+    """Append `by` events after the log's head, as one commit each."""
+    for _ in range(by):
+        head = await log.head(DOMAIN)
+        at = datetime(2026, 1, 1, tzinfo=UTC)
+        event = PendingEvent(
+            id=f"e-{head.version}",
+            type="TopologyImported",
+            schema_version=1,
+            actor="admin",
+            causation_id="import",
+            correlation_id="import",
+            recorded_at=at,
+            data=b"{}",
+        )
+        await log.append(DOMAIN, head, [event], [])
+
+
+async def test_commits_close_together_are_taken_in_one_pass_and_a_waiter_cuts_the_wait() -> None:
+    """A pass a commit asks for starts at most every `pass_interval`: the commits that come
+    meanwhile share one read and one sink transaction, and a wait for a position is not held
+    up by the gathering (the interval here is far longer than the wait)."""
+    log, sink = await logged(1), SlowForBigBatches(limit=100)
+    follower = Follower(DOMAIN, log, sink, pass_interval=60.0)
+    follower.start()
+    try:
+        assert await follower.wait_for(1, timeout=5)
+        for _ in range(3):
+            await grown(log, 1)
+            follower.notify()
+            await asyncio.sleep(0.02)  # time enough for a pass of its own, were it not gathered
+        assert sink.sizes == [1]
+        assert await follower.wait_for((await log.head(DOMAIN)).position, timeout=5)
+        assert sink.sizes == [1, 3]
+    finally:
+        await follower.stop()

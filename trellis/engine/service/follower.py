@@ -32,6 +32,10 @@ from trellis.engine.core.records import RecordedEvent
 
 log = logging.getLogger("trellis.follow")
 
+# Passes asked for by commits start at most this often (at most 40 a second): under a steady
+# stream of commits each pass takes several of them in one read and one sink transaction.
+PASS_INTERVAL_S = 0.025
+
 
 class Progress(msgspec.Struct, frozen=True):
     """How far a sink has applied a domain: the version and log position of its last event."""
@@ -115,6 +119,10 @@ class Follower:
             limit (a 65,536-device import, on a busy machine) is taken in smaller ones.
         poll_interval: seconds between looks when nobody calls `notify()`.
         max_backoff: the longest wait between retries of a failure.
+        pass_interval: the least seconds between the starts of two passes that `notify()`
+            asks for: commits closer together than that are taken in one pass (one read, one
+            transaction of the sink) instead of one pass each. Someone waiting in `wait_for`
+            cuts the wait short.
     """
 
     def __init__(
@@ -126,6 +134,7 @@ class Follower:
         batch_size: int = 500,
         poll_interval: float = 5.0,
         max_backoff: float = 30.0,
+        pass_interval: float = PASS_INTERVAL_S,
     ):
         self.domain = domain
         self.sink = sink
@@ -134,6 +143,8 @@ class Follower:
         self._batch = batch_size  # what the next read asks for
         self._poll_interval = poll_interval
         self._max_backoff = max_backoff
+        self._pass_interval = pass_interval
+        self._hurry = asyncio.Event()  # someone waits in wait_for: no gathering
         self.progress = Progress()
         self.failure: Failure | None = None
         self._read = 0  # the last version handed to the sink
@@ -178,10 +189,11 @@ class Follower:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.catch_up(), timeout)
             return self.position >= position
-        self.notify()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while self.position < position:
+            self._hurry.set()
+            self.notify()
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False
@@ -238,8 +250,11 @@ class Follower:
         return f"{self.sink.name} of domain {self.domain}"
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while not self._stopping:
             self._poke.clear()
+            self._hurry.clear()
+            started = loop.time()
             try:
                 await self.catch_up()
                 self._recovered()
@@ -255,6 +270,11 @@ class Follower:
             except TimeoutError:
                 with contextlib.suppress(Exception):  # a failure here shows on the next pass
                     await self.refresh()
+                continue
+            gather = started + self._pass_interval - loop.time()
+            if gather > 0 and not self._hurry.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._hurry.wait(), gather)
 
     def _failed(self, exc: Exception) -> float:
         """Record and log a failure; the seconds to wait before the next attempt."""
