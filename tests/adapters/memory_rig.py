@@ -18,16 +18,23 @@ from trellis.adapters.clock import SystemClock
 from trellis.adapters.fabric.sim import SimulatedFabric
 from trellis.adapters.memory import MemoryLeases, MemoryLog, MemorySnapshots
 from trellis.engine.core.records import Head, PendingEvent, RecordedEvent
-from trellis.engine.service.ports import Appended, Clock, PendingReply
+from trellis.engine.service.ports import Appended, Clock, PendingReply, StoredReply
 from trellis.engine.service.router import Engine
 
 
 class CountingLog(MemoryLog):
-    """A MemoryLog that counts its appends: one per group commit."""
+    """A MemoryLog that counts its appends (one per group commit) and its look-ups."""
 
     def __init__(self, leases: MemoryLeases | None = None):
         super().__init__(leases)
         self.appends = 0
+        self.look_ups = 0  # find_replies calls: the writer's look-ups of stored answers
+
+    async def find_replies(
+        self, domain: str, keys: Sequence[tuple[str, str]]
+    ) -> dict[tuple[str, str], StoredReply]:
+        self.look_ups += 1
+        return await super().find_replies(domain, keys)
 
     async def append(
         self,

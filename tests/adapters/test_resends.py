@@ -200,3 +200,22 @@ async def test_a_writer_that_folded_what_a_failover_lost_reads_the_domain_again(
 
         assert expect_ok(released)["state"] == "released"
         assert log.event_types(DOMAIN).count("CompositionReleased") == 1
+
+
+async def test_a_new_request_costs_no_look_up_and_a_resend_still_gets_its_first_answer(
+    rig: Rig,
+) -> None:
+    """The writer takes a batch as new and lets the log's unique request ids catch a resend:
+    a commit of new requests makes no look-up round trip, and a resend (which would compose a
+    second GPU if decided again) is refused by the log, looked up and answered as first."""
+    await imported(rig)
+    compose = {"request_id": "c-1", "host": "host-01", "devices": [{"kind": "gpu"}]}
+    looked = rig.log.look_ups
+    first = await rig.client.intent(DOMAIN, "acme", "compose", compose)
+    assert rig.log.look_ups == looked  # the commit of a new request looked nothing up
+    counts = rig.log.counts()
+
+    again = await rig.client.intent(DOMAIN, "acme", "compose", compose)
+
+    assert again == {**first, "replayed": True}
+    assert rig.log.counts() == counts and rig.log.look_ups > looked

@@ -237,13 +237,17 @@ class DomainWriter:
         return replies.error("unavailable", message, {"domain": self.domain, "cause": cause})
 
     async def _commit_batch(self, batch: list[Request]) -> None:
-        for _attempt in range(3):
+        for attempt in range(3):
             try:
                 if not await self._still_ours():
                     raise WriterFenced(self.domain, "its lease ran out")
                 if self._stale:
                     await self.catch_up()
-                await self._decide_and_append(batch)
+                # The first attempt takes every request as new and lets the log's unique
+                # request ids catch a resend of one already answered (a conflict: nothing is
+                # written); the retry looks the stored answers up first. A resend is rare, so
+                # most commits save the look-up's round trip.
+                await self._decide_and_append(batch, look_up=attempt > 0)
                 return
             except WriterFenced as exc:
                 # Another engine writes the domain now: nothing of this batch was committed,
@@ -279,8 +283,10 @@ class DomainWriter:
             return True
         return self._reclaim is not None and await self._reclaim()
 
-    async def _decide_and_append(self, batch: list[Request]) -> None:
-        stored = await self._store.find_replies(self.domain, [r.key for r in batch])
+    async def _decide_and_append(self, batch: list[Request], *, look_up: bool) -> None:
+        stored = (
+            await self._store.find_replies(self.domain, [r.key for r in batch]) if look_up else {}
+        )
         state = self.state
         events: list[PendingEvent] = []
         pending: list[PendingReply] = []
@@ -344,6 +350,12 @@ class DomainWriter:
                     event_index=len(events) - 1 if events else None,
                 )
             )
+        if not look_up and any(isinstance(answer, bytes) for answer in answers):
+            # An answer that writes nothing (a refusal) cannot let the log catch a resend: a
+            # request already answered must get its first answer, not one decided on a state
+            # that holds its own effects. Decide the batch again, answers looked up first.
+            await self._decide_and_append(batch, look_up=True)
+            return
         committed: list[StoredReply] = []
         if not pending and any(r.key in stored for r in batch):
             # Answers read back from the log, and nothing to commit that would cover them: the
