@@ -615,6 +615,7 @@ class SimulatedFabric:
 
     def _attempt(self, batch: list[_Queued]) -> list[tuple[bool, Any]]:
         self._refresh()
+        fences = dict(self._fences)
         outcomes: list[tuple[bool, Any]] = []
         try:
             for queued in batch:
@@ -623,11 +624,14 @@ class SimulatedFabric:
                 except Exception as exc:
                     outcomes.append((False, exc))
         finally:
-            # Even a failed call may have changed something (the fence, an applied fault).
-            data = self._encode()
             ops = [queued.op for queued in batch]
-            if data != self._saved or "reset" in ops:
-                self._publish(data, ", ".join(dict.fromkeys(ops)))
+            # Reads that saw no newer fence changed nothing: no need to encode the state to
+            # find that out. Anything else may have (even a failed call: the fence, an applied
+            # fault), so what memory holds is compared with the generation it was read from.
+            if set(ops) != {"snapshot"} or self._fences != fences:
+                data = self._encode()
+                if data != self._saved or "reset" in ops:
+                    self._publish(data, ", ".join(dict.fromkeys(ops)))
         return outcomes
 
     def _publish(self, data: bytes, op: str) -> None:
