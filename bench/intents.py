@@ -1,40 +1,51 @@
 """Intent benchmark (ARCHITECTURE §10 "Intents"): compose+release round trips through NATS and
-a committed Postgres transaction, as ratios to a floor measured in the same run.
+committed Postgres transactions, as ratios to two floors measured in the same run.
 
-- floor: one NATS request-reply to a trivial responder whose handler commits one small row
+- unit floor: one NATS request-reply to a trivial responder whose handler commits one small row
   (a single INSERT in a transaction on an asyncpg connection) before it replies: the least an
   intent can cost (a reply only after commit). Serial; p50, p99, p99.9 and the serial rate
-  (1 / mean). Measured clean, with nothing of Trellis running: half before the engine starts,
-  half after it stopped. A short "loaded" sample beside each phase shows what the engine's
-  background work does to the same round trip (printed, never a baseline). When the clean
+  (1 / mean).
+- saga floor: the I/O a compose needs, done by hand and in sequence: the client's
+  request-reply, whose handler commits the reserve, makes the simulated hardware's durable
+  write (one binding, through a SimulatedFabric with the engine's kind of state file) and
+  commits the settlement before it replies.
+  Both floors are measured clean, with nothing of Trellis running: half before the engine
+  starts, half after it stopped. A short "loaded" sample of the unit floor beside each phase
+  shows what the engine's background work does to it (printed, never a baseline). When a
   floor is noisy (its p99 over 3x its p50, or its p50 moving 1.5x between before and after),
-  no target is judged met or missed.
-- serial: one client composes (1 GPU) and releases, one pair after another, through the real
-  engine (`adapters.bootstrap.engine_on`: Postgres log, projections, NATS intake, simulated
-  zero-latency fabric). A compose is answered after its saga settled it: two commits and the
-  fabric calls; a release is one commit.
-- load: C clients, each composing and releasing in a loop, for a bounded time; one domain,
-  then the same clients spread over several domains (one writer and one fabric saga each).
-- throughput is printed in pairs and in intents (a pair is a compose and a release); the
-  target counts intents over the floor's serial rate.
-- `--followers process` runs the engine with its log followers in the follower process
-  (TRELLIS_FOLLOWERS=process); `both` runs the engine phases once each way, one after the
-  other, beside the same floor (the process rows are named `<phase>@process`).
-- `--metrics both` runs the engine phases once without and once with Prometheus metrics served
-  and scraped every second (rows `<phase>@metrics`), and prints what the metrics cost as the
-  ratio of each metered phase to its plain twin.
+  no target based on it is judged.
+- the engine (`adapters.bootstrap.engine_on`: Postgres log, projections, NATS intake) drives a
+  SimulatedFabric on a state file, as `trellis up` does (`--fabric-memory`: in memory only). A
+  compose is answered after its saga settled it: two commits and the hardware's durable write;
+  a release is one commit (the hardware is unbound after the reply).
+- serial: one client composes (1 GPU) and releases, pair after pair, on a fabric of 8 racks
+  joined by one OCS (`--racks`), and on the project's own fabric (examples/fabric.json).
+- load: 8 and 64 clients (`--concurrency`), each composing and releasing in a loop for a
+  bounded time on one domain, then 64 clients spread over 4 domains (one writer and one saga
+  each). Throughput is printed in pairs and in intents (a pair is a compose and a release);
+  the target counts intents over the unit floor's serial rate.
+- the clients run in a process of their own (spawned once), as real clients do, so the
+  engine process's CPU (with its follower process, `--followers process`) is the engine's
+  alone: the CPU-per-pair target.
+- `--loop uvloop` runs the engine on uvloop instead of asyncio's own loop.
+- `--followers both` runs the engine phases once with followers inline and once in a process
+  (rows `<phase>@process`); `--metrics both` once without and once with Prometheus metrics
+  scraped every second (rows `<phase>@metrics`).
 - diagnostic (`-np` rows, no target): serial and the largest load again with the projection
   runner paused, to show what its transactions cost the intents.
 
-Every reply is checked (compose ok and `active` with one GPU, release ok and `released`), and
-at the end the log is counted (activations = composes, releases = releases, no failed or
-rejected composition) and the simulated hardware must hold nothing: a fast failure cannot
-pass for a fast answer. Uses TRELLIS_NATS_URL / TRELLIS_DATABASE_URL when set, else embedded
-servers in a temporary directory; a fresh schema (dropped afterwards) and subject prefix.
-The last line printed is one JSON object with every figure.
+Targets: serial compose and release p99 within 1.5x the saga floor's p99 (on both fabrics);
+throughput at 8 and 64 clients at least 5x the unit floor's serial rate, in intents; the
+engine's CPU per compose+release pair at most 1 ms. Every reply is checked (compose ok and
+`active` with one GPU, release ok and `released`), and at the end the log is counted
+(activations = composes, releases = releases, no failed or rejected composition) and the
+simulated hardware must hold nothing: a fast failure cannot pass for a fast answer. Uses
+TRELLIS_NATS_URL / TRELLIS_DATABASE_URL when set, else embedded servers in a temporary
+directory; a fresh schema (dropped afterwards) and subject prefix. The last line printed is
+one JSON object with every figure.
 
-    python bench/intents.py             # ~65-70 s on 2 cores
-    python bench/intents.py --quick     # ~12 s (~17 s starting embedded servers)
+    python bench/intents.py             # ~2 min on 2 cores
+    python bench/intents.py --quick     # ~40 s
 """
 
 from __future__ import annotations
