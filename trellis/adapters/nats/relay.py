@@ -45,6 +45,7 @@ from collections.abc import Sequence
 import asyncpg
 import msgspec
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.kv import KeyValue
 
@@ -333,29 +334,68 @@ class RelaySink:
         return [subject[len(prefix) :] for subject in (info.state.subjects or {})]
 
     async def _write(self, writes: dict[str, list[bytes | None]]) -> None:
-        """Put (or delete) the batch's keys: one key's writes in order, different keys at once
-        (a few hundred in flight at most). Every write is waited for, and the first error is
-        raised after all of them (no TaskGroup: its cancellation would reach this task)."""
-        kv = self._kv
-        assert kv is not None
+        """Put (or delete) the batch's keys: every key's first write, then every key's second
+        (an ended composition's final value is acknowledged before its delete marker goes,
+        so a watcher sees it even in a bucket that keeps one value per key), and so on; each
+        round KV_IN_FLIGHT writes at a time, published at once and acknowledged together.
+        Every write is waited for, and the first error is raised after all of them."""
+        assert self._kv is not None
+        rounds = max((len(values) for values in writes.values()), default=0)
+        for r in range(rounds):
+            ops = [(key, values[r]) for key, values in writes.items() if r < len(values)]
+            for start in range(0, len(ops), KV_IN_FLIGHT):
+                errors = await self._put_acknowledged(ops[start : start + KV_IN_FLIGHT])
+                if errors:
+                    self._kv = None  # the bucket may be gone: check it (and make it) again
+                    raise RelayError(f"KV bucket {self.bucket}: {errors[0]}")
 
-        async def write(key: str, values: list[bytes | None]) -> None:
-            for value in values:
+    async def _put_acknowledged(self, ops: list[tuple[str, bytes | None]]) -> list[str]:
+        """Publish every write (a put, or a delete marker for None) with a reply subject of
+        its own under one inbox, then wait for all the bucket's acknowledgements: one
+        subscription and one timer for the group, not a request (a future, a timer and an
+        inbox token) per key, which was most of what the relay cost per event. Returns what
+        went wrong, one line per write."""
+        inbox = self._nc.new_inbox()
+        acks: dict[int, Msg] = {}
+        all_in = asyncio.get_running_loop().create_future()
+
+        async def acknowledged(msg: Msg) -> None:
+            acks[int(msg.subject.rpartition(".")[2])] = msg
+            if len(acks) == len(ops) and not all_in.done():
+                all_in.set_result(None)
+
+        sub = await self._nc.subscribe(f"{inbox}.*", cb=acknowledged)
+        try:
+            for i, (key, value) in enumerate(ops):
+                subject, reply = f"$KV.{self.bucket}.{key}", f"{inbox}.{i}"
                 if value is None:
-                    await kv.delete(key)
+                    await self._nc.publish(subject, b"", reply=reply, headers=_DELETE)
                 else:
-                    await kv.put(key, value)
+                    await self._nc.publish(subject, value, reply=reply)
+            try:
+                await asyncio.wait_for(all_in, self._publish_timeout)
+            except TimeoutError:
+                missing = len(ops) - len(acks)
+                return [f"no acknowledgement for {missing} of {len(ops)} writes in "
+                        f"{self._publish_timeout:g} s"]  # fmt: skip
+        finally:
+            await sub.unsubscribe()
+        return [f"{ops[i][0]}: {why}" for i, msg in sorted(acks.items()) if (why := _refusal(msg))]
 
-        keys = list(writes)
-        for start in range(0, len(keys), KV_IN_FLIGHT):
-            results = await asyncio.gather(
-                *(write(key, writes[key]) for key in keys[start : start + KV_IN_FLIGHT]),
-                return_exceptions=True,
-            )
-            errors = [r for r in results if isinstance(r, BaseException)]
-            if errors:
-                self._kv = None  # the bucket may be gone: check it (and make it) again
-                raise RelayError(f"KV bucket {self.bucket}: {errors[0]!r}") from errors[0]
+
+_DELETE = {"KV-Operation": "DEL"}  # a delete marker, as nats-py's KeyValue.delete writes it
+
+
+def _refusal(ack: Msg) -> str:
+    """Why the bucket did not store a write, from its acknowledgement ("" if it did)."""
+    if not ack.data:  # a status message: no stream took the subject (503), or another failure
+        status = (ack.headers or {}).get("Status", "")
+        return f"no bucket took the write (status {status or 'unknown'})"
+    answer = json.loads(ack.data)
+    error = answer.get("error")
+    if error:
+        return str(error.get("description", error))
+    return ""
 
 
 def _version(progress: Progress) -> int:
