@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 
 import asyncpg
 
@@ -256,20 +256,23 @@ async def _replay(sink: ProjectionSink, log: DomainLog, domain: str, batch_size:
 
     with _collector_paused():
         try:
-            async for records in _read_ahead(log, domain, batch_size):
-                facts: list[Fact] = []
-                for record in records:
-                    try:
-                        facts.append(Fact(record, record.event()))
-                    except Exception:
+            # Closed on leaving, so the reader stops at once when the replay stops early.
+            async with contextlib.aclosing(_read_ahead(log, domain, batch_size)) as batches:
+                async for records in batches:
+                    facts: list[Fact] = []
+                    for record in records:
+                        try:
+                            facts.append(Fact(record, record.event()))
+                        except Exception:
+                            break
+                    if facts and not await fold(facts):
                         break
-                if facts and not await fold(facts):
-                    break
-                if len(facts) < len(records):
-                    break
-            await writes.settle()
+                    if len(facts) < len(records):
+                        break
         finally:
-            writes.cancel()
+            # The batch in flight was folded from the log as it stands: finish it, whatever
+            # stopped the replay (the log read failing, say).
+            await writes.settle()
     return writes.applied
 
 
@@ -306,16 +309,10 @@ class _Writes:
         self.applied += events
         return True
 
-    def cancel(self) -> None:
-        """Abandon a batch still in flight (the replay failed; its transaction rolls back)."""
-        if self._in_flight is not None:
-            self._in_flight[0].cancel()
-            self._in_flight = None
-
 
 async def _read_ahead(
     log: DomainLog, domain: str, batch_size: int
-) -> AsyncIterator[list[RecordedEvent]]:
+) -> AsyncGenerator[list[RecordedEvent], None]:
     """`domain`'s log in lists of `batch_size` records, the next read while the caller works
     on one."""
     queue: asyncio.Queue[list[RecordedEvent] | Exception | None] = asyncio.Queue(maxsize=1)
