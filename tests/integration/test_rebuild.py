@@ -2,7 +2,9 @@
 compositions, intervals and holds live across many of its batches.
 
 A rebuild folds with the rows carried in memory and written by COPY (projections/replay.py);
-live followers fetch, fold and upsert each batch (projections/table.py). The log is decided
+live followers fetch, fold and upsert each batch (projections/table.py). Both run the same
+`Projection.apply` (each fold has one definition), so what is compared here is where the rows
+come from and go to: a change to a fold changes both paths alike. The log is decided
 by the engine's pure core (seeded, no engine running): composes of GPUs and memory slices,
 settled or failed, extended, expired, released, with drains, faults, recoveries and a
 device removed and added again in between, so every projection table changes many times.
