@@ -3,14 +3,16 @@ each beside a plain asyncpg read of the same rows in the same run.
 
 The log (compose / establish / release cycles decided by the engine's pure core; see
 bench/snapshots.py `fill`) is generated once into a kept schema and reused by later runs with
-the same `--events` (`--fresh` makes it again). Then, one domain, every figure in events/s and
-as a share of the raw read:
+the same `--events` (`--fresh` makes it again); the embedded PostgreSQL keeps it only when
+TRELLIS_DATA_DIR names its data dir (by default it lives in a temporary one). Then, one
+domain, every figure in events/s and as a share of the raw read:
 
 - raw read: `SELECT` of the event rows in pages of 2,000, nothing else (the wall);
 - read + decode: the store's `read` (RecordedEvent) and each payload decoded (`event()`);
 - fold: `DomainWriter.catch_up` without snapshots (engine start on a log without them);
 - projection rebuild: `projections.sink.rebuild` at its default batch (10,000 events), every
-  projection table refilled from the log.
+  projection table refilled from the log (the same folds the live followers run, with the rows
+  carried in memory; each batch written while the next is folded, the log read ahead).
 
 Uses TRELLIS_DATABASE_URL when set, else an embedded PostgreSQL. The last line printed is one
 JSON object with every figure.

@@ -2,7 +2,9 @@
 compositions, intervals and holds live across many of its batches.
 
 A rebuild folds with the rows carried in memory and written by COPY (projections/replay.py);
-live followers fetch, fold and upsert each batch (projections/table.py). The log is decided
+live followers fetch, fold and upsert each batch (projections/table.py). Both run the same
+`Projection.apply` (each fold has one definition), so what is compared here is where the rows
+come from and go to: a change to a fold changes both paths alike. The log is decided
 by the engine's pure core (seeded, no engine running): composes of GPUs and memory slices,
 settled or failed, extended, expired, released, with drains, faults, recoveries and a
 device removed and added again in between, so every projection table changes many times.
@@ -245,3 +247,28 @@ async def test_a_rebuild_stops_at_an_undecodable_event_with_everything_before_it
         await rebuild(pool, store, [DOMAIN], batch_size=64)
     assert stalled.value.position == appended.head.position
     assert await dump(pool) == live
+
+
+async def test_a_rebuild_whose_log_read_fails_raises_it_with_the_batches_before_it_written(
+    pool: asyncpg.Pool, store: PostgresEventStore, logged: int
+) -> None:
+    class Broken:
+        """The log, lost after 700 events (the rebuild reads it ahead of its fold)."""
+
+        async def read(
+            self, domain: str, after_version: int = 0, limit: int | None = None
+        ) -> AsyncIterator[RecordedEvent]:
+            async for record in store.read(domain, after_version, limit):
+                if record.version > 700:
+                    raise ConnectionResetError("log lost")
+                yield record
+
+    with pytest.raises(ConnectionResetError):
+        await rebuild(pool, Broken(), [DOMAIN], batch_size=100)
+    checkpoints = await pool.fetch("SELECT version FROM trellis_follower_checkpoints")
+    assert {r["version"] for r in checkpoints} == {700}
+    # The ordinary follower takes it from there and ends as a rebuild of the whole log does.
+    await followed(pool, store, batch_size=500)
+    rebuilt = await dump(pool)
+    await rebuild(pool, store, [DOMAIN])
+    assert await dump(pool) == rebuilt

@@ -16,10 +16,11 @@ moments (projections/past.py).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 
 import asyncpg
 
@@ -234,6 +235,9 @@ async def _replay(sink: ProjectionSink, log: DomainLog, domain: str, batch_size:
     """Fold `domain`'s log into the emptied tables with the rows carried in memory
     (projections/replay.py) while no one else moves its checkpoints; the events applied.
 
+    Each batch is written while the next is folded, and the log is read ahead of the fold:
+    Postgres stores and reads on its own core while this one folds.
+
     Stops, and leaves the rest to an ordinary follower, at an event it cannot decode (which
     that follower reports as it always does) or when another follower has committed since
     this one's last batch (the rows in memory no longer are the tables').
@@ -242,34 +246,99 @@ async def _replay(sink: ProjectionSink, log: DomainLog, domain: str, batch_size:
     if saved != 0:
         return 0
     rows = ReplayRows(sink.pool, sink.table_defs)
-    committed = Progress()
-    applied = 0
+    writes = _Writes(sink, domain)
 
     async def fold(facts: list[Fact]) -> bool:
-        nonlocal committed, applied
         for projection in sink.projections:
             await projection.apply(rows, facts)
         last = facts[-1].record
-        progress = Progress(last.version, last.position)
-        if not await _write_batch(sink, domain, rows.changes(), committed, progress):
+        return await writes.start(rows.changes(), Progress(last.version, last.position), len(facts))
+
+    with _collector_paused():
+        try:
+            # Closed on leaving, so the reader stops at once when the replay stops early.
+            async with contextlib.aclosing(_read_ahead(log, domain, batch_size)) as batches:
+                async for records in batches:
+                    facts: list[Fact] = []
+                    for record in records:
+                        try:
+                            facts.append(Fact(record, record.event()))
+                        except Exception:
+                            break
+                    if facts and not await fold(facts):
+                        break
+                    if len(facts) < len(records):
+                        break
+        finally:
+            # The batch in flight was folded from the log as it stands: finish it, whatever
+            # stopped the replay (the log read failing, say).
+            await writes.settle()
+    return writes.applied
+
+
+class _Writes:
+    """A replay's batches written in order, one at a time, each while the next is folded."""
+
+    def __init__(self, sink: ProjectionSink, domain: str):
+        self._sink = sink
+        self._domain = domain
+        self._committed = Progress()
+        self.applied = 0  # events of the batches committed
+        self._in_flight: tuple[asyncio.Task[bool], Progress, int] | None = None
+
+    async def start(self, changes: list[Changes], progress: Progress, events: int) -> bool:
+        """Wait for the batch in flight, then start writing this one; False (nothing more
+        written) when a checkpoint moved under the replay."""
+        if not await self.settle():
             return False
-        committed, applied = progress, applied + len(facts)
+        task = asyncio.create_task(
+            _write_batch(self._sink, self._domain, changes, self._committed, progress)
+        )
+        self._in_flight = (task, progress, events)
         return True
 
-    facts: list[Fact] = []
-    with _collector_paused():
-        async for record in log.read(domain):
-            try:
-                facts.append(Fact(record, record.event()))
-            except Exception:
-                break
-            if len(facts) == batch_size:
-                if not await fold(facts):
-                    return applied
-                facts = []
-        if facts:
-            await fold(facts)
-    return applied
+    async def settle(self) -> bool:
+        """Wait for the batch in flight; False when it found a checkpoint moved."""
+        if self._in_flight is None:
+            return True
+        task, progress, events = self._in_flight
+        self._in_flight = None
+        if not await task:
+            return False
+        self._committed = progress
+        self.applied += events
+        return True
+
+
+async def _read_ahead(
+    log: DomainLog, domain: str, batch_size: int
+) -> AsyncGenerator[list[RecordedEvent], None]:
+    """`domain`'s log in lists of `batch_size` records, the next read while the caller works
+    on one."""
+    queue: asyncio.Queue[list[RecordedEvent] | Exception | None] = asyncio.Queue(maxsize=1)
+
+    async def read() -> None:
+        try:
+            batch: list[RecordedEvent] = []
+            async for record in log.read(domain):
+                batch.append(record)
+                if len(batch) == batch_size:
+                    await queue.put(batch)
+                    batch = []
+            if batch:
+                await queue.put(batch)
+            await queue.put(None)
+        except Exception as exc:  # the caller's to raise, after the batches before it
+            await queue.put(exc)
+
+    reader = asyncio.create_task(read())
+    try:
+        while (records := await queue.get()) is not None:
+            if isinstance(records, Exception):
+                raise records
+            yield records
+    finally:
+        reader.cancel()
 
 
 async def _write_batch(

@@ -225,8 +225,8 @@ class Rows:
         self._fetched_groups: set[Key] = set()
 
     async def prefetch(self, keys: Iterable[Key]) -> None:
-        """Fetch every key not cached yet, in one statement."""
-        missing = sorted({k for k in keys if k not in self._rows})
+        """Fetch every key not cached yet, in one statement (a SELECT: no order to keep)."""
+        missing = list({k for k in keys if k not in self._rows})
         if not missing:
             return
         for row in await self._source.fetch(self.table, self.table.key, missing):
@@ -236,7 +236,7 @@ class Rows:
 
     async def prefetch_groups(self, prefixes: Iterable[Key]) -> None:
         """Fetch every row under each prefix not fetched yet, in one statement."""
-        missing = sorted({p for p in prefixes if p not in self._fetched_groups})
+        missing = list({p for p in prefixes if p not in self._fetched_groups})
         if not missing:
             return
         for row in await self._source.fetch(self.table, self.table.group, missing):
