@@ -36,11 +36,11 @@ Stream and bucket names, their configuration and the message body: adapters/nats
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import asyncpg
 import msgspec
@@ -296,7 +296,7 @@ class RelaySink:
                     f"no acknowledgement for {len(records)} events of {domain} in "
                     f"{self._publish_timeout:g} s"
                 ) from exc
-            ack = json.loads(reply.data or b"{}")
+            ack = _decode_ack(reply.data or b"{}")
             error = ack.get("error")
             if error:
                 if error.get("err_code") == _WRONG_LAST_SEQUENCE:
@@ -383,6 +383,7 @@ class RelaySink:
         return [f"{ops[i][0]}: {why}" for i, msg in sorted(acks.items()) if (why := _refusal(msg))]
 
 
+_decode_ack = msgspec.json.Decoder(dict[str, Any]).decode  # JetStream's publish acknowledgement
 _DELETE = {"KV-Operation": "DEL"}  # a delete marker, as nats-py's KeyValue.delete writes it
 
 
@@ -391,7 +392,7 @@ def _refusal(ack: Msg) -> str:
     if not ack.data:  # a status message: no stream took the subject (503), or another failure
         status = (ack.headers or {}).get("Status", "")
         return f"no bucket took the write (status {status or 'unknown'})"
-    answer = json.loads(ack.data)
+    answer = _decode_ack(ack.data)
     error = answer.get("error")
     if error:
         return str(error.get("description", error))
