@@ -527,7 +527,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         prefix = f"b{uuid.uuid4().hex[:12]}"
         async with conn_info(owner_url) as info:
             result["server"] = info
-        combined, nats_only, pg_only, close_floor = await floor_setup(
+        combined, nats_only, pg_only, _, close_floor = await floor_setup(
             nats_url, owner_url, schema, prefix
         )
         chunks: list[list[float]] = []

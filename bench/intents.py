@@ -67,7 +67,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path as FsPath
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 sys.path.insert(0, str(FsPath(__file__).resolve().parents[1]))
 
@@ -308,15 +308,31 @@ def _process_cpu_s(pid: int | None) -> float:
 # ---- the floor ----
 
 
+class Floors(NamedTuple):
+    """Each a timed operation: the unit floor, its parts, the saga floor; and `close`."""
+
+    unit: Callable[[], Awaitable[None]]
+    nats_only: Callable[[], Awaitable[None]]
+    pg_only: Callable[[], Awaitable[None]]
+    saga: Callable[[], Awaitable[None]]
+    close: Callable[[], Awaitable[None]]
+
+
 async def floor_setup(
-    nats_url: str, database_url: str, schema: str, prefix: str
-) -> tuple[
-    Callable[[], Awaitable[None]],
-    Callable[[], Awaitable[None]],
-    Callable[[], Awaitable[None]],
-    Callable[[], Awaitable[None]],
-]:
-    """(combined, nats_only, pg_only, close): each callable is one timed operation."""
+    nats_url: str,
+    database_url: str,
+    schema: str,
+    prefix: str,
+    fabric_state: FsPath | None = None,
+) -> Floors:
+    """The floors (ARCHITECTURE §10), served by a responder of the bench's own:
+    - unit: a request-reply whose handler commits one row, then replies;
+    - saga: the I/O a compose needs, by hand and in sequence: a request-reply whose handler
+      commits the reserve, makes the simulated hardware's durable write (one binding, through
+      a SimulatedFabric of its own with `fabric_state`, the engine's kind of state file: a
+      new generation written, fsynced and linked, and its folder fsynced; None: in memory)
+      and commits the settlement, then replies. Samples alternate bind and unbind, so the
+      hardware's state stays one binding small."""
     responder = await connect_nats(nats_url, name="bench-floor-responder")
     client = await connect_nats(nats_url, name="bench-floor-client")
     # The responder's commits go through a connection of its own, like the engine's pool.
@@ -327,28 +343,45 @@ async def floor_setup(
     )
     insert = "INSERT INTO bench_floor (body) VALUES ($1)"
     reply_body = msgspec.json.encode({"ok": True, "result": {}, "position": 1, "replayed": False})
+    hardware = SimulatedFabric(state_file=fabric_state)
+    binding = FabricBinding(
+        host="host-r0-0", device="gpu-r0-000", path=["host-r0-0", "sw-r0", "gpu-r0-000"],
+        composition_id="c-floor",
+    )  # fmt: skip
+    bound = [False]
+
+    async def commit(body: str) -> None:
+        async with conn.transaction():
+            await conn.execute(insert, body)
 
     async def commit_then_reply(msg: Msg) -> None:
-        async with conn.transaction():
-            await conn.execute(insert, msg.data.decode())
+        await commit(msg.data.decode())
+        await msg.respond(reply_body)
+
+    async def reserve_program_settle(msg: Msg) -> None:
+        await commit(msg.data.decode())
+        program = hardware.unbind if bound[0] else hardware.bind
+        await program("floor", binding)
+        bound[0] = not bound[0]
+        await commit("settled")
         await msg.respond(reply_body)
 
     async def echo(msg: Msg) -> None:
         await msg.respond(reply_body)
 
-    await responder.subscribe(f"{prefix}.floor.commit", queue="bench-floor", cb=commit_then_reply)
-    await responder.subscribe(f"{prefix}.floor.echo", queue="bench-floor", cb=echo)
+    handlers = {"commit": commit_then_reply, "saga": reserve_program_settle, "echo": echo}
+    for name, handler in handlers.items():
+        await responder.subscribe(f"{prefix}.floor.{name}", queue="bench-floor", cb=handler)
     await responder.flush()
     body = msgspec.json.encode({"request_id": str(uuid.uuid4()), "composition_id": "c-0"})
     pg_conn = await asyncpg.connect(database_url, server_settings={"search_path": schema})
 
-    async def combined() -> None:
-        msg = await client.request(f"{prefix}.floor.commit", body, timeout=10)
-        msgspec.json.decode(msg.data)
+    def round_trip(name: str) -> Callable[[], Awaitable[None]]:
+        async def timed() -> None:
+            msg = await client.request(f"{prefix}.floor.{name}", body, timeout=10)
+            msgspec.json.decode(msg.data)
 
-    async def nats_only() -> None:
-        msg = await client.request(f"{prefix}.floor.echo", body, timeout=10)
-        msgspec.json.decode(msg.data)
+        return timed
 
     async def pg_only() -> None:
         async with pg_conn.transaction():
@@ -360,62 +393,7 @@ async def floor_setup(
         await conn.close()
         await pg_conn.close()
 
-    return combined, nats_only, pg_only, close
-
-
-async def saga_floor_setup(
-    nats_url: str, database_url: str, schema: str, prefix: str, fabric_state: FsPath | None
-) -> tuple[Callable[[], Awaitable[None]], Callable[[], Awaitable[None]]]:
-    """(saga, close): the saga floor (ARCHITECTURE §10), the I/O a compose needs done by hand
-    and in sequence: the client's request-reply, whose handler commits the reserve, makes the
-    simulated hardware's durable write (one binding, through a SimulatedFabric of its own with
-    the engine's kind of state file: a new generation written, fsynced and linked, and its
-    folder fsynced) and commits the settlement, then replies. Samples alternate bind and unbind
-    so the hardware's state stays one binding small."""
-    responder = await connect_nats(nats_url, name="bench-saga-floor-responder")
-    client = await connect_nats(nats_url, name="bench-saga-floor-client")
-    conn = await asyncpg.connect(database_url, server_settings={"search_path": schema})
-    await conn.execute(
-        "CREATE TABLE bench_saga_floor (id bigserial PRIMARY KEY, at timestamptz NOT NULL "
-        "DEFAULT now(), body text NOT NULL)"
-    )
-    insert = "INSERT INTO bench_saga_floor (body) VALUES ($1)"
-    hardware = SimulatedFabric(state_file=fabric_state)
-    binding = FabricBinding(
-        host="host-r0-0", device="gpu-r0-000", path=["host-r0-0", "sw-r0", "gpu-r0-000"],
-        composition_id="c-floor",
-    )  # fmt: skip
-    bound = [False]
-    reply_body = msgspec.json.encode({"ok": True, "result": {}, "position": 1, "replayed": False})
-
-    async def reserve_program_settle(msg: Msg) -> None:
-        async with conn.transaction():
-            await conn.execute(insert, msg.data.decode())
-        if bound[0]:
-            await hardware.unbind("floor", binding)
-        else:
-            await hardware.bind("floor", binding)
-        bound[0] = not bound[0]
-        async with conn.transaction():
-            await conn.execute(insert, "settled")
-        await msg.respond(reply_body)
-
-    await responder.subscribe(
-        f"{prefix}.floor.saga", queue="bench-floor", cb=reserve_program_settle
-    )
-    await responder.flush()
-    body = msgspec.json.encode({"request_id": str(uuid.uuid4()), "composition_id": "c-0"})
-
-    async def saga() -> None:
-        msg = await client.request(f"{prefix}.floor.saga", body, timeout=10)
-        msgspec.json.decode(msg.data)
-
-    async def close() -> None:
-        await client.close()
-        await responder.close()
-        await conn.close()
-
-    return saga, close
+    return Floors(round_trip("commit"), round_trip("echo"), pg_only, round_trip("saga"), close)
 
 
 async def timed_ms(op: Callable[[], Awaitable[None]], n: int, budget_s: float) -> list[float]:
@@ -739,16 +717,19 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         prefix = f"b{uuid.uuid4().hex[:12]}"
         async with conn_info(owner_url) as info:
             result["server"] = info
-        # The floors' tables are the bench's own, in the schema the owner created.
-        combined, nats_only, pg_only, close_floor = await floor_setup(
-            nats_url, owner_url, schema, prefix
-        )
-        saga, close_saga_floor = await saga_floor_setup(
+        # The floors' table is the bench's own, in the schema the owner created.
+        floors = await floor_setup(
             nats_url,
             owner_url,
             schema,
             prefix,
             None if args.fabric_memory else state_dir / "floor" / "fabric-sim.json",
+        )
+        combined, nats_only, pg_only, saga = (
+            floors.unit,
+            floors.nats_only,
+            floors.pg_only,
+            floors.saga,
         )
         try:
             # Both floors are measured clean, with nothing of Trellis running: half before the
@@ -956,8 +937,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 await run_mode(*mode)
             await clean_floors()
         finally:
-            await close_floor()
-            await close_saga_floor()
+            await floors.close()
             clients_process.close()
             shutil.rmtree(state_dir, ignore_errors=True)
     result["seconds"] = time.perf_counter() - started

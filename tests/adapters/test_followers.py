@@ -58,23 +58,22 @@ class Held(SlowForBigBatches):
         return await super().apply(domain, records)
 
 
+def imported(i: int) -> PendingEvent:
+    return PendingEvent(
+        id=f"e-{i}",
+        type="TopologyImported",
+        schema_version=1,
+        actor="admin",
+        causation_id="import",
+        correlation_id="import",
+        recorded_at=datetime(2026, 1, 1, tzinfo=UTC),
+        data=b"{}",
+    )
+
+
 async def logged(events: int) -> MemoryLog:
     log = MemoryLog()
-    at = datetime(2026, 1, 1, tzinfo=UTC)
-    pending = [
-        PendingEvent(
-            id=f"e-{i}",
-            type="TopologyImported",
-            schema_version=1,
-            actor="admin",
-            causation_id="import",
-            correlation_id="import",
-            recorded_at=at,
-            data=b"{}",
-        )
-        for i in range(events)
-    ]
-    await log.append(DOMAIN, Head(), pending, [])
+    await log.append(DOMAIN, Head(), [imported(i) for i in range(events)], [])
     return log
 
 
@@ -120,18 +119,7 @@ async def grown(log: MemoryLog, by: int) -> None:
     """Append `by` events after the log's head, as one commit each."""
     for _ in range(by):
         head = await log.head(DOMAIN)
-        at = datetime(2026, 1, 1, tzinfo=UTC)
-        event = PendingEvent(
-            id=f"e-{head.version}",
-            type="TopologyImported",
-            schema_version=1,
-            actor="admin",
-            causation_id="import",
-            correlation_id="import",
-            recorded_at=at,
-            data=b"{}",
-        )
-        await log.append(DOMAIN, head, [event], [])
+        await log.append(DOMAIN, head, [imported(head.version)], [])
 
 
 async def test_commits_close_together_are_taken_in_one_pass_and_a_waiter_cuts_the_wait() -> None:
