@@ -297,16 +297,16 @@ def test_the_report_prints_its_assumptions_beside_the_figures(tmp_path: Path) ->
     plan = Plan(seconds=2, requests=2)
     text = demo.report(outcome(), plan)
     assert not re.search(r"\b(inf|nan)\b", text)
-    block = text[text.index("\nassumption ") :].splitlines()  # beside the table, below it
+    block = text[text.index("\nassumptions ") :].splitlines()  # beside the table, below it
 
     def line(what: str) -> str:
-        (found,) = [line for line in block if line.startswith(what)]
+        (found,) = [line for line in block if line.startswith(f"  {what}: ")]
         return found
 
     for what in ("wait for GPUs", "tokens served", "GPU-hours", "billed $"):
         assert line(what)
-    assert "1,024" in line("prefill rate") and "context tokens/s per GPU" in line("prefill rate")
-    assert " 100 " in line("decode rate") and "output tokens/s per GPU" in line("decode rate")
+    assert "1,024 (context tokens/s per GPU)" in line("prefill rate")
+    assert "100 (output tokens/s per GPU)" in line("decode rate")
     assert "H100 2.00" in line("price, gpu") and "$ per gpu-hour" in line("price, gpu")
     assert "CXL 100 GiB 0.50" in line("price, memory")
     # The drain after the last arrival is said, not left to be guessed.

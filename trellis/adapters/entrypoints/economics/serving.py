@@ -18,6 +18,7 @@ TTFT; queueing adds nothing to the served ones beyond the wait measured.
 
 from __future__ import annotations
 
+import textwrap
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,7 +30,6 @@ from trellis.adapters.entrypoints.economics.workload import (
     PREFILL_SECONDS,
     TOKENS_PER_PREFILL_GPU,
 )
-from trellis.adapters.entrypoints.render import table
 
 PREFILL_TOKENS_PER_GPU_S = TOKENS_PER_PREFILL_GPU / PREFILL_SECONDS
 DECODE_TOKENS_PER_GPU_S = float(OUTPUT_TOKENS_PER_SECOND)
@@ -89,7 +89,7 @@ def prices(hall: dict[str, Any]) -> list[Assumption]:
             f"price, {kind}",
             ", ".join(f"{name} {price:.2f}" for name, price in sorted(models.items())),
             f"$ per {kind}-hour",
-            "the hall's cost_per_hour (examples/make_hall.py), illustrative",
+            "illustrative: the hall's cost_per_hour (examples/make_hall.py)",
         )
         for kind, models in sorted(by_kind.items())
     ]
@@ -115,7 +115,7 @@ def assumptions(hall: dict[str, Any]) -> list[Assumption]:
         Assumption(
             "wait for GPUs",
             "measured",
-            "s",
+            "seconds",
             "arrival (or the prefill's second ending) to the composed reply, as the client"
             " timed it; no queue: a request finding no capacity is refused",
         ),
@@ -134,16 +134,19 @@ def assumptions(hall: dict[str, Any]) -> list[Assumption]:
         ),
         Assumption(
             "billed $",
-            "held",
+            "held device-hours x price",
             "$",
-            "held device-hours x price, every device kind; a fixed request holds its whole"
-            " box for its lease; hall $: every device for the run's span",
+            "every device kind, from the log's history; a fixed request holds its whole box"
+            " for its lease; hall $: every device of the hall for the run's span",
         ),
         *prices(hall),
     ]
 
 
 def assumptions_text(items: Sequence[Assumption]) -> str:
-    return table(
-        ["assumption", "value", "unit", "why"], [[a.what, a.value, a.unit, a.why] for a in items]
-    )
+    """The assumptions as the report prints them under the table, one each, wrapped."""
+    lines = ["assumptions (the figures above rest on these):"]
+    for a in items:
+        text = f"{a.what}: {a.value} ({a.unit}); {a.why}."
+        lines += textwrap.wrap(text, 100, initial_indent="  ", subsequent_indent="      ")
+    return "\n".join(lines)
