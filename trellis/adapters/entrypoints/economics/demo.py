@@ -40,7 +40,8 @@ from trellis.adapters.settings import Settings
 
 CREDIT = (
     "demand: Azure LLM inference trace 2023 (Azure/AzurePublicDataset, CC-BY 4.0);"
-    " figures from the log's history and events; latency as the client measured it."
+    " figures from the log's history and events; latency and the waits for GPUs as the client"
+    " measured them; TTFT and TPOT from those through the serving model (assumptions above)."
 )
 
 
