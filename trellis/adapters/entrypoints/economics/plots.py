@@ -62,6 +62,7 @@ def draw(
             textcoords="offset points",
             va="top",
             fontsize=8,
+            bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"},
         )
     memory.legend(loc="upper right")  # pooled memory is low there, fixed pods hold none
     gpu.set_title("What was held over time (from the log's history)")
