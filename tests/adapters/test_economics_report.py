@@ -1,26 +1,43 @@
 """The economics demo's pure parts: repairs told from recoveries, the storm's first refusal,
-percentiles, and the progress view (live.py) in both its forms."""
+percentiles, the seeds' units (TTFT, TPOT, GPU-hours, $ per million tokens) from hand-made logs
+checked against arithmetic done by hand, the report's assumptions, and the progress view
+(live.py) in both its forms."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
+import json
+import re
 from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from trellis.adapters.entrypoints.economics import live
+from trellis.adapters.entrypoints.economics import demo, live
 from trellis.adapters.entrypoints.economics.figures import (
     PERCENTILES,
     Figures,
     comparison,
+    figures,
     mended,
     percentile,
+    served_by_model,
     storm_refusal,
     supported,
 )
 from trellis.adapters.entrypoints.economics.runs import Plan, Run
+from trellis.adapters.entrypoints.economics.serving import (
+    Served,
+    assumptions,
+    per_million_tokens,
+    tpot,
+    ttft,
+)
+from trellis.adapters.entrypoints.economics.workload import Request
 
 
 def event(type: str, position: int = 0, **data: Any) -> dict[str, Any]:
@@ -111,22 +128,209 @@ def test_a_percentile_is_shown_only_when_its_sample_count_supports_it() -> None:
     assert [q for q in PERCENTILES if supported(q, 1000)] == list(PERCENTILES)
 
 
-def test_the_comparison_names_what_was_held_and_prints_no_infinite_ratio() -> None:
-    def run(gpu_util: list[float], refused: int, latencies: int) -> Figures:
-        ordered = [0.01] * latencies
-        return Figures(
-            requests=10, served=10 - refused, refused=Counter(quota=refused),
-            gpu_util=gpu_util, memory_util=[0.0], gpu_seconds=1.0, idle_gpu_seconds=0.0,
-            free_gpus_memory_full=0.0, free_gib_gpus_full=0.0, billed=1.0, hall_cost=2.0,
-            impaired=0, repaired=0, recovered=0,
-            p99_ms=percentile(ordered, 99) if supported(99, latencies) else None,
-            latency_ms={},
-        )  # fmt: skip
+# ---- the seeds' units, on hand-made logs: every expected value is worked out by hand ----
 
-    text = comparison(run([0.5], refused=3, latencies=40), run([0.9], refused=0, latencies=40))
+T0 = datetime(2026, 12, 4, 9, 0, tzinfo=UTC)
+
+# Two GPUs at $2 an hour and a 100 GiB pool at $0.50: small enough to bill by hand.
+HALL: dict[str, Any] = {
+    "nodes": [
+        {"id": "gpu-1", "kind": "device", "device_kind": "gpu", "model": "H100",
+         "cost_per_hour": 2.0},
+        {"id": "gpu-2", "kind": "device", "device_kind": "gpu", "model": "H100",
+         "cost_per_hour": 2.0},
+        {"id": "mem-1", "kind": "device", "device_kind": "memory", "model": "CXL",
+         "capacity_gib": 100.0, "cost_per_hour": 0.5},
+    ]
+}  # fmt: skip
+
+
+def asked(type: str, number: int, gpus: int, scheduler: str, at: float, **data: Any) -> Any:
+    request = {
+        "labels": {"scheduler": scheduler, "demand": str(number)},
+        "devices": [{"kind": "gpu", "count": gpus}],
+    }
+    when = T0 + timedelta(seconds=at)
+    return {"type": type, "at": when, "position": 0, "data": {"request": request, **data}}
+
+
+def held(kind: str, start: float, end: float, price: float, gib: float | None = None) -> Any:
+    def iso(seconds: float) -> str:
+        return (T0 + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
+
+    return {"kind": kind, "start": iso(start), "end": iso(end), "cost_per_hour": price,
+            "capacity_gib": gib}  # fmt: skip
+
+
+def fixed_run() -> tuple[Figures, list[Any]]:
+    """Requests 0 and 1 get a one-GPU box each, for an hour and for half an hour; request 2
+    finds none free."""
+    demand = [Request(0, 0.0, 1024, 100), Request(1, 0.5, 2048, 300), Request(2, 1.0, 300, 10)]
+    events = [
+        asked("CompositionRequested", 0, 1, "fixed-pods", 0.0),
+        asked("CompositionRequested", 1, 1, "fixed-pods", 0.5),
+        asked("CompositionRejected", 2, 1, "fixed-pods", 1.0, code="no_capacity",
+              message="no box", details={"entry": 0}),
+    ]  # fmt: skip
+    intervals = [held("gpu", 0, 3600, 2.0), held("gpu", 0, 1800, 2.0)]
+    waits = {0: 0.5, 1: 0.25}
+    got = figures(HALL, events, intervals, demand, latencies=[0.5, 0.25, 0.1], waits=waits)
+    return got, events
+
+
+def pooled_run() -> tuple[Figures, list[Any]]:
+    """Request 0: a prefill on both GPUs for 1 s, then a decode on one GPU and 50 GiB of the
+    pool for 2 s. Request 1, a second later: a prefill on the other GPU, then a decode on it
+    with 50 GiB, for 2 s."""
+    demand = [Request(0, 0.0, 2048, 50), Request(1, 1.0, 1024, 100)]
+    events = [
+        asked("CompositionRequested", 0, 2, "example", 0.0),
+        asked("CompositionRequested", 1, 1, "example", 1.0),
+        asked("CompositionRequested", 2, 1, "example", 1.0),
+        asked("CompositionRequested", 3, 1, "example", 2.0),
+    ]
+    intervals = [
+        held("gpu", 0, 1, 2.0),
+        held("gpu", 0, 1, 2.0),
+        held("gpu", 1, 3, 2.0),
+        held("memory", 1, 3, 0.5, gib=50.0),
+        held("gpu", 1, 2, 2.0),
+        held("gpu", 2, 4, 2.0),
+        held("memory", 2, 4, 0.5, gib=50.0),
+    ]
+    waits = {0: 0.1, 1: 0.05, 2: 0.2, 3: 0.0}
+    got = figures(HALL, events, intervals, demand, latencies=[0.1, 0.05, 0.2, 0.0], waits=waits)
+    return got, events
+
+
+def test_ttft_is_the_wait_plus_the_prefill_and_tpot_the_decode_per_token() -> None:
+    # Pooled: 2,048 tokens on 2 GPUs at 1,024 tokens/s each is 1 s, after a 0.1 s wait;
+    # 50 tokens on 1 GPU at 100 tokens/s is 0.5 s, after a 0.05 s wait: 0.55 s / 50.
+    pooled = Served(2048, 50, prefill_wait_s=0.1, prefill_gpus=2, decode_wait_s=0.05,
+                    decode_gpus=1)  # fmt: skip
+    assert ttft(pooled) == pytest.approx(1.1)
+    assert tpot(pooled) == pytest.approx(0.011)
+    # A box: 8 GPUs for both, 8,192 tokens/s of prefill and 800 of decode, no second wait.
+    box = Served(2048, 50, prefill_wait_s=0.2, prefill_gpus=8, decode_wait_s=0.0, decode_gpus=8)
+    assert ttft(box) == pytest.approx(0.45)
+    assert tpot(box) == pytest.approx(0.00125)
+
+
+def test_cost_per_million_tokens_is_dollars_over_millions_of_tokens_never_over_none() -> None:
+    assert per_million_tokens(3.0, 1_500_000) == pytest.approx(2.0)
+    assert per_million_tokens(3.0, 0) is None
+
+
+def test_the_model_takes_each_phase_s_gpus_and_wait_and_skips_what_was_not_measured() -> None:
+    demand = [Request(0, 0.0, 2048, 50), Request(1, 1.0, 100, 10), Request(2, 2.0, 100, 10)]
+    gpus = {0: 2, 1: 1, 2: 1, 3: 1, 4: 1}
+    waits = {0: 0.1, 1: 0.05, 2: 0.2}  # request 1's decode reply was never seen
+    assert served_by_model(demand, {0, 1}, True, gpus, waits) == [Served(2048, 50, 0.1, 2, 0.05, 1)]
+    # Fixed: one compose per request, numbered as the request; the decode waits for nothing.
+    assert served_by_model(demand[:1], {0}, False, {0: 8}, {0: 0.3}) == [
+        Served(2048, 50, 0.3, 8, 0.0, 8)
+    ]
+
+
+def test_a_fixed_run_s_figures_by_hand() -> None:
+    got, _ = fixed_run()
+    assert (got.requests, got.served, got.refused) == (3, 2, Counter({"no_capacity (gpu)": 1}))
+    assert got.tokens_served == (1024 + 100) + (2048 + 300)  # context and generated, served
+    assert got.gpu_seconds == pytest.approx(3600 + 1800)
+    assert got.gpu_hours == pytest.approx(1.5)
+    assert got.billed == pytest.approx(1.5 * 2.0)  # GPU-hours at $2
+    assert got.hall_cost == pytest.approx(2.0 + 2.0 + 0.5)  # the whole hall for the hour
+    assert got.billed_per_million_tokens == pytest.approx(3.0 / 0.003472)
+    assert got.hall_per_million_tokens == pytest.approx(4.5 / 0.003472)
+    assert got.billed_per_served == pytest.approx(1.5)
+    # Both GPUs held the first half hour, one the second.
+    assert (got.gpu_held_mean, got.gpu_held_peak, got.memory_held_mean) == (75.0, 100.0, 0.0)
+    # TTFT: 0.5 s + 1,024 tokens at 1,024/s = 1.5 s; 0.25 s + 2,048 at 1,024/s = 2.25 s; the
+    # nearest-rank p50 of two is the lower. TPOT: 100 tokens at 100/s, 300 at 100/s: 10 ms.
+    assert got.ttft_ms == {"p50": pytest.approx(1500)}
+    assert got.tpot_ms == {"p50": pytest.approx(10)}
+
+
+def test_a_pooled_run_s_figures_by_hand() -> None:
+    got, _ = pooled_run()
+    assert (got.served, got.tokens_served) == (2, (2048 + 50) + (1024 + 100))
+    assert got.gpu_seconds == pytest.approx(2 * 1 + 2 + 1 + 2)
+    assert got.gpu_hours == pytest.approx(7 / 3600)
+    billed = 7 / 3600 * 2.0 + 4 / 3600 * 0.5  # GPU-hours at $2, pool-hours at $0.50
+    assert got.billed == pytest.approx(billed)
+    assert got.billed_per_million_tokens == pytest.approx(billed / (3222 / 1e6))
+    assert got.span_s == pytest.approx(4.0)
+    assert got.times == pytest.approx([0.0, 1.0, 2.0, 3.0])
+    assert got.gpu_util == pytest.approx([1.0, 1.0, 1.0, 0.5])
+    assert got.memory_util == pytest.approx([0.0, 0.5, 1.0, 0.5])
+    # TTFT: 0.1 s + 2,048 tokens on 2 GPUs at 1,024/s = 1.1 s; 0.2 s + 1,024 on 1 = 1.2 s.
+    # TPOT: (0.05 s + 50 tokens at 100/s) / 50 = 11 ms; (0 + 100 at 100/s) / 100 = 10 ms.
+    assert got.ttft_ms == {"p50": pytest.approx(1100)}
+    assert got.tpot_ms == {"p50": pytest.approx(10)}
+
+
+def test_a_percentile_the_sample_cannot_support_is_hidden_not_printed() -> None:
+    # Two served requests tell a p50, not a p99 (it would be their maximum).
+    got, _ = fixed_run()
+    assert "p99" not in got.ttft_ms and "p99" not in got.tpot_ms
+    assert "p99" not in got.latency_ms  # three composes
+    table = comparison(pooled_run()[0], got)
+    for name in ("TTFT p99, ms (model)", "TPOT p99, ms (model)", "p99 compose latency"):
+        (line,) = [line for line in table.splitlines() if line.startswith(name)]
+        assert line.split()[-3:] == ["-", "-", "-"]
+    (line,) = [line for line in table.splitlines() if line.startswith("TTFT p50")]
+    assert line.split()[-3:] == ["1100.0", "1500.0", "0.73x"]
+
+
+def outcome() -> demo.Outcome:
+    (pooled, pooled_log), (fixed, fixed_log) = pooled_run(), fixed_run()
+    runs = {"pooled": Run("pooled", "econ-pooled-x"), "fixed": Run("fixed", "econ-fixed-x")}
+    return demo.Outcome(
+        {"pooled": pooled, "fixed": fixed},
+        {"pooled": pooled_log, "fixed": fixed_log},
+        runs,
+        assumptions(HALL),
+    )
+
+
+def test_the_report_prints_its_assumptions_beside_the_figures(tmp_path: Path) -> None:
+    plan = Plan(seconds=2, requests=2)
+    text = demo.report(outcome(), plan)
+    assert not re.search(r"\b(inf|nan)\b", text)
+    block = text[text.index("\nassumptions ") :].splitlines()  # beside the table, below it
+
+    def line(what: str) -> str:
+        (found,) = [line for line in block if line.startswith(f"  {what}: ")]
+        return found
+
+    for what in ("wait for GPUs", "tokens served", "GPU-hours", "billed $"):
+        assert line(what)
+    assert "1,024 (context tokens/s per GPU)" in line("prefill rate")
+    assert "100 (output tokens/s per GPU)" in line("decode rate")
+    assert "H100 2.00" in line("price, gpu") and "$ per gpu-hour" in line("price, gpu")
+    assert "CXL 100 GiB 0.50" in line("price, memory")
+    # The drain after the last arrival is said, not left to be guessed.
+    assert "held over 4 s (the last arrivals' leases run past 2 s)" in text
+
+    demo.write(outcome(), plan, tmp_path, text)
+    record = json.loads((tmp_path / "figures.json").read_text())
+    assert {a["what"] for a in record["assumptions"]} >= {"prefill rate", "decode rate"}
+    fixed = record["runs"]["fixed"]["figures"]
+    assert fixed["ttft_ms"] == {"p50": pytest.approx(1500)}
+    assert fixed["billed_per_million_tokens"] == pytest.approx(3.0 / 0.003472)
+    assert fixed["gpu_hours"] == pytest.approx(1.5)
+
+
+def test_the_comparison_names_what_was_held_and_prints_no_infinite_ratio() -> None:
+    base, _ = fixed_run()
+    p = dataclasses.replace(base, refused=Counter(quota=3), gpu_held_mean=50.0)
+    f = dataclasses.replace(
+        base, refused=Counter(), tokens_served=0, billed_per_million_tokens=None
+    )
+    text = comparison(p, f)
     assert "GPU utilization" not in text and "GPUs held, mean % of the hall's" in text
     assert "inf" not in text
     (refused,) = [line for line in text.splitlines() if line.startswith("refused ")]
     assert refused.split()[-1] == "-"  # 3 against 0: no ratio
-    (p99,) = [line for line in text.splitlines() if line.startswith("p99 compose")]
-    assert p99.split()[-3:] == ["-", "-", "-"]  # 40 composes tell no p99
+    (cost,) = [line for line in text.splitlines() if line.startswith("$ per million tokens, b")]
+    assert cost.split()[-2:] == ["-", "-"]  # no tokens served: no cost per token

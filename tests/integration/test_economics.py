@@ -22,7 +22,7 @@ from harness import Harness, serving
 from trellis.adapters.entrypoints.economics import demo, plots
 from trellis.adapters.entrypoints.economics.data import read_hall
 from trellis.adapters.entrypoints.economics.figures import comparison
-from trellis.adapters.entrypoints.economics.runs import Plan
+from trellis.adapters.entrypoints.economics.runs import Plan, demand
 from trellis.adapters.nats.client import TrellisClient
 from trellis.engine.core.events import (
     CompositionActivated,
@@ -106,16 +106,15 @@ class Folded:
             seconds = (at - start).total_seconds()
             self.held.append((kind, seconds, seconds / 3600 * price))
 
-    def served(self) -> int:
+    def served_requests(self) -> set[int]:
         whole = 1 if self.scheduler == "fixed-pods" else 2
-        return sum(len(p) == whole for p in self.phases.values())
+        return {r for r, p in self.phases.items() if len(p) == whole}
+
+    def served(self) -> int:
+        return len(self.served_requests())
 
     def refused(self) -> Counter[str]:
-        served = {
-            r
-            for r, p in self.phases.items()
-            if len(p) == (1 if self.scheduler == "fixed-pods" else 2)
-        }
+        served = self.served_requests()
         return Counter(why for r, why in self.first_refusal.items() if r not in served)
 
 
@@ -138,6 +137,14 @@ async def test_the_economics_figures_are_the_logs_and_pooling_serves_more(
         gpu_seconds = sum(s for kind, s, _ in folded.held if kind == "gpu")
         assert math.isclose(figures.gpu_seconds, gpu_seconds, rel_tol=1e-9)
         assert math.isclose(figures.billed, sum(d for _, _, d in folded.held), rel_tol=1e-9)
+        # The seeds' units: GPU-hours held, and tokens of the trace requests the log served.
+        assert math.isclose(figures.gpu_hours, gpu_seconds / 3600, rel_tol=1e-9)
+        served = folded.served_requests()
+        assert figures.tokens_served == sum(
+            r.context_tokens + r.generated_tokens for r in demand(PLAN) if r.number in served
+        )
+        assert figures.billed_per_million_tokens is not None
+        assert set(figures.ttft_ms) == set(figures.tpot_ms) == {"p50"}  # 40 tell no p99
         assert figures.impaired == len(folded.impaired)
         assert figures.repaired == len(folded.repaired)
         assert figures.recovered == len(folded.recovered - folded.repaired)

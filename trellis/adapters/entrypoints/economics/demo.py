@@ -30,12 +30,18 @@ from trellis.adapters.entrypoints.economics.runs import (
     log_of,
     pooled,
 )
+from trellis.adapters.entrypoints.economics.serving import (
+    Assumption,
+    assumptions,
+    assumptions_text,
+)
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.settings import Settings
 
 CREDIT = (
     "demand: Azure LLM inference trace 2023 (Azure/AzurePublicDataset, CC-BY 4.0);"
-    " figures from the log's history and events; latency as the client measured it."
+    " figures from the log's history and events; latency and the waits for GPUs as the client"
+    " measured them; TTFT and TPOT from those through the serving model (assumptions above)."
 )
 
 
@@ -63,11 +69,13 @@ def watch(page_url: str, stamp: str) -> str:
 
 @dataclasses.dataclass
 class Outcome:
-    """What the demo found: each run's figures, log and record, by run name."""
+    """What the demo found: each run's figures, log and record, by run name, and the
+    assumptions the figures rest on."""
 
     figures: dict[str, Figures]
     logs: dict[str, list[dict[str, Any]]]
     runs: dict[str, Run]
+    assumptions: list[Assumption]
 
 
 async def economics(
@@ -85,7 +93,7 @@ async def economics(
     nc, prefix = client.nc, client.prefix
     stamp = stamp or new_stamp()
     runs = [Run(name, domain_of(name, stamp)) for name in RUNS]
-    outcome = Outcome({}, {}, {run.name: run for run in runs})
+    outcome = Outcome({}, {}, {run.name: run for run in runs}, assumptions(hall))
     for run in runs:
         topology = {**hall, "request_id": f"hall-{run.domain}", "reason": "economics hall"}
         reply = await client.admin(run.domain, "import-topology", topology)
@@ -104,21 +112,31 @@ async def economics(
             intervals = await history(client, run.domain, head)
             outcome.logs[run.name] = await log_of(store, run.domain)
             outcome.figures[run.name] = figures(
-                hall, outcome.logs[run.name], intervals, len(requests), run.latencies
+                hall, outcome.logs[run.name], intervals, requests, run.latencies, run.waits
             )
             run.stage = "done"
     return outcome
 
 
 def report(outcome: Outcome, plan: Plan) -> str:
-    """The text a person reads at the end: sparklines, the table, the storm's why answers."""
+    """The text a person reads at the end: sparklines, the table and the assumptions beside
+    it, the storm's why answers."""
     lines: list[str] = []
     for name, got in outcome.figures.items():
         run = outcome.runs[name]
-        lines.append(f"{name}: {got.requests} requests over {plan.seconds:g} s in {run.domain}")
+        lines.append(
+            f"{name}: {got.requests} requests arriving over {plan.seconds:g} s in {run.domain};"
+            f" held over {got.span_s:.0f} s (the last arrivals' leases run past {plan.seconds:g} s)"
+        )
         lines.append(f"  GPUs held       |{sparkline(got.gpu_util)}|")
         lines.append(f"  memory held     |{sparkline(got.memory_util)}|")
-    lines += ["", comparison(outcome.figures["pooled"], outcome.figures["fixed"]), ""]
+    lines += [
+        "",
+        comparison(outcome.figures["pooled"], outcome.figures["fixed"]),
+        "",
+        assumptions_text(outcome.assumptions),
+        "",
+    ]
     for name, run in outcome.runs.items():
         lines.append(f"the storm in {name}: {', '.join(run.struck)} failed")
         for why in run.whys:
@@ -147,6 +165,7 @@ def write(outcome: Outcome, plan: Plan, out: Path, text: str) -> list[Path]:
     (out / "report.txt").write_text(text + "\n")
     record = {
         "plan": {"seconds": plan.seconds, "requests": plan.requests, "hall": str(plan.hall)},
+        "assumptions": [dataclasses.asdict(a) for a in outcome.assumptions],
         "runs": {
             name: {
                 "domain": outcome.runs[name].domain,
@@ -162,7 +181,9 @@ def write(outcome: Outcome, plan: Plan, out: Path, text: str) -> list[Path]:
     written = [out / "report.txt", out / "figures.json"]
     if plots.available():
         storm = (plan.storm_at, plan.storm_at + plan.storm_for)
-        written += plots.draw(outcome.figures["pooled"], outcome.figures["fixed"], out, storm)
+        written += plots.draw(
+            outcome.figures["pooled"], outcome.figures["fixed"], out, storm, plan.seconds
+        )
     return written
 
 

@@ -3,11 +3,14 @@
 The `history` query (who held which device when, at what price) gives what was held (GPUs and
 pooled memory held over time, a share of the hall's: not how busy the work kept them), GPU-seconds
 and cost; the log's CompositionRequested events (their labels name the trace request) give
-requests served; CompositionRejected (code, and the request entry its funnel stopped at) gives
-refusals by reason; CompositionImpaired, then DeviceReplaced or PathRerouted and a later
+requests served (and, with the trace's token counts, tokens served) and the GPUs each phase
+got; CompositionRejected (code, and the request entry its funnel stopped at) gives refusals by
+reason; CompositionImpaired, then DeviceReplaced or PathRerouted and a later
 CompositionActivated, give impaired and repaired (an impaired composition activated again with
-no such move came back when its fault healed: recovered). Compose latency is the exception:
-the reply time the client measured.
+no such move came back when its fault healed: recovered). Compose latency and the wait for
+GPUs are the exception: the reply times the client measured; TTFT and TPOT come from them
+through the serving model (serving.py). Every figure is computed here once; the table, the JSON
+and the plots only show it.
 """
 
 from __future__ import annotations
@@ -16,9 +19,17 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
+from trellis.adapters.entrypoints.economics.serving import (
+    SECONDS_PER_HOUR,
+    Served,
+    per_million_tokens,
+    tpot,
+    ttft,
+)
+from trellis.adapters.entrypoints.economics.workload import Request
 from trellis.adapters.entrypoints.render import table
 
 
@@ -29,18 +40,32 @@ class Figures:
     requests: int
     served: int
     refused: Counter[str]
-    gpu_util: list[float]  # per second of the run, held / all GPUs
-    memory_util: list[float]  # per second, held / all pooled GiB
+    tokens_served: int  # context + generated tokens of the served requests
+    # The serving model's TTFT and TPOT of the served requests, "p50" and "p99": only those
+    # their count supports (supported()).
+    ttft_ms: dict[str, float]
+    tpot_ms: dict[str, float]
+    span_s: float  # the log's span sampled: first compose to the last lease's end
+    times: list[float]  # each sample's seconds since the first compose
+    gpu_util: list[float]  # per sample (at most a second apart), held / all GPUs
+    memory_util: list[float]  # per sample, held / all pooled GiB
+    gpu_held_mean: float  # % of the hall's GPUs, over the samples
+    gpu_held_peak: float
+    memory_held_mean: float  # % of the hall's pooled GiB
     gpu_seconds: float
+    gpu_hours: float  # held, not busy
     idle_gpu_seconds: float  # held, but not needed by the work
     free_gpus_memory_full: float  # mean free GPUs while pooled memory was >= 90% held
     free_gib_gpus_full: float  # mean free GiB while GPUs were >= 90% held
     billed: float  # dollars: held device-hours x cost_per_hour
-    hall_cost: float  # dollars: every device of the hall for the run
+    hall_cost: float  # dollars: every device of the hall for the run's span
+    billed_per_served: float | None  # None: nothing served
+    hall_per_served: float | None
+    billed_per_million_tokens: float | None
+    hall_per_million_tokens: float | None
     impaired: int
     repaired: int  # the engine moved them off the fault, and they were active again
     recovered: int  # active again only once the fault healed
-    p99_ms: float | None  # None: too few composes to tell a p99 (supported())
     # Compose latency percentiles, "p50" .. "p99.9": only those the sample count supports.
     latency_ms: dict[str, float]
 
@@ -49,6 +74,7 @@ class Figures:
 
 
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+SERVING_PERCENTILES = (50.0, 99.0)
 
 
 def percentile(ordered: Sequence[float], q: float) -> float:
@@ -64,6 +90,12 @@ def supported(q: float, samples: int) -> bool:
     return q < 100 and samples >= math.ceil(round(100 / (100 - q), 6))
 
 
+def percentiles(seconds: Sequence[float], qs: Sequence[float]) -> dict[str, float]:
+    """The `qs` percentiles of `seconds` their count supports, in ms, named "p50" .. "p99.9"."""
+    ordered = sorted(seconds)
+    return {f"p{q:g}": percentile(ordered, q) for q in qs if supported(q, len(ordered))}
+
+
 def _time(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
@@ -74,14 +106,50 @@ def request_of(labels: dict[str, str]) -> int:
     return number if labels.get("scheduler") == "fixed-pods" else number // 2
 
 
+def phases_of(request: int, pooled: bool) -> tuple[int, int]:
+    """A request's prefill and decode phases, as its composes are labelled (`demand`)."""
+    return (2 * request, 2 * request + 1) if pooled else (request, request)
+
+
+def served_by_model(
+    demand: Sequence[Request],
+    served: set[int],
+    pooled: bool,
+    gpus: dict[int, int],
+    waits: dict[int, float],
+) -> list[Served]:
+    """The served requests as the serving model needs them: the trace's tokens, the GPUs each
+    phase got (`gpus`, from the log) and how long it waited for them (`waits`, client-timed;
+    by phase). A fixed request decodes on the box it holds: no second wait."""
+    out = []
+    for request in demand:
+        prefill, decode = phases_of(request.number, pooled)
+        if request.number not in served or prefill not in waits or decode not in waits:
+            continue  # refused, or a reply the client never saw: nothing measured
+        out.append(
+            Served(
+                context_tokens=request.context_tokens,
+                generated_tokens=request.generated_tokens,
+                prefill_wait_s=waits[prefill],
+                prefill_gpus=gpus[prefill],
+                decode_wait_s=waits[decode] if pooled else 0.0,
+                decode_gpus=gpus[decode],
+            )
+        )
+    return out
+
+
 def figures(
     hall: dict[str, Any],
     events: Sequence[dict[str, Any]],
     intervals: Sequence[dict[str, Any]],
-    requests: int,
+    demand: Sequence[Request],
     latencies: Sequence[float],
+    waits: dict[int, float],
 ) -> Figures:
-    """One run's figures from its log's events and its `history` intervals."""
+    """One run's figures from its log's events and its `history` intervals, the trace requests
+    it ran (`demand`) and what its client timed: every compose's latency, and by phase the wait
+    from its due time to the reply that composed it."""
     devices = [n for n in hall["nodes"] if n["kind"] == "device"]
     gpus = sum(d["device_kind"] == "gpu" for d in devices)
     pool_gib = sum(d.get("capacity_gib") or 0.0 for d in devices if d["device_kind"] == "memory")
@@ -92,11 +160,16 @@ def figures(
     seconds = max(1.0, (end - begin).total_seconds())
 
     phases: dict[int, set[int]] = {}  # request -> its composed phases
+    phase_gpus: dict[int, int] = {}  # composed phase -> the GPUs it got
     need = 0.0
     for e in events:
         if e["type"] == "CompositionRequested":
-            labels = e["data"]["request"]["labels"]
+            request = e["data"]["request"]
+            labels = request["labels"]
             phases.setdefault(request_of(labels), set()).add(int(labels["demand"]))
+            phase_gpus[int(labels["demand"])] = sum(
+                d.get("count", 1) for d in request["devices"] if d["kind"] == "gpu"
+            )
             need += float(labels.get("need_gpu_seconds", 0))
     pooled_run = any(
         e["data"]["request"]["labels"].get("scheduler") == "example"
@@ -125,7 +198,9 @@ def figures(
             if i["kind"] == kind and s <= at and (e is None or e > at)
         )
 
-    moments = [begin + (end - begin) * (k / math.ceil(seconds)) for k in range(math.ceil(seconds))]
+    samples = math.ceil(seconds)
+    times = [(end - begin).total_seconds() * k / samples for k in range(samples)]
+    moments = [begin + timedelta(seconds=t) for t in times]
     gpu_util = [held("gpu", t) / gpus for t in moments]
     memory_util = [held("memory", t) / pool_gib if pool_gib else 0.0 for t in moments]
     memory_full = [(1 - g) * gpus for g, m in zip(gpu_util, memory_util, strict=True) if m >= 0.9]
@@ -134,32 +209,50 @@ def figures(
     def length(s: datetime, e: datetime | None) -> float:
         return ((e or end) - s).total_seconds()
 
+    def mean(values: Sequence[float]) -> float:
+        return sum(values) / len(values) if values else 0.0
+
+    def per_served(dollars: float) -> float | None:
+        return dollars / len(served) if served else None
+
     gpu_seconds = sum(length(s, e) for s, e, i in spans if i["kind"] == "gpu")
-    billed = sum(length(s, e) / 3600 * (i["cost_per_hour"] or 0.0) for s, e, i in spans)
+    billed = sum(length(s, e) / SECONDS_PER_HOUR * (i["cost_per_hour"] or 0.0) for s, e, i in spans)
+    hall_cost = sum(d.get("cost_per_hour") or 0.0 for d in devices) * seconds / SECONDS_PER_HOUR
     if pooled_run:  # the pools hand out what the work needs: all of it is needed
         need = gpu_seconds
+    modelled = served_by_model(demand, served, pooled_run, phase_gpus, waits)
+    tokens_served = sum(r.tokens for r in demand if r.number in served)
     impaired = {e["data"]["composition_id"] for e in events if e["type"] == "CompositionImpaired"}
     repaired, recovered = mended(events)
-    ordered = sorted(latencies)
     return Figures(
-        requests=requests,
+        requests=len(demand),
         served=len(served),
         refused=refused,
+        tokens_served=tokens_served,
+        ttft_ms=percentiles([ttft(s) for s in modelled], SERVING_PERCENTILES),
+        tpot_ms=percentiles([tpot(s) for s in modelled], SERVING_PERCENTILES),
+        span_s=(end - begin).total_seconds(),
+        times=times,
         gpu_util=gpu_util,
         memory_util=memory_util,
+        gpu_held_mean=100 * mean(gpu_util),
+        gpu_held_peak=100 * max(gpu_util, default=0.0),
+        memory_held_mean=100 * mean(memory_util),
         gpu_seconds=gpu_seconds,
+        gpu_hours=gpu_seconds / SECONDS_PER_HOUR,
         idle_gpu_seconds=max(0.0, gpu_seconds - need),
-        free_gpus_memory_full=sum(memory_full) / len(memory_full) if memory_full else 0.0,
-        free_gib_gpus_full=sum(gpus_full) / len(gpus_full) if gpus_full else 0.0,
+        free_gpus_memory_full=mean(memory_full),
+        free_gib_gpus_full=mean(gpus_full),
         billed=billed,
-        hall_cost=sum(d.get("cost_per_hour") or 0.0 for d in devices) * seconds / 3600,
+        hall_cost=hall_cost,
+        billed_per_served=per_served(billed),
+        hall_per_served=per_served(hall_cost),
+        billed_per_million_tokens=per_million_tokens(billed, tokens_served),
+        hall_per_million_tokens=per_million_tokens(hall_cost, tokens_served),
         impaired=len(impaired),
         repaired=len(repaired),
         recovered=len(recovered),
-        p99_ms=percentile(ordered, 99.0) if supported(99.0, len(ordered)) else None,
-        latency_ms={
-            f"p{q:g}": percentile(ordered, q) for q in PERCENTILES if supported(q, len(ordered))
-        },
+        latency_ms=percentiles(latencies, PERCENTILES),
     )
 
 
@@ -202,10 +295,8 @@ def storm_refusal(events: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def comparison(pooled_figures: Figures, fixed_figures: Figures) -> str:
-    """The side-by-side table: pooled, fixed, and pooled / fixed."""
-
-    def mean(values: list[float]) -> float:
-        return sum(values) / len(values) if values else 0.0
+    """The side-by-side table: pooled, fixed, and pooled / fixed. The seeds' own units come
+    first (served, TTFT, TPOT, GPU-hours, $ per million tokens), then how they came about."""
 
     def row(what: str, p: float | None, f: float | None, fmt: str = "{:.0f}") -> list[str]:
         """A figure of both runs and their ratio; "-" for a figure too few samples support,
@@ -213,9 +304,6 @@ def comparison(pooled_figures: Figures, fixed_figures: Figures) -> str:
         shown = [fmt.format(x) if x is not None else "-" for x in (p, f)]
         ratio = f"{p / f:.2f}x" if p is not None and f else "-"
         return [what, *shown, ratio]
-
-    def per_served(x: Figures, dollars: float) -> float:
-        return dollars / x.served if x.served else 0.0
 
     p, f = pooled_figures, fixed_figures
     rows = [
@@ -225,25 +313,34 @@ def comparison(pooled_figures: Figures, fixed_figures: Figures) -> str:
     ]
     for reason in sorted(set(p.refused) | set(f.refused)):
         rows.append(row(f"  refused: {reason}", p.refused[reason], f.refused[reason]))
+    for q in SERVING_PERCENTILES:
+        name = f"p{q:g}"
+        rows.append(
+            row(f"TTFT {name}, ms (model)", p.ttft_ms.get(name), f.ttft_ms.get(name), "{:.1f}")
+        )
+    for q in SERVING_PERCENTILES:
+        name = f"p{q:g}"
+        rows.append(
+            row(f"TPOT {name}, ms (model)", p.tpot_ms.get(name), f.tpot_ms.get(name), "{:.2f}")
+        )
     rows += [
+        row("tokens served (context + generated)", p.tokens_served, f.tokens_served),
+        row("GPU-hours held", p.gpu_hours, f.gpu_hours, "{:.3f}"),
         row(
-            "GPUs held, mean % of the hall's",
-            100 * mean(p.gpu_util),
-            100 * mean(f.gpu_util),
-            "{:.1f}",
+            "$ per million tokens, billed",
+            p.billed_per_million_tokens,
+            f.billed_per_million_tokens,
+            "{:.2f}",
         ),
         row(
-            "GPUs held, peak % of the hall's",
-            100 * max(p.gpu_util, default=0),
-            100 * max(f.gpu_util, default=0),
-            "{:.1f}",
+            "$ per million tokens, whole hall",
+            p.hall_per_million_tokens,
+            f.hall_per_million_tokens,
+            "{:.2f}",
         ),
-        row(
-            "pooled memory held, mean %",
-            100 * mean(p.memory_util),
-            100 * mean(f.memory_util),
-            "{:.1f}",
-        ),
+        row("GPUs held, mean % of the hall's", p.gpu_held_mean, f.gpu_held_mean, "{:.1f}"),
+        row("GPUs held, peak % of the hall's", p.gpu_held_peak, f.gpu_held_peak, "{:.1f}"),
+        row("pooled memory held, mean %", p.memory_held_mean, f.memory_held_mean, "{:.1f}"),
         row("GPU-seconds held", p.gpu_seconds, f.gpu_seconds),
         row("  of which held idle (stranded)", p.idle_gpu_seconds, f.idle_gpu_seconds),
         row(
@@ -253,20 +350,15 @@ def comparison(pooled_figures: Figures, fixed_figures: Figures) -> str:
             "{:.1f}",
         ),
         row("free GiB while GPUs >= 90% held", p.free_gib_gpus_full, f.free_gib_gpus_full),
-        row("p99 compose latency, ms (client)", p.p99_ms, f.p99_ms, "{:.1f}"),
+        row(
+            "p99 compose latency, ms (client)",
+            p.latency_ms.get("p99"),
+            f.latency_ms.get("p99"),
+            "{:.1f}",
+        ),
         row("billed $ (held x cost_per_hour)", p.billed, f.billed, "{:.2f}"),
-        row(
-            "billed $ per served request",
-            per_served(p, p.billed),
-            per_served(f, f.billed),
-            "{:.4f}",
-        ),
-        row(
-            "hall $ per served request",
-            per_served(p, p.hall_cost),
-            per_served(f, f.hall_cost),
-            "{:.4f}",
-        ),
+        row("billed $ per served request", p.billed_per_served, f.billed_per_served, "{:.4f}"),
+        row("hall $ per served request", p.hall_per_served, f.hall_per_served, "{:.4f}"),
         row("compositions impaired", p.impaired, f.impaired),
         row("compositions repaired", p.repaired, f.repaired),
         row("  back only once the fault healed", p.recovered, f.recovered),

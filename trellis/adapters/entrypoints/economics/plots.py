@@ -23,10 +23,15 @@ def available() -> bool:
 
 
 def draw(
-    pooled: Figures, fixed: Figures, out: Path, storm: tuple[float, float] | None = None
+    pooled: Figures,
+    fixed: Figures,
+    out: Path,
+    storm: tuple[float, float] | None = None,
+    arrivals_end: float | None = None,
 ) -> list[Path]:
     """utilization.png, latency.png and refusals.png in `out`; `storm` is (from, to) seconds
-    into the runs, shaded on the utilization plot."""
+    into the runs, shaded on the utilization plot. The time axis runs to the last lease's
+    end, past the last arrival at `arrivals_end`, which is marked: the drain is held too."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -38,14 +43,27 @@ def draw(
 
     figure, (gpu, memory) = pyplot.subplots(2, 1, figsize=(9, 6), sharex=True)
     for name, figures, colour in runs:
-        gpu.plot([100 * u for u in figures.gpu_util], label=name, color=colour)
-        memory.plot([100 * u for u in figures.memory_util], label=name, color=colour)
+        gpu.plot(figures.times, [100 * u for u in figures.gpu_util], label=name, color=colour)
+        memory.plot(figures.times, [100 * u for u in figures.memory_util], label=name, color=colour)
     for axes, what in ((gpu, "GPUs held, %"), (memory, "pooled memory held, %")):
         axes.set_ylabel(what)
         axes.set_ylim(0, 105)
+        axes.set_xlim(0, max(pooled.span_s, fixed.span_s))
         axes.grid(alpha=0.3)
         if storm is not None:
             axes.axvspan(*storm, color="grey", alpha=0.2, label="failure storm")
+        if arrivals_end is not None:
+            axes.axvline(arrivals_end, color="black", linestyle="--", linewidth=1)
+    if arrivals_end is not None:
+        gpu.annotate(
+            "last arrival: then the drain,\nleases running out",
+            (arrivals_end, 100),
+            xytext=(4, -4),
+            textcoords="offset points",
+            va="top",
+            fontsize=8,
+            bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"},
+        )
     memory.legend(loc="upper right")  # pooled memory is low there, fixed pods hold none
     gpu.set_title("What was held over time (from the log's history)")
     memory.set_xlabel("seconds into the run")

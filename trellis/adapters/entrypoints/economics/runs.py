@@ -30,7 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from trellis.adapters.entrypoints.economics.data import HALL, example_scheduler, trace_files
-from trellis.adapters.entrypoints.economics.workload import Request, compress, read_trace
+from trellis.adapters.entrypoints.economics.workload import (
+    PREFILL_SECONDS,
+    Request,
+    compress,
+    read_trace,
+)
 from trellis.adapters.nats.client import TrellisClient
 
 WEIGHTS_GIB = 140.0  # a 70B model in fp16 fills this much of a box's HBM before any KV cache
@@ -75,6 +80,9 @@ class Run:
     name: str
     domain: str
     latencies: list[float] = field(default_factory=list)  # seconds, measured by the client
+    # A composed phase (its `demand` label) -> seconds from its due time to the reply that
+    # composed it, measured by the client: what the serving model's TTFT and TPOT wait.
+    waits: dict[int, float] = field(default_factory=dict)
     counts: Counter[str] = field(default_factory=Counter)  # composes sent / composed / refused
     stage: str = "waiting"
     started: float | None = None  # time.monotonic() when its demand began
@@ -142,14 +150,16 @@ async def pooled(nc: Any, prefix: str, run: Run, requests: Sequence[Request], pl
         placement = ex.Placement(number, wanted, now, now + wanted.seconds)
         composed = bool(await _timed(run, scheduler.compose(placement)))
         _counted(run, composed)
+        if composed:
+            run.waits[number] = time.monotonic() - (start + at)
         return composed
 
     async def one(request: Request) -> None:
-        prefill = ex.Demand(gpus=request.prefill_gpus, seconds=1.0)
+        prefill = ex.Demand(gpus=request.prefill_gpus, seconds=PREFILL_SECONDS)
         if not await phase(2 * request.number, request.at, prefill):
             return
         decode = ex.Demand(gpus=1, memory_gib=request.decode_gib, seconds=request.decode_seconds)
-        await phase(2 * request.number + 1, request.at + 1.0, decode)
+        await phase(2 * request.number + 1, request.at + PREFILL_SECONDS, decode)
 
     try:
         await asyncio.gather(*(one(r) for r in requests), storm(nc, prefix, run, plan))
@@ -217,6 +227,7 @@ async def fixed(
             if reply["ok"]:
                 view.view.took(reply["result"]["composition_id"], reply["result"]["devices"])
                 _counted(run, True)
+                run.waits[request.number] = time.monotonic() - (start + request.at)
                 return
             if reply["error"]["code"] != "no_path":
                 break  # no whole box free, or the box cannot hold the KV cache: refused

@@ -65,6 +65,11 @@ class Request:
         )
 
     @property
+    def tokens(self) -> int:
+        """What a served request counts for in $ per million tokens: context and generated."""
+        return self.context_tokens + self.generated_tokens
+
+    @property
     def seconds(self) -> int:
         """Prefill then decode: how long the request holds hardware."""
         return PREFILL_SECONDS + self.decode_seconds

@@ -1,0 +1,152 @@
+"""The serving model: what the economics run measured, turned into the seeds' own units, and
+the assumptions that turn it so, printed beside the figures.
+
+Nothing here runs a model or a token. Time to first token (TTFT) and time per output token
+(TPOT) come from this model, driven by what was measured (how long each request waited for its
+GPUs, as the client timed it) and by the workload's own sizing rates (workload.py), which the
+leases were sized by too:
+
+- TTFT = the wait for the prefill's GPUs (arrival to the composed reply: compose latency, and a
+  fixed request's tries of other boxes) + context tokens / (prefill rate x the GPUs it got);
+- TPOT = (the wait for the decode's GPUs + generated tokens / (decode rate x the GPUs it got))
+  / generated tokens. Pooled composes the decode when the prefill's second is up; a fixed
+  request decodes on the box it already holds, so it waits 0.
+
+There is no queue: a request that finds no capacity is refused (and not retried), so it has no
+TTFT; queueing adds nothing to the served ones beyond the wait measured.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trellis.adapters.entrypoints.economics.workload import (
+    BATCH,
+    OUTPUT_TOKENS_PER_SECOND,
+    PREFILL_SECONDS,
+    TOKENS_PER_PREFILL_GPU,
+)
+
+PREFILL_TOKENS_PER_GPU_S = TOKENS_PER_PREFILL_GPU / PREFILL_SECONDS
+DECODE_TOKENS_PER_GPU_S = float(OUTPUT_TOKENS_PER_SECOND)
+TOKENS_PER_MILLION = 1e6
+SECONDS_PER_HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class Served:
+    """One served request, as the model needs it."""
+
+    context_tokens: int
+    generated_tokens: int
+    prefill_wait_s: float  # arrival to the reply that composed its prefill GPUs (client-timed)
+    prefill_gpus: int
+    decode_wait_s: float  # the decode's due time to the reply that composed it; 0 in a box
+    decode_gpus: int
+
+
+def ttft(s: Served) -> float:
+    """Seconds from arrival to the first token."""
+    return s.prefill_wait_s + s.context_tokens / (PREFILL_TOKENS_PER_GPU_S * s.prefill_gpus)
+
+
+def tpot(s: Served) -> float:
+    """Seconds per output token, the wait for the decode's GPUs spread over them."""
+    decoding = s.generated_tokens / (DECODE_TOKENS_PER_GPU_S * s.decode_gpus)
+    return (s.decode_wait_s + decoding) / s.generated_tokens
+
+
+def per_million_tokens(dollars: float, served_tokens: int) -> float | None:
+    """Dollars per million tokens served; None when none were (no ratio over nothing)."""
+    return dollars / (served_tokens / TOKENS_PER_MILLION) if served_tokens else None
+
+
+@dataclass(frozen=True)
+class Assumption:
+    """A constant the figures rest on: its value, its unit, and where it comes from."""
+
+    what: str
+    value: str
+    unit: str
+    why: str
+
+
+def prices(hall: dict[str, Any]) -> list[Assumption]:
+    """The hall's prices, one line per device kind: the models and their $ per hour."""
+    by_kind: dict[str, dict[str, float]] = defaultdict(dict)
+    for node in hall["nodes"]:
+        if node["kind"] == "device" and node.get("cost_per_hour") is not None:
+            name = node.get("model") or node["device_kind"]
+            if node.get("capacity_gib"):
+                name += f" {node['capacity_gib']:g} GiB"
+            by_kind[node["device_kind"]][name] = node["cost_per_hour"]
+    return [
+        Assumption(
+            f"price, {kind}",
+            ", ".join(f"{name} {price:.2f}" for name, price in sorted(models.items())),
+            f"$ per {kind}-hour",
+            "illustrative: the hall's cost_per_hour (examples/make_hall.py)",
+        )
+        for kind, models in sorted(by_kind.items())
+    ]
+
+
+def assumptions(hall: dict[str, Any]) -> list[Assumption]:
+    """Every constant behind the seeds' units, with its unit and its source."""
+    return [
+        Assumption(
+            "prefill rate",
+            f"{PREFILL_TOKENS_PER_GPU_S:,.0f}",
+            "context tokens/s per GPU",
+            f"workload.py sizes a prefill at one GPU per {TOKENS_PER_PREFILL_GPU:,} tokens"
+            f" for {PREFILL_SECONDS} s; a fixed request prefills on its box's 8",
+        ),
+        Assumption(
+            "decode rate",
+            f"{DECODE_TOKENS_PER_GPU_S:,.0f}",
+            "output tokens/s per GPU",
+            "workload.py sizes decode leases by it (pooled: 1 GPU); linear in GPUs on a"
+            " box's 8, an optimistic bound (no tensor-parallel cost)",
+        ),
+        Assumption(
+            "wait for GPUs",
+            "measured",
+            "seconds",
+            "arrival (or the prefill's second ending) to the composed reply, as the client"
+            " timed it; no queue: a request finding no capacity is refused",
+        ),
+        Assumption(
+            "tokens served",
+            "context + generated",
+            "tokens",
+            f"the trace's counts of each served request, once (its KV cache is sized for a"
+            f" batch of {BATCH} like it; the tokens are not multiplied)",
+        ),
+        Assumption(
+            "GPU-hours",
+            "held",
+            "GPU-hours",
+            "GPU-seconds held in the log's history / 3600: held, not busy",
+        ),
+        Assumption(
+            "billed $",
+            "held device-hours x price",
+            "$",
+            "every device kind, from the log's history; a fixed request holds its whole box"
+            " for its lease; hall $: every device of the hall for the run's span",
+        ),
+        *prices(hall),
+    ]
+
+
+def assumptions_text(items: Sequence[Assumption]) -> str:
+    """The assumptions as the report prints them under the table, one each, wrapped."""
+    lines = ["assumptions (the figures above rest on these):"]
+    for a in items:
+        text = f"{a.what}: {a.value} ({a.unit}); {a.why}."
+        lines += textwrap.wrap(text, 100, initial_indent="  ", subsequent_indent="      ")
+    return "\n".join(lines)
