@@ -219,3 +219,20 @@ async def test_a_new_request_costs_no_look_up_and_a_resend_still_gets_its_first_
 
     assert again == {**first, "replayed": True}
     assert rig.log.counts() == counts and rig.log.look_ups > looked
+
+
+async def test_a_resend_to_the_next_writer_is_caught_by_the_log_and_answered_as_first() -> None:
+    """A writer that did not commit a request decides it as new: the log's unique request id
+    refuses the append (nothing is written), and the retry answers from the stored reply."""
+    log = CountingLog()
+    compose = {"request_id": "c-1", "host": "host-01", "devices": [{"kind": "gpu"}]}
+    async with in_memory(log=log) as first_engine:
+        await imported(first_engine)
+        first = await first_engine.client.intent(DOMAIN, "acme", "compose", compose)
+    counts, appends = log.counts(), log.appends
+
+    async with in_memory(log=log) as next_engine:
+        again = await next_engine.client.intent(DOMAIN, "acme", "compose", compose)
+
+    assert again == {**first, "replayed": True}
+    assert log.counts() == counts and log.appends == appends  # the refused append wrote nothing

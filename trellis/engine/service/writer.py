@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 
@@ -28,7 +29,7 @@ from trellis.engine.core.errors import (
     WriterFenced,
 )
 from trellis.engine.core.events import MAX_EVENT_BYTES
-from trellis.engine.core.intents import Intent
+from trellis.engine.core.intents import ImportTopology, Intent
 from trellis.engine.core.records import Head, PendingEvent
 from trellis.engine.core.state import DomainState, evolve
 from trellis.engine.service import snapshots
@@ -46,6 +47,7 @@ from trellis.engine.service.snapshots import STATE_FORMAT, state_of
 log = logging.getLogger(__name__)
 
 _encode = msgspec.json.Encoder().encode
+REMEMBERED = 10_000  # request keys a writer keeps of its own recent commits
 
 
 class Request(msgspec.Struct, kw_only=True):
@@ -113,6 +115,9 @@ class DomainWriter:
         self._snapshots = snapshots
         self._snapshot_every = snapshot_every
         self._saving: set[asyncio.Task[None]] = set()
+        # The request keys this writer committed lately: a request among them is a resend,
+        # looked up before anything is decided (see _commit_batch).
+        self._answered: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     async def catch_up(self) -> None:
         """Fold every event after our head into the state (start, or after a lost race); at
@@ -243,11 +248,15 @@ class DomainWriter:
                     raise WriterFenced(self.domain, "its lease ran out")
                 if self._stale:
                     await self.catch_up()
-                # The first attempt takes every request as new and lets the log's unique
-                # request ids catch a resend of one already answered (a conflict: nothing is
-                # written); the retry looks the stored answers up first. A resend is rare, so
-                # most commits save the look-up's round trip.
-                await self._decide_and_append(batch, look_up=attempt > 0)
+                # A batch of new requests is decided without looking up stored answers: the
+                # log's unique request ids catch a resend of one answered by another writer (a
+                # conflict: nothing is written) and the retry looks up. Most commits save the
+                # look-up's round trip. A resend of what this writer committed, and an import
+                # (deciding one again costs as much as its size), are looked up first.
+                look_up = attempt > 0 or any(
+                    r.key in self._answered or isinstance(r.intent, ImportTopology) for r in batch
+                )
+                await self._decide_and_append(batch, look_up=look_up)
                 return
             except WriterFenced as exc:
                 # Another engine writes the domain now: nothing of this batch was committed,
@@ -369,6 +378,7 @@ class DomainWriter:
             self._telemetry.committed(self.domain, len(batch), time.perf_counter() - started)
             before = self.head.version
             self.state, self.head, committed = state, appended.head, appended.replies
+            self._remember([(p.actor, p.request_id) for p in pending])
             if events:
                 self._last_time = now
                 self._snapshot(before)
@@ -382,6 +392,13 @@ class DomainWriter:
                 kind, index = ans
                 reply = committed[index].reply
                 _answer(req, replies.as_replayed(reply) if kind == "resend" else reply)
+
+    def _remember(self, keys: list[tuple[str, str]]) -> None:
+        """Note request keys just committed, forgetting the oldest past REMEMBERED."""
+        for key in keys:
+            self._answered[key] = None
+        while len(self._answered) > REMEMBERED:
+            self._answered.popitem(last=False)
 
     def _snapshot(self, before: int) -> None:
         """Save a snapshot of the state in the background when this commit reached a multiple
