@@ -18,7 +18,7 @@ from trellis.engine.core.paging import paged
 from trellis.engine.core.results import FreeResult, UploadProgress
 from trellis.engine.core.state import DomainState, evolve
 from trellis.engine.core.topology import in_parts
-from trellis.engine.core.uploads import TTL_S, Uploads
+from trellis.engine.core.uploads import ASSEMBLED_TTL_S, TTL_S, Uploads
 
 AT = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -97,6 +97,22 @@ def test_an_import_in_parts_is_whole_once_its_last_part_is_in_whatever_the_order
     ]
     whole = uploads.add("d", "operator", upload(2, 3, nodes[10:20]), 2.0)
     assert whole == ImportTopology(request_id="r1", nodes=nodes, reason="big")
+
+
+def test_a_part_resent_after_its_upload_was_assembled_gets_the_import_not_a_new_upload() -> None:
+    """A client resends a part it heard nothing for while the import was being decided (a
+    65,536-device import takes seconds): the resend is the same import, so the writer answers
+    it from its stored reply. As a new upload's first part it would be answered with progress,
+    and the client would take that for the import's answer."""
+    nodes, _ = hall(20)
+    uploads = Uploads()
+    uploads.add("d", "operator", upload(1, 2, nodes[:10]), 0.0)
+    whole = uploads.add("d", "operator", upload(2, 2, nodes[10:]), 1.0)
+    assert uploads.add("d", "operator", upload(2, 2, nodes[10:]), 3.0) == whole
+    assert uploads.add("d", "operator", upload(1, 2, nodes[:10]), 4.0) == whole
+    # Long after, the same request id starts an upload again (its answer is stored anyway).
+    later = uploads.add("d", "operator", upload(1, 2, nodes[:10]), 1.0 + ASSEMBLED_TTL_S + 1)
+    assert later == UploadProgress(part=1, parts=2, received=1)
 
 
 def test_a_part_that_does_not_fit_its_upload_is_invalid_and_old_uploads_are_forgotten() -> None:

@@ -23,6 +23,10 @@ from trellis.engine.core.results import UploadProgress
 
 TTL_S = 600.0  # an upload whose last part came this long ago is forgotten
 MAX_UPLOADS = 8  # uploads held at once, per engine
+# A part that comes again after its upload was assembled (a client resends a part it heard
+# nothing for while the import was being decided) gets the assembled import, which the writer
+# answers from its stored reply, for this long after the assembly, not a new upload's progress.
+ASSEMBLED_TTL_S = 120.0
 
 
 class _Upload(msgspec.Struct):
@@ -37,6 +41,8 @@ class Uploads:
 
     def __init__(self) -> None:
         self._held: dict[tuple[str, str, str], _Upload] = {}
+        # Uploads assembled lately: their part count, the import, and when it was assembled.
+        self._assembled: dict[tuple[str, str, str], tuple[int, ImportTopology, float]] = {}
 
     def add(
         self, domain: str, actor: str, intent: ImportTopology, now: float
@@ -54,6 +60,9 @@ class Uploads:
             raise IntentRejected("invalid", f"part {part} of {parts}: past the last part")
         self._forget_stale(now)
         key = (domain, actor, intent.request_id)
+        done = self._assembled.get(key)
+        if done is not None and done[0] == parts:
+            return done[1]
         held = self._held.get(key)
         if held is None:
             if len(self._held) >= MAX_UPLOADS:
@@ -90,13 +99,19 @@ class Uploads:
             raise IntentRejected(
                 "invalid", f"a domain holds at most {MAX_DOMAIN_ITEMS:,} nodes and as many links"
             )
-        return ImportTopology(
+        assembled = ImportTopology(
             request_id=intent.request_id,
             nodes=nodes,
             links=links,
             reason=next((p.reason for p in ordered if p.reason), ""),
         )
+        if len(self._assembled) >= MAX_UPLOADS:
+            del self._assembled[min(self._assembled, key=lambda k: self._assembled[k][2])]
+        self._assembled[key] = (parts, assembled, now)
+        return assembled
 
     def _forget_stale(self, now: float) -> None:
         for key in [k for k, u in self._held.items() if now - u.touched > TTL_S]:
             del self._held[key]
+        for key in [k for k, a in self._assembled.items() if now - a[2] > ASSEMBLED_TTL_S]:
+            del self._assembled[key]
