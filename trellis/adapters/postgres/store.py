@@ -17,6 +17,7 @@ from typing import Any
 import asyncpg
 
 from trellis.adapters.postgres.privileges import bypasses_privileges
+from trellis.engine.core import replies
 from trellis.engine.core.errors import (
     ConcurrencyConflict,
     EventRefused,
@@ -28,7 +29,6 @@ from trellis.engine.service.ports import (
     Appended,
     PendingReply,
     StoredReply,
-    reply_position,
     stored_replies,
 )
 
@@ -57,25 +57,36 @@ EVENT_COLUMNS = (
     "correlation_id, data, prev_hash, hash"
 )
 
-_INSERT_EVENTS = """
-INSERT INTO trellis_events (id, domain, version, type, schema_version, recorded_at, actor,
-                            causation_id, correlation_id, data, prev_hash, hash, fence)
-SELECT e.id, $1, e.version, e.type, e.schema_version, e.recorded_at, e.actor,
-       e.causation_id, e.correlation_id, e.data::json, e.prev_hash, e.hash, $13
-  FROM unnest($2::uuid[], $3::bigint[], $4::text[], $5::int[], $6::timestamptz[], $7::text[],
-              $8::text[], $9::text[], $10::text[], $11::text[], $12::text[])
-       AS e(id, version, type, schema_version, recorded_at, actor, causation_id,
-            correlation_id, data, prev_hash, hash)
- ORDER BY e.version
-RETURNING version, position
+# One statement, so one round trip and its own transaction: the events, numbered and chained
+# by the caller, and the requests' stored answers, each success answer completed with the
+# position its event drew (or the head's, for an answer without events) as it is stored.
+_APPEND = """
+WITH ev AS (
+    INSERT INTO trellis_events (id, domain, version, type, schema_version, recorded_at, actor,
+                                causation_id, correlation_id, data, prev_hash, hash, fence)
+    SELECT e.id, $1, e.version, e.type, e.schema_version, e.recorded_at, e.actor,
+           e.causation_id, e.correlation_id, e.data::json, e.prev_hash, e.hash, $13
+      FROM unnest($2::uuid[], $3::bigint[], $4::text[], $5::int[], $6::timestamptz[], $7::text[],
+                  $8::text[], $9::text[], $10::text[], $11::text[], $12::text[])
+           AS e(id, version, type, schema_version, recorded_at, actor, causation_id,
+                correlation_id, data, prev_hash, hash)
+     ORDER BY e.version
+    RETURNING version, position
+), rq AS (
+    INSERT INTO trellis_requests (domain, actor, request_id, verb, body_hash, reply, position,
+                                  fence)
+    SELECT $1, r.actor, r.request_id, r.verb, r.body_hash,
+           CASE WHEN r.tail IS NULL THEN r.head
+                ELSE r.head || coalesce(ev.position, r.known)::text || r.tail END,
+           coalesce(ev.position, r.known), $13
+      FROM unnest($14::text[], $15::text[], $16::text[], $17::text[], $18::text[], $19::text[],
+                  $20::bigint[], $21::bigint[])
+           AS r(actor, request_id, verb, body_hash, head, tail, version, known)
+      LEFT JOIN ev ON ev.version = r.version
+)
+SELECT version, position FROM ev
 """
-
-_INSERT_REPLIES = """
-INSERT INTO trellis_requests (domain, actor, request_id, verb, body_hash, reply, position, fence)
-SELECT $1, r.actor, r.request_id, r.verb, r.body_hash, r.reply, r.position, $8
-  FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bigint[])
-       AS r(actor, request_id, verb, body_hash, reply, position)
-"""
+_EVENT_COLUMNS = 11  # what _chain gives per event
 
 
 @contextlib.contextmanager
@@ -281,27 +292,18 @@ class PostgresEventStore:
         """Append `events` right after `expected` and store `replies_`, in one transaction,
         under the writer epoch `fence` (the log refuses a stale one: WriterFenced)."""
         rows = _chain(domain, expected, events)
-        with _translated(domain, expected.version):
-            async with self._pool.acquire(timeout=ACQUIRE_TIMEOUT_S) as conn, conn.transaction():
-                positions: dict[int, int] = {}
-                if rows:
+        answers = [_answer_columns(expected, r) for r in replies_]
+        positions: dict[int, int] = {}
+        if rows or answers:
+            event_columns = list(zip(*rows, strict=True)) or [()] * _EVENT_COLUMNS
+            answer_columns = list(zip(*answers, strict=True)) or [()] * 8
+            with _translated(domain, expected.version):
+                async with self._pool.acquire(timeout=ACQUIRE_TIMEOUT_S) as conn:
                     inserted = await conn.fetch(
-                        _INSERT_EVENTS, domain, *zip(*rows, strict=True), fence
+                        _APPEND, domain, *event_columns, fence, *answer_columns
                     )
-                    positions = {r["version"]: r["position"] for r in inserted}
-                stored = stored_replies(expected, replies_, positions)
-                if stored:
-                    await conn.execute(
-                        _INSERT_REPLIES,
-                        domain,
-                        [s.actor for s in stored],
-                        [s.request_id for s in stored],
-                        [s.verb for s in stored],
-                        [s.body_hash for s in stored],
-                        [s.reply.decode() for s in stored],
-                        [reply_position(expected, r, positions) for r in replies_],
-                        fence,
-                    )
+            positions = {r["version"]: r["position"] for r in inserted}
+        stored = stored_replies(expected, replies_, positions)
         recorded = [_recorded_from_row(domain, row, positions[row[1]]) for row in rows]
         head = (
             Head(recorded[-1].version, recorded[-1].position, recorded[-1].hash)
@@ -309,6 +311,21 @@ class PostgresEventStore:
             else expected
         )
         return Appended(recorded, stored, head)
+
+
+def _answer_columns(expected: Head, reply: PendingReply) -> tuple[Any, ...]:
+    """One stored answer as _APPEND's columns: actor, request id, verb, body hash, the answer
+    (a success in two pieces around its position, with tail; else whole, tail None), and where
+    its position comes from (its event's version, or the known head position)."""
+    if reply.ok:
+        head, tail = replies.ok_around_position(reply.body)
+        text, rest = head.decode(), tail.decode()
+    else:
+        text, rest = reply.body.decode(), None
+    event = reply.event_index
+    version = None if event is None else expected.version + event + 1
+    known = expected.position if event is None else None
+    return (reply.actor, reply.request_id, reply.verb, reply.body_hash, text, rest, version, known)
 
 
 def _chain(domain: str, expected: Head, events: Sequence[PendingEvent]) -> list[tuple[Any, ...]]:

@@ -44,6 +44,17 @@ def ok(result: bytes, position: int, *, replayed: bool = False) -> bytes:
     return _encode(OkReply(result=msgspec.Raw(result), position=position, replayed=replayed))
 
 
+_POSITION_MARK = 1 << 62  # no log reaches this position; its digits mark where a position goes
+
+
+def ok_around_position(result: bytes) -> tuple[bytes, bytes]:
+    """The success reply for `result` in two pieces, before and after the digits of its
+    position: `head + str(position) + tail == ok(result, position)`. So a store can put the
+    position in when it knows it (in the statement that draws it), from this one envelope."""
+    head, _, tail = ok(result, _POSITION_MARK).rpartition(str(_POSITION_MARK).encode())
+    return head, tail
+
+
 def error(code: ErrorCode, message: str, details: dict[str, Any] | None = None) -> bytes:
     return _encode(ErrorReply(error=ErrorBody(code=code, message=message, details=details or {})))
 
