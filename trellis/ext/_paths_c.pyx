@@ -1616,32 +1616,122 @@ def best_costs(Fabric fabric not None, conditions, request, targets):
     cdef Query q
     cdef _Workspace owner
     cdef WS* ws
-    cdef int32_t i, n_marked = 0
-    cdef dict node_index
+    cdef int32_t i, n_marked
     cdef Label* label
     _prepare(fabric, live, request, &q)
     owner = fabric._take()
     ws = &owner.w
     try:
         owner.next_stamp()
-        if isinstance(targets, Selector):
-            n_marked = _select_targets(fabric, live, owner, &q, targets)
-            if n_marked < 0:
-                return {}
-        else:
-            node_index = <dict>fabric._node_index
-            for target in targets:
-                i = node_index.get(target, -1)
-                if i >= 0 and fabric.d.kind[i] == DEVICE and ws.target_stamp[i] != ws.stamp:
-                    ws.target_stamp[i] = ws.stamp
-                    ws.found[n_marked] = i
-                    n_marked += 1
-            q.n_targets = len(targets)
+        n_marked = _mark_targets(fabric, live, owner, &q, targets)
+        if n_marked < 0:
+            return {}
         _run(fabric, live, ws, &q, n_marked)
         costs = {}
         for i in range(q.n_found):
             label = &ws.labels[ws.found_label[ws.found[i]]]
             costs[fabric.node_ids[ws.found[i]]] = (label.hops, label.latency)
         return costs
+    finally:
+        fabric._give(owner)
+
+
+cdef int32_t _mark_targets(
+    Fabric fabric, _ConditionArrays live, _Workspace owner, Query* q, targets
+) except -2:
+    """Point the search at ``targets``, ids or a Selector (see _select_targets); returns how
+    many are marked, or -1 when none can qualify."""
+    cdef WS* ws = &owner.w
+    cdef int32_t i, n_marked = 0
+    cdef dict node_index = <dict>fabric._node_index
+    if isinstance(targets, Selector):
+        return _select_targets(fabric, live, owner, q, targets)
+    for target in targets:
+        i = node_index.get(target, -1)
+        if i >= 0 and fabric.d.kind[i] == DEVICE and ws.target_stamp[i] != ws.stamp:
+            ws.target_stamp[i] = ws.stamp
+            ws.found[n_marked] = i
+            n_marked += 1
+    q.n_targets = len(targets)
+    return n_marked
+
+
+cdef int64_t _reach(const FabricData* f, const CondData* c, WS* ws, const Query* q) noexcept nogil:
+    """How many targets some path from the host reaches, with no hop or latency bound: a BFS
+    of the fabric by the search's per-link and per-node rules, where a port holding another
+    host's circuit carries nothing. -1 when it meets a circuit of the host's own (its ports
+    pair only with each other, which a BFS does not follow); the search answers then.
+
+    Without one, an OCS passes between any two free ports, so a walk the BFS follows that
+    meets a node twice shortens to one that meets it once (a switch passes anything, and
+    the first entry port pairs with the last exit port): reaching is having a path.
+    """
+    cdef int32_t head = 0, tail = 1, u, v, k, j
+    cdef int32_t ends[2]
+    cdef int64_t count = 0
+    cdef int8_t kind
+    cdef bint blocked
+    ws.found_stamp[q.host] = ws.round
+    ws.queue[0] = q.host
+    while head < tail:
+        u = ws.queue[head]
+        head += 1
+        for k in range(f.adj_ptr[u], f.adj_ptr[u + 1]):
+            v = f.adj_far[k]
+            if ws.found_stamp[v] == ws.round:
+                continue
+            if (c.link_flags[f.adj_link[k]] | c.node_flags[v]) & UNUSABLE:
+                continue
+            if c.free[f.adj_link[k]] + _EPSILON < q.bandwidth:
+                continue
+            ends[0] = f.adj_near_slot[k]  # the cable's OCS ports, if any
+            ends[1] = f.adj_slot[k]
+            blocked = False
+            for j in range(2):
+                if ends[j] >= 0 and c.circ_other[ends[j]] != NO_CIRCUIT:
+                    if c.circ_owner[ends[j]] == q.host:
+                        return -1
+                    blocked = True
+            if blocked:
+                continue
+            kind = f.kind[v]
+            if kind == DEVICE:
+                ws.found_stamp[v] = ws.round
+                if _selected(f, c, ws, q, v) if q.select else ws.target_stamp[v] == ws.stamp:
+                    count += 1
+            elif kind != HOST and not (kind == SWITCH and q.isolation and not _switch_open(c, q, v)):
+                ws.found_stamp[v] = ws.round
+                ws.queue[tail] = v
+                tail += 1
+    return count
+
+
+def reachable(Fabric fabric not None, conditions, request, targets):
+    """``_paths_py.reachable``: how many of ``targets`` (ids or a Selector) some path
+    reaches, as ``len(best_costs(...))``. Without a hop or latency bound a BFS answers
+    (_reach), in time linear in the fabric rather than in the labels of a search."""
+    cdef _ConditionArrays live = _live(fabric, conditions)
+    cdef Query q
+    cdef _Workspace owner
+    cdef WS* ws
+    cdef int32_t n_marked
+    cdef int64_t count
+    _prepare(fabric, live, request, &q)
+    owner = fabric._take()
+    ws = &owner.w
+    try:
+        owner.next_stamp()
+        n_marked = _mark_targets(fabric, live, owner, &q, targets)
+        if n_marked < 0:
+            return 0
+        # A dangling circuit of the host raises in the search: leave those to it.
+        if q.max_hops == _NO_LIMIT and not q.bounded and not live._dangling:
+            with nogil:
+                count = _reach(&fabric.d, &live.c, ws, &q)
+            if count >= 0:
+                return count
+            _next_round(ws)  # the BFS's visit marks are not the search's
+        _run(fabric, live, ws, &q, n_marked)
+        return q.n_found
     finally:
         fabric._give(owner)
