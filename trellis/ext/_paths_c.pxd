@@ -206,7 +206,7 @@ cdef class Fabric:
     cdef dict _device_kinds  # kind string -> id
     cdef dict _model_ids  # model string -> id
     cdef dict _label_index  # (key, value) -> node indices of devices carrying it
-    cdef dict _buckets  # (kind id, model id) -> node indices, in id order
+    cdef dict _buckets  # (kind id, model id) -> node indices (array("i")), in id order
     cdef dict _kind_models  # kind id -> its model ids
     cdef list _model_names  # model id -> string
 

@@ -467,6 +467,8 @@ cdef class Fabric:
                 self._label_index.setdefault(pair, []).append(i)
         self.d.n_models = len(self._model_ids)
         self._model_names = sorted(self._model_ids, key=self._model_ids.get)
+        # As C ints, so census walks a hall's devices of a kind without a Python object each.
+        self._buckets = {key: array("i", ids) for key, ids in self._buckets.items()}
 
     def __dealloc__(self):
         free(self.d.dev_kind)
@@ -1646,7 +1648,7 @@ cdef int32_t _select_targets(
     cdef Py_ssize_t possible = 0
     kind, models, buckets = _selector_buckets(fabric, selector)
     for bucket in buckets:
-        possible += len(<list>bucket)
+        possible += len(bucket)
     if possible == 0 or not _arm(fabric, ws, q, selector, kind, models):
         return -1
     if possible > _LOWER_BOUND_TARGETS:
@@ -1674,7 +1676,8 @@ def census(Fabric fabric not None, conditions, selector):
     cdef _Workspace owner
     cdef WS* ws
     cdef int32_t i
-    cdef Py_ssize_t matched = 0, healthy = 0, free = 0, labelled = 0
+    cdef Py_ssize_t j, matched = 0, healthy = 0, free = 0, labelled = 0
+    cdef const int[:] ids
     cdef bint armed
     cdef const FabricData* f = &fabric.d
     cdef const CondData* c = &live.c
@@ -1688,7 +1691,9 @@ def census(Fabric fabric not None, conditions, selector):
         owner.next_stamp()
         armed = _arm(fabric, ws, &q, selector, kind, models)
         for bucket in buckets:
-            for i in bucket:
+            ids = bucket
+            for j in range(ids.shape[0]):
+                i = ids[j]
                 if (q.has_min_gen and f.dev_gen[i] < q.min_gen) or (
                     q.has_min_mem and f.dev_mem[i] < q.min_mem
                 ):
