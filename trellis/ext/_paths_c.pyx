@@ -1762,15 +1762,19 @@ cdef int32_t _mark_targets(
     return n_marked
 
 
-cdef int64_t _reach(const FabricData* f, const CondData* c, WS* ws, const Query* q) noexcept nogil:
-    """How many targets some path from the host reaches, with no hop or latency bound: a BFS
-    of the fabric by the search's per-link and per-node rules, where a port holding another
-    host's circuit carries nothing. -1 when it meets a circuit of the host's own (its ports
-    pair only with each other, which a BFS does not follow); the search answers then.
+cdef int64_t _reach(
+    const FabricData* f, const CondData* c, WS* ws, const Query* q, bint own_free, bint* met_own
+) noexcept nogil:
+    """How many targets a BFS from the host reaches, with no hop or latency bound, by the
+    search's per-link and per-node rules, where a port holding another host's circuit carries
+    nothing, and one holding a circuit of the host's own carries nothing either or (own_free)
+    anything. met_own: whether it met one of those.
 
-    Without one, an OCS passes between any two free ports, so a walk the BFS follows that
-    meets a node twice shortens to one that meets it once (a switch passes anything, and
-    the first entry port pairs with the last exit port): reaching is having a path.
+    With the host's own ports closed, an OCS passes between any two free ports, so a walk
+    the BFS follows that meets a node twice shortens to one that meets it once (a switch
+    passes anything, and the first entry port pairs with the last exit port): what it reaches
+    some path reaches. With them open it reaches at least what any path reaches, since a path
+    passes an OCS between free ports or over its own circuit. See reachable.
     """
     cdef int32_t head = 0, tail = 1, u, v, k, j
     cdef int32_t ends[2]
@@ -1795,9 +1799,11 @@ cdef int64_t _reach(const FabricData* f, const CondData* c, WS* ws, const Query*
             blocked = False
             for j in range(2):
                 if ends[j] >= 0 and c.circ_other[ends[j]] != NO_CIRCUIT:
-                    if c.circ_owner[ends[j]] == q.host:
-                        return -1
-                    blocked = True
+                    if c.circ_owner[ends[j]] != q.host:
+                        blocked = True
+                    else:
+                        met_own[0] = True
+                        blocked = blocked or not own_free
             if blocked:
                 continue
             kind = f.kind[v]
@@ -1815,13 +1821,17 @@ cdef int64_t _reach(const FabricData* f, const CondData* c, WS* ws, const Query*
 def reachable(Fabric fabric not None, conditions, request, targets):
     """``_paths_py.reachable``: how many of ``targets`` (ids or a Selector) some path
     reaches, as ``len(best_costs(...))``. Without a hop or latency bound a BFS answers
-    (_reach), in time linear in the fabric rather than in the labels of a search."""
+    (_reach), in time linear in the fabric rather than in the labels of a search: with the
+    host's own circuit ports closed it counts targets some path reaches, with them open at
+    least every one; when it meets none, or both count the same, that is the answer. Else
+    the search counts."""
     cdef _ConditionArrays live = _live(fabric, conditions)
     cdef Query q
     cdef _Workspace owner
     cdef WS* ws
     cdef int32_t n_marked
-    cdef int64_t count
+    cdef int64_t count, at_most
+    cdef bint met_own = False
     _prepare(fabric, live, request, &q)
     owner = fabric._take()
     ws = &owner.w
@@ -1833,10 +1843,15 @@ def reachable(Fabric fabric not None, conditions, request, targets):
         # A dangling circuit of the host raises in the search: leave those to it.
         if q.max_hops == _NO_LIMIT and not q.bounded and not live._dangling:
             with nogil:
-                count = _reach(&fabric.d, &live.c, ws, &q)
-            if count >= 0:
+                count = _reach(&fabric.d, &live.c, ws, &q, False, &met_own)
+            if not met_own:
                 return count
-            _next_round(ws)  # the BFS's visit marks are not the search's
+            _next_round(ws)  # each BFS and the search mark visits afresh
+            with nogil:
+                at_most = _reach(&fabric.d, &live.c, ws, &q, True, &met_own)
+            if at_most == count:
+                return count
+            _next_round(ws)
         _run(fabric, live, ws, &q, n_marked)
         return q.n_found
     finally:
