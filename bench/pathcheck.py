@@ -9,15 +9,18 @@ Two queries per request:
   the reference as the engine did before it, best_paths over every candidate id and the
   minimum; rustworkx with the same search as the compiled core over the id list.
 
-With both fabrics, the compiled core's growth from 4,096 to 65,536 devices is printed against
-issue 11's targets: device choice ≤ 2x at p50 and ≤ 4x at p99, single check ≤ 4x at p99.
+With both fabrics, the growth from 4,096 to 65,536 devices is printed against its targets
+(issues 11 and 26): the compiled core's device choice ≤ 2x at p50 and ≤ 4x at p99, its single
+check ≤ 2x at p50 and ≤ 4x at p99, and a refused compose (the engine's decide and evolve,
+with the why-not funnel, as bench/placement.py times it over `--steps` compose+release
+pairs per size) ≤ 4x at p50.
 
 Every implementation answers the same requests in the same order; the slow ones answer a
 prefix of them within a time budget, and each ratio compares the same requests. Answers are
 checked equal to the reference's (and the rustworkx search's to the compiled core's) on
 every request both answered. The last line printed is one JSON object with every figure.
 
-    python bench/pathcheck.py            # both fabrics, 10,000 requests
+    python bench/pathcheck.py            # both fabrics, 10,000 requests, 2,000 compose pairs
     python bench/pathcheck.py --quick    # 4,096 devices, 1,000 requests, short budgets
 """
 
@@ -36,7 +39,9 @@ from typing import Any
 
 sys.path.insert(0, str(FsPath(__file__).resolve().parents[1]))
 
+from bench import placement
 from bench.fabrics import Request, World, build, requests
+from bench.placement import percentile
 from trellis.ext import _live_py, _paths_py
 
 try:
@@ -50,16 +55,6 @@ except ImportError:  # rustworkx is the `bench` extra
     RxFabric = None  # type: ignore[assignment,misc]
 
 MODES = ("single", "choice")
-
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    if not ordered:
-        return float("nan")
-    rank = q / 100 * (len(ordered) - 1)
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def timed(
@@ -209,26 +204,63 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
-GROWTH_TARGETS = {("choice", "p50"): 2.0, ("choice", "p99"): 4.0, ("single", "p99"): 4.0}
+GROWTH_TARGETS = {
+    ("choice", "p50"): 2.0,
+    ("choice", "p99"): 4.0,
+    ("single", "p50"): 2.0,
+    ("single", "p99"): 4.0,
+    ("refused", "p50"): 4.0,
+}
 
 
-def growth_of(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The compiled core's figures at 65,536 devices over its figures at 4,096."""
+def refused_composes(steps: int, seed: int) -> dict[str, dict[str, float]]:
+    """µs per refused compose (decide and evolve, with the why-not funnel) at each size, from
+    bench/placement.py's run: its hall, live compositions and request mix."""
+    refused = {}
+    for devices in placement.SIZES:
+        print(f"{devices:,} devices: composing and releasing ...", file=sys.stderr, flush=True)
+        ms = placement.run_size(devices, steps, 256, seed)["refused_ms"]
+        refused[f"{devices:,} devices"] = {
+            "n": ms["n"],
+            "p50_us": ms["p50"] * 1000,
+            "p99_us": ms["p99"] * 1000,
+            "p999_us": ms["p99.9"] * 1000,
+        }
+    return refused
+
+
+def growth_of(
+    results: dict[str, dict[str, Any]], refused: dict[str, dict[str, float]]
+) -> dict[str, Any]:
+    """The compiled core's figures at 65,536 devices over its figures at 4,096, and a refused
+    compose's."""
     small, large = results.get("4,096 devices"), results.get("65,536 devices")
     if small is None or large is None:
         return {}
+    rows = {
+        mode: (small["modes"][mode]["compiled"], large["modes"][mode]["compiled"]) for mode in MODES
+    }
+    rows["refused"] = (refused["4,096 devices"], refused["65,536 devices"])
+    names = {
+        "single": "single check",
+        "choice": "device choice",
+        "refused": "refused compose (why-not)",
+    }
     figures: dict[str, Any] = {}
-    lines = ["", "growth of the compiled core, 65,536 / 4,096 devices:"]
-    for mode in MODES:
+    lines = ["", "growth, 65,536 / 4,096 devices (compiled core; a refused compose in the engine):"]
+    for mode, (a_figures, b_figures) in rows.items():
         for q in ("p50", "p99", "p999"):
-            a = small["modes"][mode]["compiled"][f"{q}_us"]
-            b = large["modes"][mode]["compiled"][f"{q}_us"]
+            a, b = a_figures[f"{q}_us"], b_figures[f"{q}_us"]
             ratio = b / a
             target = GROWTH_TARGETS.get((mode, q))
             figures[f"{mode}_{q}"] = {"ratio": ratio, "target": target}
             verdict = "" if target is None else f" (target ≤ {target:g}x: "
             verdict += "" if target is None else ("met)" if ratio <= target else "missed)")
-            lines.append(f"  {mode:6s} {q:5s} {a:9.1f} -> {b:9.1f} µs  {ratio:5.2f}x{verdict}")
+            lines.append(
+                f"  {names[mode]:26s} {q:5s} {a:9.1f} -> {b:9.1f} µs  {ratio:5.2f}x{verdict}"
+            )
+    n = {label: f["n"] for label, f in refused.items()}
+    lines.append(f"  (refused composes timed: {n['4,096 devices']} and {n['65,536 devices']})")
     return {"figures": figures, "lines": lines}
 
 
@@ -237,6 +269,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--sizes", default="4096,65536", help="4096 and/or 65536")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--steps", type=int, default=2000, help="compose+release pairs per size (refusals)"
+    )
     parser.add_argument("--quick", action="store_true", help="4,096 devices, short budgets")
     parser.add_argument(
         "--scale", type=float, default=1.0, help="multiply every time budget by this"
@@ -290,7 +325,8 @@ def main() -> None:
             print(f"{label}: within the time budget, answered only " + ", ".join(short) + ";")
             print("  ratios compare the compiled core on the same requests.")
         print(f"{label}: mean candidates per device choice {res['mean_candidates']:.0f}")
-    growth = growth_of(results)
+    refused = refused_composes(args.steps, args.seed) if len(results) == 2 else {}
+    growth = growth_of(results, refused)
     for line in growth.get("lines", []):
         print(line)
     summary: dict[str, Any] = {
@@ -301,6 +337,7 @@ def main() -> None:
         "rustworkx": RxFabric is not None,
         "results": results,
         "targets": {},
+        "refused_composes": refused,
         "growth": growth.get("figures", {}),
     }
     for label, res in results.items():

@@ -42,7 +42,6 @@ import msgspec
 sys.path.insert(0, str(FsPath(__file__).resolve().parents[1]))
 
 from bench.fabrics import TENANTS, build, document
-from bench.pathcheck import percentile
 from trellis.engine.core.actors import ENGINE, OPERATOR
 from trellis.engine.core.context import Context
 from trellis.engine.core.decide import decide
@@ -123,6 +122,16 @@ def _shape(draw: random.Random) -> dict[str, Any]:
         "devices": [msgspec.convert(entry, DeviceRequest)],
         "constraints": Constraints(isolation=isolation),
     }
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    if not ordered:
+        return float("nan")
+    rank = q / 100 * (len(ordered) - 1)
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def timed(fn: Any, draw: random.Random) -> tuple[float, Any]:

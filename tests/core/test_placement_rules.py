@@ -36,6 +36,7 @@ from trellis.engine.core.events import (
 from trellis.engine.core.state import DomainState
 
 GPU: dict[str, Any] = {"kind": "gpu"}
+MEMORY_16: dict[str, Any] = {"kind": "memory", "capacity_gib": 16}
 
 
 def encoded(state: DomainState) -> bytes:
@@ -674,6 +675,37 @@ def test_why_not_says_no_capacity_when_nothing_free_is_left_to_path_to() -> None
         *compose(funnel_fabric(), "t", host="h", devices=[{**GPU, "count": 2}]), "no_capacity"
     )
     assert (error.details["found"], funnel(error)[2]) == (1, ("free", 2, 0))
+
+
+def test_why_not_isolation_stage_follows_faults_between_decisions() -> None:
+    """Isolation loses what only ignoring it reaches; a device that nothing reaches any more
+    after a fault is lost at the hops stage instead, in the very next decision."""
+    b = FabricBuilder().host("h").switch("s").gpu("g1").gpu("g2")
+    b.link("h", "s").link("s", "g1").link("s", "g2", id="l-g2")
+    state, _ = composed(b.state(), "other", host="h", device_ids=["g1"])
+    exclusive = {"host": "h", "devices": [GPU], "constraints": EXCLUSIVE}
+    error = rejected(*compose(state, "t", **exclusive), "no_path")
+    assert funnel(error)[3:5] == [("isolation and labels", 1, 0), ("hops", 0, 0)]
+    state = apply(state, report_fault(state, "l-g2")[0])
+    error = rejected(*compose(state, "t", **exclusive), "no_path")
+    assert funnel(error)[3:5] == [("isolation and labels", 0, 1), ("hops", 1, 0)]
+    state = apply(state, report_fault(state, "l-g2", "healthy")[0])
+    error = rejected(*compose(state, "t", **exclusive), "no_path")
+    assert funnel(error)[3:5] == [("isolation and labels", 1, 0), ("hops", 0, 0)]
+
+
+def test_why_not_counts_a_port_of_another_hosts_circuit_as_unreachable() -> None:
+    """A pool slice held through another host's circuit leaves the pool free but out of
+    reach: the funnel loses it at the hops stage, not to isolation."""
+    b = FabricBuilder().host("h").host("h2").ocs("o", ports=4).memory("m", 64)
+    state = b.chain("h", "o").chain("h2", "o").chain("o", "m").state()
+    state, _ = composed(state, "other", host="h2", devices=[MEMORY_16])
+    error = rejected(*compose(state, "t", host="h", devices=[MEMORY_16]), "no_path")
+    assert funnel(error)[2:5] == [
+        ("free", 0, 1),
+        ("isolation and labels", 0, 1),
+        ("hops", 1, 0),
+    ]
 
 
 # ---- release and extend ----

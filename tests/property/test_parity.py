@@ -262,6 +262,25 @@ def test_both_cores_find_the_same_best_paths(
         live = impl.LiveConditions(fabric)
         apply_changes(live, cond)
         assert outcome(impl.best_paths, fabric, live, request, targets) == expected, impl.name
+        assert_same_reach(fabrics[0], cond, impl, fabric, live, request, targets)
+
+
+def assert_same_reach(
+    py_fabric: Any,
+    cond: Conditions,
+    impl: Any,
+    fabric: Any,
+    live: Any,
+    request: PathRequest,
+    targets: Any,
+) -> None:
+    """`reachable` counts what the reference's best_costs finds, for the request as it is and
+    without bounds (where the compiled core answers by a BFS), with and without isolation."""
+    unbounded = request._replace(max_hops=None, max_latency_ns=None)
+    for asked in (request, unbounded, unbounded._replace(isolation=False)):
+        costs = outcome(PY.best_costs, py_fabric, cond, asked, targets)
+        count = len(costs) if isinstance(costs, dict) else costs
+        assert outcome(impl.reachable, fabric, live, asked, targets) == count, (impl.name, asked)
 
 
 @SETTINGS
@@ -407,6 +426,7 @@ def test_both_cores_choose_the_same_devices_by_selector(
             live.set_taken(d, d in cond.taken)
             live.set_sliced(d, cond.sliced_gib.get(d, 0.0))
         assert outcome(impl.best_devices, fabric, live, request, selector, n) == expected
+        assert_same_reach(py_fabric, cond, impl, fabric, live, request, selector)
 
 
 def test_a_rollback_restores_taken_and_sliced_devices(core: SimpleNamespace) -> None:
@@ -535,6 +555,7 @@ def test_both_cores_agree_on_denser_seeded_fabrics(seed: int) -> None:
         assert outcome(C.best_paths, c_fabric, live, request, targets) == expected, request
         expected = outcome(PY.best_devices, py_fabric, cond, request, ranked, 3)
         assert outcome(C.best_devices, c_fabric, live, request, ranked, 3) == expected, request
+        assert_same_reach(py_fabric, cond, C, c_fabric, live, request, targets)
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -560,6 +581,7 @@ def test_both_cores_choose_the_same_devices_by_selector_from_large_pools(seed: i
         assert C.census(c_fabric, live, selector) == PY.census(py_fabric, cond, selector)
         costs = outcome(PY.best_costs, py_fabric, cond, request, selector)
         assert outcome(C.best_costs, c_fabric, live, request, selector) == costs
+        assert_same_reach(py_fabric, cond, C, c_fabric, live, request, selector)
     assert large, "no selector had over 64 possible devices"
 
 
@@ -586,6 +608,7 @@ def swap_core(impl: SimpleNamespace, cores: dict[str, Any]) -> None:
     placement.Fabric = impl.Fabric  # type: ignore[misc]
     placement.LiveConditions = impl.LiveConditions  # type: ignore[misc]
     placement.best_costs = impl.best_costs
+    placement.reachable = impl.reachable
     placement.census = impl.census
     placement.best_devices = impl.best_devices
     placement._CORES = cores
@@ -651,6 +674,7 @@ def test_the_engine_decides_the_same_on_both_cores(
         placement.Fabric,
         placement.LiveConditions,
         placement.best_costs,
+        placement.reachable,
         placement.census,
         placement.best_devices,
         placement._CORES,
@@ -717,6 +741,7 @@ def test_the_engine_decides_the_same_on_both_cores(
             placement.Fabric,
             placement.LiveConditions,
             placement.best_costs,
+            placement.reachable,
             placement.census,
             placement.best_devices,
             placement._CORES,

@@ -1,8 +1,8 @@
 """Path core: the compiled Cython modules, or their pure-Python reference as a fallback.
 
 One surface, two implementations, file for file: ``Fabric``, ``best_paths``, ``best_costs``,
-``census`` and ``hop_distances`` come from ``ext._paths_c`` when it is built, else from
-``ext._paths_py`` (the reference, the spec); ``LiveConditions`` and ``best_devices`` from
+``reachable``, ``census`` and ``hop_distances`` come from ``ext._paths_c`` when it is built,
+else from ``ext._paths_py`` (the reference, the spec); ``LiveConditions`` and ``best_devices`` from
 ``ext._live_c``, else from ``ext._live_py`` (the reference's incremental twins). The compiled
 pair share their C declarations in ``ext/_paths_c.pxd``; a missing build of either selects the
 reference for all. The value types (``Conditions``, ``PathRequest``, ``Path``, ``Circuit``,
@@ -48,6 +48,7 @@ __all__ = [
     "best_paths",
     "census",
     "hop_distances",
+    "reachable",
 ]
 
 IMPLEMENTATION: Literal["cython", "python"]
@@ -55,9 +56,9 @@ IMPLEMENTATION: Literal["cython", "python"]
 
 def _reference() -> None:
     global Fabric, LiveConditions, best_costs, best_devices, best_paths, census, hop_distances
-    global IMPLEMENTATION
+    global reachable, IMPLEMENTATION
     from ._live_py import LiveConditions, best_devices
-    from ._paths_py import Fabric, best_costs, best_paths, census, hop_distances
+    from ._paths_py import Fabric, best_costs, best_paths, census, hop_distances, reachable
 
     IMPLEMENTATION = "python"
 
@@ -67,7 +68,14 @@ if os.environ.get("TRELLIS_PURE_PYTHON", "") not in ("", "0"):
 else:
     try:
         from ._live_c import LiveConditions, best_devices
-        from ._paths_c import Fabric, best_costs, best_paths, census, hop_distances
+        from ._paths_c import (
+            Fabric,
+            best_costs,
+            best_paths,
+            census,
+            hop_distances,
+            reachable,
+        )
     except ImportError as exc:
         # Still correct, only slower; say why so a missing build is not mistaken for a slow host.
         warnings.warn(

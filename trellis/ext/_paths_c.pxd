@@ -159,6 +159,9 @@ ctypedef struct WS:
     int32_t* lb  # per node: fewest hops to a target over the relaxed fabric (with lb_stamp)
     uint32_t* lb_stamp
     int32_t* queue  # BFS queue, one slot per node
+    int64_t lb_head  # the lower bounds' BFS so far (see _extend_bounds): queue head and tail,
+    int64_t lb_tail
+    int64_t lb_level  # and every node within this many hops of a target has its bound
     int64_t* lat_lb  # per node: least latency to a target over the relaxed fabric (lat_stamp)
     uint32_t* lat_stamp
     DEntry* dheap  # the latency bound's Dijkstra heap
@@ -203,7 +206,7 @@ cdef class Fabric:
     cdef dict _device_kinds  # kind string -> id
     cdef dict _model_ids  # model string -> id
     cdef dict _label_index  # (key, value) -> node indices of devices carrying it
-    cdef dict _buckets  # (kind id, model id) -> node indices, in id order
+    cdef dict _buckets  # (kind id, model id) -> node indices (array("i")), in id order
     cdef dict _kind_models  # kind id -> its model ids
     cdef list _model_names  # model id -> string
 

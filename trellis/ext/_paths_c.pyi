@@ -38,6 +38,12 @@ def best_costs(
     request: PathRequest,
     targets: AbstractSet[str] | Selector,
 ) -> dict[str, tuple[int, int]]: ...
+def reachable(
+    fabric: Fabric,
+    conditions: Conditions | LiveConditions | Any,
+    request: PathRequest,
+    targets: AbstractSet[str] | Selector,
+) -> int: ...
 def census(
     fabric: Fabric, conditions: Conditions | LiveConditions | Any, selector: Selector
 ) -> tuple[int, int, int, int]: ...

@@ -467,6 +467,8 @@ cdef class Fabric:
                 self._label_index.setdefault(pair, []).append(i)
         self.d.n_models = len(self._model_ids)
         self._model_names = sorted(self._model_ids, key=self._model_ids.get)
+        # As C ints, so census walks a hall's devices of a kind without a Python object each.
+        self._buckets = {key: array("i", ids) for key, ids in self._buckets.items()}
 
     def __dealloc__(self):
         free(self.d.dev_kind)
@@ -918,10 +920,11 @@ cdef int _step(
         _cut(q, total_hops)
         return 0
     if q.use_lb and kind != DEVICE:
-        if ws.lb_stamp[far] != ws.stamp:
+        need = _hops_needed(ws, total_hops, far)
+        if need < 0:
             return 0  # no target within reach from there (see _lower_bounds)
-        if total_hops + ws.lb[far] > q.max_hops:
-            _cut(q, total_hops + ws.lb[far])
+        if need > q.max_hops:
+            _cut(q, need)
             return 0
 
     # Pruned at push when the smallest label pushed at this vertex so far comes first and
@@ -984,6 +987,16 @@ cdef int _step(
     return 0
 
 
+cdef inline int64_t _hops_needed(const WS* ws, int64_t hops, int32_t far) noexcept nogil:
+    """The fewest hops of a path on to a target from `far`, reached in `hops` (the lower
+    bounds; a node the BFS has not reached yet lies beyond ws.lb_level), or -1 for none."""
+    if ws.lb_stamp[far] == ws.stamp:
+        return hops + ws.lb[far]
+    if ws.lb_level == _NO_LIMIT:
+        return -1
+    return hops + ws.lb_level + 1
+
+
 cdef inline void _cut(Query* q, int64_t hops) noexcept nogil:
     """A label dropped for the deepening bound, not the request's: a later round may need it."""
     if hops <= q.limit_hops and hops < q.next_bound:
@@ -996,10 +1009,34 @@ cdef int _fan_out(
     """New circuits from an OCS entry port to every free cabled port. Returns -1 when out of
     memory."""
     cdef int32_t s = ws.labels[x].vertex - f.n_nodes
-    cdef int32_t r = f.ocs_rank[f.slot_ocs[s]], exit_slot
+    cdef int32_t r = f.ocs_rank[f.slot_ocs[s]], exit_slot, far, link
+    cdef int64_t hops = ws.labels[x].hops + 2, need
+    cdef int8_t kind
+    # Most exits of a wide OCS lead away from the targets: cut those here, as _step would
+    # (same tests, same order, same cut), without its call and circuit bookkeeping.
+    cdef bint precut = q.use_lb and not q.bounded
     for exit_slot in range(f.ocs_slots[r], f.ocs_slots[r + 1]):
         if exit_slot == s or c.circ_other[exit_slot] != NO_CIRCUIT:
             continue
+        far = f.slot_far[exit_slot]
+        kind = f.kind[far]
+        if precut and (kind == SWITCH or kind == OCS):
+            link = f.slot_link[exit_slot]
+            if (c.link_flags[link] | c.node_flags[far]) & UNUSABLE:
+                continue
+            if c.free[link] + _EPSILON < q.bandwidth:
+                continue
+            if kind == SWITCH and q.isolation and not _switch_open(c, q, far):
+                continue
+            if hops > q.max_hops:
+                _cut(q, hops)
+                continue
+            need = _hops_needed(ws, hops, far)
+            if need < 0:
+                continue
+            if need > q.max_hops:
+                _cut(q, need)
+                continue
         if _step(f, c, ws, q, x, f.slot_link[exit_slot], f.slot_far[exit_slot],
                  f.slot_far_slot[exit_slot], 2, s, exit_slot, 1) < 0:
             return -1
@@ -1045,42 +1082,104 @@ cdef void _lower_bounds(
     least these hops, so a label whose far node reaches no target, or not within max_hops, is
     dropped exactly: its descendants cannot reach one either, and any label it would dominate
     stands at the same vertex with no fewer hops, so it is just as unable.
+
+    This seeds the BFS; _extend_bounds runs it only as far as a round's bound needs, so a
+    check costs what lies between the host and its targets, not the whole hall.
     """
-    cdef int32_t head = 0, tail = 0, u, v, k, j
-    cdef int8_t kind
+    cdef int32_t k, u
+    ws.lb_head = 0
+    ws.lb_tail = 0
+    ws.lb_level = 0
     for k in range(n_targets):
         u = ws.targets[k]
         if c.node_flags[u] & UNUSABLE:
             continue
         ws.lb_stamp[u] = ws.stamp
         ws.lb[u] = 0
-        ws.queue[tail] = u
-        tail += 1
-    while head < tail:
-        u = ws.queue[head]
-        head += 1
-        if u < 0:  # an OCS token: the OCS itself, now at its level
-            ws.queue[tail] = -u - 1
-            tail += 1
+        ws.queue[ws.lb_tail] = u
+        ws.lb_tail += 1
+
+
+cdef inline void _bounds_step(
+    const FabricData* f, const CondData* c, WS* ws, const Query* q
+) noexcept nogil:
+    """One entry of the lower bounds' BFS queue: a node's neighbours get their bounds."""
+    cdef int32_t u = ws.queue[ws.lb_head], v, k, j
+    cdef int8_t kind
+    ws.lb_head += 1
+    if u < 0:  # an OCS token: the OCS itself, now at its level
+        ws.queue[ws.lb_tail] = -u - 1
+        ws.lb_tail += 1
+        return
+    for j in range(f.inner_ptr[u], f.inner_ptr[u + 1]):
+        k = f.inner_arc[j]
+        v = f.adj_far[k]
+        if ws.lb_stamp[v] == ws.stamp:
             continue
-        for j in range(f.inner_ptr[u], f.inner_ptr[u + 1]):
-            k = f.inner_arc[j]
-            v = f.adj_far[k]
-            if ws.lb_stamp[v] == ws.stamp:
-                continue
-            if not _relaxed_step(f, c, q, k, v):
-                continue
-            kind = f.kind[v]
-            ws.lb_stamp[v] = ws.stamp
-            if kind == OCS:
-                ws.lb[v] = ws.lb[u] + 2  # its circuit, then the cable towards the target
-                ws.queue[tail] = -v - 1
-                tail += 1
-            else:
-                ws.lb[v] = ws.lb[u] + 1
-                if kind != HOST:  # hosts are endpoints, never passed through
-                    ws.queue[tail] = v
-                    tail += 1
+        if not _relaxed_step(f, c, q, k, v):
+            continue
+        kind = f.kind[v]
+        ws.lb_stamp[v] = ws.stamp
+        if kind == OCS:
+            ws.lb[v] = ws.lb[u] + 2  # its circuit, then the cable towards the target
+            ws.queue[ws.lb_tail] = -v - 1
+            ws.lb_tail += 1
+        else:
+            ws.lb[v] = ws.lb[u] + 1
+            if kind != HOST:  # hosts are endpoints, never passed through
+                ws.queue[ws.lb_tail] = v
+                ws.lb_tail += 1
+
+
+cdef void _extend_bounds(
+    const FabricData* f, const CondData* c, WS* ws, const Query* q, int64_t level
+) noexcept nogil:
+    """Run the BFS until every node within `level` hops of a target has its bound (level < 0:
+    until the host has one). The queue holds nodes in order of their bounds, so once the next
+    has `level` or more, every node within `level` was reached from one before it. A node
+    without a bound then lies beyond ws.lb_level; with the queue empty, it reaches no target
+    (ws.lb_level is _NO_LIMIT)."""
+    cdef int32_t u
+    cdef int64_t reached = -1
+    while ws.lb_head < ws.lb_tail:
+        u = ws.queue[ws.lb_head]
+        if u >= 0 and ws.lb[u] > reached:
+            reached = ws.lb[u]  # every node within `reached` hops has its bound now
+            if reached > ws.lb_level:
+                ws.lb_level = reached
+            if level < 0 and _host_bound(f, c, ws, q, reached):
+                return
+            if 0 <= level <= reached:
+                return
+        _bounds_step(f, c, ws, q)
+    ws.lb_level = _NO_LIMIT
+
+
+cdef bint _host_bound(
+    const FabricData* f, const CondData* c, WS* ws, const Query* q, int64_t reached
+) noexcept nogil:
+    """Give the host its bound once a neighbour within `reached` hops has one: one more than
+    the least of theirs, as the BFS would give it when it expands that neighbour (the last
+    level before the host, the widest, then need not be expanded)."""
+    cdef int32_t k, u
+    cdef int64_t best = _NO_LIMIT
+    if ws.lb_stamp[q.host] == ws.stamp:
+        return True
+    for k in range(f.adj_ptr[q.host], f.adj_ptr[q.host + 1]):
+        u = f.adj_far[k]
+        if ws.lb_stamp[u] != ws.stamp or f.kind[u] == HOST or ws.lb[u] >= best:
+            continue
+        # The BFS's step from u back over this cable (_relaxed_step towards a host).
+        if c.link_flags[f.adj_link[k]] & UNUSABLE or c.free[f.adj_link[k]] + _EPSILON < q.bandwidth:
+            continue
+        if f.adj_slot[k] >= 0 and _foreign(c, q, f.adj_slot[k]):
+            continue
+        best = ws.lb[u]
+    if best > reached:
+        return False
+    ws.lb_stamp[q.host] = ws.stamp
+    ws.lb[q.host] = <int32_t>best + 1
+    return True
 
 
 cdef void _search(const FabricData* f, const CondData* c, WS* ws, Query* q) noexcept nogil:
@@ -1384,12 +1483,16 @@ cdef void _deepen(const FabricData* f, const CondData* c, WS* ws, Query* q) noex
     """
     cdef int64_t bound
     cdef bint latency_pending = q.bounded
+    _extend_bounds(f, c, ws, q, -1)
     if ws.lb_stamp[q.host] != ws.stamp:
         _search(f, c, ws, q)  # no target is reachable: answered at once
         return
     bound = ws.lb[q.host]
     while True:
         q.max_hops = bound if bound < q.limit_hops else q.limit_hops
+        # Nodes without a bound then count as max_hops away: any label there is cut, as
+        # the whole BFS would have it.
+        _extend_bounds(f, c, ws, q, q.max_hops - 1)
         q.next_bound = _NO_LIMIT
         _search(f, c, ws, q)
         if q.out_of_memory or q.error_slot >= 0 or q.max_hops >= q.limit_hops:
@@ -1408,8 +1511,8 @@ cdef void _deepen(const FabricData* f, const CondData* c, WS* ws, Query* q) noex
     q.max_hops = q.limit_hops
 
 
-# Few targets: a BFS of the whole fabric (O(nodes + links)) costs less than the labels it
-# saves; with many, the search reaches targets early anyway.
+# Few targets: the lower bounds' BFS (at most the whole fabric, O(nodes + links)) costs less
+# than the labels it saves; with many, the search reaches targets early anyway.
 cdef int32_t _LOWER_BOUND_TARGETS = 64
 
 
@@ -1545,7 +1648,7 @@ cdef int32_t _select_targets(
     cdef Py_ssize_t possible = 0
     kind, models, buckets = _selector_buckets(fabric, selector)
     for bucket in buckets:
-        possible += len(<list>bucket)
+        possible += len(bucket)
     if possible == 0 or not _arm(fabric, ws, q, selector, kind, models):
         return -1
     if possible > _LOWER_BOUND_TARGETS:
@@ -1573,7 +1676,8 @@ def census(Fabric fabric not None, conditions, selector):
     cdef _Workspace owner
     cdef WS* ws
     cdef int32_t i
-    cdef Py_ssize_t matched = 0, healthy = 0, free = 0, labelled = 0
+    cdef Py_ssize_t j, matched = 0, healthy = 0, free = 0, labelled = 0
+    cdef const int[:] ids
     cdef bint armed
     cdef const FabricData* f = &fabric.d
     cdef const CondData* c = &live.c
@@ -1587,7 +1691,9 @@ def census(Fabric fabric not None, conditions, selector):
         owner.next_stamp()
         armed = _arm(fabric, ws, &q, selector, kind, models)
         for bucket in buckets:
-            for i in bucket:
+            ids = bucket
+            for j in range(ids.shape[0]):
+                i = ids[j]
                 if (q.has_min_gen and f.dev_gen[i] < q.min_gen) or (
                     q.has_min_mem and f.dev_mem[i] < q.min_mem
                 ):
@@ -1616,32 +1722,137 @@ def best_costs(Fabric fabric not None, conditions, request, targets):
     cdef Query q
     cdef _Workspace owner
     cdef WS* ws
-    cdef int32_t i, n_marked = 0
-    cdef dict node_index
+    cdef int32_t i, n_marked
     cdef Label* label
     _prepare(fabric, live, request, &q)
     owner = fabric._take()
     ws = &owner.w
     try:
         owner.next_stamp()
-        if isinstance(targets, Selector):
-            n_marked = _select_targets(fabric, live, owner, &q, targets)
-            if n_marked < 0:
-                return {}
-        else:
-            node_index = <dict>fabric._node_index
-            for target in targets:
-                i = node_index.get(target, -1)
-                if i >= 0 and fabric.d.kind[i] == DEVICE and ws.target_stamp[i] != ws.stamp:
-                    ws.target_stamp[i] = ws.stamp
-                    ws.found[n_marked] = i
-                    n_marked += 1
-            q.n_targets = len(targets)
+        n_marked = _mark_targets(fabric, live, owner, &q, targets)
+        if n_marked < 0:
+            return {}
         _run(fabric, live, ws, &q, n_marked)
         costs = {}
         for i in range(q.n_found):
             label = &ws.labels[ws.found_label[ws.found[i]]]
             costs[fabric.node_ids[ws.found[i]]] = (label.hops, label.latency)
         return costs
+    finally:
+        fabric._give(owner)
+
+
+cdef int32_t _mark_targets(
+    Fabric fabric, _ConditionArrays live, _Workspace owner, Query* q, targets
+) except -2:
+    """Point the search at ``targets``, ids or a Selector (see _select_targets); returns how
+    many are marked, or -1 when none can qualify."""
+    cdef WS* ws = &owner.w
+    cdef int32_t i, n_marked = 0
+    cdef dict node_index = <dict>fabric._node_index
+    if isinstance(targets, Selector):
+        return _select_targets(fabric, live, owner, q, targets)
+    for target in targets:
+        i = node_index.get(target, -1)
+        if i >= 0 and fabric.d.kind[i] == DEVICE and ws.target_stamp[i] != ws.stamp:
+            ws.target_stamp[i] = ws.stamp
+            ws.found[n_marked] = i
+            n_marked += 1
+    q.n_targets = len(targets)
+    return n_marked
+
+
+cdef int64_t _reach(
+    const FabricData* f, const CondData* c, WS* ws, const Query* q, bint own_free, bint* met_own
+) noexcept nogil:
+    """How many targets a BFS from the host reaches, with no hop or latency bound, by the
+    search's per-link and per-node rules, where a port holding another host's circuit carries
+    nothing, and one holding a circuit of the host's own carries nothing either or (own_free)
+    anything. met_own: whether it met one of those.
+
+    With the host's own ports closed, an OCS passes between any two free ports, so a walk
+    the BFS follows that meets a node twice shortens to one that meets it once (a switch
+    passes anything, and the first entry port pairs with the last exit port): what it reaches
+    some path reaches. With them open it reaches at least what any path reaches, since a path
+    passes an OCS between free ports or over its own circuit. See reachable.
+    """
+    cdef int32_t head = 0, tail = 1, u, v, k, j
+    cdef int32_t ends[2]
+    cdef int64_t count = 0
+    cdef int8_t kind
+    cdef bint blocked
+    ws.found_stamp[q.host] = ws.round
+    ws.queue[0] = q.host
+    while head < tail:
+        u = ws.queue[head]
+        head += 1
+        for k in range(f.adj_ptr[u], f.adj_ptr[u + 1]):
+            v = f.adj_far[k]
+            if ws.found_stamp[v] == ws.round:
+                continue
+            if (c.link_flags[f.adj_link[k]] | c.node_flags[v]) & UNUSABLE:
+                continue
+            if c.free[f.adj_link[k]] + _EPSILON < q.bandwidth:
+                continue
+            ends[0] = f.adj_near_slot[k]  # the cable's OCS ports, if any
+            ends[1] = f.adj_slot[k]
+            blocked = False
+            for j in range(2):
+                if ends[j] >= 0 and c.circ_other[ends[j]] != NO_CIRCUIT:
+                    if c.circ_owner[ends[j]] != q.host:
+                        blocked = True
+                    else:
+                        met_own[0] = True
+                        blocked = blocked or not own_free
+            if blocked:
+                continue
+            kind = f.kind[v]
+            if kind == DEVICE:
+                ws.found_stamp[v] = ws.round
+                if _selected(f, c, ws, q, v) if q.select else ws.target_stamp[v] == ws.stamp:
+                    count += 1
+            elif kind != HOST and not (kind == SWITCH and q.isolation and not _switch_open(c, q, v)):
+                ws.found_stamp[v] = ws.round
+                ws.queue[tail] = v
+                tail += 1
+    return count
+
+
+def reachable(Fabric fabric not None, conditions, request, targets):
+    """``_paths_py.reachable``: how many of ``targets`` (ids or a Selector) some path
+    reaches, as ``len(best_costs(...))``. Without a hop or latency bound a BFS answers
+    (_reach), in time linear in the fabric rather than in the labels of a search: with the
+    host's own circuit ports closed it counts targets some path reaches, with them open at
+    least every one; when it meets none, or both count the same, that is the answer. Else
+    the search counts."""
+    cdef _ConditionArrays live = _live(fabric, conditions)
+    cdef Query q
+    cdef _Workspace owner
+    cdef WS* ws
+    cdef int32_t n_marked
+    cdef int64_t count, at_most
+    cdef bint met_own = False
+    _prepare(fabric, live, request, &q)
+    owner = fabric._take()
+    ws = &owner.w
+    try:
+        owner.next_stamp()
+        n_marked = _mark_targets(fabric, live, owner, &q, targets)
+        if n_marked < 0:
+            return 0
+        # A dangling circuit of the host raises in the search: leave those to it.
+        if q.max_hops == _NO_LIMIT and not q.bounded and not live._dangling:
+            with nogil:
+                count = _reach(&fabric.d, &live.c, ws, &q, False, &met_own)
+            if not met_own:
+                return count
+            _next_round(ws)  # each BFS and the search mark visits afresh
+            with nogil:
+                at_most = _reach(&fabric.d, &live.c, ws, &q, True, &met_own)
+            if at_most == count:
+                return count
+            _next_round(ws)
+        _run(fabric, live, ws, &q, n_marked)
+        return q.n_found
     finally:
         fabric._give(owner)

@@ -352,6 +352,17 @@ def best_costs(
     return {d: (p.hops, p.latency_ns) for d, p in paths.items()}
 
 
+def reachable(
+    fabric: Fabric,
+    conditions: Conditions,
+    request: PathRequest,
+    targets: AbstractSet[str] | Selector,
+) -> int:
+    """How many of `targets` (ids or a ``Selector``) some path from the host reaches: the
+    why-not funnel asks it of the search that ignores isolation."""
+    return len(best_costs(fabric, conditions, request, targets))
+
+
 def _ocs_of(circuit: Circuit) -> str:
     return circuit.ocs
 

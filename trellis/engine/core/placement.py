@@ -35,6 +35,7 @@ from trellis.ext import (
     best_costs,
     best_devices,
     census,
+    reachable,
 )
 
 FUNNEL_STAGES = (
@@ -505,7 +506,11 @@ def _why_not(
     bounds = {"max_hops": c.max_hops, "max_latency_ns": c.max_latency_ns}
     n_labelled = counts[3]
     isolated = search(labelled) if n_labelled else {}
-    anywhere = n_labelled if len(isolated) == n_labelled else len(search(labelled, isolation=False))
+    # Ignoring isolation only how many are reached counts, which costs no search (reachable).
+    anywhere = n_labelled
+    if len(isolated) < n_labelled:
+        unisolated = PathRequest(host, tenant, exclusive, isolation=False)
+        anywhere = reachable(fabric, live, unisolated, labelled)
     within_hops = {
         d: cost for d, cost in isolated.items() if c.max_hops is None or cost[0] <= c.max_hops
     }
