@@ -75,6 +75,7 @@ import asyncpg
 import msgspec
 from nats.aio.msg import Msg
 
+from bench.placement import percentile
 from trellis.adapters.bootstrap import Endpoints, RunningEngine, embedded_or_configured, engine_on
 from trellis.adapters.fabric.sim import SimulatedFabric
 from trellis.adapters.nats.client import TrellisClient
@@ -91,16 +92,6 @@ HOSTS_PER_RACK = 4
 
 
 # ---- figures ----
-
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    if not ordered:
-        return float("nan")
-    rank = q / 100 * (len(ordered) - 1)
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def stats(samples_ms: list[float]) -> dict[str, float]:
