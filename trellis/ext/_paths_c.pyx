@@ -1573,21 +1573,13 @@ def best_paths(Fabric fabric not None, conditions, request, targets):
     cdef Query q
     cdef _Workspace owner
     cdef WS* ws
-    cdef int32_t i, n_marked = 0
-    cdef dict node_index
+    cdef int32_t i, n_marked
     _prepare(fabric, live, request, &q)
     owner = fabric._take()
     ws = &owner.w
     try:
         owner.next_stamp()
-        node_index = <dict>fabric._node_index
-        for target in targets:
-            i = node_index.get(target, -1)
-            if i >= 0 and fabric.d.kind[i] == DEVICE and ws.target_stamp[i] != ws.stamp:
-                ws.target_stamp[i] = ws.stamp
-                ws.found[n_marked] = i
-                n_marked += 1
-        q.n_targets = len(targets)
+        n_marked = _mark_targets(fabric, live, owner, &q, targets)
         _run(fabric, live, ws, &q, n_marked)
         return {fabric.node_ids[ws.found[i]]: _path(fabric, ws, ws.found[i])
                 for i in range(q.n_found)}
