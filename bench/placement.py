@@ -18,7 +18,8 @@ Requests mix kinds as the path-core bench does (gpu 60%, memory 20%, nic 10%, nv
 GPUs 1 to 4 at a time, some with a minimum generation, some exclusive, some with bandwidth;
 memory as a 64 GiB slice. Both fabrics answer the same sequence of draws (hosts and devices
 differ, the shape does not). The table gives p50, p99 and p99.9 per size and the ratio of
-the 65,536-device figure to the 4,096-device one (target: ≤ 2x at p50, ≤ 4x at p99).
+the 65,536-device figure to the 4,096-device one (target: ≤ 2x at p50, ≤ 4x for a refused
+compose, and ≤ 4x at p99).
 
     python bench/placement.py                 # 2,000 intents per size
     python bench/placement.py --quick         # 300
@@ -178,6 +179,9 @@ def run_size(devices: int, steps: int, live: int, seed: int) -> dict[str, Any]:
 # Every compose; those placed (decide, evolve, establish); those refused, whose answer carries
 # the why-not funnel (ARCHITECTURE section 5), counted over every device of the kind.
 KINDS = ("compose", "placed", "refused", "release")
+# Growth bounds at p50 (65,536 over 4,096 devices): 2x (issue 11), but 4x for a refused
+# compose, whose why-not funnel counts over the whole hall (issue 26, as bench/pathcheck.py).
+P50_GROWTH = {"refused": 4.0}
 
 
 def summary(ms: list[float]) -> dict[str, float]:
@@ -229,16 +233,19 @@ def main() -> None:
     checks = {}
     for what in KINDS:
         a, b = small[f"{what}_ms"], large[f"{what}_ms"]
+        p50_bound = P50_GROWTH.get(what, 2.0)
         checks[what] = {
             "p50_growth": round(b["p50"] / a["p50"], 2),
             "p99_growth": round(b["p99"] / a["p99"], 2),
-            "met": b["p50"] <= 2 * a["p50"] and b["p99"] <= 4 * a["p99"],
+            "p50_bound": p50_bound,
+            "met": b["p50"] <= p50_bound * a["p50"] and b["p99"] <= 4 * a["p99"],
         }
     result["targets"] = checks
     print(table(result))
     for what, c in checks.items():
         verdict = "met" if c["met"] else "missed"
-        growth = f"p50 {c['p50_growth']}x (≤ 2x), p99 {c['p99_growth']}x (≤ 4x)"
+        bound = f"{c['p50_bound']:g}x"
+        growth = f"p50 {c['p50_growth']}x (≤ {bound}), p99 {c['p99_growth']}x (≤ 4x)"
         print(f"{what}: growth {growth}: {verdict}")
     print(json.dumps(result))
 
