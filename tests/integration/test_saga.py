@@ -56,6 +56,10 @@ async def in_step(h: Harness, sim: SimulatedFabric) -> tuple[list[FabricCircuit]
     return held.circuits, [f"{b.device}@{b.host}" for b in held.bindings]
 
 
+def snapshots_taken(sim: SimulatedFabric) -> int:
+    return sum(op == "snapshot" for op, _, _ in sim.calls)
+
+
 async def types_of(h: Harness) -> list[str]:
     return [e.type async for e in h.store.read(DOMAIN)]
 
@@ -176,6 +180,61 @@ async def test_release_and_expiry_take_the_paths_off_the_hardware(
     assert await in_step(h, sim) == ([], [])
     unbound = [args[0] for op, _, args in sim.calls if op == "unbind"]
     assert [(b.device, b.composition_id) for b in unbound] == [("gpu-02", cid)]
+
+
+async def test_a_release_is_answered_once_the_hardware_let_go(
+    h: Harness, sim: SimulatedFabric
+) -> None:
+    """So the releaser's next compose does not wait behind that write."""
+    cid = expect_ok(await compose(h, A100))["composition_id"]
+    await in_step(h, sim)
+    sim.latency = {"snapshot": 0.3}  # a pass, were one needed, would let go only after it
+
+    expect_ok(await h.client.intent(DOMAIN, "acme", "release", {"composition_id": cid}))
+
+    let_go = [(op, args[0]) for op, _, args in sim.calls if op in ("unbind", "remove_circuit")]
+    assert [op for op, _ in let_go] == ["unbind", "remove_circuit"]
+    assert let_go[0][1].composition_id == cid
+    assert await in_step(h, sim) == ([], [])
+
+
+async def test_composes_and_releases_in_step_need_no_pass(
+    h: Harness, sim: SimulatedFabric
+) -> None:
+    """Once a pass found the hardware in step, a reservation, a settlement and a release each
+    say all the hardware must do: no snapshot is taken to find it out."""
+    await in_step(h, sim)
+    sync = h.engine.fabric_sync(DOMAIN)
+    assert sync is not None
+    passes, snapshots = sync.passes, snapshots_taken(sim)
+
+    for _ in range(3):
+        cid = expect_ok(await compose(h, A100))["composition_id"]
+        expect_ok(await h.client.intent(DOMAIN, "acme", "release", {"composition_id": cid}))
+
+    assert snapshots_taken(sim) == snapshots
+    assert await in_step(h, sim) == ([], [])
+    assert sync.passes == passes
+    # A fault says nothing exact about the hardware: a pass looks.
+    fault = {"component": "gpu-01", "state": "failed", "detail": "xid 79"}
+    expect_ok(await h.client.admin(DOMAIN, "report-fault", fault))
+    await in_step(h, sim)
+    assert sync.passes > passes
+
+
+async def test_what_a_release_could_not_let_go_of_a_later_pass_takes_away(
+    h: Harness, sim: SimulatedFabric
+) -> None:
+    cid = expect_ok(await compose(h, A100))["composition_id"]
+    await in_step(h, sim)
+    sim.fail_next("unbind", times=1)
+
+    reply = await h.client.intent(DOMAIN, "acme", "release", {"composition_id": cid})
+
+    assert expect_ok(reply)["state"] == "released"  # recorded: the hardware follows
+    assert await in_step(h, sim) == ([], [])
+    assert sim.pending_faults == 0
+    assert expect_ok(await compose(h, A100))["state"] == "active"
 
 
 async def test_an_expired_lease_takes_the_paths_off_the_hardware(

@@ -20,13 +20,14 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Sequence
 
 import msgspec
 
 from trellis.engine.core import replies
 from trellis.engine.core.actors import ENGINE
 from trellis.engine.core.errors import StoreUnavailable, WriterFenced
+from trellis.engine.core.events import Event
 from trellis.engine.core.intents import (
     EstablishComposition,
     ExpireLeases,
@@ -50,7 +51,7 @@ from trellis.engine.service.ports import (
     Telemetry,
 )
 from trellis.engine.service.saga import FabricSync, Settlement
-from trellis.engine.service.writer import DomainWriter
+from trellis.engine.service.writer import DomainWriter, OnCommit
 
 log = logging.getLogger(__name__)
 
@@ -498,13 +499,13 @@ class Custody:
             with contextlib.suppress(Exception):  # it runs out by itself otherwise
                 await self._ownership.release(served.lease)
 
-    def _committed(self, domain: str, sync: FabricSync) -> Callable[[], None]:
-        """After a commit: wake the domain's followers and its fabric."""
+    def _committed(self, domain: str, sync: FabricSync) -> OnCommit:
+        """After a commit: wake the domain's followers and tell its fabric."""
 
-        def committed() -> None:
+        def committed(before: DomainState, after: DomainState, events: Sequence[Event]) -> None:
             if self._followers is not None:
                 self._followers.notify(domain)
-            sync.kick()
+            sync.committed(before, after, events)
 
         return committed
 

@@ -15,18 +15,43 @@ A FabricSync runs passes, one at a time, whenever something committed (and once 
 Every driver operation is idempotent and a pass starts from the log, so a pass that failed is
 simply run again after a backoff, and an engine that restarts finishes or undoes the sagas a
 crash interrupted with its first pass. Nothing here decides: the state says what to do.
+
+A pass is needed only when the hardware may differ from what the sync knows of it. Once a pass
+found it in step, a commit that says exactly what the hardware must do is done without one
+(`committed`): compositions reserved get their sagas at once, and what a release or an expiry
+lets go (its bindings, then the circuits the commit removed) is taken away in one `program`
+call, which sagas started after it wait for, so a device or a port is free before it is used
+again. Any other commit (a fault, a repair, an import, a failed saga), a failed call, a writer
+that caught up with someone else's commits, or a `kick` from outside sends the domain back to
+passes until one finds the hardware in step again. A release is answered once the hardware was
+asked to let go (`let_go`), so the next compose does not wait behind that write.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeVar
 
 from trellis.engine.core import replies
 from trellis.engine.core.compose import unused_circuits
 from trellis.engine.core.errors import FabricError, WriterFenced
+from trellis.engine.core.events import (
+    CircuitCreated,
+    CircuitRemoved,
+    CompositionActivated,
+    CompositionRejected,
+    CompositionReleased,
+    CompositionRequested,
+    DevicesReserved,
+    Event,
+    LeaseExpired,
+    LeaseExtended,
+    PathEstablished,
+    QuotaCleared,
+    QuotaSet,
+)
 from trellis.engine.core.fabric import FabricBinding, FabricChange, FabricCircuit
 from trellis.engine.core.fabric_plan import bindings_of, circuits_of, reconcile
 from trellis.engine.core.intents import EstablishComposition, FailComposition, settle_request_id
@@ -39,6 +64,25 @@ Settlement = EstablishComposition | FailComposition
 _Item = TypeVar("_Item", FabricBinding, FabricCircuit)
 # Hands a settlement to the domain's writer; resolves to the reply the composer should get.
 Settle = Callable[[str, Settlement], Awaitable[bytes]]
+# Events whose commit says all the hardware must do (see `FabricSync.committed`): reservations
+# (their sagas program them), settlements (their sagas did), releases and expiries (their
+# bindings and removed circuits go), and what touches no hardware.
+_SAID: frozenset[type[Event]] = frozenset(
+    {
+        CompositionRequested,
+        CompositionRejected,
+        CircuitCreated,
+        DevicesReserved,
+        PathEstablished,
+        CompositionActivated,
+        LeaseExtended,
+        LeaseExpired,
+        CompositionReleased,
+        CircuitRemoved,
+        QuotaSet,
+        QuotaCleared,
+    }
+)
 
 
 class FabricSync:
@@ -72,21 +116,103 @@ class FabricSync:
         self._settled: dict[str, asyncio.Future[bytes]] = {}
         self._sagas: dict[str, asyncio.Task[None]] = {}  # composition id -> its running saga
         self.passes = 0  # completed passes, for tests and metrics
+        # The state the hardware is known to match (apart from work in flight), while it is in
+        # step: the last in-step pass's, then each commit done without a pass. None: a pass is due.
+        self._known: DomainState | None = None
+        self._letting: set[asyncio.Task[None]] = set()  # let-go calls in flight
+        self._let_go: dict[str, asyncio.Future[None]] = {}  # released composition -> let go
+        self._kicks = 0  # kicks so far: a pass that started after kick n covers what n asked
+        self._after_pass: list[tuple[int, str]] = []  # (kick, composition) let go by a pass
 
     def kick(self) -> None:
-        """Something committed: run a pass soon (passes coalesce)."""
+        """The hardware may differ from the log: run a pass soon (passes coalesce)."""
+        self._known = None
+        self._kicks += 1
         self._idle.clear()
         self._wake.set()
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"fabric-{self.domain}")
 
+    def committed(self, before: DomainState, after: DomainState, events: Sequence[Event]) -> None:
+        """The writer committed `events`, taking the state from `before` to `after`. When the
+        hardware was in step with `before` and the events say all it must do, do that now;
+        otherwise run a pass."""
+        released = [e.composition_id for e in events if isinstance(e, CompositionReleased)]
+        for cid in released:
+            self._let_go.setdefault(cid, asyncio.get_running_loop().create_future())
+        if before is not self._known or any(type(e) not in _SAID for e in events):
+            self.kick()
+            self._after_pass.extend((self._kicks, cid) for cid in released)
+            return
+        self._known = after
+        leaving = [before.compositions[cid] for cid in released]
+        changes = [
+            *(FabricChange(op="unbind", binding=b) for c in leaving for b in bindings_of(c)),
+            *(
+                FabricChange(
+                    op="remove_circuit",
+                    circuit=FabricCircuit(ocs=e.ocs, a_port=e.a_port, b_port=e.b_port),
+                )
+                for e in events
+                if isinstance(e, CircuitRemoved)
+            ),
+        ]
+        if changes:
+            self._idle.clear()
+            task = asyncio.create_task(self._take_away(changes, released), name="fabric-let-go")
+            self._letting.add(task)
+        reserved = [e.composition_id for e in events if isinstance(e, DevicesReserved)]
+        if reserved:
+            self._idle.clear()
+            self._start_sagas(reserved)
+        self._maybe_idle()
+
+    def let_go(self, composition_id: str) -> asyncio.Future[None]:
+        """Resolves once the hardware was asked to let go of a composition this engine released
+        (whether it did is the fabric's to say: what it kept, a later pass takes away)."""
+        future = self._let_go.get(composition_id)
+        if future is None:
+            future = asyncio.get_running_loop().create_future()
+            future.set_result(None)
+        return future
+
+    async def _take_away(self, changes: list[FabricChange], released: list[str]) -> None:
+        """Let the hardware go of what a commit released, in one call; if it fails, a pass
+        finishes the work."""
+        try:
+            async with asyncio.timeout(self._deadline):
+                await self._fabric.program(self.domain, changes, fence=self._fence)
+        except WriterFenced as exc:
+            self._fenced(exc)
+        except (FabricError, TimeoutError) as exc:
+            log.warning("domain %s: letting go failed (%s); a pass retries", self.domain, exc)
+            self.kick()
+        except Exception:
+            log.exception("domain %s: letting go failed; a pass retries", self.domain)
+            self.kick()
+        finally:
+            self._letting.discard(asyncio.current_task())  # type: ignore[arg-type]
+            self._resolve(released)
+            self._maybe_idle()
+
+    def _resolve(self, released: Iterable[str]) -> None:
+        for cid in released:
+            future = self._let_go.pop(cid, None)
+            if future is not None and not future.done():
+                future.set_result(None)
+
+    def _maybe_idle(self) -> None:
+        if self._known is not None and not (self._sagas or self._letting):
+            self._idle.set()
+
     async def close(self) -> None:
         """Stop driving the fabric. Whoever waits for a settlement hears `unavailable`: the
         domain's next writer finishes the saga, and a resend gets its settlement."""
-        tasks = [*self._sagas.values(), *([self._task] if self._task else [])]
+        tasks = [*self._sagas.values(), *self._letting, *([self._task] if self._task else [])]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._resolve(list(self._let_go))
         for cid, future in self._settled.items():
             if not future.done():
                 future.set_result(
@@ -123,10 +249,11 @@ class FabricSync:
             if backoff:
                 await asyncio.sleep(backoff)
                 self._wake.set()
-            elif not (self._wake.is_set() or self._sagas):
+            elif not (self._wake.is_set() or self._sagas or self._letting):
                 self._idle.set()
             await self._wake.wait()
             self._wake.clear()
+            covered = self._kicks
             try:
                 in_step = await self.run_pass()
             except WriterFenced as exc:
@@ -142,6 +269,10 @@ class FabricSync:
             except Exception:  # the next pass starts from the log again
                 log.exception("domain %s: fabric pass failed", self.domain)
                 in_step = False
+            self._resolve([cid for kick, cid in self._after_pass if kick <= covered])
+            self._after_pass = [(kick, cid) for kick, cid in self._after_pass if kick > covered]
+            if not in_step or self._wake.is_set():
+                self._known = None  # (a pass in step sets it; anything since asks for another)
             backoff = 0.0 if in_step else min(self._max_backoff, max(0.1, backoff * 2))
 
     async def run_pass(self) -> bool:
@@ -168,6 +299,8 @@ class FabricSync:
         ok &= await self._apply(fabric.bind, plan.bind)
         self._start_sagas(plan.pending)
         self.passes += 1
+        if ok:
+            self._known = state
         return ok
 
     def _start_sagas(self, pending: list[str]) -> None:
@@ -186,13 +319,20 @@ class FabricSync:
                 and composition is not None
                 and composition.state == "pending"
             ):
-                self._sagas[cid] = asyncio.create_task(self._saga(composition), name=f"saga-{cid}")
+                after = list(self._letting)  # devices and ports they free come first
+                self._sagas[cid] = asyncio.create_task(
+                    self._saga(composition, after), name=f"saga-{cid}"
+                )
 
-    async def _saga(self, composition: Composition) -> None:
-        """Program one pending composition, settle it and tell whoever waits for it. If the
-        store could not record the settlement it stays pending and a later pass runs it again."""
+    async def _saga(self, composition: Composition, after: list[asyncio.Task[None]]) -> None:
+        """Program one pending composition once the let-go calls `after` ended, settle it and
+        tell whoever waits for it. If the store could not record the settlement it stays
+        pending and a later pass runs it again."""
         cid = composition.id
+        settled_ok = False
         try:
+            if after:
+                await asyncio.wait(after)
             settlement = await self._compose_saga(composition)
             reply = await self._settle(self.domain, settlement)
             if replies.decode_ok(reply) is not None:
@@ -205,6 +345,8 @@ class FabricSync:
             settled = self._state().compositions.get(cid)
             if settled is not None and settled.state == "pending":
                 await asyncio.sleep(1.0)  # the store said no; give it a moment
+            else:
+                settled_ok = isinstance(settlement, EstablishComposition)
         except WriterFenced as exc:  # the domain's next writer drives this saga again
             self._fenced(exc)
             return
@@ -213,7 +355,10 @@ class FabricSync:
             await asyncio.sleep(1.0)
         finally:
             del self._sagas[cid]
-        self.kick()  # the settlement's commit wakes a pass too; this covers the failures
+        if settled_ok:
+            self._maybe_idle()  # its commit said what the hardware holds now
+        else:
+            self.kick()  # a failure, undone or not: a pass looks at what is left
 
     async def _apply(self, op: Callable[..., Awaitable[None]], items: list[_Item]) -> bool:
         """Run one kind of operation for every item, each within the deadline; failures are

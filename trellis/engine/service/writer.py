@@ -12,7 +12,7 @@ import hashlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 
 import msgspec
@@ -28,7 +28,7 @@ from trellis.engine.core.errors import (
     StoreUnavailable,
     WriterFenced,
 )
-from trellis.engine.core.events import MAX_EVENT_BYTES
+from trellis.engine.core.events import MAX_EVENT_BYTES, Event
 from trellis.engine.core.intents import ImportTopology, Intent
 from trellis.engine.core.records import Head, PendingEvent
 from trellis.engine.core.state import DomainState, evolve
@@ -47,6 +47,8 @@ from trellis.engine.service.snapshots import STATE_FORMAT, state_of
 log = logging.getLogger(__name__)
 
 _encode = msgspec.json.Encoder().encode
+# Told of each commit: the state before it, the state after it, and the events it appended.
+OnCommit = Callable[[DomainState, DomainState, Sequence[Event]], None]
 REMEMBERED = 10_000  # request keys a writer keeps of its own recent commits
 
 
@@ -83,7 +85,7 @@ class DomainWriter:
         store: EventStore,
         clock: Clock,
         max_batch: int,
-        on_commit: Callable[[], None] | None = None,
+        on_commit: OnCommit | None = None,
         *,
         fence: int | None = None,
         holds: Callable[[], bool] | None = None,
@@ -298,6 +300,7 @@ class DomainWriter:
         )
         state = self.state
         events: list[PendingEvent] = []
+        typed: list[Event] = []  # the same events, for whoever is told of the commit
         pending: list[PendingReply] = []
         # Per request: the final reply now, or ("first" | "resend", index into `pending`).
         answers: list[bytes | tuple[str, int]] = []
@@ -341,6 +344,7 @@ class DomainWriter:
             for event in decision.events:
                 state = evolve(state, event)
             events.extend(decided)
+            typed.extend(decision.events)
             first_in_batch[req.key] = len(pending)
             answers.append(("first", len(pending)))
             pending.append(
@@ -376,14 +380,14 @@ class DomainWriter:
                 self.domain, self.head, events, pending, fence=self.fence
             )
             self._telemetry.committed(self.domain, len(batch), time.perf_counter() - started)
-            before = self.head.version
+            before, version = self.state, self.head.version
             self.state, self.head, committed = state, appended.head, appended.replies
             self._remember([(p.actor, p.request_id) for p in pending])
             if events:
                 self._last_time = now
-                self._snapshot(before)
+                self._snapshot(version)
                 if self._on_commit is not None:
-                    self._on_commit()  # e.g. wake the projection runner
+                    self._on_commit(before, state, typed)  # e.g. wake the projection runner
         # Only now, after the commit, does anyone hear back.
         for req, ans in zip(batch, answers, strict=True):
             if isinstance(ans, bytes):
