@@ -17,7 +17,7 @@ committed Postgres transactions, as ratios to two floors measured in the same ru
 - the engine (`adapters.bootstrap.engine_on`: Postgres log, projections, NATS intake) drives a
   SimulatedFabric on a state file, as `trellis up` does (`--fabric-memory`: in memory only). A
   compose is answered after its saga settled it: two commits and the hardware's durable write;
-  a release is one commit (the hardware is unbound after the reply).
+  a release is one commit, answered once the hardware was asked to let go.
 - serial: one client composes (1 GPU) and releases, pair after pair, on a fabric of 8 racks
   joined by one OCS (`--racks`), and on the project's own fabric (examples/fabric.json).
 - load: 8 and 64 clients (`--concurrency`), each composing and releasing in a loop for a
@@ -25,14 +25,14 @@ committed Postgres transactions, as ratios to two floors measured in the same ru
   each). Throughput is printed in pairs and in intents (a pair is a compose and a release);
   the target counts intents over the unit floor's serial rate.
 - the clients run in a process of their own (spawned once), as real clients do, so the
-  engine process's CPU (with its follower process, `--followers process`) is the engine's
-  alone: the CPU-per-pair target.
+  engine process's CPU with its follower process's (the log followers run there by default,
+  as `trellis up` runs them) is the engine's alone: the CPU-per-pair target.
 - `--loop uvloop` runs the engine on uvloop instead of asyncio's own loop.
-- `--followers both` runs the engine phases once with followers inline and once in a process
-  (rows `<phase>@process`); `--metrics both` once without and once with Prometheus metrics
+- `--followers both` runs the engine phases once with followers inline (rows `<phase>@inline`)
+  and once in their process; `--metrics both` once without and once with Prometheus metrics
   scraped every second (rows `<phase>@metrics`).
-- diagnostic (`-np` rows, no target): serial and the largest load again with the projection
-  runner paused, to show what its transactions cost the intents.
+- diagnostic (`-np` rows, no target; followers inline only): serial and the largest load again
+  with the projection runner paused, to show what its transactions cost the intents.
 
 Targets: serial compose and release p99 within 1.5x the saga floor's p99 (on both fabrics);
 throughput at 8 and 64 clients at least 5x the unit floor's serial rate, in intents; the
@@ -754,9 +754,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
             async def run_mode(mode: FollowersMode, metrics: bool) -> None:
                 # Each mode drives domains and subjects of its own; its phases are named
-                # "<phase>@process" beside the inline ones when both run, and "<phase>@metrics"
+                # "<phase>@inline" beside the default's when both run, and "<phase>@metrics"
                 # when the engine serves Prometheus metrics (scraped every second).
-                tag = "" if len(followers) == 1 or mode == "inline" else f"@{mode}"
+                tag = "" if len(followers) == 1 or mode == Settings().followers else f"@{mode}"
                 tag += "@metrics" if metrics and len(metered) > 1 else ""
                 domains = [f"bench-{mode}-{int(metrics)}-{d}" for d in range(n_domains)]
                 project = f"bench-{mode}-{int(metrics)}-project"
@@ -1190,8 +1190,9 @@ def main() -> None:
     parser.add_argument(
         "--followers",
         choices=("inline", "process", "both"),
-        default="inline",
-        help="where the log followers run (TRELLIS_FOLLOWERS); both: one engine after the other",
+        default=Settings().followers,
+        help="where the log followers run (TRELLIS_FOLLOWERS; default: as `trellis up` runs "
+        "them); both: one engine after the other",
     )
     parser.add_argument(
         "--metrics",

@@ -88,8 +88,10 @@ def engine_settings(
 ) -> Settings:
     """The Settings `trellis up` would read for an engine on these servers, from the names the
     tests use: `schema`, `prefix`, `owner_url`, `metrics_at` and `page_at` (host, port),
-    `health` (its bounds), `rate_limit`; any other keyword is a Settings field."""
-    extra: dict[str, Any] = {}
+    `health` (its bounds), `rate_limit`; any other keyword is a Settings field. The followers
+    run in the engine's loop unless `followers="process"`: tests wait on them and pause them
+    (test_follower_process.py and the engines `trellis up` starts run the default)."""
+    extra: dict[str, Any] = {"followers": fields.pop("followers", "inline")}
     if metrics_at is not None:
         extra.update(metrics_host=metrics_at[0], metrics_port=metrics_at[1])
     if page_at is not None:

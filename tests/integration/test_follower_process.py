@@ -162,8 +162,8 @@ async def test_a_killed_follower_process_is_restarted_and_catches_up(
 
 
 def test_the_followers_mode_is_read_from_the_environment() -> None:
-    assert Settings.from_env({}).followers == "inline"
-    assert Settings.from_env({"TRELLIS_FOLLOWERS": "process"}).followers == "process"
+    assert Settings.from_env({}).followers == "process"
+    assert Settings.from_env({"TRELLIS_FOLLOWERS": "inline"}).followers == "inline"
     with pytest.raises(SettingsError, match="TRELLIS_FOLLOWERS"):
         Settings.from_env({"TRELLIS_FOLLOWERS": "thread"})
 

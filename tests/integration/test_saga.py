@@ -198,9 +198,7 @@ async def test_a_release_is_answered_once_the_hardware_let_go(
     assert await in_step(h, sim) == ([], [])
 
 
-async def test_composes_and_releases_in_step_need_no_pass(
-    h: Harness, sim: SimulatedFabric
-) -> None:
+async def test_composes_and_releases_in_step_need_no_pass(h: Harness, sim: SimulatedFabric) -> None:
     """Once a pass found the hardware in step, a reservation, a settlement and a release each
     say all the hardware must do: no snapshot is taken to find it out."""
     await in_step(h, sim)

@@ -72,9 +72,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # domain, signed with the key in this file (None: checkpoint-key.pem in the data dir).
     checkpoint_every: int = 1000
     checkpoint_key: Path | None = None
-    # Where the log followers run (adapters/follow_process.py): in the engine's event loop, or
-    # in a follower process of their own that the engine starts and keeps running.
-    followers: FollowersMode = "inline"
+    # Where the log followers run (adapters/follow_process.py): in a follower process of their
+    # own that the engine starts and keeps running (the default: the projections' and the
+    # relay's work then stays off the event loop that answers intents), or in that loop.
+    followers: FollowersMode = "process"
     # The embedded servers' ports (None: a free one at each start).
     nats_port: int | None = None
     nats_monitor_port: int | None = None
@@ -135,7 +136,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
                 service_base(redfish_url)
             except ValueError as exc:
                 raise SettingsError(f"TRELLIS_REDFISH_URL: {exc}") from None
-        followers = env.get("TRELLIS_FOLLOWERS") or "inline"
+        followers = env.get("TRELLIS_FOLLOWERS") or "process"
         if followers not in FOLLOWERS_MODES:
             valid = ", ".join(FOLLOWERS_MODES)
             raise SettingsError(f"TRELLIS_FOLLOWERS={followers!r}: valid are {valid}")
