@@ -157,10 +157,12 @@ class PostgresRows:
         return [table.decode(r) for r in records]
 
     async def write(self, table: Table, gone: Sequence[Key], kept: Sequence[Row]) -> None:
+        # In key order, so that two transactions writing the same rows lock them in one order.
         if gone:
-            await self.conn.execute(table.delete_by_key, *zip(*gone, strict=True))
+            await self.conn.execute(table.delete_by_key, *zip(*sorted(gone), strict=True))
         if kept:
-            await self.conn.execute(table.upsert, *column_arrays(table, kept))
+            rows = sorted(kept, key=table.key_of)
+            await self.conn.execute(table.upsert, *column_arrays(table, rows))
 
 
 def column_arrays(table: Table, rows: Sequence[Row]) -> list[list[Any]]:
@@ -220,7 +222,7 @@ class Rows:
         self.table = table
         self._source = source
         self._rows: dict[Key, Row | None] = {}
-        self._dirty: set[Key] = set()
+        self._dirty: dict[Key, None] = {}  # changed keys, in the order they first changed
         self._groups: dict[Key, set[Key]] = {}  # group prefix -> keys cached under it
         self._fetched_groups: set[Key] = set()
 
@@ -259,23 +261,24 @@ class Rows:
         """Insert or replace a row; it is written by `flush`."""
         key = self.table.key_of(row)
         self._rows[key] = row
-        self._dirty.add(key)
+        self._dirty[key] = None
         if self.table.group:
             self._groups.setdefault(key[: len(self.table.group)], set()).add(key)
 
     def delete(self, key: Key) -> None:
         self._rows[key] = None
-        self._dirty.add(key)
+        self._dirty[key] = None
 
     def cached(self) -> list[Row]:
         """Every live row cached so far (for folds that scan what the batch already fetched)."""
         return [row for row in self._rows.values() if row is not None]
 
     async def flush(self) -> None:
-        """Write every changed key in its final state: deletes first, then one bulk upsert."""
-        dirty = sorted(self._dirty)
-        gone = [k for k in dirty if self._rows[k] is None]
-        kept = [row for k in dirty if (row := self._rows[k]) is not None]
+        """Write every changed key in its final state, in the order each first changed (a
+        source that needs key order sorts: PostgresRows does, a rebuild's rows need none)."""
+        rows = self._rows
+        gone = [k for k in self._dirty if rows[k] is None]
+        kept = [row for k in self._dirty if (row := rows[k]) is not None]
         await self._source.write(self.table, gone, kept)
         self._dirty.clear()
 
