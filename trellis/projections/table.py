@@ -51,13 +51,14 @@ class Table:
     # A read-model snapshot leaves them out; a past answer reads them from the live table.
     final: str | None = None
     final_position: str | None = None
-    _key_getter: Callable[[Row], Key] = field(init=False, repr=False, compare=False)
+    # A row's key. It runs for every row a fold touches: an itemgetter, which builds the
+    # tuple in C, called directly (no method in between).
+    key_of: Callable[[Row], Key] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        # key_of runs for every row a fold touches: itemgetter builds the tuple in C.
         get = operator.itemgetter(*self.key)
         one: Callable[[Row], Key] = lambda row: (get(row),)  # noqa: E731
-        object.__setattr__(self, "_key_getter", get if len(self.key) > 1 else one)
+        object.__setattr__(self, "key_of", get if len(self.key) > 1 else one)
 
     @cached_property
     def names(self) -> tuple[str, ...]:
@@ -119,9 +120,6 @@ class Table:
         """Every row of one domain that may still change (all of them without `final`)."""
         where = "domain = $1" + (f" AND NOT ({self.final})" if self.final else "")
         return f"SELECT {', '.join(self.names)} FROM {self.name} WHERE {where}"
-
-    def key_of(self, row: Row) -> Key:
-        return self._key_getter(row)
 
     def decode(self, record: Any) -> Row:
         """A fetched record as a row: jsonb columns decoded."""
@@ -228,7 +226,7 @@ class Rows:
 
     async def prefetch(self, keys: Iterable[Key]) -> None:
         """Fetch every key not cached yet, in one statement (a SELECT: no order to keep)."""
-        missing = list({k for k in keys if k not in self._rows})
+        missing = list(set(keys) - self._rows.keys())
         if not missing:
             return
         for row in await self._source.fetch(self.table, self.table.key, missing):
@@ -238,7 +236,7 @@ class Rows:
 
     async def prefetch_groups(self, prefixes: Iterable[Key]) -> None:
         """Fetch every row under each prefix not fetched yet, in one statement."""
-        missing = list({p for p in prefixes if p not in self._fetched_groups})
+        missing = list(set(prefixes) - self._fetched_groups)
         if not missing:
             return
         for row in await self._source.fetch(self.table, self.table.group, missing):
