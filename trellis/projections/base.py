@@ -39,6 +39,13 @@ class Projection(Protocol):
     async def apply(self, source: RowSource, facts: Sequence[Fact]) -> None: ...
 
 
+def of_types(facts: Sequence[Fact], types: frozenset[type[Event]]) -> list[Fact]:
+    """The facts whose event is one of `types`, in order: what a fold whose `match` ignores
+    every other type needs to see. Picked once per batch, so a projection pays nothing per
+    event for the types it does not fold (three in five, for some)."""
+    return [f for f in facts if type(f.event) in types]
+
+
 def composition_of(event: Event) -> str | None:
     """The composition an event is about, if any (CircuitCreated names one only when a
     composition created the circuit)."""

@@ -19,10 +19,11 @@ from trellis.engine.core.events import (
     DeviceBinding,
     DeviceReplaced,
     DevicesReserved,
+    Event,
     PathRerouted,
 )
 from trellis.engine.core.records import RecordedEvent
-from trellis.projections.base import Fact, composition_of
+from trellis.projections.base import Fact, composition_of, of_types
 from trellis.projections.table import Column, Row, Rows, RowSource, Table
 
 CONNECTIONS = Table(
@@ -58,6 +59,19 @@ REQUESTS = Table(
 )
 
 
+# The event types the fold below changes rows for (its `match` arms); it never sees the rest.
+FOLDED: frozenset[type[Event]] = frozenset(
+    {
+        CompositionRequested,
+        DevicesReserved,
+        PathRerouted,
+        DeviceReplaced,
+        CompositionReleased,
+        CompositionFailed,
+    }
+)
+
+
 class ConnectionsProjection:
     """Folds reservations and releases into proj_connections."""
 
@@ -65,6 +79,9 @@ class ConnectionsProjection:
     tables: tuple[Table, ...] = (CONNECTIONS, REQUESTS)
 
     async def apply(self, source: RowSource, facts: Sequence[Fact]) -> None:
+        facts = of_types(facts, FOLDED)
+        if not facts:
+            return
         connections = Rows(CONNECTIONS, source)
         requests = Rows(REQUESTS, source)
         keys = {(f.record.domain, cid) for f in facts if (cid := composition_of(f.event))}

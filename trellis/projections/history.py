@@ -51,7 +51,7 @@ from trellis.engine.core.events import (
 )
 from trellis.engine.core.model import NodeSpec
 from trellis.engine.core.records import RecordedEvent
-from trellis.projections.base import Fact, composition_of
+from trellis.projections.base import Fact, composition_of, of_types
 from trellis.projections.table import Column, Row, Rows, RowSource, Table
 
 INTERVALS = Table(
@@ -162,6 +162,24 @@ def interval_query(domain: str, window: Window, *, ended_by: int | None = None) 
     return (sql, *values)
 
 
+# The event types the fold below changes rows for (its `match` arms); it never sees the rest.
+FOLDED: frozenset[type[Event]] = frozenset(
+    {
+        TopologyImported,
+        NodeAdded,
+        ComponentRemoved,
+        CompositionRequested,
+        DevicesReserved,
+        DeviceReplaced,
+        CompositionActivated,
+        CompositionImpaired,
+        LeaseExpired,
+        CompositionReleased,
+        CompositionFailed,
+    }
+)
+
+
 class HistoryProjection:
     """Folds reservations, replacements and endings into proj_history_intervals."""
 
@@ -169,6 +187,9 @@ class HistoryProjection:
     tables: tuple[Table, ...] = (INTERVALS, LIVES, DEVICES)
 
     async def apply(self, source: RowSource, facts: Sequence[Fact]) -> None:
+        facts = of_types(facts, FOLDED)
+        if not facts:
+            return
         batch = _Batch(source)
         await batch.prefetch(facts)
         for record, event in facts:

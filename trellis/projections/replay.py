@@ -20,6 +20,7 @@ would have shown it, and the rows end byte for byte as the live followers leave 
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
@@ -28,6 +29,7 @@ import msgspec
 
 from trellis.projections.table import Key, Row, Table, as_stored, column_arrays
 
+_json_encode = msgspec.json.Encoder().encode
 _copy = msgspec.msgpack.Encoder().encode
 _uncopy = msgspec.msgpack.Decoder().decode
 
@@ -190,7 +192,17 @@ async def write(conn: asyncpg.Connection, changes: Sequence[Changes]) -> None:
             )
 
 
-def _records(table: Table, rows: Sequence[Row]) -> list[tuple[Any, ...]]:
-    """Rows as COPY takes them: tuples in column order, jsonb values as text."""
-    # A jsonb None is JSON null, as the upsert sends it (column_arrays), never SQL NULL.
-    return list(zip(*column_arrays(table, rows), strict=True))
+def _records(table: Table, rows: Sequence[Row]) -> list[Sequence[Any]]:
+    """Rows as COPY takes them: values in column order (picked in C), jsonb values as text."""
+    values = operator.itemgetter(*table.names)  # every table has several columns: tuples
+    json_at = [i for i, c in enumerate(table.names) if c in table.json_columns]
+    if not json_at:
+        return [values(row) for row in rows]
+    records: list[Sequence[Any]] = []
+    for row in rows:
+        record = list(values(row))
+        for i in json_at:
+            # A jsonb None is JSON null, as the upsert sends it (column_arrays), never SQL NULL.
+            record[i] = _json_encode(record[i]).decode()
+        records.append(record)
+    return records

@@ -225,7 +225,10 @@ async def rebuild(
         )
     applied = 0
     for domain in domains:
-        applied += await _replay(sink, log, domain, batch_size)
+        # Around the call, not inside it: the replay's rows are freed (by reference counting)
+        # before the collector runs again, or its first pass would scan every one of them.
+        with _collector_paused():
+            applied += await _replay(sink, log, domain, batch_size)
         # The rest, if the replay handed over (or the log grew since): the ordinary way.
         applied += await Follower(domain, log, sink, batch_size=batch_size).catch_up()
     return applied
@@ -254,25 +257,24 @@ async def _replay(sink: ProjectionSink, log: DomainLog, domain: str, batch_size:
         last = facts[-1].record
         return await writes.start(rows.changes(), Progress(last.version, last.position), len(facts))
 
-    with _collector_paused():
-        try:
-            # Closed on leaving, so the reader stops at once when the replay stops early.
-            async with contextlib.aclosing(_read_ahead(log, domain, batch_size)) as batches:
-                async for records in batches:
-                    facts: list[Fact] = []
-                    for record in records:
-                        try:
-                            facts.append(Fact(record, record.event()))
-                        except Exception:
-                            break
-                    if facts and not await fold(facts):
+    try:
+        # Closed on leaving, so the reader stops at once when the replay stops early.
+        async with contextlib.aclosing(_read_ahead(log, domain, batch_size)) as batches:
+            async for records in batches:
+                facts: list[Fact] = []
+                for record in records:
+                    try:
+                        facts.append(Fact(record, record.event()))
+                    except Exception:
                         break
-                    if len(facts) < len(records):
-                        break
-        finally:
-            # The batch in flight was folded from the log as it stands: finish it, whatever
-            # stopped the replay (the log read failing, say).
-            await writes.settle()
+                if facts and not await fold(facts):
+                    break
+                if len(facts) < len(records):
+                    break
+    finally:
+        # The batch in flight was folded from the log as it stands: finish it, whatever
+        # stopped the replay (the log read failing, say).
+        await writes.settle()
     return writes.applied
 
 
@@ -370,7 +372,9 @@ def _collector_paused() -> Iterator[None]:
 
     The rows held in memory are long-lived and many; at the default thresholds the collector
     scanned them again and again, a third of a rebuild's time. What a replay leaves behind is
-    freed by reference counting (its few cycles wait for the next collection after it)."""
+    freed by reference counting (its few cycles wait for the next collection after it). The
+    first collection after the pause scans every object allocated during it that is still
+    alive: leave it once the replay's rows are gone."""
     if not gc.isenabled():
         yield
         return

@@ -51,13 +51,14 @@ class Table:
     # A read-model snapshot leaves them out; a past answer reads them from the live table.
     final: str | None = None
     final_position: str | None = None
-    _key_getter: Callable[[Row], Key] = field(init=False, repr=False, compare=False)
+    # A row's key. It runs for every row a fold touches: an itemgetter, which builds the
+    # tuple in C, called directly (no method in between).
+    key_of: Callable[[Row], Key] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        # key_of runs for every row a fold touches: itemgetter builds the tuple in C.
         get = operator.itemgetter(*self.key)
         one: Callable[[Row], Key] = lambda row: (get(row),)  # noqa: E731
-        object.__setattr__(self, "_key_getter", get if len(self.key) > 1 else one)
+        object.__setattr__(self, "key_of", get if len(self.key) > 1 else one)
 
     @cached_property
     def names(self) -> tuple[str, ...]:
@@ -120,9 +121,6 @@ class Table:
         where = "domain = $1" + (f" AND NOT ({self.final})" if self.final else "")
         return f"SELECT {', '.join(self.names)} FROM {self.name} WHERE {where}"
 
-    def key_of(self, row: Row) -> Key:
-        return self._key_getter(row)
-
     def decode(self, record: Any) -> Row:
         """A fetched record as a row: jsonb columns decoded."""
         row = dict(record)
@@ -157,10 +155,12 @@ class PostgresRows:
         return [table.decode(r) for r in records]
 
     async def write(self, table: Table, gone: Sequence[Key], kept: Sequence[Row]) -> None:
+        # In key order, so that two transactions writing the same rows lock them in one order.
         if gone:
-            await self.conn.execute(table.delete_by_key, *zip(*gone, strict=True))
+            await self.conn.execute(table.delete_by_key, *zip(*sorted(gone), strict=True))
         if kept:
-            await self.conn.execute(table.upsert, *column_arrays(table, kept))
+            rows = sorted(kept, key=table.key_of)
+            await self.conn.execute(table.upsert, *column_arrays(table, rows))
 
 
 def column_arrays(table: Table, rows: Sequence[Row]) -> list[list[Any]]:
@@ -220,13 +220,13 @@ class Rows:
         self.table = table
         self._source = source
         self._rows: dict[Key, Row | None] = {}
-        self._dirty: set[Key] = set()
+        self._dirty: dict[Key, None] = {}  # changed keys, in the order they first changed
         self._groups: dict[Key, set[Key]] = {}  # group prefix -> keys cached under it
         self._fetched_groups: set[Key] = set()
 
     async def prefetch(self, keys: Iterable[Key]) -> None:
         """Fetch every key not cached yet, in one statement (a SELECT: no order to keep)."""
-        missing = list({k for k in keys if k not in self._rows})
+        missing = list(set(keys) - self._rows.keys())
         if not missing:
             return
         for row in await self._source.fetch(self.table, self.table.key, missing):
@@ -236,7 +236,7 @@ class Rows:
 
     async def prefetch_groups(self, prefixes: Iterable[Key]) -> None:
         """Fetch every row under each prefix not fetched yet, in one statement."""
-        missing = list({p for p in prefixes if p not in self._fetched_groups})
+        missing = list(set(prefixes) - self._fetched_groups)
         if not missing:
             return
         for row in await self._source.fetch(self.table, self.table.group, missing):
@@ -259,23 +259,24 @@ class Rows:
         """Insert or replace a row; it is written by `flush`."""
         key = self.table.key_of(row)
         self._rows[key] = row
-        self._dirty.add(key)
+        self._dirty[key] = None
         if self.table.group:
             self._groups.setdefault(key[: len(self.table.group)], set()).add(key)
 
     def delete(self, key: Key) -> None:
         self._rows[key] = None
-        self._dirty.add(key)
+        self._dirty[key] = None
 
     def cached(self) -> list[Row]:
         """Every live row cached so far (for folds that scan what the batch already fetched)."""
         return [row for row in self._rows.values() if row is not None]
 
     async def flush(self) -> None:
-        """Write every changed key in its final state: deletes first, then one bulk upsert."""
-        dirty = sorted(self._dirty)
-        gone = [k for k in dirty if self._rows[k] is None]
-        kept = [row for k in dirty if (row := self._rows[k]) is not None]
+        """Write every changed key in its final state, in the order each first changed (a
+        source that needs key order sorts: PostgresRows does, a rebuild's rows need none)."""
+        rows = self._rows
+        gone = [k for k in self._dirty if rows[k] is None]
+        kept = [row for k in self._dirty if (row := rows[k]) is not None]
         await self._source.write(self.table, gone, kept)
         self._dirty.clear()
 

@@ -375,20 +375,37 @@ def _recorded_from_row(domain: str, row: tuple[Any, ...], position: int) -> Reco
 
 def event_from_row(row: asyncpg.Record) -> RecordedEvent:
     """A row of trellis_events (selected with EVENT_COLUMNS) as a RecordedEvent."""
+    # Unpacked by position, in EVENT_COLUMNS' order: a third faster than by name, and every
+    # read of the log (engine start, followers, rebuilds) passes here once per event.
+    (
+        id,
+        domain,
+        version,
+        position,
+        type,
+        schema_version,
+        at,
+        actor,
+        cause,
+        corr,
+        data,
+        prev,
+        digest,
+    ) = row
     return RecordedEvent(
-        id=str(row["id"]),
-        domain=row["domain"],
-        version=row["version"],
-        position=row["position"],
-        type=row["type"],
-        schema_version=row["schema_version"],
-        recorded_at=row["recorded_at"],
-        actor=row["actor"],
-        causation_id=row["causation_id"],
-        correlation_id=row["correlation_id"],
-        data=row["data"].encode(),
-        prev_hash=row["prev_hash"],
-        hash=row["hash"],
+        id=str(id),
+        domain=domain,
+        version=version,
+        position=position,
+        type=type,
+        schema_version=schema_version,
+        recorded_at=at,
+        actor=actor,
+        causation_id=cause,
+        correlation_id=corr,
+        data=data.encode(),
+        prev_hash=prev,
+        hash=digest,
     )
 
 
