@@ -9,6 +9,8 @@ lease again. Real Postgres throughout: the wait is a real lock wait.
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -124,3 +126,33 @@ async def test_a_drop_that_hangs_does_not_stop_the_engine_taking_the_lease_back(
         await asyncio.sleep(0.05)
     await h.projected(DOMAIN)
     await h.relayed(DOMAIN)
+
+
+async def test_a_pause_during_a_tick_is_no_error_of_the_tick(
+    engine: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A process stopped while a tick runs finds the tick's timeout past when it runs again:
+    that time was not the tick's, which finishes once the loop runs."""
+    h = engine
+    expect_ok(await h.client.admin(DOMAIN, "import-topology", {"request_id": "imp", **fabric()}))
+    ownership = h.engine.custody._ownership
+    assert ownership is not None
+    beat = ownership.heartbeat
+    paused = asyncio.Event()
+
+    async def heartbeat_through_a_pause() -> None:
+        if not paused.is_set():
+            paused.set()
+            time.sleep(2.5 * TTL)  # the event loop does not run: as under SIGSTOP
+        await beat()
+
+    ownership.heartbeat = heartbeat_through_a_pause  # type: ignore[method-assign]
+    caplog.set_level(logging.INFO, logger="trellis.engine.service.custody")
+    await asyncio.wait_for(paused.wait(), 5 * TTL)
+    await asyncio.sleep(3 * TTL)  # the tick after the pause, and the next
+
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert [m for level, m in said if level == "ERROR"] == [], said
+    assert any("did not run for" in m for _, m in said), said
+    # And the engine writes the domain again.
+    expect_ok(await h.client.admin(DOMAIN, "import-topology", {"request_id": "imp-2", **fabric()}))
