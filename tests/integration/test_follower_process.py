@@ -25,7 +25,7 @@ from isolation import unique_subject_prefix
 from nats.aio.client import Client as NATS
 
 from trellis.adapters.embedded.nats_server import EmbeddedNats
-from trellis.adapters.follow_process import CommitSignal, FollowerProcess
+from trellis.adapters.follow_process import SIGNAL_EVERY_S, CommitSignal, FollowerProcess
 from trellis.adapters.nats.auth import Principal, SecureDir
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.nats.connect import connect_nats
@@ -269,3 +269,29 @@ async def test_in_secure_mode_the_follower_process_connects_as_the_relay(
                 await acme.close()
     finally:
         await asyncio.to_thread(server.stop)
+
+
+async def test_commit_signals_go_out_at_most_once_per_interval() -> None:
+    """Every signal is a send on the intent path's loop: a burst of commits makes one at once
+    and one when the interval is up, naming every domain that committed meanwhile."""
+
+    class Published:
+        def __init__(self) -> None:
+            self.subjects: list[tuple[float, str]] = []
+
+        async def publish(self, subject: str, payload: bytes) -> None:
+            self.subjects.append((asyncio.get_running_loop().time(), subject))
+
+    nc = Published()
+    signal_ = CommitSignal(None, nc, "p")  # type: ignore[arg-type]
+    signal_.notify("a")
+    await asyncio.sleep(0)
+    for domain in ["a", "b", "a", "b", "c"]:
+        signal_.notify(domain)
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(3 * SIGNAL_EVERY_S)
+
+    first, *rest = nc.subjects
+    assert first[1] == "p.internal.committed.a"
+    assert sorted(s for _, s in rest) == [f"p.internal.committed.{d}" for d in "abc"]
+    assert min(at for at, _ in rest) - first[0] >= SIGNAL_EVERY_S * 0.9

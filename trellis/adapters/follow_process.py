@@ -5,7 +5,7 @@ projections, the event relay and the checkpoints (engine/service/follower.py) ru
 process, `python -m trellis.adapters.entrypoints.follow`. Two pieces live on the engine's side:
 
 - `CommitSignal`, the engine's stand-in for its followers: after each commit it publishes an
-  empty core NATS message on `<prefix>.internal.committed.<domain>` (coalesced per loop turn),
+  empty core NATS message on `<prefix>.internal.committed.<domain>` (at most one every 20 ms),
   which wakes that domain's followers over there. A lost signal costs at most the follower's
   poll interval: it looks at the log every second anyway.
 - `FollowerProcess`, which starts the follower process with the engine's endpoints in its
@@ -42,6 +42,8 @@ RESTART_MAX_S = 10.0
 #: A process that ran this long before it exited starts the backoff over.
 STEADY_S = 30.0
 STOP_GRACE_S = 10.0
+#: Seconds between the commit signals the engine sends (commits meanwhile wait for the next).
+SIGNAL_EVERY_S = 0.02
 
 
 def committed_subject(prefix: str, domain: str = "*") -> str:
@@ -51,8 +53,10 @@ def committed_subject(prefix: str, domain: str = "*") -> str:
 
 class CommitSignal(Followers):
     """The engine's followers when they run in the follower process: none here; a commit
-    publishes the wake-up signal instead (each domain once per loop turn, however many commits
-    it made in that turn)."""
+    publishes the wake-up signal instead: at once when none went out in the last
+    SIGNAL_EVERY_S, else once that time is up, each domain once however many commits it made
+    meanwhile. The follower process gathers commits that long anyway, and every signal is a
+    send on the intent path's event loop."""
 
     def __init__(self, log: DomainLog, nc: NATS, prefix: str):
         super().__init__(log, [])
@@ -60,16 +64,19 @@ class CommitSignal(Followers):
         self._prefix = prefix
         self._pending: set[str] = set()
         self._scheduled = False
+        self._sent_at = -SIGNAL_EVERY_S
         self._sending: set[asyncio.Task[None]] = set()
 
     def notify(self, domain: str) -> None:
         self._pending.add(domain)
         if not self._scheduled:
             self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            loop = asyncio.get_running_loop()
+            loop.call_at(max(loop.time(), self._sent_at + SIGNAL_EVERY_S), self._flush)
 
     def _flush(self) -> None:
         self._scheduled = False
+        self._sent_at = asyncio.get_running_loop().time()
         domains, self._pending = self._pending, set()
         task = asyncio.create_task(self._send(domains))
         self._sending.add(task)
