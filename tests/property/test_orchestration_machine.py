@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -111,7 +111,11 @@ class SettlementAudit:
     sagas had in flight then was planned while they were pending, and passes leave pending
     compositions alone). An established composition must be held whole (every circuit and
     binding it reserved), a failed one must hold no binding, nor a circuit the log gave up,
-    unless one of its own undo steps failed (later passes finish the undo, by design).
+    unless one of its own undo steps failed (later passes finish the undo, by design). A
+    commit that says all the hardware must do takes no pass, so an established composition
+    may be released before any other call: then the call that lets it go (a `program` that
+    unbinds it; a failed one's undo always comes before its settlement, and a pass looks
+    first) finds it, and it must still be held whole before that call runs.
     """
 
     def __init__(self, sim: SimulatedFabric) -> None:
@@ -121,6 +125,7 @@ class SettlementAudit:
         self._pending: dict[str, tuple[Composition, int]] = {}  # -> (it, failures seen then)
         self._overlapping: set[str] = set()  # pending together: their undos share circuits
         self._undo_failures: list[FabricBinding | FabricCircuit] = []  # unbinds, removals
+        self._letting_go: Counter[str] = Counter()  # compositions programs in flight unbind
 
     async def create_circuit(
         self, domain: str, circuit: FabricCircuit, *, fence: int | None = None
@@ -157,7 +162,14 @@ class SettlementAudit:
         started: Callable[[FabricChange], None] | None = None,
     ) -> None:
         # Change by change, so each is audited (and each undo step counted) as a call.
-        await program_in_turn(self, domain, changes, fence=fence, started=started)
+        unbound = Counter(
+            {c.binding.composition_id for c in changes if c.op == "unbind" and c.binding}
+        )
+        self._letting_go.update(unbound)
+        try:
+            await program_in_turn(self, domain, changes, fence=fence, started=started)
+        finally:
+            self._letting_go.subtract(unbound)
 
     async def _undoing(self, what: FabricBinding | FabricCircuit, call: Awaitable[None]) -> None:
         try:
@@ -187,7 +199,8 @@ class SettlementAudit:
         for cid in settled:
             composition, since = self._pending.pop(cid)
             circuits = circuits_of(composition)
-            if cid in state.compositions:  # established: released and expiry wait for that
+            # Established: still live, or let go by the call being made (released or expired).
+            if cid in state.compositions or self._letting_go[cid] > 0:
                 missing = [
                     b.device for b in bindings_of(composition) if bound.get((b.device, cid)) != b
                 ]
