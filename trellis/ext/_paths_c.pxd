@@ -167,6 +167,13 @@ ctypedef struct WS:
     DEntry* dheap  # the latency bound's Dijkstra heap
     int32_t targets[64]  # the marked targets when at most _LOWER_BOUND_TARGETS (lower bounds)
     int32_t n_targets
+    int32_t* fan_exits  # per slot: an OCS's exits that pass this round's tests (_fan_exits),
+    uint32_t* fan_round  # per OCS rank: listed at fan_exits + ocs_slots[rank] for this round
+    int32_t* fan_hops  # per OCS rank: and for labels of these hops at its entry
+    int32_t* fan_n  # per OCS rank: exits listed
+    int64_t* fan_cut  # per OCS rank: the least bound of an exit cut (_cut), or _NO_LIMIT
+    int32_t* fan_cut_slot  # per OCS rank: that exit
+    int64_t* fan_cut_next  # per OCS rank: the least bound of any other exit cut
     uint32_t* own_stamp  # per OCS rank: own_flag is this search's
     uint8_t* own_flag  # per OCS rank: the host holds a circuit there
     uint32_t* model_stamp  # per model id: admitted by this search's Selector

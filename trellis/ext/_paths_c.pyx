@@ -154,6 +154,14 @@ cdef class _Workspace:
         self.w.own_flag = <uint8_t*>_alloc(n_ocs, sizeof(uint8_t))
         memset(self.w.own_stamp, 0, (n_ocs if n_ocs > 0 else 1) * sizeof(uint32_t))
         self.w.n_ocs = n_ocs
+        self.w.fan_exits = <int32_t*>_alloc(n_slots, sizeof(int32_t))
+        self.w.fan_round = <uint32_t*>_alloc(n_ocs, sizeof(uint32_t))
+        memset(self.w.fan_round, 0, (n_ocs if n_ocs > 0 else 1) * sizeof(uint32_t))
+        self.w.fan_hops = <int32_t*>_alloc(n_ocs, sizeof(int32_t))
+        self.w.fan_n = <int32_t*>_alloc(n_ocs, sizeof(int32_t))
+        self.w.fan_cut = <int64_t*>_alloc(n_ocs, sizeof(int64_t))
+        self.w.fan_cut_slot = <int32_t*>_alloc(n_ocs, sizeof(int32_t))
+        self.w.fan_cut_next = <int64_t*>_alloc(n_ocs, sizeof(int64_t))
         self.w.model_stamp = <uint32_t*>_alloc(n_models, sizeof(uint32_t))
         memset(self.w.model_stamp, 0, (n_models if n_models > 0 else 1) * sizeof(uint32_t))
         self.w.n_models = n_models
@@ -219,6 +227,13 @@ cdef class _Workspace:
         free(self.w.dheap)
         free(self.w.model_stamp)
         free(self.w.own_stamp)
+        free(self.w.fan_exits)
+        free(self.w.fan_round)
+        free(self.w.fan_hops)
+        free(self.w.fan_n)
+        free(self.w.fan_cut)
+        free(self.w.fan_cut_slot)
+        free(self.w.fan_cut_next)
         free(self.w.own_flag)
         free(self.w.label_hits)
         free(self.w.queue)
@@ -249,6 +264,7 @@ cdef void _next_round(WS* w) noexcept nogil:
         memset(w.settled_stamp, 0, w.n_vertices * sizeof(uint32_t))
         memset(w.pushed_stamp, 0, w.n_vertices * sizeof(uint32_t))
         memset(w.found_stamp, 0, w.n_nodes * sizeof(uint32_t))
+        memset(w.fan_round, 0, (w.n_ocs if w.n_ocs > 0 else 1) * sizeof(uint32_t))
         w.round = 1
 
 
@@ -1003,43 +1019,92 @@ cdef inline void _cut(Query* q, int64_t hops) noexcept nogil:
         q.next_bound = hops
 
 
+cdef void _fan_exits(
+    const FabricData* f, const CondData* c, WS* ws, Query* q, int32_t r, int32_t hops
+) noexcept nogil:
+    """List the exits of OCS rank `r` that a new circuit from an entry label of `hops` may
+    take this round, in port order: those _step would not refuse at once whatever the label
+    (a free port; usable cable and node; bandwidth; a device it may end at; a switch open to
+    the request; and, with the lower bounds but no latency bound, within max_hops of a
+    target). An exit refused for the bound is cut (_cut): the least such bound is kept, and
+    the least of any other exit's, for the entry port is no exit of itself.
+
+    Every entry of the OCS in a round shares these tests (conditions and bounds hold still
+    during a search), so a wide OCS's ports are read once per round and hops, not once per
+    entry label: a cross-pod path enters each OCS on its way over many ports."""
+    cdef bint precut = q.use_lb and not q.bounded
+    cdef int32_t exit_slot, far, link, n = 0, cut_slot = -1
+    cdef int32_t* exits = ws.fan_exits + f.ocs_slots[r]
+    cdef int64_t need, cut = _NO_LIMIT, cut_next = _NO_LIMIT
+    cdef int8_t kind
+    for exit_slot in range(f.ocs_slots[r], f.ocs_slots[r + 1]):
+        if c.circ_other[exit_slot] != NO_CIRCUIT:
+            continue
+        far = f.slot_far[exit_slot]
+        link = f.slot_link[exit_slot]
+        if (c.link_flags[link] | c.node_flags[far]) & UNUSABLE:
+            continue
+        if c.free[link] + _EPSILON < q.bandwidth:
+            continue
+        kind = f.kind[far]
+        if kind == HOST:
+            continue
+        if kind == DEVICE:
+            if q.select:
+                if not _selected(f, c, ws, q, far):
+                    continue
+            elif ws.target_stamp[far] != ws.stamp:
+                continue
+        else:
+            if kind == SWITCH and q.isolation and not _switch_open(c, q, far):
+                continue
+            if precut:
+                need = -1
+                if hops > q.max_hops:
+                    need = hops
+                else:
+                    need = _hops_needed(ws, hops, far)
+                    if need < 0:
+                        continue  # no target within reach from there
+                    if need <= q.max_hops:
+                        need = -1
+                if need >= 0:
+                    if need < cut:
+                        cut_next = cut
+                        cut = need
+                        cut_slot = exit_slot
+                    elif need < cut_next:
+                        cut_next = need
+                    continue
+        exits[n] = exit_slot
+        n += 1
+    ws.fan_round[r] = ws.round
+    ws.fan_hops[r] = hops
+    ws.fan_n[r] = n
+    ws.fan_cut[r] = cut
+    ws.fan_cut_slot[r] = cut_slot
+    ws.fan_cut_next[r] = cut_next
+
+
 cdef int _fan_out(
     const FabricData* f, const CondData* c, WS* ws, Query* q, int32_t x
 ) noexcept nogil:
-    """New circuits from an OCS entry port to every free cabled port. Returns -1 when out of
-    memory."""
+    """New circuits from an OCS entry port to every free cabled port (the exits _fan_exits
+    lists). Returns -1 when out of memory."""
     cdef int32_t s = ws.labels[x].vertex - f.n_nodes
-    cdef int32_t r = f.ocs_rank[f.slot_ocs[s]], exit_slot, far, link
-    cdef int64_t hops = ws.labels[x].hops + 2, need
-    cdef int8_t kind
-    # Most exits of a wide OCS lead away from the targets: cut those here, as _step would
-    # (same tests, same order, same cut), without its call and circuit bookkeeping.
-    cdef bint precut = q.use_lb and not q.bounded
-    for exit_slot in range(f.ocs_slots[r], f.ocs_slots[r + 1]):
-        if exit_slot == s or c.circ_other[exit_slot] != NO_CIRCUIT:
+    cdef int32_t r = f.ocs_rank[f.slot_ocs[s]], i, exit_slot
+    cdef int32_t hops = ws.labels[x].hops + 2
+    cdef const int32_t* exits = ws.fan_exits + f.ocs_slots[r]
+    if ws.fan_round[r] != ws.round or ws.fan_hops[r] != hops:
+        _fan_exits(f, c, ws, q, r, hops)
+    for i in range(ws.fan_n[r]):
+        exit_slot = exits[i]
+        if exit_slot == s:
             continue
-        far = f.slot_far[exit_slot]
-        kind = f.kind[far]
-        if precut and (kind == SWITCH or kind == OCS):
-            link = f.slot_link[exit_slot]
-            if (c.link_flags[link] | c.node_flags[far]) & UNUSABLE:
-                continue
-            if c.free[link] + _EPSILON < q.bandwidth:
-                continue
-            if kind == SWITCH and q.isolation and not _switch_open(c, q, far):
-                continue
-            if hops > q.max_hops:
-                _cut(q, hops)
-                continue
-            need = _hops_needed(ws, hops, far)
-            if need < 0:
-                continue
-            if need > q.max_hops:
-                _cut(q, need)
-                continue
         if _step(f, c, ws, q, x, f.slot_link[exit_slot], f.slot_far[exit_slot],
                  f.slot_far_slot[exit_slot], 2, s, exit_slot, 1) < 0:
             return -1
+    _cut(q, ws.fan_cut_next[r] if ws.fan_cut_slot[r] == s else ws.fan_cut[r])
     return 0
 
 
