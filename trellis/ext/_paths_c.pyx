@@ -1223,24 +1223,50 @@ cdef void _extend_bounds(
 cdef bint _host_bound(
     const FabricData* f, const CondData* c, WS* ws, const Query* q, int64_t reached
 ) noexcept nogil:
-    """Give the host its bound once a neighbour within `reached` hops has one: one more than
-    the least of theirs, as the BFS would give it when it expands that neighbour (the last
-    level before the host, the widest, then need not be expanded)."""
-    cdef int32_t k, u
-    cdef int64_t best = _NO_LIMIT
+    """Give the host its bound once it is certain, every node within `reached` hops having
+    its own: one more than the least of its neighbours', as the BFS would give it when it
+    expands them. A neighbour the BFS has not reached yet (so at least reached + 1 away) has
+    the least of its own neighbours' bounds, plus its hop (2 for an OCS), from those within
+    reached + 1: exact, as any other neighbour is at least reached + 1 away. One with neither
+    is at least reached + 2 away. So the two levels before the host need not be expanded: at
+    hall scale, the one before the host's spines is every pod's OCS."""
+    cdef int32_t k, j, u, w, link
+    cdef int64_t best = _NO_LIMIT, hop
+    cdef int8_t kind
     if ws.lb_stamp[q.host] == ws.stamp:
         return True
     for k in range(f.adj_ptr[q.host], f.adj_ptr[q.host + 1]):
         u = f.adj_far[k]
-        if ws.lb_stamp[u] != ws.stamp or f.kind[u] == HOST or ws.lb[u] >= best:
-            continue
+        kind = f.kind[u]
         # The BFS's step from u back over this cable (_relaxed_step towards a host).
         if c.link_flags[f.adj_link[k]] & UNUSABLE or c.free[f.adj_link[k]] + _EPSILON < q.bandwidth:
             continue
         if f.adj_slot[k] >= 0 and _foreign(c, q, f.adj_slot[k]):
             continue
-        best = ws.lb[u]
-    if best > reached:
+        if ws.lb_stamp[u] == ws.stamp:
+            if kind != HOST and ws.lb[u] < best:
+                best = ws.lb[u]
+            continue
+        # Not reached yet: u's bound from its neighbours, were the BFS to reach u from them.
+        if kind == HOST or kind == DEVICE or c.node_flags[u] & UNUSABLE:
+            continue
+        if kind == SWITCH and q.isolation and not _switch_open(c, q, u):
+            continue
+        hop = 2 if kind == OCS else 1
+        for j in range(f.adj_ptr[u], f.adj_ptr[u + 1]):
+            w = f.adj_far[j]
+            if (ws.lb_stamp[w] != ws.stamp or f.kind[w] == HOST or ws.lb[w] > reached + 1
+                    or ws.lb[w] + hop >= best):
+                continue
+            link = f.adj_link[j]  # _relaxed_step from w back to u
+            if c.link_flags[link] & UNUSABLE or c.free[link] + _EPSILON < q.bandwidth:
+                continue
+            if f.adj_slot[j] >= 0 and _foreign(c, q, f.adj_slot[j]):
+                continue
+            if f.adj_near_slot[j] >= 0 and _foreign(c, q, f.adj_near_slot[j]):
+                continue
+            best = ws.lb[w] + hop
+    if best > reached + 2:
         return False
     ws.lb_stamp[q.host] = ws.stamp
     ws.lb[q.host] = <int32_t>best + 1
@@ -1555,9 +1581,10 @@ cdef void _deepen(const FabricData* f, const CondData* c, WS* ws, Query* q) noex
     bound = ws.lb[q.host]
     while True:
         q.max_hops = bound if bound < q.limit_hops else q.limit_hops
-        # Nodes without a bound then count as max_hops away: any label there is cut, as
-        # the whole BFS would have it.
-        _extend_bounds(f, c, ws, q, q.max_hops - 1)
+        # Nodes without a bound then count as at least max_hops - 1 away: a label there is
+        # cut unless it is one hop from the host (a few; _host_bound read their bounds off
+        # their neighbours, so the level before them need not be expanded).
+        _extend_bounds(f, c, ws, q, q.max_hops - 2)
         q.next_bound = _NO_LIMIT
         _search(f, c, ws, q)
         if q.out_of_memory or q.error_slot >= 0 or q.max_hops >= q.limit_hops:
