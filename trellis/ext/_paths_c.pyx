@@ -151,7 +151,6 @@ cdef class _Workspace:
     def __cinit__(self, int32_t n_nodes, int32_t n_slots, int32_t n_models, int32_t n_ocs):
         memset(&self.w, 0, sizeof(WS))
         self.w.own_stamp = <uint32_t*>_alloc(n_ocs, sizeof(uint32_t))
-        self.w.own_flag = <uint8_t*>_alloc(n_ocs, sizeof(uint8_t))
         memset(self.w.own_stamp, 0, (n_ocs if n_ocs > 0 else 1) * sizeof(uint32_t))
         self.w.n_ocs = n_ocs
         self.w.fan_exits = <int32_t*>_alloc(n_slots, sizeof(int32_t))
@@ -234,7 +233,6 @@ cdef class _Workspace:
         free(self.w.fan_cut)
         free(self.w.fan_cut_slot)
         free(self.w.fan_cut_next)
-        free(self.w.own_flag)
         free(self.w.label_hits)
         free(self.w.queue)
 
@@ -580,6 +578,7 @@ cdef class _ConditionArrays:
         self._users = {}
         self._holders = {}
         self._dangling = {}
+        self._owned = {}
         self._journal = None
         self._load(conditions)
 
@@ -644,6 +643,7 @@ cdef class _ConditionArrays:
             self._journal.append(
                 (3, s, self.c.circ_other[slot], self.c.circ_owner[slot], self._dangling.get(s))
             )
+        self._count_owner(slot, -1)
         if other is None and owner is None:
             self.c.circ_other[slot] = NO_CIRCUIT
             self.c.circ_owner[slot] = NOBODY
@@ -659,6 +659,23 @@ cdef class _ConditionArrays:
             self._dangling.pop(s, None)
         w = f._node_index.get(owner)
         self.c.circ_owner[slot] = NOBODY if w is None else <int32_t>w
+        self._count_owner(slot, 1)
+
+    cdef _count_owner(self, int32_t slot, int delta):
+        """Count the circuit on `slot` (if any) in or out of its owner's tally per OCS, which
+        _run reads so that the search knows at once where the host holds circuits."""
+        cdef int32_t owner = self.c.circ_owner[slot]
+        if self.c.circ_other[slot] == NO_CIRCUIT or owner < 0:
+            return
+        rank = self.fabric.d.ocs_rank[self.fabric.d.slot_ocs[slot]]
+        tally = self._owned.setdefault(owner, {})
+        held = tally.get(rank, 0) + delta
+        if held:
+            tally[rank] = held
+        else:
+            del tally[rank]
+            if not tally:
+                del self._owned[owner]
 
     cdef _set_tenants(self, dict table, i, tenants, bint exclusive):
         cdef int32_t node = i
@@ -778,18 +795,10 @@ cdef inline bint _on_path(const int32_t* nodes, int32_t depth, int32_t node) noe
     return False
 
 
-cdef bint _owns(const FabricData* f, const CondData* c, WS* ws, const Query* q,
-                int32_t ocs) noexcept nogil:
-    """Whether the host holds a circuit on any port of ``ocs`` (found once per search)."""
-    cdef int32_t r = f.ocs_rank[ocs], s
-    if ws.own_stamp[r] != ws.stamp:
-        ws.own_stamp[r] = ws.stamp
-        ws.own_flag[r] = 0
-        for s in range(f.ocs_slots[r], f.ocs_slots[r + 1]):
-            if c.circ_other[s] != NO_CIRCUIT and c.circ_owner[s] == q.host:
-                ws.own_flag[r] = 1
-                break
-    return ws.own_flag[r]
+cdef inline bint _owns(const FabricData* f, const CondData* c, WS* ws, const Query* q,
+                       int32_t ocs) noexcept nogil:
+    """Whether the host holds a circuit on any port of ``ocs`` (marked by _run)."""
+    return ws.own_stamp[f.ocs_rank[ocs]] == ws.stamp
 
 
 cdef bint _ocs_covered(
@@ -1614,6 +1623,8 @@ cdef _run(Fabric fabric, _ConditionArrays live, WS* ws, Query* q, int32_t n_mark
     q.use_lb = 0 < n_marked <= _LOWER_BOUND_TARGETS and not live._dangling
     q.use_lat_lb = 0
     q.limit_hops = q.max_hops
+    for r in live._owned.get(q.host, ()):
+        ws.own_stamp[<int32_t>r] = ws.stamp
     with nogil:
         if not q.use_lb:
             _search(&fabric.d, &live.c, ws, q)
