@@ -174,6 +174,7 @@ ctypedef struct WS:
     int64_t* fan_cut  # per OCS rank: the least bound of an exit cut (_cut), or _NO_LIMIT
     int32_t* fan_cut_slot  # per OCS rank: that exit
     int64_t* fan_cut_next  # per OCS rank: the least bound of any other exit cut
+    int64_t* fan_cut_latency  # per OCS rank: the least latency on from the entry of an exit cut
     uint32_t* own_stamp  # per OCS rank: the host holds a circuit there (set by _run)
     uint32_t* model_stamp  # per model id: admitted by this search's Selector
     int32_t* label_hits  # per node: labels of this search's Selector it carries

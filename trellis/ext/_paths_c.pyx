@@ -161,6 +161,7 @@ cdef class _Workspace:
         self.w.fan_cut = <int64_t*>_alloc(n_ocs, sizeof(int64_t))
         self.w.fan_cut_slot = <int32_t*>_alloc(n_ocs, sizeof(int32_t))
         self.w.fan_cut_next = <int64_t*>_alloc(n_ocs, sizeof(int64_t))
+        self.w.fan_cut_latency = <int64_t*>_alloc(n_ocs, sizeof(int64_t))
         self.w.model_stamp = <uint32_t*>_alloc(n_models, sizeof(uint32_t))
         memset(self.w.model_stamp, 0, (n_models if n_models > 0 else 1) * sizeof(uint32_t))
         self.w.n_models = n_models
@@ -233,6 +234,7 @@ cdef class _Workspace:
         free(self.w.fan_cut)
         free(self.w.fan_cut_slot)
         free(self.w.fan_cut_next)
+        free(self.w.fan_cut_latency)
         free(self.w.label_hits)
         free(self.w.queue)
 
@@ -1034,17 +1036,18 @@ cdef void _fan_exits(
     """List the exits of OCS rank `r` that a new circuit from an entry label of `hops` may
     take this round, in port order: those _step would not refuse at once whatever the label
     (a free port; usable cable and node; bandwidth; a device it may end at; a switch open to
-    the request; and, with the lower bounds but no latency bound, within max_hops of a
-    target). An exit refused for the bound is cut (_cut): the least such bound is kept, and
-    the least of any other exit's, for the entry port is no exit of itself.
+    the request; with the lower bounds, within max_hops of a target; with the latency
+    bounds, some target within max_latency_ns). An exit refused for the hop bound is cut
+    (_cut): the least such bound is kept, and the least of any other exit's, for the entry
+    port is no exit of itself; and the least latency one of them adds, for _step cuts only
+    what is within the latency bound.
 
     Every entry of the OCS in a round shares these tests (conditions and bounds hold still
     during a search), so a wide OCS's ports are read once per round and hops, not once per
     entry label: a cross-pod path enters each OCS on its way over many ports."""
-    cdef bint precut = q.use_lb and not q.bounded
     cdef int32_t exit_slot, far, link, n = 0, cut_slot = -1
     cdef int32_t* exits = ws.fan_exits + f.ocs_slots[r]
-    cdef int64_t need, cut = _NO_LIMIT, cut_next = _NO_LIMIT
+    cdef int64_t need, cut = _NO_LIMIT, cut_next = _NO_LIMIT, latency, cut_latency = _NO_LIMIT
     cdef int8_t kind
     for exit_slot in range(f.ocs_slots[r], f.ocs_slots[r + 1]):
         if c.circ_other[exit_slot] != NO_CIRCUIT:
@@ -1067,7 +1070,12 @@ cdef void _fan_exits(
         else:
             if kind == SWITCH and q.isolation and not _switch_open(c, q, far):
                 continue
-            if precut:
+            latency = f.link_lat[link] + f.node_lat[far]
+            if q.use_lat_lb:
+                if ws.lat_stamp[far] != ws.stamp:
+                    continue  # no target within the latency bound from there
+                latency += ws.lat_lb[far]
+            if q.use_lb:
                 need = -1
                 if hops > q.max_hops:
                     need = hops
@@ -1084,6 +1092,8 @@ cdef void _fan_exits(
                         cut_slot = exit_slot
                     elif need < cut_next:
                         cut_next = need
+                    if latency < cut_latency:
+                        cut_latency = latency
                     continue
         exits[n] = exit_slot
         n += 1
@@ -1093,27 +1103,57 @@ cdef void _fan_exits(
     ws.fan_cut[r] = cut
     ws.fan_cut_slot[r] = cut_slot
     ws.fan_cut_next[r] = cut_next
+    ws.fan_cut_latency[r] = cut_latency
 
 
 cdef int _fan_out(
     const FabricData* f, const CondData* c, WS* ws, Query* q, int32_t x
 ) noexcept nogil:
     """New circuits from an OCS entry port to every free cabled port (the exits _fan_exits
-    lists). Returns -1 when out of memory."""
-    cdef int32_t s = ws.labels[x].vertex - f.n_nodes
-    cdef int32_t r = f.ocs_rank[f.slot_ocs[s]], i, exit_slot
-    cdef int32_t hops = ws.labels[x].hops + 2
+    lists). Returns -1 when out of memory.
+
+    _fan_exits made every test of _step on a switch or OCS exit that does not depend on the
+    label; the one that settles most (many entries of an OCS reach the same exits) is the
+    last, the smallest label pushed at the far end (see _step): it is made here first, as
+    _step would make it, so that most of a wide fan-out costs no call. Exits cut for the
+    hop bound are cut as _step would, with a latency bound only if one of them is within it
+    (if the least bound is not among those, the next round is only sooner)."""
+    cdef const Label* lx = &ws.labels[x]
+    cdef const Label* a
+    cdef int32_t s = lx.vertex - f.n_nodes
+    cdef int32_t r = f.ocs_rank[f.slot_ocs[s]], i, exit_slot, far, vertex
+    cdef int32_t hops = lx.hops + 2
     cdef const int32_t* exits = ws.fan_exits + f.ocs_slots[r]
+    cdef bint exact = f.n_ocs <= 64
+    cdef int64_t latency
+    cdef uint64_t mask
+    cdef int8_t kind
     if ws.fan_round[r] != ws.round or ws.fan_hops[r] != hops:
         _fan_exits(f, c, ws, q, r, hops)
     for i in range(ws.fan_n[r]):
         exit_slot = exits[i]
         if exit_slot == s:
             continue
-        if _step(f, c, ws, q, x, f.slot_link[exit_slot], f.slot_far[exit_slot],
+        far = f.slot_far[exit_slot]
+        kind = f.kind[far]
+        if exact and kind != DEVICE:
+            vertex = far if kind == SWITCH else f.n_nodes + f.slot_far_slot[exit_slot]
+            if ws.pushed_stamp[vertex] == ws.round:
+                a = &ws.labels[ws.pushed_label[vertex]]
+                latency = lx.latency + f.link_lat[f.slot_link[exit_slot]] + f.node_lat[far]
+                mask = lx.mask
+                if kind == OCS:
+                    mask |= (<uint64_t>1) << (f.ocs_rank[far] & 63)
+                if ((a.hops < hops or (a.hops == hops and a.latency < latency))
+                        and (not q.bounded or a.latency <= latency)
+                        and (a.mask & ~mask & ~a.free_mask) == 0):
+                    continue
+        if _step(f, c, ws, q, x, f.slot_link[exit_slot], far,
                  f.slot_far_slot[exit_slot], 2, s, exit_slot, 1) < 0:
             return -1
-    _cut(q, ws.fan_cut_next[r] if ws.fan_cut_slot[r] == s else ws.fan_cut[r])
+        lx = &ws.labels[x]  # the labels may have moved
+    if not q.bounded or lx.latency + ws.fan_cut_latency[r] <= q.max_latency:
+        _cut(q, ws.fan_cut_next[r] if ws.fan_cut_slot[r] == s else ws.fan_cut[r])
     return 0
 
 
