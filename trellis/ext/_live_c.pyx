@@ -85,8 +85,10 @@ cdef class LiveConditions(_ConditionArrays):
                         self._track(entry[1], entry[2])
                 elif what == 3:
                     s = entry[1]
+                    self._count_owner(s, -1)
                     self.c.circ_other[<int32_t>s] = entry[2]
                     self.c.circ_owner[<int32_t>s] = entry[3]
+                    self._count_owner(s, 1)
                     if entry[4] is None:
                         self._dangling.pop(s, None)
                     else:

@@ -167,8 +167,15 @@ ctypedef struct WS:
     DEntry* dheap  # the latency bound's Dijkstra heap
     int32_t targets[64]  # the marked targets when at most _LOWER_BOUND_TARGETS (lower bounds)
     int32_t n_targets
-    uint32_t* own_stamp  # per OCS rank: own_flag is this search's
-    uint8_t* own_flag  # per OCS rank: the host holds a circuit there
+    int32_t* fan_exits  # per slot: an OCS's exits that pass this round's tests (_fan_exits),
+    uint32_t* fan_round  # per OCS rank: listed at fan_exits + ocs_slots[rank] for this round
+    int32_t* fan_hops  # per OCS rank: and for labels of these hops at its entry
+    int32_t* fan_n  # per OCS rank: exits listed
+    int64_t* fan_cut  # per OCS rank: the least bound of an exit cut (_cut), or _NO_LIMIT
+    int32_t* fan_cut_slot  # per OCS rank: that exit
+    int64_t* fan_cut_next  # per OCS rank: the least bound of any other exit cut
+    int64_t* fan_cut_latency  # per OCS rank: the least latency on from the entry of an exit cut
+    uint32_t* own_stamp  # per OCS rank: the host holds a circuit there (set by _run)
     uint32_t* model_stamp  # per model id: admitted by this search's Selector
     int32_t* label_hits  # per node: labels of this search's Selector it carries
     int64_t dheap_cap
@@ -224,10 +231,12 @@ cdef class _ConditionArrays:
     cdef dict _users  # node index -> {tenant: count}
     cdef dict _holders
     cdef dict _dangling  # slot -> the other port as given, for the reference's KeyError
+    cdef dict _owned  # owner node index -> {OCS rank: its circuit ports there}
     cdef list _journal  # None, or the undo entries since the outermost checkpoint
 
     cdef _load(self, conditions)
     cdef _set_slot(self, s, other, owner)
+    cdef _count_owner(self, int32_t slot, int delta)
     cdef _set_tenants(self, dict table, i, tenants, bint exclusive)
     cdef int32_t _tenant(self, tenant)
 

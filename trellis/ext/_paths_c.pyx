@@ -151,9 +151,17 @@ cdef class _Workspace:
     def __cinit__(self, int32_t n_nodes, int32_t n_slots, int32_t n_models, int32_t n_ocs):
         memset(&self.w, 0, sizeof(WS))
         self.w.own_stamp = <uint32_t*>_alloc(n_ocs, sizeof(uint32_t))
-        self.w.own_flag = <uint8_t*>_alloc(n_ocs, sizeof(uint8_t))
         memset(self.w.own_stamp, 0, (n_ocs if n_ocs > 0 else 1) * sizeof(uint32_t))
         self.w.n_ocs = n_ocs
+        self.w.fan_exits = <int32_t*>_alloc(n_slots, sizeof(int32_t))
+        self.w.fan_round = <uint32_t*>_alloc(n_ocs, sizeof(uint32_t))
+        memset(self.w.fan_round, 0, (n_ocs if n_ocs > 0 else 1) * sizeof(uint32_t))
+        self.w.fan_hops = <int32_t*>_alloc(n_ocs, sizeof(int32_t))
+        self.w.fan_n = <int32_t*>_alloc(n_ocs, sizeof(int32_t))
+        self.w.fan_cut = <int64_t*>_alloc(n_ocs, sizeof(int64_t))
+        self.w.fan_cut_slot = <int32_t*>_alloc(n_ocs, sizeof(int32_t))
+        self.w.fan_cut_next = <int64_t*>_alloc(n_ocs, sizeof(int64_t))
+        self.w.fan_cut_latency = <int64_t*>_alloc(n_ocs, sizeof(int64_t))
         self.w.model_stamp = <uint32_t*>_alloc(n_models, sizeof(uint32_t))
         memset(self.w.model_stamp, 0, (n_models if n_models > 0 else 1) * sizeof(uint32_t))
         self.w.n_models = n_models
@@ -219,7 +227,14 @@ cdef class _Workspace:
         free(self.w.dheap)
         free(self.w.model_stamp)
         free(self.w.own_stamp)
-        free(self.w.own_flag)
+        free(self.w.fan_exits)
+        free(self.w.fan_round)
+        free(self.w.fan_hops)
+        free(self.w.fan_n)
+        free(self.w.fan_cut)
+        free(self.w.fan_cut_slot)
+        free(self.w.fan_cut_next)
+        free(self.w.fan_cut_latency)
         free(self.w.label_hits)
         free(self.w.queue)
 
@@ -249,6 +264,7 @@ cdef void _next_round(WS* w) noexcept nogil:
         memset(w.settled_stamp, 0, w.n_vertices * sizeof(uint32_t))
         memset(w.pushed_stamp, 0, w.n_vertices * sizeof(uint32_t))
         memset(w.found_stamp, 0, w.n_nodes * sizeof(uint32_t))
+        memset(w.fan_round, 0, (w.n_ocs if w.n_ocs > 0 else 1) * sizeof(uint32_t))
         w.round = 1
 
 
@@ -564,6 +580,7 @@ cdef class _ConditionArrays:
         self._users = {}
         self._holders = {}
         self._dangling = {}
+        self._owned = {}
         self._journal = None
         self._load(conditions)
 
@@ -628,6 +645,7 @@ cdef class _ConditionArrays:
             self._journal.append(
                 (3, s, self.c.circ_other[slot], self.c.circ_owner[slot], self._dangling.get(s))
             )
+        self._count_owner(slot, -1)
         if other is None and owner is None:
             self.c.circ_other[slot] = NO_CIRCUIT
             self.c.circ_owner[slot] = NOBODY
@@ -643,6 +661,23 @@ cdef class _ConditionArrays:
             self._dangling.pop(s, None)
         w = f._node_index.get(owner)
         self.c.circ_owner[slot] = NOBODY if w is None else <int32_t>w
+        self._count_owner(slot, 1)
+
+    cdef _count_owner(self, int32_t slot, int delta):
+        """Count the circuit on `slot` (if any) in or out of its owner's tally per OCS, which
+        _run reads so that the search knows at once where the host holds circuits."""
+        cdef int32_t owner = self.c.circ_owner[slot]
+        if self.c.circ_other[slot] == NO_CIRCUIT or owner < 0:
+            return
+        rank = self.fabric.d.ocs_rank[self.fabric.d.slot_ocs[slot]]
+        tally = self._owned.setdefault(owner, {})
+        held = tally.get(rank, 0) + delta
+        if held:
+            tally[rank] = held
+        else:
+            del tally[rank]
+            if not tally:
+                del self._owned[owner]
 
     cdef _set_tenants(self, dict table, i, tenants, bint exclusive):
         cdef int32_t node = i
@@ -762,18 +797,10 @@ cdef inline bint _on_path(const int32_t* nodes, int32_t depth, int32_t node) noe
     return False
 
 
-cdef bint _owns(const FabricData* f, const CondData* c, WS* ws, const Query* q,
-                int32_t ocs) noexcept nogil:
-    """Whether the host holds a circuit on any port of ``ocs`` (found once per search)."""
-    cdef int32_t r = f.ocs_rank[ocs], s
-    if ws.own_stamp[r] != ws.stamp:
-        ws.own_stamp[r] = ws.stamp
-        ws.own_flag[r] = 0
-        for s in range(f.ocs_slots[r], f.ocs_slots[r + 1]):
-            if c.circ_other[s] != NO_CIRCUIT and c.circ_owner[s] == q.host:
-                ws.own_flag[r] = 1
-                break
-    return ws.own_flag[r]
+cdef inline bint _owns(const FabricData* f, const CondData* c, WS* ws, const Query* q,
+                       int32_t ocs) noexcept nogil:
+    """Whether the host holds a circuit on any port of ``ocs`` (marked by _run)."""
+    return ws.own_stamp[f.ocs_rank[ocs]] == ws.stamp
 
 
 cdef bint _ocs_covered(
@@ -1003,43 +1030,130 @@ cdef inline void _cut(Query* q, int64_t hops) noexcept nogil:
         q.next_bound = hops
 
 
+cdef void _fan_exits(
+    const FabricData* f, const CondData* c, WS* ws, Query* q, int32_t r, int32_t hops
+) noexcept nogil:
+    """List the exits of OCS rank `r` that a new circuit from an entry label of `hops` may
+    take this round, in port order: those _step would not refuse at once whatever the label
+    (a free port; usable cable and node; bandwidth; a device it may end at; a switch open to
+    the request; with the lower bounds, within max_hops of a target; with the latency
+    bounds, some target within max_latency_ns). An exit refused for the hop bound is cut
+    (_cut): the least such bound is kept, and the least of any other exit's, for the entry
+    port is no exit of itself; and the least latency one of them adds, for _step cuts only
+    what is within the latency bound.
+
+    Every entry of the OCS in a round shares these tests (conditions and bounds hold still
+    during a search), so a wide OCS's ports are read once per round and hops, not once per
+    entry label: a cross-pod path enters each OCS on its way over many ports."""
+    cdef int32_t exit_slot, far, link, n = 0, cut_slot = -1
+    cdef int32_t* exits = ws.fan_exits + f.ocs_slots[r]
+    cdef int64_t need, cut = _NO_LIMIT, cut_next = _NO_LIMIT, latency, cut_latency = _NO_LIMIT
+    cdef int8_t kind
+    for exit_slot in range(f.ocs_slots[r], f.ocs_slots[r + 1]):
+        if c.circ_other[exit_slot] != NO_CIRCUIT:
+            continue
+        far = f.slot_far[exit_slot]
+        link = f.slot_link[exit_slot]
+        if (c.link_flags[link] | c.node_flags[far]) & UNUSABLE:
+            continue
+        if c.free[link] + _EPSILON < q.bandwidth:
+            continue
+        kind = f.kind[far]
+        if kind == HOST:
+            continue
+        if kind == DEVICE:
+            if q.select:
+                if not _selected(f, c, ws, q, far):
+                    continue
+            elif ws.target_stamp[far] != ws.stamp:
+                continue
+        else:
+            if kind == SWITCH and q.isolation and not _switch_open(c, q, far):
+                continue
+            latency = f.link_lat[link] + f.node_lat[far]
+            if q.use_lat_lb:
+                if ws.lat_stamp[far] != ws.stamp:
+                    continue  # no target within the latency bound from there
+                latency += ws.lat_lb[far]
+            if q.use_lb:
+                need = -1
+                if hops > q.max_hops:
+                    need = hops
+                else:
+                    need = _hops_needed(ws, hops, far)
+                    if need < 0:
+                        continue  # no target within reach from there
+                    if need <= q.max_hops:
+                        need = -1
+                if need >= 0:
+                    if need < cut:
+                        cut_next = cut
+                        cut = need
+                        cut_slot = exit_slot
+                    elif need < cut_next:
+                        cut_next = need
+                    if latency < cut_latency:
+                        cut_latency = latency
+                    continue
+        exits[n] = exit_slot
+        n += 1
+    ws.fan_round[r] = ws.round
+    ws.fan_hops[r] = hops
+    ws.fan_n[r] = n
+    ws.fan_cut[r] = cut
+    ws.fan_cut_slot[r] = cut_slot
+    ws.fan_cut_next[r] = cut_next
+    ws.fan_cut_latency[r] = cut_latency
+
+
 cdef int _fan_out(
     const FabricData* f, const CondData* c, WS* ws, Query* q, int32_t x
 ) noexcept nogil:
-    """New circuits from an OCS entry port to every free cabled port. Returns -1 when out of
-    memory."""
-    cdef int32_t s = ws.labels[x].vertex - f.n_nodes
-    cdef int32_t r = f.ocs_rank[f.slot_ocs[s]], exit_slot, far, link
-    cdef int64_t hops = ws.labels[x].hops + 2, need
+    """New circuits from an OCS entry port to every free cabled port (the exits _fan_exits
+    lists). Returns -1 when out of memory.
+
+    _fan_exits made every test of _step on a switch or OCS exit that does not depend on the
+    label; the one that settles most (many entries of an OCS reach the same exits) is the
+    last, the smallest label pushed at the far end (see _step): it is made here first, as
+    _step would make it, so that most of a wide fan-out costs no call. Exits cut for the
+    hop bound are cut as _step would, with a latency bound only if one of them is within it
+    (if the least bound is not among those, the next round is only sooner)."""
+    cdef const Label* lx = &ws.labels[x]
+    cdef const Label* a
+    cdef int32_t s = lx.vertex - f.n_nodes
+    cdef int32_t r = f.ocs_rank[f.slot_ocs[s]], i, exit_slot, far, vertex
+    cdef int32_t hops = lx.hops + 2
+    cdef const int32_t* exits = ws.fan_exits + f.ocs_slots[r]
+    cdef bint exact = f.n_ocs <= 64
+    cdef int64_t latency
+    cdef uint64_t mask
     cdef int8_t kind
-    # Most exits of a wide OCS lead away from the targets: cut those here, as _step would
-    # (same tests, same order, same cut), without its call and circuit bookkeeping.
-    cdef bint precut = q.use_lb and not q.bounded
-    for exit_slot in range(f.ocs_slots[r], f.ocs_slots[r + 1]):
-        if exit_slot == s or c.circ_other[exit_slot] != NO_CIRCUIT:
+    if ws.fan_round[r] != ws.round or ws.fan_hops[r] != hops:
+        _fan_exits(f, c, ws, q, r, hops)
+    for i in range(ws.fan_n[r]):
+        exit_slot = exits[i]
+        if exit_slot == s:
             continue
         far = f.slot_far[exit_slot]
         kind = f.kind[far]
-        if precut and (kind == SWITCH or kind == OCS):
-            link = f.slot_link[exit_slot]
-            if (c.link_flags[link] | c.node_flags[far]) & UNUSABLE:
-                continue
-            if c.free[link] + _EPSILON < q.bandwidth:
-                continue
-            if kind == SWITCH and q.isolation and not _switch_open(c, q, far):
-                continue
-            if hops > q.max_hops:
-                _cut(q, hops)
-                continue
-            need = _hops_needed(ws, hops, far)
-            if need < 0:
-                continue
-            if need > q.max_hops:
-                _cut(q, need)
-                continue
-        if _step(f, c, ws, q, x, f.slot_link[exit_slot], f.slot_far[exit_slot],
+        if exact and kind != DEVICE:
+            vertex = far if kind == SWITCH else f.n_nodes + f.slot_far_slot[exit_slot]
+            if ws.pushed_stamp[vertex] == ws.round:
+                a = &ws.labels[ws.pushed_label[vertex]]
+                latency = lx.latency + f.link_lat[f.slot_link[exit_slot]] + f.node_lat[far]
+                mask = lx.mask
+                if kind == OCS:
+                    mask |= (<uint64_t>1) << (f.ocs_rank[far] & 63)
+                if ((a.hops < hops or (a.hops == hops and a.latency < latency))
+                        and (not q.bounded or a.latency <= latency)
+                        and (a.mask & ~mask & ~a.free_mask) == 0):
+                    continue
+        if _step(f, c, ws, q, x, f.slot_link[exit_slot], far,
                  f.slot_far_slot[exit_slot], 2, s, exit_slot, 1) < 0:
             return -1
+        lx = &ws.labels[x]  # the labels may have moved
+    if not q.bounded or lx.latency + ws.fan_cut_latency[r] <= q.max_latency:
+        _cut(q, ws.fan_cut_next[r] if ws.fan_cut_slot[r] == s else ws.fan_cut[r])
     return 0
 
 
@@ -1158,24 +1272,50 @@ cdef void _extend_bounds(
 cdef bint _host_bound(
     const FabricData* f, const CondData* c, WS* ws, const Query* q, int64_t reached
 ) noexcept nogil:
-    """Give the host its bound once a neighbour within `reached` hops has one: one more than
-    the least of theirs, as the BFS would give it when it expands that neighbour (the last
-    level before the host, the widest, then need not be expanded)."""
-    cdef int32_t k, u
-    cdef int64_t best = _NO_LIMIT
+    """Give the host its bound once it is certain, every node within `reached` hops having
+    its own: one more than the least of its neighbours', as the BFS would give it when it
+    expands them. A neighbour the BFS has not reached yet (so at least reached + 1 away) has
+    the least of its own neighbours' bounds, plus its hop (2 for an OCS), from those within
+    reached + 1: exact, as any other neighbour is at least reached + 1 away. One with neither
+    is at least reached + 2 away. So the two levels before the host need not be expanded: at
+    hall scale, the one before the host's spines is every pod's OCS."""
+    cdef int32_t k, j, u, w, link
+    cdef int64_t best = _NO_LIMIT, hop
+    cdef int8_t kind
     if ws.lb_stamp[q.host] == ws.stamp:
         return True
     for k in range(f.adj_ptr[q.host], f.adj_ptr[q.host + 1]):
         u = f.adj_far[k]
-        if ws.lb_stamp[u] != ws.stamp or f.kind[u] == HOST or ws.lb[u] >= best:
-            continue
+        kind = f.kind[u]
         # The BFS's step from u back over this cable (_relaxed_step towards a host).
         if c.link_flags[f.adj_link[k]] & UNUSABLE or c.free[f.adj_link[k]] + _EPSILON < q.bandwidth:
             continue
         if f.adj_slot[k] >= 0 and _foreign(c, q, f.adj_slot[k]):
             continue
-        best = ws.lb[u]
-    if best > reached:
+        if ws.lb_stamp[u] == ws.stamp:
+            if kind != HOST and ws.lb[u] < best:
+                best = ws.lb[u]
+            continue
+        # Not reached yet: u's bound from its neighbours, were the BFS to reach u from them.
+        if kind == HOST or kind == DEVICE or c.node_flags[u] & UNUSABLE:
+            continue
+        if kind == SWITCH and q.isolation and not _switch_open(c, q, u):
+            continue
+        hop = 2 if kind == OCS else 1
+        for j in range(f.adj_ptr[u], f.adj_ptr[u + 1]):
+            w = f.adj_far[j]
+            if (ws.lb_stamp[w] != ws.stamp or f.kind[w] == HOST or ws.lb[w] > reached + 1
+                    or ws.lb[w] + hop >= best):
+                continue
+            link = f.adj_link[j]  # _relaxed_step from w back to u
+            if c.link_flags[link] & UNUSABLE or c.free[link] + _EPSILON < q.bandwidth:
+                continue
+            if f.adj_slot[j] >= 0 and _foreign(c, q, f.adj_slot[j]):
+                continue
+            if f.adj_near_slot[j] >= 0 and _foreign(c, q, f.adj_near_slot[j]):
+                continue
+            best = ws.lb[w] + hop
+    if best > reached + 2:
         return False
     ws.lb_stamp[q.host] = ws.stamp
     ws.lb[q.host] = <int32_t>best + 1
@@ -1490,9 +1630,10 @@ cdef void _deepen(const FabricData* f, const CondData* c, WS* ws, Query* q) noex
     bound = ws.lb[q.host]
     while True:
         q.max_hops = bound if bound < q.limit_hops else q.limit_hops
-        # Nodes without a bound then count as max_hops away: any label there is cut, as
-        # the whole BFS would have it.
-        _extend_bounds(f, c, ws, q, q.max_hops - 1)
+        # Nodes without a bound then count as at least max_hops - 1 away: a label there is
+        # cut unless it is one hop from the host (a few; _host_bound read their bounds off
+        # their neighbours, so the level before them need not be expanded).
+        _extend_bounds(f, c, ws, q, q.max_hops - 2)
         q.next_bound = _NO_LIMIT
         _search(f, c, ws, q)
         if q.out_of_memory or q.error_slot >= 0 or q.max_hops >= q.limit_hops:
@@ -1522,6 +1663,8 @@ cdef _run(Fabric fabric, _ConditionArrays live, WS* ws, Query* q, int32_t n_mark
     q.use_lb = 0 < n_marked <= _LOWER_BOUND_TARGETS and not live._dangling
     q.use_lat_lb = 0
     q.limit_hops = q.max_hops
+    for r in live._owned.get(q.host, ()):
+        ws.own_stamp[<int32_t>r] = ws.stamp
     with nogil:
         if not q.use_lb:
             _search(&fabric.d, &live.c, ws, q)
