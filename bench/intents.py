@@ -17,7 +17,7 @@ committed Postgres transactions, as ratios to two floors measured in the same ru
 - the engine (`adapters.bootstrap.engine_on`: Postgres log, projections, NATS intake) drives a
   SimulatedFabric on a state file, as `trellis up` does (`--fabric-memory`: in memory only). A
   compose is answered after its saga settled it: two commits and the hardware's durable write;
-  a release is one commit, answered once the hardware was asked to let go.
+  a release is one commit (the hardware lets go after the reply).
 - serial: one client composes (1 GPU) and releases, pair after pair, on a fabric of 8 racks
   joined by one OCS (`--racks`), and on the project's own fabric (examples/fabric.json).
 - load: 8 and 64 clients (`--concurrency`), each composing and releasing in a loop for a

@@ -182,20 +182,25 @@ async def test_release_and_expiry_take_the_paths_off_the_hardware(
     assert [(b.device, b.composition_id) for b in unbound] == [("gpu-02", cid)]
 
 
-async def test_a_release_is_answered_once_the_hardware_let_go(
+async def test_a_compose_after_a_release_waits_for_its_let_go(
     h: Harness, sim: SimulatedFabric
 ) -> None:
-    """So the releaser's next compose does not wait behind that write."""
-    cid = expect_ok(await compose(h, A100))["composition_id"]
+    """The release is answered once recorded; its let-go call starts at the commit, and the
+    next saga waits for it, so the device it frees is free before it is bound again."""
+    first = expect_ok(await compose(h, A100))["composition_id"]
     await in_step(h, sim)
-    sim.latency = {"snapshot": 0.3}  # a pass, were one needed, would let go only after it
+    sim.latency = {"unbind": 0.2, "snapshot": 0.3}  # a pass, were one needed, comes later
 
-    expect_ok(await h.client.intent(DOMAIN, "acme", "release", {"composition_id": cid}))
+    expect_ok(await h.client.intent(DOMAIN, "acme", "release", {"composition_id": first}))
+    again = expect_ok(await compose(h, A100))
 
-    let_go = [(op, args[0]) for op, _, args in sim.calls if op in ("unbind", "remove_circuit")]
-    assert [op for op, _ in let_go] == ["unbind", "remove_circuit"]
-    assert let_go[0][1].composition_id == cid
-    assert await in_step(h, sim) == ([], [])
+    assert again["state"] == "active"
+    assert await in_step(h, sim) == ([CIRCUIT], ["gpu-02@host-01"])
+    calls = [(op, args[0]) for op, _, args in sim.calls if op in ("unbind", "bind")]
+    assert [(op, b.composition_id) for op, b in calls[-2:]] == [
+        ("unbind", first),
+        ("bind", again["composition_id"]),
+    ]
 
 
 async def test_composes_and_releases_in_step_need_no_pass(h: Harness, sim: SimulatedFabric) -> None:

@@ -26,7 +26,6 @@ from trellis.engine.core.intents import (
     InvalidIntent,
     Query,
     RecordCheckpoint,
-    Release,
     decode_intent,
 )
 from trellis.engine.core.records import Head
@@ -48,7 +47,7 @@ from trellis.engine.service.ports import (
     Telemetry,
 )
 from trellis.engine.service.saga import FabricSync
-from trellis.engine.service.settled import once_let_go, once_settled
+from trellis.engine.service.settled import once_settled
 
 _encode = msgspec.json.Encoder().encode
 MAX_BUCKETS = 10_000  # tenants' rate buckets kept before the refilled ones are forgotten
@@ -266,6 +265,4 @@ class Engine:
         reply = await served.writer.request(tenant or OPERATOR, verb, intent, family)
         if isinstance(intent, Compose | Apply):  # an apply composes: answered once settled too
             return await once_settled(self._store, served, reply, 3 * self._saga_deadline)
-        if isinstance(intent, Release):
-            return await once_let_go(served, reply, self._saga_deadline)
         return reply

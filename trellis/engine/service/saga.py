@@ -23,15 +23,14 @@ lets go (its bindings, then the circuits the commit removed) is taken away in on
 call, which sagas started after it wait for, so a device or a port is free before it is used
 again. Any other commit (a fault, a repair, an import, a failed saga), a failed call, a writer
 that caught up with someone else's commits, or a `kick` from outside sends the domain back to
-passes until one finds the hardware in step again. A release is answered once the hardware was
-asked to let go (`let_go`), so the next compose does not wait behind that write.
+passes until one finds the hardware in step again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from trellis.engine.core import replies
@@ -120,14 +119,10 @@ class FabricSync:
         # step: the last in-step pass's, then each commit done without a pass. None: a pass is due.
         self._known: DomainState | None = None
         self._letting: set[asyncio.Task[None]] = set()  # let-go calls in flight
-        self._let_go: dict[str, asyncio.Future[None]] = {}  # released composition -> let go
-        self._kicks = 0  # kicks so far: a pass that started after kick n covers what n asked
-        self._after_pass: list[tuple[int, str]] = []  # (kick, composition) let go by a pass
 
     def kick(self) -> None:
         """The hardware may differ from the log: run a pass soon (passes coalesce)."""
         self._known = None
-        self._kicks += 1
         self._idle.clear()
         self._wake.set()
         if self._task is None:
@@ -137,14 +132,11 @@ class FabricSync:
         """The writer committed `events`, taking the state from `before` to `after`. When the
         hardware was in step with `before` and the events say all it must do, do that now;
         otherwise run a pass."""
-        released = [e.composition_id for e in events if isinstance(e, CompositionReleased)]
-        for cid in released:
-            self._let_go.setdefault(cid, asyncio.get_running_loop().create_future())
         if before is not self._known or any(type(e) not in _SAID for e in events):
             self.kick()
-            self._after_pass.extend((self._kicks, cid) for cid in released)
             return
         self._known = after
+        released = [e.composition_id for e in events if isinstance(e, CompositionReleased)]
         leaving = [before.compositions[cid] for cid in released]
         changes = [
             *(FabricChange(op="unbind", binding=b) for c in leaving for b in bindings_of(c)),
@@ -159,7 +151,7 @@ class FabricSync:
         ]
         if changes:
             self._idle.clear()
-            task = asyncio.create_task(self._take_away(changes, released), name="fabric-let-go")
+            task = asyncio.create_task(self._take_away(changes), name="fabric-let-go")
             self._letting.add(task)
         reserved = [e.composition_id for e in events if isinstance(e, DevicesReserved)]
         if reserved:
@@ -167,16 +159,7 @@ class FabricSync:
             self._start_sagas(reserved)
         self._maybe_idle()
 
-    def let_go(self, composition_id: str) -> asyncio.Future[None]:
-        """Resolves once the hardware was asked to let go of a composition this engine released
-        (whether it did is the fabric's to say: what it kept, a later pass takes away)."""
-        future = self._let_go.get(composition_id)
-        if future is None:
-            future = asyncio.get_running_loop().create_future()
-            future.set_result(None)
-        return future
-
-    async def _take_away(self, changes: list[FabricChange], released: list[str]) -> None:
+    async def _take_away(self, changes: list[FabricChange]) -> None:
         """Let the hardware go of what a commit released, in one call; if it fails, a pass
         finishes the work."""
         try:
@@ -192,14 +175,7 @@ class FabricSync:
             self.kick()
         finally:
             self._letting.discard(asyncio.current_task())  # type: ignore[arg-type]
-            self._resolve(released)
             self._maybe_idle()
-
-    def _resolve(self, released: Iterable[str]) -> None:
-        for cid in released:
-            future = self._let_go.pop(cid, None)
-            if future is not None and not future.done():
-                future.set_result(None)
 
     def _maybe_idle(self) -> None:
         if self._known is not None and not (self._sagas or self._letting):
@@ -212,7 +188,6 @@ class FabricSync:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self._resolve(list(self._let_go))
         for cid, future in self._settled.items():
             if not future.done():
                 future.set_result(
@@ -253,7 +228,6 @@ class FabricSync:
                 self._idle.set()
             await self._wake.wait()
             self._wake.clear()
-            covered = self._kicks
             try:
                 in_step = await self.run_pass()
             except WriterFenced as exc:
@@ -269,8 +243,6 @@ class FabricSync:
             except Exception:  # the next pass starts from the log again
                 log.exception("domain %s: fabric pass failed", self.domain)
                 in_step = False
-            self._resolve([cid for kick, cid in self._after_pass if kick <= covered])
-            self._after_pass = [(kick, cid) for kick, cid in self._after_pass if kick > covered]
             if not in_step or self._wake.is_set():
                 self._known = None  # (a pass in step sets it; anything since asks for another)
             backoff = 0.0 if in_step else min(self._max_backoff, max(0.1, backoff * 2))

@@ -1,20 +1,14 @@
-"""A compose is answered once its fabric saga has settled it, a release once the hardware was
-asked to let go.
+"""A compose is answered once its fabric saga has settled it.
 
 The writer's reply to a compose says `pending`: the devices are reserved, the fabric not yet
 programmed. The composer is told the outcome instead: the composition is active (or
 impaired), or it failed and says what failed. A resend gets the same answer, from the stored
 reply of the settlement.
-
-A release is recorded before the hardware lets go. Its answer (the recorded one, unchanged)
-waits for the fabric call that lets go, so that call is not left in front of the releaser's
-next compose; what the fabric keeps, a later pass takes away.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import msgspec
 
@@ -63,15 +57,3 @@ async def once_settled(store: EventStore, served: Served, reply: bytes, wait_s: 
         await store.barrier()  # read back from the log: durable before it is an answer
         settled = stored.reply
     return replies.as_replayed(settled) if accepted.replayed else settled
-
-
-async def once_let_go(served: Served, reply: bytes, wait_s: float) -> bytes:
-    """The answer to a release whose writer's reply is `reply`, once the hardware was asked to
-    let go of the composition (at most `wait_s`: the release is recorded either way)."""
-    accepted = replies.decode_ok(reply)
-    if accepted is None or accepted.replayed:
-        return reply
-    cid = _decode_outcome(accepted.result).composition_id
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(asyncio.shield(served.sync.let_go(cid)), wait_s)
-    return reply
