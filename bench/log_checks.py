@@ -140,9 +140,11 @@ def summary(ms: list[float], events: int) -> dict[str, float]:
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"bench": "log_checks"}
     async with (
-        servers(Settings.from_env()) as (nats_url, database_url, _owner),
-        fresh_schema(database_url, keep=False) as source,
+        servers(Settings.from_env()) as urls,
+        fresh_schema(urls.database_owner_url, keep=False) as source,
     ):
+        # The owner's role throughout: the bench makes schemas, and drops a trigger.
+        nats_url, database_url = urls.nats_url, urls.database_owner_url
         progress(f"writing a log of {args.pairs} compose+release pairs")
         await write_log(nats_url, database_url, source, args.pairs)
         store = await PostgresEventStore.open(database_url, schema=source)

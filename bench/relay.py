@@ -38,6 +38,7 @@ from trellis.adapters.nats.jetstream import bucket_name, stream_name
 from trellis.adapters.nats.relay import RelaySink
 from trellis.adapters.postgres.store import PostgresEventStore, connect_pool
 from trellis.adapters.settings import Settings
+from trellis.engine.core.throttle import RateLimit
 from trellis.engine.service.follower import Follower
 
 DOMAIN = "bench"
@@ -97,6 +98,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             db_schema=schema,
             subject_prefix=prefix,
             domains=[DOMAIN],
+            followers="inline",  # its relay is stopped while the log fills
+            tenant_rate=RateLimit(0),  # the clients fill the log as fast as it takes them
         )
         async with engine_on(settings) as running:
             client_nc = await connect_nats(nats_url, name="bench-client")
