@@ -35,6 +35,7 @@ Scripted faults (`fail_next`, `hang_next`) can also come from a one-line script
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import re
@@ -265,7 +266,7 @@ class SimulatedFabric:
         self._saved = b""
         self._lineage: list[str] = []
         self._writer: ThreadPoolExecutor | None = None
-        self._queue: list[_Queued] = []  # operations for the state thread, in call order
+        self._queued: list[_Queued] = []  # operations for the state thread, in call order
         self._queue_lock = threading.Lock()
         self._draining = False  # the state thread is writing what is queued
         if state_file is not None:
@@ -508,7 +509,9 @@ class SimulatedFabric:
         self._faults.clear()
         self._broken.clear()
         if self._writer is not None:
-            self._queued(self._forget, "reset").result()
+            forgotten: Future[None] = Future()
+            self._queue(_Queued(self._forget, "reset", forgotten))
+            forgotten.result()
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -565,31 +568,30 @@ class SimulatedFabric:
 
         if self._writer is None:
             return fenced_apply()
-        done = asyncio.wrap_future(self._queued(fenced_apply, op))
+        done: asyncio.Future[_T] = asyncio.get_running_loop().create_future()
         # Its outcome is read even when nobody waits for it any more, so asyncio does not
         # log it as "never retrieved".
         done.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._queue(_Queued(fenced_apply, op, done))
         # Shielded: a caller that gives up (the engine's deadline) must not stop a change the
         # "hardware" is making, nor its write to disk.
         return await asyncio.shield(done)
 
-    def _queued(self, apply: Callable[[], _T], op: str) -> Future[_T]:
+    def _queue(self, queued: _Queued) -> None:
         """Queue an operation for the state thread, which writes everything queued meanwhile
         as one generation (a group commit: one durable write for many changes)."""
-        future: Future[_T] = Future()
         with self._queue_lock:
-            self._queue.append(_Queued(apply, op, future))
+            self._queued.append(queued)
             start, self._draining = not self._draining, True
         if start:
             assert self._writer is not None
             self._writer.submit(self._drain)
-        return future
 
     def _drain(self) -> None:
         """Run in the state thread: write what is queued, batch after batch, until none is."""
         while True:
             with self._queue_lock:
-                batch, self._queue = self._queue, []
+                batch, self._queued = self._queued, []
                 if not batch:
                     self._draining = False
                     return
@@ -607,11 +609,17 @@ class SimulatedFabric:
             except Exception as exc:  # the state could not be read or written: all failed
                 outcomes = [(False, exc)] * len(batch)
             break
+        waiting: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
         for queued, (ok, value) in zip(batch, outcomes, strict=True):
-            if ok:
-                queued.future.set_result(value)
+            future = queued.future
+            if isinstance(future, asyncio.Future):
+                waiting.setdefault(future.get_loop(), []).append((future, ok, value))
             else:
-                queued.future.set_exception(value)
+                _settle(future, ok, value)
+        for loop, settled in waiting.items():
+            # One wake-up of each waiting loop for the whole batch, not one per operation.
+            with contextlib.suppress(RuntimeError):  # that loop closed: nobody waits any more
+                loop.call_soon_threadsafe(_settle_all, settled)
 
     def _attempt(self, batch: list[_Queued]) -> list[tuple[bool, Any]]:
         self._refresh()
@@ -768,11 +776,27 @@ class _Roll:
 
 @dataclass(frozen=True)
 class _Queued:
-    """An operation waiting for the state thread, and where its outcome goes."""
+    """An operation waiting for the state thread, and where its outcome goes: a future of the
+    event loop that asked, or a thread's future for a caller outside any loop."""
 
     apply: Callable[[], Any]
     op: str
-    future: Future[Any]
+    future: asyncio.Future[Any] | Future[Any]
+
+
+def _settle(future: asyncio.Future[Any] | Future[Any], ok: bool, value: Any) -> None:
+    if future.done():
+        return
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
+
+
+def _settle_all(settled: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
+    """In the waiting loop: every outcome of one batch of the state thread."""
+    for future, ok, value in settled:
+        _settle(future, ok, value)
 
 
 class ScriptedFault(msgspec.Struct, frozen=True, kw_only=True):
