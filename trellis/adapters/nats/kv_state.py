@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import datetime
+from itertools import compress
+from operator import is_not
 from typing import Any, Literal
 
 import msgspec
@@ -327,19 +329,21 @@ def _bound(binding: DeviceBinding) -> BoundDevice:
     )
 
 
-def _same(a: Any, b: Any) -> bool:
-    # Identity first (evolve shares what it did not touch); equality catches entries it rebuilt
-    # unchanged, as a re-import does for every node it keeps.
-    return a is b or a == b
+_ABSENT = object()
 
 
 def _changed(before: Mapping[str, Any], after: Mapping[str, Any]) -> set[str]:
     """Keys whose entries differ between two versions of one of the state's maps."""
     if before is after:
         return set()
-    try:
-        # The maps evolve copies for one event differ in a few keys: the symmetric difference
-        # of their items finds them in C (equal values hash alike), not a Python loop per key.
-        return {k for k, _ in before.items() ^ after.items()}
-    except TypeError:  # a value that cannot be hashed: compare key by key
-        return {k for k in before.keys() | after.keys() if not _same(before.get(k), after.get(k))}
+    # The maps evolve copies for one event share every entry it did not touch: the keys
+    # whose entry is not the very same object, found in C (each of `before`'s keys looked up
+    # in `after`), with the keys added or dropped, are the few it replaced. No entry is
+    # hashed or compared whole, and entries may be deep structs, or not hashable at all. Of
+    # those keys, entries rebuilt equal (a re-import rebuilds every node it keeps) did not
+    # change.
+    replaced = before.keys() ^ after.keys()
+    replaced.update(
+        compress(before.keys(), map(is_not, before.values(), map(after.get, before.keys())))
+    )
+    return {k for k in replaced if before.get(k, _ABSENT) != after.get(k, _ABSENT)}
