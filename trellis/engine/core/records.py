@@ -79,7 +79,11 @@ class RecordedEvent(msgspec.Struct, frozen=True, kw_only=True):
 
 def format_time(at: datetime) -> str:
     """Canonical UTC timestamp with microseconds; what Postgres timestamptz round-trips exactly."""
-    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # isoformat is a C routine, twice as fast as strftime; on the hot paths of the writer and
+    # the relay the times are UTC already. It ends "+00:00" in UTC, made "Z" here.
+    if at.tzinfo is not UTC:
+        at = at.astimezone(UTC)
+    return at.isoformat(timespec="microseconds")[:-6] + "Z"
 
 
 def chain_hash(
