@@ -42,7 +42,9 @@ async def once_settled(store: EventStore, served: Served, reply: bytes, wait_s: 
     if composition is not None and composition.state == "pending":
         waiting = served.sync.settlement(cid)
         try:
-            settled = await asyncio.wait_for(asyncio.shield(waiting), wait_s)
+            # A timer on this task, not wait_for's future and callbacks: one per compose.
+            async with asyncio.timeout(wait_s):
+                settled = await asyncio.shield(waiting)
         except TimeoutError:
             return replies.error(
                 "unavailable",
