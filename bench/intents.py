@@ -77,6 +77,7 @@ from nats.aio.msg import Msg
 
 from bench.placement import percentile
 from trellis.adapters.bootstrap import Endpoints, RunningEngine, embedded_or_configured, engine_on
+from trellis.adapters.collector import settle_for_serving
 from trellis.adapters.fabric.sim import SimulatedFabric
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.nats.connect import connect_nats
@@ -787,6 +788,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                     scraped(running.metrics_url) as scrapes,
                 ):
                     probe = Probe(running)
+                    settle_for_serving()  # as `trellis up` does once it serves
                     nc = await connect_nats(nats_url, name="bench-admin")
                     try:
                         admin = TrellisClient(nc, prefix=mode_prefix, timeout=30)

@@ -25,6 +25,7 @@ from pathlib import Path
 from nats.aio.msg import Msg
 
 from trellis.adapters.bootstrap import checkpoint_signer, follower_sinks
+from trellis.adapters.collector import settle_for_serving
 from trellis.adapters.follow_process import PARENT_ENV, SECURE_DATA_DIR_ENV, committed_subject
 from trellis.adapters.nats.auth import SecureDir
 from trellis.adapters.nats.connect import until_reachable
@@ -99,6 +100,7 @@ async def follow(
         sub = await sinks.nc.subscribe(committed_subject(settings.subject_prefix), cb=woken)
         stack.push_async_callback(sub.unsubscribe)
         log.info("following the log of %s (pid %d)", settings.subject_prefix, os.getpid())
+        settle_for_serving()
         while not stop.is_set():
             if (
                 parent is not None and os.getppid() != parent

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from trellis.adapters.bootstrap import fabric_state_path, redfish_password_file, running_engine
+from trellis.adapters.collector import settle_for_serving
 from trellis.adapters.embedded.nats_server import reload_nats
 from trellis.adapters.embedded.process import default_data_dir
 from trellis.adapters.endpoints import find_endpoint, running_engine_pid
@@ -114,6 +115,7 @@ def up(args: argparse.Namespace) -> int:
         try:
             async with running_engine(settings, tenants=args.tenant) as running:
                 serving = True
+                settle_for_serving()
                 nats, postgres = redacted(running.nats_url), redacted(running.database_url)
                 domains = ", ".join(running.engine.domains) or "none yet"
                 print(f"trellis engine up: NATS {nats}, Postgres {postgres}")
