@@ -9,6 +9,7 @@ followers mid-batch to check that rows and checkpoints only ever move together.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -524,6 +525,51 @@ async def test_two_followers_of_each_domain_fold_each_event_once(
     assert await dump(pool) == live
 
 
+class CountingPool:
+    """A pool whose connections count the statements sent without rows back (`execute`)."""
+
+    def __init__(self, pool: asyncpg.Pool):
+        self._pool = pool
+        self.executes: list[str] = []
+
+    @contextlib.asynccontextmanager
+    async def acquire(self) -> AsyncIterator[Any]:
+        async with self._pool.acquire() as conn:
+            yield _Counting(conn, self.executes)
+
+
+class _Counting:
+    def __init__(self, conn: asyncpg.Connection, executes: list[str]):
+        self._conn, self._executes = conn, executes
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    async def execute(self, sql: str, *args: Any) -> str:
+        self._executes.append(sql)
+        return await self._conn.execute(sql, *args)
+
+
+async def test_a_batch_writes_every_table_and_the_checkpoints_in_one_statement(
+    h: Harness, runner: Projector, pool: asyncpg.Pool, played: Scenario
+) -> None:
+    live = await dump(pool)
+    await runner.stop()
+    await pool.execute(f"TRUNCATE {', '.join(PROJECTION_TABLES)}")
+    await pool.execute("UPDATE trellis_follower_checkpoints SET version = 0, position = 0")
+    counting = CountingPool(pool)
+    sink = ProjectionSink(counting)  # type: ignore[arg-type]
+    for domain in DOMAINS:
+        await Follower(domain, h.store, sink, batch_size=10_000).catch_up()
+    # Per domain: the checkpoints ensured when it resumes, then its one batch: every
+    # projection's rows (deleted and upserted, in all nine tables) and the four checkpoints.
+    batches = [sql for sql in counting.executes if "trellis_follower_checkpoints AS c" in sql]
+    assert len(batches) == len(DOMAINS)
+    assert len(counting.executes) == 2 * len(DOMAINS)
+    assert all(sql.count(" AS (\n") >= 3 for sql in batches)  # several tables' writes in it
+    assert await dump(pool) == live
+
+
 class Broken:
     """A projection that behaves like `inner` until it meets `position`, then `fails`."""
 
@@ -538,8 +584,8 @@ class Broken:
 
 
 def with_broken_devices(position: int, fail: Any) -> list[Projection]:
-    # The devices projection folds last, so when it fails the other two have already written
-    # their rows of the batch into the transaction.
+    # The devices projection folds last, so when it fails the others have already folded
+    # their rows of the batch in the transaction.
     projections = default_projections()
     assert isinstance(projections[-1], DevicesProjection)
     return [*projections[:-1], Broken(projections[-1], position, fail)]
@@ -560,7 +606,7 @@ async def test_a_failed_batch_leaves_rows_and_checkpoints_as_the_last_commit_did
     assert len(set(saved.values())) == 1, saved
     (committed,) = set(saved.values())
     assert 0 < committed < reserved
-    # Nothing of the failed batch is visible, though two projections had written their part.
+    # Nothing of the failed batch is visible, though the others had folded their part.
     assert await highest_position_in_rows(pool) <= committed
     assert not await pool.fetchval(
         "SELECT count(*) FROM proj_compositions WHERE request_id = 'r-globex'"

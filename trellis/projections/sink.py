@@ -160,11 +160,27 @@ class ProjectionSink:
                 cp.version < first - 1 for cp in locked.values()
             ):
                 raise Rewound  # events before this batch would be missing from a projection
-            for projection in self._projections:
-                done = locked[projection.name].version
-                todo = [f for f in facts if f.record.version > done]
-                if todo:
-                    await projection.apply(PostgresRows(conn), todo)
+            # Never move a checkpoint back: another follower may already be past this batch.
+            saved = {
+                name: max(cp, Progress(last.version, last.position), key=_version)
+                for name, cp in locked.items()
+            }
+            save = (
+                _SAVE,
+                [
+                    list(saved),
+                    domain,
+                    [cp.version for cp in saved.values()],
+                    [cp.position for cp in saved.values()],
+                ],
+            )
+            # Every table's writes and the checkpoints: one statement, one round trip.
+            async with PostgresRows.batch(conn, save) as rows:
+                for projection in self._projections:
+                    done = locked[projection.name].version
+                    todo = [f for f in facts if f.record.version > done]
+                    if todo:
+                        await projection.apply(rows, todo)
             # A snapshot is of every table at exactly `last` (none may be past it already).
             exact = all(cp.version <= last.version for cp in locked.values())
             if (
@@ -173,18 +189,6 @@ class ProjectionSink:
                 and _crosses(first - 1, last.version, self._snapshot_every)
             ):
                 await save_snapshot(conn, self._projections, last)
-            # Never move a checkpoint back: another follower may already be past this batch.
-            saved = {
-                name: max(cp, Progress(last.version, last.position), key=_version)
-                for name, cp in locked.items()
-            }
-            await conn.execute(
-                _SAVE,
-                list(saved),
-                domain,
-                [cp.version for cp in saved.values()],
-                [cp.position for cp in saved.values()],
-            )
         lowest = min(saved.values(), key=_version)
         self._seen[domain] = lowest.version
         return lowest

@@ -12,8 +12,11 @@ shape lives next to its definition and cannot drift from it.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import operator
-from collections.abc import Callable, Iterable, Sequence
+import re
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
@@ -143,11 +146,22 @@ class RowSource(Protocol):
 
 
 class PostgresRows:
-    """RowSource over the projection tables, inside the caller's transaction: a few
-    statements per table and batch, whatever its size."""
+    """RowSource over the projection tables, inside the caller's transaction, for one batch's
+    folds (`PostgresRows.batch`). Reads go at once; writes are queued and leave together, as
+    one statement: one round trip per batch for every table, not two per table."""
 
     def __init__(self, conn: asyncpg.Connection):
         self.conn = conn  # the sink's transaction
+        self._writes: list[Statement] = []
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def batch(cls, conn: asyncpg.Connection, *then: Statement) -> AsyncIterator[PostgresRows]:
+        """Rows for one batch's folds in `conn`'s transaction; on leaving, every write they
+        queued goes, then `then`, in one statement (nothing goes if the folds raised)."""
+        rows = cls(conn)
+        yield rows
+        await rows._send(*then)
 
     async def fetch(self, table: Table, by: tuple[str, ...], keys: Sequence[Key]) -> list[Row]:
         sql = table.select_by_key if by == table.key else table.select_by_group
@@ -155,12 +169,48 @@ class PostgresRows:
         return [table.decode(r) for r in records]
 
     async def write(self, table: Table, gone: Sequence[Key], kept: Sequence[Row]) -> None:
+        """Queue the writes for the end of the batch. A table's rows are fetched before its
+        writes and not after (each projection fetches, folds, then writes its own tables)."""
         # In key order, so that two transactions writing the same rows lock them in one order.
         if gone:
-            await self.conn.execute(table.delete_by_key, *zip(*sorted(gone), strict=True))
+            self._writes.append((table.delete_by_key, list(zip(*sorted(gone), strict=True))))
         if kept:
             rows = sorted(kept, key=table.key_of)
-            await self.conn.execute(table.upsert, *column_arrays(table, rows))
+            self._writes.append((table.upsert, column_arrays(table, rows)))
+
+    async def _send(self, *more: Statement) -> None:
+        """Run the writes queued so far, then `more`, as one statement."""
+        statements, self._writes = [*self._writes, *more], []
+        if statements:
+            await self.conn.execute(*one_statement(statements))
+
+
+Statement = tuple[str, Sequence[Any]]  # SQL with $1, $2... and its arguments
+_PARAMETER = re.compile(r"\$(\d+)")
+
+
+def one_statement(statements: Sequence[Statement]) -> tuple[Any, ...]:
+    """Several data-changing statements as one: all but the last as WITH queries, their
+    parameters numbered on. Postgres runs each WITH query to completion whether or not it is
+    read, all on one snapshot: fine for writes to different rows (a table's deletions and
+    upserts never share a key, and none reads what another writes)."""
+    if len(statements) == 1:
+        sql, args = statements[0]
+        return (sql, *args)
+    parts: list[str] = []
+    values: list[Any] = []
+    for sql, args in statements:
+        parts.append(_numbered_from(sql, len(values)))
+        values.extend(args)
+    *withs, last = parts
+    joined = ",\n".join(f"w{i} AS (\n{sql}\n)" for i, sql in enumerate(withs))
+    return (f"WITH {joined}\n{last}", *values)
+
+
+@functools.lru_cache(maxsize=256)
+def _numbered_from(sql: str, shift: int) -> str:
+    """`sql` with each parameter $n made $(n + shift)."""
+    return _PARAMETER.sub(lambda m: f"${int(m.group(1)) + shift}", sql)
 
 
 def column_arrays(table: Table, rows: Sequence[Row]) -> list[list[Any]]:

@@ -158,14 +158,16 @@ class ProjectionReplay:
     async def feed(self, facts: Sequence[Fact], upto: dict[str, int]) -> None:
         """Fold `facts` (one domain's, in version order) into each projection, only those up to
         that projection's `upto` version."""
-        async with self._conn.transaction():
+        folded = dict(self.folded)
+        async with self._conn.transaction(), PostgresRows.batch(self._conn) as rows:
             for projection in self._projections:
                 limit = upto.get(projection.name, 0)
-                done = self.folded[projection.name]
+                done = folded[projection.name]
                 todo = [f for f in facts if done < f.record.version <= limit]
                 if todo:
-                    await projection.apply(PostgresRows(self._conn), todo)
-                    self.folded[projection.name] = todo[-1].record.version
+                    await projection.apply(rows, todo)
+                    folded[projection.name] = todo[-1].record.version
+        self.folded = folded  # once written
 
     async def compare(self, domain: str) -> list[Finding]:
         """Every row where a live table and the replay differ, by table and key (at most
