@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from trellis.adapters.memory import MemoryLog
 from trellis.engine.core.records import Head, PendingEvent, RecordedEvent
@@ -140,3 +141,29 @@ async def test_commits_close_together_are_taken_in_one_pass_and_a_waiter_cuts_th
         assert sink.sizes == [1, 3]
     finally:
         await follower.stop()
+
+
+class CountedReads:
+    """The log, counting its reads."""
+
+    def __init__(self, log: MemoryLog):
+        self.log = log
+        self.reads = 0
+
+    def read(self, domain: str, after_version: int = 0, limit: int | None = None) -> Any:
+        self.reads += 1
+        return self.log.read(domain, after_version, limit)
+
+
+async def test_a_batch_shorter_than_asked_ends_a_catch_up_without_another_read() -> None:
+    log = CountedReads(await logged(5))
+    sink = SlowForBigBatches(limit=1_000)
+    assert await Follower(DOMAIN, log, sink, batch_size=500).catch_up() == 5  # type: ignore[arg-type]
+    assert log.reads == 1
+    # Full batches read on until a short (or empty) one says where the log ends.
+    log, sink = CountedReads(await logged(5)), SlowForBigBatches(limit=1_000)
+    assert await Follower(DOMAIN, log, sink, batch_size=2).catch_up() == 5  # type: ignore[arg-type]
+    assert sink.sizes == [2, 2, 1] and log.reads == 3
+    log, sink = CountedReads(await logged(4)), SlowForBigBatches(limit=1_000)
+    assert await Follower(DOMAIN, log, sink, batch_size=2).catch_up() == 4  # type: ignore[arg-type]
+    assert sink.sizes == [2, 2] and log.reads == 3

@@ -215,7 +215,8 @@ class Follower:
                     self._read, progress = await self.sink.resume(self.domain)
                     self._advance(progress)
                     self._resumed = True
-                batch = [r async for r in self._log.read(self.domain, self._read, self._batch)]
+                asked = self._batch
+                batch = [r async for r in self._log.read(self.domain, self._read, asked)]
                 if not batch:
                     return handed
                 try:
@@ -233,6 +234,10 @@ class Follower:
                 self._recovered()
                 self._batch = min(self._batch_size, self._batch * 2)
                 handed += len(batch)
+                if len(batch) < asked:
+                    # The log ended there when read: no second read to find it empty. What
+                    # commits after that read notifies this follower again.
+                    return handed
 
     async def refresh(self) -> None:
         """Ask the sink to look for outside changes (done on every quiet poll)."""
