@@ -509,13 +509,19 @@ async def test_rebuild_yields_exactly_the_rows_folded_live(
         assert await dump(pool) == live
 
 
-async def test_two_followers_of_each_domain_fold_each_event_once(
-    h: Harness, runner: Projector, pool: asyncpg.Pool, played: Scenario
-) -> None:
+async def emptied(runner: Projector, pool: asyncpg.Pool) -> dict[str, list[str]]:
+    """Stop the live followers and empty their tables and checkpoints; what they held."""
     live = await dump(pool)
     await runner.stop()
     await pool.execute(f"TRUNCATE {', '.join(PROJECTION_TABLES)}")
     await pool.execute("UPDATE trellis_follower_checkpoints SET version = 0, position = 0")
+    return live
+
+
+async def test_two_followers_of_each_domain_fold_each_event_once(
+    h: Harness, runner: Projector, pool: asyncpg.Pool, played: Scenario
+) -> None:
+    live = await emptied(runner, pool)
     first = Projector(pool, h.store, batch_size=2)
     second = Projector(pool, h.store, batch_size=3)
     await asyncio.gather(first.catch_up(), second.catch_up())
@@ -553,10 +559,7 @@ class _Counting:
 async def test_a_batch_writes_every_table_and_the_checkpoints_in_one_statement(
     h: Harness, runner: Projector, pool: asyncpg.Pool, played: Scenario
 ) -> None:
-    live = await dump(pool)
-    await runner.stop()
-    await pool.execute(f"TRUNCATE {', '.join(PROJECTION_TABLES)}")
-    await pool.execute("UPDATE trellis_follower_checkpoints SET version = 0, position = 0")
+    live = await emptied(runner, pool)
     counting = CountingPool(pool)
     sink = ProjectionSink(counting)  # type: ignore[arg-type]
     for domain in DOMAINS:
