@@ -273,6 +273,10 @@ class Rows:
         self._dirty: dict[Key, None] = {}  # changed keys, in the order they first changed
         self._groups: dict[Key, set[Key]] = {}  # group prefix -> keys cached under it
         self._fetched_groups: set[Key] = set()
+        # `put` runs for every row a fold changes (three in four events): what it needs of
+        # the table, looked up once.
+        self._key_of = table.key_of
+        self._group_len = len(table.group)
 
     async def prefetch(self, keys: Iterable[Key]) -> None:
         """Fetch every key not cached yet, in one statement (a SELECT: no order to keep)."""
@@ -294,9 +298,10 @@ class Rows:
         self._fetched_groups.update(missing)
 
     async def get(self, key: Key) -> Row | None:
-        if key not in self._rows:
+        rows = self._rows
+        if key not in rows:
             await self.prefetch([key])
-        return self._rows[key]
+        return rows[key]
 
     async def group(self, prefix: Key) -> list[Row]:
         """The live rows under `prefix` (changes of this batch included), in key order."""
@@ -307,11 +312,11 @@ class Rows:
 
     def put(self, row: Row) -> None:
         """Insert or replace a row; it is written by `flush`."""
-        key = self.table.key_of(row)
+        key = self._key_of(row)
         self._rows[key] = row
         self._dirty[key] = None
-        if self.table.group:
-            self._groups.setdefault(key[: len(self.table.group)], set()).add(key)
+        if self._group_len:
+            self._grouped(key)
 
     def delete(self, key: Key) -> None:
         self._rows[key] = None
@@ -332,9 +337,17 @@ class Rows:
 
     def _cache(self, row: Row) -> None:
         # A row this batch already holds is newer than the database's copy.
-        key = self.table.key_of(row)
+        key = self._key_of(row)
         if key in self._rows:
             return
         self._rows[key] = row
-        if self.table.group:
-            self._groups.setdefault(key[: len(self.table.group)], set()).add(key)
+        if self._group_len:
+            self._grouped(key)
+
+    def _grouped(self, key: Key) -> None:
+        prefix = key[: self._group_len]
+        keys = self._groups.get(prefix)
+        if keys is None:
+            self._groups[prefix] = {key}
+        else:
+            keys.add(key)
