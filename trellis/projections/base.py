@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
+from itertools import compress
+from operator import itemgetter
 from typing import Any, NamedTuple, Protocol
 
 import msgspec
@@ -20,6 +22,10 @@ class Fact(NamedTuple):
 
     record: RecordedEvent
     event: Event
+
+
+_event_of = itemgetter(1)  # Fact.event
+_to_builtins = msgspec.to_builtins
 
 
 class Projection(Protocol):
@@ -43,7 +49,8 @@ def of_types(facts: Sequence[Fact], types: frozenset[type[Event]]) -> list[Fact]
     """The facts whose event is one of `types`, in order: what a fold whose `match` ignores
     every other type needs to see. Picked once per batch, so a projection pays nothing per
     event for the types it does not fold (three in five, for some)."""
-    return [f for f in facts if type(f.event) in types]
+    # The loop runs in C (a comprehension cost a fifth of some folds).
+    return list(compress(facts, map(types.__contains__, map(type, map(_event_of, facts)))))
 
 
 def composition_of(event: Event) -> str | None:
@@ -51,6 +58,14 @@ def composition_of(event: Event) -> str | None:
     composition created the circuit)."""
     cid = getattr(event, "composition_id", None)
     return cid or None
+
+
+def composition_keys(facts: Iterable[Fact]) -> set[tuple[str, str]]:
+    """(domain, composition id) of every fact whose event names a composition
+    (`composition_of`, without a call per fact): what a fold of them prefetches."""
+    return {
+        (f.record.domain, cid) for f in facts if (cid := getattr(f.event, "composition_id", None))
+    }
 
 
 def iso(at: datetime | None) -> str | None:
@@ -64,7 +79,7 @@ def chain_entry(record: RecordedEvent) -> dict[str, Any]:
     return {
         "type": record.type,
         "position": record.position,
-        "time": iso(record.recorded_at),
+        "time": _to_builtins(record.recorded_at),  # iso(), without two calls per event
         "actor": record.actor,
         "request_id": record.causation_id,
     }

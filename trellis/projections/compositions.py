@@ -69,25 +69,28 @@ class CompositionsProjection:
 
     async def apply(self, source: RowSource, facts: Sequence[Fact]) -> None:
         rows = Rows(COMPOSITIONS, source)
-        await rows.prefetch(
-            (f.record.domain, cid) for f in facts if (cid := composition_of(f.event))
-        )
-        for fact in facts:
-            cid = composition_of(fact.event)
-            if cid is None:
+        # Every event but a topology one names a composition: its key, worked out once.
+        named = [
+            (fact, (fact.record.domain, cid))
+            for fact in facts
+            if (cid := composition_of(fact.event))
+        ]
+        await rows.prefetch({key for _, key in named})
+        get, put = rows.get, rows.put
+        for fact, key in named:
+            record, event = fact
+            if isinstance(event, CompositionRequested):
+                put(_requested(fact, event))
                 continue
-            if isinstance(fact.event, CompositionRequested):
-                rows.put(_requested(fact, fact.event))
-                continue
-            row = await rows.get((fact.record.domain, cid))
+            row = await get(key)
             if row is None:
                 # decide() never names a composition before requesting it; a log that does is
                 # not ours to repair, and stalling every read model on it would help nobody.
                 continue
-            _fold(row, fact.event)
-            row["chain"].append(chain_entry(fact.record))
-            row["updated_position"] = fact.record.position
-            rows.put(row)
+            _fold(row, event)
+            row["chain"].append(chain_entry(record))
+            row["updated_position"] = record.position
+            put(row)
         await rows.flush()
 
 

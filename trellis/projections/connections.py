@@ -23,7 +23,7 @@ from trellis.engine.core.events import (
     PathRerouted,
 )
 from trellis.engine.core.records import RecordedEvent
-from trellis.projections.base import Fact, composition_of, of_types
+from trellis.projections.base import Fact, composition_keys, of_types
 from trellis.projections.table import Column, Row, Rows, RowSource, Table
 
 CONNECTIONS = Table(
@@ -84,7 +84,7 @@ class ConnectionsProjection:
             return
         connections = Rows(CONNECTIONS, source)
         requests = Rows(REQUESTS, source)
-        keys = {(f.record.domain, cid) for f in facts if (cid := composition_of(f.event))}
+        keys = composition_keys(facts)
         await requests.prefetch(keys)
         await connections.prefetch_groups(keys)
         for fact in facts:

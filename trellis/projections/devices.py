@@ -29,7 +29,7 @@ from trellis.engine.core.events import (
 )
 from trellis.engine.core.model import LinkSpec, NodeSpec
 from trellis.engine.core.records import RecordedEvent
-from trellis.projections.base import Fact, chain_entry, composition_of, of_types
+from trellis.projections.base import Fact, chain_entry, composition_keys, of_types
 from trellis.projections.table import Column, Row, Rows, RowSource, Table
 
 DEVICES = Table(
@@ -133,9 +133,7 @@ class _Batch:
     async def prefetch(self, facts: Sequence[Fact]) -> None:
         """Fetch what the batch will touch in a few statements: holds of the compositions it
         names first, then every component and device named by an event or by those holds."""
-        await self.holds.prefetch_groups(
-            (f.record.domain, cid) for f in facts if (cid := composition_of(f.event))
-        )
+        await self.holds.prefetch_groups(composition_keys(facts))
         named = {(f.record.domain, c) for f in facts for c in _components_named(f.event)}
         await self.components.prefetch(named)
         held = {(h["domain"], h["device"]) for h in self.holds.cached()}

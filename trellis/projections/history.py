@@ -51,7 +51,7 @@ from trellis.engine.core.events import (
 )
 from trellis.engine.core.model import NodeSpec
 from trellis.engine.core.records import RecordedEvent
-from trellis.projections.base import Fact, composition_of, of_types
+from trellis.projections.base import Fact, composition_keys, of_types
 from trellis.projections.table import Column, Row, Rows, RowSource, Table
 
 INTERVALS = Table(
@@ -204,7 +204,7 @@ class _Batch:
         self.devices = Rows(DEVICES, source)
 
     async def prefetch(self, facts: Sequence[Fact]) -> None:
-        keys = {(f.record.domain, cid) for f in facts if (cid := composition_of(f.event))}
+        keys = composition_keys(facts)
         await self.lives.prefetch(keys)
         await self.intervals.prefetch_groups(keys)
         await self.devices.prefetch(
