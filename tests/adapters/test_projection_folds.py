@@ -18,10 +18,16 @@ from typing import Any
 import pytest
 
 from trellis.engine.core import events
-from trellis.engine.core.events import CompositionActivated, Event, PathEstablished
+from trellis.engine.core.events import (
+    CircuitCreated,
+    CompositionActivated,
+    Event,
+    PathEstablished,
+    QuotaSet,
+)
 from trellis.engine.core.records import RecordedEvent
 from trellis.projections import connections, devices, history
-from trellis.projections.base import Fact
+from trellis.projections.base import Fact, composition_keys, composition_of, of_types
 from trellis.projections.table import Key, Row, Table
 
 PROJECTIONS = {
@@ -94,3 +100,31 @@ async def test_a_batch_of_events_a_projection_ignores_costs_it_no_statement(
     source = Counting()
     await projection.apply(source, facts)
     assert source.statements == 0
+
+
+def mixed_batch() -> list[Fact]:
+    """Events with a composition, with an empty one (a circuit no composition asked for) and
+    with none, some of one type twice."""
+    batch: list[Any] = [
+        PathEstablished(composition_id="c1", device="gpu-1", path=["h1", "gpu-1"]),
+        CircuitCreated(ocs="o1", a_port=1, b_port=2, host="h1"),
+        QuotaSet(tenant="t", kind="gpu", count=2),
+        CompositionActivated(composition_id="c2"),
+        CircuitCreated(ocs="o1", a_port=3, b_port=4, host="h1", composition_id="c3"),
+        PathEstablished(composition_id="c1", device="gpu-2", path=["h1", "gpu-2"]),
+    ]
+    return [fact(v, e) for v, e in enumerate(batch, 1)]
+
+
+def test_composition_keys_are_the_compositions_composition_of_names() -> None:
+    facts = mixed_batch()
+    expected = {(f.record.domain, c) for f in facts if (c := composition_of(f.event))}
+    assert composition_keys(facts) == expected == {("d", "c1"), ("d", "c2"), ("d", "c3")}
+
+
+def test_of_types_keeps_the_facts_of_those_types_in_log_order() -> None:
+    facts = mixed_batch()
+    types = frozenset({PathEstablished, CircuitCreated})
+    assert of_types(facts, types) == [f for f in facts if type(f.event) in types]
+    assert [f.record.version for f in of_types(facts, types)] == [1, 2, 5, 6]
+    assert of_types(facts, frozenset()) == []
