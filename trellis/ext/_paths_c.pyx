@@ -1903,7 +1903,9 @@ cdef int64_t _reach(
     """How many targets a BFS from the host reaches, with no hop or latency bound, by the
     search's per-link and per-node rules, where a port holding another host's circuit carries
     nothing, and one holding a circuit of the host's own carries nothing either or (own_free)
-    anything. met_own: whether it met one of those.
+    anything. met_own: whether it met one of those on a cable into a node it goes on from or
+    a target (a device passes nothing on, so one that is no target is not looked at further:
+    for most requests most of the hall's devices are of another kind, or taken).
 
     With the host's own ports closed, an OCS passes between any two free ports, so a walk
     the BFS follows that meets a node twice shortens to one that meets it once (a switch
@@ -1925,6 +1927,12 @@ cdef int64_t _reach(
             v = f.adj_far[k]
             if ws.found_stamp[v] == ws.round:
                 continue
+            kind = f.kind[v]
+            # A device passes nothing on: one that is no target needs no more tests.
+            if kind == DEVICE and not (
+                _selected(f, c, ws, q, v) if q.select else ws.target_stamp[v] == ws.stamp
+            ):
+                continue
             if (c.link_flags[f.adj_link[k]] | c.node_flags[v]) & UNUSABLE:
                 continue
             if c.free[f.adj_link[k]] + _EPSILON < q.bandwidth:
@@ -1941,11 +1949,9 @@ cdef int64_t _reach(
                         blocked = blocked or not own_free
             if blocked:
                 continue
-            kind = f.kind[v]
             if kind == DEVICE:
                 ws.found_stamp[v] = ws.round
-                if _selected(f, c, ws, q, v) if q.select else ws.target_stamp[v] == ws.stamp:
-                    count += 1
+                count += 1
             elif kind != HOST and not (kind == SWITCH and q.isolation and not _switch_open(c, q, v)):
                 ws.found_stamp[v] = ws.round
                 ws.queue[tail] = v
