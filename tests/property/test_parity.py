@@ -545,9 +545,10 @@ def medium_problem(
 @pytest.mark.parametrize("seed", range(12))
 def test_reachable_by_selector_follows_each_change_and_rollback(seed: int) -> None:
     """With more than 64 devices a selector may take, the compiled core's BFS counts its
-    leaf devices (one cable, on no OCS port) per node they hang from, from tallies kept as
-    devices, cables and bandwidth change and as a rollback undoes changes: reachable agrees
-    with the reference after every step."""
+    leaf devices (one cable, on no OCS port) per node they hang from, and census its devices
+    per (kind, model), from tallies kept as devices, cables and bandwidth change and as a
+    rollback undoes changes: reachable and census agree with the reference after every
+    step."""
     world, cond, requests = medium_problem(seed, devices=(100, 160))
     rng = random.Random(seed)
     infos = {
@@ -579,6 +580,9 @@ def test_reachable_by_selector_follows_each_change_and_rollback(seed: int) -> No
     components = [*world.nodes, *links]
 
     def same_reach() -> None:
+        for selector in selectors:
+            census = PY.census(fabrics[0], lives[0], selector)
+            assert C.census(fabrics[1], lives[1], selector) == census, selector
         for request in requests[:3]:
             unbounded = request._replace(max_hops=None, max_latency_ns=None, bandwidth_gbps=0.0)
             for asked in (unbounded, unbounded._replace(isolation=False)):

@@ -79,6 +79,8 @@ ctypedef struct CondData:
     # per home and bucket (home * n_buckets + bucket): its leaf devices that are usable, not
     # taken, and whose cable is usable with no less than nothing free (see _leaf_open)
     int32_t* leaf_open
+    int32_t* bucket_healthy  # per bucket: its usable devices
+    int32_t* bucket_free  # per bucket: its usable devices not taken
 
 
 ctypedef struct Label:
@@ -231,7 +233,7 @@ cdef class Fabric:
     cdef dict _kind_models  # kind id -> its model ids
     cdef list _model_names  # model id -> string
     cdef dict _bucket_no  # (kind id, model id) -> the bucket's number (FabricData.dev_bucket)
-    cdef list _bucket_span  # by number: (least, most) generation and memory of its devices
+    cdef list _bucket_span  # by number: (least, most) generation, (least, most) memory, size
 
     cdef _load_devices(self, devices)
     cdef _index_leaves(self)

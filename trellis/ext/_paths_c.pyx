@@ -16,7 +16,10 @@ Layout (section 5 of ARCHITECTURE.md, data layout in docs/architecture.md sectio
   tenants with paths (and exclusive holds) and, when there is one, which. A ``Conditions``
   snapshot is converted for one search; ``_live_c.LiveConditions`` keeps them and changes them
   in place, O(1) entries per update, with a journal (``checkpoint``/``rollback``) that lets a
-  decision try picks and undo them.
+  decision try picks and undo them. Tallies kept with them (each change bracketed out and
+  back in) count, per (kind, model) bucket, its usable and free devices, and per node its
+  open *leaf* devices (one cable, on no OCS port) by bucket: census and the unbounded BFS
+  of reachable answer from them when a Selector takes each bucket whole.
 - The search runs without the GIL over buffers kept in a per-fabric workspace that grows only
   when a search needs more than any search before (no allocation per step).
 """
@@ -495,7 +498,7 @@ cdef class Fabric:
             self._bucket_no[key] = len(self._bucket_span)
             gens = [self.d.dev_gen[<int32_t>j] for j in ids]
             mems = [self.d.dev_mem[<int32_t>j] for j in ids]
-            self._bucket_span.append((min(gens), max(gens), min(mems), max(mems)))
+            self._bucket_span.append((min(gens), max(gens), min(mems), max(mems), len(ids)))
             for j in ids:
                 self.d.dev_bucket[<int32_t>j] = self._bucket_no[key]
         self.d.n_buckets = len(self._bucket_span)
@@ -632,6 +635,8 @@ cdef class _ConditionArrays:
         self.c.leaf_open = <int32_t*>_alloc(
             max(1, fabric.d.n_homes * fabric.d.n_buckets), sizeof(int32_t)
         )
+        self.c.bucket_healthy = <int32_t*>_alloc(max(1, fabric.d.n_buckets), sizeof(int32_t))
+        self.c.bucket_free = <int32_t*>_alloc(max(1, fabric.d.n_buckets), sizeof(int32_t))
         memset(self.c.taken, 0, n)
         for i in range(n):
             self.c.sliced[i] = 0.0
@@ -670,6 +675,8 @@ cdef class _ConditionArrays:
         free(self.c.taken)
         free(self.c.sliced)
         free(self.c.leaf_open)
+        free(self.c.bucket_healthy)
+        free(self.c.bucket_free)
 
     cdef _load(self, conditions):
         # A snapshot may name things the fabric lacks (the reference ignores them): skip them.
@@ -712,19 +719,29 @@ cdef class _ConditionArrays:
             if i is not None:
                 self.c.sliced[<int32_t>i] = gib
         memset(self.c.leaf_open, 0, max(1, f.d.n_homes * f.d.n_buckets) * sizeof(int32_t))
+        memset(self.c.bucket_healthy, 0, max(1, f.d.n_buckets) * sizeof(int32_t))
+        memset(self.c.bucket_free, 0, max(1, f.d.n_buckets) * sizeof(int32_t))
         for leaf in range(f.d.n_nodes):
             self._tally(leaf, 1)
 
     cdef void _tally(self, int32_t device, int delta) noexcept:
-        """Count a leaf device in (delta 1) or out (-1) of its home's leaf_open, if it is
-        open now (_leaf_open); a change to it or its cable is bracketed by -1 before and 1
-        after. Anything else: no-op."""
+        """Count a device with a bucket in (delta 1) or out (-1) of its bucket's healthy
+        and free tallies as it is now, and a leaf device of its home's leaf_open if it is
+        open now (_leaf_open); a change to a device or its cable is bracketed by -1 before
+        and 1 after. Anything else (device -1, or no device of a bucket): no-op."""
         cdef const FabricData* f = &self.fabric.d
-        if device < 0 or f.leaf_link[device] < 0 or not _leaf_open(f, &self.c, device):
+        cdef int32_t b
+        if device < 0 or f.dev_bucket[device] < 0:
             return
-        self.c.leaf_open[
-            f.home[f.adj_far[f.adj_ptr[device]]] * f.n_buckets + f.dev_bucket[device]
-        ] += delta
+        b = f.dev_bucket[device]
+        if not self.c.node_flags[device] & UNUSABLE:
+            self.c.bucket_healthy[b] += delta
+            if not self.c.taken[device]:
+                self.c.bucket_free[b] += delta
+        if f.leaf_link[device] >= 0 and _leaf_open(f, &self.c, device):
+            self.c.leaf_open[
+                f.home[f.adj_far[f.adj_ptr[device]]] * f.n_buckets + b
+            ] += delta
 
     cdef _set_slot(self, s, other, owner):
         cdef Fabric f = self.fabric
@@ -1913,6 +1930,14 @@ def census(Fabric fabric not None, conditions, selector):
     try:
         owner.next_stamp()
         armed = _arm(fabric, ws, &q, selector, kind, models)
+        whole = _whole_buckets(fabric, &q, selector) if armed else None
+        if whole is not None:
+            # Each bucket taken whole or not at all, no labels, no slice: the tallies answer.
+            for number in whole:
+                matched += fabric._bucket_span[number][4]
+                healthy += c.bucket_healthy[<int32_t>number]
+                free += c.bucket_free[<int32_t>number]
+            return (matched, healthy, free, free)
         for bucket in buckets:
             ids = bucket
             for j in range(ids.shape[0]):
@@ -2075,7 +2100,7 @@ cdef object _whole_buckets(Fabric fabric, const Query* q, targets):
     whole = array("i")
     for m in models:
         number = fabric._bucket_no[(kind, m)]
-        least_gen, most_gen, least_mem, most_mem = fabric._bucket_span[number]
+        least_gen, most_gen, least_mem, most_mem, _ = fabric._bucket_span[number]
         if (q.has_min_gen and most_gen < q.min_gen) or (q.has_min_mem and most_mem < q.min_mem):
             continue  # none of it
         if (q.has_min_gen and least_gen < q.min_gen) or (
@@ -2089,8 +2114,10 @@ cdef object _whole_buckets(Fabric fabric, const Query* q, targets):
 def reachable(Fabric fabric not None, conditions, request, targets):
     """``_paths_py.reachable``: how many of ``targets`` (ids or a Selector) some path
     reaches, as ``len(best_costs(...))``. Without a hop or latency bound a BFS answers
-    (_reach), in time linear in the fabric rather than in the labels of a search: with the
-    host's own circuit ports closed it counts targets some path reaches, with them open at
+    (_reach), in time linear in the fabric rather than in the labels of a search (in its
+    nodes and cables but the leaf devices', when the Selector takes each bucket whole and no
+    bandwidth is asked: those are counted from the tallies): with the host's own circuit
+    ports closed it counts targets some path reaches, with them open at
     least every one; when it meets none, or both count the same, that is the answer. Else
     the search counts."""
     cdef _ConditionArrays live = _live(fabric, conditions)
