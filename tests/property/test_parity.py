@@ -542,6 +542,87 @@ def medium_problem(
     return World(nodes, links, hosts, switches, ocses, device_ids, ports), cond, requests
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_reachable_by_selector_follows_each_change_and_rollback(seed: int) -> None:
+    """With more than 64 devices a selector may take, the compiled core's BFS counts its
+    leaf devices (one cable, on no OCS port) per node they hang from, and census its devices
+    per (kind, model), from tallies kept as devices, cables and bandwidth change and as a
+    rollback undoes changes: reachable and census agree with the reference after every
+    step."""
+    world, cond, requests = medium_problem(seed, devices=(100, 160))
+    rng = random.Random(seed)
+    infos = {
+        d: DeviceInfo(
+            rng.choice(("gpu", "gpu", "gpu", "nic")),
+            rng.choice(("A", "B")),
+            rng.choice((1, 2, 3)),
+            labels=rng.choice(({}, {}, {"rack": "r1"})),
+        )
+        for d in world.devices
+        if rng.random() < 0.95
+    }
+    selectors = [
+        Selector("gpu"),  # each (kind, model) taken whole: the tallies answer
+        Selector("gpu", ("B",)),
+        Selector("gpu", min_generation=1),
+        Selector("gpu", min_generation=2),  # some of a model: each device is tested
+        Selector("gpu", labels={"rack": "r1"}),
+    ]
+    cond = cond._replace(taken={d for d in world.devices if rng.random() < 0.2})
+    fabrics = (
+        PY.Fabric(world.nodes, world.links, infos),
+        C.Fabric(world.nodes, world.links, infos),
+    )
+    lives = [
+        impl.LiveConditions(fabric, cond) for impl, fabric in zip((PY, C), fabrics, strict=True)
+    ]
+    links = [lk.id for lk in world.links]
+    components = [*world.nodes, *links]
+
+    def same_reach() -> None:
+        for selector in selectors:
+            census = PY.census(fabrics[0], lives[0], selector)
+            assert C.census(fabrics[1], lives[1], selector) == census, selector
+        for request in requests[:3]:
+            unbounded = request._replace(max_hops=None, max_latency_ns=None, bandwidth_gbps=0.0)
+            for asked in (unbounded, unbounded._replace(isolation=False)):
+                for selector in selectors:
+                    costs = outcome(PY.best_costs, fabrics[0], lives[0], asked, selector)
+                    count = len(costs) if isinstance(costs, dict) else costs
+                    got = outcome(C.reachable, fabrics[1], lives[1], asked, selector)
+                    assert got == count, (asked, selector)
+
+    same_reach()
+    marks: list[list[int]] = []
+    for _ in range(30):
+        step = rng.randrange(6)
+        if step == 4:
+            marks.append([live.checkpoint() for live in lives])
+            continue
+        if step == 5:
+            if marks:
+                for live, mark in zip(lives, marks.pop(), strict=True):
+                    live.rollback(mark)
+                same_reach()
+            continue
+        change: tuple[Any, ...]
+        if step == 0:
+            change = ("set_usable", rng.choice(components), rng.random() < 0.5)
+        elif step == 1:
+            change = ("reserve", rng.choice(links), rng.choice((30.0, 500.0)))  # 500: overdrawn
+        elif step == 2:
+            change = ("set_reserved", rng.choice(links), 0.0)
+        else:
+            change = ("set_taken", rng.choice(world.devices), rng.random() < 0.5)
+        for live in lives:
+            getattr(live, change[0])(*change[1:])
+        same_reach()
+    while marks:
+        for live, mark in zip(lives, marks.pop(), strict=True):
+            live.rollback(mark)
+    same_reach()
+
+
 @pytest.mark.parametrize("seed", range(60))
 def test_both_cores_agree_on_denser_seeded_fabrics(seed: int) -> None:
     world, cond, requests = medium_problem(seed)

@@ -68,15 +68,8 @@ cdef class LiveConditions(_ConditionArrays):
             while len(journal) > mark:
                 entry = journal.pop()
                 what = entry[0]
-                if what == 0:
-                    self.c.node_flags[<int32_t>entry[1]] = entry[2]
-                elif what == 1:
-                    self.c.link_flags[<int32_t>entry[1]] = entry[2]
-                elif what == 2:
-                    self.c.reserved[<int32_t>entry[1]] = entry[2]
-                    self.c.free[<int32_t>entry[1]] = entry[3]
-                elif what == 7:
-                    self.c.taken[<int32_t>entry[1]] = entry[2]
+                if what == 0 or what == 1 or what == 2 or what == 7:
+                    self._restore(entry)
                 elif what == 8:
                     self.c.sliced[<int32_t>entry[1]] = entry[2]
                 elif what == 6:
@@ -99,6 +92,24 @@ cdef class LiveConditions(_ConditionArrays):
         finally:
             self._depth -= 1
             self._journal = journal if self._depth > 0 else None
+
+    cdef _restore(self, tuple entry):
+        """Undo a journal entry of a node's or link's flags, a link's bandwidth or a device's
+        taken mark; the leaf device it concerns, if any, goes out of the tally and back in."""
+        cdef int what = entry[0]
+        cdef int32_t i = entry[1]
+        cdef int32_t leaf = self.fabric.d.link_leaf[i] if what == 1 or what == 2 else i
+        self._tally(leaf, -1)
+        if what == 0:
+            self.c.node_flags[i] = entry[2]
+        elif what == 1:
+            self.c.link_flags[i] = entry[2]
+        elif what == 2:
+            self.c.reserved[i] = entry[2]
+            self.c.free[i] = entry[3]
+        else:
+            self.c.taken[i] = entry[2]
+        self._tally(leaf, 1)
 
     # ---- changes ----
 
@@ -123,10 +134,13 @@ cdef class LiveConditions(_ConditionArrays):
         cdef int32_t i = self._component(component, &is_link)
         cdef uint8_t* flags = self.c.link_flags if is_link else self.c.node_flags
         cdef uint8_t flag = (flags[i] & ~UNUSABLE) | (0 if usable else UNUSABLE)
+        cdef int32_t leaf = self.fabric.d.link_leaf[i] if is_link else i
         if flag != flags[i]:
             if self._journal is not None:
                 self._journal.append((1 if is_link else 0, i, flags[i]))
+            self._tally(leaf, -1)
             flags[i] = flag
+            self._tally(leaf, 1)
 
     cdef int32_t _node(self, node) except -1:
         i = self.fabric._node_index.get(node)
@@ -145,7 +159,9 @@ cdef class LiveConditions(_ConditionArrays):
         if flag != self.c.taken[i]:
             if self._journal is not None:
                 self._journal.append((7, i, self.c.taken[i]))
+            self._tally(i, -1)
             self.c.taken[i] = flag
+            self._tally(i, 1)
 
     def set_sliced(self, device, gib):
         """Set the GiB sliced out of a memory device (0: none).
@@ -169,8 +185,10 @@ cdef class LiveConditions(_ConditionArrays):
         cdef int32_t k = self._link(link)
         if self._journal is not None:
             self._journal.append((2, k, self.c.reserved[k], self.c.free[k]))
+        self._tally(self.fabric.d.link_leaf[k], -1)
         self.c.reserved[k] = gbps
         self.c.free[k] = self.fabric.d.link_cap[k] - self.c.reserved[k]
+        self._tally(self.fabric.d.link_leaf[k], 1)
 
     def reserve(self, link, gbps):
         """Add to the bandwidth reserved on a link."""

@@ -50,6 +50,17 @@ ctypedef struct FabricData:
     double* dev_mem
     double* dev_cap
     int64_t* dev_rank
+    # A "leaf" device: one cable, to a switch or host, on no OCS port (most of a hall's), and a
+    # DeviceInfo. A BFS reaches it when it goes on from that node and the cable carries it, so
+    # _reach counts those per node and bucket (CondData.leaf_open) instead of visiting them.
+    int32_t n_buckets
+    int32_t* dev_bucket  # per node: its (kind, model) bucket's number, or -1
+    int32_t* leaf_link  # per node: a leaf device's cable, or -1
+    int32_t* link_leaf  # per link: the leaf device it is the cable of, or -1
+    int32_t* home  # per node: its number among the nodes leaf devices hang from, or -1
+    int32_t n_homes
+    int32_t* outer_ptr  # n_nodes + 1 offsets into outer_arc
+    int32_t* outer_arc  # per node, its adjacency positions whose far node is no leaf device
 
 
 ctypedef struct CondData:
@@ -65,6 +76,11 @@ ctypedef struct CondData:
     int32_t* holders_sole
     uint8_t* taken  # per node: a device held whole
     double* sliced  # per node: GiB sliced out of a memory device
+    # per home and bucket (home * n_buckets + bucket): its leaf devices that are usable, not
+    # taken, and whose cable is usable with no less than nothing free (see _leaf_open)
+    int32_t* leaf_open
+    int32_t* bucket_healthy  # per bucket: its usable devices
+    int32_t* bucket_free  # per bucket: its usable devices not taken
 
 
 ctypedef struct Label:
@@ -216,8 +232,11 @@ cdef class Fabric:
     cdef dict _buckets  # (kind id, model id) -> node indices (array("i")), in id order
     cdef dict _kind_models  # kind id -> its model ids
     cdef list _model_names  # model id -> string
+    cdef dict _bucket_no  # (kind id, model id) -> the bucket's number (FabricData.dev_bucket)
+    cdef list _bucket_span  # by number: (least, most) generation, (least, most) memory, size
 
     cdef _load_devices(self, devices)
+    cdef _index_leaves(self)
     cdef _Workspace _take(self)
     cdef void _give(self, _Workspace ws)
 
@@ -235,6 +254,7 @@ cdef class _ConditionArrays:
     cdef list _journal  # None, or the undo entries since the outermost checkpoint
 
     cdef _load(self, conditions)
+    cdef void _tally(self, int32_t device, int delta) noexcept
     cdef _set_slot(self, s, other, owner)
     cdef _count_owner(self, int32_t slot, int delta)
     cdef _set_tenants(self, dict table, i, tenants, bint exclusive)

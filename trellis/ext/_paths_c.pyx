@@ -16,7 +16,10 @@ Layout (section 5 of ARCHITECTURE.md, data layout in docs/architecture.md sectio
   tenants with paths (and exclusive holds) and, when there is one, which. A ``Conditions``
   snapshot is converted for one search; ``_live_c.LiveConditions`` keeps them and changes them
   in place, O(1) entries per update, with a journal (``checkpoint``/``rollback``) that lets a
-  decision try picks and undo them.
+  decision try picks and undo them. Tallies kept with them (each change bracketed out and
+  back in) count, per (kind, model) bucket, its usable and free devices, and per node its
+  open *leaf* devices (one cable, on no OCS port) by bucket: census and the unbounded BFS
+  of reachable answer from them when a Selector takes each bucket whole.
 - The search runs without the GIL over buffers kept in a per-fabric workspace that grows only
   when a search needs more than any search before (no allocation per step).
 """
@@ -442,6 +445,7 @@ cdef class Fabric:
         self._graph = None
         self._spare = None
         self._load_devices(devices or {})
+        self._index_leaves()
 
     cdef _load_devices(self, devices):
         cdef int32_t n = self.d.n_nodes, i
@@ -485,8 +489,64 @@ cdef class Fabric:
         self._model_names = sorted(self._model_ids, key=self._model_ids.get)
         # As C ints, so census walks a hall's devices of a kind without a Python object each.
         self._buckets = {key: array("i", ids) for key, ids in self._buckets.items()}
+        self._bucket_no = {}
+        self._bucket_span = []
+        self.d.dev_bucket = <int32_t*>_alloc(n, sizeof(int32_t))
+        for i in range(n):
+            self.d.dev_bucket[i] = -1
+        for key, ids in self._buckets.items():
+            self._bucket_no[key] = len(self._bucket_span)
+            gens = [self.d.dev_gen[<int32_t>j] for j in ids]
+            mems = [self.d.dev_mem[<int32_t>j] for j in ids]
+            self._bucket_span.append((min(gens), max(gens), min(mems), max(mems), len(ids)))
+            for j in ids:
+                self.d.dev_bucket[<int32_t>j] = self._bucket_no[key]
+        self.d.n_buckets = len(self._bucket_span)
+
+    cdef _index_leaves(self):
+        """Find the leaf devices (FabricData.leaf_link) and the nodes they hang from."""
+        cdef int32_t n = self.d.n_nodes, m = self.d.n_links, i, k, u
+        cdef Py_ssize_t pos = 0
+        self.d.leaf_link = <int32_t*>_alloc(n, sizeof(int32_t))
+        self.d.home = <int32_t*>_alloc(n, sizeof(int32_t))
+        self.d.link_leaf = <int32_t*>_alloc(m, sizeof(int32_t))
+        self.d.outer_ptr = <int32_t*>_alloc(n + 1, sizeof(int32_t))
+        self.d.outer_arc = <int32_t*>_alloc(2 * m, sizeof(int32_t))
+        for i in range(m):
+            self.d.link_leaf[i] = -1
+        for i in range(n):
+            self.d.leaf_link[i] = -1
+            self.d.home[i] = -1
+        self.d.n_homes = 0
+        for i in range(n):
+            if self.d.dev_bucket[i] < 0 or self.d.adj_ptr[i + 1] - self.d.adj_ptr[i] != 1:
+                continue
+            k = self.d.adj_ptr[i]
+            u = self.d.adj_far[k]
+            if self.d.kind[u] == DEVICE or self.d.kind[u] == OCS:
+                continue
+            if self.d.adj_slot[k] >= 0 or self.d.adj_near_slot[k] >= 0:
+                continue
+            self.d.leaf_link[i] = self.d.adj_link[k]
+            self.d.link_leaf[self.d.adj_link[k]] = i
+            if self.d.home[u] < 0:
+                self.d.home[u] = self.d.n_homes
+                self.d.n_homes += 1
+        for u in range(n):
+            self.d.outer_ptr[u] = <int32_t>pos
+            for k in range(self.d.adj_ptr[u], self.d.adj_ptr[u + 1]):
+                if self.d.leaf_link[self.d.adj_far[k]] < 0:
+                    self.d.outer_arc[pos] = k
+                    pos += 1
+        self.d.outer_ptr[n] = <int32_t>pos
 
     def __dealloc__(self):
+        free(self.d.dev_bucket)
+        free(self.d.leaf_link)
+        free(self.d.link_leaf)
+        free(self.d.home)
+        free(self.d.outer_ptr)
+        free(self.d.outer_arc)
         free(self.d.dev_kind)
         free(self.d.dev_model)
         free(self.d.dev_gen)
@@ -538,6 +598,18 @@ cdef class Fabric:
             self._spare = ws
 
 
+cdef inline bint _leaf_open(const FabricData* f, const CondData* c, int32_t device) noexcept nogil:
+    """Whether a BFS of _reach for no bandwidth, going on from a leaf device's home, reaches
+    it and a Selector that admits its bucket whole takes it: it and its cable are usable, its
+    cable has no less than nothing free (as _reach tests), and it is not taken."""
+    cdef int32_t link = f.leaf_link[device]
+    return not (
+        (c.link_flags[link] | c.node_flags[device]) & UNUSABLE
+        or c.free[link] + _EPSILON < 0.0
+        or c.taken[device]
+    )
+
+
 cdef class _ConditionArrays:
     """The conditions of one fabric as arrays, built from a ``Conditions`` snapshot: what the
     search reads. ``_live_c.LiveConditions`` is these arrays changed in place."""
@@ -560,6 +632,11 @@ cdef class _ConditionArrays:
         self.c.holders_sole = <int32_t*>_alloc(n, sizeof(int32_t))
         self.c.taken = <uint8_t*>_alloc(n, sizeof(uint8_t))
         self.c.sliced = <double*>_alloc(n, sizeof(double))
+        self.c.leaf_open = <int32_t*>_alloc(
+            max(1, fabric.d.n_homes * fabric.d.n_buckets), sizeof(int32_t)
+        )
+        self.c.bucket_healthy = <int32_t*>_alloc(max(1, fabric.d.n_buckets), sizeof(int32_t))
+        self.c.bucket_free = <int32_t*>_alloc(max(1, fabric.d.n_buckets), sizeof(int32_t))
         memset(self.c.taken, 0, n)
         for i in range(n):
             self.c.sliced[i] = 0.0
@@ -597,10 +674,14 @@ cdef class _ConditionArrays:
         free(self.c.holders_sole)
         free(self.c.taken)
         free(self.c.sliced)
+        free(self.c.leaf_open)
+        free(self.c.bucket_healthy)
+        free(self.c.bucket_free)
 
     cdef _load(self, conditions):
         # A snapshot may name things the fabric lacks (the reference ignores them): skip them.
         cdef Fabric f = self.fabric
+        cdef int32_t leaf
         node_index = f._node_index
         link_index = f._link_index
         for component in conditions.unusable:
@@ -637,6 +718,30 @@ cdef class _ConditionArrays:
             i = node_index.get(device)
             if i is not None:
                 self.c.sliced[<int32_t>i] = gib
+        memset(self.c.leaf_open, 0, max(1, f.d.n_homes * f.d.n_buckets) * sizeof(int32_t))
+        memset(self.c.bucket_healthy, 0, max(1, f.d.n_buckets) * sizeof(int32_t))
+        memset(self.c.bucket_free, 0, max(1, f.d.n_buckets) * sizeof(int32_t))
+        for leaf in range(f.d.n_nodes):
+            self._tally(leaf, 1)
+
+    cdef void _tally(self, int32_t device, int delta) noexcept:
+        """Count a device with a bucket in (delta 1) or out (-1) of its bucket's healthy
+        and free tallies as it is now, and a leaf device of its home's leaf_open if it is
+        open now (_leaf_open); a change to a device or its cable is bracketed by -1 before
+        and 1 after. Anything else (device -1, or no device of a bucket): no-op."""
+        cdef const FabricData* f = &self.fabric.d
+        cdef int32_t b
+        if device < 0 or f.dev_bucket[device] < 0:
+            return
+        b = f.dev_bucket[device]
+        if not self.c.node_flags[device] & UNUSABLE:
+            self.c.bucket_healthy[b] += delta
+            if not self.c.taken[device]:
+                self.c.bucket_free[b] += delta
+        if f.leaf_link[device] >= 0 and _leaf_open(f, &self.c, device):
+            self.c.leaf_open[
+                f.home[f.adj_far[f.adj_ptr[device]]] * f.n_buckets + b
+            ] += delta
 
     cdef _set_slot(self, s, other, owner):
         cdef Fabric f = self.fabric
@@ -1825,6 +1930,14 @@ def census(Fabric fabric not None, conditions, selector):
     try:
         owner.next_stamp()
         armed = _arm(fabric, ws, &q, selector, kind, models)
+        whole = _whole_buckets(fabric, &q, selector) if armed else None
+        if whole is not None:
+            # Each bucket taken whole or not at all, no labels, no slice: the tallies answer.
+            for number in whole:
+                matched += fabric._bucket_span[number][4]
+                healthy += c.bucket_healthy[<int32_t>number]
+                free += c.bucket_free[<int32_t>number]
+            return (matched, healthy, free, free)
         for bucket in buckets:
             ids = bucket
             for j in range(ids.shape[0]):
@@ -1898,32 +2011,55 @@ cdef int32_t _mark_targets(
 
 
 cdef int64_t _reach(
-    const FabricData* f, const CondData* c, WS* ws, const Query* q, bint own_free, bint* met_own
+    const FabricData* f, const CondData* c, WS* ws, const Query* q, bint own_free, bint* met_own,
+    const int32_t* buckets, int32_t n_buckets
 ) noexcept nogil:
     """How many targets a BFS from the host reaches, with no hop or latency bound, by the
     search's per-link and per-node rules, where a port holding another host's circuit carries
     nothing, and one holding a circuit of the host's own carries nothing either or (own_free)
-    anything. met_own: whether it met one of those.
+    anything. met_own: whether it met one of those on a cable into a node it goes on from or
+    a target (a device passes nothing on, so one that is no target is not looked at further:
+    for most requests most of the hall's devices are of another kind, or taken).
 
     With the host's own ports closed, an OCS passes between any two free ports, so a walk
     the BFS follows that meets a node twice shortens to one that meets it once (a switch
     passes anything, and the first entry port pairs with the last exit port): what it reaches
     some path reaches. With them open it reaches at least what any path reaches, since a path
     passes an OCS between free ports or over its own circuit. See reachable.
+
+    n_buckets >= 0 (a Selector that admits each of `buckets` whole or not at all, for no
+    bandwidth): leaf devices are counted per node the BFS goes on from (leaf_open), not
+    visited; the BFS walks the other cables (outer_arc). A leaf device has no OCS port, so
+    met_own is the same.
     """
-    cdef int32_t head = 0, tail = 1, u, v, k, j
+    cdef int32_t head = 0, tail = 1, u, v, k, j, b, at
     cdef int32_t ends[2]
     cdef int64_t count = 0
     cdef int8_t kind
     cdef bint blocked
+    cdef bint tallied = n_buckets >= 0
     ws.found_stamp[q.host] = ws.round
     ws.queue[0] = q.host
     while head < tail:
         u = ws.queue[head]
         head += 1
-        for k in range(f.adj_ptr[u], f.adj_ptr[u + 1]):
+        if tallied and f.home[u] >= 0:
+            at = f.home[u] * f.n_buckets
+            for b in range(n_buckets):
+                count += c.leaf_open[at + buckets[b]]
+        for j in range(
+            f.outer_ptr[u] if tallied else f.adj_ptr[u],
+            f.outer_ptr[u + 1] if tallied else f.adj_ptr[u + 1],
+        ):
+            k = f.outer_arc[j] if tallied else j
             v = f.adj_far[k]
             if ws.found_stamp[v] == ws.round:
+                continue
+            kind = f.kind[v]
+            # A device passes nothing on: one that is no target needs no more tests.
+            if kind == DEVICE and not (
+                _selected(f, c, ws, q, v) if q.select else ws.target_stamp[v] == ws.stamp
+            ):
                 continue
             if (c.link_flags[f.adj_link[k]] | c.node_flags[v]) & UNUSABLE:
                 continue
@@ -1932,20 +2068,18 @@ cdef int64_t _reach(
             ends[0] = f.adj_near_slot[k]  # the cable's OCS ports, if any
             ends[1] = f.adj_slot[k]
             blocked = False
-            for j in range(2):
-                if ends[j] >= 0 and c.circ_other[ends[j]] != NO_CIRCUIT:
-                    if c.circ_owner[ends[j]] != q.host:
+            for b in range(2):
+                if ends[b] >= 0 and c.circ_other[ends[b]] != NO_CIRCUIT:
+                    if c.circ_owner[ends[b]] != q.host:
                         blocked = True
                     else:
                         met_own[0] = True
                         blocked = blocked or not own_free
             if blocked:
                 continue
-            kind = f.kind[v]
             if kind == DEVICE:
                 ws.found_stamp[v] = ws.round
-                if _selected(f, c, ws, q, v) if q.select else ws.target_stamp[v] == ws.stamp:
-                    count += 1
+                count += 1
             elif kind != HOST and not (kind == SWITCH and q.isolation and not _switch_open(c, q, v)):
                 ws.found_stamp[v] = ws.round
                 ws.queue[tail] = v
@@ -1953,20 +2087,47 @@ cdef int64_t _reach(
     return count
 
 
+_NO_BUCKETS = array("i", [0])
+
+
+cdef object _whole_buckets(Fabric fabric, const Query* q, targets):
+    """The numbers of the buckets a Selector (armed in q) admits whole, as array("i"), when
+    it admits every other bucket not at all and the BFS asks for no bandwidth: then _reach
+    counts leaf devices per node (leaf_open). Else None: each device is tested."""
+    if not q.select or q.bandwidth != 0.0 or q.n_labels > 0 or q.has_slice:
+        return None
+    kind, models, _ = _selector_buckets(fabric, targets)
+    whole = array("i")
+    for m in models:
+        number = fabric._bucket_no[(kind, m)]
+        least_gen, most_gen, least_mem, most_mem, _ = fabric._bucket_span[number]
+        if (q.has_min_gen and most_gen < q.min_gen) or (q.has_min_mem and most_mem < q.min_mem):
+            continue  # none of it
+        if (q.has_min_gen and least_gen < q.min_gen) or (
+            q.has_min_mem and least_mem < q.min_mem
+        ):
+            return None  # some of it
+        whole.append(number)
+    return whole
+
+
 def reachable(Fabric fabric not None, conditions, request, targets):
     """``_paths_py.reachable``: how many of ``targets`` (ids or a Selector) some path
     reaches, as ``len(best_costs(...))``. Without a hop or latency bound a BFS answers
-    (_reach), in time linear in the fabric rather than in the labels of a search: with the
-    host's own circuit ports closed it counts targets some path reaches, with them open at
+    (_reach), in time linear in the fabric rather than in the labels of a search (in its
+    nodes and cables but the leaf devices', when the Selector takes each bucket whole and no
+    bandwidth is asked: those are counted from the tallies): with the host's own circuit
+    ports closed it counts targets some path reaches, with them open at
     least every one; when it meets none, or both count the same, that is the answer. Else
     the search counts."""
     cdef _ConditionArrays live = _live(fabric, conditions)
     cdef Query q
     cdef _Workspace owner
     cdef WS* ws
-    cdef int32_t n_marked
+    cdef int32_t n_marked, n_buckets = -1
     cdef int64_t count, at_most
     cdef bint met_own = False
+    cdef int[:] buckets = _NO_BUCKETS
     _prepare(fabric, live, request, &q)
     owner = fabric._take()
     ws = &owner.w
@@ -1977,13 +2138,17 @@ def reachable(Fabric fabric not None, conditions, request, targets):
             return 0
         # A dangling circuit of the host raises in the search: leave those to it.
         if q.max_hops == _NO_LIMIT and not q.bounded and not live._dangling:
+            whole = _whole_buckets(fabric, &q, targets)
+            if whole is not None:
+                buckets = whole if len(whole) else _NO_BUCKETS
+                n_buckets = len(whole)
             with nogil:
-                count = _reach(&fabric.d, &live.c, ws, &q, False, &met_own)
+                count = _reach(&fabric.d, &live.c, ws, &q, False, &met_own, <const int32_t*>&buckets[0], n_buckets)
             if not met_own:
                 return count
             _next_round(ws)  # each BFS and the search mark visits afresh
             with nogil:
-                at_most = _reach(&fabric.d, &live.c, ws, &q, True, &met_own)
+                at_most = _reach(&fabric.d, &live.c, ws, &q, True, &met_own, <const int32_t*>&buckets[0], n_buckets)
             if at_most == count:
                 return count
             _next_round(ws)

@@ -126,8 +126,10 @@ class _Core:
 
     The fabric is rebuilt only when the topology changes. Conditions follow the state by
     difference: state maps are replaced, never mutated, so a map that is the same object as
-    last time is skipped, and a changed one is compared entry by entry (C-speed dict access)
-    and only the entries that differ are sent to the path core, each an O(1) update there.
+    last time is skipped, and a changed one is compared with the one seen (its items'
+    symmetric difference, a C-speed set operation, where the values hash; by identity of
+    the values where they are maps, which evolve replaces when they change) and only the
+    entries that differ are sent to the path core, each an O(1) update there.
     Any state of the domain may come next (a scratch state thrown away after a failed commit,
     an older one in a test): the difference is taken against whatever was seen last.
     """
@@ -160,20 +162,20 @@ class _Core:
                 and _sync_components(self.links, state.links, live)
             ):
                 return False
+            # Maps of hashable values differ by the entries of their items' symmetric
+            # difference, taken at C speed: only those entries are looked at again.
             old, new = self.reserved, state.reserved_gbps
             if new is not old:
-                for link in old.keys() - new.keys():
-                    live.set_reserved(link, 0.0)
-                for link, gbps in new.items():
-                    if old.get(link) != gbps:
-                        live.set_reserved(link, gbps)
+                for link in {link for link, _ in old.items() ^ new.items()}:
+                    live.set_reserved(link, new.get(link, 0.0))
             before, after = self.circuits, state.circuits
             if after is not before:
-                for key in before.keys() - after.keys():
-                    port, _ = _circuit_ports(key, before[key])
-                    live.clear_circuit(before[key].ocs, port)
-                for key, c in after.items():
-                    if before.get(key) != c:
+                for key in {key for key, _ in before.items() ^ after.items()}:
+                    c = after.get(key)
+                    if c is None:
+                        port, _ = _circuit_ports(key, before[key])
+                        live.clear_circuit(before[key].ocs, port)
+                    else:
                         port, other = _circuit_ports(key, c)
                         live.set_circuit(c.ocs, port, other, c.host)
             # Taken whole by a composition or a reservation; sliced by either (state.taken).
@@ -183,20 +185,16 @@ class _Core:
                 changed |= self.reserved_by.keys() ^ state.reserved_by.keys()
                 for device in changed:
                     live.set_taken(device, taken(state, device))
-            if (
-                state.memory_used is not self.memory_used
-                or state.reserved_gib is not self.reserved_gib
-            ):
-                for device in (
-                    self.memory_used.keys()
-                    | state.memory_used.keys()
-                    | self.reserved_gib.keys()
-                    | state.reserved_gib.keys()
-                ):
-                    was = self.memory_used.get(device, 0.0) + self.reserved_gib.get(device, 0.0)
-                    now = sliced_gib(state, device)
-                    if was != now:
-                        live.set_sliced(device, now)
+            sliced: set[str] = set()
+            if state.memory_used is not self.memory_used:
+                sliced.update(d for d, _ in self.memory_used.items() ^ state.memory_used.items())
+            if state.reserved_gib is not self.reserved_gib:
+                sliced.update(d for d, _ in self.reserved_gib.items() ^ state.reserved_gib.items())
+            for device in sliced:
+                was = self.memory_used.get(device, 0.0) + self.reserved_gib.get(device, 0.0)
+                now = sliced_gib(state, device)
+                if was != now:
+                    live.set_sliced(device, now)
             for old_t, new_t, update in (
                 (self.switch_tenants, state.switch_tenants, live.set_switch_tenants),
                 (self.exclusive_tenants, state.exclusive_tenants, live.set_exclusive_tenants),
