@@ -76,13 +76,12 @@ class CompositionsProjection:
             if (cid := composition_of(fact.event))
         ]
         await rows.prefetch({key for _, key in named})
-        get, put = rows.get, rows.put
         for fact, key in named:
             record, event = fact
             if isinstance(event, CompositionRequested):
-                put(_requested(fact, event))
+                rows.put(_requested(fact, event))
                 continue
-            row = await get(key)
+            row = await rows.get(key)
             if row is None:
                 # decide() never names a composition before requesting it; a log that does is
                 # not ours to repair, and stalling every read model on it would help nobody.
@@ -90,7 +89,7 @@ class CompositionsProjection:
             _fold(row, event)
             row["chain"].append(chain_entry(record))
             row["updated_position"] = record.position
-            put(row)
+            rows.put(row)
         await rows.flush()
 
 

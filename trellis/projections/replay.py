@@ -50,12 +50,7 @@ class _TableState:
     def hold(self, key: Key, row: Row) -> None:
         self.held[key] = row
         if self.table.group:
-            prefix = key[: len(self.table.group)]
-            keys = self.groups.get(prefix)
-            if keys is None:
-                self.groups[prefix] = {key}
-            else:
-                keys.add(key)
+            self.groups.setdefault(key[: len(self.table.group)], set()).add(key)
 
     def release(self, key: Key) -> None:
         del self.held[key]
@@ -130,18 +125,12 @@ class ReplayRows:
                 state.touched[key] = None
             else:
                 state.touched.pop(key, None)  # Postgres never saw it: nothing to write
-        # Every row a fold changes passes here: its names looked up once.
-        key_of, held, raw = table.key_of, state.held, state.raw
-        touched, used = state.touched, state.used
         for row in kept:
-            key = key_of(row)
-            if table.group:
-                state.hold(key, row)
-            else:
-                held[key] = row
-            raw.add(key)
-            touched[key] = row
-            used.add(key)
+            key = table.key_of(row)
+            state.hold(key, row)
+            state.raw.add(key)
+            state.touched[key] = row
+            state.used.add(key)
 
     def changes(self) -> list[Changes]:
         """Take every change since the last call, for `write` (the rows in memory now count

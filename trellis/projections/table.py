@@ -298,10 +298,9 @@ class Rows:
         self._fetched_groups.update(missing)
 
     async def get(self, key: Key) -> Row | None:
-        rows = self._rows
-        if key not in rows:
+        if key not in self._rows:
             await self.prefetch([key])
-        return rows[key]
+        return self._rows[key]
 
     async def group(self, prefix: Key) -> list[Row]:
         """The live rows under `prefix` (changes of this batch included), in key order."""
@@ -345,9 +344,4 @@ class Rows:
             self._grouped(key)
 
     def _grouped(self, key: Key) -> None:
-        prefix = key[: self._group_len]
-        keys = self._groups.get(prefix)
-        if keys is None:
-            self._groups[prefix] = {key}
-        else:
-            keys.add(key)
+        self._groups.setdefault(key[: self._group_len], set()).add(key)
