@@ -623,6 +623,145 @@ def test_reachable_by_selector_follows_each_change_and_rollback(seed: int) -> No
     same_reach()
 
 
+def hall_problem(seed: int) -> tuple[World, dict[str, DeviceInfo], dict[str, int]]:
+    """A small hall as bench/fabrics.py builds a large one: pods of spines and leaves, hosts
+    on the spines, spines cabled twice to two of three OCS, trunks between the OCS, leaf
+    devices under the leaves and port devices on the OCS, and one host on an OCS. Every
+    device hangs as a leaf or from one OCS port, so the compiled core keeps its region index.
+    Returns the world, the devices' infos, and each OCS's next free port."""
+    rng = random.Random(seed)
+    nodes: dict[str, NodeInfo] = {}
+    links: list[LinkInfo] = []
+    ocses = ["o0", "o1", "o2"]
+    next_port = dict.fromkeys(ocses, 0)
+    hosts: list[str] = []
+    switches: list[str] = []
+    devices: list[str] = []
+
+    def add(node: str, kind: str, into: list[str]) -> str:
+        nodes[node] = NodeInfo(kind)
+        into.append(node)
+        return node
+
+    def cable(a: str, b: str) -> None:
+        ports = [next_port.get(a), next_port.get(b)]
+        for end in (a, b):
+            if end in next_port:
+                next_port[end] += 1
+        lat = rng.choice([1, 2, 5])
+        links.append(LinkInfo(f"l{len(links):04d}", a, b, 100.0, lat, ports[0], ports[1]))
+
+    for o in ocses:
+        add(o, "ocs", [])
+    for p in range(3):
+        spines = [add(f"p{p}s{i}", "switch", switches) for i in range(2)]
+        leaves = [add(f"p{p}l{i}", "switch", switches) for i in range(4)]
+        for spine in spines:
+            for leaf in leaves:
+                cable(spine, leaf)
+            for o in rng.sample(ocses, 2):
+                cable(spine, o)
+                cable(spine, o)
+        for h in range(2):
+            host = add(f"p{p}h{h}", "host", hosts)
+            for spine in spines:
+                cable(host, spine)
+        for leaf in leaves:
+            for d in range(8):
+                cable(add(f"{leaf}d{d}", "device", devices), leaf)
+    cable("o0", "o1")
+    cable("o1", "o2")
+    for o in ocses:
+        for d in range(6):
+            cable(add(f"{o}d{d}", "device", devices), o)
+    cable(add("oh", "host", hosts), "o2")
+    infos = {
+        d: DeviceInfo(rng.choice(("gpu", "gpu", "gpu", "memory")), rng.choice(("A", "B")), 1)
+        for d in devices
+    }
+    world = World(nodes, links, hosts, switches, ocses, devices, {})
+    return world, infos, next_port
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_reachable_ignoring_isolation_follows_circuits_faults_and_rollback(seed: int) -> None:
+    """The compiled core counts what a host that holds no circuit reaches ignoring isolation
+    (the why-not funnel's isolation stage) from its region index: switches joined into
+    regions, open cables between regions and OCS, and open devices per region and OCS, kept
+    as circuits, faults, reservations and taken devices change and as rollbacks undo them.
+    Its counts agree with the reference's search after every step, from every host, and the
+    index answers them."""
+    world, infos, ports = hall_problem(seed)
+    rng = random.Random(seed)
+    fabrics = (
+        PY.Fabric(world.nodes, world.links, infos),
+        C.Fabric(world.nodes, world.links, infos),
+    )
+    lives = [impl.LiveConditions(f) for impl, f in zip((PY, C), fabrics, strict=True)]
+    selectors = [Selector("gpu"), Selector("gpu", ("B",)), Selector("memory")]
+    links = [lk.id for lk in world.links]
+    components = [*world.nodes, *links]
+    circuits: dict[tuple[str, int], tuple[int, str]] = {}  # (ocs, port) -> (other, owner)
+    answered_by_index = 0
+
+    def same_reach() -> None:
+        nonlocal answered_by_index
+        for host in world.hosts:
+            asked = PathRequest(host, "t", isolation=False)
+            for selector in selectors:
+                costs = outcome(PY.best_costs, fabrics[0], lives[0], asked, selector)
+                count = len(costs) if isinstance(costs, dict) else costs
+                got = outcome(C.reachable, fabrics[1], lives[1], asked, selector)
+                assert got == count, (host, selector)
+        answered_by_index += lives[1].regions is not None
+
+    def change(method: str, *args: Any) -> None:
+        for live in lives:
+            getattr(live, method)(*args)
+
+    same_reach()
+    marks: list[tuple[list[int], dict[tuple[str, int], tuple[int, str]]]] = []
+    for _ in range(60):
+        step = rng.randrange(9)
+        if step == 0:
+            marks.append(([live.checkpoint() for live in lives], dict(circuits)))
+            continue
+        if step == 1 and marks:
+            points, circuits = marks.pop()
+            for live, mark in zip(lives, points, strict=True):
+                live.rollback(mark)
+        elif step in (2, 3):  # a circuit between two free ports, of a host or of nobody here
+            ocs = rng.choice(world.ocses)
+            free = [p for p in range(ports[ocs]) if (ocs, p) not in circuits]
+            if len(free) >= 2:
+                a, b = sorted(rng.sample(free, 2))
+                owner = rng.choice([*world.hosts, "elsewhere"])
+                change("add_circuit", ocs, a, b, owner)
+                circuits[(ocs, a)], circuits[(ocs, b)] = (b, owner), (a, owner)
+        elif step == 4 and circuits:
+            ocs, port = rng.choice(sorted(circuits))
+            other, _ = circuits.pop((ocs, port))
+            circuits.pop((ocs, other))
+            change("clear_circuit", ocs, port)
+            change("clear_circuit", ocs, other)
+        elif step == 5:  # an OCS or switch half the time: the regions' own changes
+            picks = components if rng.random() < 0.5 else [*world.ocses, *world.switches]
+            change("set_usable", rng.choice(picks), rng.random() < 0.6)
+        elif step == 6:
+            change("reserve", rng.choice(links), rng.choice((30.0, 500.0)))  # 500: overdrawn
+        elif step == 7:
+            change("set_reserved", rng.choice(links), 0.0)
+        else:
+            change("set_taken", rng.choice(world.devices), rng.random() < 0.5)
+        same_reach()
+    while marks:
+        points, circuits = marks.pop()
+        for live, mark in zip(lives, points, strict=True):
+            live.rollback(mark)
+    same_reach()
+    assert answered_by_index > 30
+
+
 @pytest.mark.parametrize("seed", range(60))
 def test_both_cores_agree_on_denser_seeded_fabrics(seed: int) -> None:
     world, cond, requests = medium_problem(seed)

@@ -48,6 +48,13 @@ cdef class LiveConditions(_ConditionArrays):
         self._through = {}
         self._depth = 0
         _ConditionArrays.__init__(self, fabric, conditions)
+        self.regions_on = True  # it lives on through many counts: keep the region index
+
+    @property
+    def regions(self):
+        """How many regions the region index holds, or None while it is stale or off (see
+        _paths_c._ConditionArrays._reach_build); tests read it."""
+        return self.n_regions if self.regions_ready else None
 
     # ---- the journal ----
 
@@ -78,10 +85,12 @@ cdef class LiveConditions(_ConditionArrays):
                         self._track(entry[1], entry[2])
                 elif what == 3:
                     s = entry[1]
+                    self._slot_tally(s, -1)
                     self._count_owner(s, -1)
                     self.c.circ_other[<int32_t>s] = entry[2]
                     self.c.circ_owner[<int32_t>s] = entry[3]
                     self._count_owner(s, 1)
+                    self._slot_tally(s, 1)
                     if entry[4] is None:
                         self._dangling.pop(s, None)
                     else:
@@ -95,11 +104,14 @@ cdef class LiveConditions(_ConditionArrays):
 
     cdef _restore(self, tuple entry):
         """Undo a journal entry of a node's or link's flags, a link's bandwidth or a device's
-        taken mark; the leaf device it concerns, if any, goes out of the tally and back in."""
+        taken mark; what it concerns goes out of the tallies and back in."""
         cdef int what = entry[0]
         cdef int32_t i = entry[1]
-        cdef int32_t leaf = self.fabric.d.link_leaf[i] if what == 1 or what == 2 else i
-        self._tally(leaf, -1)
+        cdef bint is_link = what == 1 or what == 2
+        if is_link:
+            self._link_tally(i, -1)
+        else:
+            self._tally(i, -1)
         if what == 0:
             self.c.node_flags[i] = entry[2]
         elif what == 1:
@@ -109,7 +121,12 @@ cdef class LiveConditions(_ConditionArrays):
             self.c.free[i] = entry[3]
         else:
             self.c.taken[i] = entry[2]
-        self._tally(leaf, 1)
+        if is_link:
+            self._link_tally(i, 1)
+        else:
+            self._tally(i, 1)
+            if what == 0:
+                self._node_changed(i)
 
     # ---- changes ----
 
@@ -134,13 +151,19 @@ cdef class LiveConditions(_ConditionArrays):
         cdef int32_t i = self._component(component, &is_link)
         cdef uint8_t* flags = self.c.link_flags if is_link else self.c.node_flags
         cdef uint8_t flag = (flags[i] & ~UNUSABLE) | (0 if usable else UNUSABLE)
-        cdef int32_t leaf = self.fabric.d.link_leaf[i] if is_link else i
-        if flag != flags[i]:
-            if self._journal is not None:
-                self._journal.append((1 if is_link else 0, i, flags[i]))
-            self._tally(leaf, -1)
+        if flag == flags[i]:
+            return
+        if self._journal is not None:
+            self._journal.append((1 if is_link else 0, i, flags[i]))
+        if is_link:
+            self._link_tally(i, -1)
             flags[i] = flag
-            self._tally(leaf, 1)
+            self._link_tally(i, 1)
+        else:
+            self._tally(i, -1)
+            flags[i] = flag
+            self._tally(i, 1)
+            self._node_changed(i)
 
     cdef int32_t _node(self, node) except -1:
         i = self.fabric._node_index.get(node)
@@ -185,10 +208,10 @@ cdef class LiveConditions(_ConditionArrays):
         cdef int32_t k = self._link(link)
         if self._journal is not None:
             self._journal.append((2, k, self.c.reserved[k], self.c.free[k]))
-        self._tally(self.fabric.d.link_leaf[k], -1)
+        self._link_tally(k, -1)
         self.c.reserved[k] = gbps
         self.c.free[k] = self.fabric.d.link_cap[k] - self.c.reserved[k]
-        self._tally(self.fabric.d.link_leaf[k], 1)
+        self._link_tally(k, 1)
 
     def reserve(self, link, gbps):
         """Add to the bandwidth reserved on a link."""

@@ -61,6 +61,12 @@ ctypedef struct FabricData:
     int32_t n_homes
     int32_t* outer_ptr  # n_nodes + 1 offsets into outer_arc
     int32_t* outer_arc  # per node, its adjacency positions whose far node is no leaf device
+    # A "port" device: one cable, on an OCS port, and a DeviceInfo (a hall's pooled memory and
+    # NVMe). The region index (_ConditionArrays._reach_build) tallies those per OCS.
+    int32_t* port_slot  # per node: a port device's slot, or -1
+    int32_t* link_slots  # per link: the slots of its OCS ends (2 entries each, -1: none)
+    uint8_t* switch_link  # per link: 1 when it joins two switches
+    int has_other_devices  # a device with a DeviceInfo that is neither a leaf nor a port one
 
 
 ctypedef struct CondData:
@@ -237,6 +243,7 @@ cdef class Fabric:
 
     cdef _load_devices(self, devices)
     cdef _index_leaves(self)
+    cdef _index_ports(self)
     cdef _Workspace _take(self)
     cdef void _give(self, _Workspace ws)
 
@@ -252,10 +259,33 @@ cdef class _ConditionArrays:
     cdef dict _dangling  # slot -> the other port as given, for the reference's KeyError
     cdef dict _owned  # owner node index -> {OCS rank: its circuit ports there}
     cdef list _journal  # None, or the undo entries since the outermost checkpoint
+    # The region index (see _reach_build): kept only by LiveConditions (regions_on), built on
+    # the first unisolated count after a change it cannot follow (regions_stale).
+    cdef bint regions_on
+    cdef bint regions_stale
+    cdef bint regions_ready
+    cdef bint _was_open  # a switch-to-switch cable's state before a change (_cable_tally)
+    cdef int32_t n_regions
+    cdef int32_t n_places  # regions, then OCS
+    cdef int32_t* region  # per node: its region, or -1 (not a usable switch)
+    cdef int32_t* place_links  # n_places x n_places: open cables between two places
+    cdef int32_t* region_open  # per region and bucket: leaf devices open (as leaf_open)
+    cdef int32_t* ocs_open  # per OCS rank and bucket: port devices open (_port_open)
+    cdef uint8_t* place_seen  # per place: the count's BFS (cleared after each)
+    cdef int32_t* place_queue
 
     cdef _load(self, conditions)
     cdef void _tally(self, int32_t device, int delta) noexcept
+    cdef void _port_tally(self, int32_t device, int delta) noexcept
+    cdef void _cable_tally(self, int32_t link, int delta) noexcept
+    cdef void _slot_tally(self, int32_t slot, int delta) noexcept
+    cdef void _link_tally(self, int32_t link, int delta) noexcept
+    cdef void _node_changed(self, int32_t node) noexcept
+    cdef void _regions_stale(self) noexcept
+    cdef int _reach_build(self) except -1
     cdef _set_slot(self, s, other, owner)
+    cdef _set_circuit(self, int32_t slot, other, owner)
+    cdef void _free_regions(self) noexcept
     cdef _count_owner(self, int32_t slot, int delta)
     cdef _set_tenants(self, dict table, i, tenants, bint exclusive)
     cdef int32_t _tenant(self, tenant)

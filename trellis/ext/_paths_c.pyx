@@ -539,10 +539,44 @@ cdef class Fabric:
                     self.d.outer_arc[pos] = k
                     pos += 1
         self.d.outer_ptr[n] = <int32_t>pos
+        self._index_ports()
+
+    cdef _index_ports(self):
+        """Find the port devices (FabricData.port_slot), each link's OCS slots, and whether
+        any device with a DeviceInfo is neither a leaf nor a port one (the region index then
+        stays off: such a device may hang between two places)."""
+        cdef int32_t n = self.d.n_nodes, m = self.d.n_links, i, k, s
+        self.d.port_slot = <int32_t*>_alloc(n, sizeof(int32_t))
+        self.d.link_slots = <int32_t*>_alloc(2 * m, sizeof(int32_t))
+        for k in range(2 * m):
+            self.d.link_slots[k] = -1
+        for s in range(self.d.n_slots):
+            k = self.d.slot_link[s]
+            self.d.link_slots[2 * k + (0 if self.d.link_slots[2 * k] < 0 else 1)] = s
+        self.d.switch_link = <uint8_t*>_alloc(m, sizeof(uint8_t))
+        memset(self.d.switch_link, 0, m)
+        for i in range(n):
+            if self.d.kind[i] == SWITCH:
+                for k in range(self.d.adj_ptr[i], self.d.adj_ptr[i + 1]):
+                    if self.d.kind[self.d.adj_far[k]] == SWITCH:
+                        self.d.switch_link[self.d.adj_link[k]] = 1
+        self.d.has_other_devices = 0
+        for i in range(n):
+            self.d.port_slot[i] = -1
+            if self.d.dev_bucket[i] < 0 or self.d.leaf_link[i] >= 0:
+                continue
+            k = self.d.adj_ptr[i]
+            if self.d.adj_ptr[i + 1] - k == 1 and self.d.adj_slot[k] >= 0:
+                self.d.port_slot[i] = self.d.adj_slot[k]
+            else:
+                self.d.has_other_devices = 1
 
     def __dealloc__(self):
         free(self.d.dev_bucket)
         free(self.d.leaf_link)
+        free(self.d.port_slot)
+        free(self.d.link_slots)
+        free(self.d.switch_link)
         free(self.d.link_leaf)
         free(self.d.home)
         free(self.d.outer_ptr)
@@ -610,12 +644,53 @@ cdef inline bint _leaf_open(const FabricData* f, const CondData* c, int32_t devi
     )
 
 
+cdef inline bint _port_open(const FabricData* f, const CondData* c, int32_t device) noexcept nogil:
+    """Whether a BFS of _reach for no bandwidth that reaches a port device's OCS reaches it
+    and a Selector that admits its bucket whole takes it: as _leaf_open, and its port holds
+    no circuit."""
+    cdef int32_t slot = f.port_slot[device]
+    cdef int32_t link = f.slot_link[slot]
+    return not (
+        (c.link_flags[link] | c.node_flags[device]) & UNUSABLE
+        or c.free[link] + _EPSILON < 0.0
+        or c.taken[device]
+        or c.circ_other[slot] != NO_CIRCUIT
+    )
+
+
+cdef inline bint _cable_open(const FabricData* f, const CondData* c, int32_t link) noexcept nogil:
+    """Whether _reach's BFS, ignoring isolation, for no bandwidth and from a host that holds
+    no circuit, crosses a cable with OCS ends: it, its ends and its ports are free."""
+    cdef int32_t a = f.link_slots[2 * link], b = f.link_slots[2 * link + 1]
+    return not (
+        c.link_flags[link] & UNUSABLE
+        or c.free[link] + _EPSILON < 0.0
+        or (c.node_flags[f.slot_ocs[a]] | c.node_flags[f.slot_far[a]]) & UNUSABLE
+        or c.circ_other[a] != NO_CIRCUIT
+        or (b >= 0 and c.circ_other[b] != NO_CIRCUIT)
+    )
+
+
+# The region index has at most this many places (regions and OCS): its table of open cables
+# is places x places, and a count scans a row per place it reaches.
+cdef int32_t _MAX_PLACES = 256
+
+
 cdef class _ConditionArrays:
     """The conditions of one fabric as arrays, built from a ``Conditions`` snapshot: what the
     search reads. ``_live_c.LiveConditions`` is these arrays changed in place."""
 
     def __cinit__(self):
         memset(&self.c, 0, sizeof(CondData))
+        self.region = NULL
+        self.place_links = NULL
+        self.region_open = NULL
+        self.ocs_open = NULL
+        self.place_seen = NULL
+        self.place_queue = NULL
+        self.regions_on = False
+        self.regions_stale = True
+        self.regions_ready = False
 
     def __init__(self, Fabric fabric not None, conditions=Conditions()):
         cdef int32_t n = fabric.d.n_nodes, m = fabric.d.n_links, s = fabric.d.n_slots, i
@@ -677,6 +752,21 @@ cdef class _ConditionArrays:
         free(self.c.leaf_open)
         free(self.c.bucket_healthy)
         free(self.c.bucket_free)
+        self._free_regions()
+
+    cdef void _free_regions(self) noexcept:
+        free(self.region)
+        free(self.place_links)
+        free(self.region_open)
+        free(self.ocs_open)
+        free(self.place_seen)
+        free(self.place_queue)
+        self.region = NULL
+        self.place_links = NULL
+        self.region_open = NULL
+        self.ocs_open = NULL
+        self.place_seen = NULL
+        self.place_queue = NULL
 
     cdef _load(self, conditions):
         # A snapshot may name things the fabric lacks (the reference ignores them): skip them.
@@ -718,6 +808,7 @@ cdef class _ConditionArrays:
             i = node_index.get(device)
             if i is not None:
                 self.c.sliced[<int32_t>i] = gib
+        self._regions_stale()
         memset(self.c.leaf_open, 0, max(1, f.d.n_homes * f.d.n_buckets) * sizeof(int32_t))
         memset(self.c.bucket_healthy, 0, max(1, f.d.n_buckets) * sizeof(int32_t))
         memset(self.c.bucket_free, 0, max(1, f.d.n_buckets) * sizeof(int32_t))
@@ -726,11 +817,12 @@ cdef class _ConditionArrays:
 
     cdef void _tally(self, int32_t device, int delta) noexcept:
         """Count a device with a bucket in (delta 1) or out (-1) of its bucket's healthy
-        and free tallies as it is now, and a leaf device of its home's leaf_open if it is
-        open now (_leaf_open); a change to a device or its cable is bracketed by -1 before
-        and 1 after. Anything else (device -1, or no device of a bucket): no-op."""
+        and free tallies as it is now, and a leaf device of its home's leaf_open (and its
+        region's) if it is open now (_leaf_open), a port device of its OCS's (_port_tally); a
+        change to a device or its cable is bracketed by -1 before and 1 after. Anything else
+        (device -1, or no device of a bucket): no-op."""
         cdef const FabricData* f = &self.fabric.d
-        cdef int32_t b
+        cdef int32_t b, home
         if device < 0 or f.dev_bucket[device] < 0:
             return
         b = f.dev_bucket[device]
@@ -738,18 +830,188 @@ cdef class _ConditionArrays:
             self.c.bucket_healthy[b] += delta
             if not self.c.taken[device]:
                 self.c.bucket_free[b] += delta
-        if f.leaf_link[device] >= 0 and _leaf_open(f, &self.c, device):
-            self.c.leaf_open[
-                f.home[f.adj_far[f.adj_ptr[device]]] * f.n_buckets + b
+        if f.leaf_link[device] >= 0:
+            if _leaf_open(f, &self.c, device):
+                home = f.adj_far[f.adj_ptr[device]]
+                self.c.leaf_open[f.home[home] * f.n_buckets + b] += delta
+                if self.regions_ready and self.region[home] >= 0:
+                    self.region_open[self.region[home] * f.n_buckets + b] += delta
+        else:
+            self._port_tally(device, delta)
+
+    # ---- the region index ----
+    #
+    # A count of what a host reaches ignoring isolation, with no hop, latency or bandwidth
+    # bound, from a host that holds no circuit (the why-not funnel's isolation stage, for a
+    # Selector taken whole per bucket) walks the hall: at 65,536 devices that is most of a
+    # refused compose. Its BFS passes switches and OCS, and counts leaf devices per node and
+    # port devices one by one. The region index answers it from smaller parts, kept as
+    # conditions change:
+    # - a region is a set of usable switches joined by open cables between switches; a change
+    #   that could split or join one (a switch or OCS, or a cable between switches, opening or
+    #   closing) marks the index stale, and the next count rebuilds it (faults are rare);
+    # - place_links counts, for each two places (regions and OCS), the open cables between
+    #   them (_cable_open): a circuit, a fault or a reservation on an OCS cable moves one;
+    # - region_open and ocs_open tally the open leaf devices per region and the open port
+    #   devices per OCS, per bucket.
+    # The BFS then walks places, not nodes. Off when a device hangs any other way.
+
+    cdef void _regions_stale(self) noexcept:
+        self.regions_stale = True
+        self.regions_ready = False
+
+    cdef void _node_changed(self, int32_t node) noexcept:
+        """A node's flags changed: a switch or OCS may split or join regions."""
+        cdef int8_t kind = self.fabric.d.kind[node]
+        if self.regions_ready and (kind == SWITCH or kind == OCS):
+            self._regions_stale()
+
+    cdef void _port_tally(self, int32_t device, int delta) noexcept:
+        """Count a port device in (1) or out (-1) of its OCS's tally, if it is open now."""
+        cdef const FabricData* f = &self.fabric.d
+        if not self.regions_ready or device < 0 or f.port_slot[device] < 0:
+            return
+        if _port_open(f, &self.c, device):
+            self.ocs_open[
+                f.ocs_rank[f.slot_ocs[f.port_slot[device]]] * f.n_buckets + f.dev_bucket[device]
             ] += delta
 
+    cdef void _cable_tally(self, int32_t link, int delta) noexcept:
+        """Count an OCS cable in (1) or out (-1) of place_links, if it is open now; a cable
+        between switches that opens or closes between the two marks the regions stale."""
+        cdef const FabricData* f = &self.fabric.d
+        cdef int32_t j, s, far, here, there, places = self.n_places
+        cdef bint is_open
+        if not self.regions_ready or link < 0:
+            return
+        if f.switch_link[link]:
+            is_open = not (self.c.link_flags[link] & UNUSABLE or self.c.free[link] + _EPSILON < 0.0)
+            if delta < 0:
+                self._was_open = is_open
+            elif is_open != self._was_open:
+                self._regions_stale()
+            return
+        if f.link_slots[2 * link] < 0 or not _cable_open(f, &self.c, link):
+            return
+        for j in range(2):
+            s = f.link_slots[2 * link + j]
+            if s < 0:
+                continue
+            here = self.n_regions + f.ocs_rank[f.slot_ocs[s]]
+            far = f.slot_far[s]
+            if f.kind[far] == SWITCH:
+                there = self.region[far]
+                self.place_links[here * places + there] += delta
+                self.place_links[there * places + here] += delta
+            elif f.kind[far] == OCS:  # the far end's own slot counts the way back
+                self.place_links[here * places + self.n_regions + f.ocs_rank[far]] += delta
+
+    cdef void _slot_tally(self, int32_t slot, int delta) noexcept:
+        """Around a change to a slot's circuit: its cable, and the port device on it."""
+        cdef const FabricData* f = &self.fabric.d
+        cdef int32_t far = f.slot_far[slot]
+        self._cable_tally(f.slot_link[slot], delta)
+        if f.kind[far] == DEVICE and f.port_slot[far] == slot:
+            self._port_tally(far, delta)
+
+    cdef void _link_tally(self, int32_t link, int delta) noexcept:
+        """Around a change to a link's flags or bandwidth: the leaf or port device it is the
+        cable of, and the cable itself."""
+        cdef const FabricData* f = &self.fabric.d
+        cdef int32_t j, s, far
+        self._tally(f.link_leaf[link], delta)
+        for j in range(2):
+            s = f.link_slots[2 * link + j]
+            if s >= 0:
+                far = f.slot_far[s]
+                if f.kind[far] == DEVICE and f.port_slot[far] == s:
+                    self._port_tally(far, delta)
+        self._cable_tally(link, delta)
+
+    cdef int _reach_build(self) except -1:
+        """Build the region index from the arrays as they are; off (regions_ready False
+        until the next stale mark) when a device hangs another way or the places are too
+        many."""
+        cdef const FabricData* f = &self.fabric.d
+        cdef int32_t n = f.n_nodes, nb = f.n_buckets, u, v, k, j, b, head, tail, regions = 0
+        cdef int32_t places, link
+        cdef int32_t* queue
+        self.regions_stale = False
+        self.regions_ready = False
+        self._free_regions()
+        if f.has_other_devices:
+            return 0
+        self.region = <int32_t*>_alloc(n, sizeof(int32_t))
+        for u in range(n):
+            self.region[u] = -1
+        queue = <int32_t*>_alloc(n, sizeof(int32_t))
+        try:
+            for u in range(n):
+                if f.kind[u] != SWITCH or self.region[u] >= 0 or self.c.node_flags[u] & UNUSABLE:
+                    continue
+                self.region[u] = regions
+                queue[0] = u
+                head, tail = 0, 1
+                while head < tail:
+                    v = queue[head]
+                    head += 1
+                    for j in range(f.adj_ptr[v], f.adj_ptr[v + 1]):
+                        k = f.adj_far[j]
+                        link = f.adj_link[j]
+                        if (
+                            f.kind[k] != SWITCH
+                            or self.region[k] >= 0
+                            or (self.c.node_flags[k] | self.c.link_flags[link]) & UNUSABLE
+                            or self.c.free[link] + _EPSILON < 0.0
+                        ):
+                            continue
+                        self.region[k] = regions
+                        queue[tail] = k
+                        tail += 1
+                regions += 1
+        finally:
+            free(queue)
+        places = regions + f.n_ocs
+        if places > _MAX_PLACES:
+            return 0
+        self.n_regions = regions
+        self.n_places = places
+        self.place_links = <int32_t*>_alloc(places * places, sizeof(int32_t))
+        self.region_open = <int32_t*>_alloc(max(1, regions * nb), sizeof(int32_t))
+        self.ocs_open = <int32_t*>_alloc(max(1, f.n_ocs * nb), sizeof(int32_t))
+        self.place_seen = <uint8_t*>_alloc(places, sizeof(uint8_t))
+        self.place_queue = <int32_t*>_alloc(places, sizeof(int32_t))
+        memset(self.place_links, 0, max(1, places * places) * sizeof(int32_t))
+        memset(self.region_open, 0, max(1, regions * nb) * sizeof(int32_t))
+        memset(self.ocs_open, 0, max(1, f.n_ocs * nb) * sizeof(int32_t))
+        memset(self.place_seen, 0, max(1, places))
+        self.regions_ready = True
+        for u in range(n):
+            if f.home[u] >= 0 and self.region[u] >= 0:
+                for b in range(nb):
+                    self.region_open[self.region[u] * nb + b] += self.c.leaf_open[f.home[u] * nb + b]
+        for link in range(f.n_links):
+            if f.link_slots[2 * link] >= 0:
+                self._cable_tally(link, 1)
+        for u in range(n):
+            self._port_tally(u, 1)
+        return 0
+
     cdef _set_slot(self, s, other, owner):
-        cdef Fabric f = self.fabric
-        cdef int32_t slot = s, other_slot
+        cdef int32_t slot = s
         if self._journal is not None:
             self._journal.append(
                 (3, s, self.c.circ_other[slot], self.c.circ_owner[slot], self._dangling.get(s))
             )
+        self._slot_tally(slot, -1)
+        self._set_circuit(slot, other, owner)
+        self._slot_tally(slot, 1)
+
+    cdef _set_circuit(self, int32_t slot, other, owner):
+        """The arrays' part of _set_slot (which journals it and keeps the tallies)."""
+        cdef Fabric f = self.fabric
+        cdef int32_t other_slot
+        s = slot
         self._count_owner(slot, -1)
         if other is None and owner is None:
             self.c.circ_other[slot] = NO_CIRCUIT
@@ -2090,6 +2352,65 @@ cdef int64_t _reach(
 _NO_BUCKETS = array("i", [0])
 
 
+cdef int64_t _count_by_places(
+    _ConditionArrays live, const Query* q, const int32_t* buckets, int32_t n_buckets
+) noexcept:
+    """_reach's count with the host's own ports closed, from the region index (see
+    _ConditionArrays._reach_build): the host's leaf devices, then a BFS over places from the
+    places its open cables enter, adding each place's open devices of the buckets. For a host
+    that holds no circuit it is _reach's count, and met_own stays False."""
+    cdef const FabricData* f = &live.fabric.d
+    cdef const CondData* c = &live.c
+    cdef int32_t nb = f.n_buckets, places = live.n_places, host = q.host
+    cdef int32_t j, k, v, b, link, slot, place, here, head = 0, tail = 0
+    cdef const int32_t* row
+    cdef const int32_t* tally
+    cdef int64_t count = 0
+    if f.home[host] >= 0:
+        for b in range(n_buckets):
+            count += c.leaf_open[f.home[host] * nb + buckets[b]]
+    for j in range(f.outer_ptr[host], f.outer_ptr[host + 1]):
+        k = f.outer_arc[j]
+        v = f.adj_far[k]
+        link = f.adj_link[k]
+        slot = f.adj_slot[k]
+        if f.kind[v] == SWITCH:
+            place = live.region[v]
+        elif f.kind[v] == OCS:
+            place = live.n_regions + f.ocs_rank[v]
+        else:
+            continue  # hosts pass nothing on; no device but a leaf one hangs from a host
+        if (
+            place < 0
+            or live.place_seen[place]
+            or (c.link_flags[link] | c.node_flags[v]) & UNUSABLE
+            or c.free[link] + _EPSILON < 0.0
+            or (slot >= 0 and c.circ_other[slot] != NO_CIRCUIT)
+        ):
+            continue
+        live.place_seen[place] = 1
+        live.place_queue[tail] = place
+        tail += 1
+    while head < tail:
+        here = live.place_queue[head]
+        head += 1
+        row = live.place_links + here * places
+        for place in range(places):
+            if row[place] > 0 and not live.place_seen[place]:
+                live.place_seen[place] = 1
+                live.place_queue[tail] = place
+                tail += 1
+        if here < live.n_regions:
+            tally = live.region_open + here * nb
+        else:
+            tally = live.ocs_open + (here - live.n_regions) * nb
+        for b in range(n_buckets):
+            count += tally[buckets[b]]
+    for j in range(tail):
+        live.place_seen[live.place_queue[j]] = 0
+    return count
+
+
 cdef object _whole_buckets(Fabric fabric, const Query* q, targets):
     """The numbers of the buckets a Selector (armed in q) admits whole, as array("i"), when
     it admits every other bucket not at all and the BFS asks for no bandwidth: then _reach
@@ -2142,6 +2463,11 @@ def reachable(Fabric fabric not None, conditions, request, targets):
             if whole is not None:
                 buckets = whole if len(whole) else _NO_BUCKETS
                 n_buckets = len(whole)
+                if live.regions_on and not q.isolation and q.host not in live._owned:
+                    if live.regions_stale:
+                        live._reach_build()
+                    if live.regions_ready:
+                        return _count_by_places(live, &q, <const int32_t*>&buckets[0], n_buckets)
             with nogil:
                 count = _reach(&fabric.d, &live.c, ws, &q, False, &met_own, <const int32_t*>&buckets[0], n_buckets)
             if not met_own:
