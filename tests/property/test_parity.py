@@ -667,7 +667,7 @@ def hall_problem(seed: int) -> tuple[World, dict[str, DeviceInfo], dict[str, int
             for spine in spines:
                 cable(host, spine)
         for leaf in leaves:
-            for d in range(8):
+            for d in range(20):  # over 64 of a kind: the core counts by selector, not by list
                 cable(add(f"{leaf}d{d}", "device", devices), leaf)
     cable("o0", "o1")
     cable("o1", "o2")
@@ -676,7 +676,13 @@ def hall_problem(seed: int) -> tuple[World, dict[str, DeviceInfo], dict[str, int
             cable(add(f"{o}d{d}", "device", devices), o)
     cable(add("oh", "host", hosts), "o2")
     infos = {
-        d: DeviceInfo(rng.choice(("gpu", "gpu", "gpu", "memory")), rng.choice(("A", "B")), 1)
+        d: DeviceInfo(
+            rng.choice(("gpu", "gpu", "memory")),
+            rng.choice(("A", "B")),
+            rng.choice((1, 2)),
+            capacity_gib=256.0,
+            labels=rng.choice(({}, {"rack": "r1"})),
+        )
         for d in devices
     }
     world = World(nodes, links, hosts, switches, ocses, devices, {})
@@ -688,9 +694,11 @@ def test_reachable_ignoring_isolation_follows_circuits_faults_and_rollback(seed:
     """The compiled core counts what a host that holds no circuit reaches ignoring isolation
     (the why-not funnel's isolation stage) from its region index: switches joined into
     regions, open cables between regions and OCS, and open devices per region and OCS, kept
-    as circuits, faults, reservations and taken devices change and as rollbacks undo them.
-    Its counts agree with the reference's search after every step, from every host, and the
-    index answers them."""
+    as circuits, faults, reservations and taken and sliced devices change and as rollbacks
+    undo them; a selector that takes each (kind, model) whole is counted from the tallies,
+    any other device by device. Its counts agree with the reference's search after every
+    step, from three hosts (every host at the start and the end), and the index answers
+    them."""
     world, infos, ports = hall_problem(seed)
     rng = random.Random(seed)
     fabrics = (
@@ -698,15 +706,22 @@ def test_reachable_ignoring_isolation_follows_circuits_faults_and_rollback(seed:
         C.Fabric(world.nodes, world.links, infos),
     )
     lives = [impl.LiveConditions(f) for impl, f in zip((PY, C), fabrics, strict=True)]
-    selectors = [Selector("gpu"), Selector("gpu", ("B",)), Selector("memory")]
+    selectors = [
+        Selector("gpu"),  # whole buckets: the tallies
+        Selector("gpu", ("B",)),
+        Selector("memory"),
+        Selector("gpu", min_generation=2),  # each device tested
+        Selector("gpu", labels={"rack": "r1"}),
+        Selector("memory", slice_gib=64.0),
+    ]
     links = [lk.id for lk in world.links]
     components = [*world.nodes, *links]
     circuits: dict[tuple[str, int], tuple[int, str]] = {}  # (ocs, port) -> (other, owner)
     answered_by_index = 0
 
-    def same_reach() -> None:
+    def same_reach(hosts: int = 3) -> None:
         nonlocal answered_by_index
-        for host in world.hosts:
+        for host in rng.sample(world.hosts, hosts):
             asked = PathRequest(host, "t", isolation=False)
             for selector in selectors:
                 costs = outcome(PY.best_costs, fabrics[0], lives[0], asked, selector)
@@ -719,10 +734,11 @@ def test_reachable_ignoring_isolation_follows_circuits_faults_and_rollback(seed:
         for live in lives:
             getattr(live, method)(*args)
 
-    same_reach()
+    same_reach(len(world.hosts))
     marks: list[tuple[list[int], dict[tuple[str, int], tuple[int, str]]]] = []
-    for _ in range(60):
-        step = rng.randrange(9)
+    steps = 50
+    for _ in range(steps):
+        step = rng.randrange(10)
         if step == 0:
             marks.append(([live.checkpoint() for live in lives], dict(circuits)))
             continue
@@ -751,15 +767,17 @@ def test_reachable_ignoring_isolation_follows_circuits_faults_and_rollback(seed:
             change("reserve", rng.choice(links), rng.choice((30.0, 500.0)))  # 500: overdrawn
         elif step == 7:
             change("set_reserved", rng.choice(links), 0.0)
-        else:
+        elif step == 8:
             change("set_taken", rng.choice(world.devices), rng.random() < 0.5)
+        else:
+            change("set_sliced", rng.choice(world.devices), rng.choice((0.0, 128.0, 224.0)))
         same_reach()
     while marks:
         points, circuits = marks.pop()
         for live, mark in zip(lives, points, strict=True):
             live.rollback(mark)
-    same_reach()
-    assert answered_by_index > 30
+    same_reach(len(world.hosts))
+    assert answered_by_index > steps // 2
 
 
 @pytest.mark.parametrize("seed", range(60))

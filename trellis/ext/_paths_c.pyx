@@ -2352,23 +2352,17 @@ cdef int64_t _reach(
 _NO_BUCKETS = array("i", [0])
 
 
-cdef int64_t _count_by_places(
-    _ConditionArrays live, const Query* q, const int32_t* buckets, int32_t n_buckets
-) noexcept:
-    """_reach's count with the host's own ports closed, from the region index (see
-    _ConditionArrays._reach_build): the host's leaf devices, then a BFS over places from the
-    places its open cables enter, adding each place's open devices of the buckets. For a host
-    that holds no circuit it is _reach's count, and met_own stays False."""
+cdef int32_t _reach_places(_ConditionArrays live, const Query* q) noexcept:
+    """The places (the region index, see _ConditionArrays._reach_build) that _reach's BFS
+    enters with the host's own ports closed, for no bandwidth: those the host's open cables
+    enter, and all that open cables join to them. Marks them in place_seen, lists them in
+    place_queue and returns how many (_clear_places unmarks them). For a host that holds no
+    circuit."""
     cdef const FabricData* f = &live.fabric.d
     cdef const CondData* c = &live.c
-    cdef int32_t nb = f.n_buckets, places = live.n_places, host = q.host
-    cdef int32_t j, k, v, b, link, slot, place, here, head = 0, tail = 0
+    cdef int32_t places = live.n_places, host = q.host
+    cdef int32_t j, k, v, link, slot, place, here, head = 0, tail = 0
     cdef const int32_t* row
-    cdef const int32_t* tally
-    cdef int64_t count = 0
-    if f.home[host] >= 0:
-        for b in range(n_buckets):
-            count += c.leaf_open[f.home[host] * nb + buckets[b]]
     for j in range(f.outer_ptr[host], f.outer_ptr[host + 1]):
         k = f.outer_arc[j]
         v = f.adj_far[k]
@@ -2400,14 +2394,68 @@ cdef int64_t _count_by_places(
                 live.place_seen[place] = 1
                 live.place_queue[tail] = place
                 tail += 1
+    return tail
+
+
+cdef void _clear_places(_ConditionArrays live, int32_t n) noexcept:
+    cdef int32_t j
+    for j in range(n):
+        live.place_seen[live.place_queue[j]] = 0
+
+
+cdef int64_t _count_tallied(
+    _ConditionArrays live, const Query* q, int32_t n_places, const int32_t* buckets,
+    int32_t n_buckets
+) noexcept:
+    """_reach's count for a Selector that takes `buckets` whole: the host's leaf devices and
+    the open devices of each place reached, from the index's tallies."""
+    cdef const FabricData* f = &live.fabric.d
+    cdef int32_t nb = f.n_buckets, j, b, here
+    cdef const int32_t* tally
+    cdef int64_t count = 0
+    if f.home[q.host] >= 0:
+        for b in range(n_buckets):
+            count += live.c.leaf_open[f.home[q.host] * nb + buckets[b]]
+    for j in range(n_places):
+        here = live.place_queue[j]
         if here < live.n_regions:
             tally = live.region_open + here * nb
         else:
             tally = live.ocs_open + (here - live.n_regions) * nb
         for b in range(n_buckets):
             count += tally[buckets[b]]
-    for j in range(tail):
-        live.place_seen[live.place_queue[j]] = 0
+    return count
+
+
+cdef int64_t _count_selected(
+    Fabric fabric, _ConditionArrays live, const WS* ws, const Query* q, list buckets
+):
+    """_reach's count for any other Selector (a slice, labels, part of a model): each device
+    of its buckets that it admits, open as the BFS would find it (_leaf_open, _port_open),
+    whose place was reached."""
+    cdef const FabricData* f = &fabric.d
+    cdef const CondData* c = &live.c
+    cdef const int[:] ids
+    cdef int32_t d, home, region
+    cdef Py_ssize_t j
+    cdef int64_t count = 0
+    for bucket in buckets:
+        ids = bucket
+        for j in range(ids.shape[0]):
+            d = ids[j]
+            if not _selected(f, c, ws, q, d):
+                continue
+            if f.leaf_link[d] >= 0:
+                home = f.adj_far[f.adj_ptr[d]]
+                region = live.region[home]
+                if _leaf_open(f, c, d) and (
+                    home == q.host or (region >= 0 and live.place_seen[region])
+                ):
+                    count += 1
+            elif _port_open(f, c, d) and live.place_seen[
+                live.n_regions + f.ocs_rank[f.slot_ocs[f.port_slot[d]]]
+            ]:
+                count += 1
     return count
 
 
@@ -2445,7 +2493,7 @@ def reachable(Fabric fabric not None, conditions, request, targets):
     cdef Query q
     cdef _Workspace owner
     cdef WS* ws
-    cdef int32_t n_marked, n_buckets = -1
+    cdef int32_t n_marked, n_places, n_buckets = -1
     cdef int64_t count, at_most
     cdef bint met_own = False
     cdef int[:] buckets = _NO_BUCKETS
@@ -2463,11 +2511,27 @@ def reachable(Fabric fabric not None, conditions, request, targets):
             if whole is not None:
                 buckets = whole if len(whole) else _NO_BUCKETS
                 n_buckets = len(whole)
-                if live.regions_on and not q.isolation and q.host not in live._owned:
-                    if live.regions_stale:
-                        live._reach_build()
-                    if live.regions_ready:
-                        return _count_by_places(live, &q, <const int32_t*>&buckets[0], n_buckets)
+            if (
+                q.select
+                and live.regions_on
+                and not q.isolation
+                and q.bandwidth == 0.0
+                and q.host not in live._owned
+            ):
+                if live.regions_stale:
+                    live._reach_build()
+                if live.regions_ready:
+                    n_places = _reach_places(live, &q)
+                    try:
+                        if n_buckets >= 0:
+                            return _count_tallied(
+                                live, &q, n_places, <const int32_t*>&buckets[0], n_buckets
+                            )
+                        return _count_selected(
+                            fabric, live, ws, &q, _selector_buckets(fabric, targets)[2]
+                        )
+                    finally:
+                        _clear_places(live, n_places)
             with nogil:
                 count = _reach(&fabric.d, &live.c, ws, &q, False, &met_own, <const int32_t*>&buckets[0], n_buckets)
             if not met_own:
