@@ -682,15 +682,7 @@ cdef class _ConditionArrays:
 
     def __cinit__(self):
         memset(&self.c, 0, sizeof(CondData))
-        self.region = NULL
-        self.place_links = NULL
-        self.region_open = NULL
-        self.ocs_open = NULL
-        self.place_seen = NULL
-        self.place_queue = NULL
-        self.regions_on = False
-        self.regions_stale = True
-        self.regions_ready = False
+        self.regions_stale = True  # the region index's pointers start NULL, as every C field
 
     def __init__(self, Fabric fabric not None, conditions=Conditions()):
         cdef int32_t n = fabric.d.n_nodes, m = fabric.d.n_links, s = fabric.d.n_slots, i
