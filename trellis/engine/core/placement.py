@@ -509,19 +509,24 @@ def _why_not(
     if len(isolated) < n_labelled:
         unisolated = PathRequest(host, tenant, exclusive, isolation=False)
         anywhere = reachable(fabric, live, unisolated, labelled)
-    within_hops = {
-        d: cost for d, cost in isolated.items() if c.max_hops is None or cost[0] <= c.max_hops
-    }
-    within_latency = within_hops if c.max_latency_ns is None else search(within_hops, **bounds)
-    with_bandwidth = (
-        search(within_latency, **bounds, bandwidth_gbps=entry.bandwidth_gbps)
-        if entry.bandwidth_gbps
-        else within_latency
+    within_hops = (
+        isolated
+        if c.max_hops is None
+        else {d: cost for d, cost in isolated.items() if cost[0] <= c.max_hops}
     )
+    within_latency = within_hops if c.max_latency_ns is None else search(within_hops, **bounds)
+    # Of the bandwidth stage only how many remain counts, which without bounds a BFS answers
+    # (reachable) rather than a search for each one's best path.
+    with_bandwidth = len(within_latency)
+    if entry.bandwidth_gbps and within_latency:
+        request = PathRequest(
+            host, tenant, exclusive, c.max_hops, c.max_latency_ns, entry.bandwidth_gbps
+        )
+        with_bandwidth = reachable(fabric, live, request, set(within_latency))
     # Isolation's stage keeps those it reaches and those nothing reaches (counted as lost to
     # the path stages): all labelled but the ones only ignoring isolation reaches.
     counts[3] = n_labelled - (anywhere - len(isolated))
-    counts += [len(within_hops), len(within_latency), len(with_bandwidth)]
+    counts += [len(within_hops), len(within_latency), with_bandwidth]
     funnel = []
     before = counts[0]
     for stage, remaining in zip(FUNNEL_STAGES, counts, strict=True):
@@ -582,6 +587,8 @@ def _nearest(reachable: Costs, within_hops: Costs, within_latency: Costs) -> dic
         (within_hops, within_latency, "latency"),
         (within_latency, {}, "bandwidth"),
     ):
+        if kept is pool:
+            continue  # a stage without its bound keeps all (the same mapping)
         missed = [(hops, latency, d) for d, (hops, latency) in pool.items() if d not in kept]
         if missed:
             hops, latency, device = min(missed)
