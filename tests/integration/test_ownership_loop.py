@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import asyncpg
 import pytest
@@ -155,4 +156,35 @@ async def test_a_pause_during_a_tick_is_no_error_of_the_tick(
     assert [m for level, m in said if level == "ERROR"] == [], said
     assert any("did not run for" in m for _, m in said), said
     # And the engine writes the domain again.
+    expect_ok(await h.client.admin(DOMAIN, "import-topology", {"request_id": "imp-2", **fabric()}))
+
+
+async def test_a_pause_inside_a_lease_store_call_is_no_error_of_the_call(
+    engine: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A process stopped while the lease store answers finds the call's own time bound past
+    when it runs again: that time was not the call's, which gets its bound again and ends."""
+    h = engine
+    expect_ok(await h.client.admin(DOMAIN, "import-topology", {"request_id": "imp", **fabric()}))
+    ownership = h.engine.custody._ownership
+    assert ownership is not None
+    store = ownership._leases
+    beat = store.heartbeat
+    paused = asyncio.Event()
+
+    async def heartbeat_paused_midway(*args: Any, **kwargs: Any) -> Any:
+        if not paused.is_set():
+            paused.set()
+            await asyncio.sleep(0)  # the call has begun: its time bound runs
+            time.sleep(2.5 * TTL)  # the event loop does not run: as under SIGSTOP
+        return await beat(*args, **kwargs)
+
+    store.heartbeat = heartbeat_paused_midway  # type: ignore[method-assign]
+    caplog.set_level(logging.INFO, logger="trellis.engine.service.custody")
+    await asyncio.wait_for(paused.wait(), 5 * TTL)
+    await asyncio.sleep(3 * TTL)  # the tick after the pause, and the next
+
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert [m for level, m in said if level == "ERROR"] == [], said
+    assert any("did not run for" in m for _, m in said), said
     expect_ok(await h.client.admin(DOMAIN, "import-topology", {"request_id": "imp-2", **fabric()}))

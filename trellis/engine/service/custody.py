@@ -39,7 +39,14 @@ from trellis.engine.core.records import Head
 from trellis.engine.core.reservations import due_reservations
 from trellis.engine.core.state import DomainState
 from trellis.engine.service.follower import Followers
-from trellis.engine.service.ownership import Lease, Overran, Ownership, tick_of, within
+from trellis.engine.service.ownership import (
+    LATE_S,
+    Lease,
+    Overran,
+    Ownership,
+    tick_of,
+    within,
+)
 from trellis.engine.service.ports import (
     Clock,
     EventStore,
@@ -54,9 +61,6 @@ from trellis.engine.service.saga import FabricSync, Settlement
 from trellis.engine.service.writer import DomainWriter, OnCommit
 
 log = logging.getLogger(__name__)
-
-# How late a timer may fire before the event loop counts as not having run meanwhile.
-LATE_S = 1.0
 
 
 class Served(msgspec.Struct, kw_only=True):

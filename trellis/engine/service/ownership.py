@@ -27,6 +27,7 @@ good as lost, and must not hold up the ownership loop, nor a load or a drop wait
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Mapping
 from typing import TypeVar
@@ -40,6 +41,8 @@ from trellis.engine.service.ports import Holder, LeaseStore
 _T = TypeVar("_T")
 
 MARGIN = 0.5  # seconds before the store's expiry an engine stops counting on its lease
+# How late a timer may fire before the event loop counts as not having run meanwhile.
+LATE_S = 1.0
 
 
 class Lease(msgspec.Struct, kw_only=True):
@@ -60,16 +63,27 @@ class Overran(StoreUnavailable):
 async def within(seconds: float, call: Awaitable[_T], what: str) -> _T:
     """`call`, given `seconds`: what the ownership loop waits on must not hold it up.
 
+    A timer that fires more than LATE_S late means the event loop did not run meanwhile (a
+    paused process): that time was not the call's, which gets its `seconds` again.
+
     Raises:
         Overran: `what`, within `seconds`, when it had not ended by then.
     """
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(call)
+    started = loop.time()
     try:
-        async with asyncio.timeout(seconds) as bound:
-            return await call
-    except TimeoutError as exc:
-        if not bound.expired():
-            raise
-        raise Overran(f"{what} within {seconds:g} s") from exc
+        await asyncio.wait({task}, timeout=seconds)
+        if not task.done() and loop.time() - started > seconds + LATE_S:
+            await asyncio.wait({task}, timeout=seconds)
+    finally:
+        if not task.done():  # overran, or this wait was cancelled: the call ends here too
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():
+        raise Overran(f"{what} within {seconds:g} s")
+    return task.result()
 
 
 def tick_of(ttl: float) -> float:
