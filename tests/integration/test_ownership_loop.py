@@ -129,6 +129,18 @@ async def test_a_drop_that_hangs_does_not_stop_the_engine_taking_the_lease_back(
     await h.relayed(DOMAIN)
 
 
+async def paused_once(h: Harness, caplog: pytest.LogCaptureFixture, paused: asyncio.Event) -> None:
+    """After the pause `paused` marks, and the ticks after it: no ERROR, the pause said, and
+    the engine writes the domain again."""
+    caplog.set_level(logging.INFO, logger="trellis.engine.service.custody")
+    await asyncio.wait_for(paused.wait(), 5 * TTL)
+    await asyncio.sleep(3 * TTL)  # the tick after the pause, and the next
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert [m for level, m in said if level == "ERROR"] == [], said
+    assert any("did not run for" in m for _, m in said), said
+    expect_ok(await h.client.admin(DOMAIN, "import-topology", {"request_id": "imp-2", **fabric()}))
+
+
 async def test_a_pause_during_a_tick_is_no_error_of_the_tick(
     engine: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -148,15 +160,7 @@ async def test_a_pause_during_a_tick_is_no_error_of_the_tick(
         await beat()
 
     ownership.heartbeat = heartbeat_through_a_pause  # type: ignore[method-assign]
-    caplog.set_level(logging.INFO, logger="trellis.engine.service.custody")
-    await asyncio.wait_for(paused.wait(), 5 * TTL)
-    await asyncio.sleep(3 * TTL)  # the tick after the pause, and the next
-
-    said = [(r.levelname, r.getMessage()) for r in caplog.records]
-    assert [m for level, m in said if level == "ERROR"] == [], said
-    assert any("did not run for" in m for _, m in said), said
-    # And the engine writes the domain again.
-    expect_ok(await h.client.admin(DOMAIN, "import-topology", {"request_id": "imp-2", **fabric()}))
+    await paused_once(h, caplog, paused)
 
 
 async def test_a_pause_inside_a_lease_store_call_is_no_error_of_the_call(
@@ -180,11 +184,4 @@ async def test_a_pause_inside_a_lease_store_call_is_no_error_of_the_call(
         return await beat(*args, **kwargs)
 
     store.heartbeat = heartbeat_paused_midway  # type: ignore[method-assign]
-    caplog.set_level(logging.INFO, logger="trellis.engine.service.custody")
-    await asyncio.wait_for(paused.wait(), 5 * TTL)
-    await asyncio.sleep(3 * TTL)  # the tick after the pause, and the next
-
-    said = [(r.levelname, r.getMessage()) for r in caplog.records]
-    assert [m for level, m in said if level == "ERROR"] == [], said
-    assert any("did not run for" in m for _, m in said), said
-    expect_ok(await h.client.admin(DOMAIN, "import-topology", {"request_id": "imp-2", **fabric()}))
+    await paused_once(h, caplog, paused)
