@@ -40,11 +40,11 @@ from trellis.engine.core.reservations import due_reservations
 from trellis.engine.core.state import DomainState
 from trellis.engine.service.follower import Followers
 from trellis.engine.service.ownership import (
-    LATE_S,
     Lease,
     Overran,
     Ownership,
     tick_of,
+    wait_running,
     within,
 )
 from trellis.engine.service.ports import (
@@ -268,15 +268,9 @@ class Custody:
         this returns by then, so the loop goes on. The next tick tries again (unrenewed
         leases run out meanwhile)."""
         tick = asyncio.create_task(self._own_tick(), name="writer-lease-tick")
-        loop = asyncio.get_running_loop()
-        started = loop.time()
         try:
-            await asyncio.wait({tick}, timeout=self._patience)
-            if not tick.done() and loop.time() - started > self._patience + LATE_S:
-                # The timeout came late: the loop itself did not run (a paused process, which
-                # `_own_loop` reports), and that time was not the tick's. Give it its lease
-                # time again, running.
-                await asyncio.wait({tick}, timeout=self._patience)
+            # A pause of the process (which `_own_loop` reports) is not the tick's time.
+            await wait_running(tick, self._patience)
         finally:
             if not tick.done():  # overran, or the loop is stopping
                 tick.cancel()

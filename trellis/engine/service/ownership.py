@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -60,22 +60,27 @@ class Overran(StoreUnavailable):
     """A call the ownership loop waits on had not ended in the time it was given."""
 
 
-async def within(seconds: float, call: Awaitable[_T], what: str) -> _T:
-    """`call`, given `seconds`: what the ownership loop waits on must not hold it up.
+async def wait_running(task: asyncio.Future[Any], seconds: float) -> None:
+    """Wait for `task` at most `seconds` of time the event loop ran. A timer that fires more
+    than LATE_S late means the loop did not run meanwhile (a paused process): that time was
+    not the task's, which gets its `seconds` again."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await asyncio.wait({task}, timeout=seconds)
+    if not task.done() and loop.time() - started > seconds + LATE_S:
+        await asyncio.wait({task}, timeout=seconds)
 
-    A timer that fires more than LATE_S late means the event loop did not run meanwhile (a
-    paused process): that time was not the call's, which gets its `seconds` again.
+
+async def within(seconds: float, call: Awaitable[_T], what: str) -> _T:
+    """`call`, given `seconds` (wait_running): what the ownership loop waits on must not
+    hold it up.
 
     Raises:
         Overran: `what`, within `seconds`, when it had not ended by then.
     """
-    loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(call)
-    started = loop.time()
     try:
-        await asyncio.wait({task}, timeout=seconds)
-        if not task.done() and loop.time() - started > seconds + LATE_S:
-            await asyncio.wait({task}, timeout=seconds)
+        await wait_running(task, seconds)
     finally:
         if not task.done():  # overran, or this wait was cancelled: the call ends here too
             task.cancel()
