@@ -278,6 +278,7 @@ cdef class _ConditionArrays:
     cdef void _tally(self, int32_t device, int delta) noexcept
     cdef void _port_tally(self, int32_t device, int delta) noexcept
     cdef void _cable_tally(self, int32_t link, int delta) noexcept
+    cdef void _slot_port_tally(self, int32_t slot, int delta) noexcept
     cdef void _slot_tally(self, int32_t slot, int delta) noexcept
     cdef void _link_tally(self, int32_t link, int delta) noexcept
     cdef void _node_changed(self, int32_t node) noexcept

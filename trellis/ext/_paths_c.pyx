@@ -835,8 +835,7 @@ cdef class _ConditionArrays:
     #
     # A count of what a host reaches ignoring isolation, with no hop, latency or bandwidth
     # bound, from a host that holds no circuit (the why-not funnel's isolation stage, for a
-    # Selector taken whole per bucket) walks the hall: at 65,536 devices that is most of a
-    # refused compose. Its BFS passes switches and OCS, and counts leaf devices per node and
+    # Selector) walks the hall: at 65,536 devices that is most of a refused compose. Its BFS passes switches and OCS, and counts leaf devices per node and
     # port devices one by one. The region index answers it from smaller parts, kept as
     # conditions change:
     # - a region is a set of usable switches joined by open cables between switches; a change
@@ -898,26 +897,27 @@ cdef class _ConditionArrays:
             elif f.kind[far] == OCS:  # the far end's own slot counts the way back
                 self.place_links[here * places + self.n_regions + f.ocs_rank[far]] += delta
 
-    cdef void _slot_tally(self, int32_t slot, int delta) noexcept:
-        """Around a change to a slot's circuit: its cable, and the port device on it."""
+    cdef void _slot_port_tally(self, int32_t slot, int delta) noexcept:
+        """The port device on `slot`, if any, in or out of its OCS's tally (_port_tally)."""
         cdef const FabricData* f = &self.fabric.d
         cdef int32_t far = f.slot_far[slot]
-        self._cable_tally(f.slot_link[slot], delta)
         if f.kind[far] == DEVICE and f.port_slot[far] == slot:
             self._port_tally(far, delta)
+
+    cdef void _slot_tally(self, int32_t slot, int delta) noexcept:
+        """Around a change to a slot's circuit: its cable, and the port device on it."""
+        self._cable_tally(self.fabric.d.slot_link[slot], delta)
+        self._slot_port_tally(slot, delta)
 
     cdef void _link_tally(self, int32_t link, int delta) noexcept:
         """Around a change to a link's flags or bandwidth: the leaf or port device it is the
         cable of, and the cable itself."""
         cdef const FabricData* f = &self.fabric.d
-        cdef int32_t j, s, far
+        cdef int32_t j
         self._tally(f.link_leaf[link], delta)
         for j in range(2):
-            s = f.link_slots[2 * link + j]
-            if s >= 0:
-                far = f.slot_far[s]
-                if f.kind[far] == DEVICE and f.port_slot[far] == s:
-                    self._port_tally(far, delta)
+            if f.link_slots[2 * link + j] >= 0:
+                self._slot_port_tally(f.link_slots[2 * link + j], delta)
         self._cable_tally(link, delta)
 
     cdef int _reach_build(self) except -1:
@@ -2480,7 +2480,8 @@ def reachable(Fabric fabric not None, conditions, request, targets):
     bandwidth is asked: those are counted from the tallies): with the host's own circuit
     ports closed it counts targets some path reaches, with them open at
     least every one; when it meets none, or both count the same, that is the answer. Else
-    the search counts."""
+    the search counts. For a Selector, no bandwidth and a host that holds no circuit, live
+    conditions' region index answers instead of the BFS (_reach_places)."""
     cdef _ConditionArrays live = _live(fabric, conditions)
     cdef Query q
     cdef _Workspace owner
