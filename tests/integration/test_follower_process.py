@@ -9,8 +9,10 @@ process killed outright is restarted and catches up with nothing lost or doubled
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -25,7 +27,13 @@ from isolation import unique_subject_prefix
 from nats.aio.client import Client as NATS
 
 from trellis.adapters.embedded.nats_server import EmbeddedNats
-from trellis.adapters.follow_process import SIGNAL_EVERY_S, CommitSignal, FollowerProcess
+from trellis.adapters.embedded.process import free_port
+from trellis.adapters.follow_process import (
+    SIGNAL_EVERY_S,
+    CommitSignal,
+    FollowerProcess,
+    follower_env,
+)
 from trellis.adapters.nats.auth import Principal, SecureDir
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.nats.connect import connect_nats
@@ -220,6 +228,67 @@ async def test_trellis_up_runs_its_followers_in_a_process_and_leaves_none_behind
     finally:
         await fleet.stop()
         await nc.close()
+
+
+# The engine's side of a follower process that cannot reach its servers: it starts it, prints
+# its pid, and waits to be killed.
+ENGINE_OF_A_WAITING_FOLLOWER = """
+import os, subprocess, sys, time
+env = {**os.environ, "TRELLIS_FOLLOWER_PARENT": str(os.getpid())}
+follower = subprocess.Popen(
+    [sys.executable, "-m", "trellis.adapters.entrypoints.follow"], env=env,
+    stdout=subprocess.DEVNULL,  # not our pipe: the test reads that to its end
+)
+print(follower.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def unreachable_follower_env(tmp_path: Path) -> dict[str, str]:
+    """A follower process's environment naming servers nobody runs: it waits for them."""
+    return follower_env(
+        nats_url=f"nats://127.0.0.1:{free_port()}",
+        database_url=f"postgresql://nobody@127.0.0.1:{free_port()}/nowhere",
+        schema=None,
+        prefix="nowhere",
+        checkpoint_key=str(tmp_path / "checkpoint-key.pem"),
+        checkpoint_every=1000,
+        snapshot_every=0,
+        stream_limits=(1 << 20, 60.0, 1),
+        secure_data_dir=None,
+    )
+
+
+async def test_a_follower_process_still_waiting_for_its_servers_leaves_with_its_engine(
+    tmp_path: Path,
+) -> None:
+    """An engine killed while its follower process waited for Postgres (the servers went with
+    it, as embedded ones do) once left that process retrying for ever; and a stop asked for
+    then had to wait for the SIGKILL after the grace period."""
+    engine = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", ENGINE_OF_A_WAITING_FOLLOWER,
+        env=unreachable_follower_env(tmp_path), stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert engine.stdout is not None
+    follower = int(await asyncio.wait_for(engine.stdout.readline(), 30))
+    try:
+        await asyncio.sleep(1.0)  # well into its wait for Postgres
+        assert not gone(follower)
+        engine.kill()
+        await engine.wait()
+        await until("the waiting follower outlived its killed engine", lambda: gone(follower))
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(follower, signal.SIGKILL)
+    # Its own child this time: SIGTERM ends the wait at once, and the process exits cleanly.
+    waiting = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "trellis.adapters.entrypoints.follow",
+        env=unreachable_follower_env(tmp_path),
+    )  # fmt: skip
+    await asyncio.sleep(1.0)
+    assert waiting.returncode is None
+    waiting.terminate()
+    assert await asyncio.wait_for(waiting.wait(), 5) == 0
 
 
 async def test_in_secure_mode_the_follower_process_connects_as_the_relay(

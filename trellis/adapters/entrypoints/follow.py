@@ -6,10 +6,10 @@ domain in the log: the same sinks the engine follows inline (adapters.bootstrap.
 It is woken by the engine's commit signal on `<prefix>.internal.committed.<domain>`, looks at
 the log every second as well (a missed signal, a new domain), and exits cleanly on SIGTERM or
 SIGINT after a last catch-up, or when the process that started it is gone (a killed engine
-leaves no follower behind; the next engine starts its own). It reads the engine's settings from
-the environment: both URLs must be set (the engine's `FollowerProcess` sets them, with
-TRELLIS_FOLLOWER_CREDENTIALS in secure mode). The schema must be migrated already: the engine
-does that before it starts this.
+leaves no follower behind, even one still waiting for its servers; the next engine starts its
+own). It reads the engine's settings from the environment: both URLs must be set (the engine's
+`FollowerProcess` sets them, with TRELLIS_FOLLOWER_CREDENTIALS in secure mode). The schema must
+be migrated already: the engine does that before it starts this.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import TypeVar
 
 from nats.aio.msg import Msg
 
@@ -37,6 +39,8 @@ from trellis.engine.service.follower import Followers
 
 log = logging.getLogger("trellis.follow")
 
+T = TypeVar("T")
+
 #: Seconds between looks at the log for new domains and missed commits.
 POLL_S = 1.0
 #: Seconds a commit signal waits for others before it wakes the followers: a core of its own
@@ -45,37 +49,90 @@ POLL_S = 1.0
 WAKE_DELAY_S = 0.02
 
 
+class Stopped(Exception):
+    """Asked to stop (a signal, or the engine gone) before it followed anything."""
+
+
 async def follow(
     settings: Settings, secure: SecureDir | None = None, parent: int | None = None
 ) -> None:
     """Follow every domain in the log until SIGTERM or SIGINT, or until the process `parent`
-    is no longer ours."""
+    is no longer ours; either ends a wait for the servers at start too."""
     if not (settings.nats_url and settings.database_url):
         raise SettingsError("the follower process needs TRELLIS_NATS_URL and TRELLIS_DATABASE_URL")
-    nats_url, database_url = settings.nats_url, settings.database_url
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    orphaned = None if parent is None else asyncio.create_task(_until_orphaned(parent, stop))
+    try:
+        await _follow(settings, settings.nats_url, settings.database_url, secure, stop)
+    except Stopped:
+        log.info("stopped before following anything")
+    finally:
+        if orphaned is not None:
+            orphaned.cancel()
+
+
+async def _until_orphaned(parent: int, stop: asyncio.Event) -> None:
+    """Stop once the process `parent` is no longer ours: the engine died without stopping us."""
+    while os.getppid() == parent:
+        await asyncio.sleep(POLL_S)
+    log.warning("the engine (pid %d) is gone; stopping", parent)
+    stop.set()
+
+
+async def _unless_stopped(stop: asyncio.Event, starting: Awaitable[T]) -> T:
+    """What `starting` gives, unless `stop` is set first: then it is cancelled (a wait for a
+    server that will never come back) and Stopped is raised."""
+    start = asyncio.ensure_future(starting)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({start, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not start.done():
+            start.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await start
+    if start.cancelled():
+        raise Stopped
+    return start.result()
+
+
+async def _follow(
+    settings: Settings,
+    nats_url: str,
+    database_url: str,
+    secure: SecureDir | None,
+    stop: asyncio.Event,
+) -> None:
+    loop = asyncio.get_running_loop()
     async with contextlib.AsyncExitStack() as stack:
-        store = await until_reachable(
-            "Postgres",
-            redacted(database_url),
-            lambda: PostgresEventStore.open(database_url, schema=settings.db_schema),
-            (StoreUnavailable,),
+        store = await _unless_stopped(
+            stop,
+            until_reachable(
+                "Postgres",
+                redacted(database_url),
+                lambda: PostgresEventStore.open(database_url, schema=settings.db_schema),
+                (StoreUnavailable,),
+            ),
         )
         stack.push_async_callback(store.close)
-        sinks = await follower_sinks(
-            stack,
-            nats_url,
-            database_url,
-            schema=settings.db_schema,
-            prefix=settings.subject_prefix,
-            stream_limits=settings.stream_limits,
-            secure=secure,
-            signer=checkpoint_signer(settings),
-            checkpoint_every=settings.checkpoint_every,
-            snapshot_every=settings.snapshot_every,
+        sinks = await _unless_stopped(
+            stop,
+            follower_sinks(
+                stack,
+                nats_url,
+                database_url,
+                schema=settings.db_schema,
+                prefix=settings.subject_prefix,
+                stream_limits=settings.stream_limits,
+                secure=secure,
+                signer=checkpoint_signer(settings),
+                checkpoint_every=settings.checkpoint_every,
+                snapshot_every=settings.snapshot_every,
+            ),
         )
         followers = Followers(
             store, [sinks.projections, sinks.relay, sinks.audit], poll_interval=POLL_S
@@ -102,11 +159,6 @@ async def follow(
         log.info("following the log of %s (pid %d)", settings.subject_prefix, os.getpid())
         settle_for_serving()
         while not stop.is_set():
-            if (
-                parent is not None and os.getppid() != parent
-            ):  # the engine died without stopping us: so do we
-                log.warning("the engine (pid %d) is gone; stopping", parent)
-                break
             try:
                 for domain in await store.domains():
                     followers.follow(domain)
