@@ -220,10 +220,17 @@ async def follower_sinks(
     follows inline and the follower process (adapters/entrypoints/follow.py) follows alone."""
     # The projections and the relay commit on pools of their own, so they never wait for
     # an engine append, and the relay publishes on a NATS connection of its own, so a burst
-    # (catching up after downtime) never queues in front of the intake's replies.
-    projection_pool = await connect_pool(database_url, schema=schema, max_size=4)
+    # (catching up after downtime) never queues in front of the intake's replies. Their
+    # commits do not wait for the disk: what they write is rebuilt from the log, and a crash
+    # that loses their last commits sends them back to the checkpoint before. The engine's
+    # appends, which would otherwise share each WAL flush with them, commit sooner.
+    projection_pool = await connect_pool(
+        database_url, schema=schema, max_size=4, durable_commits=False
+    )
     stack.push_async_callback(projection_pool.close)
-    relay_pool = await connect_pool(database_url, schema=schema, min_size=1, max_size=2)
+    relay_pool = await connect_pool(
+        database_url, schema=schema, min_size=1, max_size=2, durable_commits=False
+    )
     stack.push_async_callback(relay_pool.close)
     await until_reachable(
         "NATS", redacted(nats_url), lambda: probe_nats(nats_url), (NatsUnreachable,)

@@ -126,7 +126,7 @@ class RelaySink:
         self.stream = stream_name(prefix)
         self.bucket = bucket_name(prefix)
         self.checkpoint_name = f"relay:{self.stream}"
-        self._pool = pool
+        self.pool = pool
         self._nc = nc
         self._js = nc.jetstream()
         self._limits = limits or StreamLimits()
@@ -163,7 +163,7 @@ class RelaySink:
 
     async def resume(self, domain: str) -> tuple[int, Progress]:
         """From the first event: the fold that renders KV values is rebuilt from the log."""
-        async with self._pool.acquire() as conn:
+        async with self.pool.acquire() as conn:
             await conn.execute(follower_checkpoints.ENSURE, self.checkpoint_name, domain)
             row = await conn.fetchrow(follower_checkpoints.READ, self.checkpoint_name, domain)
         checkpoint = Progress(row["version"], row["position"])
@@ -201,7 +201,7 @@ class RelaySink:
     async def refresh(self, domain: str) -> None:
         """Quiet moments: a checkpoint reset by an operator means fold and put again; a bucket
         that vanished is made again and refilled."""
-        async with self._pool.acquire() as conn:
+        async with self.pool.acquire() as conn:
             row = await conn.fetchrow(follower_checkpoints.READ, self.checkpoint_name, domain)
         if row is None or row["version"] < self._checkpoints.get(domain, Progress()).version:
             raise Rewound
@@ -225,7 +225,7 @@ class RelaySink:
             await self.prepare()
         last = records[-1]
         try:
-            async with self._pool.acquire() as conn, conn.transaction():
+            async with self.pool.acquire() as conn, conn.transaction():
                 row = await conn.fetchrow(follower_checkpoints.LOCK, self.checkpoint_name, domain)
                 done = Progress(row["version"], row["position"])
                 if done.version < self._checkpoints[domain].version:

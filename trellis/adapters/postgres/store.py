@@ -418,6 +418,7 @@ async def connect_pool(
     connect_timeout: float = 5.0,
     command_timeout: float | None = None,
     idle_in_transaction_s: float = 30.0,
+    durable_commits: bool = True,
 ) -> asyncpg.Pool:
     """The one way Trellis connects to Postgres: a pool pinned to `schema` (when given) by a
     startup parameter. The event store bounds its commands; background readers (projections,
@@ -425,8 +426,15 @@ async def connect_pool(
 
     A session that sits in an open transaction for `idle_in_transaction_s` is ended by the
     server: an engine paused (or hung) mid-transaction must not keep the locks a successor
-    needs (the writer lease row, a follower's checkpoint) for ever."""
+    needs (the writer lease row, a follower's checkpoint) for ever.
+
+    With `durable_commits=False` a commit does not wait for its WAL to reach disk (nor a
+    synchronous standby): for what can be rebuilt from the log (the projections, the relay's
+    checkpoint), which then takes no turn in the log's own flushes. A crash may lose its last
+    commits (never part of one): the follower resumes from the checkpoint before them."""
     settings = {"idle_in_transaction_session_timeout": f"{int(idle_in_transaction_s * 1000)}"}
+    if not durable_commits:
+        settings["synchronous_commit"] = "off"
     return await asyncpg.create_pool(
         dsn,
         min_size=min_size,
