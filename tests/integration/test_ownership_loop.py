@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -184,4 +185,65 @@ async def test_a_pause_inside_a_lease_store_call_is_no_error_of_the_call(
         return await beat(*args, **kwargs)
 
     store.heartbeat = heartbeat_paused_midway  # type: ignore[method-assign]
+    await paused_once(h, caplog, paused)
+
+
+def hold_engine_row(
+    url: str, schema: str, engine_id: str, locked: threading.Event, resumed: threading.Event
+) -> None:
+    """In a thread of its own: lock the engine's heartbeat row until `resumed`, and 0.3 s
+    longer (the engine's loop then runs again before its statement can end)."""
+
+    async def hold() -> None:
+        conn = await asyncpg.connect(url, server_settings={"search_path": schema})
+        try:
+            async with conn.transaction():
+                await conn.execute(
+                    "SELECT 1 FROM trellis_engines WHERE id = $1 FOR UPDATE", engine_id
+                )
+                locked.set()
+                while not resumed.is_set():
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.3)
+        finally:
+            await conn.close()
+
+    asyncio.run(hold())
+
+
+async def test_a_pause_while_a_lease_statement_waits_is_no_error_of_the_driver(
+    engine: Harness, database_url: str, pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A process stopped while its heartbeat statement waits in Postgres: when it runs again,
+    no answer has come yet, and a timer the driver armed for the statement is long past. The
+    ownership loop's own bound gives the call its time again (above); a statement timeout of
+    the driver's would fail it (CI saw `writer lease tick failed`: TimeoutError in
+    bind_execute), so the lease pool has none."""
+    h = engine
+    expect_ok(await h.client.admin(DOMAIN, "import-topology", {"request_id": "imp", **fabric()}))
+    ownership = h.engine.custody._ownership
+    assert ownership is not None
+    store = ownership._leases
+    beat = store.heartbeat
+    paused = asyncio.Event()
+
+    async def heartbeat_waiting_through_a_pause(*args: Any, **kwargs: Any) -> Any:
+        if paused.is_set():
+            return await beat(*args, **kwargs)
+        paused.set()
+        locked, resumed = threading.Event(), threading.Event()
+        holder = threading.Thread(
+            target=hold_engine_row,
+            args=(database_url, pg_schema, h.engine.identity, locked, resumed),
+            daemon=True,
+        )
+        holder.start()
+        assert locked.wait(10)
+        call = asyncio.ensure_future(beat(*args, **kwargs))
+        await asyncio.sleep(0.1)  # the statement is sent and waits for the row
+        time.sleep(2.5 * TTL)  # the event loop does not run: as under SIGSTOP
+        resumed.set()
+        return await call
+
+    store.heartbeat = heartbeat_waiting_through_a_pause  # type: ignore[method-assign]
     await paused_once(h, caplog, paused)

@@ -413,11 +413,11 @@ async def engine_on(
             stack.push_async_callback(following.close)
         fabric = fabric if fabric is not None else SimulatedFabric()
         metrics = EngineMetrics() if metrics_at is not None else None
-        # Leases are taken and renewed on a pool of their own, never behind an append; a
-        # renewal that cannot finish within the lease time is as good as lost.
-        lease_pool = await connect_pool(
-            database_url, schema=schema, max_size=2, command_timeout=lease_ttl / 2
-        )
+        # Leases are taken and renewed on a pool of their own, never behind an append. The
+        # ownership loop bounds each call by a lease time (ownership.within), and tells a
+        # paused process from a slow store; a driver's timeout would not, and would fail the
+        # first call after a pause.
+        lease_pool = await connect_pool(database_url, schema=schema, max_size=2)
         stack.push_async_callback(lease_pool.close)
         engine = Engine(
             store,
