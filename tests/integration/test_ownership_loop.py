@@ -12,7 +12,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -164,17 +164,23 @@ async def test_a_pause_during_a_tick_is_no_error_of_the_tick(
     await paused_once(h, caplog, paused)
 
 
+async def lease_store_of(h: Harness) -> tuple[Any, Callable[..., Awaitable[Any]]]:
+    """The engine's lease store, once the engine writes DOMAIN, and the store's own heartbeat
+    (a test puts a heartbeat of its own in its place)."""
+    expect_ok(await h.client.admin(DOMAIN, "import-topology", {"request_id": "imp", **fabric()}))
+    ownership = h.engine.custody._ownership
+    assert ownership is not None
+    store = ownership._leases
+    return store, store.heartbeat
+
+
 async def test_a_pause_inside_a_lease_store_call_is_no_error_of_the_call(
     engine: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A process stopped while the lease store answers finds the call's own time bound past
     when it runs again: that time was not the call's, which gets its bound again and ends."""
     h = engine
-    expect_ok(await h.client.admin(DOMAIN, "import-topology", {"request_id": "imp", **fabric()}))
-    ownership = h.engine.custody._ownership
-    assert ownership is not None
-    store = ownership._leases
-    beat = store.heartbeat
+    store, beat = await lease_store_of(h)
     paused = asyncio.Event()
 
     async def heartbeat_paused_midway(*args: Any, **kwargs: Any) -> Any:
@@ -220,11 +226,7 @@ async def test_a_pause_while_a_lease_statement_waits_is_no_error_of_the_driver(
     the driver's would fail it (CI saw `writer lease tick failed`: TimeoutError in
     bind_execute), so the lease pool has none."""
     h = engine
-    expect_ok(await h.client.admin(DOMAIN, "import-topology", {"request_id": "imp", **fabric()}))
-    ownership = h.engine.custody._ownership
-    assert ownership is not None
-    store = ownership._leases
-    beat = store.heartbeat
+    store, beat = await lease_store_of(h)
     paused = asyncio.Event()
 
     async def heartbeat_waiting_through_a_pause(*args: Any, **kwargs: Any) -> Any:
