@@ -835,9 +835,9 @@ cdef class _ConditionArrays:
     #
     # A count of what a host reaches ignoring isolation, with no hop, latency or bandwidth
     # bound, from a host that holds no circuit (the why-not funnel's isolation stage, for a
-    # Selector) walks the hall: at 65,536 devices that is most of a refused compose. Its BFS passes switches and OCS, and counts leaf devices per node and
-    # port devices one by one. The region index answers it from smaller parts, kept as
-    # conditions change:
+    # Selector) walks the hall: at 65,536 devices that is most of a refused compose. Its BFS
+    # passes switches and OCS, and counts leaf devices per node and port devices one by one.
+    # The region index answers it from smaller parts, kept as conditions change:
     # - a region is a set of usable switches joined by open cables between switches; a change
     #   that could split or join one (a switch or OCS, or a cable between switches, opening or
     #   closing) marks the index stale, and the next count rebuilds it (faults are rare);
