@@ -10,6 +10,7 @@ replaced when an engine takes a domain up again."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -167,3 +168,32 @@ async def test_a_batch_shorter_than_asked_ends_a_catch_up_without_another_read()
     log, sink = CountedReads(await logged(4)), SlowForBigBatches(limit=1_000)
     assert await Follower(DOMAIN, log, sink, batch_size=2).catch_up() == 4  # type: ignore[arg-type]
     assert sink.sizes == [2, 2] and log.reads == 3
+
+
+class SwallowsCancel(SlowForBigBatches):
+    """A sink whose batch finishes although its task was cancelled meanwhile, as Python 3.11's
+    `asyncio.wait_for` can end when its inner call completes as the cancel arrives."""
+
+    name = "swallows"
+
+    def __init__(self) -> None:
+        super().__init__(limit=1_000_000)
+        self.applying = asyncio.Event()
+
+    async def apply(self, domain: str, records: Sequence[RecordedEvent]) -> Progress:
+        self.applying.set()
+        with contextlib.suppress(asyncio.CancelledError):  # swallowed: the batch completes
+            await asyncio.Event().wait()
+        return await super().apply(domain, records)
+
+
+async def test_a_stop_whose_cancel_a_batch_swallowed_does_not_wait_a_poll_interval() -> None:
+    log, sink = await logged(3), SwallowsCancel()
+    follower = Follower(DOMAIN, log, sink, poll_interval=3600)
+    follower.start()
+    await sink.applying.wait()
+    stopping = asyncio.create_task(follower.stop())
+    # The flag ends the loop at its next turn; without it, the stop waited for the next poll.
+    done, _ = await asyncio.wait({stopping}, timeout=10)
+    assert done, "the stop waited for the follower's next poll"
+    assert sink.progress.version == 3

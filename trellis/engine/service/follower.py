@@ -270,6 +270,10 @@ class Follower:
                     raise asyncio.CancelledError from exc  # a stop the driver reported as an error
                 await asyncio.sleep(self._failed(exc))
                 continue
+            if self._stopping:
+                # A cancel the pass swallowed (Python 3.11's wait_for can, when its call ends
+                # as the cancel comes): without this, stop() waited out a poll interval.
+                return
             try:
                 await asyncio.wait_for(self._poke.wait(), self._poll_interval)
             except TimeoutError:
