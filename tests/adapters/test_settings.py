@@ -44,6 +44,7 @@ def test_every_variable_is_read() -> None:
             "TRELLIS_EVENTS_MAX_BYTES": "1048576",
             "TRELLIS_EVENTS_MAX_AGE": "0",
             "TRELLIS_JS_REPLICAS": "3",
+            "TRELLIS_KV_MARKER_TTL": "3600",
             "TRELLIS_METRICS_PORT": "9464",
             "TRELLIS_METRICS_HOST": "0.0.0.0",
         }
@@ -69,7 +70,7 @@ def test_every_variable_is_read() -> None:
             ScriptedFault(kind="hang", op="bind"),
             ScriptedFault(kind="fail", op="create_circuit", component="ocs-1"),
         ],
-        stream_limits=StreamLimits(max_bytes=1048576, max_age_s=0.0, replicas=3),
+        stream_limits=StreamLimits(max_bytes=1048576, max_age_s=0.0, replicas=3, marker_ttl_s=3600),
         metrics_port=9464,
         metrics_host="0.0.0.0",
     )
@@ -109,6 +110,8 @@ def test_metrics_are_off_unless_a_port_is_given_and_0_takes_a_free_one() -> None
         ("TRELLIS_EVENTS_MAX_BYTES", "1.5", "TRELLIS_EVENTS_MAX_BYTES must be an integer"),
         ("TRELLIS_EVENTS_MAX_BYTES", "-1", "TRELLIS_EVENTS_MAX_BYTES must be 0 or more"),
         ("TRELLIS_EVENTS_MAX_AGE", "-5", "TRELLIS_EVENTS_MAX_AGE must be seconds, 0 or more"),
+        ("TRELLIS_KV_MARKER_TTL", "-1", "TRELLIS_KV_MARKER_TTL must be whole seconds"),
+        ("TRELLIS_KV_MARKER_TTL", "1.5", "TRELLIS_KV_MARKER_TTL must be an integer"),
         ("TRELLIS_JS_REPLICAS", "0", "TRELLIS_JS_REPLICAS must be within 1..5"),
         ("TRELLIS_JS_REPLICAS", "7", "TRELLIS_JS_REPLICAS must be within 1..5"),
         ("TRELLIS_JS_REPLICAS", "three", "TRELLIS_JS_REPLICAS must be an integer"),

@@ -24,7 +24,8 @@ from harness import Harness, bucket_values, serving, undecodable_event
 from nats.aio.client import Client as NATS
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError
+from nats.js.api import DeliverPolicy, StorageType, StreamConfig
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
 from trellis.adapters.embedded.nats_server import EmbeddedNats
@@ -34,6 +35,7 @@ from trellis.adapters.nats.jetstream import (
     StreamConfigError,
     StreamLimits,
     bucket_name,
+    ensure_bucket,
     ensure_stream,
     stream_name,
 )
@@ -615,6 +617,64 @@ async def test_the_bucket_holds_exactly_what_the_engine_believes(
     assert value(await kv.get(f"{HALL}.composition.{played.globex}"))["state"] == "impaired"
     with pytest.raises(KeyNotFoundError):  # ended: deleted
         await kv.get(f"{HALL}.composition.{played.acme}")
+
+
+async def test_an_ended_compositions_delete_marker_leaves_the_bucket_after_its_ttl(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, nc: NATS
+) -> None:
+    """The marker tells a watcher that the key ended, then goes (TRELLIS_KV_MARKER_TTL):
+    without a TTL every ended composition would stay in the bucket for ever."""
+    limits = StreamLimits(marker_ttl_s=1)
+    async with serving(
+        nats_url, database_url, pg_schema, subject_prefix, stream_limits=limits
+    ) as h:
+        expect_ok(await h.client.admin(HALL, "import-topology", fabric()))
+        composed = expect_ok(
+            await h.client.intent(
+                HALL, "acme", "compose", {"host": "host-01", "devices": [{"kind": "gpu"}]}
+            )
+        )
+        await relayed(h)
+        js = nc.jetstream()
+        bucket = bucket_name(subject_prefix)
+        subject = f"$KV.{bucket}.{HALL}.composition.{composed['composition_id']}"
+        # The marker as the bucket stores it, headers and all, seen however soon it goes.
+        sub = await js.subscribe(subject, ordered_consumer=True, deliver_policy=DeliverPolicy.NEW)
+        try:
+            released = {"composition_id": composed["composition_id"]}
+            expect_ok(await h.client.intent(HALL, "acme", "release", released))
+            while (msg := await sub.next_msg(timeout=5)).headers is None:
+                pass  # the composition's last value, "released", comes before its marker
+        finally:
+            await sub.unsubscribe()
+        assert msg.headers == {"KV-Operation": "DEL", "Nats-TTL": "1s"}
+
+        deadline = asyncio.get_running_loop().time() + 10
+        while True:
+            try:
+                await js.get_last_msg(f"KV_{bucket}", subject)
+            except NotFoundError:
+                break  # nothing of the ended composition is left in the bucket
+            assert asyncio.get_running_loop().time() < deadline, "the marker stayed"
+            await asyncio.sleep(0.2)
+        await relayed(h)
+        await assert_bucket_is_the_state(h, nc, subject_prefix)  # the live keys stay
+
+
+async def test_a_bucket_made_without_message_ttls_is_given_them(
+    nc: NATS, subject_prefix: str
+) -> None:
+    """A bucket that an older nats-py made cannot take a marker's TTL until it allows them."""
+    js = nc.jetstream()
+    bucket = bucket_name(subject_prefix)
+    old = StreamConfig(
+        name=f"KV_{bucket}", subjects=[f"$KV.{bucket}.>"], max_msgs_per_subject=1,
+        allow_rollup_hdrs=True, deny_delete=True, storage=StorageType.FILE,
+    )  # fmt: skip
+    assert not (await js.add_stream(old)).config.allow_msg_ttl
+    _, made = await ensure_bucket(js, subject_prefix)
+    assert not made
+    assert (await js.stream_info(f"KV_{bucket}")).config.allow_msg_ttl
 
 
 # ---- the stream's configuration ----

@@ -254,7 +254,7 @@ def unreachable_follower_env(tmp_path: Path) -> dict[str, str]:
         checkpoint_key=str(tmp_path / "checkpoint-key.pem"),
         checkpoint_every=1000,
         snapshot_every=0,
-        stream_limits=(1 << 20, 60.0, 1),
+        stream_limits=(1 << 20, 60.0, 1, 3600),
         secure_data_dir=None,
     )
 

@@ -173,13 +173,13 @@ def follower_env(
     checkpoint_key: str,
     checkpoint_every: int,
     snapshot_every: int,
-    stream_limits: tuple[int, float, int],
+    stream_limits: tuple[int, float, int, int],
     secure_data_dir: str | None,
 ) -> dict[str, str]:
     """The follower process's environment: this one's, with the engine's resolved endpoints
     and settings in place of any TRELLIS_* variable it had."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")}
-    max_bytes, max_age, replicas = stream_limits
+    max_bytes, max_age, replicas, marker_ttl = stream_limits
     env |= {
         PARENT_ENV: str(os.getpid()),
         "TRELLIS_NATS_URL": nats_url,
@@ -191,6 +191,7 @@ def follower_env(
         "TRELLIS_EVENTS_MAX_BYTES": str(max_bytes),
         "TRELLIS_EVENTS_MAX_AGE": repr(max_age),
         "TRELLIS_JS_REPLICAS": str(replicas),
+        "TRELLIS_KV_MARKER_TTL": str(marker_ttl),
     }
     if schema:
         env["TRELLIS_DB_SCHEMA"] = schema

@@ -390,7 +390,15 @@ def _stream_limits(env: dict[str, str]) -> StreamLimits:
             f"TRELLIS_JS_REPLICAS must be within 1..{MAX_JS_REPLICAS} (JetStream's limit); "
             f"got {replicas}"
         )
-    return StreamLimits(max_bytes=max_bytes, max_age_s=max_age, replicas=replicas)
+    marker_ttl = _integer(env, "TRELLIS_KV_MARKER_TTL", default.marker_ttl_s)
+    if marker_ttl < 0:
+        raise SettingsError(
+            f"TRELLIS_KV_MARKER_TTL must be whole seconds, 0 (keep markers) or more; "
+            f"got {marker_ttl}"
+        )
+    return StreamLimits(
+        max_bytes=max_bytes, max_age_s=max_age, replicas=replicas, marker_ttl_s=marker_ttl
+    )
 
 
 def redacted(url: str) -> str:

@@ -4,7 +4,8 @@
   `<prefix>.events.<domain>.<type>`, message id (`Nats-Msg-Id`) = event id, body = `Envelope`.
   File storage, a 2-minute duplicate window, discard-old limits (`StreamLimits`: 1 GiB and a
   week by default; the log in Postgres keeps everything), atomic batches allowed.
-- KV bucket `TRELLIS_STATE`, file storage, history 1 (values: adapters/nats/kv_state.py).
+- KV bucket `TRELLIS_STATE`, file storage, history 1 (values: adapters/nats/kv_state.py),
+  per-message TTLs allowed: a key's delete marker goes after `StreamLimits.marker_ttl_s`.
 - Both are kept on `StreamLimits.replicas` servers (TRELLIS_JS_REPLICAS; 1, or 3 on a
   cluster), set at creation and brought in line at every start (JetStream scales an existing
   stream up or down in place).
@@ -71,12 +72,17 @@ class StreamConfigError(RuntimeError):
 
 class StreamLimits(msgspec.Struct, frozen=True, kw_only=True):
     """How much of the log the stream keeps (the oldest events go first; 0 means no limit),
-    and on how many JetStream servers the stream and the KV bucket are kept. Defaults suit a
-    dev box (TRELLIS_EVENTS_MAX_BYTES, TRELLIS_EVENTS_MAX_AGE, TRELLIS_JS_REPLICAS)."""
+    on how many JetStream servers the stream and the KV bucket are kept, and how long a
+    deleted key's marker stays in the bucket (0: for ever). Defaults suit a dev box
+    (TRELLIS_EVENTS_MAX_BYTES, TRELLIS_EVENTS_MAX_AGE, TRELLIS_JS_REPLICAS,
+    TRELLIS_KV_MARKER_TTL)."""
 
     max_bytes: int = 1 << 30  # 1 GiB
     max_age_s: float = 7 * 24 * 3600.0  # a week
     replicas: int = 1  # 3 on a 3-node cluster: a copy survives the loss of any one node
+    # A marker tells a watcher that was away that the key ended; one that stays away longer
+    # than this must watch anew (its first values are then the bucket's). A day.
+    marker_ttl_s: int = 24 * 3600
 
 
 class Envelope(msgspec.Struct, kw_only=True):
@@ -257,6 +263,7 @@ async def ensure_bucket(
         StreamConfigError: JetStream refuses that many replicas.
     """
     bucket = bucket_name(prefix)
+    made = False
     try:
         kv = await js.key_value(bucket)
     except BucketNotFoundError:
@@ -267,14 +274,15 @@ async def ensure_bucket(
             storage=StorageType.FILE,
             replicas=replicas,
         )
-        made: KeyValue = await _configured(created, f"bucket {bucket}", replicas)
-        return made, True
-    # A bucket is a stream underneath (KV_<bucket>); its replicas are that stream's.
+        kv, made = await _configured(created, f"bucket {bucket}", replicas), True
+    # A bucket is a stream underneath (KV_<bucket>); its replicas are that stream's. One made
+    # by an older nats-py may not allow per-message TTLs (JetStream turns that on in place,
+    # never off), and without them a delete marker's TTL is refused.
     have = (await js.stream_info(f"KV_{bucket}")).config
-    if have.num_replicas != replicas:
-        changed = dataclasses.replace(have, num_replicas=replicas)
+    if have.num_replicas != replicas or not have.allow_msg_ttl:
+        changed = dataclasses.replace(have, num_replicas=replicas, allow_msg_ttl=True)
         await _configured(js.update_stream(changed), f"bucket {bucket}", replicas)
-    return kv, False
+    return kv, made
 
 
 async def _configured(request: Awaitable[Any], what: str, replicas: int) -> Any:

@@ -25,7 +25,9 @@ each live composition's conditions (`fold`, one event at a time, as the relay an
 A composition that ends (released or failed) leaves `evolve`'s state; its key gets its final
 value, `state` "released" or "failed", and is then deleted. A watcher sees the end and why, and
 the bucket holds live compositions only, not every composition there ever was. A node that is
-removed from the fabric has its key deleted.
+removed from the fabric has its key deleted. The delete marker itself goes after a day
+(TRELLIS_KV_MARKER_TTL, adapters/nats/relay.py): a watcher that was away longer must watch
+anew, since the key's end is no longer in the bucket to resume through.
 """
 
 from __future__ import annotations

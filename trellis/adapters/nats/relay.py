@@ -130,6 +130,7 @@ class RelaySink:
         self._nc = nc
         self._js = nc.jetstream()
         self._limits = limits or StreamLimits()
+        self._delete = _delete_headers(self._limits.marker_ttl_s)
         self._publish_timeout = publish_timeout
         self._kv: KeyValue | None = None
         self._checked = 0.0  # when the stream and bucket were last known to exist
@@ -369,7 +370,7 @@ class RelaySink:
             for i, (key, value) in enumerate(ops):
                 subject, reply = f"$KV.{self.bucket}.{key}", f"{inbox}.{i}"
                 if value is None:
-                    await self._nc.publish(subject, b"", reply=reply, headers=_DELETE)
+                    await self._nc.publish(subject, b"", reply=reply, headers=self._delete)
                 else:
                     await self._nc.publish(subject, value, reply=reply)
             try:
@@ -384,7 +385,15 @@ class RelaySink:
 
 
 _decode_ack = msgspec.json.Decoder(dict[str, Any]).decode  # JetStream's publish acknowledgement
-_DELETE = {"KV-Operation": "DEL"}  # a delete marker, as nats-py's KeyValue.delete writes it
+
+
+def _delete_headers(marker_ttl_s: int) -> dict[str, str]:
+    """A delete marker, as nats-py's KeyValue.delete writes it, that the server removes after
+    `marker_ttl_s` seconds (0: never): else every ended composition's marker stays for ever."""
+    headers = {"KV-Operation": "DEL"}
+    if marker_ttl_s > 0:
+        headers["Nats-TTL"] = f"{marker_ttl_s}s"
+    return headers
 
 
 def _refusal(ack: Msg) -> str:
