@@ -3,6 +3,9 @@ PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+# Two workers (pytest-xdist): most tests wait on servers, leases and timers, so two at a time
+# overlap those waits on two cores. `make test PYTEST_WORKERS=0` runs the suite in one process.
+PYTEST_WORKERS ?= 2
 
 .PHONY: test demo check up clean install
 
@@ -18,7 +21,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml setup.py $(wildcard trellis/ext
 	touch $@
 
 test: install
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # The scripted session, then a short economics run (pooled vs fixed pods on real demand; ~45 s).
 demo: install

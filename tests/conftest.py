@@ -19,6 +19,10 @@ from typing import NamedTuple
 
 import pytest
 import pytest_asyncio
+
+# Hooks from alone.py (`alone` tests run with no other beside them) and zeros.py (the zeros
+# tables print at the end, summed over pytest-xdist's workers).
+from alone import pytest_runtest_protocol, pytest_unconfigure  # noqa: F401
 from isolation import (
     Database,
     create_schema,
@@ -28,7 +32,7 @@ from isolation import (
     unique_schema_name,
     unique_subject_prefix,
 )
-from zeros import tables
+from zeros import pytest_sessionfinish, pytest_terminal_summary, pytest_testnodedown  # noqa: F401
 
 from trellis.adapters.embedded.cluster import NatsCluster
 from trellis.adapters.embedded.nats_server import EmbeddedNats
@@ -124,14 +128,6 @@ def nats_cluster(tmp_path: Path) -> Iterator[NatsCluster]:
     formed before the test begins, stopped after it."""
     with NatsCluster(tmp_path / "nats-cluster") as cluster:
         yield cluster
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Print the zeros tables the suites filled (tests/zeros.py), even under `pytest -q`."""
-    for table in tables():
-        terminalreporter.write_sep("-", table.title)
-        for line in table.lines()[1:]:
-            terminalreporter.write_line(line)
 
 
 @pytest.fixture

@@ -1,13 +1,18 @@
 """Tables of a suite's promised zeros, printed at the end of the run, even under `pytest -q`.
 
 A suite fills a table as it goes (`zeros("hostile input").add("events written", n)`); the
-terminal-summary hook in tests/conftest.py prints every table that was used, so a reader sees
-the zeros the suite promised, and the counts behind them, whatever the verbosity.
+terminal-summary hook below (tests/conftest.py takes it in) prints every table that was used,
+so a reader sees the zeros the suite promised, and the counts behind them, whatever the
+verbosity. Under pytest-xdist each worker fills its own tables and hands them to the
+controller when it finishes, and the controller prints their sums.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
+
+import pytest
 
 
 class ZeroTable:
@@ -50,3 +55,27 @@ def zeros(title: str) -> ZeroTable:
 
 def tables() -> list[ZeroTable]:
     return list(_TABLES.values())
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """On a pytest-xdist worker: send the tables this worker filled to the controller."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["zeros"] = [(t.title, dict(t.must_be_zero), dict(t.work)) for t in tables()]
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: unknown to a run without it
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """On the controller: add each worker's counts to its own tables, before they print."""
+    for title, must_be_zero, work in getattr(node, "workeroutput", {}).get("zeros", []):
+        table = zeros(title)
+        table.must_be_zero.update(must_be_zero)
+        table.work.update(work)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print every table the suites filled, even under `pytest -q`."""
+    for table in tables():
+        terminalreporter.write_sep("-", table.title)
+        for line in table.lines()[1:]:
+            terminalreporter.write_line(line)

@@ -372,6 +372,7 @@ async def fleet(
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # it times the takeovers on the machine's two cores
 async def test_chaos_run_loses_nothing_and_breaks_no_promise(
     nats_cluster: NatsCluster, own_postgres: EmbeddedPostgres, fleet: Fleet
 ) -> None:

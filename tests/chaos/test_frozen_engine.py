@@ -34,7 +34,8 @@ from trellis.adapters.embedded.nats_server import EmbeddedNats
 from trellis.adapters.embedded.postgres_server import EmbeddedPostgres
 from trellis.adapters.nats.client import TrellisClient
 
-pytestmark = pytest.mark.slow
+# Slow; and alone, for it times the contract's promises on the machine's two cores.
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 PREFIX = "trellis"
 DOMAINS = ("hall-a", "hall-b")

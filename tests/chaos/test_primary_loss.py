@@ -30,7 +30,8 @@ from postgres_pair import PostgresPair
 from trellis.adapters.nats.client import TrellisClient
 from trellis.engine.core.throttle import RateLimit
 
-pytestmark = pytest.mark.slow
+# Slow; and alone, for it times the contract's promises on the machine's two cores.
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 DOMAIN = "hall"
 WORKERS = 6

@@ -1,0 +1,60 @@
+"""A test marked `alone` runs while no other test runs, on two pytest-xdist workers too.
+
+A suite of its own, run with two workers and the lock hooks (tests/alone.py) as its one
+plugin: six tests that take a moment each and one marked `alone` append to one file as they
+begin and end, and that record must show no test begun while the `alone` one ran.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parents[1]
+
+SUITE = """
+import time
+from pathlib import Path
+
+import pytest
+
+RECORD = Path(__file__).with_name("record.txt")
+
+
+def visit(name: str) -> None:
+    with RECORD.open("a") as record:
+        record.write(f"begin {name}\\n")
+    time.sleep(0.2)
+    with RECORD.open("a") as record:
+        record.write(f"end {name}\\n")
+
+
+@pytest.mark.alone
+def test_alone() -> None:  # first: each worker's first test starts at once
+    visit("alone")
+
+
+@pytest.mark.parametrize("n", range(6))
+def test_beside(n: int) -> None:
+    visit(f"beside-{n}")
+"""
+
+
+def test_an_alone_test_runs_while_no_other_runs(tmp_path: Path) -> None:
+    (tmp_path / "test_suite.py").write_text(SUITE)
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    alone: alone\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "alone",
+         "-n", "2", "--dist", "load", str(tmp_path)],
+        cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(TESTS)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    record = (tmp_path / "record.txt").read_text().split("\n")[:-1]
+    assert len(record) == 14, record
+    begun = record.index("begin alone")
+    assert record[begun + 1] == "end alone", record  # nothing began or ended in between
+    running = {line.split()[1] for line in record[:begun] if line.startswith("begin")}
+    ended = {line.split()[1] for line in record[:begun] if line.startswith("end")}
+    assert running == ended, record  # and nothing was still running when it began
