@@ -10,7 +10,8 @@ contract, like any other client (ARCHITECTURE §11).
   retried POST gets the first answer.
 - In secure mode the service reads as the operator and sends each tenant's intents over a
   connection of that tenant's own NATS identity (`tenant_connection`).
-- Accounts and sessions (accounts.py) are the service's only state of its own.
+- Accounts and sessions (accounts.py; their resources in account_service.py) are the
+  service's only state of its own.
 
 It runs on the shared HTTP server (adapters/http/server.py): the same Host and Origin checks
 as the fabric page and metrics, one request per connection.
@@ -34,17 +35,18 @@ from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 
 from trellis.adapters.http.redfish import resources as rs
-from trellis.adapters.http.redfish.accounts import (
-    MAX_PASSWORD,
-    MIN_PASSWORD,
-    PRIVILEGES,
-    ROLES,
-    SESSION_TIMEOUT_S,
-    Account,
-    AccountError,
-    AccountStore,
-)
+from trellis.adapters.http.redfish.account_service import account_service, session_service
+from trellis.adapters.http.redfish.accounts import Account, AccountStore
 from trellis.adapters.http.redfish.events import EventFeed, event_service
+from trellis.adapters.http.redfish.handling import (
+    Reply,
+    dig,
+    if_match,
+    json_body,
+    matches,
+    may_change,
+    only,
+)
 from trellis.adapters.http.redfish.metadata import metadata_xml
 from trellis.adapters.http.redfish.registries import RedfishError, error, from_engine, message
 from trellis.adapters.http.redfish.resources import R, Reader, Viewer, ref
@@ -65,14 +67,6 @@ PROCESSOR_KINDS = {"GPU": "gpu", "Accelerator": "accelerator"}
 #: How long a `PreviewReserve` holds what it reserved (CompositionService.ReservationDuration).
 RESERVATION_SECONDS = 300
 REQUEST_TYPES = ("Preview", "PreviewReserve", "Apply")
-
-
-class Reply(msgspec.Struct, kw_only=True):
-    status: int = 200
-    body: dict[str, Any] | None = None
-    headers: list[tuple[str, str]] = []
-    allow: str = "GET, HEAD"
-    etag: bool = True  # a single resource: send its ETag
 
 
 class RedfishService:
@@ -178,7 +172,7 @@ class RedfishService:
             ):
                 account = self._authenticate(request)
             if path == f"{R}/EventService/SSE":
-                _only("GET" if request.method == "HEAD" else request.method, "GET")
+                only("GET" if request.method == "HEAD" else request.method, "GET")
                 assert account is not None
                 return Stream("text/event-stream", self.events.stream(account.tenant))
             reply = await self._route(request, path, account)
@@ -204,7 +198,7 @@ class RedfishService:
             raise error(405, "OperationNotAllowed")
         tag = rs.etag(body)
         headers = (*_COMMON, ("Allow", "GET, HEAD"), ("ETag", tag))
-        if _matches(request.headers.get("if-none-match"), tag):
+        if matches(request.headers.get("if-none-match"), tag):
             return Response(304, content_type, b"", headers)
         return Response(200, content_type, body, headers)
 
@@ -216,7 +210,7 @@ class RedfishService:
         if reply.etag and "@odata.id" in reply.body:
             tag = rs.etag(reply.body)
             headers.append(("ETag", tag))
-            if request.method in ("GET", "HEAD") and _matches(
+            if request.method in ("GET", "HEAD") and matches(
                 request.headers.get("if-none-match"), tag
             ):
                 return Response(304, JSON, b"", tuple(headers))
@@ -252,34 +246,34 @@ class RedfishService:
     async def _route(self, request: Request, path: str, account: Account | None) -> Reply:
         method = "GET" if request.method == "HEAD" else request.method
         if path == R:
-            _only(method, "GET")
+            only(method, "GET")
             return Reply(body=rs.service_root(self.uuid))
         assert account is not None or path == f"{R}/SessionService/Sessions"
         parts = path.removeprefix(f"{R}/").split("/")
         top = parts[0]
         if top == "SessionService":
-            return await self._sessions(request, method, parts[1:], account)
+            return session_service(self.accounts, request, method, parts[1:], account)
         assert account is not None
         viewer = Viewer(account.tenant)
         if top == "AccountService":
-            return self._accounts(request, method, parts[1:], account)
+            return account_service(self.accounts, request, method, parts[1:], account)
         if top == "Systems":
             return await self._systems(request, method, parts[1:], account, viewer)
         if top == "CompositionService":
             if parts[1:2] == ["Actions"]:
                 if parts[2:] != ["CompositionService.Compose"]:
                     raise error(404, "ResourceNotFound", "Resource", "/".join(parts))
-                _only(method, "POST")
+                only(method, "POST")
                 return await self._compose_action(request, account)
             if parts[1:2] == ["CompositionReservations"]:
                 return await self._reservations(request, method, parts[2:], account, viewer)
-            _only(method, "GET")
+            only(method, "GET")
             return await self._composition(parts[1:], viewer)
         if top == "Fabrics":
-            _only(method, "GET")
+            only(method, "GET")
             return await self._fabrics(parts[1:], viewer)
         if top == "EventService" and len(parts) == 1:
-            _only(method, "GET")
+            only(method, "GET")
             return Reply(body=event_service())
         raise error(404, "ResourceNotFound", "Resource", path)
 
@@ -398,11 +392,11 @@ class RedfishService:
         if not parts:
             if method == "POST":
                 return await self._compose(request, account)
-            _only(method, "GET", "POST")
+            only(method, "GET", "POST")
             body = rs.systems_collection(await self.reader.all(), viewer)
             return Reply(body=body, allow="GET, HEAD, POST")
         if len(parts) == 1 and parts[0] in rs.CAPABILITIES.values():
-            _only(method, "GET")
+            only(method, "GET")
             return Reply(body=rs.capabilities(parts[0]))
         if len(parts) != 1:
             raise error(404, "ResourceNotFound", "Resource", "/".join(parts))
@@ -410,17 +404,17 @@ class RedfishService:
         domain, composition = await self.reader.find_system(cid, viewer)
         body = rs.system(domain, composition)
         if method == "DELETE":
-            _may_change(account)
+            may_change(account)
             self._writable()
-            _if_match(request, body)
+            if_match(request, body)
             return await self._release(request, domain, cid, composition["tenant"])
-        _only(method, "GET", "DELETE")
+        only(method, "GET", "DELETE")
         return Reply(body=body, allow="GET, HEAD, DELETE")
 
     async def _compose(self, request: Request, account: Account) -> Reply:
-        _may_change(account)
+        may_change(account)
         self._writable()
-        body = _json_body(request)
+        body = json_body(request)
         tenant = _tenant_of(body, account)
         plan, manifest = await self._manifest(body)
         domain = plan.domain
@@ -463,8 +457,8 @@ class RedfishService:
         """`CompositionService.Compose` with a one-stanza Manifest: `Preview` is the engine's
         `preview` query (nothing written), `PreviewReserve` its `reserve` intent, `Apply` its
         `apply` intent, of a `ReservationId` or of the Manifest."""
-        _may_change(account)
-        body = _json_body(request)
+        may_change(account)
+        body = json_body(request)
         request_format = body.get("RequestFormat")
         if request_format is None:
             raise error(400, "PropertyMissing", "RequestFormat")
@@ -538,7 +532,7 @@ class RedfishService:
             # Not live: ask the engine anyway, as the account's tenant, so that one of its own
             # that has ended (expired, cancelled, applied) is refused saying so.
             domains = await self.reader.domains()
-            tenant = account.tenant or _dig(body, "Oem", "Trellis", "Tenant")
+            tenant = account.tenant or dig(body, "Oem", "Trellis", "Tenant")
             if not isinstance(tenant, str) or not is_valid_id(tenant):
                 raise error(404, "ResourceNotFound", "CompositionReservation", rid)
         acting = await self._acting_as(tenant)
@@ -590,7 +584,7 @@ class RedfishService:
     ) -> Reply:
         base = f"{R}/CompositionService/CompositionReservations"
         if not parts:
-            _only(method, "GET")
+            only(method, "GET")
             members = [
                 f"{base}/{r['reservation_id']}"
                 for d in await self.reader.all()
@@ -609,9 +603,9 @@ class RedfishService:
         body = _reservation(domain, reservation)
         allow = "GET, HEAD, DELETE"
         if method == "DELETE":
-            _may_change(account)
+            may_change(account)
             self._writable()
-            _if_match(request, body)
+            if_match(request, body)
             tenant = str(reservation["tenant"])
             intent = {"request_id": _request_id(request), "reservation_id": parts[0]}
             acting = await self._acting_as(tenant)
@@ -620,7 +614,7 @@ class RedfishService:
                 raise from_engine(reply.get("error", {}), "CompositionReservation")
             self.reader.wrote(domain, reply.get("position"))
             return Reply(status=204, body=None, allow=allow)
-        _only(method, "GET", "DELETE")
+        only(method, "GET", "DELETE")
         return Reply(body=body, allow=allow)
 
     async def _manifest(self, body: dict[str, Any]) -> tuple[_Plan, dict[str, Any]]:
@@ -639,10 +633,10 @@ class RedfishService:
         reason = body.get("Description") or body.get("Name")
         if isinstance(reason, str) and reason:
             manifest["reason"] = reason
-        labels = _dig(body, "Oem", "Trellis", "Labels")
+        labels = dig(body, "Oem", "Trellis", "Labels")
         if labels is not None:
             manifest["labels"] = labels
-        lease = _dig(body, "Oem", "Trellis", "LeaseSeconds")
+        lease = dig(body, "Oem", "Trellis", "LeaseSeconds")
         if lease is not None:
             manifest["lease_seconds"] = lease
         return plan, manifest
@@ -758,136 +752,6 @@ class RedfishService:
         self.reader.wrote(domain, reply.get("position"))
         return Reply(status=204, body=None, allow="GET, HEAD, DELETE")
 
-    # ---- AccountService ----
-
-    def _accounts(self, request: Request, method: str, parts: list[str], account: Account) -> Reply:
-        base = f"{R}/AccountService"
-        if not parts:
-            _only(method, "GET")
-            return Reply(body=_account_service())
-        if parts[0] == "Roles":
-            _only(method, "GET")
-            if len(parts) == 1:
-                members = [f"{base}/Roles/{r}" for r in ROLES]
-                return Reply(body=rs.collection(f"{base}/Roles", "RoleCollection", "Roles",
-                                                members))  # fmt: skip
-            if len(parts) == 2 and parts[1] in ROLES:
-                return Reply(body=_role(parts[1]))
-        if parts[0] == "Accounts" and len(parts) == 1:
-            if method == "POST":
-                _admin(account)
-                body = _json_body(request)
-                try:
-                    made = self.accounts.create(
-                        body.get("UserName"),  # type: ignore[arg-type]
-                        body.get("Password"),  # type: ignore[arg-type]
-                        body.get("RoleId", ""),  # type: ignore[arg-type]
-                        _dig(body, "Oem", "Trellis", "Tenant"),
-                    )
-                except AccountError as exc:
-                    raise _account_error(exc) from None
-                if body.get("Enabled") is False:
-                    made = self.accounts.update(made.user_name, enabled=False)
-                return Reply(
-                    status=201,
-                    body=_account(made),
-                    headers=[("Location", f"{base}/Accounts/{made.id}")],
-                    allow="GET, HEAD, PATCH, DELETE",
-                )
-            _only(method, "GET", "POST")
-            visible = [a for a in self.accounts.all() if account.admin or a.id == account.id]
-            members = [f"{base}/Accounts/{a.id}" for a in visible]
-            body = rs.collection(f"{base}/Accounts", "ManagerAccountCollection", "Accounts",
-                                 members)  # fmt: skip
-            return Reply(body=body, allow="GET, HEAD, POST")
-        if parts[0] == "Accounts" and len(parts) == 2:
-            target = self.accounts.get(parts[1])
-            if target is None or not (account.admin or target.id == account.id):
-                raise error(404, "ResourceNotFound", "ManagerAccount", parts[1])
-            current = _account(target)
-            allow = "GET, HEAD, PATCH, DELETE"
-            if method == "PATCH":
-                _if_match(request, current)
-                body = _json_body(request)
-                unknown = sorted(set(body) - {"Password", "Enabled", "@odata.etag"})
-                if unknown:
-                    name = "PropertyNotWritable"
-                    if not all(k in current for k in unknown):
-                        name = "PropertyUnknown"
-                    raise RedfishError(400, [message(name, k) for k in unknown])
-                if "Enabled" in body and not account.admin:
-                    raise error(403, "InsufficientPrivilege")
-                enabled = body.get("Enabled")
-                if enabled is not None and not isinstance(enabled, bool):
-                    raise error(400, "PropertyValueFormatError", str(enabled), "Enabled")
-                try:
-                    changed = self.accounts.update(
-                        target.user_name, password=body.get("Password"), enabled=enabled
-                    )
-                except AccountError as exc:
-                    raise _account_error(exc) from None
-                return Reply(body=_account(changed), allow=allow)
-            if method == "DELETE":
-                _admin(account)
-                _if_match(request, current)
-                try:
-                    self.accounts.delete(target.user_name)
-                except AccountError:
-                    raise error(409, "ResourceCannotBeDeleted") from None
-                return Reply(status=204, body=None, allow=allow)
-            _only(method, "GET", "PATCH", "DELETE")
-            return Reply(body=current, allow=allow)
-        raise error(404, "ResourceNotFound", "Resource", "/".join(parts))
-
-    # ---- SessionService ----
-
-    async def _sessions(
-        self, request: Request, method: str, parts: list[str], account: Account | None
-    ) -> Reply:
-        base = f"{R}/SessionService"
-        if not parts:
-            _only(method, "GET")
-            return Reply(body=_session_service())
-        if parts[0] != "Sessions" or len(parts) > 2:
-            raise error(404, "ResourceNotFound", "Resource", "/".join(parts))
-        if len(parts) == 1:
-            if method == "POST":
-                body = _json_body(request)
-                user, password = body.get("UserName"), body.get("Password")
-                if not isinstance(user, str) or not isinstance(password, str):
-                    missing = "UserName" if not isinstance(user, str) else "Password"
-                    raise error(400, "PropertyMissing", missing)
-                found = self.accounts.check(user, password)
-                if found is None:
-                    raise error(401, "NoValidSession")
-                session = self.accounts.open_session(found)
-                return Reply(
-                    status=201,
-                    body=_session(session.id, session.user_name),
-                    headers=[
-                        ("X-Auth-Token", session.token),
-                        ("Location", f"{base}/Sessions/{session.id}"),
-                    ],
-                    allow="GET, HEAD, DELETE",
-                )
-            _only(method, "GET", "POST")
-            assert account is not None
-            visible = [s for s in self.accounts.sessions()
-                       if account.admin or s.user_name == account.user_name]  # fmt: skip
-            members = [f"{base}/Sessions/{s.id}" for s in visible]
-            body = rs.collection(f"{base}/Sessions", "SessionCollection", "Sessions", members)
-            return Reply(body=body, allow="GET, HEAD, POST")
-        assert account is not None
-        known = self.accounts.session(parts[1])
-        if known is None or not (account.admin or known.user_name == account.user_name):
-            raise error(404, "ResourceNotFound", "Session", parts[1])
-        session = known
-        if method == "DELETE":
-            self.accounts.close_session(session.id)
-            return Reply(status=204, body=None, allow="GET, HEAD, DELETE")
-        _only(method, "GET", "DELETE")
-        return Reply(body=_session(session.id, session.user_name), allow="GET, HEAD, DELETE")
-
 
 class _Plan(msgspec.Struct, kw_only=True):
     domain: str
@@ -914,45 +778,6 @@ def _allowed(path: str) -> str:
     if path.startswith(f"{R}/AccountService/Accounts/"):
         return "GET, HEAD, PATCH, DELETE"
     return "GET, HEAD"
-
-
-def _only(method: str, *allowed: str) -> None:
-    if method not in allowed:
-        raise error(405, "OperationNotAllowed")
-
-
-def _may_change(account: Account) -> None:
-    if account.role == "ReadOnly":
-        raise error(403, "InsufficientPrivilege")
-
-
-def _admin(account: Account) -> None:
-    if not account.admin:
-        raise error(403, "InsufficientPrivilege")
-
-
-def _matches(header: str | None, tag: str) -> bool:
-    if header is None:
-        return False
-    tags = [t.strip() for t in header.split(",")]
-    return "*" in tags or tag in tags or tag.removeprefix("W/") in tags
-
-
-def _if_match(request: Request, current: dict[str, Any]) -> None:
-    """412 when If-Match names no current representation of the resource."""
-    header = request.headers.get("if-match")
-    if header is not None and not _matches(header, rs.etag(current)):
-        raise error(412, "PreconditionFailed")
-
-
-def _json_body(request: Request) -> dict[str, Any]:
-    try:
-        body = msgspec.json.decode(request.body or b"")
-    except msgspec.DecodeError:
-        raise error(400, "MalformedJSON") from None
-    if not isinstance(body, dict):
-        raise error(400, "MalformedJSON")
-    return body
 
 
 def _request_id(request: Request) -> str:
@@ -1024,7 +849,7 @@ def _reservation(domain: str, reservation: dict[str, Any]) -> dict[str, Any]:
 def _tenant_of(body: dict[str, Any], account: Account) -> str:
     """Whose request: the account's tenant, or the one an Administrator names in
     `Oem.Trellis.Tenant`."""
-    oem_tenant = _dig(body, "Oem", "Trellis", "Tenant")
+    oem_tenant = dig(body, "Oem", "Trellis", "Tenant")
     if account.tenant is not None:
         if oem_tenant is not None and oem_tenant != account.tenant:
             raise error(403, "InsufficientPrivilege")
@@ -1034,15 +859,6 @@ def _tenant_of(body: dict[str, Any], account: Account) -> str:
     if not isinstance(oem_tenant, str) or not is_valid_id(oem_tenant):
         raise error(400, "PropertyValueFormatError", str(oem_tenant), "Oem/Trellis/Tenant")
     return oem_tenant
-
-
-def _dig(body: dict[str, Any], *keys: str) -> Any:
-    value: Any = body
-    for key in keys:
-        if not isinstance(value, dict):
-            return None
-        value = value.get(key)
-    return value
 
 
 def _member_requests(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -1083,79 +899,3 @@ def _member_requests(body: dict[str, Any]) -> list[dict[str, Any]]:
                 entry["capacity_gib"] = mib / 1024
             devices.append(entry)
     return devices
-
-
-def _account_error(exc: AccountError) -> RedfishError:
-    if "exists" in str(exc):
-        return error(409, "ResourceAlreadyExists", "ManagerAccount", "UserName", exc.field)
-    return error(400, "PropertyValueFormatError", "(hidden)", exc.field or "Body",
-                 resolution=str(exc))  # fmt: skip
-
-
-def _account_service() -> dict[str, Any]:
-    return {
-        "@odata.id": f"{R}/AccountService",
-        "@odata.type": "#AccountService.v1_18_1.AccountService",
-        "Id": "AccountService",
-        "Name": "Account Service",
-        "ServiceEnabled": True,
-        "MinPasswordLength": MIN_PASSWORD,
-        "MaxPasswordLength": MAX_PASSWORD,
-        "LocalAccountAuth": "Enabled",
-        "Accounts": ref(f"{R}/AccountService/Accounts"),
-        "Roles": ref(f"{R}/AccountService/Roles"),
-    }
-
-
-def _role(role: str) -> dict[str, Any]:
-    return {
-        "@odata.id": f"{R}/AccountService/Roles/{role}",
-        "@odata.type": "#Role.v1_3_3.Role",
-        "Id": role,
-        "Name": f"{role} role",
-        "RoleId": role,
-        "IsPredefined": True,
-        "AssignedPrivileges": PRIVILEGES[role],  # type: ignore[index]
-    }
-
-
-def _account(account: Account) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "@odata.id": f"{R}/AccountService/Accounts/{account.id}",
-        "@odata.type": "#ManagerAccount.v1_14_1.ManagerAccount",
-        "Id": account.id,
-        "Name": f"account {account.user_name}",
-        "UserName": account.user_name,
-        "RoleId": account.role,
-        "Enabled": account.enabled,
-        "Locked": False,
-        "Password": None,
-        "AccountTypes": ["Redfish"],
-        "Links": {"Role": ref(f"{R}/AccountService/Roles/{account.role}")},
-        "Oem": {"Trellis": {"Tenant": account.tenant, "Version": account.version}},
-    }
-    return body
-
-
-def _session_service() -> dict[str, Any]:
-    return {
-        "@odata.id": f"{R}/SessionService",
-        "@odata.type": "#SessionService.v1_2_0.SessionService",
-        "Id": "SessionService",
-        "Name": "Session Service",
-        "ServiceEnabled": True,
-        "SessionTimeout": SESSION_TIMEOUT_S,
-        "Status": {"State": "Enabled", "Health": "OK"},
-        "Sessions": ref(f"{R}/SessionService/Sessions"),
-    }
-
-
-def _session(session_id: str, user_name: str) -> dict[str, Any]:
-    return {
-        "@odata.id": f"{R}/SessionService/Sessions/{session_id}",
-        "@odata.type": "#Session.v1_8_0.Session",
-        "Id": session_id,
-        "Name": f"session of {user_name}",
-        "UserName": user_name,
-        "SessionType": "Redfish",
-    }

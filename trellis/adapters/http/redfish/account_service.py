@@ -1,0 +1,240 @@
+"""The Redfish AccountService and SessionService (DSP0266 §13): the service's accounts and
+sessions (accounts.py keeps them), as resources."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trellis.adapters.http.redfish import resources as rs
+from trellis.adapters.http.redfish.accounts import (
+    MAX_PASSWORD,
+    MIN_PASSWORD,
+    PRIVILEGES,
+    ROLES,
+    SESSION_TIMEOUT_S,
+    Account,
+    AccountError,
+    AccountStore,
+)
+from trellis.adapters.http.redfish.handling import (
+    Reply,
+    admin_only,
+    dig,
+    if_match,
+    json_body,
+    only,
+)
+from trellis.adapters.http.redfish.registries import RedfishError, error, message
+from trellis.adapters.http.redfish.resources import R, ref
+from trellis.adapters.http.server import Request
+
+
+def account_service(
+    store: AccountStore, request: Request, method: str, parts: list[str], account: Account
+) -> Reply:
+    """`/redfish/v1/AccountService` and below: roles, and accounts an Administrator makes,
+    changes and deletes (an account sees only itself otherwise)."""
+    base = f"{R}/AccountService"
+    if not parts:
+        only(method, "GET")
+        return Reply(body=_account_service())
+    if parts[0] == "Roles":
+        only(method, "GET")
+        if len(parts) == 1:
+            members = [f"{base}/Roles/{r}" for r in ROLES]
+            return Reply(body=rs.collection(f"{base}/Roles", "RoleCollection", "Roles",
+                                            members))  # fmt: skip
+        if len(parts) == 2 and parts[1] in ROLES:
+            return Reply(body=_role(parts[1]))
+    if parts[0] == "Accounts" and len(parts) == 1:
+        if method == "POST":
+            admin_only(account)
+            body = json_body(request)
+            try:
+                made = store.create(
+                    body.get("UserName"),  # type: ignore[arg-type]
+                    body.get("Password"),  # type: ignore[arg-type]
+                    body.get("RoleId", ""),  # type: ignore[arg-type]
+                    dig(body, "Oem", "Trellis", "Tenant"),
+                )
+            except AccountError as exc:
+                raise _account_error(exc) from None
+            if body.get("Enabled") is False:
+                made = store.update(made.user_name, enabled=False)
+            return Reply(
+                status=201,
+                body=_account(made),
+                headers=[("Location", f"{base}/Accounts/{made.id}")],
+                allow="GET, HEAD, PATCH, DELETE",
+            )
+        only(method, "GET", "POST")
+        visible = [a for a in store.all() if account.admin or a.id == account.id]
+        members = [f"{base}/Accounts/{a.id}" for a in visible]
+        body = rs.collection(f"{base}/Accounts", "ManagerAccountCollection", "Accounts",
+                             members)  # fmt: skip
+        return Reply(body=body, allow="GET, HEAD, POST")
+    if parts[0] == "Accounts" and len(parts) == 2:
+        target = store.get(parts[1])
+        if target is None or not (account.admin or target.id == account.id):
+            raise error(404, "ResourceNotFound", "ManagerAccount", parts[1])
+        current = _account(target)
+        allow = "GET, HEAD, PATCH, DELETE"
+        if method == "PATCH":
+            if_match(request, current)
+            body = json_body(request)
+            unknown = sorted(set(body) - {"Password", "Enabled", "@odata.etag"})
+            if unknown:
+                name = "PropertyNotWritable"
+                if not all(k in current for k in unknown):
+                    name = "PropertyUnknown"
+                raise RedfishError(400, [message(name, k) for k in unknown])
+            if "Enabled" in body and not account.admin:
+                raise error(403, "InsufficientPrivilege")
+            enabled = body.get("Enabled")
+            if enabled is not None and not isinstance(enabled, bool):
+                raise error(400, "PropertyValueFormatError", str(enabled), "Enabled")
+            try:
+                changed = store.update(
+                    target.user_name, password=body.get("Password"), enabled=enabled
+                )
+            except AccountError as exc:
+                raise _account_error(exc) from None
+            return Reply(body=_account(changed), allow=allow)
+        if method == "DELETE":
+            admin_only(account)
+            if_match(request, current)
+            try:
+                store.delete(target.user_name)
+            except AccountError:
+                raise error(409, "ResourceCannotBeDeleted") from None
+            return Reply(status=204, body=None, allow=allow)
+        only(method, "GET", "PATCH", "DELETE")
+        return Reply(body=current, allow=allow)
+    raise error(404, "ResourceNotFound", "Resource", "/".join(parts))
+
+
+def session_service(
+    store: AccountStore, request: Request, method: str, parts: list[str], account: Account | None
+) -> Reply:
+    """`/redfish/v1/SessionService` and below: a POST of a user name and password opens a
+    session (its token in X-Auth-Token); a session is listed, read and closed by its user or
+    an Administrator."""
+    base = f"{R}/SessionService"
+    if not parts:
+        only(method, "GET")
+        return Reply(body=_session_service())
+    if parts[0] != "Sessions" or len(parts) > 2:
+        raise error(404, "ResourceNotFound", "Resource", "/".join(parts))
+    if len(parts) == 1:
+        if method == "POST":
+            body = json_body(request)
+            user, password = body.get("UserName"), body.get("Password")
+            if not isinstance(user, str) or not isinstance(password, str):
+                missing = "UserName" if not isinstance(user, str) else "Password"
+                raise error(400, "PropertyMissing", missing)
+            found = store.check(user, password)
+            if found is None:
+                raise error(401, "NoValidSession")
+            session = store.open_session(found)
+            return Reply(
+                status=201,
+                body=_session(session.id, session.user_name),
+                headers=[
+                    ("X-Auth-Token", session.token),
+                    ("Location", f"{base}/Sessions/{session.id}"),
+                ],
+                allow="GET, HEAD, DELETE",
+            )
+        only(method, "GET", "POST")
+        assert account is not None
+        visible = [s for s in store.sessions()
+                   if account.admin or s.user_name == account.user_name]  # fmt: skip
+        members = [f"{base}/Sessions/{s.id}" for s in visible]
+        body = rs.collection(f"{base}/Sessions", "SessionCollection", "Sessions", members)
+        return Reply(body=body, allow="GET, HEAD, POST")
+    assert account is not None
+    known = store.session(parts[1])
+    if known is None or not (account.admin or known.user_name == account.user_name):
+        raise error(404, "ResourceNotFound", "Session", parts[1])
+    session = known
+    if method == "DELETE":
+        store.close_session(session.id)
+        return Reply(status=204, body=None, allow="GET, HEAD, DELETE")
+    only(method, "GET", "DELETE")
+    return Reply(body=_session(session.id, session.user_name), allow="GET, HEAD, DELETE")
+
+
+def _account_error(exc: AccountError) -> RedfishError:
+    if "exists" in str(exc):
+        return error(409, "ResourceAlreadyExists", "ManagerAccount", "UserName", exc.field)
+    return error(400, "PropertyValueFormatError", "(hidden)", exc.field or "Body",
+                 resolution=str(exc))  # fmt: skip
+
+
+def _account_service() -> dict[str, Any]:
+    return {
+        "@odata.id": f"{R}/AccountService",
+        "@odata.type": "#AccountService.v1_18_1.AccountService",
+        "Id": "AccountService",
+        "Name": "Account Service",
+        "ServiceEnabled": True,
+        "MinPasswordLength": MIN_PASSWORD,
+        "MaxPasswordLength": MAX_PASSWORD,
+        "LocalAccountAuth": "Enabled",
+        "Accounts": ref(f"{R}/AccountService/Accounts"),
+        "Roles": ref(f"{R}/AccountService/Roles"),
+    }
+
+
+def _role(role: str) -> dict[str, Any]:
+    return {
+        "@odata.id": f"{R}/AccountService/Roles/{role}",
+        "@odata.type": "#Role.v1_3_3.Role",
+        "Id": role,
+        "Name": f"{role} role",
+        "RoleId": role,
+        "IsPredefined": True,
+        "AssignedPrivileges": PRIVILEGES[role],  # type: ignore[index]
+    }
+
+
+def _account(account: Account) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "@odata.id": f"{R}/AccountService/Accounts/{account.id}",
+        "@odata.type": "#ManagerAccount.v1_14_1.ManagerAccount",
+        "Id": account.id,
+        "Name": f"account {account.user_name}",
+        "UserName": account.user_name,
+        "RoleId": account.role,
+        "Enabled": account.enabled,
+        "Locked": False,
+        "Password": None,
+        "AccountTypes": ["Redfish"],
+        "Links": {"Role": ref(f"{R}/AccountService/Roles/{account.role}")},
+        "Oem": {"Trellis": {"Tenant": account.tenant, "Version": account.version}},
+    }
+    return body
+
+
+def _session_service() -> dict[str, Any]:
+    return {
+        "@odata.id": f"{R}/SessionService",
+        "@odata.type": "#SessionService.v1_2_0.SessionService",
+        "Id": "SessionService",
+        "Name": "Session Service",
+        "ServiceEnabled": True,
+        "SessionTimeout": SESSION_TIMEOUT_S,
+        "Status": {"State": "Enabled", "Health": "OK"},
+        "Sessions": ref(f"{R}/SessionService/Sessions"),
+    }
+
+
+def _session(session_id: str, user_name: str) -> dict[str, Any]:
+    return {
+        "@odata.id": f"{R}/SessionService/Sessions/{session_id}",
+        "@odata.type": "#Session.v1_8_0.Session",
+        "Id": session_id,
+        "Name": f"session of {user_name}",
+        "UserName": user_name,
+        "SessionType": "Redfish",
+    }

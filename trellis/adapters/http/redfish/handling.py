@@ -1,0 +1,72 @@
+"""What the Redfish service's handlers share: the reply each returns, and the checks of a
+request (its method, the account's privilege, If-Match, a JSON body) that answer with the
+Redfish error DSP0266 names when they fail."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from trellis.adapters.http.redfish import resources as rs
+from trellis.adapters.http.redfish.accounts import Account
+from trellis.adapters.http.redfish.registries import error
+from trellis.adapters.http.server import Request
+
+
+class Reply(msgspec.Struct, kw_only=True):
+    """What a resource's handler answers; the service renders it (headers, ETag, Link)."""
+
+    status: int = 200
+    body: dict[str, Any] | None = None
+    headers: list[tuple[str, str]] = []
+    allow: str = "GET, HEAD"
+    etag: bool = True  # a single resource: send its ETag
+
+
+def only(method: str, *allowed: str) -> None:
+    if method not in allowed:
+        raise error(405, "OperationNotAllowed")
+
+
+def may_change(account: Account) -> None:
+    if account.role == "ReadOnly":
+        raise error(403, "InsufficientPrivilege")
+
+
+def admin_only(account: Account) -> None:
+    if not account.admin:
+        raise error(403, "InsufficientPrivilege")
+
+
+def matches(header: str | None, tag: str) -> bool:
+    if header is None:
+        return False
+    tags = [t.strip() for t in header.split(",")]
+    return "*" in tags or tag in tags or tag.removeprefix("W/") in tags
+
+
+def if_match(request: Request, current: dict[str, Any]) -> None:
+    """412 when If-Match names no current representation of the resource."""
+    header = request.headers.get("if-match")
+    if header is not None and not matches(header, rs.etag(current)):
+        raise error(412, "PreconditionFailed")
+
+
+def json_body(request: Request) -> dict[str, Any]:
+    try:
+        body = msgspec.json.decode(request.body or b"")
+    except msgspec.DecodeError:
+        raise error(400, "MalformedJSON") from None
+    if not isinstance(body, dict):
+        raise error(400, "MalformedJSON")
+    return body
+
+
+def dig(body: dict[str, Any], *keys: str) -> Any:
+    value: Any = body
+    for key in keys:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value
