@@ -1,0 +1,547 @@
+"""Redfish writes as the engine's intents (ARCHITECTURE §11): `POST /Systems` is a `compose`
+and `DELETE /Systems/<id>` a `release`; `CompositionService.Compose` with a one-stanza
+Manifest is the engine's `preview` query, `reserve` or `apply`; CompositionReservations are
+its reservations. Each intent goes on the subject of the account's tenant, over that tenant's
+own connection in secure mode, and the engine's answer maps back to HTTP (registries.py).
+An `Idempotency-Key` header is the intent's `request_id`, so a retried request gets the
+first answer.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+
+from trellis.adapters.http.redfish import resources as rs
+from trellis.adapters.http.redfish.accounts import Account
+from trellis.adapters.http.redfish.handling import Reply, dig, if_match, json_body, may_change, only
+from trellis.adapters.http.redfish.registries import RedfishError, error, from_engine, message
+from trellis.adapters.http.redfish.resources import R, Reader, Viewer, ref
+from trellis.adapters.http.server import Request
+from trellis.adapters.nats.client import TrellisClient
+from trellis.engine.core.ids import is_valid_id
+
+_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
+#: A member request's schema property -> the device kind it asks for.
+MEMBER_KINDS = {"Memory": "memory", "NetworkInterfaces": "nic", "Storage": "nvme"}
+PROCESSOR_KINDS = {"GPU": "gpu", "Accelerator": "accelerator"}
+#: How long a `PreviewReserve` holds what it reserved (CompositionService.ReservationDuration).
+RESERVATION_SECONDS = 300
+REQUEST_TYPES = ("Preview", "PreviewReserve", "Apply")
+
+
+class Composer:
+    """The Systems collection and the composition actions, for the service's accounts."""
+
+    def __init__(
+        self,
+        reader: Reader,
+        client: TrellisClient,
+        acting_as: Callable[[str], Awaitable[TrellisClient]],
+        *,
+        writes: bool,
+    ) -> None:
+        self.reader = reader
+        self.client = client  # the service's own: queries (a Preview)
+        self._acting_as = acting_as  # the client that sends a tenant's intents
+        self._writes = writes  # False: the service reads only
+
+    # ---- Systems: compose and release ----
+
+    async def systems(
+        self, request: Request, method: str, parts: list[str], account: Account, viewer: Viewer
+    ) -> Reply:
+        if not parts:
+            if method == "POST":
+                return await self._compose(request, account)
+            only(method, "GET", "POST")
+            body = rs.systems_collection(await self.reader.all(), viewer)
+            return Reply(body=body, allow="GET, HEAD, POST")
+        if len(parts) == 1 and parts[0] in rs.CAPABILITIES.values():
+            only(method, "GET")
+            return Reply(body=rs.capabilities(parts[0]))
+        if len(parts) != 1:
+            raise error(404, "ResourceNotFound", "Resource", "/".join(parts))
+        cid = parts[0]
+        domain, composition = await self.reader.find_system(cid, viewer)
+        body = rs.system(domain, composition)
+        if method == "DELETE":
+            may_change(account)
+            self._writable()
+            if_match(request, body)
+            return await self._release(request, domain, cid, composition["tenant"])
+        only(method, "GET", "DELETE")
+        return Reply(body=body, allow="GET, HEAD, DELETE")
+
+    async def _compose(self, request: Request, account: Account) -> Reply:
+        may_change(account)
+        self._writable()
+        body = json_body(request)
+        tenant = _tenant_of(body, account)
+        plan, manifest = await self._manifest(body)
+        domain = plan.domain
+        intent: dict[str, Any] = {"request_id": _request_id(request), **manifest}
+        reply = await (await self._acting_as(tenant)).intent(domain, tenant, "compose", intent)
+        if not reply.get("ok"):
+            failure = reply.get("error", {})
+            if failure.get("code") in ("no_capacity", "no_path") and plan.device_ids:
+                now = await self.reader.domain(domain)
+                held = [d for d in plan.device_ids if d in now.by_device or d in now.reserved]
+                if held:
+                    raise RedfishError(
+                        409,
+                        [message("ResourceBlockInUse", rs.block_id(domain, d)) for d in held],
+                    )
+            raise from_engine(failure, "ResourceBlock")
+        self.reader.wrote(domain, reply.get("position"))
+        result = reply["result"]
+        cid = result["composition_id"]
+        # The answer is built from the engine's committed reply (what the compose decided),
+        # not read back: the projections reach that position a moment later, and any read
+        # after this one waits for it (Reader.wrote).
+        composition = {
+            **result,
+            "tenant": tenant,
+            "labels": intent.get("labels", {}),
+            "reason": intent.get("reason", ""),
+        }
+        system = rs.system(domain, composition)
+        return Reply(
+            status=201,
+            body=system,
+            headers=[("Location", f"{R}/Systems/{cid}")],
+            allow="GET, HEAD, DELETE",
+        )
+
+    # ---- CompositionService.Compose and CompositionReservations ----
+
+    async def compose_action(self, request: Request, account: Account) -> Reply:
+        """`CompositionService.Compose` with a one-stanza Manifest: `Preview` is the engine's
+        `preview` query (nothing written), `PreviewReserve` its `reserve` intent, `Apply` its
+        `apply` intent, of a `ReservationId` or of the Manifest."""
+        may_change(account)
+        body = json_body(request)
+        request_format = body.get("RequestFormat")
+        if request_format is None:
+            raise error(400, "PropertyMissing", "RequestFormat")
+        if request_format != "Manifest":
+            raise error(400, "PropertyValueNotInList", str(request_format), "RequestFormat")
+        request_type = body.get("RequestType")
+        if request_type is None:
+            raise error(400, "PropertyMissing", "RequestType")
+        if request_type not in REQUEST_TYPES:
+            raise error(400, "PropertyValueNotInList", str(request_type), "RequestType")
+        answer: dict[str, Any] = {"RequestFormat": "Manifest", "RequestType": request_type}
+        rid = body.get("ReservationId")
+        if rid is not None:
+            if request_type != "Apply":
+                raise error(400, "PropertyValueFormatError", str(rid), "ReservationId",
+                            resolution="Only an Apply names a ReservationId.")  # fmt: skip
+            if not isinstance(rid, str) or not is_valid_id(rid):
+                raise error(404, "ResourceNotFound", "CompositionReservation", str(rid))
+            self._writable()
+            return await self._apply_reservation(request, account, rid, body, answer)
+        stanza, system_request = _stanza(body)
+        tenant = _tenant_of(system_request, account)
+        plan, manifest = await self._manifest(system_request)
+        domain = plan.domain
+        stanza = {k: v for k, v in stanza.items() if k != "Response"}
+        if request_type == "Preview":
+            reply = await self.client.query(
+                domain, "preview", {"manifest": manifest, "tenant": tenant}
+            )
+            if not reply.get("ok"):
+                raise from_engine(reply.get("error", {}), "ResourceBlock")
+            chosen = reply["result"]
+            stanza["Response"] = _blocks_request(domain, chosen["host"], chosen["devices"])
+            answer["Manifest"] = {"Stanzas": [stanza]}
+            return Reply(body=answer, allow="POST", etag=False)
+        self._writable()
+        acting = await self._acting_as(tenant)
+        if request_type == "PreviewReserve":
+            intent = {
+                "request_id": _request_id(request),
+                "manifest": manifest,
+                "duration_seconds": RESERVATION_SECONDS,
+            }
+            reply = await acting.intent(domain, tenant, "reserve", intent)
+            if not reply.get("ok"):
+                raise from_engine(reply.get("error", {}), "ResourceBlock")
+            self.reader.wrote(domain, reply.get("position"))
+            made = reply["result"]
+            stanza["Response"] = _blocks_request(domain, made["host"], made["devices"])
+            answer["Manifest"] = {"Stanzas": [stanza]}
+            answer["ReservationId"] = made["reservation_id"]
+            location = f"{R}/CompositionService/CompositionReservations/{made['reservation_id']}"
+            return Reply(body=answer, headers=[("Location", location)], allow="POST", etag=False)
+        intent = {"request_id": _request_id(request), "manifest": manifest}
+        reply = await acting.intent(domain, tenant, "apply", intent)
+        system = self._applied(domain, tenant, reply, manifest)
+        stanza["Response"] = system
+        answer["Manifest"] = {"Stanzas": [stanza]}
+        return Reply(body=answer, headers=[("Location", system["@odata.id"])], allow="POST",
+                     etag=False)  # fmt: skip
+
+    async def _apply_reservation(
+        self, request: Request, account: Account, rid: str, body: dict[str, Any],
+        answer: dict[str, Any],
+    ) -> Reply:  # fmt: skip
+        viewer = Viewer(account.tenant)
+        found = await self._find_reservation(rid, viewer)
+        if found is not None:
+            domains, tenant = [found[0]], str(found[1]["tenant"])
+        else:
+            # Not live: ask the engine anyway, as the account's tenant, so that one of its own
+            # that has ended (expired, cancelled, applied) is refused saying so.
+            domains = await self.reader.domains()
+            tenant = account.tenant or dig(body, "Oem", "Trellis", "Tenant")
+            if not isinstance(tenant, str) or not is_valid_id(tenant):
+                raise error(404, "ResourceNotFound", "CompositionReservation", rid)
+        acting = await self._acting_as(tenant)
+        intent = {"request_id": _request_id(request), "reservation_id": rid}
+        for domain in domains:
+            reply = await acting.intent(domain, tenant, "apply", intent)
+            if not reply.get("ok") and reply.get("error", {}).get("code") == "not_found":
+                continue
+            manifest: dict[str, Any] = {}
+            if found is not None:
+                manifest = {
+                    "labels": found[1].get("labels", {}),
+                    "reason": found[1].get("reason", ""),
+                }
+            system = self._applied(domain, tenant, reply, manifest)
+            answer["ReservationId"] = rid
+            return Reply(body=answer | {"Manifest": {"Stanzas": [{
+                "StanzaType": "ComposeSystem", "StanzaId": rid, "Response": system}]}},
+                headers=[("Location", system["@odata.id"])], allow="POST", etag=False)  # fmt: skip
+        raise error(404, "ResourceNotFound", "CompositionReservation", rid)
+
+    def _applied(
+        self, domain: str, tenant: str, reply: dict[str, Any], manifest: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The ComputerSystem an apply (or compose) answered, or its Redfish refusal."""
+        if not reply.get("ok"):
+            raise from_engine(reply.get("error", {}), "CompositionReservation")
+        self.reader.wrote(domain, reply.get("position"))
+        composition = {
+            **reply["result"],
+            "tenant": tenant,
+            "labels": manifest.get("labels", {}),
+            "reason": manifest.get("reason", ""),
+        }
+        return rs.system(domain, composition)
+
+    async def _find_reservation(
+        self, rid: str, viewer: Viewer
+    ) -> tuple[str, dict[str, Any]] | None:
+        """The domain and engine answer of live reservation `rid` that `viewer` may see."""
+        for d in await self.reader.all():
+            for r in d.reservations:
+                if r["reservation_id"] == rid and viewer.sees(str(r["tenant"])):
+                    return d.name, r
+        return None
+
+    async def reservations(
+        self, request: Request, method: str, parts: list[str], account: Account, viewer: Viewer
+    ) -> Reply:
+        base = f"{R}/CompositionService/CompositionReservations"
+        if not parts:
+            only(method, "GET")
+            members = [
+                f"{base}/{r['reservation_id']}"
+                for d in await self.reader.all()
+                for r in d.reservations
+                if viewer.sees(str(r["tenant"]))
+            ]
+            name = "Composition Reservations"
+            kind = "CompositionReservationCollection"
+            return Reply(body=rs.collection(base, kind, name, sorted(members)))
+        if len(parts) != 1:
+            raise error(404, "ResourceNotFound", "Resource", "/".join(parts))
+        found = await self._find_reservation(parts[0], viewer)
+        if found is None:
+            raise error(404, "ResourceNotFound", "CompositionReservation", parts[0])
+        domain, reservation = found
+        body = _reservation(domain, reservation)
+        allow = "GET, HEAD, DELETE"
+        if method == "DELETE":
+            may_change(account)
+            self._writable()
+            if_match(request, body)
+            tenant = str(reservation["tenant"])
+            intent = {"request_id": _request_id(request), "reservation_id": parts[0]}
+            acting = await self._acting_as(tenant)
+            reply = await acting.intent(domain, tenant, "cancel-reservation", intent)
+            if not reply.get("ok"):
+                raise from_engine(reply.get("error", {}), "CompositionReservation")
+            self.reader.wrote(domain, reply.get("position"))
+            return Reply(status=204, body=None, allow=allow)
+        only(method, "GET", "DELETE")
+        return Reply(body=body, allow=allow)
+
+    async def _manifest(self, body: dict[str, Any]) -> tuple[_Plan, dict[str, Any]]:
+        """The engine's manifest (a compose body without request_id) for a ComputerSystem
+        request, checked against the read model, and the plan it came from."""
+        plan = await self._plan(body)
+        manifest: dict[str, Any] = {}
+        if plan.host is not None:
+            manifest["host"] = plan.host
+        else:
+            manifest["host_selector"] = {"labels": {}}
+        if plan.device_ids:
+            manifest["device_ids"] = plan.device_ids
+        if plan.devices:
+            manifest["devices"] = plan.devices
+        reason = body.get("Description") or body.get("Name")
+        if isinstance(reason, str) and reason:
+            manifest["reason"] = reason
+        labels = dig(body, "Oem", "Trellis", "Labels")
+        if labels is not None:
+            manifest["labels"] = labels
+        lease = dig(body, "Oem", "Trellis", "LeaseSeconds")
+        if lease is not None:
+            manifest["lease_seconds"] = lease
+        return plan, manifest
+
+    def _writable(self) -> None:
+        if not self._writes:
+            raise error(
+                501,
+                "GeneralError",
+                resolution="In secure mode the Redfish service reads only: compose and release "
+                "over NATS with the tenant's identity (docs/redfish.md).",
+            )
+
+    async def _plan(self, body: dict[str, Any]) -> _Plan:
+        """What a POST to Systems asks for, checked against the read model."""
+        links = body.get("Links", {})
+        if not isinstance(links, dict):
+            raise error(400, "PropertyValueFormatError", "Links", "Links")
+        blocks = links.get("ResourceBlocks", [])
+        if not isinstance(blocks, list):
+            raise error(400, "PropertyValueFormatError", "ResourceBlocks", "Links/ResourceBlocks")
+        prefix = f"{R}/CompositionService/ResourceBlocks/"
+        ids: list[str] = []
+        for item in blocks:
+            target = item.get("@odata.id") if isinstance(item, dict) else None
+            if not isinstance(target, str) or not target.startswith(prefix):
+                raise error(400, "ResourceBlockInvalid", str(target),
+                            related=["Links/ResourceBlocks"])  # fmt: skip
+            ids.append(target.removeprefix(prefix).rstrip("/"))
+        twice = sorted({b for b in ids if ids.count(b) > 1})
+        if twice:
+            raise RedfishError(
+                400,
+                [
+                    message(
+                        "ResourceBlockInvalid",
+                        b,
+                        resolution="The resource block is listed more than once; list each "
+                        "block once and resubmit the request.",
+                        related=["Links/ResourceBlocks"],
+                    )
+                    for b in twice
+                ],
+            )
+        members = _member_requests(body)
+        zone = body.get("@Redfish.ZoneAffinity")
+        names = set()
+        for bid in ids:
+            domain_name, _, _ = bid.partition(".")
+            names.add(domain_name)
+        if zone is not None:
+            if not isinstance(zone, str):
+                raise error(400, "PropertyValueFormatError", str(zone), "@Redfish.ZoneAffinity")
+            names.add(zone.rstrip("/").rsplit("/", 1)[-1])
+        if len(names) > 1:
+            raise error(400, "IncompatibleZone")
+        known = await self.reader.domains()
+        if names:
+            domain_name = names.pop()
+        elif len(known) == 1:
+            domain_name = known[0]
+        else:
+            raise error(400, "PropertyMissing", "@Redfish.ZoneAffinity")
+        if domain_name not in known:
+            if zone is not None and not ids:
+                raise error(400, "PropertyValueNotInList", str(zone), "@Redfish.ZoneAffinity")
+            raise RedfishError(400, [message("ResourceBlockNotFound", b) for b in ids])
+        domain = await self.reader.domain(domain_name)
+        missing = [b for b in ids if rs.split_id(b)[1] not in domain.nodes or
+                   domain.kind(rs.split_id(b)[1]) not in ("host", "device")]  # fmt: skip
+        if missing:
+            raise RedfishError(400, [message("ResourceBlockNotFound", b) for b in missing])
+        nodes = [rs.split_id(b)[1] for b in ids]
+        hosts = [n for n in nodes if domain.kind(n) == "host"]
+        devices = [n for n in nodes if domain.kind(n) == "device"]
+        if len(hosts) > 1:
+            raise RedfishError(
+                400,
+                [
+                    message(
+                        "ResourceBlockInvalid",
+                        rs.block_id(domain_name, h),
+                        resolution="A composed system has one Compute block; list one.",
+                    )
+                    for h in hosts[1:]
+                ],
+            )
+        if not devices and not members:
+            raise error(400, "PropertyMissing", "Links/ResourceBlocks")
+        if devices and not hosts:
+            raise error(
+                400,
+                "ResourceBlockInvalid",
+                "Links/ResourceBlocks",
+                resolution="A composition of specific blocks names one Compute block (the "
+                "host) beside its device blocks.",
+            )
+        in_use = [d for d in devices if d in domain.by_device or _whole_reserved(domain, d)]
+        if in_use:
+            raise RedfishError(
+                409, [message("ResourceBlockInUse", rs.block_id(domain_name, d)) for d in in_use]
+            )
+        return _Plan(
+            domain=domain_name, host=hosts[0] if hosts else None, device_ids=devices,
+            devices=members,
+        )  # fmt: skip
+
+    async def _release(self, request: Request, domain: str, cid: str, tenant: str) -> Reply:
+        intent = {"request_id": _request_id(request), "composition_id": cid}
+        reply = await (await self._acting_as(tenant)).intent(domain, tenant, "release", intent)
+        if not reply.get("ok"):
+            raise from_engine(reply.get("error", {}), "ComputerSystem")
+        self.reader.wrote(domain, reply.get("position"))
+        return Reply(status=204, body=None, allow="GET, HEAD, DELETE")
+
+
+class _Plan(msgspec.Struct, kw_only=True):
+    domain: str
+    host: str | None
+    device_ids: list[str]
+    devices: list[dict[str, Any]]
+
+
+def _request_id(request: Request) -> str:
+    key = request.headers.get("idempotency-key")
+    if key is None:
+        return str(uuid.uuid4())
+    if not _REQUEST_ID.fullmatch(key):
+        raise error(400, "PropertyValueFormatError", key, "Idempotency-Key")
+    return key
+
+
+def _whole_reserved(domain: rs.Domain, device: str) -> bool:
+    """A device a reservation holds whole (a memory pool's reserved slice leaves room)."""
+    return device in domain.reserved and domain.nodes[device].get("device_kind") != "memory"
+
+
+def _stanza(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The one `ComposeSystem` stanza of a Compose action's Manifest, and its Request."""
+    manifest = body.get("Manifest")
+    if manifest is None:
+        raise error(400, "PropertyMissing", "Manifest")
+    stanzas = manifest.get("Stanzas") if isinstance(manifest, dict) else None
+    if not isinstance(stanzas, list) or len(stanzas) != 1 or not isinstance(stanzas[0], dict):
+        raise error(400, "PropertyValueFormatError", "Stanzas", "Manifest/Stanzas",
+                    resolution="A Manifest holds one ComposeSystem stanza; send one per "
+                    "request.")  # fmt: skip
+    stanza = stanzas[0]
+    kind = stanza.get("StanzaType")
+    if kind != "ComposeSystem":
+        raise error(400, "PropertyValueNotInList", str(kind), "Manifest/Stanzas/0/StanzaType")
+    system_request = stanza.get("Request")
+    if not isinstance(system_request, dict):
+        raise error(400, "PropertyMissing", "Manifest/Stanzas/0/Request")
+    return stanza, system_request
+
+
+def _blocks_request(domain: str, host: str, devices: list[dict[str, Any]]) -> dict[str, Any]:
+    """A ComputerSystem request naming the blocks chosen: a preview's or a reservation's."""
+    blocks = [host, *dict.fromkeys(str(d["id"]) for d in devices)]
+    prefix = f"{R}/CompositionService/ResourceBlocks"
+    return {"Links": {"ResourceBlocks": [ref(f"{prefix}/{rs.block_id(domain, b)}")
+                                         for b in blocks]}}  # fmt: skip
+
+
+def _reservation(domain: str, reservation: dict[str, Any]) -> dict[str, Any]:
+    rid = str(reservation["reservation_id"])
+    request = _blocks_request(domain, str(reservation["host"]), reservation["devices"])
+    return {
+        "@odata.id": f"{R}/CompositionService/CompositionReservations/{rid}",
+        "@odata.type": "#CompositionReservation.v1_0_2.CompositionReservation",
+        "Id": rid,
+        "Name": f"Composition Reservation {rid}",
+        "ReservationTime": str(reservation["made_at"]),
+        "Client": str(reservation["tenant"]),
+        "ReservedResourceBlocks": request["Links"]["ResourceBlocks"],
+        "Manifest": {
+            "Description": str(reservation.get("reason") or ""),
+            "Timestamp": str(reservation["made_at"]),
+            "Expand": "None",
+            # No `Request` in the stanza: Manifest's Request type is open (AdditionalProperties)
+            # but DMTF's Service Validator fails any property in it, its `Links` included. The
+            # blocks it would name are ReservedResourceBlocks.
+            "Stanzas": [{"StanzaType": "ComposeSystem", "StanzaId": rid}],
+        },
+        "Oem": {"Trellis": {"ExpiresAt": str(reservation["expires_at"])}},
+    }
+
+
+def _tenant_of(body: dict[str, Any], account: Account) -> str:
+    """Whose request: the account's tenant, or the one an Administrator names in
+    `Oem.Trellis.Tenant`."""
+    oem_tenant = dig(body, "Oem", "Trellis", "Tenant")
+    if account.tenant is not None:
+        if oem_tenant is not None and oem_tenant != account.tenant:
+            raise error(403, "InsufficientPrivilege")
+        return account.tenant
+    if oem_tenant is None:
+        raise error(400, "PropertyMissing", "Oem/Trellis/Tenant")
+    if not isinstance(oem_tenant, str) or not is_valid_id(oem_tenant):
+        raise error(400, "PropertyValueFormatError", str(oem_tenant), "Oem/Trellis/Tenant")
+    return oem_tenant
+
+
+def _member_requests(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The `devices` entries of a constrained compose: each member with
+    `@Redfish.RequestedCount` under Processors, Memory, NetworkInterfaces or Storage."""
+    devices: list[dict[str, Any]] = []
+    for prop in ("Processors", "Memory", "NetworkInterfaces", "Storage"):
+        group = body.get(prop)
+        if group is None:
+            continue
+        members = group.get("Members") if isinstance(group, dict) else None
+        if not isinstance(members, list):
+            raise error(400, "PropertyValueFormatError", prop, f"{prop}/Members")
+        for i, member in enumerate(members):
+            where = f"{prop}/Members/{i}"
+            if not isinstance(member, dict):
+                raise error(400, "PropertyValueFormatError", str(member), where)
+            count = member.get("@Redfish.RequestedCount", 1)
+            if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+                raise error(400, "PropertyValueFormatError", str(count),
+                            f"{where}/@Redfish.RequestedCount")  # fmt: skip
+            entry: dict[str, Any] = {"count": count}
+            if prop == "Processors":
+                ptype = member.get("ProcessorType", "GPU")
+                if ptype not in PROCESSOR_KINDS:
+                    raise error(400, "PropertyValueNotInList", str(ptype),
+                                f"{where}/ProcessorType")  # fmt: skip
+                entry["kind"] = PROCESSOR_KINDS[ptype]
+            else:
+                entry["kind"] = MEMBER_KINDS[prop]
+            model = member.get("Model")
+            if isinstance(model, str):
+                entry["models"] = [model]
+            if prop == "Memory":
+                mib = member.get("CapacityMiB")
+                if not isinstance(mib, int | float) or isinstance(mib, bool) or mib <= 0:
+                    raise error(400, "PropertyMissing", f"{where}/CapacityMiB")
+                entry["capacity_gib"] = mib / 1024
+            devices.append(entry)
+    return devices
