@@ -1,4 +1,4 @@
-"""Tests marked `alone` run while no other test runs, also on pytest-xdist's two workers.
+"""Tests marked `alone` run while no other test of the run runs, on pytest-xdist's workers too.
 
 The chaos suites time the contract's promises (a writer taken over within 5 s, a frozen
 engine's traffic moved within 10 s) on this machine's two cores; a second test beside them
@@ -43,17 +43,23 @@ def _turn(alone: bool) -> Iterator[None]:
         yield
 
 
+def _on_a_worker(config: pytest.Config) -> bool:
+    """Whether this process is a pytest-xdist worker. Not read from PYTEST_XDIST_WORKER: a
+    pytest that a test starts inherits that variable without being a worker."""
+    return hasattr(config, "workerinput")
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(
     item: pytest.Item, nextitem: pytest.Item | None
 ) -> Generator[None, object, object]:
-    if "PYTEST_XDIST_WORKER" not in os.environ:
+    if not _on_a_worker(item.config):
         return (yield)  # one process runs one test at a time anyway
     with _turn(alone=item.get_closest_marker("alone") is not None):
         return (yield)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if "PYTEST_XDIST_WORKER" not in os.environ:  # the controller, or a run without workers
+    if not _on_a_worker(config):  # the controller, or a run without workers
         for lock in _locks(os.getpid()):
             lock.unlink(missing_ok=True)

@@ -41,16 +41,28 @@ def test_beside(n: int) -> None:
 """
 
 
-def test_an_alone_test_runs_while_no_other_runs(tmp_path: Path) -> None:
-    (tmp_path / "test_suite.py").write_text(SUITE)
-    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    alone: alone\n")
+def suite_run(where: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """The suite run in a pytest of its own, with the lock hooks and its own temp folder."""
+    (where / "test_suite.py").write_text(SUITE)
+    (where / "pytest.ini").write_text("[pytest]\nmarkers =\n    alone: alone\n")
+    (where / "tmp").mkdir()
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(TESTS), "TMPDIR": str(where / "tmp"), **env}
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "alone",
-         "-n", "2", "--dist", "load", str(tmp_path)],
-        cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(TESTS)},
-        capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "alone", *args,
+         str(where)],
+        cwd=where, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def locks_left(where: Path) -> list[Path]:
+    return list((where / "tmp").glob("trellis-tests-*"))
+
+
+def test_an_alone_test_runs_while_no_other_runs(tmp_path: Path) -> None:
+    suite_run(tmp_path, "-n", "2", "--dist", "load")
+    assert locks_left(tmp_path) == []  # the controller removed them
     record = (tmp_path / "record.txt").read_text().split("\n")[:-1]
     assert len(record) == 14, record
     begun = record.index("begin alone")
@@ -58,3 +70,9 @@ def test_an_alone_test_runs_while_no_other_runs(tmp_path: Path) -> None:
     running = {line.split()[1] for line in record[:begun] if line.startswith("begin")}
     ended = {line.split()[1] for line in record[:begun] if line.startswith("end")}
     assert running == ended, record  # and nothing was still running when it began
+
+
+def test_a_pytest_a_test_starts_takes_no_lock(tmp_path: Path) -> None:
+    """It inherits the worker's PYTEST_XDIST_WORKER, yet is no worker: nothing to lock."""
+    suite_run(tmp_path, PYTEST_XDIST_WORKER="gw0")
+    assert locks_left(tmp_path) == []
