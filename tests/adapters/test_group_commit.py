@@ -13,7 +13,11 @@ import pytest_asyncio
 from integration.fabrics import expect_error, expect_ok, fabric, gpu
 from memory_rig import Rig, in_memory
 
+from trellis.adapters.clock import SystemClock
+from trellis.adapters.memory import MemoryLog
+from trellis.engine.core.intents import ImportTopology
 from trellis.engine.core.records import verify_chain
+from trellis.engine.service.writer import DomainWriter
 
 DOMAIN = "hall-1"
 N = 200
@@ -90,3 +94,19 @@ def node_of(data: bytes) -> str:
     """The node a NodeAdded event's data adds."""
     node: str = msgspec.json.decode(data)["node"]["id"]
     return node
+
+
+async def test_a_request_that_reaches_a_closed_writer_is_answered_unavailable_at_once() -> None:
+    """A router can find a domain's writer just before the domain is dropped (a paused engine
+    woke to find another writing it, say) and hand it the request after its close. Nothing
+    takes requests off a closed writer's queue: it must answer at once, not leave the client,
+    and an engine stopping, waiting on a reply that never comes."""
+    writer = DomainWriter(DOMAIN, MemoryLog(), SystemClock(), max_batch=64)
+    await writer.close()
+    intent = msgspec.convert({"request_id": "late", **fabric()}, ImportTopology)
+    asked = asyncio.ensure_future(writer.request("operator", "import-topology", intent, "admin"))
+    done, _ = await asyncio.wait({asked}, timeout=5)
+    assert done, "a closed writer left the request waiting"
+    answer = msgspec.json.decode(asked.result())
+    expect_error(answer, "unavailable")
+    assert "stopped writing domain" in answer["error"]["message"]

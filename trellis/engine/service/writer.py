@@ -167,7 +167,11 @@ class DomainWriter:
         family: str,
         correlation_id: str | None = None,
     ) -> bytes:
-        """Queue one intent for the next batch; the reply, once its batch has committed."""
+        """Queue one intent for the next batch; the reply, once its batch has committed.
+        Closed (a router that found this writer just before its domain was dropped), it
+        answers `unavailable` at once: nothing would ever take the request off the queue."""
+        if self._closing:
+            return self._stopped()
         request = Request(
             actor=actor,
             verb=verb,
@@ -188,13 +192,16 @@ class DomainWriter:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         await asyncio.gather(*self._saving, return_exceptions=True)
-        stopped = replies.error(
+        stopped = self._stopped()
+        while not self._queue.empty():
+            _answer(self._queue.get_nowait(), stopped)
+
+    def _stopped(self) -> bytes:
+        return replies.error(
             "unavailable",
             f"this engine stopped writing domain {self.domain!r}; resend with the same request_id",
             {"domain": self.domain},
         )
-        while not self._queue.empty():
-            _answer(self._queue.get_nowait(), stopped)
 
     async def _run(self) -> None:
         # Stopping is read from our own flag: a cancellation that surfaced as a store error
