@@ -111,6 +111,7 @@ def test_metrics_are_off_unless_a_port_is_given_and_0_takes_a_free_one() -> None
         ("TRELLIS_EVENTS_MAX_BYTES", "-1", "TRELLIS_EVENTS_MAX_BYTES must be 0 or more"),
         ("TRELLIS_EVENTS_MAX_AGE", "-5", "TRELLIS_EVENTS_MAX_AGE must be seconds, 0 or more"),
         ("TRELLIS_KV_MARKER_TTL", "-1", "TRELLIS_KV_MARKER_TTL must be whole seconds"),
+        ("TRELLIS_KV_MARKER_TTL", "10000000000", "TRELLIS_KV_MARKER_TTL must be whole seconds"),
         ("TRELLIS_KV_MARKER_TTL", "1.5", "TRELLIS_KV_MARKER_TTL must be an integer"),
         ("TRELLIS_JS_REPLICAS", "0", "TRELLIS_JS_REPLICAS must be within 1..5"),
         ("TRELLIS_JS_REPLICAS", "7", "TRELLIS_JS_REPLICAS must be within 1..5"),

@@ -376,6 +376,11 @@ def _flag(env: dict[str, str], name: str) -> bool:
     raise SettingsError(f"{name} must be 1 or 0 (true or false); got {env[name]!r}")
 
 
+# A longer per-message TTL is past what nats-server parses (a Go duration, about 292 years):
+# it would refuse every delete marker, and the relay would stall.
+MAX_MARKER_TTL_S = 10 * 365 * 24 * 3600
+
+
 def _stream_limits(env: dict[str, str]) -> StreamLimits:
     default = StreamLimits()
     max_bytes = _integer(env, "TRELLIS_EVENTS_MAX_BYTES", default.max_bytes)
@@ -391,10 +396,10 @@ def _stream_limits(env: dict[str, str]) -> StreamLimits:
             f"got {replicas}"
         )
     marker_ttl = _integer(env, "TRELLIS_KV_MARKER_TTL", default.marker_ttl_s)
-    if marker_ttl < 0:
+    if not 0 <= marker_ttl <= MAX_MARKER_TTL_S:
         raise SettingsError(
-            f"TRELLIS_KV_MARKER_TTL must be whole seconds, 0 (keep markers) or more; "
-            f"got {marker_ttl}"
+            f"TRELLIS_KV_MARKER_TTL must be whole seconds within 0..{MAX_MARKER_TTL_S} "
+            f"(0 keeps markers; ten years at most); got {marker_ttl}"
         )
     return StreamLimits(
         max_bytes=max_bytes, max_age_s=max_age, replicas=replicas, marker_ttl_s=marker_ttl
