@@ -376,8 +376,9 @@ def _flag(env: dict[str, str], name: str) -> bool:
     raise SettingsError(f"{name} must be 1 or 0 (true or false); got {env[name]!r}")
 
 
-# A longer per-message TTL is past what nats-server parses (a Go duration, about 292 years):
-# it would refuse every delete marker, and the relay would stall.
+# nats-server reads a per-message TTL as a Go duration and refuses one past about 292 years:
+# it would refuse every delete marker, and the relay would stall. Ten years is a round bound
+# well inside that.
 MAX_MARKER_TTL_S = 10 * 365 * 24 * 3600
 
 
