@@ -197,3 +197,23 @@ async def test_a_stop_whose_cancel_a_batch_swallowed_does_not_wait_a_poll_interv
     done, _ = await asyncio.wait({stopping}, timeout=10)
     assert done, "the stop waited for the follower's next poll"
     assert sink.progress.version == 3
+
+
+async def test_a_domain_woken_while_the_followers_close_gets_no_second_follower() -> None:
+    """The follower process follows a domain when a commit signal comes (a timer callback);
+    one that fired during close() started a second follower of each sink beside the one being
+    drained. Two followers of one sink fold the same domain in the same sink at once (the
+    relay's fold raised KeyError, or put values folded from half a log), and the new one
+    outlived the close."""
+    log, sink = await logged(3), Held()
+    followers = Followers(log, [sink], max_backoff=0.01)
+    followers.follow(DOMAIN)
+    await asyncio.sleep(0.05)  # its batch is in the held sink
+    closing = asyncio.create_task(followers.close(drain_timeout=10))
+    await asyncio.sleep(0.05)  # stopped, and the last catch-up waits in the sink
+    followers.follow(DOMAIN)  # a commit signal's wake-up, during the close
+    sink.release.set()
+    await closing
+    assert followers.domains == []
+    left = [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("follow-")]
+    assert left == []

@@ -349,14 +349,16 @@ class Followers:
         self._log = log
         self._options = options
         self._followers: dict[str, dict[str, Follower]] = {}
+        self._closed = False
 
     @property
     def domains(self) -> list[str]:
         return sorted(self._followers)
 
     def follow(self, domain: str) -> None:
-        """Start following `domain` with every sink (nothing happens if already)."""
-        if domain in self._followers:
+        """Start following `domain` with every sink (nothing happens if already, or once closing:
+        a second follower would fold the domain into the same sink beside the one draining)."""
+        if domain in self._followers or self._closed:
             return
         followers = {
             name: Follower(domain, self._log, sink, **self._options_for(sink))  # type: ignore[arg-type]
@@ -415,6 +417,7 @@ class Followers:
     async def close(self, drain_timeout: float = 2.0) -> None:
         """Stop every follower, then give each a last catch-up (a clean exit leaves the stream
         complete); that gives up after `drain_timeout` seconds in all (NATS may be away)."""
+        self._closed = True
         followers = [f for by_sink in self._followers.values() for f in by_sink.values()]
         self._followers.clear()
         for follower in followers:
