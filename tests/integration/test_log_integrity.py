@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import shutil
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -21,7 +23,9 @@ import pytest
 import pytest_asyncio
 from fabrics import expect_error, expect_ok, fabric, gpu
 from harness import Harness, serving
+from isolation import Database, unique_schema_name
 
+from trellis.adapters.postgres.migrations import migrate, migration_files
 from trellis.engine.core.events import ComponentDrained, encode
 from trellis.engine.core.records import GENESIS_HASH, Head, RecordedEvent, chain_hash, verify_chain
 
@@ -214,8 +218,15 @@ async def test_versions_are_gap_free_per_domain_and_positions_strictly_increase(
     assert [tuple(r) for r in heads] == [("hall-1", 5), ("hall-2", 5)]
 
 
-def follow_on(head: Head, *, version: int | None = None, prev_hash: str | None = None) -> tuple:
-    """A ComponentDrained row for the events table; by default the correct next one."""
+def follow_on(
+    head: Head,
+    *,
+    version: int | None = None,
+    prev_hash: str | None = None,
+    at: datetime | None = None,
+) -> tuple:
+    """A ComponentDrained row for the events table, recorded `at` (default now); by default
+    the correct next one."""
     version = head.version + 1 if version is None else version
     prev = head.hash if prev_hash is None else prev_hash
     fields = {
@@ -224,7 +235,7 @@ def follow_on(head: Head, *, version: int | None = None, prev_hash: str | None =
         "version": version,
         "type": "ComponentDrained",
         "schema_version": 1,
-        "recorded_at": datetime.now(UTC),
+        "recorded_at": datetime.now(UTC) if at is None else at,
         "actor": "operator",
         "causation_id": "by-hand",
         "correlation_id": "by-hand",
@@ -276,6 +287,36 @@ async def test_the_database_refuses_an_event_that_does_not_follow_the_stream_hea
     fence = h.engine.fence(DOMAIN)
     await sql.execute(INSERT, *follow_on(head), fence)  # the well-formed next event is accepted
     assert verify_chain(await recorded(h)) is None
+
+
+async def test_heads_written_before_the_time_moved_into_the_chain_keep_their_time_check(
+    database: Database, tmp_path: Path
+) -> None:
+    """schema/015 checks an event's time against its stream head's: a head written before it
+    learns its event's time as the migration runs, so the check holds across the upgrade."""
+    name = unique_schema_name()
+    sql = await asyncpg.connect(database.owner_url)
+    try:
+        await sql.execute(f"CREATE SCHEMA {name}; SET search_path = {name}")
+        for version, path in migration_files():  # the log as it was before schema/015
+            if version < 15:
+                shutil.copy(path, tmp_path)
+        await migrate(sql, tmp_path)
+        noon = datetime(2026, 12, 5, 12, tzinfo=UTC)
+        await sql.execute(INSERT, *follow_on(Head(), at=noon), None)
+        before = await sql.fetchrow("SELECT version, position, hash FROM trellis_streams")
+        head = Head(*before)
+
+        assert 15 in await migrate(sql)
+
+        with pytest.raises(asyncpg.PostgresError) as refusal:
+            await sql.execute(INSERT, *follow_on(head, at=noon - timedelta(seconds=1)), None)
+        assert refusal.value.sqlstate == "TR005"
+        assert await sql.fetchrow("SELECT version, position, hash FROM trellis_streams") == before
+        await sql.execute(INSERT, *follow_on(head, at=noon), None)  # the same time may follow
+    finally:
+        await sql.execute(f"DROP SCHEMA {name} CASCADE")
+        await sql.close()
 
 
 async def test_the_engine_catches_up_with_an_event_another_writer_appended(
