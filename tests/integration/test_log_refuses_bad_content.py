@@ -117,6 +117,12 @@ GOOD = [
     ),
     pending("ReservationApplied", {"reservation_id": "rsv-1", "composition_id": "c-2"}),
     pending("EventFromTheFuture", "{}"),  # a newer engine's type: only the checks for all
+    # \u escapes other than \u0000, and an escaped backslash before "u0000", are text the log
+    # can store.
+    pending(
+        "ComponentDrained",
+        '{"type":"ComponentDrained","component":"sw-1","reason":"\\\\u0000 \\u00e9 \\n"}',
+    ),
 ]
 
 
@@ -153,6 +159,15 @@ BAD: list[tuple[str, str, str, PendingEvent]] = [
         ),
     ),
     ("domain-newline", "hall-1\n", "domain", pending("NodeAdded", {"node": HOST})),
+    ("domain-65", "d" * 65, "domain", pending("NodeAdded", {"node": HOST})),
+    ("actor-65", DOMAIN, "actor", pending("NodeAdded", {"node": HOST}, actor="a" * 65)),
+    ("node-65", DOMAIN, "$.node.id", pending("NodeAdded", {"node": {**HOST, "id": "x" * 65}})),
+    (
+        "import-added-65",
+        DOMAIN,
+        "$.added[*]",
+        pending("TopologyImported", topology(added=["host-01", "l" * 65, "sw-1"])),
+    ),
     ("domain-dot", "hall.1", "domain", pending("NodeAdded", {"node": HOST})),
     ("domain-empty", "", "domain", pending("NodeAdded", {"node": HOST})),
     ("actor-newline", DOMAIN, "actor", pending("NodeAdded", {"node": HOST}, actor="acme\n")),
