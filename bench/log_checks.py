@@ -7,8 +7,10 @@ batch, like a busy writer's group commit), into two fresh domains of fresh schem
 checks and one where the check trigger was dropped after the migrations. Batches alternate
 between the two, so both see the same background load; each append is timed on its own. The
 import (one large TopologyImported event) is timed apart, appended again and again to fresh
-domains. Uses TRELLIS_NATS_URL / TRELLIS_DATABASE_URL when set, else embedded servers. The last
-line printed is one JSON object with every figure.
+domains. The check alone (no commit, no fsync) is timed apart too: the log copied by one INSERT
+... SELECT into a table with the check's trigger and into one without. Uses TRELLIS_NATS_URL /
+TRELLIS_DATABASE_URL when set, else embedded servers. The last line printed is one JSON object
+with every figure.
 
     python bench/log_checks.py               # ~40 s on 2 cores
     python bench/log_checks.py --pairs 200 --rounds 3
@@ -125,6 +127,40 @@ async def time_appends(
     return times
 
 
+async def time_check_alone(database_url: str, schema: str, rounds: int) -> dict[str, float]:
+    """The content check's own time per event, apart from commits and fsyncs (whose noise is
+    most of an append's spread): the log's events (the import apart) copied by one INSERT ...
+    SELECT into a scratch table with the check's trigger, and into one without, alternated;
+    the fastest of `rounds` each, in µs per event."""
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": schema})
+    columns = "id, domain, actor, type, data"
+    try:
+        await conn.execute(
+            f"CREATE TEMP TABLE probe_checked AS SELECT {columns} FROM trellis_events WHERE false;"
+            "CREATE TEMP TABLE probe_bare AS SELECT * FROM probe_checked;"
+            "CREATE TRIGGER content BEFORE INSERT ON probe_checked "
+            "FOR EACH ROW EXECUTE FUNCTION trellis_events_check_content()"
+        )
+        select = f"SELECT {columns} FROM trellis_events WHERE type <> 'TopologyImported'"
+        events = await conn.fetchval(f"SELECT count(*) FROM ({select}) AS log")
+        best = {"probe_checked": float("inf"), "probe_bare": float("inf")}
+        for r in range(rounds):
+            for table in sorted(best, reverse=bool(r % 2)):  # neither always goes first
+                await conn.execute(f"TRUNCATE {table}")
+                t0 = time.perf_counter_ns()
+                await conn.execute(f"INSERT INTO {table} {select}")
+                best[table] = min(best[table], (time.perf_counter_ns() - t0) / 1e3 / events)
+    finally:
+        await conn.close()
+    checked, bare = best["probe_checked"], best["probe_bare"]
+    return {
+        "events": events,
+        "checked_us_per_event": round(checked, 2),
+        "bare_us_per_event": round(bare, 2),
+        "cost_us_per_event": round(checked - bare, 2),
+    }
+
+
 def summary(ms: list[float], events: int) -> dict[str, float]:
     cuts = statistics.quantiles(ms, n=1000, method="inclusive") if len(ms) > 1 else ms * 999
     return {
@@ -152,6 +188,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             log = [e async for e in store.read(DOMAIN)]
         finally:
             await store.close()
+        progress(f"the check alone, {args.alone_rounds} rounds")
+        result["check_alone"] = await time_check_alone(database_url, source, args.alone_rounds)
         imported, rest = log[0], log[1:]
         work = batches(rest, args.batch)
         result["log"] = {
@@ -191,6 +229,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="requests per append")
     parser.add_argument("--rounds", type=int, default=5, help="times the log is appended")
     parser.add_argument("--imports", type=int, default=50, help="times the import is appended")
+    parser.add_argument(
+        "--alone-rounds", type=int, default=7, help="times the check alone runs over the log"
+    )
     args = parser.parse_args()
     result = asyncio.run(bench(args))
     for part in ("batches", "import"):
@@ -203,6 +244,12 @@ def main() -> None:
             f"({u['us_per_event']} us/event): +{r['cost_us_per_event']} us/event, "
             f"p50 x{r['ratio_p50']}"
         )
+    a = result["check_alone"]
+    print(
+        f"alone    {a['events']} events by INSERT ... SELECT, fastest of {args.alone_rounds}: "
+        f"checked {a['checked_us_per_event']} us/event, unchecked {a['bare_us_per_event']} "
+        f"us/event: +{a['cost_us_per_event']} us/event"
+    )
     print(json.dumps(result))
 
 
