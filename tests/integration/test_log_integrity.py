@@ -289,6 +289,52 @@ async def test_the_database_refuses_an_event_that_does_not_follow_the_stream_hea
     assert verify_chain(await recorded(h)) is None
 
 
+async def test_an_append_checks_its_writers_fence_once_and_refuses_a_stale_one_whole(
+    h: Harness, sql: asyncpg.Connection
+) -> None:
+    """schema/017: the lease is looked up once per append and domain, not once per event (it
+    cost some 10 µs an event inside the log's lock), and a stale epoch still refuses every row
+    of the append, even when each of them links to the head."""
+    await with_some_history(h)
+    fence = h.engine.fence(DOMAIN)
+    assert fence is not None
+    rows, head = [], await h.store.head(DOMAIN)
+    for _ in range(5):
+        row = follow_on(head)
+        rows.append(row)
+        head = Head(row[2], 0, row[-1])
+    many = (
+        "INSERT INTO trellis_events (id, domain, version, type, schema_version, recorded_at, "
+        "actor, causation_id, correlation_id, data, prev_hash, hash, fence) "
+        "SELECT r.id, r.domain, r.version, r.type, r.schema_version, r.recorded_at, r.actor, "
+        "r.causation_id, r.correlation_id, r.data::json, r.prev_hash, r.hash, $2 "
+        "FROM unnest($1::trellis_events_by_hand[]) AS r ORDER BY r.version"
+    )
+    await sql.execute(
+        "CREATE TEMP TABLE trellis_events_by_hand (id uuid, domain text, version bigint, "
+        "type text, schema_version int, recorded_at timestamptz, actor text, causation_id text, "
+        "correlation_id text, data text, prev_hash text, hash text)"
+    )
+    before = await snapshot(sql)
+
+    with pytest.raises(asyncpg.PostgresError) as refusal:
+        await sql.execute(many, rows, fence - 1)
+    assert refusal.value.sqlstate == "TR004", refusal.value
+    assert await snapshot(sql) == before
+
+    # Each fence check reads the lease table once: this transaction's own scans of it count.
+    lease_reads = (
+        "SELECT coalesce(seq_scan, 0) + coalesce(idx_scan, 0) FROM pg_stat_xact_user_tables "
+        "WHERE relid = 'trellis_writer_leases'::regclass"
+    )
+    async with sql.transaction():
+        reads_before = await sql.fetchval(lease_reads)
+        await sql.execute(many, rows, fence)
+        reads = await sql.fetchval(lease_reads) - reads_before
+    assert reads == 1
+    assert verify_chain(await recorded(h)) is None
+
+
 async def test_heads_written_before_the_time_moved_into_the_chain_keep_their_time_check(
     database: Database, tmp_path: Path
 ) -> None:
