@@ -259,6 +259,18 @@ def unreachable_follower_env(tmp_path: Path) -> dict[str, str]:
     )
 
 
+def test_the_follower_process_reads_the_migrations_its_engine_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TRELLIS_SCHEMA_DIR (docs/configuration.md) went the way of every TRELLIS_* variable the
+    engine does not hand over: a follower process then checked the log against the package's
+    migrations, found some pending that its role may not apply, and restarted for ever."""
+    monkeypatch.setenv("TRELLIS_SCHEMA_DIR", str(tmp_path / "schema"))
+    assert unreachable_follower_env(tmp_path)["TRELLIS_SCHEMA_DIR"] == str(tmp_path / "schema")
+    monkeypatch.delenv("TRELLIS_SCHEMA_DIR")
+    assert "TRELLIS_SCHEMA_DIR" not in unreachable_follower_env(tmp_path)
+
+
 async def test_a_follower_process_still_waiting_for_its_servers_leaves_with_its_engine(
     tmp_path: Path,
 ) -> None:

@@ -195,6 +195,8 @@ def follower_env(
     }
     if schema:
         env["TRELLIS_DB_SCHEMA"] = schema
+    if "TRELLIS_SCHEMA_DIR" in os.environ:  # the migrations this engine checked the log against
+        env["TRELLIS_SCHEMA_DIR"] = os.environ["TRELLIS_SCHEMA_DIR"]
     if secure_data_dir:
         env[SECURE_DATA_DIR_ENV] = secure_data_dir
     return env
