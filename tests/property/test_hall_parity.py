@@ -124,3 +124,62 @@ def test_few_target_checks_across_pods_match_the_reference(seed: int) -> None:
         expected = outcome(_paths_py.best_paths, py_fabric, cond, request, targets)
         assert outcome(C.best_paths, c_fabric, live, request, targets) == expected, request
         assert outcome(C.best_paths, c_fabric, cond, request, targets) == expected, request
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_latency_bounds_swept_across_the_best_latency_match_the_reference(seed: int) -> None:
+    """Every latency bound from below the shortest relaxed path to above the best one: the
+    compiled core first asks whether any target is within the bound (two Dijkstras that meet
+    half way) and must refuse exactly where the reference finds nothing."""
+    C = compiled()
+    L = compiled("_live_c")
+    nodes, links, cond, hosts, devices = hall(seed)
+    py_fabric = _paths_py.Fabric(nodes, links)
+    c_fabric = C.Fabric(nodes, links)
+    live = L.LiveConditions(c_fabric, cond)
+    rng = random.Random(seed + 2000)
+    swept = 0
+    while swept < 3:
+        host, tenant = rng.choice(hosts), rng.choice(TENANTS)
+        targets = set(rng.sample(devices, rng.choice([1, 2])))
+        free = PathRequest(host, tenant)
+        best = outcome(_paths_py.best_paths, py_fabric, cond, free, targets)
+        if not isinstance(best, dict) or not best:
+            continue
+        swept += 1
+        most = max(path.latency_ns for path in best.values())
+        found_at = []
+        for bound in range(0, most + 3):
+            request = PathRequest(host, tenant, max_latency_ns=bound)
+            expected = outcome(_paths_py.best_paths, py_fabric, cond, request, targets)
+            assert outcome(C.best_paths, c_fabric, live, request, targets) == expected, request
+            found_at.append(bool(expected))
+        assert not found_at[0] and found_at[-1]  # the sweep crossed the boundary
+
+
+def test_a_target_beyond_the_latency_or_hop_bound_is_refused_before_any_search() -> None:
+    """Refusals the bounds prove need no label-setting round: a latency bound no path can
+    meet (the two Dijkstras meet nowhere within it), and a max_hops below the host's lower
+    bound (the BFS stops at max_hops)."""
+    C = compiled()
+    L = compiled("_live_c")
+    nodes, links, *_ = hall(0)
+    cond = Conditions()  # no faults, reservations or circuits: only the bounds refuse
+    py_fabric = _paths_py.Fabric(nodes, links)
+    c_fabric = C.Fabric(nodes, links)
+    live = L.LiveConditions(c_fabric, cond)
+    host = "p0-r0-host0"
+    far = {"p2-r1-leaf1-d2"}  # another pod: through the pod OCS, a core OCS, the pod OCS
+    reachable = PathRequest(host, "t0")
+    assert C.best_paths(c_fabric, live, reachable, far) == _paths_py.best_paths(
+        py_fabric, cond, reachable, far
+    )
+    assert c_fabric.last_rounds >= 1
+    for request in (
+        PathRequest(host, "t0", max_latency_ns=20),
+        PathRequest(host, "t0", max_hops=4),
+        PathRequest(host, "t0", max_hops=4, max_latency_ns=20),
+    ):
+        assert _paths_py.best_paths(py_fabric, cond, request, far) == {}
+        assert C.best_paths(c_fabric, live, request, far) == {}, request
+        assert c_fabric.last_rounds == 0, request

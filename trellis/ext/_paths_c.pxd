@@ -42,6 +42,8 @@ ctypedef struct FabricData:
     int32_t* slot_far  # the node at the cable's other end
     int32_t* slot_far_slot  # that end's slot when it is an OCS, else -1
     int32_t* ocs_slots  # per OCS rank: n_ocs + 1 offsets into the slots
+    int32_t* ocs_inner_ptr  # per OCS rank: n_ocs + 1 offsets into ocs_inner
+    int32_t* ocs_inner  # per OCS, in port order, its slots whose cable ends at no device
     # per node, what a Selector tests (DeviceInfo); dev_kind -1: no device, or no such info
     int32_t n_models
     int32_t* dev_kind
@@ -138,6 +140,7 @@ ctypedef struct Query:
     int32_t n_labels  # > 0: admitted devices carry target_stamp and label_hits == n_labels
     int64_t limit_hops  # the request's own max_hops; max_hops may be lower while deepening
     int64_t next_bound  # deepening: the least hops + lb of a label cut by max_hops < limit
+    int32_t rounds  # searches run (deepening rounds), for Fabric.last_rounds
     # results
     int32_t n_found
     int32_t n_best
@@ -186,7 +189,14 @@ ctypedef struct WS:
     int64_t lb_level  # and every node within this many hops of a target has its bound
     int64_t* lat_lb  # per node: least latency to a target over the relaxed fabric (lat_stamp)
     uint32_t* lat_stamp
-    DEntry* dheap  # the latency bound's Dijkstra heap
+    DEntry* dheap  # the latency bound's Dijkstra heap (resumable: see _latency_reachable)
+    int64_t dheap_n
+    uint32_t lat_seeded  # == stamp: the latency bound's Dijkstra started in this search
+    int64_t* fwd_lat  # per node: least latency from the host (fwd_stamp; _latency_reachable)
+    uint32_t* fwd_stamp
+    DEntry* fheap  # that forward Dijkstra's heap
+    int64_t fheap_cap
+    int64_t meet  # the least latency of a host-target path the two Dijkstras found so far
     int32_t targets[64]  # the marked targets when at most _LOWER_BOUND_TARGETS (lower bounds)
     int32_t n_targets
     int32_t* fan_exits  # per slot: an OCS's exits that pass this round's tests (_fan_exits),
@@ -198,6 +208,7 @@ ctypedef struct WS:
     int64_t* fan_cut_next  # per OCS rank: the least bound of any other exit cut
     int64_t* fan_cut_latency  # per OCS rank: the least latency on from the entry of an exit cut
     uint32_t* own_stamp  # per OCS rank: the host holds a circuit there (set by _run)
+    uint32_t* target_ocs_stamp  # per OCS rank: a marked target hangs on it (set by _run)
     uint32_t* model_stamp  # per model id: admitted by this search's Selector
     int32_t* label_hits  # per node: labels of this search's Selector it carries
     int64_t dheap_cap
@@ -232,6 +243,7 @@ cdef class Fabric:
     cdef readonly dict ports
     cdef _Workspace _spare
     cdef readonly dict devices  # device id -> DeviceInfo, as given (device nodes only)
+    cdef readonly int last_rounds  # label-setting searches the last query ran (_run)
     cdef dict _device_kinds  # kind string -> id
     cdef dict _model_ids  # model string -> id
     cdef dict _label_index  # (key, value) -> node indices of devices carrying it

@@ -16,6 +16,7 @@ class Fabric:
     link_ids: tuple[str, ...]
     ports: dict[str, dict[int, LinkInfo]]
     devices: dict[str, DeviceInfo]
+    last_rounds: int  # label-setting searches the last query on this fabric ran
     def __init__(
         self,
         nodes: Mapping[str, NodeInfo],

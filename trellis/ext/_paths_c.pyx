@@ -155,6 +155,8 @@ cdef class _Workspace:
         memset(&self.w, 0, sizeof(WS))
         self.w.own_stamp = <uint32_t*>_alloc(n_ocs, sizeof(uint32_t))
         memset(self.w.own_stamp, 0, (n_ocs if n_ocs > 0 else 1) * sizeof(uint32_t))
+        self.w.target_ocs_stamp = <uint32_t*>_alloc(n_ocs, sizeof(uint32_t))
+        memset(self.w.target_ocs_stamp, 0, (n_ocs if n_ocs > 0 else 1) * sizeof(uint32_t))
         self.w.n_ocs = n_ocs
         self.w.fan_exits = <int32_t*>_alloc(n_slots, sizeof(int32_t))
         self.w.fan_round = <uint32_t*>_alloc(n_ocs, sizeof(uint32_t))
@@ -202,6 +204,11 @@ cdef class _Workspace:
         memset(self.w.lat_stamp, 0, n_nodes * sizeof(uint32_t))
         self.w.dheap_cap = 1024
         self.w.dheap = <DEntry*>_alloc(self.w.dheap_cap, sizeof(DEntry))
+        self.w.fwd_lat = <int64_t*>_alloc(n_nodes, sizeof(int64_t))
+        self.w.fwd_stamp = <uint32_t*>_alloc(n_nodes, sizeof(uint32_t))
+        memset(self.w.fwd_stamp, 0, n_nodes * sizeof(uint32_t))
+        self.w.fheap_cap = 1024
+        self.w.fheap = <DEntry*>_alloc(self.w.fheap_cap, sizeof(DEntry))
         memset(self.w.settled_stamp, 0, self.w.n_vertices * sizeof(uint32_t))
         memset(self.w.pushed_stamp, 0, self.w.n_vertices * sizeof(uint32_t))
         memset(self.w.target_stamp, 0, n_nodes * sizeof(uint32_t))
@@ -228,8 +235,12 @@ cdef class _Workspace:
         free(self.w.lat_lb)
         free(self.w.lat_stamp)
         free(self.w.dheap)
+        free(self.w.fwd_lat)
+        free(self.w.fwd_stamp)
+        free(self.w.fheap)
         free(self.w.model_stamp)
         free(self.w.own_stamp)
+        free(self.w.target_ocs_stamp)
         free(self.w.fan_exits)
         free(self.w.fan_round)
         free(self.w.fan_hops)
@@ -248,9 +259,13 @@ cdef class _Workspace:
             memset(self.w.target_stamp, 0, self.w.n_nodes * sizeof(uint32_t))
             memset(self.w.lb_stamp, 0, self.w.n_nodes * sizeof(uint32_t))
             memset(self.w.lat_stamp, 0, self.w.n_nodes * sizeof(uint32_t))
+            memset(self.w.fwd_stamp, 0, self.w.n_nodes * sizeof(uint32_t))
+            self.w.lat_seeded = 0
             memset(self.w.model_stamp, 0,
                    (self.w.n_models if self.w.n_models > 0 else 1) * sizeof(uint32_t))
             memset(self.w.own_stamp, 0,
+                   (self.w.n_ocs if self.w.n_ocs > 0 else 1) * sizeof(uint32_t))
+            memset(self.w.target_ocs_stamp, 0,
                    (self.w.n_ocs if self.w.n_ocs > 0 else 1) * sizeof(uint32_t))
             self.w.stamp = 1
         _next_round(&self.w)
@@ -442,6 +457,18 @@ cdef class Fabric:
                     self.d.inner_arc[pos] = k
                     pos += 1
         self.d.inner_ptr[n] = <int32_t>pos
+        # An OCS's ports whose cable ends at a switch or another OCS: all that a new circuit
+        # can lead on to, unless a target hangs on the OCS (see _fan_exits).
+        self.d.ocs_inner_ptr = <int32_t*>_alloc(self.d.n_ocs + 1, sizeof(int32_t))
+        self.d.ocs_inner = <int32_t*>_alloc(nslots, sizeof(int32_t))
+        pos = 0
+        for r in range(self.d.n_ocs):
+            self.d.ocs_inner_ptr[r] = <int32_t>pos
+            for s in range(self.d.ocs_slots[r], self.d.ocs_slots[r + 1]):
+                if self.d.kind[self.d.slot_far[s]] != DEVICE:
+                    self.d.ocs_inner[pos] = s
+                    pos += 1
+        self.d.ocs_inner_ptr[self.d.n_ocs] = <int32_t>pos
         self._graph = None
         self._spare = None
         self._load_devices(devices or {})
@@ -605,6 +632,8 @@ cdef class Fabric:
         free(self.d.slot_far)
         free(self.d.slot_far_slot)
         free(self.d.ocs_slots)
+        free(self.d.ocs_inner_ptr)
+        free(self.d.ocs_inner)
 
     def kind(self, node):
         return self._kinds[self._node_index[node]]
@@ -1404,11 +1433,22 @@ cdef void _fan_exits(
     Every entry of the OCS in a round shares these tests (conditions and bounds hold still
     during a search), so a wide OCS's ports are read once per round and hops, not once per
     entry label: a cross-pod path enters each OCS on its way over many ports."""
-    cdef int32_t exit_slot, far, link, n = 0, cut_slot = -1
+    cdef int32_t exit_slot, far, link, n = 0, cut_slot = -1, i, first, last
     cdef int32_t* exits = ws.fan_exits + f.ocs_slots[r]
+    cdef const int32_t* ports = NULL
     cdef int64_t need, cut = _NO_LIMIT, cut_next = _NO_LIMIT, latency, cut_latency = _NO_LIMIT
     cdef int8_t kind
-    for exit_slot in range(f.ocs_slots[r], f.ocs_slots[r + 1]):
+    if q.use_lb and not q.select and ws.target_ocs_stamp[r] != ws.stamp:
+        # No target hangs here, and a device is no exit unless it is one: the ports that
+        # lead on to a switch or an OCS are all there is to read (at hall scale, half).
+        ports = f.ocs_inner
+        first = f.ocs_inner_ptr[r]
+        last = f.ocs_inner_ptr[r + 1]
+    else:
+        first = f.ocs_slots[r]
+        last = f.ocs_slots[r + 1]
+    for i in range(first, last):
+        exit_slot = ports[i] if ports != NULL else i
         if c.circ_other[exit_slot] != NO_CIRCUIT:
             continue
         far = f.slot_far[exit_slot]
@@ -1620,8 +1660,8 @@ cdef void _extend_bounds(
             reached = ws.lb[u]  # every node within `reached` hops has its bound now
             if reached > ws.lb_level:
                 ws.lb_level = reached
-            if level < 0 and _host_bound(f, c, ws, q, reached):
-                return
+            if level < 0 and (_host_bound(f, c, ws, q, reached) or reached >= q.limit_hops):
+                return  # the host has its bound, or it lies beyond max_hops
             if 0 <= level <= reached:
                 return
         _bounds_step(f, c, ws, q)
@@ -1724,6 +1764,7 @@ cdef void _search(const FabricData* f, const CondData* c, WS* ws, Query* q) noex
         return  # no target is reachable at all
     if q.use_lat_lb and ws.lat_stamp[q.host] != ws.stamp:
         return  # none within the latency bound
+    q.rounds += 1
     _heap_push(ws, 0)
 
     while q.n_found < q.n_targets:
@@ -1886,26 +1927,31 @@ cdef _prepare(Fabric fabric, _ConditionArrays live, request, Query* q):
     q.best_n = 0
     q.select = 0
     q.n_labels = 0
+    q.rounds = 0
 
 
-cdef bint _dheap_push(WS* ws, int64_t* n, int64_t key, int32_t node) noexcept nogil:
+cdef bint _dheap_push(
+    DEntry** heap, int64_t* cap, int64_t* n, int64_t key, int32_t node
+) noexcept nogil:
     cdef int64_t i, parent
-    if not _grow(<void**>&ws.dheap, &ws.dheap_cap, n[0] + 1, sizeof(DEntry)):
+    cdef DEntry* h
+    if not _grow(<void**>heap, cap, n[0] + 1, sizeof(DEntry)):
         return False
+    h = heap[0]
     i = n[0]
     n[0] += 1
     while i > 0:
         parent = (i - 1) >> 1
-        if ws.dheap[parent].key <= key:
+        if h[parent].key <= key:
             break
-        ws.dheap[i] = ws.dheap[parent]
+        h[i] = h[parent]
         i = parent
-    ws.dheap[i].key = key
-    ws.dheap[i].node = node
+    h[i].key = key
+    h[i].node = node
     return True
 
 
-cdef void _dheap_pop(WS* ws, int64_t* n) noexcept nogil:
+cdef void _dheap_pop(DEntry* h, int64_t* n) noexcept nogil:
     cdef int64_t i = 0, child, last
     n[0] -= 1
     last = n[0]
@@ -1913,61 +1959,158 @@ cdef void _dheap_pop(WS* ws, int64_t* n) noexcept nogil:
         child = 2 * i + 1
         if child >= last:
             break
-        if child + 1 < last and ws.dheap[child + 1].key < ws.dheap[child].key:
+        if child + 1 < last and h[child + 1].key < h[child].key:
             child += 1
-        if ws.dheap[last].key <= ws.dheap[child].key:
+        if h[last].key <= h[child].key:
             break
-        ws.dheap[i] = ws.dheap[child]
+        h[i] = h[child]
         i = child
-    ws.dheap[i] = ws.dheap[last]
+    h[i] = h[last]
 
 
-cdef bint _latency_bounds(
-    const FabricData* f, const CondData* c, WS* ws, const Query* q, int32_t n_targets,
-) noexcept nogil:
-    """Least latency from each node (its own latency already paid on arrival) to a target,
-    over the same relaxed fabric as _lower_bounds, up to the request's latency bound (a
-    Dijkstra from the targets that stops there). A label whose latency plus its far node's
-    bound exceeds max_latency_ns, or whose far node was not reached, is dropped exactly, as
-    in _lower_bounds. False when out of memory (the search then runs without it).
-    """
-    cdef int64_t n = 0, d, cand
-    cdef int32_t u, v, k, j, link
-    cdef int8_t kind
-    for k in range(n_targets):
+cdef bint _latency_seed(const FabricData* f, const CondData* c, WS* ws) noexcept nogil:
+    """Start the latency bounds' Dijkstra at the targets (once a search; see _latency_bounds).
+    False when out of memory."""
+    cdef int32_t k, u
+    ws.lat_seeded = ws.stamp
+    ws.dheap_n = 0
+    ws.meet = _NO_LIMIT
+    for k in range(ws.n_targets):
         u = ws.targets[k]
         if c.node_flags[u] & UNUSABLE:
             continue
         ws.lat_stamp[u] = ws.stamp
         ws.lat_lb[u] = 0
-        if not _dheap_push(ws, &n, 0, u):
+        if not _dheap_push(&ws.dheap, &ws.dheap_cap, &ws.dheap_n, 0, u):
             return False
-    while n > 0:
-        d = ws.dheap[0].key
-        u = ws.dheap[0].node
-        _dheap_pop(ws, &n)
-        if d > ws.lat_lb[u]:
-            continue  # a stale entry: u was reached faster since
-        # Passing u costs its own latency, except at a target: a device ends the path.
-        if f.kind[u] != DEVICE:
-            d += f.node_lat[u]
+    return True
+
+
+cdef bint _latency_step(
+    const FabricData* f, const CondData* c, WS* ws, const Query* q
+) noexcept nogil:
+    """The latency bounds' Dijkstra takes its next node: its neighbours get their bounds. A
+    neighbour the host's Dijkstra (_latency_reachable) labelled too joins a path from the host
+    to a target: ws.meet keeps the least such latency. False when out of memory."""
+    cdef int64_t d = ws.dheap[0].key, cand
+    cdef int32_t u = ws.dheap[0].node, v, k, j
+    _dheap_pop(ws.dheap, &ws.dheap_n)
+    if d > ws.lat_lb[u]:
+        return True  # a stale entry: u was reached faster since
+    # Passing u costs its own latency, except at a target: a device ends the path.
+    if f.kind[u] != DEVICE:
+        d += f.node_lat[u]
+    for j in range(f.inner_ptr[u], f.inner_ptr[u + 1]):
+        k = f.inner_arc[j]
+        v = f.adj_far[k]
+        cand = d + f.link_lat[f.adj_link[k]]
+        if cand > q.max_latency:
+            continue
+        if ws.lat_stamp[v] == ws.stamp and ws.lat_lb[v] <= cand:
+            continue
+        if not _relaxed_step(f, c, q, k, v):
+            continue
+        ws.lat_stamp[v] = ws.stamp
+        ws.lat_lb[v] = cand
+        if ws.fwd_stamp[v] == ws.stamp and ws.fwd_lat[v] + cand < ws.meet:
+            ws.meet = ws.fwd_lat[v] + cand
+        if f.kind[v] != HOST and not _dheap_push(
+            &ws.dheap, &ws.dheap_cap, &ws.dheap_n, cand, v
+        ):
+            return False
+    return True
+
+
+cdef bint _latency_bounds(
+    const FabricData* f, const CondData* c, WS* ws, const Query* q
+) noexcept nogil:
+    """Least latency from each node (its own latency already paid on arrival) to a target,
+    over the same relaxed fabric as _lower_bounds, up to the request's latency bound (a
+    Dijkstra from the targets that stops there; it goes on from where _latency_reachable left
+    it). A label whose latency plus its far node's bound exceeds max_latency_ns, or whose far
+    node was not reached, is dropped exactly, as in _lower_bounds. False when out of memory
+    (the search then runs without it).
+    """
+    if ws.lat_seeded != ws.stamp and not _latency_seed(f, c, ws):
+        return False
+    while ws.dheap_n > 0:
+        if not _latency_step(f, c, ws, q):
+            return False
+    return True
+
+
+cdef inline int64_t _heap_top(DEntry* h, int64_t* n, const int64_t* label) noexcept nogil:
+    """The least key of a lazy Dijkstra heap, its stale entries dropped first; or _NO_LIMIT."""
+    while n[0] > 0 and h[0].key > label[h[0].node]:
+        _dheap_pop(h, n)
+    return h[0].key if n[0] > 0 else _NO_LIMIT
+
+
+cdef int _latency_reachable(
+    const FabricData* f, const CondData* c, WS* ws, const Query* q
+) noexcept nogil:
+    """Whether a path from the host reaches a target within max_latency_ns over the relaxed
+    fabric of the latency bounds: 1 if so, 0 if not, -1 when out of memory. The same answer
+    as the host's latency bound (_latency_bounds labels the host or not), found by a second
+    Dijkstra from the host that meets the bounds' own half way, so a target far beyond the
+    latency bound is refused without a search and without the bounds' Dijkstra over all that
+    lies within the bound of the target (at hall scale, every pod's OCS and spines).
+
+    Exact as a bidirectional Dijkstra: with the least keys left tf (from the host) and tb
+    (towards the targets), a path not yet met has at least tf + tb. The host's Dijkstra walks
+    no device, so the targets are expanded first: a node next to one then has its bound.
+    """
+    cdef int64_t nf = 0, d, cand, tf, tb
+    cdef int32_t u, v, k, j
+    if ws.lat_seeded != ws.stamp and not _latency_seed(f, c, ws):
+        return -1
+    while _heap_top(ws.dheap, &ws.dheap_n, ws.lat_lb) == 0:
+        if not _latency_step(f, c, ws, q):
+            return -1
+    ws.fwd_stamp[q.host] = ws.stamp
+    ws.fwd_lat[q.host] = 0
+    if ws.lat_stamp[q.host] == ws.stamp and ws.lat_lb[q.host] < ws.meet:
+        ws.meet = ws.lat_lb[q.host]
+    if not _dheap_push(&ws.fheap, &ws.fheap_cap, &nf, 0, q.host):
+        return -1
+    while ws.meet > q.max_latency:
+        tf = _heap_top(ws.fheap, &nf, ws.fwd_lat)
+        tb = _heap_top(ws.dheap, &ws.dheap_n, ws.lat_lb)
+        if tf == _NO_LIMIT or tb == _NO_LIMIT or tf + tb > q.max_latency:
+            return 0
+        if ws.dheap_n < nf:  # the side with the fewer nodes waiting goes on (any order is exact)
+            if not _latency_step(f, c, ws, q):
+                return -1
+            continue
+        u = ws.fheap[0].node
+        d = tf
+        _dheap_pop(ws.fheap, &nf)
         for j in range(f.inner_ptr[u], f.inner_ptr[u + 1]):
             k = f.inner_arc[j]
             v = f.adj_far[k]
-            link = f.adj_link[k]
-            cand = d + f.link_lat[link]
+            if f.kind[v] == HOST:
+                continue  # hosts are endpoints, never passed through
+            cand = d + f.link_lat[f.adj_link[k]] + f.node_lat[v]
             if cand > q.max_latency:
                 continue
-            if ws.lat_stamp[v] == ws.stamp and ws.lat_lb[v] <= cand:
+            if ws.fwd_stamp[v] == ws.stamp and ws.fwd_lat[v] <= cand:
                 continue
             if not _relaxed_step(f, c, q, k, v):
                 continue
-            kind = f.kind[v]
-            ws.lat_stamp[v] = ws.stamp
-            ws.lat_lb[v] = cand
-            if kind != HOST and not _dheap_push(ws, &n, cand, v):
-                return False
-    return True
+            ws.fwd_stamp[v] = ws.stamp
+            ws.fwd_lat[v] = cand
+            if ws.lat_stamp[v] == ws.stamp and cand + ws.lat_lb[v] < ws.meet:
+                ws.meet = cand + ws.lat_lb[v]
+            if not _dheap_push(&ws.fheap, &ws.fheap_cap, &nf, cand, v):
+                return -1
+    return 1
+
+
+cdef inline void _nothing_found(Query* q) noexcept nogil:
+    q.n_found = 0
+    q.n_best = 0
+    q.error_slot = -1
+    q.out_of_memory = 0
 
 
 cdef void _deepen(const FabricData* f, const CondData* c, WS* ws, Query* q) noexcept nogil:
@@ -1977,14 +2120,24 @@ cdef void _deepen(const FabricData* f, const CondData* c, WS* ws, Query* q) noex
     every target (or, choosing devices, the best n: one unseen needs more hops, so it ranks
     after), or when nothing was cut for the bound. Across pods most labels of the full search
     lead nowhere near the target in as few hops; a round at the target's distance never
-    builds them. With a latency bound, the latency bounds are computed only when a first
-    round did not settle the answer (they cost a Dijkstra over what the bound reaches).
+    builds them. With a latency bound, whether any target lies within it is asked first
+    (_latency_reachable, two Dijkstras that meet half way): a far target beyond the bound is
+    refused before any bound or round. The latency bounds themselves are completed only when
+    a first round did not settle the answer (they cost a Dijkstra over what the bound
+    reaches from the targets: at hall scale, every pod's OCS). A host whose lower bound
+    exceeds max_hops is refused before any round too.
     """
     cdef int64_t bound
     cdef bint latency_pending = q.bounded
+    cdef int reach = -1
+    if q.bounded:
+        reach = _latency_reachable(f, c, ws, q)
+        if reach == 0:
+            _nothing_found(q)  # no target within the latency bound
+            return
     _extend_bounds(f, c, ws, q, -1)
     if ws.lb_stamp[q.host] != ws.stamp:
-        _search(f, c, ws, q)  # no target is reachable: answered at once
+        _search(f, c, ws, q)  # no target is reachable (within max_hops): answered at once
         return
     bound = ws.lb[q.host]
     while True:
@@ -2002,13 +2155,21 @@ cdef void _deepen(const FabricData* f, const CondData* c, WS* ws, Query* q) noex
         if q.next_bound == _NO_LIMIT:
             break  # nothing was cut for the bound: a higher one finds nothing more
         if latency_pending:
-            latency_pending = False
-            q.use_lat_lb = _latency_bounds(f, c, ws, q, ws.n_targets)
-            if q.use_lat_lb and ws.lat_stamp[q.host] != ws.stamp:
-                break  # no target within the latency bound: nothing more to find
+            latency_pending = False  # some target is within it (reach > 0), or memory ran out
+            q.use_lat_lb = reach > 0 and _latency_bounds(f, c, ws, q)
         bound = q.next_bound
         _next_round(ws)
     q.max_hops = q.limit_hops
+
+
+cdef void _mark_target_ocs(const FabricData* f, WS* ws, int32_t n_targets) noexcept nogil:
+    """Mark the OCS a target hangs on: only there can a new circuit end at one (_fan_exits)."""
+    cdef int32_t i, k, far
+    for i in range(n_targets):
+        for k in range(f.adj_ptr[ws.targets[i]], f.adj_ptr[ws.targets[i] + 1]):
+            far = f.adj_far[k]
+            if f.kind[far] == OCS:
+                ws.target_ocs_stamp[f.ocs_rank[far]] = ws.stamp
 
 
 # Few targets: the lower bounds' BFS (at most the whole fabric, O(nodes + links)) costs less
@@ -2030,8 +2191,10 @@ cdef _run(Fabric fabric, _ConditionArrays live, WS* ws, Query* q, int32_t n_mark
         else:
             memcpy(ws.targets, ws.found, n_marked * sizeof(int32_t))
             ws.n_targets = n_marked
+            _mark_target_ocs(&fabric.d, ws, n_marked)
             _lower_bounds(&fabric.d, &live.c, ws, q, n_marked)
             _deepen(&fabric.d, &live.c, ws, q)
+    fabric.last_rounds = q.rounds
     if q.out_of_memory:
         raise MemoryError()
     if q.error_slot >= 0:
