@@ -33,7 +33,9 @@ ctypedef struct FabricData:
     int32_t* adj_slot  # the far end's slot when the far node is an OCS, else -1
     int32_t* adj_near_slot  # this end's slot when this node is an OCS, else -1
     int32_t* inner_ptr  # n_nodes + 1 offsets into inner_arc
-    int32_t* inner_arc  # per node, its adjacency positions whose far node is no device
+    int32_t* inner_arc  # per node, its adjacency positions whose far node is no device, by
+    #   far node and then the cable's latency (parallel cables side by side, fastest first)
+    int32_t* inner_next  # per inner_arc position: the first one past its far node's cables
     int64_t* link_lat
     double* link_cap
     int32_t* slot_ocs  # per slot: its OCS node

@@ -447,15 +447,27 @@ cdef class Fabric:
                 self.d.adj_near_slot[pos] = end_slot.get((k, u), -1)
         # The lower bounds never step onto a device (only targets, seeded first), and most
         # cables end at one: their BFS and Dijkstra walk this shorter list.
+        # Parallel cables (a spine's uplinks to one OCS) side by side, fastest first: once
+        # their far node is reached, or one of them carried a step, the rest add nothing.
         self.d.inner_ptr = <int32_t*>_alloc(n + 1, sizeof(int32_t))
         self.d.inner_arc = <int32_t*>_alloc(2 * m, sizeof(int32_t))
+        self.d.inner_next = <int32_t*>_alloc(2 * m, sizeof(int32_t))
         pos = 0
         for u in range(n):
             self.d.inner_ptr[u] = <int32_t>pos
-            for k in range(self.d.adj_ptr[u], self.d.adj_ptr[u + 1]):
-                if self.d.kind[self.d.adj_far[k]] != DEVICE:
-                    self.d.inner_arc[pos] = k
-                    pos += 1
+            inner = sorted(
+                (self.d.adj_far[k], self.d.link_lat[self.d.adj_link[k]], k)
+                for k in range(self.d.adj_ptr[u], self.d.adj_ptr[u + 1])
+                if self.d.kind[self.d.adj_far[k]] != DEVICE
+            )
+            for i in range(len(inner)):
+                self.d.inner_arc[pos + i] = inner[i][2]
+            for i in range(len(inner) - 1, -1, -1):
+                if i + 1 < len(inner) and inner[i + 1][0] == inner[i][0]:
+                    self.d.inner_next[pos + i] = self.d.inner_next[pos + i + 1]
+                else:
+                    self.d.inner_next[pos + i] = <int32_t>(pos + i + 1)
+            pos += len(inner)
         self.d.inner_ptr[n] = <int32_t>pos
         # An OCS's ports whose cable ends at a switch or another OCS: all that a new circuit
         # can lead on to, unless a target hangs on the OCS (see _fan_exits).
@@ -624,6 +636,7 @@ cdef class Fabric:
         free(self.d.adj_near_slot)
         free(self.d.inner_ptr)
         free(self.d.inner_arc)
+        free(self.d.inner_next)
         free(self.d.link_lat)
         free(self.d.link_cap)
         free(self.d.slot_ocs)
@@ -1624,13 +1637,17 @@ cdef inline void _bounds_step(
         ws.queue[ws.lb_tail] = -u - 1
         ws.lb_tail += 1
         return
-    for j in range(f.inner_ptr[u], f.inner_ptr[u + 1]):
+    j = f.inner_ptr[u]
+    while j < f.inner_ptr[u + 1]:
         k = f.inner_arc[j]
         v = f.adj_far[k]
         if ws.lb_stamp[v] == ws.stamp:
+            j = f.inner_next[j]  # reached: its other cables from u add nothing
             continue
         if not _relaxed_step(f, c, q, k, v):
+            j += 1  # a parallel cable may still carry the step
             continue
+        j = f.inner_next[j]
         kind = f.kind[v]
         ws.lb_stamp[v] = ws.stamp
         if kind == OCS:
@@ -2000,16 +2017,18 @@ cdef bint _latency_step(
     # Passing u costs its own latency, except at a target: a device ends the path.
     if f.kind[u] != DEVICE:
         d += f.node_lat[u]
-    for j in range(f.inner_ptr[u], f.inner_ptr[u + 1]):
+    j = f.inner_ptr[u]
+    while j < f.inner_ptr[u + 1]:
         k = f.inner_arc[j]
         v = f.adj_far[k]
         cand = d + f.link_lat[f.adj_link[k]]
-        if cand > q.max_latency:
-            continue
-        if ws.lat_stamp[v] == ws.stamp and ws.lat_lb[v] <= cand:
+        if cand > q.max_latency or (ws.lat_stamp[v] == ws.stamp and ws.lat_lb[v] <= cand):
+            j = f.inner_next[j]  # its parallel cables are no faster
             continue
         if not _relaxed_step(f, c, q, k, v):
+            j += 1
             continue
+        j = f.inner_next[j]
         ws.lat_stamp[v] = ws.stamp
         ws.lat_lb[v] = cand
         if ws.fwd_stamp[v] == ws.stamp and ws.fwd_lat[v] + cand < ws.meet:
@@ -2085,18 +2104,21 @@ cdef int _latency_reachable(
         u = ws.fheap[0].node
         d = tf
         _dheap_pop(ws.fheap, &nf)
-        for j in range(f.inner_ptr[u], f.inner_ptr[u + 1]):
+        j = f.inner_ptr[u]
+        while j < f.inner_ptr[u + 1]:
             k = f.inner_arc[j]
             v = f.adj_far[k]
-            if f.kind[v] == HOST:
-                continue  # hosts are endpoints, never passed through
             cand = d + f.link_lat[f.adj_link[k]] + f.node_lat[v]
-            if cand > q.max_latency:
-                continue
-            if ws.fwd_stamp[v] == ws.stamp and ws.fwd_lat[v] <= cand:
+            # Hosts are endpoints, never passed through; parallel cables are no faster.
+            if f.kind[v] == HOST or cand > q.max_latency or (
+                ws.fwd_stamp[v] == ws.stamp and ws.fwd_lat[v] <= cand
+            ):
+                j = f.inner_next[j]
                 continue
             if not _relaxed_step(f, c, q, k, v):
+                j += 1
                 continue
+            j = f.inner_next[j]
             ws.fwd_stamp[v] = ws.stamp
             ws.fwd_lat[v] = cand
             if ws.lat_stamp[v] == ws.stamp and cand + ws.lat_lb[v] < ws.meet:
