@@ -169,8 +169,54 @@ def run_size(
                 a != b for a, b in zip(answers["compiled"][:n], answers[other], strict=True)
             )
         figures["mismatches"] = mismatches
+        if mode == "single":
+            figures["by_outcome"] = by_outcome(reqs, times["compiled"], answers["compiled"])
         result["modes"][mode] = figures
     return result
+
+
+def outcome_of(request: Request, answer: Any) -> str:
+    """What a single check answered: the path's hops, or which bounds the refused request
+    carried (a refusal does not say which of them refused it)."""
+    if isinstance(answer, dict) and answer:
+        return f"found, {answer[request.device].hops} hops"
+    bounds = [
+        name
+        for name, value in (
+            ("max_hops", request.path.max_hops),
+            ("latency", request.path.max_latency_ns),
+        )
+        if value is not None
+    ]
+    return "none, " + (" and ".join(bounds) if bounds else "no bound")
+
+
+def by_outcome(reqs: list[Request], times: list[float], answers: list[Any]) -> dict[str, Any]:
+    """The compiled core's single checks grouped by outcome: a hall's p50 falls among
+    whichever group holds the middle request, so the groups say what the p50 is made of."""
+    groups: dict[str, list[float]] = {}
+    for request, us, answer in zip(reqs, times, answers, strict=False):
+        groups.setdefault(outcome_of(request, answer), []).append(us)
+    return {
+        name: {"n": len(us), "p50_us": percentile(us, 50), "p90_us": percentile(us, 90)}
+        for name, us in sorted(groups.items())
+    }
+
+
+def outcome_table(results: dict[str, dict[str, Any]]) -> list[str]:
+    labels = list(results)
+    groups = sorted({g for res in results.values() for g in res["modes"]["single"]["by_outcome"]})
+    lines = ["", "single checks by outcome (compiled core; n, p50 and p90 µs per fabric):"]
+    lines.append(f"  {'outcome':28s}" + "".join(f" {label:>30s}" for label in labels))
+    for group in groups:
+        cells = []
+        for label in labels:
+            f = results[label]["modes"]["single"]["by_outcome"].get(group)
+            cells.append(
+                f" {f['n']:>8d} {f['p50_us']:>10.1f} {f['p90_us']:>10.1f}" if f else f" {'':>30s}"
+            )
+        lines.append(f"  {group:28s}" + "".join(cells))
+    return lines
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
@@ -325,6 +371,8 @@ def main() -> None:
             print(f"{label}: within the time budget, answered only " + ", ".join(short) + ";")
             print("  ratios compare the compiled core on the same requests.")
         print(f"{label}: mean candidates per device choice {res['mean_candidates']:.0f}")
+    for line in outcome_table(results):
+        print(line)
     refused = refused_composes(args.steps, args.seed) if len(results) == 2 else {}
     growth = growth_of(results, refused)
     for line in growth.get("lines", []):
