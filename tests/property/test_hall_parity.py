@@ -94,6 +94,15 @@ def hall(seed: int) -> tuple[dict[str, NodeInfo], list[LinkInfo], Conditions, li
     return nodes, links, cond, hosts, devices
 
 
+def cores(nodes: dict[str, NodeInfo], links: list[LinkInfo], cond: Conditions) -> Any:
+    """The compiled core's module, the reference's fabric, the compiled fabric and its
+    LiveConditions for one hall."""
+    C = compiled()
+    c_fabric = C.Fabric(nodes, links)
+    live = compiled("_live_c").LiveConditions(c_fabric, cond)
+    return C, _paths_py.Fabric(nodes, links), c_fabric, live
+
+
 def outcome(fn: Any, *args: Any) -> Any:
     try:
         return fn(*args)
@@ -103,12 +112,8 @@ def outcome(fn: Any, *args: Any) -> Any:
 
 @pytest.mark.parametrize("seed", range(12))
 def test_few_target_checks_across_pods_match_the_reference(seed: int) -> None:
-    C = compiled()
-    L = compiled("_live_c")
     nodes, links, cond, hosts, devices = hall(seed)
-    py_fabric = _paths_py.Fabric(nodes, links)
-    c_fabric = C.Fabric(nodes, links)
-    live = L.LiveConditions(c_fabric, cond)
+    C, py_fabric, c_fabric, live = cores(nodes, links, cond)
     rng = random.Random(seed + 1000)
     for _ in range(40):
         request = PathRequest(
@@ -131,12 +136,8 @@ def test_latency_bounds_swept_across_the_best_latency_match_the_reference(seed: 
     """Every latency bound from below the shortest relaxed path to above the best one: the
     compiled core first asks whether any target is within the bound (two Dijkstras that meet
     half way) and must refuse exactly where the reference finds nothing."""
-    C = compiled()
-    L = compiled("_live_c")
     nodes, links, cond, hosts, devices = hall(seed)
-    py_fabric = _paths_py.Fabric(nodes, links)
-    c_fabric = C.Fabric(nodes, links)
-    live = L.LiveConditions(c_fabric, cond)
+    C, py_fabric, c_fabric, live = cores(nodes, links, cond)
     rng = random.Random(seed + 2000)
     swept = 0
     while swept < 3:
@@ -161,13 +162,9 @@ def test_a_target_beyond_the_latency_or_hop_bound_is_refused_before_any_search()
     """Refusals the bounds prove need no label-setting round: a latency bound no path can
     meet (the two Dijkstras meet nowhere within it), and a max_hops below the host's lower
     bound (the BFS stops at max_hops)."""
-    C = compiled()
-    L = compiled("_live_c")
     nodes, links, *_ = hall(0)
     cond = Conditions()  # no faults, reservations or circuits: only the bounds refuse
-    py_fabric = _paths_py.Fabric(nodes, links)
-    c_fabric = C.Fabric(nodes, links)
-    live = L.LiveConditions(c_fabric, cond)
+    C, py_fabric, c_fabric, live = cores(nodes, links, cond)
     host = "p0-r0-host0"
     far = {"p2-r1-leaf1-d2"}  # another pod: through the pod OCS, a core OCS, the pod OCS
     reachable = PathRequest(host, "t0")
