@@ -7,16 +7,18 @@ be exactly what the live compositions need, whatever failed on the way.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+import pytest
 import pytest_asyncio
 from fabrics import expect_error, expect_ok, fabric
 from harness import Harness, serving
 
 from trellis.adapters.fabric.sim import SimulatedFabric
-from trellis.engine.core.fabric import FabricCircuit
+from trellis.engine.core.fabric import FabricChange, FabricCircuit
 from trellis.engine.core.fabric_plan import reconcile
+from trellis.engine.service import saga
 
 DOMAIN = "hall-1"
 DEADLINE = 0.5  # seconds a saga may take before it is abandoned and undone
@@ -24,9 +26,28 @@ A100 = {"host": "host-01", "devices": [{"kind": "gpu", "models": ["A100"]}]}  # 
 CIRCUIT = FabricCircuit(ocs="ocs-1", a_port=0, b_port=2)
 
 
+class ProgramLog(SimulatedFabric):
+    """The simulated fabric, noting the operations of each `program` call it gets."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.programs: list[list[str]] = []
+
+    async def program(
+        self,
+        domain: str,
+        changes: Sequence[FabricChange],
+        *,
+        fence: int | None = None,
+        started: Callable[[FabricChange], None] | None = None,
+    ) -> None:
+        self.programs.append([change.op for change in changes])
+        await super().program(domain, changes, fence=fence, started=started)
+
+
 @pytest_asyncio.fixture
 async def sim() -> SimulatedFabric:
-    return SimulatedFabric(seed=7)
+    return ProgramLog(seed=7)
 
 
 @pytest_asyncio.fixture
@@ -185,8 +206,8 @@ async def test_release_and_expiry_take_the_paths_off_the_hardware(
 async def test_a_compose_after_a_release_waits_for_its_let_go(
     h: Harness, sim: SimulatedFabric
 ) -> None:
-    """The release is answered once recorded; its let-go call starts at the commit, and the
-    next saga waits for it, so the device it frees is free before it is bound again."""
+    """The release is answered once recorded; what it lets go is made before anything of the
+    next saga, so the device it frees is free before it is bound again."""
     first = expect_ok(await compose(h, A100))["composition_id"]
     await in_step(h, sim)
     sim.latency = {"unbind": 0.2, "snapshot": 0.3}  # a pass, were one needed, comes later
@@ -201,6 +222,49 @@ async def test_a_compose_after_a_release_waits_for_its_let_go(
         ("unbind", first),
         ("bind", again["composition_id"]),
     ]
+
+
+async def test_a_lone_release_is_let_go_in_the_next_compose_call(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release in a quiet moment waits (LINGER_S, long here) for the next compose saga to
+    carry it: one call, one durable write, instead of a call the saga waits for, then its own."""
+    monkeypatch.setattr(saga, "LINGER_S", 30.0)
+    sim = h.fabric
+    assert isinstance(sim, ProgramLog)
+    first = expect_ok(await compose(h, A100))["composition_id"]
+    await in_step(h, sim)
+    sim.programs.clear()
+
+    expect_ok(await h.client.intent(DOMAIN, "acme", "release", {"composition_id": first}))
+    again = expect_ok(await compose(h, A100))
+
+    assert again["state"] == "active"
+    assert await in_step(h, sim) == ([CIRCUIT], ["gpu-02@host-01"])
+    assert len(sim.programs) == 1, sim.programs
+    assert sim.programs[0][0] == "unbind" and sim.programs[0][-1] == "bind"
+
+
+async def test_a_let_go_that_fails_in_a_compose_call_leaves_the_compose_to_succeed(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the part a saga carried for a release fails, nothing of the compose was tried:
+    the saga makes its own changes alone, and a pass finishes letting go."""
+    monkeypatch.setattr(saga, "LINGER_S", 30.0)
+    sim = h.fabric
+    assert isinstance(sim, ProgramLog)
+    first = expect_ok(await compose(h, A100))["composition_id"]
+    await in_step(h, sim)
+    sim.programs.clear()
+    sim.fail_next("unbind", times=1)
+
+    expect_ok(await h.client.intent(DOMAIN, "acme", "release", {"composition_id": first}))
+    again = expect_ok(await compose(h, A100))
+
+    assert again["state"] == "active"
+    assert await in_step(h, sim) == ([CIRCUIT], ["gpu-02@host-01"])
+    assert sim.pending_faults == 0
+    assert sim.programs[0][0] == "unbind" and sim.programs[0][-1] == "bind"  # carried, failed
 
 
 async def test_composes_and_releases_in_step_need_no_pass(h: Harness, sim: SimulatedFabric) -> None:

@@ -21,9 +21,11 @@ found it in step, a commit that says exactly what the hardware must do is done w
 (`committed`): compositions reserved get their sagas at once, and what a release or an expiry
 lets go (its bindings, then the circuits the commit removed) is taken away in one `program`
 call, which sagas started after it wait for, so a device or a port is free before it is used
-again. Any other commit (a fault, a repair, an import, a failed saga), a failed call, a writer
-that caught up with someone else's commits, or a `kick` from outside sends the domain back to
-passes until one finds the hardware in step again.
+again. A lone release in a quiet moment is held back briefly instead (LINGER_S), for the next
+compose saga to make first in its own call: one call and one durable write where there were
+two in sequence. Any other commit (a fault, a repair, an import, a failed saga), a failed
+call, a writer that caught up with someone else's commits, or a `kick` from outside sends the
+domain back to passes until one finds the hardware in step again.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from trellis.engine.core import replies
 from trellis.engine.core.compose import unused_circuits
@@ -63,6 +65,10 @@ Settlement = EstablishComposition | FailComposition
 _Item = TypeVar("_Item", FabricBinding, FabricCircuit)
 # Hands a settlement to the domain's writer; resolves to the reply the composer should get.
 Settle = Callable[[str, Settlement], Awaitable[bytes]]
+# How long what a commit let go waits for the next compose saga to carry it (one call, one
+# durable write, instead of a call the saga waits for and then its own): about the time a
+# client takes to send its next compose and the writer to reserve it.
+LINGER_S = 0.005
 # Events whose commit says all the hardware must do (see `FabricSync.committed`): reservations
 # (their sagas program them), settlements (their sagas did), releases and expiries (their
 # bindings and removed circuits go), and what touches no hardware.
@@ -82,6 +88,14 @@ _SAID: frozenset[type[Event]] = frozenset(
         QuotaCleared,
     }
 )
+
+
+class _Carried(NamedTuple):
+    """What the commits before a compose saga let go, made first in the saga's own call;
+    `done` resolves once that call ended."""
+
+    changes: list[FabricChange]
+    done: asyncio.Future[None]
 
 
 class FabricSync:
@@ -119,9 +133,15 @@ class FabricSync:
         # step: the last in-step pass's, then each commit done without a pass. None: a pass is due.
         self._known: DomainState | None = None
         self._letting: set[asyncio.Task[None]] = set()  # let-go calls in flight
+        # What the last commits let go and no call has carried yet: the next compose saga
+        # takes it along in its own call, else it goes on its own after LINGER_S.
+        self._held_back: list[FabricChange] = []
+        self._lingering: asyncio.TimerHandle | None = None
+        self._carrying: set[asyncio.Future[None]] = set()  # sagas' calls that let go first
 
     def kick(self) -> None:
         """The hardware may differ from the log: run a pass soon (passes coalesce)."""
+        self._let_go_now()
         self._known = None
         self._idle.clear()
         self._wake.set()
@@ -149,15 +169,49 @@ class FabricSync:
                 if isinstance(e, CircuitRemoved)
             ),
         ]
+        reserved = [e.composition_id for e in events if isinstance(e, DevicesReserved)]
         if changes:
             self._idle.clear()
-            task = asyncio.create_task(self._take_away(changes), name="fabric-let-go")
-            self._letting.add(task)
-        reserved = [e.composition_id for e in events if isinstance(e, DevicesReserved)]
+            self._held_back += changes
         if reserved:
             self._idle.clear()
-            self._start_sagas(reserved)
+            self._start_sagas(reserved)  # one saga carries what is held back; more wait for it
+        elif changes and (len(leaving) != 1 or self._sagas or self._letting):
+            # Not a lone release in a quiet moment: the sagas of the next commits would wait
+            # for a call not yet started.
+            self._let_go_now()
+        elif changes and self._lingering is None:
+            loop = asyncio.get_running_loop()
+            self._lingering = loop.call_later(LINGER_S, self._let_go_now)
         self._maybe_idle()
+
+    def _let_go_now(self) -> None:
+        """Send what is held back on its own call now; sagas started later wait for it."""
+        if self._lingering is not None:
+            self._lingering.cancel()
+            self._lingering = None
+        if self._held_back:
+            changes, self._held_back = self._held_back, []
+            task = asyncio.create_task(self._take_away(changes), name="fabric-let-go")
+            self._letting.add(task)
+
+    def _carry(self) -> _Carried:
+        """What is held back, for the one saga starting now to make first in its own call;
+        sagas started after it wait for that call, as for a let-go call of its own."""
+        if self._lingering is not None:
+            self._lingering.cancel()
+            self._lingering = None
+        carried = _Carried(self._held_back, asyncio.get_running_loop().create_future())
+        self._held_back = []
+        self._carrying.add(carried.done)
+        return carried
+
+    def _carried(self, carried: _Carried | None) -> None:
+        """The call that carried `carried` ended (or never will): who waits for it goes on."""
+        if carried is not None:
+            self._carrying.discard(carried.done)
+            if not carried.done.done():
+                carried.done.set_result(None)
 
     async def _take_away(self, changes: list[FabricChange]) -> None:
         """Let the hardware go of what a commit released, in one call; if it fails, a pass
@@ -178,12 +232,15 @@ class FabricSync:
             self._maybe_idle()
 
     def _maybe_idle(self) -> None:
-        if self._known is not None and not (self._sagas or self._letting):
+        if self._known is not None and not (self._sagas or self._letting or self._held_back):
             self._idle.set()
 
     async def close(self) -> None:
         """Stop driving the fabric. Whoever waits for a settlement hears `unavailable`: the
         domain's next writer finishes the saga, and a resend gets its settlement."""
+        if self._lingering is not None:  # what it held back is the next writer's pass's
+            self._lingering.cancel()
+            self._lingering = None
         tasks = [*self._sagas.values(), *self._letting, *([self._task] if self._task else [])]
         for task in tasks:
             task.cancel()
@@ -224,7 +281,7 @@ class FabricSync:
             if backoff:
                 await asyncio.sleep(backoff)
                 self._wake.set()
-            elif not (self._wake.is_set() or self._sagas or self._letting):
+            elif not (self._wake.is_set() or self._sagas or self._letting or self._held_back):
                 self._idle.set()
             await self._wake.wait()
             self._wake.clear()
@@ -282,30 +339,47 @@ class FabricSync:
         The list is as old as the state read before the caller's awaits; meanwhile a saga may
         have settled its composition (and a release ended it), so only compositions pending
         *now* get a saga. Nothing else settles a pending composition, so it stays pending
-        until the saga started here settles it."""
-        now = self._state().compositions
-        for cid in pending:
-            composition = now.get(cid)
-            if (
-                cid not in self._sagas
-                and composition is not None
-                and composition.state == "pending"
-            ):
-                after = list(self._letting)  # devices and ports they free come first
-                self._sagas[cid] = asyncio.create_task(
-                    self._saga(composition, after), name=f"saga-{cid}"
-                )
+        until the saga started here settles it.
 
-    async def _saga(self, composition: Composition, after: list[asyncio.Task[None]]) -> None:
-        """Program one pending composition once the let-go calls `after` ended, settle it and
-        tell whoever waits for it. If the store could not record the settlement it stays
-        pending and a later pass runs it again."""
+        What the last commits let go and is still held back goes first: as the first part of
+        the one saga's call when one starts (one call, one durable write, where the hardware
+        can), else on a call of its own that every saga started here waits for."""
+        now = self._state().compositions
+        starting = [
+            composition
+            for cid in dict.fromkeys(pending)
+            if cid not in self._sagas
+            and (composition := now.get(cid)) is not None
+            and composition.state == "pending"
+        ]
+        after = [*self._letting, *self._carrying]  # devices and ports they free come first
+        carried = None
+        if len(starting) == 1 and self._held_back:
+            carried = self._carry()
+        elif self._held_back:
+            self._let_go_now()
+            after = [*self._letting, *self._carrying]
+        for composition in starting:
+            self._sagas[composition.id] = asyncio.create_task(
+                self._saga(composition, after, carried), name=f"saga-{composition.id}"
+            )
+
+    async def _saga(
+        self,
+        composition: Composition,
+        after: list[asyncio.Future[None]],
+        carried: _Carried | None,
+    ) -> None:
+        """Program one pending composition once the let-go calls `after` ended (`carried`, let
+        go by the commits before, first in the same call), settle it and tell whoever waits
+        for it. If the store could not record the settlement it stays pending and a later pass
+        runs it again."""
         cid = composition.id
         settled_ok = False
         try:
             if after:
                 await asyncio.wait(after)
-            settlement = await self._compose_saga(composition)
+            settlement = await self._compose_saga(composition, carried)
             reply = await self._settle(self.domain, settlement)
             if replies.decode_ok(reply) is not None:
                 established = isinstance(settlement, EstablishComposition)
@@ -326,6 +400,7 @@ class FabricSync:
             log.exception("domain %s: saga of %s failed; a later pass retries", self.domain, cid)
             await asyncio.sleep(1.0)
         finally:
+            self._carried(carried)
             del self._sagas[cid]
         if settled_ok:
             self._maybe_idle()  # its commit said what the hardware holds now
@@ -359,8 +434,9 @@ class FabricSync:
         if self._on_fenced is not None:
             self._on_fenced()
 
-    async def _compose_saga(self, composition: Composition) -> Settlement:
-        """Program one pending composition; on failure undo it. Never raises for the fabric."""
+    async def _compose_saga(self, composition: Composition, carried: _Carried | None) -> Settlement:
+        """Program one pending composition after what it `carried`; on failure undo it. Never
+        raises for the fabric."""
         cid = composition.id
         request_id = settle_request_id(cid)
         changes = [
@@ -370,6 +446,25 @@ class FabricSync:
         at: list[FabricChange] = []  # the change the driver began last: the one that failed
         try:
             async with asyncio.timeout(self._deadline):
+                if carried is not None:
+                    try:
+                        await self._fabric.program(
+                            self.domain, [*carried.changes, *changes], fence=self._fence,
+                            started=at.append,
+                        )  # fmt: skip
+                        return EstablishComposition(request_id=request_id, composition_id=cid)
+                    except FabricError as exc:
+                        if at and not any(at[-1] is c for c in carried.changes):
+                            raise
+                        # Letting go failed, so nothing of this saga was tried: a pass
+                        # finishes letting go, and the saga makes its own changes alone.
+                        log.warning(
+                            "domain %s: letting go failed (%s); a pass retries", self.domain, exc
+                        )
+                        self.kick()
+                        at.clear()
+                    finally:
+                        self._carried(carried)
                 await self._fabric.program(
                     self.domain, changes, fence=self._fence, started=at.append
                 )
