@@ -916,7 +916,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                         await settle(running, [*domains, project])
                         prof = cProfile.Profile()
                         prof.enable()
-                        c = max(levels)
+                        c = args.profile_clients or max(levels)
                         await counted(domains[:1], c, args.seconds, args.max_pairs, hosts)
                         prof.disable()
                         prof.dump_stats(args.profile)
@@ -1189,6 +1189,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="short phases, fewer samples")
     parser.add_argument("--keep", action="store_true", help="keep the schema afterwards")
     parser.add_argument("--profile", metavar="FILE", help="cProfile an extra load phase")
+    parser.add_argument(
+        "--profile-clients",
+        type=int,
+        default=0,
+        metavar="N",
+        help="clients in the profiled phase (1: serial; default: the most of --concurrency)",
+    )
     parser.add_argument(
         "--followers",
         choices=("inline", "process", "both"),
