@@ -224,17 +224,26 @@ async def test_a_compose_after_a_release_waits_for_its_let_go(
     ]
 
 
-async def test_a_lone_release_is_let_go_in_the_next_compose_call(
+async def one_composed_quietly(
     h: Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A release in a quiet moment waits (LINGER_S, long here) for the next compose saga to
-    carry it: one call, one durable write, instead of a call the saga waits for, then its own."""
+) -> tuple[ProgramLog, str]:
+    """Given: a long hold-back for lone releases, and one composition active, the hardware in
+    step and no call noted yet; the fabric and the composition's id."""
     monkeypatch.setattr(saga, "LINGER_S", 30.0)
     sim = h.fabric
     assert isinstance(sim, ProgramLog)
     first = expect_ok(await compose(h, A100))["composition_id"]
     await in_step(h, sim)
     sim.programs.clear()
+    return sim, first
+
+
+async def test_a_lone_release_is_let_go_in_the_next_compose_call(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release in a quiet moment waits (LINGER_S, long here) for the next compose saga to
+    carry it: one call, one durable write, instead of a call the saga waits for, then its own."""
+    sim, first = await one_composed_quietly(h, monkeypatch)
 
     expect_ok(await h.client.intent(DOMAIN, "acme", "release", {"composition_id": first}))
     again = expect_ok(await compose(h, A100))
@@ -250,12 +259,7 @@ async def test_a_let_go_that_fails_in_a_compose_call_leaves_the_compose_to_succe
 ) -> None:
     """When the part a saga carried for a release fails, nothing of the compose was tried:
     the saga makes its own changes alone, and a pass finishes letting go."""
-    monkeypatch.setattr(saga, "LINGER_S", 30.0)
-    sim = h.fabric
-    assert isinstance(sim, ProgramLog)
-    first = expect_ok(await compose(h, A100))["composition_id"]
-    await in_step(h, sim)
-    sim.programs.clear()
+    sim, first = await one_composed_quietly(h, monkeypatch)
     sim.fail_next("unbind", times=1)
 
     expect_ok(await h.client.intent(DOMAIN, "acme", "release", {"composition_id": first}))
