@@ -271,6 +271,22 @@ async def test_a_let_go_that_fails_in_a_compose_call_leaves_the_compose_to_succe
     assert sim.programs[0][0] == "unbind" and sim.programs[0][-1] == "bind"  # carried, failed
 
 
+async def test_a_let_go_that_hangs_in_a_compose_call_leaves_the_compose_its_own_deadline(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A carried let-go that hangs is abandoned at the deadline, as a let-go call of its own
+    would be; the compose then makes its own changes within a deadline of their own."""
+    sim, first = await one_composed_quietly(h, monkeypatch)
+    sim.hang_next("unbind", times=1)
+
+    expect_ok(await h.client.intent(DOMAIN, "acme", "release", {"composition_id": first}))
+    again = expect_ok(await compose(h, A100))
+
+    assert again["state"] == "active"
+    assert await in_step(h, sim) == ([CIRCUIT], ["gpu-02@host-01"])
+    assert sim.pending_faults == 0
+
+
 async def test_composes_and_releases_in_step_need_no_pass(h: Harness, sim: SimulatedFabric) -> None:
     """Once a pass found the hardware in step, a reservation, a settlement and a release each
     say all the hardware must do: no snapshot is taken to find it out."""

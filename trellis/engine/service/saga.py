@@ -445,26 +445,30 @@ class FabricSync:
         ]
         at: list[FabricChange] = []  # the change the driver began last: the one that failed
         try:
-            async with asyncio.timeout(self._deadline):
-                if carried is not None:
-                    try:
+            if carried is not None:
+                try:
+                    async with asyncio.timeout(self._deadline):
                         await self._fabric.program(
                             self.domain, [*carried.changes, *changes], fence=self._fence,
                             started=at.append,
                         )  # fmt: skip
-                        return EstablishComposition(request_id=request_id, composition_id=cid)
-                    except FabricError as exc:
-                        if at and not any(at[-1] is c for c in carried.changes):
-                            raise
-                        # Letting go failed, so nothing of this saga was tried: a pass
-                        # finishes letting go, and the saga makes its own changes alone.
-                        log.warning(
-                            "domain %s: letting go failed (%s); a pass retries", self.domain, exc
-                        )
-                        self.kick()
-                        at.clear()
-                    finally:
-                        self._carried(carried)
+                    return EstablishComposition(request_id=request_id, composition_id=cid)
+                except (FabricError, TimeoutError) as exc:
+                    if at and not any(at[-1] is c for c in carried.changes):
+                        raise
+                    # Letting go failed or hung, so nothing of this saga was tried: a pass
+                    # finishes letting go, and the saga makes its own changes alone, within a
+                    # deadline of their own (as after a let-go call of its own).
+                    log.warning(
+                        "domain %s: letting go failed (%s); a pass retries",
+                        self.domain,
+                        exc if str(exc) else "no answer in time",
+                    )
+                    self.kick()
+                    at.clear()
+                finally:
+                    self._carried(carried)
+            async with asyncio.timeout(self._deadline):
                 await self._fabric.program(
                     self.domain, changes, fence=self._fence, started=at.append
                 )
