@@ -185,24 +185,24 @@ class FabricSync:
             self._lingering = loop.call_later(LINGER_S, self._let_go_now)
         self._maybe_idle()
 
-    def _let_go_now(self) -> None:
-        """Send what is held back on its own call now; sagas started later wait for it."""
+    def _take_held_back(self) -> list[FabricChange]:
+        """What is held back, no longer held (its linger stops)."""
         if self._lingering is not None:
             self._lingering.cancel()
             self._lingering = None
-        if self._held_back:
-            changes, self._held_back = self._held_back, []
+        held, self._held_back = self._held_back, []
+        return held
+
+    def _let_go_now(self) -> None:
+        """Send what is held back on its own call now; sagas started later wait for it."""
+        if changes := self._take_held_back():
             task = asyncio.create_task(self._take_away(changes), name="fabric-let-go")
             self._letting.add(task)
 
     def _carry(self) -> _Carried:
         """What is held back, for the one saga starting now to make first in its own call;
         sagas started after it wait for that call, as for a let-go call of its own."""
-        if self._lingering is not None:
-            self._lingering.cancel()
-            self._lingering = None
-        carried = _Carried(self._held_back, asyncio.get_running_loop().create_future())
-        self._held_back = []
+        carried = _Carried(self._take_held_back(), asyncio.get_running_loop().create_future())
         self._carrying.add(carried.done)
         return carried
 
@@ -238,9 +238,7 @@ class FabricSync:
     async def close(self) -> None:
         """Stop driving the fabric. Whoever waits for a settlement hears `unavailable`: the
         domain's next writer finishes the saga, and a resend gets its settlement."""
-        if self._lingering is not None:  # what it held back is the next writer's pass's
-            self._lingering.cancel()
-            self._lingering = None
+        self._take_held_back()  # what it held back is the next writer's pass's
         tasks = [*self._sagas.values(), *self._letting, *([self._task] if self._task else [])]
         for task in tasks:
             task.cancel()
@@ -352,13 +350,10 @@ class FabricSync:
             and (composition := now.get(cid)) is not None
             and composition.state == "pending"
         ]
-        after = [*self._letting, *self._carrying]  # devices and ports they free come first
-        carried = None
-        if len(starting) == 1 and self._held_back:
-            carried = self._carry()
-        elif self._held_back:
+        if len(starting) != 1:
             self._let_go_now()
-            after = [*self._letting, *self._carrying]
+        after = [*self._letting, *self._carrying]  # devices and ports they free come first
+        carried = self._carry() if starting and self._held_back else None
         for composition in starting:
             self._sagas[composition.id] = asyncio.create_task(
                 self._saga(composition, after, carried), name=f"saga-{composition.id}"
