@@ -64,10 +64,10 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path as FsPath
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 sys.path.insert(0, str(FsPath(__file__).resolve().parents[1]))
 
@@ -76,6 +76,7 @@ import msgspec
 from nats.aio.msg import Msg
 
 from bench.placement import percentile
+from trellis.adapters import event_loop
 from trellis.adapters.bootstrap import Endpoints, RunningEngine, embedded_or_configured, engine_on
 from trellis.adapters.collector import settle_for_serving
 from trellis.adapters.fabric.sim import SimulatedFabric
@@ -86,7 +87,6 @@ from trellis.engine.core.fabric import FabricBinding
 from trellis.engine.core.throttle import RateLimit
 from trellis.projections import PostgresReadModels
 
-_T = TypeVar("_T")
 TENANTS = [f"tenant-{i}" for i in range(8)]
 RACKS = 4
 HOSTS_PER_RACK = 4
@@ -1154,15 +1154,6 @@ def report(result: dict[str, Any]) -> None:
     print(json.dumps(result, separators=(",", ":"), default=str))
 
 
-def run_on(loop: str, main: Coroutine[Any, Any, _T]) -> _T:
-    """Run `main` on the event loop named."""
-    if loop == "uvloop":
-        import uvloop
-
-        return uvloop.run(main)
-    return asyncio.run(main)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--floor-samples", type=int, default=2000, help="in chunks over the run")
@@ -1179,9 +1170,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--loop",
-        choices=("asyncio", "uvloop"),
-        default="asyncio",
-        help="the event loop the engine runs on",
+        choices=event_loop.EVENT_LOOPS,
+        default=event_loop.default(),
+        help="the event loop the engine and its follower process run on (default: as `trellis "
+        "up` runs them)",
     )
     parser.add_argument("--seconds", type=float, default=10.0, help="per load phase")
     parser.add_argument("--max-pairs", type=int, default=20_000, help="per load phase")
@@ -1227,7 +1219,7 @@ def main() -> None:
         args.budget = min(args.budget, 2.0)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     try:
-        result = run_on(args.loop, bench(args))
+        result = event_loop.run(bench(args), args.loop)
     except BenchFailure as exc:
         raise SystemExit(f"a reply was not the success asked for; no figures: {exc}") from exc
     report(result)

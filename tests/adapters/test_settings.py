@@ -47,6 +47,7 @@ def test_every_variable_is_read() -> None:
             "TRELLIS_KV_MARKER_TTL": "3600",
             "TRELLIS_METRICS_PORT": "9464",
             "TRELLIS_METRICS_HOST": "0.0.0.0",
+            "TRELLIS_EVENT_LOOP": "asyncio",
         }
     )
     assert settings == Settings(
@@ -73,6 +74,7 @@ def test_every_variable_is_read() -> None:
         stream_limits=StreamLimits(max_bytes=1048576, max_age_s=0.0, replicas=3, marker_ttl_s=3600),
         metrics_port=9464,
         metrics_host="0.0.0.0",
+        event_loop="asyncio",
     )
 
 
@@ -108,6 +110,7 @@ def test_metrics_are_off_unless_a_port_is_given_and_0_takes_a_free_one() -> None
         ("TRELLIS_FABRIC_HANG_RATE", "nan", "TRELLIS_FABRIC_HANG_RATE must be a probability"),
         ("TRELLIS_FABRIC_SCRIPT", "fail:bnid", "TRELLIS_FABRIC_SCRIPT: fault 'fail:bnid': 'bnid'"),
         ("TRELLIS_EVENTS_MAX_BYTES", "1.5", "TRELLIS_EVENTS_MAX_BYTES must be an integer"),
+        ("TRELLIS_EVENT_LOOP", "trio", "TRELLIS_EVENT_LOOP='trio': valid are uvloop, asyncio"),
         ("TRELLIS_EVENTS_MAX_BYTES", "-1", "TRELLIS_EVENTS_MAX_BYTES must be 0 or more"),
         ("TRELLIS_EVENTS_MAX_AGE", "-5", "TRELLIS_EVENTS_MAX_AGE must be seconds, 0 or more"),
         ("TRELLIS_KV_MARKER_TTL", "-1", "TRELLIS_KV_MARKER_TTL must be whole seconds"),

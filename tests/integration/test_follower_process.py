@@ -181,6 +181,12 @@ def children(pid: int) -> list[int]:
     return [int(p) for p in path.read_text().split()] if path.exists() else []
 
 
+def loaded(pid: int, package: str) -> bool:
+    """Whether process `pid` has a compiled module of `package` mapped."""
+    maps = Path(f"/proc/{pid}/maps")
+    return maps.exists() and f"/{package}/" in maps.read_text()
+
+
 def gone(pid: int) -> bool:
     stat = Path(f"/proc/{pid}/stat")
     return not stat.exists() or stat.read_text().rpartition(")")[2].split()[0] == "Z"
@@ -210,6 +216,9 @@ async def test_trellis_up_runs_its_followers_in_a_process_and_leaves_none_behind
     try:
         engine = await fleet.start_one()
         [follower] = children(engine.proc.pid)
+        # Both on the default event loop, uvloop (adapters/event_loop.py).
+        assert "event loop: uvloop" in engine.said()
+        await until("the follower process runs on uvloop", lambda: loaded(follower, "uvloop"))
         client = TrellisClient(nc, prefix=subject_prefix, timeout=20)
         expect_ok(await client.admin(HALL, "import-topology", fabric()))
         composed = expect_ok(await client.intent(HALL, "acme", "compose", GPU))

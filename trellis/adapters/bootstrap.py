@@ -39,6 +39,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import ServiceUnavailableError
 
+from trellis.adapters import event_loop
 from trellis.adapters.checkpoint_key import KEY_FILE, KeyFileError, load_or_create
 from trellis.adapters.clock import SystemClock
 from trellis.adapters.embedded import watchdog
@@ -401,6 +402,7 @@ async def engine_on(
                     snapshot_every=snapshot_every,
                     stream_limits=msgspec.structs.astuple(stream_limits or StreamLimits()),
                     secure_data_dir=str(secure.root.parent) if secure is not None else None,
+                    event_loop=event_loop.running(),
                 )
             )
             await process.start()

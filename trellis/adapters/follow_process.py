@@ -175,9 +175,11 @@ def follower_env(
     snapshot_every: int,
     stream_limits: tuple[int, float, int, int],
     secure_data_dir: str | None,
+    event_loop: str = "asyncio",
 ) -> dict[str, str]:
     """The follower process's environment: this one's, with the engine's resolved endpoints
-    and settings in place of any TRELLIS_* variable it had."""
+    and settings in place of any TRELLIS_* variable it had; `event_loop`: the kind of loop it
+    runs on (adapters/event_loop.py), the engine's own."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")}
     max_bytes, max_age, replicas, marker_ttl = stream_limits
     env |= {
@@ -192,6 +194,7 @@ def follower_env(
         "TRELLIS_EVENTS_MAX_AGE": repr(max_age),
         "TRELLIS_JS_REPLICAS": str(replicas),
         "TRELLIS_KV_MARKER_TTL": str(marker_ttl),
+        "TRELLIS_EVENT_LOOP": event_loop,
     }
     if schema:
         env["TRELLIS_DB_SCHEMA"] = schema

@@ -11,6 +11,8 @@ from typing import Literal, get_args
 
 import msgspec
 
+from trellis.adapters import event_loop
+from trellis.adapters.event_loop import EventLoopName
 from trellis.adapters.fabric.redfish.client import service_base
 from trellis.adapters.fabric.sim import ScriptedFault, parse_script
 from trellis.adapters.nats.jetstream import StreamLimits
@@ -76,6 +78,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # own that the engine starts and keeps running (the default: the projections' and the
     # relay's work then stays off the event loop that answers intents), or in that loop.
     followers: FollowersMode = "process"
+    # The event loop of the engine and its follower process (adapters/event_loop.py): uvloop
+    # where it is installed, else asyncio's.
+    event_loop: EventLoopName = msgspec.field(default_factory=event_loop.default)
     # The embedded servers' ports (None: a free one at each start).
     nats_port: int | None = None
     nats_monitor_port: int | None = None
@@ -140,6 +145,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         if followers not in FOLLOWERS_MODES:
             valid = ", ".join(FOLLOWERS_MODES)
             raise SettingsError(f"TRELLIS_FOLLOWERS={followers!r}: valid are {valid}")
+        loop = env.get("TRELLIS_EVENT_LOOP") or event_loop.default()
+        if loop not in event_loop.EVENT_LOOPS:
+            valid = ", ".join(event_loop.EVENT_LOOPS)
+            raise SettingsError(f"TRELLIS_EVENT_LOOP={loop!r}: valid are {valid}")
+        if loop == "uvloop" and event_loop.default() != "uvloop":
+            raise SettingsError("TRELLIS_EVENT_LOOP=uvloop, but uvloop is not installed")
         database_url = env.get("TRELLIS_DATABASE_URL") or None
         database_owner_url = env.get("TRELLIS_DATABASE_OWNER_URL") or None
         if database_owner_url and not database_url:
@@ -198,6 +209,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             checkpoint_every=checkpoint_every,
             checkpoint_key=Path(checkpoint_key) if checkpoint_key else None,
             followers=followers,  # type: ignore[arg-type]  # checked above
+            event_loop=loop,  # type: ignore[arg-type]  # checked above
             nats_port=_port(env, "TRELLIS_NATS_PORT"),
             nats_monitor_port=_port(env, "TRELLIS_NATS_MONITOR_PORT"),
             pg_port=_port(env, "TRELLIS_PG_PORT"),

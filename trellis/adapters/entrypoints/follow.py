@@ -26,6 +26,7 @@ from typing import TypeVar
 
 from nats.aio.msg import Msg
 
+from trellis.adapters import event_loop
 from trellis.adapters.bootstrap import checkpoint_signer, follower_sinks
 from trellis.adapters.collector import settle_for_serving
 from trellis.adapters.follow_process import PARENT_ENV, SECURE_DATA_DIR_ENV, committed_subject
@@ -178,12 +179,14 @@ def main() -> int:
     # The engine's pid from the engine itself: it may be gone before this line runs.
     parent = os.environ.get(PARENT_ENV)
     try:
-        asyncio.run(
+        settings = Settings.from_env()
+        event_loop.run(
             follow(
-                Settings.from_env(),
+                settings,
                 SecureDir(Path(secure)) if secure else None,
                 int(parent) if parent and parent.isdigit() else None,
-            )
+            ),
+            settings.event_loop,
         )
     except SettingsError as exc:
         print(f"trellis follow: {exc}", file=sys.stderr)

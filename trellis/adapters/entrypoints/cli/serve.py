@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from trellis.adapters import event_loop
 from trellis.adapters.bootstrap import fabric_state_path, redfish_password_file, running_engine
 from trellis.adapters.collector import settle_for_serving
 from trellis.adapters.embedded.nats_server import reload_nats
@@ -119,6 +120,7 @@ def up(args: argparse.Namespace) -> int:
                 nats, postgres = redacted(running.nats_url), redacted(running.database_url)
                 domains = ", ".join(running.engine.domains) or "none yet"
                 print(f"trellis engine up: NATS {nats}, Postgres {postgres}")
+                print(f"event loop: {event_loop.running()} (TRELLIS_EVENT_LOOP)")
                 if running.nats_monitor_url:
                     print(f"NATS monitoring: {running.nats_monitor_url} (/varz, /jsz, /healthz)")
                 if running.metrics_url:
@@ -148,7 +150,7 @@ def up(args: argparse.Namespace) -> int:
             return
         print("trellis engine stopped")
 
-    asyncio.run(serve())
+    event_loop.run(serve(), settings.event_loop)
     return 0
 
 
