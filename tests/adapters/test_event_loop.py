@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from trellis.adapters import event_loop
-from trellis.adapters.follow_process import follower_env
 from trellis.adapters.settings import Settings, SettingsError
 
 
@@ -33,22 +30,3 @@ def test_without_uvloop_the_default_is_asyncio_and_asking_for_it_is_refused(
     assert Settings.from_env({}).event_loop == "asyncio"
     with pytest.raises(SettingsError, match="uvloop is not installed"):
         Settings.from_env({"TRELLIS_EVENT_LOOP": "uvloop"})
-
-
-def test_the_follower_process_is_told_its_engines_kind_of_loop(tmp_path: Path) -> None:
-    def env(loop: str) -> dict[str, str]:
-        return follower_env(
-            nats_url="nats://127.0.0.1:4222",
-            database_url="postgresql://nobody@127.0.0.1/nowhere",
-            schema=None,
-            prefix="trellis",
-            checkpoint_key=str(tmp_path / "checkpoint-key.pem"),
-            checkpoint_every=1000,
-            snapshot_every=0,
-            stream_limits=(1 << 20, 60.0, 1, 3600),
-            secure_data_dir=None,
-            event_loop=loop,
-        )
-
-    for loop in event_loop.EVENT_LOOPS:
-        assert Settings.from_env(env(loop)).event_loop == loop

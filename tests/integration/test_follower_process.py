@@ -28,6 +28,7 @@ from nats.aio.client import Client as NATS
 
 from trellis.adapters.embedded.nats_server import EmbeddedNats
 from trellis.adapters.embedded.process import free_port
+from trellis.adapters.event_loop import EVENT_LOOPS
 from trellis.adapters.follow_process import (
     SIGNAL_EVERY_S,
     CommitSignal,
@@ -253,7 +254,7 @@ time.sleep(600)
 """
 
 
-def unreachable_follower_env(tmp_path: Path) -> dict[str, str]:
+def unreachable_follower_env(tmp_path: Path, event_loop: str = "asyncio") -> dict[str, str]:
     """A follower process's environment naming servers nobody runs: it waits for them."""
     return follower_env(
         nats_url=f"nats://127.0.0.1:{free_port()}",
@@ -265,7 +266,13 @@ def unreachable_follower_env(tmp_path: Path) -> dict[str, str]:
         snapshot_every=0,
         stream_limits=(1 << 20, 60.0, 1, 3600),
         secure_data_dir=None,
+        event_loop=event_loop,
     )
+
+
+def test_the_follower_process_runs_on_its_engines_kind_of_event_loop(tmp_path: Path) -> None:
+    for loop in EVENT_LOOPS:
+        assert Settings.from_env(unreachable_follower_env(tmp_path, loop)).event_loop == loop
 
 
 def test_the_follower_process_reads_the_migrations_its_engine_read(

@@ -175,7 +175,7 @@ def follower_env(
     snapshot_every: int,
     stream_limits: tuple[int, float, int, int],
     secure_data_dir: str | None,
-    event_loop: str = "asyncio",
+    event_loop: str,
 ) -> dict[str, str]:
     """The follower process's environment: this one's, with the engine's resolved endpoints
     and settings in place of any TRELLIS_* variable it had; `event_loop`: the kind of loop it
