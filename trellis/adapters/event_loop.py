@@ -4,8 +4,9 @@ process.
 uvloop (libuv, the loop asyncpg's authors wrote beside it) where it is installed, which is a
 dependency on every platform Trellis supports; asyncio's own loop when TRELLIS_EVENT_LOOP says
 `asyncio`, or when uvloop is missing. The follower process runs on the engine's kind of loop.
-What uvloop pays, measured in bench/intents.py (docs/benchmarks.md, "The event loop"): about 4%
-less CPU per compose+release pair in every load shape, with latency and throughput unchanged.
+What uvloop pays, measured in bench/intents.py (docs/benchmarks.md, "The event loop"): under
+load (8 and 64 clients) 4-5% less CPU per compose+release pair and 2% more pairs a second;
+with one client no CPU saved, and the compose p50 about 0.1 ms higher.
 Short commands (the CLI's requests, the demos) stay on asyncio: they start a loop once.
 """
 
