@@ -31,7 +31,7 @@ demo: install
 check: install
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/mypy trellis examples/scheduler.py
+	$(BIN)/mypy trellis examples/scheduler.py bench
 
 up: install
 	$(BIN)/trellis up

@@ -40,11 +40,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "bench"))
 
-from intents import fresh_schema, percentile, servers  # noqa: E402  (bench/ on the path)
 from mockup_server import MOCKUPS, MockupServer  # noqa: E402  (tests/ on the path)
 
+from bench.intents import fresh_schema, percentile, servers  # noqa: E402  (the root on the path)
 from trellis.adapters.bootstrap import engine_on  # noqa: E402
 from trellis.adapters.fabric.redfish.client import RedfishClient  # noqa: E402
 from trellis.adapters.fabric.redfish.discovery import discover  # noqa: E402

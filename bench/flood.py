@@ -32,9 +32,8 @@ from pathlib import Path as FsPath
 from typing import Any
 
 sys.path.insert(0, str(FsPath(__file__).resolve().parents[1]))
-sys.path.insert(0, str(FsPath(__file__).resolve().parent))
 
-from intents import (
+from bench.intents import (
     BenchFailure,
     check_compose,
     check_release,
@@ -44,7 +43,6 @@ from intents import (
     servers,
     topology,
 )
-
 from trellis.adapters.bootstrap import engine_on
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.nats.connect import connect_nats

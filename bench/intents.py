@@ -77,7 +77,7 @@ from nats.aio.msg import Msg
 
 from bench.placement import percentile
 from trellis.adapters import event_loop
-from trellis.adapters.bootstrap import Endpoints, RunningEngine, embedded_or_configured, engine_on
+from trellis.adapters.bootstrap import RunningEngine, embedded_or_configured, engine_on
 from trellis.adapters.collector import settle_for_serving
 from trellis.adapters.fabric.sim import SimulatedFabric
 from trellis.adapters.nats.client import TrellisClient
@@ -581,8 +581,17 @@ async def verify_log(
     return {"event_counts": counts, "problems": problems}
 
 
+class Servers(NamedTuple):
+    """`Endpoints` with the owner's URL always given: the benches make their own schemas."""
+
+    nats_url: str
+    database_url: str
+    database_owner_url: str
+    nats_monitor_url: str | None
+
+
 @contextlib.asynccontextmanager
-async def servers(settings: Settings) -> AsyncIterator[Endpoints]:
+async def servers(settings: Settings) -> AsyncIterator[Servers]:
     """The configured servers, or embedded ones in a temporary directory. Without an owner URL
     the one database URL is the owner's as well (docs/security.md, Least privilege)."""
     with contextlib.ExitStack() as stack:
@@ -590,7 +599,8 @@ async def servers(settings: Settings) -> AsyncIterator[Endpoints]:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="trellis-bench-"))
             settings = msgspec.structs.replace(settings, data_dir=FsPath(tmp))
         async with embedded_or_configured(settings) as urls:
-            yield urls._replace(database_owner_url=urls.database_owner_url or urls.database_url)
+            owner = urls.database_owner_url or urls.database_url
+            yield Servers(urls.nats_url, urls.database_url, owner, urls.nats_monitor_url)
 
 
 @contextlib.asynccontextmanager

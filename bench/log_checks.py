@@ -32,11 +32,10 @@ from pathlib import Path as FsPath
 from typing import Any
 
 sys.path.insert(0, str(FsPath(__file__).resolve().parents[1]))
-sys.path.insert(0, str(FsPath(__file__).resolve().parent))
 
 import asyncpg
-from intents import TENANTS, Load, fresh_schema, host_of, pair, progress, servers, topology
 
+from bench.intents import TENANTS, Load, fresh_schema, host_of, pair, progress, servers, topology
 from trellis.adapters.bootstrap import engine_on
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.nats.connect import connect_nats

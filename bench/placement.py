@@ -36,7 +36,7 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path as FsPath
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -52,6 +52,7 @@ from trellis.engine.core.intents import (
     DeviceRequest,
     EstablishComposition,
     ImportTopology,
+    Intent,
     Release,
     ReportFault,
     settle_request_id,
@@ -80,7 +81,7 @@ class Hall:
         self.hosts = [h for h in self.world.hosts if h not in self.world.conditions.unusable]
         self.live: list[tuple[str, str]] = []
 
-    def apply(self, actor: str, verb: str, intent: msgspec.Struct) -> Any:
+    def apply(self, actor: str, verb: str, intent: Intent) -> Any:
         self.at += timedelta(milliseconds=10)
         decision = decide(
             self.state, intent, Context(domain=DOMAIN, actor=actor, verb=verb, now=self.at)
@@ -118,7 +119,7 @@ def _shape(draw: random.Random) -> dict[str, Any]:
             entry["min_generation"] = draw.choice([9, 10])
     elif kind == "memory":
         entry["capacity_gib"] = 64.0
-    isolation = "exclusive" if draw.random() < 0.1 else "shared"
+    isolation: Literal["shared", "exclusive"] = "exclusive" if draw.random() < 0.1 else "shared"
     return {
         "devices": [msgspec.convert(entry, DeviceRequest)],
         "constraints": Constraints(isolation=isolation),

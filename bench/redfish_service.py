@@ -33,10 +33,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-from intents import fresh_schema, percentile, servers  # noqa: E402  (bench/ on the path)
-
+from bench.intents import fresh_schema, percentile, servers  # noqa: E402  (the root on the path)
 from trellis.adapters.bootstrap import engine_on  # noqa: E402
 from trellis.adapters.http.redfish.serve import RedfishOptions  # noqa: E402
 from trellis.adapters.nats.client import TrellisClient  # noqa: E402
@@ -155,14 +153,14 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 finally:
                     await nc.close()
     result: dict[str, Any] = {"pairs": args.pairs, "chunk": args.chunk}
-    for name, samples in (("nats", nats_ms), ("redfish", redfish_ms)):
+    for name, by_intent in (("nats", nats_ms), ("redfish", redfish_ms)):
         result[name] = {
             intent: {
                 "n": len(values),
                 "p50_ms": percentile(values, 50),
                 "p99_ms": percentile(values, 99),
             }
-            for intent, values in samples.items()
+            for intent, values in by_intent.items()
         }
     return result
 

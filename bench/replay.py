@@ -32,12 +32,11 @@ from pathlib import Path as FsPath
 from typing import Any
 
 sys.path.insert(0, str(FsPath(__file__).resolve().parents[1]))
-sys.path.insert(0, str(FsPath(__file__).resolve().parent))
 
 import asyncpg
-from intents import progress, servers
-from snapshots import DOMAIN, Clock, fill
 
+from bench.intents import progress, servers
+from bench.snapshots import DOMAIN, Clock, fill
 from trellis.adapters.postgres.snapshots import PostgresSnapshots
 from trellis.adapters.postgres.store import EVENT_COLUMNS, PostgresEventStore, connect_pool
 from trellis.adapters.settings import Settings

@@ -54,6 +54,7 @@ class RxFabric:
         for k, lk in enumerate(ordered):
             for end, port, far in ((lk.a, lk.a_port, lk.b), (lk.b, lk.b_port, lk.a)):
                 if self.kind[self.index[end]] == OCS:
+                    assert port is not None  # a link to an OCS names the OCS's port
                     self.ocs_ports.setdefault(self.index[end], []).append(
                         (port, k, self.index[far])
                     )

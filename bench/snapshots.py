@@ -32,17 +32,20 @@ from pathlib import Path as FsPath
 from typing import Any
 
 sys.path.insert(0, str(FsPath(__file__).resolve().parents[1]))
-sys.path.insert(0, str(FsPath(__file__).resolve().parent))
 
-from intents import fresh_schema, progress, servers, topology
-
+from bench.intents import fresh_schema, progress, servers, topology
 from trellis.adapters.postgres.snapshots import PostgresSnapshots
 from trellis.adapters.postgres.store import PostgresEventStore, connect_pool
 from trellis.adapters.settings import Settings
 from trellis.engine.core.actors import ENGINE, OPERATOR
 from trellis.engine.core.context import Context
 from trellis.engine.core.decide import decide
-from trellis.engine.core.intents import EstablishComposition, decode_intent, settle_request_id
+from trellis.engine.core.intents import (
+    EstablishComposition,
+    Intent,
+    decode_intent,
+    settle_request_id,
+)
 from trellis.engine.core.queries import answer
 from trellis.engine.core.records import Head, PendingEvent
 from trellis.engine.core.state import DomainState, evolve
@@ -77,6 +80,7 @@ async def fill(store: PostgresEventStore, snaps: PostgresSnapshots, events: int,
             if verb == "establish"
             else decode_intent(family, verb, json.dumps(body).encode())  # type: ignore[arg-type]
         )
+        assert isinstance(intent, Intent)  # an intent or admin verb, never a query
         ctx = Context(domain=DOMAIN, actor=actor, verb=verb, now=clock.at)
         decision = decide(state, intent, ctx)
         for event in decision.events:
