@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import asyncpg
 import msgspec
 
-from trellis.projections.table import Key, Row, Table, as_stored, column_arrays
+from trellis.projections.table import Key, Row, Table, as_stored, json_keys, json_rows
 
 _json_encode = msgspec.json.Encoder().encode
 _copy = msgspec.msgpack.Encoder().encode
@@ -159,7 +159,7 @@ class ReplayRows:
         table = state.table
         sql = table.select_by_key if by == table.key else table.select_by_group
         async with self._pool.acquire() as conn:
-            records = await conn.fetch(sql, *zip(*keys, strict=True))
+            records = await conn.fetch(sql, json_keys(keys))
         for record in records:
             row = table.decode(record)
             key = table.key_of(row)
@@ -183,9 +183,9 @@ async def write(conn: asyncpg.Connection, changes: Sequence[Changes]) -> None:
     at most."""
     for table, gone, changed, new in changes:
         if gone:
-            await conn.execute(table.delete_by_key, *zip(*gone, strict=True))
+            await conn.execute(table.delete_by_key, json_keys(gone))
         if changed:
-            await conn.execute(table.upsert, *column_arrays(table, changed))
+            await conn.execute(table.upsert, json_rows(changed))
         if new:
             await conn.copy_records_to_table(
                 table.name, records=_records(table, new), columns=table.names
@@ -202,7 +202,7 @@ def _records(table: Table, rows: Sequence[Row]) -> list[Sequence[Any]]:
     for row in rows:
         record = list(values(row))
         for i in json_at:
-            # A jsonb None is JSON null, as the upsert sends it (column_arrays), never SQL NULL.
+            # A jsonb None is JSON null, as the upsert stores it, never SQL NULL.
             record[i] = _json_encode(record[i]).decode()
         records.append(record)
     return records

@@ -34,8 +34,8 @@ _json_decode = msgspec.json.Decoder().decode
 
 @dataclass(frozen=True)
 class Column:
-    """A column and its Postgres type. jsonb travels as text and is cast on the server, so the
-    connection needs no custom codecs (the runner may be handed someone else's pool)."""
+    """A column and its Postgres type. Rows and keys travel as one JSON document per statement,
+    so the connection needs no custom codecs (the runner may be handed someone else's pool)."""
 
     name: str
     type: str
@@ -75,18 +75,16 @@ class Table:
     def json_columns(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.columns if c.type == "jsonb")
 
-    def _unnest(self, columns: Iterable[str]) -> str:
-        # jsonb arrays are sent as text[]; everything else as an array of its own type.
-        return ", ".join(
-            f"${i}::{'text' if self.types[c] == 'jsonb' else self.types[c]}[]"
-            for i, c in enumerate(columns, 1)
-        )
+    def _keys_in(self, columns: tuple[str, ...]) -> str:
+        """The keys of $1, a JSON array of arrays (one per key, in `columns` order), as rows."""
+        picked = ", ".join(f"(k->>{i})::{self.types[c]}" for i, c in enumerate(columns))
+        return f"SELECT {picked} FROM json_array_elements($1::json) AS k"
 
     def _select_by(self, columns: tuple[str, ...]) -> str:
         return (
             f"SELECT {', '.join(self.names)}\n"
             f"  FROM {self.name}\n"
-            f" WHERE ({', '.join(columns)}) IN (SELECT * FROM unnest({self._unnest(columns)}))"
+            f" WHERE ({', '.join(columns)}) IN ({self._keys_in(columns)})"
         )
 
     @cached_property
@@ -101,20 +99,23 @@ class Table:
     def delete_by_key(self) -> str:
         return (
             f"DELETE FROM {self.name}\n"
-            f" WHERE ({', '.join(self.key)}) IN (SELECT * FROM unnest({self._unnest(self.key)}))"
+            f" WHERE ({', '.join(self.key)}) IN ({self._keys_in(self.key)})"
         )
 
     @cached_property
     def upsert(self) -> str:
+        """Insert or replace the rows of $1, a JSON array of row objects. A JSON null becomes
+        SQL NULL there; in a jsonb column the fold's None means JSON null, and stays so."""
         values = ", ".join(
-            f"u.{c}::jsonb" if c in self.json_columns else f"u.{c}" for c in self.names
+            f"coalesce(u.{c}, 'null')" if c in self.json_columns else f"u.{c}" for c in self.names
         )
+        columns = ", ".join(f"{c.name} {c.type}" for c in self.columns)
         updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in self.names if c not in self.key)
         on_conflict = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
         return (
             f"INSERT INTO {self.name} ({', '.join(self.names)})\n"
             f"SELECT {values}\n"
-            f"  FROM unnest({self._unnest(self.names)}) AS u({', '.join(self.names)})\n"
+            f"  FROM json_to_recordset($1::json) AS u({columns})\n"
             f"    ON CONFLICT ({', '.join(self.key)}) {on_conflict}"
         )
 
@@ -165,7 +166,7 @@ class PostgresRows:
 
     async def fetch(self, table: Table, by: tuple[str, ...], keys: Sequence[Key]) -> list[Row]:
         sql = table.select_by_key if by == table.key else table.select_by_group
-        records = await self.conn.fetch(sql, *zip(*keys, strict=True))
+        records = await self.conn.fetch(sql, json_keys(keys))
         return [table.decode(r) for r in records]
 
     async def write(self, table: Table, gone: Sequence[Key], kept: Sequence[Row]) -> None:
@@ -173,10 +174,10 @@ class PostgresRows:
         writes and not after (each projection fetches, folds, then writes its own tables)."""
         # In key order, so that two transactions writing the same rows lock them in one order.
         if gone:
-            self._writes.append((table.delete_by_key, list(zip(*sorted(gone), strict=True))))
+            self._writes.append((table.delete_by_key, [json_keys(sorted(gone))]))
         if kept:
             rows = sorted(kept, key=table.key_of)
-            self._writes.append((table.upsert, column_arrays(table, rows)))
+            self._writes.append((table.upsert, [json_rows(rows)]))
 
     async def _send(self, *more: Statement) -> None:
         """Run the writes queued so far, then `more`, as one statement."""
@@ -213,15 +214,15 @@ def _numbered_from(sql: str, shift: int) -> str:
     return _PARAMETER.sub(lambda m: f"${int(m.group(1)) + shift}", sql)
 
 
-def column_arrays(table: Table, rows: Sequence[Row]) -> list[list[Any]]:
-    """Column-wise arrays for unnest, jsonb values encoded as text."""
-    arrays = []
-    for c in table.names:
-        if c in table.json_columns:
-            arrays.append([_json_encode(row[c]).decode() for row in rows])
-        else:
-            arrays.append([row[c] for row in rows])
-    return arrays
+def json_keys(keys: Sequence[Key]) -> str:
+    """Keys as the statements' $1 takes them: one JSON array per key."""
+    return _json_encode(keys).decode()
+
+
+def json_rows(rows: Sequence[Row]) -> str:
+    """Rows as the upsert's $1 takes them: one JSON encoding, done in C. An array parameter
+    per column, as before, cost asyncpg several Python-level type checks per element."""
+    return _json_encode(rows).decode()
 
 
 def as_stored(table: Table, row: Row) -> Row:
