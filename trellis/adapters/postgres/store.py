@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 import asyncpg
+import msgspec
 
 from trellis.adapters.postgres.privileges import bypasses_privileges
 from trellis.engine.core import replies
@@ -60,16 +61,18 @@ EVENT_COLUMNS = (
 # One statement, so one round trip and its own transaction: the events, numbered and chained
 # by the caller, and the requests' stored answers, each success answer completed with the
 # position its event drew (or the head's, for an answer without events) as it is stored.
+# Both come as JSON arrays of objects (_EventRow, _AnswerRow): one encoding in C, where an
+# array parameter per column cost asyncpg Python-level type checks for every element.
 _APPEND = """
 WITH ev AS (
     INSERT INTO trellis_events (id, domain, version, type, schema_version, recorded_at, actor,
                                 causation_id, correlation_id, data, prev_hash, hash, fence)
     SELECT e.id, $1, e.version, e.type, e.schema_version, e.recorded_at, e.actor,
-           e.causation_id, e.correlation_id, e.data::json, e.prev_hash, e.hash, $13
-      FROM unnest($2::uuid[], $3::bigint[], $4::text[], $5::int[], $6::timestamptz[], $7::text[],
-                  $8::text[], $9::text[], $10::text[], $11::text[], $12::text[])
-           AS e(id, version, type, schema_version, recorded_at, actor, causation_id,
-                correlation_id, data, prev_hash, hash)
+           e.causation_id, e.correlation_id, e.data::json, e.prev_hash, e.hash, $3
+      FROM json_to_recordset($2::json)
+           AS e(id uuid, version bigint, type text, schema_version int, recorded_at timestamptz,
+                actor text, causation_id text, correlation_id text, data text, prev_hash text,
+                hash text)
      ORDER BY e.version
     RETURNING version, position
 ), rq AS (
@@ -78,15 +81,48 @@ WITH ev AS (
     SELECT $1, r.actor, r.request_id, r.verb, r.body_hash,
            CASE WHEN r.tail IS NULL THEN r.head
                 ELSE r.head || coalesce(ev.position, r.known)::text || r.tail END,
-           coalesce(ev.position, r.known), $13
-      FROM unnest($14::text[], $15::text[], $16::text[], $17::text[], $18::text[], $19::text[],
-                  $20::bigint[], $21::bigint[])
-           AS r(actor, request_id, verb, body_hash, head, tail, version, known)
+           coalesce(ev.position, r.known), $3
+      FROM json_to_recordset($4::json)
+           AS r(actor text, request_id text, verb text, body_hash text, head text, tail text,
+                version bigint, known bigint)
       LEFT JOIN ev ON ev.version = r.version
 )
 SELECT version, position FROM ev
 """
-_EVENT_COLUMNS = 11  # what _chain gives per event
+
+
+class _EventRow(msgspec.Struct):
+    """An event as _APPEND takes it: numbered, and chained to the one before."""
+
+    id: uuid.UUID
+    version: int
+    type: str
+    schema_version: int
+    recorded_at: datetime
+    actor: str
+    causation_id: str
+    correlation_id: str
+    data: str  # the payload's JSON text, stored byte for byte (the hash covers it)
+    prev_hash: str
+    hash: str
+
+
+class _AnswerRow(msgspec.Struct):
+    """A stored answer as _APPEND takes it: a success in two pieces around its position (with
+    tail; else whole, tail None), and where its position comes from (its event's version, or
+    the known head position)."""
+
+    actor: str
+    request_id: str
+    verb: str
+    body_hash: str
+    head: str
+    tail: str | None
+    version: int | None
+    known: int | None
+
+
+_encode_json = msgspec.json.Encoder().encode
 
 
 @contextlib.contextmanager
@@ -292,19 +328,21 @@ class PostgresEventStore:
         """Append `events` right after `expected` and store `replies_`, in one transaction,
         under the writer epoch `fence` (the log refuses a stale one: WriterFenced)."""
         rows = _chain(domain, expected, events)
-        answers = [_answer_columns(expected, r) for r in replies_]
+        answers = [_answer_row(expected, r) for r in replies_]
         positions: dict[int, int] = {}
         if rows or answers:
-            event_columns = list(zip(*rows, strict=True)) or [()] * _EVENT_COLUMNS
-            answer_columns = list(zip(*answers, strict=True)) or [()] * 8
             with _translated(domain, expected.version):
                 async with self._pool.acquire(timeout=ACQUIRE_TIMEOUT_S) as conn:
                     inserted = await conn.fetch(
-                        _APPEND, domain, *event_columns, fence, *answer_columns
+                        _APPEND,
+                        domain,
+                        _encode_json(rows).decode(),
+                        fence,
+                        _encode_json(answers).decode(),
                     )
             positions = {r["version"]: r["position"] for r in inserted}
         stored = stored_replies(expected, replies_, positions)
-        recorded = [_recorded_from_row(domain, row, positions[row[1]]) for row in rows]
+        recorded = [_recorded_from_row(domain, row, positions[row.version]) for row in rows]
         head = (
             Head(recorded[-1].version, recorded[-1].position, recorded[-1].hash)
             if recorded
@@ -313,10 +351,7 @@ class PostgresEventStore:
         return Appended(recorded, stored, head)
 
 
-def _answer_columns(expected: Head, reply: PendingReply) -> tuple[Any, ...]:
-    """One stored answer as _APPEND's columns: actor, request id, verb, body hash, the answer
-    (a success in two pieces around its position, with tail; else whole, tail None), and where
-    its position comes from (its event's version, or the known head position)."""
+def _answer_row(expected: Head, reply: PendingReply) -> _AnswerRow:
     if reply.ok:
         head, tail = replies.ok_around_position(reply.body)
         text, rest = head.decode(), tail.decode()
@@ -325,10 +360,12 @@ def _answer_columns(expected: Head, reply: PendingReply) -> tuple[Any, ...]:
     event = reply.event_index
     version = None if event is None else expected.version + event + 1
     known = expected.position if event is None else None
-    return (reply.actor, reply.request_id, reply.verb, reply.body_hash, text, rest, version, known)
+    return _AnswerRow(
+        reply.actor, reply.request_id, reply.verb, reply.body_hash, text, rest, version, known
+    )
 
 
-def _chain(domain: str, expected: Head, events: Sequence[PendingEvent]) -> list[tuple[Any, ...]]:
+def _chain(domain: str, expected: Head, events: Sequence[PendingEvent]) -> list[_EventRow]:
     """Number the events after `expected` and link each hash to the one before."""
     rows = []
     prev, version = expected.hash, expected.version
@@ -336,7 +373,7 @@ def _chain(domain: str, expected: Head, events: Sequence[PendingEvent]) -> list[
         version += 1
         digest = hash_of(ev, prev, domain, version)
         rows.append(
-            (
+            _EventRow(
                 uuid.UUID(ev.id),
                 version,
                 ev.type,
@@ -354,22 +391,21 @@ def _chain(domain: str, expected: Head, events: Sequence[PendingEvent]) -> list[
     return rows
 
 
-def _recorded_from_row(domain: str, row: tuple[Any, ...], position: int) -> RecordedEvent:
-    (ev_id, version, type_, schema_version, at, actor, cause, corr, data, prev, digest) = row
+def _recorded_from_row(domain: str, row: _EventRow, position: int) -> RecordedEvent:
     return RecordedEvent(
-        id=str(ev_id),
+        id=str(row.id),
         domain=domain,
-        version=version,
+        version=row.version,
         position=position,
-        type=type_,
-        schema_version=schema_version,
-        recorded_at=at,
-        actor=actor,
-        causation_id=cause,
-        correlation_id=corr,
-        data=data.encode(),
-        prev_hash=prev,
-        hash=digest,
+        type=row.type,
+        schema_version=row.schema_version,
+        recorded_at=row.recorded_at,
+        actor=row.actor,
+        causation_id=row.causation_id,
+        correlation_id=row.correlation_id,
+        data=row.data.encode(),
+        prev_hash=row.prev_hash,
+        hash=row.hash,
     )
 
 
