@@ -122,7 +122,7 @@ class _AnswerRow(msgspec.Struct):
     known: int | None
 
 
-_encode_json = msgspec.json.Encoder().encode
+_json_encode = msgspec.json.Encoder().encode
 
 
 @contextlib.contextmanager
@@ -336,9 +336,9 @@ class PostgresEventStore:
                     inserted = await conn.fetch(
                         _APPEND,
                         domain,
-                        _encode_json(rows).decode(),
+                        _json_encode(rows).decode(),
                         fence,
-                        _encode_json(answers).decode(),
+                        _json_encode(answers).decode(),
                     )
             positions = {r["version"]: r["position"] for r in inserted}
         stored = stored_replies(expected, replies_, positions)
