@@ -20,6 +20,7 @@ setup(
             # _live_c cimports _paths_c (its _paths_c.pxd), as _live_py imports _paths_py.
             Extension("trellis.ext._paths_c", ["trellis/ext/_paths_c.pyx"]),
             Extension("trellis.ext._live_c", ["trellis/ext/_live_c.pyx"]),
+            Extension("trellis.ext._diff_c", ["trellis/ext/_diff_c.pyx"]),
         ],
         compiler_directives={"language_level": "3"},
     ),

@@ -3,11 +3,12 @@
 One surface, two implementations, file for file: ``Fabric``, ``best_paths``, ``best_costs``,
 ``reachable``, ``census`` and ``hop_distances`` come from ``ext._paths_c`` when it is built,
 else from ``ext._paths_py`` (the reference, the spec); ``LiveConditions`` and ``best_devices`` from
-``ext._live_c``, else from ``ext._live_py`` (the reference's incremental twins). The compiled
-pair share their C declarations in ``ext/_paths_c.pxd``; a missing build of either selects the
-reference for all. The value types (``Conditions``, ``PathRequest``, ``Path``, ``Circuit``,
-``NodeInfo``, ``LinkInfo``, ``DeviceInfo``, ``Selector``) and ``PathError`` are the
-reference's in both.
+``ext._live_c``, else from ``ext._live_py`` (the reference's incremental twins); and one helper
+of the event relay beside them, ``changed_keys`` (which keys two versions of a state map differ
+in), from ``ext._diff_c``, else ``ext._diff_py``. The compiled path pair share their C
+declarations in ``ext/_paths_c.pxd``; a missing build of any selects the reference for all.
+The value types (``Conditions``, ``PathRequest``, ``Path``, ``Circuit``, ``NodeInfo``,
+``LinkInfo``, ``DeviceInfo``, ``Selector``) and ``PathError`` are the reference's in both.
 
 Set ``TRELLIS_PURE_PYTHON=1`` to force the reference (debugging, or checking a suspected drift).
 """
@@ -47,6 +48,7 @@ __all__ = [
     "best_devices",
     "best_paths",
     "census",
+    "changed_keys",
     "hop_distances",
     "reachable",
 ]
@@ -56,7 +58,8 @@ IMPLEMENTATION: Literal["cython", "python"]
 
 def _reference() -> None:
     global Fabric, LiveConditions, best_costs, best_devices, best_paths, census, hop_distances
-    global reachable, IMPLEMENTATION
+    global reachable, changed_keys, IMPLEMENTATION
+    from ._diff_py import changed_keys
     from ._live_py import LiveConditions, best_devices
     from ._paths_py import Fabric, best_costs, best_paths, census, hop_distances, reachable
 
@@ -67,6 +70,7 @@ if os.environ.get("TRELLIS_PURE_PYTHON", "") not in ("", "0"):
     _reference()
 else:
     try:
+        from ._diff_c import changed_keys
         from ._live_c import LiveConditions, best_devices
         from ._paths_c import (
             Fabric,

@@ -11,8 +11,9 @@ log `position` of the event that wrote it, to line it up with the stream.
 `changes(before, after, event, position)` (two `View`s) lists the keys one event changed, with
 their new values. It finds them by identity: `evolve` (and `fold`) replace exactly the entries
 an event touches and share everything else, so a map that is the same object before and after
-is skipped at once, and an entry that is the same object (or an equal one) did not change. No
-per-event-type table to keep in step with `evolve`. `coalesce` reduces a batch of changes to
+is skipped at once, and an entry that is the same object (or an equal one) did not change
+(`ext.changed_keys`, compiled: one pass over each map in C). No per-event-type table to keep in
+step with `evolve`. `coalesce` reduces a batch of changes to
 the writes that matter: the bucket holds current state, and a watcher may not see every step
 (the stream has them).
 
@@ -32,10 +33,8 @@ anew, since the key's end is no longer in the bucket to resume through.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from datetime import datetime
-from itertools import compress
-from operator import is_not
 from typing import Any, Literal
 
 import msgspec
@@ -56,6 +55,7 @@ from trellis.engine.core.state import (
     sliced_gib,
     usable,
 )
+from trellis.ext import changed_keys
 
 KeyChange = tuple[str, bytes | None]  # (key, JSON value), or (key, None): delete the key
 
@@ -196,7 +196,9 @@ def changes(before: View, after: View, event: Event | None, position: int) -> li
     out: list[KeyChange] = []
     hosts: set[str] = set()
     was, now = before.state, after.state
-    touched = _changed(was.compositions, now.compositions) | _changed(before.tracks, after.tracks)
+    touched = changed_keys(was.compositions, now.compositions) | changed_keys(
+        before.tracks, after.tracks
+    )
     for cid in sorted(touched):
         key = f"{now.domain}.composition.{cid}"
         live = now.compositions.get(cid)
@@ -211,7 +213,7 @@ def changes(before: View, after: View, event: Event | None, position: int) -> li
         out += [(key, _encode(last)), (key, None)]
         hosts.add(final.host)
 
-    for rid in sorted(_changed(was.reservations, now.reservations)):
+    for rid in sorted(changed_keys(was.reservations, now.reservations)):
         key = f"{now.domain}.reservation.{rid}"
         held = now.reservations.get(rid)
         if held is not None:
@@ -224,16 +226,16 @@ def changes(before: View, after: View, event: Event | None, position: int) -> li
         out += [(key, _encode(gone)), (key, None)]
 
     devices: set[str] = set()
-    for node_id in _changed(was.nodes, now.nodes):
+    for node_id in changed_keys(was.nodes, now.nodes):
         kind = (now.nodes.get(node_id) or was.nodes[node_id]).spec.kind
         if kind == "device":
             devices.add(node_id)
         elif kind == "host":
             hosts.add(node_id)
-    devices |= _changed(was.device_owner, now.device_owner)
-    devices |= _changed(was.memory_used, now.memory_used)
-    devices |= _changed(was.reserved_by, now.reserved_by)
-    devices |= _changed(was.reserved_gib, now.reserved_gib)
+    devices |= changed_keys(was.device_owner, now.device_owner)
+    devices |= changed_keys(was.memory_used, now.memory_used)
+    devices |= changed_keys(was.reserved_by, now.reserved_by)
+    devices |= changed_keys(was.reserved_gib, now.reserved_gib)
 
     for device in sorted(devices):
         node = now.nodes.get(device)
@@ -329,23 +331,3 @@ def _bound(binding: DeviceBinding) -> BoundDevice:
         path=list(binding.path),
         capacity_gib=binding.capacity_gib,
     )
-
-
-_ABSENT = object()
-
-
-def _changed(before: Mapping[str, Any], after: Mapping[str, Any]) -> set[str]:
-    """Keys whose entries differ between two versions of one of the state's maps."""
-    if before is after:
-        return set()
-    # The maps evolve copies for one event share every entry it did not touch: the keys
-    # whose entry is not the very same object, found in C (each of `before`'s keys looked up
-    # in `after`), with the keys added or dropped, are the few it replaced. No entry is
-    # hashed or compared whole, and entries may be deep structs, or not hashable at all. Of
-    # those keys, entries rebuilt equal (a re-import rebuilds every node it keeps) did not
-    # change.
-    replaced = before.keys() ^ after.keys()
-    replaced.update(
-        compress(before.keys(), map(is_not, before.values(), map(after.get, before.keys())))
-    )
-    return {k for k in replaced if before.get(k, _ABSENT) != after.get(k, _ABSENT)}
