@@ -77,12 +77,18 @@ class RecordedEvent(msgspec.Struct, frozen=True, kw_only=True):
         return upcast(self.type, self.schema_version, self.data)
 
 
+_encode_time = msgspec.json.Encoder().encode
+
+
 def format_time(at: datetime) -> str:
     """Canonical UTC timestamp with microseconds; what Postgres timestamptz round-trips exactly."""
-    # isoformat is a C routine, twice as fast as strftime; on the hot paths of the writer and
-    # the relay the times are UTC already. It ends "+00:00" in UTC, made "Z" here.
+    # On the hot paths of the writer and the relay the times are UTC already. msgspec writes a
+    # UTC time as RFC 3339 with "Z", in C, five times faster than isoformat; it leaves out a
+    # fraction of zero microseconds, which the canonical text keeps.
     if at.tzinfo is not UTC:
         at = at.astimezone(UTC)
+    if at.microsecond:
+        return _encode_time(at)[1:-1].decode()
     return at.isoformat(timespec="microseconds")[:-6] + "Z"
 
 
