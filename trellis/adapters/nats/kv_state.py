@@ -13,9 +13,8 @@ their new values. It finds them by identity: `evolve` (and `fold`) replace exact
 an event touches and share everything else, so a map that is the same object before and after
 is skipped at once, and an entry that is the same object (or an equal one) did not change
 (`ext.changed_keys`, compiled: one pass over each map in C). No per-event-type table to keep in
-step with `evolve`. `coalesce` reduces a batch of changes to
-the writes that matter: the bucket holds current state, and a watcher may not see every step
-(the stream has them).
+step with `evolve`. `coalesce` reduces a batch of changes to the writes that matter: the bucket
+holds current state, and a watcher may not see every step (the stream has them).
 
 A composition value also carries `conditions` (engine/core/conditions.py), Kubernetes-style, for a
 DRA driver's binding conditions and an autoscaler; they need the time and position of the
@@ -196,9 +195,8 @@ def changes(before: View, after: View, event: Event | None, position: int) -> li
     out: list[KeyChange] = []
     hosts: set[str] = set()
     was, now = before.state, after.state
-    touched = changed_keys(was.compositions, now.compositions) | changed_keys(
-        before.tracks, after.tracks
-    )
+    touched = changed_keys(was.compositions, now.compositions)
+    touched |= changed_keys(before.tracks, after.tracks)
     for cid in sorted(touched):
         key = f"{now.domain}.composition.{cid}"
         live = now.compositions.get(cid)
