@@ -638,9 +638,38 @@ async def test_every_generation_a_reader_can_see_is_complete_and_few_are_kept(
     await fabric.bind(D, binding())
     await fabric.unbind(D, binding())
     assert seen == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 9]  # one per call awaited, in their order
-    assert [g.name for g in generations(path)] == [f"fabric.json.g{n}" for n in range(4, 12)]
-    assert len(generations(path)) == KEPT_GENERATIONS
+    # The eight newest, and the newest old one, left for the next publication to reuse.
+    assert [g.name for g in generations(path)] == [f"fabric.json.g{n}" for n in range(3, 12)]
+    assert len(generations(path)) == KEPT_GENERATIONS + 1
     assert set(tmp_path.iterdir()) == set(generations(path))  # and no temporary file is left
+
+
+async def test_a_publication_reuses_an_old_generations_file_rather_than_making_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No inode to allocate per generation: on ext4 without a journal that allocation scans
+    past every recently freed inode, and was most of the state thread's CPU under load."""
+    path = tmp_path / "fabric.json"
+    fabric = SimulatedFabric(state_file=path)
+    for i in range(KEPT_GENERATIONS + 1):  # from then on an old generation is left over
+        await fabric.create_circuit(D, circuit(2 * i, 2 * i + 1))
+    made: list[str] = []
+    real_open = os.open
+
+    def counted_open(file: str, flags: int, *args: int) -> int:
+        if flags & os.O_CREAT:
+            made.append(str(file))
+        return real_open(file, flags, *args)
+
+    monkeypatch.setattr(os, "open", counted_open)
+    inodes = {g.stat().st_ino for g in generations(path)}
+    for i in range(20):
+        await fabric.create_circuit("d2", circuit(2 * i, 2 * i + 1))
+    assert made == []
+    assert {g.stat().st_ino for g in generations(path)} == inodes  # the same files, reused
+    assert len(saved(path)["d2"].circuits) == 20 and len(saved(path)[D].circuits) == 9
+    assert [g.name for g in generations(path)] == [f"fabric.json.g{n}" for n in range(21, 30)]
+    assert set(tmp_path.iterdir()) == set(generations(path))
 
 
 async def test_changes_queued_together_are_written_once(
@@ -730,9 +759,9 @@ async def test_a_reader_that_finds_its_generation_deleted_reads_the_newest(
 
     def overtaken_read(self: Path) -> bytes:
         # Between listing the generations and reading the newest, enough newer ones are
-        # published that the one it listed is deleted.
+        # published that the one it listed is gone (its file reused under another name).
         monkeypatch.setattr(Path, "read_bytes", real_read)
-        for i in range(KEPT_GENERATIONS):
+        for i in range(KEPT_GENERATIONS + 1):
             change = writer.create_circuit("d2", circuit(2 * i + 10, 2 * i + 11))
             asyncio.run_coroutine_threadsafe(change, loop).result()
         assert not self.exists()
@@ -740,7 +769,40 @@ async def test_a_reader_that_finds_its_generation_deleted_reads_the_newest(
 
     monkeypatch.setattr(Path, "read_bytes", overtaken_read)
     held = await asyncio.to_thread(read_state_file, path)
-    assert held is not None and len(held["d2"].circuits) == KEPT_GENERATIONS
+    assert held is not None and len(held["d2"].circuits) == KEPT_GENERATIONS + 1
+
+
+@pytest.mark.parametrize("cut_short", [False, True])
+async def test_a_reader_whose_generation_is_reused_as_it_reads_reads_the_newest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cut_short: bool
+) -> None:
+    """A reader that opened a generation just before its file was reused for a later one reads
+    that one, or (caught mid-write) a file cut short: it finds the name gone and lists again."""
+    path = tmp_path / "fabric.json"
+    writer = SimulatedFabric(state_file=path)
+    await writer.create_circuit(D, circuit(1, 2))
+    loop = asyncio.get_running_loop()
+    real_read = Path.read_bytes
+    read: list[bytes] = []
+
+    def overtaken_read(self: Path) -> bytes:
+        monkeypatch.setattr(Path, "read_bytes", real_read)
+        with open(self, "rb") as opened:
+            # Opened, and then enough newer generations are published that its file is reused.
+            for i in range(KEPT_GENERATIONS + 1):
+                change = writer.create_circuit("d2", circuit(2 * i + 10, 2 * i + 11))
+                asyncio.run_coroutine_threadsafe(change, loop).result()
+            assert not self.exists()
+            data = opened.read()
+        read.append(data)
+        return data[: len(data) // 2] if cut_short else data
+
+    monkeypatch.setattr(Path, "read_bytes", overtaken_read)
+    held = await asyncio.to_thread(read_state_file, path)
+    # What it read was the later generation written over the file it opened, not its own.
+    reused = msgspec.json.decode(read[0], type=SavedFabric)
+    assert len(reused.domains["d2"].circuits) == KEPT_GENERATIONS + 1
+    assert held is not None and len(held["d2"].circuits) == KEPT_GENERATIONS + 1
 
 
 @pytest.mark.parametrize(
