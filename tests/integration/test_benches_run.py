@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SMALL_RUNS = {
     "fabric_drivers.py": "--pairs 20 --chunk 10",
+    "fabric_state.py": "--rounds 2 --generations 50",
     "flood.py": "--quick",
     "intents.py": "--quick --no-diagnose --floor-samples 100 --serial-pairs 50 --seconds 1",
     "log_checks.py": "--pairs 20 --rounds 1 --imports 2",
