@@ -48,6 +48,7 @@ def test_every_variable_is_read() -> None:
             "TRELLIS_METRICS_PORT": "9464",
             "TRELLIS_METRICS_HOST": "0.0.0.0",
             "TRELLIS_EVENT_LOOP": "asyncio",
+            "TRELLIS_FOLLOW_GATHER_MS": "10",
         }
     )
     assert settings == Settings(
@@ -75,6 +76,7 @@ def test_every_variable_is_read() -> None:
         metrics_port=9464,
         metrics_host="0.0.0.0",
         event_loop="asyncio",
+        follow_gather_s=0.01,
     )
 
 
@@ -111,6 +113,8 @@ def test_metrics_are_off_unless_a_port_is_given_and_0_takes_a_free_one() -> None
         ("TRELLIS_FABRIC_SCRIPT", "fail:bnid", "TRELLIS_FABRIC_SCRIPT: fault 'fail:bnid': 'bnid'"),
         ("TRELLIS_EVENTS_MAX_BYTES", "1.5", "TRELLIS_EVENTS_MAX_BYTES must be an integer"),
         ("TRELLIS_EVENT_LOOP", "trio", "TRELLIS_EVENT_LOOP='trio': valid are uvloop, asyncio"),
+        ("TRELLIS_FOLLOW_GATHER_MS", "-5", "TRELLIS_FOLLOW_GATHER_MS must be milliseconds, 0 or"),
+        ("TRELLIS_FOLLOW_GATHER_MS", "soon", "TRELLIS_FOLLOW_GATHER_MS must be milliseconds"),
         ("TRELLIS_EVENTS_MAX_BYTES", "-1", "TRELLIS_EVENTS_MAX_BYTES must be 0 or more"),
         ("TRELLIS_EVENTS_MAX_AGE", "-5", "TRELLIS_EVENTS_MAX_AGE must be seconds, 0 or more"),
         ("TRELLIS_KV_MARKER_TTL", "-1", "TRELLIS_KV_MARKER_TTL must be whole seconds"),

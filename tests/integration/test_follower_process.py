@@ -254,7 +254,9 @@ time.sleep(600)
 """
 
 
-def unreachable_follower_env(tmp_path: Path, event_loop: str = "asyncio") -> dict[str, str]:
+def unreachable_follower_env(
+    tmp_path: Path, event_loop: str = "asyncio", gather_s: float = 0.05
+) -> dict[str, str]:
     """A follower process's environment naming servers nobody runs: it waits for them."""
     return follower_env(
         nats_url=f"nats://127.0.0.1:{free_port()}",
@@ -267,12 +269,21 @@ def unreachable_follower_env(tmp_path: Path, event_loop: str = "asyncio") -> dic
         stream_limits=(1 << 20, 60.0, 1, 3600),
         secure_data_dir=None,
         event_loop=event_loop,
+        gather_s=gather_s,
     )
 
 
 def test_the_follower_process_runs_on_its_engines_kind_of_event_loop(tmp_path: Path) -> None:
     for loop in EVENT_LOOPS:
         assert Settings.from_env(unreachable_follower_env(tmp_path, loop)).event_loop == loop
+
+
+def test_the_follower_process_gathers_commits_as_long_as_its_engine_says(
+    tmp_path: Path,
+) -> None:
+    for gather_s in (0.0, 0.01, 0.05, 0.25):
+        env = unreachable_follower_env(tmp_path, gather_s=gather_s)
+        assert Settings.from_env(env).follow_gather_s == pytest.approx(gather_s)
 
 
 def test_the_follower_process_reads_the_migrations_its_engine_read(

@@ -403,6 +403,7 @@ async def engine_on(
                     stream_limits=msgspec.structs.astuple(stream_limits or StreamLimits()),
                     secure_data_dir=str(secure.root.parent) if secure is not None else None,
                     event_loop=event_loop.running(),
+                    gather_s=settings.follow_gather_s,
                 )
             )
             await process.start()
@@ -410,7 +411,8 @@ async def engine_on(
             stack.push_async_callback(process.stop)
             following = CommitSignal(store, sinks.nc, prefix)
         else:
-            following = Followers(store, [projections, relay, audit], **(follow_options or {}))
+            options = {"pass_interval": settings.follow_gather_s, **(follow_options or {})}
+            following = Followers(store, [projections, relay, audit], **options)
             # Closed after the engine: the last commits still reach the stream on a clean exit.
             stack.push_async_callback(following.close)
         fabric = fabric if fabric is not None else SimulatedFabric()

@@ -176,10 +176,12 @@ def follower_env(
     stream_limits: tuple[int, float, int, int],
     secure_data_dir: str | None,
     event_loop: str,
+    gather_s: float,
 ) -> dict[str, str]:
     """The follower process's environment: this one's, with the engine's resolved endpoints
     and settings in place of any TRELLIS_* variable it had; `event_loop`: the kind of loop it
-    runs on (adapters/event_loop.py), the engine's own."""
+    runs on (adapters/event_loop.py), the engine's own; `gather_s`: how long its followers
+    gather commits into a pass (TRELLIS_FOLLOW_GATHER_MS), the engine's setting."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")}
     max_bytes, max_age, replicas, marker_ttl = stream_limits
     env |= {
@@ -195,6 +197,7 @@ def follower_env(
         "TRELLIS_JS_REPLICAS": str(replicas),
         "TRELLIS_KV_MARKER_TTL": str(marker_ttl),
         "TRELLIS_EVENT_LOOP": event_loop,
+        "TRELLIS_FOLLOW_GATHER_MS": repr(gather_s * 1000),
     }
     if schema:
         env["TRELLIS_DB_SCHEMA"] = schema

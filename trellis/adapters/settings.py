@@ -78,6 +78,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # own that the engine starts and keeps running (the default: the projections' and the
     # relay's work then stays off the event loop that answers intents), or in that loop.
     followers: FollowersMode = "process"
+    # How long a log follower gathers commits into one pass (engine/service/follower.py): the
+    # most the stream and the KV bucket trail a commit by, besides the pass itself; a reader
+    # that waits for a position cuts it short.
+    follow_gather_s: float = 0.05
     # The event loop of the engine and its follower process (adapters/event_loop.py): uvloop
     # where it is installed, else asyncio's.
     event_loop: EventLoopName = msgspec.field(default_factory=event_loop.default)
@@ -209,6 +213,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             checkpoint_every=checkpoint_every,
             checkpoint_key=Path(checkpoint_key) if checkpoint_key else None,
             followers=followers,  # type: ignore[arg-type]  # checked above
+            follow_gather_s=_float(
+                env, "TRELLIS_FOLLOW_GATHER_MS", 50.0, lambda v: v >= 0, "milliseconds, 0 or more"
+            )
+            / 1000,
             event_loop=loop,  # type: ignore[arg-type]  # checked above
             nats_port=_port(env, "TRELLIS_NATS_PORT"),
             nats_monitor_port=_port(env, "TRELLIS_NATS_MONITOR_PORT"),

@@ -136,7 +136,10 @@ async def _follow(
             ),
         )
         followers = Followers(
-            store, [sinks.projections, sinks.relay, sinks.audit], poll_interval=POLL_S
+            store,
+            [sinks.projections, sinks.relay, sinks.audit],
+            poll_interval=POLL_S,
+            pass_interval=settings.follow_gather_s,
         )
         stack.push_async_callback(followers.close)
 

@@ -32,9 +32,11 @@ from trellis.engine.core.records import RecordedEvent
 
 log = logging.getLogger("trellis.follow")
 
-# Passes asked for by commits start at most this often (at most 40 a second): under a steady
-# stream of commits each pass takes several of them in one read and one sink transaction.
-PASS_INTERVAL_S = 0.025
+# Passes asked for by commits start at most this often (at most 20 a second): under a steady
+# stream of commits each pass takes several of them in one read and one sink transaction. A
+# pass costs a sink about a millisecond and a half of CPU before its events (docs/
+# benchmarks.md), and a reader that waits for a position (`wait_for`) never waits it out.
+PASS_INTERVAL_S = 0.05
 
 
 class Progress(msgspec.Struct, frozen=True):
