@@ -21,6 +21,8 @@ import pytest_asyncio
 from fabrics import expect_ok, fabric, fetch, gpu
 from harness import Harness, serving
 
+from trellis.engine.core.errors import StoreUnavailable
+
 TTL = 1.0  # seconds a writer lease lasts: what a tick, a load and a drop are each given
 EVERY = 4  # versions between the writer's snapshots
 DOMAIN = "hall"
@@ -192,6 +194,38 @@ async def test_a_pause_inside_a_lease_store_call_is_no_error_of_the_call(
 
     store.heartbeat = heartbeat_paused_midway  # type: ignore[method-assign]
     await paused_once(h, caplog, paused)
+
+
+async def test_a_driver_timer_that_fires_through_a_pause_is_no_error_of_the_tick(
+    engine: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A process stopped while the log's pool opens a connection for the tick: the pool's own
+    acquire timer (wall time) is past when the process runs again, and the call fails at once
+    (CI saw `writer lease tick failed`: StoreUnavailable, TimeoutError, in a frozen-engine
+    chaos run). That failure is the pause's, said as such; the next tick tries again."""
+    h = engine
+    expect_ok(await h.client.admin(DOMAIN, "import-topology", {"request_id": "imp", **fabric()}))
+    store = h.engine.custody._store
+    domains = store.domains
+    paused = asyncio.Event()
+
+    async def domains_timed_out_by_a_pause() -> list[str]:
+        if paused.is_set():
+            return await domains()
+        paused.set()
+        try:
+            async with asyncio.timeout(0.5 * TTL):  # as the pool's acquire bounds a connect
+                await asyncio.sleep(0)
+                time.sleep(2.5 * TTL)  # the event loop does not run: as under SIGSTOP
+                await asyncio.sleep(TTL)  # the connect goes on, past the timer
+        except TimeoutError as exc:
+            raise StoreUnavailable(f"TimeoutError: {exc}") from exc
+        raise AssertionError("the timer did not fire")
+
+    store.domains = domains_timed_out_by_a_pause  # type: ignore[method-assign]
+    await paused_once(h, caplog, paused)
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert any("tick failed after the pause" in m for level, m in said if level == "WARNING")
 
 
 def hold_engine_row(

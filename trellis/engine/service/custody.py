@@ -248,12 +248,22 @@ class Custody:
                 # meanwhile and other engines took the domains. Say so once; the tick then
                 # keeps only what is still ours, and drops the rest quietly.
                 self._say_stalled(stalled)
-            await self._bounded_tick()
+            failure = await self._bounded_tick()
             # A pause that began during the tick shows as a tick past its bound (a bounded
             # tick returns within one lease time when the loop runs).
-            stalled = loop.time() - ticked_at - self._patience
-            if stalled > self._patience:
-                self._say_stalled(stalled)
+            stalled_in_tick = loop.time() - ticked_at - self._patience
+            if stalled_in_tick > self._patience:
+                self._say_stalled(stalled_in_tick)
+            if failure is None:
+                continue
+            what, exc = failure
+            if max(stalled, stalled_in_tick) > self._patience:
+                # A driver's own timer (a pool's acquire, a connect) that ran through the
+                # pause fires as the loop runs again: the pause's doing, said above. The
+                # next tick tries again, as after any failed tick.
+                log.warning("%s after the pause%s", what, f": {exc!r}" if exc else "")
+            else:
+                log.error(what, exc_info=exc)
 
     @staticmethod
     def _say_stalled(seconds: float) -> None:
@@ -263,10 +273,10 @@ class Custody:
             seconds,
         )
 
-    async def _bounded_tick(self) -> None:
+    async def _bounded_tick(self) -> tuple[str, BaseException | None] | None:
         """One tick, in a task of its own, given a lease time; whatever it raised or awaited,
-        this returns by then, so the loop goes on. The next tick tries again (unrenewed
-        leases run out meanwhile)."""
+        this returns by then, so the loop goes on: with what went wrong, for the loop to say
+        (None: nothing). The next tick tries again (unrenewed leases run out meanwhile)."""
         tick = asyncio.create_task(self._own_tick(), name="writer-lease-tick")
         try:
             # A pause of the process (which `_own_loop` reports) is not the tick's time.
@@ -276,16 +286,15 @@ class Custody:
                 tick.cancel()
                 self._keep(tick)  # it may take a moment to unwind
         if not tick.done():
-            log.error(
-                "writer lease tick still running after %.1f s (a lease time): cancelled",
-                self._patience,
-            )
-        elif tick.cancelled():
+            took = f"{self._patience:.1f} s (a lease time)"
+            return f"writer lease tick still running after {took}: cancelled", None
+        if tick.cancelled():
             # Nobody cancelled it: a driver let a CancelledError out (asyncpg may, when a
             # connection dies under a query). Only this tick is lost, not the loop.
-            log.error("writer lease tick failed: cancelled from within")
-        elif (exc := tick.exception()) is not None:
-            log.error("writer lease tick failed", exc_info=exc)
+            return "writer lease tick failed: cancelled from within", None
+        if (exc := tick.exception()) is not None:
+            return "writer lease tick failed", exc
+        return None
 
     def _keep(self, task: asyncio.Task[None]) -> None:
         """Hold on to a task that runs on by itself until it ends (close waits for it)."""
