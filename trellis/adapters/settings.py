@@ -18,6 +18,7 @@ from trellis.adapters.fabric.sim import ScriptedFault, parse_script
 from trellis.adapters.nats.jetstream import StreamLimits
 from trellis.engine.core.ids import is_valid_id
 from trellis.engine.core.throttle import DEFAULT_BURST, DEFAULT_PER_SECOND, RateLimit
+from trellis.engine.service.follower import PASS_INTERVAL_S
 
 FabricDriverName = Literal["sim", "redfish"]
 FollowersMode = Literal["inline", "process"]
@@ -81,7 +82,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # How long a log follower gathers commits into one pass (engine/service/follower.py): the
     # most the stream and the KV bucket trail a commit by, besides the pass itself; a reader
     # that waits for a position cuts it short.
-    follow_gather_s: float = 0.05
+    follow_gather_s: float = PASS_INTERVAL_S
     # The event loop of the engine and its follower process (adapters/event_loop.py): uvloop
     # where it is installed, else asyncio's.
     event_loop: EventLoopName = msgspec.field(default_factory=event_loop.default)
@@ -214,7 +215,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             checkpoint_key=Path(checkpoint_key) if checkpoint_key else None,
             followers=followers,  # type: ignore[arg-type]  # checked above
             follow_gather_s=_float(
-                env, "TRELLIS_FOLLOW_GATHER_MS", 50.0, lambda v: v >= 0, "milliseconds, 0 or more"
+                env,
+                "TRELLIS_FOLLOW_GATHER_MS",
+                PASS_INTERVAL_S * 1000,
+                lambda v: v >= 0,
+                "milliseconds, 0 or more",
             )
             / 1000,
             event_loop=loop,  # type: ignore[arg-type]  # checked above
