@@ -20,6 +20,10 @@ from trellis.engine.core.ids import is_valid_id
 from trellis.engine.core.throttle import DEFAULT_BURST, DEFAULT_PER_SECOND, RateLimit
 from trellis.engine.service.follower import PASS_INTERVAL_S
 
+# A follower that gathers longer than this leaves watchers a second or more behind every commit:
+# a typo (seconds given as milliseconds), not a tuning.
+MAX_FOLLOW_GATHER_MS = 1000.0
+
 FabricDriverName = Literal["sim", "redfish"]
 FollowersMode = Literal["inline", "process"]
 FOLLOWERS_MODES: tuple[str, ...] = get_args(FollowersMode)
@@ -218,8 +222,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
                 env,
                 "TRELLIS_FOLLOW_GATHER_MS",
                 PASS_INTERVAL_S * 1000,
-                lambda v: v >= 0,
-                "milliseconds, 0 or more",
+                lambda v: 0 <= v <= MAX_FOLLOW_GATHER_MS,
+                f"milliseconds, 0 to {MAX_FOLLOW_GATHER_MS:g}",
             )
             / 1000,
             event_loop=loop,  # type: ignore[arg-type]  # checked above
