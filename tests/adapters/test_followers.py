@@ -15,9 +15,13 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from trellis.adapters.memory import MemoryLog
 from trellis.engine.core.records import Head, PendingEvent, RecordedEvent
-from trellis.engine.service.follower import Follower, Followers, Progress
+from trellis.engine.service.follower import Follower, Followers, Progress, next_turn
 
 DOMAIN = "hall"
 
@@ -217,3 +221,110 @@ async def test_a_domain_woken_while_the_followers_close_gets_no_second_follower(
     assert followers.domains == []
     left = [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("follow-")]
     assert left == []
+
+
+class Named(SlowForBigBatches):
+    """A sink of a given name, noting when (on the event loop's clock) each pass reached it."""
+
+    def __init__(self, name: str):
+        super().__init__(limit=1_000_000)
+        self.name = name
+        self.passes: list[float] = []
+
+    async def apply(self, domain: str, records: Sequence[RecordedEvent]) -> Progress:
+        self.passes.append(asyncio.get_running_loop().time())
+        return await super().apply(domain, records)
+
+
+class Unhurried(Named):
+    poll_every = 30.0
+
+
+@pytest.mark.parametrize(
+    ("started", "now", "interval", "turn", "expected"),
+    [
+        (100.02, 100.03, 0.05, 0.02, 100.07),  # passing on its turns: one interval on
+        (0.0, 100.01, 0.05, 0.02, 100.02),  # a poke after a quiet spell waits for the turn
+        (100.02, 100.09, 0.05, 0.02, 100.12),  # a pass that overran: the turn after it ended
+        (100.0, 100.001, 0.05, 0.03, 100.08),  # the last pass off its turn: the next turn on
+        (100.0, 100.01, 0.0, 0.0, 100.01),  # no gathering: at once
+    ],
+)
+def test_a_pass_starts_on_its_turn(
+    started: float, now: float, interval: float, turn: float, expected: float
+) -> None:
+    assert next_turn(started, now, interval, turn) == pytest.approx(expected)
+
+
+@given(
+    started=st.floats(0, 1e6),
+    waited=st.floats(0, 10),
+    interval=st.floats(0.001, 1),
+    turn=st.floats(0, 1),
+)
+def test_a_turn_is_never_early_and_never_more_than_an_interval_late(
+    started: float, waited: float, interval: float, turn: float
+) -> None:
+    turn *= interval
+    now = started + waited
+    start = next_turn(started, now, interval, turn)
+    earliest = max(started + interval, now)
+    assert earliest - 1e-6 <= start < earliest + interval + 1e-6
+    offset = (start - turn) % interval
+    assert min(offset, interval - offset) < 1e-7
+
+
+async def test_the_followers_of_a_process_take_turns_spread_over_the_interval() -> None:
+    """Left to start when poked, the relay's and the projections' passes of a domain started
+    together, and their bursts held up the intents committed meanwhile (the serial tail)."""
+    interval = 0.05
+    sinks = [Named("projections"), Named("relay"), Unhurried("audit")]
+    followers = Followers(await logged(1), sinks, pass_interval=interval)
+    domains = ["a", "b", "c", "d"]
+    for domain in domains:
+        followers.follow(domain)
+    try:
+        turns = sorted(
+            follower.turn
+            for domain in domains
+            for name in ("projections", "relay")
+            if (follower := followers.of(name, domain)) is not None
+        )
+        assert len(turns) == 8
+        gaps = [b - a for a, b in zip(turns, [*turns[1:], turns[0] + interval], strict=True)]
+        assert min(gaps) >= interval / 16, turns
+        # One domain's two sinks are far apart, not next to each other.
+        relay, projections = followers.of("relay", "a"), followers.of("projections", "a")
+        assert relay is not None and projections is not None
+        apart = abs(relay.turn - projections.turn) % interval
+        assert min(apart, interval - apart) >= interval / 3
+    finally:
+        await followers.close(drain_timeout=0)
+
+
+async def test_passes_asked_for_by_commits_start_on_the_followers_turn() -> None:
+    """The first pass starts at once; each later one waits for the follower's turn, not only
+    for an interval since the last: so passes started half an interval off the turn land on
+    it. (Scheduling may start a pass late, never early; the bound allows a slow machine.)"""
+    interval, turn = 0.4, 0.25
+    log, sink = await logged(1), Named("relay")
+    follower = Follower(DOMAIN, log, sink, pass_interval=interval, turn=turn)
+    loop = asyncio.get_running_loop()
+    # Start half an interval off the turn: a follower that counted the interval from its
+    # last pass alone would keep passing there.
+    await asyncio.sleep((turn + interval / 2 - loop.time()) % interval)
+    follower.start()
+    try:
+        assert await follower.wait_for(1, timeout=5)
+        for _ in range(3):
+            await grown(log, 1)
+            follower.notify()
+            position = (await log.head(DOMAIN)).position
+            while sink.progress.position < position:
+                await asyncio.sleep(0.01)
+    finally:
+        await follower.stop()
+    assert len(sink.passes) == 4
+    for started in sink.passes[1:]:
+        late = (started - turn) % interval
+        assert late < interval / 4, (sink.passes, late)

@@ -125,6 +125,9 @@ class Follower:
             asks for: commits closer together than that are taken in one pass (one read, one
             transaction of the sink) instead of one pass each. Someone waiting in `wait_for`
             cuts the wait short.
+        turn: where in each pass_interval this follower's passes start (seconds after each
+            multiple of it on the event loop's clock; see `next_turn`). Followers gives the
+            followers of a process turns spread over the interval.
     """
 
     def __init__(
@@ -137,6 +140,7 @@ class Follower:
         poll_interval: float = 5.0,
         max_backoff: float = 30.0,
         pass_interval: float = PASS_INTERVAL_S,
+        turn: float = 0.0,
     ):
         self.domain = domain
         self.sink = sink
@@ -146,6 +150,7 @@ class Follower:
         self._poll_interval = poll_interval
         self._max_backoff = max_backoff
         self._pass_interval = pass_interval
+        self._turn = turn
         self._hurry = asyncio.Event()  # someone waits in wait_for: no gathering
         self.progress = Progress()
         self.failure: Failure | None = None
@@ -156,6 +161,11 @@ class Follower:
         self._advanced = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
+
+    @property
+    def turn(self) -> float:
+        """Where in each pass interval this follower's passes start (seconds)."""
+        return self._turn
 
     @property
     def position(self) -> int:
@@ -282,7 +292,7 @@ class Follower:
                 with contextlib.suppress(Exception):  # a failure here shows on the next pass
                     await self.refresh()
                 continue
-            gather = started + self._pass_interval - loop.time()
+            gather = next_turn(started, loop.time(), self._pass_interval, self._turn) - loop.time()
             if gather > 0 and not self._hurry.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._hurry.wait(), gather)
@@ -329,6 +339,30 @@ class Follower:
         advanced.set()
 
 
+def next_turn(started: float, now: float, interval: float, turn: float) -> float:
+    """When a follower's next pass starts: on its turn (an instant `turn` seconds after a
+    multiple of `interval`), no sooner than `interval` after its last pass `started`, nor
+    before `now`.
+
+    The passes of a process's followers all follow the same commits. Left to start when
+    poked, the relay's and the projections' passes started together, and each such burst
+    (two sinks' work and their Postgres sessions at once, on a machine of two cores) held
+    up the intents committed meanwhile: the serial compose's tail. On turns spread over the
+    interval they take the cores one after the other. A follower still passes at most once
+    an interval, and a poke waits at most an interval for its pass (two, once, after a pass
+    that `wait_for` started off its turn)."""
+    earliest = max(started + interval, now)
+    if interval <= 0:
+        return earliest
+    return earliest + (turn - earliest) % interval
+
+
+# Each new follower's turn is the last one's plus this fraction of the interval (the golden
+# ratio's): it lands in the largest gap the turns so far leave, so any number of followers
+# stays spread over the interval without knowing how many will come.
+_TURN_STEP = (5**0.5 - 1) / 2
+
+
 def _unhurried(sink: Sink) -> float | None:
     """A sink with `poll_every` (seconds) is not woken by each commit but looks at its log
     that often: one that acts only every so many events (the checkpoints) then costs no read
@@ -351,6 +385,7 @@ class Followers:
         self._log = log
         self._options = options
         self._followers: dict[str, dict[str, Follower]] = {}
+        self._turns = 0  # followers given a turn so far
         self._closed = False
 
     @property
@@ -381,8 +416,14 @@ class Followers:
                 follower.notify()
 
     def _options_for(self, sink: Sink) -> dict[str, float]:
+        """A poked sink's follower gets the next turn; an unhurried one polls at its pace."""
         every = _unhurried(sink)
-        return self._options if every is None else {**self._options, "poll_interval": every}
+        if every is not None:
+            return {**self._options, "poll_interval": every}
+        interval = self._options.get("pass_interval", PASS_INTERVAL_S)
+        turn = (self._turns * _TURN_STEP) % 1.0 * interval
+        self._turns += 1
+        return {**self._options, "turn": turn}
 
     def of(self, sink: str, domain: str) -> Follower | None:
         return self._followers.get(domain, {}).get(sink)
