@@ -26,7 +26,9 @@ committed Postgres transactions, as ratios to two floors measured in the same ru
   the target counts intents over the unit floor's serial rate.
 - the clients run in a process of their own (spawned once), as real clients do, so the
   engine process's CPU with its follower process's (the log followers run there by default,
-  as `trellis up` runs them) is the engine's alone: the CPU-per-pair target.
+  as `trellis up` runs them) is the engine's alone: the CPU-per-pair target. It includes the
+  simulated hardware's state thread (its durable writes stand in for the hardware's, and the
+  saga floor counts them as I/O); the lines under the table say how much of it that was.
 - `--loop uvloop` runs the engine on uvloop instead of asyncio's own loop.
 - `--followers both` runs the engine phases once with followers inline (rows `<phase>@inline`)
   and once in their process; `--metrics both` once without and once with Prometheus metrics
@@ -62,6 +64,7 @@ import platform
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -79,7 +82,7 @@ from bench.placement import percentile
 from trellis.adapters import event_loop
 from trellis.adapters.bootstrap import RunningEngine, embedded_or_configured, engine_on
 from trellis.adapters.collector import settle_for_serving
-from trellis.adapters.fabric.sim import SimulatedFabric
+from trellis.adapters.fabric.sim import STATE_THREAD, SimulatedFabric
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.settings import FollowersMode, Settings
@@ -262,14 +265,16 @@ def _machine_ticks() -> tuple[int, int]:
 
 
 class CpuMeter:
-    """This process's CPU time (engine and clients share it), the follower process's when the
-    followers run in one (`pid`), and the machine's busy share."""
+    """The engine process's CPU time (this one: the clients run in their own), the part of it
+    the simulated hardware's state thread spent, the follower process's when the followers
+    run in one (`pid`), and the machine's busy share."""
 
     def __init__(self, pid: int | None = None) -> None:
         t = os.times()
         self._pid = pid
         self._proc = t.user + t.system
         self._child = _process_cpu_s(pid)
+        self._hardware = _hardware_threads_cpu_s()
         self._wall = time.perf_counter()
         self._machine = _machine_ticks()
 
@@ -278,9 +283,11 @@ class CpuMeter:
         wall = time.perf_counter() - self._wall
         busy, total = _machine_ticks()
         d_busy, d_total = busy - self._machine[0], total - self._machine[1]
+        hardware = _hardware_threads_cpu_s()
         return {
             "process_cpu_s": t.user + t.system - self._proc,
             "process_cpu_share": (t.user + t.system - self._proc) / wall if wall else 0.0,
+            "hardware_cpu_s": sum(s - self._hardware.get(tid, 0.0) for tid, s in hardware.items()),
             "follower_cpu_s": max(0.0, _process_cpu_s(self._pid) - self._child),
             "machine_busy_share": d_busy / d_total if d_total else float("nan"),
         }
@@ -290,8 +297,24 @@ def _process_cpu_s(pid: int | None) -> float:
     """User + system CPU seconds of process `pid` so far; 0 without one (or /proc)."""
     if pid is None:
         return 0.0
+    return _cpu_s(f"/proc/{pid}/stat")
+
+
+def _hardware_threads_cpu_s() -> dict[int, float]:
+    """CPU seconds so far of each of this process's simulated-hardware state threads, by
+    thread id. Their work stands in for the hardware's own (the saga floor counts it as I/O),
+    so the bench shows it apart from the engine's."""
+    return {
+        thread.native_id: _cpu_s(f"/proc/self/task/{thread.native_id}/stat")
+        for thread in threading.enumerate()
+        if thread.name.startswith(STATE_THREAD) and thread.native_id is not None
+    }
+
+
+def _cpu_s(stat: str) -> float:
+    """User + system CPU seconds from a /proc stat file; 0 where there is none."""
     try:
-        fields = FsPath(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        fields = FsPath(stat).read_text().rpartition(")")[2].split()
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -849,6 +872,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                             * 1000
                             / max(1, len(load.pair))
                         )
+                        figures["cpu"]["hardware_cpu_ms_per_pair"] = (
+                            figures["cpu"]["hardware_cpu_s"] * 1000 / max(1, len(load.pair))
+                        )
                         figures["diagnostic"] = diagnostic
                         figures["serial"] = workers == 1
                         figures["followers"] = mode
@@ -1071,8 +1097,9 @@ def table(result: dict[str, Any]) -> str:
         f"{result['fabric']['racks']} racks joined by one OCS; serial/project: "
         f"{result['fabric']['project']}. rate/unit: intents/s over the unit floor's serial "
         "rate. per tx: intents answered per engine commit (group commit); cpu ms: the engine "
-        "process's CPU (with its follower process, if any) per pair; the clients run in a "
-        "process of their own. busy: the whole machine's CPU busy share."
+        "process's CPU (with its follower process, if any) per pair, the simulated hardware's "
+        "state thread included (the lines below say how much); the clients run in a process of "
+        "their own. busy: the whole machine's CPU busy share."
     )
     if any(ph["diagnostic"] for ph in result["phases"].values()):
         rows.append("*-np: diagnostic, the projection runner paused; no target applies.")
@@ -1148,7 +1175,10 @@ def report(result: dict[str, Any]) -> None:
             f"p99 {e['append_p99_ms']:.2f} ms; projections: {e['projection_batches']} batches "
             f"of {e['projection_events_per_batch']:.0f} events, in a transaction "
             f"{e['projection_ms_total'] / 1000 / ph['seconds'] * 100:.0f}% of the time; "
-            f"engine CPU {cpu['process_cpu_share'] * 100:.0f}% of a core"
+            f"engine CPU {cpu['process_cpu_share'] * 100:.0f}% of a core; per pair "
+            f"{cpu['process_cpu_ms_per_pair']:.2f} ms, of which the simulated hardware's state "
+            f"thread {cpu['hardware_cpu_ms_per_pair']:.2f} and the follower process "
+            f"{cpu['follower_cpu_s'] * 1000 / max(1, ph['pairs']):.2f}"
         )
     result["targets"] = targets(result)
     for key, label in (("floor_noise", "unit floor"), ("saga_floor_noise", "saga floor")):

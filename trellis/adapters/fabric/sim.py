@@ -59,6 +59,10 @@ FABRIC_OPS: tuple[str, ...] = get_args(FabricOp)
 # dependable (and must not shift the seeded sequence) so tests can compare it with the log.
 MUTATING_OPS: frozenset[str] = frozenset(FABRIC_OPS) - {"snapshot"}
 
+# The name of the thread that reads and writes the state file (a bench tells the simulated
+# hardware's own CPU from the engine's by it).
+STATE_THREAD = "fabric-state"
+
 Call = tuple[str, str, tuple[Any, ...]]
 _T = TypeVar("_T")
 
@@ -307,7 +311,7 @@ class SimulatedFabric:
             state_file.parent.mkdir(parents=True, exist_ok=True)
             # One thread does every operation on the file: the event loop never waits on the
             # disk, and this process's changes are published in the order they were made.
-            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fabric-state")
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=STATE_THREAD)
 
     # -- the FabricDriver port ---------------------------------------------------------------
 
