@@ -128,6 +128,13 @@ async def grown(log: MemoryLog, by: int) -> None:
         await log.append(DOMAIN, head, [imported(head.version)], [])
 
 
+async def committed(log: MemoryLog, follower: Follower) -> int:
+    """One commit more and its notice to `follower`; the log's end position."""
+    await grown(log, 1)
+    follower.notify()
+    return (await log.head(DOMAIN)).position
+
+
 async def test_commits_close_together_are_taken_in_one_pass_and_a_waiter_cuts_the_wait() -> None:
     """A pass a commit asks for starts at most every `pass_interval`: the commits that come
     meanwhile share one read and one sink transaction, and a wait for a position is not held
@@ -138,8 +145,7 @@ async def test_commits_close_together_are_taken_in_one_pass_and_a_waiter_cuts_th
     try:
         assert await follower.wait_for(1, timeout=5)
         for _ in range(3):
-            await grown(log, 1)
-            follower.notify()
+            await committed(log, follower)
             await asyncio.sleep(0.02)  # time enough for a pass of its own, were it not gathered
         assert sink.sizes == [1]
         assert await follower.wait_for((await log.head(DOMAIN)).position, timeout=5)
@@ -317,9 +323,7 @@ async def test_passes_asked_for_by_commits_start_on_the_followers_turn() -> None
     try:
         assert await follower.wait_for(1, timeout=5)
         for _ in range(3):
-            await grown(log, 1)
-            follower.notify()
-            position = (await log.head(DOMAIN)).position
+            position = await committed(log, follower)
             while sink.progress.position < position:
                 await asyncio.sleep(0.01)
     finally:
