@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -672,6 +673,28 @@ async def test_a_publication_reuses_an_old_generations_file_rather_than_making_o
     assert set(tmp_path.iterdir()) == set(generations(path))
 
 
+async def test_a_publication_lists_the_folder_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once before the change (has another process published?) and once after its link (is
+    this generation the newest, and which are old?): the newest is read from that second
+    listing, not from a third made just after it."""
+    path = tmp_path / "fabric.json"
+    fabric = SimulatedFabric(state_file=path)
+    await fabric.create_circuit(D, circuit(0, 1))
+    listed: list[str] = []
+    real_scandir = os.scandir
+
+    def counted_scandir(directory: Path) -> Iterator[os.DirEntry[str]]:
+        listed.append(str(directory))
+        return real_scandir(directory)
+
+    monkeypatch.setattr(os, "scandir", counted_scandir)
+    for i in range(1, 4):
+        await fabric.create_circuit(D, circuit(2 * i, 2 * i + 1))
+    assert listed == [str(tmp_path)] * 6
+
+
 async def test_changes_queued_together_are_written_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -890,6 +913,7 @@ def test_a_file_that_is_no_state_file_is_refused_naming_it(tmp_path: Path) -> No
 # would publish, before it has published it (its first fsync of a regular file).
 STOPPED_MID_OPERATION = """
 import asyncio, os, signal, stat, sys
+from collections.abc import Iterator
 from pathlib import Path
 from trellis.adapters.fabric.sim import SimulatedFabric
 from trellis.engine.core.errors import WriterFenced

@@ -150,11 +150,14 @@ def _generations(path: Path) -> list[int]:
     return [int(n) for n in names if n.isascii() and n.isdigit()]
 
 
-def _read_newest(path: Path, held: int | None = None) -> tuple[int, SavedFabric | None]:
+def _read_newest(
+    path: Path, held: int | None = None, generations: list[int] | None = None
+) -> tuple[int, SavedFabric | None]:
     """The number of the newest generation of the state at `path`, and what it holds: None if
     there is no state at all, or if the newest is `held` (a generation never changes under
-    its name)."""
-    generations = _generations(path)
+    its name). `generations`: the caller's listing of them, just made (else listed here)."""
+    if generations is None:
+        generations = _generations(path)
     while True:
         newest = max(generations, default=0)
         if newest and newest == held:
@@ -707,7 +710,7 @@ class SimulatedFabric:
         # A process that stopped between reading and linking may find that number free again
         # (deleted as old) and link it below the newest: then it has published nothing.
         generations = _generations(self.state_file)
-        newest, saved = _read_newest(self.state_file, number)
+        newest, saved = _read_newest(self.state_file, number, generations)
         if saved is not None and token not in saved.lineage:
             if newest - len(saved.lineage) < number:
                 raise _Overtaken
