@@ -330,6 +330,26 @@ async def test_a_follower_process_still_waiting_for_its_servers_leaves_with_its_
     assert await asyncio.wait_for(waiting.wait(), 5) == 0
 
 
+async def test_the_follower_process_is_batch_work_beside_the_intents(tmp_path: Path) -> None:
+    """Its passes took the cores from the intents committed meanwhile (the serial tail): as
+    SCHED_BATCH a follower waking for its pass no longer preempts them."""
+    follower = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "trellis.adapters.entrypoints.follow",
+        env=unreachable_follower_env(tmp_path),
+    )  # fmt: skip
+    try:
+        await until(
+            "the follower process never became batch work",
+            lambda: os.sched_getscheduler(follower.pid) == os.SCHED_BATCH,
+        )
+        # Its threads too (the event loop's own thread, and any made later, inherit it).
+        tasks = Path(f"/proc/{follower.pid}/task").iterdir()
+        assert {os.sched_getscheduler(int(t.name)) for t in tasks} == {os.SCHED_BATCH}
+    finally:
+        follower.terminate()
+        await asyncio.wait_for(follower.wait(), 5)
+
+
 async def test_in_secure_mode_the_follower_process_connects_as_the_relay(
     tmp_path: Path, database_url: str, pg_schema: str
 ) -> None:
