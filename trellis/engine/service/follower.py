@@ -292,7 +292,8 @@ class Follower:
                 with contextlib.suppress(Exception):  # a failure here shows on the next pass
                     await self.refresh()
                 continue
-            gather = next_turn(started, loop.time(), self._pass_interval, self._turn) - loop.time()
+            now = loop.time()
+            gather = next_turn(started, now, self._pass_interval, self._turn) - now
             if gather > 0 and not self._hurry.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._hurry.wait(), gather)
