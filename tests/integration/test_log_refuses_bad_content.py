@@ -18,11 +18,12 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from fabrics import row_counts
+from fabrics import fetch, row_counts
 
 from trellis.adapters.clock import SystemClock
 from trellis.adapters.postgres.store import PostgresEventStore
 from trellis.engine.core.errors import EventRefused
+from trellis.engine.core.events import EVENT_TYPES
 from trellis.engine.core.intents import AddNode, ImportTopology
 from trellis.engine.core.model import NodeSpec
 from trellis.engine.core.records import Head, PendingEvent
@@ -123,7 +124,19 @@ GOOD = [
         "ComponentDrained",
         '{"type":"ComponentDrained","component":"sw-1","reason":"\\\\u0000 \\u00e9 \\n"}',
     ),
+    # What makes schema/018's quick look hand an event to the whole check, and is fine: an id
+    # of 19 digits, a number written with an exponent.
+    pending("NodeAdded", {"node": {"id": "1234567890123456789", "kind": "host"}}),
+    pending(
+        "CompositionRejected",
+        '{"type":"CompositionRejected","tenant":"acme","code":"no_path","message":"m",'
+        '"details":{"tiny":1e-07,"big":9.2E18}}',
+    ),
 ]
+
+# Appended before each bad event: valid, and plain (no escape in its text), so the trigger's
+# quick look (schema/018) is what must catch a bad domain or actor, not the whole check.
+PLAIN = pending("ComponentDrained", {"component": "sw-1", "reason": "maintenance"})
 
 
 async def test_the_log_accepts_every_valid_id_and_number_at_the_limits(
@@ -259,6 +272,16 @@ BAD: list[tuple[str, str, str, PendingEvent]] = [
         ),
     ),
     (
+        "exponent-int64",
+        DOMAIN,
+        "int64",
+        pending(
+            "CompositionRejected",
+            '{"type":"CompositionRejected","tenant":"acme","code":"no_path","message":"m",'
+            '"details":{"n":1e19}}',
+        ),
+    ),
+    (
         "nul",
         DOMAIN,
         "cannot store",
@@ -292,12 +315,30 @@ async def test_the_log_refuses_an_event_with_a_bad_id_or_integer_and_writes_noth
     before = await row_counts(database_url, pg_schema)
 
     with pytest.raises(EventRefused) as refused:
-        await store.append(domain, start, [GOOD[3], bad], [])
+        await store.append(domain, start, [PLAIN, bad], [])
 
     assert names in str(refused.value)
     assert await row_counts(database_url, pg_schema) == before
     assert await store.head(DOMAIN) == head
     assert (await store.append(DOMAIN, head, [GOOD[3]], [])).head.version == head.version + 1
+
+
+async def test_the_quick_look_collects_ids_from_the_places_the_whole_check_names(
+    database_url: str, pg_schema: str
+) -> None:
+    """schema/018 makes both functions from one list; a later migration that restates one of
+    them alone would leave the quick look collecting ids from other places than the refusals
+    name. Unknown types have no places in either."""
+    rows = await fetch(
+        database_url,
+        pg_schema,
+        "SELECT t AS type, trellis_event_id_jsonpaths(t)::text[] AS quick,"
+        " trellis_event_id_paths(t)::jsonpath[]::text[] AS whole"
+        " FROM unnest($1::text[]) AS t",
+        [*sorted(EVENT_TYPES), "EventFromTheFuture"],
+    )
+    assert [r["type"] for r in rows if r["quick"] != r["whole"]] == []
+    assert sum(len(r["whole"]) for r in rows) > len(EVENT_TYPES)  # the list is not empty
 
 
 # ---- through the writer: the client of such a request hears `invalid` ----
