@@ -28,7 +28,9 @@ committed Postgres transactions, as ratios to two floors measured in the same ru
   engine process's CPU with its follower process's (the log followers run there by default,
   as `trellis up` runs them) is the engine's alone: the CPU-per-pair target. It includes the
   simulated hardware's state thread (its durable writes stand in for the hardware's, and the
-  saga floor counts them as I/O); the lines under the table say how much of it that was.
+  saga floor counts them as I/O); the lines under the table say how much of it that was, and
+  what the whole machine spent per pair, PostgreSQL's local processes apart (its sessions for
+  the engine and the followers: the writes the intents cause, which the target leaves out).
 - `--loop uvloop` runs the engine on uvloop instead of asyncio's own loop.
 - `--followers both` runs the engine phases once with followers inline (rows `<phase>@inline`)
   and once in their process; `--metrics both` once without and once with Prometheus metrics
@@ -267,7 +269,9 @@ def _machine_ticks() -> tuple[int, int]:
 class CpuMeter:
     """The engine process's CPU time (this one: the clients run in their own), the part of it
     the simulated hardware's state thread spent, the follower process's when the followers
-    run in one (`pid`), and the machine's busy share."""
+    run in one (`pid`), the machine's busy share and CPU time, and what the local PostgreSQL's
+    processes spent (the engine's sessions and the followers'; nothing when the server runs
+    elsewhere)."""
 
     def __init__(self, pid: int | None = None) -> None:
         t = os.times()
@@ -275,6 +279,7 @@ class CpuMeter:
         self._proc = t.user + t.system
         self._child = _process_cpu_s(pid)
         self._hardware = _hardware_threads_cpu_s()
+        self._postgres = _processes_cpu_s(POSTGRES_COMM)
         self._wall = time.perf_counter()
         self._machine = _machine_ticks()
 
@@ -284,11 +289,16 @@ class CpuMeter:
         busy, total = _machine_ticks()
         d_busy, d_total = busy - self._machine[0], total - self._machine[1]
         hardware = _hardware_threads_cpu_s()
+        postgres = _processes_cpu_s(POSTGRES_COMM)
         return {
             "process_cpu_s": t.user + t.system - self._proc,
             "process_cpu_share": (t.user + t.system - self._proc) / wall if wall else 0.0,
             "hardware_cpu_s": sum(s - self._hardware.get(tid, 0.0) for tid, s in hardware.items()),
             "follower_cpu_s": max(0.0, _process_cpu_s(self._pid) - self._child),
+            # A session that started meanwhile counts whole; one that ended is lost (the pools
+            # keep theirs for the run).
+            "postgres_cpu_s": sum(s - self._postgres.get(pid, 0.0) for pid, s in postgres.items()),
+            "machine_cpu_s": d_busy / os.sysconf("SC_CLK_TCK"),
             "machine_busy_share": d_busy / d_total if d_total else float("nan"),
         }
 
@@ -298,6 +308,29 @@ def _process_cpu_s(pid: int | None) -> float:
     if pid is None:
         return 0.0
     return _cpu_s(f"/proc/{pid}/stat")
+
+
+#: The process name of PostgreSQL's server and every session's backend.
+POSTGRES_COMM = "postgres"
+
+
+def _processes_cpu_s(comm: str) -> dict[int, float]:
+    """CPU seconds so far of each process named `comm` on this machine, by pid."""
+    found: dict[int, float] = {}
+    try:
+        entries = list(os.scandir("/proc"))
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        try:
+            name = FsPath(entry.path, "comm").read_text().strip()
+        except OSError:
+            continue  # gone meanwhile
+        if name == comm:
+            found[int(entry.name)] = _cpu_s(f"{entry.path}/stat")
+    return found
 
 
 def _hardware_threads_cpu_s() -> dict[int, float]:
@@ -872,9 +905,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                             * 1000
                             / max(1, len(load.pair))
                         )
-                        figures["cpu"]["hardware_cpu_ms_per_pair"] = (
-                            figures["cpu"]["hardware_cpu_s"] * 1000 / max(1, len(load.pair))
-                        )
+                        for part in ("hardware", "postgres", "machine"):
+                            figures["cpu"][f"{part}_cpu_ms_per_pair"] = (
+                                figures["cpu"][f"{part}_cpu_s"] * 1000 / max(1, len(load.pair))
+                            )
                         figures["diagnostic"] = diagnostic
                         figures["serial"] = workers == 1
                         figures["followers"] = mode
@@ -1178,7 +1212,9 @@ def report(result: dict[str, Any]) -> None:
             f"engine CPU {cpu['process_cpu_share'] * 100:.0f}% of a core; per pair "
             f"{cpu['process_cpu_ms_per_pair']:.2f} ms, of which the simulated hardware's state "
             f"thread {cpu['hardware_cpu_ms_per_pair']:.2f} and the follower process "
-            f"{cpu['follower_cpu_s'] * 1000 / max(1, ph['pairs']):.2f}"
+            f"{cpu['follower_cpu_s'] * 1000 / max(1, ph['pairs']):.2f}; the whole machine "
+            f"{cpu['machine_cpu_ms_per_pair']:.2f} ms per pair, PostgreSQL's processes "
+            f"{cpu['postgres_cpu_ms_per_pair']:.2f} of it"
         )
     result["targets"] = targets(result)
     for key, label in (("floor_noise", "unit floor"), ("saga_floor_noise", "saga floor")):
