@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import msgspec
+import psutil
 import pytest
 import pytest_asyncio
 from engines import Fleet
@@ -39,6 +40,7 @@ from trellis.adapters.nats.auth import Principal, SecureDir
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.nats.jetstream import Envelope, checkpoint_stream_name, stream_name
+from trellis.adapters.postgres import sessions
 from trellis.adapters.settings import Settings, SettingsError
 
 HALL = "hall-1"
@@ -137,6 +139,35 @@ async def test_the_follower_process_keeps_read_models_stream_bucket_and_checkpoi
     assert key
     assert expect_ok(await h.client.query(HALL, "proof", {"event_id": log[0].id}))["tree_size"]
     assert keeper.restarts == 0
+
+
+async def test_each_postgres_session_says_what_it_is_for(h: Harness, subject_prefix: str) -> None:
+    """pg_stat_activity names the engine's sessions and the follower process's, each for
+    what it does (adapters/postgres/sessions.py)."""
+    keeper = process_of(h)
+    expect_ok(await h.client.admin(HALL, "import-topology", fabric()))
+    await followed(h, [f"relay:{stream_name(subject_prefix)}"])
+    pool = h.store._pool  # type: ignore[attr-defined]
+    async with pool.acquire() as conn:
+        own = await conn.fetchval(
+            "SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+        )
+        server_port = await conn.fetchval("SELECT inet_server_port()")
+        named = {
+            r["client_port"]: r["application_name"]
+            for r in await conn.fetch(
+                "SELECT client_port, application_name FROM pg_stat_activity"
+                " WHERE datname = current_database() AND client_port IS NOT NULL"
+            )
+        }
+    assert own == sessions.ENGINE
+    ports = {
+        c.laddr.port
+        for c in psutil.Process(keeper.pid).net_connections(kind="tcp")
+        if c.raddr and c.raddr.port == server_port
+    }
+    followers = {named[port] for port in ports if port in named}
+    assert followers == set(sessions.FOLLOWERS), followers
 
 
 async def test_a_killed_follower_process_is_restarted_and_catches_up(

@@ -82,6 +82,7 @@ from trellis.adapters.nats.issuing import (
 from trellis.adapters.nats.jetstream import StreamLimits
 from trellis.adapters.nats.relay import RelaySink
 from trellis.adapters.nats.replies import AnyInbox, OwnInbox
+from trellis.adapters.postgres import sessions
 from trellis.adapters.postgres.checkpoints import PostgresAuditTrail
 from trellis.adapters.postgres.leases import PostgresLeases
 from trellis.adapters.postgres.snapshots import PostgresSnapshots
@@ -226,11 +227,20 @@ async def follower_sinks(
     # that loses their last commits sends them back to the checkpoint before. The engine's
     # appends, which would otherwise share each WAL flush with them, commit sooner.
     projection_pool = await connect_pool(
-        database_url, schema=schema, max_size=4, durable_commits=False
+        database_url,
+        schema=schema,
+        max_size=4,
+        durable_commits=False,
+        application_name=sessions.PROJECTIONS,
     )
     stack.push_async_callback(projection_pool.close)
     relay_pool = await connect_pool(
-        database_url, schema=schema, min_size=1, max_size=2, durable_commits=False
+        database_url,
+        schema=schema,
+        min_size=1,
+        max_size=2,
+        durable_commits=False,
+        application_name=sessions.RELAY,
     )
     stack.push_async_callback(relay_pool.close)
     await until_reachable(
@@ -269,7 +279,9 @@ async def follower_sinks(
         checkpoints.prepare,
         (NatsTimeoutError, NoRespondersError, ServiceUnavailableError),
     )
-    audit_pool = await connect_pool(database_url, schema=schema, min_size=1, max_size=2)
+    audit_pool = await connect_pool(
+        database_url, schema=schema, min_size=1, max_size=2, application_name=sessions.AUDIT
+    )
     stack.push_async_callback(audit_pool.close)
     if signer is None:
         log.info("checkpoints are signed with a key of this run only (no key file given)")
@@ -421,7 +433,9 @@ async def engine_on(
         # ownership loop bounds each call by a lease time (ownership.within), and tells a
         # paused process from a slow store; a driver's timeout would not, and would fail the
         # first call after a pause.
-        lease_pool = await connect_pool(database_url, schema=schema, max_size=2)
+        lease_pool = await connect_pool(
+            database_url, schema=schema, max_size=2, application_name=sessions.LEASES
+        )
         stack.push_async_callback(lease_pool.close)
         engine = Engine(
             store,

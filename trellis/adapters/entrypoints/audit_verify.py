@@ -43,6 +43,7 @@ from trellis.adapters.nats.auth import CredentialsError, NkeyCredentials, Princi
 from trellis.adapters.nats.connect import nats_servers
 from trellis.adapters.nats.jetstream import DomainEnd, domain_end, stream_name
 from trellis.adapters.nats.kv_state import View, changes, coalesce, everything
+from trellis.adapters.postgres import sessions
 from trellis.adapters.postgres import verify as db
 from trellis.adapters.postgres.store import connect_pool
 from trellis.adapters.settings import Settings, SettingsError
@@ -160,7 +161,12 @@ async def verify(
     """
     # The reader sits idle in its snapshot while a batch is folded on the other connection.
     pool = await connect_pool(
-        database_url, schema=schema, min_size=2, max_size=2, idle_in_transaction_s=600.0
+        database_url,
+        schema=schema,
+        min_size=2,
+        max_size=2,
+        idle_in_transaction_s=600.0,
+        application_name=sessions.COMMAND,
     )
     try:
         async with pool.acquire() as reader, pool.acquire() as scratch:

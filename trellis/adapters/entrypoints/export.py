@@ -8,6 +8,7 @@ import asyncio
 from datetime import datetime
 
 from trellis.adapters.endpoints import find_endpoint
+from trellis.adapters.postgres import sessions
 from trellis.adapters.postgres.export import DomainExport, ExportError, export_parquet
 from trellis.adapters.postgres.store import connect_pool
 from trellis.adapters.settings import Settings
@@ -24,7 +25,9 @@ def run(args: argparse.Namespace) -> int:
         raise ExportError("--since is after --until")
 
     async def go() -> list[DomainExport]:
-        pool = await connect_pool(url, schema=settings.db_schema, max_size=2)
+        pool = await connect_pool(
+            url, schema=settings.db_schema, max_size=2, application_name=sessions.COMMAND
+        )
         try:
             domains = [args.domain] if args.domain else None
             return await export_parquet(

@@ -32,6 +32,7 @@ from trellis.adapters.collector import settle_for_serving
 from trellis.adapters.follow_process import PARENT_ENV, SECURE_DATA_DIR_ENV, committed_subject
 from trellis.adapters.nats.auth import SecureDir
 from trellis.adapters.nats.connect import until_reachable
+from trellis.adapters.postgres import sessions
 from trellis.adapters.postgres.store import PostgresEventStore
 from trellis.adapters.settings import Settings, SettingsError, redacted
 from trellis.engine.core.errors import StoreUnavailable
@@ -115,7 +116,9 @@ async def _follow(
             until_reachable(
                 "Postgres",
                 redacted(database_url),
-                lambda: PostgresEventStore.open(database_url, schema=settings.db_schema),
+                lambda: PostgresEventStore.open(
+                    database_url, schema=settings.db_schema, application_name=sessions.FOLLOWER
+                ),
                 (StoreUnavailable,),
             ),
         )

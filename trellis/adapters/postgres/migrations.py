@@ -16,6 +16,7 @@ from pathlib import Path
 
 import asyncpg
 
+from trellis.adapters.postgres import sessions
 from trellis.adapters.postgres.privileges import grant_engine
 
 
@@ -121,8 +122,11 @@ async def migrate(
 async def prepare_schema(owner_dsn: str, schema: str | None, engine_role: str) -> list[int]:
     """As the owner (`owner_dsn`): migrate `schema` (the search_path's when None) and give
     `engine_role` the engine's privileges in it. Returns the versions applied now."""
+    named = {"application_name": sessions.MIGRATIONS}
     conn = await asyncpg.connect(
-        owner_dsn, server_settings={"search_path": schema} if schema else {}, timeout=5.0
+        owner_dsn,
+        server_settings={**named, **({"search_path": schema} if schema else {})},
+        timeout=5.0,
     )
     try:
         return await migrate(conn, engine_role=engine_role)

@@ -17,6 +17,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
+from trellis.adapters.postgres import sessions
 from trellis.adapters.postgres.privileges import bypasses_privileges
 from trellis.engine.core import replies
 from trellis.engine.core.errors import (
@@ -161,10 +162,12 @@ class PostgresEventStore:
         min_size: int = 1,
         max_size: int = 8,
         idle_in_transaction_s: float = IDLE_IN_APPEND_S,
+        application_name: str = sessions.ENGINE,
     ) -> PostgresEventStore:
         """Connect a pool (optionally pinned to `schema`) and bring the schema up to date. The
         server ends a session left idle inside a transaction (an append) for
-        `idle_in_transaction_s`.
+        `idle_in_transaction_s`. `application_name` says what the sessions are for
+        (adapters/postgres/sessions.py).
 
         With `owner_dsn`, the owner migrates and gives the pool's role the engine's privileges
         (adapters/postgres/privileges.py); without it the pool's own role migrates, which only
@@ -186,6 +189,7 @@ class PostgresEventStore:
                 connect_timeout=CONNECT_TIMEOUT_S,
                 command_timeout=COMMAND_TIMEOUT_S,
                 idle_in_transaction_s=idle_in_transaction_s,
+                application_name=application_name,
             )
         try:
             with _translated("*"):
@@ -455,6 +459,7 @@ async def connect_pool(
     command_timeout: float | None = None,
     idle_in_transaction_s: float = 30.0,
     durable_commits: bool = True,
+    application_name: str = sessions.DEFAULT,
 ) -> asyncpg.Pool:
     """The one way Trellis connects to Postgres: a pool pinned to `schema` (when given) by a
     startup parameter. The event store bounds its commands; background readers (projections,
@@ -467,8 +472,13 @@ async def connect_pool(
     With `durable_commits=False` a commit does not wait for its WAL to reach disk (nor a
     synchronous standby): for what can be rebuilt from the log (the projections, the relay's
     checkpoint), which then takes no turn in the log's own flushes. A crash may lose its last
-    commits (never part of one): the follower resumes from the checkpoint before them."""
-    settings = {"idle_in_transaction_session_timeout": f"{int(idle_in_transaction_s * 1000)}"}
+    commits (never part of one): the follower resumes from the checkpoint before them.
+
+    `application_name` names the sessions in pg_stat_activity (adapters/postgres/sessions.py)."""
+    settings = {
+        "application_name": application_name,
+        "idle_in_transaction_session_timeout": f"{int(idle_in_transaction_s * 1000)}",
+    }
     if not durable_commits:
         settings["synchronous_commit"] = "off"
     return await asyncpg.create_pool(

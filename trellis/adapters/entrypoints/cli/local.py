@@ -12,6 +12,7 @@ from typing import Any
 from trellis.adapters.endpoints import find_endpoint
 from trellis.adapters.entrypoints.cli.errors import CliError
 from trellis.adapters.nats.contract import contract_files
+from trellis.adapters.postgres import sessions
 from trellis.adapters.postgres.migrations import SCHEMA_DIR
 from trellis.adapters.postgres.store import PostgresEventStore, connect_pool
 from trellis.adapters.settings import Settings
@@ -25,8 +26,12 @@ def projections_rebuild(args: argparse.Namespace) -> int:
         raise CliError("no database: set TRELLIS_DATABASE_URL or start one with `trellis up`")
 
     async def go() -> tuple[int, float]:
-        store = await PostgresEventStore.open(url, schema=settings.db_schema)
-        pool = await connect_pool(url, schema=settings.db_schema, max_size=4)
+        store = await PostgresEventStore.open(
+            url, schema=settings.db_schema, application_name=sessions.COMMAND
+        )
+        pool = await connect_pool(
+            url, schema=settings.db_schema, max_size=4, application_name=sessions.COMMAND
+        )
         try:
             started = time.perf_counter()
             applied = await rebuild(pool, store, await store.domains())
