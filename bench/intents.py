@@ -30,7 +30,9 @@ committed Postgres transactions, as ratios to two floors measured in the same ru
   simulated hardware's state thread (its durable writes stand in for the hardware's, and the
   saga floor counts them as I/O); the lines under the table say how much of it that was, and
   what the whole machine spent per pair, PostgreSQL's local processes apart (its sessions for
-  the engine and the followers: the writes the intents cause, which the target leaves out).
+  the engine and the followers: the writes the intents cause, which the target leaves out),
+  and of those the engine's sessions and the followers', told apart by their application_name
+  (trellis/adapters/postgres/sessions.py).
 - `--loop uvloop` runs the engine on uvloop instead of asyncio's own loop.
 - `--followers both` runs the engine phases once with followers inline (rows `<phase>@inline`)
   and once in their process; `--metrics both` once without and once with Prometheus metrics
@@ -87,6 +89,7 @@ from trellis.adapters.collector import settle_for_serving
 from trellis.adapters.fabric.sim import STATE_THREAD, SimulatedFabric
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.nats.connect import connect_nats
+from trellis.adapters.postgres import sessions
 from trellis.adapters.settings import FollowersMode, Settings
 from trellis.engine.core.fabric import FabricBinding
 from trellis.engine.core.throttle import RateLimit
@@ -283,13 +286,18 @@ class CpuMeter:
         self._wall = time.perf_counter()
         self._machine = _machine_ticks()
 
-    def read(self) -> dict[str, float]:
+    def read(self, named: dict[int, str] | None = None) -> dict[str, float]:
+        """The figures since the meter started; `named`: the application_name of each
+        Postgres session by pid (`session_names`), to tell the engine's sessions from the
+        followers'."""
         t = os.times()
         wall = time.perf_counter() - self._wall
         busy, total = _machine_ticks()
         d_busy, d_total = busy - self._machine[0], total - self._machine[1]
         hardware = _hardware_threads_cpu_s()
         postgres = _processes_cpu_s(POSTGRES_COMM)
+        spent = {pid: s - self._postgres.get(pid, 0.0) for pid, s in postgres.items()}
+        named = named or {}
         return {
             "process_cpu_s": t.user + t.system - self._proc,
             "process_cpu_share": (t.user + t.system - self._proc) / wall if wall else 0.0,
@@ -297,10 +305,26 @@ class CpuMeter:
             "follower_cpu_s": max(0.0, _process_cpu_s(self._pid) - self._child),
             # A session that started meanwhile counts whole; one that ended is lost (the pools
             # keep theirs for the run).
-            "postgres_cpu_s": sum(s - self._postgres.get(pid, 0.0) for pid, s in postgres.items()),
+            "postgres_cpu_s": sum(spent.values()),
+            "postgres_engine_cpu_s": sum(
+                s for pid, s in spent.items() if named.get(pid) in sessions.ENGINE_SESSIONS
+            ),
+            "postgres_followers_cpu_s": sum(
+                s for pid, s in spent.items() if named.get(pid) in sessions.FOLLOWERS
+            ),
             "machine_cpu_s": d_busy / os.sysconf("SC_CLK_TCK"),
             "machine_busy_share": d_busy / d_total if d_total else float("nan"),
         }
+
+
+async def session_names(database_url: str) -> dict[int, str]:
+    """Each Postgres session's application_name, by its backend's pid."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch("SELECT pid, application_name FROM pg_stat_activity")
+    finally:
+        await conn.close()
+    return {r["pid"]: r["application_name"] for r in rows}
 
 
 def _process_cpu_s(pid: int | None) -> float:
@@ -896,16 +920,24 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                         await loaded_floor()
                         mark = probe.mark()
                         process = running.follower_process
+                        named = await session_names(database_url)
                         meter = CpuMeter(process.pid if process is not None else None)
                         load = await counted(doms, workers, seconds, cap, on)
                         figures = load.figures()
-                        figures["cpu"] = meter.read()
+                        named.update(await session_names(database_url))  # new sessions too
+                        figures["cpu"] = meter.read(named)
                         figures["cpu"]["process_cpu_ms_per_pair"] = (
                             (figures["cpu"]["process_cpu_s"] + figures["cpu"]["follower_cpu_s"])
                             * 1000
                             / max(1, len(load.pair))
                         )
-                        for part in ("hardware", "postgres", "machine"):
+                        for part in (
+                            "hardware",
+                            "postgres",
+                            "postgres_engine",
+                            "postgres_followers",
+                            "machine",
+                        ):
                             figures["cpu"][f"{part}_cpu_ms_per_pair"] = (
                                 figures["cpu"][f"{part}_cpu_s"] * 1000 / max(1, len(load.pair))
                             )
@@ -1214,7 +1246,9 @@ def report(result: dict[str, Any]) -> None:
             f"thread {cpu['hardware_cpu_ms_per_pair']:.2f} and the follower process "
             f"{cpu['follower_cpu_s'] * 1000 / max(1, ph['pairs']):.2f}; the whole machine "
             f"{cpu['machine_cpu_ms_per_pair']:.2f} ms per pair, PostgreSQL's processes "
-            f"{cpu['postgres_cpu_ms_per_pair']:.2f} of it"
+            f"{cpu['postgres_cpu_ms_per_pair']:.2f} of it (the engine's sessions "
+            f"{cpu['postgres_engine_cpu_ms_per_pair']:.2f}, the followers' "
+            f"{cpu['postgres_followers_cpu_ms_per_pair']:.2f})"
         )
     result["targets"] = targets(result)
     for key, label in (("floor_noise", "unit floor"), ("saga_floor_noise", "saga floor")):

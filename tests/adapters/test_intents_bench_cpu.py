@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.intents import POSTGRES_COMM, CpuMeter
 from trellis.adapters.fabric.sim import STATE_THREAD
+from trellis.adapters.postgres import sessions
 
 
 def burn(seconds: float, then: threading.Event | None = None) -> None:
@@ -72,3 +73,36 @@ def test_postgres_processes_and_the_whole_machine_are_counted_apart(tmp_path: Pa
     # Ticks are 10 ms; each interpreter also spends a little starting up.
     assert 0.29 <= figures["postgres_cpu_s"] < 0.5, figures
     assert machine >= figures["postgres_cpu_s"] + 0.29, (machine, figures)
+
+
+def test_postgres_sessions_are_told_apart_by_what_they_are_for(tmp_path: Path) -> None:
+    """Of PostgreSQL's processes, a session named as the engine's counts as the engine's, one
+    named as a follower's as the followers', and one named otherwise as neither."""
+    meter = CpuMeter()
+    postgres = tmp_path / POSTGRES_COMM
+    postgres.symlink_to(sys.executable)
+    spin = (
+        "import sys, time\nend = time.process_time() + {s}\n"
+        "while time.process_time() < end: pass\nsys.stdin.read()"
+    )
+    spinners = {
+        name: subprocess.Popen([str(postgres), "-c", spin.format(s=seconds)], stdin=subprocess.PIPE)
+        for name, seconds in (
+            (sessions.ENGINE, 0.2),
+            (sessions.PROJECTIONS, 0.3),
+            (sessions.COMMAND, 0.1),
+        )
+    }
+    named = {spinner.pid: name for name, spinner in spinners.items()}
+    deadline = time.monotonic() + 30
+    figures = meter.read(named)
+    done = {"postgres_engine_cpu_s": 0.19, "postgres_followers_cpu_s": 0.29, "postgres_cpu_s": 0.59}
+    while any(figures[k] < v for k, v in done.items()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+        figures = meter.read(named)
+    for spinner in spinners.values():
+        spinner.communicate(b"")
+    # Ticks are 10 ms; each interpreter also spends a little starting up.
+    assert 0.19 <= figures["postgres_engine_cpu_s"] < 0.3, figures
+    assert 0.29 <= figures["postgres_followers_cpu_s"] < 0.4, figures
+    assert figures["postgres_cpu_s"] >= 0.59, figures
