@@ -112,3 +112,28 @@ async def test_the_rebuild_writes_what_the_live_path_writes(conn: Any) -> None:
     async with conn.transaction():  # an upsert and a delete
         await write(conn, [Changes(ODD, [ODD.key_of(ROWS[2])], changed=[changed], new=[])])
     assert await stored(conn) == by_key([as_stored(ODD, ROWS[0]), as_stored(ODD, changed)])
+
+
+async def test_a_prefetch_planned_on_an_empty_table_still_looks_keys_up_once_it_grows(
+    conn: Any,
+) -> None:
+    """A follower's connection keeps its prepared statements, and after a few runs Postgres
+    reuses one generic plan for each. One made while the table was empty must not scan the
+    whole table once the table has grown: every pass would then read every row."""
+    await conn.execute(f"ALTER TABLE {ODD.name} SET (autovacuum_enabled = false)")  # no ANALYZE
+    rows = PostgresRows(conn)
+    key, group = ("hall", "n-7", 7), ("hall", "n-7")
+    for _ in range(8):  # past the custom plans Postgres tries first: the plan is now generic
+        assert await rows.fetch(ODD, ODD.key, [key]) == []
+        assert await rows.fetch(ODD, ODD.group, [group]) == []
+    grown = [{**ROWS[2], "domain": "hall", "name": f"n-{i}", "at_position": i} for i in range(5000)]
+    async with conn.transaction(), PostgresRows.batch(conn) as batch:
+        await batch.write(ODD, [], grown)
+    scans = "SELECT seq_scan, idx_scan FROM pg_stat_xact_user_tables WHERE relid = $1::regclass"
+    async with conn.transaction():  # pending counts are flushed only between transactions
+        before = await conn.fetchrow(scans, ODD.name)
+        assert [r["name"] for r in await rows.fetch(ODD, ODD.key, [key])] == ["n-7"]
+        assert [r["at_position"] for r in await rows.fetch(ODD, ODD.group, [group])] == [7]
+        after = await conn.fetchrow(scans, ODD.name)
+    assert after["seq_scan"] == before["seq_scan"], (dict(before), dict(after))
+    assert after["idx_scan"] == before["idx_scan"] + 2, (dict(before), dict(after))

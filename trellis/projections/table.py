@@ -75,16 +75,24 @@ class Table:
     def json_columns(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.columns if c.type == "jsonb")
 
-    def _keys_in(self, columns: tuple[str, ...]) -> str:
-        """The keys of $1, a JSON array of arrays (one per key, in `columns` order), as rows."""
-        picked = ", ".join(f"(k->>{i})::{self.types[c]}" for i, c in enumerate(columns))
-        return f"SELECT {picked} FROM json_array_elements($1::json) AS k"
+    def _keys_in(self, columns: tuple[str, ...], *, distinct: bool = False) -> str:
+        """The keys of $1, a JSON array of arrays (one per key, in `columns` order), as rows
+        with the columns' names."""
+        picked = ", ".join(f"(k->>{i})::{self.types[c]} AS {c}" for i, c in enumerate(columns))
+        select = "SELECT DISTINCT" if distinct else "SELECT"
+        return f"{select} {picked} FROM json_array_elements($1::json) AS k"
 
     def _select_by(self, columns: tuple[str, ...]) -> str:
+        """The rows whose `columns` are one of the keys in $1. Each key is looked up on its own
+        (the subquery is LATERAL, and OFFSET 0 keeps the planner from joining it flat). As a
+        join, a plan made while the table was nearly empty hashed the keys and scanned the
+        whole table, and asyncpg's prepared statement kept that plan as the table grew: a
+        follower's prefetch then read every row of the table in every pass."""
+        matches = " AND ".join(f"{c} = k.{c}" for c in columns)
         return (
-            f"SELECT {', '.join(self.names)}\n"
-            f"  FROM {self.name}\n"
-            f" WHERE ({', '.join(columns)}) IN ({self._keys_in(columns)})"
+            f"SELECT {', '.join(f't.{n}' for n in self.names)}\n"
+            f"  FROM ({self._keys_in(columns, distinct=True)}) AS k,\n"
+            f"       LATERAL (SELECT * FROM {self.name} WHERE {matches} OFFSET 0) AS t"
         )
 
     @cached_property
