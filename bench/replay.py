@@ -37,6 +37,7 @@ import asyncpg
 
 from bench.intents import progress, servers
 from bench.snapshots import DOMAIN, Clock, fill
+from trellis.adapters.postgres import sessions
 from trellis.adapters.postgres.snapshots import PostgresSnapshots
 from trellis.adapters.postgres.store import EVENT_COLUMNS, PostgresEventStore, connect_pool
 from trellis.adapters.settings import Settings
@@ -106,7 +107,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         store = await PostgresEventStore.open(
             urls.database_url, schema=schema, owner_dsn=urls.database_owner_url
         )
-        pool = await connect_pool(urls.database_url, schema=schema, max_size=4)
+        # Named as `trellis projections rebuild` names its pool, so it plans as that does.
+        pool = await connect_pool(
+            urls.database_url, schema=schema, max_size=4, application_name=sessions.PROJECTIONS
+        )
         try:
             if empty:
                 progress(f"generating {args.events} events into {schema} (kept for next time)")

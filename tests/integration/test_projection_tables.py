@@ -11,6 +11,9 @@ from typing import Any
 import asyncpg
 import pytest_asyncio
 
+from trellis.adapters.postgres import sessions
+from trellis.adapters.postgres.store import PostgresEventStore, connect_pool
+from trellis.projections.history import INTERVALS
 from trellis.projections.replay import Changes, write
 from trellis.projections.table import Column, PostgresRows, Row, Table, as_stored
 
@@ -115,25 +118,49 @@ async def test_the_rebuild_writes_what_the_live_path_writes(conn: Any) -> None:
 
 
 async def test_a_prefetch_planned_on_an_empty_table_still_looks_keys_up_once_it_grows(
-    conn: Any,
+    owner_url: str, pg_schema: str
 ) -> None:
-    """A follower's connection keeps its prepared statements, and after a few runs Postgres
-    reuses one generic plan for each. One made while the table was empty must not scan the
-    whole table once the table has grown: every pass would then read every row."""
-    await conn.execute(f"ALTER TABLE {ODD.name} SET (autovacuum_enabled = false)")  # no ANALYZE
-    rows = PostgresRows(conn)
-    key, group = ("hall", "n-7", 7), ("hall", "n-7")
-    for _ in range(8):  # past the custom plans Postgres tries first: the plan is now generic
-        assert await rows.fetch(ODD, ODD.key, [key]) == []
-        assert await rows.fetch(ODD, ODD.group, [group]) == []
-    grown = [{**ROWS[2], "domain": "hall", "name": f"n-{i}", "at_position": i} for i in range(5000)]
-    async with conn.transaction(), PostgresRows.batch(conn) as batch:
-        await batch.write(ODD, [], grown)
-    scans = "SELECT seq_scan, idx_scan FROM pg_stat_xact_user_tables WHERE relid = $1::regclass"
-    async with conn.transaction():  # pending counts are flushed only between transactions
-        before = await conn.fetchrow(scans, ODD.name)
-        assert [r["name"] for r in await rows.fetch(ODD, ODD.key, [key])] == ["n-7"]
-        assert [r["at_position"] for r in await rows.fetch(ODD, ODD.group, [group])] == [7]
-        after = await conn.fetchrow(scans, ODD.name)
-    assert after["seq_scan"] == before["seq_scan"], (dict(before), dict(after))
-    assert after["idx_scan"] == before["idx_scan"] + 2, (dict(before), dict(after))
+    """A follower's connection keeps its prepared statements, and Postgres would soon reuse one
+    generic plan for each. A plan made while the table was empty must neither scan the whole
+    table once it has grown, nor walk another of its indexes over a whole domain: every pass
+    would then read every row. The history intervals have four such indexes. The projections'
+    sessions (as bootstrap and `projections rebuild` name them) plan each run instead."""
+    await (await PostgresEventStore.open(owner_url, schema=pg_schema)).close()  # migrates
+    pool = await connect_pool(owner_url, schema=pg_schema, application_name=sessions.PROJECTIONS)
+    try:
+        async with pool.acquire() as conn:
+            await conn.execute(f"ALTER TABLE {INTERVALS.name} SET (autovacuum_enabled = false)")
+            rows = PostgresRows(conn)
+            key, group = ("hall", "c-7", "gpu-7", 7), ("hall", "c-7")
+            for _ in range(8):  # past the custom plans Postgres tries first: the plan is generic
+                assert await rows.fetch(INTERVALS, INTERVALS.key, [key]) == []
+                assert await rows.fetch(INTERVALS, INTERVALS.group, [group]) == []
+            started = datetime(2026, 12, 6, tzinfo=UTC)
+            grown = [
+                {
+                    "domain": "hall", "composition_id": f"c-{i}", "device": f"gpu-{i}",
+                    "start_position": i, "kind": "gpu", "model": "h100", "host": f"host-{i % 8}",
+                    "tenant": "acme", "started_at": started + timedelta(seconds=i),
+                    "ended_at": None, "end_position": None, "end_reason": None,
+                    "bandwidth_gbps": 64.0, "capacity_gib": None, "cost_per_hour": 2.0,
+                }
+                for i in range(5000)
+            ]  # fmt: skip
+            async with conn.transaction(), PostgresRows.batch(conn) as batch:
+                await batch.write(INTERVALS, [], grown)
+            scans = (
+                "SELECT seq_scan, idx_scan, idx_tup_fetch FROM pg_stat_xact_user_tables"
+                " WHERE relid = $1::regclass"
+            )
+            async with conn.transaction():  # pending counts are flushed only between transactions
+                before = await conn.fetchrow(scans, INTERVALS.name)
+                found = await rows.fetch(INTERVALS, INTERVALS.key, [key])
+                assert [r["composition_id"] for r in found] == ["c-7"]
+                found = await rows.fetch(INTERVALS, INTERVALS.group, [group])
+                assert [r["start_position"] for r in found] == [7]
+                after = await conn.fetchrow(scans, INTERVALS.name)
+    finally:
+        await pool.close()
+    read = {k: after[k] - before[k] for k in ("seq_scan", "idx_scan", "idx_tup_fetch")}
+    # Two index lookups, each reading only the row it finds.
+    assert read == {"seq_scan": 0, "idx_scan": 2, "idx_tup_fetch": 2}, read

@@ -83,11 +83,14 @@ class Table:
         return f"{select} {picked} FROM json_array_elements($1::json) AS k"
 
     def _select_by(self, columns: tuple[str, ...]) -> str:
-        """The rows whose `columns` are one of the keys in $1. Each key is looked up on its own
-        (the subquery is LATERAL, and OFFSET 0 keeps the planner from joining it flat). As a
-        join, a plan made while the table was nearly empty hashed the keys and scanned the
-        whole table, and asyncpg's prepared statement kept that plan as the table grew: a
-        follower's prefetch then read every row of the table in every pass."""
+        """The rows whose `columns` (the key, or a prefix of it) are one of the keys in $1.
+
+        Each key is looked up on its own (LATERAL; OFFSET 0 keeps the planner from joining it
+        flat). As a join, Postgres could not know how few keys there are (it takes a JSON
+        array for 100 rows) and hashed them to scan the whole table, which on a table of tens
+        of thousands of rows read them all in every pass of a follower. The projections'
+        sessions plan each run (adapters/postgres/sessions.py), so each lookup takes the index
+        the table's present size calls for."""
         matches = " AND ".join(f"{c} = k.{c}" for c in columns)
         return (
             f"SELECT {', '.join(f't.{n}' for n in self.names)}\n"

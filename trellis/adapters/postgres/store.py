@@ -474,8 +474,10 @@ async def connect_pool(
     checkpoint), which then takes no turn in the log's own flushes. A crash may lose its last
     commits (never part of one): the follower resumes from the checkpoint before them.
 
-    `application_name` names the sessions in pg_stat_activity (adapters/postgres/sessions.py)."""
+    `application_name` names the sessions in pg_stat_activity, and gives them the settings
+    that purpose needs (adapters/postgres/sessions.py)."""
     settings = {
+        **sessions.SETTINGS.get(application_name, {}),
         "application_name": application_name,
         "idle_in_transaction_session_timeout": f"{int(idle_in_transaction_s * 1000)}",
     }

@@ -30,7 +30,7 @@ def projections_rebuild(args: argparse.Namespace) -> int:
             url, schema=settings.db_schema, application_name=sessions.COMMAND
         )
         pool = await connect_pool(
-            url, schema=settings.db_schema, max_size=4, application_name=sessions.COMMAND
+            url, schema=settings.db_schema, max_size=4, application_name=sessions.PROJECTIONS
         )
         try:
             started = time.perf_counter()
