@@ -107,8 +107,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         store = await PostgresEventStore.open(
             urls.database_url, schema=schema, owner_dsn=urls.database_owner_url
         )
-        # Named as `trellis projections rebuild` names its pool, so it plans as that does.
-        pool = await connect_pool(
+        pool = await connect_pool(urls.database_url, schema=schema, max_size=4)
+        # The rebuild's own, named as `trellis projections rebuild` names it, so it plans as
+        # that does; the raw reads stay on a plain pool, the baseline.
+        projections = await connect_pool(
             urls.database_url, schema=schema, max_size=4, application_name=sessions.PROJECTIONS
         )
         try:
@@ -128,10 +130,11 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             result["read_decode"] = await timed("read + decode", lambda: read_and_decode(store))
             result["fold"] = await timed("fold (engine start)", fold)
             result["rebuild"] = await timed(
-                "projection rebuild", lambda: rebuild(pool, store, [DOMAIN])
+                "projection rebuild", lambda: rebuild(projections, store, [DOMAIN])
             )
             result["raw_read_again"] = await timed("raw read again", lambda: raw_read(pool))
         finally:
+            await projections.close()
             await pool.close()
             await store.close()
     return result
