@@ -13,7 +13,8 @@ import pytest_asyncio
 
 from trellis.adapters.postgres import sessions
 from trellis.adapters.postgres.store import PostgresEventStore, connect_pool
-from trellis.projections.history import INTERVALS
+from trellis.adapters.postgres.verify import ProjectionReplay
+from trellis.projections.history import INTERVALS, HistoryProjection
 from trellis.projections.replay import Changes, write
 from trellis.projections.table import Column, PostgresRows, Row, Table, as_stored
 
@@ -129,38 +130,58 @@ async def test_a_prefetch_planned_on_an_empty_table_still_looks_keys_up_once_it_
     pool = await connect_pool(owner_url, schema=pg_schema, application_name=sessions.PROJECTIONS)
     try:
         async with pool.acquire() as conn:
-            await conn.execute(f"ALTER TABLE {INTERVALS.name} SET (autovacuum_enabled = false)")
-            rows = PostgresRows(conn)
-            key, group = ("hall", "c-7", "gpu-7", 7), ("hall", "c-7")
-            for _ in range(8):  # past the custom plans Postgres tries first: the plan is generic
-                assert await rows.fetch(INTERVALS, INTERVALS.key, [key]) == []
-                assert await rows.fetch(INTERVALS, INTERVALS.group, [group]) == []
-            started = datetime(2026, 12, 6, tzinfo=UTC)
-            grown = [
-                {
-                    "domain": "hall", "composition_id": f"c-{i}", "device": f"gpu-{i}",
-                    "start_position": i, "kind": "gpu", "model": "h100", "host": f"host-{i % 8}",
-                    "tenant": "acme", "started_at": started + timedelta(seconds=i),
-                    "ended_at": None, "end_position": None, "end_reason": None,
-                    "bandwidth_gbps": 64.0, "capacity_gib": None, "cost_per_hour": 2.0,
-                }
-                for i in range(5000)
-            ]  # fmt: skip
-            async with conn.transaction(), PostgresRows.batch(conn) as batch:
-                await batch.write(INTERVALS, [], grown)
-            scans = (
-                "SELECT seq_scan, idx_scan, idx_tup_fetch FROM pg_stat_xact_user_tables"
-                " WHERE relid = $1::regclass"
-            )
-            async with conn.transaction():  # pending counts are flushed only between transactions
-                before = await conn.fetchrow(scans, INTERVALS.name)
-                found = await rows.fetch(INTERVALS, INTERVALS.key, [key])
-                assert [r["composition_id"] for r in found] == ["c-7"]
-                found = await rows.fetch(INTERVALS, INTERVALS.group, [group])
-                assert [r["start_position"] for r in found] == [7]
-                after = await conn.fetchrow(scans, INTERVALS.name)
+            await lookups_read_only_what_they_find(conn)
     finally:
         await pool.close()
+
+
+async def test_the_audit_replay_plans_its_lookups_as_the_projections_do(
+    owner_url: str, pg_schema: str
+) -> None:
+    """`trellis verify` folds the log into temporary copies of the projection tables, which
+    grow from empty and are never analyzed: its lookups must follow their size too."""
+    await (await PostgresEventStore.open(owner_url, schema=pg_schema)).close()  # migrates
+    conn = await asyncpg.connect(owner_url, server_settings={"search_path": pg_schema})
+    try:
+        await ProjectionReplay(conn, pg_schema, [HistoryProjection()]).prepare()
+        await lookups_read_only_what_they_find(conn)
+    finally:
+        await conn.close()
+
+
+async def lookups_read_only_what_they_find(conn: Any) -> None:
+    """Lookups by key and by group on the history intervals, planned while the table is
+    empty (and left unanalyzed), then run on 5,000 rows: two lookups read two rows."""
+    await conn.execute(f"ALTER TABLE {INTERVALS.name} SET (autovacuum_enabled = false)")
+    rows = PostgresRows(conn)
+    key, group = ("hall", "c-7", "gpu-7", 7), ("hall", "c-7")
+    for _ in range(8):  # past the custom plans Postgres tries first: the plan is generic
+        assert await rows.fetch(INTERVALS, INTERVALS.key, [key]) == []
+        assert await rows.fetch(INTERVALS, INTERVALS.group, [group]) == []
+    started = datetime(2026, 12, 6, tzinfo=UTC)
+    grown = [
+        {
+            "domain": "hall", "composition_id": f"c-{i}", "device": f"gpu-{i}",
+            "start_position": i, "kind": "gpu", "model": "h100", "host": f"host-{i % 8}",
+            "tenant": "acme", "started_at": started + timedelta(seconds=i),
+            "ended_at": None, "end_position": None, "end_reason": None,
+            "bandwidth_gbps": 64.0, "capacity_gib": None, "cost_per_hour": 2.0,
+        }
+        for i in range(5000)
+    ]  # fmt: skip
+    async with conn.transaction(), PostgresRows.batch(conn) as batch:
+        await batch.write(INTERVALS, [], grown)
+    scans = (
+        "SELECT seq_scan, idx_scan, idx_tup_fetch FROM pg_stat_xact_user_tables"
+        " WHERE relid = $1::regclass"
+    )
+    async with conn.transaction():  # pending counts are flushed only between transactions
+        before = await conn.fetchrow(scans, INTERVALS.name)
+        found = await rows.fetch(INTERVALS, INTERVALS.key, [key])
+        assert [r["composition_id"] for r in found] == ["c-7"]
+        found = await rows.fetch(INTERVALS, INTERVALS.group, [group])
+        assert [r["start_position"] for r in found] == [7]
+        after = await conn.fetchrow(scans, INTERVALS.name)
     read = {k: after[k] - before[k] for k in ("seq_scan", "idx_scan", "idx_tup_fetch")}
     # Two index lookups, each reading only the row it finds.
     assert read == {"seq_scan": 0, "idx_scan": 2, "idx_tup_fetch": 2}, read

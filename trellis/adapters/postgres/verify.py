@@ -18,6 +18,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
+from trellis.adapters.postgres import sessions
 from trellis.adapters.postgres.store import EVENT_COLUMNS, event_from_row
 from trellis.engine.core.audit import Finding
 from trellis.engine.core.records import RecordedEvent
@@ -145,6 +146,10 @@ class ProjectionReplay:
         return [t for p in self._projections for t in p.tables]
 
     async def prepare(self) -> None:
+        # Temporary tables are never analyzed and grow from empty as the replay folds: plan
+        # each run, as the projections' own sessions do (adapters/postgres/sessions.py).
+        for name, value in sessions.SETTINGS[sessions.PROJECTIONS].items():
+            await self._conn.execute("SELECT set_config($1, $2, false)", name, value)
         for table in self.tables:
             await self._conn.execute(
                 f"CREATE TEMP TABLE {table.name} "
