@@ -254,6 +254,46 @@ async def test_a_lone_release_is_let_go_in_the_next_compose_call(
     assert sim.programs[0][0] == "unbind" and sim.programs[0][-1] == "bind"
 
 
+async def test_a_lone_release_waits_on_for_a_reservation_being_appended(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hold-back runs out while the next compose's reservation is still being appended
+    (slow here): the release waits on for that commit, and the compose saga carries it, rather
+    than a call of its own that the saga would then wait for before making its own."""
+    sim, first = await one_composed_quietly(h, monkeypatch)
+    monkeypatch.setattr(saga, "LINGER_S", 0.2)
+    append = h.store.append
+
+    async def slow_reservations(*args: Any, **kwargs: Any) -> Any:
+        if any(e.type == "DevicesReserved" for e in args[2]):
+            await asyncio.sleep(4 * saga.LINGER_S)
+        return await append(*args, **kwargs)
+
+    monkeypatch.setattr(h.store, "append", slow_reservations)
+
+    expect_ok(await h.client.intent(DOMAIN, "acme", "release", {"composition_id": first}))
+    again = expect_ok(await compose(h, A100))
+
+    assert again["state"] == "active"
+    assert await in_step(h, sim) == ([CIRCUIT], ["gpu-02@host-01"])
+    assert len(sim.programs) == 1, sim.programs
+    assert sim.programs[0][0] == "unbind" and sim.programs[0][-1] == "bind"
+
+
+async def test_a_lone_release_goes_alone_when_no_reservation_comes(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a compose on its way, what a release let go goes on its own call at the end of
+    its hold-back."""
+    sim, first = await one_composed_quietly(h, monkeypatch)
+    monkeypatch.setattr(saga, "LINGER_S", 0.05)
+
+    expect_ok(await h.client.intent(DOMAIN, "acme", "release", {"composition_id": first}))
+
+    assert await in_step(h, sim) == ([], [])
+    assert sim.programs == [["unbind", "remove_circuit"]]
+
+
 @pytest.mark.parametrize("fault", ["fail", "hang"])
 async def test_a_let_go_that_fails_or_hangs_in_a_compose_call_leaves_the_compose_to_succeed(
     h: Harness, monkeypatch: pytest.MonkeyPatch, fault: str

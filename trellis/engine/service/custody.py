@@ -413,6 +413,7 @@ class Custody:
             fence=fence,
             on_fenced=lambda: self._lost(domain, writer),
             telemetry=self._telemetry,
+            appending=lambda: writer.appending,
         )
         writer = DomainWriter(
             domain,

@@ -67,7 +67,8 @@ _Item = TypeVar("_Item", FabricBinding, FabricCircuit)
 Settle = Callable[[str, Settlement], Awaitable[bytes]]
 # How long what a commit let go waits for the next compose saga to carry it (one call, one
 # durable write, instead of a call the saga waits for and then its own): about the time a
-# client takes to send its next compose and the writer to reserve it.
+# client takes to send its next compose and the writer to reserve it. While a reservation is
+# being appended when it runs out, it waits on for that commit (FabricSync._linger_over).
 LINGER_S = 0.005
 # Events whose commit says all the hardware must do (see `FabricSync.committed`): reservations
 # (their sagas program them), settlements (their sagas did), releases and expiries (their
@@ -113,8 +114,10 @@ class FabricSync:
         fence: int | None = None,
         on_fenced: Callable[[], None] | None = None,
         telemetry: Telemetry | None = None,
+        appending: Callable[[], Sequence[Event]] = tuple,
     ):
         self.domain = domain
+        self._appending = appending  # the events of the writer's append in flight
         self._telemetry = telemetry or NoTelemetry()
         self._fence = fence  # every driver call carries the writer epoch it is made under
         self._on_fenced = on_fenced
@@ -182,8 +185,21 @@ class FabricSync:
             self._let_go_now()
         elif changes and self._lingering is None:
             loop = asyncio.get_running_loop()
-            self._lingering = loop.call_later(LINGER_S, self._let_go_now)
+            self._lingering = loop.call_later(LINGER_S, self._linger_over)
         self._maybe_idle()
+
+    def _linger_over(self) -> None:
+        """What is held back goes on its own call, unless a reservation is being appended:
+        its saga, starting at that commit, carries it. (Sent alone while the append was in
+        flight, the call made the saga wait for it and then make its own: two durable writes
+        in sequence, on a compose whose append was already slow.) The append ends, committed
+        or not; without a reservation committed by then it goes at the next look."""
+        self._lingering = None
+        if any(isinstance(e, DevicesReserved) for e in self._appending()):
+            loop = asyncio.get_running_loop()
+            self._lingering = loop.call_later(LINGER_S, self._linger_over)
+        else:
+            self._let_go_now()
 
     def _take_held_back(self) -> list[FabricChange]:
         """What is held back, no longer held (its linger stops)."""

@@ -120,6 +120,9 @@ class DomainWriter:
         # The request keys this writer committed lately: a request among them is a resend,
         # looked up before anything is decided (see _commit_batch).
         self._answered: OrderedDict[tuple[str, str], None] = OrderedDict()
+        # The events of the append in flight, until it ends: the fabric saga holds back what
+        # it would let go while a reservation is on its way to carry it (FabricSync).
+        self.appending: Sequence[Event] = ()
 
     async def catch_up(self) -> None:
         """Fold every event after our head into the state (start, or after a lost race); at
@@ -383,9 +386,13 @@ class DomainWriter:
             await self._store.barrier()
         if pending:
             started = time.perf_counter()
-            appended = await self._store.append(
-                self.domain, self.head, events, pending, fence=self.fence
-            )
+            self.appending = typed
+            try:
+                appended = await self._store.append(
+                    self.domain, self.head, events, pending, fence=self.fence
+                )
+            finally:
+                self.appending = ()
             self._telemetry.committed(self.domain, len(batch), time.perf_counter() - started)
             before, version = self.state, self.head.version
             self.state, self.head, committed = state, appended.head, appended.replies
