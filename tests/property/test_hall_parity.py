@@ -180,3 +180,25 @@ def test_a_target_beyond_the_latency_or_hop_bound_is_refused_before_any_search()
         assert _paths_py.best_paths(py_fabric, cond, request, far) == {}
         assert C.best_paths(c_fabric, live, request, far) == {}, request
         assert c_fabric.last_rounds == 0, request
+
+
+def test_a_target_just_beyond_max_hops_is_refused_from_both_ends() -> None:
+    """A target in another pod is 10 hops away. Every max_hops below that is refused without
+    a search round: the host's few hops and the target's few meet nowhere within it. (The
+    bounds from the target alone proved it only up to 6; 7 to 9 took a round.) At 10 the path
+    is found, as the reference finds it."""
+    nodes, links, *_ = hall(0)
+    cond = Conditions()
+    C, py_fabric, c_fabric, live = cores(nodes, links, cond)
+    host, far = "p0-r0-host0", {"p2-r1-leaf1-d2"}
+    found = PathRequest(host, "t0", max_hops=10)
+    assert (
+        C.best_paths(c_fabric, live, found, far)
+        == _paths_py.best_paths(py_fabric, cond, found, far)
+        != {}
+    )
+    for max_hops in range(3, 10):
+        request = PathRequest(host, "t0", max_hops=max_hops)
+        assert _paths_py.best_paths(py_fabric, cond, request, far) == {}
+        assert C.best_paths(c_fabric, live, request, far) == {}, request
+        assert c_fabric.last_rounds == 0, request

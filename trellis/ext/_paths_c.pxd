@@ -189,6 +189,9 @@ ctypedef struct WS:
     int64_t lb_head  # the lower bounds' BFS so far (see _extend_bounds): queue head and tail,
     int64_t lb_tail
     int64_t lb_level  # and every node within this many hops of a target has its bound
+    int32_t* hop  # per node: fewest hops from the host over the relaxed fabric (hop_stamp),
+    uint32_t* hop_stamp  # within the few a refusal needs (_hop_ball_meets)
+    int32_t* hop_queue  # that BFS's queue: a node, or once per OCS a token, as ws.queue
     int64_t* lat_lb  # per node: least latency to a target over the relaxed fabric (lat_stamp)
     uint32_t* lat_stamp
     DEntry* dheap  # the latency bound's Dijkstra heap (resumable: see _latency_reachable)

@@ -199,6 +199,10 @@ cdef class _Workspace:
         # A node, or once per OCS a token for its extra hop (see _lower_bounds).
         self.w.queue = <int32_t*>_alloc(2 * n_nodes, sizeof(int32_t))
         memset(self.w.lb_stamp, 0, n_nodes * sizeof(uint32_t))
+        self.w.hop = <int32_t*>_alloc(n_nodes, sizeof(int32_t))
+        self.w.hop_stamp = <uint32_t*>_alloc(n_nodes, sizeof(uint32_t))
+        memset(self.w.hop_stamp, 0, n_nodes * sizeof(uint32_t))
+        self.w.hop_queue = <int32_t*>_alloc(2 * n_nodes, sizeof(int32_t))
         self.w.lat_lb = <int64_t*>_alloc(n_nodes, sizeof(int64_t))
         self.w.lat_stamp = <uint32_t*>_alloc(n_nodes, sizeof(uint32_t))
         memset(self.w.lat_stamp, 0, n_nodes * sizeof(uint32_t))
@@ -232,6 +236,9 @@ cdef class _Workspace:
         free(self.w.best)
         free(self.w.lb)
         free(self.w.lb_stamp)
+        free(self.w.hop)
+        free(self.w.hop_stamp)
+        free(self.w.hop_queue)
         free(self.w.lat_lb)
         free(self.w.lat_stamp)
         free(self.w.dheap)
@@ -258,6 +265,7 @@ cdef class _Workspace:
         if self.w.stamp == 0:
             memset(self.w.target_stamp, 0, self.w.n_nodes * sizeof(uint32_t))
             memset(self.w.lb_stamp, 0, self.w.n_nodes * sizeof(uint32_t))
+            memset(self.w.hop_stamp, 0, self.w.n_nodes * sizeof(uint32_t))
             memset(self.w.lat_stamp, 0, self.w.n_nodes * sizeof(uint32_t))
             memset(self.w.fwd_stamp, 0, self.w.n_nodes * sizeof(uint32_t))
             self.w.lat_seeded = 0
@@ -2142,16 +2150,20 @@ cdef void _deepen(const FabricData* f, const CondData* c, WS* ws, Query* q) noex
     every target (or, choosing devices, the best n: one unseen needs more hops, so it ranks
     after), or when nothing was cut for the bound. Across pods most labels of the full search
     lead nowhere near the target in as few hops; a round at the target's distance never
-    builds them. With a latency bound, whether any target lies within it is asked first
-    (_latency_reachable, two Dijkstras that meet half way): a far target beyond the bound is
-    refused before any bound or round. The latency bounds themselves are completed only when
-    a first round did not settle the answer (they cost a Dijkstra over what the bound
-    reaches from the targets: at hall scale, every pod's OCS). A host whose lower bound
-    exceeds max_hops is refused before any round too.
+    builds them. Whether any target lies within max_hops is asked first (_beyond_max_hops,
+    two BFS that meet half way), then, with a latency bound, whether any lies within it
+    (_latency_reachable, two Dijkstras that meet half way): a far target beyond either bound
+    is refused before any round, the hop bound first because it is the cheaper to prove. The
+    latency bounds themselves are completed only when a first round did not settle the
+    answer (they cost a Dijkstra over what the bound reaches from the targets: at hall
+    scale, every pod's OCS).
     """
     cdef int64_t bound
     cdef bint latency_pending = q.bounded
     cdef int reach = -1
+    if _beyond_max_hops(f, c, ws, q):
+        _nothing_found(q)  # no target within max_hops
+        return
     if q.bounded:
         reach = _latency_reachable(f, c, ws, q)
         if reach == 0:
@@ -2182,6 +2194,100 @@ cdef void _deepen(const FabricData* f, const CondData* c, WS* ws, Query* q) noex
         bound = q.next_bound
         _next_round(ws)
     q.max_hops = q.limit_hops
+
+
+# Up to this max_hops a refusal is looked for from both ends (_beyond_max_hops); beyond it the
+# two balls are the hall anyway.
+cdef int64_t _MEET_HOPS = 32
+
+
+cdef bint _beyond_max_hops(const FabricData* f, const CondData* c, WS* ws, Query* q) noexcept nogil:
+    """Whether no target lies within max_hops of the host over the relaxed fabric of the lower
+    bounds, found from both ends: the bounds' BFS from the targets to b hops and a BFS from the
+    host to a hops (_hop_level), each grown a level at a time on the side with fewer entries
+    waiting, until a + b > max_hops; refused when no node reached by both is within max_hops
+    in all. (The bounds' BFS alone runs to max_hops around the targets: at hall scale, for a
+    target in another pod, its whole pod and every pod's OCS.) False also when the usual way
+    answers at once: the host within b hops, or nothing reachable at all.
+
+    Exact: hops add 1 a step and 2 leaving an OCS (its circuit, then the cable on), on both
+    sides, so the hops from the host along a path skip at most one number at a time. A path
+    of L <= max_hops hops has L > b (else the host has its bound), so with a + b > L and b >= 2
+    some node of it other than the target lies between L - b and a hops along it: both BFS
+    reached it, and its hops from the host plus its bound are at most L. The bounds' BFS
+    stops where its own levels end, so what the rounds read of it later is unchanged.
+    """
+    cdef int64_t limit = q.limit_hops, a = 0, b = 0, head = 0, tail = 1, i
+    cdef int32_t v
+    if limit < 3 or limit > _MEET_HOPS:
+        return False
+    ws.hop_stamp[q.host] = ws.stamp
+    ws.hop[q.host] = 0
+    ws.hop_queue[0] = q.host
+    while a + b <= limit or b < 2:
+        if b < 2 or a >= limit or ws.lb_tail - ws.lb_head <= tail - head:
+            b += 1
+            _extend_bounds(f, c, ws, q, b)
+            if ws.lb_stamp[q.host] == ws.stamp or ws.lb_level == _NO_LIMIT:
+                return False
+        else:
+            a += 1
+            if _hop_level(f, c, ws, q, a, &head, &tail):
+                return False
+            if head == tail:
+                a = limit  # nothing more is reachable from the host: its BFS is whole
+    for i in range(tail):  # what the host's BFS reached, against the bounds as they stand
+        v = ws.hop_queue[i]
+        if v >= 0 and ws.lb_stamp[v] == ws.stamp and ws.hop[v] + ws.lb[v] <= limit:
+            return False
+    return True
+
+
+cdef bint _hop_level(
+    const FabricData* f, const CondData* c, WS* ws, const Query* q, int64_t a,
+    int64_t* head, int64_t* tail,
+) noexcept nogil:
+    """Grow the host's BFS over the relaxed fabric (_relaxed_step, as the bounds' BFS walks it
+    back) until every node within `a` hops has its hops: True once one reached has hops plus
+    its lower bound within max_hops. Hosts end paths: reached, never passed through. An OCS is
+    left two hops on (its circuit, then the cable) through a token, as in the bounds' BFS, so
+    the queue holds its entries in order of the hops they lead to."""
+    cdef int64_t level
+    cdef int32_t u, src, v, k, j
+    while head[0] < tail[0]:
+        u = ws.hop_queue[head[0]]
+        if u < 0:  # an OCS token: the OCS passed, its far ends two hops on
+            src = -u - 1
+            level = ws.hop[src] + 2
+        else:
+            src = u
+            level = ws.hop[u] + 1
+        if level > a:
+            return False
+        head[0] += 1
+        if u >= 0 and f.kind[u] == OCS:
+            ws.hop_queue[tail[0]] = -u - 1
+            tail[0] += 1
+            continue
+        j = f.inner_ptr[src]
+        while j < f.inner_ptr[src + 1]:
+            k = f.inner_arc[j]
+            v = f.adj_far[k]
+            if ws.hop_stamp[v] == ws.stamp:
+                j = f.inner_next[j]  # reached: its other cables from src add nothing
+                continue
+            if not _relaxed_step(f, c, q, k, v):
+                j += 1  # a parallel cable may still carry the step
+                continue
+            j = f.inner_next[j]
+            ws.hop_stamp[v] = ws.stamp
+            ws.hop[v] = <int32_t>level
+            if ws.lb_stamp[v] == ws.stamp and level + ws.lb[v] <= q.limit_hops:
+                return True
+            if f.kind[v] != HOST:
+                ws.hop_queue[tail[0]] = v
+                tail[0] += 1
+    return False
 
 
 cdef void _mark_target_ocs(const FabricData* f, WS* ws, int32_t n_targets) noexcept nogil:
