@@ -238,13 +238,9 @@ async def one_composed_quietly(
     return sim, first
 
 
-async def test_a_lone_release_is_let_go_in_the_next_compose_call(
-    h: Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A release in a quiet moment waits (LINGER_S, long here) for the next compose saga to
-    carry it: one call, one durable write, instead of a call the saga waits for, then its own."""
-    sim, first = await one_composed_quietly(h, monkeypatch)
-
+async def released_then_composed_in_one_call(h: Harness, sim: ProgramLog, first: str) -> None:
+    """When `first` is released and the same is composed again, the compose saga's one call
+    lets go of the release first, then binds."""
     expect_ok(await h.client.intent(DOMAIN, "acme", "release", {"composition_id": first}))
     again = expect_ok(await compose(h, A100))
 
@@ -252,6 +248,16 @@ async def test_a_lone_release_is_let_go_in_the_next_compose_call(
     assert await in_step(h, sim) == ([CIRCUIT], ["gpu-02@host-01"])
     assert len(sim.programs) == 1, sim.programs
     assert sim.programs[0][0] == "unbind" and sim.programs[0][-1] == "bind"
+
+
+async def test_a_lone_release_is_let_go_in_the_next_compose_call(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release in a quiet moment waits (LINGER_S, long here) for the next compose saga to
+    carry it: one call, one durable write, instead of a call the saga waits for, then its own."""
+    sim, first = await one_composed_quietly(h, monkeypatch)
+
+    await released_then_composed_in_one_call(h, sim, first)
 
 
 async def test_a_lone_release_waits_on_for_a_reservation_being_appended(
@@ -271,13 +277,7 @@ async def test_a_lone_release_waits_on_for_a_reservation_being_appended(
 
     monkeypatch.setattr(h.store, "append", slow_reservations)
 
-    expect_ok(await h.client.intent(DOMAIN, "acme", "release", {"composition_id": first}))
-    again = expect_ok(await compose(h, A100))
-
-    assert again["state"] == "active"
-    assert await in_step(h, sim) == ([CIRCUIT], ["gpu-02@host-01"])
-    assert len(sim.programs) == 1, sim.programs
-    assert sim.programs[0][0] == "unbind" and sim.programs[0][-1] == "bind"
+    await released_then_composed_in_one_call(h, sim, first)
 
 
 async def test_a_lone_release_goes_alone_when_no_reservation_comes(

@@ -1634,6 +1634,29 @@ cdef void _lower_bounds(
         ws.lb_tail += 1
 
 
+cdef inline int32_t _next_relaxed(
+    const FabricData* f, const CondData* c, const Query* q, const uint32_t* stamps,
+    uint32_t stamp, int32_t* j, int32_t end,
+) noexcept nogil:
+    """The next of a node's inner arcs, from `j[0]` up to `end`, whose far node is not stamped
+    yet and that the relaxed fabric carries (_relaxed_step); -1 when none is left. A far node
+    stamped already skips its other cables (they add nothing); a cable that cannot carry the
+    step leaves a parallel one to try. Shared by the two hop BFS, the bounds' and the host's."""
+    cdef int32_t k, v
+    while j[0] < end:
+        k = f.inner_arc[j[0]]
+        v = f.adj_far[k]
+        if stamps[v] == stamp:
+            j[0] = f.inner_next[j[0]]
+            continue
+        if not _relaxed_step(f, c, q, k, v):
+            j[0] += 1
+            continue
+        j[0] = f.inner_next[j[0]]
+        return k
+    return -1
+
+
 cdef inline void _bounds_step(
     const FabricData* f, const CondData* c, WS* ws, const Query* q
 ) noexcept nogil:
@@ -1646,16 +1669,11 @@ cdef inline void _bounds_step(
         ws.lb_tail += 1
         return
     j = f.inner_ptr[u]
-    while j < f.inner_ptr[u + 1]:
-        k = f.inner_arc[j]
+    while True:
+        k = _next_relaxed(f, c, q, ws.lb_stamp, ws.stamp, &j, f.inner_ptr[u + 1])
+        if k < 0:
+            return
         v = f.adj_far[k]
-        if ws.lb_stamp[v] == ws.stamp:
-            j = f.inner_next[j]  # reached: its other cables from u add nothing
-            continue
-        if not _relaxed_step(f, c, q, k, v):
-            j += 1  # a parallel cable may still carry the step
-            continue
-        j = f.inner_next[j]
         kind = f.kind[v]
         ws.lb_stamp[v] = ws.stamp
         if kind == OCS:
@@ -2270,16 +2288,11 @@ cdef bint _hop_level(
             tail[0] += 1
             continue
         j = f.inner_ptr[src]
-        while j < f.inner_ptr[src + 1]:
-            k = f.inner_arc[j]
+        while True:
+            k = _next_relaxed(f, c, q, ws.hop_stamp, ws.stamp, &j, f.inner_ptr[src + 1])
+            if k < 0:
+                break
             v = f.adj_far[k]
-            if ws.hop_stamp[v] == ws.stamp:
-                j = f.inner_next[j]  # reached: its other cables from src add nothing
-                continue
-            if not _relaxed_step(f, c, q, k, v):
-                j += 1  # a parallel cable may still carry the step
-                continue
-            j = f.inner_next[j]
             ws.hop_stamp[v] = ws.stamp
             ws.hop[v] = <int32_t>level
             if ws.lb_stamp[v] == ws.stamp and level + ws.lb[v] <= q.limit_hops:
