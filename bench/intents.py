@@ -73,6 +73,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ProcessPoolExecutor
+from datetime import datetime
 from pathlib import Path as FsPath
 from typing import Any, NamedTuple
 
@@ -317,6 +318,45 @@ class CpuMeter:
         }
 
 
+async def wal_written(database_url: str) -> dict[str, float]:
+    """The server's WAL so far: bytes in all (its insert position, exact), and the bytes each
+    session wrote (`pg_stat_get_backend_wal`, PostgreSQL 18 on; a session reports its own
+    within about a second), by backend pid as `wal:<pid>`."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        lsn = await conn.fetchval("SELECT pg_current_wal_insert_lsn() - '0/0'")
+        written = {"bytes": float(lsn)}
+        with contextlib.suppress(asyncpg.UndefinedFunctionError):
+            for r in await conn.fetch(
+                "SELECT a.pid, w.wal_bytes FROM pg_stat_activity AS a,"
+                " LATERAL pg_stat_get_backend_wal(a.pid) AS w"
+                " WHERE a.backend_type = 'client backend'"
+            ):
+                written[f"wal:{r['pid']}"] = float(r["wal_bytes"])
+    finally:
+        await conn.close()
+    return written
+
+
+def wal_per_pair(
+    before: dict[str, float], after: dict[str, float], named: dict[int, str], pairs: int
+) -> dict[str, float | None]:
+    """WAL bytes per pair in all, and of it the engine's sessions' and the followers' (None
+    where the server does not say by session)."""
+    spent = {int(k[4:]): v - before.get(k, 0.0) for k, v in after.items() if k.startswith("wal:")}
+
+    def of(names: tuple[str, ...]) -> float | None:
+        if not spent:
+            return None
+        return sum(v for pid, v in spent.items() if named.get(pid) in names) / max(1, pairs)
+
+    return {
+        "bytes": (after["bytes"] - before["bytes"]) / max(1, pairs),
+        "engine_bytes": of(sessions.ENGINE_SESSIONS),
+        "followers_bytes": of(sessions.FOLLOWERS),
+    }
+
+
 async def session_names(database_url: str) -> dict[int, str]:
     """Each Postgres session's application_name, by its backend's pid."""
     conn = await asyncpg.connect(database_url)
@@ -484,12 +524,15 @@ async def timed_ms(op: Callable[[], Awaitable[None]], n: int, budget_s: float) -
 
 
 class Load:
-    """Latencies of one phase: pairs, composes and releases (ms), and its wall time."""
+    """Latencies of one phase: pairs, composes and releases (ms), its wall time, and how far
+    the event stream trailed the log (ms from each event's recorded time to its arrival at a
+    subscriber of the stream's subjects)."""
 
     def __init__(self) -> None:
         self.pair: list[float] = []
         self.compose: list[float] = []
         self.release: list[float] = []
+        self.stream_trail: list[float] = []
         self.seconds = 0.0
 
     def figures(self) -> dict[str, Any]:
@@ -500,6 +543,7 @@ class Load:
             "pair": stats(self.pair),
             "compose": stats(self.compose),
             "release": stats(self.release),
+            "stream_trail": stats(self.stream_trail),
         }
 
 
@@ -563,6 +607,37 @@ class LoadPlan(msgspec.Struct, frozen=True, kw_only=True):
     hosts: list[str]
 
 
+class _Recorded(msgspec.Struct):
+    """What the trail needs of a stream message: when its event was recorded."""
+
+    recorded_at: str
+
+
+_recorded = msgspec.json.Decoder(_Recorded).decode
+
+
+@contextlib.asynccontextmanager
+async def stream_trail(nc: Any, prefix: str, domains: list[str]) -> AsyncIterator[list[float]]:
+    """While open, the ms by which each event of `domains` reached a subscriber of the event
+    stream's subjects after it was recorded: what the relay's gathering costs a watcher of the
+    stream (the KV bucket is written in the same pass). The clock is this machine's, as the
+    engine's is; the trail includes the append (about a millisecond)."""
+    trail: list[float] = []
+    wanted = {f"{prefix}.events.{d}." for d in domains}
+
+    async def arrived(msg: Msg) -> None:
+        now = time.time()
+        if msg.subject[: msg.subject.rfind(".") + 1] in wanted:
+            at = datetime.fromisoformat(_recorded(msg.data).recorded_at)
+            trail.append((now - at.timestamp()) * 1000)
+
+    sub = await nc.subscribe(f"{prefix}.events.>", cb=arrived)
+    try:
+        yield trail
+    finally:
+        await sub.unsubscribe()
+
+
 def load_in_child(plan: bytes) -> bytes:
     """Run a LoadPlan in this (client) process; its latencies, or the failure, as JSON.
 
@@ -574,9 +649,13 @@ def load_in_child(plan: bytes) -> bytes:
         ncs = [await connect_nats(todo.nats_url, name=f"bench-client-{i}") for i in range(4)]
         try:
             clients = [TrellisClient(nc, prefix=todo.prefix, timeout=30) for nc in ncs]
-            return await run_load(
-                clients, todo.domains, todo.workers, todo.seconds, todo.max_pairs, todo.hosts
-            )
+            async with stream_trail(ncs[0], todo.prefix, todo.domains) as trail:
+                # (The last pass's events arrive after the phase: they are not counted.)
+                load = await run_load(
+                    clients, todo.domains, todo.workers, todo.seconds, todo.max_pairs, todo.hosts
+                )
+            load.stream_trail = trail
+            return load
         finally:
             for nc in ncs:
                 await nc.close()
@@ -587,7 +666,7 @@ def load_in_child(plan: bytes) -> bytes:
         return msgspec.json.encode({"failure": str(exc)})
     return msgspec.json.encode(
         {"pair": load.pair, "compose": load.compose, "release": load.release,
-         "seconds": load.seconds}
+         "stream_trail": load.stream_trail, "seconds": load.seconds}
     )  # fmt: skip
 
 
@@ -605,6 +684,7 @@ class ClientProcess:
             raise BenchFailure(got["failure"])
         load = Load()
         load.pair, load.compose, load.release = got["pair"], got["compose"], got["release"]
+        load.stream_trail = got["stream_trail"]
         load.seconds = got["seconds"]
         return load
 
@@ -922,9 +1002,14 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                         process = running.follower_process
                         named = await session_names(database_url)
                         meter = CpuMeter(process.pid if process is not None else None)
+                        wal_before = await wal_written(database_url)
                         load = await counted(doms, workers, seconds, cap, on)
                         figures = load.figures()
+                        wal_after = await wal_written(database_url)
                         named.update(await session_names(database_url))  # new sessions too
+                        figures["wal_per_pair"] = wal_per_pair(
+                            wal_before, wal_after, named, len(load.pair)
+                        )
                         figures["cpu"] = meter.read(named)
                         figures["cpu"]["process_cpu_ms_per_pair"] = (
                             (figures["cpu"]["process_cpu_s"] + figures["cpu"]["follower_cpu_s"])
@@ -1153,13 +1238,20 @@ def table(result: dict[str, Any]) -> str:
                 f"{s['p50_ms']:>8.2f} {s['p99_ms']:>8.2f} {s['p999_ms']:>8.2f} "
                 f"{r[name][what]['p99']:>7.1f}x {r[name][what]['p99_saga']:>7.2f}x{extra}"
             )
+        trail = ph["stream_trail"]
+        rows.append(
+            f"{'':>18} {'trail':>8} {trail['n']:>6} {trail['p50_ms']:>8.2f} "
+            f"{trail['p99_ms']:>8.2f} {trail['p999_ms']:>8.2f}"
+        )
     rows.append("")
     rows.append(
         "unit floor: one NATS request-reply whose handler commits one row; saga floor: the I/O "
         "of a compose by hand (request-reply, reserve commit, the simulated hardware's durable "
         "write, settle commit); both measured clean, before the engine started and after it "
         "stopped. loaded: the unit round trip beside each phase, with the engine's followers "
-        "running (no baseline). serial: the fabric of "
+        "running (no baseline). trail: how long after it was recorded each event reached a "
+        "subscriber of the event stream (the followers' gathering and passes; the KV bucket is "
+        "written in the same pass). serial: the fabric of "
         f"{result['fabric']['racks']} racks joined by one OCS; serial/project: "
         f"{result['fabric']['project']}. rate/unit: intents/s over the unit floor's serial "
         "rate. per tx: intents answered per engine commit (group commit); cpu ms: the engine "
@@ -1219,6 +1311,16 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def wal_text(wal: dict[str, float | None]) -> str:
+    total = f"{(wal['bytes'] or 0) / 1024:.1f} KiB"
+    if wal["engine_bytes"] is None or wal["followers_bytes"] is None:
+        return total
+    return (
+        f"{total} (the engine's sessions {wal['engine_bytes'] / 1024:.1f}, "
+        f"the followers' {wal['followers_bytes'] / 1024:.1f})"
+    )
+
+
 def report(result: dict[str, Any]) -> None:
     print(table(result))
     print()
@@ -1248,7 +1350,8 @@ def report(result: dict[str, Any]) -> None:
             f"{cpu['machine_cpu_ms_per_pair']:.2f} ms per pair, PostgreSQL's processes "
             f"{cpu['postgres_cpu_ms_per_pair']:.2f} of it (the engine's sessions "
             f"{cpu['postgres_engine_cpu_ms_per_pair']:.2f}, the followers' "
-            f"{cpu['postgres_followers_cpu_ms_per_pair']:.2f})"
+            f"{cpu['postgres_followers_cpu_ms_per_pair']:.2f}); WAL per pair "
+            f"{wal_text(ph['wal_per_pair'])}"
         )
     result["targets"] = targets(result)
     for key, label in (("floor_noise", "unit floor"), ("saga_floor_noise", "saga floor")):
