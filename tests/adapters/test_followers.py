@@ -21,7 +21,14 @@ from hypothesis import strategies as st
 
 from trellis.adapters.memory import MemoryLog
 from trellis.engine.core.records import Head, PendingEvent, RecordedEvent
-from trellis.engine.service.follower import Follower, Followers, Progress, next_turn
+from trellis.engine.service.follower import (
+    BUSY_FOR_S,
+    MAX_STRETCH,
+    Follower,
+    Followers,
+    Progress,
+    next_turn,
+)
 
 DOMAIN = "hall"
 
@@ -152,6 +159,62 @@ async def test_commits_close_together_are_taken_in_one_pass_and_a_waiter_cuts_th
         assert sink.sizes == [1, 3]
     finally:
         await follower.stop()
+
+
+async def test_a_stretched_follower_gathers_for_that_many_intervals() -> None:
+    """Commits further apart than the pass interval still share a pass while the follower
+    is stretched (here far beyond the test's length); a wait for a position still cuts the
+    gathering short."""
+    log, sink = await logged(1), SlowForBigBatches(limit=100)
+    follower = Follower(DOMAIN, log, sink, pass_interval=0.01, stretch=lambda: 6000.0)
+    follower.start()
+    try:
+        assert await follower.wait_for(1, timeout=5)
+        for _ in range(3):
+            await committed(log, follower)
+            await asyncio.sleep(0.05)  # five intervals: a pass of its own, were it not stretched
+        assert sink.sizes == [1]
+        assert await follower.wait_for((await log.head(DOMAIN)).position, timeout=5)
+        assert sink.sizes == [1, 3]
+    finally:
+        await follower.stop()
+
+
+async def test_with_more_domains_busy_each_gathers_longer_up_to_a_bound() -> None:
+    """A pass's cost before its events is paid per domain: with several domains busy, the
+    process's followers of one sink pass between them about as often as two busy domains'
+    would, so each gathers longer; never past MAX_STRETCH intervals, and as before once the
+    other domains have been quiet for BUSY_FOR_S."""
+    now = [1000.0]
+    domains = [f"d{i}" for i in range(12)]
+    followers = Followers(
+        await logged(1), [Named("projections")], clock=lambda: now[0], pass_interval=3600.0
+    )
+    for domain in domains:
+        followers.follow(domain)
+    try:
+        assert followers.stretch() == 1.0  # nothing busy
+        followers.notify("d0")
+        assert followers.stretch() == 1.0
+        followers.notify("d1")
+        followers.notify("d1")  # a domain counts once however many commits it makes
+        assert followers.stretch() == 1.0
+        for domain in domains[2:4]:
+            followers.notify(domain)
+        assert followers.stretch() == 2.0
+        for domain in domains[4:]:
+            followers.notify(domain)
+        assert followers.stretch() == MAX_STRETCH
+        followers.notify("not-followed")  # a domain this process does not follow: no say
+        assert followers.stretch() == MAX_STRETCH
+        now[0] += BUSY_FOR_S / 2
+        followers.notify("d0")
+        now[0] += BUSY_FOR_S / 2 + 0.001
+        assert followers.stretch() == 1.0  # only d0 committed within the last BUSY_FOR_S
+        await followers.unfollow("d0")
+        assert followers.stretch() == 1.0
+    finally:
+        await followers.close(drain_timeout=0)
 
 
 class CountedReads:

@@ -31,7 +31,7 @@ import tempfile
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 from nats.aio.client import Client as NATS
@@ -423,7 +423,10 @@ async def engine_on(
             stack.push_async_callback(process.stop)
             following = CommitSignal(store, sinks.nc, prefix)
         else:
-            options = {"pass_interval": settings.follow_gather_s, **(follow_options or {})}
+            options: dict[str, Any] = {
+                "pass_interval": settings.follow_gather_s,
+                **(follow_options or {}),
+            }
             following = Followers(store, [projections, relay, audit], **options)
             # Closed after the engine: the last commits still reach the stream on a clean exit.
             stack.push_async_callback(following.close)

@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Protocol
 
 import msgspec
@@ -37,6 +37,17 @@ log = logging.getLogger("trellis.follow")
 # pass costs a sink about a millisecond and a half of CPU before its events (docs/
 # benchmarks.md), and a reader that waits for a position (`wait_for`) never waits it out.
 PASS_INTERVAL_S = 0.05
+
+# A pass's cost before its events is paid per domain, so a process following several busy
+# domains pays it several times an interval. Its followers of one sink pass, between them,
+# about as often as those of this many busy domains would at the pass interval: each gathers
+# for (busy domains / this) intervals, never less than one. Four busy domains gathering 100 ms
+# took the follower process's CPU per pair down by a fifth (docs/benchmarks.md)...
+BUSY_DOMAINS_PER_INTERVAL = 2
+# ...up to this many intervals: what bounds how far the stream and the read models trail.
+MAX_STRETCH = 4.0
+# A domain counts as busy this long after a commit of it asked for a pass.
+BUSY_FOR_S = 1.0
 
 
 class Progress(msgspec.Struct, frozen=True):
@@ -128,6 +139,8 @@ class Follower:
         turn: where in each pass_interval this follower's passes start (seconds after each
             multiple of it on the event loop's clock; see `next_turn`). Followers gives the
             followers of a process turns spread over the interval.
+        stretch: how many pass intervals to gather for now (the interval and the turn are
+            multiplied by it); Followers stretches them while several domains are busy.
     """
 
     def __init__(
@@ -141,6 +154,7 @@ class Follower:
         max_backoff: float = 30.0,
         pass_interval: float = PASS_INTERVAL_S,
         turn: float = 0.0,
+        stretch: Callable[[], float] | None = None,
     ):
         self.domain = domain
         self.sink = sink
@@ -151,6 +165,7 @@ class Follower:
         self._max_backoff = max_backoff
         self._pass_interval = pass_interval
         self._turn = turn
+        self._stretch = stretch
         self._hurry = asyncio.Event()  # someone waits in wait_for: no gathering
         self.progress = Progress()
         self.failure: Failure | None = None
@@ -293,7 +308,9 @@ class Follower:
                     await self.refresh()
                 continue
             now = loop.time()
-            gather = next_turn(started, now, self._pass_interval, self._turn) - now
+            stretch = self._stretch() if self._stretch is not None else 1.0
+            interval, turn = self._pass_interval * stretch, self._turn * stretch
+            gather = next_turn(started, now, interval, turn) - now
             if gather > 0 and not self._hurry.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._hurry.wait(), gather)
@@ -378,14 +395,25 @@ class Followers:
     Args:
         log: reads each domain's events.
         sinks: what to keep up to date (the projections, the event relay).
-        **options: passed to each Follower (batch_size, poll_interval, max_backoff).
+        clock: seconds, for how long ago each domain was busy (monotonic).
+        **options: passed to each Follower (batch_size, poll_interval, max_backoff,
+            pass_interval).
     """
 
-    def __init__(self, log: DomainLog, sinks: Sequence[Sink], **options: float):
+    def __init__(
+        self,
+        log: DomainLog,
+        sinks: Sequence[Sink],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        **options: float,
+    ):
         self.sinks = {sink.name: sink for sink in sinks}
         self._log = log
         self._options = options
+        self._clock = clock
         self._followers: dict[str, dict[str, Follower]] = {}
+        self._asked: dict[str, float] = {}  # domain -> when a commit last asked for a pass
         self._turns = 0  # followers given a turn so far
         self._closed = False
 
@@ -399,7 +427,13 @@ class Followers:
         if domain in self._followers or self._closed:
             return
         followers = {
-            name: Follower(domain, self._log, sink, **self._options_for(sink))  # type: ignore[arg-type]
+            name: Follower(
+                domain,
+                self._log,
+                sink,
+                stretch=self.stretch,
+                **self._options_for(sink),  # type: ignore[arg-type]
+            )
             for name, sink in self.sinks.items()
         }
         self._followers[domain] = followers
@@ -407,14 +441,27 @@ class Followers:
             follower.start()
 
     async def unfollow(self, domain: str) -> None:
+        self._asked.pop(domain, None)
         for follower in self._followers.pop(domain, {}).values():
             await follower.stop()
 
     def notify(self, domain: str) -> None:
         """A commit: wake the domain's followers, except those of unhurried sinks."""
-        for follower in self._followers.get(domain, {}).values():
+        followers = self._followers.get(domain)
+        if followers is None:
+            return
+        self._asked[domain] = self._clock()
+        for follower in followers.values():
             if _unhurried(follower.sink) is None:
                 follower.notify()
+
+    def stretch(self) -> float:
+        """How many pass intervals a poked follower gathers for now: one per
+        BUSY_DOMAINS_PER_INTERVAL domains a commit asked a pass of in the last BUSY_FOR_S,
+        at least one and at most MAX_STRETCH."""
+        since = self._clock() - BUSY_FOR_S
+        busy = sum(at > since for at in self._asked.values())
+        return min(MAX_STRETCH, max(1.0, busy / BUSY_DOMAINS_PER_INTERVAL))
 
     def _options_for(self, sink: Sink) -> dict[str, float]:
         """A poked sink's follower gets the next turn; an unhurried one polls at its pace."""
