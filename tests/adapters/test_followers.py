@@ -142,37 +142,32 @@ async def committed(log: MemoryLog, follower: Follower) -> int:
     return (await log.head(DOMAIN)).position
 
 
-async def test_commits_close_together_are_taken_in_one_pass_and_a_waiter_cuts_the_wait() -> None:
-    """A pass a commit asks for starts at most every `pass_interval`: the commits that come
-    meanwhile share one read and one sink transaction, and a wait for a position is not held
-    up by the gathering (the interval here is far longer than the wait)."""
+@pytest.mark.parametrize(
+    ("options", "apart"),
+    [
+        # Gathering: an interval far longer than the test; commits 20 ms apart, time enough
+        # for a pass of their own, were they not gathered.
+        ({"pass_interval": 60.0}, 0.02),
+        # Stretched: an interval of 10 ms, stretched far beyond the test's length; commits five
+        # intervals apart.
+        ({"pass_interval": 0.01, "stretch": lambda: 6000.0}, 0.05),
+    ],
+    ids=["gathered", "stretched"],
+)
+async def test_commits_close_together_are_taken_in_one_pass_and_a_waiter_cuts_the_wait(
+    options: dict[str, Any], apart: float
+) -> None:
+    """A pass a commit asks for starts at most every `pass_interval` (times the follower's
+    stretch): the commits that come meanwhile share one read and one sink transaction, and a
+    wait for a position is not held up by the gathering."""
     log, sink = await logged(1), SlowForBigBatches(limit=100)
-    follower = Follower(DOMAIN, log, sink, pass_interval=60.0)
+    follower = Follower(DOMAIN, log, sink, **options)
     follower.start()
     try:
         assert await follower.wait_for(1, timeout=5)
         for _ in range(3):
             await committed(log, follower)
-            await asyncio.sleep(0.02)  # time enough for a pass of its own, were it not gathered
-        assert sink.sizes == [1]
-        assert await follower.wait_for((await log.head(DOMAIN)).position, timeout=5)
-        assert sink.sizes == [1, 3]
-    finally:
-        await follower.stop()
-
-
-async def test_a_stretched_follower_gathers_for_that_many_intervals() -> None:
-    """Commits further apart than the pass interval still share a pass while the follower
-    is stretched (here far beyond the test's length); a wait for a position still cuts the
-    gathering short."""
-    log, sink = await logged(1), SlowForBigBatches(limit=100)
-    follower = Follower(DOMAIN, log, sink, pass_interval=0.01, stretch=lambda: 6000.0)
-    follower.start()
-    try:
-        assert await follower.wait_for(1, timeout=5)
-        for _ in range(3):
-            await committed(log, follower)
-            await asyncio.sleep(0.05)  # five intervals: a pass of its own, were it not stretched
+            await asyncio.sleep(apart)
         assert sink.sizes == [1]
         assert await follower.wait_for((await log.head(DOMAIN)).position, timeout=5)
         assert sink.sizes == [1, 3]
