@@ -206,8 +206,11 @@ async def test_with_more_domains_busy_each_gathers_longer_up_to_a_bound() -> Non
         followers.notify("d0")
         now[0] += BUSY_FOR_S / 2 + 0.001
         assert followers.stretch() == 1.0  # only d0 committed within the last BUSY_FOR_S
-        await followers.unfollow("d0")
-        assert followers.stretch() == 1.0
+        for domain in domains[1:4]:
+            followers.notify(domain)
+        assert followers.stretch() == 2.0
+        await followers.unfollow("d0")  # a domain no longer followed here counts no more
+        assert followers.stretch() == 1.5
     finally:
         await followers.close(drain_timeout=0)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Protocol
@@ -414,6 +415,8 @@ class Followers:
         self._clock = clock
         self._followers: dict[str, dict[str, Follower]] = {}
         self._asked: dict[str, float] = {}  # domain -> when a commit last asked for a pass
+        self._stretched = 1.0  # as last counted
+        self._recount_at = -math.inf  # when a busy domain counted then stops being busy
         self._turns = 0  # followers given a turn so far
         self._closed = False
 
@@ -441,7 +444,8 @@ class Followers:
             follower.start()
 
     async def unfollow(self, domain: str) -> None:
-        self._asked.pop(domain, None)
+        if self._asked.pop(domain, None) is not None:
+            self._recount_at = -math.inf
         for follower in self._followers.pop(domain, {}).values():
             await follower.stop()
 
@@ -450,7 +454,10 @@ class Followers:
         followers = self._followers.get(domain)
         if followers is None:
             return
-        self._asked[domain] = self._clock()
+        now = self._clock()
+        if self._asked.get(domain, -math.inf) <= now - BUSY_FOR_S:
+            self._recount_at = now  # one busy domain more: count again
+        self._asked[domain] = now
         for follower in followers.values():
             if _unhurried(follower.sink) is None:
                 follower.notify()
@@ -459,9 +466,16 @@ class Followers:
         """How many pass intervals a poked follower gathers for now: one per
         BUSY_DOMAINS_PER_INTERVAL domains a commit asked a pass of in the last BUSY_FOR_S,
         at least one and at most MAX_STRETCH."""
-        since = self._clock() - BUSY_FOR_S
-        busy = sum(at > since for at in self._asked.values())
-        return min(MAX_STRETCH, max(1.0, busy / BUSY_DOMAINS_PER_INTERVAL))
+        now = self._clock()
+        # Every follower asks at every pass: counted again only when the count may have
+        # changed, so it costs nothing per pass however many domains there are.
+        if now >= self._recount_at:
+            since = now - BUSY_FOR_S
+            self._asked = {d: at for d, at in self._asked.items() if at > since}
+            busy = len(self._asked)
+            self._stretched = min(MAX_STRETCH, max(1.0, busy / BUSY_DOMAINS_PER_INTERVAL))
+            self._recount_at = min(self._asked.values(), default=math.inf) + BUSY_FOR_S
+        return self._stretched
 
     def _options_for(self, sink: Sink) -> dict[str, float]:
         """A poked sink's follower gets the next turn; an unhurried one polls at its pace."""
