@@ -27,7 +27,8 @@ run prints its table of zeros (tests/zeros.py) and fails if any of them is not z
 ENGINES engines run at once (two): one writes the domain, by its writer lease; the `writer` fault
 kills whichever one holds that lease (`Fleet.writer()` asks the lease table), the other takes
 the domain over, and a fresh engine is started in the dead one's place. The run records how
-long each takeover took (the contract: within 5 s).
+long each takeover took (the contract: within 5 s of a writer's death, within 10 s of its
+pause).
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ PREFIX = "trellis"  # the cluster is the run's own: the real names TRELLIS_EVENT
 STREAM = "TRELLIS_EVENTS"
 ENGINES = 2
 TAKEOVER_WITHIN_S = 5.0  # ARCHITECTURE §10: a standby takes a dead writer's domain over
+# ARCHITECTURE §10: a paused (SIGSTOP) writer costs at most its detection window, 10 s.
+PAUSED_TAKEOVER_WITHIN_S = 10.0
 TENANTS = ("acme", "globex", "initech", "umbrella")
 CLIENTS = 8
 FAULTS = ("writer", "nats", "pause", "postgres", "writer")
@@ -241,6 +244,7 @@ class Chaos:
         self.nc = nc
         self.injected: Counter[str] = Counter()
         self.takeovers: list[float] = []  # seconds from a writer's death to its successor
+        self.paused_takeovers: list[float] = []  # seconds from a writer's pause to its successor
         self.woken: list[EngineProcess] = []  # writers paused past their lease, then woken
 
     async def inject(self, fault: str) -> None:
@@ -286,7 +290,7 @@ class Chaos:
                 # The paused writer holds its lease a while yet, and `writer()` answers it at
                 # once: look again shortly, not in a loop of connections.
                 await asyncio.sleep(POLL_S)
-            self.takeovers.append(time.monotonic() - paused)
+            self.paused_takeovers.append(time.monotonic() - paused)
             await self.load.moved_on("with the writer paused")
             await asyncio.sleep(ASLEEP_S)
         finally:
@@ -457,9 +461,11 @@ async def test_chaos_run_loses_nothing_and_breaks_no_promise(
     table.tried("messages in the stream", len(stream))
     table.tried("seconds of load and faults", round(time.monotonic() - started))
     table.tried("writer takeover, slowest (ms)", round(1000 * max(chaos.takeovers)))
+    table.tried("paused writer's takeover, slowest (ms)", round(1000 * max(chaos.paused_takeovers)))
 
     assert Counter(dict(chaos.injected)) == Counter(FAULTS)
     assert max(chaos.takeovers) < TAKEOVER_WITHIN_S, chaos.takeovers
+    assert max(chaos.paused_takeovers) < PAUSED_TAKEOVER_WITHIN_S, chaos.paused_takeovers
     assert findings.clean(), findings.report()
     assert findings.live_at_end == [] and findings.circuits_at_end == [], findings
     assert unexpected == [], unexpected[:5]
