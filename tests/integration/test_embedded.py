@@ -188,6 +188,37 @@ def test_start_fails_clearly_when_the_port_is_taken(tmp_path: Path) -> None:
             EmbeddedNats(tmp_path, port=port).start()
 
 
+@pytest.mark.parametrize("taken", ["client", "monitoring"])
+def test_a_first_start_chooses_again_when_a_port_it_chose_was_taken(
+    tmp_path: Path, taken: str
+) -> None:
+    # The OS chose the ports at construction; another process binds one before the start (as
+    # a parallel test's server or a client connection's source port can). The client port is
+    # caught before the server runs, the monitoring port only by the server's own log.
+    server = EmbeddedNats(tmp_path)
+    port = server.port if taken == "client" else server.monitor_port
+    assert port is not None
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        with server:
+            assert port not in (server.port, server.monitor_port)
+            assert server.monitor("healthz")["status"] == "ok"
+
+
+def test_a_server_that_has_run_keeps_its_port(tmp_path: Path) -> None:
+    # Its URL is known to clients by now: a restart on a taken port fails rather than moves.
+    server = EmbeddedNats(tmp_path)
+    with server:
+        port = server.port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        with pytest.raises(EmbeddedServerError, match=f"port 127.0.0.1:{port} is already in use"):
+            server.start()
+    assert server.port == port
+
+
 def _listening_addresses(port: int) -> set[str]:
     """Local addresses with a LISTEN socket on ``port``, read from /proc/net/tcp{,6}."""
     found = set()

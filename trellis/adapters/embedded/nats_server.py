@@ -86,6 +86,12 @@ class EmbeddedNats(ChildProcess):
         self.monitor_port: int | None = (
             (monitor_port if monitor_port is not None else free_port()) if monitor else None
         )
+        self._chose_monitor_port = monitor and monitor_port is None
+
+    def _choose_ports(self) -> None:
+        super()._choose_ports()
+        if self._chose_monitor_port:
+            self.monitor_port = free_port()
 
     @property
     def monitor_url(self) -> str | None:

@@ -3,9 +3,11 @@
 The generic half of the embedded servers (nats_server.py, postgres_server.py) and of the
 cluster's nodes (cluster.py). A server is a plain child process bound to 127.0.0.1 on a port
 fixed at construction, so ``stop()`` followed by ``start()`` brings the same server back at the
-same URL with the same data (tests restart them mid-run). Its output is appended to its log
-file; readiness is polled with a deadline, never slept, and a server that exits or does not
-become ready is reported with the tail of that log.
+same URL with the same data (tests restart them mid-run). Only a first start may move: a port
+the OS chose for us can be taken before the server binds it (by another server, or as a client
+connection's source port), and then the server chooses again instead of failing. Its output
+is appended to its log file; readiness is polled with a deadline, never slept, and a server
+that exits or does not become ready is reported with the tail of that log.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ __all__ = [
     "HOST",
     "ChildProcess",
     "EmbeddedServerError",
+    "PortTakenError",
     "default_data_dir",
     "free_port",
     "log_tail",
@@ -41,10 +44,16 @@ HOST = "127.0.0.1"
 _POLL_INTERVAL_S = 0.05
 _START_TIMEOUT_S = 20.0
 _STOP_TIMEOUT_S = 20.0
+# How often a first start chooses fresh ports when one it chose was taken in the meantime.
+_PORT_ATTEMPTS = 3
 
 
 class EmbeddedServerError(RuntimeError):
     """An embedded server could not be found, started or stopped."""
+
+
+class PortTakenError(EmbeddedServerError):
+    """A port the server was to listen on is bound by another process."""
 
 
 def free_port(host: str = HOST) -> int:
@@ -91,6 +100,17 @@ def log_tail(path: Path, lines: int = 25) -> str:
     return "\n".join(text.splitlines()[-lines:]) or "(log is empty)"
 
 
+def _says_port_taken(log_path: Path, since: int) -> bool:
+    """Whether what the server logged from offset ``since`` on says a listen port was taken
+    (nats-server and postgres both report the OS's "address already in use")."""
+    try:
+        with log_path.open("rb") as f:
+            f.seek(since)
+            return b"address already in use" in f.read().lower()
+    except OSError:
+        return False
+
+
 class ChildProcess:
     """A server run as a child process: start once, poll readiness, stop idempotently.
 
@@ -103,6 +123,8 @@ class ChildProcess:
         self.data_dir = Path(data_dir).absolute()
         # Fixed for the object's lifetime so a restart comes back at the same URL.
         self.port: int = port if port is not None else free_port()
+        self._chose_ports = port is None
+        self._has_run = False
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: IO[bytes] | None = None
 
@@ -139,6 +161,10 @@ class ChildProcess:
     def _request_stop(self, proc: subprocess.Popen[bytes]) -> None:
         proc.send_signal(signal.SIGTERM)
 
+    def _choose_ports(self) -> None:
+        """Choose again the ports this object chose itself (a first start found one taken)."""
+        self.port = free_port()
+
     # -- lifecycle --------------------------------------------------------------------------
 
     @property
@@ -160,13 +186,29 @@ class ChildProcess:
         """
         if self.running:
             return
+        # Given ports, and the ports of a server that has run (its URL is known), stay put.
+        attempts = _PORT_ATTEMPTS if self._chose_ports and not self._has_run else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start_once()
+            except PortTakenError as exc:
+                if attempt == attempts:
+                    raise
+                _log.warning("%s; choosing other ports", exc)
+                self._choose_ports()
+            else:
+                self._has_run = True
+                return
+
+    def _start_once(self) -> None:
         self._proc = None
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if not port_is_free(self.port):
-            raise EmbeddedServerError(f"{self.name}: port {HOST}:{self.port} is already in use")
+            raise PortTakenError(f"{self.name}: port {HOST}:{self.port} is already in use")
         self._prepare()
         cmd = self._command()
         self._log_file = self.log_path.open("ab")
+        log_start = self._log_file.tell()
         _log.info("starting %s: %s", self.name, " ".join(cmd))
         try:
             proc = subprocess.Popen(
@@ -184,7 +226,7 @@ class ChildProcess:
         # Registered before the readiness wait so an interrupted start still cleans up.
         atexit.register(self.stop)
         try:
-            self._wait_until(lambda: self._is_ready(proc), proc, "to accept connections")
+            self._wait_until(lambda: self._is_ready(proc), proc, "to accept connections", log_start)
             self._after_ready()
         except BaseException:
             self.stop()
@@ -219,13 +261,21 @@ class ChildProcess:
         self.stop()
 
     def _wait_until(
-        self, ready: Callable[[], bool], proc: subprocess.Popen[bytes], what: str
+        self,
+        ready: Callable[[], bool],
+        proc: subprocess.Popen[bytes],
+        what: str,
+        log_start: int = 0,
     ) -> None:
         deadline = time.monotonic() + _START_TIMEOUT_S
         while True:
             code = proc.poll()
             if code is not None:
-                raise EmbeddedServerError(
+                error = (
+                    PortTakenError if _says_port_taken(self.log_path, log_start)
+                    else EmbeddedServerError
+                )  # fmt: skip
+                raise error(
                     f"{self.name} exited with code {code} before it was ready; "
                     f"tail of {self.log_path}:\n{log_tail(self.log_path)}"
                 )
