@@ -25,7 +25,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,17 +33,18 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from trellis.adapters.embedded.process import (
+    PORT_ATTEMPTS,
+    PortTakenError,
+    free_port,
+    port_is_free,
+)
+
 REPO = Path(__file__).resolve().parents[1]
 SERVER = REPO / "third_party/dmtf/redfish-mockup-server/redfishMockupServer.py"
 WRAPPER = Path(__file__).resolve().parent / "etag_mockup_server.py"
 MOCKUPS = REPO / "third_party/dmtf/redfish-mockups/mockups"
 READY_WITHIN_S = 20.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class MockupServer:
@@ -79,6 +79,7 @@ class MockupServer:
         self.created = created
         self.log = log
         self.port = free_port()
+        self._has_run = False
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -93,6 +94,21 @@ class MockupServer:
         self.stop()
 
     def start(self) -> None:
+        # The port was free when chosen; another process may bind it first (a client
+        # connection's source port comes from the same range). A first start chooses again.
+        attempts = 1 if self._has_run else PORT_ATTEMPTS
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start_once()
+            except PortTakenError:
+                if attempt == attempts:
+                    raise
+                self.port = free_port()
+            else:
+                self._has_run = True
+                return
+
+    def _start_once(self) -> None:
         args = ["-H", "127.0.0.1", "-p", str(self.port), "-S", "-D", str(self.tree)]
         if self.latency:
             args += ["-t", str(self.latency)]
@@ -115,7 +131,11 @@ class MockupServer:
                 self.get("/redfish/v1/")
                 return
             except (OSError, urllib.error.URLError):
-                if self.proc.poll() is not None or time.monotonic() > deadline:
+                exited = self.proc.poll() is not None
+                if exited and not port_is_free(self.port):
+                    self.stop()
+                    raise PortTakenError(f"port 127.0.0.1:{self.port} is taken") from None
+                if exited or time.monotonic() > deadline:
                     self.stop()
                     raise RuntimeError(
                         f"the Mockup Server on {self.tree} did not come up"

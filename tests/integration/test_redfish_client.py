@@ -6,14 +6,16 @@ connections, error bodies) against a small server of the test's own."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 
 import msgspec
 import pytest
 import pytest_asyncio
-from mockup_server import MOCKUPS, MockupServer, free_port
+from mockup_server import MOCKUPS, MockupServer
 
+from trellis.adapters.embedded.process import free_port
 from trellis.adapters.fabric.redfish.client import (
     HttpError,
     RedfishClient,
@@ -196,3 +198,14 @@ async def test_chunked_answers_kept_alive_connections_and_error_bodies() -> None
             assert failed.value.status == 503
         finally:
             await client.close()
+
+
+def test_the_mockup_server_moves_when_its_chosen_port_is_taken_before_it_starts() -> None:
+    # The harness's own guard against the race that once failed CI for an embedded server.
+    server = MockupServer(MOCKUPS / "public-cxl")
+    taken = server.port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))  # bound, as a client's source port is
+        with server:
+            assert server.port != taken
+            assert server.get("/redfish/v1/")["@odata.id"] == "/redfish/v1/"
