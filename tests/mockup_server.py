@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from trellis.adapters.embedded.process import (
-    PORT_ATTEMPTS,
     PortTakenError,
     free_port,
+    moving_if_taken,
     port_is_free,
 )
 
@@ -94,19 +94,14 @@ class MockupServer:
         self.stop()
 
     def start(self) -> None:
-        # The port was free when chosen; another process may bind it first (a client
-        # connection's source port comes from the same range). A first start chooses again.
-        attempts = 1 if self._has_run else PORT_ATTEMPTS
-        for attempt in range(1, attempts + 1):
-            try:
-                self._start_once()
-            except PortTakenError:
-                if attempt == attempts:
-                    raise
-                self.port = free_port()
-            else:
-                self._has_run = True
-                return
+        # A first start chooses another port when the one offered was taken meanwhile.
+        moving_if_taken(
+            self._start_once, self._choose_port, may_move=not self._has_run, what="Mockup Server"
+        )
+        self._has_run = True
+
+    def _choose_port(self) -> None:
+        self.port = free_port()
 
     def _start_once(self) -> None:
         args = ["-H", "127.0.0.1", "-p", str(self.port), "-S", "-D", str(self.tree)]

@@ -47,11 +47,10 @@ from trellis.adapters.embedded.nats_server import (
 )
 from trellis.adapters.embedded.process import (
     HOST,
-    PORT_ATTEMPTS,
     EmbeddedServerError,
-    PortTakenError,
     default_data_dir,
     free_port,
+    moving_if_taken,
 )
 
 __all__ = ["ClusterNode", "NatsCluster"]
@@ -220,25 +219,24 @@ class NatsCluster:
         Raises:
             EmbeddedServerError: a node cannot start, or the cluster does not form in time.
         """
-        # Once the cluster has run its URLs are known, and a taken port fails the start.
-        attempts = 1 if self._has_run else PORT_ATTEMPTS
-        for attempt in range(1, attempts + 1):
+
+        def start_nodes() -> None:
             try:
                 for node in self.nodes:
                     node.start()
                 self.wait_ready(timeout)
-            except PortTakenError as exc:
-                self.stop()
-                if attempt == attempts:
-                    raise
-                _log.warning("%s; placing cluster %s on other ports", exc, self.name)
-                self.nodes = self._placed_nodes()
             except BaseException:
                 self.stop()
                 raise
-            else:
-                self._has_run = True
-                return
+
+        def place_again() -> None:
+            self.nodes = self._placed_nodes()
+
+        # Once the cluster has run its URLs are known, and a taken port fails the start.
+        moving_if_taken(
+            start_nodes, place_again, may_move=not self._has_run, what=f"cluster {self.name}"
+        )
+        self._has_run = True
 
     def stop(self) -> None:
         """Stop every node (graceful first); safe to call repeatedly."""

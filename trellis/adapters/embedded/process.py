@@ -28,13 +28,13 @@ import platformdirs
 
 __all__ = [
     "HOST",
-    "PORT_ATTEMPTS",
     "ChildProcess",
     "EmbeddedServerError",
     "PortTakenError",
     "default_data_dir",
     "free_port",
     "log_tail",
+    "moving_if_taken",
     "port_is_free",
 ]
 
@@ -46,7 +46,7 @@ _POLL_INTERVAL_S = 0.05
 _START_TIMEOUT_S = 20.0
 _STOP_TIMEOUT_S = 20.0
 # How often a first start chooses fresh ports when one it chose was taken in the meantime.
-PORT_ATTEMPTS = 3
+_PORT_ATTEMPTS = 3
 
 
 class EmbeddedServerError(RuntimeError):
@@ -99,6 +99,27 @@ def log_tail(path: Path, lines: int = 25) -> str:
     except OSError:
         return "(no log)"
     return "\n".join(text.splitlines()[-lines:]) or "(log is empty)"
+
+
+def moving_if_taken(
+    start: Callable[[], None], choose_again: Callable[[], None], *, may_move: bool, what: str
+) -> None:
+    """Run ``start``; when it raises PortTakenError and ``may_move`` (ports the OS offered,
+    never used yet), ``choose_again`` and run it again, up to _PORT_ATTEMPTS times in all.
+
+    A port the OS offers is free when offered; another process may bind it before the server
+    does (a parallel test's server, or a client connection's source port from the same range).
+    """
+    attempts = _PORT_ATTEMPTS if may_move else 1
+    for attempt in range(1, attempts + 1):
+        try:
+            start()
+            return
+        except PortTakenError as exc:
+            if attempt == attempts:
+                raise
+            _log.warning("%s; %s on other ports", exc, what)
+            choose_again()
 
 
 def _says_port_taken(log_path: Path, since: int) -> bool:
@@ -188,18 +209,13 @@ class ChildProcess:
         if self.running:
             return
         # Given ports, and the ports of a server that has run (its URL is known), stay put.
-        attempts = PORT_ATTEMPTS if self._chose_ports and not self._has_run else 1
-        for attempt in range(1, attempts + 1):
-            try:
-                self._start_once()
-            except PortTakenError as exc:
-                if attempt == attempts:
-                    raise
-                _log.warning("%s; choosing other ports", exc)
-                self._choose_ports()
-            else:
-                self._has_run = True
-                return
+        moving_if_taken(
+            self._start_once,
+            self._choose_ports,
+            may_move=self._chose_ports and not self._has_run,
+            what=f"starting {self.name}",
+        )
+        self._has_run = True
 
     def _start_once(self) -> None:
         self._proc = None
