@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,8 @@ import pytest
 from harness import run_cli
 from isolation import unique_subject_prefix
 
+from trellis.adapters.checkpoint_key import KEY_FILE, load_or_create
+from trellis.adapters.embedded.postgres_server import postgres_bin_dir, postgres_major_version
 from trellis.adapters.embedded.process import free_port
 from trellis.adapters.entrypoints import cli
 from trellis.adapters.entrypoints.cli import queries
@@ -167,6 +170,40 @@ async def test_endpoints_left_by_a_killed_engine_are_not_used(tmp_path: Path) ->
     line = one_line(err)
     # Not "cannot reach NATS at ...:port": the stale file is recognised as such.
     assert code == EXIT_UNAVAILABLE and "no engine found" in line and str(port) not in line, err
+
+
+@pytest.mark.parametrize("variable", ["TRELLIS_NATS_PORT", "TRELLIS_PG_PORT"])
+async def test_a_pinned_port_another_process_listens_on_is_named_not_a_bug(
+    tmp_path: Path, variable: str
+) -> None:
+    env = base_env(tmp_path)
+    data = Path(env["TRELLIS_DATA_DIR"])
+    data.mkdir()
+    load_or_create(data / KEY_FILE)  # made beforehand: its first start says so on stderr too
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        code, _, err = await run_cli({**env, variable: str(port)}, "up")
+    line = one_line(err)
+    assert code == 1 and line.startswith("trellis: taken: "), err
+    assert f"port 127.0.0.1:{port} is already in use" in line and variable in line, line
+
+
+async def test_an_embedded_server_that_cannot_start_is_one_line_not_a_bug(
+    tmp_path: Path,
+) -> None:
+    env = base_env(tmp_path)
+    data = Path(env["TRELLIS_DATA_DIR"])
+    # A PostgreSQL data dir of the bundled major that holds nothing else: the server cannot run.
+    (data / "postgres").mkdir(parents=True)
+    major = postgres_major_version(postgres_bin_dir())
+    (data / "postgres" / "PG_VERSION").write_text(f"{major}\n")
+    load_or_create(data / KEY_FILE)
+    code, _, err = await run_cli(env, "up")
+    line = one_line(err)
+    assert code == 1 and line.startswith("trellis: error: postgres: "), err
+    assert "TRELLIS_DATA_DIR" in line, line
 
 
 def test_an_unexpected_failure_is_one_line_and_exit_70_and_v_shows_the_traceback(

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import asyncpg
 
 from trellis.adapters.embedded.postgres_server import DataDirVersionError
+from trellis.adapters.embedded.process import EmbeddedServerError, PortTakenError
 from trellis.adapters.entrypoints.cli.errors import (
     EXIT_FAILED,
     EXIT_INTERNAL,
@@ -78,6 +79,12 @@ def _main(argv: Sequence[str] | None) -> int:
     except DataDirVersionError as exc:
         say("incompatible", str(exc), exc.hint)
         return EXIT_FAILED
+    except PortTakenError as exc:  # another process listens on a pinned port: not a bug
+        say("taken", str(exc), _PORT_TAKEN_HINT)
+        return EXIT_FAILED
+    except EmbeddedServerError as exc:  # the message quotes the tail of the server's log
+        say("error", str(exc), "the embedded servers live under TRELLIS_DATA_DIR")
+        return EXIT_FAILED
     except _POSTGRES_REFUSED as exc:  # configuration, not an outage: not waited out
         say("refused", f"Postgres refused the connection: {exc}", "check TRELLIS_DATABASE_URL")
         return EXIT_FAILED
@@ -98,6 +105,11 @@ def _main(argv: Sequence[str] | None) -> int:
         return EXIT_INTERNAL
     return code
 
+
+_PORT_TAKEN_HINT = (
+    "stop what listens there, or pin another port: TRELLIS_NATS_PORT, TRELLIS_PG_PORT, "
+    "TRELLIS_NATS_MONITOR_PORT (unset: a free one)"
+)
 
 # A wrong role or password, or no such database.
 _POSTGRES_REFUSED = (
