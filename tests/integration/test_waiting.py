@@ -81,8 +81,10 @@ async def test_trellis_up_waits_for_postgres_then_nats_and_then_serves(
     tmp_path: Path, start_engine: object
 ) -> None:
     # Given: a Postgres that has been set up once but is down, and a NATS never started; their
-    # ports are fixed, so their URLs are known while nothing listens there.
-    postgres = EmbeddedPostgres(tmp_path / "pg", port=free_port())
+    # ports are fixed, so their URLs are known while nothing listens there. (Postgres's is
+    # the OS's offer, moved if another process takes it before the first start; once it has
+    # run, it stays.)
+    postgres = EmbeddedPostgres(tmp_path / "pg")
     await asyncio.to_thread(postgres.start)
     await asyncio.to_thread(postgres.stop)
     nats = EmbeddedNats(tmp_path / "nats", port=free_port())
