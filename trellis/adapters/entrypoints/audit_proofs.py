@@ -33,7 +33,6 @@ from trellis.adapters.entrypoints import render
 from trellis.adapters.nats.jetstream import Envelope
 from trellis.engine.core.checkpoints import Checkpoint, NoteError, Verifier, open_checkpoint
 from trellis.engine.core.merkle import leaf_hash, verify_consistency, verify_inclusion
-from trellis.engine.core.records import chain_hash
 
 Request = Callable[[argparse.Namespace, str, dict[str, Any]], dict[str, Any]]
 
@@ -145,19 +144,7 @@ def event_file_hash(path: Path) -> tuple[str, int]:
         at = datetime.strptime(envelope.recorded_at, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
     except (OSError, msgspec.DecodeError, ValueError) as exc:
         raise ProofRejected(f"cannot read the event in {path}: {exc}") from None
-    computed = chain_hash(
-        envelope.prev_hash,
-        id=envelope.id,
-        domain=envelope.domain,
-        version=envelope.version,
-        type=envelope.type,
-        schema_version=envelope.schema_version,
-        recorded_at=at,
-        actor=envelope.actor,
-        causation_id=envelope.causation_id,
-        correlation_id=envelope.correlation_id,
-        data=bytes(envelope.data),
-    )
+    computed = envelope.computed_hash(at)
     if computed != envelope.hash:
         raise ProofRejected(f"the event in {path} does not hash to the hash it carries")
     return computed, envelope.version

@@ -123,6 +123,23 @@ class Envelope(msgspec.Struct, kw_only=True):
             hash=record.hash,
         )
 
+    def computed_hash(self, recorded_at: datetime) -> str:
+        """The chain hash of what the envelope carries (`recorded_at`: its time, parsed), to
+        compare with the `hash` it claims."""
+        return chain_hash(
+            self.prev_hash,
+            id=self.id,
+            domain=self.domain,
+            version=self.version,
+            type=self.type,
+            schema_version=self.schema_version,
+            recorded_at=recorded_at,
+            actor=self.actor,
+            causation_id=self.causation_id,
+            correlation_id=self.correlation_id,
+            data=bytes(self.data),
+        )
+
 
 encode_envelope = msgspec.json.Encoder().encode
 _decode_envelope = msgspec.json.Decoder(Envelope).decode
@@ -145,20 +162,7 @@ def stream_event(
         return None
     if (headers or {}).get("Nats-Msg-Id") != envelope.id:
         return None
-    digest = chain_hash(
-        envelope.prev_hash,
-        id=envelope.id,
-        domain=envelope.domain,
-        version=envelope.version,
-        type=envelope.type,
-        schema_version=envelope.schema_version,
-        recorded_at=recorded_at,
-        actor=envelope.actor,
-        causation_id=envelope.causation_id,
-        correlation_id=envelope.correlation_id,
-        data=bytes(envelope.data),
-    )
-    return envelope if digest == envelope.hash else None
+    return envelope if envelope.computed_hash(recorded_at) == envelope.hash else None
 
 
 # Messages looked at, back from a foreign last one, for a domain's last event: JetStream has
