@@ -100,7 +100,7 @@ class MockupServer:
         )
         self._has_run = True
 
-    def _choose_port(self) -> None:
+    def _choose_port(self, _: PortTakenError) -> None:
         self.port = free_port()
 
     def _start_once(self) -> None:

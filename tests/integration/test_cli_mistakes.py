@@ -172,7 +172,9 @@ async def test_endpoints_left_by_a_killed_engine_are_not_used(tmp_path: Path) ->
     assert code == EXIT_UNAVAILABLE and "no engine found" in line and str(port) not in line, err
 
 
-@pytest.mark.parametrize("variable", ["TRELLIS_NATS_PORT", "TRELLIS_PG_PORT"])
+@pytest.mark.parametrize(
+    "variable", ["TRELLIS_NATS_PORT", "TRELLIS_NATS_MONITOR_PORT", "TRELLIS_PG_PORT"]
+)
 async def test_a_pinned_port_another_process_listens_on_is_named_not_a_bug(
     tmp_path: Path, variable: str
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import json
 import os
 import socket
@@ -19,6 +20,7 @@ import pytest
 from harness import run_cli
 
 from trellis.adapters.checkpoint_key import KEY_FILE, load_or_create
+from trellis.adapters.embedded import process
 from trellis.adapters.embedded.nats_server import EmbeddedNats
 from trellis.adapters.embedded.postgres_server import (
     PG_ENGINE_ROLE,
@@ -29,7 +31,12 @@ from trellis.adapters.embedded.postgres_server import (
     postgres_bin_dir,
     postgres_major_version,
 )
-from trellis.adapters.embedded.process import EmbeddedServerError, default_data_dir, free_port
+from trellis.adapters.embedded.process import (
+    EmbeddedServerError,
+    PortTakenError,
+    default_data_dir,
+    free_port,
+)
 from trellis.adapters.settings import redacted
 
 
@@ -193,8 +200,8 @@ def test_a_first_start_chooses_again_when_a_port_it_chose_was_taken(
     tmp_path: Path, taken: str
 ) -> None:
     # The OS chose the ports at construction; another process binds one before the start (as
-    # a parallel test's server or a client connection's source port can). The client port is
-    # caught before the server runs, the monitoring port only by the server's own log.
+    # a parallel test's server or a client connection's source port can): the check before
+    # the server runs finds either.
     server = EmbeddedNats(tmp_path)
     port = server.port if taken == "client" else server.monitor_port
     assert port is not None
@@ -204,6 +211,41 @@ def test_a_first_start_chooses_again_when_a_port_it_chose_was_taken(
         with server:
             assert port not in (server.port, server.monitor_port)
             assert server.monitor("healthz")["status"] == "ok"
+
+
+def test_a_port_taken_after_the_check_is_found_in_the_servers_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The port is bound after the check before the server runs found it free (here: the check
+    # is made to miss it), so nats-server itself meets it and exits; its log says so, and the
+    # port still bound is the one named.
+    server = EmbeddedNats(tmp_path)
+    port = server.monitor_port
+    assert port is not None
+    checks = itertools.count()
+    really_free = process.port_is_free
+    monkeypatch.setattr(process, "port_is_free", lambda p: next(checks) < 2 or really_free(p))
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        with server:
+            assert port not in (server.port, server.monitor_port)
+    assert f"nats-server: port 127.0.0.1:{port} is already in use; starting" in caplog.text
+
+
+def test_a_given_port_that_is_taken_fails_the_first_start_at_once(tmp_path: Path) -> None:
+    # The monitoring port was given (TRELLIS_NATS_MONITOR_PORT): choosing another client port
+    # would meet it again, so the start fails naming it, and nothing moves.
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        given = squatter.getsockname()[1]
+        server = EmbeddedNats(tmp_path, monitor_port=given)
+        client_port = server.port
+        with pytest.raises(PortTakenError, match=f"port 127.0.0.1:{given} is already in use"):
+            server.start()
+    assert (server.port, server.monitor_port) == (client_port, given)
+    assert not (tmp_path / "nats.log").exists()  # refused before a server ran
 
 
 def test_a_server_that_has_run_keeps_its_port(tmp_path: Path) -> None:

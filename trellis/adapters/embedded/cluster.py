@@ -48,6 +48,7 @@ from trellis.adapters.embedded.nats_server import (
 from trellis.adapters.embedded.process import (
     HOST,
     EmbeddedServerError,
+    PortTakenError,
     default_data_dir,
     free_port,
     moving_if_taken,
@@ -99,6 +100,9 @@ class ClusterNode(EmbeddedNats):
         self._route_ports = list(route_ports)
         self._ping_interval_s = ping_interval_s
         self._ping_max = ping_max
+
+    def _ports(self) -> dict[int, bool]:
+        return {**super()._ports(), self.route_port: False}  # the cluster chose them all
 
     @property
     def config_path(self) -> Path:
@@ -229,7 +233,7 @@ class NatsCluster:
                 self.stop()
                 raise
 
-        def place_again() -> None:
+        def place_again(_: PortTakenError) -> None:  # the cluster chose every node's ports
             self.nodes = self._placed_nodes()
 
         # Once the cluster has run its URLs are known, and a taken port fails the start.

@@ -88,6 +88,12 @@ class EmbeddedNats(ChildProcess):
         )
         self._chose_monitor_port = monitor and monitor_port is None
 
+    def _ports(self) -> dict[int, bool]:
+        ports = super()._ports()
+        if self.monitor_port is not None:
+            ports[self.monitor_port] = self._chose_monitor_port
+        return ports
+
     def _choose_ports(self) -> None:
         super()._choose_ports()
         if self._chose_monitor_port:

@@ -54,7 +54,11 @@ class EmbeddedServerError(RuntimeError):
 
 
 class PortTakenError(EmbeddedServerError):
-    """A port the server was to listen on is bound by another process."""
+    """A port the server was to listen on is bound by another process (`port`, when known)."""
+
+    def __init__(self, message: str, port: int | None = None) -> None:
+        super().__init__(message)
+        self.port = port
 
 
 def free_port(host: str = HOST) -> int:
@@ -102,10 +106,15 @@ def log_tail(path: Path, lines: int = 25) -> str:
 
 
 def moving_if_taken(
-    start: Callable[[], None], choose_again: Callable[[], None], *, may_move: bool, what: str
+    start: Callable[[], None],
+    choose_again: Callable[[PortTakenError], None],
+    *,
+    may_move: bool,
+    what: str,
 ) -> None:
     """Run ``start``; when it raises PortTakenError and ``may_move`` (ports the OS offered,
     never used yet), ``choose_again`` and run it again, up to _PORT_ATTEMPTS times in all.
+    ``choose_again`` raises the error it is given when the taken port is not one to move.
 
     A port the OS offers is free when offered; another process may bind it before the server
     does (a parallel test's server, or a client connection's source port from the same range).
@@ -118,8 +127,8 @@ def moving_if_taken(
         except PortTakenError as exc:
             if attempt == attempts:
                 raise
+            choose_again(exc)
             _log.warning("%s; %s on other ports", exc, what)
-            choose_again()
 
 
 def _says_port_taken(log_path: Path, since: int) -> bool:
@@ -183,9 +192,22 @@ class ChildProcess:
     def _request_stop(self, proc: subprocess.Popen[bytes]) -> None:
         proc.send_signal(signal.SIGTERM)
 
+    def _ports(self) -> dict[int, bool]:
+        """Every port the server listens on, and whether this object chose it (else given)."""
+        return {self.port: self._chose_ports}
+
     def _choose_ports(self) -> None:
         """Choose again the ports this object chose itself (a first start found one taken)."""
         self.port = free_port()
+
+    def _choose_ports_unless_given(self, taken: PortTakenError) -> None:
+        """Choose again, unless the port `taken` names was given: that one stays, and so
+        does the error. (Unknown which: only when this object chose every port.)"""
+        chosen = self._ports()
+        movable = chosen.get(taken.port, False) if taken.port is not None else all(chosen.values())
+        if not movable:
+            raise taken
+        self._choose_ports()
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -211,8 +233,8 @@ class ChildProcess:
         # Given ports, and the ports of a server that has run (its URL is known), stay put.
         moving_if_taken(
             self._start_once,
-            self._choose_ports,
-            may_move=self._chose_ports and not self._has_run,
+            self._choose_ports_unless_given,
+            may_move=not self._has_run,
             what=f"starting {self.name}",
         )
         self._has_run = True
@@ -220,8 +242,9 @@ class ChildProcess:
     def _start_once(self) -> None:
         self._proc = None
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        if not port_is_free(self.port):
-            raise PortTakenError(f"{self.name}: port {HOST}:{self.port} is already in use")
+        for port in self._ports():
+            if not port_is_free(port):
+                raise self._taken(port)
         self._prepare()
         cmd = self._command()
         self._log_file = self.log_path.open("ab")
@@ -249,6 +272,9 @@ class ChildProcess:
             self.stop()
             raise
         _log.info("%s ready at %s (pid %d)", self.name, self.shown_url, proc.pid)
+
+    def _taken(self, port: int) -> PortTakenError:
+        return PortTakenError(f"{self.name}: port {HOST}:{port} is already in use", port)
 
     def stop(self) -> None:
         """Stop the server (graceful first, then kill); safe to call repeatedly."""
@@ -288,14 +314,15 @@ class ChildProcess:
         while True:
             code = proc.poll()
             if code is not None:
-                error = (
-                    PortTakenError if _says_port_taken(self.log_path, log_start)
-                    else EmbeddedServerError
-                )  # fmt: skip
-                raise error(
+                exited = (
                     f"{self.name} exited with code {code} before it was ready; "
                     f"tail of {self.log_path}:\n{log_tail(self.log_path)}"
                 )
+                if not _says_port_taken(self.log_path, log_start):
+                    raise EmbeddedServerError(exited)
+                # The one that is still bound, if it still is, is the one it met.
+                taken = [port for port in self._ports() if not port_is_free(port)]
+                raise self._taken(taken[0]) if taken else PortTakenError(exited)
             if ready():
                 return
             if time.monotonic() > deadline:
