@@ -192,6 +192,17 @@ async def test_a_pinned_port_another_process_listens_on_is_named_not_a_bug(
     assert f"port 127.0.0.1:{port} is already in use" in line and variable in line, line
 
 
+async def test_a_data_dir_that_is_a_file_is_named_as_the_setting_at_fault(
+    tmp_path: Path,
+) -> None:
+    env = base_env(tmp_path)
+    Path(env["TRELLIS_DATA_DIR"]).write_text("not a directory\n")
+    code, _, err = await run_cli(env, "up")
+    line = one_line(err)
+    assert code == 1 and line.startswith("trellis: config: TRELLIS_DATA_DIR: "), err
+    assert "Not a directory" in line, line
+
+
 async def test_an_embedded_server_that_cannot_start_is_one_line_not_a_bug(
     tmp_path: Path,
 ) -> None:

@@ -782,7 +782,9 @@ def fabric_from_settings(settings: Settings) -> FabricDriver:
                     state_file=fabric_state_path(settings),
                 )
             except (OSError, ValueError) as exc:
-                raise SettingsError(f"TRELLIS_FABRIC_STATE: {exc}") from None
+                # Name the setting the path came from: the file's own, else the data dir's.
+                source = "TRELLIS_FABRIC_STATE" if settings.fabric_state else "TRELLIS_DATA_DIR"
+                raise SettingsError(f"{source}: {exc}") from None
             for fault in settings.fabric_script:
                 fault.arm(fabric)
             return fabric
