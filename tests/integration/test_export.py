@@ -321,6 +321,11 @@ async def test_the_cli_exports_and_says_what_it_wrote(
     assert code == 1 and "not an ISO time" in text and "Traceback" not in text, text
     code, text = await trellis(env, "export", "--parquet", str(out), "--domain", "nowhere")
     assert code == 1 and "no domain 'nowhere'" in text, text
+    # A place the export cannot be written: the operator's to fix, not a bug in Trellis.
+    (tmp_path / "a-file").write_text("")
+    code, text = await trellis(env, "export", "--parquet", str(tmp_path / "a-file"))
+    assert code == 1 and text.startswith("trellis: error: cannot write the export in "), text
+    assert "Not a directory" in text and "Traceback" not in text, text
 
 
 def sql_block(text: str) -> str:

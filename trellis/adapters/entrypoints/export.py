@@ -36,7 +36,15 @@ def run(args: argparse.Namespace) -> int:
         finally:
             await pool.close()
 
-    for done in asyncio.run(go()):
+    try:
+        exported = asyncio.run(go())
+    except OSError as exc:
+        if exc.filename is None:  # a connection's, not a file's: main says Postgres is down
+            raise
+        raise ExportError(
+            f"cannot write the export in {args.parquet}: {exc.strerror}: {exc.filename}"
+        ) from None
+    for done in exported:
         print(_summary(done))
     return 0
 
