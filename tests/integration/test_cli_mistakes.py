@@ -192,6 +192,14 @@ async def test_a_pinned_port_another_process_listens_on_is_named_not_a_bug(
     assert f"port 127.0.0.1:{port} is already in use" in line and variable in line, line
 
 
+async def test_a_path_that_cannot_be_written_is_named_not_a_bug(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    target = tmp_path / "a-file" / "schemas"
+    code, _, err = await run_cli(base_env(tmp_path), "schema", "export", "--dir", str(target))
+    line = one_line(err)
+    assert code == 1 and line == f"trellis: error: {target}: Not a directory", err
+
+
 async def test_a_data_dir_that_is_a_file_is_named_as_the_setting_at_fault(
     tmp_path: Path,
 ) -> None:

@@ -98,12 +98,22 @@ def _main(argv: Sequence[str] | None) -> int:
             "is `trellis up` or Postgres running? see TRELLIS_DATABASE_URL",
         )
         return EXIT_UNAVAILABLE
+    except OSError as exc:
+        if exc.filename is None:  # not a file's: nothing the operator named
+            return _internal(exc, args.verbose)
+        # A file or directory the command was to read or write (its path, or under it).
+        say("error", f"{exc.filename}: {exc.strerror or exc}", None)
+        return EXIT_FAILED
     except Exception as exc:
-        if args.verbose:
-            traceback.print_exc()
-        say("internal", f"{type(exc).__name__}: {exc}", "run with -v for the traceback")
-        return EXIT_INTERNAL
+        return _internal(exc, args.verbose)
     return code
+
+
+def _internal(exc: Exception, verbose: bool) -> int:
+    if verbose:
+        traceback.print_exc()
+    say("internal", f"{type(exc).__name__}: {exc}", "run with -v for the traceback")
+    return EXIT_INTERNAL
 
 
 _PORT_TAKEN_HINT = (
