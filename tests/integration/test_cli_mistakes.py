@@ -41,6 +41,11 @@ USAGE = [
     # Hostile shapes of the same mistakes: arguments that are not UTF-8, numbers past int64.
     (["compose", "--host", "\udcff\udcfe", "--gpu", "1"], "not a valid host id"),
     (["compose", "--host", "h1", "--gpu", "1", "--lease", "9" * 30], "a lease is 1 to"),
+    # A timeout that could never wait for a reply (it read as an unreachable NATS).
+    (["free", "--timeout", "0"], "a timeout is a positive number of seconds, not 0"),
+    (["free", "--timeout", "-1"], "a timeout is a positive number of seconds, not -1"),
+    (["free", "--timeout", "nan"], "a timeout is a positive number of seconds, not nan"),
+    (["free", "--timeout", "soon"], "'soon' is not a number of seconds"),
 ]
 
 

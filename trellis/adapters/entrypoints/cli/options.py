@@ -4,6 +4,7 @@ sent."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 from pathlib import Path
@@ -42,6 +43,18 @@ def lease_seconds(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds") from None
     if not low <= value <= high:
         raise argparse.ArgumentTypeError(f"a lease is {low} to {high} seconds, not {value}")
+    return value
+
+
+def timeout_seconds(text: str) -> float:
+    """--timeout: a positive, finite number of seconds (0 or less would time out before any
+    reply could come, and then read as an unreachable NATS)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"a timeout is a positive number of seconds, not {text}")
     return value
 
 
@@ -94,7 +107,9 @@ def client_options(p: argparse.ArgumentParser) -> None:
         help="the fabric domain (default: $TRELLIS_DOMAIN or %(default)s)",
     )
     render.add_output_options(p)
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a reply")
+    p.add_argument(
+        "--timeout", type=timeout_seconds, default=10.0, help="seconds to wait for a reply"
+    )
     p.add_argument(
         "--creds",
         type=Path,
