@@ -44,8 +44,13 @@ USAGE = [
     # A timeout that could never wait for a reply (it read as an unreachable NATS).
     (["free", "--timeout", "0"], "a timeout is a positive number of seconds, not 0"),
     (["free", "--timeout", "-1"], "a timeout is a positive number of seconds, not -1"),
-    (["free", "--timeout", "nan"], "a timeout is a positive number of seconds, not nan"),
-    (["free", "--timeout", "soon"], "'soon' is not a number of seconds"),
+    (["free", "--timeout", "nan"], "'nan' is not a finite number"),
+    (["free", "--timeout", "soon"], "'soon' is not a number"),
+    # JSON has no nan or inf: sent, they became null and the engine's refusal named another
+    # mistake ("capacity_gib is required").
+    (["compose", "--host", "h1", "--memory", "nan"], "'nan' is not a finite number"),
+    (["compose", "--host", "h1", "--gpu", "1", "--bandwidth", "inf"], "'inf' is not a finite"),
+    (["quota", "set", "t1", "memory", "--gib", "1e400"], "'1e400' is not a finite number"),
 ]
 
 

@@ -14,6 +14,7 @@ from trellis.adapters.entrypoints import (
 from trellis.adapters.entrypoints.cli.options import (
     DEVICE_KINDS,
     client_options,
+    finite_number,
     identifier,
     query_options,
 )
@@ -133,7 +134,9 @@ def add_quota(sub: Any) -> None:
     set_.add_argument(
         "--count", type=int, metavar="N", help="devices held at once (memory: slices)"
     )
-    set_.add_argument("--gib", type=float, metavar="GIB", help="memory only: GiB held at once")
+    set_.add_argument(
+        "--gib", type=finite_number, metavar="GIB", help="memory only: GiB held at once"
+    )
     set_.add_argument("--reason", default="")
     set_.add_argument("--request-id", help="resend-safe id (default: a fresh one)")
     client_options(set_)

@@ -10,6 +10,7 @@ from trellis.adapters.entrypoints import (
     render,
 )
 from trellis.adapters.entrypoints.cli.options import (
+    finite_number,
     identifier,
     intent_options,
     lease_seconds,
@@ -78,13 +79,15 @@ def manifest_options(p: argparse.ArgumentParser, file_help: str) -> None:
     p.add_argument("--gpu", type=int, default=0, metavar="N", help="number of GPUs")
     p.add_argument("--model", action="append", default=[], help="acceptable GPU model")
     p.add_argument("--min-generation", type=int)
-    p.add_argument("--memory", type=float, metavar="GIB", help="a memory slice of GIB")
+    p.add_argument("--memory", type=finite_number, metavar="GIB", help="a memory slice of GIB")
     p.add_argument("--nic", type=int, default=0, metavar="N")
     p.add_argument("--nvme", type=int, default=0, metavar="N")
     p.add_argument(
         "--device-id", action="append", default=[], type=identifier("device id"), help="a device"
     )
-    p.add_argument("--bandwidth", type=float, default=0.0, metavar="GBPS", help="per device")
+    p.add_argument(
+        "--bandwidth", type=finite_number, default=0.0, metavar="GBPS", help="per device"
+    )
     p.add_argument("--max-hops", type=int)
     p.add_argument("--max-latency-ns", type=int)
     p.add_argument("--exclusive", action="store_true", help="no switch shared with others")

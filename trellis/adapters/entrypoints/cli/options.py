@@ -46,14 +46,22 @@ def lease_seconds(text: str) -> int:
     return value
 
 
-def timeout_seconds(text: str) -> float:
-    """--timeout: a positive, finite number of seconds (0 or less would time out before any
-    reply could come, and then read as an unreachable NATS)."""
+def finite_number(text: str) -> float:
+    """An argparse type: a finite number (JSON has no nan or inf; sent, they became null)."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def timeout_seconds(text: str) -> float:
+    """--timeout: a positive, finite number of seconds (0 or less would time out before any
+    reply could come, and then read as an unreachable NATS)."""
+    value = finite_number(text)
+    if value <= 0:
         raise argparse.ArgumentTypeError(f"a timeout is a positive number of seconds, not {text}")
     return value
 
