@@ -51,6 +51,8 @@ USAGE = [
     (["compose", "--host", "h1", "--memory", "nan"], "'nan' is not a finite number"),
     (["compose", "--host", "h1", "--gpu", "1", "--bandwidth", "inf"], "'inf' is not a finite"),
     (["quota", "set", "t1", "memory", "--gib", "1e400"], "'1e400' is not a finite number"),
+    (["compose", "--host", "h1", "--gpu", "1", "--label", "rack"], "expected K=V, got 'rack'"),
+    (["compose", "--host-label", "=r1", "--gpu", "1"], "expected K=V, got '=r1'"),
 ]
 
 

@@ -13,9 +13,10 @@ from trellis.adapters.entrypoints.cli.options import (
     finite_number,
     identifier,
     intent_options,
+    key_value,
     lease_seconds,
 )
-from trellis.adapters.entrypoints.cli.talk import pairs, read_json, send_intent
+from trellis.adapters.entrypoints.cli.talk import read_json, send_intent
 
 
 def compose(args: argparse.Namespace) -> int:
@@ -44,12 +45,12 @@ def _compose_body(args: argparse.Namespace) -> dict[str, Any]:
     if args.max_latency_ns is not None:
         constraints["max_latency_ns"] = args.max_latency_ns
     if args.label:
-        constraints["labels"] = pairs(args.label)
+        constraints["labels"] = dict(args.label)
     body: dict[str, Any] = {"constraints": constraints, "reason": args.reason}
     if args.host:
         body["host"] = args.host
     else:
-        body["host_selector"] = {"labels": pairs(args.host_label)}
+        body["host_selector"] = {"labels": dict(args.host_label)}
     if devices:
         body["devices"] = devices
     if args.device_id:
@@ -74,7 +75,12 @@ def manifest_options(p: argparse.ArgumentParser, file_help: str) -> None:
     p.add_argument("--file", type=Path, help=file_help)
     p.add_argument("--host", type=identifier("host id"), help="the host to compose on")
     p.add_argument(
-        "--host-label", action="append", default=[], metavar="K=V", help="pick a host by label"
+        "--host-label",
+        action="append",
+        default=[],
+        type=key_value,
+        metavar="K=V",
+        help="pick a host by label",
     )
     p.add_argument("--gpu", type=int, default=0, metavar="N", help="number of GPUs")
     p.add_argument("--model", action="append", default=[], help="acceptable GPU model")
@@ -92,7 +98,12 @@ def manifest_options(p: argparse.ArgumentParser, file_help: str) -> None:
     p.add_argument("--max-latency-ns", type=int)
     p.add_argument("--exclusive", action="store_true", help="no switch shared with others")
     p.add_argument(
-        "--label", action="append", default=[], metavar="K=V", help="device label constraint"
+        "--label",
+        action="append",
+        default=[],
+        type=key_value,
+        metavar="K=V",
+        help="device label constraint",
     )
     p.add_argument("--lease", type=lease_seconds, metavar="SECONDS", help="lease length")
     p.add_argument("--reason", default="")

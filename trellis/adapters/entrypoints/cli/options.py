@@ -46,6 +46,14 @@ def lease_seconds(text: str) -> int:
     return value
 
 
+def key_value(text: str) -> tuple[str, str]:
+    """An argparse type: a label as K=V (V may be empty; K may not)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected K=V, got {text!r}")
+    return key, value
+
+
 def finite_number(text: str) -> float:
     """An argparse type: a finite number (JSON has no nan or inf; sent, they became null)."""
     try:

@@ -69,16 +69,6 @@ def read_json(path: Path) -> dict[str, Any]:
     return doc
 
 
-def pairs(items: list[str]) -> dict[str, str]:
-    pairs = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise CliError(f"expected K=V, got {item!r}")
-        pairs[key] = value
-    return pairs
-
-
 def request(
     args: argparse.Namespace,
     subject_tail: str,
