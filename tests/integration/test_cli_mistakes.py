@@ -212,6 +212,18 @@ async def test_a_path_that_cannot_be_written_is_named_not_a_bug(tmp_path: Path) 
     assert code == 1 and line == f"trellis: error: {target}: Not a directory", err
 
 
+async def test_the_economics_demo_refuses_a_report_place_it_cannot_use_before_it_runs(
+    tmp_path: Path,
+) -> None:
+    env = base_env(tmp_path)
+    (tmp_path / "a-file").write_text("")
+    out = tmp_path / "a-file" / "report"
+    code, _, err = await run_cli(env, "demo", "economics", "--out", str(out), "--plain")
+    line = one_line(err)
+    assert code == 1 and line == f"trellis: error: {out}: Not a directory", err
+    assert not Path(env["TRELLIS_DATA_DIR"]).exists()  # no server was started for it
+
+
 async def test_a_data_dir_that_is_a_file_is_named_as_the_setting_at_fault(
     tmp_path: Path,
 ) -> None:

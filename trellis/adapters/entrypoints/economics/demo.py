@@ -189,6 +189,7 @@ def write(outcome: Outcome, plan: Plan, out: Path, text: str) -> list[Path]:
 
 async def main(plan: Plan, settings: Settings, out: Path, *, show: live.View = "auto") -> None:
     """Start an engine as configured (embedded servers for unset URLs), run both, compare."""
+    out.mkdir(parents=True, exist_ok=True)  # a place the report cannot go fails now, not after
     stamp = new_stamp()
     async with running_engine(settings) as running:
         if running.page_url:
