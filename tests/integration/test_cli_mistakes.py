@@ -53,6 +53,8 @@ USAGE = [
     (["quota", "set", "t1", "memory", "--gib", "1e400"], "'1e400' is not a finite number"),
     (["compose", "--host", "h1", "--gpu", "1", "--label", "rack"], "expected K=V, got 'rack'"),
     (["compose", "--host-label", "=r1", "--gpu", "1"], "expected K=V, got '=r1'"),
+    # A count that is never reached: the watch ran until interrupted.
+    (["watch", "--count", "0"], "a count is 1 or more, not 0"),
 ]
 
 

@@ -46,6 +46,17 @@ def lease_seconds(text: str) -> int:
     return value
 
 
+def positive_count(text: str) -> int:
+    """An argparse type: a whole number, 1 or more (a count of 0 would never be reached)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a count is 1 or more, not {value}")
+    return value
+
+
 def key_value(text: str) -> tuple[str, str]:
     """An argparse type: a label as K=V (V may be empty; K may not)."""
     key, sep, value = text.partition("=")

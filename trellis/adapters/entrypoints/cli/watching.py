@@ -14,6 +14,7 @@ from trellis.adapters.entrypoints import (
 from trellis.adapters.entrypoints.cli.options import (
     client_options,
     identifier,
+    positive_count,
 )
 from trellis.adapters.entrypoints.cli.talk import on_nats
 from trellis.adapters.nats.client import TrellisClient
@@ -110,6 +111,8 @@ def add_commands(sub: Any) -> None:
         action="store_true",
         help="replay the stream from its first event instead of new ones only",
     )
-    watch_parser.add_argument("--count", type=int, metavar="N", help="stop after N events")
+    watch_parser.add_argument(
+        "--count", type=positive_count, metavar="N", help="stop after N events"
+    )
     client_options(watch_parser)
     watch_parser.set_defaults(run=watch)
