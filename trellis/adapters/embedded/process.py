@@ -308,7 +308,7 @@ class ChildProcess:
         ready: Callable[[], bool],
         proc: subprocess.Popen[bytes],
         what: str,
-        log_start: int = 0,
+        log_start: int,
     ) -> None:
         deadline = time.monotonic() + _START_TIMEOUT_S
         while True:
