@@ -55,6 +55,16 @@ USAGE = [
     (["compose", "--host-label", "=r1", "--gpu", "1"], "expected K=V, got '=r1'"),
     # A count that is never reached: the watch ran until interrupted.
     (["watch", "--count", "0"], "a count is 1 or more, not 0"),
+    # Amounts of nothing: `--memory 0` and `--nic 0` were dropped unsaid (a compose without
+    # them went out), `--gpu -1` and `--max-hops 0` reached the engine to be refused there.
+    (["compose", "--host", "h1", "--gpu", "1", "--memory", "0"], "an amount is above 0, not 0"),
+    (["compose", "--host", "h1", "--gpu", "1", "--nic", "0"], "a count is 1 or more, not 0"),
+    (["reserve", "--host", "h1", "--gpu", "-1"], "a count is 1 or more, not -1"),
+    (["preview", "--host", "h1", "--gpu", "1", "--max-hops", "0"], "a count is 1 or more"),
+    # An empty request id was replaced by a fresh one, unsaid: a resend with it was no resend.
+    (["release", "c-1", "--request-id", ""], "'' is not a request id"),
+    (["drain", "gpu-1", "--request-id", "x" * 129], "is not a request id: 1 to 128"),
+    (["topology", "import", "t.json", "--request-id", "a\tb"], "is not a request id"),
 ]
 
 

@@ -17,6 +17,7 @@ from trellis.adapters.entrypoints.cli.options import (
     finite_number,
     identifier,
     query_options,
+    request_id_option,
 )
 from trellis.adapters.entrypoints.cli.talk import (
     print_reply,
@@ -117,7 +118,7 @@ def add_commands(sub: Any) -> None:
     ):
         if p is not fault:
             p.add_argument("--reason", default="", help="why, recorded with the event")
-        p.add_argument("--request-id", help="resend-safe id (default: a fresh one)")
+        request_id_option(p)
         client_options(p)
         p.set_defaults(run=run)
 
@@ -138,14 +139,14 @@ def add_quota(sub: Any) -> None:
         "--gib", type=finite_number, metavar="GIB", help="memory only: GiB held at once"
     )
     set_.add_argument("--reason", default="")
-    set_.add_argument("--request-id", help="resend-safe id (default: a fresh one)")
+    request_id_option(set_)
     client_options(set_)
     set_.set_defaults(run=quota_set)
     clear = quota_sub.add_parser("clear", help="remove a tenant's quota for a kind")
     clear.add_argument("tenant", type=identifier("tenant"))
     clear.add_argument("kind", choices=DEVICE_KINDS)
     clear.add_argument("--reason", default="")
-    clear.add_argument("--request-id", help="resend-safe id (default: a fresh one)")
+    request_id_option(clear)
     client_options(clear)
     clear.set_defaults(run=quota_clear)
     show = quota_sub.add_parser("show", help="quotas and holdings, by tenant and kind")

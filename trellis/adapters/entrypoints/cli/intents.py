@@ -15,6 +15,8 @@ from trellis.adapters.entrypoints.cli.options import (
     intent_options,
     key_value,
     lease_seconds,
+    positive_count,
+    positive_number,
 )
 from trellis.adapters.entrypoints.cli.talk import read_json, send_intent
 
@@ -27,17 +29,17 @@ def compose(args: argparse.Namespace) -> int:
 def _compose_body(args: argparse.Namespace) -> dict[str, Any]:
     devices: list[dict[str, Any]] = []
     shared = {"bandwidth_gbps": args.bandwidth} if args.bandwidth else {}
-    if args.gpu:
+    if args.gpu is not None:
         gpu: dict[str, Any] = {"kind": "gpu", "count": args.gpu, **shared}
         if args.model:
             gpu["models"] = args.model
         if args.min_generation is not None:
             gpu["min_generation"] = args.min_generation
         devices.append(gpu)
-    if args.memory:
+    if args.memory is not None:
         devices.append({"kind": "memory", "capacity_gib": args.memory, **shared})
     for kind in ("nic", "nvme"):
-        if getattr(args, kind):
+        if getattr(args, kind) is not None:
             devices.append({"kind": kind, "count": getattr(args, kind), **shared})
     constraints: dict[str, Any] = {"isolation": "exclusive" if args.exclusive else "shared"}
     if args.max_hops is not None:
@@ -82,19 +84,19 @@ def manifest_options(p: argparse.ArgumentParser, file_help: str) -> None:
         metavar="K=V",
         help="pick a host by label",
     )
-    p.add_argument("--gpu", type=int, default=0, metavar="N", help="number of GPUs")
+    p.add_argument("--gpu", type=positive_count, metavar="N", help="number of GPUs")
     p.add_argument("--model", action="append", default=[], help="acceptable GPU model")
     p.add_argument("--min-generation", type=int)
-    p.add_argument("--memory", type=finite_number, metavar="GIB", help="a memory slice of GIB")
-    p.add_argument("--nic", type=int, default=0, metavar="N")
-    p.add_argument("--nvme", type=int, default=0, metavar="N")
+    p.add_argument("--memory", type=positive_number, metavar="GIB", help="a memory slice of GIB")
+    p.add_argument("--nic", type=positive_count, metavar="N")
+    p.add_argument("--nvme", type=positive_count, metavar="N")
     p.add_argument(
         "--device-id", action="append", default=[], type=identifier("device id"), help="a device"
     )
     p.add_argument(
         "--bandwidth", type=finite_number, default=0.0, metavar="GBPS", help="per device"
     )
-    p.add_argument("--max-hops", type=int)
+    p.add_argument("--max-hops", type=positive_count)
     p.add_argument("--max-latency-ns", type=int)
     p.add_argument("--exclusive", action="store_true", help="no switch shared with others")
     p.add_argument(

@@ -10,9 +10,11 @@ import re
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from trellis.adapters.entrypoints import render
 from trellis.adapters.settings import SettingsError, metrics_port
-from trellis.engine.core.ids import ID_PATTERN
+from trellis.engine.core.ids import ID_PATTERN, RequestId
 from trellis.engine.core.intents import LEASE_SECONDS_RANGE
 
 DEFAULT_DOMAIN = "default"
@@ -46,6 +48,21 @@ def lease_seconds(text: str) -> int:
     return value
 
 
+def request_id(text: str) -> str:
+    """--request-id: what the contract takes as a request id. An empty one was replaced by a
+    fresh id without a word, so a resend with it was not the resend it meant to be."""
+    try:
+        return msgspec.convert(text, RequestId)
+    except msgspec.ValidationError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a request id: 1 to 128 characters, no control or bidi character"
+        ) from None
+
+
+def request_id_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--request-id", type=request_id, help="resend-safe id (default: a fresh one)")
+
+
 def positive_count(text: str) -> int:
     """An argparse type: a whole number, 1 or more (a count of 0 would never be reached)."""
     try:
@@ -73,6 +90,14 @@ def finite_number(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def positive_number(text: str) -> float:
+    """An argparse type: a finite number above 0 (an amount such as --memory's GiB)."""
+    value = finite_number(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"an amount is above 0, not {text}")
     return value
 
 
@@ -122,7 +147,7 @@ def intent_options(p: argparse.ArgumentParser) -> None:
         default=os.environ.get("TRELLIS_TENANT", DEFAULT_TENANT),
         help="who asks (default: $TRELLIS_TENANT or %(default)s)",
     )
-    p.add_argument("--request-id", help="resend-safe id (default: a fresh one)")
+    request_id_option(p)
     client_options(p)
 
 

@@ -17,6 +17,7 @@ from trellis.adapters.entrypoints.cli.errors import EXIT_UNAVAILABLE, CliError
 from trellis.adapters.entrypoints.cli.options import (
     at_option,
     client_options,
+    request_id_option,
 )
 from trellis.adapters.entrypoints.cli.talk import (
     as_json,
@@ -104,7 +105,7 @@ def add_commands(sub: Any) -> None:
         "import", help="import a topology document (JSON), or one read from a Redfish service"
     )
     imp.add_argument("file", type=Path, nargs="?")
-    imp.add_argument("--request-id", help="resend-safe id (default: a fresh one)")
+    request_id_option(imp)
     imp.add_argument("--reason", default="")
     redfish_import.add_arguments(imp)
     client_options(imp)
