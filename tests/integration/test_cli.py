@@ -329,15 +329,17 @@ async def test_an_operator_drains_faults_adds_and_removes_from_the_cli(
     node = tmp_path / "node.json"
     node.write_text(json.dumps({"id": "gpu-100", "kind": "device", "device_kind": "gpu"}))
     code, out, err = await trellis(env, "add-node", str(node), "--reason", "racked")
-    assert code == 0 and "gpu-100" in out, err
+    assert code == 0 and "gpu-100: added" in out, err
     link = tmp_path / "link.json"
     link.write_text(json.dumps({"id": "l-100", "a": "sw-r1", "b": "gpu-100", "capacity_gbps": 64}))
     code, out, err = await trellis(env, "add-link", str(link))
-    assert code == 0 and "l-100" in out, err
+    assert code == 0 and "l-100: added" in out, err
     code, out, _ = await trellis(env, "topology", "show")
     assert code == 0 and "gpu-100" in out and "l-100" in out
     code, out, err = await trellis(env, "remove", "gpu-100", "--reason", "returned")
-    assert code == 0 and "removed: l-100" in out, (out, err)
+    # The node went, and the link that reached it with it (the answer's health is only its
+    # default for a removed component: the summary said "gpu-100: healthy").
+    assert code == 0 and "gpu-100: removed\nremoved with it: l-100" in out, (out, err)
     code, out, err = await trellis(env, "remove", "gpu-100")
     assert code == 1 and "error [not_found]" in err, (out, err)
     # What the log says happened, each with the operator as its actor.

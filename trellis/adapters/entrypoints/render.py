@@ -242,19 +242,26 @@ def error_text(error: Row) -> str:
     return "\n".join(lines)
 
 
-def component_summary(result: Row, reply: Row, wide: bool = False) -> str:
-    """An admin verb's answer on one component: what it is now and what it touched."""
+#: What the verbs that add or remove a component did to it, as their summary says.
+_COMPONENT_DONE = {"add-node": "added", "add-link": "added", "remove": "removed"}
+
+
+def component_summary(result: Row, reply: Row, wide: bool = False, *, verb: str = "") -> str:
+    """An admin verb's answer on one component: what it is now (added or removed, for those
+    verbs: the answer's health is then only its default) and what it touched."""
     name = result["component"]
     if result.get("link") and result["link"] != name:
         name += f" (link {result['link']})"
     if not result.get("changed"):
         line = f"{name}: already so, nothing changed"
+    elif verb in _COMPONENT_DONE:
+        line = f"{name}: {_COMPONENT_DONE[verb]}"
     else:
         state = result.get("health", "healthy") + (", drained" if result.get("drained") else "")
         line = f"{name}: {state}"
     parts = [line]
     if result.get("removed"):
-        parts.append("removed: " + ", ".join(result["removed"]))
+        parts.append("removed with it: " + ", ".join(result["removed"]))
     if result.get("compositions"):
         parts.append("compositions touched: " + ", ".join(result["compositions"]))
     if result.get("impaired"):
