@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +30,7 @@ from trellis.engine.core.ids import COMPONENT_REF_PATTERN
 
 
 def _admin(args: argparse.Namespace, verb: str, body: dict[str, Any]) -> int:
-    body = {**body, "request_id": args.request_id or str(uuid.uuid4())}
-    reply = request(args, f"admin.{args.domain}.{verb}", body)
-    return print_reply(args, reply, functools.partial(render.component_summary, verb=verb))
+    return send_admin(args, verb, body, functools.partial(render.component_summary, verb=verb))
 
 
 def drain(args: argparse.Namespace) -> int:
