@@ -61,6 +61,13 @@ USAGE = [
     (["compose", "--host", "h1", "--gpu", "1", "--nic", "0"], "a count is 1 or more, not 0"),
     (["reserve", "--host", "h1", "--gpu", "-1"], "a count is 1 or more, not -1"),
     (["preview", "--host", "h1", "--gpu", "1", "--max-hops", "0"], "a count is 1 or more"),
+    # A moment that is no moment: it was sent, and refused after the round trip as an invalid
+    # body (`--at`), or said as a failure, exit 1 (`export`).
+    (["replay", "--at", "yesterday"], "'yesterday' is not an ISO time"),
+    (["free", "--at", "-1"], "'-1' is not an ISO time (2026-12-01T10:00:00Z), or a log position"),
+    (["why", "gpu-1", "--at", "2026-12-01T10:00:00"], "names no moment: add its zone"),
+    (["export", "--parquet", "out", "--until", "5"], "'5' is not an ISO time"),
+    (["export", "--parquet", "out", "--since", "2026-12-01"], "names no moment"),
     # An empty request id was replaced by a fresh one, unsaid: a resend with it was no resend.
     (["release", "c-1", "--request-id", ""], "'' is not a request id"),
     (["drain", "gpu-1", "--request-id", "x" * 129], "is not a request id: 1 to 128"),

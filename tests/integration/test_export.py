@@ -318,7 +318,7 @@ async def test_the_cli_exports_and_says_what_it_wrote(
     code, text = await trellis(env, "export", "--parquet", str(out))
     assert code == 0 and f"{DOMAIN}: nothing new to export" in text, text
     code, text = await trellis(env, "export", "--parquet", str(out), "--since", "today")
-    assert code == 1 and "not an ISO time" in text and "Traceback" not in text, text
+    assert code == 2 and "'today' is not an ISO time" in text and "Traceback" not in text, text
     code, text = await trellis(env, "export", "--parquet", str(out), "--domain", "nowhere")
     assert code == 1 and "no domain 'nowhere'" in text, text
     # A place the export cannot be written: the operator's to fix, not a bug in Trellis.

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from datetime import datetime
 
 from trellis.adapters.endpoints import find_endpoint
 from trellis.adapters.postgres import sessions
@@ -20,7 +19,7 @@ def run(args: argparse.Namespace) -> int:
     url = find_endpoint(settings, "database_url")
     if url is None:
         raise ExportError("no database: set TRELLIS_DATABASE_URL or start one with `trellis up`")
-    since, until = _moment(args.since, "--since"), _moment(args.until, "--until")
+    since, until = args.since, args.until
     if since is not None and until is not None and since > until:
         raise ExportError("--since is after --until")
 
@@ -47,18 +46,6 @@ def run(args: argparse.Namespace) -> int:
     for done in exported:
         print(_summary(done))
     return 0
-
-
-def _moment(text: str | None, flag: str) -> datetime | None:
-    if text is None:
-        return None
-    try:
-        at = datetime.fromisoformat(text)
-    except ValueError:
-        raise ExportError(f"{flag} {text!r} is not an ISO time") from None
-    if at.tzinfo is None:
-        raise ExportError(f"{flag} {text!r} names no moment: add an offset, e.g. Z")
-    return at
 
 
 def _summary(done: DomainExport) -> str:

@@ -7,6 +7,7 @@ import argparse
 import math
 import os
 import re
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +126,27 @@ def at_option(p: argparse.ArgumentParser, *, required: bool = False) -> None:
 
 
 def _point_in_time(text: str) -> int | str:
-    """A log position (digits) or an ISO time, as the `at` field takes them."""
-    return int(text) if text.isdigit() else text
+    """A log position (digits) or an ISO time, as the `at` field takes them (RFC 3339)."""
+    if text.isdigit():
+        return int(text)
+    try:
+        return moment(text).isoformat()
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}, or a log position") from None
+
+
+def moment(text: str) -> datetime:
+    """An argparse type: an ISO time with its zone. Without a zone it names no one moment, and
+    the engine would have refused it only after the round trip, as an invalid body."""
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an ISO time (2026-12-01T10:00:00Z)"
+        ) from None
+    if at.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r} names no moment: add its zone, e.g. Z")
+    return at
 
 
 def query_options(p: argparse.ArgumentParser) -> None:

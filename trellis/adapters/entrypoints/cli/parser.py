@@ -26,7 +26,7 @@ from trellis.adapters.entrypoints.cli import (
     watching,
 )
 from trellis.adapters.entrypoints.cli.errors import UsageError
-from trellis.adapters.entrypoints.cli.options import client_options, identifier
+from trellis.adapters.entrypoints.cli.options import client_options, identifier, moment
 from trellis.adapters.entrypoints.cli.talk import request
 
 DESCRIPTION = "The `trellis` command: run the engine, and talk to a running one over NATS."
@@ -138,8 +138,12 @@ def make_parser() -> argparse.ArgumentParser:
     parquet.add_argument(
         "--domain", type=identifier("domain"), help="only this domain (default: every domain)"
     )
-    parquet.add_argument("--since", metavar="TIME", help="skip events before this ISO time")
-    parquet.add_argument("--until", metavar="TIME", help="stop at the last event at or before")
+    parquet.add_argument(
+        "--since", type=moment, metavar="TIME", help="skip events before this ISO time"
+    )
+    parquet.add_argument(
+        "--until", type=moment, metavar="TIME", help="stop at the last event at or before"
+    )
     parquet.set_defaults(run=export.run)
 
     local.add_schema(sub)
