@@ -92,8 +92,8 @@ def apply_reservation(
     return run(state, Apply(request_id=request_id(), reservation_id=rid), tenant, now)
 
 
-def cancel(state: DomainState, tenant: str, rid: str) -> tuple[list[Any], Any]:
-    return run(state, CancelReservation(request_id=request_id(), reservation_id=rid), tenant)
+def cancel(state: DomainState, tenant: str, rid: str, *, now: Any = NOW) -> tuple[list[Any], Any]:
+    return run(state, CancelReservation(request_id=request_id(), reservation_id=rid), tenant, now)
 
 
 def free_ids(state: DomainState) -> list[str]:
@@ -336,16 +336,19 @@ def test_another_tenants_reservation_is_not_found_on_apply_and_cancel() -> None:
     assert other.message == unknown.message.replace("rsv-nothing", made.reservation_id)
 
 
-def test_applying_an_expired_reservation_is_conflict_before_and_after_the_expiry_is_recorded() -> (
-    None
-):
+@pytest.mark.parametrize("verb", [apply_reservation, cancel], ids=["apply", "cancel"])
+def test_an_expired_reservation_is_conflict_before_and_after_the_expiry_is_recorded(
+    verb: Any,
+) -> None:
+    """A cancel in the moment between the deadline and the expiry tick recorded a
+    ReservationCancelled: the reservation then read "was cancelled" though its time was up."""
     state, made = reserved(hall(), "acme", host="h1", devices=[GPU], duration=60)
     later = NOW + timedelta(seconds=60)
 
-    events, before = apply_reservation(state, "acme", made.reservation_id, now=later)
+    events, before = verb(state, "acme", made.reservation_id, now=later)
     expired, _ = run(state, ExpireReservations(request_id="x"), "engine", later)
     state = apply(state, expired)
-    events_after, after = apply_reservation(state, "acme", made.reservation_id, now=later)
+    events_after, after = verb(state, "acme", made.reservation_id, now=later)
 
     assert events == [] and events_after == []
     for error in (before, after):

@@ -101,8 +101,6 @@ def apply(state: DomainState, intent: Apply, ctx: Context) -> Decision:
         return compose(state, intent.manifest.compose(intent.request_id), ctx)
     assert intent.reservation_id is not None  # the intent admits exactly one
     reservation = _live(state, intent.reservation_id, ctx)
-    if reservation.expires_at <= ctx.now:
-        raise _ended(reservation.id, "expired", format_time(reservation.expires_at))
     tenant = ctx.actor
     request = msgspec.structs.replace(reservation.request, request_id=intent.request_id)
     cid = composition_id(ctx.domain, tenant, intent.request_id)
@@ -212,10 +210,13 @@ def _live(state: DomainState, rid: str, ctx: Context) -> Reservation:
 
     Raises:
         IntentRejected: `not_found` for another tenant's or an unknown one; `conflict` for one
-            of the actor's that has ended.
+            of the actor's that has ended, or whose time is up though the expiry tick has not
+            recorded it yet (both apply and cancel: a cancel then would record a different end).
     """
     reservation = state.reservations.get(rid)
     if reservation is not None and reservation.tenant == ctx.actor:
+        if reservation.expires_at <= ctx.now:
+            raise _ended(rid, "expired", format_time(reservation.expires_at))
         return reservation
     ended = state.ended_reservations.get(rid)
     if reservation is None and ended is not None and ended.tenant == ctx.actor:
