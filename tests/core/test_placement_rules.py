@@ -33,6 +33,8 @@ from trellis.engine.core.events import (
     CompositionReleased,
     Event,
 )
+from trellis.engine.core.intents import LEASE_SECONDS_RANGE
+from trellis.engine.core.records import format_time
 from trellis.engine.core.state import DomainState
 
 GPU: dict[str, Any] = {"kind": "gpu"}
@@ -751,6 +753,25 @@ def test_extend_of_a_lease_without_expiry_counts_from_now() -> None:
     assert result.expires_at is None
     _, extended = extend(state, "t", result.composition_id, 60)
     assert extended.expires_at == NOW + timedelta(seconds=60)
+
+
+def test_a_lease_ends_at_most_the_longest_lease_from_now_however_it_is_extended() -> None:
+    """Extensions of the longest lease each once ran the deadline past year 9999; the 80th
+    raised OverflowError in the writer, answered `unavailable`, which no retry mends."""
+    longest = LEASE_SECONDS_RANGE[1]
+    state = FabricBuilder().host("h").gpu("g").chain("h", "g").state()
+    state, result = composed(state, "t", host="h", devices=[GPU], lease_seconds=longest - 60)
+    events, extended = extend(state, "t", result.composition_id, 60)
+    assert extended.expires_at == NOW + timedelta(seconds=longest)  # exactly the longest: ok
+    state = apply(state, events)
+    for seconds in (1, longest):
+        events, error = extend(state, "t", result.composition_id, seconds)
+        assert events == [] and isinstance(error, IntentRejected), error
+        assert error.code == "conflict" and "the longest a lease may run" in error.message
+        assert error.details["expires_at"] == format_time(extended.expires_at)
+    # Once time has passed, the same extension fits again.
+    _, later = extend(state, "t", result.composition_id, 1, now=NOW + timedelta(seconds=1))
+    assert later.expires_at == NOW + timedelta(seconds=longest + 1)
 
 
 @pytest.mark.parametrize("verb", ["release", "extend"])

@@ -22,9 +22,10 @@ from trellis.engine.core.events import (
     LeaseExpired,
     LeaseExtended,
 )
-from trellis.engine.core.intents import Compose, Extend, Release
+from trellis.engine.core.intents import LEASE_SECONDS_RANGE, Compose, Extend, Release
 from trellis.engine.core.placement import Placement, Rejection, hosts_of, place
 from trellis.engine.core.quotas import over_quota
+from trellis.engine.core.records import format_time
 from trellis.engine.core.results import ComposedDevice, ComposeResult, ExtendResult, ReleaseResult
 from trellis.engine.core.state import Composition, DomainState, evolve, usable
 from trellis.engine.core.views import unknown_composition
@@ -188,10 +189,24 @@ def release(state: DomainState, intent: Release, ctx: Context) -> Decision:
     return Decision(events, result)
 
 
+#: The furthest a lease may end from now, however many extensions add up to it: the longest
+#: lease one intent may ask for. Without it, extensions ran the deadline past year 9999,
+#: which no datetime holds, and the engine answered `unavailable` to a request no retry mends.
+LONGEST_LEASE = timedelta(seconds=LEASE_SECONDS_RANGE[1])
+
+
 def extend(state: DomainState, intent: Extend, ctx: Context) -> Decision:
-    """The lease runs `lease_seconds` longer, counted from the later of now and its deadline."""
+    """The lease runs `lease_seconds` longer, counted from the later of now and its deadline,
+    and ends at most LONGEST_LEASE from now (`conflict` past that)."""
     composition = _owned(state, intent.composition_id, ctx)
     base = max(ctx.now, composition.expires_at) if composition.expires_at else ctx.now
+    if base - ctx.now + timedelta(seconds=intent.lease_seconds) > LONGEST_LEASE:
+        raise IntentRejected(
+            "conflict",
+            f"composition {composition.id} would then run past {LONGEST_LEASE.days // 365}"
+            " years from now, the longest a lease may run",
+            {"id": composition.id, "expires_at": format_time(base)},
+        )
     expires_at = base + timedelta(seconds=intent.lease_seconds)
     event = LeaseExtended(composition_id=composition.id, expires_at=expires_at)
     return Decision([event], ExtendResult(composition_id=composition.id, expires_at=expires_at))
