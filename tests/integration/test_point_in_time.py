@@ -305,6 +305,25 @@ async def test_a_moment_before_the_domain_existed_is_not_found(
     assert "free" in expect_ok(reply)["text"]
 
 
+@pytest.mark.parametrize(
+    ("what", "body"),
+    [
+        ("free", {"at": "0001-01-01T00:00:00+14:00"}),
+        ("topology", {"at": "9999-12-31T23:59:59-14:00"}),
+        ("history", {"since": "0001-01-01T00:00:00+14:00"}),
+        ("history", {"until": "9999-12-31T23:59:59-14:00"}),
+    ],
+)
+async def test_a_moment_outside_the_years_of_utc_is_invalid(
+    h: Harness, what: str, body: dict[str, str]
+) -> None:
+    """The store's DataError came back as `unavailable`, "retry", with asyncpg's text."""
+    expect_ok(await h.client.admin(DOMAIN, "import-topology", FABRIC))
+    error = expect_error(await h.client.query(DOMAIN, what, body), "invalid")
+    assert "outside the years 1 to 9999 in UTC" in error["message"], error
+    assert "DataError" not in str(error)
+
+
 class CountingLog:
     """The store, counting the events a fold reads from it."""
 

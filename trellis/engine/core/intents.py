@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 import msgspec
@@ -322,6 +322,10 @@ class Query(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     at: PointInTime | None = None
     min_position: NonNegInt | None = None
 
+    def __post_init__(self) -> None:
+        if isinstance(self.at, datetime):
+            _in_utc_range(self.at, "at")
+
 
 class PagedQuery(Query):
     """A query whose answer can be larger than one message: it comes in pages
@@ -421,6 +425,16 @@ class CheckpointKeyQuery(Query):
 Moment = Annotated[datetime, msgspec.Meta(tz=True)]
 
 
+def _in_utc_range(moment: datetime, name: str) -> None:
+    """Refuse a moment whose offset takes it out of the years a datetime holds (0001-01-01
+    at +14:00 is in year 0 in UTC): the log, kept in UTC, could not be asked about it, and
+    the store's error came back as `unavailable`."""
+    try:
+        moment.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(f"`{name}` is outside the years 1 to 9999 in UTC") from None
+
+
 class HistoryQuery(PagedQuery):
     """Who held which device when: the intervals of `id` (a device, host or composition) and
     `tenant` that overlap [since, until] (either end open when left out)."""
@@ -431,6 +445,10 @@ class HistoryQuery(PagedQuery):
     until: Moment | None = None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("since", "until"):
+            if (moment := getattr(self, name)) is not None:
+                _in_utc_range(moment, name)
         if self.since is not None and self.until is not None and self.since > self.until:
             raise ValueError("`since` is after `until`")
 
