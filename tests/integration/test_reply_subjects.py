@@ -47,6 +47,13 @@ def hostile_replies(prefix: str, composition: str) -> list[str]:
         f"{prefix}.checkpoints.{DOMAIN}",
         f"{prefix}.intent.{DOMAIN}.globex.release",
         "_INBOX",  # no dot: not an inbox either
+        # Inboxes in name only: nobody can subscribe to these alone, or the answer reaches
+        # everyone waiting on an inbox (the intent was decided, with no one to answer).
+        "_INBOX.",
+        "_INBOX..x",
+        "_INBOX.a..b",
+        "_INBOX.>",
+        "_INBOX.*",
     ]
 
 

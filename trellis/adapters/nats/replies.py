@@ -8,7 +8,10 @@ tenant's KV key or into the event stream (a reply subject of `$KV.TRELLIS_STATE.
 request whose reply subject is no inbox, or that has none, is dropped unanswered before it is
 decided: it writes nothing.
 
-In plain mode an inbox is any `_INBOX.` subject. In secure mode it must also be the inbox
+An inbox is a subject one requester can subscribe to alone: `_INBOX.` and tokens, none empty,
+none a wildcard, no space in any. (`_INBOX.` alone or `_INBOX.a..b` can reach nobody, so the
+intent was decided with no one to answer; `_INBOX.>` reached every requester waiting on an
+inbox.) In plain mode any inbox is allowed. In secure mode it must also be the inbox
 prefix of the identity the request's subject admits (adapters/nats/auth.py): the tenant of an
 `intent` or `view` subject, the operator for `admin`, the operator or an auditor for `query`.
 So a tenant cannot have the engine answer into another tenant's inbox either.
@@ -24,6 +27,8 @@ from typing import Protocol
 log = logging.getLogger(__name__)
 
 INBOX = "_INBOX."
+#: What no inbox holds: a NATS wildcard, or a character that ends a subject on the wire.
+_NOT_IN_INBOXES = frozenset("*> \t\r\n")
 #: How often a refusal of one kind is logged at most (each is counted in the metrics anyway).
 LOG_EVERY_S = 60.0
 
@@ -35,11 +40,18 @@ class ReplyRule(Protocol):
     def allows(self, family: str, tenant: str | None, reply: str) -> bool: ...
 
 
+def is_inbox(reply: str) -> bool:
+    """Whether `reply` is an inbox subject: `_INBOX.` and whole tokens, no wildcard or space."""
+    if not reply.startswith(INBOX) or any(c in _NOT_IN_INBOXES for c in reply):
+        return False
+    return all(reply.split(".")[1:])
+
+
 class AnyInbox:
     """Plain mode: any inbox, nothing else."""
 
     def allows(self, family: str, tenant: str | None, reply: str) -> bool:
-        return reply.startswith(INBOX)
+        return is_inbox(reply)
 
 
 class OwnInbox:
@@ -54,7 +66,7 @@ class OwnInbox:
         self._operator, self._auditor, self._tenants = inboxes()
 
     def allows(self, family: str, tenant: str | None, reply: str) -> bool:
-        if not reply.startswith(INBOX):
+        if not is_inbox(reply):
             return False
         match family:
             case "intent" | "view":
