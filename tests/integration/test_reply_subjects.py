@@ -109,6 +109,20 @@ async def test_a_request_whose_reply_is_no_inbox_is_dropped_and_changes_nothing(
     assert await stream_messages(nc, prefix) > messages
 
 
+async def test_an_answer_carries_no_header_of_its_request(h: Harness) -> None:
+    """The answer went out with the request's own headers: a request sent with `Status: 503`
+    was committed, and its client read the answer as "no responders"."""
+    prefix, nc = h.client.prefix, h.client.nc
+    expect_ok(await h.client.admin(DOMAIN, "import-topology", fabric()))
+    headers = {"Status": "503", "X-Echo": "hello"}
+    compose = msgspec.json.encode({"request_id": "with-headers", **GPU})
+    answer = await nc.request(
+        f"{prefix}.intent.{DOMAIN}.acme.compose", compose, timeout=10, headers=headers
+    )
+    assert not answer.headers, answer.headers
+    assert expect_ok(msgspec.json.decode(answer.data))["state"] == "active"
+
+
 async def test_in_secure_mode_a_tenant_cannot_have_the_engine_answer_anywhere_but_its_inbox(
     tmp_path: Path, database_url: str, pg_schema: str
 ) -> None:

@@ -231,9 +231,11 @@ class NatsIntake:
     async def _reply(
         self, msg: Msg, reply: bytes, endpoint: EndpointCount, started_ns: int, tokens: list[str]
     ) -> None:
-        """Send `reply` (to an inbox: checked on arrival) and count it."""
+        """Send `reply` (to an inbox: checked on arrival) and count it. Published bare: Msg.respond
+        sends the request's own headers back with it, so a request with `Status: 503` had its
+        committed answer read as "no responders" by its own client."""
         try:
-            await msg.respond(reply)
+            await self._nc.publish(msg.reply, reply)
         except Exception:  # the requester is gone or NATS is down; the log still has it
             log.warning("could not reply on %s", msg.subject, exc_info=True)
         error = _error_of(reply)
