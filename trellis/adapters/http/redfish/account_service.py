@@ -113,7 +113,7 @@ def account_service(
     raise error(404, "ResourceNotFound", "Resource", "/".join(parts))
 
 
-def session_service(
+async def session_service(
     store: AccountStore, request: Request, method: str, parts: list[str], account: Account | None
 ) -> Reply:
     """`/redfish/v1/SessionService` and below: a POST of a user name and password opens a
@@ -132,7 +132,7 @@ def session_service(
             if not isinstance(user, str) or not isinstance(password, str):
                 missing = "UserName" if not isinstance(user, str) else "Password"
                 raise error(400, "PropertyMissing", missing)
-            found = store.check(user, password)
+            found = await store.verify(user, password)
             if found is None:
                 raise error(401, "NoValidSession")
             session = store.open_session(found)

@@ -163,7 +163,7 @@ class RedfishService:
             if path not in OPEN and not (
                 path == f"{R}/SessionService/Sessions" and request.method == "POST"
             ):
-                account = self._authenticate(request)
+                account = await self._authenticate(request)
             if path == f"{R}/EventService/SSE":
                 only("GET" if request.method == "HEAD" else request.method, "GET")
                 assert account is not None
@@ -213,7 +213,7 @@ class RedfishService:
             headers.append(("Link", f"<{R}/$metadata#{schema}>; rel=describedby"))
         return Response(reply.status, JSON, body, tuple(headers))
 
-    def _authenticate(self, request: Request) -> Account:
+    async def _authenticate(self, request: Request) -> Account:
         token = request.headers.get("x-auth-token")
         if token:
             found = self.accounts.by_token(token)
@@ -229,7 +229,7 @@ class RedfishService:
                 )
             except (binascii.Error, UnicodeDecodeError):
                 raise error(401, "NoValidSession") from None
-            account = self.accounts.check(user, password) if colon else None
+            account = await self.accounts.verify(user, password) if colon else None
             if account is not None:
                 return account
         raise error(401, "NoValidSession")
@@ -245,7 +245,7 @@ class RedfishService:
         parts = path.removeprefix(f"{R}/").split("/")
         top = parts[0]
         if top == "SessionService":
-            return session_service(self.accounts, request, method, parts[1:], account)
+            return await session_service(self.accounts, request, method, parts[1:], account)
         assert account is not None
         viewer = Viewer(account.tenant)
         if top == "AccountService":

@@ -1,0 +1,52 @@
+"""The Redfish service and its HTTP server under requests a careful client never sends: bad
+credentials in bulk, retries, wrong types, odd request targets, stale preconditions (each test
+names what it guards; docs/redfish.md says what the service promises)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+from redfish_http import RedfishHttp
+from test_redfish_service import R, admin, h
+
+from trellis.adapters.http.redfish import accounts
+
+__all__ = ["admin", "h"]  # fixtures
+
+
+async def test_bad_basic_credentials_are_hashed_off_the_event_loop_a_few_at_a_time(
+    admin: RedfishHttp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loop_thread = threading.get_ident()
+    scrypt = accounts.hashlib.scrypt
+    threads: list[int] = []
+    hashing = [0, 0]  # now, most at once
+    lock = threading.Lock()
+
+    def watched_scrypt(*args: Any, **kwargs: Any) -> bytes:
+        with lock:
+            threads.append(threading.get_ident())
+            hashing[0] += 1
+            hashing[1] = max(hashing)
+        try:
+            time.sleep(0.02)
+            return scrypt(*args, **kwargs)
+        finally:
+            with lock:
+                hashing[0] -= 1
+
+    monkeypatch.setattr(accounts.hashlib, "scrypt", watched_scrypt)
+    intruder = admin.as_user("admin", "not-the-password")
+    answers = await asyncio.gather(*(intruder.get(f"{R}/Systems") for _ in range(6)))
+    assert [a.status for a in answers] == [401] * 6
+    assert len(threads) == 6 and loop_thread not in threads
+    assert hashing[1] <= accounts.HASHING_AT_ONCE
+    anonymous = RedfishHttp(admin.base)
+    login = await anonymous(
+        "POST", f"{R}/SessionService/Sessions", {"UserName": "admin", "Password": "wrong-one"}
+    )
+    assert login.status == 401 and loop_thread not in threads
