@@ -115,6 +115,19 @@ def test_a_part_resent_after_its_upload_was_assembled_gets_the_import_not_a_new_
     assert later == UploadProgress(part=1, parts=2, received=1)
 
 
+def test_a_part_sent_again_with_another_body_after_the_assembly_is_conflict() -> None:
+    """It got the first import's answer, `replayed`, as if it were a resend of the same part:
+    the same request id with another body is `conflict` (ARCHITECTURE §3)."""
+    nodes, _ = hall(20)
+    uploads = Uploads()
+    uploads.add("d", "operator", upload(1, 2, nodes[:10]), 0.0)
+    uploads.add("d", "operator", upload(2, 2, nodes[10:]), 1.0)
+    for part, other in [(1, nodes[:9]), (2, nodes[:10])]:
+        with pytest.raises(IntentRejected) as refused:
+            uploads.add("d", "operator", upload(part, 2, other), 2.0)
+        assert refused.value.code == "conflict" and f"part {part} differs" in str(refused.value)
+
+
 def test_a_part_that_does_not_fit_its_upload_is_invalid_and_old_uploads_are_forgotten() -> None:
     nodes, _ = hall(3)
     uploads = Uploads()

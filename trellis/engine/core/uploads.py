@@ -26,7 +26,15 @@ MAX_UPLOADS = 8  # uploads held at once, per engine
 # A part that comes again after its upload was assembled (a client resends a part it heard
 # nothing for while the import was being decided) gets the assembled import, which the writer
 # answers from its stored reply, for this long after the assembly, not a new upload's progress.
+# A part that differs from the one assembled is `conflict`, as any request id sent again with
+# another body is.
 ASSEMBLED_TTL_S = 120.0
+
+
+class _Assembled(msgspec.Struct):
+    parts: dict[int, ImportTopology]  # as they came (their nodes are the import's own objects)
+    whole: ImportTopology
+    at: float
 
 
 class _Upload(msgspec.Struct):
@@ -41,8 +49,8 @@ class Uploads:
 
     def __init__(self) -> None:
         self._held: dict[tuple[str, str, str], _Upload] = {}
-        # Uploads assembled lately: their part count, the import, and when it was assembled.
-        self._assembled: dict[tuple[str, str, str], tuple[int, ImportTopology, float]] = {}
+        # Uploads assembled lately: their parts, the import, and when it was assembled.
+        self._assembled: dict[tuple[str, str, str], _Assembled] = {}
 
     def add(
         self, domain: str, actor: str, intent: ImportTopology, now: float
@@ -51,8 +59,9 @@ class Uploads:
 
         Raises:
             IntentRejected: `invalid` for a part that does not fit its upload (another count of
-                parts, a part out of range, too many nodes or links in all); `unavailable` when
-                too many uploads are open.
+                parts, a part out of range, too many nodes or links in all); `conflict` for a
+                part sent again after the assembly with another body; `unavailable` when too
+                many uploads are open.
         """
         assert intent.upload is not None
         part, parts = intent.upload.part, intent.upload.parts
@@ -61,8 +70,15 @@ class Uploads:
         self._forget_stale(now)
         key = (domain, actor, intent.request_id)
         done = self._assembled.get(key)
-        if done is not None and done[0] == parts:
-            return done[1]
+        if done is not None and len(done.parts) == parts:
+            if done.parts[part] != intent:
+                raise IntentRejected(
+                    "conflict",
+                    f"request_id {intent.request_id!r} was used for another import: part {part}"
+                    " differs from the part first sent",
+                    {"request_id": intent.request_id, "part": part},
+                )
+            return done.whole
         held = self._held.get(key)
         if held is None:
             if len(self._held) >= MAX_UPLOADS:
@@ -106,12 +122,12 @@ class Uploads:
             reason=next((p.reason for p in ordered if p.reason), ""),
         )
         if len(self._assembled) >= MAX_UPLOADS:
-            del self._assembled[min(self._assembled, key=lambda k: self._assembled[k][2])]
-        self._assembled[key] = (parts, assembled, now)
+            del self._assembled[min(self._assembled, key=lambda k: self._assembled[k].at)]
+        self._assembled[key] = _Assembled(held.received, assembled, now)
         return assembled
 
     def _forget_stale(self, now: float) -> None:
         for key in [k for k, u in self._held.items() if now - u.touched > TTL_S]:
             del self._held[key]
-        for key in [k for k, a in self._assembled.items() if now - a[2] > ASSEMBLED_TTL_S]:
+        for key in [k for k, a in self._assembled.items() if now - a.at > ASSEMBLED_TTL_S]:
             del self._assembled[key]
