@@ -11,7 +11,15 @@ from typing import Any
 
 import pytest
 from redfish_http import RedfishHttp
-from test_redfish_service import R, admin, h
+from test_redfish_service import (
+    COMPOSE,
+    R,
+    admin,
+    block,
+    compose_action,
+    h,
+    tenant_account,
+)
 
 from trellis.adapters.http.redfish import accounts
 
@@ -50,3 +58,28 @@ async def test_bad_basic_credentials_are_hashed_off_the_event_loop_a_few_at_a_ti
         "POST", f"{R}/SessionService/Sessions", {"UserName": "admin", "Password": "wrong-one"}
     )
     assert login.status == 401 and loop_thread not in threads
+
+
+async def test_a_retry_with_the_same_idempotency_key_gets_the_first_answer(
+    admin: RedfishHttp,
+) -> None:
+    acme = await tenant_account(admin, "alice", "acme")
+    body = {"Links": {"ResourceBlocks": [block("host-04"), block("gpu-009")]}}
+    first = await acme("POST", f"{R}/Systems", body, headers={"Idempotency-Key": "k-1"})
+    again = await acme("POST", f"{R}/Systems", body, headers={"Idempotency-Key": "k-1"})
+    assert (first.status, again.status) == (201, 201), again
+    assert again.headers["location"] == first.headers["location"]
+    other = await acme("POST", f"{R}/Systems", body, headers={"Idempotency-Key": "k-2"})
+    assert (other.status, other.messages()) == (409, ["ResourceBlockInUse"])
+
+    reserve = compose_action("PreviewReserve", "host-02", "gpu-003")
+    made = await acme("POST", COMPOSE, reserve, headers={"Idempotency-Key": "k-3"})
+    remade = await acme("POST", COMPOSE, reserve, headers={"Idempotency-Key": "k-3"})
+    assert (made.status, remade.status) == (200, 200), remade
+    assert remade.body["ReservationId"] == made.body["ReservationId"]
+
+    apply = compose_action("Apply", "host-03", "gpu-007")
+    applied = await acme("POST", COMPOSE, apply, headers={"Idempotency-Key": "k-4"})
+    reapplied = await acme("POST", COMPOSE, apply, headers={"Idempotency-Key": "k-4"})
+    assert (applied.status, reapplied.status) == (200, 200), reapplied
+    assert reapplied.headers["location"] == applied.headers["location"]

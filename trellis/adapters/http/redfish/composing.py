@@ -87,16 +87,7 @@ class Composer:
         intent: dict[str, Any] = {"request_id": _request_id(request), **manifest}
         reply = await (await self._acting_as(tenant)).intent(domain, tenant, "compose", intent)
         if not reply.get("ok"):
-            failure = reply.get("error", {})
-            if failure.get("code") in ("no_capacity", "no_path") and plan.device_ids:
-                now = await self.reader.domain(domain)
-                held = [d for d in plan.device_ids if d in now.by_device or d in now.reserved]
-                if held:
-                    raise RedfishError(
-                        409,
-                        [message("ResourceBlockInUse", rs.block_id(domain, d)) for d in held],
-                    )
-            raise from_engine(failure, "ResourceBlock")
+            raise await self._refusal(plan, reply)
         self.reader.wrote(domain, reply.get("position"))
         result = reply["result"]
         cid = result["composition_id"]
@@ -170,7 +161,7 @@ class Composer:
             }
             reply = await acting.intent(domain, tenant, "reserve", intent)
             if not reply.get("ok"):
-                raise from_engine(reply.get("error", {}), "ResourceBlock")
+                raise await self._refusal(plan, reply)
             self.reader.wrote(domain, reply.get("position"))
             made = reply["result"]
             stanza["Response"] = _blocks_request(domain, made["host"], made["devices"])
@@ -180,6 +171,8 @@ class Composer:
             return Reply(body=answer, headers=[("Location", location)], allow="POST", etag=False)
         intent = {"request_id": _request_id(request), "manifest": manifest}
         reply = await acting.intent(domain, tenant, "apply", intent)
+        if not reply.get("ok"):
+            raise await self._refusal(plan, reply)
         system = self._applied(domain, tenant, reply, manifest)
         stanza["Response"] = system
         answer["Manifest"] = {"Stanzas": [stanza]}
@@ -219,6 +212,19 @@ class Composer:
                 "StanzaType": "ComposeSystem", "StanzaId": rid, "Response": system}]}},
                 headers=[("Location", system["@odata.id"])], allow="POST", etag=False)  # fmt: skip
         raise error(404, "ResourceNotFound", "CompositionReservation", rid)
+
+    async def _refusal(self, plan: _Plan, reply: dict[str, Any]) -> RedfishError:
+        """The engine's refusal of a plan's intent: ResourceBlockInUse for the named blocks
+        held now when it found no room for them."""
+        failure = reply.get("error", {})
+        if failure.get("code") in ("no_capacity", "no_path") and plan.device_ids:
+            now = await self.reader.domain(plan.domain)
+            held = [d for d in plan.device_ids if d in now.by_device or d in now.reserved]
+            if held:
+                return RedfishError(
+                    409, [message("ResourceBlockInUse", rs.block_id(plan.domain, d)) for d in held]
+                )
+        return from_engine(failure, "ResourceBlock")
 
     def _applied(
         self, domain: str, tenant: str, reply: dict[str, Any], manifest: dict[str, Any]
@@ -400,11 +406,8 @@ class Composer:
                 resolution="A composition of specific blocks names one Compute block (the "
                 "host) beside its device blocks.",
             )
-        in_use = [d for d in devices if d in domain.by_device or _whole_reserved(domain, d)]
-        if in_use:
-            raise RedfishError(
-                409, [message("ResourceBlockInUse", rs.block_id(domain_name, d)) for d in in_use]
-            )
+        # Blocks in use are the engine's to refuse (see _refusal), not checked here: a retry
+        # with the same Idempotency-Key must reach the engine to get its first answer.
         return _Plan(
             domain=domain_name, host=hosts[0] if hosts else None, device_ids=devices,
             devices=members,
@@ -433,11 +436,6 @@ def _request_id(request: Request) -> str:
     if not _REQUEST_ID.fullmatch(key):
         raise error(400, "PropertyValueFormatError", key, "Idempotency-Key")
     return key
-
-
-def _whole_reserved(domain: rs.Domain, device: str) -> bool:
-    """A device a reservation holds whole (a memory pool's reserved slice leaves room)."""
-    return device in domain.reserved and domain.nodes[device].get("device_kind") != "memory"
 
 
 def _stanza(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
