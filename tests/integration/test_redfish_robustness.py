@@ -10,13 +10,17 @@ import time
 from typing import Any
 
 import pytest
+from harness import Harness
 from redfish_http import RedfishHttp
 from test_redfish_service import (
+    BLOCKS,
     COMPOSE,
+    DOMAIN,
     R,
     admin,
     block,
     compose_action,
+    connections,
     h,
     tenant_account,
 )
@@ -83,3 +87,47 @@ async def test_a_retry_with_the_same_idempotency_key_gets_the_first_answer(
     reapplied = await acme("POST", COMPOSE, apply, headers={"Idempotency-Key": "k-4"})
     assert (applied.status, reapplied.status) == (200, 200), reapplied
     assert reapplied.headers["location"] == applied.headers["location"]
+
+
+async def test_compose_properties_of_the_wrong_type_or_range_are_400_naming_the_property(
+    h: Harness, admin: RedfishHttp
+) -> None:
+    acme = await tenant_account(admin, "alice", "acme")
+    gpus = {"Links": {"ResourceBlocks": [block("host-01")]}}
+
+    def processors(**member: Any) -> dict[str, Any]:
+        return gpus | {"Processors": {"Members": [member]}}
+
+    def memory(mib: Any) -> dict[str, Any]:
+        return gpus | {"Memory": {"Members": [{"CapacityMiB": mib}]}}
+
+    cases = [
+        (processors(Model=["H100"]), "PropertyValueTypeError", "Processors/Members/0/Model"),
+        (processors(ProcessorType=["GPU"]), "PropertyValueTypeError", "ProcessorType"),
+        (processors(ProcessorType={"a": 1}), "PropertyValueTypeError", "ProcessorType"),
+        (processors(ProcessorType="FPGA"), "PropertyValueNotInList", "ProcessorType"),
+        (processors(**{"@Redfish.RequestedCount": 10**20}), "PropertyValueOutOfRange",
+         "@Redfish.RequestedCount"),
+        (memory(10**400), "PropertyValueOutOfRange", "Memory/Members/0/CapacityMiB"),
+        (memory(1), "PropertyValueOutOfRange", "CapacityMiB"),
+        (memory(1.5), "PropertyValueTypeError", "CapacityMiB"),
+        (processors() | {"Name": "x" * 900_000}, "PropertyValueFormatError", "Name"),
+        (processors() | {"Oem": {"Trellis": {"Labels": ["a"]}}}, "PropertyValueTypeError",
+         "Oem/Trellis/Labels"),
+        (processors() | {"Oem": {"Trellis": {"LeaseSeconds": 0}}}, "PropertyValueOutOfRange",
+         "Oem/Trellis/LeaseSeconds"),
+        (processors() | {"Oem": []}, "PropertyValueTypeError", "Oem"),
+        ({"Links": {"ResourceBlocks": [block("host-01"),
+                                       {"@odata.id": f"{BLOCKS}/{DOMAIN}"}]}},
+         "ResourceBlockNotFound", DOMAIN),
+    ]  # fmt: skip
+    for body, name, where in cases:
+        answer = await acme("POST", f"{R}/Systems", body)
+        assert (answer.status, answer.messages()) == (400, [name]), (body, answer)
+        first = answer.body["error"]["@Message.ExtendedInfo"][0]
+        assert where in " ".join(first["MessageArgs"]), first
+        assert "$." not in str(answer.body) and len(str(answer.body)) < 2000, answer
+    wrong_id = {"RequestFormat": "Manifest", "RequestType": "Apply", "ReservationId": 7}
+    answer = await acme("POST", COMPOSE, wrong_id)
+    assert (answer.status, answer.messages()) == (400, ["PropertyValueTypeError"])
+    assert await connections(h) == []

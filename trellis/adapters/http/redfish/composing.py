@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -23,12 +23,18 @@ from trellis.adapters.http.redfish.registries import RedfishError, error, from_e
 from trellis.adapters.http.redfish.resources import R, Reader, Viewer, ref
 from trellis.adapters.http.server import Request
 from trellis.adapters.nats.client import TrellisClient
-from trellis.engine.core.ids import is_valid_id
+from trellis.engine.core.ids import Labels, Text, is_valid_id
+from trellis.engine.core.intents import MAX_DEVICES, LeaseSeconds
+from trellis.engine.core.model import MAX_QUANTITY, Name
 
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
 #: A member request's schema property -> the device kind it asks for.
 MEMBER_KINDS = {"Memory": "memory", "NetworkInterfaces": "nic", "Storage": "nvme"}
 PROCESSOR_KINDS = {"GPU": "gpu", "Accelerator": "accelerator"}
+#: `@Redfish.RequestedCount`, and a memory slice's `CapacityMiB` (1 GiB at least, as the
+#: pool's block counts slices in GiB; at most the engine's largest quantity).
+RequestedCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_DEVICES)]
+SliceMiB = Annotated[int, msgspec.Meta(ge=1024, le=int(MAX_QUANTITY) * 1024)]
 #: How long a `PreviewReserve` holds what it reserved (CompositionService.ReservationDuration).
 RESERVATION_SECONDS = 300
 REQUEST_TYPES = ("Preview", "PreviewReserve", "Apply")
@@ -132,8 +138,10 @@ class Composer:
             if request_type != "Apply":
                 raise error(400, "PropertyValueFormatError", str(rid), "ReservationId",
                             resolution="Only an Apply names a ReservationId.")  # fmt: skip
-            if not isinstance(rid, str) or not is_valid_id(rid):
-                raise error(404, "ResourceNotFound", "CompositionReservation", str(rid))
+            if not isinstance(rid, str):
+                raise error(400, "PropertyValueTypeError", _shown(rid), "ReservationId")
+            if not is_valid_id(rid):
+                raise error(404, "ResourceNotFound", "CompositionReservation", _shown(rid))
             self._writable()
             return await self._apply_reservation(request, account, rid, body, answer)
         stanza, system_request = _stanza(body)
@@ -302,15 +310,17 @@ class Composer:
             manifest["device_ids"] = plan.device_ids
         if plan.devices:
             manifest["devices"] = plan.devices
-        reason = body.get("Description") or body.get("Name")
-        if isinstance(reason, str) and reason:
-            manifest["reason"] = reason
-        labels = dig(body, "Oem", "Trellis", "Labels")
-        if labels is not None:
-            manifest["labels"] = labels
-        lease = dig(body, "Oem", "Trellis", "LeaseSeconds")
-        if lease is not None:
-            manifest["lease_seconds"] = lease
+        for prop in ("Description", "Name"):
+            reason = _checked(body.get(prop, ""), Text, prop)
+            if reason:
+                manifest["reason"] = reason
+                break
+        oem = _trellis_oem(body)
+        if "Labels" in oem:
+            manifest["labels"] = _checked(oem["Labels"], Labels, "Oem/Trellis/Labels")
+        if "LeaseSeconds" in oem:
+            where = "Oem/Trellis/LeaseSeconds"
+            manifest["lease_seconds"] = _checked(oem["LeaseSeconds"], LeaseSeconds, where)
         return plan, manifest
 
     def _writable(self) -> None:
@@ -338,6 +348,9 @@ class Composer:
                 raise error(400, "ResourceBlockInvalid", str(target),
                             related=["Links/ResourceBlocks"])  # fmt: skip
             ids.append(target.removeprefix(prefix).rstrip("/"))
+        unnamed = [b for b in ids if not _is_block_id(b)]
+        if unnamed:
+            raise RedfishError(400, [message("ResourceBlockNotFound", _shown(b)) for b in unnamed])
         twice = sorted({b for b in ids if ids.count(b) > 1})
         if twice:
             raise RedfishError(
@@ -493,7 +506,7 @@ def _reservation(domain: str, reservation: dict[str, Any]) -> dict[str, Any]:
 def _tenant_of(body: dict[str, Any], account: Account) -> str:
     """Whose request: the account's tenant, or the one an Administrator names in
     `Oem.Trellis.Tenant`."""
-    oem_tenant = dig(body, "Oem", "Trellis", "Tenant")
+    oem_tenant = _trellis_oem(body).get("Tenant")
     if account.tenant is not None:
         if oem_tenant is not None and oem_tenant != account.tenant:
             raise error(403, "InsufficientPrivilege")
@@ -515,31 +528,69 @@ def _member_requests(body: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         members = group.get("Members") if isinstance(group, dict) else None
         if not isinstance(members, list):
-            raise error(400, "PropertyValueFormatError", prop, f"{prop}/Members")
+            raise error(400, "PropertyValueFormatError", _shown(group), f"{prop}/Members")
         for i, member in enumerate(members):
             where = f"{prop}/Members/{i}"
             if not isinstance(member, dict):
-                raise error(400, "PropertyValueFormatError", str(member), where)
+                raise error(400, "PropertyValueTypeError", _shown(member), where)
             count = member.get("@Redfish.RequestedCount", 1)
-            if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-                raise error(400, "PropertyValueFormatError", str(count),
-                            f"{where}/@Redfish.RequestedCount")  # fmt: skip
-            entry: dict[str, Any] = {"count": count}
+            entry: dict[str, Any] = {
+                "count": _checked(count, RequestedCount, f"{where}/@Redfish.RequestedCount")
+            }
             if prop == "Processors":
-                ptype = member.get("ProcessorType", "GPU")
+                ptype = _checked(member.get("ProcessorType", "GPU"), str, f"{where}/ProcessorType")
                 if ptype not in PROCESSOR_KINDS:
-                    raise error(400, "PropertyValueNotInList", str(ptype),
+                    raise error(400, "PropertyValueNotInList", _shown(ptype),
                                 f"{where}/ProcessorType")  # fmt: skip
                 entry["kind"] = PROCESSOR_KINDS[ptype]
             else:
                 entry["kind"] = MEMBER_KINDS[prop]
-            model = member.get("Model")
-            if isinstance(model, str):
-                entry["models"] = [model]
+            if "Model" in member:
+                entry["models"] = [_checked(member["Model"], Name, f"{where}/Model")]
             if prop == "Memory":
-                mib = member.get("CapacityMiB")
-                if not isinstance(mib, int | float) or isinstance(mib, bool) or mib <= 0:
+                if "CapacityMiB" not in member:
                     raise error(400, "PropertyMissing", f"{where}/CapacityMiB")
+                mib = _checked(member["CapacityMiB"], SliceMiB, f"{where}/CapacityMiB")
                 entry["capacity_gib"] = mib / 1024
             devices.append(entry)
     return devices
+
+
+def _is_block_id(bid: str) -> bool:
+    """Whether `bid` has a block id's shape, `<domain>.<node id>`."""
+    domain, dot, node = bid.partition(".")
+    return bool(dot) and is_valid_id(domain) and is_valid_id(node)
+
+
+def _trellis_oem(body: dict[str, Any]) -> dict[str, Any]:
+    """The request's `Oem.Trellis` object ({} when absent)."""
+    oem = body.get("Oem", {})
+    if not isinstance(oem, dict):
+        raise error(400, "PropertyValueTypeError", _shown(oem), "Oem")
+    trellis = oem.get("Trellis", {})
+    if not isinstance(trellis, dict):
+        raise error(400, "PropertyValueTypeError", _shown(trellis), "Oem/Trellis")
+    return trellis
+
+
+def _checked(value: Any, kind: Any, where: str) -> Any:
+    """`value` if it is of type `kind` (the engine's bounds for what it becomes), else the
+    Redfish error naming the request's property `where`, not the engine's field."""
+    try:
+        return msgspec.convert(value, kind, strict=True)
+    except msgspec.ValidationError as exc:
+        why = str(exc).split(" - at ", 1)[0]
+        if ", got `" in why:
+            name = "PropertyValueTypeError"
+        elif why.startswith(("Expected `int` ", "Expected `float` ")):
+            name = "PropertyValueOutOfRange"
+        else:
+            name = "PropertyValueFormatError"
+        resolution = f"{why}: correct {where} and resubmit the request."
+        raise error(400, name, _shown(value), where, resolution=resolution) from None
+
+
+def _shown(value: Any) -> str:
+    """A request's value as a message argument: its JSON, cut short (a value may be huge)."""
+    text = value if isinstance(value, str) else msgspec.json.encode(value).decode()
+    return text if len(text) <= 64 else f"{text[:61]}..."

@@ -56,6 +56,20 @@ MESSAGES: dict[str, Message] = {
         "Correct the value for the property in the request body and resubmit the request if "
         "the operation failed.",
     ),
+    "PropertyValueTypeError": Message(
+        BASE,
+        "The value '%1' for the property %2 is not a type that the property can accept.",
+        "Warning",
+        "Correct the value for the property in the request body and resubmit the request if "
+        "the operation failed.",
+    ),
+    "PropertyValueOutOfRange": Message(
+        BASE,
+        "The value '%1' for the property %2 is not in the supported range of acceptable values.",
+        "Warning",
+        "Correct the value for the property in the request body and resubmit the request if "
+        "the operation failed.",
+    ),
     "PropertyValueNotInList": Message(
         BASE,
         "The value '%1' for the property %2 is not in the list of acceptable values.",
