@@ -74,3 +74,16 @@ class RedfishHttp:
         text = raw.decode()
         decoded = json.loads(text) if text and text.lstrip().startswith(("{", "[")) else None
         return Answer(status, {k.lower(): v for k, v in got.items()}, decoded)
+
+
+async def raw_exchange(base: str, data: bytes, timeout: float = 5.0) -> bytes:
+    """Send `data` as is to the server at `base` and read its answer until it closes; what a
+    client sending a request no library would write (or a HEAD on a stream) gets back."""
+    host, port = base.split("://", 1)[1].rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(data)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), timeout)
+    finally:
+        writer.close()

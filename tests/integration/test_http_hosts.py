@@ -19,6 +19,7 @@ import pytest
 import pytest_asyncio
 from fabrics import expect_ok, fabric
 from harness import Harness, serving
+from redfish_http import raw_exchange
 from test_secure_mode import secured
 
 from trellis.adapters.http.fabric_page import token_cookie
@@ -82,6 +83,15 @@ async def test_a_host_that_is_not_the_servers_is_misdirected(h: Harness, server:
                 continue  # a stream: served, checked below
             status, _, _ = await ask(url, path, Host=host)
             assert status == 200, (path, host)
+
+
+async def test_head_on_the_event_stream_is_headers_only(h: Harness) -> None:
+    assert h.page_url is not None
+    request = f"HEAD /events HTTP/1.1\r\nHost: {authority(h.page_url)}\r\n\r\n"
+    answer = await raw_exchange(h.page_url, request.encode())
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and b"text/event-stream" in head, answer
+    assert body == b""
 
 
 async def test_a_page_of_another_origin_may_not_read_the_stream_or_the_api(h: Harness) -> None:

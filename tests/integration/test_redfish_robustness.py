@@ -5,14 +5,16 @@ names what it guards; docs/redfish.md says what the service promises)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import threading
 import time
 from typing import Any
 
 import pytest
 from harness import Harness
-from redfish_http import RedfishHttp
+from redfish_http import RedfishHttp, raw_exchange
 from test_redfish_service import (
+    ADMIN_PASSWORD,
     BLOCKS,
     COMPOSE,
     DOMAIN,
@@ -131,3 +133,58 @@ async def test_compose_properties_of_the_wrong_type_or_range_are_400_naming_the_
     answer = await acme("POST", COMPOSE, wrong_id)
     assert (answer.status, answer.messages()) == (400, ["PropertyValueTypeError"])
     assert await connections(h) == []
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+async def test_head_on_the_event_stream_is_headers_only(admin: RedfishHttp) -> None:
+    host = admin.base.split("://", 1)[1]
+    answer = await raw_exchange(
+        admin.base,
+        f"HEAD {R}/EventService/SSE HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: {basic('admin', ADMIN_PASSWORD)}\r\n\r\n".encode(),
+    )
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and b"OData-Version: 4.0" in head, answer
+    assert body == b""
+
+
+async def test_an_open_event_stream_ends_when_its_credentials_do(
+    h: Harness, admin: RedfishHttp
+) -> None:
+    await tenant_account(admin, "alice", "acme")
+    await tenant_account(admin, "bob", "acme")
+    login = await RedfishHttp(admin.base)(
+        "POST", f"{R}/SessionService/Sessions", {"UserName": "alice", "Password": "alice-password"}
+    )
+    host = admin.base.split("://", 1)[1]
+    streams = {}
+    for name, credential in (
+        ("alice", f"X-Auth-Token: {login.headers['x-auth-token']}"),
+        ("bob", f"Authorization: {basic('bob', 'bob-password')}"),
+    ):
+        reader, writer = await asyncio.open_connection(*host.rsplit(":", 1))
+        writer.write(
+            f"GET {R}/EventService/SSE HTTP/1.1\r\nHost: {host}\r\n{credential}\r\n\r\n".encode()
+        )
+        while not (await reader.readline()).startswith(b": Trellis"):
+            pass  # headers, then the stream's first line: it listens
+        streams[name] = (reader, writer)
+    changed = await admin(
+        "PATCH", f"{R}/AccountService/Accounts/alice", {"Password": "another-password"}
+    )
+    assert changed.status == 200, changed
+    assert (await admin("DELETE", f"{R}/AccountService/Accounts/bob")).status == 204
+    made = await admin(
+        "POST",
+        f"{R}/Systems",
+        {"Links": {"ResourceBlocks": [block("host-01"), block("gpu-002")]},
+         "Oem": {"Trellis": {"Tenant": "acme"}}},
+    )  # fmt: skip
+    assert made.status == 201, made
+    for name, (reader, writer) in streams.items():
+        rest = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        assert b"data:" not in rest, (name, rest)

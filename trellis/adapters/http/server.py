@@ -62,6 +62,7 @@ class Stream(NamedTuple):
 
     content_type: str
     chunks: AsyncIterator[bytes]
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 Handler = Callable[[Request], Awaitable[Response | Stream]]
@@ -142,7 +143,7 @@ class HttpServer:
             else:
                 answer = self._refusal(request) or await self._handler(request)
             if isinstance(answer, Stream):
-                await _stream(writer, answer)
+                await _stream(writer, answer, body=not head.startswith(b"HEAD "))
             else:
                 extra = "".join(f"{name}: {value}\r\n" for name, value in answer.headers)
                 writer.write(
@@ -177,14 +178,19 @@ class HttpServer:
         return None
 
 
-async def _stream(writer: asyncio.StreamWriter, stream: Stream) -> None:
+async def _stream(writer: asyncio.StreamWriter, stream: Stream, *, body: bool) -> None:
+    """Send `stream`: its headers, then (unless `body` is False: a HEAD) its chunks."""
+    extra = "".join(f"{name}: {value}\r\n" for name, value in stream.headers)
     writer.write(
-        f"HTTP/1.1 200 OK\r\nContent-Type: {stream.content_type}\r\n"
+        f"HTTP/1.1 200 OK\r\nContent-Type: {stream.content_type}\r\n{extra}"
         "Cache-Control: no-store\r\nConnection: close\r\n\r\n".encode()
     )
     try:
-        async for chunk in stream.chunks:
-            writer.write(chunk)
+        if body:
+            async for chunk in stream.chunks:
+                writer.write(chunk)
+                await writer.drain()
+        else:
             await writer.drain()
     finally:
         aclose = getattr(stream.chunks, "aclose", None)

@@ -243,6 +243,11 @@ class AccountStore:
                 return session, account
         return None
 
+    def has_session(self, token: str) -> bool:
+        """Whether `token`'s session is live (without starting its timeout again)."""
+        self._expire()
+        return token in self._sessions
+
     def sessions(self) -> list[Session]:
         self._expire()
         return sorted(self._sessions.values(), key=lambda s: s.id)

@@ -25,7 +25,7 @@ import logging
 import ssl
 import urllib.parse
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import msgspec
@@ -167,7 +167,8 @@ class RedfishService:
             if path == f"{R}/EventService/SSE":
                 only("GET" if request.method == "HEAD" else request.method, "GET")
                 assert account is not None
-                return Stream("text/event-stream", self.events.stream(account.tenant))
+                chunks = self._while_valid(request, account, self.events.stream(account.tenant))
+                return Stream("text/event-stream", chunks, _COMMON)
             reply = await self._route(request, path, account)
         except RedfishError as exc:
             headers = exc.headers
@@ -233,6 +234,30 @@ class RedfishService:
             if account is not None:
                 return account
         raise error(401, "NoValidSession")
+
+    async def _while_valid(
+        self, request: Request, account: Account, chunks: AsyncIterator[bytes]
+    ) -> AsyncIterator[bytes]:
+        """`chunks` until the credentials that opened the stream stop being valid (the session
+        ended, the password changed, the account was disabled or deleted): checked before
+        each chunk, so nothing more is sent to them."""
+        token = request.headers.get("x-auth-token")
+        password_hash = account.hash
+        try:
+            async for chunk in chunks:
+                current = self.accounts.get(account.user_name)
+                if (
+                    current is not account
+                    or not current.enabled
+                    or current.hash != password_hash
+                    or (token is not None and not self.accounts.has_session(token))
+                ):
+                    return
+                yield chunk
+        finally:
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
     # ---- routing ----
 
