@@ -40,7 +40,7 @@ async def h(
         subject_prefix,
         page_at=LOOPBACK,
         metrics_at=LOOPBACK,
-        allowed_hosts=["trellis.example"],
+        allowed_hosts=["trellis.example", "Proxy.Example:8443"],
     ) as harness:
         expect_ok(await harness.client.admin(DOMAIN, "import-topology", fabric()))
         yield harness
@@ -83,6 +83,37 @@ async def test_a_host_that_is_not_the_servers_is_misdirected(h: Harness, server:
                 continue  # a stream: served, checked below
             status, _, _ = await ask(url, path, Host=host)
             assert status == 200, (path, host)
+
+
+async def status_of(url: str, request_line: str, *headers: str) -> int:
+    """The status a raw request (a request line and header lines) gets from the server."""
+    lines = "".join(f"{header}\r\n" for header in headers)
+    answer = await raw_exchange(url, f"{request_line}\r\n{lines}\r\n".encode())
+    return int(answer.split(b" ", 2)[1])
+
+
+async def test_a_name_allowed_with_its_port_is_served_at_that_port_only(h: Harness) -> None:
+    assert h.page_url is not None
+    port = h.page_url.rsplit(":", 1)[1]
+    assert await status_of(h.page_url, "GET / HTTP/1.1", "Host: proxy.example:8443") == 200
+    for host in (f"proxy.example:8443:{port}", f"proxy.example:{port}", "proxy.example"):
+        assert await status_of(h.page_url, "GET / HTTP/1.1", f"Host: {host}") == 421, host
+
+
+async def test_two_hosts_a_bad_target_or_a_foreign_absolute_target_are_refused(
+    h: Harness,
+) -> None:
+    assert h.page_url is not None
+    own = f"Host: {authority(h.page_url)}"
+    for request_line, headers, status in [
+        ("GET / HTTP/1.1", ("Host: evil.example", own), 400),
+        ("GET / HTTP/1.1", (own, "Host: evil.example"), 400),
+        ("GET //[ HTTP/1.1", (own,), 400),
+        ("GET * HTTP/1.1", (own,), 400),
+        ("GET http://evil.example/ HTTP/1.1", (own,), 421),
+        (f"GET http://{authority(h.page_url)}/page.js HTTP/1.1", ("Host: evil.example",), 200),
+    ]:
+        assert await status_of(h.page_url, request_line, *headers) == status, request_line
 
 
 async def test_head_on_the_event_stream_is_headers_only(h: Harness) -> None:

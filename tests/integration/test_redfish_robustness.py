@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import threading
 import time
 from typing import Any
@@ -188,3 +189,25 @@ async def test_an_open_event_stream_ends_when_its_credentials_do(
         rest = await asyncio.wait_for(reader.read(), 10)
         writer.close()
         assert b"data:" not in rest, (name, rest)
+
+
+async def test_the_servers_own_refusals_are_redfish_error_bodies(admin: RedfishHttp) -> None:
+    own = admin.base.split("://", 1)[1]
+    auth = f"Authorization: {basic('admin', ADMIN_PASSWORD)}"
+    post = f"POST {R}/Systems HTTP/1.1"
+    for request_line, headers, status in [
+        (f"GET {R}/Systems HTTP/1.1", ("Host: evil.example", auth), 421),
+        (f"GET {R}/Systems HTTP/1.1", (f"Host: {own}", auth, "Origin: http://evil.example"), 403),
+        (f"TRACE {R}/Systems HTTP/1.1", (f"Host: {own}", auth), 405),
+        ("GET //[ HTTP/1.1", (f"Host: {own}",), 400),
+        (post, (f"Host: {own}", auth, "Content-Length: -1"), 400),
+        (post, (f"Host: {own}", auth, "Content-Length: 5_0"), 400),
+        (post, (f"Host: {own}", auth, "Transfer-Encoding: chunked"), 411),
+        (post, (f"Host: {own}", auth, "Content-Length: 2000000"), 413),
+    ]:
+        lines = "".join(f"{header}\r\n" for header in headers)
+        answer = await raw_exchange(admin.base, f"{request_line}\r\n{lines}\r\n".encode())
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.split(b" ", 2)[1] == str(status).encode(), (request_line, headers, answer)
+        assert b"OData-Version: 4.0" in head, answer
+        assert set(json.loads(body)["error"]) == {"code", "message", "@Message.ExtendedInfo"}

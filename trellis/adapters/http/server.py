@@ -10,17 +10,24 @@ leaves or the server closes. A server answers GET and HEAD only unless it is giv
 Content-Length (at most 1 MiB). Given an `ssl` context, it serves HTTPS.
 
 Every request is checked before any handler sees it (ARCHITECTURE §10, Health): its `Host` must
-be the address the server is bound to, or a name given to it (`allowed_hosts`, with or without
-the port), else `421 Misdirected Request`. That defeats DNS rebinding: a hostile web page whose
+be the address the server is bound to, or a name given to it (`allowed_hosts`: a name alone
+also with the server's port, a name with a port as given), else `421 Misdirected Request`. A
+request with two Host headers is `400` (RFC 9112 §3.2); an absolute-form target's authority
+is its Host, checked the same way. That defeats DNS rebinding: a hostile web page whose
 name was made to resolve to 127.0.0.1 still sends its own name as the Host, so the browser of
 an operator who opened it can read nothing. A request with an `Origin` (a browser's fetch or
 EventSource from a page) must come from one of those same authorities, else `403`.
+
+The server's own refusals (a malformed request, a body too large, a method it does not take,
+a Host or Origin it does not serve) are plain text, or whatever `render_error` makes of them
+(the Redfish service's error bodies).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import ssl as ssl_module
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -39,6 +46,11 @@ _REASONS |= {428: "Precondition Required", 429: "Too Many Requests"}
 _REASONS |= {431: "Request Header Fields Too Large", 500: "Internal Server Error"}
 _REASONS |= {501: "Not Implemented", 502: "Bad Gateway", 503: "Service Unavailable"}
 _READ_ONLY = frozenset({"GET", "HEAD"})
+#: Headers a request may carry once (two Hosts or lengths: which one is meant is unknowable).
+_SINGLE = frozenset({"host", "content-length"})
+_DIGITS = re.compile(r"[0-9]{1,19}")
+_PORTED = re.compile(r".*:[0-9]+")  # an allowed name that names its port
+_PATH = re.compile(r"[A-Za-z0-9\-._~%!$&'()*+,;=:@/]*")  # RFC 3986 path characters
 
 
 class Request(NamedTuple):
@@ -66,6 +78,8 @@ class Stream(NamedTuple):
 
 
 Handler = Callable[[Request], Awaitable[Response | Stream]]
+#: Remakes one of the server's own refusals (a plain-text Response) in the handler's shape.
+ErrorRenderer = Callable[[Response], Response]
 
 
 class HttpServer:
@@ -81,8 +95,10 @@ class HttpServer:
         allowed_hosts: Iterable[str] = (),
         methods: Iterable[str] = _READ_ONLY,
         ssl: ssl_module.SSLContext | None = None,
+        render_error: ErrorRenderer | None = None,
     ):
         self._handler = handler
+        self._render_error = render_error
         self._methods = frozenset(methods) | _READ_ONLY
         self._ssl = ssl
         self._host = host
@@ -111,9 +127,8 @@ class HttpServer:
         )
         bound = self.url.split("://", 1)[1]
         port = bound.rsplit(":", 1)[1]
-        self._authorities = frozenset(
-            {bound, *self._names, *(f"{name}:{port}" for name in self._names)}
-        )
+        bare = {name for name in self._names if not _PORTED.fullmatch(name)}
+        self._authorities = frozenset({bound, *self._names, *(f"{n}:{port}" for n in bare)})
 
     async def close(self) -> None:
         """Stop listening and end every connection, open streams included."""
@@ -138,10 +153,15 @@ class HttpServer:
             request = _parse(head, self._methods)
             if not isinstance(request, Response) and request.method not in _READ_ONLY:
                 request = await _with_body(reader, request)
-            if isinstance(request, Response):
-                answer: Response | Stream = request
+            refusal = request if isinstance(request, Response) else self._refusal(request)
+            if refusal is not None and self._render_error is not None:
+                refusal = self._render_error(refusal)
+            answer: Response | Stream
+            if refusal is not None:
+                answer = refusal
             else:
-                answer = self._refusal(request) or await self._handler(request)
+                assert isinstance(request, Request)
+                answer = await self._handler(request)
             if isinstance(answer, Stream):
                 await _stream(writer, answer, body=not head.startswith(b"HEAD "))
             else:
@@ -202,12 +222,10 @@ async def _with_body(reader: asyncio.StreamReader, request: Request) -> Request 
     """`request` with the body its Content-Length announces (none without one)."""
     if "chunked" in request.headers.get("transfer-encoding", "").lower():
         return Response(411, "text/plain", b"send a Content-Length, not chunks\n")
-    try:
-        length = int(request.headers.get("content-length", "0"))
-    except ValueError:
+    length_field = request.headers.get("content-length", "0")
+    if not _DIGITS.fullmatch(length_field):  # int() would take "+5", " 5" and "5_0"
         return Response(400, "text/plain", b"bad Content-Length\n")
-    if length < 0:
-        return Response(400, "text/plain", b"bad Content-Length\n")
+    length = int(length_field)
     if length > _MAX_BODY:
         return Response(413, "text/plain", b"request body too large\n")
     try:
@@ -227,11 +245,26 @@ def _parse(head: bytes, methods: frozenset[str] = _READ_ONLY) -> Request | Respo
     if method not in methods:
         allowed = ", ".join(sorted(methods))
         return Response(405, "text/plain", f"only {allowed}\n".encode(), (("Allow", allowed),))
-    headers = {}
+    headers: dict[str, str] = {}
     for field in fields:
         name, colon, value = field.partition(":")
         if colon:
-            headers[name.strip().lower()] = value.strip()
-    parts = urllib.parse.urlsplit(target)
-    query = dict(urllib.parse.parse_qsl(parts.query))
-    return Request(method, parts.path, query, headers, raw_query=parts.query)
+            name = name.strip().lower()
+            if name in _SINGLE and name in headers:
+                return Response(400, "text/plain", f"more than one {name} header\n".encode())
+            headers[name] = value.strip()
+    if target.startswith("/"):  # origin-form: a path ("//x" too, not an authority) and query
+        path, _, raw_query = target.partition("?")
+        if not _PATH.fullmatch(path):
+            return Response(400, "text/plain", b"bad request target\n")
+    else:  # absolute-form: its authority is the Host (RFC 9112 §3.2.2)
+        try:
+            parts = urllib.parse.urlsplit(target)
+        except ValueError:
+            parts = None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+            return Response(400, "text/plain", b"bad request target\n")
+        headers["host"] = parts.netloc
+        path, raw_query = parts.path or "/", parts.query
+    query = dict(urllib.parse.parse_qsl(raw_query))
+    return Request(method, path, query, headers, raw_query=raw_query)

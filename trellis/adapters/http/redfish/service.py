@@ -98,6 +98,7 @@ class RedfishService:
             allowed_hosts=allowed_hosts,
             methods=METHODS,
             ssl=ssl_context,
+            render_error=_redfish_refusal,
         )
 
     @property
@@ -404,6 +405,17 @@ class RedfishService:
 
 
 _COMMON = (("OData-Version", "4.0"), ("Cache-Control", "no-cache"))
+
+
+def _redfish_refusal(plain: Response) -> Response:
+    """One of the HTTP server's own refusals (malformed request, Host, Origin, size, method)
+    as a Redfish error body, its plain text the resolution."""
+    if plain.status == 405:
+        messages = [message("OperationNotAllowed")]
+    else:
+        messages = [message("GeneralError", resolution=plain.body.decode().strip())]
+    body = RedfishError(plain.status, messages).body()
+    return Response(plain.status, JSON, body, (*_COMMON, *plain.headers))
 
 
 def _json(status: int, body: dict[str, Any], headers: tuple[tuple[str, str], ...]) -> Response:
