@@ -211,3 +211,35 @@ async def test_the_servers_own_refusals_are_redfish_error_bodies(admin: RedfishH
         assert head.split(b" ", 2)[1] == str(status).encode(), (request_line, headers, answer)
         assert b"OData-Version: 4.0" in head, answer
         assert set(json.loads(body)["error"]) == {"code", "message", "@Message.ExtendedInfo"}
+
+
+async def test_the_last_enabled_administrator_stays_and_an_empty_patch_changes_nothing(
+    admin: RedfishHttp,
+) -> None:
+    accounts_url = f"{R}/AccountService/Accounts"
+    refused = await admin("PATCH", f"{accounts_url}/admin", {"Enabled": False})
+    assert (refused.status, refused.messages()) == (409, ["ResourceInUse"]), refused
+    before = await admin.get(f"{accounts_url}/admin")
+    assert before.body["Enabled"] is True
+    unchanged = await admin("PATCH", f"{accounts_url}/admin", {})
+    assert unchanged.status == 200 and unchanged.headers["etag"] == before.headers["etag"]
+
+    second = {"UserName": "root2", "Password": "root2-password", "RoleId": "Administrator"}
+    assert (await admin("POST", accounts_url, second)).status == 201
+    assert (await admin("PATCH", f"{accounts_url}/admin", {"Enabled": False})).status == 200
+    root2 = admin.as_user("root2", "root2-password")
+    last = await root2("PATCH", f"{accounts_url}/root2", {"Enabled": False})
+    assert (last.status, last.messages()) == (409, ["ResourceInUse"]), last
+    assert (await root2("DELETE", f"{accounts_url}/root2")).status == 409
+    assert (await root2("PATCH", f"{accounts_url}/admin", {"Enabled": True})).status == 200
+
+    typed = {"UserName": "carol", "Password": "carol-password", "RoleId": "Operator",
+             "Enabled": "false", "Oem": {"Trellis": {"Tenant": "acme"}}}  # fmt: skip
+    wrong = await admin("POST", accounts_url, typed)
+    assert (wrong.status, wrong.messages()) == (400, ["PropertyValueTypeError"]), wrong
+    assert (await admin.get(f"{accounts_url}/carol")).status == 404
+    await tenant_account(admin, "alice", "acme")
+    again = await admin("POST", accounts_url, second | {"UserName": "alice"})
+    assert (again.status, again.messages()) == (409, ["ResourceAlreadyExists"])
+    args = again.body["error"]["@Message.ExtendedInfo"][0]["MessageArgs"]
+    assert args == ["ManagerAccount", "UserName", "alice"]

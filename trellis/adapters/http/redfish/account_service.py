@@ -15,6 +15,7 @@ from trellis.adapters.http.redfish.accounts import (
     Account,
     AccountError,
     AccountStore,
+    LastAdministrator,
 )
 from trellis.adapters.http.redfish.handling import (
     Reply,
@@ -50,6 +51,7 @@ def account_service(
         if method == "POST":
             admin_only(account)
             body = json_body(request)
+            _check_enabled(body)
             try:
                 made = store.create(
                     body.get("UserName"),  # type: ignore[arg-type]
@@ -58,7 +60,7 @@ def account_service(
                     dig(body, "Oem", "Trellis", "Tenant"),
                 )
             except AccountError as exc:
-                raise _account_error(exc) from None
+                raise _account_error(exc, str(body.get("UserName"))) from None
             if body.get("Enabled") is False:
                 made = store.update(made.user_name, enabled=False)
             return Reply(
@@ -90,23 +92,21 @@ def account_service(
                 raise RedfishError(400, [message(name, k) for k in unknown])
             if "Enabled" in body and not account.admin:
                 raise error(403, "InsufficientPrivilege")
-            enabled = body.get("Enabled")
-            if enabled is not None and not isinstance(enabled, bool):
-                raise error(400, "PropertyValueFormatError", str(enabled), "Enabled")
+            _check_enabled(body)
             try:
                 changed = store.update(
-                    target.user_name, password=body.get("Password"), enabled=enabled
+                    target.user_name, password=body.get("Password"), enabled=body.get("Enabled")
                 )
             except AccountError as exc:
-                raise _account_error(exc) from None
+                raise _account_error(exc, target.user_name) from None
             return Reply(body=_account(changed), allow=allow)
         if method == "DELETE":
             admin_only(account)
             if_match(request, current)
             try:
                 store.delete(target.user_name)
-            except AccountError:
-                raise error(409, "ResourceCannotBeDeleted") from None
+            except AccountError as exc:
+                raise error(409, "ResourceCannotBeDeleted", resolution=f"{exc}.") from None
             return Reply(status=204, body=None, allow=allow)
         only(method, "GET", "PATCH", "DELETE")
         return Reply(body=current, allow=allow)
@@ -164,9 +164,18 @@ async def session_service(
     return Reply(body=_session(session.id, session.user_name), allow="GET, HEAD, DELETE")
 
 
-def _account_error(exc: AccountError) -> RedfishError:
+def _check_enabled(body: dict[str, Any]) -> None:
+    enabled = body.get("Enabled")
+    if enabled is not None and not isinstance(enabled, bool):
+        raise error(400, "PropertyValueTypeError", str(enabled)[:64], "Enabled")
+
+
+def _account_error(exc: AccountError, user_name: str) -> RedfishError:
+    """The Redfish answer to a refused account change of `user_name`."""
+    if isinstance(exc, LastAdministrator):
+        return error(409, "ResourceInUse", resolution=f"{exc}: enable another one first.")
     if "exists" in str(exc):
-        return error(409, "ResourceAlreadyExists", "ManagerAccount", "UserName", exc.field)
+        return error(409, "ResourceAlreadyExists", "ManagerAccount", "UserName", user_name)
     return error(400, "PropertyValueFormatError", "(hidden)", exc.field or "Body",
                  resolution=str(exc))  # fmt: skip
 

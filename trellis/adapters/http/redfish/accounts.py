@@ -82,6 +82,10 @@ class AccountError(ValueError):
         self.field = field
 
 
+class LastAdministrator(AccountError):
+    """A change that would leave no enabled Administrator: nobody could manage accounts."""
+
+
 def hash_password(password: str, salt: bytes | None = None) -> tuple[str, str]:
     """(salt, hash) as hex: scrypt of `password` with `salt` (a fresh one when None)."""
     salt = salt if salt is not None else secrets.token_bytes(16)
@@ -183,25 +187,46 @@ class AccountStore:
     def update(
         self, user_name: str, *, password: str | None = None, enabled: bool | None = None
     ) -> Account:
+        """`user_name`'s account with a new password and/or enabled state; unchanged (its
+        version too) when neither is given or `enabled` is what it was.
+
+        Raises:
+            AccountError: a bad password.
+            LastAdministrator: disabling the last enabled Administrator.
+        """
         account = self._accounts[user_name]
+        if enabled is False and account.enabled and self._last_administrator(account):
+            raise LastAdministrator("the last enabled Administrator stays enabled", "Enabled")
+        changed = False
         if password is not None:
             _check_password(password)
             account.salt, account.hash = hash_password(password)
             self._end_sessions(user_name)
-        if enabled is not None:
+            changed = True
+        if enabled is not None and enabled != account.enabled:
             account.enabled = enabled
             if not enabled:
                 self._end_sessions(user_name)
-        account.version += 1
-        self._save()
+            changed = True
+        if changed:
+            account.version += 1
+            self._save()
         return account
 
     def delete(self, user_name: str) -> None:
         if user_name == ADMIN:
             raise AccountError("the first Administrator stays", "UserName")
+        account = self._accounts[user_name]
+        if account.enabled and self._last_administrator(account):
+            raise LastAdministrator("the last enabled Administrator stays", "UserName")
         del self._accounts[user_name]
         self._end_sessions(user_name)
         self._save()
+
+    def _last_administrator(self, account: Account) -> bool:
+        """Whether `account` is the one enabled Administrator."""
+        enabled = [a for a in self._accounts.values() if a.admin and a.enabled]
+        return enabled == [account]
 
     def check(self, user_name: str, password: str) -> Account | None:
         """The enabled account with that name and password, else None (in about the same
