@@ -243,3 +243,28 @@ async def test_the_last_enabled_administrator_stays_and_an_empty_patch_changes_n
     assert (again.status, again.messages()) == (409, ["ResourceAlreadyExists"])
     args = again.body["error"]["@Message.ExtendedInfo"][0]["MessageArgs"]
     assert args == ["ManagerAccount", "UserName", "alice"]
+
+
+async def test_a_stale_if_match_stops_an_action_and_a_session_delete(
+    h: Harness, admin: RedfishHttp
+) -> None:
+    acme = await tenant_account(admin, "alice", "acme")
+    reserve = compose_action("PreviewReserve", "host-01", "gpu-002")
+    stale = {"If-Match": 'W/"stale"'}
+    refused = await acme("POST", COMPOSE, reserve, headers=stale)
+    assert (refused.status, refused.messages()) == (412, ["PreconditionFailed"]), refused
+    assert (await acme.get(f"{R}/CompositionService/CompositionReservations")).body["Members"] == []
+    current = (await acme.get(f"{R}/CompositionService")).headers["etag"]
+    made = await acme("POST", COMPOSE, reserve, headers={"If-Match": current})
+    assert made.status == 200, made
+
+    anonymous = RedfishHttp(admin.base)
+    login = await anonymous(
+        "POST", f"{R}/SessionService/Sessions", {"UserName": "alice", "Password": "alice-password"}
+    )
+    token = {"X-Auth-Token": login.headers["x-auth-token"]}
+    session = login.headers["location"]
+    kept = await anonymous("DELETE", session, headers=token | stale)
+    assert (kept.status, kept.messages()) == (412, ["PreconditionFailed"]), kept
+    etag = (await anonymous.get(session, headers=token)).headers["etag"]
+    assert (await anonymous("DELETE", session, headers=token | {"If-Match": etag})).status == 204

@@ -158,6 +158,7 @@ async def session_service(
         raise error(404, "ResourceNotFound", "Session", parts[1])
     session = known
     if method == "DELETE":
+        if_match(request, _session(session.id, session.user_name))
         store.close_session(session.id)
         return Reply(status=204, body=None, allow="GET, HEAD, DELETE")
     only(method, "GET", "DELETE")

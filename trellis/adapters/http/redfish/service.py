@@ -39,6 +39,7 @@ from trellis.adapters.http.redfish.composing import RESERVATION_SECONDS, Compose
 from trellis.adapters.http.redfish.events import EventFeed, event_service
 from trellis.adapters.http.redfish.handling import (
     Reply,
+    if_match,
     matches,
     only,
 )
@@ -283,6 +284,8 @@ class RedfishService:
                 if parts[2:] != ["CompositionService.Compose"]:
                     raise error(404, "ResourceNotFound", "Resource", "/".join(parts))
                 only(method, "POST")
+                # An action's If-Match is the ETag of the resource it acts on (DSP0266).
+                if_match(request, rs.composition_service(RESERVATION_SECONDS))
                 return await self.composer.compose_action(request, account)
             if parts[1:2] == ["CompositionReservations"]:
                 return await self.composer.reservations(request, method, parts[2:], account, viewer)
