@@ -268,3 +268,47 @@ async def test_a_stale_if_match_stops_an_action_and_a_session_delete(
     assert (kept.status, kept.messages()) == (412, ["PreconditionFailed"]), kept
     etag = (await anonymous.get(session, headers=token)).headers["etag"]
     assert (await anonymous("DELETE", session, headers=token | {"If-Match": etag})).status == 204
+
+
+async def test_credentials_are_checked_first_and_allow_says_what_is_allowed(
+    admin: RedfishHttp,
+) -> None:
+    anonymous = RedfishHttp(admin.base)
+    for path, headers in [
+        (f"{R}/Systems?$expand=.", {}),
+        (f"{R}/Systems", {"OData-Version": "4.01"}),
+    ]:
+        answer = await anonymous.get(path, headers=headers)
+        assert (answer.status, answer.messages()) == (401, ["NoValidSession"]), path
+    version = await admin.get(f"{R}/Systems", headers={"OData-Version": "4.01"})
+    assert (version.status, version.messages()) == (412, ["HeaderInvalid"]), version
+    assert "ETag" not in version.body["error"]["message"]
+    assert (await admin.get(f"{R}/Systems?$expand=.")).status == 501
+
+    capabilities = f"{R}/Systems/Capabilities"
+    read = await admin.get(capabilities)
+    deleted = await admin("DELETE", capabilities)
+    assert deleted.status == 405 and deleted.headers["allow"] == read.headers["allow"]
+    assert read.headers["allow"] == "GET, HEAD"
+    for method in ("DELETE", "POST", "PATCH", "PUT", "OPTIONS"):
+        answer = await anonymous(method, "/redfish")
+        assert (answer.status, answer.headers["allow"]) == (405, "GET, HEAD"), method
+    assert (await anonymous.get("/redfish")).status == 200
+
+
+async def test_a_body_not_json_is_415_and_a_long_path_is_not_echoed_in_full(
+    admin: RedfishHttp,
+) -> None:
+    host = admin.base.split("://", 1)[1]
+    body = b'{"Links": {}}'
+    answer = await raw_exchange(
+        admin.base,
+        f"POST {R}/Systems HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: {basic('admin', ADMIN_PASSWORD)}\r\nContent-Type: text/plain\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body,
+    )
+    assert answer.startswith(b"HTTP/1.1 415 "), answer
+    long_path = f"{R}/Fabrics/{'x' * 15_000}"
+    missing = await admin.get(long_path)
+    assert missing.status == 404 and len(json.dumps(missing.body)) < 3_000

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 BASE = "Base.1.19"
+MAX_ARG = 256  # characters of a message argument
 COMPOSITION = "Composition.1.1"
 
 
@@ -55,6 +56,12 @@ MESSAGES: dict[str, Message] = {
         "Warning",
         "Correct the value for the property in the request body and resubmit the request if "
         "the operation failed.",
+    ),
+    "HeaderInvalid": Message(
+        BASE,
+        "The header '%1' is invalid.",
+        "Critical",
+        "Resubmit the request with a valid header.",
     ),
     "PropertyValueTypeError": Message(
         BASE,
@@ -203,6 +210,9 @@ def message(
     `resolution` replaces the registry's (the why-not funnel of a rejected compose)."""
     entry = MESSAGES[name]
     text = entry.text
+    # An argument may come from the request (a path, a value): cut short, so that an error
+    # is never many times the size of what was sent.
+    args = tuple(arg if len(arg) <= MAX_ARG else f"{arg[: MAX_ARG - 3]}..." for arg in args)
     for i, arg in enumerate(args, start=1):
         text = text.replace(f"%{i}", arg)
     body: dict[str, Any] = {

@@ -148,24 +148,33 @@ class RedfishService:
                 for item in request.raw_query.split("&")
                 if item
             ]
-            if any(n.startswith("$") or n in ("only", "excerpt") for n in names):
-                raise error(501, "QueryNotSupported")
-            if request.headers.get("odata-version", "4.0") != "4.0":
-                raise error(412, "PreconditionFailed")
             if request.method == "POST" and path.endswith("/Members"):
                 # DSP0266: a POST to a collection's Members is a POST to the collection.
                 path = path.removesuffix("/Members")
+            account = None
+            # Who asks comes first: without credentials, anything but the open paths is 401,
+            # whatever else is wrong with the request.
+            if path not in OPEN and not (
+                path == f"{R}/SessionService/Sessions" and request.method == "POST"
+            ):
+                account = await self._authenticate(request)
+            if any(n.startswith("$") or n in ("only", "excerpt") for n in names):
+                raise error(501, "QueryNotSupported")
+            version = request.headers.get("odata-version", "4.0")
+            if version != "4.0":
+                raise error(412, "HeaderInvalid", f"OData-Version: {version[:32]}",
+                            resolution="Send OData-Version: 4.0, or no OData-Version.")  # fmt: skip
+            content_type = request.headers.get("content-type")
+            if request.body and content_type is not None and not _is_json(content_type):
+                raise error(415, "GeneralError",
+                            resolution="Send the body as application/json.")  # fmt: skip
             if path == "/redfish":
+                only("GET" if request.method == "HEAD" else request.method, "GET")
                 return _json(200, {"v1": f"{R}/"}, (("Allow", "GET, HEAD"),))
             if path == f"{R}/$metadata":
                 return self._static(request, metadata_xml(), "application/xml")
             if path == f"{R}/odata":
                 return self._static(request, msgspec.json.encode(rs.odata_document()), JSON)
-            account = None
-            if path not in OPEN and not (
-                path == f"{R}/SessionService/Sessions" and request.method == "POST"
-            ):
-                account = await self._authenticate(request)
             if path == f"{R}/EventService/SSE":
                 only("GET" if request.method == "HEAD" else request.method, "GET")
                 assert account is not None
@@ -425,7 +434,14 @@ def _json(status: int, body: dict[str, Any], headers: tuple[tuple[str, str], ...
     return Response(status, JSON, msgspec.json.encode(body), (*_COMMON, *headers))
 
 
+def _is_json(content_type: str) -> bool:
+    """Whether a request's Content-Type is JSON (`application/json`, any parameters)."""
+    return content_type.partition(";")[0].strip().lower() == "application/json"
+
+
 def _allowed(path: str) -> str:
+    if path.removeprefix(f"{R}/Systems/") in rs.CAPABILITIES.values():
+        return "GET, HEAD"
     if path == f"{R}/Systems" or path.endswith(("/Accounts", "/Sessions")):
         return "GET, HEAD, POST"
     if path.endswith("/CompositionService.Compose"):
