@@ -558,7 +558,13 @@ async def test_compose_action_previews_reserves_and_applies_a_reservation(
     listed = await acme.get(RESERVATIONS)
     assert [m["@odata.id"] for m in listed.body["Members"]] == [f"{RESERVATIONS}/{rid}"]
     gpu = await acme.get(f"{BLOCKS}/{DOMAIN}.gpu-002")
+    # To its reserver a reserved block reads Reserved and stays Unused, out of the FreePool
+    # (ARCHITECTURE §11); it read Unavailable, as to everyone else.
     assert gpu.body["CompositionStatus"]["Reserved"] is True
+    assert gpu.body["CompositionStatus"]["CompositionState"] == "Unused"
+    assert gpu.body["Pool"] == "Unassigned" and "Client" not in gpu.body
+    free = await acme.get(f"{R}/CompositionService/FreePool")
+    assert block("gpu-002") not in free.body["Members"] and block("gpu-003") in free.body["Members"]
     # Reserved is taken: a plain POST /Systems of the device is refused, naming it.
     taken = await acme(
         "POST", f"{R}/Systems", {"Links": {"ResourceBlocks": [block("host-01"), block("gpu-002")]}}
@@ -615,9 +621,14 @@ async def test_a_tenant_sees_and_applies_only_its_own_reservations(
     stolen = await zeta("POST", COMPOSE, apply_reservation(rid))
     assert stolen.status == 404, stolen
     assert (await zeta("DELETE", f"{RESERVATIONS}/{rid}")).status == 404
-    # The block is still reserved for everyone; only acme's own listing names the reservation.
+    # The block is taken for everyone but acme, and only acme (and the Administrator) is told
+    # it is reserved: to zeta it is Unavailable, like another tenant's.
     gpu = await zeta.get(f"{BLOCKS}/{DOMAIN}.gpu-002")
-    assert gpu.body["CompositionStatus"]["Reserved"] is True
+    assert gpu.body["CompositionStatus"]["Reserved"] is False
+    assert gpu.body["CompositionStatus"]["CompositionState"] == "Unavailable"
+    seen = await admin.get(f"{BLOCKS}/{DOMAIN}.gpu-002")
+    assert seen.body["CompositionStatus"]["Reserved"] is True
+    assert seen.body["CompositionStatus"]["CompositionState"] == "Unused"
     assert (await admin.get(RESERVATIONS)).body["Members"] == [
         {"@odata.id": f"{RESERVATIONS}/{rid}"}
     ]

@@ -108,7 +108,11 @@ class Domain:
         self.name = name
         #: The live reservations (every tenant's) and the devices they hold.
         self.reservations = list(reservations or [])
-        self.reserved = {d["id"] for r in self.reservations for d in r.get("devices", [])}
+        #: Each reserved device's tenant (a memory pool: one of those reserving a slice).
+        self.reserved_by = {
+            d["id"]: str(r["tenant"]) for r in self.reservations for d in r.get("devices", [])
+        }
+        self.reserved = set(self.reserved_by)
         self.nodes: dict[str, dict[str, Any]] = {n["id"]: n for n in topology.get("nodes", [])}
         self.links: list[dict[str, Any]] = topology.get("links", [])
         self.circuits: list[dict[str, Any]] = topology.get("circuits", [])
@@ -318,9 +322,13 @@ class BlockState:
             full = used + 1e-9 >= (spec.get("capacity_gib") or 0.0)
         elif spec["kind"] == "device":
             full = bool(compositions)  # held whole: by a tenant this viewer may not see
-        # A reserved device is taken, for everyone, until its reservation is applied or ends.
-        self.reserved = node in domain.reserved
-        full = full or (self.reserved and spec.get("device_kind") != "memory")
+        # A reserved block reads Reserved and stays Unused to its reserver (and the
+        # Administrator), out of the FreePool; to other tenants a reserved device is taken
+        # (Unavailable), and they are not told why (ARCHITECTURE §11).
+        reserver = domain.reserved_by.get(node)
+        self.reserved = reserver is not None and viewer.sees(reserver)
+        whole = spec.get("device_kind") != "memory"
+        full = full or (reserver is not None and whole and not self.reserved)
         # One tenant's block names it; a shared host or pool serving several names none.
         self.client = next(iter(tenants)) if self.visible and len(tenants) == 1 else None
         usable = spec.get("health") == "healthy" and not spec.get("drained")
@@ -331,6 +339,8 @@ class BlockState:
             self.state = "Failed"
         elif not usable or full:
             self.state = "Unavailable"
+        elif self.reserved and whole:
+            self.state, self.pool = "Unused", "Unassigned"
         else:
             self.state, self.pool = "Unused", "Free"
         self.number = len(self.visible)
