@@ -8,6 +8,7 @@ import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,9 @@ from self_signed import self_signed
 
 from trellis.adapters.embedded.nats_server import EmbeddedNats
 from trellis.adapters.http.redfish import AccountStore, RedfishService
+from trellis.adapters.http.redfish.reservation_duration import ReservationDuration
 from trellis.adapters.http.redfish.serve import RedfishOptions
+from trellis.adapters.http.redfish.service import RESERVATION_DURATION_FILE
 from trellis.adapters.nats.auth import Principal, SecureDir
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.nats.connect import connect_nats
@@ -588,6 +591,46 @@ async def test_compose_action_previews_reserves_and_applies_a_reservation(
     direct = await acme("POST", COMPOSE, compose_action("Apply", "host-02", "gpu-003"))
     assert direct.status == 200, direct
     assert {r["device"] for r in await connections(h)} == {"gpu-002", "gpu-003"}
+
+
+async def test_an_administrator_sets_the_reservation_duration_and_it_outlives_the_service(
+    h: Harness, admin: RedfishHttp, tmp_path: Path
+) -> None:
+    """ARCHITECTURE §11: ReservationDuration is a property an Administrator may PATCH; it was
+    fixed at PT300S and the PATCH was 405."""
+    service = f"{R}/CompositionService"
+    acme = await tenant_account(admin, "alice", "acme")
+    before = await admin.get(service)
+    assert before.body["ReservationDuration"] == "PT300S"
+    assert "PATCH" in before.headers["allow"]
+    assert (await acme("PATCH", service, {"ReservationDuration": "PT600S"})).status == 403
+    stale = await admin("PATCH", service, {"ReservationDuration": "PT600S"},
+                        headers={"If-Match": 'W/"stale"'})  # fmt: skip
+    assert stale.status == 412, stale
+    for value, status, name in [
+        ("ten minutes", 400, "PropertyValueFormatError"),
+        ("P1M", 400, "PropertyValueFormatError"),  # months vary in length
+        (600, 400, "PropertyValueTypeError"),
+        ("PT0S", 400, "PropertyValueOutOfRange"),
+    ]:
+        refused = await admin("PATCH", service, {"ReservationDuration": value})
+        assert refused.status == status, refused
+        assert refused.body["error"]["@Message.ExtendedInfo"][0]["MessageId"].endswith(name)
+    refused = await admin("PATCH", service, {"ServiceEnabled": False})
+    assert refused.status == 400 and "PropertyNotWritable" in str(refused.body), refused
+    assert (await admin.get(service)).body == before.body  # none of those changed anything
+
+    patched = await admin("PATCH", service, {"ReservationDuration": "PT10M"},
+                          headers={"If-Match": before.headers["etag"]})  # fmt: skip
+    assert patched.status == 200 and patched.body["ReservationDuration"] == "PT600S", patched
+    made = await acme("POST", COMPOSE, compose_action("PreviewReserve", "host-01", "gpu-002"))
+    assert made.status == 200, made
+    (held,) = await reservations(h, tenant="acme")
+    made_at, expires_at = (datetime.fromisoformat(held[k]) for k in ("made_at", "expires_at"))
+    assert expires_at - made_at == timedelta(seconds=600)
+    # A service started again on the same accounts file holds it too.
+    kept = ReservationDuration(tmp_path / RESERVATION_DURATION_FILE)
+    assert kept.seconds == 600
 
 
 async def test_compose_action_refuses_bad_requests_with_registry_messages(

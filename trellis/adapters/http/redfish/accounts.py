@@ -100,6 +100,23 @@ def _check_password(password: str) -> None:
         )
 
 
+def write_private(path: Path, data: bytes) -> None:
+    """Replace `path` with `data`, readable by this user alone, whole or not at all."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-")
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
 class AccountStore:
     """Accounts in the 0600 file `path`; `admin_password` sets `admin`'s when it is made."""
 
@@ -115,20 +132,8 @@ class AccountStore:
             self._accounts = {a.user_name: a for a in accounts}
 
     def _save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         data = msgspec.json.format(msgspec.json.encode(list(self._accounts.values())))
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".accounts-")
-        try:
-            os.fchmod(fd, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        write_private(self.path, data)
 
     def ensure_admin(self, password: str) -> bool:
         """Make `admin` with `password` unless it exists; whether it was made."""

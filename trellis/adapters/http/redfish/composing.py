@@ -20,6 +20,7 @@ from trellis.adapters.http.redfish import resources as rs
 from trellis.adapters.http.redfish.accounts import Account
 from trellis.adapters.http.redfish.handling import Reply, dig, if_match, json_body, may_change, only
 from trellis.adapters.http.redfish.registries import RedfishError, error, from_engine, message
+from trellis.adapters.http.redfish.reservation_duration import ReservationDuration
 from trellis.adapters.http.redfish.resources import R, Reader, Viewer, ref
 from trellis.adapters.http.server import Request
 from trellis.adapters.nats.client import TrellisClient
@@ -35,8 +36,6 @@ PROCESSOR_KINDS = {"GPU": "gpu", "Accelerator": "accelerator"}
 #: pool's block counts slices in GiB; at most the engine's largest quantity).
 RequestedCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_DEVICES)]
 SliceMiB = Annotated[int, msgspec.Meta(ge=1024, le=int(MAX_QUANTITY) * 1024)]
-#: How long a `PreviewReserve` holds what it reserved (CompositionService.ReservationDuration).
-RESERVATION_SECONDS = 300
 REQUEST_TYPES = ("Preview", "PreviewReserve", "Apply")
 
 
@@ -48,10 +47,12 @@ class Composer:
         reader: Reader,
         client: TrellisClient,
         acting_as: Callable[[str], Awaitable[TrellisClient]],
+        reservation_duration: ReservationDuration,
         *,
         writes: bool,
     ) -> None:
         self.reader = reader
+        self._reservation_duration = reservation_duration  # a PreviewReserve's hold
         self.client = client  # the service's own: queries (a Preview)
         self._acting_as = acting_as  # the client that sends a tenant's intents
         self._writes = writes  # False: the service reads only
@@ -165,7 +166,7 @@ class Composer:
             intent = {
                 "request_id": _request_id(request),
                 "manifest": manifest,
-                "duration_seconds": RESERVATION_SECONDS,
+                "duration_seconds": self._reservation_duration.seconds,
             }
             reply = await acting.intent(domain, tenant, "reserve", intent)
             if not reply.get("ok"):

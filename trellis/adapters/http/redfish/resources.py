@@ -274,7 +274,7 @@ def odata_document() -> dict[str, Any]:
 # ---- CompositionService, blocks, zones ----
 
 
-def composition_service(reservation_seconds: int) -> dict[str, Any]:
+def composition_service(reservation_duration: str) -> dict[str, Any]:
     return {
         "@odata.id": f"{R}/CompositionService",
         "@odata.type": "#CompositionService.v1_2_3.CompositionService",
@@ -289,7 +289,7 @@ def composition_service(reservation_seconds: int) -> dict[str, Any]:
         "ActivePool": ref(f"{R}/CompositionService/ActivePool"),
         "FreePool": ref(f"{R}/CompositionService/FreePool"),
         "CompositionReservations": ref(f"{R}/CompositionService/CompositionReservations"),
-        "ReservationDuration": f"PT{reservation_seconds}S",
+        "ReservationDuration": reservation_duration,
         "Actions": {
             "#CompositionService.Compose": {
                 "target": f"{R}/CompositionService/Actions/CompositionService.Compose",

@@ -32,14 +32,17 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 
+from trellis.adapters.http.redfish import reservation_duration
 from trellis.adapters.http.redfish import resources as rs
 from trellis.adapters.http.redfish.account_service import account_service, session_service
 from trellis.adapters.http.redfish.accounts import Account, AccountStore
-from trellis.adapters.http.redfish.composing import RESERVATION_SECONDS, Composer
+from trellis.adapters.http.redfish.composing import Composer
 from trellis.adapters.http.redfish.events import EventFeed, event_service
 from trellis.adapters.http.redfish.handling import (
     Reply,
+    admin_only,
     if_match,
+    json_body,
     matches,
     only,
 )
@@ -55,6 +58,10 @@ JSON = "application/json; charset=utf-8"
 METHODS = ("GET", "HEAD", "POST", "PATCH", "PUT", "DELETE", "OPTIONS")
 #: Paths answered without credentials (DSP0266 §13.3.1).
 OPEN = {"/redfish", "/redfish/v1", f"{R}/$metadata", f"{R}/odata"}
+
+
+#: The file beside the accounts file that keeps CompositionService.ReservationDuration.
+RESERVATION_DURATION_FILE = "redfish-reservation-duration.json"
 
 
 class RedfishService:
@@ -86,10 +93,15 @@ class RedfishService:
         self.reader = Reader(self.client, domains)
         self.uuid = uuid.uuid5(uuid.NAMESPACE_URL, f"trellis:{prefix}:redfish")
         self.events = EventFeed(nc, self.client, prefix)
+        # Kept beside the accounts: both are the service's own settings, not the engine's.
+        self.reservation_duration = reservation_duration.ReservationDuration(
+            accounts.path.with_name(RESERVATION_DURATION_FILE)
+        )
         self.composer = Composer(
             self.reader,
             self.client,
             self._acting_as,
+            self.reservation_duration,
             writes=writes or tenant_connection is not None,
         )
         self._server = HttpServer(
@@ -294,10 +306,12 @@ class RedfishService:
                     raise error(404, "ResourceNotFound", "Resource", "/".join(parts))
                 only(method, "POST")
                 # An action's If-Match is the ETag of the resource it acts on (DSP0266).
-                if_match(request, rs.composition_service(RESERVATION_SECONDS))
+                if_match(request, self._composition_service())
                 return await self.composer.compose_action(request, account)
             if parts[1:2] == ["CompositionReservations"]:
                 return await self.composer.reservations(request, method, parts[2:], account, viewer)
+            if not parts[1:] and method == "PATCH":
+                return self._patch_composition_service(request, account)
             only(method, "GET")
             return await self._composition(parts[1:], viewer)
         if top == "Fabrics":
@@ -308,10 +322,39 @@ class RedfishService:
             return Reply(body=event_service())
         raise error(404, "ResourceNotFound", "Resource", path)
 
+    def _composition_service(self) -> dict[str, Any]:
+        return rs.composition_service(reservation_duration.text(self.reservation_duration.seconds))
+
+    def _patch_composition_service(self, request: Request, account: Account) -> Reply:
+        """An Administrator sets ReservationDuration, the one writable property: it holds
+        the reservations made from then on."""
+        admin_only(account)
+        current = self._composition_service()
+        if_match(request, current)
+        body = json_body(request)
+        unknown = sorted(set(body) - {"ReservationDuration", "@odata.etag"})
+        if unknown:
+            name = (
+                "PropertyNotWritable" if all(k in current for k in unknown) else "PropertyUnknown"
+            )
+            raise RedfishError(400, [message(name, k) for k in unknown])
+        if "ReservationDuration" in body:
+            value = body["ReservationDuration"]
+            if not isinstance(value, str):
+                raise error(400, "PropertyValueTypeError", str(value), "ReservationDuration")
+            seconds = reservation_duration.parse(value)
+            if seconds is None:
+                raise error(400, "PropertyValueFormatError", value, "ReservationDuration")
+            low, high = reservation_duration.SECONDS_RANGE
+            if not low <= seconds <= high:
+                raise error(400, "PropertyValueOutOfRange", value, "ReservationDuration")
+            self.reservation_duration.set(seconds)
+        return Reply(body=self._composition_service(), allow="GET, HEAD, PATCH")
+
     async def _composition(self, parts: list[str], viewer: Viewer) -> Reply:
         base = f"{R}/CompositionService"
         if not parts:
-            return Reply(body=rs.composition_service(RESERVATION_SECONDS))
+            return Reply(body=self._composition_service(), allow="GET, HEAD, PATCH")
         what, rest = parts[0], parts[1:]
         if what in ("ResourceBlocks", "ActivePool", "FreePool") and not rest:
             domains = await self.reader.all()
@@ -451,4 +494,6 @@ def _allowed(path: str) -> str:
         return "GET, HEAD, DELETE"
     if path.startswith(f"{R}/AccountService/Accounts/"):
         return "GET, HEAD, PATCH, DELETE"
+    if path == f"{R}/CompositionService":
+        return "GET, HEAD, PATCH"
     return "GET, HEAD"
