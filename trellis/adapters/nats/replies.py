@@ -27,7 +27,6 @@ from typing import Protocol
 
 log = logging.getLogger(__name__)
 
-INBOX = "_INBOX."
 #: `_INBOX` and one or more tokens, none empty, none holding a NATS wildcard or a character
 #: that ends a subject on the wire (one C call: it runs for every request).
 _INBOX_SUBJECT = re.compile(r"_INBOX(?:\.[^.*> \t\r\n]+)+")
