@@ -128,6 +128,50 @@ async def test_a_driver_error_undoes_the_saga_and_the_reply_says_what_failed(
     assert expect_ok(await compose(h, A100))["state"] == "active"
 
 
+class BrokenDriver(ProgramLog):
+    """A driver that breaks its word: a bind or unbind of `bad_device` raises what vendor data
+    it cannot read raised (AttributeError), not FabricError."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.bad_device: str | None = None
+
+    async def program(
+        self,
+        domain: str,
+        changes: Sequence[FabricChange],
+        *,
+        fence: int | None = None,
+        started: Callable[[FabricChange], None] | None = None,
+    ) -> None:
+        for change in changes:
+            if change.binding is not None and change.binding.device == self.bad_device:
+                if started is not None:
+                    started(change)
+                raise AttributeError("'str' object has no attribute 'get'")
+        await super().program(domain, changes, fence=fence, started=started)
+
+
+@pytest.mark.parametrize("sim", [BrokenDriver(seed=7)], ids=["broken driver"])
+async def test_a_driver_that_raises_another_error_still_fails_and_undoes_the_saga(
+    h: Harness, sim: BrokenDriver
+) -> None:
+    """A driver's AttributeError left the composition pending, its devices held, retried by
+    every pass and answered by none (the compose timed out unavailable). Its undo fails the
+    same way here: the failure is recorded all the same, and a pass finishes the undoing."""
+    sim.bad_device = "gpu-02"
+
+    error = expect_error(await compose(h, A100), "failed")
+
+    assert (error["details"]["step"], error["details"]["target"]) == ("bind", "gpu-02")
+    assert "AttributeError" in error["details"]["error"]
+    assert "CompositionFailed" in await types_of(h)
+    sim.bad_device = None
+    assert await in_step(h, sim) == ([], [])
+    assert await free_gpus(h) == ["gpu-01", "gpu-02"]
+    assert expect_ok(await compose(h, A100))["state"] == "active"
+
+
 async def test_a_lost_reply_is_undone_too(h: Harness, sim: SimulatedFabric) -> None:
     """The controller applied the bind but its answer never came: undo must not trust the
     error to mean 'nothing happened'."""

@@ -488,6 +488,11 @@ class FabricSync:
             component, error = exc.component or "", str(exc)
         except TimeoutError:
             component, error = "", f"no answer within {self._deadline:g}s"
+        except WriterFenced:
+            raise
+        except Exception as exc:  # the driver broke its word (FabricError only): still a failure
+            log.exception("domain %s: the fabric driver failed composing %s", self.domain, cid)
+            component, error = "", f"the fabric driver failed: {type(exc).__name__}: {exc}"
         step, target = (at[-1].op, at[-1].target) if at else ("", "")
         log.warning(
             "domain %s: composing %s failed at %s %s: %s", self.domain, cid, step, target, error
@@ -522,3 +527,7 @@ class FabricSync:
                 await self._fabric.program(self.domain, changes, fence=self._fence)
         except (FabricError, TimeoutError) as exc:
             log.warning("domain %s: undoing %s left work for later: %s", self.domain, cid, exc)
+        except WriterFenced:
+            raise
+        except Exception:  # the failure is recorded all the same; a pass finishes the undoing
+            log.exception("domain %s: undoing %s left work for later", self.domain, cid)
