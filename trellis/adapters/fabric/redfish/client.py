@@ -154,7 +154,7 @@ class RedfishClient:
             Unreachable: It did not answer.
         """
         response = await self._request("GET", uri)
-        body = _json(response.body, "GET", uri)
+        body = _json(response.body, "GET", uri, response.status)
         etag = response.headers.get("etag") or body.get("@odata.etag")
         return Resource(uri=uri, body=body, etag=etag if isinstance(etag, str) else None)
 
@@ -180,20 +180,25 @@ class RedfishClient:
 
     async def post(self, collection: str, body: Json) -> str:
         """Create a member of a collection; the new member's URI. A service may answer 201
-        or 204; either way its `Location` header names the new resource.
+        or 204; either way its `Location` header names the new resource (a relative one is
+        resolved against the collection).
 
         Raises:
-            HttpError: The service refused it, or said neither where nor what it made.
+            HttpError: The service refused it, said neither where nor what it made, or
+                answered anything but a creation (a 202 task, whose outcome is unknown, a
+                redirect, a 200).
             Unreachable: It did not answer (the member may or may not exist now).
         """
         response = await self._request("POST", collection, body, fresh=True)
+        if response.status not in (201, 204):
+            raise HttpError("POST", collection, response.status, "not a creation (201 or 204)")
         location = response.headers.get("location")
         if not location and response.body:
-            made = _json(response.body, "POST", collection).get("@odata.id")
+            made = _json(response.body, "POST", collection, response.status).get("@odata.id")
             location = made if isinstance(made, str) else None
         if not location:
             raise HttpError("POST", collection, response.status, "no Location for the new member")
-        return self._path_of(location)
+        return self._path_of(urllib.parse.urljoin(self._prefix + collection, location))
 
     async def patch(self, resource: Resource, change: Json) -> None:
         """Change a resource as read (`If-Match` its ETag, when it has one)."""
@@ -295,6 +300,11 @@ class RedfishClient:
                 raise Unreachable(f"{method} {uri}: {reason}", uri=uri) from None
         if response.status >= 400:
             raise HttpError(method, uri, response.status, _error_message(response.body))
+        if response.status == 202:  # DSP0266's task: done later, or never; not supported
+            raise HttpError(method, uri, 202, "accepted as a task, not done (tasks unsupported)")
+        if response.status >= 300:  # redirects are not followed: the service is elsewhere
+            where = response.headers.get("location", "nowhere")
+            raise HttpError(method, uri, response.status, f"redirected to {where}, not followed")
         return response
 
     def _host_header(self) -> str:
@@ -395,13 +405,13 @@ async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
         await reader.readline()
 
 
-def _json(data: bytes, method: str, uri: str) -> Json:
+def _json(data: bytes, method: str, uri: str, status: int) -> Json:
     try:
         body = msgspec.json.decode(data)
     except msgspec.DecodeError:
-        raise HttpError(method, uri, 200, "the answer is not JSON") from None
+        raise HttpError(method, uri, status, "the answer is not JSON") from None
     if not isinstance(body, dict):
-        raise HttpError(method, uri, 200, "the answer is not a JSON object")
+        raise HttpError(method, uri, status, "the answer is not a JSON object")
     return body
 
 

@@ -663,6 +663,10 @@ class RedfishFabric:
         except Unreachable:
             held.stale = True  # it may have been made: read before the next change
             raise
+        except HttpError as exc:
+            if exc.status < 400:  # a task or a redirect: it may be made yet
+                held.stale = True
+            raise
         held.foreign.pop(made, None)  # a service may give a deleted member's URI again
         return made
 
