@@ -15,6 +15,7 @@ from redfish_fault_server import FaultyRedfish
 from redfish_trees import tree
 
 from trellis.adapters.fabric.redfish.client import HttpError, RedfishClient
+from trellis.adapters.fabric.redfish.discovery import DiscoveryError, discover
 from trellis.adapters.fabric.redfish.driver import RedfishFabric
 from trellis.engine.core.errors import FabricError
 from trellis.engine.core.fabric import FabricBinding
@@ -77,5 +78,81 @@ async def test_a_redirect_is_an_error_naming_its_status(fm: FaultyRedfish) -> No
     try:
         with pytest.raises(HttpError, match=r"answered 301: redirected to https://elsewhere"):
             await client.get("/redfish/v1/Fabrics")
+    finally:
+        await client.close()
+
+
+def zone(n: int, endpoints: list[str], **fields: object) -> dict[str, object]:
+    return {
+        "@odata.id": f"{ZONES}/{n}",
+        "ZoneType": "ZoneOfEndpoints",
+        "Links": {"Endpoints": [{"@odata.id": f"{F}/Endpoints/{e}"} for e in endpoints]},
+        **fields,
+    }
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        {"Oem": "vendor"},
+        {"Oem": ["vendor"]},
+        {"Links": [1]},
+        {"Links": {"Endpoints": [{"@odata.id": 5}, {"@odata.id": None}, "T-gpu-002"]}},
+        {"Links": {"Endpoints": {"@odata.id": f"{F}/Endpoints/T-gpu-002"}}},
+        {"Oem": {"Trellis": {"CompositionId": "c-9", "Domain": D, "Host": "host-02",
+                             "Paths": {"gpu-002": "host-02>sw-r1>gpu-002"}}}},
+    ],
+)  # fmt: skip
+async def test_oddly_typed_fields_of_another_zone_are_read_as_absent(
+    fm: FaultyRedfish, driver: RedfishFabric, odd: dict[str, object]
+) -> None:
+    await driver.bind(D, gpu(), fence=1)
+    fm.put(f"{ZONES}/60", zone(60, ["I-host-02", "T-gpu-002"], **odd), member=True)
+    assert (await driver.snapshot(D, fence=1)).bindings == [gpu()]
+
+
+async def test_oddly_typed_fields_of_a_connection_and_an_endpoint_are_read_as_absent(
+    fm: FaultyRedfish, driver: RedfishFabric
+) -> None:
+    tags = {"CompositionId": "c-m", "Domain": D, "Device": "mem-01", "Host": "host-01",
+            "Path": ["host-01", "sw-r1", "mem-01"], "CapacityGiB": 4}  # fmt: skip
+    fm.put(
+        f"{CONNECTIONS}/70",
+        {"ConnectionType": "Memory", "MemoryChunkInfo": [{"MemoryChunk": None}, 3],
+         "Oem": {"Trellis": tags}},
+        member=True,
+    )  # fmt: skip
+    fm.put(f"{CONNECTIONS}/71", {"ConnectionType": "Memory", "MemoryChunkInfo": "x"}, member=True)
+    endpoint = fm.body(f"{F}/Endpoints/T-gpu-012")
+    endpoint["ConnectedEntities"][0]["EntityLink"] = "/redfish/v1/Chassis/gpu-012"
+    fm.put(f"{F}/Endpoints/T-gpu-012", endpoint)
+    await driver.snapshot(D, fence=1)  # reads, whatever it makes of them
+    fmap = await driver.fabric_map(D)
+    assert "gpu-011" in fmap.device_endpoints and "gpu-012" not in fmap.device_endpoints
+
+
+@pytest.mark.parametrize(
+    ("members", "why"),
+    [
+        (None, "Members is no list"),
+        ({"@odata.id": f"{ZONES}/1"}, "Members is no list"),
+        ([f"{ZONES}/1"], "member 0 has no @odata.id"),
+        ([{"@odata.id": None}], "member 0 has no @odata.id"),
+        ([{"@odata.id": 3}], "member 0 has no @odata.id"),
+    ],
+)
+async def test_a_collection_that_cannot_be_read_is_an_error_naming_it(
+    fm: FaultyRedfish, driver: RedfishFabric, members: object, why: str
+) -> None:
+    await driver.snapshot(D, fence=1)
+    fm.put(ZONES, {**fm.body(ZONES), "Members": members})
+    with pytest.raises(FabricError, match=f"GET {ZONES}: {why}"):
+        await driver.snapshot(D, fence=1)
+    endpoints = f"{F}/Endpoints"
+    fm.put(endpoints, {**fm.body(endpoints), "Members": members})
+    client = RedfishClient(fm.url)
+    try:
+        with pytest.raises(DiscoveryError, match=f"GET {endpoints}: {why}"):
+            await discover(client)
     finally:
         await client.close()

@@ -51,6 +51,11 @@ class Unreachable(RedfishError):
     """No answer: the connection was refused, reset or timed out, or TLS failed."""
 
 
+class Unreadable(RedfishError):
+    """The service answered, but not in a shape a Redfish client can read (a collection
+    whose `Members` is no list of references)."""
+
+
 class HttpError(RedfishError):
     """The service answered with an error status; `message` carries its first
     `@Message.ExtendedInfo` message, when it sent one."""
@@ -168,12 +173,23 @@ class RedfishClient:
             raise
 
     async def members(self, collection: str) -> list[str]:
-        """The member URIs of a collection, following `Members@odata.nextLink` pages."""
+        """The member URIs of a collection, following `Members@odata.nextLink` pages.
+
+        Raises:
+            Unreadable: `Members` is no list of references.
+        """
         uris: list[str] = []
         page: str | None = collection
         while page is not None:
             body = (await self.get(page)).body
-            uris += [m["@odata.id"] for m in body.get("Members", []) if "@odata.id" in m]
+            members = body.get("Members", [])
+            if not isinstance(members, list):
+                raise Unreadable(f"GET {page}: Members is no list", uri=page)
+            for number, member in enumerate(members):
+                uri = member.get("@odata.id") if isinstance(member, dict) else None
+                if not isinstance(uri, str):
+                    raise Unreadable(f"GET {page}: member {number} has no @odata.id", uri=page)
+                uris.append(uri)
             next_link = body.get("Members@odata.nextLink")
             page = next_link if isinstance(next_link, str) and next_link != page else None
         return uris

@@ -106,16 +106,35 @@ def parent(uri: str, levels: int = 1) -> str:
     return uri
 
 
+# A service's JSON is read as it should be, and a value of another type as absent: a vendor's
+# odd field is never an AttributeError or a TypeError out of the driver.
+
+
+def obj(value: object) -> Json:
+    """`value` if it is a JSON object, else an empty one."""
+    return value if isinstance(value, dict) else {}
+
+
+def items(value: object) -> list[object]:
+    """`value` if it is a JSON array, else an empty one."""
+    return value if isinstance(value, list) else []
+
+
+def ref(value: object) -> str | None:
+    """The URI of a reference (`{"@odata.id": ...}`), None when `value` is none."""
+    uri = obj(value).get("@odata.id")
+    return uri if isinstance(uri, str) else None
+
+
 def links(body: Json, name: str) -> list[str]:
     """The URIs of `Links.<name>` (a list of references, or one)."""
-    value = (body.get("Links") or {}).get(name)
-    refs = value if isinstance(value, list) else [value] if isinstance(value, dict) else []
-    return [r["@odata.id"] for r in refs if isinstance(r, dict) and "@odata.id" in r]
+    value = obj(body.get("Links")).get(name)
+    refs = value if isinstance(value, list) else [value]
+    return [uri for uri in map(ref, refs) if uri is not None]
 
 
 def trellis_oem(body: Json) -> Json:
-    oem = (body.get("Oem") or {}).get("Trellis")
-    return oem if isinstance(oem, dict) else {}
+    return obj(obj(body.get("Oem")).get("Trellis"))
 
 
 def assign_ids(candidates: Iterable[tuple[str, str]]) -> dict[str, str]:
@@ -169,10 +188,8 @@ class _Reader:
         return {u: b for u, b in zip(unique, bodies, strict=True) if b is not None}
 
     async def members(self, collection: Json | None, name: str) -> list[str]:
-        ref = (collection or {}).get(name)
-        if not isinstance(ref, dict) or "@odata.id" not in ref:
-            return []
-        return await self.client.members(ref["@odata.id"])
+        uri = ref(obj(collection).get(name))
+        return await self.client.members(uri) if uri is not None else []
 
     async def _fetch(self, uri: str) -> Json | None:
         resource = await self.client.get_or_none(uri)
@@ -301,11 +318,11 @@ class _Crawl:
         devices: dict[str, Json] = {}
         endpoint_nodes: dict[str, list[str]] = {}
         for uri, body in sorted(endpoints.items()):
-            entities = [e for e in body.get("ConnectedEntities") or [] if isinstance(e, dict)]
+            entities = [e for e in items(body.get("ConnectedEntities")) if isinstance(e, dict)]
             stands_for: list[str] = []
             for entity in entities:
-                link = (entity.get("EntityLink") or {}).get("@odata.id")
-                system = _system_of(link) if isinstance(link, str) else None
+                link = ref(entity.get("EntityLink"))
+                system = _system_of(link) if link is not None else None
                 if system is not None and entity.get("EntityRole") in ("Initiator", "Both"):
                     hosts.setdefault(system, []).append(uri)
                     stands_for.append(system)
@@ -328,8 +345,8 @@ class _Crawl:
         typed: list[tuple[str, str]] = []  # (kind, entity URI)
         for entity in entities:
             kind = _DEVICE_ENTITIES.get(str(entity.get("EntityType")))
-            link = (entity.get("EntityLink") or {}).get("@odata.id")
-            if entity.get("EntityRole") in ("Target", "Both") and kind and isinstance(link, str):
+            link = ref(entity.get("EntityLink"))
+            if entity.get("EntityRole") in ("Target", "Both") and kind and link is not None:
                 typed.append((kind, link))
         processors = [(k, u) for k, u in typed if k in ("processor", "gpu", "accelerator")]
         if processors:
@@ -387,7 +404,7 @@ class _Crawl:
         if isinstance(oem.get("Generation"), int):
             spec["generation"] = oem["Generation"]
         if kind in ("gpu", "accelerator"):
-            memory = (body.get("MemorySummary") or {}).get("TotalMemorySizeMiB")
+            memory = obj(body.get("MemorySummary")).get("TotalMemorySizeMiB")
             if isinstance(memory, int | float) and memory > 0:
                 spec["memory_gib"] = memory * _GIB_PER_MIB
         if kind == "nvme" and isinstance(body.get("CapacityBytes"), int):
@@ -508,8 +525,7 @@ class _Crawl:
 
 
 def _ref(body: Json, name: str) -> str | None:
-    ref = body.get(name)
-    return ref.get("@odata.id") if isinstance(ref, dict) else None
+    return ref(body.get(name))
 
 
 def _system_of(uri: str) -> str | None:

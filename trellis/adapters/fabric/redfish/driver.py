@@ -56,8 +56,11 @@ from trellis.adapters.fabric.redfish.discovery import (
     DiscoveryError,
     FabricMap,
     discover,
+    items,
     last_segment,
     links,
+    obj,
+    ref,
     trellis_oem,
 )
 from trellis.engine.core.errors import FabricError, WriterFenced
@@ -346,8 +349,8 @@ class RedfishFabric:
                 continue
             key, made = _slice(oem)
             chunks = [
-                info.get("MemoryChunk", {}).get("@odata.id")
-                for info in connection.body.get("MemoryChunkInfo") or []
+                ref(obj(info).get("MemoryChunk"))
+                for info in items(connection.body.get("MemoryChunkInfo"))
             ]
             if key is None or made is None:
                 findings.append(

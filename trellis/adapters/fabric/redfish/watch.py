@@ -39,6 +39,7 @@ from typing import Any
 import msgspec
 
 from trellis.adapters.fabric.redfish.client import HttpError, Json, RedfishError, Resource
+from trellis.adapters.fabric.redfish.discovery import obj, ref
 from trellis.adapters.fabric.redfish.driver import RedfishFabric
 from trellis.engine.core.errors import FabricError, ServedElsewhere
 from trellis.engine.core.model import Health
@@ -64,7 +65,7 @@ class Seen(msgspec.Struct, frozen=True):
 
 def port_health(port: Json) -> Health:
     """A port's health as Trellis counts it (§11)."""
-    health = (port.get("Status") or {}).get("Health")
+    health = obj(port.get("Status")).get("Health")
     status = port.get("LinkStatus")
     if health == "Critical" or status in ("LinkDown", "NoLink"):
         return "failed"
@@ -79,7 +80,7 @@ def seen(ports: dict[str, Json]) -> Seen:
     worst: Health = max(healths.values(), key=_WORSE.__getitem__, default="healthy")
     said = [
         f"{uri} LinkStatus {body.get('LinkStatus', '-')}, "
-        f"Health {(body.get('Status') or {}).get('Health', '-')}"
+        f"Health {obj(body.get('Status')).get('Health', '-')}"
         + (", LinkState Disabled" if body.get("LinkState") == "Disabled" else "")
         for uri, body in sorted(ports.items())
         if healths[uri] == worst or body.get("LinkState") == "Disabled"
@@ -228,12 +229,10 @@ class FabricWatch:
         client, destination = self.fabric.client, self.events_url
         try:
             root = (await client.get("/redfish/v1/")).body
-            service = (root.get("EventService") or {}).get("@odata.id")
+            service = ref(root.get("EventService"))
             if not service:
                 return
-            collection = ((await client.get(service)).body.get("Subscriptions") or {}).get(
-                "@odata.id"
-            )
+            collection = ref((await client.get(service)).body.get("Subscriptions"))
             if not collection:
                 return
             for uri in await client.members(collection):
