@@ -5,6 +5,7 @@ is what the snapshot says."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -156,3 +157,15 @@ async def test_a_collection_that_cannot_be_read_is_an_error_naming_it(
             await discover(client)
     finally:
         await client.close()
+
+
+async def test_pages_that_come_round_again_end_the_read_with_an_error(
+    fm: FaultyRedfish, driver: RedfishFabric
+) -> None:
+    await driver.snapshot(D, fence=1)
+    page2 = f"{ZONES}Page2"
+    fm.put(page2, {"Members": [], "Members@odata.nextLink": ZONES})
+    fm.put(ZONES, {**fm.body(ZONES), "Members@odata.nextLink": page2})
+    with pytest.raises(FabricError, match=f"GET {ZONES}: its pages do not end"):
+        await asyncio.wait_for(driver.snapshot(D, fence=1), 10.0)
+    assert fm.count("GET", "/Zones") <= 4

@@ -33,6 +33,8 @@ SERVICE_ROOT = "/redfish/v1"
 DEFAULT_TIMEOUT_S = 5.0
 #: Fresh reads after a 412 or 428 before `update` and `delete` give up.
 PRECONDITION_RETRIES = 3
+#: Pages of one collection read before it counts as endless.
+MAX_PAGES = 1000
 _MAX_HEAD = 64 * 1024
 _MAX_BODY = 64 * 1024 * 1024
 
@@ -53,7 +55,7 @@ class Unreachable(RedfishError):
 
 class Unreadable(RedfishError):
     """The service answered, but not in a shape a Redfish client can read (a collection
-    whose `Members` is no list of references)."""
+    whose `Members` is no list of references, or whose pages never end)."""
 
 
 class HttpError(RedfishError):
@@ -176,11 +178,19 @@ class RedfishClient:
         """The member URIs of a collection, following `Members@odata.nextLink` pages.
 
         Raises:
-            Unreadable: `Members` is no list of references.
+            Unreadable: `Members` is no list of references, or the pages come round again or
+                run past MAX_PAGES.
         """
         uris: list[str] = []
+        pages: set[str] = set()
         page: str | None = collection
         while page is not None:
+            if page in pages or len(pages) == MAX_PAGES:
+                raise Unreadable(
+                    f"GET {collection}: its pages do not end (at {page}, page {len(pages) + 1})",
+                    uri=collection,
+                )
+            pages.add(page)
             body = (await self.get(page)).body
             members = body.get("Members", [])
             if not isinstance(members, list):
@@ -191,7 +201,7 @@ class RedfishClient:
                     raise Unreadable(f"GET {page}: member {number} has no @odata.id", uri=page)
                 uris.append(uri)
             next_link = body.get("Members@odata.nextLink")
-            page = next_link if isinstance(next_link, str) and next_link != page else None
+            page = next_link if isinstance(next_link, str) else None
         return uris
 
     async def post(self, collection: str, body: Json) -> str:
