@@ -169,3 +169,16 @@ async def test_pages_that_come_round_again_end_the_read_with_an_error(
     with pytest.raises(FabricError, match=f"GET {ZONES}: its pages do not end"):
         await asyncio.wait_for(driver.snapshot(D, fence=1), 10.0)
     assert fm.count("GET", "/Zones") <= 4
+
+
+async def test_a_device_another_client_zoned_to_another_host_is_not_bound_again(
+    fm: FaultyRedfish, driver: RedfishFabric
+) -> None:
+    fm.put(f"{ZONES}/80", zone(80, ["I-host-02", "T-gpu-003"]), member=True)
+    with pytest.raises(FabricError, match=f"host host-02 by zone {ZONES}/80") as refused:
+        await driver.bind(D, gpu("gpu-003"), fence=1)
+    assert refused.value.component == "gpu-003"
+    await driver.bind(D, gpu("gpu-003", host="host-02"), fence=1)  # to that host: no conflict
+    snapshot = await driver.snapshot(D, fence=1)
+    assert snapshot.bindings == [gpu("gpu-003", host="host-02")]
+    assert [f for f in snapshot.findings if f"{ZONES}/80" in f], snapshot.findings

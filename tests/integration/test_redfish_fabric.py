@@ -428,12 +428,13 @@ async def test_reconciliation_remakes_removes_and_reports_but_touches_nothing_el
         (zone,) = (await trellis_resources(shared))["zones"]
         gpu = composed["devices"][0]["id"]
         # Someone deletes Trellis's zone, leaves a zone of Trellis's for a composition the
-        # log never held, and zones the composition's GPU to another host themselves.
+        # log never held, and zones the composition's GPU to its host themselves (to another
+        # host, it would be a conflict: test_redfish_driver_faults.py).
         await at(shared).delete(zone["@odata.id"])
         stray = {"CompositionId": "c-unknown", "Domain": domain, "Host": "host-03",
                  "Paths": {"gpu-009": ["host-03", "sw-r2", "gpu-009"]}}  # fmt: skip
         await at(shared).post(ZONES, _zone("stray", ["I-host-03", "T-gpu-009"], stray))
-        await at(shared).post(ZONES, _zone("someone else's", ["I-host-04", f"T-{gpu}"]))
+        await at(shared).post(ZONES, _zone("someone else's", ["I-host-02", f"T-{gpu}"]))
         pool = {"TargetEndpoints": [{"@odata.id": f"{F}/Endpoints/T-mem-02"}]}
         theirs = {"Name": "someone else's", "ConnectionType": "Memory", "Links": pool}
         await at(shared).post(CONNECTIONS, theirs)
@@ -458,10 +459,14 @@ async def test_reconciliation_remakes_removes_and_reports_but_touches_nothing_el
         assert f"{domain}: hardware holds what the log says" in out
         assert "found, not Trellis's to change: zone" in out and f"T-{gpu}" in out
         for collection in (ZONES, CONNECTIONS):  # reported, never touched
-            names = [
-                (await at(shared).get(u)).get("Name") for u in await at(shared).members(collection)
+            theirs = [
+                u
+                for u in await at(shared).members(collection)
+                if (await at(shared).get(u)).get("Name") == "someone else's"
             ]
-            assert "someone else's" in names
+            assert theirs
+            for uri in theirs:  # wipe() leaves what is not Trellis's: the next test's GPU
+                await at(shared).delete(uri)
 
 
 def _zone(name: str, endpoints: list[str], trellis: dict[str, Any] | None = None) -> dict[str, Any]:

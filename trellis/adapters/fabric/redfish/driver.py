@@ -88,6 +88,13 @@ class _Slice(msgspec.Struct, kw_only=True):
     connection: str | None = None
 
 
+class _Foreign(msgspec.Struct, frozen=True):
+    """A member that is not this domain's work."""
+
+    said: list[str]  # what it makes us report
+    zoned: list[str] = []  # the endpoints an untagged zone of this domain's devices holds
+
+
 class _Held(msgspec.Struct, kw_only=True):
     """The driver's own work on one domain's fabric, as last read (and changed since)."""
 
@@ -95,7 +102,7 @@ class _Held(msgspec.Struct, kw_only=True):
     slices: dict[tuple[str, str], _Slice] = {}  # (device, composition) -> its chunk and connection
     ports: dict[str, Json] = {}  # OCS port -> its Oem.Trellis, as last read
     findings: list[str] = []
-    foreign: dict[str, list[str]] = {}  # members not this domain's -> what they make us report
+    foreign: dict[str, _Foreign] = {}  # members not this domain's
     read_at: float | None = None  # of the last deep read (None: never read)
     stale: bool = True  # a change's outcome is unknown: read everything before the next one
     version: int = 0  # moved by every change, before and after: a read across one is stale
@@ -307,21 +314,21 @@ class RedfishFabric:
         devices = set(fmap.device_endpoints.values())
         # Members that are not this domain's, each with what it makes us report: a shallow
         # read skips those the last deep read found, so it costs what this domain holds.
-        foreign: dict[str, list[str]] = {}
+        foreign: dict[str, _Foreign] = {}
 
         async def members(collection: str | None) -> list[Resource]:
             uris = await self._member_uris(collection)
             known = {} if deep else {u: held.foreign[u] for u in uris if u in held.foreign}
-            for uri, said in known.items():
-                foreign[uri] = said
-                findings.extend(said)
+            for uri, seen in known.items():
+                foreign[uri] = seen
+                findings.extend(seen.said)
             read = await asyncio.gather(
                 *(self.client.get_or_none(u) for u in uris if u not in known)
             )
             return [r for r in read if r is not None]
 
-        def not_ours(uri: str, *said: str) -> None:
-            foreign[uri] = list(said)
+        def not_ours(uri: str, *said: str, zoned: list[str] | None = None) -> None:
+            foreign[uri] = _Foreign(list(said), zoned or [])
             findings.extend(said)
 
         zones: dict[str, _Zone] = {}
@@ -329,8 +336,10 @@ class RedfishFabric:
             oem, endpoints = trellis_oem(zone.body), links(zone.body, "Endpoints")
             cid = oem.get("CompositionId")
             if oem.get("Domain") != domain:
-                theirs = not oem and devices & set(endpoints)
-                not_ours(zone.uri, *([_foreign("zone", zone.uri, endpoints)] if theirs else []))
+                if not oem and devices & set(endpoints):  # another client's zone
+                    not_ours(zone.uri, _foreign("zone", zone.uri, endpoints), zoned=endpoints)
+                else:
+                    not_ours(zone.uri)
                 continue
             if not isinstance(cid, str) or not isinstance(oem.get("Host"), str):
                 findings.append(f"zone {zone.uri} is tagged for {domain} but names no composition")
@@ -421,8 +430,18 @@ class RedfishFabric:
                     f"{device} is already bound to host {other.host}", component=device
                 )
         zone = held.zones.get(cid)
+        bound = zone.paths.get(device) if zone is not None else None
+        for uri, seen in held.foreign.items():  # another client's zone counts as much
+            if device_ep in seen.zoned and bound is None:
+                hosts = {n for e in seen.zoned for n in fmap.endpoint_nodes.get(e, [])}
+                others = sorted(hosts & fmap.host_endpoints.keys() - {binding.host})
+                if others:
+                    raise FabricError(
+                        f"{device} is already bound to host {others[0]} by zone {uri}, "
+                        "not Trellis's",
+                        component=device,
+                    )
         if zone is not None:
-            bound = zone.paths.get(device)
             if bound is not None and bound != binding.path:
                 raise FabricError(
                     f"{device} is already bound to {zone.host} for {cid} over {'>'.join(bound)}",
