@@ -10,6 +10,7 @@ import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 import pytest_asyncio
 from redfish_fault_server import FaultyRedfish
@@ -19,11 +20,12 @@ from trellis.adapters.fabric.redfish.client import HttpError, RedfishClient
 from trellis.adapters.fabric.redfish.discovery import DiscoveryError, discover
 from trellis.adapters.fabric.redfish.driver import RedfishFabric
 from trellis.engine.core.errors import FabricError
-from trellis.engine.core.fabric import FabricBinding
+from trellis.engine.core.fabric import FabricBinding, FabricCircuit
 
 EXAMPLE = json.loads((Path(__file__).resolve().parents[2] / "examples/fabric.json").read_text())
 F = "/redfish/v1/Fabrics/Trellis"
 ZONES, CONNECTIONS = f"{F}/Zones", f"{F}/Connections"
+MEM_01_CHUNKS = "/redfish/v1/Chassis/mem-01/MemoryDomains/mem-01/MemoryChunks"
 D = "dom"
 
 
@@ -182,3 +184,44 @@ async def test_a_device_another_client_zoned_to_another_host_is_not_bound_again(
     snapshot = await driver.snapshot(D, fence=1)
     assert snapshot.bindings == [gpu("gpu-003", host="host-02")]
     assert [f for f in snapshot.findings if f"{ZONES}/80" in f], snapshot.findings
+
+
+async def test_a_slice_whose_chunk_was_deleted_is_a_difference_and_is_made_again(
+    fm: FaultyRedfish, driver: RedfishFabric
+) -> None:
+    path = ["host-01", "sw-r1", "ocs-1", "sw-pool", "mem-01"]
+    wanted = FabricBinding(
+        host="host-01", device="mem-01", path=path, composition_id="c-m", capacity_gib=8
+    )
+    await driver.bind(D, wanted, fence=1)
+    assert (await driver.snapshot(D, fence=1)).bindings == [wanted]
+    (chunk,) = fm.members(MEM_01_CHUNKS)
+    fm.delete(chunk)  # behind Trellis's back; the connection stays
+    snapshot = await driver.snapshot(D, fence=1)
+    assert snapshot.bindings == [msgspec.structs.replace(wanted, path=[])]
+    assert [f for f in snapshot.findings if "names no memory chunk" in f], snapshot.findings
+    await driver.bind(D, wanted, fence=1)  # no silent success: a chunk and a connection anew
+    assert (await driver.snapshot(D, fence=1)).bindings == [wanted]
+    (connection,) = fm.members(CONNECTIONS)
+    (chunk,) = fm.members(MEM_01_CHUNKS)
+    assert fm.body(connection)["MemoryChunkInfo"][0]["MemoryChunk"]["@odata.id"] == chunk
+
+
+async def test_half_a_circuit_is_no_circuit_and_is_made_whole_again(
+    fm: FaultyRedfish, driver: RedfishFabric
+) -> None:
+    circuit = FabricCircuit(ocs="ocs-1", a_port=0, b_port=2)
+    await driver.create_circuit(D, circuit, fence=1)
+    assert (await driver.snapshot(D, fence=1)).circuits == [circuit]
+    port = f"{F}/Switches/ocs-1/Ports/0"
+    body = fm.body(port)
+    body["Oem"]["Trellis"]["CircuitTo"] = None  # one end cleared at the fabric manager
+    fm.put(port, body)
+    snapshot = await driver.snapshot(D, fence=1)
+    assert snapshot.circuits == []
+    assert [f for f in snapshot.findings if "Ports/2 is in a circuit with" in f], snapshot.findings
+    await driver.create_circuit(D, circuit, fence=1)
+    assert (await driver.snapshot(D, fence=1)).circuits == [circuit]
+    assert fm.body(port)["Oem"]["Trellis"]["CircuitTo"] == {
+        "@odata.id": f"{F}/Switches/ocs-1/Ports/2"
+    }

@@ -368,6 +368,7 @@ class RedfishFabric:
                 continue
             made.connection, made.chunk = connection.uri, next((c for c in chunks if c), None)
             slices[key] = made
+        chunks_read: set[str] = set()
         for pool in sorted(set(fmap.memory_domains.values())):
             for chunk in await members(f"{pool}/MemoryChunks"):
                 oem = trellis_oem(chunk.body)
@@ -375,6 +376,7 @@ class RedfishFabric:
                 if oem.get("Domain") != domain or key is None or made is None:
                     not_ours(chunk.uri)
                     continue
+                chunks_read.add(chunk.uri)
                 if key not in slices:
                     made.chunk = chunk.uri  # a chunk without its connection: half made
                     slices[key] = made
@@ -382,6 +384,11 @@ class RedfishFabric:
                     findings.append(
                         f"memory chunk {chunk.uri} of {key[1]} is not the connected one"
                     )
+        for made in slices.values():
+            if made.connection is not None and made.chunk not in chunks_read:
+                # The connection joins nothing: no slice (the engine unbinds and makes it anew).
+                findings.append(f"connection {made.connection} names no memory chunk there is")
+                made.chunk = None
         ports = dict(held.ports)
         watched = {p for o in fmap.ocs.values() for p in o.ports.values()}
         cabled = {p for ps in fmap.cables.values() for p in ps}
@@ -393,6 +400,10 @@ class RedfishFabric:
                 continue  # another domain's circuit
             if oem.get("CircuitTo") and oem.get("Domain") is None:
                 findings.append(f"ocs port {uri} is in a circuit that is not Trellis's")
+            elif (to := _circuit_to_in(oem)) is not None and _circuit_to_in(
+                ports.get(to, {})
+            ) != uri:
+                findings.append(f"ocs port {uri} is in a circuit with {to}, which is not with it")
         read = _Held(zones=zones, slices=slices, ports=ports, findings=findings)
         held.findings, held.foreign = findings, foreign
         if held.version == version:
@@ -547,6 +558,11 @@ class RedfishFabric:
             raise FabricError(f"the fabric {fmap.fabric} has no Connections", component=device)
         key = (device, cid)
         made = held.slices.get(key)
+        if made is not None and made.connection is not None and made.chunk is None:
+            # Its chunk is gone: the connection joins nothing. Made anew, chunk first.
+            await self.client.delete(made.connection, still=_tagged(cid))
+            del held.slices[key]
+            made = None
         if made is not None and made.connection is not None:
             if (made.host, made.path, made.capacity_gib) == (
                 binding.host,
@@ -795,8 +811,12 @@ def _paths(oem: Json) -> dict[str, list[str]]:
 
 
 def _circuit_to(body: Json) -> str | None:
-    to = trellis_oem(body).get("CircuitTo")
-    return to.get("@odata.id") if isinstance(to, dict) else None
+    return _circuit_to_in(trellis_oem(body))
+
+
+def _circuit_to_in(oem: Json) -> str | None:
+    """The other port of a port's circuit, from its `Oem.Trellis`."""
+    return ref(oem.get("CircuitTo"))
 
 
 def _slice(oem: Json) -> tuple[tuple[str, str] | None, _Slice | None]:
@@ -817,9 +837,11 @@ def _snapshot(fmap: FabricMap, held: _Held) -> FabricSnapshot:
         if fmap.device_endpoints.get(d) in z.endpoints
     ]
     for (device, cid), made in held.slices.items():
-        # A chunk without its connection is no slice yet: an empty path makes it differ from
-        # any binding the log wants, so the engine takes it away (or makes it anew).
-        path = list(made.path) if made.connection is not None else []
+        # A chunk without its connection, or a connection without its chunk, is no slice: an
+        # empty path makes it differ from any binding the log wants, so the engine takes it
+        # away (or makes it anew).
+        whole = made.connection is not None and made.chunk is not None
+        path = list(made.path) if whole else []
         bindings.append(
             FabricBinding(
                 host=made.host,
@@ -832,10 +854,11 @@ def _snapshot(fmap: FabricMap, held: _Held) -> FabricSnapshot:
     circuits = set()
     number = {uri: (name, n) for name, o in fmap.ocs.items() for n, uri in o.ports.items()}
     for uri, oem in held.ports.items():
-        to = oem.get("CircuitTo")
-        other = to.get("@odata.id") if isinstance(to, dict) else None
+        other = _circuit_to_in(oem)
         if other is None or uri not in number or other not in number:
             continue
+        if _circuit_to_in(held.ports.get(other, {})) != uri:
+            continue  # half a circuit: not one (the engine makes it again if the log has it)
         (ocs, a), (_, b) = number[uri], number[other]
         circuits.add(FabricCircuit(ocs=ocs, a_port=min(a, b), b_port=max(a, b)))
     return FabricSnapshot(
