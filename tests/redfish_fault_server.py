@@ -22,8 +22,8 @@ Doc = dict[str, Any]
 
 
 class Fault:
-    """The answer to the next `times` requests of `method` whose path contains `contains`;
-    with `apply`, the request is carried out first and then answered so."""
+    """The answer to the next `times` requests of `method` whose path contains `contains`
+    (`exact`: is it); with `apply`, the request is carried out first and then answered so."""
 
     def __init__(
         self,
@@ -35,8 +35,9 @@ class Fault:
         headers: dict[str, str] | None = None,
         times: int = 1,
         apply: bool = False,
+        exact: bool = False,
     ) -> None:
-        self.method, self.contains, self.status = method, contains, status
+        self.method, self.contains, self.status, self.exact = method, contains, status, exact
         self.body, self.headers, self.times, self.apply = body, headers or {}, times, apply
 
 
@@ -98,7 +99,8 @@ class FaultyRedfish:
     def _fault(self, method: str, path: str) -> Fault | None:
         with self.lock:
             for fault in self.faults:
-                if fault.method == method and fault.contains in path:
+                matches = path == fault.contains if fault.exact else fault.contains in path
+                if fault.method == method and matches:
                     fault.times -= 1
                     if fault.times <= 0:
                         self.faults.remove(fault)

@@ -19,7 +19,7 @@ from redfish_trees import tree
 from trellis.adapters.fabric.redfish.client import HttpError, RedfishClient
 from trellis.adapters.fabric.redfish.discovery import DiscoveryError, discover
 from trellis.adapters.fabric.redfish.driver import RedfishFabric
-from trellis.engine.core.errors import FabricError
+from trellis.engine.core.errors import FabricError, WriterFenced
 from trellis.engine.core.fabric import FabricBinding, FabricCircuit
 
 EXAMPLE = json.loads((Path(__file__).resolve().parents[2] / "examples/fabric.json").read_text())
@@ -225,3 +225,18 @@ async def test_half_a_circuit_is_no_circuit_and_is_made_whole_again(
     assert fm.body(port)["Oem"]["Trellis"]["CircuitTo"] == {
         "@odata.id": f"{F}/Switches/ocs-1/Ports/2"
     }
+
+
+async def test_a_fabric_that_refuses_oem_leaves_the_in_process_fence(
+    fm: FaultyRedfish, driver: RedfishFabric, caplog: pytest.LogCaptureFixture
+) -> None:
+    refusal = {"error": {"@Message.ExtendedInfo": [{"Message": "Oem is not a known property."}]}}
+    fm.fail("PATCH", F, 400, body=refusal, times=100, exact=True)
+    await driver.bind(D, gpu(), fence=2)
+    await driver.bind(D, gpu("gpu-002"), fence=3)
+    with pytest.raises(WriterFenced):
+        await driver.bind(D, gpu("gpu-003"), fence=2)
+    assert (await driver.snapshot(D, fence=3)).bindings == [gpu(), gpu("gpu-002")]
+    assert fm.count("PATCH", F) - fm.count("PATCH", f"{F}/") == 1, "asked once, then known"
+    warned = [r for r in caplog.records if "keeps no writer epoch" in r.getMessage()]
+    assert len(warned) == 1

@@ -65,6 +65,7 @@ class HttpError(RedfishError):
     def __init__(self, method: str, uri: str, status: int, message: str = ""):
         said = f": {message}" if message else ""
         super().__init__(f"{method} {uri} answered {status}{said}", uri=uri)
+        self.method = method
         self.status = status
 
 

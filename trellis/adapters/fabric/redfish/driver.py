@@ -36,6 +36,7 @@ end even when the caller gives up (the saga's deadline), so a slow service is st
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -65,6 +66,8 @@ from trellis.adapters.fabric.redfish.discovery import (
 )
 from trellis.engine.core.errors import FabricError, WriterFenced
 from trellis.engine.core.fabric import FabricBinding, FabricChange, FabricCircuit, FabricSnapshot
+
+log = logging.getLogger(__name__)
 
 #: Seconds between deep reads of a domain's fabric (and so the reconciliation timer's tick).
 RESYNC_S = 15.0
@@ -142,6 +145,7 @@ class RedfishFabric:
         self._reading: dict[str, tuple[bool, asyncio.Future[FabricSnapshot]]] = {}
         self._held: dict[str, _Held] = {}
         self._fences: dict[str, int] = {}
+        self._epochless: set[str] = set()  # Fabric resources that refuse Oem.Trellis
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
 
     async def close(self) -> None:
@@ -719,6 +723,9 @@ class RedfishFabric:
                 domain, f"the fabric has seen writer epoch {seen}; this call carries {fence}"
             )
         fmap = await self.fabric_map(domain)
+        if fmap.fabric in self._epochless:
+            self._fences[domain] = max(seen, fence)
+            return
 
         def record(body: Json) -> Json | None:
             epochs = trellis_oem(body).get("WriterEpochs")
@@ -736,6 +743,18 @@ class RedfishFabric:
 
         try:
             await self.client.update(fmap.fabric, record)
+        except HttpError as exc:
+            if exc.method != "PATCH" or exc.status not in (400, 405):
+                raise FabricError(f"reading the writer epoch of {domain}: {exc}") from None
+            # The service refuses Oem properties on its Fabric resource: the epoch can only
+            # be checked in this process (docs/fabric-drivers.md §3.6).
+            log.warning(
+                "the fabric manager keeps no writer epoch on %s (%s): an engine that lost its "
+                "lease is refused only by this process's own check",
+                fmap.fabric,
+                exc,
+            )
+            self._epochless.add(fmap.fabric)
         except RedfishError as exc:
             raise FabricError(f"reading the writer epoch of {domain}: {exc}") from None
         self._fences[domain] = max(seen, fence)
