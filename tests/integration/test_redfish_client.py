@@ -209,3 +209,26 @@ def test_the_mockup_server_moves_when_its_chosen_port_is_taken_before_it_starts(
         with server:
             assert server.port != taken
             assert server.get("/redfish/v1/")["@odata.id"] == "/redfish/v1/"
+
+
+async def test_a_body_up_to_the_close_is_read_whole_when_it_comes_in_pieces() -> None:
+    body = msgspec.json.encode({"@odata.id": "/redfish/v1/", "Name": "x" * 5000})
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while (await reader.readline()) not in (b"\r\n", b""):
+            pass
+        writer.write(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n" + body[:1000])
+        await writer.drain()
+        await asyncio.sleep(0.2)  # the rest comes later, then the close
+        writer.write(body[1000:])
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    client = RedfishClient(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+    try:
+        assert (await client.get("/redfish/v1/")).body["Name"] == "x" * 5000
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()

@@ -415,7 +415,18 @@ async def _read_response(reader: asyncio.StreamReader, method: str) -> _Response
         if not 0 <= length <= _MAX_BODY:
             raise ValueError(f"response body of {length} bytes")
         return _Response(status, headers, await reader.readexactly(length), not closes)
-    return _Response(status, headers, await reader.read(_MAX_BODY), False)  # up to the close
+    return _Response(status, headers, await _read_to_close(reader), False)
+
+
+async def _read_to_close(reader: asyncio.StreamReader) -> bytes:
+    """A body without Content-Length or chunks: everything up to the close, which may come
+    in several pieces."""
+    body = bytearray()
+    while piece := await reader.read(64 * 1024):
+        body += piece
+        if len(body) > _MAX_BODY:
+            raise ValueError("response body too large")
+    return bytes(body)
 
 
 async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
