@@ -6,9 +6,14 @@ is what the snapshot says."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator
+import time
+import urllib.parse
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import msgspec
 import pytest
@@ -19,6 +24,7 @@ from redfish_trees import tree
 from trellis.adapters.fabric.redfish.client import HttpError, RedfishClient
 from trellis.adapters.fabric.redfish.discovery import DiscoveryError, discover
 from trellis.adapters.fabric.redfish.driver import RedfishFabric
+from trellis.adapters.fabric.redfish.watch import EVENT_POLL_GAP_S, FabricWatch
 from trellis.engine.core.errors import FabricError, WriterFenced
 from trellis.engine.core.fabric import FabricBinding, FabricCircuit
 
@@ -240,3 +246,85 @@ async def test_a_fabric_that_refuses_oem_leaves_the_in_process_fence(
     assert fm.count("PATCH", F) - fm.count("PATCH", f"{F}/") == 1, "asked once, then known"
     warned = [r for r in caplog.records if "keeps no writer epoch" in r.getMessage()]
     assert len(warned) == 1
+
+
+class _Engine:
+    """What FabricWatch asks of an engine: the domain's links, and the intents it sends."""
+
+    def __init__(self, links: list[str]) -> None:
+        self.domains = [D]
+        self.links = {
+            link: SimpleNamespace(health="healthy", detail="", drained=False) for link in links
+        }
+        self.intents: list[tuple[str, dict[str, object]]] = []
+
+    def state(self, domain: str) -> SimpleNamespace:
+        return SimpleNamespace(links=self.links)
+
+    def fabric_sync(self, domain: str) -> None:
+        return None
+
+    async def handle(self, role: str, domain: str, _: None, verb: str, body: bytes) -> bytes:
+        self.intents.append((verb, msgspec.json.decode(body)))
+        return b'{"ok": true}'
+
+
+@contextlib.asynccontextmanager
+async def watching(fm: FaultyRedfish, **options: Any) -> AsyncIterator[FabricWatch]:
+    fabric = RedfishFabric(RedfishClient(fm.url, timeout=2.0), **options)
+    fmap = await fabric.fabric_map(D)
+    watch = FabricWatch(fabric, _Engine(list(fmap.cables)))  # type: ignore[arg-type]
+    await watch.start()
+    try:
+        yield watch
+    finally:
+        await watch.close()
+        await fabric.close()
+
+
+async def eventually(what: str, check: Callable[[], bool], within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, f"not within {within} s: {what}"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_port_that_cannot_be_read_hides_no_other_ports_fault(fm: FaultyRedfish) -> None:
+    async with watching(fm, poll_s=60.0, resync_s=60.0) as watch:
+        await eventually("the first poll", lambda: watch.polls >= 1)
+        fmap = await watch.fabric.fabric_map(D)
+        (_, (odd,)), (down_link, (down,)) = sorted(fmap.cables.items())[-2:]
+        fm.put(odd, {**fm.body(odd), "Status": "OK"})
+        fm.put(down, {**fm.body(down), "LinkStatus": "LinkDown"})
+        await watch.poll()
+        engine = watch.engine
+        assert isinstance(engine, _Engine)
+        faults = [body for verb, body in engine.intents if verb == "report-fault"]
+        assert [(f["component"], f["state"]) for f in faults] == [(down_link, "failed")]
+
+
+async def post_event(url: str) -> None:
+    parts = urllib.parse.urlsplit(url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    body = b'{"Context": "trellis", "Events": []}'
+    writer.write(
+        b"POST %s HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % (parts.path.encode(), len(body))
+    )
+    writer.write(body)
+    await writer.drain()
+    await reader.read()
+    writer.close()
+
+
+async def test_a_burst_of_events_is_one_poll_not_one_each(fm: FaultyRedfish) -> None:
+    async with watching(fm, poll_s=60.0, resync_s=60.0, events_at=("127.0.0.1", 0)) as watch:
+        await eventually("the first poll", lambda: watch.polls >= 1)
+        assert watch.events_url is not None
+        polls, started = watch.polls, time.monotonic()
+        for _ in range(40):  # 20 events a second, for 2 seconds
+            await post_event(watch.events_url)
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(EVENT_POLL_GAP_S)
+        assert watch.events == 40
+        allowed = (time.monotonic() - started) / EVENT_POLL_GAP_S + 1
+        assert 1 <= watch.polls - polls <= allowed, (watch.polls - polls, allowed)

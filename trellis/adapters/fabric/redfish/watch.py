@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from typing import Any
 
@@ -53,6 +54,9 @@ MARK = "redfish:"
 _WORSE: dict[Health, int] = {"healthy": 0, "degraded": 1, "failed": 2}
 _EVENT_TYPES = ["Alert", "StatusChange", "ResourceUpdated", "ResourceAdded", "ResourceRemoved"]
 _MAX_EVENT = 1024 * 1024
+#: Seconds at least from one poll's start to the next (unless poll_s is shorter): a burst of
+#: events asks for one poll, not one each.
+EVENT_POLL_GAP_S = 1.0
 
 
 class Seen(msgspec.Struct, frozen=True):
@@ -154,14 +158,17 @@ class FabricWatch:
     # -- health --------------------------------------------------------------------------------
 
     async def _poll_loop(self) -> None:
+        gap = min(EVENT_POLL_GAP_S, self.fabric.poll_s)
         while True:
+            self._wake.clear()  # an event from now on asks for one more poll after this one
+            started = time.monotonic()
             try:
                 await self.poll()
             except Exception:  # the next poll tries again
                 log.exception("polling the Redfish fabric's health failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.fabric.poll_s)
-            self._wake.clear()
+            await asyncio.sleep(started + gap - time.monotonic())
 
     async def poll(self) -> None:
         """Read every cable's ports once and report what changed."""
