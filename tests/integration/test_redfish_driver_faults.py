@@ -328,3 +328,12 @@ async def test_a_burst_of_events_is_one_poll_not_one_each(fm: FaultyRedfish) -> 
         assert watch.events == 40
         allowed = (time.monotonic() - started) / EVENT_POLL_GAP_S + 1
         assert 1 <= watch.polls - polls <= allowed, (watch.polls - polls, allowed)
+
+
+async def test_a_subscription_the_service_forgot_is_made_again(fm: FaultyRedfish) -> None:
+    subscriptions = "/redfish/v1/EventService/Subscriptions"
+    async with watching(fm, poll_s=60.0, resync_s=0.2, events_at=("127.0.0.1", 0)):
+        await eventually("subscribed", lambda: len(fm.members(subscriptions)) == 1)
+        (first,) = fm.members(subscriptions)
+        fm.delete(first)  # the fabric manager restarted and lost its state
+        await eventually("subscribed again", lambda: len(fm.members(subscriptions)) == 1)

@@ -24,8 +24,10 @@ that a `redfish:` report faulted.
 
 Events: when the driver is given an address (`events_at`) and the service has an
 EventService, one subscription (Context `trellis`) sends its events to a small HTTP listener
-there; any event wakes the poll at once. The subscription is removed on a clean stop, and one
-a killed engine left behind (same destination) is replaced at the next start.
+there; any event wakes the poll at once (polls start at least EVENT_POLL_GAP_S apart). The
+subscription is removed on a clean stop, one a killed engine left behind (same destination) is
+replaced at the next start, and one the service forgot (a restart) is made again at the next
+reconciliation tick.
 """
 
 from __future__ import annotations
@@ -147,6 +149,17 @@ class FabricWatch:
                 if sync is not None:
                     sync.kick()
                 self._report_findings(domain)
+            if self._subscription is not None and await self._subscription_gone():
+                log.warning("the fabric manager lost its event subscription: subscribing again")
+                await self._subscribe()
+
+    async def _subscription_gone(self) -> bool:
+        """Whether the service forgot the subscription (a restart that lost its state)."""
+        assert self._subscription is not None
+        try:
+            return await self.fabric.client.get_or_none(self._subscription) is None
+        except RedfishError:
+            return False  # not answering: the next tick looks again
 
     def _report_findings(self, domain: str) -> None:
         findings = self.fabric.findings(domain)
