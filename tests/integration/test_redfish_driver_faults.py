@@ -337,3 +337,19 @@ async def test_a_subscription_the_service_forgot_is_made_again(fm: FaultyRedfish
         (first,) = fm.members(subscriptions)
         fm.delete(first)  # the fabric manager restarted and lost its state
         await eventually("subscribed again", lambda: len(fm.members(subscriptions)) == 1)
+
+
+async def test_systems_whose_ids_differ_only_outside_the_id_alphabet_stay_apart() -> None:
+    resources = tree(EXAMPLE)
+    for host, system in (("host-01", "h.1"), ("host-02", "h_1")):
+        entity = resources[f"{F}/Endpoints/I-{host}"]["ConnectedEntities"][0]
+        entity["EntityLink"] = {"@odata.id": f"/redfish/v1/Systems/{system}"}
+    with FaultyRedfish(resources) as fm:
+        client = RedfishClient(fm.url)
+        try:
+            fmap = await discover(client)
+        finally:
+            await client.close()
+    hosts = [n["id"] for n in fmap.document["nodes"] if n["kind"] == "host"]
+    assert len(hosts) == len(set(hosts)) == 4, hosts
+    assert [h for h in hosts if h.startswith("Systems-h_1-")] == sorted(hosts)[:2]

@@ -35,6 +35,7 @@ import asyncio
 import hashlib
 import re
 import urllib.parse
+from collections import Counter
 from collections.abc import Iterable, Mapping
 
 import msgspec
@@ -140,7 +141,8 @@ def trellis_oem(body: Json) -> Json:
 def assign_ids(candidates: Iterable[tuple[str, str]]) -> dict[str, str]:
     """Node ids for resources, given as (URI, kind): each URI's last segment; where two would
     be equal, `<kind>-<segment>`; where those are still equal, the URI's path below
-    /redfish/v1 with `-` for `/`. Ids are cut to the id alphabet and 64 characters."""
+    /redfish/v1 with `-` for `/`, and where even that is equal once cut to the id alphabet,
+    8 hex digits of the URI's hash added. Ids are cut to the id alphabet and 64 characters."""
     by_uri = dict(candidates)
     plain = {uri: _clean(last_segment(uri)) for uri in by_uri}
     ids = {}
@@ -153,6 +155,12 @@ def assign_ids(candidates: Iterable[tuple[str, str]]) -> dict[str, str]:
             ids[uri] = kinded[uri]
         else:
             ids[uri] = _clean(uri.removeprefix("/redfish/v1/").strip("/").replace("/", "-"))
+    # Paths that differ only in characters outside the id alphabet (`h.1`, `h_1`) are equal
+    # still: each takes 8 hex digits of its URI's hash.
+    taken = Counter(ids.values())
+    for uri, name in ids.items():
+        if taken[name] > 1:
+            ids[uri] = _clean(f"{name}-{hashlib.sha256(uri.encode()).hexdigest()[:8]}")
     return ids
 
 
