@@ -353,3 +353,14 @@ async def test_systems_whose_ids_differ_only_outside_the_id_alphabet_stay_apart(
     hosts = [n["id"] for n in fmap.document["nodes"] if n["kind"] == "host"]
     assert len(hosts) == len(set(hosts)) == 4, hosts
     assert [h for h in hosts if h.startswith("Systems-h_1-")] == sorted(hosts)[:2]
+
+
+async def test_two_zones_tagged_for_one_composition_are_a_finding(
+    fm: FaultyRedfish, driver: RedfishFabric
+) -> None:
+    await driver.bind(D, gpu(), fence=1)
+    (first,) = fm.members(ZONES)
+    fm.put(f"{ZONES}/51", {**fm.body(first), "@odata.id": f"{ZONES}/51"}, member=True)
+    snapshot = await driver.snapshot(D, fence=1)
+    assert snapshot.bindings == [gpu()]
+    assert f"zones {first} and {ZONES}/51 are both tagged for c-1" in snapshot.findings

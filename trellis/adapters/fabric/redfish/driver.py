@@ -348,6 +348,9 @@ class RedfishFabric:
             if not isinstance(cid, str) or not isinstance(oem.get("Host"), str):
                 findings.append(f"zone {zone.uri} is tagged for {domain} but names no composition")
                 continue
+            if cid in zones:  # one zone per composition: the first is its zone
+                findings.append(f"zones {zones[cid].uri} and {zone.uri} are both tagged for {cid}")
+                continue
             zones[cid] = _Zone(
                 uri=zone.uri, host=oem["Host"], endpoints=endpoints, paths=_paths(oem)
             )
