@@ -364,3 +364,18 @@ async def test_two_zones_tagged_for_one_composition_are_a_finding(
     snapshot = await driver.snapshot(D, fence=1)
     assert snapshot.bindings == [gpu()]
     assert f"zones {first} and {ZONES}/51 are both tagged for c-1" in snapshot.findings
+
+
+async def test_a_port_left_half_in_a_circuit_can_join_another(
+    fm: FaultyRedfish, driver: RedfishFabric
+) -> None:
+    await driver.create_circuit(D, FabricCircuit(ocs="ocs-1", a_port=0, b_port=2), fence=1)
+    port = f"{F}/Switches/ocs-1/Ports/0"
+    body = fm.body(port)
+    body["Oem"]["Trellis"]["CircuitTo"] = None  # port 2 still names port 0: half a circuit
+    fm.put(port, body)
+    other = FabricCircuit(ocs="ocs-1", a_port=2, b_port=3)
+    await driver.create_circuit(D, other, fence=1)
+    assert (await driver.snapshot(D, fence=1)).circuits == [other]
+    with pytest.raises(FabricError, match="port 3 is already in circuit with port 2"):
+        await driver.create_circuit(D, FabricCircuit(ocs="ocs-1", a_port=3, b_port=4), fence=1)

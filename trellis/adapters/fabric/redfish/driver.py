@@ -654,7 +654,7 @@ class RedfishFabric:
             ends = [await self.client.get(a), await self.client.get(b)]
             for end, other, number in ((ends[0], b, circuit.a_port), (ends[1], a, circuit.b_port)):
                 to = _circuit_to(end.body)
-                if to is not None and to != other:
+                if to is not None and to != other and await self._in_circuit(domain, end, to):
                     peer = last_segment(to)
                     raise FabricError(
                         f"{circuit.ocs} port {number} is already in circuit with port {peer}",
@@ -670,6 +670,14 @@ class RedfishFabric:
             except HttpError as exc:
                 if exc.status not in (412, 428) or attempt == 2:
                     raise
+
+    async def _in_circuit(self, domain: str, end: Resource, to: str) -> bool:
+        """Whether a port's `CircuitTo` is a circuit: the port it names names it back, or it
+        is not this domain's (half of one of ours is no circuit, and may be overwritten)."""
+        if trellis_oem(end.body).get("Domain") != domain:
+            return True
+        peer = await self.client.get_or_none(to)
+        return peer is not None and _circuit_to(peer.body) == end.uri
 
     async def _clear_circuit(self, domain: str, a: str, b: str) -> None:
         held = self._held.setdefault(domain, _Held())
