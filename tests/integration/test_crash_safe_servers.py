@@ -1,9 +1,11 @@
 """A SIGKILLed `trellis up` leaves no embedded server behind; the next one starts clean.
 
 Issue 12 item 3. A real `trellis up` with the embedded NATS and PostgreSQL (no TRELLIS_*
-URLs) runs in a subprocess on a data dir of the test's own, on pinned ports; it is killed
-with SIGKILL (no handler, no atexit), and the servers it started must be gone within the
-watchdog's grace. A second `trellis up` on the same data dir and ports then serves.
+URLs) runs in a subprocess on a data dir of the test's own, on pinned ports, in a process
+group of its own as a shell runs it; its whole group is killed with SIGKILL (no handler, no
+atexit), and the servers it started must be gone within the watchdog's grace. A second
+`trellis up` on the same data dir and ports then serves, and a terminal's Ctrl-C (SIGINT to
+the whole group) stops it cleanly: exit 0, no traceback, its servers stopped.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ async def start_up(env: dict[str, str], log: Path) -> asyncio.subprocess.Process
         since = out.tell()
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "trellis.adapters.entrypoints.cli", "up", env=env,
-            stdout=out, stderr=out,
+            stdout=out, stderr=out, start_new_session=True,
         )  # fmt: skip
     endpoints = Path(env["TRELLIS_DATA_DIR"]) / "endpoints.json"
     deadline = time.monotonic() + UP_WITHIN_S
@@ -119,7 +121,7 @@ async def test_a_killed_trellis_up_takes_its_servers_with_it(tmp_path: Path) -> 
     loopback = {("127.0.0.1", ports["nats"]), ("127.0.0.1", ports["monitor"])}
     assert listening(pids["nats-server"]) == loopback
 
-    first.send_signal(signal.SIGKILL)
+    os.killpg(first.pid, signal.SIGKILL)  # its whole group: the watchdog is not in it
     await first.wait()
     deadline = time.monotonic() + GONE_WITHIN_S
     while any(alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
@@ -138,8 +140,12 @@ async def test_a_killed_trellis_up_takes_its_servers_with_it(tmp_path: Path) -> 
         code, out, err = await run_cli(env, "free", "--domain", "nowhere")
         assert code == 1 and "error [not_found]" in err, (code, out, err)
     finally:
-        second.send_signal(signal.SIGTERM)
+        # A terminal's Ctrl-C: the servers, in the group too, stopped under the engine's
+        # feet, and its own stop failed (exit 70, tracebacks).
+        os.killpg(second.pid, signal.SIGINT)
         assert await asyncio.wait_for(second.wait(), 60) == 0
+    said = (tmp_path / "second.log").read_text()
+    assert "Traceback" not in said and "trellis engine stopped" in said, said
     assert not any(alive(pid) for pid in pids.values())  # a clean stop stops them too
 
 

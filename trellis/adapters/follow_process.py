@@ -138,8 +138,10 @@ class FollowerProcess:
         delay = RESTART_FIRST_S
         while not self._stopping:
             try:
+                # A session of its own, as the embedded servers have: a terminal's Ctrl-C is
+                # the engine's to act on, and the engine stops this process in its turn.
                 self.process = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", ENTRY_MODULE, env=self._env
+                    sys.executable, "-m", ENTRY_MODULE, env=self._env, start_new_session=True
                 )
             except OSError as exc:
                 log.warning("cannot start the follower process: %s", exc)

@@ -257,6 +257,11 @@ class ChildProcess:
                 stdout=self._log_file,
                 stderr=subprocess.STDOUT,
                 close_fds=True,
+                # A session of its own: a terminal's Ctrl-C reaches the whole foreground
+                # group, and a server it stopped under the engine's feet made the engine's
+                # own stop fail (exit 70). The engine stops its servers itself, in order, and
+                # the watchdog (a session of its own too) when the engine dies.
+                start_new_session=True,
                 **self._popen_kwargs(),
             )
         except OSError as exc:

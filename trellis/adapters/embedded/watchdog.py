@@ -56,13 +56,15 @@ def watch(targets: Sequence[tuple[int, int]]) -> subprocess.Popen[bytes]:
         [sys.executable, "-m", "trellis.adapters.embedded.watchdog", *args],
         stdin=subprocess.DEVNULL,
         close_fds=True,
+        start_new_session=True,  # a kill of the engine's whole group leaves it to clean up
     )
 
 
 def main(argv: Sequence[str]) -> int:
     parent = int(argv[0])
     targets = [(int(pid), int(sig)) for pid, sig in (arg.split(":") for arg in argv[1:])]
-    # Ctrl-C reaches the whole process group: the parent stops the servers then, in order.
+    # A Ctrl-C is the parent's to act on (it stops the servers in order); this process has a
+    # session of its own, and ignores one sent to it all the same.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     # Reparented (getppid changes) is how a dead parent shows, even if its pid is reused.
