@@ -22,7 +22,7 @@ from harness import Harness, cli_env, serving
 from harness import run_cli as trellis
 
 from trellis.adapters.bootstrap import checkpoint_key_path, checkpoint_signer
-from trellis.adapters.checkpoint_key import load_or_create, public_key_path
+from trellis.adapters.checkpoint_key import KeyFileError, load_or_create, public_key_path
 from trellis.adapters.entrypoints import cli
 from trellis.adapters.entrypoints.audit_proofs import ProofRejected, check
 from trellis.adapters.nats.connect import connect_nats
@@ -272,6 +272,21 @@ def test_the_signing_key_is_made_once_readable_by_its_owner_only(tmp_path: Path)
     path.chmod(0o644)
     load_or_create(path)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("what", ["a directory", "another file"])
+def test_a_key_path_that_is_no_key_is_refused_and_left_as_it_was(tmp_path: Path, what: str) -> None:
+    """A TRELLIS_CHECKPOINT_KEY given by mistake (`/etc`, say) was made 0600 before it was
+    found to be no key."""
+    path = tmp_path / "not-a-key"
+    if what == "a directory":
+        path.mkdir()
+    else:
+        path.write_text("notes\n")
+    path.chmod(0o755)
+    with pytest.raises(KeyFileError):
+        load_or_create(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o755
 
 
 async def test_an_auditor_fetches_and_checks_a_proof_with_the_cli(

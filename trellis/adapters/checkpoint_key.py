@@ -47,17 +47,19 @@ def load_or_create(path: Path, name: str = KEY_NAME) -> Signer:
     try:
         if not path.exists():
             _create(path)
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        if not isinstance(key, Ed25519PrivateKey):
+            raise KeyFileError(f"checkpoint key {path} is not an Ed25519 key")
+        # Only once it is known to be a key: a path given by mistake (a directory, another
+        # file) was made 0600 before it was found to be no key.
         mode = stat.S_IMODE(path.stat().st_mode)
         if mode & 0o077:
             log.warning("checkpoint key %s was readable by others (%o); made it 0600", path, mode)
             path.chmod(0o600)
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
     except OSError as exc:
         raise KeyFileError(f"checkpoint key {path}: {exc}") from None
     except ValueError as exc:
         raise KeyFileError(f"checkpoint key {path} holds no usable key: {exc}") from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise KeyFileError(f"checkpoint key {path} is not an Ed25519 key")
     signer = Signer(key.private_bytes_raw(), name)
     _write_public(path, signer)
     return signer
