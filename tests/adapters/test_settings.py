@@ -122,8 +122,23 @@ def test_metrics_are_off_unless_a_port_is_given_and_0_takes_a_free_one() -> None
         ),
         ("TRELLIS_FOLLOW_GATHER_MS", "inf", "TRELLIS_FOLLOW_GATHER_MS must be milliseconds"),
         ("TRELLIS_FOLLOW_GATHER_MS", "nan", "TRELLIS_FOLLOW_GATHER_MS must be milliseconds"),
-        ("TRELLIS_EVENTS_MAX_BYTES", "-1", "TRELLIS_EVENTS_MAX_BYTES must be 0 or more"),
-        ("TRELLIS_EVENTS_MAX_AGE", "-5", "TRELLIS_EVENTS_MAX_AGE must be seconds, 0 or more"),
+        ("TRELLIS_EVENTS_MAX_BYTES", "-1", "TRELLIS_EVENTS_MAX_BYTES must be 0 (no limit) to"),
+        ("TRELLIS_EVENTS_MAX_BYTES", "9" * 23, "TRELLIS_EVENTS_MAX_BYTES must be 0 (no limit)"),
+        ("TRELLIS_EVENTS_MAX_AGE", "-5", "TRELLIS_EVENTS_MAX_AGE must be seconds: 0 (no limit)"),
+        # Past a Go duration: an OverflowError, exit 70; below a second JetStream refused it
+        # and the message named TRELLIS_JS_REPLICAS.
+        ("TRELLIS_EVENTS_MAX_AGE", "1e300", "TRELLIS_EVENTS_MAX_AGE must be seconds: 0 (no"),
+        ("TRELLIS_EVENTS_MAX_AGE", "0.0001", "TRELLIS_EVENTS_MAX_AGE must be seconds: 0 (no"),
+        # PostgreSQL's interval overflowed, and every append answered unavailable.
+        ("TRELLIS_LEASE_TTL", "1e300", "TRELLIS_LEASE_TTL must be a number of seconds, 0.5 to"),
+        ("TRELLIS_LEASE_TTL", "0.1", "TRELLIS_LEASE_TTL must be a number of seconds, 0.5 to"),
+        # A URL that can never name a server was waited for without end.
+        ("TRELLIS_DATABASE_URL", "garbage", "TRELLIS_DATABASE_URL is not a PostgreSQL URL"),
+        ("TRELLIS_DATABASE_URL", "mysql://x@h/db", "TRELLIS_DATABASE_URL is not a PostgreSQL"),
+        # One token, which names the streams too: JetStream refused them, "a replicas problem".
+        ("TRELLIS_SUBJECT_PREFIX", "my trellis", "TRELLIS_SUBJECT_PREFIX must be one subject"),
+        ("TRELLIS_SUBJECT_PREFIX", "a.b", "TRELLIS_SUBJECT_PREFIX must be one subject token"),
+        ("TRELLIS_SUBJECT_PREFIX", ">", "TRELLIS_SUBJECT_PREFIX must be one subject token"),
         ("TRELLIS_KV_MARKER_TTL", "-1", "TRELLIS_KV_MARKER_TTL must be whole seconds"),
         ("TRELLIS_KV_MARKER_TTL", "10000000000", "TRELLIS_KV_MARKER_TTL must be whole seconds"),
         ("TRELLIS_KV_MARKER_TTL", "1.5", "TRELLIS_KV_MARKER_TTL must be an integer"),

@@ -160,8 +160,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             raise SettingsError(f"TRELLIS_EVENT_LOOP={loop!r}: valid are {valid}")
         if loop == "uvloop" and event_loop.default() != "uvloop":
             raise SettingsError("TRELLIS_EVENT_LOOP=uvloop, but uvloop is not installed")
-        database_url = env.get("TRELLIS_DATABASE_URL") or None
-        database_owner_url = env.get("TRELLIS_DATABASE_OWNER_URL") or None
+        database_url = _postgres_url(env, "TRELLIS_DATABASE_URL")
+        database_owner_url = _postgres_url(env, "TRELLIS_DATABASE_OWNER_URL")
         if database_owner_url and not database_url:
             raise SettingsError(
                 "TRELLIS_DATABASE_OWNER_URL is set but TRELLIS_DATABASE_URL is not: the engine "
@@ -182,7 +182,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             database_owner_url=database_owner_url,
             data_dir=Path(data_dir) if data_dir else None,
             domains=domains or None,
-            subject_prefix=env.get("TRELLIS_SUBJECT_PREFIX") or "trellis",
+            subject_prefix=_subject_prefix(env),
             db_schema=env.get("TRELLIS_DB_SCHEMA") or None,
             fabric=fabric,  # type: ignore[arg-type]  # checked above
             fabric_state=Path(fabric_state) if fabric_state else None,
@@ -192,8 +192,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
                 env,
                 "TRELLIS_LEASE_TTL",
                 3.0,
-                lambda v: v >= 0.5,
-                "a number of seconds, 0.5 or more",
+                lambda v: 0.5 <= v <= MAX_LEASE_TTL_S,
+                f"a number of seconds, 0.5 to {MAX_LEASE_TTL_S}",
             ),
             saga_deadline=_float(
                 env, "TRELLIS_SAGA_DEADLINE", 10.0, lambda v: v > 0, "a number of seconds above 0"
@@ -284,6 +284,37 @@ def _snapshot_every(env: dict[str, str]) -> int:
 
 
 NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+#: A writer lease of a day: failing over takes that long. Past it PostgreSQL's interval
+#: overflowed at some length, and every append then failed `unavailable`.
+MAX_LEASE_TTL_S = 24 * 3600
+
+
+def _postgres_url(env: dict[str, str], name: str) -> str | None:
+    """A PostgreSQL URL, as asyncpg takes one (a URI); checked here, so a typo is one line at
+    once, not an endless wait for a server that URL can never name."""
+    text = env.get(name, "").strip()
+    if not text:
+        return None
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in POSTGRES_SCHEMES or any(c.isspace() for c in text):
+        raise SettingsError(
+            f"{name} is not a PostgreSQL URL (the scheme must be postgresql or postgres, no "
+            "spaces); expected postgresql://role@host:port/database"
+        )
+    return text
+
+
+def _subject_prefix(env: dict[str, str]) -> str:
+    """TRELLIS_SUBJECT_PREFIX: one subject token, which also names the streams and bucket (a
+    space, a dot or a wildcard there made JetStream refuse them, said as a replicas problem)."""
+    prefix = env.get("TRELLIS_SUBJECT_PREFIX", "").strip() or "trellis"
+    if not is_valid_id(prefix):
+        raise SettingsError(
+            f"TRELLIS_SUBJECT_PREFIX must be one subject token: 1-64 letters, digits, '_' or "
+            f"'-'; got {prefix!r}"
+        )
+    return prefix
 
 
 def _nats_url(text: str) -> str | None:
@@ -405,6 +436,11 @@ def _flag(env: dict[str, str], name: str) -> bool:
     raise SettingsError(f"{name} must be 1 or 0 (true or false); got {env[name]!r}")
 
 
+#: JetStream keeps a stream's byte limit as a signed 64-bit number.
+MAX_STREAM_BYTES = 2**63 - 1
+#: JetStream keeps a stream's age limit as a Go duration (nanoseconds in 64 bits: about 292
+#: years; 1e300 seconds overflowed converting it, exit 70); below a second it refuses it.
+MAX_STREAM_AGE_S = 100 * 365 * 24 * 3600
 # nats-server reads a per-message TTL as a Go duration and refuses one past about 292 years:
 # it would refuse every delete marker, and the relay would stall. Ten years is a round bound
 # well inside that.
@@ -414,10 +450,16 @@ MAX_MARKER_TTL_S = 10 * 365 * 24 * 3600
 def _stream_limits(env: dict[str, str]) -> StreamLimits:
     default = StreamLimits()
     max_bytes = _integer(env, "TRELLIS_EVENTS_MAX_BYTES", default.max_bytes)
-    if max_bytes < 0:
-        raise SettingsError(f"TRELLIS_EVENTS_MAX_BYTES must be 0 or more; got {max_bytes}")
+    if not 0 <= max_bytes <= MAX_STREAM_BYTES:
+        raise SettingsError(
+            f"TRELLIS_EVENTS_MAX_BYTES must be 0 (no limit) to {MAX_STREAM_BYTES}; got {max_bytes}"
+        )
     max_age = _float(
-        env, "TRELLIS_EVENTS_MAX_AGE", default.max_age_s, lambda v: v >= 0, "seconds, 0 or more"
+        env,
+        "TRELLIS_EVENTS_MAX_AGE",
+        default.max_age_s,
+        lambda v: v == 0 or 1 <= v <= MAX_STREAM_AGE_S,
+        f"seconds: 0 (no limit), or 1 to {MAX_STREAM_AGE_S}",
     )
     replicas = _integer(env, "TRELLIS_JS_REPLICAS", default.replicas)
     if not 1 <= replicas <= MAX_JS_REPLICAS:

@@ -295,6 +295,7 @@ async def _configured(request: Awaitable[Any], what: str, replicas: int) -> Any:
         return await request
     except APIError as exc:
         raise StreamConfigError(
-            f"JetStream refused {what} with {replicas} replica(s) (TRELLIS_JS_REPLICAS): "
-            f"{exc.description}"
+            f"JetStream refused {what} ({replicas} replica(s); the stream's settings are "
+            f"TRELLIS_JS_REPLICAS, TRELLIS_EVENTS_MAX_BYTES and TRELLIS_EVENTS_MAX_AGE, and its "
+            f"server's storage): {exc.description}"
         ) from exc
