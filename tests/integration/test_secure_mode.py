@@ -460,6 +460,41 @@ async def test_tenant_add_with_external_nats_writes_the_file_its_server_includes
         await asyncio.to_thread(server.stop)
 
 
+async def test_tenant_add_on_a_data_dir_not_in_secure_mode_is_refused_and_issues_nothing(
+    tmp_path: Path,
+) -> None:
+    """It issued the identity, said the tenant could connect (the plain server let anyone in),
+    and the next plain `trellis up` came up in secure mode, unasked."""
+    code, out, err = await trellis_cli({"TRELLIS_DATA_DIR": str(tmp_path)}, "tenant", "add", "acme")
+    assert code == 1 and out == "", (out, err)
+    assert "is not in secure mode" in err and "trellis up --secure" in err, err
+    assert not SecureDir(tmp_path).root.exists()
+
+
+@pytest.mark.slow
+async def test_secure_mode_on_a_nats_server_that_lets_anyone_in_does_not_serve(
+    tmp_path: Path, database_url: str, pg_schema: str
+) -> None:
+    """On an external server whose configuration lacks secure mode's users, `trellis up`
+    served and said "clients without one are refused" while anonymous clients got in."""
+    server = EmbeddedNats(tmp_path / "nats-server")
+    await asyncio.to_thread(server.start)
+    try:
+        env = {
+            "TRELLIS_DATA_DIR": str(tmp_path / "data"),
+            "TRELLIS_NATS_URL": server.url,
+            "TRELLIS_DATABASE_URL": database_url,
+            "TRELLIS_DB_SCHEMA": pg_schema,
+            "TRELLIS_SUBJECT_PREFIX": unique_subject_prefix(),
+        }
+        code, out, err = await trellis_cli(env, "up", "--secure")
+        assert code == 1 and "lets clients without credentials in" in err, (out, err)
+        assert "serving" not in out and "trellis-auth.conf" in err
+        assert SecureDir(tmp_path / "data").config_path.is_file()  # to include, as it says
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
 async def test_the_cli_connects_as_the_identity_the_data_dir_holds(
     rig: Rig, tmp_path: Path
 ) -> None:

@@ -138,6 +138,22 @@ async def until_accepted(
             return
 
 
+async def accepts_anonymous(url: str) -> bool:
+    """Whether the nats-server at `url` lets a client with no credentials connect (a server
+    that secure mode's users were never included in, or not reloaded since)."""
+    try:
+        nc = await nats.connect(
+            nats_servers(url),
+            allow_reconnect=False,
+            connect_timeout=_NATS_PROBE_TIMEOUT_S,
+            error_cb=_ignore_refusal,
+        )
+    except (nats.errors.Error, OSError):
+        return False
+    await nc.close()
+    return True
+
+
 async def _ignore_refusal(exc: Exception) -> None:
     """nats-py reports each refused attempt to the error callback too; the caller retries."""
 

@@ -35,7 +35,7 @@ from trellis.adapters.nats.auth import (
     inbox_prefix,
     public_key,
 )
-from trellis.adapters.nats.connect import until_accepted
+from trellis.adapters.nats.connect import accepts_anonymous, until_accepted
 from trellis.adapters.settings import Settings, redacted
 
 
@@ -116,6 +116,10 @@ def up(args: argparse.Namespace) -> int:
         try:
             async with running_engine(settings, tenants=args.tenant) as running:
                 serving = True
+                if running.secure_dir is not None and settings.nats_url:
+                    await _refusing_anonymous(
+                        running.nats_url, SecureDir(running.secure_dir.parent)
+                    )
                 settle_for_serving()
                 nats, postgres = redacted(running.nats_url), redacted(running.database_url)
                 domains = ", ".join(running.engine.domains) or "none yet"
@@ -154,6 +158,22 @@ def up(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _refusing_anonymous(url: str, secure: SecureDir) -> None:
+    """An external nats-server that secure mode's users are not included in yet accepts
+    anyone: the engine said "clients without one are refused" while any client got in.
+
+    Raises:
+        CliError: it lets a client without credentials connect.
+    """
+    if await accepts_anonymous(url):
+        raise CliError(
+            f"secure mode, but the nats-server at {redacted(url)} lets clients without "
+            "credentials in: its configuration does not include secure mode's users",
+            hint=f"link {secure.config_path} beside its configuration as trellis-auth.conf, "
+            'add `include "trellis-auth.conf"`, reload it, and start again',
+        )
+
+
 def _print_secure(settings: Settings, secure: SecureDir) -> None:
     tenants = ", ".join(secure.tenants()) or "none yet (`trellis tenant add NAME`)"
     print(f"secure mode: NATS identities in {secure.root} (engine, operator, auditor; tenants:")
@@ -176,6 +196,14 @@ def tenant_add(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     data_dir = settings.data_dir or default_data_dir()
     secure = SecureDir(data_dir)
+    if not (secure.exists() or settings.secure):
+        # Issuing the first identity sets secure mode up in the data dir, and a data dir once
+        # secured stays so: the next plain `trellis up` came up secure, unasked, while this
+        # said the tenant could connect (the running server still let anyone in).
+        raise CliError(
+            f"{data_dir} is not in secure mode: a tenant's identity means nothing there",
+            hint="start it with `trellis up --secure` first (or set TRELLIS_SECURE=1)",
+        )
     # The permissions name the subject prefix the engine serves: the one written before, if any.
     prefix = secure.prefix() or settings.subject_prefix
     try:
