@@ -89,7 +89,10 @@ def test_metrics_are_off_unless_a_port_is_given_and_0_takes_a_free_one() -> None
 @pytest.mark.parametrize(
     ("variable", "value", "complaint"),
     [
-        ("TRELLIS_DOMAINS", "hall 1", "TRELLIS_DOMAINS holds invalid ids: hall 1"),
+        ("TRELLIS_DOMAINS", "hall 1", "TRELLIS_DOMAINS holds invalid ids: 'hall 1'"),
+        # Empty between commas: ",,," served every domain, as if it were unset.
+        ("TRELLIS_DOMAINS", ",,,", "TRELLIS_DOMAINS holds invalid ids: '', '', '', ''"),
+        ("TRELLIS_DOMAINS", "a,,b", "TRELLIS_DOMAINS holds invalid ids: ''"),
         (
             "TRELLIS_FABRIC",
             "h3",

@@ -130,8 +130,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             SettingsError: A variable is set to something unusable.
         """
         env = dict(os.environ if env is None else env)
-        domains = [d.strip() for d in env.get("TRELLIS_DOMAINS", "").split(",") if d.strip()]
-        bad = [d for d in domains if not is_valid_id(d)]
+        listed = env.get("TRELLIS_DOMAINS", "")
+        domains = [d.strip() for d in listed.split(",")] if listed.strip() else []
+        bad = [repr(d) for d in domains if not is_valid_id(d)]  # "" too: ",,," meant every domain
         if bad:
             raise SettingsError(f"TRELLIS_DOMAINS holds invalid ids: {', '.join(bad)}")
         fabric = env.get("TRELLIS_FABRIC") or "sim"
