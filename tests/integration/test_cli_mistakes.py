@@ -100,6 +100,16 @@ async def test_a_wrong_command_line_is_one_usage_line_and_exit_2(
     assert out == ""
 
 
+async def test_trellis_follow_without_its_servers_says_so_as_a_configuration_mistake(
+    tmp_path: Path,
+) -> None:
+    """It printed "trellis follow: ..." in a format of its own and exited 2, a usage code."""
+    code, out, err = await run_cli(base_env(tmp_path), "follow")
+    line = one_line(err)
+    assert code == 1 and out == "", (code, out, err)
+    assert line.startswith("trellis: config: `trellis follow` needs TRELLIS_NATS_URL"), line
+
+
 # Files that cannot be a topology document: the CLI says so before it sends anything.
 UNREADABLE = {
     "a directory": ("dir", None, "Is a directory"),

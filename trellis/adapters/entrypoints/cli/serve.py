@@ -42,6 +42,17 @@ from trellis.adapters.settings import Settings, redacted
 def follow(args: argparse.Namespace) -> int:
     from trellis.adapters.entrypoints.follow import main as follow_main
 
+    settings = Settings.from_env()
+    if not (settings.nats_url and settings.database_url):
+        # Said here as every command says a configuration mistake (it printed its own
+        # "trellis follow: ..." and exited 2, a usage code, for a missing setting).
+        raise CliError(
+            "`trellis follow` needs TRELLIS_NATS_URL and TRELLIS_DATABASE_URL (the servers "
+            "of the engine whose log it follows)",
+            code="config",
+            hint="`trellis up` starts its own followers; run this beside an engine on servers "
+            "of your own",
+        )
     return follow_main()
 
 
