@@ -37,10 +37,15 @@ class MigrationError(RuntimeError):
 
 
 def migration_files(folder: Path = SCHEMA_DIR) -> list[tuple[int, Path]]:
+    where = f"{folder} (TRELLIS_SCHEMA_DIR)" if os.environ.get("TRELLIS_SCHEMA_DIR") else folder
     if not folder.is_dir():
-        raise MigrationError(f"schema folder {folder} not found")
+        raise MigrationError(f"schema folder {where} not found")
     found = [(_MIGRATION_NAME.match(p.name), p) for p in folder.iterdir()]
-    return sorted((int(m.group(1)), p) for m, p in found if m)
+    files = sorted((int(m.group(1)), p) for m, p in found if m)
+    if not files:
+        # Else nothing was migrated, and the first check of the tables blamed privileges.
+        raise MigrationError(f"schema folder {where} holds no migrations (NNN_name.sql)")
+    return files
 
 
 def _checksum(sql: str) -> str:
