@@ -24,8 +24,10 @@ import psutil
 import pytest
 from harness import run_cli
 
-from trellis.adapters.embedded.process import free_port
+from trellis.adapters.bootstrap import embedded_or_configured
+from trellis.adapters.embedded.process import EmbeddedServerDied, free_port
 from trellis.adapters.embedded.watchdog import alive
+from trellis.adapters.settings import Settings
 
 pytestmark = pytest.mark.slow  # two embedded PostgreSQL starts
 
@@ -156,3 +158,58 @@ def listening(pid: int) -> set[tuple[str, int]]:
         for c in psutil.Process(pid).net_connections(kind="tcp")
         if c.status == psutil.CONN_LISTEN
     }
+
+
+# -- an embedded server that dies under a serving engine ------------------------------------
+
+
+@pytest.mark.parametrize("dead", ["nats-server", "postgres"])
+async def test_an_embedded_server_that_dies_stops_trellis_up(tmp_path: Path, dead: str) -> None:
+    """Killed under a serving engine, an embedded server is reaped, named in one line with its
+    log, and `trellis up` stops the other one and exits 1 (it ran on for ever, a zombie beside
+    it, /healthz naming nothing)."""
+    data = tmp_path / "data"
+    up, _, _ = await first_start_on_offered_ports(data, tmp_path / "up.log")
+    pids = server_pids(data)
+    os.kill(pids[dead], signal.SIGKILL)
+    try:
+        code = await asyncio.wait_for(up.wait(), 60)
+    finally:
+        if up.returncode is None:
+            os.killpg(up.pid, signal.SIGKILL)
+    said = (tmp_path / "up.log").read_text()
+    assert code == 1, said
+    log = data / ("nats.log" if dead == "nats-server" else "postgres.log")
+    line = (
+        f"trellis: error: embedded {dead} exited (signal 9, SIGKILL); its log: {log}, last lines:"
+    )
+    assert line in said, said
+    assert said.count(f"embedded {dead} exited") == 2, said  # when it died, and the exit's line
+    if dead == "nats-server":
+        assert "Traceback" not in said, said
+    deadline = time.monotonic() + GONE_WITHIN_S
+    while any(alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    assert not any(alive(pid) for pid in pids.values()), pids  # nor left as a zombie
+
+
+async def test_a_dead_server_is_named_in_problems_then_ends_the_context(tmp_path: Path) -> None:
+    """/healthz's problems name a dead embedded server; the task inside the context is ended
+    and leaving it raises EmbeddedServerDied with the server's log."""
+    settings = Settings(
+        data_dir=tmp_path,
+        database_url="postgresql://nobody@127.0.0.1:1/none",  # only nats-server is embedded
+        nats_port=free_port(),
+    )
+    with pytest.raises(EmbeddedServerDied) as died:
+        async with embedded_or_configured(settings) as endpoints:
+            assert endpoints.problems() == []
+            os.kill(int((tmp_path / "nats.pid").read_text()), signal.SIGKILL)
+            deadline = time.monotonic() + 5
+            while not endpoints.problems() and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert endpoints.problems() == ["embedded nats-server exited (signal 9, SIGKILL)"]
+            await asyncio.sleep(30)  # cancelled within a poll
+    assert str(died.value).startswith(
+        f"embedded nats-server exited (signal 9, SIGKILL); its log: {tmp_path / 'nats.log'}"
+    )

@@ -45,7 +45,7 @@ from trellis.adapters.clock import SystemClock
 from trellis.adapters.embedded import watchdog
 from trellis.adapters.embedded.nats_server import EmbeddedNats, reload_nats
 from trellis.adapters.embedded.postgres_server import EmbeddedPostgres
-from trellis.adapters.embedded.process import default_data_dir
+from trellis.adapters.embedded.process import EmbeddedServerDied, default_data_dir
 from trellis.adapters.endpoints import write_endpoints
 from trellis.adapters.fabric.redfish.client import RedfishClient
 from trellis.adapters.fabric.redfish.driver import RedfishFabric
@@ -135,6 +135,12 @@ class Endpoints(NamedTuple):
     database_url: str
     database_owner_url: str | None
     nats_monitor_url: str | None = None  # the embedded nats-server's HTTP monitoring
+    #: The embedded servers that exited under the engine, one line each (/healthz's problems).
+    problems: Callable[[], list[str]] = list
+
+
+#: How often the embedded servers are checked for having exited.
+SERVER_POLL_S = 0.2
 
 
 @contextlib.asynccontextmanager
@@ -143,8 +149,16 @@ async def embedded_or_configured(
 ) -> AsyncIterator[Endpoints]:
     """The endpoints to use, starting embedded servers for the unset ones (the embedded
     Postgres brings an owner and an engine role of its own; an embedded nats-server reads
-    `nats_config` too: secure mode's users)."""
+    `nats_config` too: secure mode's users).
+
+    An embedded server that exits while the context is open (a kill, a crash, the OOM killer)
+    is logged once and ends the task that entered the context: leaving it raises
+    EmbeddedServerDied with the server's log and its last lines (`trellis up` exits 1,
+    docs/operations.md), after the engine stopped as on any stop.
+    """
     data_dir = settings.data_dir or default_data_dir()
+    main = asyncio.current_task()
+    servers: list[EmbeddedNats | EmbeddedPostgres] = []
     with contextlib.ExitStack() as stack:
         nats_url, database_url = settings.nats_url, settings.database_url
         owner_url = settings.database_owner_url
@@ -166,11 +180,13 @@ async def embedded_or_configured(
                 )
             )
             await asyncio.to_thread(server.start)
+            servers.append(server)
             nats_url, monitor_url = server.url, server.monitor_url
             watched.append((_pid(server), signal.SIGTERM))
         if not database_url:
             pg = stack.enter_context(EmbeddedPostgres(data_dir, settings.pg_port))
             await asyncio.to_thread(pg.start)
+            servers.append(pg)
             database_url, owner_url = pg.url, pg.owner_url
             watched.append((_pid(pg), signal.SIGINT))  # PostgreSQL's fast shutdown
         if watched:
@@ -178,7 +194,45 @@ async def embedded_or_configured(
             # them, so a SIGKILLed `trellis up` leaves no orphaned server behind.
             dog = watchdog.watch(watched)
             stack.callback(_end, dog)
-        yield Endpoints(nats_url, database_url, owner_url, monitor_url)
+        died: list[EmbeddedServerDied] = []
+
+        def problems() -> list[str]:
+            return [str(error) for error in died] or [
+                how for how in (server.died() for server in servers) if how is not None
+            ]
+
+        async def watch_servers() -> None:
+            while True:
+                await asyncio.sleep(SERVER_POLL_S)
+                for server in servers:
+                    how = server.died()
+                    if how is not None:
+                        died.append(server.died_error(how))
+                        log.error("%s: stopping the engine", how)
+                        if main is not None:
+                            main.cancel()
+                        return
+
+        watching = (
+            asyncio.create_task(watch_servers(), name="embedded-servers") if servers else None
+        )
+        try:
+            yield Endpoints(nats_url, database_url, owner_url, monitor_url, problems)
+        except BaseException:
+            if not died:
+                raise
+            # Whatever the engine's stop met (the cancel, a dead server's errors), this is why.
+            if main is not None and main.cancelling():
+                main.uncancel()
+            raise died[0] from None
+        finally:
+            if watching is not None:
+                watching.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watching
+        # An engine that stopped on its own while a server was dying: say so all the same.
+        if died:
+            raise died[0]
 
 
 def _pid(server: EmbeddedNats | EmbeddedPostgres) -> int:
@@ -305,6 +359,7 @@ async def engine_on(
     secure: SecureDir | None = None,
     follow_options: dict[str, float] | None = None,
     redfish: RedfishOptions | None = None,
+    server_problems: Callable[[], list[str]] = list,
 ) -> AsyncIterator[RunningEngine]:
     """The engine, its projections, its event relay and its NATS intake on the servers
     `settings` names (`nats_url` and `database_url` must be set: `running_engine` starts
@@ -338,6 +393,7 @@ async def engine_on(
         redfish: the northbound Redfish service (adapters/http/redfish/), a NATS client of
             its own (the operator in secure mode); None: none (`trellis up` passes the one
             `TRELLIS_REDFISH_PORT` asks for, its accounts and password in the data dir).
+        server_problems: the embedded servers that exited, first in /healthz's problems.
 
     Raises:
         ValueError: `settings` names no NATS or no Postgres.
@@ -517,7 +573,10 @@ async def engine_on(
                 },
                 host=metrics_at[0],
                 port=metrics_at[1],
-                details=lambda: {"problems": lag.problems(), "domains": lag.domains()},
+                details=lambda: {
+                    "problems": [*server_problems(), *lag.problems()],
+                    "domains": lag.domains(),
+                },
                 allowed_hosts=allowed_hosts,
             )
             try:
@@ -670,7 +729,13 @@ async def running_engine(
     if secure is not None:
         issue(secure, settings, tenants)
     async with contextlib.AsyncExitStack() as stack:
-        nats_url, database_url, owner_url, monitor_url = await stack.enter_async_context(
+        (
+            nats_url,
+            database_url,
+            owner_url,
+            monitor_url,
+            server_problems,
+        ) = await stack.enter_async_context(
             embedded_or_configured(
                 settings, nats_config=secure.config_path if secure is not None else None
             )
@@ -689,6 +754,7 @@ async def running_engine(
                 signer=signer,
                 secure=secure,
                 redfish=_redfish_options(settings),
+                server_problems=server_problems,
             )
         )
         running.nats_monitor_url = monitor_url

@@ -29,6 +29,7 @@ import platformdirs
 __all__ = [
     "HOST",
     "ChildProcess",
+    "EmbeddedServerDied",
     "EmbeddedServerError",
     "PortTakenError",
     "default_data_dir",
@@ -51,6 +52,11 @@ _PORT_ATTEMPTS = 3
 
 class EmbeddedServerError(RuntimeError):
     """An embedded server could not be found, started or stopped."""
+
+
+class EmbeddedServerDied(EmbeddedServerError):
+    """An embedded server that served exited under the engine (a kill, a crash, the OOM
+    killer): `trellis up` stops and says so (docs/operations.md)."""
 
 
 class PortTakenError(EmbeddedServerError):
@@ -215,6 +221,31 @@ class ChildProcess:
     def running(self) -> bool:
         """True while the server process we started is alive."""
         return self._proc is not None and self._proc.poll() is None
+
+    def died(self) -> str | None:
+        """When the server this object started has exited without being stopped: how (its
+        process is reaped here, so it leaves no zombie), else None."""
+        proc = self._proc
+        if proc is None:
+            return None
+        code = proc.poll()
+        if code is None:
+            return None
+        if code < 0:
+            try:
+                how = f"signal {-code}, {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"signal {-code}"
+        else:
+            how = f"code {code}"
+        return f"embedded {self.name} exited ({how})"
+
+    def died_error(self, how: str) -> EmbeddedServerDied:
+        """`how` (from `died`) with its log and that log's last lines, on one line."""
+        tail = " | ".join(
+            line.strip() for line in log_tail(self.log_path, 3).splitlines() if line.strip()
+        )
+        return EmbeddedServerDied(f"{how}; its log: {self.log_path}, last lines: {tail}")
 
     @property
     def pid(self) -> int | None:
