@@ -25,6 +25,7 @@ import pytest
 from harness import run_cli
 
 from trellis.adapters.bootstrap import embedded_or_configured
+from trellis.adapters.embedded.nats_server import EmbeddedNats
 from trellis.adapters.embedded.process import EmbeddedServerDied, free_port
 from trellis.adapters.embedded.watchdog import alive
 from trellis.adapters.settings import Settings
@@ -213,3 +214,54 @@ async def test_a_dead_server_is_named_in_problems_then_ends_the_context(tmp_path
     assert str(died.value).startswith(
         f"embedded nats-server exited (signal 9, SIGKILL); its log: {tmp_path / 'nats.log'}"
     )
+
+
+# -- a `trellis up` killed while its servers start ------------------------------------------
+
+
+async def test_a_trellis_up_killed_while_starting_orphans_no_server(tmp_path: Path) -> None:
+    """`trellis up & sleep 0.8; kill -9 $!`: nats-server is up, PostgreSQL still in initdb.
+    The watchdog covers each server from its spawn (it was started once both were up, and
+    nats-server ran on with ppid 1)."""
+    data = tmp_path / "data"
+    env = environment(data, {"nats": free_port(), "monitor": free_port(), "pg": free_port()})
+    with (tmp_path / "up.log").open("ab") as out:
+        up = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "trellis.adapters.entrypoints.cli", "up", env=env,
+            stdout=out, stderr=out, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + UP_WITHIN_S
+        nats_pid = None
+        while nats_pid is None:
+            assert up.returncode is None and time.monotonic() < deadline
+            with contextlib.suppress(OSError, ValueError):
+                nats_pid = int((data / "nats.pid").read_text())
+            await asyncio.sleep(0.02)
+        assert not (data / "postgres" / "postmaster.pid").exists()  # still starting
+        os.kill(up.pid, signal.SIGKILL)  # the engine alone, as `kill -9 $!`
+        await up.wait()
+        deadline = time.monotonic() + GONE_WITHIN_S
+        while alive(nats_pid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert not alive(nats_pid), "nats-server orphaned by a kill during the start"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(up.pid, signal.SIGKILL)  # initdb, if it still runs
+
+
+async def test_a_start_refuses_a_nats_server_left_on_the_store(tmp_path: Path) -> None:
+    """A nats-server still running on the data dir's JetStream store (left by an earlier
+    `trellis up`) is named and refused, not joined by a second one on the same store."""
+    data = tmp_path / "data"
+    left = EmbeddedNats(data)
+    left.start()
+    try:
+        env = environment(data, {"nats": free_port(), "monitor": free_port(), "pg": free_port()})
+        code, _, err = await run_cli(env, "up")
+        assert code == 1, err
+        assert f"nats-server: pid {left.pid} still runs on {data / 'nats'}" in err, err
+        assert left.running
+        assert (data / "nats.pid").read_text().strip() == str(left.pid)
+    finally:
+        left.stop()

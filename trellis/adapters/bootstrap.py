@@ -24,9 +24,7 @@ import logging
 import os
 import secrets
 import shutil
-import signal
 import socket
-import subprocess
 import tempfile
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -151,10 +149,13 @@ async def embedded_or_configured(
     Postgres brings an owner and an engine role of its own; an embedded nats-server reads
     `nats_config` too: secure mode's users).
 
-    An embedded server that exits while the context is open (a kill, a crash, the OOM killer)
-    is logged once and ends the task that entered the context: leaving it raises
-    EmbeddedServerDied with the server's log and its last lines (`trellis up` exits 1,
-    docs/operations.md), after the engine stopped as on any stop.
+    A watchdog process is started before the first server and told of each as it is spawned:
+    if this process is killed, even while a server starts, it stops them, so a SIGKILLed
+    `trellis up` leaves no orphaned server behind. An embedded server that exits while the
+    context is open (a kill, a crash, the OOM killer) is logged once and ends the task that
+    entered the context: leaving it raises EmbeddedServerDied with the server's log and its
+    last lines (`trellis up` exits 1, docs/operations.md), after the engine stopped as on any
+    stop.
     """
     data_dir = settings.data_dir or default_data_dir()
     main = asyncio.current_task()
@@ -162,38 +163,38 @@ async def embedded_or_configured(
     with contextlib.ExitStack() as stack:
         nats_url, database_url = settings.nats_url, settings.database_url
         owner_url = settings.database_owner_url
-        watched: list[tuple[int, int]] = []
         monitor_url = None
+        dog: watchdog.Watchdog | None = None
+        if not nats_url or not database_url:
+            dog = watchdog.Watchdog()
+            # Ended last, after the servers stopped in order: a kill during that stop still
+            # leaves it to finish.
+            stack.callback(dog.end)
         if not nats_url:
             if nats_config is not None and settings.nats_monitor_port is not None:
                 log.warning(
                     "TRELLIS_NATS_MONITOR_PORT is ignored in secure mode: nats-server's "
                     "monitoring has no authentication and lists every identity's inbox"
                 )
-            server = stack.enter_context(
-                EmbeddedNats(
-                    data_dir,
-                    settings.nats_port,
-                    config=nats_config,
-                    monitor_port=settings.nats_monitor_port,
-                    monitor=nats_config is None,  # secure mode: no unauthenticated /connz
-                )
+            server = EmbeddedNats(
+                data_dir,
+                settings.nats_port,
+                config=nats_config,
+                monitor_port=settings.nats_monitor_port,
+                monitor=nats_config is None,  # secure mode: no unauthenticated /connz
             )
+            _watched_by(server, dog)
+            stack.callback(server.stop)
             await asyncio.to_thread(server.start)
             servers.append(server)
             nats_url, monitor_url = server.url, server.monitor_url
-            watched.append((_pid(server), signal.SIGTERM))
         if not database_url:
-            pg = stack.enter_context(EmbeddedPostgres(data_dir, settings.pg_port))
+            pg = EmbeddedPostgres(data_dir, settings.pg_port)
+            _watched_by(pg, dog)
+            stack.callback(pg.stop)
             await asyncio.to_thread(pg.start)
             servers.append(pg)
             database_url, owner_url = pg.url, pg.owner_url
-            watched.append((_pid(pg), signal.SIGINT))  # PostgreSQL's fast shutdown
-        if watched:
-            # Stopped before the servers on a clean exit; if this process is killed, it stops
-            # them, so a SIGKILLed `trellis up` leaves no orphaned server behind.
-            dog = watchdog.watch(watched)
-            stack.callback(_end, dog)
         died: list[EmbeddedServerDied] = []
 
         def problems() -> list[str]:
@@ -235,16 +236,11 @@ async def embedded_or_configured(
             raise died[0]
 
 
-def _pid(server: EmbeddedNats | EmbeddedPostgres) -> int:
-    pid = server.pid
-    if pid is None:
-        raise StoreUnavailable(f"the embedded {server.name} stopped as it started")
-    return pid
-
-
-def _end(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    process.wait()
+def _watched_by(server: EmbeddedNats | EmbeddedPostgres, dog: watchdog.Watchdog | None) -> None:
+    """Tell `dog` of each process `server` spawns, the moment it is spawned (so set before
+    `server` starts)."""
+    if dog is not None:
+        server.spawned = lambda pid: dog.add(pid, server.stop_signal)
 
 
 class Sinks(NamedTuple):

@@ -14,6 +14,7 @@ Layout under ``data_dir`` (shared with the embedded PostgreSQL)::
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import secrets
@@ -29,7 +30,13 @@ from typing import Any
 
 from trellis.adapters.embedded.process import HOST, ChildProcess, EmbeddedServerError, free_port
 
-__all__ = ["MAIN_NATS_CONFIG", "EmbeddedNats", "nats_server_binary", "reload_nats"]
+__all__ = [
+    "MAIN_NATS_CONFIG",
+    "EmbeddedNats",
+    "nats_server_binary",
+    "reload_nats",
+    "running_on_store",
+]
 
 MAIN_NATS_CONFIG = "nats.conf"
 # The server drops a connection that leaves PING_MAX pings, PING_INTERVAL_S apart, unanswered
@@ -136,6 +143,16 @@ class EmbeddedNats(ChildProcess):
     def main_config_path(self) -> Path:
         return self.data_dir / MAIN_NATS_CONFIG
 
+    def _refuse_if_running(self) -> None:
+        # Two nats-servers on one JetStream store corrupt it; PostgreSQL refuses a second
+        # postmaster itself (postmaster.pid), nats-server does not.
+        pid = running_on_store(self.data_dir)
+        if pid is not None:
+            raise EmbeddedServerError(
+                f"{self.name}: pid {pid} still runs on {self.store_dir} (left by an earlier "
+                f"trellis up?); stop it (kill {pid}) and start again"
+            )
+
     def _prepare(self) -> None:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         # A fresh name per start lets the readiness probe tell our server from any other process
@@ -198,6 +215,21 @@ def _get_json(port: int, path: str) -> dict[str, Any]:
     if not isinstance(answer, dict):
         raise ValueError(f"/{path} answered {answer!r}")
     return answer
+
+
+def running_on_store(data_dir: Path) -> int | None:
+    """The pid of a nats-server that runs on `data_dir`'s JetStream store, as its nats.pid
+    names it and its command line says (read from /proc: Linux); else None."""
+    data_dir = Path(data_dir).absolute()
+    try:
+        pid = int((data_dir / "nats.pid").read_text().strip())
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return None
+    store = os.fsencode(data_dir / "nats")
+    stores = [value for flag, value in itertools.pairwise(argv) if flag == b"--store_dir"]
+    ours = Path(os.fsdecode(argv[0])).name == "nats-server" and store in stores
+    return pid if ours else None
 
 
 def reload_nats(data_dir: Path) -> bool:

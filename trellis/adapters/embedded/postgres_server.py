@@ -246,6 +246,8 @@ class EmbeddedPostgres(ChildProcess):
     """
 
     name = "postgres"
+    # SIGINT is PostgreSQL's "fast" shutdown: roll back open transactions, checkpoint, exit.
+    stop_signal = signal.SIGINT
 
     def __init__(self, data_dir: Path, port: int | None = None) -> None:
         super().__init__(data_dir, port)
@@ -490,10 +492,6 @@ class EmbeddedPostgres(ChildProcess):
             "postgres",
         )
         self._psql(_HAND_OVER_TO_OWNER, PG_DATABASE)
-
-    def _request_stop(self, proc: subprocess.Popen[bytes]) -> None:
-        # SIGINT is PostgreSQL's "fast" shutdown: roll back open transactions, checkpoint, exit.
-        proc.send_signal(signal.SIGINT)
 
 
 # Schemas, tables (with their indexes and identity sequences) and functions that an older

@@ -155,6 +155,8 @@ class ChildProcess:
     answers (`_is_ready`) and how it stops (`_request_stop`)."""
 
     name = "server"
+    #: What `_request_stop` sends; the watchdog sends it too when the engine dies.
+    stop_signal: int = signal.SIGTERM
 
     def __init__(self, data_dir: Path, port: int | None = None) -> None:
         self.data_dir = Path(data_dir).absolute()
@@ -164,6 +166,9 @@ class ChildProcess:
         self._has_run = False
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: IO[bytes] | None = None
+        #: Called with each server process's pid the moment it is spawned, before the
+        #: readiness wait: the watchdog covers the server from then on.
+        self.spawned: Callable[[int], None] | None = None
 
     # -- to be provided by subclasses -------------------------------------------------------
 
@@ -186,6 +191,9 @@ class ChildProcess:
     def _command(self) -> list[str]:
         raise NotImplementedError
 
+    def _refuse_if_running(self) -> None:
+        """Raise EmbeddedServerError when another server still runs on this data dir."""
+
     def _popen_kwargs(self) -> dict[str, Any]:
         return {}
 
@@ -196,7 +204,7 @@ class ChildProcess:
         """One-off setup once the server answers (e.g. create the database)."""
 
     def _request_stop(self, proc: subprocess.Popen[bytes]) -> None:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(self.stop_signal)
 
     def _ports(self) -> dict[int, bool]:
         """Every port the server listens on, and whether this object chose it (else given)."""
@@ -273,6 +281,7 @@ class ChildProcess:
     def _start_once(self) -> None:
         self._proc = None
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._refuse_if_running()
         for port in self._ports():
             if not port_is_free(port):
                 raise self._taken(port)
@@ -299,6 +308,8 @@ class ChildProcess:
             self.stop()
             raise EmbeddedServerError(f"{self.name}: cannot run {cmd[0]}: {exc}") from exc
         self._proc = proc
+        if self.spawned is not None:
+            self.spawned(proc.pid)
         # Registered before the readiness wait so an interrupted start still cleans up.
         atexit.register(self.stop)
         try:

@@ -2,9 +2,12 @@
 
 A process of its own, started beside the servers:
 
-    python -m trellis.adapters.embedded.watchdog PARENT_PID SERVER_PID:SIGNAL ...
+    python -m trellis.adapters.embedded.watchdog PARENT_PID [SERVER_PID:SIGNAL ...]
 
-It polls its parent. A clean stop ends the watchdog first (SIGTERM) and stops the servers in
+It is started before the first server, and told each server's pid the moment that server is
+spawned (a `PID:SIGNAL` line on its stdin, `Watchdog.add`), so a `trellis up` killed while a
+server starts (nats-server up, PostgreSQL still in initdb) orphans nothing either. It polls
+its parent. A clean stop ends the watchdog first (SIGTERM) and stops the servers in
 order; if the parent vanishes instead (SIGKILL, a crash, the OOM killer), the watchdog sends
 each server its shutdown signal, waits, and kills what is left, so nothing is orphaned and
 the next `trellis up` finds its data dir free. A parent-death signal (prctl) would follow the
@@ -15,6 +18,7 @@ thread; a watchdog process follows the process.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -48,16 +52,44 @@ def stop_servers(targets: Sequence[tuple[int, int]], grace_s: float = GRACE_S) -
             os.kill(pid, signal.SIGKILL)
 
 
-def watch(targets: Sequence[tuple[int, int]]) -> subprocess.Popen[bytes]:
-    """Start a watchdog over (pid, shutdown signal) servers for this process; terminate it on
-    a clean stop."""
-    args = [str(os.getpid()), *(f"{pid}:{int(sig)}" for pid, sig in targets)]
-    return subprocess.Popen(
-        [sys.executable, "-m", "trellis.adapters.embedded.watchdog", *args],
-        stdin=subprocess.DEVNULL,
-        close_fds=True,
-        start_new_session=True,  # a kill of the engine's whole group leaves it to clean up
-    )
+class Watchdog:
+    """The watchdog process of this one, told each server to stop as servers start."""
+
+    def __init__(self, targets: Sequence[tuple[int, int]] = ()) -> None:
+        args = [str(os.getpid()), *(f"{pid}:{int(sig)}" for pid, sig in targets)]
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "trellis.adapters.embedded.watchdog", *args],
+            stdin=subprocess.PIPE,
+            close_fds=True,
+            start_new_session=True,  # a kill of the engine's whole group leaves it to clean up
+        )
+
+    def add(self, pid: int, sig: int) -> None:
+        """Stop `pid` with `sig` too should this process die (written at once, unbuffered)."""
+        stdin = self.process.stdin
+        if stdin is None:
+            return
+        try:
+            stdin.write(f"{pid}:{int(sig)}\n".encode())
+            stdin.flush()
+        except (BrokenPipeError, ValueError):  # the watchdog is gone, or being ended
+            pass
+
+    def end(self) -> None:
+        """A clean stop: end the watchdog (the servers are stopped in order by the caller)."""
+        self.process.terminate()
+        self.process.wait()
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+
+
+def _parse(lines: bytes) -> list[tuple[int, int]]:
+    targets = []
+    for line in lines.split(b"\n"):
+        pid, _, sig = line.strip().partition(b":")
+        if pid.isdigit() and sig.isdigit():
+            targets.append((int(pid), int(sig)))
+    return targets
 
 
 def main(argv: Sequence[str]) -> int:
@@ -67,11 +99,42 @@ def main(argv: Sequence[str]) -> int:
     # session of its own, and ignores one sent to it all the same.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    # Reparented (getppid changes) is how a dead parent shows, even if its pid is reused.
-    while os.getppid() == parent and alive(parent):
-        time.sleep(POLL_S)
+    stdin = sys.stdin.fileno()
+    pending = b""
+    told = True  # stdin still open: the parent may tell of more servers
+    # Reparented (getppid changes) is how a dead parent shows, even if its pid is reused; a
+    # stdin at its end (the parent's end of the pipe closed) is another.
+    while os.getppid() == parent and alive(parent) and told:
+        pending, told = _read(stdin, pending, POLL_S, targets)
+    # What the parent wrote before it died is still in the pipe: read it to its end (nothing
+    # else holds the pipe's other end, so that end comes once the parent is gone).
+    deadline = time.monotonic() + 2.0
+    while told and time.monotonic() < deadline:
+        pending, told = _read(stdin, pending, 0.1, targets)
     stop_servers(targets)
     return 0
+
+
+def _read(
+    fd: int, pending: bytes, timeout: float, targets: list[tuple[int, int]]
+) -> tuple[bytes, bool]:
+    """Wait up to `timeout` for lines on `fd`; add the servers they name to `targets`. The
+    unfinished line, and whether `fd` may say more."""
+    try:
+        readable, _, _ = select.select([fd], [], [], timeout)
+    except (OSError, ValueError):
+        time.sleep(timeout)
+        return pending, False
+    if not readable:
+        return pending, True
+    chunk = os.read(fd, 4096)
+    if not chunk:
+        targets.extend(_parse(pending))
+        return b"", False
+    pending += chunk
+    complete, _, pending = pending.rpartition(b"\n")
+    targets.extend(_parse(complete))
+    return pending, True
 
 
 if __name__ == "__main__":
