@@ -86,6 +86,14 @@ def test_metrics_are_off_unless_a_port_is_given_and_0_takes_a_free_one() -> None
     assert Settings.from_env({"TRELLIS_METRICS_PORT": "0"}).metrics_port == 0
 
 
+def test_one_port_pinned_for_two_embedded_servers_is_refused() -> None:
+    env = {"TRELLIS_NATS_PORT": "4300", "TRELLIS_PG_PORT": "4300"}
+    with pytest.raises(SettingsError, match="TRELLIS_NATS_PORT and TRELLIS_PG_PORT are both 4300"):
+        Settings.from_env(env)
+    pinned = Settings.from_env({**env, "TRELLIS_PG_PORT": "4301"})
+    assert (pinned.nats_port, pinned.pg_port) == (4300, 4301)
+
+
 @pytest.mark.parametrize(
     ("variable", "value", "complaint"),
     [

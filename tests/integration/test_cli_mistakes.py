@@ -68,6 +68,9 @@ USAGE = [
     (["why", "gpu-1", "--at", "2026-12-01T10:00:00"], "names no moment: add its zone"),
     (["export", "--parquet", "out", "--until", "5"], "'5' is not an ISO time"),
     (["export", "--parquet", "out", "--since", "2026-12-01"], "names no moment"),
+    # A tenant name no identity can have: it was refused as config, exit 1, after the start
+    # had generated the checkpoint key.
+    (["up", "--secure", "--tenant", "bad id"], "'bad id' is not a valid tenant"),
     # An empty request id was replaced by a fresh one, unsaid: a resend with it was no resend.
     (["release", "c-1", "--request-id", ""], "'' is not a request id"),
     (["drain", "gpu-1", "--request-id", "x" * 129], "is not a request id: 1 to 128"),
@@ -98,6 +101,17 @@ async def test_a_wrong_command_line_is_one_usage_line_and_exit_2(
     assert code == EXIT_USAGE, (code, err)
     assert line.startswith("trellis: usage: ") and says in line and "(hint: " in line, line
     assert out == ""
+
+
+async def test_a_redfish_certificate_without_a_redfish_port_is_a_configuration_mistake(
+    tmp_path: Path,
+) -> None:
+    """It was ignored without a word: an operator who meant TLS got no Redfish at all."""
+    env = {**base_env(tmp_path), "TRELLIS_REDFISH_CERT": str(tmp_path / "cert.pem")}
+    code, _, err = await run_cli(env, "up")
+    line = one_line(err)
+    assert code == 1 and line.startswith("trellis: config: a Redfish certificate or key"), line
+    assert not (tmp_path / "data").exists()  # refused before anything started
 
 
 async def test_trellis_follow_without_its_servers_says_so_as_a_configuration_mistake(

@@ -177,6 +177,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
                 f"TRELLIS_CHECKPOINT_EVERY must be a number of events, 1 or more; "
                 f"got {checkpoint_every}"
             )
+        pinned = _embedded_ports(env)
         return cls(
             nats_url=_nats_url(env.get("TRELLIS_NATS_URL", "")),
             database_url=database_url,
@@ -228,9 +229,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             )
             / 1000,
             event_loop=loop,  # type: ignore[arg-type]  # checked above
-            nats_port=_port(env, "TRELLIS_NATS_PORT"),
-            nats_monitor_port=_port(env, "TRELLIS_NATS_MONITOR_PORT"),
-            pg_port=_port(env, "TRELLIS_PG_PORT"),
+            nats_port=pinned["TRELLIS_NATS_PORT"],
+            nats_monitor_port=pinned["TRELLIS_NATS_MONITOR_PORT"],
+            pg_port=pinned["TRELLIS_PG_PORT"],
             metrics_port=metrics_port(env.get("TRELLIS_METRICS_PORT", ""), "TRELLIS_METRICS_PORT"),
             metrics_host=env.get("TRELLIS_METRICS_HOST", "").strip() or "127.0.0.1",
             health_stall_s=_float(
@@ -275,6 +276,18 @@ def _float(
     if not (math.isfinite(value) and valid(value)):
         raise SettingsError(f"{name} must be {expected}; got {text!r}")
     return value
+
+
+def _embedded_ports(env: dict[str, str]) -> dict[str, int | None]:
+    """The embedded servers' pinned ports, each its own (one port given twice was tried by
+    both servers, and the second said it was taken, as if by another program)."""
+    names = ("TRELLIS_NATS_PORT", "TRELLIS_NATS_MONITOR_PORT", "TRELLIS_PG_PORT")
+    ports = {name: _port(env, name) for name in names}
+    for i, first in enumerate(names):
+        for second in names[i + 1 :]:
+            if ports[first] is not None and ports[first] == ports[second]:
+                raise SettingsError(f"{first} and {second} are both {ports[first]}")
+    return ports
 
 
 def _snapshot_every(env: dict[str, str]) -> int:

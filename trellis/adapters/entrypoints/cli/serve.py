@@ -106,6 +106,12 @@ def up(args: argparse.Namespace) -> int:
         settings = msgspec.structs.replace(settings, secure=True)
     elif args.tenant:
         raise CliError("--tenant issues secure mode identities; add --secure")
+    if (settings.redfish_cert or settings.redfish_key) and settings.redfish_port is None:
+        raise CliError(
+            "a Redfish certificate or key is given but no Redfish port: nothing would serve it",
+            code="config",
+            hint="add --redfish PORT (or TRELLIS_REDFISH_PORT), or drop the certificate",
+        )
     _no_embedded_engine_running(settings)
 
     async def serve() -> None:
@@ -256,6 +262,7 @@ def add_commands(sub: Any) -> None:
         "--tenant",
         action="append",
         default=[],
+        type=identifier("tenant"),
         metavar="NAME",
         help="(secure mode) issue this tenant an identity too; repeatable",
     )
