@@ -26,6 +26,7 @@ import secrets
 import shutil
 import socket
 import tempfile
+import time
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
@@ -100,6 +101,49 @@ log = logging.getLogger(__name__)
 FABRIC_STATE_FILE = "fabric-sim.json"
 #: How long the health check waits for the store to answer.
 HEALTH_CHECK_S = 2.0
+#: How long an asyncpg pool's identical reconnect failures are counted before said again.
+REPEATS_EVERY_S = 60.0
+
+
+class Repeats(logging.Filter):
+    """One line for a run of identical failures, not a traceback each.
+
+    asyncpg's pools log "Failed to restore the pool connection floor; retrying" with a whole
+    traceback for every connection of every pool, every retry, while Postgres is away. The
+    first is let through on one line with the error (a refused connection has nothing more
+    to say); the same message and error again within `every_s` are counted, and the next one
+    after that says how many there were.
+    """
+
+    def __init__(self, every_s: float = REPEATS_EVERY_S) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._seen: dict[tuple[str, str], tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        message = record.getMessage()
+        key = (message, repr(exc))
+        now = time.monotonic()
+        since, repeats = self._seen.get(key, (-self.every_s, 0))
+        if now - since < self.every_s:
+            self._seen[key] = (since, repeats + 1)
+            return False
+        self._seen[key] = (now, 0)
+        said = f"{message}: {exc!r}" if exc is not None else message
+        if repeats:
+            said += f" ({repeats} more like it in the last {self.every_s:.0f} s)"
+        record.msg, record.args = said, None
+        if isinstance(exc, OSError):  # a refused or reset connection: no traceback
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def quiet_pool_reconnects() -> None:
+    """Install `Repeats` on asyncpg's pool logger, once per process."""
+    pool_log = logging.getLogger("asyncpg.pool")
+    if not any(isinstance(f, Repeats) for f in pool_log.filters):
+        pool_log.addFilter(Repeats())
 
 
 class RunningEngine(msgspec.Struct, kw_only=True):
@@ -276,6 +320,7 @@ async def follower_sinks(
     # commits do not wait for the disk: what they write is rebuilt from the log, and a crash
     # that loses their last commits sends them back to the checkpoint before. The engine's
     # appends, which would otherwise share each WAL flush with them, commit sooner.
+    quiet_pool_reconnects()
     projection_pool = await connect_pool(
         database_url,
         schema=schema,
@@ -395,6 +440,7 @@ async def engine_on(
         ValueError: `settings` names no NATS or no Postgres.
         SettingsError: the metrics, the page's or Redfish's address cannot be bound.
     """
+    quiet_pool_reconnects()
     if not (settings.nats_url and settings.database_url):
         raise ValueError("engine_on needs settings with nats_url and database_url")
     nats_url, database_url = settings.nats_url, settings.database_url
