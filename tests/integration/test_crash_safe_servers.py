@@ -268,3 +268,22 @@ async def test_a_start_refuses_a_nats_server_left_on_the_store(tmp_path: Path) -
         assert (data / "nats.pid").read_text().strip() == str(left.pid)
     finally:
         left.stop()
+
+
+async def test_a_stop_that_reaches_the_servers_too_is_no_internal_error(tmp_path: Path) -> None:
+    """SIGTERM to `trellis up` and its servers at once (systemd's default KillMode stops the
+    whole cgroup so): the engine's stop meets a nats-server already gone. It exited 70, an
+    internal error naming a closed transport; the server's exit is what it says now."""
+    data = tmp_path / "data"
+    up, _, _ = await first_start_on_offered_ports(data, tmp_path / "up.log")
+    pids = server_pids(data)
+    for pid in (up.pid, *pids.values()):
+        os.kill(pid, signal.SIGTERM)
+    try:
+        code = await asyncio.wait_for(up.wait(), 60)
+    finally:
+        if up.returncode is None:
+            os.killpg(up.pid, signal.SIGKILL)
+    said = (tmp_path / "up.log").read_text()
+    assert "internal" not in said and "Traceback" not in said, said
+    assert code == 0 or (code == 1 and "trellis: error: embedded" in said), said

@@ -265,6 +265,14 @@ async def embedded_or_configured(
             yield Endpoints(nats_url, database_url, owner_url, monitor_url, problems)
         except BaseException:
             if not died:
+                # An engine that failed as a server was dying, before the next poll: that
+                # server is why (its errors are the server's absence).
+                died.extend(
+                    server.died_error(how)
+                    for server in servers
+                    if (how := server.died()) is not None
+                )
+            if not died:
                 raise
             # Whatever the engine's stop met (the cancel, a dead server's errors), this is why.
             if main is not None and main.cancelling():
