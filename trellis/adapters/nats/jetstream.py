@@ -295,7 +295,7 @@ async def _configured(request: Awaitable[Any], what: str, replicas: int) -> Any:
         return await request
     except APIError as exc:
         raise StreamConfigError(
-            f"JetStream refused {what} ({replicas} replica(s); the stream's settings are "
-            f"TRELLIS_JS_REPLICAS, TRELLIS_EVENTS_MAX_BYTES and TRELLIS_EVENTS_MAX_AGE, and its "
+            f"JetStream refused {what} with {replicas} replica(s) (its settings: "
+            f"TRELLIS_JS_REPLICAS, TRELLIS_EVENTS_MAX_BYTES, TRELLIS_EVENTS_MAX_AGE; and the "
             f"server's storage): {exc.description}"
         ) from exc
