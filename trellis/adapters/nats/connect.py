@@ -9,7 +9,7 @@ import contextlib
 import logging
 import urllib.parse
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import nats
 from nats.aio.client import Client as NATS
@@ -118,13 +118,7 @@ async def until_accepted(
     deadline = loop.time() + timeout
     while True:
         try:
-            nc = await nats.connect(
-                nats_servers(url),
-                allow_reconnect=False,
-                connect_timeout=_NATS_PROBE_TIMEOUT_S,
-                error_cb=_ignore_refusal,
-                **options,
-            )
+            await _connect_once(url, options)
         except (nats.errors.Error, OSError) as exc:  # TimeoutError is an OSError
             if loop.time() > deadline:
                 reason = str(exc) or type(exc).__name__
@@ -134,7 +128,6 @@ async def until_accepted(
                 ) from None
             await asyncio.sleep(0.1)
         else:
-            await nc.close()
             return
 
 
@@ -142,16 +135,22 @@ async def accepts_anonymous(url: str) -> bool:
     """Whether the nats-server at `url` lets a client with no credentials connect (a server
     that secure mode's users were never included in, or not reloaded since)."""
     try:
-        nc = await nats.connect(
-            nats_servers(url),
-            allow_reconnect=False,
-            connect_timeout=_NATS_PROBE_TIMEOUT_S,
-            error_cb=_ignore_refusal,
-        )
+        await _connect_once(url, {})
     except (nats.errors.Error, OSError):
         return False
-    await nc.close()
     return True
+
+
+async def _connect_once(url: str, options: dict[str, Any]) -> None:
+    """Connect to `url` with `options` (credentials) once, then leave; raises the refusal."""
+    nc = await nats.connect(
+        nats_servers(url),
+        allow_reconnect=False,
+        connect_timeout=_NATS_PROBE_TIMEOUT_S,
+        error_cb=_ignore_refusal,
+        **options,
+    )
+    await nc.close()
 
 
 async def _ignore_refusal(exc: Exception) -> None:
