@@ -102,6 +102,15 @@ async def start_on_offered_ports(
     return await start_up(env, log), ports, env
 
 
+async def exit_code(up: asyncio.subprocess.Process, within: float = 60) -> int:
+    """How `up` exits, within `within` seconds; its group killed if it has not by then."""
+    try:
+        return await asyncio.wait_for(up.wait(), within)
+    finally:
+        if up.returncode is None:
+            os.killpg(up.pid, signal.SIGKILL)
+
+
 def server_pids(data: Path) -> dict[str, int]:
     return {
         "nats-server": int((data / "nats.pid").read_text().split()[0]),
@@ -173,11 +182,7 @@ async def test_an_embedded_server_that_dies_stops_trellis_up(tmp_path: Path, dea
     up, _, _ = await first_start_on_offered_ports(data, tmp_path / "up.log")
     pids = server_pids(data)
     os.kill(pids[dead], signal.SIGKILL)
-    try:
-        code = await asyncio.wait_for(up.wait(), 60)
-    finally:
-        if up.returncode is None:
-            os.killpg(up.pid, signal.SIGKILL)
+    code = await exit_code(up)
     said = (tmp_path / "up.log").read_text()
     assert code == 1, said
     log = data / ("nats.log" if dead == "nats-server" else "postgres.log")
@@ -279,11 +284,7 @@ async def test_a_stop_that_reaches_the_servers_too_is_no_internal_error(tmp_path
     pids = server_pids(data)
     for pid in (up.pid, *pids.values()):
         os.kill(pid, signal.SIGTERM)
-    try:
-        code = await asyncio.wait_for(up.wait(), 60)
-    finally:
-        if up.returncode is None:
-            os.killpg(up.pid, signal.SIGKILL)
+    code = await exit_code(up)
     said = (tmp_path / "up.log").read_text()
     assert "internal" not in said and "Traceback" not in said, said
     assert code == 0 or (code == 1 and "trellis: error: embedded" in said), said
