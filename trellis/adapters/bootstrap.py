@@ -122,6 +122,8 @@ class Repeats(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
+        if exc is None:  # a message that carries no failure is no retry's: said as it is
+            return True
         message = record.getMessage()
         key = (message, repr(exc))
         now = time.monotonic()
@@ -139,11 +141,18 @@ class Repeats(logging.Filter):
         return True
 
 
+#: The loggers that say the same failure on every retry while a server is away: asyncpg's
+#: pools (each connection, each retry) and the writer leases' custody (each tick, with a
+#: traceback, for as long as an external Postgres is down).
+RETRYING_LOGGERS = ("asyncpg.pool", "trellis.engine.service.custody")
+
+
 def quiet_pool_reconnects() -> None:
-    """Install `Repeats` on asyncpg's pool logger, once per process."""
-    pool_log = logging.getLogger("asyncpg.pool")
-    if not any(isinstance(f, Repeats) for f in pool_log.filters):
-        pool_log.addFilter(Repeats())
+    """Install `Repeats` on the RETRYING_LOGGERS, once per process."""
+    for name in RETRYING_LOGGERS:
+        retrying = logging.getLogger(name)
+        if not any(isinstance(f, Repeats) for f in retrying.filters):
+            retrying.addFilter(Repeats())
 
 
 class RunningEngine(msgspec.Struct, kw_only=True):
