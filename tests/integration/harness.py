@@ -223,6 +223,13 @@ async def run_cli(env: dict[str, str], *args: str, timeout: float = 60.0) -> tup
         sys.executable, "-m", "trellis.adapters.entrypoints.cli", *args, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        # A command that hangs (a `trellis up` that serves where the test expected it to
+        # refuse) is not left running after the test that gave up on it.
+        proc.kill()
+        await proc.wait()
+        raise
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
