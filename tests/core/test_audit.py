@@ -415,6 +415,25 @@ def test_a_recorded_at_that_goes_back_is_named() -> None:
     assert chain_findings(recorded(4, seconds=[1, 5, 3, 6])) == [("time_order", 3, 30)]
 
 
+def test_positions_that_do_not_increase_along_the_versions_are_named() -> None:
+    events = recorded(4)
+    swapped = [
+        events[0],
+        msgspec.structs.replace(events[1], position=events[2].position),
+        msgspec.structs.replace(events[2], position=events[1].position),
+        events[3],
+    ]
+    assert chain_findings(swapped) == [("position_order", 3, 20)]
+    check = ChainCheck(D)
+    for e in swapped:
+        check.feed(e)
+    assert check.findings[0].message == (
+        "event 3 (position 20): its position is not after position 30 of version 2"
+    )
+    repeated = msgspec.structs.replace(events[2], position=events[1].position)
+    assert chain_findings([*events[:2], repeated, events[3]]) == [("position_order", 3, 20)]
+
+
 def test_stored_checkpoints_must_be_the_logs_merkle_roots() -> None:
     events = recorded(5)
     tree = MerkleTree(leaf_hash(bytes.fromhex(e.hash)) for e in events)

@@ -322,6 +322,48 @@ async def test_a_chain_rewritten_consistently_is_caught_by_the_stored_checkpoint
     assert report["checks"]["chain"]["status"] == "fail"
 
 
+async def test_two_events_whose_positions_were_swapped_are_named(
+    h: Harness,
+    sql: asyncpg.Connection,
+    nats_url: str,
+    database_url: str,
+    pg_schema: str,
+    subject_prefix: str,
+) -> None:
+    """The hash covers no position (ARCHITECTURE §6): rows re-inserted behind the triggers
+    with their positions swapped keep every hash and link; only their order tells."""
+    expect_ok(await h.client.admin(HALL, "import-topology", FABRIC))
+    await compose(h, "acme", {"host": "host-01", "devices": [{"kind": "gpu"}]})
+    await h.projected(HALL)
+    earlier, later = [e async for e in h.store.read(HALL)][1:3]
+    positions = [earlier.position, later.position]
+    async with sql.transaction():
+        await sql.execute("ALTER TABLE trellis_events DISABLE TRIGGER USER")
+        rows = await sql.fetch(
+            "SELECT * FROM trellis_events WHERE position = ANY($1::bigint[]) ORDER BY position",
+            positions,
+        )
+        await sql.execute(
+            "DELETE FROM trellis_events WHERE position = ANY($1::bigint[])", positions
+        )
+        for row, position in zip(rows, reversed(positions), strict=True):
+            values = {**dict(row), "position": position}
+            await sql.execute(
+                f"INSERT INTO trellis_events ({', '.join(values)}) OVERRIDING SYSTEM VALUE "
+                f"VALUES ({', '.join(f'${i}' for i in range(1, len(values) + 1))})",
+                *values.values(),
+            )
+        await sql.execute("ALTER TABLE trellis_events ENABLE TRIGGER USER")
+
+    report = await verified(h, nats_url, database_url, pg_schema, subject_prefix)
+
+    chain = [f for f in findings(report) if f["check"] not in ("projection", "kv", "stream")]
+    assert [(f["check"], f["version"], f["position"]) for f in chain] == [
+        ("position_order", later.version, earlier.position)
+    ]
+    assert report["ok"] is False and report["checks"]["chain"]["status"] == "fail"
+
+
 async def test_a_changed_projection_row_is_named_by_table_and_key(
     h: Harness,
     clock: ManualClock,

@@ -1,7 +1,8 @@
 """What `trellis verify` checks in the log itself, purely: the hash chain and the invariants.
 
 `ChainCheck` recomputes each domain's sha256 chain with `engine.core.records.hash_of` (the writer's
-own definition of the hash) and reports every event whose version, link or hash is wrong;
+own definition of the hash) and reports every event whose version, link or hash is wrong, or
+that goes back in time or in position;
 `CheckpointCheck` recomputes the Merkle root of every stored checkpoint from the log.
 
 `InvariantAudit` is deliberately written apart from the engine: it folds the raw JSON objects of
@@ -101,6 +102,11 @@ class ChainCheck:
             problems.append(("hash_mismatch", "its hash is not the sha256 of its contents"))
         if self._recorded_at is not None and event.recorded_at < self._recorded_at:
             problems.append(("time_order", "recorded_at is earlier than the event before"))
+        # The hash does not cover the position (ARCHITECTURE §6), so only this order shows
+        # rows whose positions were swapped.
+        if event.position <= self.position:
+            why = f"its position is not after position {self.position} of version {self.version}"
+            problems.append(("position_order", why))
         for check, why in problems:
             self.findings.append(
                 Finding(
