@@ -619,6 +619,27 @@ async def test_the_bucket_holds_exactly_what_the_engine_believes(
         await kv.get(f"{HALL}.composition.{played.acme}")
 
 
+async def test_an_ended_compositions_final_value_stays_under_its_delete_marker(
+    h: Harness, nc: NATS, subject_prefix: str
+) -> None:
+    """A watcher that the server had not yet sent the final value to when the marker came
+    still gets it: what a key's history holds is what any watcher, however slow, is sent.
+    With one value per key the marker replaced it, and one watcher in 20-40 releases saw
+    only the delete. A key deleted with no final value (a removed device) keeps nothing
+    under its marker: else that value would be the key's again once the marker went."""
+    played = await play(h)
+    kv: KeyValue = await nc.jetstream().key_value(bucket_name(subject_prefix))
+    ended = await kv.history(f"{HALL}.composition.{played.acme}")
+    assert [e.operation for e in ended] == [None, "DEL"]
+    assert value(ended[0])["state"] == "released"
+
+    device = f"{HALL}.device.{played.acme_gpu}"
+    assert len(await kv.history(device)) == 1  # it changed hands twice: a live key keeps one
+    expect_ok(await h.client.admin(HALL, "remove", {"id": played.acme_gpu}))
+    await relayed(h)
+    assert [e.operation for e in await kv.history(device)] == ["DEL"]
+
+
 async def test_an_ended_compositions_delete_marker_leaves_the_bucket_after_its_ttl(
     nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, nc: NATS
 ) -> None:
@@ -643,11 +664,13 @@ async def test_an_ended_compositions_delete_marker_leaves_the_bucket_after_its_t
         try:
             released = {"composition_id": composed["composition_id"]}
             expect_ok(await h.client.intent(HALL, "acme", "release", released))
-            while (msg := await sub.next_msg(timeout=5)).headers is None:
-                pass  # the composition's last value, "released", comes before its marker
+            final = await sub.next_msg(timeout=5)  # "released" comes before the marker
+            msg = await sub.next_msg(timeout=5)
         finally:
             await sub.unsubscribe()
         assert msg.headers == {"KV-Operation": "DEL", "Nats-TTL": "1s"}
+        assert msgspec.json.decode(final.data)["state"] == "released"
+        assert final.headers == {"Nats-Rollup": "sub", "Nats-TTL": "1s"}  # goes with it
 
         deadline = asyncio.get_running_loop().time() + 10
         while True:
@@ -664,7 +687,8 @@ async def test_an_ended_compositions_delete_marker_leaves_the_bucket_after_its_t
 async def test_a_bucket_made_without_message_ttls_is_given_them(
     nc: NATS, subject_prefix: str
 ) -> None:
-    """A bucket that an older nats-py made cannot take a marker's TTL until it allows them."""
+    """A bucket that an older nats-py made cannot take a marker's TTL until it allows them;
+    one that an older Trellis made kept one value per key."""
     js = nc.jetstream()
     bucket = bucket_name(subject_prefix)
     old = StreamConfig(
@@ -674,7 +698,8 @@ async def test_a_bucket_made_without_message_ttls_is_given_them(
     assert not (await js.add_stream(old)).config.allow_msg_ttl
     _, made = await ensure_bucket(js, subject_prefix)
     assert not made
-    assert (await js.stream_info(f"KV_{bucket}")).config.allow_msg_ttl
+    config = (await js.stream_info(f"KV_{bucket}")).config
+    assert config.allow_msg_ttl and config.max_msgs_per_subject == 2
 
 
 # ---- the stream's configuration ----

@@ -4,8 +4,12 @@
   `<prefix>.events.<domain>.<type>`, message id (`Nats-Msg-Id`) = event id, body = `Envelope`.
   File storage, a 2-minute duplicate window, discard-old limits (`StreamLimits`: 1 GiB and a
   week by default; the log in Postgres keeps everything), atomic batches allowed.
-- KV bucket `TRELLIS_STATE`, file storage, history 1 (values: adapters/nats/kv_state.py),
-  per-message TTLs allowed: a key's delete marker goes after `StreamLimits.marker_ttl_s`.
+- KV bucket `TRELLIS_STATE`, file storage (values: adapters/nats/kv_state.py), history 2:
+  an ended composition's final value stays under its delete marker, so a watcher that had
+  not yet been sent the value when the marker came still gets it (with history 1 the marker
+  replaced it first, and one watcher in 20-40 releases saw only the delete). Per-message TTLs
+  allowed: a key's delete marker, and the final value beneath it, go after
+  `StreamLimits.marker_ttl_s`.
 - Both are kept on `StreamLimits.replicas` servers (TRELLIS_JS_REPLICAS; 1, or 3 on a
   cluster), set at creation and brought in line at every start (JetStream scales an existing
   stream up or down in place).
@@ -68,6 +72,11 @@ class StreamConfigError(RuntimeError):
     """The stream or the bucket cannot be set up as configured: the stream name is taken by a
     stream with other subjects (a prefix that sanitises to the same name, or a stream made by
     hand), or JetStream refuses the configuration (more replicas than it has servers up)."""
+
+
+#: Values per key the bucket keeps: a key's current value, and for an ended composition its
+#: final value under the delete marker.
+BUCKET_HISTORY = 2
 
 
 class StreamLimits(msgspec.Struct, frozen=True, kw_only=True):
@@ -274,17 +283,20 @@ async def ensure_bucket(
         created = js.create_key_value(
             bucket=bucket,
             description="Trellis current state per device, composition and host",
-            history=1,
+            history=BUCKET_HISTORY,
             storage=StorageType.FILE,
             replicas=replicas,
         )
         kv, made = await _configured(created, f"bucket {bucket}", replicas), True
     # A bucket is a stream underneath (KV_<bucket>); its replicas are that stream's. One made
     # by an older nats-py may not allow per-message TTLs (JetStream turns that on in place,
-    # never off), and without them a delete marker's TTL is refused.
+    # never off), and without them a delete marker's TTL is refused; one made by an older
+    # Trellis keeps one value per key.
     have = (await js.stream_info(f"KV_{bucket}")).config
-    if have.num_replicas != replicas or not have.allow_msg_ttl:
-        changed = dataclasses.replace(have, num_replicas=replicas, allow_msg_ttl=True)
+    changed = dataclasses.replace(
+        have, num_replicas=replicas, allow_msg_ttl=True, max_msgs_per_subject=BUCKET_HISTORY
+    )
+    if changed != have:
         await _configured(js.update_stream(changed), f"bucket {bucket}", replicas)
     return kv, made
 

@@ -130,7 +130,17 @@ class RelaySink:
         self._nc = nc
         self._js = nc.jetstream()
         self._limits = limits or StreamLimits()
-        self._delete = _delete_headers(self._limits.marker_ttl_s)
+        # The bucket keeps two values a key for one reason: an ended composition's final
+        # value under its delete marker, so a watcher the server had not yet sent it to when
+        # the marker came still gets it. Every other write rolls up the key's earlier values
+        # (a live key keeps one; a key deleted with no final value, its marker alone: else
+        # the value under it would be the key's again once the marker's TTL took it away).
+        marker_ttl = self._limits.marker_ttl_s
+        final_ttl = min(marker_ttl, FINAL_VALUE_TTL_S) if marker_ttl else FINAL_VALUE_TTL_S
+        self._put = _ROLLUP
+        self._final = {**_ROLLUP, **_ttl_headers(final_ttl)}
+        self._delete = _delete_headers(marker_ttl)
+        self._delete_all = {**self._delete, **_ROLLUP}
         self._publish_timeout = publish_timeout
         self._kv: KeyValue | None = None
         self._checked = 0.0  # when the stream and bucket were last known to exist
@@ -336,21 +346,36 @@ class RelaySink:
 
     async def _write(self, writes: dict[str, list[bytes | None]]) -> None:
         """Put (or delete) the batch's keys: every key's first write, then every key's second
-        (an ended composition's final value is acknowledged before its delete marker goes,
-        so a watcher sees it even in a bucket that keeps one value per key), and so on; each
-        round KV_IN_FLIGHT writes at a time, published at once and acknowledged together.
-        Every write is waited for, and the first error is raised after all of them."""
+        (an ended composition's final value is acknowledged before its delete marker goes, and
+        stays under it: the bucket keeps two values per key), and so on; each round
+        KV_IN_FLIGHT writes at a time, published at once and acknowledged together. Every
+        write is waited for, and the first error is raised after all of them."""
         assert self._kv is not None
         rounds = max((len(values) for values in writes.values()), default=0)
         for r in range(rounds):
-            ops = [(key, values[r]) for key, values in writes.items() if r < len(values)]
+            ops = [
+                (key, values[r], self._headers(values, r))
+                for key, values in writes.items()
+                if r < len(values)
+            ]
             for start in range(0, len(ops), KV_IN_FLIGHT):
                 errors = await self._put_acknowledged(ops[start : start + KV_IN_FLIGHT])
                 if errors:
                     self._kv = None  # the bucket may be gone: check it (and make it) again
                     raise RelayError(f"KV bucket {self.bucket}: {errors[0]}")
 
-    async def _put_acknowledged(self, ops: list[tuple[str, bytes | None]]) -> list[str]:
+    def _headers(self, values: list[bytes | None], r: int) -> dict[str, str]:
+        """The headers of a key's write `values[r]`: a value's, a final value's (one a delete
+        follows), or a delete marker's, after a final value or alone."""
+        if values[r] is None:
+            return self._delete if r > 0 else self._delete_all
+        if r + 1 < len(values) and values[r + 1] is None:
+            return self._final
+        return self._put
+
+    async def _put_acknowledged(
+        self, ops: list[tuple[str, bytes | None, dict[str, str]]]
+    ) -> list[str]:
         """Publish every write (a put, or a delete marker for None) with a reply subject of
         its own under one inbox, then wait for all the bucket's acknowledgements: one
         subscription and one timer for the group, not a request (a future, a timer and an
@@ -367,12 +392,9 @@ class RelaySink:
 
         sub = await self._nc.subscribe(f"{inbox}.*", cb=acknowledged)
         try:
-            for i, (key, value) in enumerate(ops):
+            for i, (key, value, headers) in enumerate(ops):
                 subject, reply = f"$KV.{self.bucket}.{key}", f"{inbox}.{i}"
-                if value is None:
-                    await self._nc.publish(subject, b"", reply=reply, headers=self._delete)
-                else:
-                    await self._nc.publish(subject, value, reply=reply)
+                await self._nc.publish(subject, value or b"", reply=reply, headers=headers)
             try:
                 await asyncio.wait_for(all_in, self._publish_timeout)
             except TimeoutError:
@@ -384,16 +406,23 @@ class RelaySink:
         return [f"{ops[i][0]}: {why}" for i, msg in sorted(acks.items()) if (why := _refusal(msg))]
 
 
+#: How long an ended composition's final value stays under its marker (at most the marker's
+#: TTL): time for every live watcher to be sent it, not the day a marker stays.
+FINAL_VALUE_TTL_S = 300
+_ROLLUP = {"Nats-Rollup": "sub"}  # the key's earlier values go (KV buckets allow it)
+
 _decode_ack = msgspec.json.Decoder(dict[str, Any]).decode  # JetStream's publish acknowledgement
 
 
 def _delete_headers(marker_ttl_s: int) -> dict[str, str]:
     """A delete marker, as nats-py's KeyValue.delete writes it, that the server removes after
     `marker_ttl_s` seconds (0: never): else every ended composition's marker stays for ever."""
-    headers = {"KV-Operation": "DEL"}
-    if marker_ttl_s > 0:
-        headers["Nats-TTL"] = f"{marker_ttl_s}s"
-    return headers
+    return {"KV-Operation": "DEL", **_ttl_headers(marker_ttl_s)}
+
+
+def _ttl_headers(ttl_s: int) -> dict[str, str]:
+    """A message the server removes after `ttl_s` seconds (0: never)."""
+    return {"Nats-TTL": f"{ttl_s}s"} if ttl_s > 0 else {}
 
 
 def _refusal(ack: Msg) -> str:
