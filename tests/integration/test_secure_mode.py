@@ -27,7 +27,7 @@ from fabrics import expect_error, expect_ok, row_counts
 from harness import engine_at, run_cli
 from isolation import unique_subject_prefix
 from nats.aio.client import Client as NATS
-from nats.js.api import StreamConfig
+from nats.js.api import ConsumerConfig, StreamConfig
 from test_crash_safe_servers import listening
 
 from trellis.adapters.bootstrap import RunningEngine
@@ -348,6 +348,14 @@ async def test_the_auditor_reads_the_queries_stream_and_bucket_and_changes_nothi
     got = await read.next_msg(timeout=5)
     assert json.loads(got.data)["position"] == json.loads(first.data)["position"]
     await read.unsubscribe()
+    # A durable cursor, as nats-py makes one given only its durable name (its older API
+    # subject), and as newer clients do (by name).
+    for durable in (
+        ConsumerConfig(durable_name="audit-1"),
+        ConsumerConfig(name="audit-2", durable_name="audit-2"),
+    ):
+        made = await js.add_consumer(events, durable, timeout=5)
+        assert made.config.durable_name == durable.durable_name
     kv = await js.key_value(bucket)
     assert (await kv.get(f"{DOMAIN}.device.gpu-001")).value
     watch = await kv.watchall()

@@ -205,6 +205,8 @@ def _jetstream_reads(prefix: str) -> list[str]:
             f"$JS.API.DIRECT.GET.{s}.>",
             f"$JS.API.CONSUMER.CREATE.{s}",
             f"$JS.API.CONSUMER.CREATE.{s}.>",
+            # nats-py's add_consumer with a durable name and no name asks on the older subject
+            f"$JS.API.CONSUMER.DURABLE.CREATE.{s}.*",
             f"$JS.API.CONSUMER.INFO.{s}.*",
             f"$JS.API.CONSUMER.NAMES.{s}",
             f"$JS.API.CONSUMER.LIST.{s}",
