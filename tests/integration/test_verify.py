@@ -28,6 +28,7 @@ from harness import Harness, ManualClock, cli_env, run_cli, serving, undecodable
 from isolation import Database
 from nats.js import JetStreamContext
 
+from trellis.adapters.entrypoints import audit_verify
 from trellis.adapters.entrypoints.audit_verify import verify
 from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.nats.jetstream import bucket_name
@@ -203,6 +204,38 @@ async def test_a_scripted_run_verifies_clean_with_exit_0(
     code, out, _ = await trellis(env, "verify", "--domain", OTHER)
     assert code == 0 and out.startswith(f"{OTHER}: head version ") and HALL not in out
     assert "verified: no findings" in out
+
+
+async def test_events_committed_while_verify_runs_are_no_finding(
+    h: Harness,
+    monkeypatch: pytest.MonkeyPatch,
+    nats_url: str,
+    database_url: str,
+    pg_schema: str,
+    subject_prefix: str,
+) -> None:
+    """Intents flow while verify reads: events committed after it has waited for the followers
+    and before it reads the domain's events end the chain later than the head it waited for,
+    and the chain is checked against the head read with them, not against the earlier one."""
+    expect_ok(await h.client.admin(HALL, "import-topology", FABRIC))
+    await h.projected(HALL)
+    await h.relayed(HALL)
+    before = await h.store.head(HALL)
+    waited = audit_verify._caught_up
+
+    async def then_an_intent(*args: Any) -> dict[str, tuple[int, int]]:
+        applied = await waited(*args)
+        expect_ok(await h.client.admin(HALL, "drain", {"id": "gpu-012", "reason": "meanwhile"}))
+        return applied
+
+    monkeypatch.setattr(audit_verify, "_caught_up", then_an_intent)
+
+    report = await verify(
+        database_url, schema=pg_schema, nats_url=nats_url, prefix=subject_prefix, domain=HALL
+    )
+
+    assert report["domains"][HALL]["head"]["version"] > before.version  # the drain is in
+    assert findings(report) == [] and report["ok"] is True
 
 
 async def test_verify_that_cannot_run_is_one_line_exit_2_or_3_for_an_outage(

@@ -47,7 +47,13 @@ from trellis.adapters.postgres import sessions
 from trellis.adapters.postgres import verify as db
 from trellis.adapters.postgres.store import connect_pool
 from trellis.adapters.settings import Settings, SettingsError
-from trellis.engine.core.audit import ChainCheck, CheckpointCheck, Finding, InvariantAudit
+from trellis.engine.core.audit import (
+    ChainCheck,
+    CheckpointCheck,
+    Finding,
+    InvariantAudit,
+    StoredCheckpoint,
+)
 from trellis.engine.core.records import RecordedEvent
 from trellis.projections.base import Fact
 from trellis.projections.sink import default_projections
@@ -190,8 +196,6 @@ async def _verify(
         if only not in domains:
             raise CannotRun(f"the log has no domain {only!r}")
         domains = [only]
-    heads = await db.stream_heads(reader)
-    anchors = await db.latest_checkpoints(reader)
     checks = {name: _Check() for name in CHECKS}
     projections = default_projections()
     replay = db.ProjectionReplay(scratch, live, projections)
@@ -203,21 +207,18 @@ async def _verify(
     report_domains: dict[str, Any] = {}
     try:
         for domain in domains:
-            audited = await _domain(
-                reader, scratch, replay, js, prefix, domain, heads, checks, wait
+            report_domains[domain] = await _domain(
+                reader, scratch, replay, js, prefix, domain, checks, wait
             )
-            report_domains[domain] = audited | {
-                "latest_checkpoint": (anchors or {}).get(domain),
-            }
     finally:
         if nc is not None:
             await nc.close()
     checks["chain"].details["events"] = sum(d["events"] for d in report_domains.values())
-    if anchors is None:
+    if not all(d["keeps_checkpoints"] for d in report_domains.values()):
         checks["chain"].details["checkpoints"] = "this database keeps no Merkle checkpoints"
     ok = not any(d["findings"] for d in report_domains.values())
     for d in report_domains.values():
-        del d["events"]
+        del d["events"], d["keeps_checkpoints"]
     return {
         "ok": ok,
         "domains": report_domains,
@@ -232,49 +233,53 @@ async def _domain(
     js: Any,
     prefix: str,
     domain: str,
-    heads: dict[str, tuple[int, int, str]],
     checks: dict[str, _Check],
     wait: float,
 ) -> dict[str, Any]:
     names = [p.name for p in default_projections()]
     relay_name = f"relay:{stream_name(prefix)}"
-    head_version = heads[domain][0] if domain in heads else 0
+    # What the followers must reach; the chain is checked against the head in its snapshot.
+    head_version = ((await db.stream_head(reader, domain)) or (0, 0, ""))[0]
     followers = [*names, relay_name] if js is not None else names
     applied = await _caught_up(reader, followers, domain, head_version, wait)
     upto = {name: applied.get(name, (0, 0))[0] for name in names}
     relayed = applied.get(relay_name, (0, 0))
     end = await domain_end(js, prefix, domain) if js is not None else None
+    tail = end.event.version if end is not None and end.event is not None else None
     tail_hash: dict[int, str] = {}  # the log's hash at the stream's last event
 
     chain = ChainCheck(domain)
-    anchors = CheckpointCheck(domain, await db.checkpoint_roots(reader, domain))
     invariants = InvariantAudit(domain)
     fold = _Fold(domain, relay_version=relayed[0])
     replay.start()
-    async for batch in db.events(reader, domain):
-        facts = []
-        for record in batch:
-            chain.feed(record)
-            anchors.feed(record)
-            if end is not None and end.event is not None and record.version == end.event.version:
-                tail_hash[record.version] = record.hash
-            try:
-                data = json.loads(record.data)
-            except ValueError as exc:
-                fold.stop(record, f"its data is no JSON: {exc}")
-                continue
-            invariants.feed(record.position, record.version, record.type, data)
-            fact = fold.feed(record)
-            if fact is not None:
-                facts.append(fact)
-        if facts and not fold.stopped:
-            try:
-                await replay.feed(facts, upto)
-            except Exception as exc:  # a projection's fold refuses what the log holds
-                fold.stop(facts[0].record, f"the projections cannot fold this batch: {exc!r}")
+    async with db.snapshot(reader, domain) as seen:
+        stored = seen.checkpoints or []
+        anchors = CheckpointCheck(domain, [(c.size, c.root) for c in stored])
+        async for batch in seen.events():
+            facts = []
+            for record in batch:
+                chain.feed(record)
+                anchors.feed(record)
+                if record.version == tail:
+                    tail_hash[record.version] = record.hash
+                try:
+                    data = json.loads(record.data)
+                except ValueError as exc:
+                    fold.stop(record, f"its data is no JSON: {exc}")
+                    continue
+                invariants.feed(record.position, record.version, record.type, data)
+                fact = fold.feed(record)
+                if fact is not None:
+                    facts.append(fact)
+            if facts and not fold.stopped:
+                try:
+                    await replay.feed(facts, upto)
+                except Exception as exc:  # a projection's fold refuses what the log holds
+                    why = f"the projections cannot fold this batch: {exc!r}"
+                    fold.stop(facts[0].record, why)
 
     findings = list(chain.findings)
-    head = heads.get(domain)
+    head = seen.head
     if head is None:
         findings.append(
             Finding(check="stream_head", domain=domain, message="the domain has no stream head")
@@ -309,8 +314,23 @@ async def _domain(
         findings += stream
     return {
         "head": {"version": chain.version, "position": chain.position, "hash": chain.hash},
+        "latest_checkpoint": _latest(stored),
         "findings": [msgspec.to_builtins(f) for f in findings],
         "events": chain.count,
+        "keeps_checkpoints": seen.checkpoints is not None,
+    }
+
+
+def _latest(stored: list[StoredCheckpoint]) -> dict[str, Any] | None:
+    """The latest stored checkpoint as the report prints it, to be written down elsewhere."""
+    if not stored:
+        return None
+    latest = stored[-1]
+    return {
+        "size": latest.size,
+        "root": latest.root,
+        "recorded_at": latest.recorded_at.isoformat() if latest.recorded_at else None,
+        "note": latest.note,
     }
 
 

@@ -3,24 +3,25 @@ projections next to the live ones to compare them row by row.
 
 Read-only towards everything Trellis owns. The log is read one domain at a time through a
 server-side cursor inside a read-only REPEATABLE READ transaction, a batch at a time, so a
-million events never sit in memory at once. The fresh projections are built in temporary
-tables (`CREATE TEMP TABLE ... (LIKE <live> INCLUDING ALL)`) on a connection of their own:
-temporary relations come first in every search path, so the projection code writes them
-unchanged, they need no privilege beyond TEMP, and they vanish with the connection, whatever
-happens to the audit.
+million events never sit in memory at once; the domain's stream head and stored checkpoints
+are read in that same snapshot, so events committed meanwhile cannot set them apart. The
+fresh projections are built in temporary tables (`CREATE TEMP TABLE ... (LIKE <live>
+INCLUDING ALL)`) on a connection of their own: temporary relations come first in every search
+path, so the projection code writes them unchanged, they need no privilege beyond TEMP, and
+they vanish with the connection, whatever happens to the audit.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
 
 import asyncpg
 import msgspec
 
 from trellis.adapters.postgres import sessions
 from trellis.adapters.postgres.store import EVENT_COLUMNS, event_from_row
-from trellis.engine.core.audit import Finding
+from trellis.engine.core.audit import Finding, StoredCheckpoint
 from trellis.engine.core.records import RecordedEvent
 from trellis.projections.base import Fact, Projection
 from trellis.projections.table import PostgresRows, Table
@@ -50,23 +51,48 @@ async def domains(conn: asyncpg.Connection) -> list[str]:
     return [r["domain"] for r in rows]
 
 
-async def stream_heads(conn: asyncpg.Connection) -> dict[str, tuple[int, int, str]]:
-    rows = await conn.fetch("SELECT domain, version, position, hash FROM trellis_streams")
-    return {r["domain"]: (r["version"], r["position"], r["hash"]) for r in rows}
+class DomainSnapshot:
+    """One domain as a single REPEATABLE READ snapshot shows it: its stream head, its stored
+    checkpoints and its events agree with each other, whatever commits while they are read."""
 
+    def __init__(
+        self,
+        conn: asyncpg.Connection,
+        domain: str,
+        head: tuple[int, int, str] | None,
+        checkpoints: list[StoredCheckpoint] | None,
+    ):
+        self._conn = conn
+        self.domain = domain
+        self.head = head  # (version, position, hash) in trellis_streams, None without a row
+        self.checkpoints = checkpoints  # by size; None: this database keeps no checkpoints
 
-async def events(
-    conn: asyncpg.Connection, domain: str, batch: int = BATCH
-) -> AsyncIterator[list[RecordedEvent]]:
-    """The domain's events in version order, `batch` at a time, from one snapshot."""
-    async with conn.transaction(isolation="repeatable_read", readonly=True):
-        cursor = await conn.cursor(
+    async def events(self, batch: int = BATCH) -> AsyncIterator[list[RecordedEvent]]:
+        """The domain's events in version order, `batch` at a time."""
+        cursor = await self._conn.cursor(
             f"SELECT {EVENT_COLUMNS} FROM trellis_events WHERE domain = $1 "
             "ORDER BY version, position",
-            domain,
+            self.domain,
         )
         while rows := await cursor.fetch(batch):
             yield [event_from_row(r) for r in rows]
+
+
+@contextlib.asynccontextmanager
+async def snapshot(conn: asyncpg.Connection, domain: str) -> AsyncIterator[DomainSnapshot]:
+    """`domain` read in one read-only snapshot, open while the context is."""
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        # The first statement takes the snapshot: everything after reads the same moment.
+        head = await stream_head(conn, domain)
+        yield DomainSnapshot(conn, domain, head, await stored_checkpoints(conn, domain))
+
+
+async def stream_head(conn: asyncpg.Connection, domain: str) -> tuple[int, int, str] | None:
+    """The domain's row in trellis_streams: (version, position, hash)."""
+    row = await conn.fetchrow(
+        "SELECT version, position, hash FROM trellis_streams WHERE domain = $1", domain
+    )
+    return None if row is None else (row["version"], row["position"], row["hash"])
 
 
 async def events_between(
@@ -97,34 +123,24 @@ async def follower_checkpoints(
     return {r["follower"]: (r["version"], r["position"]) for r in rows}
 
 
-async def latest_checkpoints(conn: asyncpg.Connection) -> dict[str, dict[str, Any]] | None:
-    """Each domain's latest signed Merkle checkpoint (`trellis_checkpoints`, schema/010), or
-    None when this database has no such table (yet)."""
+async def stored_checkpoints(
+    conn: asyncpg.Connection, domain: str
+) -> list[StoredCheckpoint] | None:
+    """Every stored signed Merkle checkpoint of `domain` (`trellis_checkpoints`, schema/010) by
+    size, or None when this database has no such table (yet)."""
     if await conn.fetchval("SELECT to_regclass('trellis_checkpoints')") is None:
         return None
     rows = await conn.fetch(
-        "SELECT DISTINCT ON (domain) domain, size, root, recorded_at, note "
-        "FROM trellis_checkpoints ORDER BY domain, size DESC"
+        "SELECT size, root, note, recorded_at FROM trellis_checkpoints WHERE domain = $1 "
+        "ORDER BY size",
+        domain,
     )
-    return {
-        r["domain"]: {
-            "size": r["size"],
-            "root": r["root"],
-            "recorded_at": r["recorded_at"].isoformat() if r["recorded_at"] else None,
-            "note": r["note"],
-        }
+    return [
+        StoredCheckpoint(
+            size=r["size"], root=r["root"], note=r["note"], recorded_at=r["recorded_at"]
+        )
         for r in rows
-    }
-
-
-async def checkpoint_roots(conn: asyncpg.Connection, domain: str) -> list[tuple[int, str]]:
-    """Every stored checkpoint of `domain` as (size, base64 root); none without the table."""
-    if await conn.fetchval("SELECT to_regclass('trellis_checkpoints')") is None:
-        return []
-    rows = await conn.fetch(
-        "SELECT size, root FROM trellis_checkpoints WHERE domain = $1 ORDER BY size", domain
-    )
-    return [(r["size"], r["root"]) for r in rows]
+    ]
 
 
 class ProjectionReplay:

@@ -138,6 +138,16 @@ class ChainCheck:
         )
 
 
+class StoredCheckpoint(msgspec.Struct, frozen=True, kw_only=True):
+    """A row of `trellis_checkpoints` as stored: the tree size, the base64 root and the signed
+    note the engine published (engine/core/checkpoints.py), and when it was recorded."""
+
+    size: int
+    root: str
+    note: str
+    recorded_at: datetime | None = None
+
+
 class CheckpointCheck:
     """The domain's stored Merkle checkpoints against its log: feed the events in version
     order; each checkpoint `(size, base64 root)` must be the RFC 9162 root of the first `size`
