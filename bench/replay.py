@@ -41,6 +41,7 @@ from trellis.adapters.postgres import sessions
 from trellis.adapters.postgres.snapshots import PostgresSnapshots
 from trellis.adapters.postgres.store import EVENT_COLUMNS, PostgresEventStore, connect_pool
 from trellis.adapters.settings import Settings
+from trellis.engine.core.checkpoints import Signer
 from trellis.engine.service.writer import DomainWriter
 from trellis.projections.sink import rebuild
 
@@ -116,7 +117,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         try:
             if empty:
                 progress(f"generating {args.events} events into {schema} (kept for next time)")
-                await fill(store, PostgresSnapshots(pool), args.events, 10**12)
+                await fill(store, PostgresSnapshots(pool, Signer.generate()), args.events, 10**12)
             total = (await store.head(DOMAIN)).version
 
             async def fold() -> int:

@@ -9,7 +9,9 @@ same figure without snapshots in the same run:
 
 - engine start: a DomainWriter's `catch_up` (what `Engine` does for a domain on first use);
 - a state query (`topology`) at a random past position: engine.service.snapshots.state_at + answer;
-- a history query (`why` of a GPU) at a random past position: PostgresReadModels.past.
+- a history query (`why` of a GPU) at a random past position: PostgresReadModels.past;
+- the seal of the newest snapshot of each kind (engine/service/snapshots.py): what the writer
+  pays to sign one and each reader to check it, against the fold a snapshot saves.
 
 Uses TRELLIS_DATABASE_URL when set, else an embedded PostgreSQL; the schema is dropped
 afterwards. The last line printed is one JSON object with every figure.
@@ -38,6 +40,7 @@ from trellis.adapters.postgres.snapshots import PostgresSnapshots
 from trellis.adapters.postgres.store import PostgresEventStore, connect_pool
 from trellis.adapters.settings import Settings
 from trellis.engine.core.actors import ENGINE, OPERATOR
+from trellis.engine.core.checkpoints import Signer
 from trellis.engine.core.context import Context
 from trellis.engine.core.decide import decide
 from trellis.engine.core.intents import (
@@ -51,6 +54,7 @@ from trellis.engine.core.records import Head, PendingEvent
 from trellis.engine.core.state import DomainState, evolve
 from trellis.engine.service import snapshots
 from trellis.engine.service.follower import Follower
+from trellis.engine.service.ports import Snapshot
 from trellis.engine.service.writer import DomainWriter
 from trellis.projections import PostgresReadModels, ProjectionSink
 
@@ -152,7 +156,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             urls.database_url, schema=schema, owner_dsn=urls.database_owner_url
         )
         pool = await connect_pool(urls.database_url, schema=schema, max_size=4)
-        snaps = PostgresSnapshots(pool)
+        signer = Signer.generate()
+        snaps = PostgresSnapshots(pool, signer)
         try:
             progress(f"appending {args.events} events ...")
             t0 = time.perf_counter()
@@ -161,7 +166,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             result["append_s"] = time.perf_counter() - t0
             progress("folding the projections (read-model snapshots) ...")
             t0 = time.perf_counter()
-            sink = ProjectionSink(pool, snapshot_every=args.every)
+            sink = ProjectionSink(pool, snapshot_every=args.every, signer=signer)
             await Follower(DOMAIN, store, sink, batch_size=2000).catch_up()
             result["projections_s"] = time.perf_counter() - t0
             result["snapshots"] = {
@@ -215,10 +220,32 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 "with": summary([w for _, w in with_past]),
                 "without": summary([w for _, w in without_past]),
             }
+            result["seal"] = {
+                kind: await _seal_cost(snaps, signer, kind) for kind in ("state", "read_models")
+            }
         finally:
             await pool.close()
             await store.close()
     return result
+
+
+async def _seal_cost(snaps: PostgresSnapshots, signer: Signer, kind: str) -> dict[str, float]:
+    """Median seconds to seal the newest snapshot of `kind` and to check its seal, over 200."""
+    newest: Snapshot = await anext(snaps.candidates(DOMAIN, kind))
+    signature = snapshots.seal(signer, newest)
+    sign_s, check_s = [], []
+    for _ in range(200):
+        t = time.perf_counter()
+        snapshots.seal(signer, newest)
+        sign_s.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        assert snapshots.is_sealed(signer.verifier, newest, signature)
+        check_s.append(time.perf_counter() - t)
+    return {
+        "bytes": len(newest.body),
+        "sign_s": statistics.median(sign_s),
+        "check_s": statistics.median(check_s),
+    }
 
 
 async def _position(pool: Any, version: int) -> int:
@@ -250,6 +277,12 @@ def table(result: dict[str, Any]) -> str:
     lines.append(
         "median of: with snapshots 3 starts and --samples positions; without, --slow-samples"
     )
+    lines.append("")
+    for kind, cost in result["seal"].items():
+        lines.append(
+            f"seal of a {kind} snapshot ({cost['bytes'] / 1024:.0f} KiB): sign "
+            f"{cost['sign_s'] * 1e6:.0f} us, check {cost['check_s'] * 1e6:.0f} us (median of 200)"
+        )
     return "\n".join(lines)
 
 

@@ -24,6 +24,7 @@ from fabrics import edited, expect_error, expect_ok
 from harness import Harness, ManualClock, serving
 
 from trellis.adapters.postgres.snapshots import PostgresSnapshots
+from trellis.engine.core.checkpoints import Signer
 from trellis.engine.core.errors import EventRefused
 from trellis.engine.core.records import PendingEvent, RecordedEvent
 from trellis.engine.service.writer import DomainWriter
@@ -44,9 +45,19 @@ async def clock() -> ManualClock:
     return ManualClock()
 
 
+@pytest.fixture
+def signer() -> Signer:
+    return Signer.generate()
+
+
 @pytest_asyncio.fixture
 async def h(
-    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, clock: ManualClock
+    nats_url: str,
+    database_url: str,
+    pg_schema: str,
+    subject_prefix: str,
+    clock: ManualClock,
+    signer: Signer,
 ) -> AsyncIterator[Harness]:
     async with serving(
         nats_url,
@@ -55,6 +66,7 @@ async def h(
         subject_prefix,
         clock=clock,
         snapshot_every=SNAPSHOT_EVERY,
+        signer=signer,
     ) as harness:
         yield harness
 
@@ -283,7 +295,7 @@ async def test_every_query_at_every_past_moment_answers_what_it_answered_then(
             row["version"],
         )
     assert await asked_again(h, moments[-4:], cids, "position") == []
-    assert "does not decode" in caplog.text
+    assert "its seal does not verify" in caplog.text
     assert "the log does not hold that event" in caplog.text
 
     # Without any snapshot every fold starts at the first event: the same answers.
@@ -343,7 +355,7 @@ class CountingLog:
 
 
 async def test_an_engine_starts_from_its_newest_snapshot_with_the_state_a_full_fold_gives(
-    h: Harness, clock: ManualClock, pool: asyncpg.Pool
+    h: Harness, clock: ManualClock, pool: asyncpg.Pool, signer: Signer
 ) -> None:
     await run_day(h, clock)
     head = await h.store.head(DOMAIN)
@@ -355,7 +367,7 @@ async def test_an_engine_starts_from_its_newest_snapshot_with_the_state_a_full_f
         snapped,
         clock,
         1,
-        snapshots=PostgresSnapshots(pool),  # type: ignore[arg-type]
+        snapshots=PostgresSnapshots(pool, signer),  # type: ignore[arg-type]
     )
     await from_log.catch_up()
     await from_snapshot.catch_up()

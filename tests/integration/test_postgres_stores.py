@@ -15,13 +15,16 @@ from trellis.adapters.bootstrap import follower_sinks
 from trellis.adapters.postgres.leases import PostgresLeases
 from trellis.adapters.postgres.snapshots import PostgresSnapshots
 from trellis.adapters.postgres.store import PostgresEventStore, connect_pool
+from trellis.engine.core.checkpoints import Signer
 
 
 @pytest_asyncio.fixture
 async def stores(database_url: str, pg_schema: str) -> AsyncIterator[Stores]:
     log = await PostgresEventStore.open(database_url, schema=pg_schema)
     pool = await connect_pool(database_url, schema=pg_schema)
-    yield Stores(log=log, leases=PostgresLeases(pool), snapshots=PostgresSnapshots(pool))
+    yield Stores(
+        log=log, leases=PostgresLeases(pool), snapshots=PostgresSnapshots(pool, Signer.generate())
+    )
     await pool.close()
     await log.close()
 

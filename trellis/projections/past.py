@@ -25,10 +25,11 @@ from typing import Any
 import asyncpg
 import msgspec
 
+from trellis.engine.core.checkpoints import Signer
 from trellis.engine.core.records import Head, RecordedEvent
 from trellis.engine.service.follower import DomainLog
 from trellis.engine.service.ports import Snapshot, SnapshotStore
-from trellis.engine.service.snapshots import first_usable
+from trellis.engine.service.snapshots import first_usable, seal
 from trellis.projections.base import Fact, Projection
 from trellis.projections.history import Window, interval_query
 from trellis.projections.table import Key, Row, Table, as_stored
@@ -57,24 +58,36 @@ def format_of(projections: Sequence[Projection]) -> str:
 
 
 async def save_snapshot(
-    conn: asyncpg.Connection, projections: Sequence[Projection], last: RecordedEvent
+    conn: asyncpg.Connection, projections: Sequence[Projection], last: RecordedEvent, signer: Signer
 ) -> None:
     """Snapshot the live rows of `last`'s domain, as of `last` (the caller's transaction has
-    just folded it)."""
+    just folded it), sealed with `signer` (engine/service/snapshots.py)."""
     body = {
         t.name: [t.decode(r) for r in await conn.fetch(t.select_live, last.domain)]
         for t in _tables(projections)
     }
+    snapshot = Snapshot(
+        domain=last.domain,
+        kind="read_models",
+        version=last.version,
+        position=last.position,
+        hash=last.hash,
+        recorded_at=last.recorded_at,
+        format=format_of(projections),
+        body=_encode(body),
+    )
     await conn.execute(
-        "INSERT INTO trellis_snapshots (domain, kind, version, position, hash, format, body) "
-        "VALUES ($1, 'read_models', $2, $3, $4, $5, $6) "
+        "INSERT INTO trellis_snapshots "
+        "(domain, kind, version, position, hash, format, body, signature) "
+        "VALUES ($1, 'read_models', $2, $3, $4, $5, $6, $7) "
         "ON CONFLICT (domain, kind, version) DO NOTHING",
-        last.domain,
-        last.version,
-        last.position,
-        last.hash,
-        format_of(projections),
-        _encode(body),
+        snapshot.domain,
+        snapshot.version,
+        snapshot.position,
+        snapshot.hash,
+        snapshot.format,
+        snapshot.body,
+        seal(signer, snapshot),
     )
 
 

@@ -24,6 +24,7 @@ from collections.abc import AsyncGenerator, Iterator, Sequence
 
 import asyncpg
 
+from trellis.engine.core.checkpoints import Signer
 from trellis.engine.core.records import RecordedEvent
 from trellis.engine.service.follower import DomainLog, Follower, Progress, Rewound, Stalled
 from trellis.projections.base import Fact, Projection
@@ -75,6 +76,8 @@ class ProjectionSink:
         projections: what to fold; `default_projections()` when omitted.
         snapshot_every: snapshot a domain's live rows (projections/past.py) in the batch that
             reaches each multiple of this many versions; 0: never.
+        signer: the deployment's checkpoint key, which seals each snapshot (needed with
+            `snapshot_every`: an unsealed snapshot is never used).
     """
 
     name = SINK_NAME
@@ -85,9 +88,13 @@ class ProjectionSink:
         projections: Sequence[Projection] | None = None,
         *,
         snapshot_every: int = 0,
+        signer: Signer | None = None,
     ):
+        if snapshot_every and signer is None:
+            raise ValueError("snapshot_every needs the signer that seals the snapshots")
         self.pool = pool
         self._snapshot_every = snapshot_every
+        self._signer = signer
         self._projections = list(projections if projections is not None else default_projections())
         self._names = [p.name for p in self._projections]
         if len(set(self._names)) != len(self._names):
@@ -188,7 +195,8 @@ class ProjectionSink:
                 and self._snapshot_every
                 and _crosses(first - 1, last.version, self._snapshot_every)
             ):
-                await save_snapshot(conn, self._projections, last)
+                assert self._signer is not None  # checked at __init__
+                await save_snapshot(conn, self._projections, last, self._signer)
         lowest = min(saved.values(), key=_version)
         self._seen[domain] = lowest.version
         return lowest
