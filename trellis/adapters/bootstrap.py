@@ -362,8 +362,12 @@ async def follower_sinks(
         nats_url, name="trellis-relay", credentials=identity(secure, RELAY_IDENTITY)
     )
     stack.push_async_callback(relay_nc.close)
-    projections = ProjectionSink(projection_pool, snapshot_every=snapshot_every)
-    snapshots = PostgresSnapshots(projection_pool)
+    if signer is None:
+        log.info("checkpoints and snapshots are signed with a key of this run only (no key file)")
+        signer = Signer.generate()
+    # The checkpoint key seals the snapshots too (engine/service/snapshots.py).
+    projections = ProjectionSink(projection_pool, snapshot_every=snapshot_every, signer=signer)
+    snapshots = PostgresSnapshots(projection_pool, signer)
     relay = RelaySink(relay_pool, relay_nc, prefix=prefix, limits=stream_limits)
     # JetStream can be up before its stream has a leader (a cluster electing one): wait.
     await until_reachable(
@@ -395,11 +399,9 @@ async def follower_sinks(
         database_url, schema=schema, min_size=1, max_size=2, application_name=sessions.AUDIT
     )
     stack.push_async_callback(audit_pool.close)
-    if signer is None:
-        log.info("checkpoints are signed with a key of this run only (no key file given)")
     audit = PostgresAuditTrail(
         audit_pool,
-        signer or Signer.generate(),
+        signer,
         every=checkpoint_every,
         publish=checkpoints,
         follower=f"checkpoints:{checkpoints.stream}",
