@@ -18,8 +18,8 @@ A part that is behind the log (a projection, or the relay, which fills the strea
 bucket) is a finding, never a pass: verify first waits up to `--wait` seconds (5) for every
 part to reach the head it read, so a live engine's usual few milliseconds do not count.
 
-Exit 0: no findings; 1: findings; 2: verify could not run (one line on stderr). `-o json` prints
-the report as one JSON document. Nothing is written anywhere but temporary tables.
+Exit 0: no findings; 1: findings; 2: verify could not run, 3: Postgres cannot be reached (one
+line on stderr). `-o json` prints the report as one JSON document. Nothing is written anywhere but temporary tables.
 """
 
 from __future__ import annotations
