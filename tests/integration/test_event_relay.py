@@ -400,16 +400,18 @@ async def test_a_batch_failing_is_done_again_without_reordering_or_duplicates(
     faulty = Faulty(nc, nth=2, how=how)
     relay = await Relay.on(faulty, database_url, pg_schema, subject_prefix)
     try:
-        with pytest.raises((RelayError, ConnectionResetError)):
+        if how == "refused":  # the stream moved: its end read again, in the same pass
             await relay.follower.catch_up()
-        assert relay.follower.position == log[99].position  # the batch before it is in
+            assert relay.sink.resyncs == 1
+        else:
+            with pytest.raises((RelayError, ConnectionResetError)):
+                await relay.follower.catch_up()
+            assert relay.follower.position == log[99].position  # the batch before it is in
         await relay.catch_up()
         assert faulty.batches > 2
         assert relay.follower.position == log[-1].position
         if how == "ack lost":  # committed, then found in the stream
             assert relay.sink.duplicates == 100
-        if how == "refused":
-            assert relay.sink.resyncs == 1
     finally:
         await relay.close()
     await assert_stream_is_the_log(nc.jetstream(), subject_prefix, log)

@@ -16,6 +16,7 @@ import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
 import pytest_asyncio
 from fabrics import expect_ok, fabric
 from harness import Harness, cli_env, run_cli, serving
@@ -60,7 +61,9 @@ async def pollute(h: Harness) -> None:
     await kv.put(f"{DOMAIN}.nonsense", b"{}")
 
 
-async def test_the_relay_skips_foreign_messages_and_keeps_relaying(h: Harness) -> None:
+async def test_the_relay_skips_foreign_messages_and_keeps_relaying(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
     expect_ok(await h.client.admin(DOMAIN, "import-topology", fabric()))
     await h.relayed(DOMAIN)
     await pollute(h)
@@ -75,6 +78,10 @@ async def test_the_relay_skips_foreign_messages_and_keeps_relaying(h: Harness) -
     value = json.loads((await kv.get(f"{DOMAIN}.composition.{composed['composition_id']}")).value)
     assert value["state"] == "active"
     assert h.relay.foreign.counts.get(DOMAIN, 0) >= 1
+    # An expected case, read past in the pass that met it: not a relay that "stopped", with
+    # a traceback in the engine's log.
+    assert h.relay.resyncs >= 1
+    assert [r.getMessage() for r in caplog.records if "stopped" in r.getMessage()] == []
     # And it is counted where operators look.
     assert h.metrics_url is not None
     metrics = await asyncio.to_thread(read, f"{h.metrics_url}/metrics")

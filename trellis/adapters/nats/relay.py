@@ -83,6 +83,10 @@ class RelayError(RuntimeError):
     """JetStream refused or did not answer a batch; the follower retries."""
 
 
+class StreamMoved(RelayError):
+    """The domain's subjects in the stream no longer end where the batch's guard expected."""
+
+
 class UnsupportedServer(RelayError):
     """The NATS server is older than the relay needs (atomic batches came with 2.12)."""
 
@@ -244,10 +248,14 @@ class RelaySink:
                 end = self._ends.get(domain)
                 if end is None or done.version > self._checkpoints[domain].version:
                     end = await self._domain_end(domain)  # another relay may have published
-                unsent = [r for r in records if r.version > max(done.version, end.version)]
-                found = sum(done.version < r.version <= end.version for r in records)
-                for start in range(0, len(unsent), ATOMIC_BATCH_MAX):
-                    end = await self._publish(domain, end, unsent[start : start + ATOMIC_BATCH_MAX])
+                try:
+                    end, found = await self._publish_unsent(domain, end, done, records)
+                except StreamMoved:
+                    # Something else was stored on the domain's subjects since its end was
+                    # read: a foreign message (skipped when read again), or another relay's
+                    # batch. Read the end again and go on: an expected case, not a failure.
+                    end = await self._domain_end(domain)
+                    end, found = await self._publish_unsent(domain, end, done, records)
                 if self._synced.get(domain) != self._generation:
                     await self._rewrite(domain, state, last.position)
                 else:
@@ -267,6 +275,17 @@ class RelaySink:
         self._checkpoints[domain] = saved
         self.duplicates += found
         return saved
+
+    async def _publish_unsent(
+        self, domain: str, end: _End, done: Progress, records: list[RecordedEvent]
+    ) -> tuple[_End, int]:
+        """Publish the records the stream lacks after `end`; the new end, and how many of
+        the records it already held."""
+        unsent = [r for r in records if r.version > max(done.version, end.version)]
+        found = sum(done.version < r.version <= end.version for r in records)
+        for start in range(0, len(unsent), ATOMIC_BATCH_MAX):
+            end = await self._publish(domain, end, unsent[start : start + ATOMIC_BATCH_MAX])
+        return end, found
 
     async def _domain_end(self, domain: str) -> _End:
         """Where the domain's events end in the stream: the sequence of the last message on
@@ -310,9 +329,9 @@ class RelaySink:
             ack = _decode_ack(reply.data or b"{}")
             error = ack.get("error")
             if error:
-                if error.get("err_code") == _WRONG_LAST_SEQUENCE:
-                    self.resyncs += 1
-                raise RelayError(
+                moved = error.get("err_code") == _WRONG_LAST_SEQUENCE
+                self.resyncs += moved
+                raise (StreamMoved if moved else RelayError)(
                     f"{self.stream} refused {len(records)} events of {domain} "
                     f"(versions {records[0].version}-{record.version}): "
                     f"{error.get('description', error)}"
