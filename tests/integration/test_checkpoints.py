@@ -142,7 +142,7 @@ async def test_proofs_from_the_engine_verify_offline_with_only_the_verifier_key(
     proof_file = ["--proof", str(tmp_path / "proof.json")]
     assert cli.main([*verify, *proof_file, "--event", str(tmp_path / "event.json")]) == 0
     assert cli.main([*verify, *proof_file, "--event-hash", event.hash]) == 0
-    assert cli.main(verify) == 1  # no proof to check
+    assert cli.main(verify) == 2  # no proof to check: a usage error
     assert cli.main([*verify, *proof_file, "--event", str(tmp_path / "other.json")]) == 1
     both = [*verify, "--checkpoint", str(tmp_path / "old")]
     assert cli.main([*both, "--proof", str(tmp_path / "consistency.json")]) == 0

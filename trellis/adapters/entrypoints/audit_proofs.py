@@ -30,9 +30,10 @@ from typing import Any
 import msgspec
 
 from trellis.adapters.entrypoints import render
+from trellis.adapters.entrypoints.cli.errors import EXIT_USAGE, CliError
 from trellis.adapters.nats.jetstream import Envelope
 from trellis.engine.core.checkpoints import Checkpoint, NoteError, Verifier, open_checkpoint
-from trellis.engine.core.merkle import leaf_hash, verify_consistency, verify_inclusion
+from trellis.engine.core.merkle import HASH_SIZE, leaf_hash, verify_consistency, verify_inclusion
 
 Request = Callable[[argparse.Namespace, str, dict[str, Any]], dict[str, Any]]
 
@@ -42,6 +43,25 @@ class ProofRejected(Exception):
 
 
 # ---- the offline check ----
+
+
+def event_hash_bytes(text: str) -> bytes:
+    """The 32 bytes of an event hash given as 64 hex digits, as the log and the stream carry
+    it (no `sha256:` prefix: a hash so written is refused, not guessed at).
+
+    Raises:
+        ValueError: it is not 64 hex digits; the message says so.
+    """
+    try:
+        digest = bytes.fromhex(text)
+    except ValueError:
+        digest = b""
+    if len(digest) != HASH_SIZE or len(text) != 2 * HASH_SIZE:
+        raise ValueError(
+            f"the event hash {text[:80]!r} is not {2 * HASH_SIZE} hex digits (write it as the "
+            "log and the stream carry it, without a prefix such as sha256:)"
+        )
+    return digest
 
 
 def check(
@@ -57,6 +77,11 @@ def check(
     Raises:
         ProofRejected: anything does not hold.
     """
+    if event_hash is not None:
+        try:
+            event_hash_bytes(event_hash)
+        except ValueError as exc:  # the caller's argument, not the proof file, is bad
+            raise ProofRejected(str(exc)) from None
     try:
         verifier = Verifier.parse(verifier_key)
         checkpoints = [open_checkpoint(note, verifier) for note in notes]
@@ -87,7 +112,7 @@ def _inclusion(
     signed = _signed_at(checkpoints, size)
     if _decode(proof["root"]) != signed.root:
         raise ProofRejected(f"the proof's root is not the signed root of size {size}")
-    leaf = leaf_hash(bytes.fromhex(event_hash))
+    leaf = leaf_hash(event_hash_bytes(event_hash))
     if not verify_inclusion(leaf, index, size, [_decode(p) for p in proof["path"]], signed.root):
         raise ProofRejected(
             f"the proof does not put event hash {event_hash} at leaf {index} of {signed.origin}'s "
@@ -192,18 +217,50 @@ def add_offline_verify(p: argparse.ArgumentParser) -> None:
     p.add_argument("--proof", type=Path, metavar="FILE", help="a proof or consistency file")
     p.add_argument("--key", metavar="VERIFIER_KEY", help="the checkpoint signer's verifier key")
     p.add_argument("--key-file", type=Path, metavar="FILE", help="a file holding the key")
-    p.add_argument("--event-hash", metavar="HEX", help="the hash of the event proved included")
+    p.add_argument(
+        "--event-hash",
+        type=_event_hash_argument,
+        metavar="HEX",
+        help="the hash of the event proved included (64 hex digits, no sha256: prefix)",
+    )
     p.add_argument("--event", type=Path, metavar="FILE", help="the event itself (stream JSON)")
+
+
+def _event_hash_argument(text: str) -> str:
+    try:
+        event_hash_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def verify_offline(args: argparse.Namespace) -> int:
     """`trellis verify --checkpoint FILE --proof FILE`: exit 0 and one `ok:` line when the
-    proof holds, else 1 and one line saying what does not."""
+    proof holds, else 1 and one line saying what does not.
+
+    Raises:
+        CliError: the command line lacks a checkpoint, the proof or the key (exit 2, a usage
+            line).
+    """
+    missing = [
+        what
+        for what, given in (
+            ("a signed checkpoint (--checkpoint FILE)", args.checkpoint),
+            ("the proof (--proof FILE)", args.proof is not None),
+            ("the verifier key (--key KEY or --key-file FILE)", args.key or args.key_file),
+        )
+        if not given
+    ]
+    if missing:
+        raise CliError(
+            f"an offline check needs {' and '.join(missing)}",
+            code="usage",
+            hint="`trellis verify --help`",
+            exit=EXIT_USAGE,
+        )
     try:
-        if args.proof is None:
-            raise ProofRejected("give the proof to check: --proof FILE")
         key = _key(args)
-        notes = [_read(path) for path in args.checkpoint]
+        notes = [_note_file(path) for path in args.checkpoint]
         proof = msgspec.json.decode(_read(args.proof).encode())
         if isinstance(proof, dict) and isinstance(proof.get("result"), dict):
             proof = proof["result"]  # a whole reply (as `nats req` prints it) will do too
@@ -226,9 +283,14 @@ def verify_offline(args: argparse.Namespace) -> int:
 def _key(args: argparse.Namespace) -> str:
     if args.key:
         return str(args.key)
-    if args.key_file:
-        return _read(args.key_file).strip()
-    raise ProofRejected("give the verifier key: --key KEY or --key-file FILE")
+    return _read(args.key_file).strip()
+
+
+def _note_file(path: Path) -> str:
+    """A note as kept in a file: trailing blank lines (an editor's, or `psql -At`'s) are no
+    part of it. A C2SP note ends with its last signature line, and Verifier.open holds to that;
+    a file may say more."""
+    return _read(path).rstrip("\n") + "\n"
 
 
 def _read(path: Path) -> str:

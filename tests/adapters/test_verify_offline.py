@@ -1,0 +1,111 @@
+"""`trellis verify --checkpoint --proof`, the offline proof check, on its command line: what an
+auditor types wrong is told as such (docs/auditing.md, "Check them offline")."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from trellis.adapters.entrypoints import cli
+from trellis.adapters.entrypoints.audit_proofs import ProofRejected, check
+from trellis.engine.core.checkpoints import Checkpoint, Signer
+from trellis.engine.core.merkle import MerkleTree, leaf_hash
+
+HASHES = [hashlib.sha256(bytes([i])).hexdigest() for i in range(5)]
+
+
+def b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, Path]:
+    """A signed checkpoint of five events, an inclusion proof of the third, and the key."""
+    tree = MerkleTree(leaf_hash(bytes.fromhex(h)) for h in HASHES)
+    signer = Signer.generate()
+    note = signer.checkpoint(Checkpoint(origin="trellis/hall-1", size=5, root=tree.root()))
+    proof = {
+        "leaf_index": 2,
+        "tree_size": 5,
+        "root": b64(tree.root()),
+        "path": [b64(p) for p in tree.inclusion_path(2)],
+        "checkpoint": note,
+    }
+    paths = {name: tmp_path / name for name in ("note", "proof.json", "key")}
+    paths["note"].write_text(note)
+    paths["proof.json"].write_text(json.dumps(proof))
+    paths["key"].write_text(signer.verifier.key() + "\n")
+    return paths
+
+
+def verify(files: dict[str, Path], *, leave_out: str = "", **more: str) -> list[str]:
+    given = {
+        "--checkpoint": files["note"],
+        "--proof": files["proof.json"],
+        "--key-file": files["key"],
+    }
+    args = ["verify"]
+    for flag, path in given.items():
+        if flag != leave_out:
+            args += [flag, str(path)]
+    for flag, value in more.items():
+        args += [f"--{flag.replace('_', '-')}", value]
+    return args
+
+
+def test_the_proof_holds_with_every_part_given(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(verify(files, event_hash=HASHES[2])) == 0
+    assert capsys.readouterr().out.startswith("ok: event hash ")
+
+
+@pytest.mark.parametrize("bad", ["zz", f"sha256:{HASHES[2]}", HASHES[2][:-2], HASHES[2] + "00"])
+def test_an_event_hash_that_is_not_64_hex_digits_is_a_usage_error_naming_it(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str], bad: str
+) -> None:
+    assert cli.main(verify(files, event_hash=bad)) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("trellis: usage: argument --event-hash: the event hash "), line
+    assert "is not 64 hex digits" in line and "malformed" not in line
+    # Called as a library, the argument is blamed too, not the proof file.
+    proof = json.loads(files["proof.json"].read_text())
+    key = files["key"].read_text().strip()
+    with pytest.raises(ProofRejected, match=r"^the event hash .* is not 64 hex digits"):
+        check([files["note"].read_text()], proof, key, event_hash=bad)
+
+
+@pytest.mark.parametrize(
+    ("leave_out", "named"),
+    [
+        ("--proof", "the proof (--proof FILE)"),
+        ("--key-file", "the verifier key (--key KEY or --key-file FILE)"),
+        ("--checkpoint", "a signed checkpoint (--checkpoint FILE)"),
+    ],
+)
+def test_a_missing_proof_key_or_checkpoint_is_a_usage_error(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str], leave_out: str, named: str
+) -> None:
+    assert cli.main(verify(files, leave_out=leave_out, event_hash=HASHES[2])) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        f"trellis: usage: an offline check needs {named} (hint: `trellis verify --help`)\n"
+    )
+
+
+def test_a_note_file_with_trailing_blank_lines_is_read_as_its_note(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    note = files["note"].read_text()
+    files["note"].write_text(note + "\n\n")  # as an editor or `psql -At > file` leaves it
+    assert cli.main(verify(files, event_hash=HASHES[2])) == 0, capsys.readouterr().err
+    # The note itself (C2SP) still ends with its last signature line: only the file is lenient.
+    key = files["key"].read_text().strip()
+    proof = json.loads(files["proof.json"].read_text())
+    with pytest.raises(ProofRejected, match="not a signature line"):
+        check([note + "\n"], proof, key, event_hash=HASHES[2])
