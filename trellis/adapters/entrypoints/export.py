@@ -7,8 +7,14 @@ import argparse
 import asyncio
 
 from trellis.adapters.endpoints import find_endpoint
+from trellis.adapters.entrypoints.cli.errors import EXIT_USAGE, CliError
 from trellis.adapters.postgres import sessions
-from trellis.adapters.postgres.export import DomainExport, ExportError, export_parquet
+from trellis.adapters.postgres.export import (
+    DomainExport,
+    ExportError,
+    SinceWouldSkip,
+    export_parquet,
+)
 from trellis.adapters.postgres.store import connect_pool
 from trellis.adapters.settings import Settings
 
@@ -37,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         exported = asyncio.run(go())
+    except SinceWouldSkip as exc:  # nothing was written: the command line is to change
+        raise CliError(str(exc), code="refused", hint=exc.hint, exit=EXIT_USAGE) from None
     except OSError as exc:
         if exc.filename is None:  # a connection's, not a file's: main says Postgres is down
             raise

@@ -14,7 +14,10 @@ sees `domain` and `day` as columns):
 <first> and <last> are log positions (20 digits, so names sort in log order). An export
 appends: it covers each domain from the position after the last one exported (the manifest
 says which) up to the log's head, or the last event at or before `until`; `since` skips
-events before it. Files are written once and never rewritten (the manifest, written last, is
+events before it in a domain's first export only. On a domain the manifest already holds, a
+`since` that would skip events after its last position is refused (SinceWouldSkip, before
+anything is written): those events would be in no file, and every later export would carry
+on past them. Files are written once and never rewritten (the manifest, written last, is
 the commit point of each domain's export), so a row is in exactly one file: an event in the
 part that covers its position, an interval or a composition in the part where it ended.
 What is still open at an export's end is in that export's `open/` snapshot (as of its last
@@ -158,6 +161,24 @@ class ExportError(Exception):
     """The export cannot be made (no log there, a manifest this code cannot read)."""
 
 
+class SinceWouldSkip(ExportError):
+    """`since` would leave a gap after what the export already holds: the command line's to
+    change (drop `since`, or export into a new directory)."""
+
+    def __init__(self, out: Path, gaps: list[tuple[str, int, int, int]]):
+        said = "; ".join(
+            f"positions {first}-{last} of {domain} (the export holds up to {held})"
+            for domain, held, first, last in gaps
+        )
+        super().__init__(
+            f"--since would skip {said}, which would then be in no file of {out}: each "
+            "domain's export continues after the last position its manifest records"
+        )
+        self.hint = (
+            "drop --since to continue where the export stopped, or export into a new directory"
+        )
+
+
 @dataclass
 class DomainExport:
     """What one export wrote for one domain."""
@@ -185,6 +206,8 @@ async def export_parquet(
     Raises:
         ExportError: no Trellis log in the pool's schema, or `out` holds a manifest of
             another format.
+        SinceWouldSkip: `since` would skip events after those a domain's export holds;
+            nothing is written.
     """
     manifest = _read_manifest(out)
     async with pool.acquire() as conn:
@@ -195,6 +218,8 @@ async def export_parquet(
         missing = sorted(set(wanted) - set(known))
         if missing:
             raise ExportError(f"the log has no domain {', '.join(map(repr, missing))}")
+        if since is not None:
+            await _refuse_gaps(conn, out, manifest, wanted, since)
         done = []
         for domain in wanted:
             state = manifest["domains"].setdefault(domain, {"last_position": 0, "exports": []})
@@ -210,6 +235,32 @@ async def export_parquet(
     return done
 
 
+async def _refuse_gaps(
+    conn: asyncpg.Connection,
+    out: Path,
+    manifest: dict[str, Any],
+    domains: list[str],
+    since: datetime,
+) -> None:
+    """Raise SinceWouldSkip if `since` skips events of a domain after its exported ones."""
+    gaps = []
+    for domain in domains:
+        held = manifest["domains"].get(domain, {}).get("last_position", 0)
+        if not held:
+            continue  # its first export: it starts at `since`
+        skipped = await conn.fetchrow(
+            "SELECT min(position) AS first, max(position) AS last FROM trellis_events"
+            " WHERE domain = $1 AND position > $2 AND recorded_at < $3",
+            domain,
+            held,
+            since,
+        )
+        if skipped["first"] is not None:
+            gaps.append((domain, held, skipped["first"], skipped["last"]))
+    if gaps:
+        raise SinceWouldSkip(out, gaps)
+
+
 async def _export_domain(
     conn: asyncpg.Connection,
     out: Path,
@@ -220,7 +271,7 @@ async def _export_domain(
 ) -> DomainExport:
     result = DomainExport(domain)
     after: int = state["last_position"]
-    if since is not None:
+    if since is not None and not after:  # a domain exported before: _refuse_gaps checked it
         first = await conn.fetchval(
             "SELECT min(position) FROM trellis_events WHERE domain = $1 AND recorded_at >= $2",
             domain,
