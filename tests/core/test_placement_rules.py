@@ -128,6 +128,21 @@ def test_hosts_and_devices_are_endpoints_never_passed_through() -> None:
     rejected(*compose(state, "t", host="h", device_ids=["g2"]), "no_path")
 
 
+def test_a_devices_entry_leaves_the_devices_named_in_device_ids_to_them() -> None:
+    # g1 is the nearer GPU, so the `devices` entry would take it, and g1 by id found it held.
+    b = FabricBuilder().host("h").switch("sw").gpu("g1").gpu("g2")
+    state = b.chain("h", "g1").chain("h", "sw", "g2").state()
+    _, result = composed(state, "t", host="h", devices=[GPU], device_ids=["g1"])
+    assert sorted(paths(result)) == [["h", "g1"], ["h", "sw", "g2"]]
+    # With only the named one free, the entry finds nothing, and the funnel counts g1 held.
+    b = FabricBuilder().host("h").gpu("g1")
+    error = rejected(
+        *compose(b.chain("h", "g1").state(), "t", host="h", devices=[GPU], device_ids=["g1"]),
+        "no_capacity",
+    )
+    assert funnel(error)[:3] == [("kind and model", 0, 1), ("health", 0, 1), ("free", 1, 0)]
+
+
 # ---- hops ----
 
 

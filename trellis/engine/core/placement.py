@@ -289,7 +289,16 @@ def _place(
     picked: set[str] = set()
     bindings: list[DeviceBinding] = []
     new_circuits: list[CircuitRef] = []
+    # A device named in `device_ids` is kept for its own slot (served after the `devices`
+    # entries): an entry that took it first left the named slot only a refusal.
+    named = [d for d in intent.device_ids if pinned is None and not taken(state, d)]
+    for device in named:
+        live.set_taken(device, True)
     for index, slot in enumerate(_slots(state, intent, pinned)):
+        if slot.device is not None and named:
+            for device in named:
+                live.set_taken(device, False)
+            named = []
         entry = slot.entry
         for nth in range(entry.count):
             request = PathRequest(
