@@ -14,9 +14,16 @@ from typing import Any
 
 import msgspec
 
-from trellis.engine.core.audit import ChainCheck, CheckpointCheck, Finding, audit
+from trellis.engine.core.audit import (
+    ChainCheck,
+    CheckpointCheck,
+    Finding,
+    StoredCheckpoint,
+    audit,
+)
+from trellis.engine.core.checkpoints import Checkpoint, Signer, Verifier, origin_of
 from trellis.engine.core.merkle import MerkleTree, leaf_hash
-from trellis.engine.core.records import GENESIS_HASH, RecordedEvent, chain_hash
+from trellis.engine.core.records import GENESIS_HASH, RecordedEvent, chain_hash, hash_of
 
 D = "hall-1"
 Ev = tuple[str, dict[str, Any]]
@@ -440,7 +447,7 @@ def test_stored_checkpoints_must_be_the_logs_merkle_roots() -> None:
     root = {n: base64.b64encode(tree.root(n)).decode() for n in (2, 5)}
 
     def check(checkpoints: list[tuple[int, str]], log: list[RecordedEvent]) -> list[Any]:
-        c = CheckpointCheck(D, checkpoints)
+        c = CheckpointCheck(D, [StoredCheckpoint(size=n, root=r, note="") for n, r in checkpoints])
         for e in log:
             c.feed(e)
         return [(f.check, f.version, f.position) for f in c.findings()]
@@ -454,6 +461,106 @@ def test_stored_checkpoints_must_be_the_logs_merkle_roots() -> None:
     ]
     # Events were cut off the end after a checkpoint of five was made.
     assert check([(5, root[5])], events[:4]) == [("checkpoint", 5, 0)]
+
+
+def notes_checked(
+    stored: list[StoredCheckpoint], log: list[RecordedEvent], verifier: Verifier | None
+) -> tuple[list[Finding], list[Finding]]:
+    """(the rows' findings, the notes' findings) of `stored` against `log`."""
+    c = CheckpointCheck(D, stored, verifier)
+    for e in log:
+        c.feed(e)
+    return c.findings(), c.note_findings()
+
+
+def signed_rows(
+    signer: Signer, log: list[RecordedEvent], sizes: list[int]
+) -> list[StoredCheckpoint]:
+    """The rows the engine stores for checkpoints of `log` at `sizes`: root and signed note."""
+    tree = MerkleTree(leaf_hash(bytes.fromhex(e.hash)) for e in log)
+    rows = []
+    for size in sizes:
+        note = signer.checkpoint(Checkpoint(origin=origin_of(D), size=size, root=tree.root(size)))
+        rows.append(
+            StoredCheckpoint(size=size, root=base64.b64encode(tree.root(size)).decode(), note=note)
+        )
+    return rows
+
+
+def rewritten(log: list[RecordedEvent], at: int) -> list[RecordedEvent]:
+    """`log` with event `at` (a version) changed and every hash after it recomputed."""
+    out, prev = list(log[: at - 1]), log[at - 2].hash if at > 1 else GENESIS_HASH
+    for e in log[at - 1 :]:
+        if e.version == at:
+            e = msgspec.structs.replace(e, actor="mallory")
+        e = msgspec.structs.replace(e, prev_hash=prev, hash=hash_of(e, prev, D, e.version))
+        out.append(e)
+        prev = e.hash
+    return out
+
+
+def test_stored_notes_must_verify_and_say_what_their_rows_say() -> None:
+    signer = Signer.generate()
+    log = recorded(6)
+    rows = signed_rows(signer, log, [3, 6])
+    assert notes_checked(rows, log, signer.verifier) == ([], [])
+
+    # A signature line changed: the note does not verify.
+    text, _, signature = rows[1].note.rpartition(" ")
+    broken = f"{text} {signature[:8]}{'A' if signature[8] != 'A' else 'B'}{signature[9:]}"
+    found = notes_checked(
+        [rows[0], msgspec.structs.replace(rows[1], note=broken)], log, signer.verifier
+    )
+    assert [(f.check, f.version) for f in found[1]] == [("checkpoint_note", 6)]
+    assert "does not verify" in found[1][0].message and found[0] == []
+
+    # A note of another size (signed, but of 3 events) in the row of 6.
+    found = notes_checked(
+        [msgspec.structs.replace(rows[1], note=rows[0].note)], log, signer.verifier
+    )
+    assert [(f.check, f.version) for f in found[1]] == [("checkpoint_note", 6)]
+    assert found[1][0].message.startswith(
+        f"the note of the checkpoint of 6 events signed size 3, root {rows[0].root}; "
+        f"the row says size 6, root {rows[1].root}"
+    )
+
+    # Another key's notes are not the deployment's.
+    found = notes_checked(rows, log, Signer.generate().verifier)
+    assert [(f.check, f.version) for f in found[1]] == [
+        ("checkpoint_note", 3),
+        ("checkpoint_note", 6),
+    ]
+
+    # Without a key, nothing is said about the notes (the caller reports that as skipped).
+    assert notes_checked([msgspec.structs.replace(rows[1], note="forged")], log, None) == ([], [])
+
+
+def test_a_consistent_forgery_is_caught_by_the_signed_roots() -> None:
+    """The log rewritten at version 2 with every hash after it recomputed, and each row's root
+    set to the new log's: the rows agree with the log, the notes the engine signed do not."""
+    signer = Signer.generate()
+    log = recorded(6)
+    signed = signed_rows(signer, log, [3, 6])
+    forged = rewritten(log, 2)
+    assert chain_findings(forged) == []
+    recomputed = signed_rows(Signer.generate(), forged, [3, 6])
+    rows = [
+        msgspec.structs.replace(s, root=r.root) for s, r in zip(signed, recomputed, strict=True)
+    ]
+
+    found = notes_checked(rows, forged, signer.verifier)
+
+    assert found[0] == []  # the rows' roots are the forged log's
+    assert [(f.check, f.version, f.position) for f in found[1]] == [
+        ("checkpoint_note", 3, 0),
+        ("checkpoint_note", 6, 0),
+        ("checkpoint", 3, 30),
+        ("checkpoint", 6, 60),
+    ]
+    assert found[1][2].message == (
+        f"the signed note of 3 events has root {signed[0].root}; the log's first 3 events give "
+        f"{rows[0].root}"
+    )
 
 
 # ---- reservations hold devices too ----

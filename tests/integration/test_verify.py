@@ -33,6 +33,7 @@ from trellis.adapters.entrypoints.audit_verify import verify
 from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.nats.jetstream import bucket_name
 from trellis.adapters.postgres.store import PostgresEventStore
+from trellis.engine.core.checkpoints import Signer
 from trellis.engine.core.events import (
     CompositionRequested,
     DeviceBinding,
@@ -182,6 +183,7 @@ async def test_a_scripted_run_verifies_clean_with_exit_0(
     assert report["ok"] is True
     assert {name: c["status"] for name, c in report["checks"].items()} == {
         "chain": "pass",
+        "notes": "pass",
         "invariants": "pass",
         "projections": "pass",
         "kv": "pass",
@@ -304,18 +306,9 @@ async def test_a_tampered_event_row_is_named_at_its_position(
     assert code == 1 and f"(position {row['position']})" in out
 
 
-async def test_a_chain_rewritten_consistently_is_caught_by_the_stored_checkpoint(
-    h: Harness,
-    clock: ManualClock,
-    sql: asyncpg.Connection,
-    nats_url: str,
-    database_url: str,
-    pg_schema: str,
-    subject_prefix: str,
-) -> None:
-    """A forger who changes an event and recomputes every hash after it (and the stream head)
-    leaves a chain that checks out; the checkpoint the engine signed before does not."""
-    await scripted_run(h, clock)
+async def rewrite_chain(h: Harness, sql: asyncpg.Connection) -> list[RecordedEvent]:
+    """A forger changes the first DevicesReserved and recomputes every hash after it, and the
+    stream head, with the followers stopped; the log as it is now."""
     for follower in [h.followers.of(s, d) for s in ("projections", "relay") for d in (HALL,)]:
         assert follower is not None
         await follower.stop()
@@ -343,6 +336,22 @@ async def test_a_chain_rewritten_consistently_is_caught_by_the_stored_checkpoint
         await sql.execute("ALTER TABLE trellis_streams DISABLE TRIGGER USER")
         await sql.execute("UPDATE trellis_streams SET hash = $2 WHERE domain = $1", HALL, prev)
         await sql.execute("ALTER TABLE trellis_streams ENABLE TRIGGER USER")
+    return [*events[: target.version - 1], *rewritten]
+
+
+async def test_a_chain_rewritten_consistently_is_caught_by_the_stored_checkpoint(
+    h: Harness,
+    clock: ManualClock,
+    sql: asyncpg.Connection,
+    nats_url: str,
+    database_url: str,
+    pg_schema: str,
+    subject_prefix: str,
+) -> None:
+    """A forger who changes an event and recomputes every hash after it (and the stream head)
+    leaves a chain that checks out; the checkpoint the engine signed before does not."""
+    await scripted_run(h, clock)
+    await rewrite_chain(h, sql)
 
     report = await verified(h, nats_url, database_url, pg_schema, subject_prefix)
 
@@ -353,6 +362,122 @@ async def test_a_chain_rewritten_consistently_is_caught_by_the_stored_checkpoint
     (stream,) = [f for f in findings(report) if f["check"] == "stream"]
     assert "is not the log's" in stream["message"]
     assert report["checks"]["chain"]["status"] == "fail"
+
+
+# ---- the signed notes ----
+
+
+async def signed_twice(h: Harness) -> tuple[str, list[dict[str, Any]]]:
+    """Given: a log with two signed checkpoints, settled; the deployment's verifier key and
+    the checkpoints as the engine made them."""
+    expect_ok(await h.client.admin(HALL, "import-topology", FABRIC))
+    gpus = {"host": "host-01", "devices": [{"kind": "gpu", "count": 2, "bandwidth_gbps": 32}]}
+    await compose(h, "acme", gpus)
+    made = [expect_ok(await h.client.admin(HALL, "checkpoint", {}))]
+    await compose(h, "globex", {"host": "host-03", "devices": [{"kind": "gpu"}]})
+    made.append(expect_ok(await h.client.admin(HALL, "checkpoint", {})))
+    await h.projected(HALL)
+    await h.relayed(HALL)
+    key = expect_ok(await h.client.query(HALL, "checkpoint-key"))["verifier_key"]
+    return str(key), made
+
+
+async def set_checkpoint(sql: asyncpg.Connection, size: int, column: str, value: str) -> None:
+    """The owner changes one column of a stored checkpoint behind its append-only trigger."""
+    assert column in ("root", "note")
+    async with sql.transaction():
+        await sql.execute("ALTER TABLE trellis_checkpoints DISABLE TRIGGER USER")
+        await sql.execute(
+            f"UPDATE trellis_checkpoints SET {column} = $3 WHERE domain = $1 AND size = $2",
+            HALL, size, value,
+        )  # fmt: skip
+        await sql.execute("ALTER TABLE trellis_checkpoints ENABLE TRIGGER USER")
+
+
+def broken_signature(note: str) -> str:
+    text, _, signature = note.rstrip("\n").rpartition(" ")
+    flipped = "B" if signature[8] == "A" else "A"  # in the signature, past the key hash
+    return f"{text} {signature[:8]}{flipped}{signature[9:]}\n"
+
+
+@pytest.mark.parametrize("tamper", ["broken signature", "another size's note", "forgery"])
+async def test_a_note_that_is_not_the_rows_or_the_logs_is_a_finding_with_exit_1(
+    h: Harness, sql: asyncpg.Connection, env: dict[str, str], tmp_path: Path, tamper: str
+) -> None:
+    key, (first, second) = await signed_twice(h)
+    size = second["size"]
+    if tamper == "broken signature":
+        await set_checkpoint(sql, size, "note", broken_signature(second["note"]))
+        expected = [("checkpoint_note", size, "does not verify with")]
+    elif tamper == "another size's note":  # signed by the engine, of the first checkpoint
+        await set_checkpoint(sql, size, "note", first["note"])
+        expected = [("checkpoint_note", size, f"signed size {first['size']}, root ")]
+    else:
+        # The whole chain rewritten from an event before both checkpoints, and every row's
+        # root set to the new log's: only the notes the engine signed are left as they were.
+        forged = await rewrite_chain(h, sql)
+        tree = MerkleTree(leaf_hash(bytes.fromhex(e.hash)) for e in forged)
+        for made in (first, second):
+            root = base64.b64encode(tree.root(made["size"])).decode()
+            await set_checkpoint(sql, made["size"], "root", root)
+        expected = [
+            ("checkpoint_note", first["size"], f"signed root {first['root']}; the row says"),
+            ("checkpoint_note", size, f"signed root {second['root']}; the row says"),
+            ("checkpoint", first["size"], f"the signed note of {first['size']} events has root"),
+            ("checkpoint", size, f"the signed note of {size} events has root"),
+        ]
+    (tmp_path / "key").write_text(key + "\n")
+
+    code, out, _ = await trellis(env, "verify", "--json", "--key-file", str(tmp_path / "key"))
+
+    report = json.loads(out)
+    assert code == 1 and report["ok"] is False
+    signed = [f for f in findings(report) if f["check"] in ("checkpoint_note", "checkpoint")]
+    assert [(f["check"], f["version"]) for f in signed] == [(c, v) for c, v, _ in expected]
+    for finding, (_, _, said) in zip(signed, expected, strict=True):
+        assert said in finding["message"], finding["message"]
+    notes = report["checks"]["notes"]
+    assert (notes["status"], notes["notes"]) == ("fail", 2)
+    assert (notes["key"], notes["key_from"]) == (key, f"--key-file {tmp_path / 'key'}")
+    assert report["checks"]["chain"]["status"] == "pass"  # the rows agree with the log
+
+
+async def test_the_notes_are_checked_with_the_key_found_or_skipped_without_one(
+    h: Harness,
+    env: dict[str, str],
+    database_url: str,
+    pg_schema: str,
+    subject_prefix: str,
+) -> None:
+    key, _ = await signed_twice(h)
+    signer = "+".join(key.split("+")[:2])
+
+    # Asked of the engine when no key is given and none lies in the data dir.
+    code, out, _ = await trellis(env, "verify")
+    assert code == 0, out
+    assert f"check notes: pass (2 notes, key {signer} from the engine's checkpoint-key query" in out
+
+    # The verifier key beside this data dir's signing key, as `trellis up` writes it.
+    public = Path(env["TRELLIS_DATA_DIR"]) / "checkpoint-key.pem.pub"
+    public.parent.mkdir(parents=True, exist_ok=True)
+    public.write_text(key + "\n")
+    code, out, _ = await trellis(env, "verify")
+    assert code == 0 and f"check notes: pass (2 notes, key {signer} from {public})" in out
+
+    # Another deployment's key: no note of this one verifies with it.
+    other = Signer.generate().verifier.key()
+    code, out, _ = await trellis(env, "verify", "--key", other)
+    assert code == 1 and out.count("FINDING checkpoint_note:") == 2
+    assert f"does not verify with {other}" in out
+
+    # No key anywhere: skipped, with why, never passed.
+    report = await verify(
+        database_url, schema=pg_schema, nats_url="nats://127.0.0.1:1", prefix=subject_prefix
+    )
+    notes = report["checks"]["notes"]
+    assert (notes["status"], notes["notes"], report["ok"]) == ("skipped", 2, True)
+    assert notes["reason"].startswith("no verifier key: cannot ask the engine for it (NATS ")
+    assert "check notes: skipped (no verifier key: " in audit_verify.text(report)
 
 
 async def test_two_events_whose_positions_were_swapped_are_named(

@@ -1,10 +1,14 @@
 """`trellis verify`: prove the log intact and the read models true to it, from the database.
 
-Four checks, one pass over each domain's log (docs/auditing.md, "Verifying the log"):
+The checks, one pass over each domain's log (docs/auditing.md, "Verifying the log"):
 
 - chain: every event's sha256 hash, its link to the one before, gap-free versions from the
   genesis hash, the stream head where the chain ends (engine.core.audit.ChainCheck), and every
   stored Merkle checkpoint's root recomputed from the log (engine.core.audit.CheckpointCheck);
+- notes: every stored checkpoint's signed note verifies with the deployment's verifier key,
+  says its row's origin, size and root, and signed a root the log gives. The key is --key or
+  --key-file, else `<key file>.pub` beside the signing key of this data dir, else what the
+  engine answers to the `checkpoint-key` query; without one the check is skipped, and said so;
 - invariants: the independent audit over the raw event data (engine.core.audit.InvariantAudit);
 - projections: the whole log replayed into fresh projection tables, compared row by row with
   the live ones, each up to the version its live checkpoint says it holds;
@@ -19,7 +23,8 @@ bucket) is a finding, never a pass: verify first waits up to `--wait` seconds (5
 part to reach the head it read, so a live engine's usual few milliseconds do not count.
 
 Exit 0: no findings; 1: findings; 2: verify could not run, 3: Postgres cannot be reached (one
-line on stderr). `-o json` prints the report as one JSON document. Nothing is written anywhere but temporary tables.
+line on stderr). `-o json` prints the report as one JSON document. Nothing is written anywhere
+but temporary tables.
 """
 
 from __future__ import annotations
@@ -34,12 +39,16 @@ from typing import Any
 
 import asyncpg
 import msgspec
+import nats.errors
 
+from trellis.adapters.bootstrap import checkpoint_key_path
+from trellis.adapters.checkpoint_key import public_key_path
 from trellis.adapters.embedded.process import default_data_dir
 from trellis.adapters.endpoints import find_endpoint
 from trellis.adapters.entrypoints import audit_proofs, render
 from trellis.adapters.nats import kv_audit, kv_state
 from trellis.adapters.nats.auth import CredentialsError, NkeyCredentials, Principal, SecureDir
+from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.nats.connect import nats_servers
 from trellis.adapters.nats.jetstream import DomainEnd, domain_end, stream_name
 from trellis.adapters.nats.kv_state import View, changes, coalesce, everything
@@ -54,11 +63,12 @@ from trellis.engine.core.audit import (
     InvariantAudit,
     StoredCheckpoint,
 )
+from trellis.engine.core.checkpoints import NoteError, Verifier
 from trellis.engine.core.records import RecordedEvent
 from trellis.projections.base import Fact
 from trellis.projections.sink import default_projections
 
-CHECKS = ("chain", "invariants", "projections", "kv", "stream")
+CHECKS = ("chain", "notes", "invariants", "projections", "kv", "stream")
 #: Seconds verify waits for the projections and the relay to reach the log's head.
 CATCH_UP_S = 5.0
 _POLL_S = 0.1
@@ -95,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         url = find_endpoint(settings, "database_url")
         if url is None:
             raise CannotRun("no database: set TRELLIS_DATABASE_URL or start one with `trellis up`")
+        key, key_from = _verifier_key(args, settings)
         report = asyncio.run(
             verify(
                 url,
@@ -104,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
                 domain=args.domain,
                 credentials=_credentials(settings, args.creds),
                 wait=args.wait,
+                key=key,
+                key_from=key_from,
             )
         )
     except (CannotRun, SettingsError, CredentialsError, LookupError) as exc:
@@ -157,9 +170,14 @@ async def verify(
     domain: str | None = None,
     credentials: NkeyCredentials | None = None,
     wait: float = CATCH_UP_S,
+    key: Verifier | None = None,
+    key_from: str = "",
 ) -> dict[str, Any]:
     """Run every check over the log in `schema` (and the bucket and stream for `prefix`); the
     report. The projections and the relay get `wait` seconds to reach each domain's head.
+    The stored notes are checked with `key` (`key_from` says where it came from), else with the
+    key the engine answers to the `checkpoint-key` query (`key_from` then says where none was
+    found before).
 
     Raises:
         CannotRun: `domain` is not in the log.
@@ -176,7 +194,9 @@ async def verify(
     )
     try:
         async with pool.acquire() as reader, pool.acquire() as scratch:
-            return await _verify(reader, scratch, nats_url, prefix, domain, credentials, wait)
+            return await _verify(
+                reader, scratch, nats_url, prefix, domain, credentials, wait, key, key_from
+            )
     finally:
         await pool.close()
 
@@ -189,6 +209,8 @@ async def _verify(
     only: str | None,
     credentials: NkeyCredentials | None,
     wait: float,
+    key: Verifier | None,
+    key_from: str,
 ) -> dict[str, Any]:
     live = await db.live_schema(reader)
     domains = await db.domains(reader)
@@ -206,9 +228,18 @@ async def _verify(
         checks["stream"].skip(why_not)
     report_domains: dict[str, Any] = {}
     try:
+        if key is None and domains:
+            key, answer = await _engine_key(nc, why_not, prefix, domains[0])
+            key_from = answer if key is not None else "; ".join(filter(None, [key_from, answer]))
+        notes = checks["notes"]
+        notes.details["notes"] = 0
+        if key is None:
+            notes.skip(f"no verifier key: {key_from or 'the log has no domain'}")
+        else:
+            notes.details |= {"key": key.key(), "key_from": key_from}
         for domain in domains:
             report_domains[domain] = await _domain(
-                reader, scratch, replay, js, prefix, domain, checks, wait
+                reader, scratch, replay, js, prefix, domain, checks, wait, key
             )
     finally:
         if nc is not None:
@@ -235,6 +266,7 @@ async def _domain(
     domain: str,
     checks: dict[str, _Check],
     wait: float,
+    key: Verifier | None,
 ) -> dict[str, Any]:
     names = [p.name for p in default_projections()]
     relay_name = f"relay:{stream_name(prefix)}"
@@ -254,7 +286,7 @@ async def _domain(
     replay.start()
     async with db.snapshot(reader, domain) as seen:
         stored = seen.checkpoints or []
-        anchors = CheckpointCheck(domain, [(c.size, c.root) for c in stored])
+        anchors = CheckpointCheck(domain, stored, key)
         async for batch in seen.events():
             facts = []
             for record in batch:
@@ -288,6 +320,10 @@ async def _domain(
         findings.append(stale)
     findings += anchors.findings()
     checks["chain"].found(findings)
+    signed = anchors.note_findings()
+    checks["notes"].details["notes"] += len(stored)
+    checks["notes"].found(signed)
+    findings += signed
     checks["invariants"].found(invariants.findings)
     findings += invariants.findings
     checks["projections"].found(fold.findings)  # the replay could not go on
@@ -513,6 +549,57 @@ def _stream(
     return findings
 
 
+def _verifier_key(args: argparse.Namespace, settings: Settings) -> tuple[Verifier | None, str]:
+    """The key to check the stored notes with and where it came from: --key, --key-file, else
+    the `.pub` file beside this data dir's signing key; else None and where none was found.
+
+    Raises:
+        CannotRun: the key given, or the one found, cannot be read or is no verifier key.
+    """
+    if getattr(args, "key", None):
+        text, key_from = args.key, "--key"
+    else:
+        path = getattr(args, "key_file", None)
+        key_from = f"--key-file {path}"
+        if path is None:
+            path = public_key_path(checkpoint_key_path(settings))
+            if not path.is_file():
+                return None, f"no --key or --key-file, no {path}"
+            key_from = str(path)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise CannotRun(f"cannot read the verifier key {path}: {exc.strerror or exc}") from None
+    try:
+        return Verifier.parse(text), key_from
+    except NoteError as exc:
+        raise CannotRun(f"{key_from} holds no verifier key: {exc}") from None
+
+
+async def _engine_key(
+    nc: Any, why_not: str, prefix: str, domain: str
+) -> tuple[Verifier | None, str]:
+    """The verifier key the engine serving `domain` answers on `nc`, and that it did; or None
+    and why not (`why_not`: why there is no connection)."""
+    if nc is None:
+        return None, f"cannot ask the engine for it ({why_not})"
+    asked = f"the engine's checkpoint-key query ({domain})"
+    try:
+        reply = await TrellisClient(nc, prefix=prefix, timeout=NATS_TIMEOUT_S).query(
+            domain, "checkpoint-key"
+        )
+    except nats.errors.NoRespondersError:
+        return None, f"no engine answers {asked}"
+    except (nats.errors.Error, TimeoutError, msgspec.DecodeError) as exc:
+        return None, f"{asked} failed: {exc or type(exc).__name__}"
+    if not reply.get("ok"):
+        return None, f"{asked} was refused: {reply.get('error')}"
+    try:
+        return Verifier.parse(str(reply["result"]["verifier_key"])), asked
+    except (NoteError, KeyError, TypeError) as exc:
+        return None, f"{asked} answered no verifier key: {exc}"
+
+
 async def _jetstream(url: str | None, credentials: NkeyCredentials | None) -> tuple[Any, Any, str]:
     """(JetStream context, connection, "") or (None, None, why not)."""
     if url is None:
@@ -580,6 +667,13 @@ def text(report: dict[str, Any]) -> str:
         reason = f" ({check['reason']})" if check.get("reason") else ""
         if name == "chain":
             reason = f" ({check['events']} events)"
+        if name == "notes":
+            if not check["notes"] and check["status"] != "fail":
+                continue  # no checkpoint stored: nothing to say
+            if "key" in check:
+                signer = "+".join(check["key"].split("+")[:2])
+                count = f"{check['notes']} note{'' if check['notes'] == 1 else 's'}"
+                reason = f" ({count}, key {signer} from {check['key_from']})"
         lines.append(f"check {name}: {check['status']}{reason}")
     count = sum(len(d["findings"]) for d in report["domains"].values())
     lines.append("verified: no findings" if report["ok"] else f"NOT verified: {count} findings")

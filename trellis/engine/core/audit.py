@@ -3,7 +3,8 @@
 `ChainCheck` recomputes each domain's sha256 chain with `engine.core.records.hash_of` (the writer's
 own definition of the hash) and reports every event whose version, link or hash is wrong, or
 that goes back in time or in position;
-`CheckpointCheck` recomputes the Merkle root of every stored checkpoint from the log.
+`CheckpointCheck` recomputes the Merkle root of every stored checkpoint from the log, and checks
+each stored signed note with the deployment's verifier key.
 
 `InvariantAudit` is deliberately written apart from the engine: it folds the raw JSON objects of
 the events (dicts, as `json.loads` gives them), not the msgspec Structs and not
@@ -42,6 +43,7 @@ from typing import Any
 
 import msgspec
 
+from trellis.engine.core.checkpoints import NoteError, Verifier, open_checkpoint, origin_of
 from trellis.engine.core.merkle import MerkleTree, leaf_hash
 from trellis.engine.core.records import GENESIS_HASH, RecordedEvent, hash_of
 
@@ -150,15 +152,32 @@ class StoredCheckpoint(msgspec.Struct, frozen=True, kw_only=True):
 
 class CheckpointCheck:
     """The domain's stored Merkle checkpoints against its log: feed the events in version
-    order; each checkpoint `(size, base64 root)` must be the RFC 9162 root of the first `size`
-    event hashes (engine/core/merkle.py, ARCHITECTURE §6), and no checkpoint may be of more events
-    than the log holds. A stored checkpoint is a promise the engine made to the outside world,
-    so a log that no longer keeps it was rewritten after it was made."""
+    order; each checkpoint's root must be the RFC 9162 root of the first `size` event hashes
+    (engine/core/merkle.py, ARCHITECTURE §6), and no checkpoint may be of more events than the
+    log holds. A stored checkpoint is a promise the engine made to the outside world, so a log
+    that no longer keeps it was rewritten after it was made.
 
-    def __init__(self, domain: str, checkpoints: Iterable[tuple[int, str]]):
+    The `root` column is no more than a copy, which whoever rewrites the log can rewrite too;
+    what the engine promised is its signed note. Given the deployment's `verifier`, each note
+    must verify with it and say the row's origin, size and root (`note_findings`), and the log
+    must give the root the note signed."""
+
+    def __init__(
+        self,
+        domain: str,
+        checkpoints: Iterable[StoredCheckpoint],
+        verifier: Verifier | None = None,
+    ):
         self.domain = domain
-        self._wanted = dict(checkpoints)  # size -> base64 root
+        self._stored = sorted(checkpoints, key=lambda c: c.size)
+        self._notes: list[Finding] = []
+        # The signed (size, base64 root) the log must give, where they are not the row's.
+        self._signed: list[tuple[int, str]] = []
+        if verifier is not None:
+            for stored in self._stored:
+                self._open(stored, verifier)
         self._tree = MerkleTree()
+        self._sizes = {c.size for c in self._stored} | {size for size, _ in self._signed}
         self._at: dict[int, int] = {}  # size -> position of the event that completes it
 
     def feed(self, event: RecordedEvent) -> None:
@@ -167,38 +186,87 @@ class CheckpointCheck:
         except ValueError:
             leaf = b""
         self._tree.append(leaf_hash(leaf))
-        if self._tree.size in self._wanted:
+        if self._tree.size in self._sizes:
             self._at[self._tree.size] = event.position
 
     def findings(self) -> list[Finding]:
-        out = []
-        for size, root in sorted(self._wanted.items()):
-            if size > self._tree.size:
-                out.append(
-                    Finding(
-                        check="checkpoint",
-                        domain=self.domain,
-                        version=size,
-                        message=f"a checkpoint of {size} events is stored, but the log holds "
-                        f"{self._tree.size}",
-                        details={"size": size, "root": root},
-                    )
-                )
-                continue
-            computed = base64.b64encode(self._tree.root(size)).decode()
-            if computed != root:
-                out.append(
-                    Finding(
-                        check="checkpoint",
-                        domain=self.domain,
-                        position=self._at[size],
-                        version=size,
-                        message=f"the checkpoint of {size} events has root {root}; the log's "
-                        f"first {size} events give {computed}",
-                        details={"size": size, "root": root, "log_root": computed},
-                    )
-                )
-        return out
+        """Each stored row whose root the log does not give."""
+        return [
+            finding
+            for c in self._stored
+            if (finding := self._against_log(c.size, c.root, "the checkpoint")) is not None
+        ]
+
+    def note_findings(self) -> list[Finding]:
+        """Each note that does not verify or does not say what its row says, and each signed
+        root the log does not give (empty without a verifier: nothing was checked)."""
+        signed = [
+            finding
+            for size, root in self._signed
+            if (finding := self._against_log(size, root, "the signed note")) is not None
+        ]
+        return [*self._notes, *signed]
+
+    def _open(self, stored: StoredCheckpoint, verifier: Verifier) -> None:
+        where = f"the note of the checkpoint of {stored.size} events"
+        try:
+            signed = open_checkpoint(stored.note, verifier)
+        except NoteError as exc:
+            self._note(stored, f"{where} does not verify with {verifier.key()}: {exc}")
+            return
+        said = {
+            "origin": signed.origin,
+            "size": str(signed.size),
+            "root": base64.b64encode(signed.root).decode(),
+        }
+        row = {"origin": origin_of(self.domain), "size": str(stored.size), "root": stored.root}
+        differ = [what for what in said if said[what] != row[what]]
+        if not differ:
+            return
+        self._note(
+            stored,
+            f"{where} signed {', '.join(f'{w} {said[w]}' for w in differ)}; the row says "
+            f"{', '.join(f'{w} {row[w]}' for w in differ)}",
+            {"signed": said, "row": row},
+        )
+        if signed.origin == row["origin"]:  # the engine's promise about this log
+            self._signed.append((signed.size, said["root"]))
+
+    def _note(
+        self, stored: StoredCheckpoint, message: str, more: dict[str, Any] | None = None
+    ) -> None:
+        self._notes.append(
+            Finding(
+                check="checkpoint_note",
+                domain=self.domain,
+                version=stored.size,
+                message=message,
+                details={"size": stored.size, "root": stored.root, **(more or {})},
+            )
+        )
+
+    def _against_log(self, size: int, root: str, what: str) -> Finding | None:
+        """A finding when the log's first `size` events do not give `root` (base64)."""
+        if size > self._tree.size:
+            return Finding(
+                check="checkpoint",
+                domain=self.domain,
+                version=size,
+                message=f"{what} of {size} events is stored, but the log holds {self._tree.size}",
+                details={"size": size, "root": root},
+            )
+        computed = base64.b64encode(self._tree.root(size)).decode()
+        if computed == root:
+            return None
+        return Finding(
+            check="checkpoint",
+            domain=self.domain,
+            position=self._at[size],
+            version=size,
+            message=f"{what} of {size} events has root {root}; the log's first {size} events "
+            f"give {computed}",
+            details={"size": size, "root": root, "log_root": computed},
+        )
 
 
 # ---- the invariants, over raw event data ----
