@@ -135,7 +135,7 @@ async def test_the_cli_refuses_a_gap_with_a_usage_error_and_then_continues(
 
     code, stdout, stderr = await run_cli(env, *cli, "--since", at(2000))
     assert code == 2, stdout + stderr
-    assert stderr.startswith("trellis: refused: --since would skip positions ")
+    assert stderr.startswith("trellis: usage: --since would skip positions ")
     assert "drop --since" in stderr and "Traceback" not in stderr and stdout == ""
 
     code, stdout, stderr = await run_cli(env, *cli)

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         exported = asyncio.run(go())
     except SinceWouldSkip as exc:  # nothing was written: the command line is to change
-        raise CliError(str(exc), code="refused", hint=exc.hint, exit=EXIT_USAGE) from None
+        raise CliError(str(exc), code="usage", hint=exc.hint, exit=EXIT_USAGE) from None
     except OSError as exc:
         if exc.filename is None:  # a connection's, not a file's: main says Postgres is down
             raise
