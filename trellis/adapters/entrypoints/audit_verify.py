@@ -672,8 +672,8 @@ def text(report: dict[str, Any]) -> str:
                 continue  # no checkpoint stored: nothing to say
             if "key" in check:
                 signer = "+".join(check["key"].split("+")[:2])
-                count = f"{check['notes']} note{'' if check['notes'] == 1 else 's'}"
-                reason = f" ({count}, key {signer} from {check['key_from']})"
+                noted = f"{check['notes']} note{'' if check['notes'] == 1 else 's'}"
+                reason = f" ({noted}, key {signer} from {check['key_from']})"
         lines.append(f"check {name}: {check['status']}{reason}")
     count = sum(len(d["findings"]) for d in report["domains"].values())
     lines.append("verified: no findings" if report["ok"] else f"NOT verified: {count} findings")
