@@ -16,7 +16,7 @@ from fabrics import expect_error, expect_ok, fabric
 from harness import Harness, serving
 
 from trellis.adapters.fabric.sim import SimulatedFabric
-from trellis.engine.core.fabric import FabricChange, FabricCircuit
+from trellis.engine.core.fabric import FabricChange, FabricCircuit, FabricSnapshot
 from trellis.engine.core.fabric_plan import reconcile
 from trellis.engine.service import saga
 
@@ -169,6 +169,50 @@ async def test_a_driver_that_raises_another_error_still_fails_and_undoes_the_sag
     sim.bad_device = None
     assert await in_step(h, sim) == ([], [])
     assert await free_gpus(h) == ["gpu-01", "gpu-02"]
+    assert expect_ok(await compose(h, A100))["state"] == "active"
+
+
+class UnreadableState(ProgramLog):
+    """A simulated fabric whose state file is `damaged`: every read and write
+    raises the ValueError its reader raises, not FabricError."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.damaged = False
+
+    def _check(self) -> None:
+        if self.damaged:
+            raise ValueError("fabric-sim.json.g3 is not a simulated fabric state file")
+
+    async def snapshot(self, domain: str, *, fence: int | None = None) -> FabricSnapshot:
+        self._check()
+        return await super().snapshot(domain, fence=fence)
+
+    async def program(
+        self,
+        domain: str,
+        changes: Sequence[FabricChange],
+        *,
+        fence: int | None = None,
+        started: Callable[[FabricChange], None] | None = None,
+    ) -> None:
+        self._check()
+        await super().program(domain, changes, fence=fence, started=started)
+
+
+@pytest.mark.parametrize("sim", [UnreadableState(seed=7)], ids=["unreadable state"])
+async def test_a_fabric_that_cannot_be_read_still_answers_every_compose(
+    h: Harness, sim: UnreadableState
+) -> None:
+    """The second compose after the state file broke stayed pending for good (and its
+    composer was told `unavailable`): a pass whose snapshot raised anything but FabricError
+    started no saga for the pending compositions, so none met its deadline."""
+    sim.damaged = True
+    expect_error(await compose(h, A100), "failed")
+    error = expect_error(await compose(h, A100), "failed")
+    assert "not a simulated fabric state file" in error["details"]["error"]
+    sim.damaged = False
+    assert await in_step(h, sim) == ([], [])
     assert expect_ok(await compose(h, A100))["state"] == "active"
 
 

@@ -311,8 +311,14 @@ class FabricSync:
                     f"{type(exc).__name__}: {exc}" if str(exc) else "no answer in time",
                 )
                 in_step = False
-            except Exception:  # the next pass starts from the log again
-                log.exception("domain %s: fabric pass failed", self.domain)
+            except Exception as exc:  # the next pass starts from the log again
+                log.error(
+                    "domain %s: fabric pass failed: %s: %s",
+                    self.domain,
+                    type(exc).__name__,
+                    exc,
+                    exc_info=not backoff,  # the traceback once, then a line per pass
+                )
                 in_step = False
             if not in_step or self._wake.is_set():
                 self._known = None  # (a pass in step sets it; anything since asks for another)
@@ -324,10 +330,13 @@ class FabricSync:
             snapshot = await asyncio.wait_for(
                 self._fabric.snapshot(self.domain, fence=self._fence), self._deadline
             )
-        except (FabricError, TimeoutError):
-            # The fabric cannot be read now (its manager is down, say). Pending compositions
-            # still get their saga: its own steps meet the same fabric and fail (undone, as
-            # any failed step), so the composer hears an outcome instead of waiting for it.
+        except WriterFenced:
+            raise
+        except Exception:
+            # The fabric cannot be read now (its manager is down, its state file damaged, a
+            # driver raising what it should not). Pending compositions still get their saga:
+            # its own steps meet the same fabric and fail (undone, as any failed step), so
+            # the composer hears an outcome instead of waiting for it.
             state = self._state()
             self._start_sagas(
                 sorted(c for c, v in state.compositions.items() if v.state == "pending")
