@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+import asyncpg
 import pytest
 
 from trellis.adapters import bootstrap
@@ -36,3 +37,32 @@ def test_a_failure_said_each_retry_is_said_once_a_minute_with_a_count(
     assert len(said) == 4, said
     assert "cannot reach Postgres" in said[0]
     assert said[1].endswith("(4 more like it in the last 60 s)"), said
+
+
+@pytest.mark.parametrize(
+    "away",
+    [
+        ConnectionRefusedError(111, "Connect call failed"),
+        asyncpg.CannotConnectNowError("the database system is shutting down"),
+        asyncpg.ConnectionDoesNotExistError("connection was closed in the middle of operation"),
+    ],
+    ids=repr,
+)
+def test_a_server_that_is_away_is_said_in_one_line_without_a_traceback(
+    away: Exception, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Postgres fast shutdown under a pool printed asyncpg's whole traceback: its errors
+    for a server going away are not OSErrors."""
+    repeats = bootstrap.Repeats()
+    record = logging.LogRecord(
+        "asyncpg.pool", logging.WARNING, __file__, 1, "Failed to restore the pool", None,
+        (type(away), away, None),
+    )  # fmt: skip
+    assert repeats.filter(record)
+    assert record.exc_info is None and repr(away) in record.getMessage()
+    bug = ValueError("a bug")
+    record = logging.LogRecord(
+        "asyncpg.pool", logging.WARNING, __file__, 1, "Failed", None, (ValueError, bug, None)
+    )
+    assert repeats.filter(record)
+    assert record.exc_info is not None  # anything else keeps its traceback

@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import asyncpg
 import msgspec
 from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
@@ -136,9 +137,18 @@ class Repeats(logging.Filter):
         if repeats:
             said += f" ({repeats} more like it in the last {self.every_s:.0f} s)"
         record.msg, record.args = said, None
-        if isinstance(exc, OSError):  # a refused or reset connection: no traceback
+        if isinstance(exc, SERVER_AWAY):  # nothing more to say than the error: no traceback
             record.exc_info, record.exc_text = None, None
         return True
+
+
+#: Failures that only say the server is away: a refused or reset connection, and
+#: Postgres shutting down or closing the connection (asyncpg's own errors, not OSError).
+SERVER_AWAY = (
+    OSError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,
+)
 
 
 #: The loggers that say the same failure on every retry while a server is away: asyncpg's
