@@ -150,8 +150,9 @@ class SnapshotStore(Protocol):
         self, domain: str, kind: str, *, at_most_version: int | None = None
     ) -> AsyncIterator[Snapshot]:
         """The domain's snapshots of `kind` at or below `at_most_version`, newest first, each
-        checked against the log first: one whose event the log does not hold with that
-        position and hash is skipped, with a warning."""
+        checked first: one whose event the log does not hold with that position and hash, or
+        (in a store others can write, PostgreSQL) whose seal by the checkpoint key does not
+        verify, is skipped, with a warning."""
         ...
 
 
