@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import re
 import signal
@@ -616,6 +617,28 @@ async def test_a_crash_before_the_link_leaves_the_previous_complete_generation(
     path.with_name(f"{path.name}.{os.getpid()}-0123456789abcdef.tmp").write_bytes(b'{"for')
     assert (await SimulatedFabric(state_file=path).snapshot(D)).circuits == [circuit(1, 2)]
     # The process that survived it holds what the hardware holds, not the change that failed.
+    assert (await fabric.snapshot(D)).circuits == [circuit(1, 2)]
+
+
+async def test_a_write_that_fails_leaves_no_temporary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a full disk every failed change left a `.tmp` file for good: the write failed
+    before the block that removes it."""
+    path = tmp_path / "fabric.json"
+    fabric = SimulatedFabric(state_file=path)
+    await fabric.create_circuit(D, circuit(1, 2))
+
+    def full(*args: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    for ports in ((3, 4), (5, 6)):
+        with pytest.raises(OSError, match="No space left"):
+            await fabric.create_circuit(D, circuit(*ports))
+    monkeypatch.undo()
+
+    assert list(tmp_path.glob("*.tmp")) == []
     assert (await fabric.snapshot(D)).circuits == [circuit(1, 2)]
 
 

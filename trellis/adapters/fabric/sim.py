@@ -698,14 +698,15 @@ class SimulatedFabric:
         # Complete and on disk under a name of its own first, so no generation is ever partial.
         temp = self.state_file.with_name(f"{self.state_file.name}.{os.getpid()}-{token}.tmp")
         spare, self._spare = self._spare, None
-        _write_durably(temp, self._encode(lineage), spare)
         try:
-            # The compare-and-swap: only one process can create a name.
-            os.link(temp, _generation(self.state_file, number))
-        except FileExistsError:
-            raise _Overtaken from None
-        finally:
-            temp.unlink()
+            _write_durably(temp, self._encode(lineage), spare)
+            try:  # the compare-and-swap: only one process can create a name
+                os.link(temp, _generation(self.state_file, number))
+            except FileExistsError:
+                raise _Overtaken from None
+        finally:  # also when the write failed (a full disk): no temp file is left behind
+            with contextlib.suppress(FileNotFoundError):
+                temp.unlink()
         _fsync_directory(self.state_file.parent)
         # A process that stopped between reading and linking may find that number free again
         # (deleted as old) and link it below the newest: then it has published nothing.
