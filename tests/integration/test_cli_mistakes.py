@@ -182,6 +182,25 @@ async def test_no_engine_at_all_says_how_to_start_one(tmp_path: Path) -> None:
     [["projections", "rebuild"], ["export", "--parquet", "out"], ["verify"]],
     ids=["rebuild", "export", "verify"],
 )
+async def test_no_database_at_all_is_unavailable_as_no_engine_is(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """They said `error` and exit 1 (verify: a line of its own and exit 2), where every other
+    command says `unavailable`, exit 3, when nothing is configured and no `trellis up` runs."""
+    code, out, err = await run_cli(base_env(tmp_path), *command)
+    line = one_line(err)
+    assert code == EXIT_UNAVAILABLE and out == "", (code, err)
+    assert line == (
+        "trellis: unavailable: no database found"
+        " (hint: start one with `trellis up`, or set TRELLIS_DATABASE_URL)"
+    ), line
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["projections", "rebuild"], ["export", "--parquet", "out"], ["verify"]],
+    ids=["rebuild", "export", "verify"],
+)
 async def test_a_postgres_that_does_not_listen_is_unavailable(
     tmp_path: Path, command: list[str]
 ) -> None:

@@ -7,7 +7,7 @@ import argparse
 import asyncio
 
 from trellis.adapters.endpoints import find_endpoint
-from trellis.adapters.entrypoints.cli.errors import EXIT_USAGE, CliError
+from trellis.adapters.entrypoints.cli.errors import EXIT_USAGE, CliError, no_database
 from trellis.adapters.postgres import sessions
 from trellis.adapters.postgres.export import (
     DomainExport,
@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     url = find_endpoint(settings, "database_url")
     if url is None:
-        raise ExportError("no database: set TRELLIS_DATABASE_URL or start one with `trellis up`")
+        raise no_database()
     since, until = args.since, args.until
     if since is not None and until is not None and since > until:
         raise ExportError("--since is after --until")

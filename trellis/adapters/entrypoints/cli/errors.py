@@ -33,6 +33,17 @@ class CliError(Exception):
         self.code, self.hint, self.exit = code, hint, exit
 
 
+def no_database() -> CliError:
+    """What the commands that read Postgres themselves say when nothing is configured and no
+    `trellis up` runs on this data dir: the outage code, as `no engine found` is."""
+    return CliError(
+        "no database found",
+        code="unavailable",
+        hint="start one with `trellis up`, or set TRELLIS_DATABASE_URL",
+        exit=EXIT_UNAVAILABLE,
+    )
+
+
 class UsageError(Exception):
     def __init__(self, message: str, hint: str) -> None:
         super().__init__(message)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from trellis.adapters.endpoints import find_endpoint
-from trellis.adapters.entrypoints.cli.errors import CliError
+from trellis.adapters.entrypoints.cli.errors import no_database
 from trellis.adapters.nats.contract import contract_files
 from trellis.adapters.postgres import sessions
 from trellis.adapters.postgres.migrations import SCHEMA_DIR
@@ -23,7 +23,7 @@ def projections_rebuild(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     url = find_endpoint(settings, "database_url")
     if url is None:
-        raise CliError("no database: set TRELLIS_DATABASE_URL or start one with `trellis up`")
+        raise no_database()
 
     async def go() -> tuple[int, float]:
         store = await PostgresEventStore.open(
