@@ -46,6 +46,7 @@ from trellis.adapters.checkpoint_key import public_key_path
 from trellis.adapters.embedded.process import default_data_dir
 from trellis.adapters.endpoints import find_endpoint
 from trellis.adapters.entrypoints import audit_proofs, render
+from trellis.adapters.entrypoints.cli.errors import no_database
 from trellis.adapters.nats import kv_audit, kv_state
 from trellis.adapters.nats.auth import CredentialsError, NkeyCredentials, Principal, SecureDir
 from trellis.adapters.nats.client import TrellisClient
@@ -104,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         settings = Settings.from_env()
         url = find_endpoint(settings, "database_url")
         if url is None:
-            raise CannotRun("no database: set TRELLIS_DATABASE_URL or start one with `trellis up`")
+            raise no_database()  # the outage line and exit 3, as every command's
         key, key_from = _verifier_key(args, settings)
         report = asyncio.run(
             verify(
