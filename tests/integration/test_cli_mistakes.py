@@ -354,6 +354,48 @@ def test_a_reader_that_goes_away_stops_the_cli_quietly(command: list[str]) -> No
     assert (done.returncode, done.stderr) == (141, ""), done.stderr
 
 
+# Ctrl-C at a chosen moment of the start: a finder asked for `target` first sends the process
+# SIGINT, which lands inside that import, as a Ctrl-C typed during the CLI's imports does.
+INTERRUPTED_AT = """
+import os, signal, sys
+from importlib.metadata import entry_points
+
+TARGET = sys.argv[1]
+
+class CtrlC:
+    def find_spec(self, name, path=None, target=None):
+        if name == TARGET:
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, CtrlC())
+sys.argv = ["trellis", "free"]
+(script,) = entry_points(group="console_scripts", name="trellis")
+sys.exit(script.load()())
+"""
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "trellis.adapters.entrypoints.cli.dispatch",
+        "asyncpg",
+        "trellis.adapters.entrypoints.cli.parser",
+        "trellis.adapters.entrypoints.audit_verify",
+    ],
+)
+def test_ctrl_c_while_the_cli_starts_is_exit_130_without_a_traceback(
+    tmp_path: Path, target: str
+) -> None:
+    """The console script imported the whole CLI (most of a second) before main could catch
+    the interrupt: Ctrl-C then printed a traceback ending in KeyboardInterrupt."""
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_AT, target],
+        env=base_env(tmp_path), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert (done.returncode, done.stderr, done.stdout) == (cli.EXIT_INTERRUPTED, "", "")
+
+
 # Issue 21, finding 7: ways to exit 70 (the code for bugs) that users found. Each is now the
 # documented code with one line. (A large import: test_size_limits.py; watch and composition
 # list on foreign stream or KV content: test_foreign_messages.py.)

@@ -3,7 +3,9 @@
 It lives in adapters/ (not engine/, as the first module map had it) because it wires concrete
 adapters, and the engine core imports none. The package:
 
-- `main.py`: `main`, which owns the errors and exit codes (`errors.py`);
+- `main` here, the console script, which imports the rest only once it can catch Ctrl-C;
+  `dispatch.py`: parsing and running a command, which owns the errors and exit codes
+  (`errors.py`);
 - `parser.py`: the root of the command line and the order of its commands;
 - the commands by area, each module with their arguments and handlers: `serve.py` (up,
   follow, demo, tenant add), `intents.py` (compose, release, extend), `queries.py`,
@@ -13,6 +15,8 @@ adapters, and the engine core imports none. The package:
 - `options.py`: the options commands share and the types that check values;
 - `talk.py`: a request to the running engine and printing its reply.
 """
+
+from collections.abc import Sequence
 
 from trellis.adapters.entrypoints.cli.errors import (
     EXIT_FAILED,
@@ -24,7 +28,6 @@ from trellis.adapters.entrypoints.cli.errors import (
     EXIT_USAGE,
     CliError,
 )
-from trellis.adapters.entrypoints.cli.main import main
 
 __all__ = [
     "EXIT_FAILED",
@@ -37,3 +40,14 @@ __all__ = [
     "CliError",
     "main",
 ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The `trellis` command (pyproject.toml's console script). The CLI's imports take most of
+    a second: they are made here, under the catch, so a Ctrl-C during them is exit 130 without
+    a traceback, as one at any later moment is (dispatch.main)."""
+    try:
+        from trellis.adapters.entrypoints.cli.dispatch import main as dispatch
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    return dispatch(argv)

@@ -1,5 +1,5 @@
 """`python -m trellis.adapters.entrypoints.cli`: the `trellis` command."""
 
-from trellis.adapters.entrypoints.cli.main import main
+from trellis.adapters.entrypoints.cli import main
 
 raise SystemExit(main())

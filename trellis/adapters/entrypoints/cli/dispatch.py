@@ -40,6 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = _main(argv)
         sys.stdout.flush()  # here, where a closed pipe can still be told apart from a bug
         return code
+    except KeyboardInterrupt:  # at any moment: parsing, a command, printing its answer
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader went away (`trellis ... | head -1`): stop quietly, as a command killed by
         # SIGPIPE would, and keep the interpreter's last flush from complaining.
@@ -63,8 +65,6 @@ def _main(argv: Sequence[str] | None) -> int:
     )
     try:
         code: int = args.run(args)
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
     except BrokenPipeError:
         raise  # not a bug, nor a database that is down: main stops quietly
     except CliError as exc:
