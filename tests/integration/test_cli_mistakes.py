@@ -55,6 +55,8 @@ USAGE = [
     (["compose", "--host-label", "=r1", "--gpu", "1"], "expected K=V, got '=r1'"),
     # A count that is never reached: the watch ran until interrupted.
     (["watch", "--count", "0"], "a count is 1 or more, not 0"),
+    # An event type the contract does not know: the watch waited forever for it.
+    (["watch", "--type", "NoSuchEvent"], "invalid choice: 'NoSuchEvent' (choose from 'Circuit"),
     # Amounts of nothing: `--memory 0` and `--nic 0` were dropped unsaid (a compose without
     # them went out), `--gpu -1` and `--max-hops 0` reached the engine to be refused there.
     (["compose", "--host", "h1", "--gpu", "1", "--memory", "0"], "an amount is above 0, not 0"),
@@ -336,6 +338,13 @@ async def test_help_names_the_defaults_the_environment_and_the_exit_codes(tmp_pa
     assert "2 usage, 3 unavailable, 70 internal" in out, out
     code, out, _ = await run_cli(base_env(tmp_path), "compose", "--help")
     assert code == 0 and "(default: 10.0)" in out and "$TRELLIS_TENANT" in out, out
+
+
+async def test_watch_says_what_its_timeout_bounds(tmp_path: Path) -> None:
+    """It said "seconds to wait for a reply", which a watch never waits for."""
+    code, out, _ = await run_cli(base_env(tmp_path), "watch", "--help")
+    says = "--timeout TIMEOUT seconds to wait for NATS to connect and the stream to start the watch"
+    assert code == 0 and says in " ".join(out.split()), out
 
 
 @pytest.mark.parametrize("command", [["completion", "bash"], ["completion", "zsh"]])

@@ -171,7 +171,9 @@ def intent_options(p: argparse.ArgumentParser) -> None:
     client_options(p)
 
 
-def client_options(p: argparse.ArgumentParser) -> None:
+def client_options(
+    p: argparse.ArgumentParser, timeout_help: str = "seconds to wait for a reply"
+) -> None:
     p.add_argument(
         "--domain",
         type=identifier("domain"),
@@ -179,9 +181,7 @@ def client_options(p: argparse.ArgumentParser) -> None:
         help="the fabric domain (default: $TRELLIS_DOMAIN or %(default)s)",
     )
     render.add_output_options(p)
-    p.add_argument(
-        "--timeout", type=timeout_seconds, default=10.0, help="seconds to wait for a reply"
-    )
+    p.add_argument("--timeout", type=timeout_seconds, default=10.0, help=timeout_help)
     p.add_argument(
         "--creds",
         type=Path,

@@ -24,6 +24,7 @@ from trellis.adapters.nats.jetstream import (
     stream_name,
 )
 from trellis.adapters.settings import Settings
+from trellis.engine.core.events import EVENT_TYPES
 
 
 def watch(args: argparse.Namespace) -> int:
@@ -31,7 +32,7 @@ def watch(args: argparse.Namespace) -> int:
         domain = "*" if args.all_domains else args.domain
         subject = f"{settings.subject_prefix}.events.{domain}.*"
         policy = DeliverPolicy.ALL if args.from_start else DeliverPolicy.NEW
-        js = client.nc.jetstream()
+        js = client.nc.jetstream(timeout=args.timeout)
         sub = await js.subscribe(
             subject, stream=stream_name(settings.subject_prefix), ordered_consumer=True,
             deliver_policy=policy,
@@ -94,6 +95,8 @@ def add_commands(sub: Any) -> None:
         "--type",
         action="append",
         default=[],
+        # Only the contract's types: another could never match, and the watch waited forever.
+        choices=sorted(EVENT_TYPES),
         metavar="EVENT",
         help="only this event type, e.g. CompositionActivated; repeatable",
     )
@@ -114,5 +117,9 @@ def add_commands(sub: Any) -> None:
     watch_parser.add_argument(
         "--count", type=positive_count, metavar="N", help="stop after N events"
     )
-    client_options(watch_parser)
+    # No reply to wait for: the watch runs until Ctrl-C or --count; --timeout bounds its start.
+    client_options(
+        watch_parser,
+        timeout_help="seconds to wait for NATS to connect and the stream to start the watch",
+    )
     watch_parser.set_defaults(run=watch)
