@@ -345,3 +345,21 @@ async def test_what_the_page_cannot_draw_is_said_in_a_banner_and_the_rest_goes_o
     composed = expect_ok(await h.client.intent(DOMAIN, "acme", "compose", H100))
     listed = page.locator(f'#compositions [data-id="{composed["composition_id"]}"]')
     await expect(listed).to_have_attribute("data-tenant", "acme")
+
+
+async def test_the_page_loads_without_a_failed_request(h: Harness) -> None:
+    assert h.page_url is not None
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            tab = await browser.new_page()
+            tab.set_default_timeout(WAIT_MS)
+            failed: list[str] = []
+            tab.on("response", lambda r: failed.append(r.url) if r.status >= 400 else None)
+            tab.on("console", lambda m: failed.append(m.text) if m.type == "error" else None)
+            await tab.goto(f"{h.page_url}/")
+            await expect(tab.locator("#status")).to_have_text("live")
+            await tab.wait_for_load_state("networkidle")
+            assert failed == []
+        finally:
+            await browser.close()

@@ -1,4 +1,4 @@
-// The live fabric page (adapters/entrypoints/fabric_page.py serves it and its data).
+// The live fabric page (adapters/http/fabric_page.py serves it and its data).
 // /events pushes the KV bucket (a snapshot, then each changed key), the event feed and
 // utilization samples; /api/topology and /api/why ask the engine's queries. Everything shown
 // is set as text, never as markup: ids, tenants and reasons come from clients.
