@@ -131,6 +131,21 @@ async def test_a_page_of_another_origin_may_not_read_the_stream_or_the_api(h: Ha
     for path in PATHS:
         status, _, _ = await ask(h.page_url, path, Host=own, Origin="http://attacker.example")
         assert status == 403, path
+    # An origin is its scheme too: the page is served over http, so its own pages' are http.
+    for origin in (f"https://{own}", f"ftp://{own}", own, f"http://{own}.evil", "null"):
+        status, _, _ = await ask(h.page_url, "/events", Host=own, Origin=origin)
+        assert status == 403, origin
+    # A name given with --allow-host may be a proxy in front that ends TLS: https too.
+    port = own.rsplit(":", 1)[1]
+    for origin in (f"http://trellis.example:{port}", "https://trellis.example"):
+        status, _, _ = await ask(h.page_url, "/page.js", Host=own, Origin=origin)
+        assert status == 200, origin
+    for origin in ("https://proxy.example:8443", "http://proxy.example:8443"):
+        status, _, _ = await ask(h.page_url, "/page.js", Host=own, Origin=origin)
+        assert status == 200, origin
+    for origin in ("https://proxy.example", f"ftp://trellis.example:{port}"):
+        status, _, _ = await ask(h.page_url, "/page.js", Host=own, Origin=origin)
+        assert status == 403, origin
     status, _, body = await ask(
         h.page_url, "/api/topology?domain=hall-1", Host=own, Origin=f"http://{own}"
     )

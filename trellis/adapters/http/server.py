@@ -16,7 +16,8 @@ request with two Host headers is `400` (RFC 9112 §3.2); an absolute-form target
 is its Host, checked the same way. That defeats DNS rebinding: a hostile web page whose
 name was made to resolve to 127.0.0.1 still sends its own name as the Host, so the browser of
 an operator who opened it can read nothing. A request with an `Origin` (a browser's fetch or
-EventSource from a page) must come from one of those same authorities, else `403`.
+EventSource from a page) must come from one of those same authorities with the server's own
+scheme (or https for a name given to it: a proxy that ends TLS), else `403`.
 
 The server's own refusals (a malformed request, a body too large, a method it does not take,
 a Host or Origin it does not serve) are plain text, or whatever `render_error` makes of them
@@ -104,6 +105,7 @@ class HttpServer:
         self._host = host
         self._port = port
         self._names = {name.strip().lower() for name in allowed_hosts if name.strip()}
+        self._named = {_without_port(name) for name in self._names}
         self._authorities: frozenset[str] = frozenset()
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
@@ -193,9 +195,23 @@ class HttpServer:
             why = f"this server answers to {known}, not to {told} (see --allow-host)\n"
             return Response(421, "text/plain", why.encode())
         origin = request.headers.get("origin")
-        if origin is not None and origin.lower().split("://", 1)[-1] not in self._authorities:
+        if origin is not None and not self._own_origin(origin.lower()):
             return Response(403, "text/plain", b"a page of another origin may not ask this\n")
         return None
+
+    def _own_origin(self, origin: str) -> bool:
+        """Whether `origin` (scheme://host[:port]) is one of this server's: its own scheme and
+        an allowed authority, or https and a name given to it (a proxy in front that ends TLS)."""
+        scheme, sep, authority = origin.partition("://")
+        if not sep or authority not in self._authorities:
+            return False
+        own = "https" if self._ssl is not None else "http"
+        return scheme == own or (scheme == "https" and _without_port(authority) in self._named)
+
+
+def _without_port(authority: str) -> str:
+    """`authority`'s host: `name` of `name:8443`, `[::1]` of `[::1]:8080`."""
+    return authority.rsplit(":", 1)[0] if _PORTED.fullmatch(authority) else authority
 
 
 async def _stream(writer: asyncio.StreamWriter, stream: Stream, *, body: bool) -> None:
