@@ -26,7 +26,12 @@ from harness import run_cli
 
 from trellis.adapters.bootstrap import embedded_or_configured
 from trellis.adapters.embedded.nats_server import EmbeddedNats
-from trellis.adapters.embedded.process import EmbeddedServerDied, free_port
+from trellis.adapters.embedded.process import (
+    DataDirInUse,
+    EmbeddedServerDied,
+    free_port,
+    hold_data_dir,
+)
 from trellis.adapters.embedded.watchdog import alive
 from trellis.adapters.settings import Settings
 
@@ -273,6 +278,27 @@ async def test_a_start_refuses_a_nats_server_left_on_the_store(tmp_path: Path) -
         assert (data / "nats.pid").read_text().strip() == str(left.pid)
     finally:
         left.stop()
+
+
+async def test_a_start_on_a_data_dir_another_process_is_starting_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Two `trellis up` started at once on a new data dir: the second met the first one's
+    nats-server on the store and told the operator to kill it as a leftover. Whoever runs
+    the embedded servers holds the data dir from before the first one starts."""
+    data = tmp_path / "data"
+    release = hold_data_dir(data)  # as a `trellis up` that has not yet written its endpoints
+    try:
+        env = environment(data, {"nats": free_port(), "monitor": free_port(), "pg": free_port()})
+        code, _, err = await run_cli(env, "up")
+        assert code == 1, err
+        assert f"another process (pid {os.getpid()}) runs or is starting" in err, err
+        assert not (data / "nats.pid").exists()  # it started nothing
+        with pytest.raises(DataDirInUse):  # nor may another holder in this process
+            hold_data_dir(data)
+    finally:
+        release()
+    hold_data_dir(data)()  # let go, it may be had again
 
 
 async def test_a_stop_that_reaches_the_servers_too_is_no_internal_error(tmp_path: Path) -> None:

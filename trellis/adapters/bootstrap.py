@@ -45,7 +45,11 @@ from trellis.adapters.clock import SystemClock
 from trellis.adapters.embedded import watchdog
 from trellis.adapters.embedded.nats_server import EmbeddedNats, reload_nats
 from trellis.adapters.embedded.postgres_server import EmbeddedPostgres
-from trellis.adapters.embedded.process import EmbeddedServerDied, default_data_dir
+from trellis.adapters.embedded.process import (
+    EmbeddedServerDied,
+    default_data_dir,
+    hold_data_dir,
+)
 from trellis.adapters.endpoints import write_endpoints
 from trellis.adapters.fabric.redfish.client import RedfishClient
 from trellis.adapters.fabric.redfish.driver import RedfishFabric
@@ -229,6 +233,7 @@ async def embedded_or_configured(
         monitor_url = None
         dog: watchdog.Watchdog | None = None
         if not nats_url or not database_url:
+            stack.callback(hold_data_dir(data_dir))
             dog = watchdog.Watchdog()
             # Ended last, after the servers stopped in order: a kill during that stop still
             # leaves it to finish.

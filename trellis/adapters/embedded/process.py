@@ -13,6 +13,7 @@ that exits or does not become ready is reported with the tail of that log.
 from __future__ import annotations
 
 import atexit
+import fcntl
 import logging
 import os
 import signal
@@ -65,6 +66,39 @@ class PortTakenError(EmbeddedServerError):
     def __init__(self, message: str, port: int | None = None) -> None:
         super().__init__(message)
         self.port = port
+
+
+class DataDirInUse(EmbeddedServerError):
+    """Another process holds the data dir's embedded servers (starting or serving)."""
+
+
+#: Held (flock) for as long as a process runs embedded servers on the data dir.
+SERVERS_LOCK = "servers.lock"
+
+
+def hold_data_dir(data_dir: Path) -> Callable[[], None]:
+    """Take the data dir for this process's embedded servers; the function that lets it go.
+    Two `trellis up` started at once on a new data dir both passed the "an engine already
+    runs here" check (the first had not written its endpoints yet), and the second then met
+    the first one's nats-server on the store and called it a leftover to kill.
+
+    Raises:
+        DataDirInUse: another process holds it, named by its pid.
+    """
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(data_dir / SERVERS_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise DataDirInUse(
+            f"another process (pid {holder}) runs or is starting the embedded servers on "
+            f"{data_dir}; stop it first, or give this one its own TRELLIS_DATA_DIR"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return lambda: os.close(fd)  # closing lets the lock go; the pid left in it is harmless
 
 
 def free_port(host: str = HOST) -> int:
