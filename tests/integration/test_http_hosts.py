@@ -171,6 +171,9 @@ async def test_in_secure_mode_the_page_serves_only_the_browser_given_its_token(
         # The printed address carries the token: it becomes a cookie scripts cannot read.
         status, headers, _ = await ask(url, f"/?token={token}", Host=own)
         assert status == 302 and headers["Location"] == "/"
+        # Only the token leaves the address: a bookmarked domain stays.
+        status, headers, _ = await ask(url, f"/?domain=hall-2&token={token}&x=", Host=own)
+        assert status == 302 and headers["Location"] == "/?domain=hall-2&x=", headers
         assert headers["Set-Cookie"] == (f"{name}={token}; HttpOnly; SameSite=Strict; Path=/")
         for path in PATHS[:3]:
             cookie = f"other=1; {name}={token}"

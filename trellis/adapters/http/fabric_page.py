@@ -264,7 +264,15 @@ class FabricPage(HttpServer):
         given = request.query.get("token")
         if given is not None and hmac.compare_digest(given.encode(), self._token.encode()):
             cookie = f"{token_cookie(self.url)}={self._token}; HttpOnly; SameSite=Strict; Path=/"
-            headers = (("Location", request.path), ("Set-Cookie", cookie), *_NO_STORE)
+            # The rest of the query stays: a bookmarked `?domain=` still opens its domain.
+            kept = [
+                (k, v)
+                for k, v in urllib.parse.parse_qsl(request.raw_query, keep_blank_values=True)
+                if k != "token"
+            ]
+            rest = urllib.parse.urlencode(kept)
+            location = f"{request.path}?{rest}" if rest else request.path
+            headers = (("Location", location), ("Set-Cookie", cookie), *_NO_STORE)
             return Response(302, "text/plain", b"", headers)
         held = _cookie(request, token_cookie(self.url)) or ""
         if hmac.compare_digest(held.encode(), self._token.encode()):
