@@ -26,10 +26,13 @@ import pytest_asyncio
 from engines import Fleet
 from fabrics import expect_ok
 from harness import Harness, run_cli, serving
+from test_secure_mode import first_snapshot
 
 from trellis.adapters.entrypoints.economics import demo
 from trellis.adapters.entrypoints.economics.data import read_hall
 from trellis.adapters.entrypoints.economics.runs import Plan
+from trellis.adapters.http import fabric_page
+from trellis.adapters.http.fabric_page import FabricPage
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.nats.connect import connect_nats
 
@@ -345,6 +348,48 @@ async def test_what_the_page_cannot_draw_is_said_in_a_banner_and_the_rest_goes_o
     composed = expect_ok(await h.client.intent(DOMAIN, "acme", "compose", H100))
     listed = page.locator(f'#compositions [data-id="{composed["composition_id"]}"]')
     await expect(listed).to_have_attribute("data-tenant", "acme")
+
+
+async def test_a_page_opened_on_a_busy_log_shows_its_recent_events(
+    h: Harness, nats_url: str, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    expect_ok(await h.client.admin(DOMAIN, "import-topology", FABRIC))
+    expect_ok(await h.client.intent(DOMAIN, "acme", "compose", H100))
+    head = await h.relayed(DOMAIN)
+    assert h.page_url is not None
+
+    def positions(url: str) -> list[int]:
+        events = first_snapshot(url)["events"].get(DOMAIN, [])
+        assert all(e["domain"] == DOMAIN for e in events), events
+        return [e["position"] for e in events]
+
+    # The running page kept the events it followed; a new page gets them in its snapshot.
+    while (await asyncio.to_thread(positions, h.page_url))[-1:] != [head]:
+        await asyncio.sleep(0.1)
+    assert await asyncio.to_thread(positions, h.page_url) == list(range(1, head + 1))
+    # A page server started after them reads the stream's last ones, and keeps a bounded few.
+    monkeypatch.setattr(fabric_page, "RECENT_EVENTS", 2)
+    nc = await connect_nats(nats_url, name="test-page-recent")
+    later = FabricPage(nc, prefix=subject_prefix)
+    try:
+        await later.start()
+        while await asyncio.to_thread(positions, later.url) != [head - 1, head]:
+            await asyncio.sleep(0.1)
+    finally:
+        await later.close()
+        await nc.close()
+
+    # In the browser: the feed lists them as soon as the page opens.
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            tab = await browser.new_page()
+            tab.set_default_timeout(WAIT_MS)
+            await tab.goto(f"{h.page_url}/?domain={DOMAIN}")
+            await expect(tab.locator("#feed li")).to_have_count(head)
+            await expect(tab.locator("#feed li").last).to_contain_text("#1 TopologyImported")
+        finally:
+            await browser.close()
 
 
 async def test_the_page_loads_without_a_failed_request(h: Harness) -> None:

@@ -3,9 +3,11 @@ fabric, who holds what, health and utilization, updated as it changes.
 
 The server is a NATS client like any other (in secure mode it connects as the operator):
 - it watches the KV bucket TRELLIS_STATE (initial values, then updates) and keeps the current
-  value of every key, and follows the event feed (JetStream TRELLIS_EVENTS, new events only);
+  value of every key, and follows the event feed (JetStream TRELLIS_EVENTS, from the last
+  REPLAYED events at its start), keeping each domain's last RECENT_EVENTS;
 - it pushes both to each open page as server-sent events on `/events`: first a `snapshot` of
-  every key, then a `kv` message per changed key and a `feed` message per event;
+  every key and the recent events, then a `kv` message per changed key and a `feed` message
+  per event;
 - it samples utilization per domain (GPUs held, memory GiB sliced out) from its copy of the
   bucket, at most once a second and only after a change, and keeps the last samples so a page
   opened later still sees the recent past (`utilization` messages, and in the snapshot);
@@ -35,7 +37,7 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
-from nats.js.api import DeliverPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.kv import KV_DEL, KV_PURGE
 
 from trellis.adapters.http.server import DEFAULT_HOST, HttpServer, Request, Response, Stream
@@ -56,6 +58,8 @@ FILES = {
 }
 SAMPLES_KEPT = 900  # utilization samples per domain: 15 minutes at one a second
 SAMPLE_EVERY_S = 1.0
+RECENT_EVENTS = 100  # per domain, in the snapshot: a page opened on a busy log shows them
+REPLAYED = 1000  # the stream's last events read at start, to fill the recent ones
 KEEPALIVE_S = 15.0  # a comment line, so a page that is gone is noticed
 QUERY_TIMEOUT_S = 5.0
 #: Messages waiting for one page; a page that falls this far behind is dropped, and its
@@ -150,6 +154,7 @@ class FabricPage(HttpServer):
         self.foreign = foreign or ForeignMessages("page")
         self._values: dict[str, msgspec.Raw] = {}  # the bucket, as last seen
         self._samples: dict[str, collections.deque[Sample]] = {}
+        self._recent: dict[str, collections.deque[_FeedEvent]] = {}
         self._changed: set[str] = set()  # domains whose devices changed since the last sample
         self._pages: set[_Page] = set()
         self._tasks: list[asyncio.Task[None]] = []
@@ -171,11 +176,17 @@ class FabricPage(HttpServer):
         kv = await js.key_value(bucket_name(self._prefix))
         watcher = await kv.watchall()
         self._closers.append(watcher.stop)
+        stream = stream_name(self._prefix)
+        last = (await js.stream_info(stream)).state.last_seq
+        since = ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=max(1, last - REPLAYED + 1),
+        )
         feed = await js.subscribe(
             f"{self._prefix}.events.>",
-            stream=stream_name(self._prefix),
+            stream=stream,
+            config=since,
             ordered_consumer=True,
-            deliver_policy=DeliverPolicy.NEW,
             cb=self._on_event,
         )
         self._closers.append(feed.unsubscribe)
@@ -219,7 +230,10 @@ class FabricPage(HttpServer):
         if stream_event(self._prefix, msg.subject, msg.data, msg.headers) is None:
             self.foreign.skipped("", f"seq {msg.metadata.sequence.stream}")
             return
-        self._broadcast(_message("feed", _feed_event.decode(msg.data)))
+        event = _feed_event.decode(msg.data)
+        kept = self._recent.setdefault(event.domain, collections.deque(maxlen=RECENT_EVENTS))
+        kept.append(event)
+        self._broadcast(_message("feed", event))
 
     async def _sample(self) -> None:
         while True:
@@ -305,6 +319,7 @@ class FabricPage(HttpServer):
             "prefix": self._prefix,
             "values": self._values,
             "utilization": {d: list(s) for d, s in self._samples.items()},
+            "events": {d: list(e) for d, e in self._recent.items()},
         }
         page.send(b"retry: 1000\n\n" + _message("snapshot", snapshot))
         self._pages.add(page)

@@ -1,4 +1,4 @@
-// The live fabric page (adapters/http/fabric_page.py serves it and its data).
+// The live fabric page (adapters/entrypoints/fabric_page.py serves it and its data).
 // /events pushes the KV bucket (a snapshot, then each changed key), the event feed and
 // utilization samples; /api/topology and /api/why ask the engine's queries. Everything shown
 // is set as text, never as markup: ids, tenants and reasons come from clients.
@@ -18,6 +18,7 @@ const MAX_NEST = 6;  // switch boxes nested deeper than this sit in their ancest
 const state = {
   values: new Map(),   // KV key -> value (adapters/nats/kv_state.py)
   utilization: {},     // domain -> [[t, gpus held, gpus, memory used GiB, memory GiB], ...]
+  events: {},          // domain -> its recent events, oldest first (at most FEED_KEPT)
   domain: new URLSearchParams(location.search).get("domain") || "",
   topology: null,      // the topology query's result for state.domain
   layout: new Map(),   // node id -> {x, y, block, ...}: where layOut put it
@@ -106,6 +107,8 @@ function connect() {
     const snapshot = JSON.parse(e.data);
     state.values = new Map(Object.entries(snapshot.values));
     state.utilization = snapshot.utilization;
+    state.events = snapshot.events;
+    showEvents();
     const tenants = new Set();
     for (const [key, value] of state.values) {
       if (key.split(".")[1] === "composition" && value && typeof value.tenant === "string") {
@@ -125,6 +128,9 @@ function connect() {
   }, "a change"));
   source.addEventListener("feed", guarded((e) => {
     const event = JSON.parse(e.data);
+    const kept = (state.events[event.domain] ||= []);
+    kept.push(event);
+    if (kept.length > FEED_KEPT) kept.shift();
     if (event.domain !== state.domain) return;
     showEvent(event);
     if (TOPOLOGY_EVENTS.has(event.type)) later(refreshTopology, 200);
@@ -154,6 +160,7 @@ function domainsChanged() {
   const domains = [...new Set([...state.values.keys()].map((k) => k.split(".")[0]))].sort();
   if (!state.domain && domains.length) {
     state.domain = domains[0];
+    showEvents();
     later(refreshTopology, 0);
   }
   if (state.domain && !domains.includes(state.domain)) domains.unshift(state.domain);
@@ -512,6 +519,12 @@ function renderFaults() {
     : [el("li", { class: "note" }, "none")]));
 }
 
+// The domain's recent events, as the server kept them and the feed added since.
+function showEvents() {
+  $("feed").replaceChildren();
+  (state.events[state.domain] || []).forEach(showEvent);
+}
+
 function showEvent(event) {
   const feed = $("feed");
   const time = event.recorded_at.slice(11, 19);
@@ -579,7 +592,7 @@ function drawUtilization() {
 $("domain").addEventListener("change", (e) => {
   state.domain = e.target.value;
   history.replaceState(null, "", `?domain=${encodeURIComponent(state.domain)}`);
-  $("feed").replaceChildren();
+  showEvents();
   refreshTopology();
 });
 // The number of block columns follows the page's width.
