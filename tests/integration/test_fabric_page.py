@@ -344,6 +344,12 @@ async def test_what_the_page_cannot_draw_is_said_in_a_banner_and_the_rest_goes_o
     await page.evaluate("() => { state.topology = { nodes: null, links: 7 }; later(relayout, 0); }")
     await expect(page.locator("#problem")).to_be_visible()
     await expect(page.locator("#problem")).to_contain_text("drawing (relayout)")
+    # Drawn again from the engine's topology, the part works again and its banner goes.
+    await page.evaluate("() => refreshTopology()")
+    await expect(page.locator("#problem")).to_be_hidden()
+    await expect(node(page, "host-01")).to_have_count(1)
+    await page.evaluate("() => { state.topology = { nodes: null, links: 7 }; later(relayout, 0); }")
+    await expect(page.locator("#problem")).to_be_visible()
     # The live feed and the lists keep working.
     composed = expect_ok(await h.client.intent(DOMAIN, "acme", "compose", H100))
     listed = page.locator(f'#compositions [data-id="{composed["composition_id"]}"]')
@@ -388,6 +394,27 @@ async def test_a_page_opened_on_a_busy_log_shows_its_recent_events(
             await tab.goto(f"{h.page_url}/?domain={DOMAIN}")
             await expect(tab.locator("#feed li")).to_have_count(head)
             await expect(tab.locator("#feed li").last).to_contain_text("#1 TopologyImported")
+        finally:
+            await browser.close()
+
+
+async def test_a_domain_that_does_not_exist_yet_is_a_note_not_a_problem(h: Harness) -> None:
+    assert h.page_url is not None
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            tab = await browser.new_page()
+            tab.set_default_timeout(WAIT_MS)
+            async with tab.expect_response(re.compile(r"/api/topology\?domain=later2$")) as asked:
+                await tab.goto(f"{h.page_url}/?domain=later2")
+            assert (await (await asked.value).json())["error"]["code"] == "not_found"
+            await expect(tab.locator("#empty")).to_be_visible()
+            await expect(tab.locator("#status")).to_have_text("live")
+            assert await tab.locator("#problem").is_hidden()
+            expect_ok(await h.client.admin("later2", "import-topology", FABRIC))
+            await expect(node(tab, "host-01")).to_have_count(1)
+            await expect(tab.locator("#empty")).to_be_hidden()
+            assert await tab.locator("#problem").is_hidden()
         finally:
             await browser.close()
 

@@ -64,30 +64,44 @@ function tenantColour(tenant) {
   return colour;
 }
 
-// What went wrong, shown above the fabric instead of a blank page; the rest keeps working.
-function showProblem(text) {
+// What went wrong, by the part of the page it is about, shown above the fabric instead of a
+// blank page; the rest keeps working, and a part that works again takes its problem away.
+const problems = new Map();
+function showProblem(part, text) {
+  problems.set(part, text);
+  showProblems();
+}
+function clearProblem(part) {
+  if (problems.delete(part)) showProblems();
+}
+function showProblems() {
   const banner = $("problem");
-  banner.textContent = text;
-  banner.hidden = false;
+  banner.textContent = [...problems.values()].join("\n");
+  banner.hidden = problems.size === 0;
 }
 
-// `work`, with whatever it throws shown as the page's problem instead of stopping the page.
+// `work`, with whatever it throws shown as the problem of `what` instead of stopping the
+// page, and that problem gone once `work` runs through.
 function guarded(work, what) {
-  return (...args) => {
+  const failed = (e) => showProblem(what, `${what}: ${e && e.message ? e.message : e}`);
+  const run = (...args) => {
     try {
       const result = work(...args);
-      if (result && typeof result.catch === "function") {
-        return result.catch((e) => showProblem(`${what}: ${e && e.message ? e.message : e}`));
+      if (result && typeof result.then === "function") {
+        return result.then(() => clearProblem(what), failed);
       }
+      clearProblem(what);
       return result;
     } catch (e) {
-      showProblem(`${what}: ${e && e.message ? e.message : e}`);
+      failed(e);
       return undefined;
     }
   };
+  run.what = what;
+  return run;
 }
-window.addEventListener("error", (e) => showProblem(`the page failed: ${e.message}`));
-window.addEventListener("unhandledrejection", (e) => showProblem(`the page failed: ${e.reason}`));
+window.addEventListener("error", (e) => showProblem("the page", `the page failed: ${e.message}`));
+window.addEventListener("unhandledrejection", (e) => showProblem("the page", `the page failed: ${e.reason}`));
 
 function entries(kind) {
   const start = `${state.domain}.${kind}.`, found = [];
@@ -152,7 +166,7 @@ function setStatus(text) {
 const pending = new Map();
 function later(work, ms = 50) {
   if (pending.has(work)) return;
-  const run = guarded(work, `drawing (${work.name})`);
+  const run = work.what ? work : guarded(work, `drawing (${work.name})`);
   pending.set(work, setTimeout(() => { pending.delete(work); run(); }, ms));
 }
 
@@ -182,9 +196,10 @@ const refreshTopology = guarded(async function refreshTopology() {
   const reply = await ask("topology");
   if (domain !== state.domain) return;  // another domain was picked meanwhile; its own ask draws
   state.topology = reply.ok ? reply.result : null;
-  if (!reply.ok && reply.error) showProblem(`topology of ${domain}: ${reply.error.message}`);
-  layOut();
-  render();
+  // A domain not there yet is no problem: the page shows its "no topology" note until it is.
+  if (reply.ok || reply.error?.code === "not_found") clearProblem("topology");
+  else showProblem("topology", `topology of ${domain}: ${reply.error?.message}`);
+  relayout();
 }, "the topology");
 
 // ---- the graph ----
@@ -596,7 +611,7 @@ $("domain").addEventListener("change", (e) => {
   refreshTopology();
 });
 // The number of block columns follows the page's width.
-function relayout() { layOut(); renderGraph(); }
+const relayout = guarded(function relayout() { layOut(); render(); }, "drawing (relayout)");
 window.addEventListener("resize", () => later(relayout, 150));
 setInterval(drawUtilization, 5000);
 connect();
