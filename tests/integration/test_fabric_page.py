@@ -398,6 +398,39 @@ async def test_a_page_opened_on_a_busy_log_shows_its_recent_events(
             await browser.close()
 
 
+async def test_after_an_engine_restart_a_secure_page_says_it_needs_the_new_address(
+    h: Harness, nats_url: str, subject_prefix: str
+) -> None:
+    # What a restart of `trellis up --secure` is to an open page: the same address, served
+    # again with a new token, so the browser's cookie is refused (401).
+    nc = await connect_nats(nats_url, name="test-page-restart")
+    before = FabricPage(nc, prefix=subject_prefix, token="token-before")
+    await before.start()
+    url, port = before.url, int(before.url.rsplit(":", 1)[1])
+    after = FabricPage(nc, prefix=subject_prefix, port=port, token="token-after")
+    try:
+        async with async_playwright() as playwright:
+            browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+            try:
+                tab = await browser.new_page()
+                tab.set_default_timeout(WAIT_MS)
+                await tab.goto(f"{url}/?token=token-before")
+                await expect(tab.locator("#status")).to_have_text("live")
+                await before.close()
+                await after.start()
+                await expect(tab.locator("#status")).to_have_text("engine restarted")
+                banner = tab.locator("#problem")
+                await expect(banner).to_be_visible()
+                await expect(banner).to_contain_text("the engine restarted")
+                await expect(banner).to_contain_text("the new address `trellis up` printed")
+            finally:
+                await browser.close()
+    finally:
+        await before.close()
+        await after.close()
+        await nc.close()
+
+
 async def test_a_domain_that_does_not_exist_yet_is_a_note_not_a_problem(h: Harness) -> None:
     assert h.page_url is not None
     async with async_playwright() as playwright:

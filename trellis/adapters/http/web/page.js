@@ -115,8 +115,16 @@ function entries(kind) {
 
 function connect() {
   const source = new EventSource("events");
-  source.addEventListener("open", () => setStatus("live"));
-  source.addEventListener("error", () => setStatus("connecting"));
+  source.addEventListener("open", () => {
+    setStatus("live");
+    clearProblem("the live feed");
+  });
+  source.addEventListener("error", () => {
+    setStatus("connecting");
+    // The browser tries again by itself, unless the server answered with an error status:
+    // then the stream stays closed, and the page asks why.
+    if (source.readyState === EventSource.CLOSED) whyClosed();
+  });
   source.addEventListener("snapshot", guarded((e) => {
     const snapshot = JSON.parse(e.data);
     state.values = new Map(Object.entries(snapshot.values));
@@ -157,6 +165,26 @@ function connect() {
   }, "utilization"));
 }
 
+// A stream refused with 401: the token this page holds is not the server's. A new token is
+// made at every start, so the engine restarted; only the address it printed has the new one.
+async function whyClosed() {
+  let status;
+  try {
+    status = (await fetch("events", { method: "HEAD", cache: "no-store" })).status;
+  } catch (e) {
+    status = 0;  // not there (yet): try again
+  }
+  if (status === 401) return tokenRefused();
+  showProblem("the live feed", `the live feed closed${status ? ` (HTTP ${status})` : ""}: trying again`);
+  setTimeout(connect, 2000);
+}
+
+function tokenRefused() {
+  setStatus("engine restarted");
+  showProblem("the live feed", "the engine restarted and no longer takes this page's token: "
+    + "open the new address `trellis up` printed (fabric page: http://…/?token=…)");
+}
+
 function setStatus(text) {
   $("status").textContent = text;
   $("status").dataset.state = text;
@@ -187,6 +215,10 @@ function domainsChanged() {
 async function ask(what, params) {
   const query = new URLSearchParams({ domain: state.domain, ...params });
   const response = await fetch(`api/${what}?${query}`);
+  if (response.status === 401) {
+    tokenRefused();
+    throw new Error("the page's token was refused");
+  }
   return response.json();
 }
 
