@@ -452,6 +452,25 @@ async def test_a_domain_that_does_not_exist_yet_is_a_note_not_a_problem(h: Harne
             await browser.close()
 
 
+async def test_a_failed_link_is_drawn_over_the_paths_held_along_it(h: Harness, page: Page) -> None:
+    for model in ("A100", "H100", "H200"):  # gpu-001..003: paths down sw-r1's spine
+        wanted = {**H100, "devices": [{"kind": "gpu", "models": [model]}]}
+        expect_ok(await h.client.intent(DOMAIN, "acme", "compose", wanted))
+    await expect(page.locator("#compositions li.composition")).to_have_count(3)
+    report = {"component": "l-005", "state": "failed", "detail": "cable-cut"}
+    expect_ok(await h.client.admin(DOMAIN, "report-fault", report))
+    failed = page.locator('#fabric [data-link="l-005"]')
+    await expect(failed).to_have_class(re.compile("health-failed"))
+    await expect(failed).to_have_css("stroke", RED)
+    # SVG paints in document order: the failed link comes after (over) every held path.
+    over = """() => {
+      const failed = document.querySelector('#fabric [data-link="l-005"]');
+      return [...document.querySelectorAll("#fabric .held")].every(
+        (held) => held.compareDocumentPosition(failed) & Node.DOCUMENT_POSITION_FOLLOWING);
+    }"""
+    assert await page.evaluate(over) is True
+
+
 async def test_the_page_loads_without_a_failed_request(h: Harness) -> None:
     assert h.page_url is not None
     async with async_playwright() as playwright:

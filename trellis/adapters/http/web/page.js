@@ -1,4 +1,4 @@
-// The live fabric page (adapters/entrypoints/fabric_page.py serves it and its data).
+// The live fabric page (adapters/http/fabric_page.py serves it and its data).
 // /events pushes the KV bucket (a snapshot, then each changed key), the event feed and
 // utilization samples; /api/topology and /api/why ask the engine's queries. Everything shown
 // is set as text, never as markup: ids, tenants and reasons come from clients.
@@ -497,13 +497,16 @@ function renderGraph() {
   const unattached = at.get("");
   if (unattached) blocks.append(el("text", { x: unattached.x - 4, y: unattached.y + 4, class: "block-title" }, unattached.title));
   const links = el("g", { class: "links" }), held = el("g", { class: "paths" }), nodes = el("g");
+  // Faulty links are drawn over the held paths, which run along the same spines: a fault is
+  // never hidden under a tenant's colour.
+  const faulty = el("g", { class: "faulty-links" });
   for (const link of topology.links) {
     const way = route(link.a, link.b);
     if (!way) continue;
     const line = el("polyline", { points: points(way), "data-link": link.id,
       class: `link health-${link.drained ? "drained" : link.health}` });
     line.append(el("title", {}, `${link.id}: ${link.a} - ${link.b}, ${link.free_gbps} of ${link.capacity_gbps} Gb/s free, ${link.health}`));
-    links.append(line);
+    (link.health === "healthy" || link.drained ? links : faulty).append(line);
   }
   const holder = new Map(); // device id -> tenant colour
   for (const [id, composition] of entries("composition")) {
@@ -536,7 +539,7 @@ function renderGraph() {
     g.addEventListener("click", () => why(node.id));
     nodes.append(g);
   }
-  svg.replaceChildren(blocks, links, held, nodes);
+  svg.replaceChildren(blocks, links, held, faulty, nodes);
 }
 
 function renderCompositions() {
