@@ -37,7 +37,11 @@ USAGE = [
     (["extend", "c-1", "--lease", "soon"], "not a whole number of seconds"),
     (["why", "bad.id"], "not a valid component or composition id"),
     (["quota", "set", "a b", "gpu", "--count", "1"], "not a valid tenant"),
-    (["compose", "--bogus"], "unrecognized arguments: --bogus"),
+    (["compose", "--bogus"], "unrecognized arguments: --bogus (hint: `trellis compose --help`)"),
+    # An argument no command takes is the innermost command's to explain, not the root's.
+    (["release", "c-x", "extra"], "unrecognized arguments: extra (hint: `trellis release --help`)"),
+    (["topology", "show", "x"], "unrecognized arguments: x (hint: `trellis topology show --help`)"),
+    (["--bogus", "free"], "unrecognized arguments: --bogus (hint: `trellis --help`)"),
     # Hostile shapes of the same mistakes: arguments that are not UTF-8, numbers past int64.
     (["compose", "--host", "\udcff\udcfe", "--gpu", "1"], "not a valid host id"),
     (["compose", "--host", "h1", "--gpu", "1", "--lease", "9" * 30], "a lease is 1 to"),
@@ -338,6 +342,29 @@ async def test_help_names_the_defaults_the_environment_and_the_exit_codes(tmp_pa
     assert "2 usage, 3 unavailable, 70 internal" in out, out
     code, out, _ = await run_cli(base_env(tmp_path), "compose", "--help")
     assert code == 0 and "(default: 10.0)" in out and "$TRELLIS_TENANT" in out, out
+
+
+GROUPS = {
+    "topology": "import", "composition": "list", "quota": "show", "fabric": "check",
+    "tenant": "add", "reservation": "cancel", "projections": "rebuild", "schema": "export",
+    "demo": "economics",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("group", "action"), GROUPS.items(), ids=list(GROUPS))
+def test_a_command_without_its_action_prints_its_own_help(
+    capsys: pytest.CaptureFixture[str], group: str, action: str
+) -> None:
+    """`trellis topology` alone printed the root's help, which lists no action of topology."""
+    assert cli.main([group]) == EXIT_USAGE
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: trellis {group} ") and f"    {action} " in out, out
+
+
+def test_the_root_alone_prints_the_roots_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([]) == EXIT_USAGE
+    out = capsys.readouterr().out
+    assert out.startswith("usage: trellis [-h]") and "    topology " in out, out
 
 
 async def test_watch_says_what_its_timeout_bounds(tmp_path: Path) -> None:

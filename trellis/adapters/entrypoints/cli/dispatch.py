@@ -56,9 +56,6 @@ def _main(argv: Sequence[str] | None) -> int:
     except UsageError as exc:
         say("usage", str(exc), exc.hint)
         return EXIT_USAGE
-    if not hasattr(args, "run"):
-        parser.print_help()
-        return EXIT_USAGE
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

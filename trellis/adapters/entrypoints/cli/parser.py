@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.metadata
 from pathlib import Path
 from typing import Any, NoReturn
@@ -25,7 +26,7 @@ from trellis.adapters.entrypoints.cli import (
     topology,
     watching,
 )
-from trellis.adapters.entrypoints.cli.errors import UsageError
+from trellis.adapters.entrypoints.cli.errors import EXIT_USAGE, UsageError
 from trellis.adapters.entrypoints.cli.options import client_options, identifier, moment
 from trellis.adapters.entrypoints.cli.talk import request
 
@@ -57,6 +58,36 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message, f"`{self.prog} --help`")
+
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        # A command named without its action (`trellis topology`): this one's help, not the
+        # root's; an action's own `run` takes the place of this default.
+        self.set_defaults(run=functools.partial(_help, self))
+        return super().add_subparsers(**kwargs)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras and not hasattr(namespace, _LEFT_TO):
+            # The innermost command returns first: it names the help that lists its options.
+            setattr(namespace, _LEFT_TO, self.prog)
+        return namespace, extras
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            message = f"unrecognized arguments: {' '.join(extras)}"
+            raise UsageError(message, f"`{getattr(namespace, _LEFT_TO)} --help`")
+        return namespace
+
+
+# Set in the namespace of a command line with arguments no command took: the innermost
+# command's name, for the hint.
+_LEFT_TO = "_trellis_unrecognized_by"
+
+
+def _help(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    parser.print_help()
+    return EXIT_USAGE
 
 
 class _RawEpilog(_Help):
