@@ -74,7 +74,7 @@ async def test_an_operator_imports_composes_asks_why_and_releases(
     assert code == 0 and devices[0] not in out
 
     code, out, _ = await trellis(env, "extend", cid, "--lease", "60", "--tenant", "acme")
-    assert code == 0 and "now expires at" in out
+    assert code == 0 and "extended at position" in out and "now expires at" in out, out
 
     code, out, _ = await trellis(env, "release", cid, "--tenant", "acme")
     assert code == 0 and "released" in out

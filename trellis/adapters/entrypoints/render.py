@@ -64,7 +64,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     lines = [
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
     ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    # Stripped too: a last column with an empty header and no cell ended it in spaces.
+    lines.insert(1, "  ".join("-" * w for w in widths).rstrip())
     return "\n".join(lines)
 
 
@@ -350,14 +351,14 @@ def preview_summary(result: Row, reply: Row, wide: bool = False) -> str:
 
 def reservations_table(result: Row, reply: Row, wide: bool = False) -> str:
     spec: list[Column] = [
-        ("RESERVATION", lambda r: r["reservation_id"], False),
-        ("TENANT", lambda r: r["tenant"], False),
-        ("HOST", lambda r: r["host"], False),
-        ("DEVICES", lambda r: ", ".join(d["id"] for d in r["devices"]), False),
-        ("EXPIRES", lambda r: _time(r["expires_at"], wide), False),
-        ("MADE", lambda r: _time(r["made_at"], wide), True),
-        ("REQUEST", lambda r: r["request_id"], True),
-        ("REASON", lambda r: r["reason"], True),
+        ("reservation", lambda r: r["reservation_id"], False),
+        ("tenant", lambda r: r["tenant"], False),
+        ("host", lambda r: r["host"], False),
+        ("devices", lambda r: ", ".join(d["id"] for d in r["devices"]), False),
+        ("expires", lambda r: _time(r["expires_at"], wide), False),
+        ("made", lambda r: _time(r["made_at"], wide), True),
+        ("request", lambda r: r["request_id"], True),
+        ("reason", lambda r: r["reason"], True),
     ]
     return columns(spec, result["reservations"], wide)
 
@@ -378,7 +379,10 @@ def release_summary(result: Row, reply: Row, wide: bool = False) -> str:
 
 
 def extend_summary(result: Row, reply: Row, wide: bool = False) -> str:
-    return f"composition {result['composition_id']} now expires at {result['expires_at']}"
+    return (
+        f"composition {result['composition_id']} extended at position {reply['position']}:"
+        f" now expires at {result['expires_at']}"
+    )
 
 
 def _connection_columns(wide: bool) -> list[Column]:

@@ -1,0 +1,49 @@
+"""The CLI's tables and one-line answers keep one style: lowercase headers, no line that ends in
+spaces, and the reply's log position in what an intent prints (docs/operations.md, `-o`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from trellis.adapters.entrypoints import render
+
+RESERVATION = {
+    "reservation_id": "r-1",
+    "tenant": "acme",
+    "host": "host-01",
+    "devices": [{"id": "gpu-001"}],
+    "expires_at": "2026-12-01T10:00:00.123456+00:00",
+    "made_at": "2026-12-01T09:00:00.123456+00:00",
+    "request_id": "q-1",
+    "reason": "",
+}
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["table", "wide"])
+def test_reservation_list_has_lowercase_headers_as_every_table(wide: bool) -> None:
+    """They were UPPERCASE, alone among the CLI's tables."""
+    text = render.reservations_table({"reservations": [RESERVATION]}, {"position": 7}, wide)
+    header = text.splitlines()[0]
+    assert header == header.lower() and header.startswith("reservation  tenant  host"), text
+
+
+@pytest.mark.parametrize("over", [False, True], ids=["under", "over"])
+def test_quota_show_ends_no_line_in_spaces(over: bool) -> None:
+    """Its last column has no header and, with nobody over quota, no cell: the rule under the
+    header ended in two spaces."""
+    row = {
+        "tenant": "acme",
+        "kind": "gpu",
+        "limit": {"count": 8, "capacity_gib": None},
+        "held": {"count": 1},
+        "over": over,
+    }
+    text = render.quota_table({"quotas": [row]}, {"position": 21})
+    assert [line for line in text.splitlines() if line != line.rstrip()] == [], text
+
+
+def test_extend_says_the_position_its_reply_was_recorded_at() -> None:
+    result = {"composition_id": "c-1", "expires_at": "2026-12-01T10:00:00+00:00"}
+    assert render.extend_summary(result, {"position": 12}) == (
+        "composition c-1 extended at position 12: now expires at 2026-12-01T10:00:00+00:00"
+    )
