@@ -367,6 +367,26 @@ def test_the_root_alone_prints_the_roots_help(capsys: pytest.CaptureFixture[str]
     assert out.startswith("usage: trellis [-h]") and "    topology " in out, out
 
 
+async def test_drain_help_says_the_live_compositions_are_moved_off(tmp_path: Path) -> None:
+    """It said "(existing ones stay)": a drain moves them off, or impairs them."""
+    for args in (["--help"], ["drain", "--help"]):
+        code, out, _ = await run_cli(base_env(tmp_path), *args)
+        text = " ".join(out.split())
+        assert code == 0 and "existing ones stay" not in text, out
+        assert "the live compositions through it are moved off" in text, out
+        assert "one that cannot be moved is impaired" in text, out
+
+
+async def test_add_node_says_it_takes_a_file_and_how_to_give_inline_json(tmp_path: Path) -> None:
+    """Its help said "the node as JSON", and JSON given so was read as a file's name."""
+    code, out, _ = await run_cli(base_env(tmp_path), "add-node", "--help")
+    assert code == 0 and "a file holding the node as a JSON object" in " ".join(out.split())
+    code, _, err = await run_cli(base_env(tmp_path), "add-node", '{"id": "n1"}')
+    line = one_line(err)
+    assert code == 1 and line.startswith('trellis: error: cannot read {"id": "n1"}: '), line
+    assert line.endswith("(hint: put the JSON in a file, or pass - and give it on stdin)"), line
+
+
 async def test_watch_says_what_its_timeout_bounds(tmp_path: Path) -> None:
     """It said "seconds to wait for a reply", which a watch never waits for."""
     code, out, _ = await run_cli(base_env(tmp_path), "watch", "--help")

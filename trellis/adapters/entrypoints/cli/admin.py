@@ -78,15 +78,24 @@ def quota_show(args: argparse.Namespace) -> int:
     return print_reply(args, reply, render.quota_table)
 
 
+_DRAIN = (
+    "take a component out of service: new paths avoid it, and the live compositions through "
+    "it are moved off (rerouted, or given another device); one that cannot be moved is impaired"
+)
+_SPEC_FILE = "a file holding the {} as a JSON object, or - to read it from stdin"
+
+
 def add_commands(sub: Any) -> None:
     """The operator's verbs on one component (trellis.admin.<domain>.<verb>)."""
     component = identifier("component id (a node, a link or <ocs>:<port>)", COMPONENT_REF_PATTERN)
-    drain_parser = sub.add_parser(
-        "drain", help="take a component out of service for new paths (existing ones stay)"
-    )
+    # What the engine does (engine/core/topology.py, drain): live compositions are moved off.
+    drain_parser = sub.add_parser("drain", help=_DRAIN, description=_DRAIN)
     drain_parser.add_argument("id", type=component)
     drain_parser.add_argument(
-        "--force", action="store_true", help="also move (or impair) the live paths through it"
+        "--force",
+        action="store_true",
+        help="drain even if an exclusive composition that cannot be moved is impaired by it "
+        "(without: the drain is refused, `conflict`)",
     )
     undrain_parser = sub.add_parser("undrain", help="put a drained component back in service")
     undrain_parser.add_argument("id", type=component)
@@ -99,11 +108,11 @@ def add_commands(sub: Any) -> None:
     add_node_parser = sub.add_parser(
         "add-node", help="add one node (a JSON NodeSpec, see schema/json)"
     )
-    add_node_parser.add_argument("file", type=Path, help="the node as JSON, or - for stdin")
+    add_node_parser.add_argument("file", type=Path, help=_SPEC_FILE.format("node"))
     add_link_parser = sub.add_parser(
         "add-link", help="add one link (a JSON LinkSpec, see schema/json)"
     )
-    add_link_parser.add_argument("file", type=Path, help="the link as JSON, or - for stdin")
+    add_link_parser.add_argument("file", type=Path, help=_SPEC_FILE.format("link"))
     remove_parser = sub.add_parser("remove", help="remove a node or link no live composition uses")
     remove_parser.add_argument("id", type=identifier("node or link id"))
     for p, run in (

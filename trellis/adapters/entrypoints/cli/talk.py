@@ -63,7 +63,10 @@ def read_json(path: Path) -> dict[str, Any]:
         data = sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
         doc = msgspec.json.decode(data)
     except (OSError, msgspec.DecodeError) as exc:
-        raise CliError(f"cannot read {path}: {exc}") from None
+        # The JSON itself where its file's name was to be: say how to give it.
+        inline = isinstance(exc, FileNotFoundError) and str(path).lstrip().startswith("{")
+        hint = "put the JSON in a file, or pass - and give it on stdin" if inline else None
+        raise CliError(f"cannot read {path}: {exc}", hint=hint) from None
     if not isinstance(doc, dict):
         raise CliError(f"{path} must hold a JSON object")
     return doc
