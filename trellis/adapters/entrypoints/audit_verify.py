@@ -77,7 +77,8 @@ NATS_TIMEOUT_S = 3.0
 
 
 class CannotRun(Exception):
-    """Verify could not do its work (no database, no such domain, ...): exit 2, one line."""
+    """Verify could not do its work (no such domain, no log in that schema, ...): exit 2, one
+    line. No database configured at all is `unavailable` (3), as for every command."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
