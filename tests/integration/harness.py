@@ -26,7 +26,7 @@ from trellis.adapters.postgres.checkpoints import PostgresAuditTrail
 from trellis.adapters.postgres.store import PostgresEventStore
 from trellis.adapters.settings import Settings
 from trellis.engine.core.lag import LagTracker
-from trellis.engine.core.records import PendingEvent
+from trellis.engine.core.records import PendingEvent, RecordedEvent
 from trellis.engine.core.throttle import RateLimit
 from trellis.engine.service.follower import Followers
 from trellis.engine.service.ports import FabricDriver
@@ -233,3 +233,21 @@ async def run_cli(env: dict[str, str], *args: str, timeout: float = 60.0) -> tup
         raise
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
+
+
+class CountingLog:
+    """The store, counting the events a fold reads from it."""
+
+    def __init__(self, store: Any):
+        self._store = store
+        self.read_events = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def read(
+        self, domain: str, after_version: int = 0, limit: int | None = None
+    ) -> AsyncIterator[RecordedEvent]:
+        async for event in self._store.read(domain, after_version, limit):
+            self.read_events += 1
+            yield event

@@ -21,12 +21,12 @@ import msgspec
 import pytest
 import pytest_asyncio
 from fabrics import edited, expect_error, expect_ok
-from harness import Harness, ManualClock, serving
+from harness import CountingLog, Harness, ManualClock, serving
 
 from trellis.adapters.postgres.snapshots import PostgresSnapshots
 from trellis.engine.core.checkpoints import Signer
 from trellis.engine.core.errors import EventRefused
-from trellis.engine.core.records import PendingEvent, RecordedEvent
+from trellis.engine.core.records import PendingEvent
 from trellis.engine.service.writer import DomainWriter
 
 DOMAIN = "hall-1"
@@ -334,24 +334,6 @@ async def test_a_moment_outside_the_years_of_utc_is_invalid(
     error = expect_error(await h.client.query(DOMAIN, what, body), "invalid")
     assert "outside the years 1 to 9999 in UTC" in error["message"], error
     assert "DataError" not in str(error)
-
-
-class CountingLog:
-    """The store, counting the events a fold reads from it."""
-
-    def __init__(self, store: Any):
-        self._store = store
-        self.read_events = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
-
-    async def read(
-        self, domain: str, after_version: int = 0, limit: int | None = None
-    ) -> AsyncIterator[RecordedEvent]:
-        async for event in self._store.read(domain, after_version, limit):
-            self.read_events += 1
-            yield event
 
 
 async def test_an_engine_starts_from_its_newest_snapshot_with_the_state_a_full_fold_gives(

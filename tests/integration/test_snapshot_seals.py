@@ -17,11 +17,11 @@ import asyncpg
 import pytest
 import pytest_asyncio
 from fabrics import expect_ok
-from harness import Harness, ManualClock, serving
+from harness import CountingLog, Harness, ManualClock, serving
 
 from trellis.adapters.postgres.snapshots import PostgresSnapshots
 from trellis.engine.core.checkpoints import Signer
-from trellis.engine.core.records import Head, RecordedEvent
+from trellis.engine.core.records import Head
 from trellis.engine.service.snapshots import state_at
 from trellis.engine.service.writer import DomainWriter
 from trellis.projections.past import fold_past
@@ -73,24 +73,6 @@ async def pool(database_url: str, pg_schema: str) -> AsyncIterator[asyncpg.Pool]
     )
     yield p
     await p.close()
-
-
-class CountingLog:
-    """The store, counting the events a fold reads from it."""
-
-    def __init__(self, store: Any):
-        self._store = store
-        self.read_events = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
-
-    async def read(
-        self, domain: str, after_version: int = 0, limit: int | None = None
-    ) -> AsyncIterator[RecordedEvent]:
-        async for event in self._store.read(domain, after_version, limit):
-            self.read_events += 1
-            yield event
 
 
 async def a_day(h: Harness, pool: asyncpg.Pool) -> Head:
