@@ -50,7 +50,7 @@ from nats.js.kv import KV_DEL, KV_PURGE
 
 log = logging.getLogger("scheduler")
 DEFAULT_PREFIX = "trellis"
-CONNECT_ATTEMPTS = 5  # then it gives up (exit 3); NATS reconnects are tried as often
+CONNECT_ATTEMPTS = 5  # at start, then it gives up (exit 3); once connected, it reconnects for good
 REQUEST_TIMEOUT_S = 30.0  # a compose is answered once the fabric saga settled it
 ATTEMPT_S = 5.0  # one attempt's wait: a compose waits for its saga, so longer than a query's
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
@@ -651,7 +651,14 @@ async def main_async(args: argparse.Namespace, demands: list[Demand]) -> int:
         max_reconnect_attempts=CONNECT_ATTEMPTS,
         reconnect_time_wait=1,
         error_cb=_nats_error,
+        disconnected_cb=_nats_disconnected,
+        reconnected_cb=_nats_reconnected,
     )
+    # Connected: from now on NATS going away (an engine's restart moves an embedded server,
+    # a cluster node restarts) is waited out, however long, not the end of the connection:
+    # after CONNECT_ATTEMPTS the connection closed for good and the scheduler placed nothing
+    # again. nats-py reads its options at each reconnect.
+    nc.options["max_reconnect_attempts"] = -1
     scheduler = Scheduler(
         nc,
         domain=args.domain,
@@ -687,6 +694,14 @@ async def main_async(args: argparse.Namespace, demands: list[Demand]) -> int:
 
 async def _nats_error(exc: Exception) -> None:
     note("nats_error", error=str(exc) or type(exc).__name__)
+
+
+async def _nats_disconnected() -> None:
+    note("nats_disconnected")
+
+
+async def _nats_reconnected() -> None:
+    note("nats_reconnected")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,11 @@ import pytest_asyncio
 from fabrics import expect_ok
 from harness import Harness, serving
 
+from trellis.adapters.embedded.nats_server import EmbeddedNats
+from trellis.adapters.embedded.process import free_port
+from trellis.adapters.nats.connect import connect_nats
+from trellis.adapters.nats.jetstream import StreamLimits, ensure_bucket, ensure_stream
+
 REPO = Path(__file__).resolve().parents[2]
 SCHEDULER = REPO / "examples" / "scheduler.py"
 FABRIC = REPO / "examples" / "fabric.json"
@@ -275,3 +280,39 @@ def test_no_nats_is_one_line_and_exit_3(tmp_path: Path) -> None:
     assert done.returncode == 3, done
     assert "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("scheduler: cannot reach NATS")
+
+
+async def test_once_connected_it_waits_out_nats_going_away_however_long(tmp_path: Path) -> None:
+    """An engine's restart takes its embedded nats-server away for several seconds: after five
+    failed reconnects the scheduler's connection closed for good, and it placed nothing again
+    and never exited. It waits NATS out now, and says so."""
+    port = free_port()
+    server = EmbeddedNats(tmp_path / "nats", port)
+    server.start()
+    try:
+        nc = await connect_nats(server.url)
+        await ensure_stream(nc.jetstream(), "trellis", StreamLimits())
+        await ensure_bucket(nc.jetstream(), "trellis")
+        await nc.close()
+        log = tmp_path / "scheduler.log"
+        with log.open("wb") as out:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, str(SCHEDULER), "--nats", server.url, "--domain", DOMAIN,
+                "--tenant", TENANT, "--duration", str(HOUR), stdout=out, stderr=out,
+            )  # fmt: skip
+        running = SchedulerProcess(proc, log, tmp_path / "unused.json")
+        try:
+            await running.until("started", lambda line: True)
+            server.stop()
+            await running.until("nats_disconnected", lambda line: True)
+            # Longer than its five reconnects a second apart took to give up.
+            await asyncio.sleep(7)
+            server = EmbeddedNats(tmp_path / "nats", port)
+            server.start()
+            await running.until("nats_reconnected", lambda line: True)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    finally:
+        server.stop()
