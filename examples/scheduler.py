@@ -637,7 +637,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     stop = parser.add_mutually_exclusive_group()
     stop.add_argument("--once", action="store_true", help="exit when all demand has run")
     stop.add_argument("--duration", type=float, help="exit after this many seconds")
-    parser.add_argument("--dump", type=Path, help="write the local view here on SIGUSR1 and exit")
+    parser.add_argument("--dump", type=Path, help="write the view here on SIGUSR1, and at exit")
     parser.add_argument("--retry-seconds", type=float, default=2.0)
     parser.add_argument("--leave", action="store_true", help="keep compositions at exit")
     return parser.parse_args(argv)
