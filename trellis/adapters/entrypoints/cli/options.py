@@ -199,18 +199,19 @@ def metrics_port_arg(text: str) -> int | None:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def demo_number(low: float, high: float) -> Any:
-    """An argparse type: a number from `low` to `high` (whole when `low` is an int)."""
-    kind = int if isinstance(low, int) else float
+def demo_number(low: float, high: float, *, whole: bool = False) -> Any:
+    """An argparse type: a finite number from `low` to `high` (a whole one when `whole`); its
+    error says the bounds."""
+    wanted = f"{'a whole number' if whole else 'a number'} from {low:,g} to {high:,g}"
 
     def number(text: str) -> float:
         try:
-            value = kind(text)
+            value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{value} is not between {low} and {high}")
-        return value
+            value = math.nan
+        if not (low <= value <= high and (value.is_integer() or not whole)):  # NaN fails too
+            raise argparse.ArgumentTypeError(f"{text!r} is not {wanted}")
+        return int(value) if whole else value
 
     return number
 

@@ -325,10 +325,16 @@ def add_commands(sub: Any) -> None:
         help="Azure's LLM trace through pooled composition and fixed GPU boxes, compared",
     )
     econ.add_argument(
-        "--seconds", type=demo_number(5, 3600), default=45.0, help="compressed demand, seconds"
+        "--seconds",
+        type=demo_number(5, 3600),
+        default=45.0,
+        help="the demand's ten minutes compressed into this many seconds, 5 to 3,600",
     )
     econ.add_argument(
-        "--requests", type=demo_number(1, 100_000), default=200, help="trace requests to replay"
+        "--requests",
+        type=demo_number(1, 100_000, whole=True),
+        default=200,
+        help="trace requests to replay, 1 to 100,000 (at most what the trace's ten minutes hold)",
     )
     econ.add_argument(
         "--out",
