@@ -10,6 +10,7 @@ import dataclasses
 import io
 import json
 import re
+import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from trellis.adapters.entrypoints.economics import demo, live
+from trellis.adapters.entrypoints.economics import demo, live, plots
 from trellis.adapters.entrypoints.economics.figures import (
     PERCENTILES,
     Figures,
@@ -26,10 +27,11 @@ from trellis.adapters.entrypoints.economics.figures import (
     mended,
     percentile,
     served_by_model,
+    sparkline,
     storm_refusal,
     supported,
 )
-from trellis.adapters.entrypoints.economics.runs import Plan, Run
+from trellis.adapters.entrypoints.economics.runs import Plan, Run, demand
 from trellis.adapters.entrypoints.economics.serving import (
     Served,
     assumptions,
@@ -37,7 +39,7 @@ from trellis.adapters.entrypoints.economics.serving import (
     tpot,
     ttft,
 )
-from trellis.adapters.entrypoints.economics.workload import Request
+from trellis.adapters.entrypoints.economics.workload import Request, TraceRow, compress
 
 
 def event(type: str, position: int = 0, **data: Any) -> dict[str, Any]:
@@ -145,21 +147,36 @@ HALL: dict[str, Any] = {
 }  # fmt: skip
 
 
-def asked(type: str, number: int, gpus: int, scheduler: str, at: float, **data: Any) -> Any:
+def asked(
+    type: str,
+    number: int,
+    gpus: int,
+    scheduler: str,
+    at: float,
+    lease: int | None = None,
+    labels: dict[str, str] | None = None,
+    **data: Any,
+) -> Any:
+    """A CompositionRequested (of composition c<number>) or CompositionRejected event."""
     request = {
-        "labels": {"scheduler": scheduler, "demand": str(number)},
+        "labels": {"scheduler": scheduler, "demand": str(number), **(labels or {})},
         "devices": [{"kind": "gpu", "count": gpus}],
+        "lease_seconds": lease,
     }
+    if type == "CompositionRequested":
+        data["composition_id"] = f"c{number}"
     when = T0 + timedelta(seconds=at)
     return {"type": type, "at": when, "position": 0, "data": {"request": request, **data}}
 
 
-def held(kind: str, start: float, end: float, price: float, gib: float | None = None) -> Any:
+def held(
+    kind: str, start: float, end: float, price: float, gib: float | None = None, cid: str = "c0"
+) -> Any:
     def iso(seconds: float) -> str:
         return (T0 + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
 
     return {"kind": kind, "start": iso(start), "end": iso(end), "cost_per_hour": price,
-            "capacity_gib": gib}  # fmt: skip
+            "capacity_gib": gib, "composition_id": cid}  # fmt: skip
 
 
 def fixed_run() -> tuple[Figures, list[Any]]:
@@ -167,12 +184,14 @@ def fixed_run() -> tuple[Figures, list[Any]]:
     finds none free."""
     demand = [Request(0, 0.0, 1024, 100), Request(1, 0.5, 2048, 300), Request(2, 1.0, 300, 10)]
     events = [
-        asked("CompositionRequested", 0, 1, "fixed-pods", 0.0),
-        asked("CompositionRequested", 1, 1, "fixed-pods", 0.5),
+        asked("CompositionRequested", 0, 1, "fixed-pods", 0.0, 3600,
+              {"need_gpu_seconds": "900"}),
+        asked("CompositionRequested", 1, 1, "fixed-pods", 0.5, 1800,
+              {"need_gpu_seconds": "1800"}),
         asked("CompositionRejected", 2, 1, "fixed-pods", 1.0, code="no_capacity",
               message="no box", details={"entry": 0}),
     ]  # fmt: skip
-    intervals = [held("gpu", 0, 3600, 2.0), held("gpu", 0, 1800, 2.0)]
+    intervals = [held("gpu", 0, 3600, 2.0, cid="c0"), held("gpu", 0, 1800, 2.0, cid="c1")]
     waits = {0: 0.5, 1: 0.25}
     got = figures(HALL, events, intervals, demand, latencies=[0.5, 0.25, 0.1], waits=waits)
     return got, events
@@ -181,22 +200,22 @@ def fixed_run() -> tuple[Figures, list[Any]]:
 def pooled_run() -> tuple[Figures, list[Any]]:
     """Request 0: a prefill on both GPUs for 1 s, then a decode on one GPU and 50 GiB of the
     pool for 2 s. Request 1, a second later: a prefill on the other GPU, then a decode on it
-    with 50 GiB, for 2 s."""
+    with 50 GiB, for 2 s. Each held as long as its lease asked."""
     demand = [Request(0, 0.0, 2048, 50), Request(1, 1.0, 1024, 100)]
     events = [
-        asked("CompositionRequested", 0, 2, "example", 0.0),
-        asked("CompositionRequested", 1, 1, "example", 1.0),
-        asked("CompositionRequested", 2, 1, "example", 1.0),
-        asked("CompositionRequested", 3, 1, "example", 2.0),
+        asked("CompositionRequested", 0, 2, "example", 0.0, 1),
+        asked("CompositionRequested", 1, 1, "example", 1.0, 2),
+        asked("CompositionRequested", 2, 1, "example", 1.0, 1),
+        asked("CompositionRequested", 3, 1, "example", 2.0, 2),
     ]
     intervals = [
-        held("gpu", 0, 1, 2.0),
-        held("gpu", 0, 1, 2.0),
-        held("gpu", 1, 3, 2.0),
-        held("memory", 1, 3, 0.5, gib=50.0),
-        held("gpu", 1, 2, 2.0),
-        held("gpu", 2, 4, 2.0),
-        held("memory", 2, 4, 0.5, gib=50.0),
+        held("gpu", 0, 1, 2.0, cid="c0"),
+        held("gpu", 0, 1, 2.0, cid="c0"),
+        held("gpu", 1, 3, 2.0, cid="c1"),
+        held("memory", 1, 3, 0.5, gib=50.0, cid="c1"),
+        held("gpu", 1, 2, 2.0, cid="c2"),
+        held("gpu", 2, 4, 2.0, cid="c3"),
+        held("memory", 2, 4, 0.5, gib=50.0, cid="c3"),
     ]
     waits = {0: 0.1, 1: 0.05, 2: 0.2, 3: 0.0}
     got = figures(HALL, events, intervals, demand, latencies=[0.1, 0.05, 0.2, 0.0], waits=waits)
@@ -243,6 +262,8 @@ def test_a_fixed_run_s_figures_by_hand() -> None:
     assert got.billed_per_million_tokens == pytest.approx(3.0 / 0.003472)
     assert got.hall_per_million_tokens == pytest.approx(4.5 / 0.003472)
     assert got.billed_per_served == pytest.approx(1.5)
+    # Box 0 held its GPU an hour for 900 GPU-seconds of work; box 1 needed all it held.
+    assert got.idle_gpu_seconds == pytest.approx(2700)
     # Both GPUs held the first half hour, one the second.
     assert (got.gpu_held_mean, got.gpu_held_peak, got.memory_held_mean) == (75.0, 100.0, 0.0)
     # TTFT: 0.5 s + 1,024 tokens at 1,024/s = 1.5 s; 0.25 s + 2,048 at 1,024/s = 2.25 s; the
@@ -261,8 +282,9 @@ def test_a_pooled_run_s_figures_by_hand() -> None:
     assert got.billed_per_million_tokens == pytest.approx(billed / (3222 / 1e6))
     assert got.span_s == pytest.approx(4.0)
     assert got.times == pytest.approx([0.0, 1.0, 2.0, 3.0])
-    assert got.gpu_util == pytest.approx([1.0, 1.0, 1.0, 0.5])
-    assert got.memory_util == pytest.approx([0.0, 0.5, 1.0, 0.5])
+    assert got.gpus_held_share == pytest.approx([1.0, 1.0, 1.0, 0.5])
+    assert got.memory_held_share == pytest.approx([0.0, 0.5, 1.0, 0.5])
+    assert got.idle_gpu_seconds == 0  # every phase held what its lease asked, no longer
     # TTFT: 0.1 s + 2,048 tokens on 2 GPUs at 1,024/s = 1.1 s; 0.2 s + 1,024 on 1 = 1.2 s.
     # TPOT: (0.05 s + 50 tokens at 100/s) / 50 = 11 ms; (0 + 100 at 100/s) / 100 = 10 ms.
     assert got.ttft_ms == {"p50": pytest.approx(1100)}
@@ -310,7 +332,8 @@ def test_the_report_prints_its_assumptions_beside_the_figures(tmp_path: Path) ->
     assert "H100 2.00" in line("price, gpu") and "$ per gpu-hour" in line("price, gpu")
     assert "CXL 100 GiB 0.50" in line("price, memory")
     # The drain after the last arrival is said, not left to be guessed.
-    assert "held over 4 s (the last arrivals' leases run past 2 s)" in text
+    assert "held over 4 s, the first compose to the last lease's end" in text
+    assert "(the last arrivals' leases run past 2 s)" in text
 
     demo.write(outcome(), plan, tmp_path, text)
     record = json.loads((tmp_path / "figures.json").read_text())
@@ -334,3 +357,104 @@ def test_the_comparison_names_what_was_held_and_prints_no_infinite_ratio() -> No
     assert refused.split()[-1] == "-"  # 3 against 0: no ratio
     (cost,) = [line for line in text.splitlines() if line.startswith("$ per million tokens, b")]
     assert cost.split()[-2:] == ["-", "-"]  # no tokens served: no cost per token
+
+
+def row_of(table: str, name: str) -> list[str]:
+    (line,) = [line for line in table.splitlines() if line.startswith(name)]
+    return line[len(name) :].split()
+
+
+def test_a_mean_over_no_samples_is_no_figure_in_the_table_or_the_json(tmp_path: Path) -> None:
+    # The fixed run's pool is never 90% held: no sample to take free GPUs from. Pooled's pool
+    # is full at the third sample, with both GPUs held then: 0 free is a figure.
+    pooled, fixed = pooled_run()[0], fixed_run()[0]
+    assert fixed.free_gpus_memory_full is None
+    assert pooled.free_gpus_memory_full == 0.0
+    table = comparison(pooled, fixed)
+    assert row_of(table, "free GPUs while memory >= 90% held") == ["0.0", "-", "-"]
+    nothing = dataclasses.replace(pooled, free_gib_gpus_full=None)
+    assert row_of(comparison(nothing, fixed), "free GiB while GPUs >= 90% held") == [
+        "-",
+        "100",
+        "-",
+    ]
+    plan = Plan(seconds=2, requests=2)
+    demo.write(outcome(), plan, tmp_path, demo.report(outcome(), plan))
+    record = json.loads((tmp_path / "figures.json").read_text())
+    assert record["runs"]["fixed"]["figures"]["free_gpus_memory_full"] is None
+
+
+def test_stranded_is_what_was_held_past_what_the_work_asked_in_both_runs() -> None:
+    # Pooled: a prefill asks for 2 GPUs for 1 s and is held 1.6 s, until the lease tick ended
+    # it: 1.2 GPU-seconds held idle. A decode its policy released after 0.5 s of its 2 s lease
+    # strands nothing (and does not offset the other's slack).
+    events = [
+        asked("CompositionRequested", 0, 2, "example", 0.0, 1),
+        asked("CompositionRequested", 1, 1, "example", 1.0, 2),
+    ]
+    intervals = [
+        held("gpu", 0, 1.6, 2.0, cid="c0"),
+        held("gpu", 0, 1.6, 2.0, cid="c0"),
+        held("gpu", 1, 1.5, 2.0, cid="c1"),
+    ]
+    got = figures(HALL, events, intervals, [Request(0, 0.0, 2048, 50)], [0.1, 0.1], {})
+    assert got.idle_gpu_seconds == pytest.approx(1.2)
+
+
+def test_held_shares_are_named_for_what_they_are_in_the_json(tmp_path: Path) -> None:
+    plan = Plan(seconds=2, requests=2)
+    demo.write(outcome(), plan, tmp_path, demo.report(outcome(), plan))
+    pooled = json.loads((tmp_path / "figures.json").read_text())["runs"]["pooled"]["figures"]
+    assert pooled["gpus_held_share"] == pytest.approx([1.0, 1.0, 1.0, 0.5])
+    assert pooled["memory_held_share"] == pytest.approx([0.0, 0.5, 1.0, 0.5])
+    assert not [key for key in pooled if "util" in key]
+
+
+def test_a_sparkline_shows_anything_held_however_little() -> None:
+    assert sparkline([0.0, 0.01, 0.06, 0.5, 1.0]) == " ▁▁▄█"
+
+
+def test_the_demand_spans_the_run_and_says_when_the_trace_ran_out() -> None:
+    rows = [TraceRow(k * 0.6, 100, 10) for k in range(1000)]  # 0 .. 599.4 s
+    for count in (1, 2, 7, 400, 1000):
+        picked = compress(rows, seconds=45, count=count, window=600)
+        assert len(picked) == count and picked[0].at == 0.0
+        assert count == 1 or picked[-1].at == pytest.approx(599.4 * 45 / 600)
+        assert [r.number for r in picked] == list(range(count))
+    assert len(compress(rows, seconds=45, count=5000, window=600)) == 1000
+    # The shipped trace: arrivals reach the run's end, and asking for more than its first ten
+    # minutes hold gets all of them.
+    assert demand(Plan(seconds=45, requests=2))[-1].at > 44
+    everything = demand(Plan(seconds=45, requests=100_000))
+    assert len(everything) == len(demand(Plan(seconds=45, requests=len(everything))))
+    assert len(everything) < 100_000
+    capped = dataclasses.replace(outcome(), figures={
+        name: dataclasses.replace(got, requests=2) for name, got in outcome().figures.items()
+    })  # fmt: skip
+    text = demo.report(capped, Plan(seconds=2, requests=5000))
+    assert "2 requests arriving over 2 s" in text
+    assert "asked for 5000 requests: the trace's first 10 minutes hold 2" in text
+
+
+def test_a_short_run_claims_no_drain_past_it_and_its_plot_covers_it() -> None:
+    # One request at 0 s of a 5 s run, held 4 s: nothing ran past the run.
+    pooled, fixed = pooled_run()[0], fixed_run()[0]
+    short = dataclasses.replace(pooled, requests=1, span_s=4.0, last_arrival_s=0.0)
+    text = demo.report(dataclasses.replace(outcome(), figures={"pooled": short, "fixed": short}),
+                       Plan(seconds=5, requests=1))  # fmt: skip
+    assert "1 request, arriving at 0 s of a 5 s run; held over 4 s" in text
+    assert "run past" not in text
+    # The time axis spans the run (the storm, the last arrival) and every sample.
+    assert plots.time_axis(short, short, 5.0) == (0.0, 5.0)
+    assert plots.time_axis(pooled, fixed, 2.0) == (0.0, fixed.span_s)
+
+
+def test_progress_never_shows_seconds_past_the_run_as_into_it() -> None:
+    run = a_run_in_the_storm()
+    run.stage = "draining"
+    run.started = time.monotonic() - 53.2
+    assert "45/45 s +8 s" in live.line(run, Plan(seconds=45, requests=50))
+    run.ended = run.started + 50.0  # the last lease ran out: the clock stops
+    assert live.seconds(run, Plan(seconds=45, requests=50)) == "45/45 s +5 s"
+    run.ended, run.started = None, time.monotonic() - 10.2
+    assert live.seconds(run, Plan(seconds=45, requests=50)) == "10/45 s"

@@ -4,7 +4,6 @@ answers, the plots and a JSON of every figure, written to an output folder.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import time
@@ -22,6 +21,7 @@ from trellis.adapters.entrypoints.economics.figures import (
     storm_refusal,
 )
 from trellis.adapters.entrypoints.economics.runs import (
+    TRACE_WINDOW_S,
     Plan,
     Run,
     demand,
@@ -99,15 +99,14 @@ async def economics(
         reply = await client.admin(run.domain, "import-topology", topology)
         if not reply["ok"]:
             raise RuntimeError(f"the hall was refused: {reply['error']['message']}")
-    async with live.progress(runs, plan, show):
+    # The progress view counts the requests that run, which the trace may have capped.
+    async with live.progress(runs, dataclasses.replace(plan, requests=len(requests)), show):
         for run in runs:
             run.stage = "running"
             if run.name == "pooled":
-                await pooled(nc, prefix, run, requests, plan)
+                await pooled(nc, prefix, run, requests, plan)  # then drains: every lease ran out
             else:
                 await fixed(nc, prefix, run, requests, plan, hall)
-            run.stage = "draining"
-            await asyncio.sleep(max(r.seconds for r in requests) + 2.5)  # every lease ran out
             head = (await store.head(run.domain)).position
             intervals = await history(client, run.domain, head)
             outcome.logs[run.name] = await log_of(store, run.domain)
@@ -124,12 +123,15 @@ def report(outcome: Outcome, plan: Plan) -> str:
     lines: list[str] = []
     for name, got in outcome.figures.items():
         run = outcome.runs[name]
+        lines.append(f"{name} ({run.domain}): {arriving(got, plan)}; {held_over(got, plan)}")
+        lines.append(f"  GPUs held       |{sparkline(got.gpus_held_share)}|")
+        lines.append(f"  memory held     |{sparkline(got.memory_held_share)}|")
+    ran = min((got.requests for got in outcome.figures.values()), default=plan.requests)
+    if ran < plan.requests:
         lines.append(
-            f"{name}: {got.requests} requests arriving over {plan.seconds:g} s in {run.domain};"
-            f" held over {got.span_s:.0f} s (the last arrivals' leases run past {plan.seconds:g} s)"
+            f"(asked for {plan.requests} requests: the trace's first"
+            f" {TRACE_WINDOW_S / 60:g} minutes hold {ran}, and every one of them ran)"
         )
-        lines.append(f"  GPUs held       |{sparkline(got.gpu_util)}|")
-        lines.append(f"  memory held     |{sparkline(got.memory_util)}|")
     lines += [
         "",
         comparison(outcome.figures["pooled"], outcome.figures["fixed"]),
@@ -150,6 +152,24 @@ def report(outcome: Outcome, plan: Plan) -> str:
             )
     lines += ["", CREDIT]
     return "\n".join(lines)
+
+
+def arriving(got: Figures, plan: Plan) -> str:
+    """How many requests arrived, and when the last did."""
+    if got.requests == 1:
+        return f"1 request, arriving at {got.last_arrival_s:g} s of a {plan.seconds:g} s run"
+    return (
+        f"{got.requests} requests arriving over {plan.seconds:g} s"
+        f" (the last at {got.last_arrival_s:.1f} s)"
+    )
+
+
+def held_over(got: Figures, plan: Plan) -> str:
+    """The span the figures sample, and whether the leases ran past the run's seconds."""
+    text = f"held over {got.span_s:.0f} s, the first compose to the last lease's end"
+    if got.span_s > plan.seconds:  # the first compose answers the first arrival, at 0 s
+        return f"{text} (the last arrivals' leases run past {plan.seconds:g} s)"
+    return text
 
 
 def _plain(got: Figures) -> dict[str, Any]:

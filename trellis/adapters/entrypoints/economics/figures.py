@@ -46,17 +46,20 @@ class Figures:
     ttft_ms: dict[str, float]
     tpot_ms: dict[str, float]
     span_s: float  # the log's span sampled: first compose to the last lease's end
+    last_arrival_s: float  # the last request's arrival, seconds from the run's start
     times: list[float]  # each sample's seconds since the first compose
-    gpu_util: list[float]  # per sample (at most a second apart), held / all GPUs
-    memory_util: list[float]  # per sample, held / all pooled GiB
+    gpus_held_share: list[float]  # per sample (at most a second apart), held / all GPUs
+    memory_held_share: list[float]  # per sample, held / all pooled GiB
     gpu_held_mean: float  # % of the hall's GPUs, over the samples
     gpu_held_peak: float
     memory_held_mean: float  # % of the hall's pooled GiB
     gpu_seconds: float
     gpu_hours: float  # held, not busy
     idle_gpu_seconds: float  # held, but not needed by the work
-    free_gpus_memory_full: float  # mean free GPUs while pooled memory was >= 90% held
-    free_gib_gpus_full: float  # mean free GiB while GPUs were >= 90% held
+    # Mean free GPUs while pooled memory was >= 90% held, and mean free GiB while GPUs were;
+    # None when no sample met the condition (a mean over nothing is no figure).
+    free_gpus_memory_full: float | None
+    free_gib_gpus_full: float | None
     billed: float  # dollars: held device-hours x cost_per_hour
     hall_cost: float  # dollars: every device of the hall for the run's span
     billed_per_served: float | None  # None: nothing served
@@ -161,16 +164,20 @@ def figures(
 
     phases: dict[int, set[int]] = {}  # request -> its composed phases
     phase_gpus: dict[int, int] = {}  # composed phase -> the GPUs it got
-    need = 0.0
+    need: dict[str, float] = {}  # composition -> the GPU-seconds its work needed
     for e in events:
         if e["type"] == "CompositionRequested":
             request = e["data"]["request"]
             labels = request["labels"]
             phases.setdefault(request_of(labels), set()).add(int(labels["demand"]))
-            phase_gpus[int(labels["demand"])] = sum(
+            phase_gpus[int(labels["demand"])] = got = sum(
                 d.get("count", 1) for d in request["devices"] if d["kind"] == "gpu"
             )
-            need += float(labels.get("need_gpu_seconds", 0))
+            # A box says what its work needed (it holds eight GPUs for it); a pooled phase
+            # asked for the GPUs and the lease its work needs, as the log has it.
+            need[e["data"]["composition_id"]] = float(
+                labels.get("need_gpu_seconds", got * (request.get("lease_seconds") or 0))
+            )
     pooled_run = any(
         e["data"]["request"]["labels"].get("scheduler") == "example"
         for e in events
@@ -201,25 +208,32 @@ def figures(
     samples = math.ceil(seconds)
     times = [(end - begin).total_seconds() * k / samples for k in range(samples)]
     moments = [begin + timedelta(seconds=t) for t in times]
-    gpu_util = [held("gpu", t) / gpus for t in moments]
-    memory_util = [held("memory", t) / pool_gib if pool_gib else 0.0 for t in moments]
-    memory_full = [(1 - g) * gpus for g, m in zip(gpu_util, memory_util, strict=True) if m >= 0.9]
-    gpus_full = [(1 - m) * pool_gib for g, m in zip(gpu_util, memory_util, strict=True) if g >= 0.9]
+    gpu_share = [held("gpu", t) / gpus for t in moments]
+    memory_share = [held("memory", t) / pool_gib if pool_gib else 0.0 for t in moments]
+    both = list(zip(gpu_share, memory_share, strict=True))
+    memory_full = [(1 - g) * gpus for g, m in both if m >= 0.9]
+    gpus_full = [(1 - m) * pool_gib for g, m in both if g >= 0.9]
 
     def length(s: datetime, e: datetime | None) -> float:
         return ((e or end) - s).total_seconds()
 
-    def mean(values: Sequence[float]) -> float:
-        return sum(values) / len(values) if values else 0.0
+    def mean(values: Sequence[float]) -> float | None:
+        return sum(values) / len(values) if values else None
 
     def per_served(dollars: float) -> float | None:
         return dollars / len(served) if served else None
 
     gpu_seconds = sum(length(s, e) for s, e, i in spans if i["kind"] == "gpu")
+    held_by: dict[str, float] = {}  # composition -> GPU-seconds held
+    for start, stop, interval in spans:
+        if interval["kind"] == "gpu":
+            cid = interval["composition_id"]
+            held_by[cid] = held_by.get(cid, 0.0) + length(start, stop)
+    # Held past what the work needed (the lease tick's slack, a box's unneeded GPUs); a
+    # composition released before its lease ran out (by policy) strands nothing.
+    stranded = sum(max(0.0, got - need.get(cid, 0.0)) for cid, got in held_by.items())
     billed = sum(length(s, e) / SECONDS_PER_HOUR * (i["cost_per_hour"] or 0.0) for s, e, i in spans)
     hall_cost = sum(d.get("cost_per_hour") or 0.0 for d in devices) * seconds / SECONDS_PER_HOUR
-    if pooled_run:  # the pools hand out what the work needs: all of it is needed
-        need = gpu_seconds
     modelled = served_by_model(demand, served, pooled_run, phase_gpus, waits)
     tokens_served = sum(r.tokens for r in demand if r.number in served)
     impaired = {e["data"]["composition_id"] for e in events if e["type"] == "CompositionImpaired"}
@@ -232,15 +246,16 @@ def figures(
         ttft_ms=percentiles([ttft(s) for s in modelled], SERVING_PERCENTILES),
         tpot_ms=percentiles([tpot(s) for s in modelled], SERVING_PERCENTILES),
         span_s=(end - begin).total_seconds(),
+        last_arrival_s=max((r.at for r in demand), default=0.0),
         times=times,
-        gpu_util=gpu_util,
-        memory_util=memory_util,
-        gpu_held_mean=100 * mean(gpu_util),
-        gpu_held_peak=100 * max(gpu_util, default=0.0),
-        memory_held_mean=100 * mean(memory_util),
+        gpus_held_share=gpu_share,
+        memory_held_share=memory_share,
+        gpu_held_mean=100 * sum(gpu_share) / len(gpu_share),
+        gpu_held_peak=100 * max(gpu_share),
+        memory_held_mean=100 * sum(memory_share) / len(memory_share),
         gpu_seconds=gpu_seconds,
         gpu_hours=gpu_seconds / SECONDS_PER_HOUR,
-        idle_gpu_seconds=max(0.0, gpu_seconds - need),
+        idle_gpu_seconds=stranded,
         free_gpus_memory_full=mean(memory_full),
         free_gib_gpus_full=mean(gpus_full),
         billed=billed,
@@ -367,6 +382,7 @@ def comparison(pooled_figures: Figures, fixed_figures: Figures) -> str:
 
 
 def sparkline(values: Sequence[float]) -> str:
-    """Utilization over time in one line of block characters (0 to 1)."""
+    """A share held over time in one line of block characters (0 to 1); anything held shows,
+    as at least the lowest mark."""
     blocks = " ▁▂▃▄▅▆▇█"
-    return "".join(blocks[min(8, round(max(0.0, v) * 8))] for v in values)
+    return "".join(blocks[min(8, max(v > 0, round(max(0.0, v) * 8)))] for v in values)

@@ -30,11 +30,20 @@ def rich_available() -> bool:
     return True
 
 
+def seconds(run: Run, plan: Plan) -> str:
+    """How far the run is: into its arrivals (never past them), then the time since, the
+    drain's leases running out."""
+    elapsed = run.elapsed()
+    shown = f"{min(elapsed, plan.seconds):.0f}/{plan.seconds:g} s"
+    past = elapsed - plan.seconds
+    return f"{shown} +{past:.0f} s" if past >= 0.5 else shown
+
+
 def line(run: Run, plan: Plan) -> str:
     c = run.counts
     storm = f", storm: {' '.join(run.struck)}" if run.stage == "storm" else ""
     return (
-        f"{run.name}: {run.stage}, {run.elapsed():.0f}/{plan.seconds:g} s, composes"
+        f"{run.name}: {run.stage}, {seconds(run, plan)}, composes"
         f" {c['sent']} ({c['composed']} composed, {c['refused']} refused),"
         f" GPUs held {run.gpus_held}/{run.gpus}{storm}"
     )
@@ -52,7 +61,7 @@ def status_table(runs: Sequence[Run], plan: Plan) -> Any:
         table.add_row(
             run.name,
             stage,
-            f"{min(run.elapsed(), plan.seconds):.0f}/{plan.seconds:g}",
+            seconds(run, plan),
             str(c["sent"]),
             str(c["composed"]),
             str(c["refused"]),

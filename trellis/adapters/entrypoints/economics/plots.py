@@ -1,4 +1,5 @@
-"""The economics run's PNG plots: utilization over time, compose latency, refusals by reason.
+"""The economics run's PNG plots: what was held over time (utilization.png: held, not busy),
+compose latency, refusals by reason.
 
 matplotlib is the `demo` extra and draws off-screen (Agg), so no display is needed. Each plot
 puts the pooled run beside the fixed-pods run, from the same Figures the table prints.
@@ -22,16 +23,22 @@ def available() -> bool:
     return True
 
 
+def time_axis(pooled: Figures, fixed: Figures, seconds: float) -> tuple[float, float]:
+    """The held plot's time axis: the whole run (its `seconds`, where the storm and the last
+    arrival fall) and every sample, to the last lease's end."""
+    return 0.0, max(seconds, pooled.span_s, fixed.span_s, *pooled.times, *fixed.times)
+
+
 def draw(
     pooled: Figures,
     fixed: Figures,
     out: Path,
-    storm: tuple[float, float] | None = None,
-    arrivals_end: float | None = None,
+    storm: tuple[float, float],
+    seconds: float,
 ) -> list[Path]:
-    """utilization.png, latency.png and refusals.png in `out`; `storm` is (from, to) seconds
-    into the runs, shaded on the utilization plot. The time axis runs to the last lease's
-    end, past the last arrival at `arrivals_end`, which is marked: the drain is held too."""
+    """utilization.png (GPUs and pooled memory held), latency.png and refusals.png in `out`;
+    `storm` is (from, to) seconds into the runs, shaded on the held plot, whose time axis
+    covers the run's `seconds` and the drain after the last arrival, which is marked."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -42,28 +49,28 @@ def draw(
     runs = (("pooled", pooled, POOLED_COLOUR), ("fixed pods", fixed, FIXED_COLOUR))
 
     figure, (gpu, memory) = pyplot.subplots(2, 1, figsize=(9, 6), sharex=True)
+    arrivals_end = max(pooled.last_arrival_s, fixed.last_arrival_s)
     for name, figures, colour in runs:
-        gpu.plot(figures.times, [100 * u for u in figures.gpu_util], label=name, color=colour)
-        memory.plot(figures.times, [100 * u for u in figures.memory_util], label=name, color=colour)
+        gpus = [100 * u for u in figures.gpus_held_share]
+        gpu.plot(figures.times, gpus, label=name, color=colour)
+        memory_held = [100 * u for u in figures.memory_held_share]
+        memory.plot(figures.times, memory_held, label=name, color=colour)
     for axes, what in ((gpu, "GPUs held, %"), (memory, "pooled memory held, %")):
         axes.set_ylabel(what)
         axes.set_ylim(0, 105)
-        axes.set_xlim(0, max(pooled.span_s, fixed.span_s))
+        axes.set_xlim(*time_axis(pooled, fixed, seconds))
         axes.grid(alpha=0.3)
-        if storm is not None:
-            axes.axvspan(*storm, color="grey", alpha=0.2, label="failure storm")
-        if arrivals_end is not None:
-            axes.axvline(arrivals_end, color="black", linestyle="--", linewidth=1)
-    if arrivals_end is not None:
-        gpu.annotate(
-            "last arrival: then the drain,\nleases running out",
-            (arrivals_end, 100),
-            xytext=(4, -4),
-            textcoords="offset points",
-            va="top",
-            fontsize=8,
-            bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"},
-        )
+        axes.axvspan(*storm, color="grey", alpha=0.2, label="failure storm")
+        axes.axvline(arrivals_end, color="black", linestyle="--", linewidth=1)
+    gpu.annotate(
+        "last arrival: then the drain,\nleases running out",
+        (arrivals_end, 100),
+        xytext=(4, -4),
+        textcoords="offset points",
+        va="top",
+        fontsize=8,
+        bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"},
+    )
     memory.legend(loc="upper right")  # pooled memory is low there, fixed pods hold none
     gpu.set_title("What was held over time (from the log's history)")
     memory.set_xlabel("seconds into the run")

@@ -86,13 +86,16 @@ class Run:
     counts: Counter[str] = field(default_factory=Counter)  # composes sent / composed / refused
     stage: str = "waiting"
     started: float | None = None  # time.monotonic() when its demand began
+    ended: float | None = None  # time.monotonic() when its last lease had run out
     gpus_held: int = 0  # from the run's KV view, for the progress view
     gpus: int = 0
     struck: list[str] = field(default_factory=list)  # what the storm failed
     whys: list[Why] = field(default_factory=list)
 
     def elapsed(self) -> float:
-        return 0.0 if self.started is None else time.monotonic() - self.started
+        if self.started is None:
+            return 0.0
+        return (self.ended or time.monotonic()) - self.started
 
 
 def demand(plan: Plan) -> list[Request]:
@@ -135,9 +138,18 @@ async def _watch_gpus(run: Run, view: Any) -> None:
         await asyncio.sleep(0.25)
 
 
+async def drain(run: Run, requests: Sequence[Request]) -> None:
+    """Wait until every lease has run out (the lease keeper ticks each second), the GPU
+    watcher still counting what is held."""
+    run.stage = "draining"
+    await asyncio.sleep(max((r.seconds for r in requests), default=0) + 2.5)
+    run.ended = time.monotonic()
+
+
 async def pooled(nc: Any, prefix: str, run: Run, requests: Sequence[Request], plan: Plan) -> None:
     """The example scheduler composes each phase from the pools; its policy releases what the
-    engine could not repair."""
+    engine could not repair (it tracks each placement, so it knows the composition is its own).
+    A phase is placed once, at its due time: nothing is placed again."""
     ex = example_scheduler()
     scheduler = ex.Scheduler(nc, domain=run.domain, tenant="pooled", prefix=prefix, lease_slack=0)
     await scheduler.start()
@@ -148,6 +160,7 @@ async def pooled(nc: Any, prefix: str, run: Run, requests: Sequence[Request], pl
         await asyncio.sleep(max(0.0, start + at - time.monotonic()))
         now = time.monotonic()
         placement = ex.Placement(number, wanted, now, now + wanted.seconds)
+        scheduler.placements.append(placement)
         composed = bool(await _timed(run, scheduler.compose(placement)))
         _counted(run, composed)
         if composed:
@@ -163,9 +176,10 @@ async def pooled(nc: Any, prefix: str, run: Run, requests: Sequence[Request], pl
 
     try:
         await asyncio.gather(*(one(r) for r in requests), storm(nc, prefix, run, plan))
+        await drain(run, requests)
     finally:
         watcher.cancel()
-        await scheduler.stop(release=False)  # leases end what is held
+        await scheduler.stop(release=False)  # leases ended what was held
 
 
 async def fixed(
@@ -236,6 +250,7 @@ async def fixed(
 
     try:
         await asyncio.gather(*(one(r) for r in requests), storm(nc, prefix, run, plan))
+        await drain(run, requests)
     finally:
         watcher.cancel()
         await view.stop(release=False)

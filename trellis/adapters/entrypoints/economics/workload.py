@@ -94,13 +94,16 @@ def read_trace(paths: Iterable[Path]) -> list[TraceRow]:
 def compress(
     rows: Sequence[TraceRow], *, seconds: float, count: int, window: float
 ) -> list[Request]:
-    """`count` requests spread over `seconds`: every k-th row of the trace's first `window`
-    seconds, their arrivals scaled so the window fits `seconds`."""
+    """`count` requests spread over `seconds`: rows of the trace's first `window` seconds
+    picked evenly from its first to its last (a fractional stride, so the arrivals span the
+    run), their arrivals scaled so the window fits `seconds`. Every row when the window holds
+    fewer than `count`: the caller says so (len() of the answer is what ran)."""
     inside = [r for r in rows if r.at <= window]
     if not inside or count <= 0:
         return []
-    step = max(1, len(inside) // count)
-    picked = inside[::step][:count]
+    count = min(count, len(inside))
+    stride = (len(inside) - 1) / (count - 1) if count > 1 else 0.0
+    picked = [inside[round(k * stride)] for k in range(count)]
     scale = seconds / window
     return [
         Request(n, round(r.at * scale, 3), r.context_tokens, r.generated_tokens)
