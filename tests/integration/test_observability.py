@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest_asyncio
 from engines import Fleet
 from fabrics import expect_error, expect_ok, fabric
@@ -261,7 +262,7 @@ async def test_health_is_200_while_serving(h: Harness) -> None:
     )
 
 
-CHECKS = ("intake", "nats", "store", "followers")
+CHECKS = ("intake", "nats", "store", "leases", "followers")
 
 
 async def until_health(url: str, wanted: int, timeout: float = 15.0) -> dict[str, Any]:
@@ -327,6 +328,41 @@ async def test_health_fails_naming_the_domain_and_part_while_the_relay_stalls(
 
         relay.start()  # it moves again: healthy again
         await until_health(h.metrics_url, 200)
+
+
+async def test_health_is_503_while_the_store_takes_no_writes(
+    nats_url: str, database_url: str, owner_url: str, pg_schema: str, subject_prefix: str
+) -> None:
+    """A full disk (or a synchronous standby gone) leaves Postgres answering reads and taking
+    no writes: every intent was `unavailable` while /healthz stayed 200. The writer lease
+    ticks write, so their failing for a lease time fails the health check, naming it."""
+    async with serving(
+        nats_url, database_url, pg_schema, subject_prefix, metrics_at=LOOPBACK_ANY_PORT
+    ) as h:
+        assert h.metrics_url is not None
+        await until_health(h.metrics_url, 200)
+        owner = await asyncpg.connect(owner_url, server_settings={"search_path": pg_schema})
+        try:
+            await owner.execute(DISK_FULL)
+            body = await until_health(h.metrics_url, 503)
+            assert body["checks"]["leases"] is False and body["checks"]["store"] is True
+            (problem,) = body["problems"]
+            assert problem.startswith("writer leases: every tick failed for"), problem
+            assert "could not extend file" in problem, problem
+            await owner.execute("DROP TRIGGER disk_full ON trellis_engines")
+            await until_health(h.metrics_url, 200)
+        finally:
+            await owner.close()
+
+
+# Writes to the engines' heartbeat table fail as on a full disk (SQLSTATE 53100).
+DISK_FULL = """
+CREATE FUNCTION disk_full() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'could not extend file: No space left on device' USING ERRCODE = '53100';
+END $$;
+CREATE TRIGGER disk_full BEFORE INSERT OR UPDATE ON trellis_engines
+   FOR EACH ROW EXECUTE FUNCTION disk_full();
+"""
 
 
 async def test_health_is_503_while_the_store_is_down(

@@ -645,12 +645,19 @@ async def engine_on(
                     "intake": lambda: _true(intake.serving),
                     "nats": lambda: _true(nc.is_connected),
                     "store": lambda: _answers(store),
+                    # A store that answers reads may still take no writes (a full disk, a
+                    # synchronous standby gone): the lease ticks write, and say so.
+                    "leases": lambda: _true(engine.lease_problem() is None),
                     "followers": lambda: _true(lag.healthy()),
                 },
                 host=metrics_at[0],
                 port=metrics_at[1],
                 details=lambda: {
-                    "problems": [*server_problems(), *lag.problems()],
+                    "problems": [
+                        *server_problems(),
+                        *filter(None, [engine.lease_problem()]),
+                        *lag.problems(),
+                    ],
                     "domains": lag.domains(),
                 },
                 allowed_hosts=allowed_hosts,

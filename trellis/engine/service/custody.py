@@ -134,6 +134,11 @@ class Custody:
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()  # drops, and ticks that overran
         self._loading = asyncio.Lock()  # loads are rare; one lock keeps them simple
+        # Since when (loop time) and why the writer lease ticks fail, None while they succeed:
+        # a tick writes (the heartbeat, the renewals), so this is the engine's sign that
+        # PostgreSQL takes no writes now (a full disk, a synchronous standby gone) while it
+        # still answers reads.
+        self._failing: tuple[float, str] | None = None
 
     @property
     def domains(self) -> list[str]:
@@ -249,6 +254,7 @@ class Custody:
                 # keeps only what is still ours, and drops the rest quietly.
                 self._say_stalled(stalled)
             failure = await self._bounded_tick()
+            self._note_tick(failure)
             # A pause that began during the tick shows as a tick past its bound (a bounded
             # tick returns within one lease time when the loop runs).
             stalled_in_tick = loop.time() - ticked_at - self._patience
@@ -264,6 +270,25 @@ class Custody:
                 log.warning("%s after the pause%s", what, f": {exc!r}" if exc else "")
             else:
                 log.error(what, exc_info=exc)
+
+    def _note_tick(self, failure: tuple[str, BaseException | None] | None) -> None:
+        if failure is None:
+            self._failing = None
+        elif self._failing is None:
+            what, exc = failure
+            since = asyncio.get_running_loop().time()
+            self._failing = (since, f"{what}: {exc!r}" if exc is not None else what)
+
+    def lease_problem(self) -> str | None:
+        """Why this engine cannot keep writer leases, once its ticks have failed for a lease
+        time (a domain's lease has run out by then), else None."""
+        if self._failing is None:
+            return None
+        since, why = self._failing
+        failing_for = asyncio.get_running_loop().time() - since
+        if failing_for < self._patience:
+            return None
+        return f"writer leases: every tick failed for {failing_for:.0f} s ({why})"
 
     @staticmethod
     def _say_stalled(seconds: float) -> None:

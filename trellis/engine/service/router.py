@@ -125,6 +125,10 @@ class Engine:
         """The domains this engine writes now."""
         return self.custody.domains
 
+    def lease_problem(self) -> str | None:
+        """Why this engine cannot keep writer leases now (health), else None."""
+        return self.custody.lease_problem()
+
     async def start(self, *, lease_tick_seconds: float | None = 1.0) -> None:
         await self.custody.start(lease_tick_seconds=lease_tick_seconds)
 
