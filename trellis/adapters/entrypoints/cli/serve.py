@@ -140,6 +140,8 @@ def up(args: argparse.Namespace) -> int:
                 settle_for_serving()
                 nats, postgres = redacted(running.nats_url), redacted(running.database_url)
                 domains = ", ".join(running.engine.domains) or "none yet"
+                if settings.domains:  # limited: what it serves, and what it writes so far
+                    domains = f"{', '.join(settings.domains)} (TRELLIS_DOMAINS; writing: {domains})"
                 print(f"trellis engine up: NATS {nats}, Postgres {postgres}")
                 print(f"event loop: {event_loop.running()} (TRELLIS_EVENT_LOOP)")
                 if running.nats_monitor_url:
