@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -393,3 +394,34 @@ async def test_passes_asked_for_by_commits_start_on_the_followers_turn() -> None
     for started in sink.passes[1:]:
         late = (started - turn) % interval
         assert late < interval / 4, (sink.passes, late)
+
+
+class Unreachable(SlowForBigBatches):
+    """A sink whose database is away: every batch fails to connect."""
+
+    async def apply(self, domain: str, records: Sequence[RecordedEvent]) -> Progress:
+        raise ConnectionRefusedError(111, "Connect call failed")
+
+
+async def test_a_failure_of_one_kind_is_traced_once_for_all_the_followers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A primary lost under several domains: each follower says it failed, in a line, and the
+    traceback of that failure is said once, not by each of them."""
+    log = await logged(3)
+    followers = [Follower(DOMAIN, log, Unreachable(limit=10), max_backoff=0.01) for _ in range(4)]
+    with caplog.at_level(logging.WARNING, logger="trellis.follow"):
+        for follower in followers:
+            follower.start()
+        try:
+            while not all(f.failure and f.failure.attempts >= 2 for f in followers):
+                await asyncio.sleep(0.01)
+        finally:
+            for follower in followers:
+                await follower.stop()
+    failed = [r for r in caplog.records if "stopped" in r.getMessage()]
+    assert {r.getMessage().split(":")[0] for r in failed} == {
+        f"slow of domain {DOMAIN} stopped after position 0"
+    }
+    assert len(failed) >= 8
+    assert sum(bool(r.exc_info) for r in failed) <= 1

@@ -340,7 +340,7 @@ class Follower:
             self.failure.cause,
             attempts,
             delay,
-            exc_info=attempts == 1,  # the traceback once, then a line per attempt
+            exc_info=attempts == 1 and _first_of_its_kind(exc),
         )
         return delay
 
@@ -356,6 +356,22 @@ class Follower:
         # Wake every wait_for; each re-checks the position against its own target.
         advanced, self._advanced = self._advanced, asyncio.Event()
         advanced.set()
+
+
+#: The kinds of failure a traceback was logged for, in this process.
+_TRACED: set[tuple[str, str]] = set()
+
+
+def _first_of_its_kind(exc: Exception) -> bool:
+    """Whether `exc` is the first failure of its kind (type, and cause for a Stalled) in this
+    process: its traceback is said once, then a line per follower and attempt. A Postgres
+    primary lost under four domains logged the same traceback for each of their dozen
+    followers."""
+    kind = (type(exc).__qualname__, type(exc.__cause__).__qualname__)
+    if kind in _TRACED:
+        return False
+    _TRACED.add(kind)
+    return True
 
 
 def next_turn(started: float, now: float, interval: float, turn: float) -> float:
