@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
+import asyncpg
 import pytest
 import pytest_asyncio
 
@@ -37,6 +38,7 @@ from zeros import pytest_sessionfinish, pytest_terminal_summary, pytest_testnode
 from trellis.adapters.embedded.cluster import NatsCluster
 from trellis.adapters.embedded.nats_server import EmbeddedNats
 from trellis.adapters.embedded.postgres_server import EmbeddedPostgres
+from trellis.adapters.postgres.store import connect_pool
 
 
 class Servers(NamedTuple):
@@ -139,3 +141,11 @@ def own_postgres(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
         yield server
     finally:
         server.stop()
+
+
+@pytest_asyncio.fixture
+async def pool(database_url: str, pg_schema: str) -> AsyncIterator[asyncpg.Pool]:
+    """A pool on the test's schema, as the engine makes one."""
+    p = await connect_pool(database_url, schema=pg_schema, max_size=4)
+    yield p
+    await p.close()

@@ -27,7 +27,6 @@ from history_day import DOMAIN, T0, Day, at, day_served, play
 
 from trellis.adapters.fabric.sim import SimulatedFabric
 from trellis.adapters.postgres.export import MANIFEST, DomainExport, export_parquet
-from trellis.adapters.postgres.store import connect_pool
 
 ROOT = Path(__file__).parents[2]
 
@@ -53,13 +52,6 @@ async def h(
 ) -> AsyncIterator[Harness]:
     async with day_served(nats_url, database_url, pg_schema, subject_prefix, clock, sim) as harness:
         yield harness
-
-
-@pytest_asyncio.fixture
-async def pool(database_url: str, pg_schema: str) -> AsyncIterator[asyncpg.Pool]:
-    p = await connect_pool(database_url, schema=pg_schema, max_size=2)
-    yield p
-    await p.close()
 
 
 @pytest_asyncio.fixture

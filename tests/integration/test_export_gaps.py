@@ -25,7 +25,6 @@ from history_day import DOMAIN, T0, at, day_served, play
 
 from trellis.adapters.fabric.sim import SimulatedFabric
 from trellis.adapters.postgres.export import MANIFEST, SinceWouldSkip, export_parquet
-from trellis.adapters.postgres.store import connect_pool
 
 
 @pytest_asyncio.fixture
@@ -37,13 +36,6 @@ async def h(
         await play(h, clock, sim)
         await h.projected(DOMAIN)
         yield h
-
-
-@pytest_asyncio.fixture
-async def pool(database_url: str, pg_schema: str) -> AsyncIterator[asyncpg.Pool]:
-    p = await connect_pool(database_url, schema=pg_schema, max_size=2)
-    yield p
-    await p.close()
 
 
 async def positions(pool: asyncpg.Pool, since: str | None = None) -> list[int]:

@@ -71,15 +71,6 @@ async def h(
         yield harness
 
 
-@pytest_asyncio.fixture
-async def pool(database_url: str, pg_schema: str) -> AsyncIterator[asyncpg.Pool]:
-    p = await asyncpg.create_pool(
-        database_url, min_size=1, max_size=4, server_settings={"search_path": pg_schema}
-    )
-    yield p
-    await p.close()
-
-
 class Moment(msgspec.Struct, kw_only=True):
     step: str
     position: int

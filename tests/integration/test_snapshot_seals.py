@@ -66,15 +66,6 @@ async def h(
         yield harness
 
 
-@pytest_asyncio.fixture
-async def pool(database_url: str, pg_schema: str) -> AsyncIterator[asyncpg.Pool]:
-    p = await asyncpg.create_pool(
-        database_url, min_size=1, max_size=4, server_settings={"search_path": pg_schema}
-    )
-    yield p
-    await p.close()
-
-
 async def a_day(h: Harness, pool: asyncpg.Pool) -> Head:
     """Composes and a release, until both kinds of snapshot are taken; the log's head."""
     expect_ok(await h.client.admin(DOMAIN, "import-topology", FABRIC))
