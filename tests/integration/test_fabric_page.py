@@ -18,6 +18,7 @@ import shutil
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from trellis.adapters.nats.connect import connect_nats
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 try:
-    from playwright.async_api import Page, async_playwright, expect
+    from playwright.async_api import Browser, Page, async_playwright, expect
 except ImportError:  # the dev extra is not installed
     async_playwright = None  # type: ignore[assignment]
 
@@ -75,6 +76,29 @@ DRAWING = """() => {
 }"""
 
 
+@asynccontextmanager
+async def chromium() -> AsyncIterator[Browser]:
+    """Debian's chromium, headless, closed however the test ends."""
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            yield browser
+        finally:
+            await browser.close()
+
+
+async def new_tab(browser: Browser, width: int = 1400) -> Page:
+    tab = await browser.new_page(viewport={"width": width, "height": 900})
+    tab.set_default_timeout(WAIT_MS)
+    return tab
+
+
+@asynccontextmanager
+async def one_tab() -> AsyncIterator[Page]:
+    async with chromium() as browser:
+        yield await new_tab(browser)
+
+
 @pytest_asyncio.fixture
 async def h(
     nats_url: str, database_url: str, pg_schema: str, subject_prefix: str
@@ -91,15 +115,9 @@ async def page(h: Harness) -> AsyncIterator[Page]:
     expect_ok(await h.client.admin(DOMAIN, "import-topology", FABRIC))
     await h.relayed(DOMAIN)
     assert h.page_url is not None
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
-        try:
-            tab = await browser.new_page(viewport={"width": 1400, "height": 900})
-            tab.set_default_timeout(WAIT_MS)
-            await tab.goto(f"{h.page_url}/")
-            yield tab
-        finally:
-            await browser.close()
+    async with one_tab() as tab:
+        await tab.goto(f"{h.page_url}/")
+        yield tab
 
 
 def node(page: Page, node_id: str) -> Any:
@@ -168,13 +186,11 @@ async def test_an_economics_run_shows_on_pages_opened_before_its_domains(
     client = TrellisClient(nc, prefix=subject_prefix)
     plan = Plan(seconds=5, requests=8)
     run: asyncio.Task[demo.Outcome] | None = None
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+    async with chromium() as browser:
         try:
             tabs = []
             for url in (printed, f"{h.page_url}/"):
-                tab = await browser.new_page(viewport={"width": 1280, "height": 900})
-                tab.set_default_timeout(WAIT_MS)
+                tab = await new_tab(browser, width=1280)
                 await tab.goto(url)
                 await expect(tab.locator("#status")).to_have_text("live")
                 tabs.append(tab)
@@ -212,7 +228,6 @@ async def test_an_economics_run_shows_on_pages_opened_before_its_domains(
             if run is not None and not run.done():
                 run.cancel()
                 await asyncio.gather(run, return_exceptions=True)
-            await browser.close()
             await nc.close()
 
 
@@ -322,17 +337,11 @@ async def test_a_chain_of_4000_switches_is_drawn_not_blank(h: Harness) -> None:
     expect_ok(await h.client.admin("chain", "import-topology", chain))
     await h.relayed("chain")
     assert h.page_url is not None
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
-        try:
-            tab = await browser.new_page(viewport={"width": 1400, "height": 900})
-            tab.set_default_timeout(WAIT_MS)
-            await tab.goto(f"{h.page_url}/?domain=chain")
-            await expect(node(tab, "gpu-end")).to_have_count(1)
-            await expect(node(tab, switches[-1])).to_have_count(1)
-            assert await tab.locator("#problem").is_hidden()
-        finally:
-            await browser.close()
+    async with one_tab() as tab:
+        await tab.goto(f"{h.page_url}/?domain=chain")
+        await expect(node(tab, "gpu-end")).to_have_count(1)
+        await expect(node(tab, switches[-1])).to_have_count(1)
+        assert await tab.locator("#problem").is_hidden()
 
 
 async def test_what_the_page_cannot_draw_is_said_in_a_banner_and_the_rest_goes_on(
@@ -386,16 +395,10 @@ async def test_a_page_opened_on_a_busy_log_shows_its_recent_events(
         await nc.close()
 
     # In the browser: the feed lists them as soon as the page opens.
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
-        try:
-            tab = await browser.new_page()
-            tab.set_default_timeout(WAIT_MS)
-            await tab.goto(f"{h.page_url}/?domain={DOMAIN}")
-            await expect(tab.locator("#feed li")).to_have_count(head)
-            await expect(tab.locator("#feed li").last).to_contain_text("#1 TopologyImported")
-        finally:
-            await browser.close()
+    async with one_tab() as tab:
+        await tab.goto(f"{h.page_url}/?domain={DOMAIN}")
+        await expect(tab.locator("#feed li")).to_have_count(head)
+        await expect(tab.locator("#feed li").last).to_contain_text("#1 TopologyImported")
 
 
 async def test_after_an_engine_restart_a_secure_page_says_it_needs_the_new_address(
@@ -409,22 +412,16 @@ async def test_after_an_engine_restart_a_secure_page_says_it_needs_the_new_addre
     url, port = before.url, int(before.url.rsplit(":", 1)[1])
     after = FabricPage(nc, prefix=subject_prefix, port=port, token="token-after")
     try:
-        async with async_playwright() as playwright:
-            browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
-            try:
-                tab = await browser.new_page()
-                tab.set_default_timeout(WAIT_MS)
-                await tab.goto(f"{url}/?token=token-before")
-                await expect(tab.locator("#status")).to_have_text("live")
-                await before.close()
-                await after.start()
-                await expect(tab.locator("#status")).to_have_text("engine restarted")
-                banner = tab.locator("#problem")
-                await expect(banner).to_be_visible()
-                await expect(banner).to_contain_text("the engine restarted")
-                await expect(banner).to_contain_text("the new address `trellis up` printed")
-            finally:
-                await browser.close()
+        async with one_tab() as tab:
+            await tab.goto(f"{url}/?token=token-before")
+            await expect(tab.locator("#status")).to_have_text("live")
+            await before.close()
+            await after.start()
+            await expect(tab.locator("#status")).to_have_text("engine restarted")
+            banner = tab.locator("#problem")
+            await expect(banner).to_be_visible()
+            await expect(banner).to_contain_text("the engine restarted")
+            await expect(banner).to_contain_text("the new address `trellis up` printed")
     finally:
         await before.close()
         await after.close()
@@ -433,23 +430,17 @@ async def test_after_an_engine_restart_a_secure_page_says_it_needs_the_new_addre
 
 async def test_a_domain_that_does_not_exist_yet_is_a_note_not_a_problem(h: Harness) -> None:
     assert h.page_url is not None
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
-        try:
-            tab = await browser.new_page()
-            tab.set_default_timeout(WAIT_MS)
-            async with tab.expect_response(re.compile(r"/api/topology\?domain=later2$")) as asked:
-                await tab.goto(f"{h.page_url}/?domain=later2")
-            assert (await (await asked.value).json())["error"]["code"] == "not_found"
-            await expect(tab.locator("#empty")).to_be_visible()
-            await expect(tab.locator("#status")).to_have_text("live")
-            assert await tab.locator("#problem").is_hidden()
-            expect_ok(await h.client.admin("later2", "import-topology", FABRIC))
-            await expect(node(tab, "host-01")).to_have_count(1)
-            await expect(tab.locator("#empty")).to_be_hidden()
-            assert await tab.locator("#problem").is_hidden()
-        finally:
-            await browser.close()
+    async with one_tab() as tab:
+        async with tab.expect_response(re.compile(r"/api/topology\?domain=later2$")) as asked:
+            await tab.goto(f"{h.page_url}/?domain=later2")
+        assert (await (await asked.value).json())["error"]["code"] == "not_found"
+        await expect(tab.locator("#empty")).to_be_visible()
+        await expect(tab.locator("#status")).to_have_text("live")
+        assert await tab.locator("#problem").is_hidden()
+        expect_ok(await h.client.admin("later2", "import-topology", FABRIC))
+        await expect(node(tab, "host-01")).to_have_count(1)
+        await expect(tab.locator("#empty")).to_be_hidden()
+        assert await tab.locator("#problem").is_hidden()
 
 
 async def test_a_failed_link_is_drawn_over_the_paths_held_along_it(h: Harness, page: Page) -> None:
@@ -473,17 +464,11 @@ async def test_a_failed_link_is_drawn_over_the_paths_held_along_it(h: Harness, p
 
 async def test_the_page_loads_without_a_failed_request(h: Harness) -> None:
     assert h.page_url is not None
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
-        try:
-            tab = await browser.new_page()
-            tab.set_default_timeout(WAIT_MS)
-            failed: list[str] = []
-            tab.on("response", lambda r: failed.append(r.url) if r.status >= 400 else None)
-            tab.on("console", lambda m: failed.append(m.text) if m.type == "error" else None)
-            await tab.goto(f"{h.page_url}/")
-            await expect(tab.locator("#status")).to_have_text("live")
-            await tab.wait_for_load_state("networkidle")
-            assert failed == []
-        finally:
-            await browser.close()
+    async with one_tab() as tab:
+        failed: list[str] = []
+        tab.on("response", lambda r: failed.append(r.url) if r.status >= 400 else None)
+        tab.on("console", lambda m: failed.append(m.text) if m.type == "error" else None)
+        await tab.goto(f"{h.page_url}/")
+        await expect(tab.locator("#status")).to_have_text("live")
+        await tab.wait_for_load_state("networkidle")
+        assert failed == []
