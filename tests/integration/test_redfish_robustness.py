@@ -149,6 +149,7 @@ async def test_head_on_the_event_stream_is_headers_only(admin: RedfishHttp) -> N
     )
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 ") and b"OData-Version: 4.0" in head, answer
+    assert head.count(b"Cache-Control") == 1 and b"Cache-Control: no-store" in head, head
     assert body == b""
 
 
@@ -312,3 +313,107 @@ async def test_a_body_not_json_is_415_and_a_long_path_is_not_echoed_in_full(
     long_path = f"{R}/Fabrics/{'x' * 15_000}"
     missing = await admin.get(long_path)
     assert missing.status == 404 and len(json.dumps(missing.body)) < 3_000
+
+
+async def raw_post(admin: RedfishHttp, path: str, body: bytes, credentials: bool) -> bytes:
+    """POST `body` as sent (json.dumps could not encode some of them)."""
+    host = admin.base.split("://", 1)[1]
+    auth = f"Authorization: {basic('admin', ADMIN_PASSWORD)}\r\n" if credentials else ""
+    return await raw_exchange(
+        admin.base,
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body,
+    )
+
+
+async def test_hostile_compose_bodies_are_refused_whole_typed_and_short(
+    h: Harness, admin: RedfishHttp
+) -> None:
+    """What a probe sent as a tenant: JSON nested past the decoder's depth (was a 500 and a
+    traceback, without credentials), thousands of blocks (checked for repeats in quadratic
+    time on the engine's loop: seconds per request), constraints the service does not know
+    (dropped: a typo composed any model), and more members than the engine takes."""
+    nested = b"[" * 5_000 + b"]" * 5_000
+    for path in (f"{R}/SessionService/Sessions", f"{R}/Systems"):
+        answer = await raw_post(admin, path, nested, credentials=path.endswith("Systems"))
+        assert answer.startswith(b"HTTP/1.1 400 ") and b"MalformedJSON" in answer, answer[:300]
+
+    acme = await tenant_account(admin, "alice", "acme")
+    host = block("host-01")
+
+    async def refused(body: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
+        answer = await acme("POST", f"{R}/Systems", body)
+        assert answer.status == 400, answer
+        assert len(json.dumps(answer.body)) < 20_000, len(json.dumps(answer.body))
+        return answer.messages(), answer.body["error"]["@Message.ExtendedInfo"]
+
+    names, _ = await refused({"Links": {"ResourceBlocks": [host] + [block("gpu-002")] * 5_000}})
+    assert names == ["PropertyValueOutOfRange"]
+    names, _ = await refused({"Links": {"ResourceBlocks": [host] + [block("gpu-002")] * 4_000}})
+    assert names == ["ResourceBlockInvalid"]
+    unknown = [block(f"gpu-x{i}") for i in range(3_000)]
+    names, info = await refused({"Links": {"ResourceBlocks": [host, *unknown]}})
+    assert names == ["ResourceBlockNotFound"] * 16 + ["GeneralError"], names
+    assert info[-1]["Resolution"].startswith("2984 more blocks"), info[-1]
+
+    def gpus(**member: Any) -> dict[str, Any]:
+        return {"Links": {"ResourceBlocks": [host]}, "Processors": {"Members": [member]}}
+
+    names, info = await refused(gpus(Modell="H100-nonexistent"))
+    assert names == ["PropertyUnknown"], names
+    assert info[0]["MessageArgs"] == ["Processors/Members/0/Modell"], info
+    assert "Model" in info[0]["Resolution"], info
+    names, _ = await refused(gpus(RequestedCount=2))
+    assert names == ["PropertyUnknown"]
+    names, _ = await refused(gpus(**{"@Redfish.AllowOverprovisioning": True}))
+    assert names == ["PropertyValueNotInList"]
+    many = {"Links": {"ResourceBlocks": [host]},
+            "Storage": {"Members": [{"@Redfish.RequestedCount": 1}] * 65}}  # fmt: skip
+    names, info = await refused(many)
+    assert names == ["PropertyValueOutOfRange"] and "Storage/Members" in info[0]["MessageArgs"]
+    names, info = await refused({"Links": {"ResourceBlocks": [host]}})
+    assert names == ["PropertyMissing"] and "at least one device" in info[0]["Resolution"]
+    assert await connections(h) == []
+
+    # A constraint it keeps anyway is taken, and the Name a client composes with is the
+    # system's Name.
+    made = await acme("POST", f"{R}/Systems",
+                      gpus(**{"@Redfish.AllowOverprovisioning": False, "Model": "H100"})
+                      | {"Name": "decode pool 7"})  # fmt: skip
+    assert made.status == 201, made
+    assert made.body["Name"] == "decode pool 7"
+    assert (await acme.get(f"{R}/Systems/{made.body['Id']}")).body["Name"] == "decode pool 7"
+    assert [r["device"] for r in await connections(h)] == ["gpu-002"]
+
+
+async def test_a_patch_changes_what_it_may_and_says_what_it_left(admin: RedfishHttp) -> None:
+    """DSP0266 "Update a resource", as the Protocol Validator's REQ_PATCH_MIXED_PROPS and
+    REQ_PATCH_ODATA_PROPS check it: a writable property beside an unknown one is set (200, the
+    unknown one named in @Message.ExtendedInfo); annotations alone change nothing (200)."""
+    await tenant_account(admin, "rita", "acme", role="ReadOnly")
+    rita = f"{R}/AccountService/Accounts/rita"
+    mixed = await admin("PATCH", rita, {"Password": "rita-password-2", "BogusProp": "foo"})
+    assert mixed.status == 200, mixed
+    (note,) = mixed.body["@Message.ExtendedInfo"]
+    assert note["MessageId"].endswith("PropertyUnknown") and note["MessageArgs"] == ["BogusProp"]
+    assert mixed.headers["etag"] == (await admin.get(rita)).headers["etag"]
+    assert (await admin.as_user("rita", "rita-password-2").get(f"{R}/Systems")).status == 200
+    before = await admin.get(rita)
+    annotations = await admin("PATCH", rita, {"@odata.id": rita})
+    assert annotations.status == 200 and annotations.headers["etag"] == before.headers["etag"]
+    only_unknown = await admin("PATCH", rita, {"BogusProp": "foo"})
+    assert (only_unknown.status, only_unknown.messages()) == (400, ["PropertyUnknown"])
+
+
+async def test_a_path_that_does_not_exist_is_404_whatever_the_method(admin: RedfishHttp) -> None:
+    for method, path in [
+        ("DELETE", f"{R}/Fabrics/{DOMAIN}/nonexist"),
+        ("POST", f"{R}/Fabrics/nonexist"),
+        ("DELETE", f"{R}/CompositionService/nonexist"),
+        ("PATCH", f"{R}/CompositionService/ResourceBlocks/{DOMAIN}.nonexist"),
+    ]:
+        answer = await admin(method, path, {} if method != "DELETE" else None)
+        assert (answer.status, answer.messages()) == (404, ["ResourceNotFound"]), (method, path)
+    there = await admin("DELETE", f"{R}/Fabrics/{DOMAIN}")
+    assert (there.status, there.headers["allow"]) == (405, "GET, HEAD")

@@ -389,6 +389,7 @@ async def test_the_event_stream_tells_each_account_only_what_it_may_see(
     async def listen(client: RedfishHttp, box: list[dict[str, Any]], ready: asyncio.Event) -> None:
         host, port = client.base.removeprefix("http://").rsplit(":", 1)
         reader, writer = await asyncio.open_connection(host, int(port))
+        sse_id = None
         token = base64.b64encode(f"{client.user}:{client.password}".encode()).decode()
         writer.write(
             f"GET {R}/EventService/SSE HTTP/1.1\r\nHost: {host}:{port}\r\n"
@@ -401,8 +402,10 @@ async def test_the_event_stream_tells_each_account_only_what_it_may_see(
                     return
                 if line.startswith(b": Trellis"):  # the stream's first line: it listens
                     ready.set()
+                if line.startswith(b"id: "):
+                    sse_id = line[4:].strip().decode()
                 if line.startswith(b"data: "):
-                    box.append(json.loads(line[6:]))
+                    box.append({**json.loads(line[6:]), "sse id": sse_id})
         finally:
             writer.close()
 
@@ -441,6 +444,11 @@ async def test_the_event_stream_tells_each_account_only_what_it_may_see(
     assert records("admin") == expected
     assert records("acme") == expected
     assert records("bolt") == []
+    # An event's id is the log's name for it, the same after a restart: <domain>.<position>.
+    for event in seen["admin"]:
+        (what,) = event["Events"]
+        oem = what["Oem"]["Trellis"]
+        assert event["sse id"] == event["Id"] == f"{oem['Domain']}.{oem['Position']}", event
 
 
 async def test_a_read_only_service_refuses_writes_and_still_reads(
@@ -574,7 +582,8 @@ async def test_compose_action_previews_reserves_and_applies_a_reservation(
     )
     assert taken.status == 409, taken
 
-    applied = await acme("POST", COMPOSE, apply_reservation(rid))
+    # ARCHITECTURE §11's own form: an Apply of a reservation needs no RequestFormat.
+    applied = await acme("POST", COMPOSE, {"RequestType": "Apply", "ReservationId": rid})
     assert applied.status == 200, applied
     system = applied.body["Manifest"]["Stanzas"][0]["Response"]
     cid = system["Id"]
@@ -610,7 +619,8 @@ async def test_an_administrator_sets_the_reservation_duration_and_it_outlives_th
     for value, status, name in [
         ("ten minutes", 400, "PropertyValueFormatError"),
         ("P1M", 400, "PropertyValueFormatError"),  # months vary in length
-        (600, 400, "PropertyValueTypeError"),
+        (True, 400, "PropertyValueTypeError"),
+        (0, 400, "PropertyValueOutOfRange"),
         ("PT0S", 400, "PropertyValueOutOfRange"),
     ]:
         refused = await admin("PATCH", service, {"ReservationDuration": value})
@@ -620,8 +630,11 @@ async def test_an_administrator_sets_the_reservation_duration_and_it_outlives_th
     assert refused.status == 400 and "PropertyNotWritable" in str(refused.body), refused
     assert (await admin.get(service)).body == before.body  # none of those changed anything
 
+    # §11 speaks of seconds: a whole number of them is taken beside Redfish's ISO 8601.
+    seconds = await admin("PATCH", service, {"ReservationDuration": 450})
+    assert seconds.status == 200 and seconds.body["ReservationDuration"] == "PT450S", seconds
     patched = await admin("PATCH", service, {"ReservationDuration": "PT10M"},
-                          headers={"If-Match": before.headers["etag"]})  # fmt: skip
+                          headers={"If-Match": seconds.headers["etag"]})  # fmt: skip
     assert patched.status == 200 and patched.body["ReservationDuration"] == "PT600S", patched
     made = await acme("POST", COMPOSE, compose_action("PreviewReserve", "host-01", "gpu-002"))
     assert made.status == 200, made

@@ -167,6 +167,7 @@ class RecordCheckpoint(Intent):
 
 
 MAX_DEVICES = 4096  # per `devices` entry, and named in `device_ids`
+MAX_DEVICE_REQUESTS = 64  # `devices` entries in one compose or manifest
 
 
 class DeviceRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -193,7 +194,7 @@ class HostSelector(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 class Compose(Intent):
     host: Id | None = None
     host_selector: HostSelector | None = None
-    devices: Annotated[list[DeviceRequest], msgspec.Meta(max_length=64)] = []
+    devices: Annotated[list[DeviceRequest], msgspec.Meta(max_length=MAX_DEVICE_REQUESTS)] = []
     device_ids: Annotated[list[Id], msgspec.Meta(max_length=MAX_DEVICES)] = []
     constraints: Constraints = Constraints()
     lease_seconds: LeaseSeconds | None = None
@@ -249,7 +250,7 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
     host: Id | None = None
     host_selector: HostSelector | None = None
-    devices: Annotated[list[DeviceRequest], msgspec.Meta(max_length=64)] = []
+    devices: Annotated[list[DeviceRequest], msgspec.Meta(max_length=MAX_DEVICE_REQUESTS)] = []
     device_ids: Annotated[list[Id], msgspec.Meta(max_length=MAX_DEVICES)] = []
     constraints: Constraints = Constraints()
     lease_seconds: LeaseSeconds | None = None

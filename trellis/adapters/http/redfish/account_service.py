@@ -24,8 +24,10 @@ from trellis.adapters.http.redfish.handling import (
     if_match,
     json_body,
     only,
+    patched,
+    with_notes,
 )
-from trellis.adapters.http.redfish.registries import RedfishError, error, message
+from trellis.adapters.http.redfish.registries import RedfishError, error
 from trellis.adapters.http.redfish.resources import R, ref
 from trellis.adapters.http.server import Request
 
@@ -83,13 +85,7 @@ def account_service(
         allow = "GET, HEAD, PATCH, DELETE"
         if method == "PATCH":
             if_match(request, current)
-            body = json_body(request)
-            unknown = sorted(set(body) - {"Password", "Enabled", "@odata.etag"})
-            if unknown:
-                name = "PropertyNotWritable"
-                if not all(k in current for k in unknown):
-                    name = "PropertyUnknown"
-                raise RedfishError(400, [message(name, k) for k in unknown])
+            body, notes = patched(json_body(request), {"Password", "Enabled"}, current)
             if "Enabled" in body and not account.admin:
                 raise error(403, "InsufficientPrivilege")
             _check_enabled(body)
@@ -99,7 +95,7 @@ def account_service(
                 )
             except AccountError as exc:
                 raise _account_error(exc, target.user_name) from None
-            return Reply(body=_account(changed), allow=allow)
+            return Reply(body=with_notes(_account(changed), notes), allow=allow)
         if method == "DELETE":
             admin_only(account)
             if_match(request, current)

@@ -9,6 +9,7 @@ first answer.
 
 from __future__ import annotations
 
+import collections
 import re
 import uuid
 from collections.abc import Awaitable, Callable
@@ -25,13 +26,25 @@ from trellis.adapters.http.redfish.resources import R, Reader, Viewer, ref
 from trellis.adapters.http.server import Request
 from trellis.adapters.nats.client import TrellisClient
 from trellis.engine.core.ids import Labels, Text, is_valid_id
-from trellis.engine.core.intents import MAX_DEVICES, LeaseSeconds
+from trellis.engine.core.intents import MAX_DEVICE_REQUESTS, MAX_DEVICES, LeaseSeconds
 from trellis.engine.core.model import MAX_QUANTITY, Name
 
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
 #: A member request's schema property -> the device kind it asks for.
 MEMBER_KINDS = {"Memory": "memory", "NetworkInterfaces": "nic", "Storage": "nvme"}
 PROCESSOR_KINDS = {"GPU": "gpu", "Accelerator": "accelerator"}
+#: What a constrained member may say, by collection: a constraint this service does not know
+#: is refused, never dropped, so a system is never composed to less than was asked.
+MEMBER_PROPERTIES = {
+    "Processors": {"@Redfish.RequestedCount", "@Redfish.AllowOverprovisioning", "Model",
+                   "ProcessorType"},
+    "Memory": {"@Redfish.RequestedCount", "@Redfish.AllowOverprovisioning", "Model",
+               "CapacityMiB"},
+    "NetworkInterfaces": {"@Redfish.RequestedCount", "@Redfish.AllowOverprovisioning", "Model"},
+    "Storage": {"@Redfish.RequestedCount", "@Redfish.AllowOverprovisioning", "Model"},
+}  # fmt: skip
+#: The most messages one refusal lists, one per block: a request may name thousands.
+LISTED = 16
 #: `@Redfish.RequestedCount`, and a memory slice's `CapacityMiB` (1 GiB at least, as the
 #: pool's block counts slices in GiB; at most the engine's largest quantity).
 RequestedCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_DEVICES)]
@@ -123,16 +136,19 @@ class Composer:
         `apply` intent, of a `ReservationId` or of the Manifest."""
         may_change(account)
         body = json_body(request)
-        request_format = body.get("RequestFormat")
-        if request_format is None:
-            raise error(400, "PropertyMissing", "RequestFormat")
-        if request_format != "Manifest":
-            raise error(400, "PropertyValueNotInList", str(request_format), "RequestFormat")
         request_type = body.get("RequestType")
         if request_type is None:
             raise error(400, "PropertyMissing", "RequestType")
         if request_type not in REQUEST_TYPES:
             raise error(400, "PropertyValueNotInList", str(request_type), "RequestType")
+        request_format = body.get("RequestFormat")
+        # An Apply of a reservation carries no manifest, so ARCHITECTURE §11 lets it leave the
+        # format out; every other request says it.
+        by_reservation = request_type == "Apply" and "ReservationId" in body
+        if request_format is None and not by_reservation:
+            raise error(400, "PropertyMissing", "RequestFormat")
+        if request_format not in (None, "Manifest"):
+            raise error(400, "PropertyValueNotInList", str(request_format), "RequestFormat")
         answer: dict[str, Any] = {"RequestFormat": "Manifest", "RequestType": request_type}
         rid = body.get("ReservationId")
         if rid is not None:
@@ -151,9 +167,10 @@ class Composer:
         domain = plan.domain
         stanza = {k: v for k, v in stanza.items() if k != "Response"}
         if request_type == "Preview":
-            reply = await self.client.query(
-                domain, "preview", {"manifest": manifest, "tenant": tenant}
-            )
+            # The tenant's own view, so its previews are metered as its views are (a preview
+            # places: it is not cheap), and under its identity in secure mode.
+            acting = await self._acting_as(tenant)
+            reply = await acting.view(domain, tenant, "preview", {"manifest": manifest})
             if not reply.get("ok"):
                 raise from_engine(reply.get("error", {}), "ResourceBlock")
             chosen = reply["result"]
@@ -311,7 +328,7 @@ class Composer:
             manifest["device_ids"] = plan.device_ids
         if plan.devices:
             manifest["devices"] = plan.devices
-        for prop in ("Description", "Name"):
+        for prop in ("Name", "Description"):  # the system's Name, so Name first
             reason = _checked(body.get(prop, ""), Text, prop)
             if reason:
                 manifest["reason"] = reason
@@ -341,6 +358,10 @@ class Composer:
         blocks = links.get("ResourceBlocks", [])
         if not isinstance(blocks, list):
             raise error(400, "PropertyValueFormatError", "ResourceBlocks", "Links/ResourceBlocks")
+        if len(blocks) > MAX_DEVICES + 1:
+            raise error(400, "PropertyValueOutOfRange", f"{len(blocks)} blocks",
+                        "Links/ResourceBlocks", resolution=f"List one Compute block and at "
+                        f"most {MAX_DEVICES} device blocks.")  # fmt: skip
         prefix = f"{R}/CompositionService/ResourceBlocks/"
         ids: list[str] = []
         for item in blocks:
@@ -351,21 +372,15 @@ class Composer:
             ids.append(target.removeprefix(prefix).rstrip("/"))
         unnamed = [b for b in ids if not _is_block_id(b)]
         if unnamed:
-            raise RedfishError(400, [message("ResourceBlockNotFound", _shown(b)) for b in unnamed])
-        twice = sorted({b for b in ids if ids.count(b) > 1})
+            raise _each_block("ResourceBlockNotFound", [_shown(b) for b in unnamed])
+        twice = sorted(b for b, n in collections.Counter(ids).items() if n > 1)
         if twice:
-            raise RedfishError(
-                400,
-                [
-                    message(
-                        "ResourceBlockInvalid",
-                        b,
-                        resolution="The resource block is listed more than once; list each "
-                        "block once and resubmit the request.",
-                        related=["Links/ResourceBlocks"],
-                    )
-                    for b in twice
-                ],
+            raise _each_block(
+                "ResourceBlockInvalid",
+                twice,
+                resolution="The resource block is listed more than once; list each block "
+                "once and resubmit the request.",
+                related=["Links/ResourceBlocks"],
             )
         members = _member_requests(body)
         zone = body.get("@Redfish.ZoneAffinity")
@@ -389,12 +404,12 @@ class Composer:
         if domain_name not in known:
             if zone is not None and not ids:
                 raise error(400, "PropertyValueNotInList", str(zone), "@Redfish.ZoneAffinity")
-            raise RedfishError(400, [message("ResourceBlockNotFound", b) for b in ids])
+            raise _each_block("ResourceBlockNotFound", ids)
         domain = await self.reader.domain(domain_name)
         missing = [b for b in ids if rs.split_id(b)[1] not in domain.nodes or
                    domain.kind(rs.split_id(b)[1]) not in ("host", "device")]  # fmt: skip
         if missing:
-            raise RedfishError(400, [message("ResourceBlockNotFound", b) for b in missing])
+            raise _each_block("ResourceBlockNotFound", missing)
         nodes = [rs.split_id(b)[1] for b in ids]
         hosts = [n for n in nodes if domain.kind(n) == "host"]
         devices = [n for n in nodes if domain.kind(n) == "device"]
@@ -411,7 +426,10 @@ class Composer:
                 ],
             )
         if not devices and not members:
-            raise error(400, "PropertyMissing", "Links/ResourceBlocks")
+            raise error(400, "PropertyMissing", "Links/ResourceBlocks",
+                        resolution="A composed system has at least one device: list a device "
+                        "block beside the Compute block, or ask for devices with Processors, "
+                        "Memory, NetworkInterfaces or Storage members.")  # fmt: skip
         if devices and not hosts:
             raise error(
                 400,
@@ -523,17 +541,36 @@ def _member_requests(body: dict[str, Any]) -> list[dict[str, Any]]:
     """The `devices` entries of a constrained compose: each member with
     `@Redfish.RequestedCount` under Processors, Memory, NetworkInterfaces or Storage."""
     devices: list[dict[str, Any]] = []
-    for prop in ("Processors", "Memory", "NetworkInterfaces", "Storage"):
+    for prop, known in MEMBER_PROPERTIES.items():
         group = body.get(prop)
         if group is None:
             continue
         members = group.get("Members") if isinstance(group, dict) else None
         if not isinstance(members, list):
             raise error(400, "PropertyValueFormatError", _shown(group), f"{prop}/Members")
+        if len(devices) + len(members) > MAX_DEVICE_REQUESTS:
+            raise error(400, "PropertyValueOutOfRange", f"{len(members)} members",
+                        f"{prop}/Members", resolution=f"Ask for at most {MAX_DEVICE_REQUESTS} "
+                        "members in all; one member may ask for many devices with "
+                        "@Redfish.RequestedCount.")  # fmt: skip
         for i, member in enumerate(members):
             where = f"{prop}/Members/{i}"
             if not isinstance(member, dict):
                 raise error(400, "PropertyValueTypeError", _shown(member), where)
+            unknown = sorted(set(member) - known)
+            if unknown:
+                raise RedfishError(400, [
+                    message("PropertyUnknown", f"{where}/{k}", resolution="This service "
+                            f"composes by {', '.join(sorted(known))} only; remove the other "
+                            "constraints and resubmit the request.")
+                    for k in unknown[:LISTED]
+                ])  # fmt: skip
+            if member.get("@Redfish.AllowOverprovisioning", False) is not False:
+                raise error(400, "PropertyValueNotInList",
+                            _shown(member["@Redfish.AllowOverprovisioning"]),
+                            f"{where}/@Redfish.AllowOverprovisioning",
+                            resolution="This service never overprovisions "
+                            "(AllowOverprovisioning is false).")  # fmt: skip
             count = member.get("@Redfish.RequestedCount", 1)
             entry: dict[str, Any] = {
                 "count": _checked(count, RequestedCount, f"{where}/@Redfish.RequestedCount")
@@ -555,6 +592,16 @@ def _member_requests(body: dict[str, Any]) -> list[dict[str, Any]]:
                 entry["capacity_gib"] = mib / 1024
             devices.append(entry)
     return devices
+
+
+def _each_block(name: str, blocks: list[str], **kwargs: Any) -> RedfishError:
+    """A 400 with message `name` for each of `blocks`, the first LISTED of them: the rest are
+    counted in the last message's resolution."""
+    messages = [message(name, b, **kwargs) for b in blocks[:LISTED]]
+    if len(blocks) > LISTED:
+        messages.append(message("GeneralError", resolution=f"{len(blocks) - LISTED} more "
+                                "blocks have the same problem as those listed."))  # fmt: skip
+    return RedfishError(400, messages)
 
 
 def _is_block_id(bid: str) -> bool:

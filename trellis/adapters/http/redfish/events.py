@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -80,7 +79,6 @@ class EventFeed:
         self._prefix = prefix
         self._listeners: set[_Listener] = set()
         self._tenants: dict[tuple[str, str], str] = {}  # (domain, composition) -> tenant
-        self._ids = itertools.count(1)
         self._sub: Any = None
         self.foreign = ForeignMessages("redfish")
 
@@ -158,10 +156,12 @@ class EventFeed:
             public = True
         if record is None:
             return
-        event_id = next(self._ids)
+        # The log's own name for the event: the same on every restart and every replica, so
+        # a client that reconnects can tell which events it has seen.
+        event_id = f"{domain}.{envelope.position}"
         body = {
             "@odata.type": "#Event.v1_11_0.Event",
-            "Id": str(event_id),
+            "Id": event_id,
             "Name": "Trellis resource event",
             "Context": "",
             "Events": [
@@ -184,7 +184,7 @@ class EventFeed:
                 }
             ],
         }
-        chunk = b"id: %d\ndata: %s\n\n" % (event_id, msgspec.json.encode(body))
+        chunk = b"id: %s\ndata: %s\n\n" % (event_id.encode(), msgspec.json.encode(body))
         for listener in list(self._listeners):
             if not (public or listener.tenant is None or listener.tenant == tenant):
                 continue

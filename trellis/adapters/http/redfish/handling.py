@@ -10,7 +10,7 @@ import msgspec
 
 from trellis.adapters.http.redfish import resources as rs
 from trellis.adapters.http.redfish.accounts import Account
-from trellis.adapters.http.redfish.registries import error
+from trellis.adapters.http.redfish.registries import RedfishError, error, message
 from trellis.adapters.http.server import Request
 
 
@@ -56,11 +56,34 @@ def if_match(request: Request, current: dict[str, Any]) -> None:
 def json_body(request: Request) -> dict[str, Any]:
     try:
         body = msgspec.json.decode(request.body or b"")
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # nested past the decoder's depth: malformed
         raise error(400, "MalformedJSON") from None
     if not isinstance(body, dict):
         raise error(400, "MalformedJSON")
     return body
+
+
+def patched(
+    body: dict[str, Any], writable: set[str], current: dict[str, Any]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """What a PATCH may change, and a message for each property it may not (DSP0266, "Update
+    a resource"): those are left as they are when something else changes (200, the messages
+    beside the resource), and refuse the whole PATCH when nothing else does (400). OData
+    annotations (`@odata.etag` and the like) are ignored: a body of only those, like an empty
+    one, changes nothing (200)."""
+    others = sorted(k for k in body if k not in writable and not k.startswith("@odata."))
+    notes = [
+        message("PropertyNotWritable" if k in current else "PropertyUnknown", k) for k in others
+    ]
+    wanted = {k: v for k, v in body.items() if k in writable}
+    if notes and not wanted:
+        raise RedfishError(400, notes)
+    return wanted, notes
+
+
+def with_notes(body: dict[str, Any], notes: list[dict[str, Any]]) -> dict[str, Any]:
+    """`body` with `notes` as its `@Message.ExtendedInfo` (none: `body` itself)."""
+    return {**body, "@Message.ExtendedInfo": notes} if notes else body
 
 
 def dig(body: dict[str, Any], *keys: str) -> Any:

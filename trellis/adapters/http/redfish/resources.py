@@ -69,6 +69,8 @@ def etag(body: dict[str, Any] | bytes) -> str:
     """A weak ETag of a representation: it changes whenever the resource does."""
     import msgspec
 
+    if isinstance(body, dict) and "@Message.ExtendedInfo" in body:  # about a request, not it
+        body = {k: v for k, v in body.items() if k != "@Message.ExtendedInfo"}
     raw = body if isinstance(body, bytes) else msgspec.json.encode(body, order="sorted")
     return f'W/"{hashlib.sha256(raw).hexdigest()[:20]}"'
 
@@ -508,8 +510,8 @@ def capabilities(object_id: str) -> dict[str, Any]:
         # The member templates (Processors, Memory with @Redfish.RequestedCount) are in
         # docs/redfish.md: inline, without an @odata.id, they fail the Service Validator's
         # navigation property check.
-        body["Processors@Redfish.OptionalOnCreate"] = True
-        body["Memory@Redfish.OptionalOnCreate"] = True
+        for members in ("Processors", "Memory", "NetworkInterfaces", "Storage"):
+            body[f"{members}@Redfish.OptionalOnCreate"] = True
     return body
 
 
@@ -540,7 +542,8 @@ def system(domain: Domain | str, composition: dict[str, Any]) -> dict[str, Any]:
         "@odata.id": f"{R}/Systems/{cid}",
         "@odata.type": "#ComputerSystem.v1_27_0.ComputerSystem",
         "Id": cid,
-        "Name": f"composition {cid}",
+        # The Name (or Description) a Redfish client composed it with is its reason.
+        "Name": composition.get("reason") or f"composition {cid}",
         "SystemType": "Composed",
         "Status": {
             "State": "Starting" if state == "pending" else "Enabled",

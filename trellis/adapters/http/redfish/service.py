@@ -45,6 +45,8 @@ from trellis.adapters.http.redfish.handling import (
     json_body,
     matches,
     only,
+    patched,
+    with_notes,
 )
 from trellis.adapters.http.redfish.metadata import metadata_xml
 from trellis.adapters.http.redfish.registries import RedfishError, error, message
@@ -191,7 +193,8 @@ class RedfishService:
                 only("GET" if request.method == "HEAD" else request.method, "GET")
                 assert account is not None
                 chunks = self._while_valid(request, account, self.events.stream(account.tenant))
-                return Stream("text/event-stream", chunks, _COMMON)
+                # The HTTP server says Cache-Control: no-store for every stream.
+                return Stream("text/event-stream", chunks, (("OData-Version", "4.0"),))
             reply = await self._route(request, path, account)
         except RedfishError as exc:
             headers = exc.headers
@@ -312,11 +315,14 @@ class RedfishService:
                 return await self.composer.reservations(request, method, parts[2:], account, viewer)
             if not parts[1:] and method == "PATCH":
                 return self._patch_composition_service(request, account)
+            # What does not exist is 404 whatever the method; what does, 405 to all but GET.
+            reply = await self._composition(parts[1:], viewer)
             only(method, "GET")
-            return await self._composition(parts[1:], viewer)
+            return reply
         if top == "Fabrics":
+            reply = await self._fabrics(parts[1:], viewer)
             only(method, "GET")
-            return await self._fabrics(parts[1:], viewer)
+            return reply
         if top == "EventService" and len(parts) == 1:
             only(method, "GET")
             return Reply(body=event_service())
@@ -331,25 +337,10 @@ class RedfishService:
         admin_only(account)
         current = self._composition_service()
         if_match(request, current)
-        body = json_body(request)
-        unknown = sorted(set(body) - {"ReservationDuration", "@odata.etag"})
-        if unknown:
-            name = (
-                "PropertyNotWritable" if all(k in current for k in unknown) else "PropertyUnknown"
-            )
-            raise RedfishError(400, [message(name, k) for k in unknown])
+        body, notes = patched(json_body(request), {"ReservationDuration"}, current)
         if "ReservationDuration" in body:
-            value = body["ReservationDuration"]
-            if not isinstance(value, str):
-                raise error(400, "PropertyValueTypeError", str(value), "ReservationDuration")
-            seconds = reservation_duration.parse(value)
-            if seconds is None:
-                raise error(400, "PropertyValueFormatError", value, "ReservationDuration")
-            low, high = reservation_duration.SECONDS_RANGE
-            if not low <= seconds <= high:
-                raise error(400, "PropertyValueOutOfRange", value, "ReservationDuration")
-            self.reservation_duration.set(seconds)
-        return Reply(body=self._composition_service(), allow="GET, HEAD, PATCH")
+            self.reservation_duration.set(_seconds(body["ReservationDuration"]))
+        return Reply(body=with_notes(self._composition_service(), notes), allow="GET, HEAD, PATCH")
 
     async def _composition(self, parts: list[str], viewer: Viewer) -> Reply:
         base = f"{R}/CompositionService"
@@ -475,6 +466,24 @@ def _redfish_refusal(plain: Response) -> Response:
 
 def _json(status: int, body: dict[str, Any], headers: tuple[tuple[str, str], ...]) -> Response:
     return Response(status, JSON, msgspec.json.encode(body), (*_COMMON, *headers))
+
+
+def _seconds(value: Any) -> int:
+    """ReservationDuration's seconds: Redfish's type is an ISO 8601 duration, and ARCHITECTURE
+    §11 speaks of seconds, so a whole number of seconds is taken too."""
+    if isinstance(value, str):
+        parsed = reservation_duration.parse(value)
+        if parsed is None:
+            raise error(400, "PropertyValueFormatError", value, "ReservationDuration")
+        seconds = parsed
+    elif isinstance(value, int) and not isinstance(value, bool):
+        seconds = value
+    else:
+        raise error(400, "PropertyValueTypeError", str(value), "ReservationDuration")
+    low, high = reservation_duration.SECONDS_RANGE
+    if not low <= seconds <= high:
+        raise error(400, "PropertyValueOutOfRange", str(value), "ReservationDuration")
+    return seconds
 
 
 def _is_json(content_type: str) -> bool:
