@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trellis.engine.core.throttle import Bucket, RateLimit, take
+from trellis.engine.core.throttle import Bucket, RateLimit, ViewBudget, charge, may_view, take
 
 LIMIT = RateLimit(per_second=10.0, burst=5)
 
@@ -26,3 +26,24 @@ def test_tokens_come_back_at_the_rate_up_to_the_burst() -> None:
 def test_a_clock_set_back_refills_nothing() -> None:
     bucket, wait = take(Bucket(tokens=0.0, at=50.0), 10.0, LIMIT)
     assert wait == 100 and bucket.tokens == 0.0
+
+
+BUDGET = ViewBudget(share=0.25, burst_s=1.0)
+
+
+def test_views_start_while_the_bucket_holds_time_and_pay_for_theirs_when_they_end() -> None:
+    bucket, wait = may_view(None, 10.0, BUDGET)
+    assert wait == 0 and bucket.tokens == 1.0
+    bucket = charge(bucket, 10.0, BUDGET, 0.6)
+    assert may_view(bucket, 10.0, BUDGET)[1] == 0  # 0.4 s left
+    bucket = charge(bucket, 10.0, BUDGET, 0.9)  # one costly view: half a second owed
+    bucket, wait = may_view(bucket, 10.0, BUDGET)
+    assert wait == 2000  # earned back at a quarter of a second a second
+    assert may_view(bucket, 11.0, BUDGET)[1] == 1000
+    assert may_view(bucket, 12.01, BUDGET)[1] == 0
+
+
+def test_a_views_bucket_refills_up_to_its_burst_only() -> None:
+    bucket = charge(None, 0.0, BUDGET, 0.5)
+    bucket, _ = may_view(bucket, 3600.0, BUDGET)
+    assert bucket.tokens == BUDGET.burst_s

@@ -17,7 +17,7 @@ import pytest_asyncio
 from fabrics import expect_error, expect_ok, fabric, row_counts
 from harness import Harness, ManualClock, serving
 
-from trellis.engine.core.throttle import RateLimit
+from trellis.engine.core.throttle import RateLimit, ViewBudget
 
 DOMAIN = "hall-1"
 LIMIT = RateLimit(per_second=5.0, burst=20)
@@ -105,3 +105,48 @@ async def test_a_throttled_tenant_is_served_again_once_its_tokens_are_back(
     expect_error(await h.client.intent(DOMAIN, "t", "compose", IMPOSSIBLE), "no_capacity")
     # Admin verbs and queries are the operator's: no tenant rate applies to them.
     expect_ok(await h.client.query(DOMAIN, "free"))
+
+
+# Views: the first of a tenant's is answered (its bucket held time), and it costs more than
+# the millionth of a second the bucket holds, so the next waits for the time it took.
+SPENT = ViewBudget(share=0.001, burst_s=0.000_001, in_flight=4)
+TWO_AT_ONCE = ViewBudget(share=1.0, burst_s=1000.0, in_flight=2)
+
+
+async def test_a_tenants_views_are_throttled_by_the_engine_time_they_take(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str
+) -> None:
+    """A probe as a tenant stalled an engine for everyone with views alone (a preview places, a
+    view `at` a past position folds the log): no rate applied to them."""
+    async with serving(nats_url, database_url, pg_schema, subject_prefix, view_budget=SPENT) as h:
+        expect_ok(await h.client.admin(DOMAIN, "import-topology", fabric()))
+        expect_ok(await h.client.view(DOMAIN, "acme", "free"))
+        reply = await h.client.view(DOMAIN, "acme", "free")
+        error = expect_error(reply, "throttled")
+        assert error["details"]["retry_after_ms"] >= 1
+        assert "views' share of this engine's time" in error["message"], error
+        # Another tenant's views, the tenant's own intents and the operator's queries are not
+        # this tenant's views.
+        expect_ok(await h.client.view(DOMAIN, "globex", "free"))
+        expect_ok(await h.client.intent(DOMAIN, "acme", "compose", SLICE))
+        expect_ok(await h.client.query(DOMAIN, "free"))
+
+
+async def test_a_tenant_has_only_so_many_views_in_flight(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str
+) -> None:
+    async with serving(
+        nats_url, database_url, pg_schema, subject_prefix, view_budget=TWO_AT_ONCE
+    ) as h:
+        expect_ok(await h.client.admin(DOMAIN, "import-topology", fabric()))
+        # `history` reads the log: each view waits on PostgreSQL, so they overlap.
+        answers = await asyncio.gather(
+            *(h.client.view(DOMAIN, "acme", "history", {"id": "host-01"}) for _ in range(40))
+        )
+        throttled = [a for a in answers if not a["ok"]]
+        assert throttled and len(throttled) < 40, len(throttled)
+        assert all(a["ok"] for a in answers if a not in throttled)
+        for reply in throttled:
+            error = expect_error(reply, "throttled")
+            assert "2 views in flight" in error["message"], error
+            assert error["details"]["retry_after_ms"] > 0

@@ -598,6 +598,7 @@ async def engine_on(
             snapshot_every=snapshot_every,
             telemetry=metrics,
             rate_limit=settings.tenant_rate,
+            view_budget=settings.view_budget,
         )
         await engine.start()
         stack.push_async_callback(engine.close)

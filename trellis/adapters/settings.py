@@ -17,7 +17,15 @@ from trellis.adapters.fabric.redfish.client import service_base
 from trellis.adapters.fabric.sim import ScriptedFault, parse_script
 from trellis.adapters.nats.jetstream import StreamLimits
 from trellis.engine.core.ids import is_valid_id
-from trellis.engine.core.throttle import DEFAULT_BURST, DEFAULT_PER_SECOND, RateLimit
+from trellis.engine.core.throttle import (
+    DEFAULT_BURST,
+    DEFAULT_PER_SECOND,
+    DEFAULT_VIEW_BURST_S,
+    DEFAULT_VIEW_SHARE,
+    DEFAULT_VIEWS_IN_FLIGHT,
+    RateLimit,
+    ViewBudget,
+)
 from trellis.engine.service.follower import PASS_INTERVAL_S
 
 # A follower that gathers longer than this leaves watchers a second or more behind every commit:
@@ -106,6 +114,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Each tenant's intents a second, and in a burst (engine/core/throttle.py); 0 a second: no
     # limit.
     tenant_rate: RateLimit = RateLimit()
+    # What each tenant's views may cost the engine that answers them: a share of its time, a
+    # burst of seconds, views in flight (engine/core/throttle.py); a share of 0: no limit.
+    view_budget: ViewBudget = ViewBudget()
     # The live fabric page (adapters/http/fabric_page.py): likewise off unless a port is
     # given, and on loopback unless another address is named. It is an operator's view.
     http_port: int | None = None
@@ -247,6 +258,23 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
                     "intents a second, 0 (no limit) or more",
                 ),
                 _positive(env, "TRELLIS_TENANT_BURST", DEFAULT_BURST),
+            ),
+            view_budget=ViewBudget(
+                _float(
+                    env,
+                    "TRELLIS_VIEW_SHARE",
+                    DEFAULT_VIEW_SHARE,
+                    lambda v: 0 <= v <= 1,
+                    "a share of the engine's time from 0 (no limit) to 1",
+                ),
+                _float(
+                    env,
+                    "TRELLIS_VIEW_BURST_SECONDS",
+                    DEFAULT_VIEW_BURST_S,
+                    lambda v: v > 0,
+                    "seconds, above 0",
+                ),
+                _positive(env, "TRELLIS_VIEWS_IN_FLIGHT", DEFAULT_VIEWS_IN_FLIGHT),
             ),
             http_port=metrics_port(env.get("TRELLIS_HTTP_PORT", ""), "TRELLIS_HTTP_PORT"),
             http_host=env.get("TRELLIS_HTTP_HOST", "").strip() or "127.0.0.1",

@@ -31,7 +31,7 @@ from trellis.engine.core.intents import (
 from trellis.engine.core.records import Head
 from trellis.engine.core.results import ImportResult, UploadProgress
 from trellis.engine.core.state import DomainState
-from trellis.engine.core.throttle import Bucket, RateLimit, take
+from trellis.engine.core.throttle import Bucket, RateLimit, ViewBudget, take
 from trellis.engine.core.uploads import Uploads
 from trellis.engine.service.answers import QueryAnswers
 from trellis.engine.service.custody import Custody, HeldElsewhere, unknown_domain
@@ -48,6 +48,7 @@ from trellis.engine.service.ports import (
 )
 from trellis.engine.service.saga import FabricSync
 from trellis.engine.service.settled import once_settled
+from trellis.engine.service.view_meter import ViewMeter
 
 _encode = msgspec.json.Encoder().encode
 MAX_BUCKETS = 10_000  # tenants' rate buckets kept before the refilled ones are forgotten
@@ -78,6 +79,7 @@ class Engine:
         telemetry: Telemetry | None = None,
         read_wait: float = 2.0,
         rate_limit: RateLimit | None = None,
+        view_budget: ViewBudget | None = None,
     ):
         self._store = store
         self._clock = clock
@@ -112,6 +114,8 @@ class Engine:
         # Each tenant's intents, through a token bucket (engine/core/throttle.py); None: no limit.
         self._rate = rate_limit if rate_limit is not None and rate_limit.per_second > 0 else None
         self._buckets: dict[str, Bucket] = {}
+        # Each tenant's views, by the engine time they take; None: no limit.
+        self._views = ViewMeter(view_budget)
         self._uploads = Uploads()  # imports sent in parts, until their last part
 
     # ---- the custody's, for the transports and the tests ----
@@ -184,8 +188,11 @@ class Engine:
         try:
             if isinstance(message, Query):
                 if tenant is not None:  # a view: the query as that tenant may ask it
-                    message = views.scoped_query(message, tenant)
-                return await self.answers.answer(domain, verb, message, viewer=tenant)
+                    view = views.scoped_query(message, tenant)
+                    return await self._views.metered(
+                        tenant, lambda: self.answers.answer(domain, verb, view, viewer=tenant)
+                    )
+                return await self.answers.answer(domain, verb, message, viewer=None)
             if isinstance(message, ImportTopology) and message.upload is not None:
                 assembled = self._assemble(domain, message)
                 if not isinstance(assembled, ImportTopology):
@@ -216,8 +223,10 @@ class Engine:
             )
         if not self.custody.serves(domain):
             return replies.error("not_found", f"this engine does not serve domain {domain!r}")
-        if family == "query" and tenant is not None and not views.serves(verb):
-            return replies.error("invalid", f"query {verb!r} has no tenant view")
+        if family == "query" and tenant is not None:
+            if not views.serves(verb):
+                return replies.error("invalid", f"query {verb!r} has no tenant view")
+            return self._views.refusal(tenant)
         if family == "intent" and tenant is not None and not admitted:
             return self.admit(tenant)
         return None

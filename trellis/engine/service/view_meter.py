@@ -1,0 +1,72 @@
+"""Each tenant's views, metered by the engine time they take (engine/core/throttle.py's view
+budget): a view past its tenant's time, or beyond its views in flight, is answered
+`throttled` with `retry_after_ms` before it is decoded or answered."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+
+from trellis.engine.core import replies
+from trellis.engine.core.throttle import Bucket, ViewBudget, charge, may_view
+
+MAX_TENANTS = 10_000  # buckets kept before the refilled ones are forgotten
+IN_FLIGHT_RETRY_MS = 50  # a view in flight is answered within a few tens of milliseconds
+
+
+class ViewMeter:
+    """The view buckets of every tenant; `budget` None (or a share of 0): no limit."""
+
+    def __init__(
+        self, budget: ViewBudget | None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._budget = budget if budget is not None and budget.share > 0 else None
+        self._clock = clock
+        self._buckets: dict[str, Bucket] = {}
+        self._in_flight: Counter[str] = Counter()
+
+    def refusal(self, tenant: str) -> bytes | None:
+        """The `throttled` answer for a view of `tenant` that may not start now, else None."""
+        budget = self._budget
+        if budget is None:
+            return None
+        if self._in_flight[tenant] >= budget.in_flight:
+            return replies.error(
+                "throttled",
+                f"tenant {tenant!r} has {budget.in_flight} views in flight, as many as it may; "
+                f"resend once one is answered",
+                {"retry_after_ms": IN_FLIGHT_RETRY_MS},
+            )
+        now = self._clock()
+        if len(self._buckets) > MAX_TENANTS:  # forget tenants whose buckets refilled
+            idle = budget.burst_s / budget.share
+            self._buckets = {t: b for t, b in self._buckets.items() if now - b.at < idle}
+        self._buckets[tenant], wait_ms = may_view(self._buckets.get(tenant), now, budget)
+        if not wait_ms:
+            return None
+        return replies.error(
+            "throttled",
+            f"tenant {tenant!r} has spent its views' share of this engine's time "
+            f"({budget.share:g} of it, {budget.burst_s:g} s at once); resend in {wait_ms} ms",
+            {"retry_after_ms": wait_ms},
+        )
+
+    async def metered(self, tenant: str, answer: Callable[[], Awaitable[bytes]]) -> bytes:
+        """`answer()`, its time taken from `tenant`'s bucket when it ends. The time is the
+        view's whole time on this engine, waits included: under load a view costs more, which
+        leaves more of the engine to the intents."""
+        budget = self._budget
+        if budget is None:
+            return await answer()
+        self._in_flight[tenant] += 1
+        started = self._clock()
+        try:
+            return await answer()
+        finally:
+            ended = self._clock()
+            self._in_flight[tenant] -= 1
+            if not self._in_flight[tenant]:
+                del self._in_flight[tenant]
+            spent = ended - started
+            self._buckets[tenant] = charge(self._buckets.get(tenant), ended, budget, spent)
