@@ -167,13 +167,14 @@ class NatsIntake:
         admitted = False
         if (
             len(tokens) == 4
-            and tokens[0] == "intent"
+            and tokens[0] in ("intent", "view")
             and (forwarded or self._engine.route(tokens[1]) is None)
         ):
-            # The domain's writer takes the tenant's token here, on arrival, and answers a
-            # throttled intent at once: a flood is answered as fast as it comes, ahead of
-            # the tasks and the writer's queue other tenants' intents need.
-            refused = self._engine.admit(tokens[2])
+            # The domain's writer takes the tenant's token (or, for a view, checks its time)
+            # here, on arrival, and answers a throttled request at once: a flood is answered as
+            # fast as it comes, ahead of the tasks and the writer's queue other tenants need.
+            admit = self._engine.admit if tokens[0] == "intent" else self._engine.admit_view
+            refused = admit(tokens[2])
             if refused is not None:
                 await self._reply(msg, refused, endpoint, endpoint.received(), tokens)
                 return
@@ -268,7 +269,9 @@ class NatsIntake:
             case ["query", domain, verb]:
                 return await handle("query", domain, None, verb, body, forwarded=forwarded)
             case ["view", domain, tenant, verb]:
-                return await handle("query", domain, tenant, verb, body, forwarded=forwarded)
+                return await handle(
+                    "query", domain, tenant, verb, body, forwarded=forwarded, admitted=admitted
+                )
         return replies.error("invalid", f"unknown subject {'.'.join(tokens)!r}")
 
 

@@ -39,10 +39,11 @@ class Bucket(msgspec.Struct, frozen=True):
     at: float  # seconds (any monotonic origin) when `tokens` was counted
 
 
-#: Views: a fifth of an engine's time per tenant on average, two seconds of it at once, and
-#: four views in flight.
-DEFAULT_VIEW_SHARE = 0.2
-DEFAULT_VIEW_BURST_S = 2.0
+#: Views: a tenth of an engine's time per tenant on average, a tenth of a second of it at
+#: once, and four views in flight. A flood of previews from one tenant then raised another
+#: tenant's p99 2.7x, against 21x with no budget (bench/flood.py --views).
+DEFAULT_VIEW_SHARE = 0.1
+DEFAULT_VIEW_BURST_S = 0.1
 DEFAULT_VIEWS_IN_FLIGHT = 4
 
 

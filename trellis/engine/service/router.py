@@ -172,15 +172,36 @@ class Engine:
     ) -> bytes:
         """Answer one request; never raises for bad input. `tenant` is the subject's tenant
         token: of an intent, or of a view (a query with a tenant is that tenant's view).
-        `admitted`: the caller has taken the tenant's token already (`admit`).
+        `admitted`: the caller has taken the tenant's token already (`admit`, or
+        `admit_view` for a view).
 
         Raises:
             ServedElsewhere: another engine turned out to write the domain (unless the request
                 was `forwarded` here already: then it is answered `unavailable`).
         """
-        refused = self._who_may_ask(family, domain, tenant, verb, admitted=admitted)
-        if refused is not None:
-            return refused
+        viewing = family == "query" and tenant is not None
+        holds_view_place = viewing and admitted  # let in by the transport: give it back below
+        try:
+            refused = self._who_may_ask(family, domain, tenant, verb, admitted=admitted)
+            holds_view_place = viewing and (admitted or refused is None)
+            if refused is not None:
+                return refused
+            return await self._answer(family, domain, tenant, verb, body, forwarded=forwarded)
+        finally:
+            if holds_view_place:
+                assert tenant is not None
+                self._views.release(tenant)
+
+    async def _answer(
+        self,
+        family: Family,
+        domain: str,
+        tenant: str | None,
+        verb: str,
+        body: bytes,
+        *,
+        forwarded: bool,
+    ) -> bytes:
         try:
             message = decode_intent(family, verb, body)
         except InvalidIntent as exc:
@@ -226,10 +247,15 @@ class Engine:
         if family == "query" and tenant is not None:
             if not views.serves(verb):
                 return replies.error("invalid", f"query {verb!r} has no tenant view")
-            return self._views.refusal(tenant)
+            return None if admitted else self.admit_view(tenant)
         if family == "intent" and tenant is not None and not admitted:
             return self.admit(tenant)
         return None
+
+    def admit_view(self, tenant: str) -> bytes | None:
+        """Whether one of `tenant`'s views may start (engine/service/view_meter.py): None, or
+        the `throttled` answer. Cheap and synchronous, as `admit` is."""
+        return self._views.refusal(tenant)
 
     def admit(self, tenant: str) -> bytes | None:
         """Take a token for one of `tenant`'s intents: None when it may go on, else the

@@ -27,7 +27,8 @@ class ViewMeter:
         self._in_flight: Counter[str] = Counter()
 
     def refusal(self, tenant: str) -> bytes | None:
-        """The `throttled` answer for a view of `tenant` that may not start now, else None."""
+        """The `throttled` answer for a view of `tenant` that may not start now, else None: it
+        then holds one of the tenant's places in flight until `release`."""
         budget = self._budget
         if budget is None:
             return None
@@ -43,14 +44,23 @@ class ViewMeter:
             idle = budget.burst_s / budget.share
             self._buckets = {t: b for t, b in self._buckets.items() if now - b.at < idle}
         self._buckets[tenant], wait_ms = may_view(self._buckets.get(tenant), now, budget)
-        if not wait_ms:
-            return None
-        return replies.error(
-            "throttled",
-            f"tenant {tenant!r} has spent its views' share of this engine's time "
-            f"({budget.share:g} of it, {budget.burst_s:g} s at once); resend in {wait_ms} ms",
-            {"retry_after_ms": wait_ms},
-        )
+        if wait_ms:
+            return replies.error(
+                "throttled",
+                f"tenant {tenant!r} has spent its views' share of this engine's time "
+                f"({budget.share:g} of it, {budget.burst_s:g} s at once); resend in {wait_ms} ms",
+                {"retry_after_ms": wait_ms},
+            )
+        self._in_flight[tenant] += 1
+        return None
+
+    def release(self, tenant: str) -> None:
+        """A view let in by `refusal` is over (answered, or refused for another reason)."""
+        if self._budget is None or not self._in_flight[tenant]:
+            return
+        self._in_flight[tenant] -= 1
+        if not self._in_flight[tenant]:
+            del self._in_flight[tenant]
 
     async def metered(self, tenant: str, answer: Callable[[], Awaitable[bytes]]) -> bytes:
         """`answer()`, its time taken from `tenant`'s bucket when it ends. The time is the
@@ -59,14 +69,10 @@ class ViewMeter:
         budget = self._budget
         if budget is None:
             return await answer()
-        self._in_flight[tenant] += 1
         started = self._clock()
         try:
             return await answer()
         finally:
             ended = self._clock()
-            self._in_flight[tenant] -= 1
-            if not self._in_flight[tenant]:
-                del self._in_flight[tenant]
             spent = ended - started
             self._buckets[tenant] = charge(self._buckets.get(tenant), ended, budget, spent)
