@@ -379,3 +379,31 @@ async def test_a_port_left_half_in_a_circuit_can_join_another(
     assert (await driver.snapshot(D, fence=1)).circuits == [other]
     with pytest.raises(FabricError, match="port 3 is already in circuit with port 2"):
         await driver.create_circuit(D, FabricCircuit(ocs="ocs-1", a_port=3, b_port=4), fence=1)
+
+
+async def test_circuits_of_another_domain_or_of_no_one_are_not_ours_and_stay(
+    fm: FaultyRedfish, driver: RedfishFabric
+) -> None:
+    ports = f"{F}/Switches/ocs-1/Ports"
+
+    def cross(a: int, b: int, tags: dict[str, object]) -> None:  # made at the fabric manager
+        for this, other in ((a, b), (b, a)):
+            body = fm.body(f"{ports}/{this}")
+            body["Oem"] = {"Trellis": {"CircuitTo": {"@odata.id": f"{ports}/{other}"}, **tags}}
+            fm.put(f"{ports}/{this}", body)
+
+    cross(0, 1, {"Domain": "hall-9"})  # another domain's (another engine on this OCS)
+    cross(2, 3, {})  # tagged with no domain: not Trellis's
+    ours = FabricCircuit(ocs="ocs-1", a_port=4, b_port=5)
+    await driver.create_circuit(D, ours, fence=1)
+    before = {p: fm.body(f"{ports}/{p}") for p in range(4)}
+    snapshot = await driver.snapshot(D, fence=1)  # the first of the domain: a deep read
+    assert snapshot.circuits == [ours]
+    assert [f for f in snapshot.findings if f"{ports}/2 is in a circuit that is not" in f]
+    assert not [f for f in snapshot.findings if f"{ports}/0 " in f], snapshot.findings
+    for a, b in ((0, 1), (2, 3)):  # what reconciliation would send, were they reported
+        await driver.remove_circuit(D, FabricCircuit(ocs="ocs-1", a_port=a, b_port=b), fence=1)
+    assert {p: fm.body(f"{ports}/{p}") for p in range(4)} == before
+    assert (await driver.snapshot(D, fence=1)).circuits == [ours]
+    with pytest.raises(FabricError, match="port 1 is already in circuit with port 0"):
+        await driver.create_circuit(D, FabricCircuit(ocs="ocs-1", a_port=1, b_port=6), fence=1)

@@ -418,7 +418,7 @@ class RedfishFabric:
             held.stale = False
             if deep:
                 held.read_at = time.monotonic()
-        return _snapshot(fmap, read)
+        return _snapshot(domain, fmap, read)
 
     async def _member_uris(self, collection: str | None) -> list[str]:
         if collection is None:
@@ -682,11 +682,13 @@ class RedfishFabric:
     async def _clear_circuit(self, domain: str, a: str, b: str) -> None:
         held = self._held.setdefault(domain, _Held())
         for this, other in ((a, b), (b, a)):
+            # Only this domain's half: a port tagged for another domain, or not at all, is
+            # someone else's circuit, never cleared (ARCHITECTURE §11).
             change = await self.client.update(
                 this,
                 lambda body, other=other: (  # type: ignore[misc]
                     {"Oem": {"Trellis": {"CircuitTo": None}}}
-                    if _circuit_to(body) == other
+                    if _circuit_to(body) == other and trellis_oem(body).get("Domain") == domain
                     else None
                 ),
             )
@@ -859,7 +861,7 @@ def _slice(oem: Json) -> tuple[tuple[str, str] | None, _Slice | None]:
     return (device, cid), _Slice(host=host, path=[str(p) for p in path], capacity_gib=capacity)
 
 
-def _snapshot(fmap: FabricMap, held: _Held) -> FabricSnapshot:
+def _snapshot(domain: str, fmap: FabricMap, held: _Held) -> FabricSnapshot:
     bindings = [
         FabricBinding(host=z.host, device=d, path=list(p), composition_id=cid)
         for cid, z in held.zones.items()
@@ -883,11 +885,14 @@ def _snapshot(fmap: FabricMap, held: _Held) -> FabricSnapshot:
         )
     circuits = set()
     number = {uri: (name, n) for name, o in fmap.ocs.items() for n, uri in o.ports.items()}
-    for uri, oem in held.ports.items():
+    ours = {uri: oem for uri, oem in held.ports.items() if oem.get("Domain") == domain}
+    for uri, oem in ours.items():
+        # Only ports tagged for this domain, at both ends: another domain's circuit, or one
+        # not Trellis's, is no circuit of this domain (the engine would take it away).
         other = _circuit_to_in(oem)
         if other is None or uri not in number or other not in number:
             continue
-        if _circuit_to_in(held.ports.get(other, {})) != uri:
+        if _circuit_to_in(ours.get(other, {})) != uri:
             continue  # half a circuit: not one (the engine makes it again if the log has it)
         (ocs, a), (_, b) = number[uri], number[other]
         circuits.add(FabricCircuit(ocs=ocs, a_port=min(a, b), b_port=max(a, b)))
