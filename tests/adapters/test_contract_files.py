@@ -143,3 +143,17 @@ def test_the_asyncapi_document_names_every_subject_and_its_references_resolve() 
         (reply,) = operation["reply"]["messages"]
         assert payload(request["$ref"]) == f"intents.schema.json#/$defs/{name}"
         assert payload(reply["$ref"]) == f"replies.schema.json#/$defs/{name}"
+
+
+def test_schema_export_writes_under_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`trellis schema export` with no --dir writes ./schema/json, never the package's own
+    folder (inside site-packages when installed from the wheel)."""
+    from trellis.adapters.entrypoints import cli
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["schema", "export"]) == 0
+    written = tmp_path / "schema" / "json"
+    assert sorted(p.name for p in written.iterdir()) == sorted(contract_files())
+    assert f"wrote {Path('schema', 'json', 'intents.schema.json')}" in capsys.readouterr().out

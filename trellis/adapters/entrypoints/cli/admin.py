@@ -106,11 +106,11 @@ def add_commands(sub: Any) -> None:
     fault.add_argument("--state", choices=["failed", "degraded", "healthy"], default="failed")
     fault.add_argument("--detail", default="", help="what was seen (free text)")
     add_node_parser = sub.add_parser(
-        "add-node", help="add one node (a JSON NodeSpec, see schema/json)"
+        "add-node", help="add one node (a JSON NodeSpec; `trellis schema export` writes its schema)"
     )
     add_node_parser.add_argument("file", type=Path, help=_SPEC_FILE.format("node"))
     add_link_parser = sub.add_parser(
-        "add-link", help="add one link (a JSON LinkSpec, see schema/json)"
+        "add-link", help="add one link (a JSON LinkSpec; `trellis schema export` writes its schema)"
     )
     add_link_parser.add_argument("file", type=Path, help=_SPEC_FILE.format("link"))
     remove_parser = sub.add_parser("remove", help="remove a node or link no live composition uses")

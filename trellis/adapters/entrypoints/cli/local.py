@@ -13,7 +13,6 @@ from trellis.adapters.endpoints import find_endpoint
 from trellis.adapters.entrypoints.cli.errors import no_database
 from trellis.adapters.nats.contract import contract_files
 from trellis.adapters.postgres import sessions
-from trellis.adapters.postgres.migrations import SCHEMA_DIR
 from trellis.adapters.postgres.store import PostgresEventStore, connect_pool
 from trellis.adapters.settings import Settings
 from trellis.projections import rebuild
@@ -69,6 +68,16 @@ def add_schema(sub: Any) -> None:
     """`schema export`."""
     schema = sub.add_parser("schema", help="the wire contract as JSON Schema")
     schema_sub = schema.add_subparsers(metavar="ACTION")
-    schema_export_parser = schema_sub.add_parser("export", help="write schema/json/*.schema.json")
-    schema_export_parser.add_argument("--dir", type=Path, default=SCHEMA_DIR / "json")
+    schema_export_parser = schema_sub.add_parser(
+        "export", help="write the contract's JSON Schema files (schema/json/*.schema.json)"
+    )
+    # Relative to where it runs: the repository's root regenerates the committed files, and an
+    # installed package is never written into (its SCHEMA_DIR is inside site-packages).
+    schema_export_parser.add_argument(
+        "--dir",
+        type=Path,
+        default=Path("schema") / "json",
+        metavar="DIR",
+        help="where the files go; default ./schema/json",
+    )
     schema_export_parser.set_defaults(run=schema_export)
