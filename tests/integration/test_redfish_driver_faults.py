@@ -21,6 +21,7 @@ import pytest_asyncio
 from redfish_fault_server import FaultyRedfish
 from redfish_trees import tree
 
+from trellis.adapters.embedded.process import free_port
 from trellis.adapters.fabric.redfish.client import HttpError, RedfishClient
 from trellis.adapters.fabric.redfish.discovery import DiscoveryError, discover
 from trellis.adapters.fabric.redfish.driver import RedfishFabric
@@ -407,3 +408,34 @@ async def test_circuits_of_another_domain_or_of_no_one_are_not_ours_and_stay(
     assert (await driver.snapshot(D, fence=1)).circuits == [ours]
     with pytest.raises(FabricError, match="port 1 is already in circuit with port 0"):
         await driver.create_circuit(D, FabricCircuit(ocs="ocs-1", a_port=1, b_port=6), fence=1)
+
+
+async def test_subscriptions_killed_engines_left_are_replaced_and_no_one_elses(
+    fm: FaultyRedfish,
+) -> None:
+    subscriptions = "/redfish/v1/EventService/Subscriptions"
+    gone = [free_port(), free_port()]  # where killed engines listened: nothing does now
+
+    def subscription(n: int, destination: str, context: str) -> str:
+        uri = f"{subscriptions}/{n}"
+        body = {"@odata.id": uri, "Destination": destination, "Context": context,
+                "Protocol": "Redfish"}  # fmt: skip
+        fm.put(uri, body, member=True)
+        return uri
+
+    subscription(91, f"http://127.0.0.1:{gone[0]}/trellis/events", "trellis")
+    subscription(92, f"http://127.0.0.1:{gone[1]}/trellis/events", "trellis")
+    kept = [
+        subscription(93, f"http://127.0.0.1:{gone[0]}/listener", "someone else"),
+        subscription(94, f"http://127.0.0.1:{gone[1]}/trellis/events", "another client"),
+    ]
+    options: dict[str, Any] = {"poll_s": 60.0, "resync_s": 60.0, "events_at": ("127.0.0.1", 0)}
+    async with watching(fm, **options) as first:
+        await eventually("subscribed", lambda: first._subscription is not None)
+        assert sorted(fm.members(subscriptions)) == sorted([*kept, first._subscription])
+        async with watching(fm, **options) as second:  # another engine, beside a live one
+            await eventually("subscribed", lambda: second._subscription is not None)
+            assert sorted(fm.members(subscriptions)) == sorted(
+                [*kept, first._subscription, second._subscription]
+            )
+    assert sorted(fm.members(subscriptions)) == sorted(kept)  # clean stops delete their own

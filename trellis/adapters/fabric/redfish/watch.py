@@ -25,8 +25,11 @@ that a `redfish:` report faulted.
 Events: when the driver is given an address (`events_at`) and the service has an
 EventService, one subscription (Context `trellis`) sends its events to a small HTTP listener
 there; any event wakes the poll at once (polls start at least EVENT_POLL_GAP_S apart). The
-subscription is removed on a clean stop, one a killed engine left behind (same destination) is
-replaced at the next start, and one the service forgot (a restart) is made again at the next
+subscription is removed on a clean stop; one a killed engine left behind is replaced at the
+next start: one with the same destination, and, with the service on this machine (where the
+listener takes a fresh loopback port each start), any with Context `trellis` and the events
+path whose loopback port no longer accepts connections (a live engine's, or another client's,
+is never touched). One the service forgot (a restart) is made again at the next
 reconciliation tick.
 """
 
@@ -36,6 +39,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import urllib.parse
 import uuid
 from typing import Any
 
@@ -59,6 +63,23 @@ _MAX_EVENT = 1024 * 1024
 #: Seconds at least from one poll's start to the next (unless poll_s is shorter): a burst of
 #: events asks for one poll, not one each.
 EVENT_POLL_GAP_S = 1.0
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+async def _listening(host: str, port: int) -> bool:
+    """Whether something accepts connections at host:port (a refusal is the only no: what
+    cannot be told, a timeout, counts as yes)."""
+    try:
+        async with asyncio.timeout(1.0):
+            _, writer = await asyncio.open_connection(host, port)
+    except ConnectionRefusedError:
+        return False
+    except (OSError, TimeoutError):
+        return True
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
 
 
 class Seen(msgspec.Struct, frozen=True):
@@ -257,8 +278,9 @@ class FabricWatch:
                 return
             for uri in await client.members(collection):
                 old = await client.get_or_none(uri)
-                if old is not None and old.body.get("Destination") == destination:
-                    await client.delete(uri)  # a killed engine's
+                if old is not None and (why := await self._left_behind(old.body, destination)):
+                    log.warning("deleting event subscription %s: %s", uri, why)
+                    await client.delete(uri)
             body: Json = {
                 "Destination": destination,
                 "Context": CONTEXT,
@@ -275,6 +297,34 @@ class FabricWatch:
             log.info("subscribed to the fabric manager's events at %s", destination)
         except RedfishError as exc:
             log.warning("no events from the fabric manager (health is polled): %s", exc)
+
+    async def _left_behind(self, body: Json, destination: str | None) -> str | None:
+        """Why a subscription is one a stopped engine of Trellis left (None: it is not).
+
+        One sending to this engine's own listener; or, with the fabric manager on this
+        machine (where an engine listens on a fresh loopback port each start), one with
+        Trellis's Context and events path whose loopback listener is gone (its port refuses
+        connections). Another client's, or a live engine's, is never one."""
+        there = body.get("Destination")
+        if not isinstance(there, str):
+            return None
+        if there == destination:
+            return f"it sends to {there}, this engine's listener (a killed engine's)"
+        if body.get("Context") != CONTEXT:
+            return None
+        try:
+            parts = urllib.parse.urlsplit(there)
+            port = parts.port
+        except ValueError:
+            return None
+        local = urllib.parse.urlsplit(self.fabric.client.origin).hostname
+        if parts.path != EVENTS_PATH or port is None or parts.hostname is None:
+            return None
+        if parts.hostname not in _LOOPBACK or local not in _LOOPBACK:
+            return None
+        if await _listening(parts.hostname, port):
+            return None
+        return f"nothing listens at {there} any more (a killed engine's)"
 
     async def _on_event(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One POST of events: any wakes the poll. Answered 204 (400 to anything else)."""
