@@ -308,7 +308,7 @@ class FabricSync:
                 log.warning(
                     "domain %s: fabric pass failed (%s); the next one starts from the log",
                     self.domain,
-                    f"{type(exc).__name__}: {exc}" if str(exc) else "no answer in time",
+                    f"{type(exc).__name__}: {exc}" if str(exc) else _why(exc),
                 )
                 in_step = False
             except Exception as exc:  # the next pass starts from the log again
@@ -482,7 +482,7 @@ class FabricSync:
                     log.warning(
                         "domain %s: letting go failed (%s); a pass retries",
                         self.domain,
-                        exc if str(exc) else "no answer in time",
+                        _why(exc),
                     )
                     self.kick()
                     at.clear()
@@ -535,8 +535,16 @@ class FabricSync:
             async with asyncio.timeout(self._deadline):
                 await self._fabric.program(self.domain, changes, fence=self._fence)
         except (FabricError, TimeoutError) as exc:
-            log.warning("domain %s: undoing %s left work for later: %s", self.domain, cid, exc)
+            log.warning(
+                "domain %s: undoing %s left work for later: %s", self.domain, cid, _why(exc)
+            )
         except WriterFenced:
             raise
         except Exception:  # the failure is recorded all the same; a pass finishes the undoing
             log.exception("domain %s: undoing %s left work for later", self.domain, cid)
+
+
+def _why(exc: BaseException) -> str:
+    """A fabric call's failure in words: its message, else (a deadline's TimeoutError has
+    none) that no answer came in time."""
+    return str(exc) or "no answer in time"
