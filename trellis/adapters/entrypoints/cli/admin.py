@@ -103,7 +103,12 @@ def add_commands(sub: Any) -> None:
         "report-fault", help="record a component's health: failed, degraded or healthy again"
     )
     fault.add_argument("id", type=component)
-    fault.add_argument("--state", choices=["failed", "degraded", "healthy"], default="failed")
+    fault.add_argument(
+        "--state",
+        choices=["failed", "degraded", "healthy"],
+        default="failed",
+        help="what the component is now",
+    )
     fault.add_argument("--detail", default="", help="what was seen (free text)")
     add_node_parser = sub.add_parser(
         "add-node", help="add one node (a JSON NodeSpec; `trellis schema export` writes its schema)"
@@ -145,19 +150,19 @@ def add_quota(sub: Any) -> None:
     set_.add_argument(
         "--gib", type=finite_number, metavar="GIB", help="memory only: GiB held at once"
     )
-    set_.add_argument("--reason", default="")
+    set_.add_argument("--reason", default="", help="why, recorded with the event")
     request_id_option(set_)
     client_options(set_)
     set_.set_defaults(run=quota_set)
     clear = quota_sub.add_parser("clear", help="remove a tenant's quota for a kind")
     clear.add_argument("tenant", type=identifier("tenant"))
     clear.add_argument("kind", choices=DEVICE_KINDS)
-    clear.add_argument("--reason", default="")
+    clear.add_argument("--reason", default="", help="why, recorded with the event")
     request_id_option(clear)
     client_options(clear)
     clear.set_defaults(run=quota_clear)
     show = quota_sub.add_parser("show", help="quotas and holdings, by tenant and kind")
     show.add_argument("--tenant", type=identifier("tenant"), help="only this tenant")
-    show.add_argument("--kind", choices=DEVICE_KINDS)
+    show.add_argument("--kind", choices=DEVICE_KINDS, help="only this kind of device")
     query_options(show)
     show.set_defaults(run=quota_show)

@@ -86,18 +86,24 @@ def manifest_options(p: argparse.ArgumentParser, file_help: str) -> None:
     )
     p.add_argument("--gpu", type=positive_count, metavar="N", help="number of GPUs")
     p.add_argument("--model", action="append", default=[], help="acceptable GPU model")
-    p.add_argument("--min-generation", type=int)
+    p.add_argument(
+        "--min-generation", type=int, metavar="N", help="GPUs of generation N or newer only"
+    )
     p.add_argument("--memory", type=positive_number, metavar="GIB", help="a memory slice of GIB")
-    p.add_argument("--nic", type=positive_count, metavar="N")
-    p.add_argument("--nvme", type=positive_count, metavar="N")
+    p.add_argument("--nic", type=positive_count, metavar="N", help="number of NICs")
+    p.add_argument("--nvme", type=positive_count, metavar="N", help="number of NVMe drives")
     p.add_argument(
         "--device-id", action="append", default=[], type=identifier("device id"), help="a device"
     )
     p.add_argument(
         "--bandwidth", type=finite_number, default=0.0, metavar="GBPS", help="per device"
     )
-    p.add_argument("--max-hops", type=positive_count)
-    p.add_argument("--max-latency-ns", type=int)
+    p.add_argument(
+        "--max-hops", type=positive_count, metavar="N", help="at most N hops from host to device"
+    )
+    p.add_argument(
+        "--max-latency-ns", type=int, metavar="NS", help="at most NS nanoseconds of path latency"
+    )
     p.add_argument("--exclusive", action="store_true", help="no switch shared with others")
     p.add_argument(
         "--label",
@@ -108,7 +114,7 @@ def manifest_options(p: argparse.ArgumentParser, file_help: str) -> None:
         help="device label constraint",
     )
     p.add_argument("--lease", type=lease_seconds, metavar="SECONDS", help="lease length")
-    p.add_argument("--reason", default="")
+    p.add_argument("--reason", default="", help="why, recorded with the event")
 
 
 def manifest(args: argparse.Namespace) -> dict[str, Any]:
@@ -125,7 +131,7 @@ def add_commands(sub: Any) -> None:
 
     release_parser = sub.add_parser("release", help="release a composition")
     release_parser.add_argument("composition_id", type=identifier("composition id"))
-    release_parser.add_argument("--reason", default="")
+    release_parser.add_argument("--reason", default="", help="why, recorded with the event")
     intent_options(release_parser)
     release_parser.set_defaults(run=release)
 
@@ -134,6 +140,12 @@ def add_extend(sub: Any) -> None:
     """`extend`."""
     extend_parser = sub.add_parser("extend", help="extend a composition's lease")
     extend_parser.add_argument("composition_id", type=identifier("composition id"))
-    extend_parser.add_argument("--lease", type=lease_seconds, required=True, metavar="SECONDS")
+    extend_parser.add_argument(
+        "--lease",
+        type=lease_seconds,
+        required=True,
+        metavar="SECONDS",
+        help="the new lease length, counted from now",
+    )
     intent_options(extend_parser)
     extend_parser.set_defaults(run=extend)

@@ -34,18 +34,28 @@ DESCRIPTION = "The `trellis` command: run the engine, and talk to a running one 
 
 
 class _Help(argparse.HelpFormatter):
-    """Help that names each option's default, when it has one worth naming."""
+    """Help that names each option's default, when it has one worth naming: not an empty one
+    ("(default: )" said nothing), and not one its help names already."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
         default = action.default
         if (
-            "%(default)" in text
+            "default" in text
             or not action.option_strings
-            or default in (None, False, [], argparse.SUPPRESS)
+            or default in (None, False, [], "", argparse.SUPPRESS)
         ):
             return text
         return f"{text} (default: %(default)s)"
+
+
+class _Commands(argparse._SubParsersAction):  # type: ignore[type-arg]
+    """Subcommands whose `--help` opens with the line `trellis --help` lists them by."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> Any:
+        if "help" in kwargs and "description" not in kwargs:
+            kwargs["description"] = kwargs["help"]
+        return super().add_parser(name, **kwargs)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,6 +65,7 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _Help)
         super().__init__(*args, **kwargs)
+        self.register("action", "parsers", _Commands)
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message, f"`{self.prog} --help`")
@@ -165,7 +176,13 @@ def make_parser() -> argparse.ArgumentParser:
     parquet = sub.add_parser(
         "export", help="append the log, connection history and compositions to Parquet files"
     )
-    parquet.add_argument("--parquet", type=Path, required=True, metavar="DIR")
+    parquet.add_argument(
+        "--parquet",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="the folder of the Parquet files (made if missing; appended to if there)",
+    )
     parquet.add_argument(
         "--domain", type=identifier("domain"), help="only this domain (default: every domain)"
     )

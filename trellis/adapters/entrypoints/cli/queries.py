@@ -139,7 +139,9 @@ def add_composition(sub: Any) -> None:
         "follows the log a moment behind the replies",
     )
     listing.add_argument("--tenant", type=identifier("tenant"), help="only this tenant's")
-    listing.add_argument("--state", choices=["pending", "active", "impaired"])
+    listing.add_argument(
+        "--state", choices=["pending", "active", "impaired"], help="only those in this state"
+    )
     listing.add_argument("--host", type=identifier("host id"), help="only those on this host")
     client_options(listing)
     listing.set_defaults(run=composition_list)
@@ -148,9 +150,11 @@ def add_composition(sub: Any) -> None:
 def add_commands(sub: Any) -> None:
     """`connections`, `why`, `free`, `history`, `blast-radius`."""
     conn = sub.add_parser("connections", help="what is connected to what, and why")
-    conn.add_argument("--host", type=identifier("host id"))
+    conn.add_argument("--host", type=identifier("host id"), help="only this host's connections")
     conn.add_argument("--tenant", type=identifier("tenant"), help="only this tenant's connections")
-    conn.add_argument("--device", type=identifier("device id"))
+    conn.add_argument(
+        "--device", type=identifier("device id"), help="only this device's connection"
+    )
     query_options(conn)
     conn.set_defaults(run=connections)
 
@@ -162,7 +166,7 @@ def add_commands(sub: Any) -> None:
     why_parser.set_defaults(run=why)
 
     free_parser = sub.add_parser("free", help="usable devices with capacity left")
-    free_parser.add_argument("--kind", choices=DEVICE_KINDS)
+    free_parser.add_argument("--kind", choices=DEVICE_KINDS, help="only this kind of device")
     query_options(free_parser)
     free_parser.set_defaults(run=free)
 

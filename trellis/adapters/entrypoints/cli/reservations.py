@@ -89,6 +89,6 @@ def add_commands(sub: Any) -> None:
     list_parser.set_defaults(run=listing)
     cancel_parser = resv_sub.add_parser("cancel", help="give a reservation's devices back")
     cancel_parser.add_argument("reservation_id", type=identifier("reservation id"))
-    cancel_parser.add_argument("--reason", default="")
+    cancel_parser.add_argument("--reason", default="", help="why, recorded with the event")
     intent_options(cancel_parser)
     cancel_parser.set_defaults(run=cancel)
