@@ -84,10 +84,12 @@ async def test_nats_serves_jetstream_and_keeps_streams_across_a_restart(tmp_path
             await nc.close()
         port = server.port
 
+        assert server.pid_path.read_text().strip() == str(server.pid)
         server.stop()
         server.stop()  # idempotent
         assert not server.running
         assert not _accepts_tcp(port)
+        assert not server.pid_path.exists()  # nats-server leaves it; a clean stop does not
 
         server.start()
         assert server.port == port

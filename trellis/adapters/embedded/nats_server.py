@@ -7,13 +7,15 @@ Layout under ``data_dir`` (shared with the embedded PostgreSQL)::
 
     nats/            JetStream store (-sd)
     nats.log
-    nats.pid         the running nats-server's pid (secure mode reloads it with SIGHUP)
+    nats.pid         the running nats-server's pid (secure mode reloads it with SIGHUP);
+                     removed when the server is stopped
     nats.conf        the server's name and ping settings; secure mode: an include of the
                      users' config
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -142,6 +144,19 @@ class EmbeddedNats(ChildProcess):
     @property
     def main_config_path(self) -> Path:
         return self.data_dir / MAIN_NATS_CONFIG
+
+    def stop(self) -> None:
+        """Stop the server (graceful first, then kill); safe to call repeatedly. nats-server
+        leaves its pid file behind when it exits: one it was stopped by this is removed, so a
+        clean stop leaves no nats.pid (a crash's stays, and `running_on_store` tells it from a
+        live server's)."""
+        proc = self._proc
+        stopping = proc is not None and proc.poll() is None
+        super().stop()
+        if stopping and proc is not None and proc.poll() is not None:
+            with contextlib.suppress(OSError, ValueError):
+                if int(self.pid_path.read_text().strip()) == proc.pid:
+                    self.pid_path.unlink()
 
     def _refuse_if_running(self) -> None:
         # Two nats-servers on one JetStream store corrupt it; PostgreSQL refuses a second
