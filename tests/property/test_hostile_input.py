@@ -64,7 +64,7 @@ from zeros import ZeroTable, zeros
 from trellis.engine.core.ids import COMPONENT_REF_PATTERN, ID_PATTERN
 from trellis.engine.core.intents import INTENTS, MAX_BODY_BYTES
 from trellis.engine.core.model import MAX_QUANTITY
-from trellis.engine.core.throttle import RateLimit
+from trellis.engine.core.throttle import RateLimit, ViewBudget
 from trellis.engine.core.views import SCOPES
 
 DOMAINS = ("hall-1", "hall-2")
@@ -73,6 +73,7 @@ TENANT = "acme"
 INT64_MAX, INT64_MIN = 2**63 - 1, -(2**63)
 EXAMPLES = 120
 UNTHROTTLED = RateLimit(per_second=100_000.0, burst=100_000)
+UNMETERED = ViewBudget(share=0)  # views with no budget, for the same reason
 
 # ---- the subjects, each with a valid body that sets every field it can ----
 
@@ -830,10 +831,18 @@ def test_hostile_input_on_every_subject_gets_a_typed_refusal_and_writes_nothing(
     try:
         loop.run_until_complete(create_schema(database, schema))
         h = loop.run_until_complete(
-            # Every subject at once, 120 times: one tenant's intents would outrun its rate
-            # (throttled is another test's business: tests/integration/test_throttle.py).
+            # Every subject at once, 120 times: one tenant's intents would outrun its rate,
+            # and its views their time (throttled is another test's business:
+            # tests/integration/test_throttle.py).
             stack.enter_async_context(
-                serving(nats_url, database_url, schema, prefix, rate_limit=UNTHROTTLED)
+                serving(
+                    nats_url,
+                    database_url,
+                    schema,
+                    prefix,
+                    rate_limit=UNTHROTTLED,
+                    view_budget=UNMETERED,
+                )
             )
         )
         loop.run_until_complete(seed(h))
