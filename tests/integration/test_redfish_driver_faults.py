@@ -22,6 +22,7 @@ from redfish_fault_server import FaultyRedfish
 from redfish_trees import tree
 
 from trellis.adapters.embedded.process import free_port
+from trellis.adapters.entrypoints.cli import main as cli_main
 from trellis.adapters.fabric.redfish.client import HttpError, RedfishClient
 from trellis.adapters.fabric.redfish.discovery import DiscoveryError, discover
 from trellis.adapters.fabric.redfish.driver import RedfishFabric
@@ -439,3 +440,40 @@ async def test_subscriptions_killed_engines_left_are_replaced_and_no_one_elses(
                 [*kept, first._subscription, second._subscription]
             )
     assert sorted(fm.members(subscriptions)) == sorted(kept)  # clean stops delete their own
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "fault", "exit_code", "code"),
+    [
+        ("127.0.0.1:8000", [], None, 2, "usage"),  # no scheme: the command line is wrong
+        ("ftp://127.0.0.1", [], None, 2, "usage"),
+        ("{url}", ["--fabric", "Nope"], None, 1, "not_found"),
+        ("{url}", [], 401, 1, "refused"),
+        ("{url}", [], 403, 1, "forbidden"),
+        ("{url}", [], 503, 3, "unavailable"),
+        ("http://127.0.0.1:{gone}", [], None, 3, "unavailable"),  # nothing listens
+    ],
+)
+def test_an_import_the_service_refuses_exits_with_the_code_of_why(
+    fm: FaultyRedfish,
+    capsys: pytest.CaptureFixture[str],
+    url: str,
+    options: list[str],
+    fault: int | None,
+    exit_code: int,
+    code: str,
+) -> None:
+    if fault is not None:
+        fm.fail("GET", "/redfish/v1", fault, times=100)
+    url = url.format(url=fm.url, gone=free_port())
+    argv = ["topology", "import", "--domain", D, "--from-redfish", url, "--dry-run", *options]
+    assert cli_main(argv) == exit_code, capsys.readouterr().err
+    assert capsys.readouterr().err.startswith(f"trellis: {code}: ")
+
+
+def test_an_import_from_a_service_that_answers_prints_the_document(
+    fm: FaultyRedfish, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["topology", "import", "--domain", D, "--from-redfish", fm.url, "--dry-run"]
+    assert cli_main(argv) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["nodes"]

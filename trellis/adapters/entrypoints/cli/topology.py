@@ -13,7 +13,12 @@ from trellis.adapters.entrypoints import (
     redfish_import,
     render,
 )
-from trellis.adapters.entrypoints.cli.errors import EXIT_UNAVAILABLE, CliError
+from trellis.adapters.entrypoints.cli.errors import (
+    EXIT_FAILED,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    CliError,
+)
 from trellis.adapters.entrypoints.cli.options import (
     at_option,
     client_options,
@@ -27,6 +32,7 @@ from trellis.adapters.entrypoints.cli.talk import (
     read_json,
     request,
 )
+from trellis.adapters.fabric.redfish.discovery import DiscoveryError
 from trellis.engine.core.results import FabricReport
 
 
@@ -37,7 +43,7 @@ def topology_import(args: argparse.Namespace) -> int:
         try:
             body = redfish_import.read(args)
         except redfish_import.RedfishImportError as exc:
-            raise CliError(str(exc), code="unavailable", exit=EXIT_UNAVAILABLE) from None
+            raise _import_error(exc) from None
         if args.dry_run:
             print(redfish_import.show(body))
             return 0
@@ -55,6 +61,23 @@ def topology_import(args: argparse.Namespace) -> int:
         send=lambda client: client.import_topology(args.domain, body, request_id),
     )
     return print_reply(args, reply, render.import_summary)
+
+
+def _import_error(exc: redfish_import.RedfishImportError) -> CliError:
+    """The exit code of docs/operations.md for why the service could not be read: only a
+    service that cannot be reached (or answers 503) is `unavailable`, 3; a URL that is no
+    service URL is `usage`, 2; a refusal (401, 403, no such fabric, anything else) is 1.
+    (redfish_import raises from the error it wraps: that error, its context, says which.)"""
+    cause = exc.__context__
+    if isinstance(cause, ValueError):
+        return CliError(str(exc), code="usage", exit=EXIT_USAGE)
+    kind = cause.kind if isinstance(cause, DiscoveryError) else "error"
+    if kind == "unavailable":
+        return CliError(str(exc), code=kind, exit=EXIT_UNAVAILABLE)
+    hint = (
+        "give its account with --user and TRELLIS_REDFISH_PASSWORD" if kind == "refused" else None
+    )
+    return CliError(str(exc), code=kind, hint=hint, exit=EXIT_FAILED)
 
 
 def topology_show(args: argparse.Namespace) -> int:

@@ -40,7 +40,13 @@ from collections.abc import Iterable, Mapping
 
 import msgspec
 
-from trellis.adapters.fabric.redfish.client import Json, RedfishClient, RedfishError
+from trellis.adapters.fabric.redfish.client import (
+    HttpError,
+    Json,
+    RedfishClient,
+    RedfishError,
+    Unreachable,
+)
 
 #: Latency (ns) where Redfish has none: per switch and OCS passed, and per cable.
 DEFAULT_LATENCY_NS: dict[str, int] = {"switch": 150, "ocs": 30, "link": 50}
@@ -62,7 +68,15 @@ _DEVICE_ENTITIES = {
 
 
 class DiscoveryError(Exception):
-    """The service cannot be read as a fabric (none, several and none chosen, unreachable)."""
+    """The service cannot be read as a fabric (none, several and none chosen, unreachable).
+
+    `kind` says which, for a caller that answers each its own way (the CLI's exit codes):
+    `unavailable` (no answer, or 503), `refused` (401), `forbidden` (403), `not_found` (no
+    fabric of the name asked for), `error` (anything else)."""
+
+    def __init__(self, message: str, *, kind: str = "error") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class Ocs(msgspec.Struct, frozen=True, kw_only=True):
@@ -224,7 +238,17 @@ async def discover(
     try:
         return await _Crawl(_Reader(client), dict(latency or {})).run(fabric)
     except RedfishError as exc:
-        raise DiscoveryError(f"cannot read the Redfish service at {client.origin}: {exc}") from None
+        raise DiscoveryError(
+            f"cannot read the Redfish service at {client.origin}: {exc}", kind=_kind(exc)
+        ) from None
+
+
+def _kind(exc: RedfishError) -> str:
+    if isinstance(exc, Unreachable):
+        return "unavailable"
+    if isinstance(exc, HttpError):
+        return {401: "refused", 403: "forbidden", 503: "unavailable"}.get(exc.status, "error")
+    return "error"
 
 
 class _Crawl:
@@ -308,7 +332,9 @@ class _Crawl:
             chosen = [f for f in collection if last_segment(f) == wanted]
             if not chosen:
                 names = ", ".join(last_segment(f) for f in collection) or "none"
-                raise DiscoveryError(f"the service has no fabric {wanted!r} (it has: {names})")
+                raise DiscoveryError(
+                    f"the service has no fabric {wanted!r} (it has: {names})", kind="not_found"
+                )
             return chosen[0]
         if len(collection) != 1:
             names = ", ".join(last_segment(f) for f in collection) or "none"
