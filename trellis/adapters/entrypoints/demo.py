@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from trellis.adapters.bootstrap import running_engine
+from trellis.adapters.embedded.process import DataDirInUse, default_data_dir
+from trellis.adapters.endpoints import running_engine_pid
 from trellis.adapters.entrypoints.render import (
     blast_radius_table,
     compose_summary,
@@ -250,5 +253,32 @@ async def main() -> None:
     print("\nengine stopped; the log stays in Postgres: run `make demo` again for a new domain.")
 
 
+def engine_running_there(settings: Settings) -> str | None:
+    """Why the demo cannot start its embedded servers, said as `trellis demo economics` says
+    it: an engine (`trellis up`, another demo) already runs on the same data dir."""
+    if settings.nats_url and settings.database_url:  # servers of your own: no data dir to share
+        return None
+    pid = running_engine_pid(settings)
+    if pid is None:
+        return None
+    return f"an engine already runs on {settings.data_dir or default_data_dir()} (pid {pid})"
+
+
+def run() -> int:
+    """The demo; 1 with one line when the data dir is another engine's (not a traceback)."""
+    settings = Settings.from_env()
+    hint = "stop it first, or give this one its own TRELLIS_DATA_DIR"
+    refused = engine_running_there(settings)
+    if refused is None:
+        try:
+            asyncio.run(main())
+        except DataDirInUse as exc:  # one starting there, not serving yet
+            refused, hint = str(exc), ""
+    if refused is not None:
+        print(f"demo: {refused}" + (f" ({hint})" if hint else ""), file=sys.stderr)
+        return 1
+    return 0
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
+    sys.exit(run())
