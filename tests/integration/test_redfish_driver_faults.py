@@ -22,6 +22,7 @@ from redfish_fault_server import FaultyRedfish
 from redfish_trees import tree
 
 from trellis.adapters.embedded.process import free_port
+from trellis.adapters.entrypoints import render
 from trellis.adapters.entrypoints.cli import main as cli_main
 from trellis.adapters.fabric.redfish.client import HttpError, RedfishClient
 from trellis.adapters.fabric.redfish.discovery import DiscoveryError, discover
@@ -29,6 +30,7 @@ from trellis.adapters.fabric.redfish.driver import RedfishFabric
 from trellis.adapters.fabric.redfish.watch import EVENT_POLL_GAP_S, FabricWatch
 from trellis.engine.core.errors import FabricError, WriterFenced
 from trellis.engine.core.fabric import FabricBinding, FabricCircuit
+from trellis.engine.core.fabric_plan import Reconciliation
 
 EXAMPLE = json.loads((Path(__file__).resolve().parents[2] / "examples/fabric.json").read_text())
 F = "/redfish/v1/Fabrics/Trellis"
@@ -477,3 +479,17 @@ def test_an_import_from_a_service_that_answers_prints_the_document(
     argv = ["topology", "import", "--domain", D, "--from-redfish", fm.url, "--dry-run"]
     assert cli_main(argv) == 0, capsys.readouterr().err
     assert json.loads(capsys.readouterr().out)["nodes"]
+
+
+async def test_a_slice_left_without_its_chunk_reads_as_over_no_path(
+    fm: FaultyRedfish, driver: RedfishFabric
+) -> None:
+    path = ["host-01", "sw-r1", "ocs-1", "sw-pool", "mem-01"]
+    wanted = FabricBinding(
+        host="host-01", device="mem-01", path=path, composition_id="c-m", capacity_gib=8
+    )
+    await driver.bind(D, wanted, fence=1)
+    fm.delete(fm.members(MEM_01_CHUNKS)[0])  # the connection joins nothing now
+    (held,) = (await driver.snapshot(D, fence=1)).bindings
+    (line,) = render.fabric_differences(Reconciliation(unbind=[held]))
+    assert line == "holds mem-01 bound to host-01 for c-m over no path, which the log does not"

@@ -548,7 +548,8 @@ def fabric_differences(plan: Reconciliation) -> list[str]:
 
 
 def _binding(b: FabricBinding) -> str:
-    return f"{b.device} bound to {b.host} for {b.composition_id} over {' > '.join(b.path)}"
+    over = " > ".join(b.path) or "no path"  # a half-made slice reads back without one
+    return f"{b.device} bound to {b.host} for {b.composition_id} over {over}"
 
 
 def _circuit(c: FabricCircuit) -> str:
