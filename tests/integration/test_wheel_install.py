@@ -6,11 +6,12 @@ wheel by that interpreter's pip, and the wheel installed into a fresh venv of th
 with its dependencies from the package index, so each Python proves that every dependency
 installs there. From a directory outside the source tree, with no TRELLIS_* URLs (so the
 embedded NATS and PostgreSQL start from the installed packages), that venv's `trellis up`
-serves, and its CLI imports a fabric and composes a GPU on it: the migrations come from inside
-the wheel. The wheel installs one import name, `trellis`. On the running interpreter only (its
-two runs take half a minute), `trellis demo economics` then runs there too, on the hall, trace
-and scheduler the wheel carries, without matplotlib (so it says it skipped the plots), and
-with --http it prints the fabric page's URL, which serves the page while it runs.
+serves, and its CLI imports the example fabric the wheel carries (found as the README says)
+and composes a GPU on it: the migrations come from inside the wheel. The wheel installs one
+import name, `trellis`. On the running interpreter only (its two runs take half a minute),
+`trellis demo economics` then runs there too, on the hall, trace and scheduler the wheel
+carries, without matplotlib (so it says it skipped the plots), and with --http it prints the
+fabric page's URL, which serves the page while it runs.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ REPO = Path(__file__).resolve().parents[2]
 SKIP = shutil.ignore_patterns(".venv", ".git", "build", "dist", "*.egg-info", "*.so", "*_c.c")
 SUPPORTED = ["3.11", "3.12", "3.13"]  # pyproject.toml's classifiers
 RUNNING = f"{sys.version_info.major}.{sys.version_info.minor}"  # the one that runs the demo too
+#: Where the example fabric is in an installed package: the command README.md and
+#: docs/deployment.md give.
+EXAMPLE_FABRIC = (
+    "import trellis.examples, pathlib; "
+    "print(pathlib.Path(trellis.examples.__file__).parent / 'fabric.json')"
+)
 
 
 def run(*cmd: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:
@@ -130,11 +137,13 @@ async def test_the_wheel_installs_into_a_fresh_venv_and_serves_a_compose(
     # The fabric page's files are package data: `trellis up --http` serves them from the wheel.
     web = "trellis/adapters/http/web"
     assert {f"{web}/index.html", f"{web}/page.js", f"{web}/page.css"} <= names
-    # The economics demo's inputs, the trace with its CC-BY credit beside it (setup.py).
+    # The example fabric (the README's tour, the scripted demo), and the economics demo's
+    # inputs, the trace with its CC-BY credit beside it (setup.py).
     examples = "trellis/examples"
     trace = f"{examples}/azure-llm-trace-2023"
-    assert {f"{examples}/hall.json", f"{examples}/scheduler.py", f"{trace}/NOTICE.md",
-            f"{trace}/LICENSE", f"{trace}/AzureLLMInferenceTrace_conv.csv"} <= names  # fmt: skip
+    assert {f"{examples}/fabric.json", f"{examples}/hall.json", f"{examples}/scheduler.py",
+            f"{trace}/NOTICE.md", f"{trace}/LICENSE",
+            f"{trace}/AzureLLMInferenceTrace_conv.csv"} <= names  # fmt: skip
     # One import name, the namespace; engine/, adapters/ ... are not installed at the top level.
     assert {name for name in top_level if not name.endswith(".dist-info")} == {"trellis"}
     run(venv / "bin" / "pip", "install", "-q", wheel, cwd=tmp_path)
@@ -159,8 +168,10 @@ async def test_the_wheel_installs_into_a_fresh_venv_and_serves_a_compose(
             assert up.poll() is None, (tmp_path / "up.log").read_text()
             assert time.monotonic() < deadline, (tmp_path / "up.log").read_text()
             await asyncio.sleep(0.2)
-        shutil.copy(REPO / "examples" / "fabric.json", away / "fabric.json")
-        out = run(trellis, "topology", "import", "fabric.json", cwd=away, env=env)
+        # The tour's fabric, found in the installed package as the README says.
+        fabric = run(venv / "bin" / "python", "-c", EXAMPLE_FABRIC, cwd=away, env=env).strip()
+        assert "site-packages" in fabric, fabric
+        out = run(trellis, "topology", "import", fabric, cwd=away, env=env)
         assert "imported 26 nodes, 28 links" in out, out
         out = run(trellis, "compose", "--host", "host-01", "--gpu", "1", "--tenant", "acme",
                   cwd=away, env=env)  # fmt: skip
