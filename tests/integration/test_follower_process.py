@@ -27,6 +27,7 @@ from harness import Harness, bucket_values, cli_env, engine_at, serving
 from isolation import unique_subject_prefix
 from nats.aio.client import Client as NATS
 
+from trellis.adapters import bootstrap
 from trellis.adapters.embedded.nats_server import EmbeddedNats
 from trellis.adapters.embedded.process import free_port
 from trellis.adapters.event_loop import EVENT_LOOPS
@@ -454,3 +455,38 @@ async def test_commit_signals_go_out_at_most_once_per_interval() -> None:
     assert first[1] == "p.internal.committed.a"
     assert sorted(s for _, s in rest) == [f"p.internal.committed.{d}" for d in "abc"]
     assert min(at for at, _ in rest) - first[0] >= SIGNAL_EVERY_S * 0.9
+
+
+async def test_a_start_cancelled_as_its_follower_process_spawns_stops_that_process(
+    nats_url: str,
+    database_url: str,
+    pg_schema: str,
+    subject_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ctrl-C early in `trellis up` lands as the follower process is spawned: the start's
+    unwinding stops that process too (SIGTERM, waited for). It was left behind, and said
+    "the engine (pid N) is gone; stopping" after the engine had said it stopped."""
+    spawned: list[int] = []
+
+    class CancelledAsItSpawns(FollowerProcess):
+        async def start(self) -> None:
+            await super().start()
+            assert self.pid is not None
+            spawned.append(self.pid)
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()  # the signal handler's cancel of the start, as `trellis up` has it
+            await asyncio.sleep(0)
+
+    monkeypatch.setattr(bootstrap, "FollowerProcess", CancelledAsItSpawns)
+    with pytest.raises(asyncio.CancelledError):
+        async with engine_at(
+            nats_url, database_url, schema=pg_schema, prefix=subject_prefix, followers="process"
+        ):
+            pytest.fail("the engine served after its start was cancelled")
+    (pid,) = spawned
+    left = not gone(pid)
+    if left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"the follower process {pid} outlived its engine's cancelled start"

@@ -550,9 +550,9 @@ async def engine_on(
                     gather_s=settings.follow_gather_s,
                 )
             )
-            await process.start()
-            # Stopped after the engine: its SIGTERM drains the last commits to the stream.
-            stack.push_async_callback(process.stop)
+            # Stopped after the engine: its SIGTERM drains the last commits to the stream. A
+            # start cancelled while it is spawned stops it as well.
+            await stack.enter_async_context(process)
             following = CommitSignal(store, sinks.nc, prefix)
         else:
             options: dict[str, Any] = {

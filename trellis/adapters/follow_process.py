@@ -109,14 +109,35 @@ class FollowerProcess:
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
 
+    async def __aenter__(self) -> FollowerProcess:
+        """Started; stopped on leaving. A start cancelled while the process is being spawned
+        (Ctrl-C early in `trellis up`) stops it too: it was left running, and said its engine
+        was gone after the engine had said it stopped."""
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
     async def start(self) -> None:
         """Start the process (and its keeper); returns once it was spawned."""
         self._task = asyncio.create_task(self._keep(), name="follower-process")
         await self._started.wait()
 
     async def stop(self, grace: float = STOP_GRACE_S) -> None:
-        """SIGTERM (it drains and exits), SIGKILL if it is not gone after `grace` seconds."""
+        """SIGTERM (it drains and exits), SIGKILL if it is not gone after `grace` seconds;
+        a process still being spawned is waited for first, then stopped so."""
         self._stopping = True
+        if self._task is not None and not (self._started.is_set() or self._task.done()):
+            spawned = asyncio.ensure_future(self._started.wait())
+            try:
+                await asyncio.wait([spawned, self._task], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                spawned.cancel()
         process = self.process
         if process is not None and process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
