@@ -23,7 +23,7 @@ def code(reply: bytes | None) -> str | None:
 
 async def test_a_view_holds_its_place_until_released_and_pays_for_its_time() -> None:
     clock = Clock()
-    meter = ViewMeter(ViewBudget(share=0.5, burst_s=1.0, in_flight=2), clock)
+    meter = ViewMeter(ViewBudget(share=0.5, burst_s=1.0, in_flight=2), clock, cost=clock)
     assert code(meter.refusal("acme")) is None
     assert code(meter.refusal("acme")) is None
     assert code(meter.refusal("acme")) == "throttled"  # two in flight already

@@ -19,10 +19,14 @@ class ViewMeter:
     """The view buckets of every tenant; `budget` None (or a share of 0): no limit."""
 
     def __init__(
-        self, budget: ViewBudget | None, clock: Callable[[], float] = time.monotonic
+        self,
+        budget: ViewBudget | None,
+        clock: Callable[[], float] = time.monotonic,
+        cost: Callable[[], float] = time.thread_time,
     ) -> None:
         self._budget = budget if budget is not None and budget.share > 0 else None
-        self._clock = clock
+        self._clock = clock  # refills the buckets
+        self._cost = cost  # what a view takes: the engine thread's CPU while it runs
         self._buckets: dict[str, Bucket] = {}
         self._in_flight: Counter[str] = Counter()
 
@@ -64,15 +68,17 @@ class ViewMeter:
 
     async def metered(self, tenant: str, answer: Callable[[], Awaitable[bytes]]) -> bytes:
         """`answer()`, its time taken from `tenant`'s bucket when it ends. The time is the
-        view's whole time on this engine, waits included: under load a view costs more, which
-        leaves more of the engine to the intents."""
+        CPU the engine's thread spent while the view ran: not the waits for PostgreSQL, nor
+        a busy machine's, which would throttle a cheap view for the machine's load; the work
+        of other requests that ran meanwhile is in it, which under load leaves more of the
+        engine to the intents."""
         budget = self._budget
         if budget is None:
             return await answer()
-        started = self._clock()
+        started = self._cost()
         try:
             return await answer()
         finally:
-            ended = self._clock()
-            spent = ended - started
-            self._buckets[tenant] = charge(self._buckets.get(tenant), ended, budget, spent)
+            spent = self._cost() - started
+            now = self._clock()
+            self._buckets[tenant] = charge(self._buckets.get(tenant), now, budget, spent)
