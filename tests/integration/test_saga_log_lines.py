@@ -13,6 +13,7 @@ from fabrics import expect_error, expect_ok, fabric
 from harness import Harness, serving
 
 from trellis.adapters.fabric.sim import SimulatedFabric
+from trellis.engine.core.fabric import FabricBinding
 
 DOMAIN = "hall-1"
 A100 = {"host": "host-01", "devices": [{"kind": "gpu", "models": ["A100"]}]}
@@ -44,3 +45,49 @@ async def test_an_undo_that_runs_out_of_time_says_so(
     undoing = [r.getMessage() for r in caplog.records if "left work for later" in r.getMessage()]
     assert len(undoing) == 1, undoing
     assert undoing[0].endswith("left work for later: no answer in time"), undoing
+
+
+async def test_each_repair_of_the_fabric_is_one_line_and_routine_work_none(
+    h: Harness, sim: SimulatedFabric, caplog: pytest.LogCaptureFixture
+) -> None:
+    sync = h.engine.fabric_sync(DOMAIN)
+    assert sync is not None
+
+    async def a_pass() -> None:
+        sync.kick()
+        await h.fabric_idle(DOMAIN)
+
+    with caplog.at_level(logging.INFO, logger="trellis.engine.service.saga"):
+        first = expect_ok(await h.client.intent(DOMAIN, "acme", "compose", A100))
+        release = {"composition_id": first["composition_id"]}
+        expect_ok(await h.client.intent(DOMAIN, "acme", "release", release))
+        cid = expect_ok(await h.client.intent(DOMAIN, "acme", "compose", A100))["composition_id"]
+        await a_pass()
+        routine = [r.getMessage() for r in caplog.records if "repairing" in r.getMessage()]
+        assert routine == []
+        snapshot = await sim.snapshot(DOMAIN)
+        (bound,) = snapshot.bindings
+        (circuit,) = snapshot.circuits
+        # Behind the engine's back: its binding and circuit taken away, a stray one made.
+        await sim.unbind(DOMAIN, bound)
+        await sim.remove_circuit(DOMAIN, circuit)
+        stray = FabricBinding(
+            host="host-01", device="gpu-01", path=["host-01", "sw-1", "ocs-1", "gpu-01"],
+            composition_id="c-stray",
+        )  # fmt: skip
+        await sim.bind(DOMAIN, stray)
+        await a_pass()
+        await a_pass()  # in step: nothing more to say
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if "repairing" in r.getMessage()]
+    over = " > ".join(bound.path)
+    prefix = f"domain {DOMAIN}: repairing the fabric: "
+    assert sorted(said) == sorted(
+        [
+            ("WARNING", f"{prefix}removing gpu-01 bound to host-01 for c-stray over "
+                        "host-01 > sw-1 > ocs-1 > gpu-01: the log does not hold it"),
+            ("INFO", f"{prefix}making circuit ocs-1:0-2 again: the log holds it"),
+            ("INFO", f"{prefix}making gpu-02 bound to host-01 for {cid} over {over} again: "
+                     "the log holds it"),
+        ]
+    )  # fmt: skip
+    assert await sim.snapshot(DOMAIN) == snapshot

@@ -53,8 +53,18 @@ from trellis.engine.core.events import (
     QuotaCleared,
     QuotaSet,
 )
-from trellis.engine.core.fabric import FabricBinding, FabricChange, FabricCircuit
-from trellis.engine.core.fabric_plan import bindings_of, circuits_of, reconcile
+from trellis.engine.core.fabric import (
+    FabricBinding,
+    FabricChange,
+    FabricCircuit,
+    FabricSnapshot,
+)
+from trellis.engine.core.fabric_plan import (
+    Reconciliation,
+    bindings_of,
+    circuits_of,
+    reconcile,
+)
 from trellis.engine.core.intents import EstablishComposition, FailComposition, settle_request_id
 from trellis.engine.core.state import Composition, DomainState
 from trellis.engine.service.ports import FabricDriver, NoTelemetry, SagaOutcome, Telemetry
@@ -135,6 +145,11 @@ class FabricSync:
         # The state the hardware is known to match (apart from work in flight), while it is in
         # step: the last in-step pass's, then each commit done without a pass. None: a pass is due.
         self._known: DomainState | None = None
+        # The state the hardware was last seen in step with (unlike `_known`, a kick leaves
+        # it): what a pass changes that the log did not move since is a repair (_say_repairs).
+        self._steady: DomainState | None = None
+        self._composed_here: set[str] = set()  # compositions whose saga this engine ran
+        self._repairs_said: set[str] = set()  # the repairs the last pass logged
         self._letting: set[asyncio.Task[None]] = set()  # let-go calls in flight
         # What the last commits let go and no call has carried yet: the next compose saga
         # takes it along in its own call, else it goes on its own after LINGER_S.
@@ -158,7 +173,7 @@ class FabricSync:
         if before is not self._known or any(type(e) not in _SAID for e in events):
             self.kick()
             return
-        self._known = after
+        self._known = self._steady = after
         released = [e.composition_id for e in events if isinstance(e, CompositionReleased)]
         leaving = [before.compositions[cid] for cid in released]
         changes = [
@@ -344,6 +359,8 @@ class FabricSync:
             raise
         state = self._state()
         plan = reconcile(snapshot, state)
+        if not plan.in_step:
+            self._say_repairs(snapshot, plan)
         fabric = self._fabric
         ok = await self._apply(fabric.unbind, plan.unbind)
         ok &= await self._apply(fabric.remove_circuit, plan.remove)
@@ -352,8 +369,43 @@ class FabricSync:
         self._start_sagas(plan.pending)
         self.passes += 1
         if ok:
-            self._known = state
+            self._known = self._steady = state
+            self._composed_here &= state.compositions.keys()
         return ok
+
+    def _say_repairs(self, snapshot: FabricSnapshot, plan: Reconciliation) -> None:
+        """One line for each change of the pass that the log did not ask for: the hardware
+        differs from what it held when last in step (changed at the fabric manager, or left
+        by a crash or a late completion; after a start, everything). What the log moved since
+        (a release, a reroute, a circuit removed) is no repair, and a repair still due at the
+        next pass is not said again."""
+        drift = reconcile(snapshot, self._steady) if self._steady is not None else plan
+        lines = [
+            *(
+                (logging.WARNING, f"removing {_bound(b)}: the log does not hold it")
+                for b in plan.unbind
+                if b in drift.unbind and b.composition_id not in self._composed_here
+            ),
+            *(
+                (logging.WARNING, f"removing circuit {_circuit(c)}: the log does not hold it")
+                for c in plan.remove
+                if c in drift.remove
+            ),
+            *(
+                (logging.INFO, f"making circuit {_circuit(c)} again: the log holds it")
+                for c in plan.create
+                if c in drift.create
+            ),
+            *(
+                (logging.INFO, f"making {_bound(b)} again: the log holds it")
+                for b in plan.bind
+                if b in drift.bind
+            ),
+        ]
+        for level, line in lines:
+            if line not in self._repairs_said:
+                log.log(level, "domain %s: repairing the fabric: %s", self.domain, line)
+        self._repairs_said = {line for _, line in lines}
 
     def _start_sagas(self, pending: list[str]) -> None:
         """Start the saga of each of `pending` that is still pending and has none running.
@@ -380,6 +432,7 @@ class FabricSync:
         after = [*self._letting, *self._carrying]  # devices and ports they free come first
         carried = self._carry() if starting and self._held_back else None
         for composition in starting:
+            self._composed_here.add(composition.id)
             self._sagas[composition.id] = asyncio.create_task(
                 self._saga(composition, after, carried), name=f"saga-{composition.id}"
             )
@@ -548,3 +601,12 @@ def _why(exc: BaseException) -> str:
     """A fabric call's failure in words: its message, else (a deadline's TimeoutError has
     none) that no answer came in time."""
     return str(exc) or "no answer in time"
+
+
+def _bound(b: FabricBinding) -> str:
+    over = " > ".join(b.path) or "no path"
+    return f"{b.device} bound to {b.host} for {b.composition_id} over {over}"
+
+
+def _circuit(c: FabricCircuit) -> str:
+    return f"{c.ocs}:{c.a_port}-{c.b_port}"
