@@ -23,10 +23,13 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml setup.py $(wildcard trellis/ext
 test: install
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
-# The scripted session, then a short economics run (pooled vs fixed pods on real demand; ~45 s).
+# The scripted session, then a short economics run (pooled vs fixed pods on real demand; ~45 s),
+# on a data dir of their own: their domains stay out of the one `trellis up` and the README's
+# tour use (whose positions assume an empty log), and they run beside a `trellis up`.
+DEMO_DATA_DIR ?= $(CURDIR)/.trellis-data/demo
 demo: install
-	$(BIN)/python -m trellis.adapters.entrypoints.demo
-	$(BIN)/trellis demo economics --seconds 10 --requests 40
+	TRELLIS_DATA_DIR=$(DEMO_DATA_DIR) $(BIN)/python -m trellis.adapters.entrypoints.demo
+	TRELLIS_DATA_DIR=$(DEMO_DATA_DIR) $(BIN)/trellis demo economics --seconds 10 --requests 40
 
 check: install
 	$(BIN)/ruff format --check .
