@@ -27,7 +27,13 @@ from trellis.adapters.fabric.redfish.discovery import (
 
 
 class RedfishImportError(Exception):
-    """The service could not be read as a fabric; the message says why."""
+    """The service could not be read as a fabric; the message says why, and `kind` what sort
+    of why: `usage` (no service URL), or a DiscoveryError's kind (`unavailable`, `refused`,
+    `forbidden`, `not_found`, `error`)."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 def add_arguments(imp: argparse.ArgumentParser) -> None:
@@ -98,10 +104,10 @@ async def _discover(args: argparse.Namespace) -> FabricMap:
             args.from_redfish, args.user, os.environ.get("TRELLIS_REDFISH_PASSWORD")
         )
     except ValueError as exc:
-        raise RedfishImportError(str(exc)) from None
+        raise RedfishImportError(str(exc), "usage") from None
     try:
         return await discover(client, fabric=args.fabric, latency=dict(args.latency))
     except DiscoveryError as exc:
-        raise RedfishImportError(str(exc)) from None
+        raise RedfishImportError(str(exc), exc.kind) from None
     finally:
         await client.close()

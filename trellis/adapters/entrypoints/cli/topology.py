@@ -32,7 +32,6 @@ from trellis.adapters.entrypoints.cli.talk import (
     read_json,
     request,
 )
-from trellis.adapters.fabric.redfish.discovery import DiscoveryError
 from trellis.engine.core.results import FabricReport
 
 
@@ -66,12 +65,10 @@ def topology_import(args: argparse.Namespace) -> int:
 def _import_error(exc: redfish_import.RedfishImportError) -> CliError:
     """The exit code of docs/operations.md for why the service could not be read: only a
     service that cannot be reached (or answers 503) is `unavailable`, 3; a URL that is no
-    service URL is `usage`, 2; a refusal (401, 403, no such fabric, anything else) is 1.
-    (redfish_import raises from the error it wraps: that error, its context, says which.)"""
-    cause = exc.__context__
-    if isinstance(cause, ValueError):
+    service URL is `usage`, 2; a refusal (401, 403, no such fabric, anything else) is 1."""
+    kind = exc.kind
+    if kind == "usage":
         return CliError(str(exc), code="usage", exit=EXIT_USAGE)
-    kind = cause.kind if isinstance(cause, DiscoveryError) else "error"
     if kind == "unavailable":
         return CliError(str(exc), code=kind, exit=EXIT_UNAVAILABLE)
     hint = (
