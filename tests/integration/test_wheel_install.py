@@ -180,7 +180,13 @@ async def test_the_wheel_installs_into_a_fresh_venv_and_serves_a_compose(
         up.send_signal(signal.SIGTERM)
         code = up.wait(60)
         log.close()
-    assert code == 0, (tmp_path / "up.log").read_text()
+    said = (tmp_path / "up.log").read_text()
+    assert code == 0, said
+    # The first start's key is a plain line of the banner, not a log record among its lines.
+    key = tmp_path / "data" / "checkpoint-key.pem"
+    assert f"generated the checkpoint signing key {key}" in said, said
+    assert "WARNING trellis.adapters.checkpoint_key" not in said, said
+    assert not (tmp_path / "data" / "nats.pid").exists()  # a clean stop leaves none
     if version != RUNNING:
         return
     out = tmp_path / "economics"

@@ -81,7 +81,8 @@ def _create(path: Path) -> None:
             os.fsync(f.fileno())
         with contextlib.suppress(FileExistsError):  # another engine's key got there first
             os.link(temporary, path)
-            log.warning("generated the checkpoint signing key %s", path)
+            # Info, not a warning: `trellis up` says it as a line of its banner.
+            log.info("generated the checkpoint signing key %s", path)
     finally:
         temporary.unlink(missing_ok=True)
 

@@ -13,7 +13,12 @@ from typing import Any
 import msgspec
 
 from trellis.adapters import event_loop
-from trellis.adapters.bootstrap import fabric_state_path, redfish_password_file, running_engine
+from trellis.adapters.bootstrap import (
+    checkpoint_key_path,
+    fabric_state_path,
+    redfish_password_file,
+    running_engine,
+)
 from trellis.adapters.collector import settle_for_serving
 from trellis.adapters.embedded.nats_server import reload_nats
 from trellis.adapters.embedded.process import default_data_dir
@@ -113,6 +118,8 @@ def up(args: argparse.Namespace) -> int:
             hint="add --redfish PORT (or TRELLIS_REDFISH_PORT), or drop the certificate",
         )
     _no_embedded_engine_running(settings)
+    key = checkpoint_key_path(settings)
+    new_key = not key.exists()  # made by this start: said in the banner, as a plain line
 
     async def serve() -> None:
         stop = asyncio.Event()
@@ -163,6 +170,8 @@ def up(args: argparse.Namespace) -> int:
                     print(f"fabric: simulated, its hardware state in {fabric_state_path(settings)}")
                 if running.secure_dir is not None:
                     _print_secure(settings, SecureDir(running.secure_dir.parent))
+                if new_key and key.exists():
+                    print(f"generated the checkpoint signing key {key} (verifier key: {key}.pub)")
                 print(f"serving {running.subject_prefix}.* for domains: {domains}. Ctrl-C stops.")
                 sys.stdout.flush()
                 await stop.wait()
