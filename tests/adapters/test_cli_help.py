@@ -8,9 +8,6 @@ from collections.abc import Iterator
 
 from trellis.adapters.entrypoints.cli.parser import make_parser
 
-#: Options whose help another module owes (cli/topology.py); drop one once it has its line.
-OWED = {("trellis topology import", "--reason")}
-
 
 def commands(
     parser: argparse.ArgumentParser, path: str = "trellis"
@@ -35,7 +32,7 @@ def test_every_option_has_a_help_line_with_its_default_named_once() -> None:
     missing, empty_default, twice = [], [], []
     for path, parser in commands(make_parser()):
         for flag, said in options(parser):
-            if not said.strip() and (path, flag) not in OWED:
+            if not said.strip():
                 missing.append(f"{path} {flag}")
             if "(default: %(default)s)" in said and parser.get_default(flag.lstrip("-")) == "":
                 empty_default.append(f"{path} {flag}")

@@ -126,7 +126,11 @@ def add_commands(sub: Any) -> None:
     )
     imp.add_argument("file", type=Path, nargs="?")
     request_id_option(imp)
-    imp.add_argument("--reason", default="")
+    imp.add_argument(
+        "--reason",
+        default="",
+        help="why, recorded with the import (else the document's reason, or where it came from)",
+    )
     redfish_import.add_arguments(imp)
     client_options(imp)
     imp.set_defaults(run=topology_import)
