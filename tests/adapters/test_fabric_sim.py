@@ -935,7 +935,7 @@ def test_a_file_that_is_no_state_file_is_refused_naming_it(tmp_path: Path) -> No
 # engine) in the middle of one operation: after it has read the state and written what it
 # would publish, before it has published it (its first fsync of a regular file).
 STOPPED_MID_OPERATION = """
-import asyncio, os, signal, stat, sys
+import asyncio, os, signal, stat, sys, threading
 from collections.abc import Iterator
 from pathlib import Path
 from trellis.adapters.fabric.sim import SimulatedFabric
@@ -947,7 +947,10 @@ real_fsync = os.fsync
 def fsync(fd):
     if stat.S_ISREG(os.fstat(fd).st_mode):
         os.fsync = real_fsync
-        os.kill(os.getpid(), signal.SIGSTOP)
+        # To this thread: it takes the stop on its way back from the call. Sent to the process,
+        # the kernel may hand the stop to another thread, and on a busy machine this one ran on
+        # to publish before it took effect (the stale write then won, or was seen too early).
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
     real_fsync(fd)
 
 path, domain, fence = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
