@@ -354,12 +354,17 @@ async def test_a_follower_process_still_waiting_for_its_servers_leaves_with_its_
     # Its own child this time: SIGTERM ends the wait at once, and the process exits cleanly.
     waiting = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "trellis.adapters.entrypoints.follow",
-        env=unreachable_follower_env(tmp_path),
+        env=unreachable_follower_env(tmp_path), stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    await asyncio.sleep(1.0)
+    assert waiting.stderr is not None
+    # In its wait, and so past setting its handlers: a second after it started, a busy machine
+    # had not got that far, and SIGTERM's default ended it (-15).
+    while b"waiting for Postgres" not in await asyncio.wait_for(waiting.stderr.readline(), 30):
+        pass
     assert waiting.returncode is None
     waiting.terminate()
-    assert await asyncio.wait_for(waiting.wait(), 5) == 0
+    await asyncio.wait_for(waiting.communicate(), 5)
+    assert waiting.returncode == 0
 
 
 async def test_the_follower_process_is_batch_work_beside_the_intents(tmp_path: Path) -> None:
