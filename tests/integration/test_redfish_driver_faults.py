@@ -196,14 +196,20 @@ async def test_a_device_another_client_zoned_to_another_host_is_not_bound_again(
     assert [f for f in snapshot.findings if f"{ZONES}/80" in f], snapshot.findings
 
 
-async def test_a_slice_whose_chunk_was_deleted_is_a_difference_and_is_made_again(
-    fm: FaultyRedfish, driver: RedfishFabric
-) -> None:
+async def bound_slice(driver: RedfishFabric) -> FabricBinding:
+    """An 8 GiB slice of mem-01 bound to host-01 for composition c-m."""
     path = ["host-01", "sw-r1", "ocs-1", "sw-pool", "mem-01"]
     wanted = FabricBinding(
         host="host-01", device="mem-01", path=path, composition_id="c-m", capacity_gib=8
     )
     await driver.bind(D, wanted, fence=1)
+    return wanted
+
+
+async def test_a_slice_whose_chunk_was_deleted_is_a_difference_and_is_made_again(
+    fm: FaultyRedfish, driver: RedfishFabric
+) -> None:
+    wanted = await bound_slice(driver)
     assert (await driver.snapshot(D, fence=1)).bindings == [wanted]
     (chunk,) = fm.members(MEM_01_CHUNKS)
     fm.delete(chunk)  # behind Trellis's back; the connection stays
@@ -484,11 +490,7 @@ def test_an_import_from_a_service_that_answers_prints_the_document(
 async def test_a_slice_left_without_its_chunk_reads_as_over_no_path(
     fm: FaultyRedfish, driver: RedfishFabric
 ) -> None:
-    path = ["host-01", "sw-r1", "ocs-1", "sw-pool", "mem-01"]
-    wanted = FabricBinding(
-        host="host-01", device="mem-01", path=path, composition_id="c-m", capacity_gib=8
-    )
-    await driver.bind(D, wanted, fence=1)
+    await bound_slice(driver)
     fm.delete(fm.members(MEM_01_CHUNKS)[0])  # the connection joins nothing now
     (held,) = (await driver.snapshot(D, fence=1)).bindings
     (line,) = render.fabric_differences(Reconciliation(unbind=[held]))
