@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any, cast
 
 from trellis.engine.core import replies
 from trellis.engine.core.throttle import Bucket, ViewBudget, charge, may_view
@@ -66,19 +67,44 @@ class ViewMeter:
         if not self._in_flight[tenant]:
             del self._in_flight[tenant]
 
-    async def metered(self, tenant: str, answer: Callable[[], Awaitable[bytes]]) -> bytes:
-        """`answer()`, its time taken from `tenant`'s bucket when it ends. The time is the
-        CPU the engine's thread spent while the view ran: not the waits for PostgreSQL, nor
-        a busy machine's, which would throttle a cheap view for the machine's load; the work
-        of other requests that ran meanwhile is in it, which under load leaves more of the
-        engine to the intents."""
+    async def metered(self, tenant: str, answer: Callable[[], Coroutine[Any, Any, bytes]]) -> bytes:
+        """`answer()`, its time taken from `tenant`'s bucket when it ends: the CPU the engine's
+        thread spent in the view's own steps. Not its waits (for PostgreSQL, or a busy
+        machine), which would throttle a cheap view for the machine's load, nor other
+        requests' work while it waited, which charged one tenant for another's views."""
         budget = self._budget
         if budget is None:
             return await answer()
-        started = self._cost()
+        view = OwnCpu(answer(), self._cost)
         try:
-            return await answer()
+            return await view
         finally:
-            spent = self._cost() - started
             now = self._clock()
-            self._buckets[tenant] = charge(self._buckets.get(tenant), now, budget, spent)
+            self._buckets[tenant] = charge(self._buckets.get(tenant), now, budget, view.spent)
+
+
+class OwnCpu:
+    """Awaits a coroutine and adds up `cost` (a CPU clock) over its own steps only: from each
+    time its task resumes it to the next time it awaits. Other tasks' work in between is not
+    its own."""
+
+    def __init__(self, coro: Coroutine[Any, Any, bytes], cost: Callable[[], float]) -> None:
+        self._coro = coro
+        self._cost = cost
+        self.spent = 0.0
+
+    def __await__(self) -> Generator[Any, Any, bytes]:
+        sent: Any = None
+        thrown: BaseException | None = None
+        while True:
+            started = self._cost()
+            try:
+                awaited = self._coro.send(sent) if thrown is None else self._coro.throw(thrown)
+            except StopIteration as done:
+                return cast(bytes, done.value)
+            finally:
+                self.spent += self._cost() - started
+            try:
+                sent, thrown = (yield awaited), None
+            except BaseException as exc:  # a cancel, passed on into the view
+                sent, thrown = None, exc
