@@ -153,6 +153,21 @@ class TrellisClient:
         return await self.refusals.first(step, timeout)
 
     async def raw(self, subject_tail: str, body: bytes) -> dict[str, Any]:
+        """One request's reply (`ask`); a tenant's view answered `throttled` is asked again
+        once `retry_after_ms` has passed, while the answer can still come within `timeout`:
+        a view writes nothing, and its tenant's views are metered by the time they take
+        (docs/operations.md), so a view that costs more than the burst, or a page after a
+        costly first page, is delayed rather than refused."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        while True:
+            reply = await self.ask(subject_tail, body)
+            wait = _retry_after(reply) if subject_tail.startswith("view.") else None
+            if wait is None or loop.time() + wait >= deadline:
+                return reply
+            await asyncio.sleep(wait)
+
+    async def ask(self, subject_tail: str, body: bytes) -> dict[str, Any]:
         """One request's reply, waited for `timeout` seconds in all. An attempt unanswered
         within ATTEMPT_S is sent again as it is (the same request_id: safe by the contract,
         ARCHITECTURE §3), after a pause that doubles up to a second, to the same inbox: NATS
@@ -284,6 +299,15 @@ class TrellisClient:
     ) -> dict[str, Any]:
         """The query `what` as `tenant`'s view: only that tenant's data."""
         return await self.raw(f"view.{domain}.{tenant}.{what}", msgspec.json.encode(body or {}))
+
+
+def _retry_after(reply: dict[str, Any]) -> float | None:
+    """The seconds a `throttled` answer says to wait, else None."""
+    error = reply.get("error") if not reply.get("ok") else None
+    if not isinstance(error, dict) or error.get("code") != "throttled":
+        return None
+    wait_ms = (error.get("details") or {}).get("retry_after_ms")
+    return wait_ms / 1000 if isinstance(wait_ms, int | float) and wait_ms > 0 else None
 
 
 def _with_request_id(body: dict[str, Any]) -> bytes:
