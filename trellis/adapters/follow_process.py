@@ -2,7 +2,7 @@
 
 The engine's intake and writers then have its event loop and its core to themselves: the
 projections, the event relay and the checkpoints (engine/service/follower.py) run in the follower
-process, `python -m trellis.adapters.entrypoints.follow`. Two pieces live on the engine's side:
+process, `python -P -m trellis.adapters.entrypoints.follow`. Two pieces live on the engine's side:
 
 - `CommitSignal`, the engine's stand-in for its followers: after each commit it publishes an
   empty core NATS message on `<prefix>.internal.committed.<domain>` (at most one every 20 ms),
@@ -160,9 +160,11 @@ class FollowerProcess:
         while not self._stopping:
             try:
                 # A session of its own, as the embedded servers have: a terminal's Ctrl-C is
-                # the engine's to act on, and the engine stops this process in its turn.
+                # the engine's to act on, and the engine stops this process in its turn. -P:
+                # not the working dir first on sys.path, whose trellis/ (a clone's parent
+                # dir) it imported instead, and so failed and was restarted for ever.
                 self.process = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", ENTRY_MODULE, env=self._env, start_new_session=True
+                    sys.executable, "-P", "-m", ENTRY_MODULE, env=self._env, start_new_session=True
                 )
             except OSError as exc:
                 log.warning("cannot start the follower process: %s", exc)

@@ -2,7 +2,7 @@
 
 A process of its own, started beside the servers:
 
-    python -m trellis.adapters.embedded.watchdog PARENT_PID [SERVER_PID:SIGNAL ...]
+    python -P -m trellis.adapters.embedded.watchdog PARENT_PID [SERVER_PID:SIGNAL ...]
 
 It is started before the first server, and told each server's pid the moment that server is
 spawned (a `PID:SIGNAL` line on its stdin, `Watchdog.add`), so a `trellis up` killed while a
@@ -58,7 +58,8 @@ class Watchdog:
     def __init__(self, targets: Sequence[tuple[int, int]] = ()) -> None:
         args = [str(os.getpid()), *(f"{pid}:{int(sig)}" for pid, sig in targets)]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "trellis.adapters.embedded.watchdog", *args],
+            # -P: not the working dir first on sys.path (its trellis/ would be imported).
+            [sys.executable, "-P", "-m", "trellis.adapters.embedded.watchdog", *args],
             stdin=subprocess.PIPE,
             close_fds=True,
             start_new_session=True,  # a kill of the engine's whole group leaves it to clean up
