@@ -41,7 +41,7 @@ class Bucket(msgspec.Struct, frozen=True):
 
 #: Views: a tenth of an engine's time per tenant on average, a tenth of a second of it at
 #: once, and four views in flight. A flood of previews from one tenant then raised another
-#: tenant's p99 4.6x, against 44x with no budget (bench/flood.py --views).
+#: tenant's p99 4.6-5.1x, against 25-44x with no budget (bench/flood.py --views).
 DEFAULT_VIEW_SHARE = 0.1
 DEFAULT_VIEW_BURST_S = 0.1
 DEFAULT_VIEWS_IN_FLIGHT = 4
