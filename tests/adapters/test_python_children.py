@@ -10,19 +10,16 @@ directory off sys.path.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from follower_rig import unreachable_follower_env, until
 
-from trellis.adapters.embedded.process import free_port
-from trellis.adapters.follow_process import FollowerProcess, follower_env
+from trellis.adapters.follow_process import FollowerProcess
 
 BOGUS = """\
 from pathlib import Path
@@ -51,30 +48,11 @@ def batch(pid: int | None) -> bool:
         return False
 
 
-async def until(what: str, check: Callable[[], bool], within: float = 20.0) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.05)
-
-
 async def test_the_follower_process_imports_trellis_not_the_trellis_in_its_working_dir(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cwd = bogus_cwd(tmp_path)
-    env = follower_env(  # servers nobody runs: the real follower waits for them
-        nats_url=f"nats://127.0.0.1:{free_port()}",
-        database_url=f"postgresql://nobody@127.0.0.1:{free_port()}/nowhere",
-        schema=None,
-        prefix="nowhere",
-        checkpoint_key=str(tmp_path / "checkpoint-key.pem"),
-        checkpoint_every=1000,
-        snapshot_every=0,
-        stream_limits=(1 << 20, 60.0, 1, 3600),
-        secure_data_dir=None,
-        event_loop="asyncio",
-        gather_s=0.05,
-    )
+    env = unreachable_follower_env(tmp_path)  # the real follower waits for them
     monkeypatch.chdir(cwd)  # the engine's, and so its follower process's
     async with FollowerProcess(env) as keeper:
         await until(

@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
@@ -23,19 +23,18 @@ import pytest
 import pytest_asyncio
 from engines import Fleet
 from fabrics import expect_ok, fabric
+from follower_rig import unreachable_follower_env, until
 from harness import Harness, bucket_values, cli_env, engine_at, serving
 from isolation import unique_subject_prefix
 from nats.aio.client import Client as NATS
 
 from trellis.adapters import bootstrap
 from trellis.adapters.embedded.nats_server import EmbeddedNats
-from trellis.adapters.embedded.process import free_port
 from trellis.adapters.event_loop import EVENT_LOOPS
 from trellis.adapters.follow_process import (
     SIGNAL_EVERY_S,
     CommitSignal,
     FollowerProcess,
-    follower_env,
 )
 from trellis.adapters.nats.auth import Principal, SecureDir
 from trellis.adapters.nats.client import TrellisClient
@@ -225,13 +224,6 @@ def gone(pid: int) -> bool:
     return not stat.exists() or stat.read_text().rpartition(")")[2].split()[0] == "Z"
 
 
-async def until(what: str, check: Callable[[], bool], within: float = 20.0) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.05)
-
-
 async def test_trellis_up_runs_its_followers_in_a_process_and_leaves_none_behind(
     nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, tmp_path: Path
 ) -> None:
@@ -284,25 +276,6 @@ follower = subprocess.Popen(
 print(follower.pid, flush=True)
 time.sleep(600)
 """
-
-
-def unreachable_follower_env(
-    tmp_path: Path, event_loop: str = "asyncio", gather_s: float = 0.05
-) -> dict[str, str]:
-    """A follower process's environment naming servers nobody runs: it waits for them."""
-    return follower_env(
-        nats_url=f"nats://127.0.0.1:{free_port()}",
-        database_url=f"postgresql://nobody@127.0.0.1:{free_port()}/nowhere",
-        schema=None,
-        prefix="nowhere",
-        checkpoint_key=str(tmp_path / "checkpoint-key.pem"),
-        checkpoint_every=1000,
-        snapshot_every=0,
-        stream_limits=(1 << 20, 60.0, 1, 3600),
-        secure_data_dir=None,
-        event_loop=event_loop,
-        gather_s=gather_s,
-    )
 
 
 def test_the_follower_process_runs_on_its_engines_kind_of_event_loop(tmp_path: Path) -> None:
