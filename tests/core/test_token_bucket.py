@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from trellis.engine.core.throttle import Bucket, RateLimit, ViewBudget, charge, may_view, take
+from trellis.engine.core.throttle import (
+    MAX_BUCKETS,
+    Bucket,
+    RateLimit,
+    ViewBudget,
+    charge,
+    kept,
+    may_view,
+    take,
+)
 
 LIMIT = RateLimit(per_second=10.0, burst=5)
 
@@ -47,3 +56,11 @@ def test_a_views_bucket_refills_up_to_its_burst_only() -> None:
     bucket = charge(None, 0.0, BUDGET, 0.5)
     bucket, _ = may_view(bucket, 3600.0, BUDGET)
     assert bucket.tokens == BUDGET.burst_s
+
+
+def test_past_the_cap_only_buckets_full_again_are_forgotten() -> None:
+    buckets = {f"t{i}": Bucket(tokens=0.0, at=0.0) for i in range(MAX_BUCKETS)}
+    buckets["owing"] = Bucket(tokens=-5.0, at=0.0)  # a view's debt: full only at 6 s
+    left = kept(buckets, 1.0, 1.0, 1.0)
+    assert list(left) == ["owing"]
+    assert kept(left, 1.0, 1.0, 1.0) is left  # under the cap: nothing forgotten

@@ -57,6 +57,21 @@ class ViewBudget(msgspec.Struct, frozen=True):
     in_flight: int = DEFAULT_VIEWS_IN_FLIGHT
 
 
+#: Tenants' buckets kept before the refilled ones are forgotten, so made-up tenant names cannot
+#: grow them without bound.
+MAX_BUCKETS = 10_000
+
+
+def kept(
+    buckets: dict[str, Bucket], now: float, per_second: float, full: float
+) -> dict[str, Bucket]:
+    """`buckets`, less those full again by `now`, once there are more than MAX_BUCKETS: a
+    forgotten tenant's next bucket starts full, as its old one would be."""
+    if len(buckets) <= MAX_BUCKETS:
+        return buckets
+    return {t: b for t, b in buckets.items() if b.tokens + (now - b.at) * per_second < full}
+
+
 def _refilled(bucket: Bucket | None, now: float, per_second: float, full: float) -> Bucket:
     """`bucket` at `now` (None: a tenant not seen yet, its bucket full)."""
     if bucket is None:

@@ -31,7 +31,7 @@ from trellis.engine.core.intents import (
 from trellis.engine.core.records import Head
 from trellis.engine.core.results import ImportResult, UploadProgress
 from trellis.engine.core.state import DomainState
-from trellis.engine.core.throttle import Bucket, RateLimit, ViewBudget, take
+from trellis.engine.core.throttle import Bucket, RateLimit, ViewBudget, kept, take
 from trellis.engine.core.uploads import Uploads
 from trellis.engine.service.answers import QueryAnswers
 from trellis.engine.service.custody import Custody, HeldElsewhere, unknown_domain
@@ -51,7 +51,6 @@ from trellis.engine.service.settled import once_settled
 from trellis.engine.service.view_meter import ViewMeter
 
 _encode = msgspec.json.Encoder().encode
-MAX_BUCKETS = 10_000  # tenants' rate buckets kept before the refilled ones are forgotten
 
 
 class Engine:
@@ -179,18 +178,21 @@ class Engine:
             ServedElsewhere: another engine turned out to write the domain (unless the request
                 was `forwarded` here already: then it is answered `unavailable`).
         """
-        viewing = family == "query" and tenant is not None
-        holds_view_place = viewing and admitted  # let in by the transport: give it back below
+        refused = self._who_may_ask(family, domain, tenant, verb, admitted=admitted)
+        if family != "query" or tenant is None:
+            if refused is not None:
+                return refused
+            return await self._answer(family, domain, tenant, verb, body, forwarded=forwarded)
+        if refused is not None and not admitted:
+            return refused  # no place in flight was taken for it
+        # A view holds one of its tenant's places in flight (taken by the transport, or by
+        # _who_may_ask just now) until it ends, answered or refused.
         try:
-            refused = self._who_may_ask(family, domain, tenant, verb, admitted=admitted)
-            holds_view_place = viewing and (admitted or refused is None)
             if refused is not None:
                 return refused
             return await self._answer(family, domain, tenant, verb, body, forwarded=forwarded)
         finally:
-            if holds_view_place:
-                assert tenant is not None
-                self._views.release(tenant)
+            self._views.release(tenant)
 
     async def _answer(
         self,
@@ -265,9 +267,7 @@ class Engine:
         if limit is None:
             return None
         now = self._clock.now().timestamp()
-        if len(self._buckets) > MAX_BUCKETS:  # forget tenants whose buckets refilled
-            idle = limit.burst / limit.per_second
-            self._buckets = {t: b for t, b in self._buckets.items() if now - b.at < idle}
+        self._buckets = kept(self._buckets, now, limit.per_second, limit.burst)
         self._buckets[tenant], wait_ms = take(self._buckets.get(tenant), now, limit)
         if not wait_ms:
             return None

@@ -10,9 +10,8 @@ from collections.abc import Callable, Coroutine, Generator
 from typing import Any, cast
 
 from trellis.engine.core import replies
-from trellis.engine.core.throttle import Bucket, ViewBudget, charge, may_view
+from trellis.engine.core.throttle import Bucket, ViewBudget, charge, kept, may_view
 
-MAX_TENANTS = 10_000  # buckets kept before the refilled ones are forgotten
 IN_FLIGHT_RETRY_MS = 50  # a view in flight is answered within a few tens of milliseconds
 
 
@@ -45,9 +44,7 @@ class ViewMeter:
                 {"retry_after_ms": IN_FLIGHT_RETRY_MS},
             )
         now = self._clock()
-        if len(self._buckets) > MAX_TENANTS:  # forget tenants whose buckets refilled
-            idle = budget.burst_s / budget.share
-            self._buckets = {t: b for t, b in self._buckets.items() if now - b.at < idle}
+        self._buckets = kept(self._buckets, now, budget.share, budget.burst_s)
         self._buckets[tenant], wait_ms = may_view(self._buckets.get(tenant), now, budget)
         if wait_ms:
             return replies.error(
