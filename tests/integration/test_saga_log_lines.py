@@ -4,6 +4,7 @@ own) included."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 
@@ -45,6 +46,26 @@ async def test_an_undo_that_runs_out_of_time_says_so(
     undoing = [r.getMessage() for r in caplog.records if "left work for later" in r.getMessage()]
     assert len(undoing) == 1, undoing
     assert undoing[0].endswith("left work for later: no answer in time"), undoing
+
+
+async def test_a_release_whose_letting_go_runs_out_of_time_says_so(
+    h: Harness, sim: SimulatedFabric, caplog: pytest.LogCaptureFixture
+) -> None:
+    cid = expect_ok(await h.client.intent(DOMAIN, "acme", "compose", A100))["composition_id"]
+    sim.hang_next("unbind")  # the release's letting go hangs past its deadline
+
+    def letting_go() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "letting go failed" in r.getMessage()]
+
+    with caplog.at_level(logging.WARNING, logger="trellis.engine.service.saga"):
+        expect_ok(await h.client.intent(DOMAIN, "acme", "release", {"composition_id": cid}))
+        for _ in range(200):  # the deadline is 0.5 s; the warning follows it
+            if letting_go():
+                break
+            await asyncio.sleep(0.05)
+    assert letting_go() == [
+        f"domain {DOMAIN}: letting go failed (no answer in time); a pass retries"
+    ], caplog.text
 
 
 async def test_each_repair_of_the_fabric_is_one_line_and_routine_work_none(

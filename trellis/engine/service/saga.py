@@ -253,7 +253,7 @@ class FabricSync:
         except WriterFenced as exc:
             self._fenced(exc)
         except (FabricError, TimeoutError) as exc:
-            log.warning("domain %s: letting go failed (%s); a pass retries", self.domain, exc)
+            log.warning("domain %s: letting go failed (%s); a pass retries", self.domain, _why(exc))
             self.kick()
         except Exception:
             log.exception("domain %s: letting go failed; a pass retries", self.domain)
@@ -499,7 +499,7 @@ class FabricSync:
                 raise result
         failed = [(item, r) for item, r in zip(items, results, strict=True) if r is not None]
         for item, exc in failed:
-            log.warning("domain %s: %s %s failed: %s", self.domain, op.__name__, item, exc)
+            log.warning("domain %s: %s %s failed: %s", self.domain, op.__name__, item, _why(exc))
         return not failed
 
     def _fenced(self, exc: WriterFenced) -> None:
