@@ -88,10 +88,7 @@ class ChainCheck:
         self.count += 1
         problems: list[tuple[str, str]] = []
         if event.version != self.version + 1:
-            what = "skips" if event.version > self.version + 1 else "repeats or goes back from"
-            problems.append(
-                ("version_gap", f"version {event.version} {what} version {self.version}")
-            )
+            problems.append(("version_gap", self._version_gap(event.version)))
         if event.prev_hash != self.hash:
             if self.version == 0:
                 problems.append(("genesis", "the first event does not follow the genesis hash"))
@@ -121,6 +118,15 @@ class ChainCheck:
             )
         self.version, self.position, self.hash = event.version, event.position, event.hash
         self._recorded_at = event.recorded_at
+
+    def _version_gap(self, version: int) -> str:
+        """Why `version` cannot follow the last version fed, naming the versions missing."""
+        if version <= self.version:
+            return f"version {version} repeats or goes back from version {self.version}"
+        first, last = self.version + 1, version - 1
+        missing = f"version {first} is" if first == last else f"versions {first}-{last} are"
+        after = f"follows version {self.version}" if self.version else "is the first"
+        return f"version {version} {after}: {missing} missing"
 
     def head_finding(self, version: int, position: int, hash_: str) -> Finding | None:
         """A finding when the stored stream head (trellis_streams) is not where the chain
