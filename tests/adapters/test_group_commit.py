@@ -5,13 +5,15 @@ log (tests/adapters/memory_rig.py); PostgreSQL's own guarantees are tests/store_
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
+import pytest
 import pytest_asyncio
 from integration.fabrics import expect_error, expect_ok, fabric, gpu
-from memory_rig import Rig, in_memory
+from memory_rig import CountingLog, Rig, in_memory
 
 from trellis.adapters.clock import SystemClock
 from trellis.adapters.memory import MemoryLog
@@ -110,3 +112,27 @@ async def test_a_request_that_reaches_a_closed_writer_is_answered_unavailable_at
     answer = msgspec.json.decode(asked.result())
     expect_error(answer, "unavailable")
     assert "stopped writing domain" in answer["error"]["message"]
+
+
+class BrokenLog(CountingLog):
+    """A log whose appends fail with a message no client should read."""
+
+    async def append(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("connect to 10.1.2.3:5432 as trellis_owner failed")
+
+
+async def test_an_unexpected_failure_answers_its_kind_and_incident_never_its_text(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with in_memory(log=BrokenLog()) as rig:
+        with caplog.at_level(logging.ERROR, logger="trellis.engine.service.writer"):
+            error = expect_error(
+                await rig.client.admin(DOMAIN, "import-topology", fabric()), "unavailable"
+            )
+    assert "10.1.2.3" not in msgspec.json.encode(error).decode(), error
+    incident = error["details"]["incident"]
+    assert error["details"]["error"] == "RuntimeError", error
+    assert f"RuntimeError, incident {incident} in the engine's log" in error["message"], error
+    # The operator finds the whole story under that incident.
+    (logged,) = [r for r in caplog.records if incident in r.getMessage()]
+    assert logged.exc_info is not None and "10.1.2.3" in str(logged.exc_info[1])

@@ -9,8 +9,10 @@ naming the position, and every other domain is served, fed and projected as befo
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 
+import pytest
 import pytest_asyncio
 from fabrics import expect_error, expect_ok, fabric
 from harness import Harness, serving, undecodable_event
@@ -75,3 +77,19 @@ async def test_an_event_one_domain_cannot_read_holds_up_only_that_domain(h: Harn
     await h.projected(HEALTHY)
     await h.relayed(HEALTHY)
     assert {f.domain for f in h.followers.failures()} == {TROUBLED}
+
+
+async def test_a_request_the_engine_failed_to_serve_names_an_incident_not_the_failure(
+    h: Harness, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def broken(*args: object, **kwargs: object) -> bytes:
+        raise RuntimeError("SELECT secret FROM tenant_b")
+
+    monkeypatch.setattr(h.engine, "handle", broken)
+    with caplog.at_level(logging.ERROR, logger="trellis.adapters.nats.intake"):
+        error = expect_error(await h.client.query(HEALTHY, "topology"), "unavailable")
+    assert "tenant_b" not in str(error), error
+    incident = error["details"]["incident"]
+    assert error["details"]["error"] == "RuntimeError", error
+    (logged,) = [r for r in caplog.records if incident in r.getMessage()]
+    assert logged.exc_info is not None and "tenant_b" in str(logged.exc_info[1])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from typing import Any, Protocol
 
@@ -220,12 +221,10 @@ class NatsIntake:
             endpoint.done(started_ns)
             return
         except Exception as exc:
-            log.exception("failed to serve %s", msg.subject)
-            cause = f"{type(exc).__name__}: {exc}"
-            reply = replies.error(
-                "unavailable",
-                f"the engine failed to serve this request ({cause}); retry",
-                {"cause": cause},
+            incident = secrets.token_hex(4)
+            log.exception("failed to serve %s (incident %s)", msg.subject, incident)
+            reply = replies.internal_failure(
+                "the engine failed to serve this request", exc, incident
             )
         await self._reply(msg, reply, endpoint, started_ns, tokens)
 

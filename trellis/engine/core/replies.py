@@ -59,6 +59,15 @@ def error(code: ErrorCode, message: str, details: dict[str, Any] | None = None) 
     return _encode(ErrorReply(error=ErrorBody(code=code, message=message, details=details or {})))
 
 
+def internal_failure(what: str, exc: BaseException, incident: str) -> bytes:
+    """`unavailable` for a failure the engine did not expect: the client hears its kind and
+    the incident id the engine logged it under, never its text (which may name hosts, SQL or
+    another tenant's data)."""
+    kind = type(exc).__name__
+    message = f"{what} ({kind}, incident {incident} in the engine's log); retry"
+    return error("unavailable", message, {"error": kind, "incident": incident})
+
+
 def rejection(exc: IntentRejected) -> bytes:
     return error(exc.code, exc.message, exc.details)
 

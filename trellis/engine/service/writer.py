@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -234,24 +235,26 @@ class DomainWriter:
                 # asyncpg may surface a cancellation inside a dying transaction as another
                 # error; swallowing it would make close() wait forever.
                 raise
-            log.exception("domain %s: batch of %d failed", self.domain, len(batch))
+            incident = secrets.token_hex(4)
+            log.exception(
+                "domain %s: batch of %d failed (incident %s)", self.domain, len(batch), incident
+            )
             self._stale = True
             failure = exc
         if len(batch) == 1:
-            _answer_all(batch, self._failed(failure))
+            _answer_all(batch, self._failed(failure, incident))
             return
         for request in batch:
             await self._commit_isolating_failures([request])
 
-    def _failed(self, exc: Exception) -> bytes:
+    def _failed(self, exc: Exception, incident: str) -> bytes:
         """The answer to a lone request whose commit failed unexpectedly."""
         if isinstance(exc, EventRefused):
             # Validation let through what the log refuses: the request itself is at fault, and
             # a resend would be refused again.
             return replies.error("invalid", f"the event log refused this request's events: {exc}")
-        cause = f"{type(exc).__name__}: {exc}"
-        message = f"domain {self.domain!r} could not commit this request ({cause}); retry"
-        return replies.error("unavailable", message, {"domain": self.domain, "cause": cause})
+        what = f"domain {self.domain!r} could not commit this request"
+        return replies.internal_failure(what, exc, incident)
 
     async def _commit_batch(self, batch: list[Request]) -> None:
         for attempt in range(3):
