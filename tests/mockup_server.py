@@ -45,6 +45,11 @@ SERVER = REPO / "third_party/dmtf/redfish-mockup-server/redfishMockupServer.py"
 WRAPPER = Path(__file__).resolve().parent / "etag_mockup_server.py"
 MOCKUPS = REPO / "third_party/dmtf/redfish-mockups/mockups"
 READY_WITHIN_S = 20.0
+RESTART_ATTEMPTS = 10
+
+
+class ServerExited(RuntimeError):
+    """The server process ended before it answered."""
 
 
 class MockupServer:
@@ -95,10 +100,23 @@ class MockupServer:
 
     def start(self) -> None:
         # A first start chooses another port when the one offered was taken meanwhile.
-        moving_if_taken(
-            self._start_once, self._choose_port, may_move=not self._has_run, what="Mockup Server"
-        )
-        self._has_run = True
+        if not self._has_run:
+            moving_if_taken(
+                self._start_once, self._choose_port, may_move=True, what="Mockup Server"
+            )
+            self._has_run = True
+            return
+        # A restart keeps its port (the engine knows it). While the server was down, a client's
+        # connection may have held that port for a moment (a connect from the port's own
+        # number to it meets itself, TCP's simultaneous open): so wait for the port.
+        for attempt in range(1, RESTART_ATTEMPTS + 1):
+            try:
+                self._start_once()
+                return
+            except (PortTakenError, ServerExited):
+                if attempt == RESTART_ATTEMPTS:
+                    raise
+                time.sleep(0.5)
 
     def _choose_port(self, _: PortTakenError) -> None:
         self.port = free_port()
@@ -132,9 +150,8 @@ class MockupServer:
                     raise PortTakenError(f"port 127.0.0.1:{self.port} is taken") from None
                 if exited or time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(
-                        f"the Mockup Server on {self.tree} did not come up"
-                    ) from None
+                    failure = ServerExited if exited else RuntimeError
+                    raise failure(f"the Mockup Server on {self.tree} did not come up") from None
                 time.sleep(0.05)
 
     def stop(self) -> None:
