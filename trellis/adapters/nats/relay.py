@@ -99,6 +99,9 @@ class _End(msgspec.Struct, frozen=True):
     version: int
 
 
+_Changed = tuple[int, list[KeyChange]]  # an event's version and the keys it changed
+
+
 class _Fold(msgspec.Struct, frozen=True):
     state: View
     version: int  # the last version folded into `state`
@@ -193,7 +196,8 @@ class RelaySink:
     async def apply(self, domain: str, records: Sequence[RecordedEvent]) -> Progress:
         checkpoint = self._checkpoints[domain]
         fold = self._folds[domain]
-        state, folded, changed, stalled = fold.state, fold.version, [], None
+        state, folded, stalled = fold.state, fold.version, None
+        changed: list[_Changed] = []
         for record in records:
             try:
                 event = record.event()
@@ -203,7 +207,7 @@ class RelaySink:
             before, state = state, kv_state.fold(state, event, record.recorded_at, record.position)
             folded = record.version
             if record.version > checkpoint.version:
-                changed += changes(before, state, event, record.position)
+                changed.append((record.version, changes(before, state, event, record.position)))
         fresh = [r for r in records if checkpoint.version < r.version <= folded]
         if fresh:
             checkpoint = await self._relay(domain, fresh, state, changed)
@@ -224,7 +228,12 @@ class RelaySink:
             await self.prepare()
         fold = self._folds.get(domain)
         if fold is not None and self._synced.get(domain) != self._generation:
-            await self._rewrite(domain, fold.state, self._checkpoints[domain].position)
+            async with self.pool.acquire() as conn, conn.transaction():
+                row = await conn.fetchrow(follower_checkpoints.LOCK, self.checkpoint_name, domain)
+                # Only a fold of everything relayed is the current state; one behind waits
+                # for its next batch, which puts the keys once it has caught up.
+                if row["version"] == fold.version:
+                    await self._rewrite(domain, fold.state, row["position"])
 
     # ---- internals ----
 
@@ -233,9 +242,13 @@ class RelaySink:
         domain: str,
         records: list[RecordedEvent],
         state: View,
-        changed: list[KeyChange],
+        changed: list[_Changed],
     ) -> Progress:
-        """Publish what the stream lacks, put the keys, move the checkpoint: one step."""
+        """Publish what the stream lacks, put the keys, move the checkpoint: one step.
+
+        Only the changes of versions past the stored checkpoint are put: the relay that moved
+        it there put the keys as of that version, and anything older would take the bucket
+        back (a released composition's key live again)."""
         if self._kv is None:
             await self.prepare()
         last = records[-1]
@@ -257,9 +270,12 @@ class RelaySink:
                     end = await self._domain_end(domain)
                     end, found = await self._publish_unsent(domain, end, done, records)
                 if self._synced.get(domain) != self._generation:
-                    await self._rewrite(domain, state, last.position)
+                    if last.version >= done.version:  # else `state` is older than the bucket's
+                        await self._rewrite(domain, state, last.position)
                 else:
-                    await self._write(coalesce(changed))
+                    await self._write(
+                        coalesce(c for version, cs in changed if version > done.version for c in cs)
+                    )
                 saved = max(done, Progress(last.version, last.position), key=_version)
                 await conn.execute(
                     follower_checkpoints.SAVE,

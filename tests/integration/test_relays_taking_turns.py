@@ -1,0 +1,130 @@
+"""Relays of several engines take turns on a domain's checkpoint: one that is behind the
+checkpoint another moved must leave the bucket as that one put it.
+
+Every engine's follower process relays every domain. A relay whose cached checkpoint is
+behind the stored one publishes nothing twice; it must not put its older values either: they
+rolled up the newer relay's final value and delete marker, and a released composition's key
+was live again for good (`trellis verify`: "in the bucket but not in the log").
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import asyncpg
+import msgspec
+import pytest_asyncio
+from fabrics import expect_ok, fabric
+from harness import Harness, bucket_values, serving
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+
+from trellis.adapters.nats.connect import connect_nats
+from trellis.adapters.nats.jetstream import bucket_name
+from trellis.adapters.nats.relay import RelaySink
+from trellis.adapters.postgres.store import PostgresEventStore
+from trellis.engine.core.records import RecordedEvent
+from trellis.engine.service.follower import Follower
+
+HALL = "hall-1"
+
+
+@pytest_asyncio.fixture
+async def h(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str
+) -> AsyncIterator[Harness]:
+    async with serving(nats_url, database_url, pg_schema, subject_prefix) as harness:
+        yield harness
+
+
+@pytest_asyncio.fixture
+async def nc(nats_url: str) -> AsyncIterator[NATS]:
+    conn = await connect_nats(nats_url, name="test-relays")
+    yield conn
+    await conn.close()
+
+
+async def released_composition(h: Harness) -> tuple[str, list[RecordedEvent]]:
+    """Given: an import the engine's relay put, then a composition made and released that no
+    relay has seen yet. Its id, and the domain's log."""
+    expect_ok(await h.client.admin(HALL, "import-topology", fabric()))
+    await h.relayed(HALL)
+    own = h.followers.of("relay", HALL)
+    assert own is not None
+    await own.stop()
+    composed = expect_ok(
+        await h.client.intent(
+            HALL, "acme", "compose", {"host": "host-01", "devices": [{"kind": "gpu"}]}
+        )
+    )
+    cid = composed["composition_id"]
+    expect_ok(await h.client.intent(HALL, "acme", "release", {"composition_id": cid}))
+    return cid, [r async for r in h.store.read(HALL)]
+
+
+def before_release(log: list[RecordedEvent]) -> list[RecordedEvent]:
+    """The log up to the release: the composition live, its GPU held."""
+    released = next(i for i, r in enumerate(log) if r.type == "CompositionReleased")
+    return log[:released]
+
+
+async def relay_all(pool: asyncpg.Pool, nc: NATS, prefix: str) -> RelaySink:
+    """A relay that relays the whole log, as another engine's would."""
+    ahead = RelaySink(pool, nc, prefix=prefix)
+    await ahead.prepare()
+    await Follower(HALL, PostgresEventStore(pool), ahead).catch_up()
+    return ahead
+
+
+def without_positions(values: dict[str, bytes]) -> dict[str, object]:
+    """The bucket's values less the position stamped on each (a full rewrite stamps its own)."""
+    decoded = {key: msgspec.json.decode(value) for key, value in values.items()}
+    return {
+        key: {f: v for f, v in value.items() if f != "position"} for key, value in decoded.items()
+    }
+
+
+async def test_a_relay_behind_the_checkpoint_puts_no_older_values(
+    h: Harness, nc: NATS, pool: asyncpg.Pool, subject_prefix: str
+) -> None:
+    cid, log = await released_composition(h)
+    behind = RelaySink(pool, nc, prefix=subject_prefix)
+    await behind.prepare()
+    await behind.resume(HALL)  # its checkpoint: the import
+    await relay_all(pool, nc, subject_prefix)  # meanwhile another relay takes the lot
+    js = nc.jetstream()
+    bucket = await bucket_values(js, subject_prefix)
+    key = f"{HALL}.composition.{cid}"
+    assert key not in bucket  # released: deleted
+
+    done = await behind.apply(HALL, before_release(log))
+
+    assert done.version == log[-1].version  # the stored checkpoint, past this whole batch
+    assert await bucket_values(js, subject_prefix) == bucket
+
+
+async def test_a_relay_behind_the_checkpoint_refills_a_bucket_it_made_only_once_caught_up(
+    h: Harness, nc: NATS, pool: asyncpg.Pool, subject_prefix: str
+) -> None:
+    """The bucket removed and made again by the relay that is behind: its fold must reach
+    the checkpoint before it puts every key, on a batch or on a quiet moment."""
+    cid, log = await released_composition(h)
+    behind = RelaySink(pool, nc, prefix=subject_prefix)
+    await behind.prepare()
+    await behind.resume(HALL)
+    await relay_all(pool, nc, subject_prefix)
+    js: JetStreamContext = nc.jetstream()
+    bucket = await bucket_values(js, subject_prefix)
+    await js.delete_key_value(bucket_name(subject_prefix))
+    await behind.prepare()  # makes it again: every domain's keys are to be put in full
+    key = f"{HALL}.composition.{cid}"
+
+    earlier = before_release(log)
+    await behind.apply(HALL, earlier)
+    await behind.refresh(HALL)
+    assert key not in await bucket_values(js, subject_prefix)
+
+    await behind.apply(HALL, log[len(earlier) :])  # nothing of it left to relay...
+    await behind.refresh(HALL)  # ...so the next quiet moment puts the keys
+    refilled = await bucket_values(js, subject_prefix)
+    assert without_positions(refilled) == without_positions(bucket)
