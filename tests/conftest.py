@@ -21,8 +21,8 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
-# Hooks from alone.py (`alone` tests run with no other beside them) and zeros.py (the zeros
-# tables print at the end, summed over pytest-xdist's workers).
+# Hooks from alone.py (`alone` tests run with no other beside them), ordering.py (slow tests
+# first) and zeros.py (the zeros tables print at the end, summed over pytest-xdist's workers).
 from alone import pytest_runtest_protocol, pytest_unconfigure  # noqa: F401
 from isolation import (
     Database,
@@ -33,6 +33,7 @@ from isolation import (
     unique_schema_name,
     unique_subject_prefix,
 )
+from ordering import pytest_collection_modifyitems  # noqa: F401
 from zeros import pytest_sessionfinish, pytest_terminal_summary, pytest_testnodedown  # noqa: F401
 
 from trellis.adapters.embedded.cluster import NatsCluster
