@@ -7,7 +7,14 @@ import argparse
 import asyncio
 
 from trellis.adapters.endpoints import find_endpoint
-from trellis.adapters.entrypoints.cli.errors import EXIT_USAGE, CliError, no_database
+from trellis.adapters.entrypoints.cli.errors import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    no_database,
+    say,
+)
 from trellis.adapters.postgres import sessions
 from trellis.adapters.postgres.export import (
     DomainExport,
@@ -18,9 +25,18 @@ from trellis.adapters.postgres.export import (
 from trellis.adapters.postgres.store import connect_pool
 from trellis.adapters.settings import Settings
 
+# What to do with an export whose chain the log no longer continues.
+_DIVERGED_HINT = (
+    "the export holds events the log no longer has (a failover to a standby without them, or "
+    "a rewrite): keep this export as it is, export into a new directory, and run "
+    "`trellis verify`"
+)
+
 
 def run(args: argparse.Namespace) -> int:
-    """Append what is new since the last export into `args.parquet`; print one line per domain."""
+    """Append what is new since the last export into `args.parquet`; print one line per domain.
+    A domain whose log no longer continues the export is refused in a line on stderr (exit 1),
+    the others are exported."""
     settings = Settings.from_env()
     url = find_endpoint(settings, "database_url")
     if url is None:
@@ -52,8 +68,12 @@ def run(args: argparse.Namespace) -> int:
             f"cannot write the export in {args.parquet}: {exc.strerror}: {exc.filename}"
         ) from None
     for done in exported:
-        print(_summary(done))
-    return 0
+        if done.diverged is None:
+            print(_summary(done))
+    diverged = [done.diverged for done in exported if done.diverged is not None]
+    for why in diverged:
+        say("diverged", f"{why}; nothing was exported for it", _DIVERGED_HINT)
+    return EXIT_FAILED if diverged else EXIT_OK
 
 
 def _summary(done: DomainExport) -> str:

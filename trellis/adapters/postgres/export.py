@@ -24,6 +24,13 @@ What is still open at an export's end is in that export's `open/` snapshot (as o
 position: ends after it are not shown); a later export has a newer one, so readers take the
 highest `as_of` per domain.
 
+An export appends only to the chain it holds: before a domain's next part, the log's event at
+the exported chain head (version and hash, which the manifest records) must still be there,
+and the next event must follow it. A log whose tail was replaced since (a failover to a
+standby that lacked it, or a rewrite) is a fork of the export; that domain is refused
+(`DomainExport.diverged` says why) and nothing is written for it, so no version is ever in
+the export twice.
+
 The history and compositions come from the history projection (projections/history.py). An
 export never goes past what that projection has folded, so the three tables always describe
 the same stretch of the log; a domain whose projection lags is exported up to where it is.
@@ -191,6 +198,9 @@ class DomainExport:
     compositions: int = 0
     files: list[str] = field(default_factory=list)
     held_back: int | None = None  # the log's head, when the history projection lags behind it
+    chain_head_version: int = 0  # the chain head at last_position
+    chain_head_hash: str = ""
+    diverged: str | None = None  # why the log no longer continues the export: nothing written
 
 
 async def export_parquet(
@@ -227,7 +237,7 @@ async def export_parquet(
             # One snapshot per domain: log, projection and checkpoints as of the same moment.
             async with conn.transaction(isolation="repeatable_read", readonly=True):
                 result = await _export_domain(conn, out, domain, state, since, until)
-            if result.events:
+            if result.events and result.diverged is None:
                 state["last_position"] = result.last_position
                 state["exports"].append(_manifest_entry(result))
                 _write_json(out / MANIFEST, manifest)
@@ -271,6 +281,10 @@ async def _export_domain(
 ) -> DomainExport:
     result = DomainExport(domain)
     after: int = state["last_position"]
+    if after:
+        result.diverged = await _divergence(conn, out, domain, state)
+        if result.diverged is not None:
+            return result
     if since is not None and not after:  # a domain exported before: _refuse_gaps checked it
         first = await conn.fetchval(
             "SELECT min(position) FROM trellis_events WHERE domain = $1 AND recorded_at >= $2",
@@ -304,6 +318,7 @@ async def _export_domain(
         domain,
         last,
     )
+    result.chain_head_version, result.chain_head_hash = chain["version"], chain["hash"]
     meta = {
         "trellis.format": str(FORMAT),
         "trellis.domain": domain,
@@ -347,6 +362,66 @@ async def _export_domain(
         _rows(await conn.fetch(_LIVE_COMPOSITIONS, domain, last)),
     )
     return result
+
+
+async def _divergence(
+    conn: asyncpg.Connection, out: Path, domain: str, state: dict[str, Any]
+) -> str | None:
+    """Why the log no longer continues the chain the export of `domain` holds, or None: its
+    event at the exported head must have the exported hash, and its first event after the
+    exported positions must follow that head."""
+    version, hash_ = _exported_head(out, state)
+    after: int = state["last_position"]
+    exported = f"{domain}: the export ends at version {version} (position {after}, {_short(hash_)})"
+    held = await conn.fetchrow(
+        "SELECT position, hash FROM trellis_events WHERE domain = $1 AND version = $2",
+        domain,
+        version,
+    )
+    if held is None:
+        head = await conn.fetchrow(
+            "SELECT version, position FROM trellis_streams WHERE domain = $1", domain
+        )
+        return (
+            f"{exported}, but the log holds no version {version}: it ends at version "
+            f"{head['version']} (position {head['position']})"
+        )
+    if held["hash"] != hash_:
+        return (
+            f"{exported}, but the log's version {version} is another event (position "
+            f"{held['position']}, {_short(held['hash'])})"
+        )
+    following = await conn.fetchrow(
+        "SELECT version, position, prev_hash FROM trellis_events"
+        " WHERE domain = $1 AND position > $2 ORDER BY position LIMIT 1",
+        domain,
+        after,
+    )
+    if following is None or (following["version"], following["prev_hash"]) == (version + 1, hash_):
+        return None
+    return (
+        f"{exported}, but the log's next event is version {following['version']} (position "
+        f"{following['position']}), which follows {_short(following['prev_hash'])}"
+    )
+
+
+def _short(hash_: str) -> str:
+    return f"hash {hash_[:16]}…"
+
+
+def _exported_head(out: Path, state: dict[str, Any]) -> tuple[int, str]:
+    """The chain head (version, hash) at the end of a domain's last export."""
+    entry = state["exports"][-1]
+    if "chain_head_version" in entry:
+        return int(entry["chain_head_version"]), str(entry["chain_head_hash"])
+    # A manifest written before it recorded the head: every file of the export carries it.
+    try:
+        meta = pq.read_schema(out / entry["files"][0]).metadata
+    except (OSError, pa.ArrowException) as exc:
+        raise ExportError(
+            f"cannot read the chain head the export of {out} ends at: {exc}"
+        ) from None
+    return int(meta[b"trellis.chain_head_version"]), meta[b"trellis.chain_head_hash"].decode()
 
 
 def _write_events(
@@ -420,6 +495,8 @@ def _manifest_entry(result: DomainExport) -> dict[str, Any]:
         "events": result.events,
         "history": result.history,
         "compositions": result.compositions,
+        "chain_head_version": result.chain_head_version,
+        "chain_head_hash": result.chain_head_hash,
         "files": result.files,
         "exported_at": datetime.now(UTC).isoformat(),
     }
