@@ -14,9 +14,11 @@ the `hash` column of `trellis_events` in version order, and
 - answers the `proof`, `consistency` and `checkpoint-key` queries.
 
 A tree is read once per process and domain and then only grows (about a second for a million
-events, 64 bytes of memory per event); proofs then cost microseconds. The roots come from the
-log as the database holds it now: a row altered after a checkpoint was signed gives proofs
-against a root no signed checkpoint has, which is what an auditor's offline check catches.
+events, 64 bytes of memory per event); proofs then cost microseconds. Each use first confirms
+that the log still holds the tree's last leaf, and reads the tree again when it does not (a
+tail lost in a failover and written anew). The roots come from the log as the database holds it
+now: a row altered after a checkpoint was signed gives proofs against a root no signed
+checkpoint has, which is what an auditor's offline check catches.
 """
 
 from __future__ import annotations
@@ -61,9 +63,10 @@ INSERT INTO trellis_checkpoints (domain, size, root, note) VALUES ($1, $2, $3, $
 _READ = "SELECT size, root, recorded_at, note FROM trellis_checkpoints WHERE domain = $1"
 _ONE = _READ + " AND size = $2"
 _LATEST = _READ + " AND size <= $2 ORDER BY size DESC LIMIT 1"
+# From the last version a tree holds ($2; 0: none), to confirm the log still has it, on.
 _HASHES = """
 SELECT version, hash FROM trellis_events
- WHERE domain = $1 AND version > $2 AND version <= $3 ORDER BY version LIMIT $4
+ WHERE domain = $1 AND version >= $2 AND version <= $3 ORDER BY version LIMIT $4
 """
 _EVENT = "SELECT version, actor FROM trellis_events WHERE domain = $1 AND id = $2"
 
@@ -214,20 +217,43 @@ class PostgresAuditTrail:
     async def _tree(self, conn: asyncpg.Connection, domain: str, size: int) -> MerkleTree:
         """The domain's tree with at least `size` leaves, read from the log where it lacks them.
 
+        The tree kept from earlier reads is confirmed against the log first: its last leaf must
+        still be the log's event at that version (the chain makes that event's hash stand for
+        every one before it). A tail the log lost (a failover to a standby without the last
+        commits) and wrote again at the same versions would otherwise be signed with the old
+        leaves; then the tree is read again from the log.
+
         Raises:
             IntentRejected: `unavailable` when the log has fewer events than `size`.
         """
         lock = self._growing.setdefault(domain, asyncio.Lock())
         async with lock:
-            tree = self._trees.setdefault(domain, MerkleTree())
-            while tree.size < size:
-                rows = await conn.fetch(_HASHES, domain, tree.size, size, _PAGE)
-                if not rows or rows[0]["version"] != tree.size + 1:
-                    break  # the log ends (or has a gap: damage; nothing past it is a leaf)
+            tree = self._trees.get(domain) or MerkleTree()
+            while True:
+                held = tree.size
+                rows = await conn.fetch(_HASHES, domain, held, max(held, size), _PAGE)
+                if held:
+                    if (
+                        not rows
+                        or rows[0]["version"] != held
+                        or _leaf(rows[0]) != tree.leaf(held - 1)
+                    ):
+                        log.warning(
+                            "domain %s: the log no longer holds the %d events its Merkle tree was "
+                            "read from (a tail lost in a failover, or rewritten): reading it again",
+                            domain,
+                            held,
+                        )
+                        tree = MerkleTree()
+                        continue
+                    rows = rows[1:]
                 for row in rows:
                     if row["version"] != tree.size + 1:
-                        break
-                    tree.append(leaf_hash(bytes.fromhex(row["hash"])))
+                        break  # a gap in the log: damage; nothing past it is a leaf
+                    tree.append(_leaf(row))
+                if tree.size >= size or tree.size == held:
+                    break
+            self._trees[domain] = tree
             if tree.size < size:
                 raise IntentRejected(
                     "unavailable",
@@ -313,3 +339,7 @@ def _within(domain: str, size: int, head: int, field: str) -> None:
 
 def _b64(digest: bytes) -> str:
     return base64.b64encode(digest).decode()
+
+
+def _leaf(row: asyncpg.Record) -> bytes:
+    return leaf_hash(bytes.fromhex(row["hash"]))
