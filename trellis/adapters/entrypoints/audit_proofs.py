@@ -8,8 +8,9 @@ query, as `trellis proof` / `trellis consistency` print it) and the verifier key
 kept apart). It checks each note's Ed25519 signature with the key, that the proof's tree
 size and root are a signed checkpoint's, and the proof itself per RFC 9162
 (engine/core/merkle.py). An inclusion proof is of an event hash: given with `--event-hash`, or
-recomputed from the event itself (`--event FILE`, the event as the TRELLIS_EVENTS stream
-carries it), which also checks that the event is the one at that leaf.
+recomputed from the event itself (`--event FILE`: the event as the TRELLIS_EVENTS stream
+carries it, or a row of `trellis export --parquet`'s events as DuckDB or pyarrow write it in
+JSON), which also checks that the event is the one at that leaf.
 
 The commands that talk to the engine get the CLI's request function from
 adapters/entrypoints/cli/parser.py, which registers them.
@@ -23,7 +24,7 @@ import binascii
 import sys
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +35,38 @@ from trellis.adapters.entrypoints.cli.errors import EXIT_USAGE, CliError
 from trellis.adapters.nats.jetstream import Envelope
 from trellis.engine.core.checkpoints import Checkpoint, NoteError, Verifier, open_checkpoint
 from trellis.engine.core.merkle import HASH_SIZE, leaf_hash, verify_consistency, verify_inclusion
+from trellis.engine.core.records import format_time
 
 Request = Callable[[argparse.Namespace, str, dict[str, Any]], dict[str, Any]]
 
 
 class ProofRejected(Exception):
     """The proof, a checkpoint or the key does not hold up; the message says what."""
+
+
+class EventUnreadable(Exception):
+    """The `--event` file holds no event in a form this check reads; the message says why."""
+
+
+class ExportRow(msgspec.Struct):
+    """A row of an export's events (adapters/postgres/export.py EVENTS) in JSON, as DuckDB's
+    `COPY ... TO 'row.json'` or `json.dumps(row, default=str)` of a pyarrow row writes it:
+    `time` is the `recorded_at` (any ISO 8601 time with an offset), `data` the stored JSON
+    text as a string. Other columns (the hive partitions' `day`) are ignored."""
+
+    id: str
+    domain: str
+    version: int
+    position: int
+    type: str
+    schema_version: int
+    time: str
+    actor: str
+    causation: str
+    correlation: str
+    prev_hash: str
+    hash: str
+    data: str
 
 
 # ---- the offline check ----
@@ -158,21 +185,72 @@ def _decode(text: str) -> bytes:
 
 
 def event_file_hash(path: Path) -> tuple[str, int]:
-    """The hash of the event in `path` (its envelope as the stream carries it), recomputed from
-    its content, and its version.
+    """The hash of the event in `path`, recomputed from its content, and its version. The
+    file holds the event as the stream carries it or as an export's row (one JSON object,
+    or an array of just one, as DuckDB's `COPY ... (ARRAY true)` writes it).
 
     Raises:
-        ProofRejected: unreadable, or its content does not give its own hash.
+        EventUnreadable: no such file, or it holds no event in either form.
+        ProofRejected: its content does not give its own hash.
     """
-    try:
-        envelope = msgspec.json.decode(path.read_bytes(), type=Envelope)
-        at = datetime.strptime(envelope.recorded_at, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
-    except (OSError, msgspec.DecodeError, ValueError) as exc:
-        raise ProofRejected(f"cannot read the event in {path}: {exc}") from None
+    envelope, at = _read_event(path)
     computed = envelope.computed_hash(at)
     if computed != envelope.hash:
         raise ProofRejected(f"the event in {path} does not hash to the hash it carries")
     return computed, envelope.version
+
+
+def _read_event(path: Path) -> tuple[Envelope, datetime]:
+    """The event in `path` as the stream's envelope, and its time."""
+    try:
+        text = path.read_bytes()
+        if text.lstrip().startswith(b"["):
+            items = msgspec.json.decode(text, type=list[msgspec.Raw])
+            if len(items) != 1:
+                raise EventUnreadable(
+                    f"{path} holds {len(items)} events in an array; give the one proved"
+                )
+            text = bytes(items[0])
+        fields = msgspec.json.decode(text, type=dict[str, msgspec.Raw])
+        if "recorded_at" in fields:
+            envelope = msgspec.json.decode(text, type=Envelope)
+            return envelope, _instant(envelope.recorded_at)
+        if "time" not in fields:
+            raise EventUnreadable(
+                f"{path} holds neither the stream's form of an event (it has no recorded_at) "
+                "nor an export's row (it has no time)"
+            )
+        row = msgspec.json.decode(text, type=ExportRow)
+        at = _instant(row.time)
+    except OSError as exc:
+        raise EventUnreadable(f"cannot read {path}: {exc.strerror}") from None
+    except (msgspec.DecodeError, ValueError) as exc:
+        raise EventUnreadable(f"cannot read the event in {path}: {exc}") from None
+    envelope = Envelope(
+        id=row.id,
+        domain=row.domain,
+        version=row.version,
+        position=row.position,
+        type=row.type,
+        schema_version=row.schema_version,
+        recorded_at=format_time(at),
+        actor=row.actor,
+        causation_id=row.causation,
+        correlation_id=row.correlation,
+        data=msgspec.Raw(row.data.encode()),
+        prev_hash=row.prev_hash,
+        hash=row.hash,
+    )
+    return envelope, at
+
+
+def _instant(text: str) -> datetime:
+    """An ISO 8601 time with an offset (`Z`, `+00`, `+01:00`...): the hash covers the instant
+    in UTC (records.format_time), so any offset of the same instant gives the same hash."""
+    at = datetime.fromisoformat(text)
+    if at.tzinfo is None:
+        raise ValueError(f"the time {text!r} has no offset (Z, +00:00...): which instant is it?")
+    return at
 
 
 # ---- the commands ----
@@ -223,7 +301,12 @@ def add_offline_verify(p: argparse.ArgumentParser) -> None:
         metavar="HEX",
         help="the hash of the event proved included (64 hex digits, no sha256: prefix)",
     )
-    p.add_argument("--event", type=Path, metavar="FILE", help="the event itself (stream JSON)")
+    p.add_argument(
+        "--event",
+        type=Path,
+        metavar="FILE",
+        help="the event itself: as the stream carries it, or an export's row, in JSON",
+    )
 
 
 def _event_hash_argument(text: str) -> str:
@@ -275,6 +358,14 @@ def verify_offline(args: argparse.Namespace) -> int:
                 )
         print(check(notes, proof, key, event_hash=event_hash))
         return 0
+    except EventUnreadable as exc:  # nothing was checked: the file given is to change
+        raise CliError(
+            str(exc),
+            code="usage",
+            hint="give the event as the TRELLIS_EVENTS stream carries it, or an export's row "
+            "in JSON (docs/auditing.md)",
+            exit=EXIT_USAGE,
+        ) from None
     except (ProofRejected, msgspec.DecodeError) as exc:
         print(f"trellis verify: FAILED: {exc}", file=sys.stderr)
         return 1
