@@ -169,3 +169,35 @@ async def test_the_cli_refuses_the_forked_domain_and_exits_1(
     # The log itself exports whole into a new directory.
     code, stdout, stderr = await run_cli(env, "export", "--parquet", str(tmp_path / "new"))
     assert code == 0 and f"{DOMAIN}: exported positions 1-" in stdout, stdout + stderr
+
+
+async def test_an_export_refuses_a_log_whose_next_event_does_not_follow_the_exported_head(
+    h: Harness, pool: asyncpg.Pool, owner_url: str, pg_schema: str, tmp_path: Path
+) -> None:
+    (first,) = await export_parquet(pool, tmp_path, domains=[DOMAIN])
+    exported_head, exported_hash = chain_head(tmp_path, first.files[0])
+    # A restore that put the head event back at a new position: its hash is the exported
+    # one, but the export would hold it twice.
+    sql = await asyncpg.connect(owner_url, server_settings={"search_path": pg_schema})
+    try:
+        async with sql.transaction():
+            await sql.execute("ALTER TABLE trellis_events DISABLE TRIGGER USER")
+            moved = await sql.fetchrow(
+                "UPDATE trellis_events SET position = DEFAULT WHERE domain = $1 AND version = $2"
+                " RETURNING position, prev_hash",
+                DOMAIN,
+                exported_head,
+            )
+            await sql.execute("ALTER TABLE trellis_events ENABLE TRIGGER USER")
+    finally:
+        await sql.close()
+    before = listing(tmp_path)
+
+    (again,) = await export_parquet(pool, tmp_path, domains=[DOMAIN])
+
+    assert listing(tmp_path) == before
+    assert again.diverged == (
+        f"{DOMAIN}: the export ends at version {exported_head} (position {first.last_position},"
+        f" hash {exported_hash[:16]}…), but the log's next event is version {exported_head}"
+        f" (position {moved['position']}), which follows hash {moved['prev_hash'][:16]}…"
+    )
