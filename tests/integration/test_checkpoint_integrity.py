@@ -3,6 +3,12 @@ over the log (adapters/postgres/checkpoints.py).
 
 - A tail the log lost (a failover to a standby without the last commits) and written anew at
   the same versions is not signed with the leaves the checkpointer read before.
+- A row in `trellis_checkpoints` whose root is not the log's, or whose note does not hold, is
+  neither published nor answered, whoever put it there.
+- A row signed by an earlier key only, with the log's root, is answered signed by this key too.
+- A row in `trellis_checkpoints` whose root is not the log's, or whose note does not hold, is
+  neither published nor answered, whoever put it there.
+- A row signed by an earlier key only, with the log's root, is answered signed by this key too.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from store_contract import T0, pending
 
 from trellis.adapters.postgres.checkpoints import PostgresAuditTrail
 from trellis.adapters.postgres.store import PostgresEventStore
-from trellis.engine.core.checkpoints import Signer, open_checkpoint
+from trellis.engine.core.checkpoints import Checkpoint, Signer, open_checkpoint, origin_of
 from trellis.engine.core.errors import IntentRejected
 from trellis.engine.core.intents import ConsistencyQuery
 from trellis.engine.core.merkle import MerkleTree, leaf_hash
@@ -118,3 +124,114 @@ async def test_a_tail_lost_and_written_anew_is_signed_as_the_log_holds_it(
         await trail.answer(DOMAIN, ConsistencyQuery(from_size=10, to_size=19), head=19)
     assert short.value.code == "unavailable"
     assert (await trail.checkpoint(DOMAIN, 18)).root == root_of(log, 18)
+
+
+async def forge(store: PostgresEventStore, size: int, root: str, note: str) -> None:
+    """Whoever holds the engine's role inserts a checkpoint the engine did not sign."""
+    await store._pool.execute(
+        "INSERT INTO trellis_checkpoints (domain, size, root, note) VALUES ($1, $2, $3, $4)",
+        DOMAIN, size, root, note,
+    )  # fmt: skip
+
+
+def broken_signature(note: str) -> str:
+    text, _, signature = note.rstrip("\n").rpartition(" ")
+    flipped = "B" if signature[8] == "A" else "A"  # in the signature, past the key hash
+    return f"{text} {signature[:8]}{flipped}{signature[9:]}\n"
+
+
+async def test_a_checkpoint_forged_ahead_of_the_log_is_neither_published_nor_answered(
+    store: PostgresEventStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given: a checkpoint of 30 events in the table before the log has 30 events.
+    forged = f"trellis/{DOMAIN}\n30\n{FORGED_ROOT}\n\n\u2014 forged junk\n"
+    await forge(store, 30, FORGED_ROOT, forged)
+    signer, published = Signer.generate(), Published()
+    trail = trail_of(store, signer, published, every=10)
+
+    # When: the log passes 30 events and the checkpointer follows it, and an operator asks.
+    log = await grown_to(store, 30)
+    await trail.resume(DOMAIN)
+    with caplog.at_level(logging.ERROR, logger="trellis.checkpoints"):
+        await trail.apply(DOMAIN, log)
+        with pytest.raises(IntentRejected) as asked:
+            await trail.checkpoint(DOMAIN, 30)
+
+    # Then: 10 and 20 are published, signed; the forged 30 is not, and the request is refused.
+    assert [(size, note == forged) for _, size, note in published] == [(10, False), (20, False)]
+    for _, size, note in published:
+        assert open_checkpoint(note, signer.verifier).size == size
+    assert asked.value.code == "conflict"
+    assert asked.value.details == {"domain": DOMAIN, "size": 30}
+    assert f"domain {DOMAIN}: the stored checkpoint of 30 events is neither" in caplog.text
+    assert "is not the log's" in caplog.text
+
+
+def checkpoint_of(log: list[RecordedEvent], size: int, root: str | None = None) -> Checkpoint:
+    root = root or root_of(log, size)
+    return Checkpoint(origin=origin_of(DOMAIN), size=size, root=base64.b64decode(root))
+
+
+@pytest.mark.parametrize("forgery", ["another root in the note", "a broken signature"])
+async def test_a_stored_note_that_does_not_hold_is_not_answered(
+    store: PostgresEventStore, forgery: str
+) -> None:
+    # Given: a row with the log's root in its column, and a note that does not hold.
+    signer, published = Signer.generate(), Published()
+    log = await grown_to(store, 12)
+    if forgery == "another root in the note":
+        note = signer.checkpoint(checkpoint_of(log, 12, root=FORGED_ROOT))
+    else:
+        note = broken_signature(signer.checkpoint(checkpoint_of(log, 12)))
+    await forge(store, 12, root_of(log, 12), note)
+
+    # When: the operator asks for the checkpoint of 12.
+    with pytest.raises(IntentRejected) as asked:
+        await trail_of(store, signer, published).checkpoint(DOMAIN, 12)
+
+    # Then: refused, and nothing is published.
+    assert asked.value.code == "conflict"
+    assert published == []
+
+
+async def test_a_checkpoint_signed_by_an_earlier_key_is_answered_signed_by_this_one_too(
+    store: PostgresEventStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given: a checkpoint of 10 signed by the deployment's earlier key.
+    earlier, now, published = Signer.generate(), Signer.generate(), Published()
+    log = await grown_to(store, 12)
+    first = await trail_of(store, earlier, Published()).checkpoint(DOMAIN, 10)
+
+    # When: an engine with the new key is asked for it (the log stood still at 10, say).
+    with caplog.at_level(logging.WARNING, logger="trellis.checkpoints"):
+        again = await trail_of(store, now, published).checkpoint(DOMAIN, 10)
+
+    # Then: the same checkpoint, its note signed by both keys; the stored row as it was.
+    assert (again.root, again.recorded_at) == (first.root, first.recorded_at)
+    for key in (earlier, now):
+        assert open_checkpoint(again.note, key.verifier) == checkpoint_of(log, 10)
+    assert again.note.startswith(first.note)
+    assert published == [(DOMAIN, 10, again.note)]
+    assert f"carries no signature by {now.verifier.key()}" in caplog.text
+    stored = await store._pool.fetchval("SELECT note FROM trellis_checkpoints WHERE size = 10")
+    assert stored == first.note
+
+
+async def test_a_checkpoint_of_a_lost_tail_is_not_answered_for_the_log_written_anew(
+    store: PostgresEventStore, owner: asyncpg.Connection
+) -> None:
+    # Given: a checkpoint of 17, then the log loses 16 and 17 and is written anew to 19.
+    signer, published = Signer.generate(), Published()
+    trail = trail_of(store, signer, published)
+    await grown_to(store, 17)
+    await trail.checkpoint(DOMAIN, 17)
+    await lose_tail(owner, keep=15)
+    await grown_to(store, 19, hours=1)
+
+    # When: the checkpoint of 17 is asked for again.
+    with pytest.raises(IntentRejected) as asked:
+        await trail.checkpoint(DOMAIN, 17)
+
+    # Then: the note of the lost log is not answered nor published again for this one.
+    assert asked.value.code == "conflict"
+    assert [size for _, size, _ in published] == [17]

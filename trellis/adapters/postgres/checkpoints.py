@@ -19,6 +19,13 @@ that the log still holds the tree's last leaf, and reads the tree again when it 
 tail lost in a failover and written anew). The roots come from the log as the database holds it
 now: a row altered after a checkpoint was signed gives proofs against a root no signed
 checkpoint has, which is what an auditor's offline check catches.
+
+A checkpoint already stored at a size (another engine's, or one recorded earlier) is answered
+and published only when it states the log's root and its note holds: signed by the deployment's
+key, or, signed by another key only (an earlier deployment key), then signed by this key too.
+Any other row (forged by whoever can insert into the table, or signed over events the log no
+longer holds) is logged as an error and neither published nor answered: that size gets no
+checkpoint.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import msgspec
 
 from trellis.adapters.postgres import follower_checkpoints
 from trellis.engine.core.actors import OPERATOR
-from trellis.engine.core.checkpoints import Checkpoint, Signer, origin_of
+from trellis.engine.core.checkpoints import Checkpoint, NoteError, Signer, origin_of
 from trellis.engine.core.errors import IntentRejected, StoreUnavailable
 from trellis.engine.core.intents import CheckpointKeyQuery, ConsistencyQuery, ProofQuery
 from trellis.engine.core.merkle import MerkleTree, leaf_hash
@@ -144,9 +151,17 @@ class PostgresAuditTrail:
             raise IntentRejected("not_found", f"domain {domain!r} has no events to checkpoint")
         with _reachable():
             async with self._pool.acquire() as conn:
-                row = await self._record(conn, domain, size)
+                row, note = await self._record(conn, domain, size)
+        if note is None:
+            raise IntentRejected(
+                "conflict",
+                f"the checkpoint of {size} events of {domain!r} stored in the database is not "
+                "one this deployment signed over its log (the engine's log says why; `trellis "
+                "verify` checks every stored note); ask again once the log has grown",
+                {"domain": domain, "size": size},
+            )
         try:
-            await self._announce(domain, row)
+            await self._announce(domain, size, note)
         except Exception as exc:
             raise IntentRejected(
                 "unavailable",
@@ -159,7 +174,7 @@ class PostgresAuditTrail:
             size=row["size"],
             root=row["root"],
             recorded_at=format_time(row["recorded_at"]),
-            note=row["note"],
+            note=note,
         )
 
     # ---- the Sink protocol ----
@@ -186,7 +201,9 @@ class PostgresAuditTrail:
                 return done  # another engine's follower got here first
             first = (done.version // self._every + 1) * self._every
             for size in range(first, last.version + 1, self._every):
-                await self._announce(domain, await self._record(conn, domain, size))
+                _, note = await self._record(conn, domain, size)
+                if note is not None:
+                    await self._announce(domain, size, note)
             await conn.execute(
                 follower_checkpoints.SAVE, self._follower, domain, last.version, last.position
             )
@@ -197,22 +214,70 @@ class PostgresAuditTrail:
 
     # ---- internals ----
 
-    async def _record(self, conn: asyncpg.Connection, domain: str, size: int) -> asyncpg.Record:
-        """The checkpoint of `size` as stored: signed and inserted now, or recorded before."""
+    async def _record(
+        self, conn: asyncpg.Connection, domain: str, size: int
+    ) -> tuple[asyncpg.Record, str | None]:
+        """The checkpoint of `size` as stored (signed and inserted now, or recorded before), and
+        the note to publish and answer for it; None when the stored row is not one this
+        deployment can stand behind (logged as an error)."""
+        tree = await self._tree(conn, domain, size)
+        checkpoint = Checkpoint(origin=origin_of(domain), size=size, root=tree.root(size))
         row = await conn.fetchrow(_ONE, domain, size)
         if row is None:
-            tree = await self._tree(conn, domain, size)
-            checkpoint = Checkpoint(origin=origin_of(domain), size=size, root=tree.root(size))
             note = self._signer.checkpoint(checkpoint)
-            root = base64.b64encode(checkpoint.root).decode()
+            root = _b64(checkpoint.root)
             await conn.execute(_INSERT, domain, size, root, note)
-            row = await conn.fetchrow(_ONE, domain, size)
+            row = await conn.fetchrow(_ONE, domain, size)  # another engine's, if it was first
             log.info("domain %s: checkpoint of %d events, root %s", domain, size, root)
-        return row
+        try:
+            return row, self._vouched(domain, checkpoint, row)
+        except NoteError as exc:
+            log.error(
+                "domain %s: the stored checkpoint of %d events is neither published nor "
+                "answered: %s. Whoever can insert into trellis_checkpoints forged it, or the "
+                "log no longer holds the events it signed (a tail lost in a failover, or a "
+                "rewrite); `trellis verify` checks every stored note",
+                domain,
+                size,
+                exc,
+            )
+            return row, None
 
-    async def _announce(self, domain: str, row: asyncpg.Record) -> None:
+    def _vouched(self, domain: str, checkpoint: Checkpoint, row: asyncpg.Record) -> str:
+        """The stored note of `checkpoint` as this deployment publishes it.
+
+        Raises:
+            NoteError: the row's root is not the log's, its note states another checkpoint, or
+                the note does not hold.
+        """
+        root = _b64(checkpoint.root)
+        if row["root"] != root:
+            raise NoteError(f"its root {row['root']} is not the log's, {root}")
+        note: str = row["note"]
+        body = checkpoint.body()
+        if note[: note.rfind("\n\n") + 1] != body:
+            raise NoteError(f"its note does not state the log's root {root} of that size")
+        verifier = self._signer.verifier
+        with contextlib.suppress(NoteError):
+            verifier.open(note)
+            return note
+        # No signature by this key: an earlier key's (the key was replaced), or anybody's. It
+        # states the log's root, so this key signs it as well; the other lines are kept for
+        # whoever holds their keys. A bad signature by this key still fails below.
+        cosigned = note + self._signer.checkpoint(checkpoint)[len(body) + 1 :]
+        verifier.open(cosigned)
+        log.warning(
+            "domain %s: the stored checkpoint of %d events carries no signature by %s; "
+            "published with one added",
+            domain,
+            checkpoint.size,
+            verifier.key(),
+        )
+        return cosigned
+
+    async def _announce(self, domain: str, size: int, note: str) -> None:
         if self._publish is not None:
-            await self._publish(domain, row["size"], row["note"])
+            await self._publish(domain, size, note)
 
     async def _tree(self, conn: asyncpg.Connection, domain: str, size: int) -> MerkleTree:
         """The domain's tree with at least `size` leaves, read from the log where it lacks them.
