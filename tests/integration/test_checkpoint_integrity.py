@@ -6,23 +6,37 @@ over the log (adapters/postgres/checkpoints.py).
 - A row in `trellis_checkpoints` whose root is not the log's, or whose note does not hold, is
   neither published nor answered, whoever put it there.
 - A row signed by an earlier key only, with the log's root, is answered signed by this key too.
+- A key made by a start whose log holds checkpoints signed by other keys is refused, unless
+  TRELLIS_NEW_CHECKPOINT_KEY allows it.
 - A row in `trellis_checkpoints` whose root is not the log's, or whose note does not hold, is
   neither published nor answered, whoever put it there.
 - A row signed by an earlier key only, with the log's root, is answered signed by this key too.
+- A key made by a start whose log holds checkpoints signed by other keys is refused, unless
+  TRELLIS_NEW_CHECKPOINT_KEY allows it.
 """
 
 from __future__ import annotations
 
 import base64
 import logging
+import re
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from pathlib import Path
 
 import asyncpg
 import pytest
 import pytest_asyncio
 from store_contract import T0, pending
 
+from trellis.adapters.checkpoint_key import (
+    KEY_FILE,
+    NEW_KEY_ENV,
+    KeyFileError,
+    judge_new_key,
+    load_or_create,
+    public_key_path,
+)
 from trellis.adapters.postgres.checkpoints import PostgresAuditTrail
 from trellis.adapters.postgres.store import PostgresEventStore
 from trellis.engine.core.checkpoints import Checkpoint, Signer, open_checkpoint, origin_of
@@ -235,3 +249,34 @@ async def test_a_checkpoint_of_a_lost_tail_is_not_answered_for_the_log_written_a
     # Then: the note of the lost log is not answered nor published again for this one.
     assert asked.value.code == "conflict"
     assert [size for _, size, _ in published] == [17]
+
+
+async def test_a_new_key_on_a_log_signed_by_another_is_refused_unless_allowed(
+    store: PostgresEventStore, tmp_path: Path
+) -> None:
+    # Given: a log with checkpoints signed by the deployment's key, cosigned once by another.
+    deployment, witness = Signer.generate(), Signer.generate("witness")
+    trail = trail_of(store, deployment, Published())
+    log = await grown_to(store, 12)
+    await trail.checkpoint(DOMAIN, 10)
+    cosigned = witness.sign(checkpoint_of(log, 11).body())
+    cosigned += deployment.checkpoint(checkpoint_of(log, 11)).rpartition("\n\n")[2]
+    await forge(store, 11, root_of(log, 11), cosigned)
+    # A start whose key file is missing makes a new one.
+    path = tmp_path / KEY_FILE
+    new = load_or_create(path)
+    signed = await trail_of(store, new, Published()).signers()
+    key_id = f"trellis+{deployment.verifier.key_hash.hex()}"
+    assert signed == {key_id: 2, f"witness+{witness.verifier.key_hash.hex()}": 1}
+
+    # When/Then: not allowed, the start is refused and the key it made is gone, so the next
+    # start judges again; allowed, it is said.
+    with pytest.raises(KeyFileError, match=re.escape(f"signed by other keys, {key_id} (2), ")):
+        judge_new_key(path, new, signed, allowed=False)
+    assert not path.exists() and not public_key_path(path).exists()
+    warning = judge_new_key(path, new, signed, allowed=True)
+    assert warning is not None and f"{NEW_KEY_ENV})" in warning and key_id in warning
+    # A log that holds no checkpoint, or only the key's own: nothing to say.
+    assert judge_new_key(path, new, {}, allowed=False) is None
+    own = {f"trellis+{new.verifier.key_hash.hex()}": 4}
+    assert judge_new_key(path, new, own, allowed=False) is None

@@ -10,6 +10,11 @@ share the file, so every checkpoint of the deployment verifies with the same key
 Two engines starting at once on one data dir both end up with the key that reached the disk
 first: the file is written under a temporary name and linked into place, which fails for the
 second, and that one reads the first's.
+
+A key made by a start whose log already holds signed checkpoints is the deployment's key lost or
+replaced (a data dir not mounted, TRELLIS_CHECKPOINT_KEY pointing elsewhere): every older note
+then stops verifying with the key auditors are told to use. `judge_new_key` refuses that start
+and removes the key it made, unless TRELLIS_NEW_CHECKPOINT_KEY says the old key is gone for good.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import contextlib
 import logging
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
@@ -28,6 +34,9 @@ from trellis.engine.core.checkpoints import KEY_NAME, Signer
 log = logging.getLogger(__name__)
 
 KEY_FILE = "checkpoint-key.pem"
+#: Set (to 1) for a start that may make a new key although the log holds checkpoints signed by
+#: other keys: the deployment's key is lost for good, or replaced on purpose.
+NEW_KEY_ENV = "TRELLIS_NEW_CHECKPOINT_KEY"
 
 
 class KeyFileError(RuntimeError):
@@ -63,6 +72,46 @@ def load_or_create(path: Path, name: str = KEY_NAME) -> Signer:
     signer = Signer(key.private_bytes_raw(), name)
     _write_public(path, signer)
     return signer
+
+
+def judge_new_key(
+    path: Path, signer: Signer, signed: Mapping[str, int], *, allowed: bool
+) -> str | None:
+    """What to say of the key this start made in `path`, given the key ids that sign the
+    checkpoints the log holds and how many each (PostgresAuditTrail.signers).
+
+    Returns:
+        None when no other key signs any (a first start); else, when `allowed`, the warning
+        for the operator.
+
+    Raises:
+        KeyFileError: other keys sign the log's checkpoints and a new key is not `allowed`. The
+            key made is removed first, so that the next start judges again.
+    """
+    others = {key_id: n for key_id, n in signed.items() if key_id != _key_id(signer)}
+    if not others:
+        return None
+    by = ", ".join(f"{key_id} ({n})" for key_id, n in sorted(others.items()))
+    if not allowed:
+        path.unlink(missing_ok=True)
+        public_key_path(path).unlink(missing_ok=True)
+        raise KeyFileError(
+            f"there was no checkpoint key {path}, but the log holds checkpoints signed by "
+            f"other keys, {by}: put the deployment's key back there (the data dir or "
+            f"TRELLIS_CHECKPOINT_KEY may name the wrong place); only if it is lost for good, "
+            f"start once with {NEW_KEY_ENV}=1 and give auditors the new verifier key"
+        )
+    message = (
+        f"made a new checkpoint key {path} ({_key_id(signer)}) although the log holds "
+        f"checkpoints signed by other keys, {by} ({NEW_KEY_ENV}): older notes verify only "
+        "with their own key, newer ones only with the new verifier key"
+    )
+    log.warning("%s", message)
+    return message
+
+
+def _key_id(signer: Signer) -> str:
+    return f"{signer.name}+{signer.verifier.key_hash.hex()}"
 
 
 def _create(path: Path) -> None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -58,6 +59,7 @@ log = logging.getLogger("trellis.checkpoints")
 
 SINK_NAME = "checkpoints"
 DEFAULT_EVERY = 1000
+_SIGNATURE_LINE = "\u2014 "  # C2SP: a note's signature lines start with an em dash and a space
 _PAGE = 10_000
 
 #: publish(domain, size, note): put a recorded checkpoint where auditors and witnesses see it.
@@ -75,6 +77,7 @@ _HASHES = """
 SELECT version, hash FROM trellis_events
  WHERE domain = $1 AND version >= $2 AND version <= $3 ORDER BY version LIMIT $4
 """
+_NOTES = "SELECT note FROM trellis_checkpoints"
 _EVENT = "SELECT version, actor FROM trellis_events WHERE domain = $1 AND id = $2"
 
 
@@ -176,6 +179,17 @@ class PostgresAuditTrail:
             recorded_at=format_time(row["recorded_at"]),
             note=note,
         )
+
+    async def signers(self) -> dict[str, int]:
+        """The key ids (`<name>+<key hash>`) whose signatures the stored checkpoints carry, each
+        with how many it signs: what a new key would replace (adapters/checkpoint_key.py)."""
+        with _reachable():
+            notes = await self._pool.fetch(_NOTES)
+        signed: dict[str, int] = {}
+        for row in notes:
+            for key_id in _key_ids(row["note"]):
+                signed[key_id] = signed.get(key_id, 0) + 1
+        return signed
 
     # ---- the Sink protocol ----
 
@@ -404,6 +418,21 @@ def _within(domain: str, size: int, head: int, field: str) -> None:
 
 def _b64(digest: bytes) -> str:
     return base64.b64encode(digest).decode()
+
+
+def _key_ids(note: str) -> set[str]:
+    """The `<name>+<key hash>` of each of a note's signature lines (`— <name> <base64(key hash
+    || signature)>`, after its last blank line)."""
+    key_ids = set()
+    for line in note[note.rfind("\n\n") + 2 :].splitlines():
+        if not line.startswith(_SIGNATURE_LINE):
+            continue
+        name, _, encoded = line.removeprefix(_SIGNATURE_LINE).partition(" ")
+        with contextlib.suppress(binascii.Error):
+            key_hash = base64.b64decode(encoded, validate=True)[:4]
+            if len(key_hash) == 4:
+                key_ids.add(f"{name}+{key_hash.hex()}")
+    return key_ids
 
 
 def _leaf(row: asyncpg.Record) -> bytes:
