@@ -70,7 +70,7 @@ class Harness(msgspec.Struct, kw_only=True):
 
 
 #: engine_on's own parameters: what Settings cannot carry, or what tests replace.
-ENGINE_OVERRIDES = ("fabric", "clock", "signer", "secure", "follow_options", "redfish")
+ENGINE_OVERRIDES = ("fabric", "clock", "signer", "secure", "follow_options", "redfish", "new_key")
 
 
 def engine_settings(

@@ -18,7 +18,7 @@ import msgspec
 import pytest
 import pytest_asyncio
 from fabrics import expect_error, expect_ok, fabric
-from harness import Harness, cli_env, serving
+from harness import Harness, cli_env, engine_at, serving
 from harness import run_cli as trellis
 
 from trellis.adapters.bootstrap import checkpoint_key_path, checkpoint_signer
@@ -341,3 +341,26 @@ def test_trellis_up_signs_with_the_data_dirs_key_or_the_named_file(tmp_path: Pat
     with pytest.raises(SettingsError, match="TRELLIS_CHECKPOINT_EVERY"):
         Settings.from_env({"TRELLIS_CHECKPOINT_EVERY": "0"})
     assert Settings.from_env({"TRELLIS_CHECKPOINT_EVERY": "50"}).checkpoint_every == 50
+
+
+async def test_a_start_that_made_a_new_key_on_a_signed_log_is_refused_unless_allowed(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, tmp_path: Path
+) -> None:
+    servers = (nats_url, database_url, pg_schema, subject_prefix)
+    async with serving(*servers, signer=Signer.generate(), checkpoint_every=5) as h:
+        expect_ok(await h.client.admin(HALL, "import-topology", fabric()))
+        await checkpoint(h)  # the log now holds a note of the deployment's key
+    # The key file is gone (a data dir not mounted, say): this start makes a new one.
+    key = tmp_path / "checkpoint-key.pem"
+    new = load_or_create(key)
+    with pytest.raises(SettingsError, match="signed by other keys"):
+        async with serving(*servers, signer=new, checkpoint_key=key, new_key=True):
+            pass
+    assert not key.exists()  # removed, so the next start judges again
+    new = load_or_create(key)
+    async with engine_at(
+        nats_url, database_url, schema=pg_schema, prefix=subject_prefix, signer=new,
+        checkpoint_key=key, new_checkpoint_key=True, new_key=True,
+    ) as running:  # fmt: skip
+        assert running.checkpoint_key_warning is not None
+        assert "TRELLIS_NEW_CHECKPOINT_KEY" in running.checkpoint_key_warning

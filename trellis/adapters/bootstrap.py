@@ -40,7 +40,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import ServiceUnavailableError
 
 from trellis.adapters import event_loop
-from trellis.adapters.checkpoint_key import KEY_FILE, KeyFileError, load_or_create
+from trellis.adapters.checkpoint_key import KEY_FILE, KeyFileError, judge_new_key, load_or_create
 from trellis.adapters.clock import SystemClock
 from trellis.adapters.embedded import watchdog
 from trellis.adapters.embedded.nats_server import EmbeddedNats, reload_nats
@@ -190,6 +190,7 @@ class RunningEngine(msgspec.Struct, kw_only=True):
     fabric_watch: FabricWatch | None = None  # the Redfish driver's timer, health and events
     page_token: str | None = None  # secure mode: the page's token (`<page_url>/?token=...`)
     redfish_url: str | None = None  # the northbound Redfish service, when served
+    checkpoint_key_warning: str | None = None  # a new key on a log other keys signed
 
 
 class Endpoints(NamedTuple):
@@ -435,6 +436,7 @@ async def engine_on(
     follow_options: dict[str, float] | None = None,
     redfish: RedfishOptions | None = None,
     server_problems: Callable[[], list[str]] = list,
+    new_key: bool = False,
 ) -> AsyncIterator[RunningEngine]:
     """The engine, its projections, its event relay and its NATS intake on the servers
     `settings` names (`nats_url` and `database_url` must be set: `running_engine` starts
@@ -469,10 +471,13 @@ async def engine_on(
             its own (the operator in secure mode); None: none (`trellis up` passes the one
             `TRELLIS_REDFISH_PORT` asks for, its accounts and password in the data dir).
         server_problems: the embedded servers that exited, first in /healthz's problems.
+        new_key: this start made the checkpoint key in `checkpoint_key`: it is judged against
+            the log's checkpoints before anything is signed (adapters/checkpoint_key.py).
 
     Raises:
         ValueError: `settings` names no NATS or no Postgres.
-        SettingsError: the metrics, the page's or Redfish's address cannot be bound.
+        SettingsError: the metrics, the page's or Redfish's address cannot be bound; or a new
+            checkpoint key on a log other keys signed, not allowed (TRELLIS_NEW_CHECKPOINT_KEY).
     """
     quiet_pool_reconnects()
     if not (settings.nats_url and settings.database_url):
@@ -530,6 +535,17 @@ async def engine_on(
             snapshot_every=snapshot_every,
         )
         projections, relay, audit = sinks.projections, sinks.relay, sinks.audit
+        key_warning = None
+        if new_key and checkpoint_key is not None and signer is not None:
+            # Before any follower signs: a new key on a log other keys signed is key loss or
+            # the wrong data dir, refused unless the operator says otherwise.
+            try:
+                key_warning = judge_new_key(
+                    checkpoint_key, signer, await audit.signers(),
+                    allowed=settings.new_checkpoint_key,
+                )  # fmt: skip
+            except KeyFileError as exc:
+                raise SettingsError(str(exc)) from None
         snapshots, projection_pool = sinks.snapshots, sinks.projections.pool
         process: FollowerProcess | None = None
         following: Followers
@@ -707,6 +723,7 @@ async def engine_on(
                 where = f"{redfish.host}:{redfish.port}"
                 raise SettingsError(f"Redfish cannot serve on {where}: {exc}") from None
         yield RunningEngine(
+            checkpoint_key_warning=key_warning,
             engine=engine,
             fabric=fabric,
             store=store,
@@ -808,6 +825,7 @@ async def running_engine(
     that holds a live composition in the log), and the engine connects as its own.
     """
     fabric = fabric_from_settings(settings)  # a bad state file stops us before any server starts
+    new_key = not checkpoint_key_path(settings).exists()  # judged once the log is reachable
     signer = checkpoint_signer(settings)  # likewise a bad key file
     secure = secure_dir(settings)
     if secure is not None:
@@ -839,6 +857,7 @@ async def running_engine(
                 secure=secure,
                 redfish=_redfish_options(settings),
                 server_problems=server_problems,
+                new_key=new_key,
             )
         )
         running.nats_monitor_url = monitor_url

@@ -87,6 +87,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # domain, signed with the key in this file (None: checkpoint-key.pem in the data dir).
     checkpoint_every: int = 1000
     checkpoint_key: Path | None = None
+    new_checkpoint_key: bool = False  # a new key although other keys signed the log
     # Where the log followers run (adapters/follow_process.py): in a follower process of their
     # own that the engine starts and keeps running (the default: the projections' and the
     # relay's work then stays off the event loop that answers intents), or in that loop.
@@ -230,6 +231,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             secure=_flag(env, "TRELLIS_SECURE"),
             checkpoint_every=checkpoint_every,
             checkpoint_key=Path(checkpoint_key) if checkpoint_key else None,
+            new_checkpoint_key=_flag(env, "TRELLIS_NEW_CHECKPOINT_KEY"),
             followers=followers,  # type: ignore[arg-type]  # checked above
             follow_gather_s=_float(
                 env,

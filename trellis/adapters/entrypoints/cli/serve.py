@@ -172,6 +172,8 @@ def up(args: argparse.Namespace) -> int:
                     _print_secure(settings, SecureDir(running.secure_dir.parent))
                 if new_key and key.exists():
                     print(f"generated the checkpoint signing key {key} (verifier key: {key}.pub)")
+                if running.checkpoint_key_warning:
+                    print(f"WARNING: {running.checkpoint_key_warning}")
                 print(f"serving {running.subject_prefix}.* for domains: {domains}. Ctrl-C stops.")
                 sys.stdout.flush()
                 await stop.wait()
