@@ -41,10 +41,10 @@ from trellis.adapters.postgres.checkpoints import PostgresAuditTrail
 from trellis.adapters.postgres.store import PostgresEventStore
 from trellis.engine.core.checkpoints import Checkpoint, Signer, open_checkpoint, origin_of
 from trellis.engine.core.errors import IntentRejected
-from trellis.engine.core.intents import ConsistencyQuery
+from trellis.engine.core.intents import ConsistencyQuery, ProofQuery
 from trellis.engine.core.merkle import MerkleTree, leaf_hash
 from trellis.engine.core.records import RecordedEvent
-from trellis.engine.core.results import ConsistencyResult
+from trellis.engine.core.results import ConsistencyResult, ProofResult
 
 DOMAIN = "hall-1"
 FORGED_ROOT = "A" * 43 + "="
@@ -206,6 +206,32 @@ async def test_a_stored_note_that_does_not_hold_is_not_answered(
     # Then: refused, and nothing is published.
     assert asked.value.code == "conflict"
     assert published == []
+
+
+async def test_a_proof_carries_a_stored_note_only_when_it_holds(
+    store: PostgresEventStore,
+) -> None:
+    # Given: the deployment's checkpoint of 10, and a forged one of 12 (another root signed).
+    signer = Signer.generate()
+    trail = trail_of(store, signer, Published())
+    log = await grown_to(store, 12)
+    await trail.checkpoint(DOMAIN, 10)
+    await forge(store, 12, root_of(log, 12), signer.checkpoint(checkpoint_of(log, 12, FORGED_ROOT)))
+
+    async def proof(size: int | None) -> ProofResult:
+        query = ProofQuery(event_id=log[0].id, size=size)
+        answer = await trail.answer(DOMAIN, query, head=12)
+        assert isinstance(answer, ProofResult)
+        return answer
+
+    # Then: against 12 (asked for, or the latest) the proof is the log's, with no note.
+    for size in (12, None):
+        forged = await proof(size)
+        assert (forged.tree_size, forged.root, forged.checkpoint) == (12, root_of(log, 12), None)
+    # Against 10, the deployment's own note goes with it.
+    signed = await proof(10)
+    assert signed.checkpoint is not None
+    assert open_checkpoint(signed.checkpoint, signer.verifier).size == 10
 
 
 async def test_a_checkpoint_signed_by_an_earlier_key_is_answered_signed_by_this_one_too(

@@ -366,11 +366,10 @@ class PostgresAuditTrail:
                         "one, or ask with `size`",
                         {"domain": domain},
                     )
-                size, note = latest["size"], latest["note"]
+                size, stored = latest["size"], latest
             else:
                 _within(domain, size, head, "size")
                 stored = await conn.fetchrow(_ONE, domain, size)
-                note = stored["note"] if stored is not None else None
             index = event["version"] - 1
             if index >= size:
                 raise IntentRejected(
@@ -380,6 +379,18 @@ class PostgresAuditTrail:
                     {"leaf_index": index, "tree_size": size},
                 )
             tree = await self._tree(conn, domain, size)
+        note = None
+        if stored is not None:  # the stored note goes with the proof only if it is vouched for
+            checkpoint = Checkpoint(origin=origin_of(domain), size=size, root=tree.root(size))
+            try:
+                note = self._vouched(domain, checkpoint, stored)
+            except NoteError as exc:
+                log.error(
+                    "domain %s: a proof against %d events goes without the stored note: %s",
+                    domain,
+                    size,
+                    exc,
+                )
         return ProofResult(
             leaf_index=index,
             tree_size=size,
