@@ -9,6 +9,11 @@ while the engine runs) take turns, and one that finds a checkpoint already past 
 batch skips that part. One that finds a checkpoint behind what it was handed (someone
 rebuilt) raises Rewound and resumes from there.
 
+A checkpoint names its event by version and position. One the log no longer holds (the log
+lost its tail in a failover to a standby without it, and was written on since: docs/
+deployment.md §3) means the tables hold what the log does not: the domain's rows are emptied and
+its log folded again from the start, with a warning.
+
 Checkpoints are per projection, so a projection added later catches up on its own. Every
 `snapshot_every` versions the batch also snapshots the domain's live rows, for answers at past
 moments (projections/past.py).
@@ -24,6 +29,7 @@ from collections.abc import AsyncGenerator, Iterator, Sequence
 
 import asyncpg
 
+from trellis.adapters.postgres import follower_checkpoints
 from trellis.engine.core.checkpoints import Signer
 from trellis.engine.core.records import RecordedEvent
 from trellis.engine.service.follower import DomainLog, Follower, Progress, Rewound, Stalled
@@ -45,11 +51,11 @@ INSERT INTO trellis_follower_checkpoints (follower, domain, version, position)
 SELECT name, $2, 0, 0 FROM unnest($1::text[]) AS name
     ON CONFLICT (follower, domain) DO NOTHING
 """
-_READ = """
-SELECT follower, version, position FROM trellis_follower_checkpoints
- WHERE follower = ANY($1::text[]) AND domain = $2
+_READ = f"""
+SELECT c.follower, c.version, c.position, {follower_checkpoints.HELD} AS held
+  FROM trellis_follower_checkpoints c WHERE c.follower = ANY($1::text[]) AND c.domain = $2
 """
-_LOCK = _READ + " ORDER BY follower FOR UPDATE"
+_LOCK = _READ + " ORDER BY c.follower FOR UPDATE OF c"
 _SAVE = """
 UPDATE trellis_follower_checkpoints AS c SET version = u.version, position = u.position
   FROM unnest($1::text[], $3::bigint[], $4::bigint[]) AS u(follower, version, position)
@@ -125,6 +131,9 @@ class ProjectionSink:
         async with self.pool.acquire() as conn:
             await conn.execute(_ENSURE, self._names, domain)
             rows = await conn.fetch(_READ, self._names, domain)
+            if not all(r["held"] for r in rows):
+                await self._start_again(conn, domain)
+                rows = await conn.fetch(_READ, self._names, domain)
         lowest = min((Progress(r["version"], r["position"]) for r in rows), key=_version)
         self._seen[domain] = lowest.version
         return lowest.version, lowest
@@ -147,26 +156,47 @@ class ProjectionSink:
         return progress
 
     async def refresh(self, domain: str) -> None:
-        """A quiet moment: a checkpoint below what we last saw means someone rebuilt."""
-        if (await self._lowest(domain)).version < self._seen.get(domain, 0):
+        """A quiet moment: a checkpoint below what we last saw means someone rebuilt; one
+        naming an event the log no longer holds, that the domain is to be folded again."""
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(_READ, self._names, domain)
+        if _lowest(rows).version < self._seen.get(domain, 0) or not all(r["held"] for r in rows):
             raise Rewound
 
     async def _lowest(self, domain: str) -> Progress:
         async with self.pool.acquire() as conn:
-            rows = await conn.fetch(_READ, self._names, domain)
-        return min((Progress(r["version"], r["position"]) for r in rows), key=_version)
+            return _lowest(await conn.fetch(_READ, self._names, domain))
+
+    async def _start_again(self, conn: asyncpg.Connection, domain: str) -> None:
+        """A checkpoint names an event the log no longer holds (it lost its tail in a failover
+        to a standby without it, and was written on since): the tables hold what the log does
+        not. Empty the domain's rows and fold it again from its first event."""
+        async with conn.transaction():
+            locked = await conn.fetch(_LOCK, self._names, domain)
+            lost = [r["version"] for r in locked if not r["held"]]
+            if not lost:
+                return  # another follower started it again first
+            log.warning(
+                "projections of domain %s: the log no longer holds version %d that they "
+                "followed (a failover to a standby without it?); folding the domain again "
+                "from the start",
+                domain,
+                max(lost),
+            )
+            await _start_over(conn, self, domain)
 
     async def _commit(self, domain: str, facts: list[Fact], first: int) -> Progress:
         last = facts[-1].record
         async with self.pool.acquire() as conn, conn.transaction():
-            locked = {
-                r["follower"]: Progress(r["version"], r["position"])
-                for r in await conn.fetch(_LOCK, self._names, domain)
-            }
+            rows = await conn.fetch(_LOCK, self._names, domain)
+            locked = {r["follower"]: Progress(r["version"], r["position"]) for r in rows}
+            held = {r["follower"]: r["held"] for r in rows}
             if len(locked) < len(self._names) or any(
                 cp.version < first - 1 for cp in locked.values()
             ):
                 raise Rewound  # events before this batch would be missing from a projection
+            if not all(held.values()):
+                raise Rewound  # the log lost what a checkpoint names: the resume folds again
             # Never move a checkpoint back: another follower may already be past this batch.
             saved = {
                 name: max(cp, Progress(last.version, last.position), key=_version)
@@ -206,6 +236,10 @@ def _version(progress: Progress) -> int:
     return progress.version
 
 
+def _lowest(rows: Sequence[asyncpg.Record]) -> Progress:
+    return min((Progress(r["version"], r["position"]) for r in rows), key=_version)
+
+
 def _crosses(before: int, after: int, every: int) -> bool:
     """True when a multiple of `every` lies in (before, after]."""
     return after // every > before // every
@@ -228,13 +262,7 @@ async def rebuild(
             "FOR UPDATE",
             sink.checkpoint_names,
         )
-        if sink.tables:
-            await conn.execute(f"TRUNCATE {', '.join(sink.tables)}")
-        await conn.execute(
-            "UPDATE trellis_follower_checkpoints SET version = 0, position = 0 "
-            "WHERE follower = ANY($1::text[])",
-            sink.checkpoint_names,
-        )
+        await _start_over(conn, sink)
     applied = 0
     for domain in domains:
         # Around the call, not inside it: the replay's rows are freed (by reference counting)
@@ -244,6 +272,26 @@ async def rebuild(
         # The rest, if the replay handed over (or the log grew since): the ordinary way.
         applied += await Follower(domain, log, sink, batch_size=batch_size).catch_up()
     return applied
+
+
+async def _start_over(
+    conn: asyncpg.Connection, sink: ProjectionSink, domain: str | None = None
+) -> None:
+    """Empty the projection tables and move their checkpoints back to the start: of every
+    domain, or of `domain` alone. The caller holds the checkpoint rows locked."""
+    names = sink.checkpoint_names
+    if domain is None:
+        if sink.tables:
+            await conn.execute(f"TRUNCATE {', '.join(sink.tables)}")
+        await conn.execute(
+            "UPDATE trellis_follower_checkpoints SET version = 0, position = 0 "
+            "WHERE follower = ANY($1::text[])",
+            names,
+        )
+        return
+    for table in sink.tables:
+        await conn.execute(f"DELETE FROM {table} WHERE domain = $1", domain)
+    await conn.execute(_SAVE, names, domain, [0] * len(names), [0] * len(names))
 
 
 async def _replay(sink: ProjectionSink, log: DomainLog, domain: str, batch_size: int) -> int:

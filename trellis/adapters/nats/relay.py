@@ -26,6 +26,14 @@ Nothing acknowledged is lost from the stream and nothing reaches it twice:
 - Order between domains is the order in which their batches commit; within a domain it is the
   log's. Each message carries its log `position`.
 
+A log that lost its tail (a failover to a standby without the last commits, docs/deployment.md
+§3) and was written on since holds other events at the versions relayed: the relay notices
+when the next event does not chain onto its fold, when its checkpoint names an event the log no
+longer holds (version and position), or when the stream's last event is one the log no longer
+holds. It says so, folds the domain again, publishes the log's events after the last one the
+stream and the log share (after what was relayed; their ids differ, so they are not taken for
+duplicates) and puts the domain's keys again in full.
+
 Failures are the follower's to retry: a domain whose events cannot be relayed holds up only its
 own feed. A bucket that is removed is made again and refilled with every domain's current state;
 the stream and bucket are checked while the log is quiet, too.
@@ -105,6 +113,7 @@ _Changed = tuple[int, list[KeyChange]]  # an event's version and the keys it cha
 class _Fold(msgspec.Struct, frozen=True):
     state: View
     version: int  # the last version folded into `state`
+    hash: str = ""  # its chain hash: the next event's prev_hash, while the log still holds it
 
 
 class RelaySink:
@@ -183,20 +192,36 @@ class RelaySink:
         """From the first event: the fold that renders KV values is rebuilt from the log."""
         async with self.pool.acquire() as conn:
             await conn.execute(follower_checkpoints.ENSURE, self.checkpoint_name, domain)
-            row = await conn.fetchrow(follower_checkpoints.READ, self.checkpoint_name, domain)
-        checkpoint = Progress(row["version"], row["position"])
+            row = await conn.fetchrow(follower_checkpoints.READ_HELD, self.checkpoint_name, domain)
+            lost = not row["held"]
+            checkpoint = (
+                await self._start_again(conn, domain)
+                if lost
+                else Progress(row["version"], row["position"])
+            )
         self._checkpoints[domain] = checkpoint
         self._folds[domain] = _Fold(View.empty(domain), 0)
         self._ends.pop(domain, None)
         # A bucket this relay found was kept up by relays before it; once the relay has had to
-        # make one, a domain it takes up again may have keys missing: put them all once.
-        self._synced[domain] = self._generation if self._generation == 0 else -1
+        # make one, a domain it takes up again may have keys missing: put them all once. So,
+        # too, when the bucket may hold what the log lost.
+        fresh_bucket = self._generation == 0 and not lost
+        self._synced[domain] = self._generation if fresh_bucket else -1
         return 0, checkpoint
 
     async def apply(self, domain: str, records: Sequence[RecordedEvent]) -> Progress:
         checkpoint = self._checkpoints[domain]
         fold = self._folds[domain]
-        state, folded, stalled = fold.state, fold.version, None
+        first = records[0]
+        if fold.version and first.version == fold.version + 1 and first.prev_hash != fold.hash:
+            log.warning(
+                "relay of domain %s: the log no longer holds version %d that the relay folded "
+                "(a failover to a standby without it?); folding the domain again",
+                domain,
+                fold.version,
+            )
+            raise Rewound
+        state, folded, folded_hash, stalled = fold.state, fold.version, fold.hash, None
         changed: list[_Changed] = []
         for record in records:
             try:
@@ -205,13 +230,13 @@ class RelaySink:
                 stalled = Stalled(checkpoint, record.position, f"{record.type}: {exc}")
                 break
             before, state = state, kv_state.fold(state, event, record.recorded_at, record.position)
-            folded = record.version
+            folded, folded_hash = record.version, record.hash
             if record.version > checkpoint.version:
                 changed.append((record.version, changes(before, state, event, record.position)))
         fresh = [r for r in records if checkpoint.version < r.version <= folded]
         if fresh:
             checkpoint = await self._relay(domain, fresh, state, changed)
-        self._folds[domain] = _Fold(state, folded)
+        self._folds[domain] = _Fold(state, folded, folded_hash)
         if stalled is not None:
             stalled.progress = checkpoint
             raise stalled
@@ -221,9 +246,11 @@ class RelaySink:
         """Quiet moments: a checkpoint reset by an operator means fold and put again; a bucket
         that vanished is made again and refilled."""
         async with self.pool.acquire() as conn:
-            row = await conn.fetchrow(follower_checkpoints.READ, self.checkpoint_name, domain)
+            row = await conn.fetchrow(follower_checkpoints.READ_HELD, self.checkpoint_name, domain)
         if row is None or row["version"] < self._checkpoints.get(domain, Progress()).version:
             raise Rewound
+        if not row["held"]:
+            raise Rewound  # the log lost what the checkpoint names: the resume starts again
         if time.monotonic() - self._checked > CHECK_INTERVAL_S:
             await self.prepare()
         fold = self._folds.get(domain)
@@ -254,20 +281,22 @@ class RelaySink:
         last = records[-1]
         try:
             async with self.pool.acquire() as conn, conn.transaction():
-                row = await conn.fetchrow(follower_checkpoints.LOCK, self.checkpoint_name, domain)
+                row = await conn.fetchrow(
+                    follower_checkpoints.LOCK_HELD, self.checkpoint_name, domain
+                )
                 done = Progress(row["version"], row["position"])
-                if done.version < self._checkpoints[domain].version:
-                    raise Rewound
+                if done.version < self._checkpoints[domain].version or not row["held"]:
+                    raise Rewound  # moved back, or the log lost what it names: resume
                 end = self._ends.get(domain)
                 if end is None or done.version > self._checkpoints[domain].version:
-                    end = await self._domain_end(domain)  # another relay may have published
+                    end = await self._domain_end(conn, domain, done)  # another relay published?
                 try:
                     end, found = await self._publish_unsent(domain, end, done, records)
                 except StreamMoved:
                     # Something else was stored on the domain's subjects since its end was
                     # read: a foreign message (skipped when read again), or another relay's
                     # batch. Read the end again and go on: an expected case, not a failure.
-                    end = await self._domain_end(domain)
+                    end = await self._domain_end(conn, domain, done)
                     end, found = await self._publish_unsent(domain, end, done, records)
                 if self._synced.get(domain) != self._generation:
                     if last.version >= done.version:  # else `state` is older than the bucket's
@@ -303,15 +332,34 @@ class RelaySink:
             end = await self._publish(domain, end, unsent[start : start + ATOMIC_BATCH_MAX])
         return end, found
 
-    async def _domain_end(self, domain: str) -> _End:
+    async def _domain_end(self, conn: asyncpg.Connection, domain: str, done: Progress) -> _End:
         """Where the domain's events end in the stream: the sequence of the last message on
         its subjects (what the next batch's guard expects) and the version of its last event
         (foreign messages skipped and counted; beyond the look-back, the relay's checkpoint:
-        what it knows it published)."""
+        what it knows it published).
+
+        A last event the log no longer holds (relayed before a failover to a standby without
+        it) counts as the last version the stream and the log share: the events the log holds
+        after it are published after it (other ids: Nats-Msg-Id lets them through), and the
+        domain's keys are put again in full."""
         end = await domain_end(self._js, self.prefix, domain, self.foreign.skipped)
-        if end.event is not None:
-            return _End(end.seq, end.event.version)
-        return _End(end.seq, self._checkpoints[domain].version if end.seq else 0)
+        if end.event is None:
+            return _End(end.seq, self._checkpoints[domain].version if end.seq else 0)
+        last = Progress(end.event.version, end.event.position)
+        if last == done:  # the event the (held) checkpoint names
+            return _End(end.seq, last.version)
+        row = await conn.fetchrow(follower_checkpoints.SHARED, domain, last.position)
+        shared = Progress(row["version"], row["position"]) if row else Progress()
+        if shared != last:
+            log.warning(
+                "relay of domain %s: the stream ends at version %d, which the log no longer "
+                "holds; publishing the log's events after version %d",
+                domain,
+                last.version,
+                shared.version,
+            )
+            self._synced[domain] = -1
+        return _End(end.seq, shared.version)
 
     async def _publish(self, domain: str, end: _End, records: list[RecordedEvent]) -> _End:
         """One atomic batch; the first message expects the domain's stream to end at `end`."""
@@ -354,6 +402,28 @@ class RelaySink:
                 )
             return _End(int(ack["seq"]), record.version)
         raise AssertionError("an empty batch")
+
+    async def _start_again(self, conn: asyncpg.Connection, domain: str) -> Progress:
+        """The log no longer holds the event the checkpoint names: move the checkpoint back to
+        the last event they share (unless another relay did first). Where it stands then."""
+        async with conn.transaction():
+            row = await conn.fetchrow(follower_checkpoints.LOCK_HELD, self.checkpoint_name, domain)
+            if row["held"]:
+                return Progress(row["version"], row["position"])
+            shared = await conn.fetchrow(follower_checkpoints.SHARED, domain, row["position"])
+            back = Progress(shared["version"], shared["position"]) if shared else Progress()
+            log.warning(
+                "relay of domain %s: the log no longer holds version %d that the relay followed "
+                "(a failover to a standby without it?); relaying the domain again after "
+                "version %d",
+                domain,
+                row["version"],
+                back.version,
+            )
+            await conn.execute(
+                follower_checkpoints.SAVE, self.checkpoint_name, domain, back.version, back.position
+            )
+        return back
 
     async def _ensure_bucket(self) -> None:
         self._kv, made = await ensure_bucket(self._js, self.prefix, self._limits.replicas)
