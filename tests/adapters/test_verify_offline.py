@@ -109,3 +109,20 @@ def test_a_note_file_with_trailing_blank_lines_is_read_as_its_note(
     proof = json.loads(files["proof.json"].read_text())
     with pytest.raises(ProofRejected, match="not a signature line"):
         check([note + "\n"], proof, key, event_hash=HASHES[2])
+
+
+@pytest.mark.parametrize("which", ["proof.json", "note", "key"])
+@pytest.mark.parametrize("how", ["missing", "not json"])
+def test_a_file_that_cannot_be_read_is_a_usage_error_not_a_failed_check(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str], which: str, how: str
+) -> None:
+    if how == "missing":
+        files[which].unlink()
+    elif which == "proof.json":
+        files[which].write_text("{not json")
+    else:
+        pytest.skip("a note or key is text: what it says is checked, and fails as such")
+    assert cli.main(verify(files, event_hash=HASHES[2])) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("trellis: usage: "), line
+    assert str(files[which]) in line and "FAILED" not in line

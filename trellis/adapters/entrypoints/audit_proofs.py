@@ -48,6 +48,10 @@ class EventUnreadable(Exception):
     """The `--event` file holds no event in a form this check reads; the message says why."""
 
 
+class FileUnreadable(Exception):
+    """A file the command line names cannot be read, or the proof file is not JSON."""
+
+
 class ExportRow(msgspec.Struct):
     """A row of an export's events (adapters/postgres/export.py EVENTS) in JSON, as DuckDB's
     `COPY ... TO 'row.json'` or `json.dumps(row, default=str)` of a pyarrow row writes it:
@@ -344,7 +348,10 @@ def verify_offline(args: argparse.Namespace) -> int:
     try:
         key = _key(args)
         notes = [_note_file(path) for path in args.checkpoint]
-        proof = msgspec.json.decode(_read(args.proof).encode())
+        try:
+            proof = msgspec.json.decode(_read(args.proof).encode())
+        except msgspec.DecodeError as exc:
+            raise FileUnreadable(f"{args.proof} is not JSON: {exc}") from None
         if isinstance(proof, dict) and isinstance(proof.get("result"), dict):
             proof = proof["result"]  # a whole reply (as `nats req` prints it) will do too
         if not isinstance(proof, dict):
@@ -366,7 +373,11 @@ def verify_offline(args: argparse.Namespace) -> int:
             "in JSON (docs/auditing.md)",
             exit=EXIT_USAGE,
         ) from None
-    except (ProofRejected, msgspec.DecodeError) as exc:
+    except FileUnreadable as exc:  # likewise: nothing was checked
+        raise CliError(
+            str(exc), code="usage", hint="`trellis verify --help`", exit=EXIT_USAGE
+        ) from None
+    except ProofRejected as exc:
         print(f"trellis verify: FAILED: {exc}", file=sys.stderr)
         return 1
 
@@ -388,7 +399,7 @@ def _read(path: Path) -> str:
     try:
         return path.read_text()
     except OSError as exc:
-        raise ProofRejected(f"cannot read {path}: {exc}") from None
+        raise FileUnreadable(f"cannot read {path}: {exc}") from None
 
 
 def _checkpoint(args: argparse.Namespace, request: Request) -> int:
