@@ -262,6 +262,16 @@ class LeaseStoreContract:
         assert await stores.leases.renew("e-1", ["d1"], 30) == {}
         assert await stores.leases.renew("e-2", ["d1", "other"], 30) == {"d1": 2}
 
+    async def test_a_lease_is_taken_under_at_least_the_epoch_asked_for(
+        self, stores: Stores
+    ) -> None:
+        # A fabric manager saw epoch 7 of an older log: the first lease is drawn at 8.
+        assert await stores.leases.acquire("d1", "e-1", 30, at_least=8) == 8
+        await stores.leases.release("d1", "e-1", 8)
+        assert await stores.leases.acquire("d1", "e-2", 30, at_least=3) == 9  # never back
+        await stores.leases.release("d1", "e-2", 9)
+        assert await stores.leases.acquire("d1", "e-1", 30, at_least=12) == 12
+
     async def test_a_released_lease_is_free_at_once_and_only_its_holder_releases(
         self, stores: Stores
     ) -> None:

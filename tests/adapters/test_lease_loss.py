@@ -111,3 +111,28 @@ async def test_a_writer_whose_own_count_ran_out_keeps_a_lease_the_store_still_ho
         )
         assert expect_ok(reply)["state"] == "released"
         assert rig.engine.custody._served.get("hall") is served
+
+
+async def test_a_fabric_that_saw_a_later_epoch_than_the_log_has_the_next_lease_drawn_above_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A new deployment (a new log, its leases from epoch 1) driving a fabric an older one
+    drove at epoch 7: refused once, the engine takes its lease again at 8 at once."""
+    hardware = SimulatedFabric()
+    old = FabricBinding(host="host-01", device="x", path=["host-01", "x"], composition_id="old")
+    await hardware.bind("hall", old, fence=7)  # the older deployment's last call
+    await hardware.unbind("hall", old, fence=7)
+    async with in_memory(fabric=hardware, with_leases=True, lease_ttl=TTL) as rig:
+        expect_ok(await rig.client.admin("hall", "import-topology", fabric()))
+        # The first pass over the fabric (under epoch 1) is refused; the client resends.
+        body = {"request_id": "c-1", **NIC}
+        for _ in range(100):
+            reply = await rig.client.intent("hall", "acme", "compose", body)
+            if reply.get("ok"):
+                break
+            await asyncio.sleep(0.02)
+        assert expect_ok(reply)["state"] == "active", reply
+        assert rig.engine.fence("hall") == 8
+        assert hardware.fence_of("hall") == 8
+    said = [r.getMessage() for r in caplog.records if "stops writing" in r.getMessage()]
+    assert said == ["domain hall: this engine stops writing it: the fabric has seen writer epoch 7"]

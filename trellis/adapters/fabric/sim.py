@@ -592,7 +592,9 @@ class SimulatedFabric:
         seen = self._fences.get(domain, 0)
         if fence < seen:
             raise WriterFenced(
-                domain, f"the fabric has seen writer epoch {seen}; this call carries {fence}"
+                domain,
+                f"the fabric has seen writer epoch {seen}; this call carries {fence}",
+                seen=seen,
             )
         self._fences[domain] = fence
 

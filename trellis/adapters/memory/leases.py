@@ -43,12 +43,12 @@ class MemoryLeases:
             e for e, row in self._engines.items() if row.serves_all and row.heartbeat_at > now - ttl
         )
 
-    async def acquire(self, domain: str, engine: str, ttl: float) -> int | None:
+    async def acquire(self, domain: str, engine: str, ttl: float, at_least: int = 0) -> int | None:
         now = self._clock()
         lease = self._leases.get(domain)
         if lease is not None and lease.expires_at > now:
             return None
-        epoch = 1 if lease is None else lease.epoch + 1
+        epoch = max(1 if lease is None else lease.epoch + 1, at_least)
         self._leases[domain] = _Lease(holder=engine, epoch=epoch, expires_at=now + ttl)
         return epoch
 

@@ -22,12 +22,13 @@ _ALIVE = """
 SELECT id FROM trellis_engines
  WHERE serves_all AND heartbeat_at > clock_timestamp() - $1 * interval '1 second' ORDER BY id
 """
-# Free, or run out: the taker draws the next epoch, which fences every older writer out.
+# Free, or run out: the taker draws the next epoch (at least $4), which fences every older
+# writer out.
 _ACQUIRE = """
 INSERT INTO trellis_writer_leases AS l (domain, holder, epoch, expires_at)
-VALUES ($1, $2, 1, clock_timestamp() + $3 * interval '1 second')
+VALUES ($1, $2, GREATEST(1, $4), clock_timestamp() + $3 * interval '1 second')
     ON CONFLICT (domain) DO UPDATE
-   SET holder = EXCLUDED.holder, epoch = l.epoch + 1, expires_at = EXCLUDED.expires_at
+   SET holder = EXCLUDED.holder, epoch = GREATEST(l.epoch + 1, $4), expires_at = EXCLUDED.expires_at
  WHERE l.expires_at <= clock_timestamp()
 RETURNING epoch
 """
@@ -61,8 +62,8 @@ class PostgresLeases:
             await conn.execute(_HEARTBEAT, engine, name, serves_all)
             return [r["id"] for r in await conn.fetch(_ALIVE, ttl)]
 
-    async def acquire(self, domain: str, engine: str, ttl: float) -> int | None:
-        epoch: int | None = await self._pool.fetchval(_ACQUIRE, domain, engine, ttl)
+    async def acquire(self, domain: str, engine: str, ttl: float, at_least: int = 0) -> int | None:
+        epoch: int | None = await self._pool.fetchval(_ACQUIRE, domain, engine, ttl, at_least)
         return epoch
 
     async def renew(self, engine: str, domains: Sequence[str], ttl: float) -> dict[str, int]:

@@ -64,11 +64,16 @@ class EventRefused(TrellisError):
 
 class WriterFenced(TrellisError):
     """This engine is no longer the domain's writer: another took its lease over (or it ran
-    out), so the log and the fabric refuse what it still tries to do. Nothing was written."""
+    out), so the log and the fabric refuse what it still tries to do. Nothing was written.
 
-    def __init__(self, domain: str, detail: str = ""):
+    `seen`: the highest writer epoch the refuser has seen for the domain (0: not said). A fabric
+    manager's record can outlive the log (a new deployment's leases start again at 1), and the
+    next lease must be drawn above it."""
+
+    def __init__(self, domain: str, detail: str = "", *, seen: int = 0):
         super().__init__(f"domain {domain!r}: this engine is no longer its writer ({detail})")
         self.domain = domain
+        self.seen = seen
 
 
 class ServedElsewhere(TrellisError):

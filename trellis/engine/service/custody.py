@@ -122,6 +122,9 @@ class Custody:
             else None
         )
         self._served: dict[str, Served] = {}
+        # The lowest epoch this engine may next write a domain under: one above what a fabric
+        # that refused it had seen (its record outlives a rebuilt log's leases).
+        self._floors: dict[str, int] = {}
         # Domains this engine handed over: to whom, until when (loop time). A request for one
         # goes to the successor meanwhile; taking the domain back on a request (our view of
         # the leases still naming us, another engine's view placing it here) made a domain
@@ -424,10 +427,11 @@ class Custody:
             return None  # no lease for a name nobody created
         lease = None
         if self._ownership is not None:
-            lease = await self._ownership.acquire(domain)
+            lease = await self._ownership.acquire(domain, self._floors.get(domain, 0))
             if lease is None:
                 await self._ownership.look()
                 raise HeldElsewhere(domain, self._ownership.holders.get(domain))
+            self._floors.pop(domain, None)
         fence = lease.epoch if lease is not None else None
         sync = FabricSync(
             domain,
@@ -436,7 +440,7 @@ class Custody:
             self._settle,
             deadline=self._saga_deadline,
             fence=fence,
-            on_fenced=lambda: self._lost(domain, writer),
+            on_fenced=lambda seen: self._lost(domain, writer, seen),
             telemetry=self._telemetry,
             appending=lambda: writer.appending,
         )
@@ -492,12 +496,24 @@ class Custody:
             log.warning("domain %s: could not renew its writer lease: %s", domain, exc)
             return False
 
-    def _lost(self, domain: str, writer: DomainWriter) -> None:
-        """The log or the fabric refused our epoch: stop writing the domain (once)."""
+    def _lost(self, domain: str, writer: DomainWriter, seen: int = 0) -> None:
+        """The log or the fabric refused our epoch: stop writing the domain (once).
+
+        A fabric that has seen a later epoch than any lease (`seen`: its record outlived the
+        log, as when a new deployment drives an old fabric manager) is no other writer: the
+        lease is given up at once and the next one drawn above it, instead of one refusal
+        per lease round until the epochs pass the record."""
         served = self._served.get(domain)
-        if served is not None and served.writer is writer:
-            drop = self._drop(domain, "another engine writes it now")
-            self._keep(asyncio.create_task(drop, name=f"fenced-{domain}"))
+        if served is None or served.writer is not writer:
+            return
+        ahead = served.lease is not None and seen >= served.lease.epoch
+        if ahead:
+            self._floors[domain] = max(self._floors.get(domain, 0), seen + 1)
+        why = (
+            f"the fabric has seen writer epoch {seen}" if ahead else "another engine writes it now"
+        )
+        drop = self._drop(domain, why, release=ahead)
+        self._keep(asyncio.create_task(drop, name=f"fenced-{domain}"))
 
     async def _drop(
         self, domain: str, why: str, *, release: bool = False, unfollow: bool = True

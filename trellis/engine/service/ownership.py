@@ -144,10 +144,11 @@ class Ownership:
         self.alive = sorted(set(alive) | {self.identity})
         self._first_seen = {e: self._first_seen.get(e, now) for e in self.alive}
 
-    async def acquire(self, domain: str) -> Lease | None:
-        """The domain's lease, if nobody else holds it."""
+    async def acquire(self, domain: str, at_least: int = 0) -> Lease | None:
+        """The domain's lease, if nobody else holds it, under an epoch of at least `at_least`."""
         sent = time.monotonic()
-        epoch = await self._within(self._leases.acquire(domain, self.identity, self.ttl))
+        taking = self._leases.acquire(domain, self.identity, self.ttl, at_least)
+        epoch = await self._within(taking)
         if epoch is None:
             return None
         self.holders[domain] = Holder(domain=domain, engine=self.identity, epoch=epoch)

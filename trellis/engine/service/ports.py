@@ -176,9 +176,10 @@ class LeaseStore(Protocol):
         it takes no part in spreading the others."""
         ...
 
-    async def acquire(self, domain: str, engine: str, ttl: float) -> int | None:
+    async def acquire(self, domain: str, engine: str, ttl: float, at_least: int = 0) -> int | None:
         """Take the domain's lease for `ttl` seconds if nobody holds it (or its holder's lease
-        ran out): the new epoch; None if another engine holds it."""
+        ran out): the new epoch, the next one and at least `at_least`; None if another engine
+        holds it."""
         ...
 
     async def renew(self, engine: str, domains: Sequence[str], ttl: float) -> dict[str, int]:

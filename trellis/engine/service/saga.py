@@ -122,7 +122,7 @@ class FabricSync:
         deadline: float,
         max_backoff: float = 5.0,
         fence: int | None = None,
-        on_fenced: Callable[[], None] | None = None,
+        on_fenced: Callable[[int], None] | None = None,
         telemetry: Telemetry | None = None,
         appending: Callable[[], Sequence[Event]] = tuple,
     ):
@@ -505,7 +505,7 @@ class FabricSync:
     def _fenced(self, exc: WriterFenced) -> None:
         log.warning("domain %s: the fabric refused this writer: %s", self.domain, exc)
         if self._on_fenced is not None:
-            self._on_fenced()
+            self._on_fenced(exc.seen)
 
     async def _compose_saga(self, composition: Composition, carried: _Carried | None) -> Settlement:
         """Program one pending composition after what it `carried`; on failure undo it. Never

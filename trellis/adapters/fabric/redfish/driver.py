@@ -733,7 +733,9 @@ class RedfishFabric:
         seen = self._fences.get(domain, 0)
         if fence < seen:
             raise WriterFenced(
-                domain, f"the fabric has seen writer epoch {seen}; this call carries {fence}"
+                domain,
+                f"the fabric has seen writer epoch {seen}; this call carries {fence}",
+                seen=seen,
             )
         fmap = await self.fabric_map(domain)
         if fmap.fabric in self._epochless:
@@ -749,6 +751,7 @@ class RedfishFabric:
                     domain,
                     f"the fabric manager has seen writer epoch {recorded}; this call carries "
                     f"{fence}",
+                    seen=recorded,
                 )
             if recorded == fence:
                 return None
