@@ -128,3 +128,24 @@ async def test_a_relay_behind_the_checkpoint_refills_a_bucket_it_made_only_once_
     await behind.refresh(HALL)  # ...so the next quiet moment puts the keys
     refilled = await bucket_values(js, subject_prefix)
     assert without_positions(refilled) == without_positions(bucket)
+
+
+async def test_a_relay_that_finds_a_bucket_another_made_again_refills_the_domain(
+    h: Harness, nc: NATS, pool: asyncpg.Pool, subject_prefix: str
+) -> None:
+    """TRELLIS_FOLLOWERS=process after the JetStream store was lost: the engine's own relay
+    makes the bucket again at its start, and the follower process's relay, which finds it
+    made, must still put every key of a domain it had followed."""
+    await released_composition(h)
+    await relay_all(pool, nc, subject_prefix)
+    js: JetStreamContext = nc.jetstream()
+    bucket = await bucket_values(js, subject_prefix)
+    await js.delete_key_value(bucket_name(subject_prefix))
+    await RelaySink(pool, nc, prefix=subject_prefix).prepare()  # the engine's: made again
+
+    follower = RelaySink(pool, nc, prefix=subject_prefix)  # the follower process's
+    await follower.prepare()  # finds it made
+    await Follower(HALL, PostgresEventStore(pool), follower).catch_up()
+    await follower.refresh(HALL)
+
+    assert without_positions(await bucket_values(js, subject_prefix)) == without_positions(bucket)

@@ -55,6 +55,7 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 
 from trellis.adapters.nats import kv_state
@@ -204,9 +205,19 @@ class RelaySink:
         self._ends.pop(domain, None)
         # A bucket this relay found was kept up by relays before it; once the relay has had to
         # make one, a domain it takes up again may have keys missing: put them all once. So,
-        # too, when the bucket may hold what the log lost.
-        fresh_bucket = self._generation == 0 and not lost
-        self._synced[domain] = self._generation if fresh_bucket else -1
+        # too, when the bucket may hold what the log lost, or holds nothing of a domain the
+        # relays have followed: another process made it again (the engine's own relay, in
+        # TRELLIS_FOLLOWERS=process, prepares the bucket before the follower process starts).
+        kept = self._generation == 0 and not lost
+        if kept and checkpoint.version > 0 and not await self._keys_held(domain):
+            log.warning(
+                "relay of domain %s: the bucket holds none of its keys though the relay has "
+                "followed it to version %d (made again?); putting them all",
+                domain,
+                checkpoint.version,
+            )
+            kept = False
+        self._synced[domain] = self._generation if kept else -1
         return 0, checkpoint
 
     async def apply(self, domain: str, records: Sequence[RecordedEvent]) -> Progress:
@@ -439,6 +450,13 @@ class RelaySink:
                 writes[key] = [None]
         await self._write(writes)
         self._synced[domain] = self._generation
+
+    async def _keys_held(self, domain: str) -> bool:
+        """Whether the bucket holds any key of the domain; False when there is no bucket."""
+        try:
+            return bool(await self._keys(domain))
+        except NotFoundError:
+            return False
 
     async def _keys(self, domain: str) -> list[str]:
         """The domain's keys in the bucket, from the subjects of its stream: one answer from
