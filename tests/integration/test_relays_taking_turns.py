@@ -20,7 +20,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from trellis.adapters.nats.connect import connect_nats
-from trellis.adapters.nats.jetstream import bucket_name
+from trellis.adapters.nats.jetstream import bucket_name, stream_name
 from trellis.adapters.nats.relay import RelaySink
 from trellis.adapters.postgres.store import PostgresEventStore
 from trellis.engine.core.records import RecordedEvent
@@ -149,3 +149,26 @@ async def test_a_relay_that_finds_a_bucket_another_made_again_refills_the_domain
     await follower.refresh(HALL)
 
     assert without_positions(await bucket_values(js, subject_prefix)) == without_positions(bucket)
+
+
+async def test_a_lost_stream_is_filled_again_from_the_log_once_the_checkpoint_is_reset(
+    h: Harness, nc: NATS, pool: asyncpg.Pool, subject_prefix: str
+) -> None:
+    """docs/deployment.md: a stream made again holds only later events, until the operator
+    puts the relay's checkpoints back to 0; then every event is published again, in order."""
+    _, log = await released_composition(h)
+    await relay_all(pool, nc, subject_prefix)
+    js: JetStreamContext = nc.jetstream()
+    await js.delete_stream(stream_name(subject_prefix))
+    await pool.execute(
+        "UPDATE trellis_follower_checkpoints SET version = 0, position = 0"
+        " WHERE follower LIKE 'relay:%'"
+    )
+    await relay_all(pool, nc, subject_prefix)  # makes the stream again, and fills it
+
+    info = await js.stream_info(stream_name(subject_prefix))
+    assert info.state.messages == len(log)
+    consumer = await js.pull_subscribe(f"{subject_prefix}.events.{HALL}.>", durable=None)
+    messages = await consumer.fetch(len(log), timeout=5)
+    versions = [msgspec.json.decode(m.data)["version"] for m in messages]
+    assert versions == [r.version for r in log]
