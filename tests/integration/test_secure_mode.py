@@ -527,6 +527,9 @@ async def test_the_cli_connects_as_the_identity_the_data_dir_holds(
         (["release", cid, "--tenant", "acme", "--creds", globex], "permissions violation"),
         (["compose", "--host", "host-01", "--gpu", "1", "--tenant", "nobody"], "no identity"),
         (["why", "gpu-001", "--creds", str(EXAMPLE)], "not an nkey seed"),
+        # The stream and the bucket are the operator's and the auditor's to read.
+        (["composition", "list", "--creds", globex], "may not read the stream or the bucket"),
+        (["watch", "--creds", globex], "may not read the stream or the bucket"),
     ]
     for args, words in refusals:
         code, out, err = await trellis_cli(env, *args)

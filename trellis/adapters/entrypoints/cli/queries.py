@@ -25,6 +25,7 @@ from trellis.adapters.entrypoints.cli.talk import (
     paged,
     print_reply,
     query_subject,
+    reading_jetstream,
     request,
 )
 from trellis.adapters.nats.client import TrellisClient
@@ -43,7 +44,12 @@ def composition_get(args: argparse.Namespace) -> int:
 
 
 def composition_list(args: argparse.Namespace) -> int:
-    async def read(client: TrellisClient, settings: Settings, *_: Any) -> list[dict[str, Any]]:
+    async def read(
+        client: TrellisClient, settings: Settings, url: str, who: str
+    ) -> list[dict[str, Any]]:
+        return await reading_jetstream(client, bucket_rows(client, settings), who)
+
+    async def bucket_rows(client: TrellisClient, settings: Settings) -> list[dict[str, Any]]:
         kv = await client.nc.jetstream().key_value(bucket_name(settings.subject_prefix))
         try:
             keys = await kv.keys()

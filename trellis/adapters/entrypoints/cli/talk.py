@@ -11,7 +11,7 @@ import sys
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from nats.errors import NoRespondersError
@@ -27,6 +27,8 @@ from trellis.adapters.nats.auth import (
 )
 from trellis.adapters.nats.client import NatsRefused, NoIdentity, TrellisClient, identity_for
 from trellis.adapters.settings import Settings, redacted
+
+T = TypeVar("T")
 
 
 def at(args: argparse.Namespace, body: dict[str, Any]) -> dict[str, Any]:
@@ -105,6 +107,19 @@ def request(
 
     reply: dict[str, Any] = on_nats(args, subject_tail, ask)
     return reply
+
+
+async def reading_jetstream(client: TrellisClient, step: Awaitable[T], who: str) -> T:
+    """`step` (reads of the stream or the bucket); a refusal by the server is one line saying
+    who may not, at once, instead of a JetStream timeout (a tenant's identity reads neither)."""
+    try:
+        return await client.unrefused(step)
+    except NatsRefused as exc:
+        raise CliError(
+            f"{exc} ({who} may not read the stream or the bucket)",
+            code="forbidden",
+            hint="the operator's or the auditor's identity reads them (--creds)",
+        ) from None
 
 
 def on_nats(args: argparse.Namespace, subject_tail: str, work: Any) -> Any:

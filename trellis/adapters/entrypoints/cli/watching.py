@@ -16,7 +16,7 @@ from trellis.adapters.entrypoints.cli.options import (
     identifier,
     positive_count,
 )
-from trellis.adapters.entrypoints.cli.talk import on_nats
+from trellis.adapters.entrypoints.cli.talk import on_nats, reading_jetstream
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.nats.foreign import ForeignMessages
 from trellis.adapters.nats.jetstream import (
@@ -28,7 +28,10 @@ from trellis.engine.core.events import EVENT_TYPES
 
 
 def watch(args: argparse.Namespace) -> int:
-    async def follow(client: TrellisClient, settings: Settings, *_: Any) -> int:
+    async def follow(client: TrellisClient, settings: Settings, url: str, who: str) -> int:
+        return await reading_jetstream(client, events(client, settings), who)
+
+    async def events(client: TrellisClient, settings: Settings) -> int:
         domain = "*" if args.all_domains else args.domain
         subject = f"{settings.subject_prefix}.events.{domain}.*"
         policy = DeliverPolicy.ALL if args.from_start else DeliverPolicy.NEW
