@@ -194,6 +194,15 @@ async def bucket_values(js: JetStreamContext, prefix: str) -> dict[str, bytes]:
     return values
 
 
+def without_positions(values: dict[str, bytes]) -> dict[str, Any]:
+    """The bucket's values (`bucket_values`) less the position stamped on each: a full
+    rewrite stamps its own."""
+    decoded = {key: msgspec.json.decode(value) for key, value in values.items()}
+    return {
+        key: {f: v for f, v in value.items() if f != "position"} for key, value in decoded.items()
+    }
+
+
 def cli_env(
     data_dir: Path,
     nats_url: str,

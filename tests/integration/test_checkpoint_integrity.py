@@ -20,13 +20,13 @@ from __future__ import annotations
 import base64
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 
-import asyncpg
 import pytest
 import pytest_asyncio
+from lost_tail import lose_tail
 from store_contract import T0, pending
 
 from trellis.adapters.checkpoint_key import (
@@ -57,11 +57,13 @@ async def store(database_url: str, pg_schema: str) -> AsyncIterator[PostgresEven
     await log.close()
 
 
-@pytest_asyncio.fixture
-async def owner(owner_url: str, pg_schema: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(owner_url, server_settings={"search_path": pg_schema})
-    yield conn
-    await conn.close()
+Lose = Callable[[int], Awaitable[None]]
+
+
+@pytest.fixture
+def lose(owner_url: str, pg_schema: str) -> Lose:
+    """Leave the domain's log at a version, as a promoted standby that lacked the rest."""
+    return lambda keep: lose_tail(owner_url, pg_schema, DOMAIN, keep)
 
 
 class Published(list[tuple[str, int, str]]):
@@ -88,26 +90,8 @@ def root_of(log: list[RecordedEvent], size: int) -> str:
     return base64.b64encode(tree.root()).decode()
 
 
-async def lose_tail(owner: asyncpg.Connection, keep: int) -> None:
-    """What a promoted standby that lacks the last commits holds: the log up to `keep`."""
-    async with owner.transaction():
-        await owner.execute("ALTER TABLE trellis_events DISABLE TRIGGER USER")
-        await owner.execute("ALTER TABLE trellis_streams DISABLE TRIGGER USER")
-        await owner.execute(
-            "DELETE FROM trellis_events WHERE domain = $1 AND version > $2", DOMAIN, keep
-        )
-        await owner.execute(
-            "UPDATE trellis_streams s SET version = e.version, position = e.position, "
-            "hash = e.hash FROM trellis_events e "
-            "WHERE s.domain = $1 AND e.domain = $1 AND e.version = $2",
-            DOMAIN, keep,
-        )  # fmt: skip
-        await owner.execute("ALTER TABLE trellis_events ENABLE TRIGGER USER")
-        await owner.execute("ALTER TABLE trellis_streams ENABLE TRIGGER USER")
-
-
 async def test_a_tail_lost_and_written_anew_is_signed_as_the_log_holds_it(
-    store: PostgresEventStore, owner: asyncpg.Connection, caplog: pytest.LogCaptureFixture
+    store: PostgresEventStore, lose: Lose, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Given: checkpoints of 10 and 17 events, then the log loses 16 and 17 in a failover and
     # the writer writes 16 to 19 anew.
@@ -116,7 +100,7 @@ async def test_a_tail_lost_and_written_anew_is_signed_as_the_log_holds_it(
     await grown_to(store, 17)
     await trail.checkpoint(DOMAIN, 10)
     await trail.checkpoint(DOMAIN, 17)
-    await lose_tail(owner, keep=15)
+    await lose(15)
     log = await grown_to(store, 19, hours=1)
 
     # When: the checkpoint of 19 is asked for.
@@ -133,7 +117,7 @@ async def test_a_tail_lost_and_written_anew_is_signed_as_the_log_holds_it(
     assert isinstance(proof, ConsistencyResult)
     assert (proof.from_root, proof.to_root) == (root_of(log, 10), root_of(log, 19))
     # A tree that only lost its tail (nothing written anew yet) is read again as well.
-    await lose_tail(owner, keep=18)
+    await lose(18)
     with pytest.raises(IntentRejected) as short:
         await trail.answer(DOMAIN, ConsistencyQuery(from_size=10, to_size=19), head=19)
     assert short.value.code == "unavailable"
@@ -258,14 +242,14 @@ async def test_a_checkpoint_signed_by_an_earlier_key_is_answered_signed_by_this_
 
 
 async def test_a_checkpoint_of_a_lost_tail_is_not_answered_for_the_log_written_anew(
-    store: PostgresEventStore, owner: asyncpg.Connection
+    store: PostgresEventStore, lose: Lose
 ) -> None:
     # Given: a checkpoint of 17, then the log loses 16 and 17 and is written anew to 19.
     signer, published = Signer.generate(), Published()
     trail = trail_of(store, signer, published)
     await grown_to(store, 17)
     await trail.checkpoint(DOMAIN, 17)
-    await lose_tail(owner, keep=15)
+    await lose(15)
     await grown_to(store, 19, hours=1)
 
     # When: the checkpoint of 17 is asked for again.

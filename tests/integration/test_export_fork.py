@@ -17,6 +17,7 @@ import pytest_asyncio
 from fabrics import expect_ok
 from harness import Harness, ManualClock, cli_env, run_cli
 from history_day import DOMAIN, T0, day_served, play
+from lost_tail import lose_tail
 
 from trellis.adapters.fabric.sim import SimulatedFabric
 from trellis.adapters.postgres.export import MANIFEST, export_parquet
@@ -35,37 +36,10 @@ async def h(
         yield h
 
 
-async def lose_the_tail(owner_url: str, pg_schema: str, versions: int) -> None:
-    """What a promoted standby that lacked the last `versions` events of the domain holds: the
-    owner deletes them behind the append-only triggers and sets the stream head back."""
-    sql = await asyncpg.connect(owner_url, server_settings={"search_path": pg_schema})
-    try:
-        async with sql.transaction():
-            await sql.execute("ALTER TABLE trellis_events DISABLE TRIGGER USER")
-            await sql.execute("ALTER TABLE trellis_streams DISABLE TRIGGER USER")
-            kept = await sql.fetchrow(
-                "SELECT version, position, hash FROM trellis_events WHERE domain = $1"
-                " ORDER BY version DESC OFFSET $2 LIMIT 1",
-                DOMAIN,
-                versions,
-            )
-            await sql.execute(
-                "DELETE FROM trellis_events WHERE domain = $1 AND version > $2",
-                DOMAIN,
-                kept["version"],
-            )
-            await sql.execute(
-                "UPDATE trellis_streams SET version = $2, position = $3, hash = $4"
-                " WHERE domain = $1",
-                DOMAIN,
-                kept["version"],
-                kept["position"],
-                kept["hash"],
-            )
-            await sql.execute("ALTER TABLE trellis_events ENABLE TRIGGER USER")
-            await sql.execute("ALTER TABLE trellis_streams ENABLE TRIGGER USER")
-    finally:
-        await sql.close()
+async def lose_the_tail(h: Harness, owner_url: str, pg_schema: str, versions: int) -> None:
+    """The domain's last `versions` events lost, as on a standby that lacked them."""
+    head = await h.store.head(DOMAIN)
+    await lose_tail(owner_url, pg_schema, DOMAIN, head.version - versions)
 
 
 async def write_past_the_lost_tail(h: Harness) -> None:
@@ -92,7 +66,7 @@ async def test_an_export_refuses_a_log_whose_exported_tail_was_replaced(
 ) -> None:
     (first,) = await export_parquet(pool, tmp_path, domains=[DOMAIN])
     exported_head, exported_hash = chain_head(tmp_path, first.files[0])
-    await lose_the_tail(owner_url, pg_schema, LOST)
+    await lose_the_tail(h, owner_url, pg_schema, LOST)
     await write_past_the_lost_tail(h)
     replaced = await pool.fetchrow(
         "SELECT position, hash FROM trellis_events WHERE domain = $1 AND version = $2",
@@ -126,7 +100,7 @@ async def test_an_export_refuses_a_log_that_lost_the_exported_tail_before_anythi
 ) -> None:
     (first,) = await export_parquet(pool, tmp_path, domains=[DOMAIN])
     exported_head, _ = chain_head(tmp_path, first.files[0])
-    await lose_the_tail(owner_url, pg_schema, LOST)
+    await lose_the_tail(h, owner_url, pg_schema, LOST)
     kept = await pool.fetchrow(
         "SELECT version, position FROM trellis_streams WHERE domain = $1", DOMAIN
     )
@@ -157,7 +131,7 @@ async def test_the_cli_refuses_the_forked_domain_and_exits_1(
     out = tmp_path / "export"
     code, stdout, stderr = await run_cli(env, "export", "--parquet", str(out))
     assert code == 0 and f"{DOMAIN}: exported positions 1-" in stdout, stdout + stderr
-    await lose_the_tail(owner_url, pg_schema, LOST)
+    await lose_the_tail(h, owner_url, pg_schema, LOST)
     await write_past_the_lost_tail(h)
 
     code, stdout, stderr = await run_cli(env, "export", "--parquet", str(out))

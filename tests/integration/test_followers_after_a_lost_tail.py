@@ -14,12 +14,11 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-import asyncpg
-import msgspec
 import pytest
 import pytest_asyncio
 from fabrics import expect_ok, fabric
-from harness import Harness, bucket_values, serving
+from harness import Harness, bucket_values, serving, without_positions
+from lost_tail import lose_tail
 from nats.aio.client import Client as NATS
 
 from trellis.adapters.nats.connect import connect_nats
@@ -55,45 +54,6 @@ async def settled(h: Harness) -> list[RecordedEvent]:
     await h.projected(HALL)
     await h.relayed(HALL)
     return [r async for r in h.store.read(HALL)]
-
-
-async def lose_tail(owner_url: str, schema: str, keep: int, relay_checkpoint: bool = False) -> None:
-    """What a promoted standby that lacked the last commits holds: the domain's log up to
-    version `keep` (the owner deletes the rest behind the append-only triggers and sets the
-    stream's head back). The followers' checkpoints stay where they were, unless
-    `relay_checkpoint`: the relay's goes back with the log, as when the standby lacked its
-    moves too."""
-    sql = await asyncpg.connect(owner_url, server_settings={"search_path": schema})
-    try:
-        async with sql.transaction():
-            await sql.execute("ALTER TABLE trellis_events DISABLE TRIGGER USER")
-            await sql.execute("ALTER TABLE trellis_streams DISABLE TRIGGER USER")
-            await sql.execute(
-                "DELETE FROM trellis_events WHERE domain = $1 AND version > $2", HALL, keep
-            )
-            await sql.execute(
-                "UPDATE trellis_streams s SET version = e.version, position = e.position, "
-                "hash = e.hash, recorded_at = e.recorded_at FROM trellis_events e "
-                "WHERE s.domain = $1 AND e.domain = $1 AND e.version = $2",
-                HALL, keep,
-            )  # fmt: skip
-            if relay_checkpoint:
-                await sql.execute(
-                    "UPDATE trellis_follower_checkpoints c SET version = e.version, "
-                    "position = e.position FROM trellis_events e "
-                    "WHERE c.follower LIKE 'relay:%' AND c.domain = $1 "
-                    "AND e.domain = $1 AND e.version = $2",
-                    HALL, keep,
-                )  # fmt: skip
-            await sql.execute("ALTER TABLE trellis_events ENABLE TRIGGER USER")
-            await sql.execute("ALTER TABLE trellis_streams ENABLE TRIGGER USER")
-    finally:
-        await sql.close()
-
-
-def without_positions(values: dict[str, bytes]) -> dict[str, Any]:
-    decoded = {key: msgspec.json.decode(value) for key, value in values.items()}
-    return {k: {f: v for f, v in value.items() if f != "position"} for k, value in decoded.items()}
 
 
 def bucket_of(log: list[RecordedEvent]) -> dict[str, Any]:
@@ -135,7 +95,7 @@ async def test_followers_start_a_domain_again_when_the_log_lost_what_they_follow
     kept = len(await settled(h))
     lost = await compose(h, "globex", {"kind": "nic"})
     followed = await settled(h)  # the read models, the stream and the bucket have it
-    await lose_tail(owner_url, pg_schema, kept)
+    await lose_tail(owner_url, pg_schema, HALL, kept)
 
     caplog.set_level(logging.WARNING)
     replacement = await compose(h, "acme", {"kind": "gpu"})  # written at the lost versions...
@@ -167,7 +127,7 @@ async def test_quiet_followers_notice_a_tail_written_again_no_further_than_they_
     kept = len(await settled(h))
     await compose(h, "globex", {"kind": "nic"})
     followed = await settled(h)
-    await lose_tail(owner_url, pg_schema, kept)
+    await lose_tail(owner_url, pg_schema, HALL, kept)
 
     replacement = await compose(h, "acme", {"kind": "nic"})  # as many events as the lost
     log = await settled(h)
@@ -187,7 +147,7 @@ async def test_a_relay_whose_checkpoint_went_back_with_the_log_publishes_the_rep
     kept = len(await settled(h))
     await compose(h, "globex", {"kind": "nic"})
     followed = await settled(h)
-    await lose_tail(owner_url, pg_schema, kept, relay_checkpoint=True)
+    await lose_tail(owner_url, pg_schema, HALL, kept, relay_checkpoint=True)
 
     await compose(h, "acme", {"kind": "gpu"})
     log = await settled(h)

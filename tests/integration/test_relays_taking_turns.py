@@ -15,7 +15,7 @@ import asyncpg
 import msgspec
 import pytest_asyncio
 from fabrics import expect_ok, fabric
-from harness import Harness, bucket_values, serving
+from harness import Harness, bucket_values, serving, without_positions
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
@@ -74,14 +74,6 @@ async def relay_all(pool: asyncpg.Pool, nc: NATS, prefix: str) -> RelaySink:
     await ahead.prepare()
     await Follower(HALL, PostgresEventStore(pool), ahead).catch_up()
     return ahead
-
-
-def without_positions(values: dict[str, bytes]) -> dict[str, object]:
-    """The bucket's values less the position stamped on each (a full rewrite stamps its own)."""
-    decoded = {key: msgspec.json.decode(value) for key, value in values.items()}
-    return {
-        key: {f: v for f, v in value.items() if f != "position"} for key, value in decoded.items()
-    }
 
 
 async def test_a_relay_behind_the_checkpoint_puts_no_older_values(
