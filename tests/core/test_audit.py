@@ -625,3 +625,41 @@ def test_an_applied_cancelled_or_expired_reservation_lets_its_device_go() -> Non
             requested("c1"),
             reserved("c1", binding("gpu-01"), binding("mem-01", gib=60)),
         ), end
+
+
+# ---- a version gap names what is missing ----
+
+
+def version_gaps(events: list[RecordedEvent]) -> list[str]:
+    check = ChainCheck(D)
+    for event in events:
+        check.feed(event)
+    return [f.message for f in check.findings if f.check == "version_gap"]
+
+
+def test_one_missing_version_is_named() -> None:
+    events = recorded(12)
+    assert version_gaps(events[:9] + events[10:]) == [
+        "event 11 (position 110): version 11 follows version 9: version 10 is missing"
+    ]
+
+
+def test_a_run_of_missing_versions_is_named_as_a_range() -> None:
+    events = recorded(14)
+    assert version_gaps(events[:9] + events[12:]) == [
+        "event 13 (position 130): version 13 follows version 9: versions 10-12 are missing"
+    ]
+
+
+def test_missing_first_versions_are_named() -> None:
+    events = recorded(4)
+    assert version_gaps(events[2:]) == [
+        "event 3 (position 30): version 3 is the first: versions 1-2 are missing"
+    ]
+
+
+def test_a_version_that_goes_back_is_still_named_so() -> None:
+    events = recorded(3)
+    assert version_gaps([events[0], events[1], events[1]]) == [
+        "event 2 (position 20): version 2 repeats or goes back from version 2"
+    ]
