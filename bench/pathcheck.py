@@ -42,6 +42,7 @@ sys.path.insert(0, str(FsPath(__file__).resolve().parents[1]))
 from bench import placement
 from bench.fabrics import Request, World, build, requests
 from bench.placement import percentile
+from trellis.adapters.entrypoints.economics.figures import supported
 from trellis.ext import _live_py, _paths_py
 
 try:
@@ -80,6 +81,35 @@ def timed(
     finally:
         gc.enable()
     return times, answers
+
+
+def tail(samples: list[float], q: float) -> float | None:
+    """The `q`th percentile of `samples`, or None when too few of them to tell it from their
+    maximum (the economics demo's rule: p99 wants 100, p99.9 wants 1,000)."""
+    return percentile(samples, q) if supported(q, len(samples)) else None
+
+
+def figures_of(times: list[float]) -> dict[str, Any]:
+    """One implementation's µs per call: its median, mean and the tails its count supports."""
+    return {
+        "n": len(times),
+        "p50_us": percentile(times, 50),
+        "p99_us": tail(times, 99),
+        "p999_us": tail(times, 99.9),
+        "mean_us": sum(times) / len(times),
+    }
+
+
+def ratios_of(theirs: list[float], mine: list[float]) -> dict[str, Any]:
+    """Another implementation's figures over the compiled core's on the same requests (`mine`
+    is the compiled core's prefix of as many); no p99 ratio when their count hides the p99."""
+    p99, my_p99 = tail(theirs, 99), tail(mine, 99)
+    return {
+        "n": len(theirs),
+        "p50": percentile(theirs, 50) / percentile(mine, 50),
+        "p99": None if p99 is None or my_p99 is None else p99 / my_p99,
+        "mean": sum(theirs) / sum(mine),
+    }
 
 
 def run_size(
@@ -142,26 +172,11 @@ def run_size(
                 file=sys.stderr,
                 flush=True,
             )
-        figures: dict[str, Any] = {}
-        for name in impls:
-            n = len(times[name])
-            figures[name] = {
-                "n": n,
-                "p50_us": percentile(times[name], 50),
-                "p99_us": percentile(times[name], 99),
-                "p999_us": percentile(times[name], 99.9),
-                "mean_us": sum(times[name]) / n,
-            }
+        figures: dict[str, Any] = {name: figures_of(times[name]) for name in impls}
         # Ratios on the same requests: the compiled core's figures over the other's prefix.
         for other in [name for name in impls if name != "compiled"]:
-            n = len(times[other])
-            mine = times["compiled"][:n]
-            figures[f"compiled_vs_{other}"] = {
-                "n": n,
-                "p50": percentile(times[other], 50) / percentile(mine, 50),
-                "p99": percentile(times[other], 99) / percentile(mine, 99),
-                "mean": sum(times[other]) / sum(mine),
-            }
+            mine = times["compiled"][: len(times[other])]
+            figures[f"compiled_vs_{other}"] = ratios_of(times[other], mine)
         mismatches = {}
         for other in [name for name in impls if name != "compiled"]:
             n = len(answers[other])
@@ -198,7 +213,7 @@ def by_outcome(reqs: list[Request], times: list[float], answers: list[Any]) -> d
     for request, us, answer in zip(reqs, times, answers, strict=False):
         groups.setdefault(outcome_of(request, answer), []).append(us)
     return {
-        name: {"n": len(us), "p50_us": percentile(us, 50), "p90_us": percentile(us, 90)}
+        name: {"n": len(us), "p50_us": percentile(us, 50), "p90_us": tail(us, 90)}
         for name, us in sorted(groups.items())
     }
 
@@ -213,10 +228,23 @@ def outcome_table(results: dict[str, dict[str, Any]]) -> list[str]:
         for label in labels:
             f = results[label]["modes"]["single"]["by_outcome"].get(group)
             cells.append(
-                f" {f['n']:>8d} {f['p50_us']:>10.1f} {f['p90_us']:>10.1f}" if f else f" {'':>30s}"
+                f" {f['n']:>8d} {f['p50_us']:>10.1f} {shown(f['p90_us'], 10)}"
+                if f
+                else f" {'':>30s}"
             )
         lines.append(f"  {group:28s}" + "".join(cells))
     return lines
+
+
+def shown(value: float | None, width: int, unit: str = "") -> str:
+    """A figure right-aligned in `width` characters, "-" for one its sample count hides."""
+    return f"{'-' if value is None else f'{value:.1f}{unit}':>{width}}"
+
+
+HIDDEN = (
+    "-: too few samples to tell that percentile from their maximum (p90 wants 10, p99 100, "
+    "p99.9 1,000), and no ratio from it"
+)
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
@@ -236,17 +264,22 @@ def table(results: dict[str, dict[str, Any]]) -> str:
                     continue
                 f = figures[name]
                 ratio = figures.get(f"compiled_vs_{name}")
-                p50r = f"{ratio['p50']:9.1f}x" if ratio else f"{'1.0x':>10}"
-                p99r = f"{ratio['p99']:9.1f}x" if ratio else f"{'1.0x':>10}"
+                p50r = shown(ratio["p50"] if ratio else 1.0, 10, "x")
+                if ratio:
+                    p99r = shown(ratio["p99"], 10, "x")
+                else:
+                    p99r = shown(None if f["p99_us"] is None else 1.0, 10, "x")
                 rows.append(
                     f"{label:>14} {names[mode]:>14} {name:>14} {f['n']:>6} "
-                    f"{f['p50_us']:>12.1f} {f['p99_us']:>12.1f} {f['p999_us']:>12.1f} {p50r} {p99r}"
+                    f"{f['p50_us']:>12.1f} {shown(f['p99_us'], 12)} {shown(f['p999_us'], 12)} "
+                    f"{p50r} {p99r}"
                 )
             mism = figures["mismatches"]
             rows.append(
                 f"{'':>14} {'':>14} {'answers':>14} "
                 + ", ".join(f"{k}: {v} differ" for k, v in mism.items())
             )
+    rows.append(HIDDEN)
     return "\n".join(rows)
 
 
@@ -259,24 +292,30 @@ GROWTH_TARGETS = {
 }
 
 
-def refused_composes(steps: int, seed: int) -> dict[str, dict[str, float]]:
+def refused_composes(steps: int, seed: int) -> dict[str, dict[str, Any]]:
     """µs per refused compose (decide and evolve, with the why-not funnel) at each size, from
     bench/placement.py's run: its hall, live compositions and request mix."""
     refused = {}
     for devices in placement.SIZES:
         print(f"{devices:,} devices: composing and releasing ...", file=sys.stderr, flush=True)
         ms = placement.run_size(devices, steps, 256, seed)["refused_ms"]
-        refused[f"{devices:,} devices"] = {
-            "n": ms["n"],
-            "p50_us": ms["p50"] * 1000,
-            "p99_us": ms["p99"] * 1000,
-            "p999_us": ms["p99.9"] * 1000,
-        }
+        refused[f"{devices:,} devices"] = refused_figures(ms)
     return refused
 
 
+def refused_figures(ms: dict[str, Any]) -> dict[str, Any]:
+    """bench/placement.py's summary of refused composes in µs, with only the tails their
+    count supports (its percentiles interpolate: p99.9 of 36 refusals is their maximum)."""
+    return {
+        "n": ms["n"],
+        "p50_us": ms["p50"] * 1000,
+        "p99_us": ms["p99"] * 1000 if supported(99, ms["n"]) else None,
+        "p999_us": ms["p99.9"] * 1000 if supported(99.9, ms["n"]) else None,
+    }
+
+
 def growth_of(
-    results: dict[str, dict[str, Any]], refused: dict[str, dict[str, float]]
+    results: dict[str, dict[str, Any]], refused: dict[str, dict[str, Any]]
 ) -> dict[str, Any]:
     """The compiled core's figures at 65,536 devices over its figures at 4,096, and a refused
     compose's."""
@@ -297,13 +336,19 @@ def growth_of(
     for mode, (a_figures, b_figures) in rows.items():
         for q in ("p50", "p99", "p999"):
             a, b = a_figures[f"{q}_us"], b_figures[f"{q}_us"]
-            ratio = b / a
+            ratio = None if a is None or b is None else b / a
             target = GROWTH_TARGETS.get((mode, q))
             figures[f"{mode}_{q}"] = {"ratio": ratio, "target": target}
-            verdict = "" if target is None else f" (target ≤ {target:g}x: "
-            verdict += "" if target is None else ("met)" if ratio <= target else "missed)")
+            if target is None:
+                verdict = ""
+            elif ratio is None:
+                verdict = f" (target ≤ {target:g}x: not judged, too few samples)"
+            else:
+                verdict = f" (target ≤ {target:g}x: {'met' if ratio <= target else 'missed'})"
+            growth = "-" if ratio is None else f"{ratio:.2f}x"
             lines.append(
-                f"  {names[mode]:26s} {q:5s} {a:9.1f} -> {b:9.1f} µs  {ratio:5.2f}x{verdict}"
+                f"  {names[mode]:26s} {q:5s} {shown(a, 9)} -> {shown(b, 9)} µs  "
+                f"{growth:>6}{verdict}"
             )
     n = {label: f["n"] for label, f in refused.items()}
     lines.append(f"  (refused composes timed: {n['4,096 devices']} and {n['65,536 devices']})")
