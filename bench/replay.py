@@ -35,7 +35,7 @@ sys.path.insert(0, str(FsPath(__file__).resolve().parents[1]))
 
 import asyncpg
 
-from bench.intents import progress, servers
+from bench.intents import NOISY_DRIFT, progress, servers
 from bench.snapshots import DOMAIN, Clock, fill
 from trellis.adapters.postgres import sessions
 from trellis.adapters.postgres.snapshots import PostgresSnapshots
@@ -46,6 +46,7 @@ from trellis.engine.service.writer import DomainWriter
 from trellis.projections.sink import rebuild
 
 _PAGE = 2000
+REBUILD_OVER_RAW_READ = 0.30  # issue 11 item 4: a rebuild at ≥ 30% of the raw read's events/s
 
 
 async def cached_schema(owner_url: str, events: int, fresh: bool) -> tuple[str, bool]:
@@ -141,28 +142,55 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def baseline_noise(result: dict[str, Any]) -> str:
+    """Why the raw read is too noisy a baseline to judge the rebuild by, or "" when it is clean
+    enough: its two runs more than bench/intents.py's NOISY_DRIFT apart, as a floor there."""
+    first, again = result["raw_read"]["events_per_s"], result["raw_read_again"]["events_per_s"]
+    drift = max(first, again) / min(first, again)
+    if drift > NOISY_DRIFT:
+        return f"the raw read moved {drift:.1f}x between its two runs (over {NOISY_DRIFT:g}x)"
+    return ""
+
+
+STEPS = (
+    ("raw read (asyncpg rows)", "raw_read"),
+    ("read + decode (RecordedEvent, event)", "read_decode"),
+    ("fold (engine start, no snapshot)", "fold"),
+    ("projection rebuild", "rebuild"),
+    ("raw read again", "raw_read_again"),
+)
+
+
 def table(result: dict[str, Any]) -> str:
-    raw = (result["raw_read"]["events_per_s"] + result["raw_read_again"]["events_per_s"]) / 2
+    first, again = result["raw_read"]["events_per_s"], result["raw_read_again"]["events_per_s"]
+    noise = baseline_noise(result)
+    # A noisy baseline has no one share: each step against each read instead.
+    baselines = [first, again] if noise else [(first + again) / 2]
+    shares = ["of 1st read", "of 2nd read"] if noise else ["of raw read"]
     lines = [
         f"log: {result['events']} events in one domain ({result['schema']})",
         "",
-        f"{'step':<34} {'seconds':>8} {'events/s':>10} {'of raw read':>12}",
+        f"{'step':<36} {'seconds':>8} {'events/s':>10}" + "".join(f" {s:>12}" for s in shares),
     ]
-    rows = [
-        ("raw read (asyncpg rows)", "raw_read"),
-        ("read + decode (RecordedEvent, event)", "read_decode"),
-        ("fold (engine start, no snapshot)", "fold"),
-        ("projection rebuild", "rebuild"),
-        ("raw read again", "raw_read_again"),
-    ]
-    for name, key in rows:
+    for name, key in STEPS:
         r = result[key]
-        share = r["events_per_s"] / raw
-        lines.append(f"{name:<34} {r['seconds']:>8.1f} {r['events_per_s']:>10.0f} {share:>11.1%}")
+        lines.append(
+            f"{name:<36} {r['seconds']:>8.1f} {r['events_per_s']:>10.0f}"
+            + "".join(f" {r['events_per_s'] / raw:>12.1%}" for raw in baselines)
+        )
     lines.append("")
-    lines.append(
-        "of raw read: events/s over the mean of the two raw reads (target ≥ 30% for rebuild)"
-    )
+    rebuild = [result["rebuild"]["events_per_s"] / raw for raw in baselines]
+    target = f"target ≥ {REBUILD_OVER_RAW_READ:.0%}"
+    if noise:
+        lines.append("of 1st / 2nd read: events/s over each raw read's")
+        lines.append(
+            f"rebuild: {rebuild[0]:.1%} of the first raw read, {rebuild[1]:.1%} of the second "
+            f"({target}): not judged, {noise}, too noisy a baseline"
+        )
+    else:
+        lines.append("of raw read: events/s over the mean of the two raw reads")
+        verdict = "met" if rebuild[0] >= REBUILD_OVER_RAW_READ else "missed"
+        lines.append(f"rebuild: {rebuild[0]:.1%} of the raw read ({target}): {verdict}")
     return "\n".join(lines)
 
 
@@ -172,6 +200,7 @@ def main() -> None:
     parser.add_argument("--fresh", action="store_true", help="generate the log again")
     args = parser.parse_args()
     result = asyncio.run(bench(args))
+    result["baseline_noise"] = baseline_noise(result)
     print(table(result))
     print(json.dumps(result))
 
