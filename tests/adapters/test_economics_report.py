@@ -172,11 +172,14 @@ def asked(
 def held(
     kind: str, start: float, end: float, price: float, gib: float | None = None, cid: str = "c0"
 ) -> Any:
+    """A history interval: a GPU of the hall's, or a slice of `gib` of its pool."""
+
     def iso(seconds: float) -> str:
         return (T0 + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
 
-    return {"kind": kind, "start": iso(start), "end": iso(end), "cost_per_hour": price,
-            "capacity_gib": gib, "composition_id": cid}  # fmt: skip
+    device = "mem-1" if kind == "memory" else "gpu-1"
+    return {"kind": kind, "device": device, "start": iso(start), "end": iso(end),
+            "cost_per_hour": price, "capacity_gib": gib, "composition_id": cid}  # fmt: skip
 
 
 def fixed_run() -> tuple[Figures, list[Any]]:
@@ -277,7 +280,8 @@ def test_a_pooled_run_s_figures_by_hand() -> None:
     assert (got.served, got.tokens_served) == (2, (2048 + 50) + (1024 + 100))
     assert got.gpu_seconds == pytest.approx(2 * 1 + 2 + 1 + 2)
     assert got.gpu_hours == pytest.approx(7 / 3600)
-    billed = 7 / 3600 * 2.0 + 4 / 3600 * 0.5  # GPU-hours at $2, pool-hours at $0.50
+    # GPU-hours at $2; each decode's 50 GiB slice of the 100 GiB pool pays half its $0.50.
+    billed = 7 / 3600 * 2.0 + 4 / 3600 * 0.5 * 50 / 100
     assert got.billed == pytest.approx(billed)
     assert got.billed_per_million_tokens == pytest.approx(billed / (3222 / 1e6))
     assert got.span_s == pytest.approx(4.0)
@@ -289,6 +293,22 @@ def test_a_pooled_run_s_figures_by_hand() -> None:
     # TPOT: (0.05 s + 50 tokens at 100/s) / 50 = 11 ms; (0 + 100 at 100/s) / 100 = 10 ms.
     assert got.ttft_ms == {"p50": pytest.approx(1100)}
     assert got.tpot_ms == {"p50": pytest.approx(10)}
+
+
+def test_a_memory_slice_pays_its_share_of_the_pool_never_more_than_the_pool_costs() -> None:
+    # Four decodes hold 25 GiB each of the 100 GiB pool for the whole 2 s span: the pool, whole,
+    # for 2 s. Billed at the pool's full price each, they would cost four pools.
+    events = [asked("CompositionRequested", n, 1, "example", 0.0, 2) for n in range(4)]
+    intervals = [held("memory", 0, 2, 0.5, gib=25.0, cid=f"c{n}") for n in range(4)]
+    got = figures(HALL, events, intervals, [], [], {})
+    assert got.billed_by_kind == {"memory": pytest.approx(2 / 3600 * 0.5)}
+    assert got.hall_cost_by_kind["memory"] == pytest.approx(2 / 3600 * 0.5)
+    # What a run held never costs more than the hall's devices of that kind over its span.
+    for run in (got, pooled_run()[0], fixed_run()[0]):
+        for kind, dollars in run.billed_by_kind.items():
+            assert dollars <= run.hall_cost_by_kind[kind] * (1 + 1e-9)
+        assert run.billed == pytest.approx(sum(run.billed_by_kind.values()))
+        assert run.hall_cost == pytest.approx(sum(run.hall_cost_by_kind.values()))
 
 
 def test_a_percentile_the_sample_cannot_support_is_hidden_not_printed() -> None:
@@ -331,6 +351,9 @@ def test_the_report_prints_its_assumptions_beside_the_figures(tmp_path: Path) ->
     assert "100 (output tokens/s per GPU)" in line("decode rate")
     assert "H100 2.00" in line("price, gpu") and "$ per gpu-hour" in line("price, gpu")
     assert "CXL 100 GiB 0.50" in line("price, memory")
+    assert "per GiB-hour held: price / capacity" in line("pooled memory billed")
+    (memory,) = [a for a in outcome().assumptions if a.what == "pooled memory billed"]
+    assert "CXL 0.00500" in memory.why  # $0.50 / 100 GiB
     # The drain after the last arrival is said, not left to be guessed.
     assert "held over 4 s, the first compose to the last lease's end" in text
     assert "(the last arrivals' leases run past 2 s)" in text

@@ -16,7 +16,7 @@ and the plots only show it.
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -60,8 +60,12 @@ class Figures:
     # None when no sample met the condition (a mean over nothing is no figure).
     free_gpus_memory_full: float | None
     free_gib_gpus_full: float | None
-    billed: float  # dollars: held device-hours x cost_per_hour
+    billed: float  # dollars: held device-hours x cost_per_hour (a memory slice: its share)
     hall_cost: float  # dollars: every device of the hall for the run's span
+    # The two by device kind ("gpu", "memory", ...): what was held never costs more than the
+    # hall's devices of its kind over the same span.
+    billed_by_kind: dict[str, float]
+    hall_cost_by_kind: dict[str, float]
     billed_per_served: float | None  # None: nothing served
     hall_per_served: float | None
     billed_per_million_tokens: float | None
@@ -232,8 +236,18 @@ def figures(
     # Held past what the work needed (the lease tick's slack, a box's unneeded GPUs); a
     # composition released before its lease ran out (by policy) strands nothing.
     stranded = sum(max(0.0, got - need.get(cid, 0.0)) for cid, got in held_by.items())
-    billed = sum(length(s, e) / SECONDS_PER_HOUR * (i["cost_per_hour"] or 0.0) for s, e, i in spans)
-    hall_cost = sum(d.get("cost_per_hour") or 0.0 for d in devices) * seconds / SECONDS_PER_HOUR
+    device_gib = {d["id"]: d.get("capacity_gib") for d in devices}
+    billed_by_kind: dict[str, float] = defaultdict(float)
+    for start, stop, interval in spans:
+        billed_by_kind[interval["kind"]] += (
+            length(start, stop) / SECONDS_PER_HOUR * hourly_price(interval, device_gib)
+        )
+    hall_by_kind: dict[str, float] = defaultdict(float)
+    for d in devices:
+        hall_by_kind[d["device_kind"]] += (
+            (d.get("cost_per_hour") or 0.0) * seconds / SECONDS_PER_HOUR
+        )
+    billed, hall_cost = sum(billed_by_kind.values()), sum(hall_by_kind.values())
     modelled = served_by_model(demand, served, pooled_run, phase_gpus, waits)
     tokens_served = sum(r.tokens for r in demand if r.number in served)
     impaired = {e["data"]["composition_id"] for e in events if e["type"] == "CompositionImpaired"}
@@ -260,6 +274,8 @@ def figures(
         free_gib_gpus_full=mean(gpus_full),
         billed=billed,
         hall_cost=hall_cost,
+        billed_by_kind=dict(billed_by_kind),
+        hall_cost_by_kind=dict(hall_by_kind),
         billed_per_served=per_served(billed),
         hall_per_served=per_served(hall_cost),
         billed_per_million_tokens=per_million_tokens(billed, tokens_served),
@@ -269,6 +285,17 @@ def figures(
         recovered=len(recovered),
         latency_ms=percentiles(latencies, PERCENTILES),
     )
+
+
+def hourly_price(interval: dict[str, Any], device_gib: dict[str, float | None]) -> float:
+    """What holding `interval` costs an hour: its device's cost_per_hour, and for a slice of
+    pooled memory the slice's share of it (its GiB / the device's GiB): a pool is priced whole,
+    and many compositions hold slices of it at once."""
+    price: float = interval["cost_per_hour"] or 0.0
+    if interval["kind"] != "memory" or not interval.get("capacity_gib"):
+        return price
+    whole = device_gib.get(interval["device"])
+    return price * min(1.0, interval["capacity_gib"] / whole) if whole else price
 
 
 def mended(events: Sequence[dict[str, Any]]) -> tuple[set[str], set[str]]:

@@ -139,8 +139,29 @@ def assumptions(hall: dict[str, Any]) -> list[Assumption]:
             "every device kind, from the log's history; a fixed request holds its whole box"
             " for its lease; hall $: every device of the hall for the run's span",
         ),
+        Assumption(
+            "pooled memory billed",
+            "per GiB-hour held: price / capacity",
+            "$ per GiB-hour",
+            "a slice pays its GiB's share of its pool's price, as many slices share a pool ("
+            + memory_prices(hall)
+            + ")",
+        ),
         *prices(hall),
     ]
+
+
+def memory_prices(hall: dict[str, Any]) -> str:
+    """The hall's pooled memory models at their price per GiB-hour."""
+    per_gib = {
+        node.get("model") or node["id"]: node["cost_per_hour"] / node["capacity_gib"]
+        for node in hall["nodes"]
+        if node["kind"] == "device"
+        and node["device_kind"] == "memory"
+        and node.get("cost_per_hour") is not None
+        and node.get("capacity_gib")
+    }
+    return ", ".join(f"{model} {price:.5f}" for model, price in sorted(per_gib.items())) or "none"
 
 
 def assumptions_text(items: Sequence[Assumption]) -> str:
