@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from trellis.adapters.entrypoints.economics import demo, live, plots
+from trellis.adapters.entrypoints.economics.data import read_hall
 from trellis.adapters.entrypoints.economics.figures import (
     PERCENTILES,
     Figures,
@@ -31,15 +32,21 @@ from trellis.adapters.entrypoints.economics.figures import (
     storm_refusal,
     supported,
 )
-from trellis.adapters.entrypoints.economics.runs import Plan, Run, demand
+from trellis.adapters.entrypoints.economics.runs import Plan, Run, box_body, boxes, demand
 from trellis.adapters.entrypoints.economics.serving import (
     Served,
     assumptions,
+    decoding,
     per_million_tokens,
     tpot,
     ttft,
 )
-from trellis.adapters.entrypoints.economics.workload import Request, TraceRow, compress
+from trellis.adapters.entrypoints.economics.workload import (
+    PREFILL_SECONDS,
+    Request,
+    TraceRow,
+    compress,
+)
 
 
 def event(type: str, position: int = 0, **data: Any) -> dict[str, Any]:
@@ -238,6 +245,21 @@ def test_ttft_is_the_wait_plus_the_prefill_and_tpot_the_decode_per_token() -> No
     assert tpot(box) == pytest.approx(0.00125)
 
 
+def test_each_arm_leases_its_decode_for_as_long_as_the_serving_model_says_it_takes() -> None:
+    # One rate per arm: a lease holds a decode for the time the model's TPOT counts (on the
+    # GPUs that decode gets: a box's 8, pooled's 1), a second more, rounded up to whole seconds.
+    hall = read_hall()
+    hbm = {n["id"]: n.get("memory_gib") or 0.0 for n in hall["nodes"]}
+    for box, gpus in boxes(hall).items():
+        for request in demand(Plan(seconds=45, requests=400)):
+            body = box_body(request, box, gpus, hbm)
+            held = body["lease_seconds"] - PREFILL_SECONDS
+            taking = decoding(request.generated_tokens, body["devices"][0]["count"])
+            assert 0 <= held - 1 - taking < 1, (box, request)
+    for request in demand(Plan(seconds=45, requests=400)):
+        assert 0 <= request.decode_seconds - 1 - decoding(request.generated_tokens, 1) < 1
+
+
 def test_cost_per_million_tokens_is_dollars_over_millions_of_tokens_never_over_none() -> None:
     assert per_million_tokens(3.0, 1_500_000) == pytest.approx(2.0)
     assert per_million_tokens(3.0, 0) is None
@@ -348,7 +370,7 @@ def test_the_report_prints_its_assumptions_beside_the_figures(tmp_path: Path) ->
     for what in ("wait for GPUs", "tokens served", "GPU-hours", "billed $"):
         assert line(what)
     assert "1,024 (context tokens/s per GPU)" in line("prefill rate")
-    assert "100 (output tokens/s per GPU)" in line("decode rate")
+    assert "100 (output tokens/s per GPU); one rate per arm" in line("decode rate")
     assert "H100 2.00" in line("price, gpu") and "$ per gpu-hour" in line("price, gpu")
     assert "CXL 100 GiB 0.50" in line("price, memory")
     assert "per GiB-hour held: price / capacity" in line("pooled memory billed")

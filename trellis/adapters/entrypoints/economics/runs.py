@@ -7,9 +7,10 @@ only through NATS:
   composes each request's prefill (GPUs by prompt) and then its decode (one GPU and a CXL
   memory slice by context and output), from any rack over the OCS;
 - fixed pods: each request gets one box whole (a host, its eight GPUs, its NIC and NVMe, by the
-  `box` label), no pooled memory: a request whose KV cache exceeds the box's HBM headroom asks
-  for the rest from memory of its box, which none has, and the engine refuses it. A box is not
-  repaired: nothing but its own devices carry its label.
+  `box` label), leased for its prefill and a decode on all eight GPUs; no pooled memory: a
+  request whose KV cache exceeds the box's HBM headroom asks for the rest from memory of its
+  box, which none has, and the engine refuses it. A box is not repaired: nothing but its own
+  devices carry its label.
 
 Leases expire (nothing is released by hand). Midway a failure storm strikes both: the GPU tray
 that carries the most of the run's connections at that moment loses its PCIe switch, and a
@@ -113,7 +114,36 @@ def boxes(hall: dict[str, Any]) -> dict[str, list[str]]:
 
 
 def needed_gpu_seconds(request: Request) -> int:
+    """The GPU-seconds a request's work needs: its prefill GPUs for a second, then a decode on
+    one GPU (a box's eight do that work in an eighth of the time)."""
     return request.prefill_gpus * 1 + request.decode_seconds
+
+
+def box_body(
+    request: Request, box: str, gpus: Sequence[str], hbm: dict[str, float]
+) -> dict[str, Any]:
+    """The compose of a whole box for `request`: its GPUs, NIC and NVMe, leased for a prefill
+    and a decode on all its GPUs (the serving model's rate, as its TTFT and TPOT count them)."""
+    devices: list[dict[str, Any]] = [
+        {"kind": "gpu", "count": len(gpus)},
+        {"kind": "nic"},
+        {"kind": "nvme"},
+    ]
+    headroom = sum(hbm[g] for g in gpus) - WEIGHTS_GIB
+    if request.decode_gib > headroom:  # the rest would have to come from outside the box
+        devices.append({"kind": "memory", "capacity_gib": request.decode_gib - headroom})
+    return {
+        "request_id": f"fixed-{uuid.uuid4().hex}",
+        "host": box,
+        "devices": devices,
+        "constraints": {"labels": {"box": box}},
+        "lease_seconds": request.seconds_on(len(gpus)),
+        "labels": {
+            "scheduler": "fixed-pods",
+            "demand": str(request.number),
+            "need_gpu_seconds": str(needed_gpu_seconds(request)),
+        },
+    }
 
 
 async def _timed(run: Run, call: Any) -> Any:
@@ -208,35 +238,13 @@ async def fixed(
         ]
         return max(candidates, key=lambda host: sum(g in free for g in pods[host]))
 
-    def body_for(request: Request, box: str) -> dict[str, Any]:
-        devices: list[dict[str, Any]] = [
-            {"kind": "gpu", "count": len(pods[box])},
-            {"kind": "nic"},
-            {"kind": "nvme"},
-        ]
-        headroom = sum(hbm[g] for g in pods[box]) - WEIGHTS_GIB
-        if request.decode_gib > headroom:  # the rest would have to come from outside the box
-            devices.append({"kind": "memory", "capacity_gib": request.decode_gib - headroom})
-        return {
-            "request_id": f"fixed-{uuid.uuid4().hex}",
-            "host": box,
-            "devices": devices,
-            "constraints": {"labels": {"box": box}},
-            "lease_seconds": request.seconds,
-            "labels": {
-                "scheduler": "fixed-pods",
-                "demand": str(request.number),
-                "need_gpu_seconds": str(needed_gpu_seconds(request)),
-            },
-        }
-
     async def one(request: Request) -> None:
         await asyncio.sleep(max(0.0, start + request.at - time.monotonic()))
         tried: set[str] = set()
         for _ in range(BOX_TRIES):
             box = best_box(tried)
             tried.add(box)
-            body = body_for(request, box)
+            body = box_body(request, box, pods[box], hbm)
             reply = await _timed(run, client.intent(run.domain, "fixed", "compose", body))
             if reply["ok"]:
                 view.view.took(reply["result"]["composition_id"], reply["result"]["devices"])

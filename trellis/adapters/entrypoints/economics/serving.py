@@ -54,10 +54,15 @@ def ttft(s: Served) -> float:
     return s.prefill_wait_s + s.context_tokens / (PREFILL_TOKENS_PER_GPU_S * s.prefill_gpus)
 
 
+def decoding(generated_tokens: int, gpus: int) -> float:
+    """Seconds a decode on `gpus` GPUs takes to generate its tokens; its lease holds them a
+    second more, rounded up to whole seconds (workload.py)."""
+    return generated_tokens / (DECODE_TOKENS_PER_GPU_S * gpus)
+
+
 def tpot(s: Served) -> float:
     """Seconds per output token, the wait for the decode's GPUs spread over them."""
-    decoding = s.generated_tokens / (DECODE_TOKENS_PER_GPU_S * s.decode_gpus)
-    return (s.decode_wait_s + decoding) / s.generated_tokens
+    return (s.decode_wait_s + decoding(s.generated_tokens, s.decode_gpus)) / s.generated_tokens
 
 
 def per_million_tokens(dollars: float, served_tokens: int) -> float | None:
@@ -109,8 +114,10 @@ def assumptions(hall: dict[str, Any]) -> list[Assumption]:
             "decode rate",
             f"{DECODE_TOKENS_PER_GPU_S:,.0f}",
             "output tokens/s per GPU",
-            "workload.py sizes decode leases by it (pooled: 1 GPU); linear in GPUs on a"
-            " box's 8, an optimistic bound (no tensor-parallel cost)",
+            "one rate per arm, the one its leases are sized by (workload.py): pooled decodes"
+            " on 1 GPU, a fixed box on its 8, linear in GPUs (an optimistic bound for the box:"
+            " no tensor-parallel cost), so it holds the box an eighth as long; a decode lease"
+            " holds 1 s more than its output takes, rounded up to whole seconds",
         ),
         Assumption(
             "wait for GPUs",

@@ -7,7 +7,8 @@ Splitwise (ISCA 2024) splits them:
 
 - prefill, GPU-heavy: `ceil(context / TOKENS_PER_PREFILL_GPU)` GPUs (1 to 8), for a second;
 - decode, memory-heavy: one GPU and a KV-cache slice of pooled memory sized by context plus
-  output tokens, for a time that grows with the output.
+  output tokens, for a time that grows with the output (on a fixed box, which decodes on its
+  eight GPUs, an eighth of it).
 
 A request stands for a batch of `BATCH` concurrent sessions like it (one trace row is far too
 small to compose hardware for), so its KV cache is `BATCH` times a 70B model's per-token cache.
@@ -28,9 +29,8 @@ TOKENS_PER_PREFILL_GPU = 1024
 MAX_GPUS = 8
 KV_MIB_PER_TOKEN = 0.3125  # Llama-2-70B, fp16, grouped-query attention: 80 x 8 x 128 x 2 x 2 B
 BATCH = 256
-OUTPUT_TOKENS_PER_SECOND = 100  # decode seconds = 1 + output tokens / this, at most 8
+OUTPUT_TOKENS_PER_SECOND = 100  # per GPU: decode seconds = 1 + output / (this x GPUs)
 PREFILL_SECONDS = 1
-MAX_DECODE_SECONDS = 8
 
 
 @dataclass(frozen=True)
@@ -60,9 +60,14 @@ class Request:
 
     @property
     def decode_seconds(self) -> int:
-        return min(
-            MAX_DECODE_SECONDS, 1 + math.ceil(self.generated_tokens / OUTPUT_TOKENS_PER_SECOND)
-        )
+        """The decode's lease on one GPU, as pooled composes it."""
+        return self.decode_seconds_on(1)
+
+    def decode_seconds_on(self, gpus: int) -> int:
+        """The decode's lease on `gpus` GPUs, each generating OUTPUT_TOKENS_PER_SECOND (the
+        serving model's rate, serving.py): a second more than the output takes, rounded up;
+        never less, or the lease would end before the tokens the model counts."""
+        return 1 + math.ceil(self.generated_tokens / (OUTPUT_TOKENS_PER_SECOND * gpus))
 
     @property
     def tokens(self) -> int:
@@ -71,8 +76,12 @@ class Request:
 
     @property
     def seconds(self) -> int:
-        """Prefill then decode: how long the request holds hardware."""
-        return PREFILL_SECONDS + self.decode_seconds
+        """Prefill then decode on one GPU: the longest the request holds hardware."""
+        return self.seconds_on(1)
+
+    def seconds_on(self, decode_gpus: int) -> int:
+        """Prefill then decode on `decode_gpus` GPUs: a fixed box's lease, decoding on its 8."""
+        return PREFILL_SECONDS + self.decode_seconds_on(decode_gpus)
 
 
 def read_trace(paths: Iterable[Path]) -> list[TraceRow]:
