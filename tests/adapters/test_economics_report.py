@@ -333,6 +333,34 @@ def test_a_memory_slice_pays_its_share_of_the_pool_never_more_than_the_pool_cost
         assert run.hall_cost == pytest.approx(sum(run.hall_cost_by_kind.values()))
 
 
+def test_served_says_how_many_a_release_cut_short_in_the_table_the_json_and_the_assumptions(
+    tmp_path: Path,
+) -> None:
+    # Request 0's decode (c1) ran out its lease; request 1's (c3) was released 1 s into its
+    # 2 s lease by the scheduler's policy: served, and cut short.
+    got, events = pooled_run()
+    assert (got.served_cut_short, got.tokens_cut_short) == (0, 0)
+    ended = [
+        event("LeaseExpired", composition_id="c1"),
+        event("CompositionReleased", composition_id="c1", reason="lease expired"),
+        event("CompositionReleased", composition_id="c3", reason="impaired, not repaired"),
+    ]
+    intervals = [held("gpu", 0, 1, 2.0, cid="c0"), held("gpu", 2, 3, 2.0, cid="c3")]
+    demand = [Request(0, 0.0, 2048, 50), Request(1, 1.0, 1024, 100)]
+    cut = figures(HALL, [*events, *ended], intervals, demand, [], {})
+    assert (cut.served, cut.served_cut_short, cut.tokens_cut_short) == (2, 1, 1024 + 100)
+    table = comparison(cut, fixed_run()[0])
+    assert row_of(table, "  of them cut short by a release") == ["1", "0", "-"]
+    assert row_of(table, "  of them of requests cut short") == ["1124", "0", "-"]
+    (served,) = [a for a in assumptions(HALL) if a.what == "served"]
+    assert "released before its lease ran out" in served.why and "cut short" in served.why
+    plan = Plan(seconds=2, requests=2)
+    result = dataclasses.replace(outcome(), figures={"pooled": cut, "fixed": fixed_run()[0]})
+    demo.write(result, plan, tmp_path, demo.report(result, plan))
+    record = json.loads((tmp_path / "figures.json").read_text())["runs"]["pooled"]["figures"]
+    assert (record["served_cut_short"], record["tokens_cut_short"]) == (1, 1124)
+
+
 def test_a_percentile_the_sample_cannot_support_is_hidden_not_printed() -> None:
     # Two served requests tell a p50, not a p99 (it would be their maximum).
     got, _ = fixed_run()

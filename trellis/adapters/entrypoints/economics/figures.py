@@ -39,8 +39,12 @@ class Figures:
 
     requests: int
     served: int
+    # Served, but a composition of theirs was released before its lease ran out (the pooled
+    # scheduler's policy, impaired and not repaired): counted in full, GPU time and all tokens.
+    served_cut_short: int
     refused: Counter[str]
     tokens_served: int  # context + generated tokens of the served requests
+    tokens_cut_short: int  # of them, the served_cut_short requests'
     # The serving model's TTFT and TPOT of the served requests, "p50" and "p99": only those
     # their count supports (supported()).
     ttft_ms: dict[str, float]
@@ -167,6 +171,7 @@ def figures(
     seconds = max(1.0, (end - begin).total_seconds())
 
     phases: dict[int, set[int]] = {}  # request -> its composed phases
+    request_by_composition: dict[str, int] = {}
     phase_gpus: dict[int, int] = {}  # composed phase -> the GPUs it got
     need: dict[str, float] = {}  # composition -> the GPU-seconds its work needed
     for e in events:
@@ -174,6 +179,7 @@ def figures(
             request = e["data"]["request"]
             labels = request["labels"]
             phases.setdefault(request_of(labels), set()).add(int(labels["demand"]))
+            request_by_composition[e["data"]["composition_id"]] = request_of(labels)
             phase_gpus[int(labels["demand"])] = got = sum(
                 d.get("count", 1) for d in request["devices"] if d["kind"] == "gpu"
             )
@@ -188,6 +194,14 @@ def figures(
         if e["type"] == "CompositionRequested"
     )
     served = {r for r, got in phases.items() if not pooled_run or len(got) == 2}
+    expired = {e["data"]["composition_id"] for e in events if e["type"] == "LeaseExpired"}
+    cut_short = served & {
+        request_by_composition[e["data"]["composition_id"]]
+        for e in events
+        if e["type"] == "CompositionReleased"
+        and e["data"]["composition_id"] not in expired
+        and e["data"]["composition_id"] in request_by_composition
+    }
     refused: Counter[str] = Counter()
     seen: set[int] = set()
     for e in events:
@@ -255,8 +269,10 @@ def figures(
     return Figures(
         requests=len(demand),
         served=len(served),
+        served_cut_short=len(cut_short),
         refused=refused,
         tokens_served=tokens_served,
+        tokens_cut_short=sum(r.tokens for r in demand if r.number in cut_short),
         ttft_ms=percentiles([ttft(s) for s in modelled], SERVING_PERCENTILES),
         tpot_ms=percentiles([tpot(s) for s in modelled], SERVING_PERCENTILES),
         span_s=(end - begin).total_seconds(),
@@ -351,6 +367,7 @@ def comparison(pooled_figures: Figures, fixed_figures: Figures) -> str:
     rows = [
         row("requests", p.requests, f.requests),
         row("served", p.served, f.served),
+        row("  of them cut short by a release", p.served_cut_short, f.served_cut_short),
         row("refused", sum(p.refused.values()), sum(f.refused.values())),
     ]
     for reason in sorted(set(p.refused) | set(f.refused)):
@@ -367,6 +384,7 @@ def comparison(pooled_figures: Figures, fixed_figures: Figures) -> str:
         )
     rows += [
         row("tokens served (context + generated)", p.tokens_served, f.tokens_served),
+        row("  of them of requests cut short", p.tokens_cut_short, f.tokens_cut_short),
         row("GPU-hours held", p.gpu_hours, f.gpu_hours, "{:.3f}"),
         row(
             "$ per million tokens, billed",

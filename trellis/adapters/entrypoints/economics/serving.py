@@ -127,6 +127,15 @@ def assumptions(hall: dict[str, Any]) -> list[Assumption]:
             " timed it; no queue: a request finding no capacity is refused",
         ),
         Assumption(
+            "served",
+            "composed",
+            "requests",
+            "pooled: both phases composed; fixed: a box. A request whose composition the"
+            " scheduler released before its lease ran out (impaired, not repaired) counts as"
+            " served, its tokens in full, though its GPU time stops at the release: the rows"
+            " 'of them cut short by a release'",
+        ),
+        Assumption(
             "tokens served",
             "context + generated",
             "tokens",
