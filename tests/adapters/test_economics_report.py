@@ -32,7 +32,15 @@ from trellis.adapters.entrypoints.economics.figures import (
     storm_refusal,
     supported,
 )
-from trellis.adapters.entrypoints.economics.runs import Plan, Run, box_body, boxes, demand
+from trellis.adapters.entrypoints.economics.runs import (
+    Plan,
+    Run,
+    best_box,
+    box_body,
+    boxes,
+    demand,
+    hbm_headroom,
+)
 from trellis.adapters.entrypoints.economics.serving import (
     Served,
     assumptions,
@@ -258,6 +266,25 @@ def test_each_arm_leases_its_decode_for_as_long_as_the_serving_model_says_it_tak
             assert 0 <= held - 1 - taking < 1, (box, request)
     for request in demand(Plan(seconds=45, requests=400)):
         assert 0 <= request.decode_seconds - 1 - decoding(request.generated_tokens, 1) < 1
+
+
+def test_a_fixed_request_tries_a_box_whose_hbm_holds_its_kv_cache_first() -> None:
+    hall = read_hall()
+    hbm = {n["id"]: n.get("memory_gib") or 0.0 for n in hall["nodes"]}
+    pods = boxes(hall)
+    # An H100 box holds 8 x 80 - 140 = 500 GiB of KV cache, an MI300X box 8 x 192 - 140.
+    assert hbm_headroom(pods["host-r1-1"], hbm) == 500.0
+    big = Request(0, 0.0, 7000, 100)  # 7,100 tokens: 555 GiB
+    small = Request(1, 0.0, 1000, 100)
+    assert big.decode_gib > 500 > small.decode_gib
+    free = {*pods["host-r1-1"], *pods["host-r5-1"][:2], *pods["host-r6-1"][:1]}
+    assert best_box(small, pods, hbm, free, set(), set()) == "host-r1-1"  # the most free GPUs
+    assert best_box(big, pods, hbm, free, set(), set()) == "host-r5-1"  # the most that fit
+    assert best_box(big, pods, hbm, free, set(), {"host-r5-1"}) == "host-r6-1"  # cut off
+    assert best_box(big, pods, hbm, free, {"host-r5-1"}, set()) == "host-r6-1"  # tried
+    # Only when every box that fits was tried does one that cannot hold it come up.
+    fitting = {b for b, gpus in pods.items() if hbm_headroom(gpus, hbm) >= big.decode_gib}
+    assert best_box(big, pods, hbm, free, fitting, set()) == "host-r1-1"
 
 
 def test_cost_per_million_tokens_is_dollars_over_millions_of_tokens_never_over_none() -> None:

@@ -119,6 +119,33 @@ def needed_gpu_seconds(request: Request) -> int:
     return request.prefill_gpus * 1 + request.decode_seconds
 
 
+def hbm_headroom(gpus: Sequence[str], hbm: dict[str, float]) -> float:
+    """The GiB a box's HBM holds beyond the model's weights: room for a KV cache."""
+    return sum(hbm[g] for g in gpus) - WEIGHTS_GIB
+
+
+def best_box(
+    request: Request,
+    pods: dict[str, list[str]],
+    hbm: dict[str, float],
+    free: set[str],
+    tried: set[str],
+    skipped: set[str],
+) -> str:
+    """The box to try next for `request`: one whose HBM holds its KV cache before one that
+    cannot (an H100 box's headroom is a third of an MI300X box's), then the most `free` GPUs;
+    not one `tried`, nor one `skipped` (cut off) while another is left."""
+    untried = [b for b in pods if b not in tried]
+    candidates = [b for b in untried if b not in skipped] or untried
+    return max(
+        candidates,
+        key=lambda box: (
+            request.decode_gib <= hbm_headroom(pods[box], hbm),
+            sum(g in free for g in pods[box]),
+        ),
+    )
+
+
 def box_body(
     request: Request, box: str, gpus: Sequence[str], hbm: dict[str, float]
 ) -> dict[str, Any]:
@@ -129,7 +156,7 @@ def box_body(
         {"kind": "nic"},
         {"kind": "nvme"},
     ]
-    headroom = sum(hbm[g] for g in gpus) - WEIGHTS_GIB
+    headroom = hbm_headroom(gpus, hbm)
     if request.decode_gib > headroom:  # the rest would have to come from outside the box
         devices.append({"kind": "memory", "capacity_gib": request.decode_gib - headroom})
     return {
@@ -217,9 +244,9 @@ async def fixed(
 ) -> None:
     """One whole box per request, or a refusal; no pooled memory, no repair.
 
-    Its scheduler chooses the box with the most free GPUs in its KV view. A box whose compose
-    found no path (its tray cut off by the storm) is skipped for a while, and the request tries
-    the next box, BOX_TRIES in all."""
+    Its scheduler chooses a box whose HBM holds the request's KV cache, the one with the most
+    free GPUs in its KV view (best_box). A box whose compose found no path (its tray cut off by
+    the storm) is skipped for a while, and the request tries the next box, BOX_TRIES in all."""
     ex = example_scheduler()
     view = ex.Scheduler(nc, domain=run.domain, tenant="fixed", prefix=prefix)
     await view.start()  # only its local view of free GPUs is used
@@ -230,19 +257,13 @@ async def fixed(
     start = run.started = time.monotonic()
     watcher = asyncio.create_task(_watch_gpus(run, view.view))
 
-    def best_box(tried: set[str]) -> str:
-        free = {g for ids in view.view.free_gpus().values() for g in ids}
-        now = time.monotonic()
-        candidates = [b for b in pods if b not in tried and cut_off.get(b, 0.0) <= now] or [
-            b for b in pods if b not in tried
-        ]
-        return max(candidates, key=lambda host: sum(g in free for g in pods[host]))
-
     async def one(request: Request) -> None:
         await asyncio.sleep(max(0.0, start + request.at - time.monotonic()))
         tried: set[str] = set()
         for _ in range(BOX_TRIES):
-            box = best_box(tried)
+            free = {g for ids in view.view.free_gpus().values() for g in ids}
+            skipped = {b for b, until in cut_off.items() if until > time.monotonic()}
+            box = best_box(request, pods, hbm, free, tried, skipped)
             tried.add(box)
             body = box_body(request, box, pods[box], hbm)
             reply = await _timed(run, client.intent(run.domain, "fixed", "compose", body))
@@ -252,7 +273,7 @@ async def fixed(
                 run.waits[request.number] = time.monotonic() - (start + request.at)
                 return
             if reply["error"]["code"] != "no_path":
-                break  # no whole box free, or the box cannot hold the KV cache: refused
+                break  # no whole box free, or none left whose HBM holds the KV cache: refused
             cut_off[box] = time.monotonic() + CUT_OFF_S
         _counted(run, False)
 
