@@ -378,7 +378,7 @@ def test_served_says_how_many_a_release_cut_short_in_the_table_the_json_and_the_
     assert (cut.served, cut.served_cut_short, cut.tokens_cut_short) == (2, 1, 1024 + 100)
     table = comparison(cut, fixed_run()[0])
     assert row_of(table, "  of them cut short by a release") == ["1", "0", "-"]
-    assert row_of(table, "  of them of requests cut short") == ["1124", "0", "-"]
+    assert row_of(table, "  of requests cut short") == ["1124", "0", "-"]
     (served,) = [a for a in assumptions(HALL) if a.what == "served"]
     assert "released before its lease ran out" in served.why and "cut short" in served.why
     plan = Plan(seconds=2, requests=2)

@@ -384,7 +384,7 @@ def comparison(pooled_figures: Figures, fixed_figures: Figures) -> str:
         )
     rows += [
         row("tokens served (context + generated)", p.tokens_served, f.tokens_served),
-        row("  of them of requests cut short", p.tokens_cut_short, f.tokens_cut_short),
+        row("  of requests cut short", p.tokens_cut_short, f.tokens_cut_short),
         row("GPU-hours held", p.gpu_hours, f.gpu_hours, "{:.3f}"),
         row(
             "$ per million tokens, billed",
