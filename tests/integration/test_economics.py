@@ -37,7 +37,8 @@ from trellis.engine.core.events import (
     PathRerouted,
 )
 
-# 40 requests in 10 s, each holding hardware for 2-9 s: more than the hall's 16 boxes at once.
+# 40 requests in 10 s, each holding hardware for 2-7 s pooled, 3 s a box: more than the hall's
+# 16 boxes at once.
 PLAN = Plan(seconds=10.0, requests=40)
 
 
@@ -52,7 +53,9 @@ async def h(
 class Folded:
     """What the log says, folded here without the demo's code or the history projection."""
 
-    def __init__(self, records: list[Any]) -> None:
+    def __init__(self, records: list[Any], hall: dict[str, Any]) -> None:
+        # A pool's price is for all of it: a slice pays its GiB's share.
+        self.pool_gib = {n["id"]: n.get("capacity_gib") for n in hall["nodes"]}
         self.open: dict[tuple[str, str], tuple[datetime, str, float]] = {}
         self.held: list[tuple[str, float, float]] = []  # kind, seconds, dollars
         self.phases: dict[int, set[str]] = {}
@@ -79,11 +82,11 @@ class Folded:
                 self.first_refusal.setdefault(self._request(request.labels), f"{code} ({kind})")
             case DevicesReserved(composition_id=cid, devices=bindings):
                 for b in bindings:
-                    self.open[(cid, b.device)] = (at, b.kind, b.cost_per_hour or 0.0)
+                    self.open[(cid, b.device)] = (at, b.kind, self._price(b))
             case DeviceReplaced(composition_id=cid, old_device=old, binding=b):
                 self._end(at, cid, old)
                 self.moved.add(cid)
-                self.open[(cid, b.device)] = (at, b.kind, b.cost_per_hour or 0.0)
+                self.open[(cid, b.device)] = (at, b.kind, self._price(b))
             case CompositionReleased(composition_id=cid, reason=reason):
                 if reason != "lease expired":
                     self.released.add(cid)
@@ -100,6 +103,11 @@ class Folded:
                 (self.repaired if cid in self.moved else self.recovered).add(cid)
             case _:
                 pass
+
+    def _price(self, binding: Any) -> float:
+        price: float = binding.cost_per_hour or 0.0
+        whole = self.pool_gib.get(binding.device)
+        return price * binding.capacity_gib / whole if binding.capacity_gib and whole else price
 
     def _request(self, labels: dict[str, str]) -> int:
         number = int(labels["demand"])
@@ -134,7 +142,7 @@ async def test_the_economics_figures_are_the_logs_and_pooling_serves_more(
     hall = read_hall()
     for figures, scheduler in ((pooled, "pooled"), (fixed, "fixed")):
         domain = next(d for d in await h.store.domains() if d.startswith(f"econ-{scheduler}-"))
-        folded = Folded([r async for r in h.store.read(domain)])
+        folded = Folded([r async for r in h.store.read(domain)], hall)
         assert not folded.open, "every lease has run out"
         assert figures.served == folded.served()
         assert figures.refused == folded.refused()
@@ -142,6 +150,8 @@ async def test_the_economics_figures_are_the_logs_and_pooling_serves_more(
         gpu_seconds = sum(s for kind, s, _ in folded.held if kind == "gpu")
         assert math.isclose(figures.gpu_seconds, gpu_seconds, rel_tol=1e-9)
         assert math.isclose(figures.billed, sum(d for _, _, d in folded.held), rel_tol=1e-9)
+        for kind, dollars in figures.billed_by_kind.items():  # held never costs more than all
+            assert dollars <= figures.hall_cost_by_kind[kind], kind
         # The seeds' units: GPU-hours held, and tokens of the trace requests the log served.
         assert math.isclose(figures.gpu_hours, gpu_seconds / 3600, rel_tol=1e-9)
         served = folded.served_requests()
