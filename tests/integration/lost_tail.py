@@ -2,7 +2,8 @@
 hand: the owner deletes a domain's events past a version behind the append-only triggers and
 sets the stream's head back to it. The followers' checkpoints stay where they were, unless
 `relay_checkpoint`: the relay's goes back with the log, as when the standby lacked its moves
-too."""
+too. `reuse_positions`: the next events take the positions the lost ones had, as in a log
+restored from a backup (pg_dump keeps the sequence's value)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ import asyncpg
 
 
 async def lose_tail(
-    owner_url: str, schema: str, domain: str, keep: int, *, relay_checkpoint: bool = False
+    owner_url: str,
+    schema: str,
+    domain: str,
+    keep: int,
+    *,
+    relay_checkpoint: bool = False,
+    reuse_positions: bool = False,
 ) -> None:
     """Leave `domain`'s log at version `keep`."""
     sql = await asyncpg.connect(owner_url, server_settings={"search_path": schema})
@@ -35,6 +42,11 @@ async def lose_tail(
                     "AND e.domain = $1 AND e.version = $2",
                     domain, keep,
                 )  # fmt: skip
+            if reuse_positions:
+                await sql.execute(
+                    "SELECT setval(pg_get_serial_sequence('trellis_events', 'position'), "
+                    "(SELECT max(position) FROM trellis_events))"
+                )
             await sql.execute("ALTER TABLE trellis_events ENABLE TRIGGER USER")
             await sql.execute("ALTER TABLE trellis_streams ENABLE TRIGGER USER")
     finally:

@@ -10,6 +10,7 @@ and the stream carries the replacements after what it had relayed.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -153,5 +154,32 @@ async def test_a_relay_whose_checkpoint_went_back_with_the_log_publishes_the_rep
     log = await settled(h)
 
     assert await streamed(nc, subject_prefix) == [r.id for r in followed + log[kept:]]
+    bucket = await bucket_values(nc.jetstream(), subject_prefix)
+    assert without_positions(bucket) == bucket_of(log)
+
+
+async def test_a_relay_on_a_restored_log_publishes_every_event_written_since(
+    h: Harness, nc: NATS, owner_url: str, pg_schema: str, subject_prefix: str
+) -> None:
+    """A log restored from a backup, the stream kept: the new events take the positions the
+    stream's lost ones had, so positions cannot tell what the two share; hashes can."""
+    expect_ok(await h.client.admin(HALL, "import-topology", fabric()))
+    kept = len(await settled(h))
+    await compose(h, "globex", {"kind": "nic"})
+    await compose(h, "globex", {"kind": "gpu"})
+    followed = await settled(h)
+    await lose_tail(owner_url, pg_schema, HALL, kept, relay_checkpoint=True, reuse_positions=True)
+
+    await compose(h, "acme", {"kind": "gpu"})
+    log = await settled(h)
+    assert log[-1].position <= followed[-1].position  # positions the stream's lost events have
+
+    # A follower's progress is a position, which the relay passed long ago: wait on the stream.
+    wanted = [r.id for r in followed + log[kept:]]
+    for _ in range(100):
+        if await streamed(nc, subject_prefix) == wanted:
+            break
+        await asyncio.sleep(0.1)
+    assert await streamed(nc, subject_prefix) == wanted
     bucket = await bucket_values(nc.jetstream(), subject_prefix)
     assert without_positions(bucket) == bucket_of(log)

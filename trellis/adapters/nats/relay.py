@@ -48,6 +48,7 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -55,6 +56,7 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 
@@ -70,6 +72,7 @@ from trellis.adapters.nats.jetstream import (
     ensure_bucket,
     ensure_stream,
     event_subject,
+    stream_event,
     stream_name,
 )
 from trellis.adapters.nats.kv_state import KeyChange, View, changes, coalesce, everything
@@ -85,6 +88,10 @@ ATOMIC_BATCH_MAX = 1000  # JetStream's limit on messages in one atomic batch
 KV_IN_FLIGHT = 256
 CHECK_INTERVAL_S = 2.0  # how often quiet followers look whether the stream and bucket exist
 MIN_SERVER = (2, 12)  # atomic batches
+# The log's hash at a version; its hashes from a version on; when a version was recorded.
+_HASH_AT = "SELECT hash FROM trellis_events WHERE domain = $1 AND version = $2"
+_HASHES_AFTER = "SELECT version, hash FROM trellis_events WHERE domain = $1 AND version > $2"
+_RECORDED_AT = "SELECT recorded_at FROM trellis_events WHERE domain = $1 AND version = $2"
 _WRONG_LAST_SEQUENCE = 10071  # JetStream's err_code for an expected-last-sequence mismatch
 
 
@@ -356,21 +363,64 @@ class RelaySink:
         end = await domain_end(self._js, self.prefix, domain, self.foreign.skipped)
         if end.event is None:
             return _End(end.seq, self._checkpoints[domain].version if end.seq else 0)
-        last = Progress(end.event.version, end.event.position)
-        if last == done:  # the event the (held) checkpoint names
+        last = end.event
+        if Progress(last.version, last.position) == done:  # the event the (held) checkpoint names
             return _End(end.seq, last.version)
-        row = await conn.fetchrow(follower_checkpoints.SHARED, domain, last.position)
-        shared = Progress(row["version"], row["position"]) if row else Progress()
-        if shared != last:
-            log.warning(
-                "relay of domain %s: the stream ends at version %d, which the log no longer "
-                "holds; publishing the log's events after version %d",
-                domain,
-                last.version,
-                shared.version,
+        if await conn.fetchval(_HASH_AT, domain, last.version) == last.hash:
+            return _End(end.seq, last.version)
+        shared = await self._shared_with_stream(conn, domain, done, end.seq)
+        log.warning(
+            "relay of domain %s: the stream ends at version %d, which the log no longer "
+            "holds; publishing the log's events after version %d",
+            domain,
+            last.version,
+            shared,
+        )
+        self._synced[domain] = -1
+        return _End(end.seq, shared)
+
+    async def _shared_with_stream(
+        self, conn: asyncpg.Connection, domain: str, done: Progress, end_seq: int
+    ) -> int:
+        """The last version the stream and the log share: at least `done` (the relay published
+        it before it saved it), and on as far as the stream's events of the domain after it
+        are the log's, hash for hash. Hashes chain, so the first that differs ends it. Read on
+        from a minute before `done` was recorded; positions cannot say it, since a log
+        restored from a backup gives its new events positions the stream already holds."""
+        hashes = {
+            row["version"]: row["hash"]
+            for row in await conn.fetch(_HASHES_AFTER, domain, done.version)
+        }
+        recorded = await conn.fetchval(_RECORDED_AT, domain, done.version)
+        config = (
+            ConsumerConfig(
+                deliver_policy=DeliverPolicy.BY_START_TIME,
+                opt_start_time=recorded - timedelta(minutes=1),
             )
-            self._synced[domain] = -1
-        return _End(end.seq, shared.version)
+            if recorded is not None
+            else ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
+        )
+        shared = done.version
+        subject = f"{self.prefix}.events.{domain}.*"
+        sub = await self._js.subscribe(
+            subject, stream=self.stream, ordered_consumer=True, config=config
+        )
+        try:
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=self._publish_timeout)
+                except NatsTimeoutError:  # nothing more of the domain in the stream
+                    break
+                event = stream_event(self.prefix, msg.subject, msg.data, msg.headers)
+                if event is not None and event.version > shared:
+                    if hashes.get(event.version) != event.hash or event.version != shared + 1:
+                        break
+                    shared = event.version
+                if msg.metadata.sequence.stream >= end_seq:
+                    break
+        finally:
+            await sub.unsubscribe()
+        return shared
 
     async def _publish(self, domain: str, end: _End, records: list[RecordedEvent]) -> _End:
         """One atomic batch; the first message expects the domain's stream to end at `end`."""
