@@ -37,3 +37,36 @@ def test_in_secure_mode_only_whole_subjects_of_the_tenants_own_inbox(
         lambda: ("_INBOX.UOP", "_INBOX.UAUD", {"acme": ACME, "globex": "_INBOX.UGLOBEX"})
     )
     assert rule.allows("intent", "acme", reply) is allowed
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_tenants_key_replaced_while_the_engine_runs_is_read_again_at_most_once_a_second() -> None:
+    """`trellis tenant add` after the tenant's .nk was removed issues it a new key: its inbox
+    changes under the same name, and the old one stays refused."""
+    issued = {"acme": ACME}
+    reads = []
+
+    def inboxes() -> tuple[str, str, dict[str, str]]:
+        reads.append(dict(issued))
+        return "_INBOX.UOP", "_INBOX.UAUD", dict(issued)
+
+    clock = Clock()
+    rule = OwnInbox(inboxes, clock)
+    assert rule.allows("intent", "acme", f"{ACME}.x")
+    issued["acme"] = "_INBOX.UACMENEW"
+    assert rule.allows("intent", "acme", "_INBOX.UACMENEW.x")  # read again at once
+    assert not rule.allows("intent", "acme", f"{ACME}.x")  # the old key's inbox
+    assert len(reads) == 2
+    for _ in range(100):  # mismatches within the second read nothing more
+        assert not rule.allows("intent", "acme", "_INBOX.UELSE.x")
+    assert len(reads) == 2
+    clock.now += 1.0
+    assert not rule.allows("intent", "acme", "_INBOX.UELSE.x")
+    assert len(reads) == 3

@@ -20,6 +20,7 @@ So a tenant cannot have the engine answer into another tenant's inbox either.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
 from collections.abc import Callable
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 #: that ends a subject on the wire (one C call: it runs for every request).
 _INBOX_SUBJECT = re.compile(r"_INBOX(?:\.[^.*> \t\r\n]+)+")
 #: How often a refusal of one kind is logged at most (each is counted in the metrics anyway).
+REREAD_EVERY_S = 1.0  # how often a reply that matches no identity reads them again
 LOG_EVERY_S = 60.0
 
 
@@ -55,34 +57,44 @@ class AnyInbox:
 
 class OwnInbox:
     """Secure mode: the inbox of the identity the subject admits. `inboxes` gives the inbox
-    prefixes (`_INBOX.<public key>`) of the operator, the auditor and each tenant; a tenant it
-    does not know yet (issued after start, `trellis tenant add`) makes it read them again. Only
-    the server's users can send, and a tenant's user sends only under its own name, so an
-    unknown name is a newly issued tenant, not a flood."""
+    prefixes (`_INBOX.<public key>`) of the operator, the auditor and each tenant. A reply
+    subject that matches none of them may be an identity issued since they were read (a new
+    tenant, or a tenant's key replaced with `trellis tenant add`): they are read again, at most
+    once every REREAD_EVERY_S. Only the server's users can send, and a tenant's user sends only
+    under its own name, so a mismatch is rare, not a flood; the bound keeps it so."""
 
-    def __init__(self, inboxes: Callable[[], tuple[str, str, dict[str, str]]]):
+    def __init__(
+        self,
+        inboxes: Callable[[], tuple[str, str, dict[str, str]]],
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self._read = inboxes
+        self._clock = clock
         self._operator, self._auditor, self._tenants = inboxes()
+        self._read_at = -math.inf  # the first mismatch reads them again at once
 
     def allows(self, family: str, tenant: str | None, reply: str) -> bool:
         if not is_inbox(reply):
             return False
+        if self._matches(family, tenant, reply):
+            return True
+        now = self._clock()
+        if now - self._read_at < REREAD_EVERY_S:
+            return False
+        self._operator, self._auditor, self._tenants = self._read()
+        self._read_at = now
+        return self._matches(family, tenant, reply)
+
+    def _matches(self, family: str, tenant: str | None, reply: str) -> bool:
         match family:
             case "intent" | "view":
-                prefix = self._tenant(tenant)
+                prefix = self._tenants.get(tenant) if tenant is not None else None
                 return prefix is not None and reply.startswith(prefix + ".")
             case "admin":
                 return reply.startswith(self._operator + ".")
             case "query":
                 return reply.startswith((self._operator + ".", self._auditor + "."))
         return False
-
-    def _tenant(self, tenant: str | None) -> str | None:
-        if tenant is None:
-            return None
-        if tenant not in self._tenants:
-            self._operator, self._auditor, self._tenants = self._read()
-        return self._tenants.get(tenant)
 
 
 class DropLog:
