@@ -364,3 +364,27 @@ async def test_a_start_that_made_a_new_key_on_a_signed_log_is_refused_unless_all
     ) as running:  # fmt: skip
         assert running.checkpoint_key_warning is not None
         assert "TRELLIS_NEW_CHECKPOINT_KEY" in running.checkpoint_key_warning
+
+
+async def test_a_start_with_a_key_that_signs_none_of_the_logs_checkpoints_says_so(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, tmp_path: Path
+) -> None:
+    servers = (nats_url, database_url, pg_schema, subject_prefix)
+    deployment = tmp_path / "deployment.pem"
+    async with serving(*servers, signer=load_or_create(deployment), checkpoint_every=5) as h:
+        expect_ok(await h.client.admin(HALL, "import-topology", fabric()))
+        await checkpoint(h)
+    # Another deployment's key, given by mistake: said, not refused (it may be meant).
+    other = tmp_path / "other.pem"
+    kwargs = {"schema": pg_schema, "prefix": subject_prefix}
+    async with engine_at(
+        nats_url, database_url, signer=load_or_create(other), checkpoint_key=other, **kwargs
+    ) as running:
+        assert running.checkpoint_key_warning is not None
+        assert "signs none of the log's checkpoints" in running.checkpoint_key_warning
+    # The deployment's own key: nothing to say.
+    async with engine_at(
+        nats_url, database_url, signer=load_or_create(deployment), checkpoint_key=deployment,
+        **kwargs,
+    ) as running:  # fmt: skip
+        assert running.checkpoint_key_warning is None

@@ -40,7 +40,13 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import ServiceUnavailableError
 
 from trellis.adapters import event_loop
-from trellis.adapters.checkpoint_key import KEY_FILE, KeyFileError, judge_new_key, load_or_create
+from trellis.adapters.checkpoint_key import (
+    KEY_FILE,
+    KeyFileError,
+    judge_kept_key,
+    judge_new_key,
+    load_or_create,
+)
 from trellis.adapters.clock import SystemClock
 from trellis.adapters.embedded import watchdog
 from trellis.adapters.embedded.nats_server import EmbeddedNats, reload_nats
@@ -190,7 +196,7 @@ class RunningEngine(msgspec.Struct, kw_only=True):
     fabric_watch: FabricWatch | None = None  # the Redfish driver's timer, health and events
     page_token: str | None = None  # secure mode: the page's token (`<page_url>/?token=...`)
     redfish_url: str | None = None  # the northbound Redfish service, when served
-    checkpoint_key_warning: str | None = None  # a new key on a log other keys signed
+    checkpoint_key_warning: str | None = None  # a key other than the log's signers'
 
 
 class Endpoints(NamedTuple):
@@ -546,6 +552,8 @@ async def engine_on(
                 )  # fmt: skip
             except KeyFileError as exc:
                 raise SettingsError(str(exc)) from None
+        elif settings.checkpoint_key is not None and signer is not None:
+            key_warning = judge_kept_key(settings.checkpoint_key, signer, await audit.signers())
         snapshots, projection_pool = sinks.snapshots, sinks.projections.pool
         process: FollowerProcess | None = None
         following: Followers

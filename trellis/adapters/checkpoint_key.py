@@ -110,6 +110,25 @@ def judge_new_key(
     return message
 
 
+def judge_kept_key(path: Path, signer: Signer, signed: Mapping[str, int]) -> str | None:
+    """What to say of a key found in `path` that signs none of the log's checkpoints while
+    other keys sign some: another deployment's key, or the wrong TRELLIS_CHECKPOINT_KEY (a
+    key rotated with TRELLIS_NEW_CHECKPOINT_KEY=1 says so too, until its first checkpoint).
+    Not refused: the key is the operator's, and may be meant. None when it signs some, or
+    none are signed."""
+    own = _key_id(signer)
+    if not signed or own in signed:
+        return None
+    by = ", ".join(f"{key_id} ({n})" for key_id, n in sorted(signed.items()))
+    message = (
+        f"the checkpoint key {path} ({own}) signs none of the log's checkpoints, which {by} "
+        "sign: if this is not a deliberate rotation, stop and put the deployment's key there "
+        "(the data dir or TRELLIS_CHECKPOINT_KEY may name the wrong place)"
+    )
+    log.warning("%s", message)
+    return message
+
+
 def _key_id(signer: Signer) -> str:
     return f"{signer.name}+{signer.verifier.key_hash.hex()}"
 
