@@ -132,3 +132,13 @@ def test_a_file_that_cannot_be_read_is_a_usage_error_not_a_failed_check(
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("trellis: usage: "), line
     assert str(files[which]) in line and "FAILED" not in line
+
+
+def test_a_key_and_a_key_file_together_are_a_usage_error(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Once, the key file was ignored without a word.
+    key = files["key"].read_text().strip()
+    assert cli.main([*verify(files, event_hash=HASHES[2]), "--key", key]) == 2
+    err = capsys.readouterr().err
+    assert "not allowed with argument" in err and "--key" in err, err

@@ -297,8 +297,10 @@ def add_offline_verify(p: argparse.ArgumentParser) -> None:
         help="a signed checkpoint note (repeatable: both ends of a consistency proof)",
     )
     p.add_argument("--proof", type=Path, metavar="FILE", help="a proof or consistency file")
-    p.add_argument("--key", metavar="VERIFIER_KEY", help="the checkpoint signer's verifier key")
-    p.add_argument("--key-file", type=Path, metavar="FILE", help="a file holding the key")
+    # One key or the other: given both, one of them would be ignored without a word.
+    key = p.add_mutually_exclusive_group()
+    key.add_argument("--key", metavar="VERIFIER_KEY", help="the checkpoint signer's verifier key")
+    key.add_argument("--key-file", type=Path, metavar="FILE", help="a file holding the key")
     p.add_argument(
         "--event-hash",
         type=_event_hash_argument,
