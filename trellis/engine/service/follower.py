@@ -250,7 +250,10 @@ class Follower:
                 try:
                     progress = await self.sink.apply(self.domain, batch)
                 except Rewound:
-                    log.info("%s moved back (a rebuild?); reading again", self._name)
+                    log.info(
+                        "%s moved back (a rebuild, or a log that lost its tail); reading again",
+                        self._name,
+                    )
                     self._resumed = False
                     continue
                 except Stalled as exc:
