@@ -15,6 +15,7 @@ from trellis.engine.core.checkpoints import (
     key_hash,
     open_checkpoint,
     parse_checkpoint,
+    signers_of,
 )
 
 # The example note and verifier key of the C2SP signed-note ecosystem (Go's sumdb/note
@@ -117,3 +118,12 @@ def test_malformed_notes_are_refused() -> None:
     for note in ["no blank line\n", "text\n\nnot a signature\n", "text\n\n\u2014 trellis !!\n"]:
         with pytest.raises(NoteError):
             verifier.open(note)
+
+
+def test_a_notes_signers_are_the_key_ids_its_signature_lines_name() -> None:
+    deployment, witness = Signer.generate(), Signer.generate("witness")
+    body = Checkpoint(origin="trellis/hall-1", size=3, root=bytes(32)).body()
+    note = deployment.sign(body) + witness.sign(body).rpartition("\n\n")[2]
+    assert signers_of(note) == {deployment.verifier.key_id, witness.verifier.key_id}
+    assert deployment.verifier.key().startswith(deployment.verifier.key_id + "+")
+    assert signers_of(body + "\nno signature line\n\u2014 x not-base64\n") == set()

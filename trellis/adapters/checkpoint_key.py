@@ -88,7 +88,7 @@ def judge_new_key(
         KeyFileError: other keys sign the log's checkpoints and a new key is not `allowed`. The
             key made is removed first, so that the next start judges again.
     """
-    others = {key_id: n for key_id, n in signed.items() if key_id != _key_id(signer)}
+    others = {key_id: n for key_id, n in signed.items() if key_id != signer.verifier.key_id}
     if not others:
         return None
     by = ", ".join(f"{key_id} ({n})" for key_id, n in sorted(others.items()))
@@ -102,7 +102,7 @@ def judge_new_key(
             f"start once with {NEW_KEY_ENV}=1 and give auditors the new verifier key"
         )
     message = (
-        f"made a new checkpoint key {path} ({_key_id(signer)}) although the log holds "
+        f"made a new checkpoint key {path} ({signer.verifier.key_id}) although the log holds "
         f"checkpoints signed by other keys, {by} ({NEW_KEY_ENV}): older notes verify only "
         "with their own key, newer ones only with the new verifier key"
     )
@@ -116,7 +116,7 @@ def judge_kept_key(path: Path, signer: Signer, signed: Mapping[str, int]) -> str
     key rotated with TRELLIS_NEW_CHECKPOINT_KEY=1 says so too, until its first checkpoint).
     Not refused: the key is the operator's, and may be meant. None when it signs some, or
     none are signed."""
-    own = _key_id(signer)
+    own = signer.verifier.key_id
     if not signed or own in signed:
         return None
     by = ", ".join(f"{key_id} ({n})" for key_id, n in sorted(signed.items()))
@@ -127,10 +127,6 @@ def judge_kept_key(path: Path, signer: Signer, signed: Mapping[str, int]) -> str
     )
     log.warning("%s", message)
     return message
-
-
-def _key_id(signer: Signer) -> str:
-    return f"{signer.name}+{signer.verifier.key_hash.hex()}"
 
 
 def _create(path: Path) -> None:

@@ -123,7 +123,7 @@ def check(
     origins = {c.origin for c in checkpoints}
     if len(origins) > 1:
         raise ProofRejected(f"the checkpoints are of different logs: {', '.join(sorted(origins))}")
-    signer = f"{verifier.name}+{verifier.key_hash.hex()}"
+    signer = verifier.key_id
     try:
         if "leaf_index" in proof:
             return _inclusion(checkpoints, proof, event_hash, signer)

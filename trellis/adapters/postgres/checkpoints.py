@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -42,7 +41,7 @@ import msgspec
 
 from trellis.adapters.postgres import follower_checkpoints
 from trellis.engine.core.actors import OPERATOR
-from trellis.engine.core.checkpoints import Checkpoint, NoteError, Signer, origin_of
+from trellis.engine.core.checkpoints import Checkpoint, NoteError, Signer, origin_of, signers_of
 from trellis.engine.core.errors import IntentRejected, StoreUnavailable
 from trellis.engine.core.intents import CheckpointKeyQuery, ConsistencyQuery, ProofQuery
 from trellis.engine.core.merkle import MerkleTree, leaf_hash
@@ -59,7 +58,6 @@ log = logging.getLogger("trellis.checkpoints")
 
 SINK_NAME = "checkpoints"
 DEFAULT_EVERY = 1000
-_SIGNATURE_LINE = "\u2014 "  # C2SP: a note's signature lines start with an em dash and a space
 _PAGE = 10_000
 
 #: publish(domain, size, note): put a recorded checkpoint where auditors and witnesses see it.
@@ -187,7 +185,7 @@ class PostgresAuditTrail:
             notes = await self._pool.fetch(_NOTES)
         signed: dict[str, int] = {}
         for row in notes:
-            for key_id in _key_ids(row["note"]):
+            for key_id in signers_of(row["note"]):
                 signed[key_id] = signed.get(key_id, 0) + 1
         return signed
 
@@ -429,21 +427,6 @@ def _within(domain: str, size: int, head: int, field: str) -> None:
 
 def _b64(digest: bytes) -> str:
     return base64.b64encode(digest).decode()
-
-
-def _key_ids(note: str) -> set[str]:
-    """The `<name>+<key hash>` of each of a note's signature lines (`— <name> <base64(key hash
-    || signature)>`, after its last blank line)."""
-    key_ids = set()
-    for line in note[note.rfind("\n\n") + 2 :].splitlines():
-        if not line.startswith(_SIGNATURE_LINE):
-            continue
-        name, _, encoded = line.removeprefix(_SIGNATURE_LINE).partition(" ")
-        with contextlib.suppress(binascii.Error):
-            key_hash = base64.b64decode(encoded, validate=True)[:4]
-            if len(key_hash) == 4:
-                key_ids.add(f"{name}+{key_hash.hex()}")
-    return key_ids
 
 
 def _leaf(row: asyncpg.Record) -> bytes:

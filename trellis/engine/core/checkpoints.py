@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import re
 
@@ -94,10 +95,15 @@ class Verifier(msgspec.Struct, frozen=True):
     def key_hash(self) -> bytes:
         return key_hash(self.name, self.public_key)
 
+    @property
+    def key_id(self) -> str:
+        """`<name>+<hex key hash>`: the key as a note's signature line names it."""
+        return f"{self.name}+{self.key_hash.hex()}"
+
     def key(self) -> str:
         """The verifier key text: `<name>+<hex key hash>+<base64(0x01 || key)>`."""
         encoded = base64.b64encode(_ED25519 + self.public_key).decode()
-        return f"{self.name}+{self.key_hash.hex()}+{encoded}"
+        return f"{self.key_id}+{encoded}"
 
     @classmethod
     def parse(cls, text: str) -> Verifier:
@@ -189,6 +195,22 @@ def open_checkpoint(note: str, verifier: Verifier) -> Checkpoint:
         NoteError: see `Verifier.open` and `parse_checkpoint`.
     """
     return parse_checkpoint(verifier.open(note))
+
+
+def signers_of(note: str) -> set[str]:
+    """The key ids (`<name>+<hex key hash>`, as `Verifier.key_id`) that `note`'s signature
+    lines name, whether or not each signature holds; a line that is no signature is passed
+    over."""
+    key_ids = set()
+    for line in note[note.rfind("\n\n") + 2 :].splitlines():
+        if not line.startswith(_DASH):
+            continue
+        name, _, encoded = line.removeprefix(_DASH).partition(" ")
+        with contextlib.suppress(NoteError):
+            key_hash = _b64(encoded, "signature")[:4]
+            if len(key_hash) == 4:
+                key_ids.add(f"{name}+{key_hash.hex()}")
+    return key_ids
 
 
 def _b64(text: str, what: str) -> bytes:
