@@ -44,12 +44,20 @@ class ProofRejected(Exception):
     """The proof, a checkpoint or the key does not hold up; the message says what."""
 
 
-class EventUnreadable(Exception):
-    """The `--event` file holds no event in a form this check reads; the message says why."""
+_HELP_HINT = "`trellis verify --help`"
+_EVENT_HINT = (
+    "give the event as the TRELLIS_EVENTS stream carries it, or an export's row in JSON "
+    "(docs/auditing.md)"
+)
 
 
 class FileUnreadable(Exception):
-    """A file the command line names cannot be read, or the proof file is not JSON."""
+    """A file the command line names cannot be read, or holds nothing of what it should (the
+    proof not JSON, the event in neither form): nothing was checked, the file is to change."""
+
+    def __init__(self, message: str, hint: str = _HELP_HINT):
+        super().__init__(message)
+        self.hint = hint
 
 
 class ExportRow(msgspec.Struct):
@@ -194,7 +202,7 @@ def event_file_hash(path: Path) -> tuple[str, int]:
     or an array of just one, as DuckDB's `COPY ... (ARRAY true)` writes it).
 
     Raises:
-        EventUnreadable: no such file, or it holds no event in either form.
+        FileUnreadable: no such file, or it holds no event in either form.
         ProofRejected: its content does not give its own hash.
     """
     envelope, at = _read_event(path)
@@ -211,8 +219,9 @@ def _read_event(path: Path) -> tuple[Envelope, datetime]:
         if text.lstrip().startswith(b"["):
             items = msgspec.json.decode(text, type=list[msgspec.Raw])
             if len(items) != 1:
-                raise EventUnreadable(
-                    f"{path} holds {len(items)} events in an array; give the one proved"
+                raise FileUnreadable(
+                    f"{path} holds {len(items)} events in an array; give the one proved",
+                    _EVENT_HINT,
                 )
             text = bytes(items[0])
         fields = msgspec.json.decode(text, type=dict[str, msgspec.Raw])
@@ -220,16 +229,17 @@ def _read_event(path: Path) -> tuple[Envelope, datetime]:
             envelope = msgspec.json.decode(text, type=Envelope)
             return envelope, _instant(envelope.recorded_at)
         if "time" not in fields:
-            raise EventUnreadable(
+            raise FileUnreadable(
                 f"{path} holds neither the stream's form of an event (it has no recorded_at) "
-                "nor an export's row (it has no time)"
+                "nor an export's row (it has no time)",
+                _EVENT_HINT,
             )
         row = msgspec.json.decode(text, type=ExportRow)
         at = _instant(row.time)
     except OSError as exc:
-        raise EventUnreadable(f"cannot read {path}: {exc.strerror}") from None
+        raise FileUnreadable(f"cannot read {path}: {exc.strerror}", _EVENT_HINT) from None
     except (msgspec.DecodeError, ValueError) as exc:
-        raise EventUnreadable(f"cannot read the event in {path}: {exc}") from None
+        raise FileUnreadable(f"cannot read the event in {path}: {exc}", _EVENT_HINT) from None
     envelope = Envelope(
         id=row.id,
         domain=row.domain,
@@ -367,18 +377,8 @@ def verify_offline(args: argparse.Namespace) -> int:
                 )
         print(check(notes, proof, key, event_hash=event_hash))
         return 0
-    except EventUnreadable as exc:  # nothing was checked: the file given is to change
-        raise CliError(
-            str(exc),
-            code="usage",
-            hint="give the event as the TRELLIS_EVENTS stream carries it, or an export's row "
-            "in JSON (docs/auditing.md)",
-            exit=EXIT_USAGE,
-        ) from None
-    except FileUnreadable as exc:  # likewise: nothing was checked
-        raise CliError(
-            str(exc), code="usage", hint="`trellis verify --help`", exit=EXIT_USAGE
-        ) from None
+    except FileUnreadable as exc:  # nothing was checked: the file given is to change
+        raise CliError(str(exc), code="usage", hint=exc.hint, exit=EXIT_USAGE) from None
     except ProofRejected as exc:
         print(f"trellis verify: FAILED: {exc}", file=sys.stderr)
         return 1
