@@ -357,9 +357,10 @@ class RelaySink:
         what it knows it published).
 
         A last event the log no longer holds (relayed before a failover to a standby without
-        it) counts as the last version the stream and the log share: the events the log holds
-        after it are published after it (other ids: Nats-Msg-Id lets them through), and the
-        domain's keys are put again in full."""
+        it, or before a restore from a backup) ends at the last version the stream and the log
+        share (`_shared_with_stream`): the events the log holds after it are published after
+        it (other ids: Nats-Msg-Id lets them through), and the domain's keys are put again in
+        full."""
         end = await domain_end(self._js, self.prefix, domain, self.foreign.skipped)
         if end.event is None:
             return _End(end.seq, self._checkpoints[domain].version if end.seq else 0)
