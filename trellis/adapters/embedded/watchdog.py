@@ -24,6 +24,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
 
 POLL_S = 0.2
 GRACE_S = 10.0  # for each server's own shutdown before it is killed
@@ -39,17 +41,44 @@ def alive(pid: int) -> bool:
     return True
 
 
-def stop_servers(targets: Sequence[tuple[int, int]], grace_s: float = GRACE_S) -> None:
-    """Signal each (pid, signal); after `grace_s`, SIGKILL those still running."""
-    for pid, sig in targets:
-        if alive(pid):
-            os.kill(pid, sig)
+def started_at(pid: int) -> int | None:
+    """When `pid` started, in clock ticks since boot (/proc/PID/stat's 22nd field; Linux), or
+    None when no such process runs. A pid with another start time is another process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rpartition(")")[2].split()[19])
+
+
+class Server(NamedTuple):
+    """A server to stop: its pid, its shutdown signal, and when it started (its identity)."""
+
+    pid: int
+    sig: int
+    started: int | None
+
+    @classmethod
+    def seen_now(cls, pid: int, sig: int) -> Server:
+        return cls(pid, sig, started_at(pid))
+
+    def running(self) -> bool:
+        # A server stopped already may have left its pid to another process (pids wrap within
+        # minutes where pid_max is 32768): that one is not ours to signal.
+        return self.started is not None and started_at(self.pid) == self.started
+
+
+def stop_servers(targets: Sequence[Server], grace_s: float = GRACE_S) -> None:
+    """Signal each server still running; after `grace_s`, SIGKILL those still running."""
+    for server in targets:
+        if server.running():
+            os.kill(server.pid, server.sig)
     deadline = time.monotonic() + grace_s
-    while any(alive(pid) for pid, _ in targets) and time.monotonic() < deadline:
+    while any(server.running() for server in targets) and time.monotonic() < deadline:
         time.sleep(0.05)
-    for pid, _ in targets:
-        if alive(pid):
-            os.kill(pid, signal.SIGKILL)
+    for server in targets:
+        if server.running():
+            os.kill(server.pid, signal.SIGKILL)
 
 
 class Watchdog:
@@ -84,18 +113,18 @@ class Watchdog:
             self.process.stdin.close()
 
 
-def _parse(lines: bytes) -> list[tuple[int, int]]:
+def _parse(lines: bytes) -> list[Server]:
     targets = []
     for line in lines.split(b"\n"):
         pid, _, sig = line.strip().partition(b":")
         if pid.isdigit() and sig.isdigit():
-            targets.append((int(pid), int(sig)))
+            targets.append(Server.seen_now(int(pid), int(sig)))
     return targets
 
 
 def main(argv: Sequence[str]) -> int:
     parent = int(argv[0])
-    targets = [(int(pid), int(sig)) for pid, sig in (arg.split(":") for arg in argv[1:])]
+    targets = [Server.seen_now(int(pid), int(sig)) for pid, sig in (a.split(":") for a in argv[1:])]
     # A Ctrl-C is the parent's to act on (it stops the servers in order); this process has a
     # session of its own, and ignores one sent to it all the same.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -116,9 +145,7 @@ def main(argv: Sequence[str]) -> int:
     return 0
 
 
-def _read(
-    fd: int, pending: bytes, timeout: float, targets: list[tuple[int, int]]
-) -> tuple[bytes, bool]:
+def _read(fd: int, pending: bytes, timeout: float, targets: list[Server]) -> tuple[bytes, bool]:
     """Wait up to `timeout` for lines on `fd`; add the servers they name to `targets`. The
     unfinished line, and whether `fd` may say more."""
     try:
