@@ -157,9 +157,12 @@ class MockupServer:
     def stop(self) -> None:
         if self.proc is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGCONT)  # a paused one cannot end otherwise
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        # Once reaped, its pid (its group's id) may be another process's: signal it only while
+        # it is unreaped (a zombie still holds the pid).
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGCONT)  # a paused one cannot end otherwise
+                os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
         self.proc = None
 

@@ -322,8 +322,9 @@ async def test_a_follower_process_still_waiting_for_its_servers_leaves_with_its_
         await engine.wait()
         await until("the waiting follower outlived its killed engine", lambda: gone(follower))
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(follower, signal.SIGKILL)
+        if not gone(follower):  # a gone one's pid may be another process's by now
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(follower, signal.SIGKILL)
     # Its own child this time: SIGTERM ends the wait at once, and the process exits cleanly.
     waiting = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "trellis.adapters.entrypoints.follow",
