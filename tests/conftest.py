@@ -39,7 +39,11 @@ from zeros import pytest_sessionfinish, pytest_terminal_summary, pytest_testnode
 from trellis.adapters.embedded.cluster import NatsCluster
 from trellis.adapters.embedded.nats_server import EmbeddedNats
 from trellis.adapters.embedded.postgres_server import EmbeddedPostgres
+from trellis.adapters.embedded.process import log_tail
 from trellis.adapters.postgres.store import connect_pool
+
+# The embedded servers this session started, watched after each test (below).
+SESSION_SERVERS: list[EmbeddedNats | EmbeddedPostgres] = []
 
 
 class Servers(NamedTuple):
@@ -62,6 +66,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
         if not nats_url:
             nats = EmbeddedNats(tmp_path_factory.mktemp("nats"))
             started.append(nats)
+            SESSION_SERVERS.append(nats)
             nats.start()
             nats_url = nats.url
         database_url = os.environ.get("TRELLIS_DATABASE_URL")
@@ -69,6 +74,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
         if not database_url:
             postgres = EmbeddedPostgres(tmp_path_factory.mktemp("postgres"))
             started.append(postgres)
+            SESSION_SERVERS.append(postgres)
             postgres.start()
             database_url, owner_url = postgres.url, postgres.owner_url
         assert owner_url is not None
@@ -77,6 +83,20 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
     finally:
         for server in reversed(started):
             server.stop()
+            SESSION_SERVERS.remove(server)
+
+
+@pytest.fixture(autouse=True)
+def _session_servers_outlive_the_test() -> Iterator[None]:
+    """A session server that died fails the test it died in (or the first after it), with how
+    it exited and its log's last lines, so the one cause is named once, not guessed from a
+    hundred refused connections. (PostgreSQL notices a lost data-dir lock within a minute.)"""
+    yield
+    for server in SESSION_SERVERS:
+        how = server.died()
+        if how is not None:
+            said = f"the session's {how}; the tail of {server.log_path}:\n"
+            pytest.fail(said + log_tail(server.log_path, 15), pytrace=False)
 
 
 @pytest.fixture(scope="session")
