@@ -134,11 +134,50 @@ def test_a_file_that_cannot_be_read_is_a_usage_error_not_a_failed_check(
     assert str(files[which]) in line and "FAILED" not in line
 
 
-def test_a_key_and_a_key_file_together_are_a_usage_error(
-    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+@pytest.fixture
+def rotated(tmp_path: Path) -> tuple[list[str], Signer, Signer]:
+    """A key rotation between two checkpoints: the one of three events signed by the old key,
+    the one of five by the new; the command line checking their consistency proof, less the
+    keys, and the two signers."""
+    tree = MerkleTree(leaf_hash(bytes.fromhex(h)) for h in HASHES)
+    old, new = Signer.generate(), Signer.generate()
+    for signer, size in ((old, 3), (new, 5)):
+        checkpoint = Checkpoint(origin="trellis/hall-1", size=size, root=tree.root(size))
+        (tmp_path / f"{size}.note").write_text(signer.checkpoint(checkpoint))
+    proof = {
+        "from_size": 3,
+        "to_size": 5,
+        "from_root": b64(tree.root(3)),
+        "to_root": b64(tree.root(5)),
+        "path": [b64(p) for p in tree.consistency_proof(3, 5)],
+    }
+    (tmp_path / "consistency.json").write_text(json.dumps(proof))
+    (tmp_path / "old.vkey").write_text(old.verifier.key() + "\n")
+    notes = [str(tmp_path / "3.note"), str(tmp_path / "5.note")]
+    args = ["verify", "--checkpoint", notes[0], "--checkpoint", notes[1]]
+    return [*args, "--proof", str(tmp_path / "consistency.json")], old, new
+
+
+def test_after_a_key_rotation_each_note_holds_with_one_of_the_keys_given(
+    rotated: tuple[list[str], Signer, Signer], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Once, the key file was ignored without a word.
-    key = files["key"].read_text().strip()
-    assert cli.main([*verify(files, event_hash=HASHES[2]), "--key", key]) == 2
-    err = capsys.readouterr().err
-    assert "not allowed with argument" in err and "--key" in err, err
+    args, old, new = rotated
+    new_key = ["--key", new.verifier.key()]
+    # --key and --key-file mix: every key given is used, none ignored.
+    both = [*args, "--key-file", str(tmp_path / "old.vkey"), *new_key]
+    assert cli.main(both) == 0, capsys.readouterr().err
+    signers = " and ".join(sorted([old.verifier.key_id, new.verifier.key_id]))
+    assert capsys.readouterr().out.endswith(f"(signed checkpoints of 3 and 5 by {signers})\n")
+    assert cli.main([*both, *new_key, "--key", old.verifier.key()]) == 0  # repeats are harmless
+
+    # The old key alone, or the new: the other key's note fails.
+    assert cli.main([*args, *new_key]) == 1
+    assert capsys.readouterr().err == (
+        f"trellis verify: FAILED: the note carries no signature by {new.verifier.key()}\n"
+    )
+    assert cli.main([*args, "--key-file", str(tmp_path / "old.vkey")]) == 1
+    assert f"no signature by {old.verifier.key()}" in capsys.readouterr().err
+
+    # A key that is no key is not passed over for the good ones.
+    assert cli.main([*both, "--key", "trellis+00000000+AAAA"]) == 1
+    assert "FAILED: the verifier key" in capsys.readouterr().err

@@ -464,10 +464,10 @@ def test_stored_checkpoints_must_be_the_logs_merkle_roots() -> None:
 
 
 def notes_checked(
-    stored: list[StoredCheckpoint], log: list[RecordedEvent], verifier: Verifier | None
+    stored: list[StoredCheckpoint], log: list[RecordedEvent], *verifiers: Verifier
 ) -> tuple[list[Finding], list[Finding]]:
     """(the rows' findings, the notes' findings) of `stored` against `log`."""
-    c = CheckpointCheck(D, stored, verifier)
+    c = CheckpointCheck(D, stored, verifiers)
     for e in log:
         c.feed(e)
     return c.findings(), c.note_findings()
@@ -532,7 +532,61 @@ def test_stored_notes_must_verify_and_say_what_their_rows_say() -> None:
     ]
 
     # Without a key, nothing is said about the notes (the caller reports that as skipped).
-    assert notes_checked([msgspec.structs.replace(rows[1], note="forged")], log, None) == ([], [])
+    assert notes_checked([msgspec.structs.replace(rows[1], note="forged")], log) == ([], [])
+
+
+def test_after_a_key_rotation_each_note_holds_with_the_key_that_signed_it() -> None:
+    """A rotation (`TRELLIS_NEW_CHECKPOINT_KEY=1`) leaves the old key's notes before the new
+    key's: given both keys every note holds; given one, exactly the other's notes are named."""
+    old, new = Signer.generate(), Signer.generate()
+    log = recorded(6)
+    rows = [*signed_rows(old, log, [2, 4]), *signed_rows(new, log, [6])]
+
+    assert notes_checked(rows, log, old.verifier, new.verifier) == ([], [])
+    # The order the keys are given in, and a key given twice, change nothing.
+    assert notes_checked(rows, log, new.verifier, old.verifier, new.verifier) == ([], [])
+
+    _, found = notes_checked(rows, log, new.verifier)
+    assert [(f.check, f.version) for f in found] == [("checkpoint_note", 2), ("checkpoint_note", 4)]
+    key = new.verifier.key()
+    assert found[0].message == (
+        f"the note of the checkpoint of 2 events does not verify with {key}: the note carries "
+        f"no signature by {key}"
+    )
+    _, found = notes_checked(rows, log, old.verifier)
+    assert [(f.check, f.version) for f in found] == [("checkpoint_note", 6)]
+
+    # A third key's note is named with every key given.
+    stranger = signed_rows(Signer.generate(), log, [6])
+    _, found = notes_checked([*rows[:2], *stranger], log, old.verifier, new.verifier)
+    assert [(f.check, f.version) for f in found] == [("checkpoint_note", 6)]
+    assert found[0].message.startswith(
+        f"the note of the checkpoint of 6 events does not verify with {old.verifier.key()} or "
+        f"{new.verifier.key()}: "
+    )
+
+
+def test_a_bad_signature_by_a_key_given_fails_its_note_beside_a_good_one() -> None:
+    """As C2SP note verifiers treat their known keys (Go's note.Open): a note the engine
+    co-signed with both keys holds with either, but a broken signature by a key given is a
+    finding even where the other key's holds."""
+    old, new = Signer.generate(), Signer.generate()
+    log = recorded(3)
+    (row,) = signed_rows(old, log, [3])
+    (by_new,) = signed_rows(new, log, [3])
+    new_line = by_new.note.rpartition("\n\n")[2]
+    cosigned = msgspec.structs.replace(row, note=row.note + new_line)
+    for keys in ([old.verifier], [new.verifier], [old.verifier, new.verifier]):
+        assert notes_checked([cosigned], log, *keys) == ([], [])
+
+    head, _, signature = new_line.rstrip("\n").rpartition(" ")
+    flipped = "B" if signature[8] == "A" else "A"  # in the signature, past the key hash
+    broken = f"{head} {signature[:8]}{flipped}{signature[9:]}\n"
+    _, found = notes_checked(
+        [msgspec.structs.replace(row, note=row.note + broken)], log, old.verifier, new.verifier
+    )
+    assert [(f.check, f.version) for f in found] == [("checkpoint_note", 3)]
+    assert f"the signature by {new.verifier.key_id} does not verify" in found[0].message
 
 
 def test_a_consistent_forgery_is_caught_by_the_signed_roots() -> None:

@@ -33,7 +33,7 @@ from trellis.adapters.entrypoints.audit_verify import verify
 from trellis.adapters.nats.connect import connect_nats
 from trellis.adapters.nats.jetstream import bucket_name
 from trellis.adapters.postgres.store import PostgresEventStore
-from trellis.engine.core.checkpoints import Signer
+from trellis.engine.core.checkpoints import Checkpoint, Signer, origin_of
 from trellis.engine.core.events import (
     CompositionRequested,
     DeviceBinding,
@@ -438,7 +438,7 @@ async def test_a_note_that_is_not_the_rows_or_the_logs_is_a_finding_with_exit_1(
         assert said in finding["message"], finding["message"]
     notes = report["checks"]["notes"]
     assert (notes["status"], notes["notes"]) == ("fail", 2)
-    assert (notes["key"], notes["key_from"]) == (key, f"--key-file {tmp_path / 'key'}")
+    assert (notes["keys"], notes["key_from"]) == ([key], f"--key-file {tmp_path / 'key'}")
     assert report["checks"]["chain"]["status"] == "pass"  # the rows agree with the log
 
 
@@ -478,6 +478,35 @@ async def test_the_notes_are_checked_with_the_key_found_or_skipped_without_one(
     assert (notes["status"], notes["notes"], report["ok"]) == ("skipped", 2, True)
     assert notes["reason"].startswith("no verifier key: cannot ask the engine for it (NATS ")
     assert "check notes: skipped (no verifier key: " in audit_verify.text(report)
+
+
+async def test_after_a_key_rotation_the_notes_hold_with_both_keys_given(
+    h: Harness, sql: asyncpg.Connection, env: dict[str, str], tmp_path: Path
+) -> None:
+    """A rotation (`trellis up` with a new key, TRELLIS_NEW_CHECKPOINT_KEY=1) leaves the old
+    key's notes before the new key's: given both keys, every note holds; given one, the other
+    key's notes are named, and a key that is no key is a usage error."""
+    new, (first, _) = await signed_twice(h)
+    # The first checkpoint as the key before the rotation signed it.
+    old = Signer.generate()
+    root = base64.b64decode(first["root"])
+    checkpoint = Checkpoint(origin=origin_of(HALL), size=first["size"], root=root)
+    await set_checkpoint(sql, first["size"], "note", old.checkpoint(checkpoint))
+    old_file = tmp_path / "old.vkey"
+    old_file.write_text(old.verifier.key() + "\n")
+
+    code, out, err = await trellis(env, "verify", "--key", new, "--key-file", str(old_file))
+    assert code == 0, out + err
+    signers = ", ".join("+".join(key.split("+")[:2]) for key in (new, old.verifier.key()))
+    assert f"check notes: pass (2 notes, keys {signers} from --key, --key-file {old_file})" in out
+
+    code, out, _ = await trellis(env, "verify", "--key", new)
+    assert code == 1 and out.count("FINDING checkpoint_note:") == 1
+    assert f"checkpoint of {first['size']} events does not verify with {new}: " in out
+
+    code, out, err = await trellis(env, "verify", "--key", new, "--key", "trellis+0+AA==")
+    assert (code, out) == (2, "")
+    assert err.startswith("trellis verify: --key 'trellis+0+AA==' holds no verifier key: "), err
 
 
 async def test_two_events_whose_positions_were_swapped_are_named(

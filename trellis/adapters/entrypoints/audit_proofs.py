@@ -5,7 +5,8 @@ The offline check needs no server, no database and no trust in the operator: onl
 checkpoint notes the auditor kept, a proof file (the result of the `proof` or `consistency`
 query, as `trellis proof` / `trellis consistency` print it) and the verifier key (the
 `checkpoint-key` query's answer, or `<data dir>/checkpoint-key.pem.pub`, obtained once and
-kept apart). It checks each note's Ed25519 signature with the key, that the proof's tree
+kept apart; after a key rotation, the old and the new). It checks each note's Ed25519
+signature with one of the keys, that the proof's tree
 size and root are a signed checkpoint's, and the proof itself per RFC 9162
 (engine/core/merkle.py). An inclusion proof is of an event hash: given with `--event-hash`, or
 recomputed from the event itself (`--event FILE`: the event as the TRELLIS_EVENTS stream
@@ -23,7 +24,7 @@ import base64
 import binascii
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ import msgspec
 from trellis.adapters.entrypoints import render
 from trellis.adapters.entrypoints.cli.errors import EXIT_USAGE, CliError
 from trellis.adapters.nats.jetstream import Envelope
-from trellis.engine.core.checkpoints import Checkpoint, NoteError, Verifier, open_checkpoint
+from trellis.engine.core.checkpoints import Checkpoint, NoteError, Verifier, open_checkpoint_by_any
 from trellis.engine.core.merkle import HASH_SIZE, leaf_hash, verify_consistency, verify_inclusion
 from trellis.engine.core.records import format_time
 
@@ -106,12 +107,13 @@ def event_hash_bytes(text: str) -> bytes:
 def check(
     notes: list[str],
     proof: dict[str, Any],
-    verifier_key: str,
+    verifier_keys: str | Sequence[str],
     *,
     event_hash: str | None = None,
 ) -> str:
-    """Check `proof` against the signed checkpoints `notes` with `verifier_key` alone; the
-    line that says what was proved.
+    """Check `proof` against the signed checkpoints `notes` with `verifier_keys` alone (one
+    key, or several: after a key rotation older notes are the old key's); the line that says
+    what was proved. Each note must verify with one of the keys.
 
     Raises:
         ProofRejected: anything does not hold.
@@ -121,34 +123,36 @@ def check(
             event_hash_bytes(event_hash)
         except ValueError as exc:  # the caller's argument, not the proof file, is bad
             raise ProofRejected(str(exc)) from None
+    keys = [verifier_keys] if isinstance(verifier_keys, str) else verifier_keys
     try:
-        verifier = Verifier.parse(verifier_key)
-        checkpoints = [open_checkpoint(note, verifier) for note in notes]
+        verifiers = [Verifier.parse(key) for key in keys]
+        opened = [open_checkpoint_by_any(note, verifiers) for note in notes]
     except NoteError as exc:
         raise ProofRejected(str(exc)) from None
-    if not checkpoints:
+    if not opened:
         raise ProofRejected("give at least one checkpoint (--checkpoint FILE)")
-    origins = {c.origin for c in checkpoints}
+    signers = {checkpoint: verifier.key_id for checkpoint, verifier in opened}
+    origins = {c.origin for c in signers}
     if len(origins) > 1:
         raise ProofRejected(f"the checkpoints are of different logs: {', '.join(sorted(origins))}")
-    signer = verifier.key_id
     try:
         if "leaf_index" in proof:
-            return _inclusion(checkpoints, proof, event_hash, signer)
+            return _inclusion(signers, proof, event_hash)
         if "from_size" in proof:
-            return _consistency(checkpoints, proof, signer)
+            return _consistency(signers, proof)
     except (KeyError, TypeError, ValueError, binascii.Error) as exc:
         raise ProofRejected(f"the proof file is malformed: {exc!r}") from None
     raise ProofRejected("the proof file holds neither an inclusion nor a consistency proof")
 
 
 def _inclusion(
-    checkpoints: list[Checkpoint], proof: dict[str, Any], event_hash: str | None, signer: str
+    signers: dict[Checkpoint, str], proof: dict[str, Any], event_hash: str | None
 ) -> str:
+    """`signers`: each signed checkpoint given, and the key id it verified with."""
     if event_hash is None:
         raise ProofRejected("an inclusion proof is of an event: give --event-hash or --event")
     index, size = int(proof["leaf_index"]), int(proof["tree_size"])
-    signed = _signed_at(checkpoints, size)
+    signed = _signed_at(list(signers), size)
     if _decode(proof["root"]) != signed.root:
         raise ProofRejected(f"the proof's root is not the signed root of size {size}")
     leaf = leaf_hash(event_hash_bytes(event_hash))
@@ -159,11 +163,13 @@ def _inclusion(
         )
     return (
         f"ok: event hash {event_hash[:16]}… is leaf {index} (version {index + 1}) of "
-        f"{signed.origin}'s tree of {size} events, signed by {signer}"
+        f"{signed.origin}'s tree of {size} events, signed by {signers[signed]}"
     )
 
 
-def _consistency(checkpoints: list[Checkpoint], proof: dict[str, Any], signer: str) -> str:
+def _consistency(signers: dict[Checkpoint, str], proof: dict[str, Any]) -> str:
+    """`signers`: as for `_inclusion`."""
+    checkpoints = list(signers)
     old, new = int(proof["from_size"]), int(proof["to_size"])
     roots = {old: _decode(proof["from_root"]), new: _decode(proof["to_root"])}
     for checkpoint in checkpoints:
@@ -178,9 +184,10 @@ def _consistency(checkpoints: list[Checkpoint], proof: dict[str, Any], signer: s
     if not verify_consistency(old, new, roots[old], roots[new], path):
         raise ProofRejected(f"the proof does not show the tree of {old} is a prefix of {new}'s")
     anchored = " and ".join(str(s) for s in sorted({c.size for c in checkpoints}))
+    by = " and ".join(sorted(set(signers.values())))
     return (
         f"ok: {checkpoints[0].origin}'s log of {old} events is a prefix of its log of {new} "
-        f"(signed checkpoints of {anchored} by {signer})"
+        f"(signed checkpoints of {anchored} by {by})"
     )
 
 
@@ -307,10 +314,22 @@ def add_offline_verify(p: argparse.ArgumentParser) -> None:
         help="a signed checkpoint note (repeatable: both ends of a consistency proof)",
     )
     p.add_argument("--proof", type=Path, metavar="FILE", help="a proof or consistency file")
-    # One key or the other: given both, one of them would be ignored without a word.
-    key = p.add_mutually_exclusive_group()
-    key.add_argument("--key", metavar="VERIFIER_KEY", help="the checkpoint signer's verifier key")
-    key.add_argument("--key-file", type=Path, metavar="FILE", help="a file holding the key")
+    # Repeatable, and the two may be mixed: every key given is used (after a key rotation the
+    # old and the new), so none is ignored.
+    p.add_argument(
+        "--key",
+        action="append",
+        metavar="VERIFIER_KEY",
+        help="the checkpoint signer's verifier key (repeatable: after a key rotation, give the "
+        "old and the new)",
+    )
+    p.add_argument(
+        "--key-file",
+        action="append",
+        type=Path,
+        metavar="FILE",
+        help="a file holding a verifier key (repeatable, as --key)",
+    )
     p.add_argument(
         "--event-hash",
         type=_event_hash_argument,
@@ -358,7 +377,7 @@ def verify_offline(args: argparse.Namespace) -> int:
             exit=EXIT_USAGE,
         )
     try:
-        key = _key(args)
+        keys = _keys(args)
         notes = [_note_file(path) for path in args.checkpoint]
         try:
             proof = msgspec.json.decode(_read(args.proof).encode())
@@ -375,7 +394,7 @@ def verify_offline(args: argparse.Namespace) -> int:
                 raise ProofRejected(
                     f"the event is version {version}; the proof is of leaf {proof['leaf_index']}"
                 )
-        print(check(notes, proof, key, event_hash=event_hash))
+        print(check(notes, proof, keys, event_hash=event_hash))
         return 0
     except FileUnreadable as exc:  # nothing was checked: the file given is to change
         raise CliError(str(exc), code="usage", hint=exc.hint, exit=EXIT_USAGE) from None
@@ -384,10 +403,8 @@ def verify_offline(args: argparse.Namespace) -> int:
         return 1
 
 
-def _key(args: argparse.Namespace) -> str:
-    if args.key:
-        return str(args.key)
-    return _read(args.key_file).strip()
+def _keys(args: argparse.Namespace) -> list[str]:
+    return [*(args.key or []), *(_read(path).strip() for path in args.key_file or [])]
 
 
 def _note_file(path: Path) -> str:

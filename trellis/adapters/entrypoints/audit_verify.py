@@ -5,10 +5,11 @@ The checks, one pass over each domain's log (docs/auditing.md, "Verifying the lo
 - chain: every event's sha256 hash, its link to the one before, gap-free versions from the
   genesis hash, the stream head where the chain ends (engine.core.audit.ChainCheck), and every
   stored Merkle checkpoint's root recomputed from the log (engine.core.audit.CheckpointCheck);
-- notes: every stored checkpoint's signed note verifies with the deployment's verifier key,
-  says its row's origin, size and root, and signed a root the log gives. The key is --key or
-  --key-file, else `<key file>.pub` beside the signing key of this data dir, else what the
-  engine answers to the `checkpoint-key` query; without one the check is skipped, and said so;
+- notes: every stored checkpoint's signed note verifies with one of the deployment's verifier
+  keys, says its row's origin, size and root, and signed a root the log gives. The keys are
+  every --key and --key-file (after a key rotation, the old and the new), else `<key
+  file>.pub` beside the signing key of this data dir, else what the engine answers to the
+  `checkpoint-key` query; without one the check is skipped, and said so;
 - invariants: the independent audit over the raw event data (engine.core.audit.InvariantAudit);
 - projections: the whole log replayed into fresh projection tables, compared row by row with
   the live ones, each up to the version its live checkpoint says it holds;
@@ -33,6 +34,7 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         url = find_endpoint(settings, "database_url")
         if url is None:
             raise no_database()  # the outage line and exit 3, as every command's
-        key, key_from = _verifier_key(args, settings)
+        keys, key_from = _verifier_keys(args, settings)
         report = asyncio.run(
             verify(
                 url,
@@ -117,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
                 domain=args.domain,
                 credentials=_credentials(settings, args.creds),
                 wait=args.wait,
-                key=key,
+                keys=keys,
                 key_from=key_from,
             )
         )
@@ -172,14 +174,14 @@ async def verify(
     domain: str | None = None,
     credentials: NkeyCredentials | None = None,
     wait: float = CATCH_UP_S,
-    key: Verifier | None = None,
+    keys: Sequence[Verifier] = (),
     key_from: str = "",
 ) -> dict[str, Any]:
     """Run every check over the log in `schema` (and the bucket and stream for `prefix`); the
     report. The projections and the relay get `wait` seconds to reach each domain's head.
-    The stored notes are checked with `key` (`key_from` says where it came from), else with the
-    key the engine answers to the `checkpoint-key` query (`key_from` then says where none was
-    found before).
+    Each stored note must verify with one of `keys` (`key_from` says where they came from),
+    else with the key the engine answers to the `checkpoint-key` query (`key_from` then says
+    where none was found before).
 
     Raises:
         CannotRun: `domain` is not in the log.
@@ -197,7 +199,7 @@ async def verify(
     try:
         async with pool.acquire() as reader, pool.acquire() as scratch:
             return await _verify(
-                reader, scratch, nats_url, prefix, domain, credentials, wait, key, key_from
+                reader, scratch, nats_url, prefix, domain, credentials, wait, keys, key_from
             )
     finally:
         await pool.close()
@@ -211,7 +213,7 @@ async def _verify(
     only: str | None,
     credentials: NkeyCredentials | None,
     wait: float,
-    key: Verifier | None,
+    keys: Sequence[Verifier],
     key_from: str,
 ) -> dict[str, Any]:
     live = await db.live_schema(reader)
@@ -230,18 +232,20 @@ async def _verify(
         checks["stream"].skip(why_not)
     report_domains: dict[str, Any] = {}
     try:
-        if key is None and domains:
+        if not keys and domains:
             key, answer = await _engine_key(nc, why_not, prefix, domains[0])
+            keys = [key] if key is not None else []
             key_from = answer if key is not None else "; ".join(filter(None, [key_from, answer]))
         notes = checks["notes"]
         notes.details["notes"] = 0
-        if key is None:
+        if not keys:
             notes.skip(f"no verifier key: {key_from or 'the log has no domain'}")
         else:
-            notes.details |= {"key": key.key(), "key_from": key_from}
+            keys = list(dict.fromkeys(keys))  # a key given twice is named once
+            notes.details |= {"keys": [key.key() for key in keys], "key_from": key_from}
         for domain in domains:
             report_domains[domain] = await _domain(
-                reader, scratch, replay, js, prefix, domain, checks, wait, key
+                reader, scratch, replay, js, prefix, domain, checks, wait, keys
             )
     finally:
         if nc is not None:
@@ -268,7 +272,7 @@ async def _domain(
     domain: str,
     checks: dict[str, _Check],
     wait: float,
-    key: Verifier | None,
+    keys: Sequence[Verifier],
 ) -> dict[str, Any]:
     names = [p.name for p in default_projections()]
     relay_name = f"relay:{stream_name(prefix)}"
@@ -288,7 +292,7 @@ async def _domain(
     replay.start()
     async with db.snapshot(reader, domain) as seen:
         stored = seen.checkpoints or []
-        anchors = CheckpointCheck(domain, stored, key)
+        anchors = CheckpointCheck(domain, stored, keys)
         async for batch in seen.events():
             facts = []
             for record in batch:
@@ -551,31 +555,35 @@ def _stream(
     return findings
 
 
-def _verifier_key(args: argparse.Namespace, settings: Settings) -> tuple[Verifier | None, str]:
-    """The key to check the stored notes with and where it came from: --key, --key-file, else
-    the `.pub` file beside this data dir's signing key; else None and where none was found.
+def _verifier_keys(args: argparse.Namespace, settings: Settings) -> tuple[list[Verifier], str]:
+    """The keys to check the stored notes with and where they came from: every --key and
+    --key-file, else the `.pub` file beside this data dir's signing key; else none and where
+    none was found.
 
     Raises:
-        CannotRun: the key given, or the one found, cannot be read or is no verifier key.
+        CannotRun: a key given, or the one found, cannot be read or is no verifier key.
     """
-    if getattr(args, "key", None):
-        text, key_from = args.key, "--key"
-    else:
-        path = getattr(args, "key_file", None)
-        key_from = f"--key-file {path}"
-        if path is None:
-            path = public_key_path(checkpoint_key_path(settings))
-            if not path.is_file():
-                return None, f"no --key or --key-file, no {path}"
-            key_from = str(path)
+    given = [("--key", text) for text in getattr(args, "key", None) or []]
+    paths = [(f"--key-file {path}", path) for path in getattr(args, "key_file", None) or []]
+    if not given and not paths:
+        path = public_key_path(checkpoint_key_path(settings))
+        if not path.is_file():
+            return [], f"no --key or --key-file, no {path}"
+        paths = [(str(path), path)]
+    for where, path in paths:
         try:
-            text = path.read_text()
+            given.append((where, path.read_text()))
         except OSError as exc:
             raise CannotRun(f"cannot read the verifier key {path}: {exc.strerror or exc}") from None
-    try:
-        return Verifier.parse(text), key_from
-    except NoteError as exc:
-        raise CannotRun(f"{key_from} holds no verifier key: {exc}") from None
+    keys = []
+    for where, text in given:
+        try:
+            keys.append(Verifier.parse(text))
+        except NoteError as exc:
+            # Several --key may be given: name the one that is wrong.
+            named = f"--key {text!r}" if where == "--key" else where
+            raise CannotRun(f"{named} holds no verifier key: {exc}") from None
+    return keys, ", ".join(dict.fromkeys(where for where, _ in given))
 
 
 async def _engine_key(
@@ -672,10 +680,11 @@ def text(report: dict[str, Any]) -> str:
         if name == "notes":
             if not check["notes"] and check["status"] != "fail":
                 continue  # no checkpoint stored: nothing to say
-            if "key" in check:
-                signer = "+".join(check["key"].split("+")[:2])
+            if "keys" in check:
+                signers = ", ".join("+".join(key.split("+")[:2]) for key in check["keys"])
                 noted = f"{check['notes']} note{'' if check['notes'] == 1 else 's'}"
-                reason = f" ({noted}, key {signer} from {check['key_from']})"
+                noun = "key" if len(check["keys"]) == 1 else "keys"
+                reason = f" ({noted}, {noun} {signers} from {check['key_from']})"
         lines.append(f"check {name}: {check['status']}{reason}")
     count = sum(len(d["findings"]) for d in report["domains"].values())
     lines.append("verified: no findings" if report["ok"] else f"NOT verified: {count} findings")

@@ -4,7 +4,8 @@
 own definition of the hash) and reports every event whose version, link or hash is wrong, or
 that goes back in time or in position;
 `CheckpointCheck` recomputes the Merkle root of every stored checkpoint from the log, and checks
-each stored signed note with the deployment's verifier key.
+each stored signed note with the deployment's verifier keys (the old and the new after a key
+rotation: any one of them may have signed it).
 
 `InvariantAudit` is deliberately written apart from the engine: it folds the raw JSON objects of
 the events (dicts, as `json.loads` gives them), not the msgspec Structs and not
@@ -43,7 +44,7 @@ from typing import Any
 
 import msgspec
 
-from trellis.engine.core.checkpoints import NoteError, Verifier, open_checkpoint, origin_of
+from trellis.engine.core.checkpoints import NoteError, Verifier, open_checkpoint_by_any, origin_of
 from trellis.engine.core.merkle import MerkleTree, leaf_hash
 from trellis.engine.core.records import GENESIS_HASH, RecordedEvent, hash_of
 
@@ -164,24 +165,26 @@ class CheckpointCheck:
     that no longer keeps it was rewritten after it was made.
 
     The `root` column is no more than a copy, which whoever rewrites the log can rewrite too;
-    what the engine promised is its signed note. Given the deployment's `verifier`, each note
-    must verify with it and say the row's origin, size and root (`note_findings`), and the log
-    must give the root the note signed."""
+    what the engine promised is its signed note. Given the deployment's `verifiers`, each note
+    must verify with one of them (`checkpoints.open_checkpoint_by_any`: a key rotation leaves
+    notes of the old key before those of the new) and say the row's origin, size and root
+    (`note_findings`), and the log must give the root the note signed."""
 
     def __init__(
         self,
         domain: str,
         checkpoints: Iterable[StoredCheckpoint],
-        verifier: Verifier | None = None,
+        verifiers: Iterable[Verifier] = (),
     ):
         self.domain = domain
         self._stored = sorted(checkpoints, key=lambda c: c.size)
         self._notes: list[Finding] = []
         # The signed (size, base64 root) the log must give, where they are not the row's.
         self._signed: list[tuple[int, str]] = []
-        if verifier is not None:
+        self._verifiers = tuple(dict.fromkeys(verifiers))
+        if self._verifiers:
             for stored in self._stored:
-                self._open(stored, verifier)
+                self._open(stored)
         self._tree = MerkleTree()
         self._sizes = {c.size for c in self._stored} | {size for size, _ in self._signed}
         self._at: dict[int, int] = {}  # size -> position of the event that completes it
@@ -205,7 +208,7 @@ class CheckpointCheck:
 
     def note_findings(self) -> list[Finding]:
         """Each note that does not verify or does not say what its row says, and each signed
-        root the log does not give (empty without a verifier: nothing was checked)."""
+        root the log does not give (empty without verifiers: nothing was checked)."""
         signed = [
             finding
             for size, root in self._signed
@@ -213,12 +216,13 @@ class CheckpointCheck:
         ]
         return [*self._notes, *signed]
 
-    def _open(self, stored: StoredCheckpoint, verifier: Verifier) -> None:
+    def _open(self, stored: StoredCheckpoint) -> None:
         where = f"the note of the checkpoint of {stored.size} events"
         try:
-            signed = open_checkpoint(stored.note, verifier)
+            signed, _ = open_checkpoint_by_any(stored.note, self._verifiers)
         except NoteError as exc:
-            self._note(stored, f"{where} does not verify with {verifier.key()}: {exc}")
+            keys = " or ".join(verifier.key() for verifier in self._verifiers)
+            self._note(stored, f"{where} does not verify with {keys}: {exc}")
             return
         said = {
             "origin": signed.origin,

@@ -24,6 +24,7 @@ import binascii
 import contextlib
 import hashlib
 import re
+from collections.abc import Iterable
 
 import msgspec
 from cryptography.exceptions import InvalidSignature
@@ -149,7 +150,8 @@ class Verifier(msgspec.Struct, frozen=True):
             try:
                 Ed25519PublicKey.from_public_bytes(self.public_key).verify(raw[4:], text.encode())
             except InvalidSignature:
-                raise NoteError(f"the signature by {self.name} does not verify") from None
+                # By key id: after a key rotation the old and the new key share a name.
+                raise NoteError(f"the signature by {self.key_id} does not verify") from None
             signed = True
         if not signed:
             raise NoteError(f"the note carries no signature by {self.key()}")
@@ -195,6 +197,32 @@ def open_checkpoint(note: str, verifier: Verifier) -> Checkpoint:
         NoteError: see `Verifier.open` and `parse_checkpoint`.
     """
     return parse_checkpoint(verifier.open(note))
+
+
+def open_checkpoint_by_any(note: str, verifiers: Iterable[Verifier]) -> tuple[Checkpoint, Verifier]:
+    """The checkpoint in `note` and the first of `verifiers` whose signature on it holds: after
+    a key rotation a log's older notes carry the old key's signature and its newer ones the new
+    key's. As C2SP note verifiers do with their known keys (Go's note.Open), a signature by one
+    of `verifiers` that does not hold fails the note, even beside one that holds.
+
+    Raises:
+        NoteError: no verifier is given, none of them signed `note`, or the signature of one
+            that did does not hold (with one verifier: what `open_checkpoint` raises).
+    """
+    opened: list[tuple[Checkpoint, Verifier]] = []
+    failed: dict[Verifier, str] = {}
+    for verifier in dict.fromkeys(verifiers):  # a key given twice is tried once
+        try:
+            opened.append((open_checkpoint(note, verifier), verifier))
+        except NoteError as exc:
+            failed[verifier] = str(exc)
+    signed = signers_of(note)
+    broken = [why for verifier, why in failed.items() if verifier.key_id in signed]
+    if opened and not broken:
+        return opened[0]
+    if not failed:
+        raise NoteError("no verifier key to check the note with")
+    raise NoteError("; ".join(dict.fromkeys(broken or failed.values())))
 
 
 def signers_of(note: str) -> set[str]:
