@@ -439,6 +439,7 @@ async def test_a_note_that_is_not_the_rows_or_the_logs_is_a_finding_with_exit_1(
     notes = report["checks"]["notes"]
     assert (notes["status"], notes["notes"]) == ("fail", 2)
     assert (notes["keys"], notes["key_from"]) == ([key], f"--key-file {tmp_path / 'key'}")
+    assert notes["key"] == key  # as reports from before repeatable keys had it
     assert report["checks"]["chain"]["status"] == "pass"  # the rows agree with the log
 
 

@@ -242,7 +242,9 @@ async def _verify(
             notes.skip(f"no verifier key: {key_from or 'the log has no domain'}")
         else:
             keys = list(dict.fromkeys(keys))  # a key given twice is named once
-            notes.details |= {"keys": [key.key() for key in keys], "key_from": key_from}
+            named = [key.key() for key in keys]
+            # `key` (the first) stays for reports' readers from before keys were repeatable.
+            notes.details |= {"key": named[0], "keys": named, "key_from": key_from}
         for domain in domains:
             report_domains[domain] = await _domain(
                 reader, scratch, replay, js, prefix, domain, checks, wait, keys
