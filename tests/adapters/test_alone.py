@@ -8,8 +8,9 @@ begin and end, and that record must show no test begun while the `alone` one ran
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
+
+from nested import nested_pytest
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -45,12 +46,9 @@ def suite_run(where: Path, *args: str, **env: str) -> subprocess.CompletedProces
     """The suite run in a pytest of its own, with the lock hooks and its own temp folder."""
     (where / "test_suite.py").write_text(SUITE)
     (where / "pytest.ini").write_text("[pytest]\nmarkers =\n    alone: alone\n")
-    (where / "tmp").mkdir()
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(TESTS), "TMPDIR": str(where / "tmp"), **env}
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "alone", *args,
-         str(where)],
-        cwd=where, env=env, capture_output=True, text=True, timeout=120,
+    done = nested_pytest(
+        where, "-p", "alone", *args, where,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(TESTS), **env},
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     return done

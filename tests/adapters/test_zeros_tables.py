@@ -7,11 +7,9 @@ workers in a pytest of its own, with the tables' hooks as its one plugin.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parents[1]
+from nested import nested_pytest
 
 COUNTING = """
 from zeros import zeros
@@ -27,12 +25,9 @@ def test_{n}() -> None:
 def test_two_workers_tables_are_printed_once_with_their_sums(tmp_path: Path) -> None:
     (tmp_path / "test_first.py").write_text(COUNTING.format(n="first", tries=3))
     (tmp_path / "test_second.py").write_text(COUNTING.format(n="second", tries=4))
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "zeros",
-         "-n", "2", "--dist", "load", "--rootdir", str(tmp_path), str(tmp_path)],
-        cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(TESTS)},
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    done = nested_pytest(
+        tmp_path, "-p", "zeros", "-n", "2", "--dist", "load", "--rootdir", tmp_path, tmp_path
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 passed" in done.stdout, done.stdout
     assert done.stdout.count(" promised ") == 1, done.stdout  # one table, from the controller

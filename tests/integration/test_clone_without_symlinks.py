@@ -8,12 +8,14 @@ tests/adapters, less what is marked slow: the main run has those) there."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
 
 import pytest
+from nested import nested_pytest
 
 pytestmark = pytest.mark.slow  # a clone, an install with its extension built, two suites
 
@@ -45,8 +47,10 @@ def test_a_clone_without_symlinks_installs_and_passes_its_fast_suites(tmp_path: 
         cwd=tmp_path,
     )  # fmt: skip
     assert where.strip() == str(clone / "trellis" / "engine" / "core" / "ids.py")
-    out = run(
-        venv / "bin" / "python", "-m", "pytest", "-q", "-p", "no:cacheprovider",
-        "-m", "not slow", "tests/core", "tests/adapters", cwd=clone,
+    done = nested_pytest(
+        tmp_path, "-m", "not slow", "tests/core", "tests/adapters",
+        python=venv / "bin" / "python", cwd=clone, env=os.environ, timeout=900,
     )  # fmt: skip
+    out = done.stdout
+    assert done.returncode == 0, f"{out[-3000:]}\n{done.stderr[-3000:]}"
     assert " passed" in out.splitlines()[-1] and "failed" not in out.splitlines()[-1], out
