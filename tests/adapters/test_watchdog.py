@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
+from pathlib import Path
 
 from trellis.adapters.embedded.watchdog import Server, started_at, stop_servers
 
@@ -32,3 +34,17 @@ def test_a_server_gone_before_the_watchdog_heard_of_it_is_not_signalled() -> Non
     gone.wait()
     server = Server.seen_now(gone.pid, signal.SIGTERM)
     assert server.started is None and not server.running()
+
+
+def test_a_server_that_exited_unreaped_is_not_waited_for() -> None:
+    """A zombie has exited: the grace is not spent on it, nor a SIGKILL."""
+    exited = subprocess.Popen(["true"])
+    stat = Path(f"/proc/{exited.pid}/stat")
+    deadline = time.monotonic() + 10
+    while stat.read_text().rpartition(")")[2].split()[0] != "Z" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        assert not Server(exited.pid, signal.SIGTERM, 1).running()
+        assert started_at(exited.pid) is None
+    finally:
+        exited.wait()

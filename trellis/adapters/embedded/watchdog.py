@@ -43,12 +43,14 @@ def alive(pid: int) -> bool:
 
 def started_at(pid: int) -> int | None:
     """When `pid` started, in clock ticks since boot (/proc/PID/stat's 22nd field; Linux), or
-    None when no such process runs. A pid with another start time is another process."""
+    None when no such process runs (a zombie has exited). A pid with another start time is
+    another process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return int(stat.rpartition(")")[2].split()[19])
+    fields = stat.rpartition(")")[2].split()
+    return None if fields[0] == "Z" else int(fields[19])
 
 
 class Server(NamedTuple):
