@@ -387,6 +387,76 @@ async def test_hostile_compose_bodies_are_refused_whole_typed_and_short(
     assert [r["device"] for r in await connections(h)] == ["gpu-002"]
 
 
+async def test_a_create_with_a_property_it_does_not_take_is_refused_naming_it(
+    h: Harness, admin: RedfishHttp
+) -> None:
+    """What a tester sent: misspelt properties of a compose (top level, Oem.Trellis) and of a
+    new account were dropped, so a typo composed less than asked (201) or no lease."""
+    acme = await tenant_account(admin, "alice", "acme")
+    gpu = {"Links": {"ResourceBlocks": [block("host-01"), block("gpu-002")]}}
+    cases = [
+        ({"Memroy": {"Members": [{"CapacityMiB": 65536}]}}, "Memroy"),
+        ({"@Redfish.ZoneAfinity": f"{R}/CompositionService/ResourceZones/{DOMAIN}"},
+         "@Redfish.ZoneAfinity"),
+        ({"Bogus": 1}, "Bogus"),
+        ({"Oem": {"Trellis": {"LeaseSecond": 60}}}, "Oem/Trellis/LeaseSecond"),
+        ({"Oem": {"Trelis": {"LeaseSeconds": 60}}}, "Oem/Trelis"),
+        ({"Links": {"ResourceBlock": [block("gpu-004")]}}, "Links/ResourceBlock"),
+    ]  # fmt: skip
+    for extra, where in cases:
+        answer = await acme("POST", f"{R}/Systems", gpu | extra)
+        assert (answer.status, answer.messages()) == (400, ["PropertyUnknown"]), (extra, answer)
+        assert answer.body["error"]["@Message.ExtendedInfo"][0]["MessageArgs"] == [where]
+    tenant_typo = gpu | {"Oem": {"Trellis": {"Tennant": "acme"}}}
+    answer = await admin("POST", f"{R}/Systems", tenant_typo)
+    assert (answer.status, answer.messages()) == (400, ["PropertyUnknown"]), answer
+
+    def stanza_request(**extra: Any) -> dict[str, Any]:
+        body = compose_action("Apply", "host-01", "gpu-002")
+        body["Manifest"]["Stanzas"][0]["Request"] |= extra
+        return body
+
+    apply_cases = [
+        (compose_action("Apply", "host-01", "gpu-002", Bogus=1), "ActionParameterUnknown",
+         ["CompositionService.Compose", "Bogus"]),
+        (compose_action("Apply", "host-01", "gpu-002") | {"Oem": {"Trellis": {"Tennant": "x"}}},
+         "ActionParameterUnknown", ["CompositionService.Compose", "Oem/Trellis/Tennant"]),
+        (stanza_request(Memroy={}), "PropertyUnknown", ["Manifest/Stanzas/0/Request/Memroy"]),
+    ]  # fmt: skip
+    stanza_typo = compose_action("Apply", "host-01", "gpu-002")
+    stanza_typo["Manifest"]["Stanzas"][0]["Requets"] = {}
+    apply_cases.append((stanza_typo, "ActionParameterUnknown",
+                        ["CompositionService.Compose", "Manifest/Stanzas/0/Requets"]))  # fmt: skip
+    for body, name, args in apply_cases:
+        answer = await acme("POST", COMPOSE, body)
+        assert (answer.status, answer.messages()) == (400, [name]), (body, answer)
+        assert answer.body["error"]["@Message.ExtendedInfo"][0]["MessageArgs"] == args
+    assert await connections(h) == []
+    assert (await acme.get(f"{R}/Systems")).body["Members"] == []
+
+    account = {"UserName": "bob", "Password": "bob-password", "RoleId": "Operator",
+               "Oem": {"Trellis": {"Tenant": "acme"}}}  # fmt: skip
+    for extra, where in [({"Bogus": 1}, "Bogus"),
+                         ({"Oem": {"Trellis": {"Tenant": "acme", "Tennant": "x"}}},
+                          "Oem/Trellis/Tennant")]:  # fmt: skip
+        answer = await admin("POST", f"{R}/AccountService/Accounts", account | extra)
+        assert (answer.status, answer.messages()) == (400, ["PropertyUnknown"]), answer
+        assert answer.body["error"]["@Message.ExtendedInfo"][0]["MessageArgs"] == [where]
+    assert (await admin.get(f"{R}/AccountService/Accounts/bob")).status == 404
+
+    # What a Redfish client legitimately sends beside them is taken.
+    kept = {"@odata.type": "#ManagerAccount.v1_12_0.ManagerAccount", "Name": "Bob",
+            "Description": "an operator", "Enabled": True, "Locked": False}  # fmt: skip
+    made = await admin("POST", f"{R}/AccountService/Accounts", account | kept)
+    assert made.status == 201, made
+    system = gpu | {"@odata.type": "#ComputerSystem.v1_22_0.ComputerSystem",
+                    "Name": "decode", "Description": "pool 7",
+                    "@Redfish.ZoneAffinity": f"{R}/CompositionService/ResourceZones/{DOMAIN}",
+                    "Oem": {"Trellis": {"Tenant": "acme", "Labels": {"team": "a"},
+                                        "LeaseSeconds": 600}}}  # fmt: skip
+    assert (await acme("POST", f"{R}/Systems", system)).status == 201
+
+
 async def test_a_patch_changes_what_it_may_and_says_what_it_left(admin: RedfishHttp) -> None:
     """DSP0266 "Update a resource", as the Protocol Validator's REQ_PATCH_MIXED_PROPS and
     REQ_PATCH_ODATA_PROPS check it: a writable property beside an unknown one is set (200, the

@@ -25,11 +25,17 @@ from trellis.adapters.http.redfish.handling import (
     json_body,
     only,
     patched,
+    refuse_unknown,
     with_notes,
 )
 from trellis.adapters.http.redfish.registries import RedfishError, error
 from trellis.adapters.http.redfish.resources import R, ref
 from trellis.adapters.http.server import Request
+
+#: What a new ManagerAccount may say: `Locked` (false) is what many clients send as they make
+#: one, and a new account is never locked.
+ACCOUNT_PROPERTIES = {"UserName", "Password", "RoleId", "Enabled", "Locked", "Oem", "Name",
+                      "Description"}  # fmt: skip
 
 
 def account_service(
@@ -53,6 +59,7 @@ def account_service(
         if method == "POST":
             admin_only(account)
             body = json_body(request)
+            _refuse_unknown_account_properties(body)
             _check_enabled(body)
             try:
                 made = store.create(
@@ -159,6 +166,18 @@ async def session_service(
         return Reply(status=204, body=None, allow="GET, HEAD, DELETE")
     only(method, "GET", "DELETE")
     return Reply(body=_session(session.id, session.user_name), allow="GET, HEAD, DELETE")
+
+
+def _refuse_unknown_account_properties(body: dict[str, Any]) -> None:
+    """Refuse a new account saying what a ManagerAccount create does not take, rather than
+    make it without what was misspelt."""
+    refuse_unknown(body, ACCOUNT_PROPERTIES)
+    oem = body.get("Oem")
+    if isinstance(oem, dict):
+        refuse_unknown(oem, {"Trellis"}, "Oem/")
+        trellis = oem.get("Trellis")
+        if isinstance(trellis, dict):
+            refuse_unknown(trellis, {"Tenant"}, "Oem/Trellis/")
 
 
 def _check_enabled(body: dict[str, Any]) -> None:

@@ -19,7 +19,15 @@ import msgspec
 
 from trellis.adapters.http.redfish import resources as rs
 from trellis.adapters.http.redfish.accounts import Account
-from trellis.adapters.http.redfish.handling import Reply, dig, if_match, json_body, may_change, only
+from trellis.adapters.http.redfish.handling import (
+    Reply,
+    dig,
+    if_match,
+    json_body,
+    may_change,
+    only,
+    refuse_unknown,
+)
 from trellis.adapters.http.redfish.registries import RedfishError, error, from_engine, message
 from trellis.adapters.http.redfish.reservation_duration import ReservationDuration
 from trellis.adapters.http.redfish.resources import R, Reader, Viewer, ref
@@ -43,6 +51,18 @@ MEMBER_PROPERTIES = {
     "NetworkInterfaces": {"@Redfish.RequestedCount", "@Redfish.AllowOverprovisioning", "Model"},
     "Storage": {"@Redfish.RequestedCount", "@Redfish.AllowOverprovisioning", "Model"},
 }  # fmt: skip
+#: What a ComputerSystem request may say outside its members, as for a member's constraints:
+#: anything else is refused, never dropped (a misspelt `Memory` or `LeaseSeconds` would compose
+#: less than was asked, or a system without its lease).
+SYSTEM_PROPERTIES = {"Name", "Description", "Links", "@Redfish.ZoneAffinity", "Oem",
+                     *MEMBER_PROPERTIES}  # fmt: skip
+LINKS_PROPERTIES = {"ResourceBlocks"}
+TRELLIS_OEM_PROPERTIES = {"Tenant", "Labels", "LeaseSeconds"}
+#: The Compose action's parameters, and what its Manifest and stanza may say.
+COMPOSE_ACTION = "CompositionService.Compose"
+COMPOSE_PARAMETERS = {"RequestType", "RequestFormat", "ReservationId", "Manifest", "Oem"}
+MANIFEST_PROPERTIES = {"Description", "Expand", "Timestamp", "Stanzas"}
+STANZA_PROPERTIES = {"StanzaType", "StanzaId", "Request", "Response"}
 #: The most messages one refusal lists, one per block: a request may name thousands.
 LISTED = 16
 #: `@Redfish.RequestedCount`, and a memory slice's `CapacityMiB` (1 GiB at least, as the
@@ -101,6 +121,7 @@ class Composer:
         may_change(account)
         self._writable()
         body = json_body(request)
+        _refuse_unknown_properties(body, "")
         tenant = _tenant_of(body, account)
         plan, manifest = await self._manifest(body)
         domain = plan.domain
@@ -136,6 +157,7 @@ class Composer:
         `apply` intent, of a `ReservationId` or of the Manifest."""
         may_change(account)
         body = json_body(request)
+        _refuse_unknown_parameters(body)
         request_type = body.get("RequestType")
         if request_type is None:
             raise error(400, "PropertyMissing", "RequestType")
@@ -162,6 +184,7 @@ class Composer:
             self._writable()
             return await self._apply_reservation(request, account, rid, body, answer)
         stanza, system_request = _stanza(body)
+        _refuse_unknown_properties(system_request, "Manifest/Stanzas/0/Request/")
         tenant = _tenant_of(system_request, account)
         plan, manifest = await self._manifest(system_request)
         domain = plan.domain
@@ -481,6 +504,7 @@ def _stanza(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
                     resolution="A Manifest holds one ComposeSystem stanza; send one per "
                     "request.")  # fmt: skip
     stanza = stanzas[0]
+    refuse_unknown(stanza, STANZA_PROPERTIES, "Manifest/Stanzas/0/", action=COMPOSE_ACTION)
     kind = stanza.get("StanzaType")
     if kind != "ComposeSystem":
         raise error(400, "PropertyValueNotInList", str(kind), "Manifest/Stanzas/0/StanzaType")
@@ -520,6 +544,36 @@ def _reservation(domain: str, reservation: dict[str, Any]) -> dict[str, Any]:
         },
         "Oem": {"Trellis": {"ExpiresAt": str(reservation["expires_at"])}},
     }
+
+
+def _refuse_unknown_properties(system_request: dict[str, Any], where: str) -> None:
+    """Refuse a ComputerSystem request (at `where`) saying what this service does not take, at
+    its top level, in its `Links`, its `Oem` and its `Oem.Trellis` (members: _member_requests)."""
+    refuse_unknown(system_request, SYSTEM_PROPERTIES, where)
+    links = system_request.get("Links")
+    if isinstance(links, dict):
+        refuse_unknown(links, LINKS_PROPERTIES, f"{where}Links/")
+    oem = system_request.get("Oem")
+    if isinstance(oem, dict):
+        refuse_unknown(oem, {"Trellis"}, f"{where}Oem/")
+        trellis = oem.get("Trellis")
+        if isinstance(trellis, dict):
+            refuse_unknown(trellis, TRELLIS_OEM_PROPERTIES, f"{where}Oem/Trellis/")
+
+
+def _refuse_unknown_parameters(body: dict[str, Any]) -> None:
+    """Refuse a Compose action with a parameter it does not take, as bmcweb does
+    (`ActionParameterUnknown`); its stanza's Request is checked as a POST to Systems is."""
+    refuse_unknown(body, COMPOSE_PARAMETERS, action=COMPOSE_ACTION)
+    manifest = body.get("Manifest")
+    if isinstance(manifest, dict):
+        refuse_unknown(manifest, MANIFEST_PROPERTIES, "Manifest/", action=COMPOSE_ACTION)
+    oem = body.get("Oem")
+    if isinstance(oem, dict):
+        refuse_unknown(oem, {"Trellis"}, "Oem/", action=COMPOSE_ACTION)
+        trellis = oem.get("Trellis")
+        if isinstance(trellis, dict):
+            refuse_unknown(trellis, {"Tenant"}, "Oem/Trellis/", action=COMPOSE_ACTION)
 
 
 def _tenant_of(body: dict[str, Any], account: Account) -> str:

@@ -4,6 +4,7 @@ Redfish error DSP0266 names when they fail."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -12,6 +13,9 @@ from trellis.adapters.http.redfish import resources as rs
 from trellis.adapters.http.redfish.accounts import Account
 from trellis.adapters.http.redfish.registries import RedfishError, error, message
 from trellis.adapters.http.server import Request
+
+#: The most unknown properties one refusal names: a body may hold thousands.
+MAX_UNKNOWN_LISTED = 16
 
 
 class Reply(msgspec.Struct, kw_only=True):
@@ -61,6 +65,23 @@ def json_body(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise error(400, "MalformedJSON")
     return body
+
+
+def refuse_unknown(
+    body: dict[str, Any], known: Iterable[str], where: str = "", *, action: str | None = None
+) -> None:
+    """A 400 naming each property of `body` not in `known` (at `where`, a path ending in `/`):
+    a property a create does not take is refused, never dropped, so a typo never makes less
+    than was asked. OData annotations (`@odata.type`, `Members@odata.count`) are any body's.
+    With `action`, the properties are that action's parameters (`ActionParameterUnknown`)."""
+    allowed = set(known)
+    unknown = sorted(k for k in body if k not in allowed and "@odata." not in k)
+    if unknown:
+        raise RedfishError(400, [
+            message("ActionParameterUnknown", action, f"{where}{k}") if action is not None
+            else message("PropertyUnknown", f"{where}{k}")
+            for k in unknown[:MAX_UNKNOWN_LISTED]
+        ])  # fmt: skip
 
 
 def patched(

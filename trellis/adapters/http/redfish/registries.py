@@ -91,6 +91,12 @@ MESSAGES: dict[str, Message] = {
         "Remove the unknown property from the request body and resubmit the request if the "
         "operation failed.",
     ),
+    "ActionParameterUnknown": Message(
+        BASE,
+        "The action %1 was submitted with the invalid parameter %2.",
+        "Warning",
+        "Correct the invalid parameter and resubmit the request if the operation failed.",
+    ),
     "PropertyNotWritable": Message(
         BASE,
         "The property %1 is a read-only property and cannot be assigned a value.",
