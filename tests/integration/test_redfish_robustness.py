@@ -350,8 +350,12 @@ async def test_hostile_compose_bodies_are_refused_whole_typed_and_short(
 
     names, _ = await refused({"Links": {"ResourceBlocks": [host] + [block("gpu-002")] * 5_000}})
     assert names == ["PropertyValueOutOfRange"]
-    names, _ = await refused({"Links": {"ResourceBlocks": [host] + [block("gpu-002")] * 4_000}})
+    names, info = await refused({"Links": {"ResourceBlocks": [host] + [block("gpu-002")] * 4_000}})
     assert names == ["ResourceBlockInvalid"]
+    assert info[0]["RelatedProperties"] == ["/Links/ResourceBlocks"], info  # RFC 6901
+    names, info = await refused({"Links": {"ResourceBlocks": [host, {"@odata.id": "/x"}]}})
+    assert names == ["ResourceBlockInvalid"]
+    assert info[0]["RelatedProperties"] == ["/Links/ResourceBlocks"], info
     unknown = [block(f"gpu-x{i}") for i in range(3_000)]
     names, info = await refused({"Links": {"ResourceBlocks": [host, *unknown]}})
     assert names == ["ResourceBlockNotFound"] * 16 + ["GeneralError"], names

@@ -63,6 +63,8 @@ COMPOSE_ACTION = "CompositionService.Compose"
 COMPOSE_PARAMETERS = {"RequestType", "RequestFormat", "ReservationId", "Manifest", "Oem"}
 MANIFEST_PROPERTIES = {"Description", "Expand", "Timestamp", "Stanzas"}
 STANZA_PROPERTIES = {"StanzaType", "StanzaId", "Request", "Response"}
+#: The blocks of a request, as an error's RelatedProperties names them (an RFC 6901 pointer).
+BLOCKS_POINTER = "/Links/ResourceBlocks"
 #: The most messages one refusal lists, one per block: a request may name thousands.
 LISTED = 16
 #: `@Redfish.RequestedCount`, and a memory slice's `CapacityMiB` (1 GiB at least, as the
@@ -391,7 +393,7 @@ class Composer:
             target = item.get("@odata.id") if isinstance(item, dict) else None
             if not isinstance(target, str) or not target.startswith(prefix):
                 raise error(400, "ResourceBlockInvalid", str(target),
-                            related=["Links/ResourceBlocks"])  # fmt: skip
+                            related=[BLOCKS_POINTER])  # fmt: skip
             ids.append(target.removeprefix(prefix).rstrip("/"))
         unnamed = [b for b in ids if not _is_block_id(b)]
         if unnamed:
@@ -403,7 +405,7 @@ class Composer:
                 twice,
                 resolution="The resource block is listed more than once; list each block "
                 "once and resubmit the request.",
-                related=["Links/ResourceBlocks"],
+                related=[BLOCKS_POINTER],
             )
         members = _member_requests(body)
         zone = body.get("@Redfish.ZoneAffinity")
