@@ -461,6 +461,18 @@ async def test_a_create_with_a_property_it_does_not_take_is_refused_naming_it(
     assert (await acme("POST", f"{R}/Systems", system)).status == 201
 
 
+async def test_a_query_parameter_not_beginning_with_dollar_is_ignored(admin: RedfishHttp) -> None:
+    """DSP0266: a service ignores an unsupported query parameter that does not begin with `$`
+    (`only` and `excerpt` were 501); `$` ones it does not support stay 501."""
+    plain = await admin.get(f"{R}/Systems")
+    for query in ("only", "excerpt", "only&excerpt", "foo=bar"):
+        answer = await admin.get(f"{R}/Systems?{query}")
+        assert (answer.status, answer.body) == (200, plain.body), (query, answer)
+    for query in ("$expand=.", "$select=Name", "only&$filter=x"):
+        answer = await admin.get(f"{R}/Systems?{query}")
+        assert (answer.status, answer.messages()) == (501, ["QueryNotSupported"]), query
+
+
 async def test_a_patch_changes_what_it_may_and_says_what_it_left(admin: RedfishHttp) -> None:
     """DSP0266 "Update a resource", as the Protocol Validator's REQ_PATCH_MIXED_PROPS and
     REQ_PATCH_ODATA_PROPS check it: a writable property beside an unknown one is set (200, the

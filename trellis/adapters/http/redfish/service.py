@@ -172,7 +172,9 @@ class RedfishService:
                 path == f"{R}/SessionService/Sessions" and request.method == "POST"
             ):
                 account = await self._authenticate(request)
-            if any(n.startswith("$") or n in ("only", "excerpt") for n in names):
+            # DSP0266: a service ignores a query parameter it does not support unless it
+            # begins with `$` (`only` and `excerpt` included).
+            if any(n.startswith("$") for n in names):
                 raise error(501, "QueryNotSupported")
             version = request.headers.get("odata-version", "4.0")
             if version != "4.0":
