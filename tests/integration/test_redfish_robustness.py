@@ -136,6 +136,47 @@ async def test_compose_properties_of_the_wrong_type_or_range_are_400_naming_the_
     assert await connections(h) == []
 
 
+async def test_a_value_of_the_wrong_json_type_is_a_type_error_showing_it(
+    h: Harness, admin: RedfishHttp
+) -> None:
+    """docs/redfish.md's error table: a wrong JSON type is PropertyValueTypeError with the value
+    as JSON text and the property's path (it was PropertyValueFormatError with the property's
+    name where the value belongs); a right type of the wrong form stays a format error."""
+    host_gpu = {"Links": {"ResourceBlocks": [block("host-01"), block("gpu-002")]}}
+    tenant = {"Oem": {"Trellis": {"Tenant": "acme"}}}
+    cases = [
+        (f"{R}/Systems", {"Links": []} | tenant, ["[]", "Links"]),
+        (f"{R}/Systems", {"Links": {"ResourceBlocks": "x"}} | tenant,
+         ['"x"', "Links/ResourceBlocks"]),
+        (f"{R}/Systems", host_gpu | tenant | {"@Redfish.ZoneAffinity": 5},
+         ["5", "@Redfish.ZoneAffinity"]),
+        (f"{R}/Systems", host_gpu | tenant | {"Processors": []}, ["[]", "Processors"]),
+        (f"{R}/Systems", host_gpu | tenant | {"Memory": {"Members": {}}}, ["{}", "Memory/Members"]),
+        (f"{R}/Systems", host_gpu | {"Oem": {"Trellis": {"Tenant": 7}}},
+         ["7", "Oem/Trellis/Tenant"]),
+        (f"{R}/Systems", host_gpu | tenant | {"Processors": {"Members": [{"Model": ["H100"]}]}},
+         ['["H100"]', "Processors/Members/0/Model"]),
+        (COMPOSE, compose_action("Apply", "host-01") | {"RequestType": 5}, ["5", "RequestType"]),
+        (COMPOSE, compose_action("Apply") | {"Manifest": {"Stanzas": {}}},
+         ["{}", "Manifest/Stanzas"]),
+        (COMPOSE, compose_action("Apply") | {"Manifest": {"Stanzas": [{
+            "StanzaType": "ComposeSystem", "Request": "x"}]}},
+         ['"x"', "Manifest/Stanzas/0/Request"]),
+        (f"{R}/AccountService/Accounts", {"UserName": "bob", "Password": "bob-password",
+          "RoleId": "Operator", "Enabled": "yes"} | tenant, ['"yes"', "Enabled"]),
+        (f"{R}/AccountService/Accounts", {"UserName": 5, "Password": "bob-password",
+          "RoleId": "Operator"} | tenant, ["5", "UserName"]),
+    ]  # fmt: skip
+    for path, body, args in cases:
+        answer = await admin("POST", path, body)
+        assert (answer.status, answer.messages()) == (400, ["PropertyValueTypeError"]), answer
+        assert answer.body["error"]["@Message.ExtendedInfo"][0]["MessageArgs"] == args, answer
+    misformed = await admin("POST", f"{R}/Systems", host_gpu | {"Oem": {"Trellis": {
+        "Tenant": "not a tenant!"}}})  # fmt: skip
+    assert (misformed.status, misformed.messages()) == (400, ["PropertyValueFormatError"])
+    assert await connections(h) == []
+
+
 def basic(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 

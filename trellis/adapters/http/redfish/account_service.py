@@ -27,6 +27,7 @@ from trellis.adapters.http.redfish.handling import (
     patched,
     refuse_unknown,
     with_notes,
+    wrong_type,
 )
 from trellis.adapters.http.redfish.registries import RedfishError, error
 from trellis.adapters.http.redfish.resources import R, ref
@@ -60,7 +61,7 @@ def account_service(
             admin_only(account)
             body = json_body(request)
             _refuse_unknown_account_properties(body)
-            _check_enabled(body)
+            _check_types(body)
             try:
                 made = store.create(
                     body.get("UserName"),  # type: ignore[arg-type]
@@ -95,7 +96,7 @@ def account_service(
             body, notes = patched(json_body(request), {"Password", "Enabled"}, current)
             if "Enabled" in body and not account.admin:
                 raise error(403, "InsufficientPrivilege")
-            _check_enabled(body)
+            _check_types(body)
             try:
                 changed = store.update(
                     target.user_name, password=body.get("Password"), enabled=body.get("Enabled")
@@ -180,10 +181,20 @@ def _refuse_unknown_account_properties(body: dict[str, Any]) -> None:
             refuse_unknown(trellis, {"Tenant"}, "Oem/Trellis/")
 
 
-def _check_enabled(body: dict[str, Any]) -> None:
+def _check_types(body: dict[str, Any]) -> None:
+    """A value of the wrong JSON type is PropertyValueTypeError (a string of the wrong form is
+    the store's PropertyValueFormatError)."""
     enabled = body.get("Enabled")
     if enabled is not None and not isinstance(enabled, bool):
-        raise error(400, "PropertyValueTypeError", str(enabled)[:64], "Enabled")
+        raise wrong_type(enabled, "Enabled")
+    texts = {"UserName": body.get("UserName"), "RoleId": body.get("RoleId"),
+             "Oem/Trellis/Tenant": dig(body, "Oem", "Trellis", "Tenant")}  # fmt: skip
+    for where, value in texts.items():
+        if value is not None and not isinstance(value, str):
+            raise wrong_type(value, where)
+    password = body.get("Password")
+    if password is not None and not isinstance(password, str):
+        raise error(400, "PropertyValueTypeError", "(hidden)", "Password")  # never echoed
 
 
 def _account_error(exc: AccountError, user_name: str) -> RedfishError:

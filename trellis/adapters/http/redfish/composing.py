@@ -27,6 +27,7 @@ from trellis.adapters.http.redfish.handling import (
     may_change,
     only,
     refuse_unknown,
+    wrong_type,
 )
 from trellis.adapters.http.redfish.registries import RedfishError, error, from_engine, message
 from trellis.adapters.http.redfish.reservation_duration import ReservationDuration
@@ -163,6 +164,8 @@ class Composer:
         request_type = body.get("RequestType")
         if request_type is None:
             raise error(400, "PropertyMissing", "RequestType")
+        if not isinstance(request_type, str):
+            raise wrong_type(request_type, "RequestType")
         if request_type not in REQUEST_TYPES:
             raise error(400, "PropertyValueNotInList", str(request_type), "RequestType")
         request_format = body.get("RequestFormat")
@@ -171,6 +174,8 @@ class Composer:
         by_reservation = request_type == "Apply" and "ReservationId" in body
         if request_format is None and not by_reservation:
             raise error(400, "PropertyMissing", "RequestFormat")
+        if request_format is not None and not isinstance(request_format, str):
+            raise wrong_type(request_format, "RequestFormat")
         if request_format not in (None, "Manifest"):
             raise error(400, "PropertyValueNotInList", str(request_format), "RequestFormat")
         answer: dict[str, Any] = {"RequestFormat": "Manifest", "RequestType": request_type}
@@ -180,7 +185,7 @@ class Composer:
                 raise error(400, "PropertyValueFormatError", str(rid), "ReservationId",
                             resolution="Only an Apply names a ReservationId.")  # fmt: skip
             if not isinstance(rid, str):
-                raise error(400, "PropertyValueTypeError", _shown(rid), "ReservationId")
+                raise wrong_type(rid, "ReservationId")
             if not is_valid_id(rid):
                 raise error(404, "ResourceNotFound", "CompositionReservation", _shown(rid))
             self._writable()
@@ -379,10 +384,10 @@ class Composer:
         """What a POST to Systems asks for, checked against the read model."""
         links = body.get("Links", {})
         if not isinstance(links, dict):
-            raise error(400, "PropertyValueFormatError", "Links", "Links")
+            raise wrong_type(links, "Links")
         blocks = links.get("ResourceBlocks", [])
         if not isinstance(blocks, list):
-            raise error(400, "PropertyValueFormatError", "ResourceBlocks", "Links/ResourceBlocks")
+            raise wrong_type(blocks, "Links/ResourceBlocks")
         if len(blocks) > MAX_DEVICES + 1:
             raise error(400, "PropertyValueOutOfRange", f"{len(blocks)} blocks",
                         "Links/ResourceBlocks", resolution=f"List one Compute block and at "
@@ -415,7 +420,7 @@ class Composer:
             names.add(domain_name)
         if zone is not None:
             if not isinstance(zone, str):
-                raise error(400, "PropertyValueFormatError", str(zone), "@Redfish.ZoneAffinity")
+                raise wrong_type(zone, "@Redfish.ZoneAffinity")
             names.add(zone.rstrip("/").rsplit("/", 1)[-1])
         if len(names) > 1:
             raise error(400, "IncompatibleZone")
@@ -500,19 +505,29 @@ def _stanza(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     manifest = body.get("Manifest")
     if manifest is None:
         raise error(400, "PropertyMissing", "Manifest")
-    stanzas = manifest.get("Stanzas") if isinstance(manifest, dict) else None
-    if not isinstance(stanzas, list) or len(stanzas) != 1 or not isinstance(stanzas[0], dict):
-        raise error(400, "PropertyValueFormatError", "Stanzas", "Manifest/Stanzas",
+    if not isinstance(manifest, dict):
+        raise wrong_type(manifest, "Manifest")
+    stanzas = manifest.get("Stanzas")
+    if stanzas is None:
+        raise error(400, "PropertyMissing", "Manifest/Stanzas")
+    if not isinstance(stanzas, list):
+        raise wrong_type(stanzas, "Manifest/Stanzas")
+    if len(stanzas) != 1:
+        raise error(400, "PropertyValueFormatError", _shown(stanzas), "Manifest/Stanzas",
                     resolution="A Manifest holds one ComposeSystem stanza; send one per "
                     "request.")  # fmt: skip
     stanza = stanzas[0]
+    if not isinstance(stanza, dict):
+        raise wrong_type(stanza, "Manifest/Stanzas/0")
     refuse_unknown(stanza, STANZA_PROPERTIES, "Manifest/Stanzas/0/", action=COMPOSE_ACTION)
     kind = stanza.get("StanzaType")
     if kind != "ComposeSystem":
         raise error(400, "PropertyValueNotInList", str(kind), "Manifest/Stanzas/0/StanzaType")
     system_request = stanza.get("Request")
-    if not isinstance(system_request, dict):
+    if system_request is None:
         raise error(400, "PropertyMissing", "Manifest/Stanzas/0/Request")
+    if not isinstance(system_request, dict):
+        raise wrong_type(system_request, "Manifest/Stanzas/0/Request")
     return stanza, system_request
 
 
@@ -588,8 +603,10 @@ def _tenant_of(body: dict[str, Any], account: Account) -> str:
         return account.tenant
     if oem_tenant is None:
         raise error(400, "PropertyMissing", "Oem/Trellis/Tenant")
-    if not isinstance(oem_tenant, str) or not is_valid_id(oem_tenant):
-        raise error(400, "PropertyValueFormatError", str(oem_tenant), "Oem/Trellis/Tenant")
+    if not isinstance(oem_tenant, str):
+        raise wrong_type(oem_tenant, "Oem/Trellis/Tenant")
+    if not is_valid_id(oem_tenant):
+        raise error(400, "PropertyValueFormatError", _shown(oem_tenant), "Oem/Trellis/Tenant")
     return oem_tenant
 
 
@@ -601,9 +618,13 @@ def _member_requests(body: dict[str, Any]) -> list[dict[str, Any]]:
         group = body.get(prop)
         if group is None:
             continue
-        members = group.get("Members") if isinstance(group, dict) else None
+        if not isinstance(group, dict):
+            raise wrong_type(group, prop)
+        members = group.get("Members")
+        if members is None:
+            raise error(400, "PropertyMissing", f"{prop}/Members")
         if not isinstance(members, list):
-            raise error(400, "PropertyValueFormatError", _shown(group), f"{prop}/Members")
+            raise wrong_type(members, f"{prop}/Members")
         if len(devices) + len(members) > MAX_DEVICE_REQUESTS:
             raise error(400, "PropertyValueOutOfRange", f"{len(members)} members",
                         f"{prop}/Members", resolution=f"Ask for at most {MAX_DEVICE_REQUESTS} "
@@ -612,7 +633,7 @@ def _member_requests(body: dict[str, Any]) -> list[dict[str, Any]]:
         for i, member in enumerate(members):
             where = f"{prop}/Members/{i}"
             if not isinstance(member, dict):
-                raise error(400, "PropertyValueTypeError", _shown(member), where)
+                raise wrong_type(member, where)
             unknown = sorted(set(member) - known)
             if unknown:
                 raise RedfishError(400, [
@@ -670,10 +691,10 @@ def _trellis_oem(body: dict[str, Any]) -> dict[str, Any]:
     """The request's `Oem.Trellis` object ({} when absent)."""
     oem = body.get("Oem", {})
     if not isinstance(oem, dict):
-        raise error(400, "PropertyValueTypeError", _shown(oem), "Oem")
+        raise wrong_type(oem, "Oem")
     trellis = oem.get("Trellis", {})
     if not isinstance(trellis, dict):
-        raise error(400, "PropertyValueTypeError", _shown(trellis), "Oem/Trellis")
+        raise wrong_type(trellis, "Oem/Trellis")
     return trellis
 
 
@@ -684,13 +705,13 @@ def _checked(value: Any, kind: Any, where: str) -> Any:
         return msgspec.convert(value, kind, strict=True)
     except msgspec.ValidationError as exc:
         why = str(exc).split(" - at ", 1)[0]
+        resolution = f"{why}: correct {where} and resubmit the request."
         if ", got `" in why:
-            name = "PropertyValueTypeError"
-        elif why.startswith(("Expected `int` ", "Expected `float` ")):
+            raise wrong_type(value, where, resolution) from None
+        if why.startswith(("Expected `int` ", "Expected `float` ")):
             name = "PropertyValueOutOfRange"
         else:
             name = "PropertyValueFormatError"
-        resolution = f"{why}: correct {where} and resubmit the request."
         raise error(400, name, _shown(value), where, resolution=resolution) from None
 
 

@@ -84,6 +84,14 @@ def refuse_unknown(
         ])  # fmt: skip
 
 
+def wrong_type(value: Any, where: str, resolution: str | None = None) -> RedfishError:
+    """The 400 for a property `where` whose value is of a JSON type it cannot take: the value as
+    JSON text (cut short, as a value may be huge), as bmcweb sends it."""
+    text = msgspec.json.encode(value).decode()
+    shown = text if len(text) <= 64 else f"{text[:61]}..."
+    return error(400, "PropertyValueTypeError", shown, where, resolution=resolution)
+
+
 def patched(
     body: dict[str, Any], writable: set[str], current: dict[str, Any]
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -47,6 +47,7 @@ from trellis.adapters.http.redfish.handling import (
     only,
     patched,
     with_notes,
+    wrong_type,
 )
 from trellis.adapters.http.redfish.metadata import metadata_xml
 from trellis.adapters.http.redfish.registries import RedfishError, error, message
@@ -481,7 +482,7 @@ def _seconds(value: Any) -> int:
     elif isinstance(value, int) and not isinstance(value, bool):
         seconds = value
     else:
-        raise error(400, "PropertyValueTypeError", str(value), "ReservationDuration")
+        raise wrong_type(value, "ReservationDuration")
     low, high = reservation_duration.SECONDS_RANGE
     if not low <= seconds <= high:
         raise error(400, "PropertyValueOutOfRange", str(value), "ReservationDuration")
