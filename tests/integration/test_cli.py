@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -363,6 +364,10 @@ async def test_compositions_are_listed_and_shown_and_events_watched_from_the_cli
         "--type", "CompositionActivated", "--type", "CompositionReleased", "--tenant", "acme",
         env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
+    until_ctrl_c = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "trellis.adapters.entrypoints.cli", "watch",
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
     await asyncio.sleep(1.5)  # the watcher subscribes before the events it should see
     ids = []
     for tenant, host in (("acme", "host-01"), ("globex", "host-02")):
@@ -395,6 +400,11 @@ async def test_compositions_are_listed_and_shown_and_events_watched_from_the_cli
         "CompositionReleased",
     ], lines
     assert all(ids[0] in line for line in lines), lines  # acme's only
+    # A watch "until Ctrl-C" ends as every command's Ctrl-C does: 130, nothing printed.
+    until_ctrl_c.send_signal(signal.SIGINT)
+    out_c, err_c = await asyncio.wait_for(until_ctrl_c.communicate(), 30)
+    assert (until_ctrl_c.returncode, err_c.decode()) == (130, ""), out_c.decode()
+    assert ids[1] in out_c.decode()  # it had followed globex's events too
     for _ in range(50):
         code, out, _ = await trellis(env, "composition", "list")
         if "no live compositions" in out:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 from typing import Any
 
 import msgspec
+import nats.errors
 from nats.js.api import DeliverPolicy
 
 from trellis.adapters.entrypoints import (
@@ -62,13 +64,14 @@ def watch(args: argparse.Namespace) -> int:
                     if args.count is not None and shown >= args.count:
                         break
         finally:
-            await sub.unsubscribe()
+            # A Ctrl-C closes the connection first: unsubscribing from it then only raised
+            # (logged as a task's unretrieved exception, with its traceback).
+            with contextlib.suppress(nats.errors.ConnectionClosedError):
+                await sub.unsubscribe()
         return 0
 
-    try:
-        code: int = on_nats(args, f"query.{args.domain}.topology", follow)
-    except KeyboardInterrupt:
-        return 0
+    # Ctrl-C, the way a watch ends, is exit 130 as for every command (the dispatcher's).
+    code: int = on_nats(args, f"query.{args.domain}.topology", follow)
     return code
 
 
