@@ -21,7 +21,7 @@ from trellis.adapters.endpoints import find_endpoint
 from trellis.adapters.entrypoints import (
     render,
 )
-from trellis.adapters.entrypoints.cli.errors import EXIT_UNAVAILABLE, CliError
+from trellis.adapters.entrypoints.cli.errors import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, CliError
 from trellis.adapters.nats.auth import (
     CredentialsError,
 )
@@ -173,7 +173,8 @@ def on_nats(args: argparse.Namespace, subject_tail: str, work: Any) -> Any:
 def print_reply(args: argparse.Namespace, reply: dict[str, Any], show: Any) -> int:
     """Print a reply as `-o` asks: `show(result, reply, wide=...)` for people, or (json) the
     result as it came; a refusal is the error and its funnel on stderr, or (json) the error
-    reply on stdout. Exit 1 on a refusal."""
+    reply on stdout. Exit 1 on a refusal; 3 on `unavailable`, which a retry may get past
+    (the Postgres behind the engine, or the domain's fabric, did not answer)."""
     ok = bool(reply.get("ok"))
     if args.output == "json":
         print(as_json(reply["result"] if ok else reply))
@@ -182,7 +183,9 @@ def print_reply(args: argparse.Namespace, reply: dict[str, Any], show: Any) -> i
         print(show(seen["result"], seen, wide=args.output == "wide"))
     else:
         print(render.error_text(render.visible(reply["error"])), file=sys.stderr)
-    return 0 if ok else 1
+    if ok:
+        return EXIT_OK
+    return EXIT_UNAVAILABLE if reply["error"].get("code") == "unavailable" else EXIT_FAILED
 
 
 def as_json(value: Any) -> str:
