@@ -504,7 +504,7 @@ async def test_secure_mode_on_a_nats_server_that_lets_anyone_in_does_not_serve(
 
 
 async def test_the_cli_connects_as_the_identity_the_data_dir_holds(
-    rig: Rig, tmp_path: Path
+    rig: Rig, tmp_path: Path, database_url: str, pg_schema: str
 ) -> None:
     env = {
         "TRELLIS_DATA_DIR": str(tmp_path),
@@ -535,6 +535,12 @@ async def test_the_cli_connects_as_the_identity_the_data_dir_holds(
         code, out, err = await trellis_cli(env, *args)
         assert code == 1 and words in err.lower(), err
         assert err.startswith("trellis: ") and len(err.strip().splitlines()) == 1, err
+    # verify reads the log from Postgres and the stream from NATS: a tenant's refusal there is
+    # said as NATS's, not blamed on the database.
+    database = {"TRELLIS_DATABASE_URL": database_url, "TRELLIS_DB_SCHEMA": pg_schema}
+    code, out, err = await trellis_cli({**env, **database}, "verify", "--creds", globex)
+    assert code == 2 and "cannot read the database" not in err, (out, err)
+    assert "NATS did not answer" in err and "auditor" in err, err
     anonymous = {**env, "TRELLIS_DATA_DIR": str(tmp_path / "empty")}
     code, _, err = await trellis_cli(anonymous, "topology", "show")
     assert code == 1 and "authorization violation" in err.lower()

@@ -128,6 +128,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     except ConnectionError:
         raise  # nothing listens: the CLI's one `unavailable` line (exit 3)
+    except nats.errors.TimeoutError:  # before TimeoutError, which it is too: not the database
+        print(
+            "trellis verify: NATS did not answer a read of the stream, the bucket or the "
+            "engine in time (hint: a tenant's identity may read none of them; the operator's "
+            "or the auditor's does, --creds)",
+            file=sys.stderr,
+        )
+        return 2
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
         print(
             f"trellis verify: cannot read the database: {exc or type(exc).__name__}",
