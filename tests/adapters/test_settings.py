@@ -146,6 +146,10 @@ def test_one_port_pinned_for_two_embedded_servers_is_refused() -> None:
         # A URL that can never name a server was waited for without end.
         ("TRELLIS_DATABASE_URL", "garbage", "TRELLIS_DATABASE_URL is not a PostgreSQL URL"),
         ("TRELLIS_DATABASE_URL", "mysql://x@h/db", "TRELLIS_DATABASE_URL is not a PostgreSQL"),
+        ("TRELLIS_DATABASE_URL", "postgres:/x", "TRELLIS_DATABASE_URL is not a PostgreSQL URL"),
+        # Straight into the search_path: PostgreSQL's refusal was an internal error, exit 70.
+        ("TRELLIS_DB_SCHEMA", "bad schema", "TRELLIS_DB_SCHEMA must be a schema name"),
+        ("TRELLIS_DB_SCHEMA", "Tenant1", "TRELLIS_DB_SCHEMA must be a schema name"),
         # One token, which names the streams too: JetStream refused them, "a replicas problem".
         ("TRELLIS_SUBJECT_PREFIX", "my trellis", "TRELLIS_SUBJECT_PREFIX must be one subject"),
         ("TRELLIS_SUBJECT_PREFIX", "a.b", "TRELLIS_SUBJECT_PREFIX must be one subject token"),

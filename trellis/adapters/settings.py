@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
@@ -197,7 +198,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             data_dir=Path(data_dir) if data_dir else None,
             domains=domains or None,
             subject_prefix=_subject_prefix(env),
-            db_schema=env.get("TRELLIS_DB_SCHEMA") or None,
+            db_schema=_db_schema(env),
             fabric=fabric,  # type: ignore[arg-type]  # checked above
             fabric_state=Path(fabric_state) if fabric_state else None,
             snapshot_every=_snapshot_every(env),
@@ -329,6 +330,7 @@ def _snapshot_every(env: dict[str, str]) -> int:
 
 NATS_SCHEMES = ("nats", "tls", "ws", "wss")
 POSTGRES_SCHEMES = ("postgresql", "postgres")
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 #: A writer lease of a day: failing over takes that long. Past it PostgreSQL's interval
 #: overflowed at some length, and every append then failed `unavailable`.
 MAX_LEASE_TTL_S = 24 * 3600
@@ -341,12 +343,32 @@ def _postgres_url(env: dict[str, str], name: str) -> str | None:
     if not text:
         return None
     parts = urllib.parse.urlsplit(text)
-    if parts.scheme not in POSTGRES_SCHEMES or any(c.isspace() for c in text):
+    # `postgres:/db` (a slash short) had no host, and reached whatever listens on the default
+    # socket; `postgresql:///db` names that socket on purpose, and stays.
+    if (
+        parts.scheme not in POSTGRES_SCHEMES
+        or not text.startswith(f"{parts.scheme}://")
+        or any(c.isspace() for c in text)
+    ):
         raise SettingsError(
             f"{name} is not a PostgreSQL URL (the scheme must be postgresql or postgres, no "
             "spaces); expected postgresql://role@host:port/database"
         )
     return text
+
+
+def _db_schema(env: dict[str, str]) -> str | None:
+    """TRELLIS_DB_SCHEMA: one PostgreSQL name as written unquoted (it becomes the search_path;
+    a space there was an internal error from PostgreSQL, exit 70)."""
+    schema = env.get("TRELLIS_DB_SCHEMA", "").strip()
+    if not schema:
+        return None
+    if not _SCHEMA_NAME.fullmatch(schema):
+        raise SettingsError(
+            f"TRELLIS_DB_SCHEMA must be a schema name: a lower-case letter or '_', then up to "
+            f"62 lower-case letters, digits or '_'; got {schema!r}"
+        )
+    return schema
 
 
 def _subject_prefix(env: dict[str, str]) -> str:
