@@ -378,6 +378,31 @@ async def test_sushy_reads_the_composition_service_and_its_blocks(
     assert "unused" in states[f"{DOMAIN}.gpu-001"].lower()
 
 
+async def listen(client: RedfishHttp, box: list[dict[str, Any]], ready: asyncio.Event) -> None:
+    """A real SSE client of the event stream: each event's body (with its `id:`) into `box`."""
+    host, port = client.base.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    sse_id = None
+    token = base64.b64encode(f"{client.user}:{client.password}".encode()).decode()
+    writer.write(
+        f"GET {R}/EventService/SSE HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        f"Authorization: Basic {token}\r\n\r\n".encode()
+    )
+    try:
+        while True:
+            line = await reader.readline()
+            if not line:
+                return
+            if line.startswith(b": Trellis"):  # the stream's first line: it listens
+                ready.set()
+            if line.startswith(b"id: "):
+                sse_id = line[4:].strip().decode()
+            if line.startswith(b"data: "):
+                box.append({**json.loads(line[6:]), "sse id": sse_id})
+    finally:
+        writer.close()
+
+
 async def test_the_event_stream_tells_each_account_only_what_it_may_see(
     h: Harness, admin: RedfishHttp
 ) -> None:
@@ -385,29 +410,6 @@ async def test_the_event_stream_tells_each_account_only_what_it_may_see(
     bolt = await tenant_account(admin, "bob", "bolt")
     service = (await acme.get(f"{R}/EventService")).body
     assert service["ServerSentEventUri"] == f"{R}/EventService/SSE"
-
-    async def listen(client: RedfishHttp, box: list[dict[str, Any]], ready: asyncio.Event) -> None:
-        host, port = client.base.removeprefix("http://").rsplit(":", 1)
-        reader, writer = await asyncio.open_connection(host, int(port))
-        sse_id = None
-        token = base64.b64encode(f"{client.user}:{client.password}".encode()).decode()
-        writer.write(
-            f"GET {R}/EventService/SSE HTTP/1.1\r\nHost: {host}:{port}\r\n"
-            f"Authorization: Basic {token}\r\n\r\n".encode()
-        )
-        try:
-            while True:
-                line = await reader.readline()
-                if not line:
-                    return
-                if line.startswith(b": Trellis"):  # the stream's first line: it listens
-                    ready.set()
-                if line.startswith(b"id: "):
-                    sse_id = line[4:].strip().decode()
-                if line.startswith(b"data: "):
-                    box.append({**json.loads(line[6:]), "sse id": sse_id})
-        finally:
-            writer.close()
 
     seen: dict[str, list[dict[str, Any]]] = {"admin": [], "acme": [], "bolt": []}
     ready = {name: asyncio.Event() for name in seen}
@@ -721,3 +723,84 @@ async def test_an_expired_reservation_is_refused_naming_it_and_nothing_is_create
         assert (await acme.get(RESERVATIONS)).body["Members"] == []
         gpu = await acme.get(f"{BLOCKS}/{DOMAIN}.gpu-002")
         assert gpu.body["CompositionStatus"]["Reserved"] is False
+
+
+async def test_the_event_stream_tells_a_reservations_tenant_and_administrators_of_it(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, tmp_path: Path
+) -> None:
+    """ARCHITECTURE §11: a reservation is a resource (CompositionReservations/<id>); made, it is
+    ResourceCreated, and applied, cancelled or expired, ResourceRemoved, to its tenant's
+    accounts and Administrators only. The stream said nothing of reservations before."""
+    clock = ManualClock()
+    options = RedfishOptions(
+        accounts=tmp_path / "redfish-accounts.json", admin_password=ADMIN_PASSWORD
+    )
+    async with serving(
+        nats_url, database_url, pg_schema, subject_prefix, redfish=options, clock=clock
+    ) as h:
+        assert (await h.client.import_topology(DOMAIN, FABRIC))["ok"]
+        assert h.redfish_url is not None
+        admin = RedfishHttp(h.redfish_url, "admin", ADMIN_PASSWORD)
+        acme = await tenant_account(admin, "alice", "acme")
+        bolt = await tenant_account(admin, "bob", "bolt")
+        seen: dict[str, list[dict[str, Any]]] = {"admin": [], "acme": [], "bolt": []}
+        ready = {name: asyncio.Event() for name in seen}
+        tasks = [
+            asyncio.create_task(listen(client, seen[name], ready[name]))
+            for name, client in (("admin", admin), ("acme", acme), ("bolt", bolt))
+        ]
+        try:
+            await asyncio.wait_for(asyncio.gather(*(r.wait() for r in ready.values())), 10)
+
+            async def reserve() -> str:
+                made = await acme(
+                    "POST", COMPOSE, compose_action("PreviewReserve", "host-01", "gpu-002")
+                )
+                assert made.status == 200, made
+                return str(made.body["ReservationId"])
+
+            cancelled = await reserve()
+            assert (await acme("DELETE", f"{RESERVATIONS}/{cancelled}")).status == 204
+            applied = await reserve()
+            answer = await acme("POST", COMPOSE, apply_reservation(applied))
+            assert answer.status == 200, answer
+            cid = answer.body["Manifest"]["Stanzas"][0]["Response"]["Id"]
+            assert (await acme("DELETE", f"{R}/Systems/{cid}")).status == 204
+            expired = await reserve()
+            clock.advance(301)
+            await h.engine.expire_due_leases()
+
+            def records(name: str) -> list[tuple[str, str]]:
+                return [
+                    (e["MessageId"].rsplit(".", 1)[-1], e["OriginOfCondition"]["@odata.id"])
+                    for event in seen[name]
+                    for e in event["Events"]
+                    if e["OriginOfCondition"]["@odata.id"].startswith(RESERVATIONS)
+                ]
+
+            expected = [
+                (message, f"{RESERVATIONS}/{rid}")
+                for rid in (cancelled, applied, expired)
+                for message in ("ResourceCreated", "ResourceRemoved")
+            ]
+            for _ in range(100):
+                if records("admin") == expected and records("acme") == expected:
+                    break
+                await asyncio.sleep(0.1)
+            assert records("admin") == expected
+            assert records("acme") == expected
+            assert records("bolt") == []
+            kinds = [
+                e["Oem"]["Trellis"]["EventType"]
+                for event in seen["acme"]
+                for e in event["Events"]
+                if e["OriginOfCondition"]["@odata.id"].startswith(RESERVATIONS)
+            ]
+            assert kinds == [
+                "ReservationMade", "ReservationCancelled", "ReservationMade",
+                "ReservationApplied", "ReservationMade", "ReservationExpired",
+            ]  # fmt: skip
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

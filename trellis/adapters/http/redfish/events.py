@@ -11,12 +11,16 @@ record from DMTF's `ResourceEvent` registry, `OriginOfCondition` = the resource:
 - ComponentFaulted, ComponentRecovered, ComponentDrained, ComponentUndrained: ResourceChanged
   of `Fabrics/<domain>` (`Oem.Trellis.Component` names the node, link or port);
 - TopologyImported, NodeAdded, LinkAdded, ComponentRemoved: ResourceChanged of
-  `Fabrics/<domain>`.
+  `Fabrics/<domain>`;
+- ReservationMade: ResourceCreated of `CompositionService/CompositionReservations/<id>`;
+  ReservationApplied, ReservationExpired, ReservationCancelled: ResourceRemoved of it.
 
 Filtered per account like everything else: a composition's events go to its tenant's accounts
 and to Administrators; fabric events (blocks and switches every account reads) to everyone.
 A composition's tenant is learned from its `CompositionRequested`, or asked of the engine
-(`composition`) for one composed before the stream started.
+(`composition`) for one composed before the stream started. A reservation's is learned from its
+`ReservationMade`; the end of one made before this service started names no tenant the engine
+still knows (it is gone by then), so that event goes to Administrators only.
 """
 
 from __future__ import annotations
@@ -51,12 +55,15 @@ REMOVED = {"CompositionReleased", "CompositionFailed"}
 CHANGED = {"CompositionImpaired", "PathRerouted", "DeviceReplaced", "LeaseExtended"}
 COMPONENT = {"ComponentFaulted", "ComponentRecovered", "ComponentDrained", "ComponentUndrained"}
 TOPOLOGY = {"TopologyImported", "NodeAdded", "LinkAdded", "ComponentRemoved"}
+RESERVATION_ENDED = {"ReservationApplied", "ReservationExpired", "ReservationCancelled"}
+RESERVATIONS = f"{R}/CompositionService/CompositionReservations"
 KEEPALIVE_S = 15.0
 BACKLOG = 1000  # events waiting for one stream; a stream this far behind is ended
 
 
 class _Data(msgspec.Struct):
     composition_id: str | None = None
+    reservation_id: str | None = None
     tenant: str | None = None
     component: str | None = None
 
@@ -79,6 +86,7 @@ class EventFeed:
         self._prefix = prefix
         self._listeners: set[_Listener] = set()
         self._tenants: dict[tuple[str, str], str] = {}  # (domain, composition) -> tenant
+        self._reservers: dict[tuple[str, str], str] = {}  # (domain, reservation) -> tenant
         self._sub: Any = None
         self.foreign = ForeignMessages("redfish")
 
@@ -134,7 +142,17 @@ class EventFeed:
         record: tuple[str, str] | None = None
         tenant: str | None = None
         public = False
-        if data.composition_id and kind in CREATED | REMOVED | CHANGED:
+        # First: ReservationApplied names a composition too, but the resource it ends is the
+        # reservation.
+        if data.reservation_id and kind == "ReservationMade":
+            tenant = data.tenant
+            if tenant is not None:
+                self._reservers[(domain, data.reservation_id)] = tenant
+            record = ("ResourceCreated", f"{RESERVATIONS}/{data.reservation_id}")
+        elif data.reservation_id and kind in RESERVATION_ENDED:
+            tenant = self._reservers.pop((domain, data.reservation_id), None)
+            record = ("ResourceRemoved", f"{RESERVATIONS}/{data.reservation_id}")
+        elif data.composition_id and kind in CREATED | REMOVED | CHANGED:
             message = (
                 "ResourceCreated"
                 if kind in CREATED
