@@ -311,6 +311,29 @@ def test_an_impaired_composition_names_what_impairs_it_and_is_ready_again_once_r
     assert ready["Ready"]["observed_position"] > worse["Impaired"]["observed_position"]
 
 
+def test_an_active_composition_waits_for_nothing_and_a_replaced_device_is_the_one_bound() -> None:
+    events, result = compose(hall(), "acme", host="h", devices=[{"kind": "gpu"}])
+    cid = result.composition_id
+    (chosen,) = [d.id for d in result.devices]
+    spare = ({"g1", "g2"} - {chosen}).pop()
+    view, changed = played(hall(), events)
+    active = conditions_of(changed, cid)[-1]
+    repaired, _ = report_fault(view.state, chosen, "failed", "fell off the bus")
+    assert "DeviceReplaced" in [type(e).__name__ for e in repaired]
+
+    _, changed = played(view, repaired, len(events) + 1)
+    final = conditions_of(changed, cid)[-1]
+
+    # Once active, nothing is still "waiting for its devices".
+    assert (active["Failed"]["status"], active["Failed"]["reason"]) == ("False", "Established")
+    assert (active["Impaired"]["status"], active["Impaired"]["reason"]) == ("False", "PathsUsable")
+    assert all("waiting" not in c["message"] for c in active.values())
+    # Bound names the device the repair bound, and did not transition (still True).
+    assert final["Bound"]["message"] == f"1 device reserved: {spare}"
+    assert final["Bound"]["observed_position"] == active["Bound"]["observed_position"]
+    assert status(final)["Ready"] == "True" and final["PathEstablished"]["status"] == "True"
+
+
 def test_a_lease_that_ran_out_is_the_reason_its_release_gives() -> None:
     view, result, position = composed_view(hall(), "acme", host="h", device_ids=["g1"])
     cid = result.composition_id

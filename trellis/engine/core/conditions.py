@@ -31,10 +31,12 @@ from trellis.engine.core.events import (
     CompositionImpaired,
     CompositionReleased,
     CompositionRequested,
+    DeviceReplaced,
     DevicesReserved,
     Event,
     LeaseExpired,
     PathEstablished,
+    PathRerouted,
 )
 from trellis.engine.core.records import format_time
 from trellis.engine.core.results import Time
@@ -77,6 +79,9 @@ def observe(
     established = track.established
     if isinstance(event, PathEstablished):
         established = established | {event.device}
+    elif isinstance(event, DeviceReplaced) and event.old_device in established:
+        # The replacement's path is set up by the repair that names it.
+        established = (established - {event.old_device}) | {event.binding.device}
     conditions = _next(
         track.conditions, composition, event, _Stamp(format_time(at), position), established
     )
@@ -100,10 +105,11 @@ def _next(
                 for t in TYPES
             )
         case DevicesReserved():
-            devices = ", ".join(b.device for b in composition.bindings)
-            count = len(composition.bindings)
-            message = f"{count} device{'s' * (count != 1)} reserved: {devices}"
-            return _with(conditions, now, "Bound", "True", "DevicesReserved", message)
+            out = _bound(conditions, composition, now)
+            return _still_pending(out, now, "waiting for its paths to be established")
+        case DeviceReplaced() | PathRerouted():
+            # Still bound (no transition), but to what the repair left it.
+            return _bound(conditions, composition, now)
         case PathEstablished():
             done, count = len(established), len(composition.bindings)
             if done < count:
@@ -113,8 +119,13 @@ def _next(
             return _with(conditions, now, "PathEstablished", "True", "PathsEstablished", message)
         case CompositionActivated():
             out = _with(conditions, now, "Ready", "True", "Activated", "active")
-            if _get(out, "Impaired").status == "True":
+            impaired = _get(out, "Impaired")
+            if impaired.status == "True":
                 out = _with(out, now, "Impaired", "False", "Repaired", "every path is usable")
+            elif impaired.reason == "Pending":
+                out = _with(out, now, "Impaired", "False", "PathsUsable", "every path is usable")
+            if _get(out, "Failed").reason == "Pending":
+                out = _with(out, now, "Failed", "False", "Established", "the fabric established it")
             return out
         case CompositionImpaired(reason=why):
             parts = list(composition.impaired_by)
@@ -137,6 +148,21 @@ def _next(
 
 
 _PHASES = ("Bound", "PathEstablished")
+
+
+def _bound(conditions: Conditions, composition: Composition, now: _Stamp) -> Conditions:
+    devices = ", ".join(b.device for b in composition.bindings)
+    count = len(composition.bindings)
+    message = f"{count} device{'s' * (count != 1)} reserved: {devices}"
+    return _with(conditions, now, "Bound", "True", "DevicesReserved", message)
+
+
+def _still_pending(conditions: Conditions, now: _Stamp, message: str) -> Conditions:
+    """The conditions still `Pending` since the request, told what they wait for now."""
+    for type in TYPES:
+        if _get(conditions, type).reason == "Pending":
+            conditions = _with(conditions, now, type, "False", "Pending", message)
+    return conditions
 
 
 class _Stamp(msgspec.Struct, frozen=True):
