@@ -11,6 +11,7 @@ import pytest
 
 from trellis.adapters.http.redfish import accounts
 from trellis.adapters.http.redfish.accounts import AccountError, AccountStore, admin_password
+from trellis.adapters.http.redfish.session_timeout import SessionTimeout
 
 
 def test_stores_only_salted_scrypt_hashes_in_a_0600_file(tmp_path: Path) -> None:
@@ -71,3 +72,25 @@ def test_the_generated_admin_password_is_kept_in_a_0600_file(tmp_path: Path) -> 
     assert path is not None and stat.S_IMODE(path.stat().st_mode) == 0o600
     assert admin_password(tmp_path, None) == (password, path)
     assert admin_password(tmp_path, "given-password") == ("given-password", None)
+
+
+def test_a_changed_session_timeout_holds_for_live_sessions_and_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SessionService.SessionTimeout (an Administrator's PATCH) is every session's idle timeout
+    from then on, those already open included, and a store made again on the file keeps it."""
+    store = AccountStore(tmp_path / "accounts.json")
+    path = tmp_path / "session-timeout.json"
+    timeout = SessionTimeout(store, path)
+    assert timeout.seconds == accounts.SESSION_TIMEOUT_S
+    alice = store.create("alice", "alice-password", "Operator", "acme")
+    session = store.open_session(alice)
+    timeout.set(30)
+    now = accounts.time.monotonic()
+    monkeypatch.setattr(accounts.time, "monotonic", lambda: now + 20)
+    assert store.by_token(session.token) is not None  # used: its 30 s start again
+    monkeypatch.setattr(accounts.time, "monotonic", lambda: now + 20 + 31)
+    assert store.by_token(session.token) is None
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    again = AccountStore(tmp_path / "accounts.json")
+    assert SessionTimeout(again, path).seconds == again.session_timeout_s == 30

@@ -23,7 +23,8 @@ from trellis.adapters.embedded.nats_server import EmbeddedNats
 from trellis.adapters.http.redfish import AccountStore, RedfishService
 from trellis.adapters.http.redfish.reservation_duration import ReservationDuration
 from trellis.adapters.http.redfish.serve import RedfishOptions
-from trellis.adapters.http.redfish.service import RESERVATION_DURATION_FILE
+from trellis.adapters.http.redfish.service import RESERVATION_DURATION_FILE, SESSION_TIMEOUT_FILE
+from trellis.adapters.http.redfish.session_timeout import SessionTimeout
 from trellis.adapters.nats.auth import Principal, SecureDir
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.nats.connect import connect_nats
@@ -804,3 +805,46 @@ async def test_the_event_stream_tells_a_reservations_tenant_and_administrators_o
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_an_administrator_sets_the_session_timeout_and_it_outlives_the_service(
+    h: Harness, admin: RedfishHttp, tmp_path: Path
+) -> None:
+    """SessionService.SessionTimeout is ReadWrite in the CSDL (30 to 86,400 s); it was fixed at
+    1,800 s and the PATCH was 405."""
+    service = f"{R}/SessionService"
+    acme = await tenant_account(admin, "alice", "acme")
+    reader = await tenant_account(admin, "rita", "acme", role="ReadOnly")
+    before = await admin.get(service)
+    assert before.body["SessionTimeout"] == 1800
+    assert "PATCH" in before.headers["allow"]
+    for account in (acme, reader):
+        assert (await account("PATCH", service, {"SessionTimeout": 600})).status == 403
+    stale = await admin("PATCH", service, {"SessionTimeout": 600},
+                        headers={"If-Match": 'W/"stale"'})  # fmt: skip
+    assert stale.status == 412, stale
+    for value, name in [
+        (29, "PropertyValueOutOfRange"),
+        (86401, "PropertyValueOutOfRange"),
+        ("600", "PropertyValueTypeError"),
+        (True, "PropertyValueTypeError"),
+        (600.5, "PropertyValueTypeError"),
+    ]:
+        refused = await admin("PATCH", service, {"SessionTimeout": value})
+        assert refused.status == 400, refused
+        info = refused.body["error"]["@Message.ExtendedInfo"]
+        assert info[0]["MessageId"].endswith(name) and "SessionTimeout" in str(info), info
+    refused = await admin("PATCH", service, {"ServiceEnabled": False})
+    assert refused.status == 400 and "PropertyNotWritable" in str(refused.body), refused
+    assert (await admin.get(service)).body == before.body  # none of those changed anything
+
+    patched = await admin("PATCH", service, {"SessionTimeout": 30},
+                          headers={"If-Match": before.headers["etag"]})  # fmt: skip
+    assert patched.status == 200 and patched.body["SessionTimeout"] == 30, patched
+    assert (await acme.get(service)).body["SessionTimeout"] == 30
+    assert patched.headers["etag"] != before.headers["etag"]
+    # A service started again keeps it (tests/adapters/test_redfish_accounts.py: sessions
+    # time out after it).
+    kept = SessionTimeout(AccountStore(tmp_path / "redfish-accounts.json"),
+                          tmp_path / SESSION_TIMEOUT_FILE)  # fmt: skip
+    assert kept.seconds == 30

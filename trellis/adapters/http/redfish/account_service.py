@@ -11,7 +11,7 @@ from trellis.adapters.http.redfish.accounts import (
     MIN_PASSWORD,
     PRIVILEGES,
     ROLES,
-    SESSION_TIMEOUT_S,
+    SESSION_TIMEOUT_RANGE,
     Account,
     AccountError,
     AccountStore,
@@ -31,6 +31,7 @@ from trellis.adapters.http.redfish.handling import (
 )
 from trellis.adapters.http.redfish.registries import RedfishError, error
 from trellis.adapters.http.redfish.resources import R, ref
+from trellis.adapters.http.redfish.session_timeout import SessionTimeout
 from trellis.adapters.http.server import Request
 
 #: What a new ManagerAccount may say: `Locked` (false) is what many clients send as they make
@@ -118,15 +119,30 @@ def account_service(
 
 
 async def session_service(
-    store: AccountStore, request: Request, method: str, parts: list[str], account: Account | None
+    timeout: SessionTimeout,
+    request: Request,
+    method: str,
+    parts: list[str],
+    account: Account | None,
 ) -> Reply:
     """`/redfish/v1/SessionService` and below: a POST of a user name and password opens a
     session (its token in X-Auth-Token); a session is listed, read and closed by its user or
-    an Administrator."""
+    an Administrator. An Administrator PATCHes SessionTimeout, the one writable property."""
+    store = timeout.store
     base = f"{R}/SessionService"
     if not parts:
-        only(method, "GET")
-        return Reply(body=_session_service())
+        allow = "GET, HEAD, PATCH"
+        if method == "PATCH":
+            assert account is not None
+            admin_only(account)
+            current = _session_service(timeout.seconds)
+            if_match(request, current)
+            body, notes = patched(json_body(request), {"SessionTimeout"}, current)
+            if "SessionTimeout" in body:
+                timeout.set(_session_timeout(body["SessionTimeout"]))
+            return Reply(body=with_notes(_session_service(timeout.seconds), notes), allow=allow)
+        only(method, "GET", "PATCH")
+        return Reply(body=_session_service(timeout.seconds), allow=allow)
     if parts[0] != "Sessions" or len(parts) > 2:
         raise error(404, "ResourceNotFound", "Resource", "/".join(parts))
     if len(parts) == 1:
@@ -252,14 +268,25 @@ def _account(account: Account) -> dict[str, Any]:
     return body
 
 
-def _session_service() -> dict[str, Any]:
+def _session_timeout(value: Any) -> int:
+    """SessionTimeout's seconds: a whole number within the CSDL's bounds."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise wrong_type(value, "SessionTimeout")
+    low, high = SESSION_TIMEOUT_RANGE
+    if not low <= value <= high:
+        raise error(400, "PropertyValueOutOfRange", str(value), "SessionTimeout",
+                    resolution=f"Send a whole number of seconds from {low} to {high}.")  # fmt: skip
+    return value
+
+
+def _session_service(timeout_s: int) -> dict[str, Any]:
     return {
         "@odata.id": f"{R}/SessionService",
         "@odata.type": "#SessionService.v1_2_0.SessionService",
         "Id": "SessionService",
         "Name": "Session Service",
         "ServiceEnabled": True,
-        "SessionTimeout": SESSION_TIMEOUT_S,
+        "SessionTimeout": timeout_s,
         "Status": {"State": "Enabled", "Health": "OK"},
         "Sessions": ref(f"{R}/SessionService/Sessions"),
     }

@@ -10,7 +10,8 @@ constant time.
 Every account is an `Administrator` (the operator: no tenant, sees and acts on everything) or
 belongs to one tenant with the role `Operator` (reads and changes that tenant's systems) or
 `ReadOnly` (reads them). Sessions are kept in memory: a restart ends them, and clients log in
-again, as they do when a session times out (`SESSION_TIMEOUT_S` without use).
+again, as they do when a session times out (`session_timeout_s` without use: SessionTimeout,
+which an Administrator may PATCH; session_timeout.py keeps it).
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ from trellis.engine.core.ids import is_valid_id
 Role = Literal["Administrator", "Operator", "ReadOnly"]
 ROLES: tuple[Role, ...] = ("Administrator", "Operator", "ReadOnly")
 ADMIN = "admin"
-SESSION_TIMEOUT_S = 1800
+SESSION_TIMEOUT_S = 1800  # SessionTimeout until an Administrator sets another
+#: SessionTimeout's bounds: the CSDL's Validation.Minimum and Maximum.
+SESSION_TIMEOUT_RANGE = (30, 86400)
 MIN_PASSWORD = 8
 MAX_PASSWORD = 256
 _SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
@@ -71,7 +74,7 @@ class Session(msgspec.Struct, kw_only=True):
     id: str
     token: str
     user_name: str
-    expires: float  # monotonic seconds
+    last_used: float  # monotonic seconds; it ends `session_timeout_s` after
 
 
 class AccountError(ValueError):
@@ -124,6 +127,8 @@ class AccountStore:
         self.path = path
         self._accounts: dict[str, Account] = {}
         self._sessions: dict[str, Session] = {}  # by token
+        #: The idle timeout of every session, read at each use: a change holds at once.
+        self.session_timeout_s = SESSION_TIMEOUT_S
         self._load()
 
     def _load(self) -> None:
@@ -256,7 +261,7 @@ class AccountStore:
             id=secrets.token_hex(8),
             token=secrets.token_hex(32),
             user_name=account.user_name,
-            expires=time.monotonic() + SESSION_TIMEOUT_S,
+            last_used=time.monotonic(),
         )
         self._sessions[session.token] = session
         return session
@@ -269,7 +274,7 @@ class AccountStore:
                 account = self._accounts.get(session.user_name)
                 if account is None or not account.enabled:
                     return None
-                session.expires = time.monotonic() + SESSION_TIMEOUT_S
+                session.last_used = time.monotonic()
                 return session, account
         return None
 
@@ -300,7 +305,7 @@ class AccountStore:
     def _expire(self) -> None:
         now = time.monotonic()
         for token, session in list(self._sessions.items()):
-            if session.expires <= now:
+            if session.last_used + self.session_timeout_s <= now:
                 del self._sessions[token]
 
 

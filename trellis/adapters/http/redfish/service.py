@@ -52,6 +52,7 @@ from trellis.adapters.http.redfish.handling import (
 from trellis.adapters.http.redfish.metadata import metadata_xml
 from trellis.adapters.http.redfish.registries import RedfishError, error, message
 from trellis.adapters.http.redfish.resources import R, Reader, Viewer
+from trellis.adapters.http.redfish.session_timeout import SessionTimeout
 from trellis.adapters.http.server import DEFAULT_HOST, HttpServer, Request, Response, Stream
 from trellis.adapters.nats.client import TrellisClient
 
@@ -65,6 +66,8 @@ OPEN = {"/redfish", "/redfish/v1", f"{R}/$metadata", f"{R}/odata"}
 
 #: The file beside the accounts file that keeps CompositionService.ReservationDuration.
 RESERVATION_DURATION_FILE = "redfish-reservation-duration.json"
+#: The file beside the accounts file that keeps SessionService.SessionTimeout.
+SESSION_TIMEOUT_FILE = "redfish-session-timeout.json"
 
 
 class RedfishService:
@@ -99,6 +102,9 @@ class RedfishService:
         # Kept beside the accounts: both are the service's own settings, not the engine's.
         self.reservation_duration = reservation_duration.ReservationDuration(
             accounts.path.with_name(RESERVATION_DURATION_FILE)
+        )
+        self.session_timeout = SessionTimeout(
+            accounts, accounts.path.with_name(SESSION_TIMEOUT_FILE)
         )
         self.composer = Composer(
             self.reader,
@@ -299,7 +305,7 @@ class RedfishService:
         parts = path.removeprefix(f"{R}/").split("/")
         top = parts[0]
         if top == "SessionService":
-            return await session_service(self.accounts, request, method, parts[1:], account)
+            return await session_service(self.session_timeout, request, method, parts[1:], account)
         assert account is not None
         viewer = Viewer(account.tenant)
         if top == "AccountService":
@@ -506,6 +512,6 @@ def _allowed(path: str) -> str:
         return "GET, HEAD, DELETE"
     if path.startswith(f"{R}/AccountService/Accounts/"):
         return "GET, HEAD, PATCH, DELETE"
-    if path == f"{R}/CompositionService":
+    if path in (f"{R}/CompositionService", f"{R}/SessionService"):
         return "GET, HEAD, PATCH"
     return "GET, HEAD"
