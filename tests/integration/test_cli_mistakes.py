@@ -170,11 +170,38 @@ async def test_no_engine_serving_on_a_live_nats_names_the_prefix_and_the_url(
     assert f"trellis: unavailable: no engine serves {prefix}.* on {nats_url}" in line, line
 
 
-async def test_a_nats_that_does_not_listen_is_unavailable(tmp_path: Path) -> None:
-    env = {**base_env(tmp_path), "TRELLIS_NATS_URL": f"nats://127.0.0.1:{free_port()}"}
-    code, _, err = await run_cli(env, "topology", "show", "--timeout", "2")
+@pytest.mark.parametrize("command", [["topology", "show"], ["composition", "list"]], ids=" ".join)
+async def test_a_nats_that_does_not_listen_is_unavailable_at_once(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """A refused TCP connection is known at once: it was retried until `--timeout` passed and
+    then said as `TimeoutError`. With a minute to wait, the subprocess's 20 s bound fails the
+    old behaviour; the new answer takes the CLI's start and one refused connect."""
+    url = f"nats://127.0.0.1:{free_port()}"
+    env = {**base_env(tmp_path), "TRELLIS_NATS_URL": url}
+    code, out, err = await run_cli(env, *command, "--timeout", "60", timeout=20)
     line = one_line(err)
-    assert code == EXIT_UNAVAILABLE and line.startswith("trellis: unavailable: cannot reach"), err
+    assert code == EXIT_UNAVAILABLE and out == "", err
+    assert line == (
+        f"trellis: unavailable: cannot reach NATS at {url} (connection refused)"
+        " (hint: is the engine up? `trellis up` starts one; see TRELLIS_NATS_URL)"
+    ), line
+
+
+async def test_a_nats_that_never_answers_is_unavailable_after_the_connect_timeout(
+    tmp_path: Path,
+) -> None:
+    """A server that takes the TCP connection but never greets is given NATS's connect
+    timeout (5 s), not retried for all of `--timeout`."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"nats://127.0.0.1:{silent.getsockname()[1]}"
+        env = {**base_env(tmp_path), "TRELLIS_NATS_URL": url}
+        code, _, err = await run_cli(env, "free", "--timeout", "60", timeout=40)
+    line = one_line(err)
+    assert code == EXIT_UNAVAILABLE, err
+    assert line.startswith(f"trellis: unavailable: cannot reach NATS at {url} (no answer"), line
 
 
 async def test_no_engine_at_all_says_how_to_start_one(tmp_path: Path) -> None:

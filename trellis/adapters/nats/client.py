@@ -19,7 +19,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from trellis.adapters.nats.auth import NkeyCredentials, Principal, SecureDir
-from trellis.adapters.nats.connect import connect_nats
+from trellis.adapters.nats.connect import NatsUnreachable, connect_nats, nats_servers
 
 T = TypeVar("T")
 
@@ -39,16 +39,29 @@ class NoIdentity(LookupError):
 
 class Refusals:
     """What the server refused on this connection (credentials, or a publish its permissions
-    deny): nats-py reports those only to the error callback, and a request would just time
-    out. `first(...)` gives up on the awaited step as soon as one arrives."""
+    deny), and while connecting, that no server could be reached at all: nats-py reports those
+    only to the error callback, retrying, and a request would just time out. `first(...)`
+    gives up on the awaited step as soon as one arrives."""
 
-    def __init__(self) -> None:
+    def __init__(self, servers: int = 1) -> None:
         self.refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.connecting = True
+        self._servers = servers
+        self._unreached: list[str] = []
 
     async def on_error(self, exc: Exception) -> None:
         text = str(exc)
-        if "violation" in text.lower() and not self.refused.done():
+        if self.refused.done():
+            return
+        if "violation" in text.lower():
             self.refused.set_result(text.removeprefix("nats: ").strip("'"))
+        elif self.connecting and isinstance(exc, OSError):
+            # nats-py would try again forever; once every server was tried, a refused TCP
+            # connection (or one that never answered) is the CLI's answer, not a timeout.
+            self._unreached.append(unreached_reason(exc))
+            if len(self._unreached) >= self._servers:
+                reasons = "; ".join(dict.fromkeys(self._unreached))
+                self.refused.set_exception(NatsUnreachable(reasons))
 
     async def first(self, step: Awaitable[T], timeout: float | None) -> T:
         """`step`'s result; NatsRefused once the server refuses something first, TimeoutError
@@ -60,9 +73,18 @@ class Refusals:
             return task.result()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        if self.refused.done():
+        if self.refused.done():  # result() raises NatsUnreachable if no server was reached
             raise NatsRefused(f"NATS refused it: {self.refused.result()}")
         raise TimeoutError
+
+
+def unreached_reason(exc: OSError) -> str:
+    """Why a connection to a server failed, as a person says it."""
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, TimeoutError):
+        return "no answer in time"
+    return exc.strerror or str(exc) or type(exc).__name__
 
 
 def identity_for(data_dir: Path, creds: Path | None, subject_tail: str) -> NkeyCredentials | None:
@@ -121,15 +143,18 @@ class TrellisClient:
         """A client on a NATS connection of its own to `url` (adapters/nats/connect.py: one
         that keeps reconnecting), as `credentials` (None: anonymous), closed with the context;
         `timeout` is each request's. With `stop_on_refusal`, a refusal by the server is
-        NatsRefused at once (connecting, or in `unrefused`), and connecting is bounded by
-        `timeout`; without it, refusals are logged as connect_nats logs them.
+        NatsRefused at once (connecting, or in `unrefused`), no server to connect to is
+        NatsUnreachable once each was tried (a refused TCP connection: at once), and
+        connecting is bounded by `timeout`; without it, refusals are logged as connect_nats
+        logs them, and connecting is retried until a server answers.
 
         Raises:
             NatsRefused: (stop_on_refusal) the server refused the credentials.
+            NatsUnreachable: (stop_on_refusal) no server could be connected to; says why.
             TimeoutError: (stop_on_refusal) no connection within `timeout`.
             CredentialsError: `credentials` holds no usable nkey seed.
         """
-        refusals = Refusals() if stop_on_refusal else None
+        refusals = Refusals(len(nats_servers(url))) if stop_on_refusal else None
         connecting = connect_nats(
             url,
             name=name,
@@ -137,6 +162,8 @@ class TrellisClient:
             on_error=refusals.on_error if refusals is not None else None,
         )
         nc = await (refusals.first(connecting, timeout) if refusals is not None else connecting)
+        if refusals is not None:
+            refusals.connecting = False  # from now on a lost server is reconnected to
         try:
             yield cls(nc, prefix=prefix, timeout=timeout, refusals=refusals)
         finally:

@@ -158,11 +158,14 @@ def on_nats(args: argparse.Namespace, subject_tail: str, work: Any) -> Any:
                     f"{exc} (connecting to {url} with {who})", code="refused", hint="see --creds"
                 ) from None
             except Exception as exc:
-                reason = str(exc) or type(exc).__name__
+                if isinstance(exc, TimeoutError):
+                    reason = f"no connection within {args.timeout}s"
+                else:
+                    reason = str(exc) or type(exc).__name__
                 raise CliError(
-                    f"cannot reach NATS at {redacted(url)}: {reason}",
+                    f"cannot reach NATS at {redacted(url)} ({reason})",
                     code="unavailable",
-                    hint="is `trellis up` running? see TRELLIS_NATS_URL",
+                    hint="is the engine up? `trellis up` starts one; see TRELLIS_NATS_URL",
                     exit=EXIT_UNAVAILABLE,
                 ) from None
             return await work(client, settings, url, who)
