@@ -848,3 +848,36 @@ async def test_an_administrator_sets_the_session_timeout_and_it_outlives_the_ser
     kept = SessionTimeout(AccountStore(tmp_path / "redfish-accounts.json"),
                           tmp_path / SESSION_TIMEOUT_FILE)  # fmt: skip
     assert kept.seconds == 30
+
+
+async def test_an_account_create_names_what_is_missing_or_not_in_the_list(
+    admin: RedfishHttp,
+) -> None:
+    """A POST to Accounts without a tenant (Operator, ReadOnly), UserName or Password is
+    PropertyMissing naming it, and a RoleId not among the roles PropertyValueNotInList listing
+    them; they were a generic PropertyValueFormatError. Nothing is made."""
+    accounts = f"{R}/AccountService/Accounts"
+    before = (await admin.get(accounts)).body["Members"]
+    full = {"UserName": "nobody", "Password": "long-enough", "RoleId": "Operator",
+            "Oem": {"Trellis": {"Tenant": "acme"}}}  # fmt: skip
+    tenant = "Oem/Trellis/Tenant"
+    for body, wanted in [
+        ({k: v for k, v in full.items() if k != "Oem"}, [("PropertyMissing", tenant)]),
+        ({**full, "RoleId": "ReadOnly", "Oem": {"Trellis": {}}},
+         [("PropertyMissing", tenant)]),
+        ({k: v for k, v in full.items() if k != "UserName"}, [("PropertyMissing", "UserName")]),
+        ({k: v for k, v in full.items() if k != "Password"}, [("PropertyMissing", "Password")]),
+        ({"RoleId": "Operator"}, [("PropertyMissing", "UserName"), ("PropertyMissing", "Password"),
+                                  ("PropertyMissing", tenant)]),
+        ({k: v for k, v in full.items() if k != "RoleId"}, [("PropertyMissing", "RoleId")]),
+        ({**full, "RoleId": "Root"}, [("PropertyValueNotInList", "RoleId")]),
+    ]:  # fmt: skip
+        refused = await admin("POST", accounts, body)
+        assert refused.status == 400, (body, refused)
+        info = refused.body["error"]["@Message.ExtendedInfo"]
+        got = [(i["MessageId"], i["MessageArgs"][-1]) for i in info]
+        assert got == [(f"Base.1.19.{name}", where) for name, where in wanted], (body, info)
+    listed = await admin("POST", accounts, {**full, "RoleId": "Root"})
+    (info,) = listed.body["error"]["@Message.ExtendedInfo"]
+    assert "Administrator, Operator, ReadOnly" in info["Resolution"], info
+    assert (await admin.get(accounts)).body["Members"] == before

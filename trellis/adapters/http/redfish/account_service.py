@@ -29,7 +29,7 @@ from trellis.adapters.http.redfish.handling import (
     with_notes,
     wrong_type,
 )
-from trellis.adapters.http.redfish.registries import RedfishError, error
+from trellis.adapters.http.redfish.registries import RedfishError, error, message
 from trellis.adapters.http.redfish.resources import R, ref
 from trellis.adapters.http.redfish.session_timeout import SessionTimeout
 from trellis.adapters.http.server import Request
@@ -63,11 +63,12 @@ def account_service(
             body = json_body(request)
             _refuse_unknown_account_properties(body)
             _check_types(body)
+            _check_required(body)
             try:
                 made = store.create(
-                    body.get("UserName"),  # type: ignore[arg-type]
-                    body.get("Password"),  # type: ignore[arg-type]
-                    body.get("RoleId", ""),  # type: ignore[arg-type]
+                    body["UserName"],
+                    body["Password"],
+                    body["RoleId"],
                     dig(body, "Oem", "Trellis", "Tenant"),
                 )
             except AccountError as exc:
@@ -211,6 +212,26 @@ def _check_types(body: dict[str, Any]) -> None:
     password = body.get("Password")
     if password is not None and not isinstance(password, str):
         raise error(400, "PropertyValueTypeError", "(hidden)", "Password")  # never echoed
+
+
+def _check_required(body: dict[str, Any]) -> None:
+    """A new account's missing property is PropertyMissing naming it (every one missing), and a
+    RoleId not among the roles PropertyValueNotInList listing them: the client is told what to
+    send, not that some value was of the wrong form."""
+    missing = [name for name in ("UserName", "Password", "RoleId") if body.get(name) is None]
+    role = body.get("RoleId")
+    if role in ("Operator", "ReadOnly") and dig(body, "Oem", "Trellis", "Tenant") is None:
+        missing.append("Oem/Trellis/Tenant")
+    if missing:
+        tenant = f"{role} accounts belong to one tenant: name it and resubmit the request."
+        raise RedfishError(400, [
+            message("PropertyMissing", name, related=[f"#/{name}"],
+                    resolution=tenant if name.startswith("Oem/") else None)
+            for name in missing
+        ])  # fmt: skip
+    if role not in ROLES:
+        raise error(400, "PropertyValueNotInList", str(role), "RoleId", related=["#/RoleId"],
+                    resolution=f"Send RoleId as one of {', '.join(ROLES)}.")  # fmt: skip
 
 
 def _account_error(exc: AccountError, user_name: str) -> RedfishError:
