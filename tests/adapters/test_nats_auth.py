@@ -16,6 +16,7 @@ from trellis.adapters.nats.auth import (
     NkeyCredentials,
     Principal,
     SecureDir,
+    UnknownTenant,
     authorization_config,
     inbox_prefix,
     new_seed,
@@ -154,6 +155,42 @@ def test_ensure_issues_each_identity_once_and_privately(tmp_path: Path) -> None:
     for name in ("engine", "operator", "auditor", "acme", "globex"):
         key = public_key(secure.credentials(_principal(name)).seed())
         assert f'"nkey": "{key}"' in config
+
+
+def test_revoke_sets_the_seed_aside_and_writes_the_config_without_its_user(
+    tmp_path: Path,
+) -> None:
+    secure = SecureDir(tmp_path)
+    secure.ensure("p1", ["acme", "globex"])
+    acme, globex = (
+        public_key(secure.credentials(_principal(n)).seed()) for n in ("acme", "globex")
+    )
+    assert [(n, k) for n, k, _ in secure.identities()] == [("acme", acme), ("globex", globex)]
+
+    aside = secure.revoke("acme", "p1")
+
+    assert aside == secure.root / "revoked" / f"acme.{acme}.nk"
+    assert aside.stat().st_mode & 0o777 == 0o600 and aside.parent.stat().st_mode & 0o777 == 0o700
+    assert [n for n, _, _ in secure.identities()] == ["globex"]
+    config = secure.config_path.read_text()
+    assert acme not in config and globex in config and "p1.intent.*.acme.>" not in config
+    with pytest.raises(UnknownTenant, match="'acme' has no identity"):
+        secure.revoke("acme", "p1")
+    with pytest.raises(CredentialsError, match="internal identity"):
+        secure.revoke("operator", "p1")
+    assert secure.ensure("p1", ["acme"]) == ["acme"]  # a new identity, the old one set aside
+    assert public_key(secure.credentials(_principal("acme")).seed()) != acme
+
+
+def test_a_revoke_whose_config_cannot_be_written_keeps_the_identity(tmp_path: Path) -> None:
+    secure = SecureDir(tmp_path)
+    secure.ensure("p1", ["acme"])
+    config = secure.config_path.read_text()
+    (secure.root / ".auth.conf.tmp").mkdir()  # where the new config would be written first
+    with pytest.raises(OSError):
+        secure.revoke("acme", "p1")
+    assert secure.tenants() == ["acme"] and secure.config_path.read_text() == config
+    assert not list((secure.root / "revoked").iterdir())
 
 
 def test_tenants_added_at_once_are_all_in_the_config(tmp_path: Path) -> None:

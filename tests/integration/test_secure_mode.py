@@ -42,6 +42,7 @@ from trellis.adapters.nats.auth import (
 )
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.nats.connect import connect_nats, until_accepted
+from trellis.adapters.nats.issuing import until_refused
 from trellis.adapters.nats.jetstream import bucket_name, stream_name
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fabric.json"
@@ -477,6 +478,105 @@ async def test_tenant_add_on_a_data_dir_not_in_secure_mode_is_refused_and_issues
     assert code == 1 and out == "", (out, err)
     assert "is not in secure mode" in err and "trellis up --secure" in err, err
     assert not SecureDir(tmp_path).root.exists()
+
+
+async def test_tenant_revoke_refuses_the_identity_and_cuts_off_its_connections(
+    rig: Rig, tmp_path: Path
+) -> None:
+    await imported(rig)
+    env = {"TRELLIS_DATA_DIR": str(tmp_path)}
+    (tmp_path / "endpoints.json").write_text(json.dumps({"nats_url": rig.server.url}))
+    code, out, err = await trellis_cli(env, "tenant", "list", "-o", "json")
+    assert code == 0, err
+    old_key = public_key(rig.secure.credentials(ACME).seed())
+    assert json.loads(out) == [
+        {"tenant": t.name, "public_key": k, "identity": str(rig.secure.seed_path(t))}
+        for t, k in ((ACME, old_key), (GLOBEX, public_key(rig.secure.credentials(GLOBEX).seed())))
+    ]
+    acme = await rig.connect(ACME)  # connected before the revoke: must be cut off by it
+    cid = await compose(acme, "acme", {"host": "host-01", "device_ids": ["gpu-001"]})
+    globex = await rig.connect(GLOBEX)
+
+    code, out, err = await trellis_cli(env, "tenant", "revoke", "acme")
+
+    assert code == 0, err
+    assert "refuses that identity now" in out and "not released" in out, out
+    aside = NkeyCredentials(rig.secure.root / "revoked" / f"acme.{old_key}.nk")
+    assert not rig.secure.seed_path(ACME).exists() and aside.path.is_file()
+    assert old_key not in rig.secure.config_path.read_text()
+    await until(lambda: not acme.nc.is_connected)  # the server closed it at the reload
+    await acme.nc.close()  # it would reconnect with whatever tenants/acme.nk holds next
+    with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+        await nats.connect(
+            rig.server.url, allow_reconnect=False, connect_timeout=2, **aside.connect_options()
+        )
+    # Others keep their connections and their say; acme's composition is still held.
+    assert globex.nc.is_connected
+    await compose(globex, "globex", {"host": "host-02", "device_ids": ["gpu-002"]})
+    code, out, _ = await trellis_cli(env, "tenant", "list")
+    assert code == 0 and "globex" in out and "acme" not in out, out
+
+    # Issued again: a new key; the old one stays refused, and the new one can release.
+    code, out, err = await trellis_cli(env, "tenant", "add", "acme")
+    assert code == 0 and "issued tenant acme" in out, err
+    new_key = public_key(rig.secure.credentials(ACME).seed())
+    assert new_key != old_key
+    with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+        await nats.connect(
+            rig.server.url, allow_reconnect=False, connect_timeout=2, **aside.connect_options()
+        )
+    again = await rig.connect(ACME)
+    expect_ok(await again.client.intent(DOMAIN, "acme", "release", {"composition_id": cid}))
+
+
+async def test_tenant_revoke_refusals_change_nothing(tmp_path: Path) -> None:
+    secure = SecureDir(tmp_path / "data")
+    secure.ensure("trellis", ["acme"])
+    env = {"TRELLIS_DATA_DIR": str(tmp_path / "data")}
+
+    def files() -> dict[str, bytes]:
+        return {str(p): p.read_bytes() for p in secure.root.rglob("*") if p.is_file()}
+
+    before = files()
+    for name, code, words in [
+        ("globex", 1, "not_found: tenant 'globex' has no identity"),
+        ("operator", 1, "names an internal identity"),
+    ]:
+        got, out, err = await trellis_cli(env, "tenant", "revoke", name)
+        assert (got, out) == (code, ""), (name, out, err)
+        assert err.startswith("trellis: ") and len(err.strip().splitlines()) == 1, err
+        assert words in err, err
+    assert files() == before
+    plain = {"TRELLIS_DATA_DIR": str(tmp_path / "plain")}
+    for args in (["revoke", "acme"], ["list"]):
+        code, out, err = await trellis_cli(plain, "tenant", *args)
+        assert code == 1 and out == "" and "is not in secure mode" in err, (out, err)
+    assert not (tmp_path / "plain").exists()
+
+
+async def test_tenant_revoke_with_external_nats_rewrites_the_file_and_says_to_reload(
+    tmp_path: Path,
+) -> None:
+    data_dir, server_dir = tmp_path / "data", tmp_path / "nats-server"
+    secure = SecureDir(data_dir)
+    secure.ensure("trellis", ["acme"])
+    server_dir.mkdir()
+    (server_dir / "trellis-auth.conf").symlink_to(secure.config_path)
+    server = EmbeddedNats(server_dir, config=server_dir / "trellis-auth.conf")
+    await asyncio.to_thread(server.start)
+    try:
+        key = public_key(secure.credentials(ACME).seed())
+        aside = NkeyCredentials(secure.root / "revoked" / f"acme.{key}.nk")
+        env = {"TRELLIS_DATA_DIR": str(data_dir), "TRELLIS_NATS_URL": server.url}
+        code, out, err = await trellis_cli(env, "tenant", "revoke", "acme")
+        assert code == 0, err
+        assert "NATS is external" in out and f"still lets {key} in" in out, out
+        await until_accepted(server.url, aside)  # no reload yet: the server still has acme
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGHUP)  # the operator's reload
+        await until_refused(server.url, aside)
+    finally:
+        await asyncio.to_thread(server.stop)
 
 
 @pytest.mark.slow

@@ -43,6 +43,7 @@ Files under `<data_dir>/secure/` (the directory 0700, every file 0600)::
     operator.nk
     auditor.nk
     tenants/<name>.nk
+    revoked/<name>.<public key>.nk   a revoked tenant's seed, kept aside (`trellis tenant revoke`)
 """
 
 from __future__ import annotations
@@ -68,12 +69,17 @@ SECURE_DIR = "secure"
 CONFIG_FILE = "auth.conf"
 _SETTINGS_FILE = "secure.json"
 _LOCK_FILE = ".lock"
+REVOKED_DIR = "revoked"
 # Whole-string match (no `$`: it would let a trailing newline through into a file name).
 _TENANT = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class CredentialsError(ValueError):
     """A credentials file cannot be used, or a tenant name cannot be issued; says why."""
+
+
+class UnknownTenant(CredentialsError):
+    """A tenant named has no identity here."""
 
 
 class Principal(msgspec.Struct, frozen=True):
@@ -229,8 +235,8 @@ def authorization_config(users: Iterable[tuple[Principal, str]], prefix: str) ->
     block = json.dumps({"users": entries}, indent=2)
     return (
         "# Trellis secure mode: NATS users (nkeys) and their permissions for subject prefix\n"
-        f"# {prefix!r}. Written by `trellis up --secure` and `trellis tenant add`; edits are\n"
-        "# overwritten. Reload nats-server after a change (SIGHUP).\n"
+        f"# {prefix!r}. Written by `trellis up --secure` and `trellis tenant add`/`revoke`; edits\n"
+        "# are overwritten. Reload nats-server after a change (SIGHUP).\n"
         f"authorization: {block}\n"
     )
 
@@ -322,6 +328,49 @@ class SecureDir:
         if not self.tenants_dir.is_dir():
             return []
         return sorted(p.stem for p in self.tenants_dir.glob("*.nk") if _TENANT.fullmatch(p.stem))
+
+    def identities(self) -> list[tuple[str, str, Path]]:
+        """Every tenant with an identity here, sorted: its name, public key and seed file.
+
+        Raises:
+            CredentialsError: a tenant's seed file cannot be read.
+        """
+        found = []
+        for name in self.tenants():
+            creds = self.credentials(Principal("tenant", name))
+            found.append((name, public_key(creds.seed()), creds.path))
+        return found
+
+    def revoke(self, name: str, prefix: str) -> Path:
+        """Take tenant `name`'s identity away: its seed moves to `revoked/<name>.<public
+        key>.nk` and the config for `prefix` is written without its user. Returns where the
+        seed went. Any other identity, and the config on error, is left as it was.
+
+        Raises:
+            UnknownTenant: `name` has no identity here.
+            CredentialsError: `name` cannot be a tenant, or its seed cannot be read.
+            OSError: the seed cannot be moved or the config written.
+        """
+        problem = tenant_name_problem(name)
+        if problem:
+            raise CredentialsError(problem)
+        principal = Principal("tenant", name)
+        seed = self.seed_path(principal)
+        with self._locked():
+            if not seed.is_file():
+                raise UnknownTenant(f"tenant {name!r} has no identity in {self.tenants_dir}")
+            key = public_key(self.credentials(principal).seed())
+            # Kept, not deleted: which key was revoked stays on record (to match a leaked
+            # seed or a server log against), one file per key however often a name is revoked.
+            aside = self.root / REVOKED_DIR / f"{name}.{key}.nk"
+            aside.parent.mkdir(mode=0o700, exist_ok=True)
+            seed.replace(aside)
+            try:
+                self._write_config(prefix)
+            except BaseException:
+                aside.replace(seed)  # the user is still in the config: so is its seed
+                raise
+        return aside
 
     def ensure(self, prefix: str, tenants: Iterable[str] = ()) -> list[str]:
         """Create whatever identity is missing (the three roles, then `tenants`) and write the

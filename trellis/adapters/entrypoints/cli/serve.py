@@ -1,5 +1,5 @@
 """Running things: `trellis up` (the engine), `trellis follow`, `trellis demo economics`, and
-`trellis tenant add` (secure mode's identities)."""
+`trellis tenant add|list|revoke` (secure mode's identities)."""
 
 from __future__ import annotations
 
@@ -31,16 +31,21 @@ from trellis.adapters.entrypoints.cli.options import (
     metrics_port_arg,
     redfish_port_arg,
 )
+from trellis.adapters.entrypoints.cli.talk import as_json
 from trellis.adapters.entrypoints.economics import demo as economics
 from trellis.adapters.entrypoints.economics.runs import Plan as EconomicsPlan
+from trellis.adapters.entrypoints.render import add_output_options, table
 from trellis.adapters.nats.auth import (
     CredentialsError,
+    NkeyCredentials,
     Principal,
     SecureDir,
+    UnknownTenant,
     inbox_prefix,
     public_key,
 )
 from trellis.adapters.nats.connect import accepts_anonymous, until_accepted
+from trellis.adapters.nats.issuing import until_refused
 from trellis.adapters.settings import Settings, redacted
 
 
@@ -222,11 +227,15 @@ def _external_nats_note(secure: SecureDir) -> str:
     )
 
 
-def tenant_add(args: argparse.Namespace) -> int:
-    settings = Settings.from_env()
+def _secured(settings: Settings, issuing: bool = False) -> SecureDir:
+    """The data dir's identities.
+
+    Raises:
+        CliError: it is not in secure mode (`issuing`: nor asked to be, TRELLIS_SECURE).
+    """
     data_dir = settings.data_dir or default_data_dir()
     secure = SecureDir(data_dir)
-    if not (secure.exists() or settings.secure):
+    if not (secure.exists() or (issuing and settings.secure)):
         # Issuing the first identity sets secure mode up in the data dir, and a data dir once
         # secured stays so: the next plain `trellis up` came up secure, unasked, while this
         # said the tenant could connect (the running server still let anyone in).
@@ -234,6 +243,13 @@ def tenant_add(args: argparse.Namespace) -> int:
             f"{data_dir} is not in secure mode: a tenant's identity means nothing there",
             hint="start it with `trellis up --secure` first (or set TRELLIS_SECURE=1)",
         )
+    return secure
+
+
+def tenant_add(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    data_dir = settings.data_dir or default_data_dir()
+    secure = _secured(settings, issuing=True)
     # The permissions name the subject prefix the engine serves: the one written before, if any.
     prefix = secure.prefix() or settings.subject_prefix
     try:
@@ -258,6 +274,61 @@ def tenant_add(args: argparse.Namespace) -> int:
         print("the running nats-server reloaded its users: the tenant can connect now")
     else:
         print(f"no embedded nats-server runs on {data_dir}: the next `trellis up` serves it")
+    return 0
+
+
+def tenant_list(args: argparse.Namespace) -> int:
+    """Every tenant with an identity, read from the data dir alone (no server asked)."""
+    secure = _secured(Settings.from_env())
+    try:
+        rows = [
+            {"tenant": name, "public_key": key, "identity": str(path)}
+            for name, key, path in secure.identities()
+        ]
+    except CredentialsError as exc:
+        raise CliError(str(exc)) from None
+    if args.output == "json":
+        print(as_json(rows))
+    elif not rows:
+        print(f"no tenant has an identity in {secure.tenants_dir} (`trellis tenant add NAME`)")
+    else:
+        print(table(["TENANT", "PUBLIC KEY", "IDENTITY"], [list(r.values()) for r in rows]))
+    return 0
+
+
+def tenant_revoke(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    data_dir = settings.data_dir or default_data_dir()
+    secure = _secured(settings)
+    try:
+        aside = secure.revoke(args.name, secure.prefix() or settings.subject_prefix)
+        key = public_key(NkeyCredentials(aside).seed())
+    except UnknownTenant as exc:
+        raise CliError(
+            str(exc), code="not_found", hint="`trellis tenant list` names those there are"
+        ) from None
+    except (CredentialsError, OSError) as exc:
+        raise CliError(str(exc)) from None
+    print(f"revoked tenant {args.name}'s identity (public key {key}): its seed is now {aside}")
+    print(
+        f"  its compositions are not released: their devices stay held until their leases "
+        f"end. To release them now, issue a new identity (`trellis tenant add {args.name}`), "
+        f"`trellis release ID --tenant {args.name}` each, and revoke it again"
+    )
+    if settings.nats_url:
+        print(_external_nats_note(secure))
+        print(f"  until that reload, the nats-server still lets {key} in")
+    elif reload_nats(data_dir):
+        url = find_endpoint(settings, "nats_url")
+        if url is not None:
+            try:
+                asyncio.run(until_refused(url, NkeyCredentials(aside)))
+            except TimeoutError as exc:
+                raise CliError(str(exc)) from None
+        print("the running nats-server reloaded its users: it refuses that identity now, and")
+        print("  closed the connections it had")
+    else:
+        print(f"no embedded nats-server runs on {data_dir}: the next `trellis up` refuses it")
     return 0
 
 
@@ -381,3 +452,15 @@ def add_commands(sub: Any) -> None:
     )
     tenant_add_parser.add_argument("name", type=identifier("tenant"))
     tenant_add_parser.set_defaults(run=tenant_add)
+    tenant_list_parser = tenant_sub.add_parser(
+        "list", help="the tenants with an identity: name, public key, seed file"
+    )
+    add_output_options(tenant_list_parser)
+    tenant_list_parser.set_defaults(run=tenant_list)
+    tenant_revoke_parser = tenant_sub.add_parser(
+        "revoke",
+        help="take a tenant's identity away; a running embedded NATS refuses it and cuts off "
+        "its connections at once (its compositions stay held)",
+    )
+    tenant_revoke_parser.add_argument("name", type=identifier("tenant"))
+    tenant_revoke_parser.set_defaults(run=tenant_revoke)
