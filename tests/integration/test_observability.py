@@ -262,7 +262,7 @@ async def test_health_is_200_while_serving(h: Harness) -> None:
     )
 
 
-CHECKS = ("intake", "nats", "store", "leases", "followers")
+CHECKS = ("intake", "nats", "store", "leases", "followers", "fabric")  # fabric: the sim answers
 
 
 async def until_health(url: str, wanted: int, timeout: float = 15.0) -> dict[str, Any]:

@@ -59,6 +59,7 @@ from trellis.adapters.embedded.process import (
 from trellis.adapters.endpoints import write_endpoints
 from trellis.adapters.fabric.redfish.client import RedfishClient
 from trellis.adapters.fabric.redfish.driver import RedfishFabric
+from trellis.adapters.fabric.redfish.reachability import FabricGauges
 from trellis.adapters.fabric.redfish.watch import FabricWatch
 from trellis.adapters.fabric.sim import SimulatedFabric
 from trellis.adapters.fabric.timed import TimedFabric
@@ -664,6 +665,8 @@ async def engine_on(
             lag.start()
             stack.push_async_callback(lag.close)
             metrics.registry.register(FollowerGauges(lag))
+            if watch is not None:
+                metrics.registry.register(FabricGauges(watch.reach, lambda: engine.domains))
             server = MetricsServer(
                 metrics.registry,
                 {
@@ -674,6 +677,9 @@ async def engine_on(
                     # synchronous standby gone): the lease ticks write, and say so.
                     "leases": lambda: _true(engine.lease_problem() is None),
                     "followers": lambda: _true(lag.healthy()),
+                    # A fabric manager that does not answer fails every compose (the
+                    # simulated fabric always answers).
+                    "fabric": lambda: _true(watch is None or not watch.problems()),
                 },
                 host=metrics_at[0],
                 port=metrics_at[1],
@@ -682,6 +688,7 @@ async def engine_on(
                         *server_problems(),
                         *filter(None, [engine.lease_problem()]),
                         *lag.problems(),
+                        *(watch.problems() if watch is not None else []),
                     ],
                     "domains": lag.domains(),
                 },

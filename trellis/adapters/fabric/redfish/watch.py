@@ -10,17 +10,21 @@ made again; what the driver cannot explain is a finding of the `fabric` query, l
 when it changes. The engine also runs a pass at start, so a restart reconciles first thing.
 
 Health: every `poll_s` seconds (at most 10), and at once when the service sends an event, the
-ports of every cable the log holds are read. Port `Status.Health` Critical or `LinkStatus`
-LinkDown (or NoLink) makes the cable's link `failed`, Warning (or a link still Starting or
-Training) `degraded`, OK and LinkUp `healthy`; on a cable between two switch ports the worse
-end counts. `LinkState: Disabled` drains the link (forced: the hardware took it down already),
-and Enabled again undrains it. Each change becomes the admin intent an operator would send
-(`report-fault`, `drain`, `undrain`, actor `operator`, detail `redfish: ...`), so the engine
-impairs, reroutes or replaces compositions exactly as for a fault reported by hand. Only
-changes are reported: what the fabric said at the last poll is remembered, so a fault an
-operator reported by hand is not undone by a port that says OK all along. At the first poll
-after a start, a port that is not OK is reported, and one that is OK again recovers a link
-that a `redfish:` report faulted.
+service root is read, and then the ports of every cable the log holds. A service root that
+does not answer makes the fabric manager unreachable (reachability.py: the health check's
+`fabric` check fails, and the log says so once, then as a reminder every few minutes, and
+once more when it answers again); the ports are not read then.
+
+Port `Status.Health` Critical or `LinkStatus` LinkDown (or NoLink) makes the cable's link
+`failed`, Warning (or a link still Starting or Training) `degraded`, OK and LinkUp `healthy`;
+on a cable between two switch ports the worse end counts. `LinkState: Disabled` drains the link
+(forced: the hardware took it down already), and Enabled again undrains it. Each change becomes
+the admin intent an operator would send (`report-fault`, `drain`, `undrain`, actor `operator`,
+detail `redfish: ...`), so the engine impairs, reroutes or replaces compositions exactly as for
+a fault reported by hand. Only changes are reported: what the fabric said at the last poll is
+remembered, so a fault an operator reported by hand is not undone by a port that says OK all
+along. At the first poll after a start, a port that is not OK is reported, and one that is OK
+again recovers a link that a `redfish:` report faulted.
 
 Events: when the driver is given an address (`events_at`) and the service has an
 EventService, one subscription (Context `trellis`) sends its events to a small HTTP listener
@@ -48,6 +52,7 @@ import msgspec
 from trellis.adapters.fabric.redfish.client import HttpError, Json, RedfishError, Resource
 from trellis.adapters.fabric.redfish.discovery import obj, ref
 from trellis.adapters.fabric.redfish.driver import RedfishFabric
+from trellis.adapters.fabric.redfish.reachability import REMIND_S, Reachability
 from trellis.engine.core.errors import FabricError, ServedElsewhere
 from trellis.engine.core.model import Health
 from trellis.engine.service.router import Engine
@@ -119,9 +124,14 @@ def seen(ports: dict[str, Json]) -> Seen:
 class FabricWatch:
     """The reconciliation timer, the health poll and the event listener of one engine."""
 
-    def __init__(self, fabric: RedfishFabric, engine: Engine) -> None:
+    def __init__(
+        self, fabric: RedfishFabric, engine: Engine, *, remind_s: float = REMIND_S
+    ) -> None:
         self.fabric = fabric
         self.engine = engine
+        self.reach = Reachability(fabric.client.origin, remind_s=remind_s)
+        self._unmapped: dict[str, str] = {}  # domain -> why its map cannot be read, as logged
+        self._subscribe_failed = False  # retried once the service answers again
         self._seen: dict[tuple[str, str], Seen] = {}
         self._findings: dict[str, list[str]] = {}
         self._wake = asyncio.Event()
@@ -206,6 +216,29 @@ class FabricWatch:
 
     async def poll(self) -> None:
         """Read every cable's ports once and report what changed."""
+        if await self._reachable():
+            await self._poll_domains()
+        self.polls += 1
+
+    async def _reachable(self) -> bool:
+        """Whether the service root answers now; the outage's first failure, its reminders
+        and its end are logged, nothing more (a poll every few seconds is no reason to warn
+        every few seconds)."""
+        try:
+            await self.fabric.client.get(self.fabric.client.root)
+        except RedfishError as exc:
+            said = self.reach.failed(time.time(), str(exc))
+            if said is not None:
+                log.log(*said)
+            return False
+        said = self.reach.answered(time.time())
+        if said is not None:
+            log.log(*said)
+            if self._subscribe_failed and self._server is not None:
+                self._tasks.append(asyncio.create_task(self._subscribe(), name="redfish-subscribe"))
+        return True
+
+    async def _poll_domains(self) -> None:
         for domain in self.engine.domains:
             state = self.engine.state(domain)
             if state is None:
@@ -213,8 +246,12 @@ class FabricWatch:
             try:
                 fmap = await self.fabric.fabric_map(domain)
             except FabricError as exc:
-                log.warning("domain %s: no health from the fabric manager: %s", domain, exc)
+                if self._unmapped.get(domain) != str(exc):  # said once, until it changes
+                    log.warning("domain %s: no health from the fabric manager: %s", domain, exc)
+                    self._unmapped[domain] = str(exc)
                 continue
+            if self._unmapped.pop(domain, None) is not None:
+                log.info("domain %s: health from the fabric manager again", domain)
             cables = {k: v for k, v in fmap.cables.items() if k in state.links}
             uris = sorted({p for ports in cables.values() for p in ports})
             read = await asyncio.gather(
@@ -226,7 +263,10 @@ class FabricWatch:
                     continue  # unread: no news is no change
                 now = seen({p: bodies[p] for p in ports})
                 await self._changed(domain, link_id, now)
-        self.polls += 1
+
+    def problems(self) -> list[str]:
+        """Why the fabric of each domain the engine writes cannot do its job now (/healthz)."""
+        return [p for d in self.engine.domains if (p := self.reach.problem(d)) is not None]
 
     async def _changed(self, domain: str, link_id: str, now: Seen) -> None:
         before = self._seen.get((domain, link_id))
@@ -295,8 +335,11 @@ class FabricWatch:
                 del body["EventTypes"]  # a newer service may refuse the deprecated property
                 self._subscription = await client.post(collection, body)
             log.info("subscribed to the fabric manager's events at %s", destination)
+            self._subscribe_failed = False
         except RedfishError as exc:
-            log.warning("no events from the fabric manager (health is polled): %s", exc)
+            if not self._subscribe_failed:  # said once; tried again when the service answers
+                log.warning("no events from the fabric manager (health is polled): %s", exc)
+            self._subscribe_failed = True
 
     async def _left_behind(self, body: Json, destination: str | None) -> str | None:
         """Why a subscription is one a stopped engine of Trellis left (None: it is not).
