@@ -98,10 +98,10 @@ async def scraped(h: Harness) -> dict[tuple[str, frozenset[tuple[str, str]]], fl
     return await asyncio.to_thread(scrape, h)
 
 
-def health(url: str) -> tuple[int, dict[str, Any]]:
-    """The status and JSON body of GET /healthz."""
+def health(url: str, path: str = "/healthz") -> tuple[int, dict[str, Any]]:
+    """The status and JSON body of GET /healthz (or `path`)."""
     try:
-        with urllib.request.urlopen(f"{url}/healthz", timeout=10) as response:
+        with urllib.request.urlopen(f"{url}{path}", timeout=10) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
@@ -386,6 +386,9 @@ async def test_health_is_503_while_the_store_is_down(
             "problems": [],
             "domains": {},
         }
+        # Ready no more, but alive: a liveness probe must not restart it for Postgres's outage.
+        assert (await asyncio.to_thread(health, h.metrics_url, "/readyz"))[0] == 503
+        assert await asyncio.to_thread(health, h.metrics_url, "/livez") == (200, {"status": "ok"})
         await asyncio.to_thread(own_postgres.start)
         assert await until_healthy(h.metrics_url), "still unhealthy after Postgres came back"
 

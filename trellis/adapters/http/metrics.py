@@ -1,7 +1,11 @@
-"""The metrics endpoint of `trellis up --metrics-port`: Prometheus text on `/metrics`, and
+"""The metrics endpoint of `trellis up --metrics-port`: Prometheus text on `/metrics`,
 `/healthz` (200 while the engine serves and its checks pass, 503 otherwise, with a JSON body
 naming each check, and, per domain, the log's head and how far each of its followers got:
-adapters/health.py).
+adapters/health.py; `/readyz` is the same, by its Kubernetes name), and `/livez`.
+
+`/livez` checks nothing but that the engine's event loop answers. A Kubernetes liveness probe
+restarts what fails it: an outage of Postgres, NATS or the fabric manager fails `/healthz`,
+and restarting the engine would mend none of them, while a loop frozen for good fails both.
 
 Served by the small HTTP server on the engine's own event loop (server.py): the gauges read the
 engine's state and the health checks ask its store and NATS connection, all without crossing
@@ -54,9 +58,12 @@ class MetricsServer(HttpServer):
     async def _answer(self, request: Request) -> Response:
         if request.path == "/metrics":
             return Response(200, CONTENT_TYPE_LATEST, generate_latest(self._registry))
-        if request.path in ("/healthz", "/health"):
+        if request.path == "/livez":
+            # Answered on the engine's loop: that it answers is the check.
+            return Response(200, "application/json", b'{"status": "ok"}\n')
+        if request.path in ("/healthz", "/health", "/readyz"):
             healthy, checks = await self.health()
             status = "ok" if healthy else "unavailable"
             body = json.dumps({"status": status, "checks": checks, **self._details()})
             return Response(200 if healthy else 503, "application/json", body.encode() + b"\n")
-        return Response(404, "text/plain", b"not found: try /metrics or /healthz\n")
+        return Response(404, "text/plain", b"not found: try /metrics, /healthz or /livez\n")
