@@ -413,6 +413,27 @@ async def test_compositions_are_listed_and_shown_and_events_watched_from_the_cli
     assert code == 0 and "no live compositions" in out, out
 
 
+async def test_the_shared_options_are_taken_before_the_command_too(
+    h: Harness, env: dict[str, str]
+) -> None:
+    """`trellis -o json topology show`, as kubectl takes its global flags (it was a usage
+    error); given on both sides, the one after the command wins."""
+    await trellis(env, "topology", "import", str(EXAMPLE))
+    result = (await h.client.query(DOMAIN, "topology", {}))["result"]
+    code, out, err = await trellis(env, "-o", "json", "topology", "show")
+    assert code == 0 and json.loads(out) == result, err
+    code, out, err = await trellis(env, "--domain", DOMAIN, "--json", "topology", "show")
+    assert code == 0 and json.loads(out) == result, err
+    _, wide, _ = await trellis(env, "topology", "show", "-o", "wide")
+    code, out, err = await trellis(env, "-o", "json", "topology", "show", "-o", "wide")
+    assert code == 0 and out == wide and "labels" in out, (out, err)
+    # The domain after the command wins over one before it that names no domain served.
+    code, out, err = await trellis(
+        env, "--domain", "nowhere", "topology", "show", "--domain", DOMAIN, "-o", "json"
+    )
+    assert code == 0 and json.loads(out) == result, err
+
+
 async def test_results_print_as_a_table_as_json_or_wide(h: Harness, env: dict[str, str]) -> None:
     """`-o json` prints the reply's result exactly (`--json` too); `-o wide` adds columns the
     table leaves out; a refusal in json is the error reply, on stdout."""

@@ -42,6 +42,12 @@ USAGE = [
     (["release", "c-x", "extra"], "unrecognized arguments: extra (hint: `trellis release --help`)"),
     (["topology", "show", "x"], "unrecognized arguments: x (hint: `trellis topology show --help`)"),
     (["--bogus", "free"], "unrecognized arguments: --bogus (hint: `trellis --help`)"),
+    # The shared options are taken before the command too, but only by a command that has them.
+    (
+        ["-o", "json", "up"],
+        "-o/--output given before the command, which takes none (hint: `trellis up",
+    ),
+    (["--timeout", "0", "free"], "a timeout is a positive number of seconds, not 0"),
     # Hostile shapes of the same mistakes: arguments that are not UTF-8, numbers past int64.
     (["compose", "--host", "\udcff\udcfe", "--gpu", "1"], "not a valid host id"),
     (["compose", "--host", "h1", "--gpu", "1", "--lease", "9" * 30], "a lease is 1 to"),

@@ -50,12 +50,21 @@ class _Help(argparse.HelpFormatter):
 
 
 class _Commands(argparse._SubParsersAction):  # type: ignore[type-arg]
-    """Subcommands whose `--help` opens with the line `trellis --help` lists them by."""
+    """Subcommands whose `--help` opens with the line `trellis --help` lists them by, and
+    which are handed the shared options given before them (`trellis -o json free`)."""
 
     def add_parser(self, name: str, **kwargs: Any) -> Any:
         if "help" in kwargs and "description" not in kwargs:
             kwargs["description"] = kwargs["help"]
         return super().add_parser(name, **kwargs)
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> Any:
+        chosen = self._name_parser_map.get(values[0])
+        if isinstance(chosen, _Parser):
+            chosen.given_before = {
+                dest: getattr(namespace, dest) for dest in _BEFORE if hasattr(namespace, dest)
+            }
+        return super().__call__(parser, namespace, values, option_string)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -66,6 +75,8 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", _Help)
         super().__init__(*args, **kwargs)
         self.register("action", "parsers", _Commands)
+        # Shared options given before this command (set by _Commands as it is chosen).
+        self.given_before: dict[str, Any] = {}
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message, f"`{self.prog} --help`")
@@ -77,11 +88,28 @@ class _Parser(argparse.ArgumentParser):
         return super().add_subparsers(**kwargs)
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if namespace is None and self.given_before:
+            # Set before parsing, so they stand in for this command's defaults and the same
+            # options given after the command override them.
+            namespace = argparse.Namespace(**self.given_before)
+            if self._subparsers is None:
+                self._takes_all(self.given_before)
         namespace, extras = super().parse_known_args(args, namespace)
         if extras and not hasattr(namespace, _LEFT_TO):
             # The innermost command returns first: it names the help that lists its options.
             setattr(namespace, _LEFT_TO, self.prog)
         return namespace, extras
+
+    def _takes_all(self, given: dict[str, Any]) -> None:
+        """A shared option given before a command that has no such option is a mistake, not
+        ignored (`trellis -o json up`)."""
+        own = {action.dest for action in self._actions}
+        for dest in given:
+            if dest not in own:
+                raise UsageError(
+                    f"{_BEFORE[dest]} given before the command, which takes none",
+                    f"`{self.prog} --help`",
+                )
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
         namespace, extras = self.parse_known_args(args, namespace)
@@ -94,6 +122,32 @@ class _Parser(argparse.ArgumentParser):
 # Set in the namespace of a command line with arguments no command took: the innermost
 # command's name, for the hint.
 _LEFT_TO = "_trellis_unrecognized_by"
+
+# The options every command that talks to the engine shares (options.client_options), by
+# their dest: taken before the command too, as kubectl takes its global flags.
+_BEFORE = {
+    "output": "-o/--output",
+    "domain": "--domain",
+    "timeout": "--timeout",
+    "creds": "--creds",
+}
+
+
+def _shared_before_command(parser: argparse.ArgumentParser) -> None:
+    """The root takes client_options' options too (`trellis -o json free`), as the commands
+    define them but without defaults: a command's own defaults stand unless one is given, and
+    one given after the command wins."""
+    group = parser.add_argument_group(
+        "options of the commands that talk to the engine, also taken before the command "
+        "(`trellis -o json free`; given after it too, the one after wins)"
+    )
+    scratch = argparse.ArgumentParser(add_help=False)
+    client_options(scratch)
+    for action in scratch._actions:
+        assert action.dest in _BEFORE, action.dest  # a new shared option: name it in _BEFORE
+        action.default = argparse.SUPPRESS
+        action.help = (action.help or "").split(" (default")[0]
+        group._add_action(action)
 
 
 def _help(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -145,6 +199,7 @@ def make_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     parser.add_argument("--version", action="version", version=f"trellis {_version()}")
+    _shared_before_command(parser)
     sub = parser.add_subparsers(metavar="COMMAND")
     # In the order `--help` lists them.
     serve.add_commands(sub)
