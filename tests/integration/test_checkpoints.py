@@ -265,7 +265,7 @@ async def test_checkpoints_are_append_only_even_for_the_owner(
 
 def test_the_signing_key_is_made_once_readable_by_its_owner_only(tmp_path: Path) -> None:
     path = tmp_path / "data" / "checkpoint-key.pem"
-    signer = load_or_create(path)
+    signer = load_or_create(path, make_folder=True)  # the data dir's place: made if missing
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert load_or_create(path).verifier == signer.verifier  # the same key on every start
     assert public_key_path(path).read_text() == signer.verifier.key() + "\n"
@@ -325,6 +325,24 @@ async def test_an_auditor_fetches_and_checks_a_proof_with_the_cli(
 
     code, _, err = await trellis(env, "proof", "00000000-0000-4000-8000-000000000000")
     assert code == 1 and "no event" in err
+
+
+def test_a_named_key_file_in_a_folder_that_is_not_there_is_refused_and_nothing_made(
+    tmp_path: Path,
+) -> None:
+    """A mistyped TRELLIS_CHECKPOINT_KEY made the folder and a new key in it, a key no auditor
+    knew; only the data dir's default place is made."""
+    mistyped = tmp_path / "kyes" / "deployment.pem"
+    named = Settings.from_env({"TRELLIS_CHECKPOINT_KEY": str(mistyped)})
+    with pytest.raises(SettingsError, match=f"checkpoint key {mistyped}: there is no folder"):
+        checkpoint_signer(named)
+    assert not mistyped.parent.exists()
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(KeyFileError, match="no folder"):
+        load_or_create(tmp_path / "a-file" / "k.pem")  # nor one behind a file
+    default = Settings.from_env({"TRELLIS_DATA_DIR": str(tmp_path / "new" / "data")})
+    checkpoint_signer(default)
+    assert (tmp_path / "new" / "data" / "checkpoint-key.pem").is_file()
 
 
 def test_trellis_up_signs_with_the_data_dirs_key_or_the_named_file(tmp_path: Path) -> None:

@@ -210,6 +210,19 @@ async def test_a_nats_that_never_answers_is_unavailable_after_the_connect_timeou
     assert line.startswith(f"trellis: unavailable: cannot reach NATS at {url} (no answer"), line
 
 
+async def test_a_checkpoint_key_in_a_folder_that_is_not_there_is_a_config_line(
+    tmp_path: Path,
+) -> None:
+    """A mistyped TRELLIS_CHECKPOINT_KEY: `trellis up` made that folder and a new key in it."""
+    key = tmp_path / "kyes" / "deployment.pem"
+    env = {**base_env(tmp_path), "TRELLIS_CHECKPOINT_KEY": str(key)}
+    code, _, err = await run_cli(env, "up")
+    line = one_line(err)
+    assert code == cli.EXIT_FAILED, err
+    assert line.startswith(f"trellis: config: checkpoint key {key}: there is no folder"), line
+    assert not key.parent.exists()
+
+
 async def test_no_engine_at_all_says_how_to_start_one(tmp_path: Path) -> None:
     code, _, err = await run_cli(base_env(tmp_path), "free")
     line = one_line(err)

@@ -923,7 +923,9 @@ def checkpoint_signer(settings: Settings) -> Signer:
         SettingsError: the key file cannot be read or made.
     """
     try:
-        return load_or_create(checkpoint_key_path(settings))
+        # The data dir's default place is made; a TRELLIS_CHECKPOINT_KEY's folder is not.
+        make_folder = settings.checkpoint_key is None
+        return load_or_create(checkpoint_key_path(settings), make_folder=make_folder)
     except KeyFileError as exc:
         raise SettingsError(str(exc)) from None
 

@@ -1,10 +1,11 @@
 """The deployment's checkpoint signing key: an Ed25519 key in a file, made once.
 
 The engine signs every checkpoint (engine/core/checkpoints.py) with this key. It is generated at the
-first start into `<data dir>/checkpoint-key.pem` (or TRELLIS_CHECKPOINT_KEY), a PKCS#8 PEM
-file readable by its owner only (0600), and never leaves that file: clients get the public
-half as a C2SP verifier key (the `checkpoint-key` query), also written beside it in
-`<key file>.pub` for operators who hand it to auditors out of band. Engines of one deployment
+first start into `<data dir>/checkpoint-key.pem` (or TRELLIS_CHECKPOINT_KEY, in a folder that
+is there: a missing one is refused, not made), a PKCS#8 PEM file readable by its owner only
+(0600), and never leaves that file: clients get the public half as a C2SP verifier key (the
+`checkpoint-key` query), also written beside it in `<key file>.pub` for operators who hand it
+to auditors out of band. Engines of one deployment
 share the file, so every checkpoint of the deployment verifies with the same key.
 
 Two engines starting at once on one data dir both end up with the key that reached the disk
@@ -47,15 +48,23 @@ def public_key_path(path: Path) -> Path:
     return path.with_name(path.name + ".pub")
 
 
-def load_or_create(path: Path, name: str = KEY_NAME) -> Signer:
-    """The signer of the key in `path`, generated there first when there is none.
+def load_or_create(path: Path, name: str = KEY_NAME, *, make_folder: bool = False) -> Signer:
+    """The signer of the key in `path`, generated there first when there is none. Its folder
+    is made too only with `make_folder` (the data dir's default place): a folder that is not
+    there is a mistyped TRELLIS_CHECKPOINT_KEY, where a new key would be another deployment's.
 
     Raises:
-        KeyFileError: the file is unreadable or holds something else.
+        KeyFileError: the file is unreadable or holds something else, or (without
+            `make_folder`) there is none and its folder is not there either.
     """
     try:
         if not path.exists():
-            _create(path)
+            if not (make_folder or path.parent.is_dir()):
+                raise KeyFileError(
+                    f"checkpoint key {path}: there is no folder {path.parent} to make it in "
+                    "(only the key file is made at the first start: is the path mistyped?)"
+                )
+            _create(path, make_folder)
         key = serialization.load_pem_private_key(path.read_bytes(), password=None)
         if not isinstance(key, Ed25519PrivateKey):
             raise KeyFileError(f"checkpoint key {path} is not an Ed25519 key")
@@ -129,8 +138,9 @@ def judge_kept_key(path: Path, signer: Signer, signed: Mapping[str, int]) -> str
     return message
 
 
-def _create(path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _create(path: Path, make_folder: bool) -> None:
+    if make_folder:
+        path.parent.mkdir(parents=True, exist_ok=True)
     pem = Ed25519PrivateKey.generate().private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,
