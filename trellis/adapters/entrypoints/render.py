@@ -465,6 +465,19 @@ _FREE: list[Column] = [
 ]
 
 
+_ENGINES: list[Column] = [
+    ("engine", lambda e: e["engine"], False),
+    ("writes", lambda e: ", ".join(e["writes"]) or "-", False),  # the domains it writes now
+    # The domains it may write (TRELLIS_DOMAINS; `*`: every one).
+    ("serves", lambda e: ", ".join(e["domains"].split(",")), False),
+]
+
+
+def engines_table(engines: Sequence[Row], wide: bool = False) -> str:
+    """`trellis engines`: each engine up, the domains it writes now and those it serves."""
+    return columns(_ENGINES, engines, wide)
+
+
 def free_table(result: Row, reply: Row, wide: bool = False) -> str:
     rows = result["devices"]
     return columns(_FREE, rows, wide) + f"\n{len(rows)} usable devices free"

@@ -115,14 +115,7 @@ def engines(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(as_json(rows))
         return 0
-    table = [("ENGINE", "WRITES", "DOMAINS", "SERVES")]
-    table += [
-        (r["engine"], str(len(r["writes"])), ",".join(r["writes"]) or "-", r["domains"])
-        for r in render.visible(rows)
-    ]
-    widths = [max(len(row[i]) for row in table) for i in range(4)]
-    for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    print(render.engines_table(render.visible(rows), wide=args.output == "wide"))
     return 0
 
 
