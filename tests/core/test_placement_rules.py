@@ -583,7 +583,8 @@ def test_a_memory_entry_with_count_n_takes_slices_from_n_different_pools() -> No
     assert state.memory_used == {"m1": 10, "m2": 10}
     one_pool = FabricBuilder().host("h").memory("m", 100).chain("h", "m").state()
     error = rejected(*compose(one_pool, "t", host="h", devices=entries), "no_capacity")
-    assert (error.details["found"], funnel(error)[2]) == (1, ("free", 1, 0))
+    # The one pool is free: it is the slice this entry found, short of the second.
+    assert (error.details["found"], funnel(error)[2]) == (1, ("free", 0, 1))
 
 
 def test_a_composition_holds_at_most_one_slice_of_a_pool() -> None:
@@ -691,7 +692,11 @@ def test_why_not_says_no_capacity_when_nothing_free_is_left_to_path_to() -> None
     error = rejected(
         *compose(funnel_fabric(), "t", host="h", devices=[{**GPU, "count": 2}]), "no_capacity"
     )
-    assert (error.details["found"], funnel(error)[2]) == (1, ("free", 2, 0))
+    # g-busy is another's; g-far, the one this entry found, counts as free and reachable (it
+    # was: "0 free" read as if nothing had been), and one is all there is for two.
+    assert (error.details["found"], funnel(error)[2]) == (1, ("free", 1, 1))
+    assert funnel(error)[-1] == ("bandwidth", 0, 1)
+    assert "2 healthy, 1 free, 1 reachable" in error.message
 
 
 def test_why_not_isolation_stage_follows_faults_between_decisions() -> None:

@@ -555,8 +555,9 @@ REJECTIONS = [
         [],
         {"devices": [{"kind": "nic", "count": 2}]},
         "no_capacity",
-        [(0, 1), (0, 1), (1, 0), (0, 0), (0, 0), (0, 0), (0, 0)],
-        "needs 2 nic, found 1",
+        # The one nic is free and reachable: it is the one found, and one is not two.
+        [(0, 1), (0, 1), (0, 1), (0, 1), (0, 1), (0, 1), (0, 1)],
+        "needs 2 nic, found 1: 1 nic exist, 1 healthy, 1 free, 1 reachable",
     ),
     (
         # host-01's one OCS uplink carries the circuit to the first GPU, so the second has no
@@ -565,8 +566,9 @@ REJECTIONS = [
         [],
         {"devices": [{"kind": "gpu", "count": 2}]},
         "no_path",
-        [(0, 2), (0, 2), (1, 1), (0, 1), (1, 0), (0, 0), (0, 0)],
-        "needs 2 gpu, found 1",
+        # Both free; the one found holds the uplink, so the other has no path.
+        [(0, 2), (0, 2), (0, 2), (0, 2), (1, 1), (0, 1), (0, 1)],
+        "needs 2 gpu, found 1: 2 gpu exist, 2 healthy, 2 free, 1 reachable",
     ),
 ]
 

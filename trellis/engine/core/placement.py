@@ -536,6 +536,12 @@ def _why_not(
     # the path stages): all labelled but the ones only ignoring isolation reaches.
     counts[3] = n_labelled - (anywhere - len(isolated))
     counts += [len(within_hops), len(within_latency), with_bandwidth]
+    # The `nth` devices this entry already took passed every stage (they were chosen under
+    # all of them); the counts above see them taken. Counted as passing, "free" removes only
+    # what was not free to begin with ("2 exist, 2 free, 2 reachable" for a third one, not
+    # "0 free"), and what the path stages remove is what this entry's own picks left no path.
+    for stage in range(2, len(counts)):
+        counts[stage] += nth
     funnel = []
     before = counts[0]
     for stage, remaining in zip(FUNNEL_STAGES, counts, strict=True):
