@@ -237,6 +237,12 @@ def test_a_compose_is_bound_and_pending_then_established_and_ready() -> None:
     }  # fmt: skip
     assert pending["Bound"]["reason"] == "DevicesReserved"
     assert pending["Bound"]["message"] == "2 devices reserved: g1, g2"
+    # Told what it waits for now, without a transition of its own.
+    assert (pending["PathEstablished"]["reason"], pending["PathEstablished"]["message"]) == (
+        "Establishing",
+        "0 of 2 paths established",
+    )
+    assert pending["PathEstablished"]["observed_position"] == 1
     assert (pending["Bound"]["last_transition_time"], pending["Bound"]["observed_position"]) == (
         when(reserved),
         reserved,
@@ -266,10 +272,12 @@ def test_a_failed_compose_says_failed_with_the_devices_left_without_a_path() -> 
     _, changed = played(view, failing, position)
 
     final = conditions_of(changed, cid)[-1]
+    # Undone: nothing is held any more, so the phases are False too.
     assert status(final) == {
-        "Bound": "True", "PathEstablished": "False", "Ready": "False", "Impaired": "False",
+        "Bound": "False", "PathEstablished": "False", "Ready": "False", "Impaired": "False",
         "Failed": "True",
     }  # fmt: skip
+    assert (final["Bound"]["reason"], final["PathEstablished"]["reason"]) == ("Failed", "Failed")
     failed = final["Failed"]
     assert failed["reason"] == "CompositionFailed"
     assert "bind g1" in failed["message"] and "controller said no" in failed["message"]
@@ -328,10 +336,39 @@ def test_an_active_composition_waits_for_nothing_and_a_replaced_device_is_the_on
     assert (active["Failed"]["status"], active["Failed"]["reason"]) == ("False", "Established")
     assert (active["Impaired"]["status"], active["Impaired"]["reason"]) == ("False", "PathsUsable")
     assert all("waiting" not in c["message"] for c in active.values())
-    # Bound names the device the repair bound, and did not transition (still True).
-    assert final["Bound"]["message"] == f"1 device reserved: {spare}"
+    # Bound names the device the repair bound, and why, with no transition (still True):
+    # the repair and the activation after it are one batch, so one value must tell it all.
+    assert (final["Bound"]["reason"], final["Bound"]["message"]) == (
+        "DeviceReplaced",
+        f"1 device reserved: {spare} ({spare} replaced {chosen}: {chosen} failed: fell off the bus)",
+    )
     assert final["Bound"]["observed_position"] == active["Bound"]["observed_position"]
+    assert (final["Impaired"]["reason"], final["Impaired"]["message"]) == (
+        "Repaired",
+        f"every path is usable again ({chosen} replaced by {spare})",
+    )
     assert status(final)["Ready"] == "True" and final["PathEstablished"]["status"] == "True"
+
+
+def test_a_rerouted_path_is_said_by_path_established_and_by_the_repaired_impairment() -> None:
+    b = FabricBuilder().host("h").switch("s1").switch("s2").gpu("g1")
+    b.link("h", "s1", id="l-1").link("s1", "g1").link("h", "s2", id="l-2").link("s2", "g1")
+    state = b.state()
+    view, result, position = composed_view(state, "acme", host="h", device_ids=["g1"])
+    (device,) = result.devices
+    cut = "l-1" if "s1" in device.path else "l-2"
+    rerouted, _ = report_fault(view.state, cut, "failed", "cable cut")
+    assert "PathRerouted" in [type(e).__name__ for e in rerouted]
+
+    _, changed = played(view, rerouted, position)
+    final = conditions_of(changed, result.composition_id)[-1]
+
+    assert (final["PathEstablished"]["reason"], final["PathEstablished"]["status"]) == (
+        "PathRerouted",
+        "True",
+    )
+    assert final["PathEstablished"]["message"].startswith("the fabric holds its path (g1 rerouted")
+    assert final["Impaired"]["message"] == "every path is usable again (g1 rerouted)"
 
 
 def test_a_lease_that_ran_out_is_the_reason_its_release_gives() -> None:
@@ -344,6 +381,12 @@ def test_a_lease_that_ran_out_is_the_reason_its_release_gives() -> None:
     expired, final = conditions_of(changed, cid)
     assert (expired["Ready"]["status"], expired["Ready"]["reason"]) == ("False", "LeaseExpired")
     assert final["Ready"]["reason"] == "LeaseExpired"
+    # Released: it holds neither devices nor paths (a DRA driver copies these to the claim).
+    assert status(final) == {
+        "Bound": "False", "PathEstablished": "False", "Ready": "False", "Impaired": "False",
+        "Failed": "False",
+    }  # fmt: skip
+    assert final["Bound"]["reason"] == "Released" and final["Bound"]["observed_position"] > 1
     assert final["Ready"]["observed_position"] == position  # the expiry was the transition
 
 

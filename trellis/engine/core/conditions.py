@@ -67,6 +67,7 @@ class Track(msgspec.Struct, frozen=True, kw_only=True):
 
     conditions: Conditions = ()
     established: frozenset[str] = frozenset()  # devices a PathEstablished has named
+    mended: tuple[str, ...] = ()  # the repairs since it was last active, said once it is again
 
 
 def observe(
@@ -76,18 +77,26 @@ def observe(
     state after the event, or just before it for the event that ends it. Returns `track`
     itself when the event changes nothing in it."""
     track = track or Track()
-    established = track.established
+    established, mended = track.established, track.mended
     if isinstance(event, PathEstablished):
         established = established | {event.device}
-    elif isinstance(event, DeviceReplaced) and event.old_device in established:
+    elif isinstance(event, DeviceReplaced):
         # The replacement's path is set up by the repair that names it.
-        established = (established - {event.old_device}) | {event.binding.device}
-    conditions = _next(
-        track.conditions, composition, event, _Stamp(format_time(at), position), established
-    )
-    if conditions is track.conditions and established == track.established:
+        if event.old_device in established:
+            established = (established - {event.old_device}) | {event.binding.device}
+        mended = (*mended, f"{event.old_device} replaced by {event.binding.device}")
+    elif isinstance(event, PathRerouted):
+        mended = (*mended, f"{event.device} rerouted")
+    stamp = _Stamp(format_time(at), position)
+    conditions = _next(track.conditions, composition, event, stamp, established, mended)
+    if isinstance(event, CompositionActivated):
+        mended = ()  # said, in Impaired's message
+    if conditions is track.conditions and (established, mended) == (
+        track.established,
+        track.mended,
+    ):
         return track
-    return Track(conditions=conditions, established=established)
+    return Track(conditions=conditions, established=established, mended=mended)
 
 
 def _next(
@@ -96,6 +105,7 @@ def _next(
     event: Event,
     now: _Stamp,
     established: frozenset[str],
+    mended: tuple[str, ...],
 ) -> Conditions:
     match event:
         case CompositionRequested():
@@ -105,23 +115,27 @@ def _next(
                 for t in TYPES
             )
         case DevicesReserved():
-            out = _bound(conditions, composition, now)
+            out = _bound(conditions, composition, now, "DevicesReserved")
+            out = _paths(out, composition, now, established)
             return _still_pending(out, now, "waiting for its paths to be established")
-        case DeviceReplaced() | PathRerouted():
-            # Still bound (no transition), but to what the repair left it.
-            return _bound(conditions, composition, now)
+        case DeviceReplaced(old_device=old, binding=new, reason=why):
+            # Still bound (no transition), to what the repair left it, and saying so: a repair
+            # and the activation after it come in one batch, which the bucket shows as one value.
+            said = f"{new.device} replaced {old}" + (f": {why}" if why else "")
+            return _bound(conditions, composition, now, "DeviceReplaced", said)
+        case PathRerouted(device=device, reason=why):
+            said = f"{device} rerouted" + (f": {why}" if why else "")
+            return _paths(conditions, composition, now, established, "PathRerouted", said)
         case PathEstablished():
-            done, count = len(established), len(composition.bindings)
-            if done < count:
-                message = f"{done} of {count} paths established"
-                return _with(conditions, now, "PathEstablished", "False", "Establishing", message)
-            message = f"the fabric holds all {count} paths"
-            return _with(conditions, now, "PathEstablished", "True", "PathsEstablished", message)
+            return _paths(conditions, composition, now, established)
         case CompositionActivated():
             out = _with(conditions, now, "Ready", "True", "Activated", "active")
             impaired = _get(out, "Impaired")
             if impaired.status == "True":
-                out = _with(out, now, "Impaired", "False", "Repaired", "every path is usable")
+                usable = "every path is usable again" + (
+                    f" ({'; '.join(mended)})" if mended else ""
+                )
+                out = _with(out, now, "Impaired", "False", "Repaired", usable)
             elif impaired.reason == "Pending":
                 out = _with(out, now, "Impaired", "False", "PathsUsable", "every path is usable")
             if _get(out, "Failed").reason == "Pending":
@@ -137,12 +151,14 @@ def _next(
         case CompositionReleased(reason=why):
             expired = _get(conditions, "Ready").reason == "LeaseExpired"
             reason = "LeaseExpired" if expired else "Released"
-            return _with(conditions, now, "Ready", "False", reason, why or "released")
+            out = _with(conditions, now, "Ready", "False", reason, why or "released")
+            return _let_go(out, now, "Released")
         case CompositionFailed(reason=why):
             missing = [b.device for b in composition.bindings if b.device not in established]
             message = why or "the fabric could not establish it"
             out = _with(conditions, now, "Failed", "True", "CompositionFailed", message, missing)
-            return _with(out, now, "Ready", "False", "Failed", message)
+            out = _with(out, now, "Ready", "False", "Failed", message)
+            return _let_go(out, now, "Failed")
         case _:
             return conditions
 
@@ -150,11 +166,44 @@ def _next(
 _PHASES = ("Bound", "PathEstablished")
 
 
-def _bound(conditions: Conditions, composition: Composition, now: _Stamp) -> Conditions:
+def _bound(
+    conditions: Conditions,
+    composition: Composition,
+    now: _Stamp,
+    reason: str,
+    said: str = "",
+) -> Conditions:
     devices = ", ".join(b.device for b in composition.bindings)
     count = len(composition.bindings)
     message = f"{count} device{'s' * (count != 1)} reserved: {devices}"
-    return _with(conditions, now, "Bound", "True", "DevicesReserved", message)
+    return _with(
+        conditions, now, "Bound", "True", reason, f"{message} ({said})" if said else message
+    )
+
+
+def _paths(
+    conditions: Conditions,
+    composition: Composition,
+    now: _Stamp,
+    established: frozenset[str],
+    reason: str = "",
+    said: str = "",
+) -> Conditions:
+    """PathEstablished as the fabric holds the paths now: how far it got, or all of them
+    (`reason`, and `said` beside the message, when a repair put them there)."""
+    done, count = len(established), len(composition.bindings)
+    if done < count:
+        message = f"{done} of {count} path{'s' * (count != 1)} established"
+        return _with(conditions, now, "PathEstablished", "False", "Establishing", message)
+    message = "the fabric holds its path" if count == 1 else f"the fabric holds all {count} paths"
+    message = f"{message} ({said})" if said else message
+    return _with(conditions, now, "PathEstablished", "True", reason or "PathsEstablished", message)
+
+
+def _let_go(conditions: Conditions, now: _Stamp, reason: str) -> Conditions:
+    """An ended composition holds no device and no path: the phases go False."""
+    out = _with(conditions, now, "Bound", "False", reason, "its devices went back to the pool")
+    return _with(out, now, "PathEstablished", "False", reason, "its paths were taken down")
 
 
 def _still_pending(conditions: Conditions, now: _Stamp, message: str) -> Conditions:
