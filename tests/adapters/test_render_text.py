@@ -38,3 +38,11 @@ def test_a_reply_is_printed_escaped_and_json_stays_exact(
     assert "\u202e" not in capsys.readouterr().err
     talk.print_reply(argparse.Namespace(output="json"), reply, None)
     assert json.loads(capsys.readouterr().out)["text"] == EVIL  # for scripts: the data itself
+
+
+def test_a_replayed_refusal_says_it_is_the_answer_the_request_id_got_before() -> None:
+    first = {"code": "quota", "message": "its quota is 0 gpu", "details": {}}
+    again = {**first, "details": {"replayed": True}}
+
+    assert render.error_text(first) == "error [quota]: its quota is 0 gpu"
+    assert render.error_text(again).startswith("error [quota]: its quota is 0 gpu (replayed: ")

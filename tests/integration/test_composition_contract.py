@@ -610,10 +610,12 @@ async def test_a_refused_compose_says_why_not_with_a_funnel_and_the_nearest_miss
     assert await free_ids(h, "nic") == ["nic-01"]
     assert await free_ids(h, "gpu") == sorted({"gpu-01", "gpu-02"} - set(failed))
 
-    # A resend is answered from the log, word for word, and writes nothing.
+    # A resend is answered from the log, word for word but marked as the replay it is (a
+    # refusal is final for its request_id: retrying with it never composes), and writes nothing.
     again = await compose(h, "acme", request)
 
-    assert again == reply
+    marked = {**reply["error"], "details": {**reply["error"]["details"], "replayed": True}}
+    assert again == {**reply, "error": marked}
     assert await counts() == (before[0] + 1, before[1] + 1)
 
 

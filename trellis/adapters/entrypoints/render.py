@@ -236,6 +236,8 @@ def _end(node: str, port: int | None) -> str:
 def error_text(error: Row) -> str:
     """The error line, plus the why-not funnel when there is one."""
     lines = [f"error [{error['code']}]: {error['message']}"]
+    if error.get("details", {}).get("replayed"):
+        lines[0] += " (replayed: the answer this request_id got before; a new one tries again)"
     funnel = error.get("details", {}).get("funnel")
     if funnel:
         rows = [[f["stage"], f["removed"], f["remaining"]] for f in funnel]

@@ -37,6 +37,7 @@ class ErrorReply(msgspec.Struct, frozen=True, kw_only=True):
 
 _encode = msgspec.json.Encoder().encode
 _decode_ok = msgspec.json.Decoder(OkReply[msgspec.Raw]).decode
+_decode_error = msgspec.json.Decoder(ErrorReply).decode
 
 
 def ok(result: bytes, position: int, *, replayed: bool = False) -> bytes:
@@ -81,9 +82,13 @@ def decode_ok(reply: bytes) -> OkReply[msgspec.Raw] | None:
 
 
 def as_replayed(stored: bytes) -> bytes:
-    """The stored first answer, marked as a replay (error answers have no such flag)."""
+    """The stored first answer, marked as a replay: `replayed` on a success, and on a refusal
+    (whose envelope has no such field) `details.replayed`, so a client that retries can tell a
+    refusal recorded earlier, and final for its request_id, from a new one."""
     try:
         reply = _decode_ok(stored)
     except msgspec.ValidationError:
-        return stored
+        refused = _decode_error(stored)
+        marked = {**refused.error.details, "replayed": True}
+        return _encode(ErrorReply(error=msgspec.structs.replace(refused.error, details=marked)))
     return _encode(msgspec.structs.replace(reply, replayed=True))
