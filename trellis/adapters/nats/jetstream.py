@@ -192,11 +192,11 @@ async def domain_end(
     js: JetStreamContext,
     prefix: str,
     domain: str,
-    foreign: Callable[[str, str], None] | None = None,
+    foreign: Callable[[str, int], None] | None = None,
 ) -> DomainEnd:
     """The end of `domain`'s subjects in the event stream. A foreign message on them (ARCHITECTURE
-    §3) is passed over and told to `foreign(domain, where)`; the search looks back SCAN_BACK
-    messages at most."""
+    §3) is passed over and told to `foreign(domain, its stream sequence)`; the search looks
+    back SCAN_BACK messages at most."""
     stream, subjects = stream_name(prefix), f"{prefix}.events.{domain}."
     try:
         msg = await js.get_last_msg(stream, subjects + "*")
@@ -216,7 +216,7 @@ async def domain_end(
         if event is not None and event.domain == domain:
             return DomainEnd(seq, event)
         if foreign is not None:
-            foreign(domain, f"seq {back} of {stream}")
+            foreign(domain, back)
     return DomainEnd(seq, None)
 
 

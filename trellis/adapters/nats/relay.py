@@ -174,6 +174,7 @@ class RelaySink:
         self._checkpoints: dict[str, Progress] = {}
         self._synced: dict[str, int] = {}  # domain -> bucket generation its keys were put in
         self.foreign = ForeignMessages("relay")  # skipped in the stream (metrics set on_skip)
+        self._foreign_counted: dict[str, int] = {}  # domain -> highest stream seq counted
         self.resyncs = 0  # batches refused because the domain's stream moved, then redone
         self.duplicates = 0  # events found in the stream past a lost checkpoint, not resent
 
@@ -361,7 +362,9 @@ class RelaySink:
         share (`_shared_with_stream`): the events the log holds after it are published after
         it (other ids: Nats-Msg-Id lets them through), and the domain's keys are put again in
         full."""
-        end = await domain_end(self._js, self.prefix, domain, self.foreign.skipped)
+        passed: list[int] = []
+        end = await domain_end(self._js, self.prefix, domain, lambda _, seq: passed.append(seq))
+        self._count_foreign(domain, end.seq, passed)
         if end.event is None:
             return _End(end.seq, self._checkpoints[domain].version if end.seq else 0)
         last = end.event
@@ -379,6 +382,18 @@ class RelaySink:
         )
         self._synced[domain] = -1
         return _End(end.seq, shared)
+
+    def _count_foreign(self, domain: str, end_seq: int, passed: list[int]) -> None:
+        """Count each foreign message once, however often the domain's end is read past it
+        (a batch refused twice, a publish that timed out): those above the highest sequence
+        counted before. A stream whose sequences start over (made again) starts it over."""
+        counted = self._foreign_counted.get(domain, 0)
+        if end_seq < counted:
+            counted = 0
+        for seq in sorted(passed):
+            if seq > counted:
+                self.foreign.skipped(domain, f"seq {seq} of {self.stream}")
+        self._foreign_counted[domain] = max([counted, *passed])
 
     async def _shared_with_stream(
         self, conn: asyncpg.Connection, domain: str, done: Progress, end_seq: int
