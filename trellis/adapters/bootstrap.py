@@ -556,6 +556,7 @@ async def engine_on(
         elif settings.checkpoint_key is not None and signer is not None:
             key_warning = judge_kept_key(settings.checkpoint_key, signer, await audit.signers())
         snapshots, projection_pool = sinks.snapshots, sinks.projections.pool
+        metrics = EngineMetrics() if metrics_at is not None else None
         process: FollowerProcess | None = None
         following: Followers
         if followers == "process":
@@ -573,7 +574,9 @@ async def engine_on(
                     secure_data_dir=str(secure.root.parent) if secure is not None else None,
                     event_loop=event_loop.running(),
                     gather_s=settings.follow_gather_s,
-                )
+                ),
+                # Its counters (the relay's foreign messages) on this engine's /metrics.
+                counted=metrics.follower_counted if metrics is not None else None,
             )
             # Stopped after the engine: its SIGTERM drains the last commits to the stream. A
             # start cancelled while it is spawned stops it as well.
@@ -588,7 +591,6 @@ async def engine_on(
             # Closed after the engine: the last commits still reach the stream on a clean exit.
             stack.push_async_callback(following.close)
         fabric = fabric if fabric is not None else SimulatedFabric()
-        metrics = EngineMetrics() if metrics_at is not None else None
         # Leases are taken and renewed on a pool of their own, never behind an append. The
         # ownership loop bounds each call by a lease time (ownership.within), and tells a
         # paused process from a slow store; a driver's timeout would not, and would fail the

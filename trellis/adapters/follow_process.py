@@ -12,6 +12,12 @@ process, `python -P -m trellis.adapters.entrypoints.follow`. Two pieces live on 
   environment, restarts it with backoff (logged) whenever it exits, and stops it (SIGTERM, then
   SIGKILL after a grace period) when the engine stops.
 
+The counters the followers keep over there (the relay's foreign messages) reach the engine's
+/metrics over a pipe each process gets (`CountReport`): a line per change, with that process's
+total of the series. The engine adds what a total grew by to its own counter of the same name
+and labels, as inline followers count, so its series never go back when a process is restarted
+and a lost line costs nothing that the next one of the series does not carry.
+
 Nothing is lost when the process dies: every sink moves its checkpoint in the transaction that
 applies a batch, so the next process resumes where the last one's last commit ended.
 """
@@ -23,8 +29,10 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import BinaryIO
 
+import msgspec
 from nats.aio.client import Client as NATS
 
 from trellis.engine.service.follower import DomainLog, Followers
@@ -37,6 +45,10 @@ ENTRY_MODULE = "trellis.adapters.entrypoints.follow"
 SECURE_DATA_DIR_ENV = "TRELLIS_FOLLOWER_SECURE_DATA_DIR"
 #: The engine's pid: the follower process exits when it is no longer its parent.
 PARENT_ENV = "TRELLIS_FOLLOWER_PARENT"
+#: The file descriptor of the pipe the follower process reports its counters on.
+REPORT_FD_ENV = "TRELLIS_FOLLOWER_REPORT_FD"
+#: Seconds before a report the pipe had no room for is written again.
+REPORT_RETRY_S = 0.1
 RESTART_FIRST_S = 0.25
 RESTART_MAX_S = 10.0
 #: A process that ran this long before it exited starts the backoff over.
@@ -90,15 +102,79 @@ class CommitSignal(Followers):
             log.debug("commit signal not sent: %r", exc)
 
 
+#: A counter's name, its label values, and by how much it grew.
+Counted = Callable[[str, tuple[str, ...], int], None]
+#: One line of a report: a counter's name, its label values, the process's total of them.
+_Line = tuple[str, tuple[str, ...], int]
+_decode_line = msgspec.json.Decoder(_Line).decode
+_encode_line = msgspec.json.Encoder().encode
+
+
+class CountReport:
+    """The follower process's side of the pipe: each counter's total in this process, written
+    as a line whenever it changes. The pipe does not block: a line it has no room for (the
+    engine's loop busy) is written again shortly, then with the series' latest total."""
+
+    def __init__(self, fd: int):
+        os.set_blocking(fd, False)
+        self._fd: int | None = fd
+        self._totals: dict[tuple[str, tuple[str, ...]], int] = {}
+        self._unsent: dict[tuple[str, tuple[str, ...]], None] = {}  # ordered: a set in order
+        self._retrying = False
+
+    @classmethod
+    def from_env(cls) -> CountReport | None:
+        """The report the engine asked for in REPORT_FD_ENV; None when run by hand."""
+        fd = os.environ.get(REPORT_FD_ENV, "")
+        if not fd.isdigit():
+            return None
+        try:
+            return cls(int(fd))
+        except OSError as exc:
+            log.warning("counters not reported: fd %s: %s", fd, exc)
+            return None
+
+    def foreign_message(self, consumer: str, domain: str) -> None:
+        """A ForeignMessages on_skip: as EngineMetrics.foreign_message counts it."""
+        self.count("trellis_foreign_messages", (consumer, domain))
+
+    def count(self, name: str, labels: tuple[str, ...]) -> None:
+        key = (name, labels)
+        self._totals[key] = self._totals.get(key, 0) + 1
+        self._unsent[key] = None
+        self._flush()
+
+    def _flush(self) -> None:
+        self._retrying = False
+        while self._unsent and self._fd is not None:
+            key = next(iter(self._unsent))
+            line = _encode_line((*key, self._totals[key])) + b"\n"
+            try:
+                os.write(self._fd, line)  # under PIPE_BUF: all of it or nothing
+            except BlockingIOError:
+                if not self._retrying:
+                    self._retrying = True
+                    asyncio.get_running_loop().call_later(REPORT_RETRY_S, self._flush)
+                return
+            except OSError as exc:  # the engine is gone: nobody to report to
+                log.debug("counters no longer reported: %r", exc)
+                self._fd = None
+                return
+            del self._unsent[key]
+
+
 class FollowerProcess:
     """The follower process, kept running: restarted with backoff whenever it exits.
 
     Args:
         env: its whole environment (TRELLIS_* endpoints and settings, see follower_env).
+        counted: told what each of the process's counters grew by (CountReport), as the
+            engine's metrics count it; None: the process reports none.
     """
 
-    def __init__(self, env: Mapping[str, str]):
+    def __init__(self, env: Mapping[str, str], counted: Counted | None = None):
         self._env = dict(env)
+        self._counted = counted
         self.process: asyncio.subprocess.Process | None = None
         self.restarts = 0
         self._stopping = False
@@ -158,22 +234,52 @@ class FollowerProcess:
         loop = asyncio.get_running_loop()
         delay = RESTART_FIRST_S
         while not self._stopping:
+            report, write_end, env = -1, -1, self._env
             try:
-                # A session of its own, as the embedded servers have: a terminal's Ctrl-C is
-                # the engine's to act on, and the engine stops this process in its turn. -P:
-                # not the working dir first on sys.path, whose trellis/ (a clone's parent
-                # dir) it imported instead, and so failed and was restarted for ever.
-                self.process = await asyncio.create_subprocess_exec(
-                    sys.executable, "-P", "-m", ENTRY_MODULE, env=self._env, start_new_session=True
-                )
-            except OSError as exc:
+                if self._counted is not None:
+                    report, write_end = os.pipe()
+                    env = {**env, REPORT_FD_ENV: str(write_end)}
+                try:
+                    # A session of its own, as the embedded servers have: a terminal's Ctrl-C
+                    # is the engine's to act on, and the engine stops this process in its
+                    # turn. -P: not the working dir first on sys.path, whose trellis/ (a
+                    # clone's parent dir) it imported instead, and so failed and was
+                    # restarted for ever.
+                    self.process = await asyncio.create_subprocess_exec(
+                        sys.executable, "-P", "-m", ENTRY_MODULE, env=env,
+                        start_new_session=True, pass_fds=(write_end,) if write_end >= 0 else (),
+                    )  # fmt: skip
+                finally:
+                    if write_end >= 0:
+                        os.close(write_end)  # the child's copy alone: EOF when it is gone
+            except BaseException as exc:
+                if report >= 0:
+                    os.close(report)
+                if not isinstance(exc, OSError):
+                    raise
                 log.warning("cannot start the follower process: %s", exc)
             else:
                 self._started.set()
                 if self._stopping:  # stop() came while this one was being spawned
                     self.process.terminate()
                 began = loop.time()
-                code = await self.process.wait()
+                reading = (  # the file closes the pipe's end even if the task never starts
+                    asyncio.create_task(
+                        self._read_report(os.fdopen(report, "rb", buffering=0)),
+                        name="follower-report",
+                    )
+                    if report >= 0
+                    else None
+                )
+                try:
+                    code = await self.process.wait()
+                    if reading is not None:  # what it wrote before it went is counted too
+                        await asyncio.wait_for(asyncio.shield(reading), STOP_GRACE_S)
+                except TimeoutError:
+                    pass  # a child of its own holds the pipe open: its counts are lost
+                finally:
+                    if reading is not None:
+                        reading.cancel()
                 if self._stopping:
                     return
                 if loop.time() - began > STEADY_S:
@@ -187,6 +293,31 @@ class FollowerProcess:
             await asyncio.sleep(delay)
             delay = min(delay * 2, RESTART_MAX_S)
             self.restarts += 1
+
+    async def _read_report(self, pipe: BinaryIO) -> None:
+        """Add what each of one process's counters grew by, until its end of the pipe closes."""
+        assert self._counted is not None
+        reader = asyncio.StreamReader()
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), pipe
+        )
+        totals: dict[tuple[str, tuple[str, ...]], int] = {}  # this process's, from 0
+        try:
+            async for line in reader:
+                try:
+                    name, labels, total = _decode_line(line)
+                except msgspec.DecodeError as exc:
+                    log.warning("the follower process reported %r: %s", line[:200], exc)
+                    continue
+                grew = total - totals.get((name, labels), 0)
+                if grew > 0:
+                    totals[name, labels] = total
+                    self._counted(name, labels, grew)
+        except ValueError as exc:  # a line past the reader's limit: not the report's
+            log.warning("the follower process's counters are no longer read: %s", exc)
+        finally:
+            transport.close()
 
 
 def follower_env(

@@ -11,6 +11,7 @@ never stale and cost nothing between scrapes.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter as Tally
 from collections import defaultdict
 from collections.abc import Iterator
@@ -19,11 +20,14 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from trellis.engine.core.ids import is_valid_id
 from trellis.engine.core.intents import INTENTS
 from trellis.engine.core.state import DomainState, usable
 from trellis.engine.service.follower import Followers
 from trellis.engine.service.ports import SagaOutcome
 from trellis.engine.service.router import Engine
+
+log = logging.getLogger(__name__)
 
 # Labels take only values from these sets, so a client sending made-up verbs cannot grow the
 # number of series without bound; anything else is counted as "other".
@@ -148,6 +152,17 @@ class EngineMetrics:
     def foreign_message(self, consumer: str, domain: str) -> None:
         """`consumer` skipped a message of the stream or the bucket that is not the contract's."""
         self.foreign_messages.labels(consumer, domain).inc()
+
+    def follower_counted(self, name: str, labels: tuple[str, ...], grew: int) -> None:
+        """The follower process's counter `name` of `labels` grew by `grew` (its report,
+        adapters/follow_process.py): counted here as the inline followers count it. Only the
+        counters it keeps, with labels as they name them: a report cannot add series."""
+        if name == "trellis_foreign_messages" and len(labels) == 2:
+            consumer, domain = labels
+            if consumer == "relay" and is_valid_id(domain):
+                self.foreign_messages.labels(consumer, domain).inc(grew)
+                return
+        log.warning("the follower process reported an unknown counter %s%s", name, labels)
 
     # ---- the timed fabric's observer (adapters/fabric/timed.py) ----
 

@@ -8,8 +8,9 @@ the log every second as well (a missed signal, a new domain), and exits cleanly 
 SIGINT after a last catch-up, or when the process that started it is gone (a killed engine
 leaves no follower behind, even one still waiting for its servers; the next engine starts its
 own). It reads the engine's settings from the environment: both URLs must be set (the engine's
-`FollowerProcess` sets them, with TRELLIS_FOLLOWER_CREDENTIALS in secure mode). The schema must
-be migrated already: the engine does that before it starts this.
+`FollowerProcess` sets them, with TRELLIS_FOLLOWER_CREDENTIALS in secure mode, and the pipe its
+counters reach the engine's /metrics over: TRELLIS_FOLLOWER_REPORT_FD, follow_process.CountReport).
+The schema must be migrated already: the engine does that before it starts this.
 """
 
 from __future__ import annotations
@@ -29,7 +30,12 @@ from nats.aio.msg import Msg
 from trellis.adapters import event_loop
 from trellis.adapters.bootstrap import checkpoint_signer, follower_sinks
 from trellis.adapters.collector import settle_for_serving
-from trellis.adapters.follow_process import PARENT_ENV, SECURE_DATA_DIR_ENV, committed_subject
+from trellis.adapters.follow_process import (
+    PARENT_ENV,
+    SECURE_DATA_DIR_ENV,
+    CountReport,
+    committed_subject,
+)
 from trellis.adapters.nats.auth import SecureDir
 from trellis.adapters.nats.connect import until_reachable
 from trellis.adapters.postgres import sessions
@@ -138,6 +144,9 @@ async def _follow(
                 snapshot_every=settings.snapshot_every,
             ),
         )
+        report = CountReport.from_env()
+        if report is not None:  # counted on the engine's /metrics, as inline followers count
+            sinks.relay.foreign.on_skip = report.foreign_message
         followers = Followers(
             store,
             [sinks.projections, sinks.relay, sinks.audit],
