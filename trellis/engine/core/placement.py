@@ -540,8 +540,7 @@ def _why_not(
     # all of them); the counts above see them taken. Counted as passing, "free" removes only
     # what was not free to begin with ("2 exist, 2 free, 2 reachable" for a third one, not
     # "0 free"), and what the path stages remove is what this entry's own picks left no path.
-    for stage in range(2, len(counts)):
-        counts[stage] += nth
+    counts[2:] = [n + nth for n in counts[2:]]
     funnel = []
     before = counts[0]
     for stage, remaining in zip(FUNNEL_STAGES, counts, strict=True):
