@@ -37,9 +37,12 @@ from trellis.adapters.nats.jetstream import (
     bucket_name,
     ensure_bucket,
     ensure_stream,
+    record_rendered,
+    rendered_at,
     stream_name,
 )
 from trellis.adapters.nats.kv_state import (
+    RENDER_VERSION,
     View,
     composition_entry,
     device_entry,
@@ -546,6 +549,36 @@ async def test_the_bucket_is_made_again_and_refilled_when_it_is_removed_under_th
             except (AssertionError, BucketNotFoundError):
                 assert asyncio.get_running_loop().time() < deadline
                 await asyncio.sleep(0.2)
+
+
+async def test_a_bucket_rendered_by_another_trellis_is_put_again_in_full(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, nc: NATS
+) -> None:
+    """An upgrade that renders values differently (a condition's new wording) must not leave
+    the old values for `trellis verify` to find: the relay puts every key again, once."""
+    js = nc.jetstream()
+    async with serving(
+        nats_url, database_url, pg_schema, subject_prefix, follow_options=QUICK
+    ) as h:
+        played = await play(h)
+        await relayed(h)
+        assert (await rendered_at(js, subject_prefix)).get(HALL) == str(RENDER_VERSION)
+    # What an older Trellis left: another wording, and its version in the bucket's metadata.
+    kv = await js.key_value(bucket_name(subject_prefix))
+    key = f"{HALL}.composition.{played.globex}"
+    older = value(await kv.get(key))
+    older["conditions"][0]["message"] = "an older wording"
+    await kv.put(key, msgspec.json.encode(older))
+    await record_rendered(js, subject_prefix, HALL, RENDER_VERSION - 1)
+
+    async with serving(
+        nats_url, database_url, pg_schema, subject_prefix, follow_options=QUICK
+    ) as h:
+        deadline = asyncio.get_running_loop().time() + 15
+        while (await rendered_at(js, subject_prefix)).get(HALL) != str(RENDER_VERSION):
+            assert asyncio.get_running_loop().time() < deadline, "never put again"
+            await asyncio.sleep(0.2)
+        await assert_bucket_is_the_state(h, nc, subject_prefix)
 
 
 # ---- the bucket ----

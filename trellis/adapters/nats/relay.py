@@ -55,6 +55,7 @@ import asyncpg
 import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
@@ -72,10 +73,19 @@ from trellis.adapters.nats.jetstream import (
     ensure_bucket,
     ensure_stream,
     event_subject,
+    record_rendered,
+    rendered_at,
     stream_event,
     stream_name,
 )
-from trellis.adapters.nats.kv_state import KeyChange, View, changes, coalesce, everything
+from trellis.adapters.nats.kv_state import (
+    RENDER_VERSION,
+    KeyChange,
+    View,
+    changes,
+    coalesce,
+    everything,
+)
 from trellis.adapters.postgres import follower_checkpoints
 from trellis.engine.core.records import RecordedEvent
 from trellis.engine.service.follower import Progress, Rewound, Stalled
@@ -173,6 +183,7 @@ class RelaySink:
         self._ends: dict[str, _End] = {}  # cached; dropped whenever it may be stale
         self._checkpoints: dict[str, Progress] = {}
         self._synced: dict[str, int] = {}  # domain -> bucket generation its keys were put in
+        self._rendered: dict[str, str] = {}  # domain -> render version its keys were put at
         self.foreign = ForeignMessages("relay")  # skipped in the stream (metrics set on_skip)
         self._foreign_counted: dict[str, int] = {}  # domain -> highest stream seq counted
         self.resyncs = 0  # batches refused because the domain's stream moved, then redone
@@ -193,6 +204,7 @@ class RelaySink:
             )
         await ensure_stream(self._js, self.prefix, self._limits)
         await self._ensure_bucket()
+        self._rendered = await rendered_at(self._js, self.prefix)
         self._checked = time.monotonic()
 
     # ---- the Sink protocol ----
@@ -217,7 +229,19 @@ class RelaySink:
         # relays have followed: another process made it again (the engine's own relay, in
         # TRELLIS_FOLLOWERS=process, prepares the bucket before the follower process starts).
         kept = self._generation == 0 and not lost
-        if kept and checkpoint.version > 0 and not await self._keys_held(domain):
+        rendered = self._rendered.get(domain)
+        if kept and checkpoint.version > 0 and rendered != str(RENDER_VERSION):
+            # Values an older (or newer) Trellis rendered would differ from what this one, and
+            # `trellis verify`, renders for the same log (a condition's new wording, say).
+            log.info(
+                "relay of domain %s: the bucket's values were rendered at version %s, this "
+                "Trellis renders version %d; putting them all again",
+                domain,
+                rendered or "(unrecorded)",
+                RENDER_VERSION,
+            )
+            kept = False
+        elif kept and checkpoint.version > 0 and not await self._keys_held(domain):
             log.warning(
                 "relay of domain %s: the bucket holds none of its keys though the relay has "
                 "followed it to version %d (made again?); putting them all",
@@ -225,6 +249,8 @@ class RelaySink:
                 checkpoint.version,
             )
             kept = False
+        elif kept and checkpoint.version == 0:
+            await self._record_rendered(domain)  # every key it puts is this version's
         self._synced[domain] = self._generation if kept else -1
         return 0, checkpoint
 
@@ -516,6 +542,24 @@ class RelaySink:
                 writes[key] = [None]
         await self._write(writes)
         self._synced[domain] = self._generation
+        await self._record_rendered(domain)
+
+    async def _record_rendered(self, domain: str) -> None:
+        """Mark the domain's keys as this version's rendering; a mark that cannot be made costs
+        only a rewrite at the next start."""
+        if self._rendered.get(domain) == str(RENDER_VERSION):
+            return
+        try:
+            await record_rendered(self._js, self.prefix, domain, RENDER_VERSION)
+        except (TimeoutError, NatsError) as exc:
+            log.warning(
+                "relay of domain %s: could not record the bucket's render version (%s); its "
+                "keys are put again at the next start",
+                domain,
+                exc,
+            )
+            return
+        self._rendered[domain] = str(RENDER_VERSION)
 
     async def _keys_held(self, domain: str) -> bool:
         """Whether the bucket holds any key of the domain; False when there is no bucket."""
