@@ -14,6 +14,7 @@ import os
 import signal
 import urllib.request
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest_asyncio
 from fabrics import expect_ok, fabric
@@ -21,6 +22,7 @@ from follower_rig import until
 from harness import Harness, serving
 
 from trellis.adapters.follow_process import CommitSignal
+from trellis.adapters.http.redfish.serve import RedfishOptions
 from trellis.engine.service.follower import Progress
 
 DOMAIN = "hall-1"
@@ -51,20 +53,21 @@ async def foreign(h: Harness, count: int) -> None:
         await js.publish(f"{h.client.prefix}.events.{DOMAIN}.NodeAdded", b"not an event %d" % n)
 
 
-async def counted(h: Harness, expected: float, within: float = 20.0) -> None:
-    """Until the engine's /metrics shows the relay's count of foreign messages at `expected`."""
+async def counted(h: Harness, expected: float, within: float = 20.0, sample: str = SAMPLE) -> None:
+    """Until the engine's /metrics shows `sample` (the relay's count of foreign messages) at
+    `expected`."""
     assert h.metrics_url is not None
 
     async def value() -> float | None:
         text = await asyncio.to_thread(read, f"{h.metrics_url}/metrics")
         for line in text.splitlines():
-            if line.startswith(SAMPLE + " "):
+            if line.startswith(sample + " "):
                 return float(line.split()[-1])
         return None
 
     deadline = asyncio.get_running_loop().time() + within
     while (seen := await value()) != expected:
-        assert asyncio.get_running_loop().time() < deadline, f"{SAMPLE} is {seen}"
+        assert asyncio.get_running_loop().time() < deadline, f"{sample} is {seen}"
         await asyncio.sleep(0.1)
 
 
@@ -114,3 +117,23 @@ async def test_a_foreign_message_counts_once_however_often_the_end_is_read_past_
             await relay._domain_end(conn, DOMAIN, done)
         assert relay.foreign.counts[DOMAIN] == 2
         await counted(h, 2.0)
+
+
+async def test_the_redfish_event_feed_counts_the_foreign_messages_it_skips(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, tmp_path: Path
+) -> None:
+    """Every consumer of the contract counts what it skips (ARCHITECTURE §3): the Redfish
+    service's event feed, too, on the engine's /metrics."""
+    options = RedfishOptions(accounts=tmp_path / "accounts.json", admin_password="Adm1n-pass!")
+    async with serving(
+        nats_url,
+        database_url,
+        pg_schema,
+        subject_prefix,
+        metrics_at=("127.0.0.1", 0),
+        redfish=options,
+    ) as h:
+        expect_ok(await h.client.admin(DOMAIN, "import-topology", fabric()))
+        await foreign(h, 2)
+        # The feed reads every domain's subjects at once: no one domain to label it with.
+        await counted(h, 2.0, sample='trellis_foreign_messages_total{consumer="redfish",domain=""}')

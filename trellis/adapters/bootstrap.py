@@ -735,6 +735,7 @@ async def engine_on(
                         if secure is None
                         else _tenant_connection(nats_url, secure)  # acts as each tenant
                     ),
+                    on_foreign=metrics.foreign_message if metrics is not None else None,
                 )
             except (OSError, ValueError) as exc:
                 where = f"{redfish.host}:{redfish.port}"

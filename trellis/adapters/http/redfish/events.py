@@ -39,7 +39,7 @@ from nats.js.api import DeliverPolicy
 
 from trellis.adapters.http.redfish.resources import R
 from trellis.adapters.nats.client import TrellisClient
-from trellis.adapters.nats.foreign import ForeignMessages
+from trellis.adapters.nats.foreign import Counted, ForeignMessages
 from trellis.adapters.nats.jetstream import stream_event, stream_name
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,9 @@ class _Listener:
 class EventFeed:
     """Follows the event feed and hands each open stream the events its account may see."""
 
-    def __init__(self, nc: NATS, client: TrellisClient, prefix: str) -> None:
+    def __init__(
+        self, nc: NATS, client: TrellisClient, prefix: str, on_foreign: Counted | None = None
+    ) -> None:
         self._nc = nc
         self._client = client
         self._prefix = prefix
@@ -88,7 +90,7 @@ class EventFeed:
         self._tenants: dict[tuple[str, str], str] = {}  # (domain, composition) -> tenant
         self._reservers: dict[tuple[str, str], str] = {}  # (domain, reservation) -> tenant
         self._sub: Any = None
-        self.foreign = ForeignMessages("redfish")
+        self.foreign = ForeignMessages("redfish", on_foreign)
 
     async def start(self) -> None:
         js = self._nc.jetstream()

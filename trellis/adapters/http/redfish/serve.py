@@ -11,6 +11,7 @@ import msgspec
 
 from trellis.adapters.http.redfish.accounts import AccountStore
 from trellis.adapters.http.redfish.service import RedfishService
+from trellis.adapters.nats.foreign import Counted
 
 ACCOUNTS_FILE = "redfish-accounts.json"
 
@@ -33,6 +34,7 @@ async def serve_redfish(
     allowed_hosts: Sequence[str] = (),
     writes: bool = True,
     tenant_connection: Callable[[str], Awaitable[object | None]] | None = None,
+    on_foreign: Counted | None = None,
 ) -> str:
     """Serve Redfish as `options` say (closed with `stack`); its URL.
 
@@ -61,6 +63,7 @@ async def serve_redfish(
         ssl_context=context,
         writes=writes,
         tenant_connection=tenant_connection,  # type: ignore[arg-type]
+        on_foreign=on_foreign,
     )
     await service.start()
     stack.push_async_callback(service.close)

@@ -55,6 +55,7 @@ from trellis.adapters.http.redfish.resources import R, Reader, Viewer
 from trellis.adapters.http.redfish.session_timeout import SessionTimeout
 from trellis.adapters.http.server import DEFAULT_HOST, HttpServer, Request, Response, Stream
 from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.foreign import Counted
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class RedfishService:
         ssl_context: ssl.SSLContext | None = None,
         writes: bool = True,
         tenant_connection: Callable[[str], Awaitable[NATS | None]] | None = None,
+        on_foreign: Counted | None = None,
     ) -> None:
         self.accounts = accounts
         # Secure mode: the service's own connection is the operator's, which may not publish
@@ -98,7 +100,8 @@ class RedfishService:
         self.client = TrellisClient(nc, prefix=prefix)
         self.reader = Reader(self.client, domains)
         self.uuid = uuid.uuid5(uuid.NAMESPACE_URL, f"trellis:{prefix}:redfish")
-        self.events = EventFeed(nc, self.client, prefix)
+        # A message in the stream that is no event: skipped and counted (ARCHITECTURE §3).
+        self.events = EventFeed(nc, self.client, prefix, on_foreign)
         # Kept beside the accounts: both are the service's own settings, not the engine's.
         self.reservation_duration = reservation_duration.ReservationDuration(
             accounts.path.with_name(RESERVATION_DURATION_FILE)
