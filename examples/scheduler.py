@@ -33,6 +33,7 @@ import json
 import logging
 import math
 import os
+import random
 import re
 import signal
 import sys
@@ -464,7 +465,10 @@ class Scheduler:
             # tell which. throttled: nothing was written; again once the rate allows.
             placement.resend = body
             wait = error.get("details", {}).get("retry_after_ms")
-            pause = wait / 1000 if isinstance(wait, int | float) else self.retry_seconds
+            # Up to as long again at random: a burst refused together is told one time.
+            pause = self.retry_seconds
+            if isinstance(wait, int | float):
+                pause = wait / 1000 * (1 + random.random())
             placement.not_before = time.monotonic() + pause
             note(error["code"], demand=placement.number, request_id=body["request_id"],
                  message=error.get("message"))  # fmt: skip

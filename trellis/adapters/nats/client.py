@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -328,13 +329,19 @@ class TrellisClient:
         return await self.raw(f"view.{domain}.{tenant}.{what}", msgspec.json.encode(body or {}))
 
 
-def _retry_after(reply: dict[str, Any]) -> float | None:
-    """The seconds a `throttled` answer says to wait, else None."""
+def _retry_after(
+    reply: dict[str, Any], jitter: Callable[[], float] = random.random
+) -> float | None:
+    """The seconds to wait before asking again after a `throttled` answer, else None: what it
+    says, and up to as much again at random. A burst refused at once is told one time
+    (when the next token is due); resent together, all but one would be refused again."""
     error = reply.get("error") if not reply.get("ok") else None
     if not isinstance(error, dict) or error.get("code") != "throttled":
         return None
     wait_ms = (error.get("details") or {}).get("retry_after_ms")
-    return wait_ms / 1000 if isinstance(wait_ms, int | float) and wait_ms > 0 else None
+    if not isinstance(wait_ms, int | float) or wait_ms <= 0:
+        return None
+    return wait_ms / 1000 * (1 + jitter())
 
 
 def _with_request_id(body: dict[str, Any]) -> bytes:
