@@ -16,8 +16,10 @@ The checks, one pass over each domain's log (docs/auditing.md, "Verifying the lo
 - kv: the log folded as the relay folds it (kv_state.fold), rendered as it renders the bucket, and
   compared with what TRELLIS_STATE holds, up to the relay's checkpoint. Skipped (and said so)
   when NATS cannot be reached;
-- stream: the domain's last event in TRELLIS_EVENTS is the log's (same version, same hash),
-  and no earlier than what the relay says it published.
+- stream: every message of the domain in TRELLIS_EVENTS that claims to be an event is the
+  log's at its version, and carried once; the log's events reach its head and what the relay
+  says it published. Foreign messages are counted; events a failover's lost tail left before
+  the relay's republication are counted apart (adapters/nats/stream_audit.py).
 
 A part that is behind the log (a projection, or the relay, which fills the stream and the
 bucket) is a finding, never a pass: verify first waits up to `--wait` seconds (5) for every
@@ -49,7 +51,7 @@ from trellis.adapters.embedded.process import default_data_dir
 from trellis.adapters.endpoints import find_endpoint
 from trellis.adapters.entrypoints import audit_proofs, render
 from trellis.adapters.entrypoints.cli.errors import no_database
-from trellis.adapters.nats import kv_audit, kv_state
+from trellis.adapters.nats import kv_audit, kv_state, stream_audit
 from trellis.adapters.nats.auth import CredentialsError, NkeyCredentials, Principal, SecureDir
 from trellis.adapters.nats.client import TrellisClient
 from trellis.adapters.nats.connect import nats_servers
@@ -292,9 +294,8 @@ async def _domain(
     applied = await _caught_up(reader, followers, domain, head_version, wait)
     upto = {name: applied.get(name, (0, 0))[0] for name in names}
     relayed = applied.get(relay_name, (0, 0))
+    # Read before the log's snapshot: every event of the log up to it is in the snapshot.
     end = await domain_end(js, prefix, domain) if js is not None else None
-    tail = end.event.version if end is not None and end.event is not None else None
-    tail_hash: dict[int, str] = {}  # the log's hash at the stream's last event
 
     chain = ChainCheck(domain)
     invariants = InvariantAudit(domain)
@@ -308,8 +309,6 @@ async def _domain(
             for record in batch:
                 chain.feed(record)
                 anchors.feed(record)
-                if record.version == tail:
-                    tail_hash[record.version] = record.hash
                 try:
                     data = json.loads(record.data)
                 except ValueError as exc:
@@ -361,8 +360,7 @@ async def _domain(
             checks["kv"].found(lag)
             findings += lag
         assert end is not None
-        stream = _stream(domain, end, relayed[0], head_version, tail_hash)
-        checks["stream"].found(stream)
+        stream = await _stream(reader, js, prefix, domain, end, relayed[0], head_version, checks)
         findings += stream
     return {
         "head": {"version": chain.version, "position": chain.position, "hash": chain.hash},
@@ -526,42 +524,51 @@ def _behind(check: str, domain: str, part: str, version: int, head: int, wait: f
     )
 
 
-def _stream(
-    domain: str, end: DomainEnd, relayed: int, head: int, tail_hash: dict[int, str]
+async def _stream(
+    reader: asyncpg.Connection,
+    js: Any,
+    prefix: str,
+    domain: str,
+    end: DomainEnd,
+    relayed: int,
+    head: int,
+    checks: dict[str, _Check],
 ) -> list[Finding]:
-    """The stream's last event of `domain` against the log and the relay's checkpoint."""
-    last = end.event
-    if last is None:
-        if relayed == 0 and head == 0:
-            return []
-        return [
-            Finding(
-                check="stream",
-                domain=domain,
-                message=f"the stream holds no event of the domain; the relay says it published "
-                f"up to version {relayed} and the log is at {head}",
+    """Every message of `domain` in the stream, up to where it ended before the log was read,
+    against the log (stream_audit), and how far it goes against the relay's checkpoint."""
+    check = checks["stream"]
+    audited = await stream_audit.audit(js, reader, prefix, domain, end.seq)
+    now = ((await db.stream_head(reader, domain)) or (0, 0, ""))[0]
+    findings = audited.findings(
+        await stream_audit.log_events(reader, domain, set(audited.unexplained())), now
+    )
+    details = check.details
+    details["events"] = details.get("events", 0) + audited.events
+    details["foreign"] = details.get("foreign", 0) + len(audited.foreign)
+    if audited.rewritten:
+        rewritten = details.setdefault("rewritten", {})
+        rewritten[domain] = [{"seq": s, "version": v} for s, v in audited.rewritten]
+    if audited.events == 0:
+        if relayed or head:
+            findings.append(
+                Finding(
+                    check="stream",
+                    domain=domain,
+                    message=f"the stream holds no event of the domain; the relay says it "
+                    f"published up to version {relayed} and the log is at {head}",
+                )
             )
-        ]
-    findings = []
-    if tail_hash.get(last.version) != last.hash:
+    elif (carried := audited.carried) < max(relayed, head):
         findings.append(
             Finding(
                 check="stream",
                 domain=domain,
-                message=f"the stream's last event (version {last.version}) is not the log's",
-                details={"version": last.version, "stream_hash": last.hash},
-            )
-        )
-    if last.version < max(relayed, head):
-        findings.append(
-            Finding(
-                check="stream",
-                domain=domain,
-                message=f"the stream ends at version {last.version}; the log is at {head} and "
+                message=f"the stream ends at version {carried}; the log is at {head} and "
                 f"the relay says it published up to {relayed}",
-                details={"version": last.version, "head": head, "relayed": relayed},
+                details={"version": carried, "head": head, "relayed": relayed},
             )
         )
+    check.found(findings)
     return findings
 
 
@@ -664,6 +671,25 @@ def _credentials(settings: Settings, creds: Path | None) -> NkeyCredentials | No
 # ---- text ----
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _stream_said(check: dict[str, Any]) -> str:
+    said = [_count(check["events"], "event")]
+    if check["foreign"]:
+        said.append(f"{_count(check['foreign'], 'foreign message')} skipped")
+    for domain, seen in check.get("rewritten", {}).items():
+        at = ", ".join(f"seq {s['seq']} version {s['version']}" for s in seen[:5])
+        more = f" and {len(seen) - 5} more" if len(seen) > 5 else ""
+        said.append(
+            f"{domain}: {_count(len(seen), 'event')} the log wrote again after a lost tail "
+            f"({at}{more}): "
+            "a failover's, or forged ones where anyone may publish into the stream"
+        )
+    return "; ".join(said)
+
+
 def text(report: dict[str, Any]) -> str:
     """The report for people: each domain's anchor (chain head, latest checkpoint), its
     findings, then one line per check."""
@@ -687,6 +713,8 @@ def text(report: dict[str, Any]) -> str:
         reason = f" ({check['reason']})" if check.get("reason") else ""
         if name == "chain":
             reason = f" ({check['events']} events)"
+        if name == "stream" and "events" in check:
+            reason = reason or f" ({_stream_said(check)})"
         if name == "notes":
             if not check["notes"] and check["status"] != "fail":
                 continue  # no checkpoint stored: nothing to say
