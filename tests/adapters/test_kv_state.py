@@ -349,7 +349,8 @@ def test_an_active_composition_waits_for_nothing_and_a_replaced_device_is_the_on
     # the repair and the activation after it are one batch, so one value must tell it all.
     assert (final["Bound"]["reason"], final["Bound"]["message"]) == (
         "DeviceReplaced",
-        f"1 device reserved: {spare} ({spare} replaced {chosen}: {chosen} failed: fell off the bus)",
+        f"1 device reserved: {spare} ({spare} replaced {chosen}: "
+        f"{chosen} failed: fell off the bus)",
     )
     assert final["Bound"]["observed_position"] == active["Bound"]["observed_position"]
     assert (final["Impaired"]["reason"], final["Impaired"]["message"]) == (
