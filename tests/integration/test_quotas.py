@@ -147,8 +147,10 @@ async def test_up_to_the_quota_then_quota_recorded_as_rejected_and_release_frees
     assert event["data"]["details"] == error["details"]
     assert event["data"]["request"]["devices"][0]["kind"] == "gpu"
     assert await row_counts(database_url, pg_schema) == (before[0] + 1, before[1] + 1)
-    # The stored answer: a resend is answered word for word and writes nothing.
-    assert await h.client.intent(DOMAIN, "acme", "compose", over) == reply
+    # The stored answer: a resend is answered word for word, marked as the replay it is, and
+    # writes nothing.
+    again = await h.client.intent(DOMAIN, "acme", "compose", over)
+    assert again == {**reply, "error": {**error, "details": {**error["details"], "replayed": True}}}
     assert await row_counts(database_url, pg_schema) == (before[0] + 1, before[1] + 1)
     # Nothing was placed for it.
     free = expect_ok(await h.client.query(DOMAIN, "free", {"kind": "gpu"}))["devices"]
