@@ -25,7 +25,7 @@ from fabrics import expect_error, expect_ok, fabric, gpu
 from harness import Harness, serving
 from isolation import Database, unique_schema_name
 
-from trellis.adapters.postgres.migrations import migrate, migration_files
+from trellis.adapters.postgres.migrations import MigrationError, migrate, migration_files
 from trellis.engine.core.events import ComponentDrained, encode
 from trellis.engine.core.records import GENESIS_HASH, Head, RecordedEvent, chain_hash, verify_chain
 
@@ -360,6 +360,30 @@ async def test_heads_written_before_the_time_moved_into_the_chain_keep_their_tim
         assert refusal.value.sqlstate == "TR005"
         assert await sql.fetchrow("SELECT version, position, hash FROM trellis_streams") == before
         await sql.execute(INSERT, *follow_on(head, at=noon), None)  # the same time may follow
+    finally:
+        await sql.execute(f"DROP SCHEMA {name} CASCADE")
+        await sql.close()
+
+
+async def test_a_schema_a_newer_trellis_migrated_is_refused_by_an_older_one(
+    database: Database, tmp_path: Path
+) -> None:
+    """A rollback: code that lacks the newest migration would run on tables, checks and
+    triggers it was never written for. It refuses, naming the migration, and applies nothing."""
+    name = unique_schema_name()
+    sql = await asyncpg.connect(database.owner_url)
+    try:
+        await sql.execute(f"CREATE SCHEMA {name}; SET search_path = {name}")
+        await migrate(sql)
+        files = migration_files()
+        newest = files[-1][0]
+        for _, path in files[:-1]:  # the older version's schema/ folder
+            shutil.copy(path, tmp_path)
+        applied = await sql.fetchval("SELECT count(*) FROM trellis_migrations")
+
+        with pytest.raises(MigrationError, match=f"migration\\(s\\) {newest:03d} that this"):
+            await migrate(sql, tmp_path)
+        assert await sql.fetchval("SELECT count(*) FROM trellis_migrations") == applied
     finally:
         await sql.execute(f"DROP SCHEMA {name} CASCADE")
         await sql.close()

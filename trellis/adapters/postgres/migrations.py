@@ -56,6 +56,16 @@ def _check_unchanged(done: dict[int, str], files: list[tuple[int, Path, str]]) -
     for version, path, sql in files:
         if version in done and done[version] != _checksum(sql):
             raise MigrationError(f"{path.name} changed after it was applied")
+    # A schema a newer Trellis migrated (a rollback): this code would run on tables, checks
+    # and triggers it was never written for.
+    newer = sorted(set(done) - {version for version, _, _ in files})
+    if newer:
+        raise MigrationError(
+            f"the schema holds migration(s) {', '.join(f'{v:03d}' for v in newer)} that this "
+            "Trellis does not know: a newer version migrated it. Run that version (or one as "
+            "new), or restore a backup taken before the upgrade (docs/operations.md, "
+            '"Upgrading and rolling back")'
+        )
 
 
 async def _up_to_date(conn: asyncpg.Connection, files: list[tuple[int, Path, str]]) -> bool:
