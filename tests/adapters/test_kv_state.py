@@ -3,7 +3,6 @@ each one, and the compositions' conditions from the events' times and positions.
 
 from __future__ import annotations
 
-import hashlib
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,15 +17,7 @@ from core.fabric_builder import (
     run,
 )
 
-from trellis.adapters.nats.kv_state import (
-    RENDER_VERSION,
-    KeyChange,
-    View,
-    changes,
-    coalesce,
-    everything,
-    fold,
-)
+from trellis.adapters.nats.kv_state import KeyChange, View, changes, coalesce, everything, fold
 from trellis.engine.core.events import (
     ComponentRemoved,
     CompositionReleased,
@@ -480,35 +471,3 @@ def test_an_ended_reservation_shows_how_it_ended_then_its_key_goes() -> None:
                 composed.composition_id,
                 None,
             )
-
-
-# ---- the render version ----
-
-#: RENDER_VERSION -> the digest of what the scenario below renders at that version.
-RENDERED = {2: "d2904f79737c3d8f0cae026b1f1ef205e7a0ec92e28bf1c0fcf34e06a4c191b2"}
-
-
-def test_what_the_values_say_is_pinned_to_the_render_version() -> None:
-    """A change to what a value says for the same log must bump kv_state.RENDER_VERSION (so
-    relays put an upgraded bucket's keys again) and record the new digest here."""
-    state = hall()
-    composing, result = compose(
-        state, "acme", host="h", devices=[{"kind": "gpu"}], request_id="golden-1"
-    )
-    view, changed = played(state, composing)
-    position = len(composing) + 1
-    (device,) = [d.id for d in result.devices]
-    repaired, _ = report_fault(view.state, device, "failed", "golden fault")
-    view, more = played(view, repaired, position)
-    changed += more
-    position += len(repaired)
-    released, _ = release(view.state, "acme", result.composition_id)
-    _, more = played(view, released, position)
-    changed += more
-
-    digest = hashlib.sha256(msgspec.json.encode(changed)).hexdigest()
-
-    assert RENDERED.get(RENDER_VERSION) == digest, (
-        f"the KV values render differently: bump RENDER_VERSION (now {RENDER_VERSION}) in "
-        f"adapters/nats/kv_state.py and record {digest!r} for it here"
-    )

@@ -301,29 +301,6 @@ async def ensure_bucket(
     return kv, made
 
 
-_RENDERED = "trellis.kv_render."  # bucket metadata: + domain -> kv_state.RENDER_VERSION
-
-
-async def rendered_at(js: JetStreamContext, prefix: str) -> dict[str, str]:
-    """Domain -> the render version (adapters/nats/kv_state.py) its keys were last put in full
-    at, as the bucket's metadata records it; a domain not named: never recorded."""
-    config = (await js.stream_info(f"KV_{bucket_name(prefix)}")).config
-    metadata = config.metadata or {}
-    return {k[len(_RENDERED) :]: v for k, v in metadata.items() if k.startswith(_RENDERED)}
-
-
-async def record_rendered(js: JetStreamContext, prefix: str, domain: str, version: int) -> None:
-    """Record in the bucket's metadata that `domain`'s keys are rendered at `version`. Invisible
-    to watchers of its keys; two relays racing may lose one's mark, which only costs a rewrite."""
-    name = f"KV_{bucket_name(prefix)}"
-    config = (await js.stream_info(name)).config
-    metadata = dict(config.metadata or {})
-    if metadata.get(_RENDERED + domain) == str(version):
-        return
-    metadata[_RENDERED + domain] = str(version)
-    await js.update_stream(dataclasses.replace(config, metadata=metadata))
-
-
 async def _configured(request: Awaitable[Any], what: str, replicas: int) -> Any:
     """Await a create or update; a refusal becomes a StreamConfigError that says why."""
     try:

@@ -58,12 +58,6 @@ from trellis.ext import changed_keys
 
 KeyChange = tuple[str, bytes | None]  # (key, JSON value), or (key, None): delete the key
 
-#: How values are rendered. Bump it with any change to what a value says for the same log (a
-#: field, a condition's reason or message): a relay that finds the bucket written at another
-#: version puts every key again (adapters/nats/relay.py), so an upgrade's values never differ
-#: from what `trellis verify` renders. tests/adapters/test_kv_state.py pins what each renders.
-RENDER_VERSION = 2
-
 
 class DeviceEntry(msgspec.Struct, kw_only=True):
     """`<domain>.device.<id>`: a pooled device and who holds it."""

@@ -55,10 +55,8 @@ import asyncpg
 import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import ConsumerConfig, DeliverPolicy
-from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 
 from trellis.adapters.nats import kv_state
@@ -73,19 +71,11 @@ from trellis.adapters.nats.jetstream import (
     ensure_bucket,
     ensure_stream,
     event_subject,
-    record_rendered,
-    rendered_at,
     stream_event,
     stream_name,
 )
-from trellis.adapters.nats.kv_state import (
-    RENDER_VERSION,
-    KeyChange,
-    View,
-    changes,
-    coalesce,
-    everything,
-)
+from trellis.adapters.nats.kv_audit import bucket_entries
+from trellis.adapters.nats.kv_state import KeyChange, View, changes, coalesce, everything
 from trellis.adapters.postgres import follower_checkpoints
 from trellis.engine.core.records import RecordedEvent
 from trellis.engine.service.follower import Progress, Rewound, Stalled
@@ -183,7 +173,6 @@ class RelaySink:
         self._ends: dict[str, _End] = {}  # cached; dropped whenever it may be stale
         self._checkpoints: dict[str, Progress] = {}
         self._synced: dict[str, int] = {}  # domain -> bucket generation its keys were put in
-        self._rendered: dict[str, str] = {}  # domain -> render version its keys were put at
         self.foreign = ForeignMessages("relay")  # skipped in the stream (metrics set on_skip)
         self._foreign_counted: dict[str, int] = {}  # domain -> highest stream seq counted
         self.resyncs = 0  # batches refused because the domain's stream moved, then redone
@@ -204,7 +193,6 @@ class RelaySink:
             )
         await ensure_stream(self._js, self.prefix, self._limits)
         await self._ensure_bucket()
-        self._rendered = await rendered_at(self._js, self.prefix)
         self._checked = time.monotonic()
 
     # ---- the Sink protocol ----
@@ -223,35 +211,10 @@ class RelaySink:
         self._checkpoints[domain] = checkpoint
         self._folds[domain] = _Fold(View.empty(domain), 0)
         self._ends.pop(domain, None)
-        # A bucket this relay found was kept up by relays before it; once the relay has had to
-        # make one, a domain it takes up again may have keys missing: put them all once. So,
-        # too, when the bucket may hold what the log lost, or holds nothing of a domain the
-        # relays have followed: another process made it again (the engine's own relay, in
-        # TRELLIS_FOLLOWERS=process, prepares the bucket before the follower process starts).
-        kept = self._generation == 0 and not lost
-        rendered = self._rendered.get(domain)
-        if kept and checkpoint.version > 0 and rendered != str(RENDER_VERSION):
-            # Values an older (or newer) Trellis rendered would differ from what this one, and
-            # `trellis verify`, renders for the same log (a condition's new wording, say).
-            log.info(
-                "relay of domain %s: the bucket's values were rendered at version %s, this "
-                "Trellis renders version %d; putting them all again",
-                domain,
-                rendered or "(unrecorded)",
-                RENDER_VERSION,
-            )
-            kept = False
-        elif kept and checkpoint.version > 0 and not await self._keys_held(domain):
-            log.warning(
-                "relay of domain %s: the bucket holds none of its keys though the relay has "
-                "followed it to version %d (made again?); putting them all",
-                domain,
-                checkpoint.version,
-            )
-            kept = False
-        elif kept and checkpoint.version == 0:
-            await self._record_rendered(domain)  # every key it puts is this version's
-        self._synced[domain] = self._generation if kept else -1
+        # The bucket is reconciled with the log once the fold has caught up (`_rewrite`), at
+        # every take-up: what relays before this one left may be another version's wording (an
+        # upgrade, a rollback and back), a bucket made again, or values edited by hand.
+        self._synced[domain] = -1
         return 0, checkpoint
 
     async def apply(self, domain: str, records: Sequence[RecordedEvent]) -> Progress:
@@ -343,13 +306,13 @@ class RelaySink:
                     # batch. Read the end again and go on: an expected case, not a failure.
                     end = await self._domain_end(conn, domain, done)
                     end, found = await self._publish_unsent(domain, end, done, records)
-                if self._synced.get(domain) != self._generation:
-                    if last.version >= done.version:  # else `state` is older than the bucket's
-                        await self._rewrite(domain, state, last.position)
-                else:
-                    await self._write(
-                        coalesce(c for version, cs in changed if version > done.version for c in cs)
-                    )
+                # The batch's own changes first, as they come (an ended composition's final
+                # value under its delete marker), then, when due, the rest reconciled.
+                await self._write(
+                    coalesce(c for version, cs in changed if version > done.version for c in cs)
+                )
+                if self._synced.get(domain) != self._generation and last.version >= done.version:
+                    await self._rewrite(domain, state, last.position)  # else `state` is older
                 saved = max(done, Progress(last.version, last.position), key=_version)
                 await conn.execute(
                     follower_checkpoints.SAVE,
@@ -534,48 +497,31 @@ class RelaySink:
             self._generation += 1  # every domain's keys are put again, in full
 
     async def _rewrite(self, domain: str, state: View, position: int) -> None:
-        """Make the domain's keys exactly `state` (as of `position`): every key put, and the
-        keys the state no longer has (left by a relay that stopped mid-way) deleted."""
-        writes = coalesce(everything(state, position))
-        for key in await self._keys(domain):
-            if key not in writes:
-                writes[key] = [None]
+        """Make the domain's keys what `state` renders (as of `position`): a key whose value
+        differs in more than its position is put, a live key the state no longer has is
+        deleted, and every other key is left as it is, its position and its history kept (an
+        ended composition's final value under its delete marker among them)."""
+        held = await bucket_entries(self._js, self.prefix, domain)
+        rendered = coalesce(everything(state, position))
+        writes = {
+            key: values
+            for key, values in rendered.items()
+            if not _same_value(held.get(key), values[-1])
+        }
+        gone = [key for key in held if key not in rendered]
+        for key in gone:
+            writes[key] = [None]
+        if held and writes:
+            log.warning(
+                "relay of domain %s: %d key(s) of the bucket differed from what this Trellis "
+                "renders from the log (values another version wrote, or edited), and %d held "
+                "what the log does not: put again, or deleted",
+                domain,
+                len(writes) - len(gone),
+                len(gone),
+            )
         await self._write(writes)
         self._synced[domain] = self._generation
-        await self._record_rendered(domain)
-
-    async def _record_rendered(self, domain: str) -> None:
-        """Mark the domain's keys as this version's rendering; a mark that cannot be made costs
-        only a rewrite at the next start."""
-        if self._rendered.get(domain) == str(RENDER_VERSION):
-            return
-        try:
-            await record_rendered(self._js, self.prefix, domain, RENDER_VERSION)
-        except (TimeoutError, NatsError) as exc:
-            log.warning(
-                "relay of domain %s: could not record the bucket's render version (%s); its "
-                "keys are put again at the next start",
-                domain,
-                exc,
-            )
-            return
-        self._rendered[domain] = str(RENDER_VERSION)
-
-    async def _keys_held(self, domain: str) -> bool:
-        """Whether the bucket holds any key of the domain; False when there is no bucket."""
-        try:
-            return bool(await self._keys(domain))
-        except NotFoundError:
-            return False
-
-    async def _keys(self, domain: str) -> list[str]:
-        """The domain's keys in the bucket, from the subjects of its stream: one answer from
-        what is stored (nats-py's `keys()` watches, and may stop before the last entries)."""
-        prefix = f"$KV.{self.bucket}."
-        info = await self._js.stream_info(
-            f"KV_{self.bucket}", subjects_filter=f"{prefix}{domain}.>"
-        )
-        return [subject[len(prefix) :] for subject in (info.state.subjects or {})]
 
     async def _write(self, writes: dict[str, list[bytes | None]]) -> None:
         """Put (or delete) the batch's keys: every key's first write, then every key's second
@@ -672,3 +618,20 @@ def _refusal(ack: Msg) -> str:
 
 def _version(progress: Progress) -> int:
     return progress.version
+
+
+def _same_value(stored: bytes | None, rendered: bytes | None) -> bool:
+    """Whether the bucket's value says what the rendered one does, its position aside (a
+    value's position may be any from its key's last change to where the relay had reached)."""
+    if stored is None or rendered is None:
+        return stored is rendered
+    try:
+        before = msgspec.json.decode(stored)
+    except msgspec.DecodeError:
+        return False  # not even JSON: written by someone else
+    after = msgspec.json.decode(rendered)
+    if not isinstance(before, dict):
+        return False
+    before.pop("position", None)
+    after.pop("position", None)
+    return bool(before == after)
