@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from core.fabric_builder import FabricBuilder, composed
 
 from trellis.adapters.nats.auth import (
     CredentialsError,
@@ -24,7 +25,9 @@ from trellis.adapters.nats.auth import (
     public_key,
     tenant_name_problem,
 )
+from trellis.adapters.nats.issuing import tenants_holding
 from trellis.adapters.settings import Settings, SettingsError
+from trellis.engine.core.state import DomainState
 
 KEY = public_key(new_seed())
 
@@ -180,6 +183,41 @@ def test_revoke_sets_the_seed_aside_and_writes_the_config_without_its_user(
         secure.revoke("operator", "p1")
     assert secure.ensure("p1", ["acme"]) == ["acme"]  # a new identity, the old one set aside
     assert public_key(secure.credentials(_principal("acme")).seed()) != acme
+
+
+def test_a_restart_issues_no_identity_again_to_a_tenant_the_operator_revoked(
+    tmp_path: Path,
+) -> None:
+    """`up` issues identities to tenants holding live compositions: a revoked one holding one
+    was let back in by the next restart (an upgrade, say), under a new key (upgrade probe)."""
+    secure = SecureDir(tmp_path)
+    secure.ensure("p1", ["acme", "globex"])
+    engine = _Holding({"acme", "globex", "initech"})
+    assert tenants_holding(engine, secure) == ["acme", "globex", "initech"]
+
+    secure.revoke("acme", "p1")
+
+    assert secure.revoked() == {"acme"}
+    assert tenants_holding(engine, secure) == ["globex", "initech"]
+    secure.ensure("p1", ["acme"])  # `tenant add` again: the operator's say
+    assert secure.revoked() == set() and "acme" in tenants_holding(engine, secure)
+
+
+class _Holding:
+    """What tenants_holding reads of an engine: one domain whose compositions are `tenants`'."""
+
+    def __init__(self, tenants: set[str]):
+        b = FabricBuilder().host("h").switch("s").link("h", "s")
+        for n in range(len(tenants)):
+            b.gpu(f"g{n}").link("s", f"g{n}")
+        state = b.state()
+        for tenant in sorted(tenants):
+            state, _ = composed(state, tenant, host="h", devices=[{"kind": "gpu"}])
+        self.domains = [state.domain]
+        self._state = state
+
+    def state(self, domain: str) -> DomainState | None:
+        return self._state if domain == self._state.domain else None
 
 
 def test_a_revoke_whose_config_cannot_be_written_keeps_the_identity(tmp_path: Path) -> None:

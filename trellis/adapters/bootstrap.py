@@ -881,7 +881,7 @@ async def running_engine(
         running.nats_monitor_url = monitor_url
         if secure is not None:
             running.secure_dir = secure.root
-            issued = issue(secure, settings, tenants_holding(running.engine))
+            issued = issue(secure, settings, tenants_holding(running.engine, secure))
             data_dir = settings.data_dir or default_data_dir()
             if issued and not settings.nats_url and reload_nats(data_dir):
                 await until_issued_accepted(nats_url, secure, issued)

@@ -329,6 +329,15 @@ class SecureDir:
             return []
         return sorted(p.stem for p in self.tenants_dir.glob("*.nk") if _TENANT.fullmatch(p.stem))
 
+    def revoked(self) -> set[str]:
+        """The tenants whose identity was revoked and not issued again (`tenant revoke`
+        without a later `tenant add`)."""
+        aside = self.root / REVOKED_DIR
+        if not aside.is_dir():
+            return set()
+        names = {p.name.split(".", 1)[0] for p in aside.glob("*.nk")}
+        return names - set(self.tenants())
+
     def identities(self) -> list[tuple[str, str, Path]]:
         """Every tenant with an identity here, sorted: its name, public key and seed file.
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
+from typing import Protocol
 
 import nats
 
@@ -21,7 +22,7 @@ from trellis.adapters.nats.auth import (
 )
 from trellis.adapters.nats.connect import ACCEPT_TIMEOUT_S, nats_servers, until_accepted
 from trellis.adapters.settings import Settings, SettingsError, redacted
-from trellis.engine.service.router import Engine
+from trellis.engine.core.state import DomainState
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +57,25 @@ def issue(secure: SecureDir, settings: Settings, tenants: Iterable[str]) -> list
         raise SettingsError(f"secure mode ({secure.root}): {exc}") from None
 
 
-def tenants_holding(engine: Engine) -> list[str]:
+class _Holder(Protocol):
+    """What tenants_holding reads of an engine (engine.service.router.Engine)."""
+
+    @property
+    def domains(self) -> list[str]: ...
+
+    def state(self, domain: str) -> DomainState | None: ...
+
+
+def tenants_holding(engine: _Holder, secure: SecureDir) -> list[str]:
     """Every tenant with a live composition that can have an identity (names from before
-    secure mode that are no id, or name a role, get none: `trellis tenant add` says why)."""
+    secure mode that are no id, or name a role, get none: `trellis tenant add` says why),
+    but not one the operator revoked: a restart must not let it back in."""
     held = set()
     for domain in engine.domains:
         state = engine.state(domain)
         held |= {c.tenant for c in state.compositions.values()} if state else set()
-    return sorted(t for t in held if tenant_name_problem(t) is None)
+    revoked = secure.revoked()
+    return sorted(t for t in held if tenant_name_problem(t) is None and t not in revoked)
 
 
 async def until_issued_accepted(nats_url: str, secure: SecureDir, tenants: list[str]) -> None:
