@@ -37,7 +37,9 @@ class ConcurrencyConflict(TrellisError):
     """Another writer appended to the domain first (expected version was stale)."""
 
     def __init__(self, domain: str, expected: int, actual: int | None = None):
-        super().__init__(f"domain {domain!r}: expected version {expected}, found {actual}")
+        # Logged as "domain D: <this>; catching up": the domain is said once, by the caller.
+        head = "" if actual is None else f" (its head is at version {actual})"
+        super().__init__(f"the log is no longer at version {expected} as this writer held it{head}")
         self.domain = domain
         self.expected = expected
         self.actual = actual
