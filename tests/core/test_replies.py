@@ -7,7 +7,6 @@ import msgspec
 import pytest
 
 from trellis.engine.core import replies
-from trellis.engine.core.errors import ConcurrencyConflict
 
 
 @pytest.mark.parametrize("position", [0, 7, 35, 12_345_678_901])
@@ -36,12 +35,3 @@ def test_a_replay_is_marked_on_a_success_and_in_the_details_of_a_refusal() -> No
             "details": {"kind": "gpu", "replayed": True},
         },
     }
-
-
-def test_a_lost_race_is_told_without_a_none_or_the_domain_twice() -> None:
-    # Logged as "domain D: <message>; catching up" (upgrade probe: "domain default: domain
-    # 'default': expected version 43, found None").
-    assert str(ConcurrencyConflict("default", 42)) == (
-        "the log is no longer at version 42 as this writer held it"
-    )
-    assert str(ConcurrencyConflict("default", 42, 44)).endswith("(its head is at version 44)")
