@@ -172,7 +172,8 @@ def up(args: argparse.Namespace) -> int:
                 if settings.redfish_url and settings.fabric == "redfish":
                     print(f"fabric: Redfish at {redacted(settings.redfish_url)}")
                 else:
-                    print(f"fabric: simulated, its hardware state in {fabric_state_path(settings)}")
+                    state = fabric_state_path(settings)
+                    print(f"fabric: simulated, its hardware state in {state}.g<N> (newest N)")
                 if running.secure_dir is not None:
                     _print_secure(settings, SecureDir(running.secure_dir.parent))
                 if new_key and key.exists():
