@@ -41,8 +41,7 @@ from trellis.adapters.nats.auth import (
     public_key,
 )
 from trellis.adapters.nats.client import TrellisClient
-from trellis.adapters.nats.connect import connect_nats, until_accepted
-from trellis.adapters.nats.issuing import until_refused
+from trellis.adapters.nats.connect import connect_nats, until_accepted, until_refused
 from trellis.adapters.nats.jetstream import bucket_name, stream_name
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fabric.json"

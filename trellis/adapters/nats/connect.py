@@ -131,6 +131,41 @@ async def until_accepted(
             return
 
 
+async def until_refused(
+    url: str, creds: NkeyCredentials, timeout: float = ACCEPT_TIMEOUT_S
+) -> None:
+    """Return once the nats-server at `url` refuses `creds` (`Authorization Violation`): after
+    the reload (SIGHUP) that removed that identity. nats-server takes the new users before it
+    checks any client against them, so a refusal, even of a client it dropped mid-handshake
+    while reloading, means every later connection meets the new users; and the same check
+    closes the connections the removed identity still had.
+
+    Raises:
+        TimeoutError: still let in (or not answering) after `timeout` seconds; says which.
+        CredentialsError: `creds` holds no usable nkey seed.
+    """
+    options = creds.connect_options()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            await _connect_once(url, options)
+        except nats.errors.Error as exc:
+            if "authorization violation" in str(exc).lower():
+                return
+            outcome = str(exc) or type(exc).__name__
+        except OSError as exc:  # a reset mid-reload, or no answer: not a refusal yet
+            outcome = str(exc) or type(exc).__name__
+        else:
+            outcome = "it was let in"
+        if loop.time() > deadline:
+            raise TimeoutError(
+                f"the nats-server at {redacted(url)} does not refuse {creds.path} yet "
+                f"after {timeout:.0f}s: {outcome}"
+            )
+        await asyncio.sleep(0.1)
+
+
 async def accepts_anonymous(url: str) -> bool:
     """Whether the nats-server at `url` lets a client with no credentials connect (a server
     that secure mode's users were never included in, or not reloaded since)."""

@@ -1,16 +1,13 @@
 """Secure mode's credential issuing (adapters/nats/auth.py holds the identities themselves):
 whether secure mode is on, the identities each of the engine's connections uses, issuing the
-roles' and tenants' identities, and waiting for a reloaded nats-server to let new ones in, or
-to refuse revoked ones."""
+roles' and tenants' identities, and waiting for a reloaded nats-server to let new ones in
+(connect.py's until_refused waits for it to refuse revoked ones)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterable
 from typing import Protocol
-
-import nats
 
 from trellis.adapters.embedded.process import default_data_dir
 from trellis.adapters.nats.auth import (
@@ -20,8 +17,8 @@ from trellis.adapters.nats.auth import (
     SecureDir,
     tenant_name_problem,
 )
-from trellis.adapters.nats.connect import ACCEPT_TIMEOUT_S, nats_servers, until_accepted
-from trellis.adapters.settings import Settings, SettingsError, redacted
+from trellis.adapters.nats.connect import until_accepted
+from trellis.adapters.settings import Settings, SettingsError
 from trellis.engine.core.state import DomainState
 
 log = logging.getLogger(__name__)
@@ -86,49 +83,3 @@ async def until_issued_accepted(nats_url: str, secure: SecureDir, tenants: list[
             await until_accepted(nats_url, secure.credentials(Principal("tenant", tenant)))
         except TimeoutError as exc:
             log.warning("%s: tenant %s may be refused until the server reloads", exc, tenant)
-
-
-async def until_refused(
-    url: str, creds: NkeyCredentials, timeout: float = ACCEPT_TIMEOUT_S
-) -> None:
-    """Return once the nats-server at `url` refuses `creds` (`Authorization Violation`): after
-    the reload (SIGHUP) that removed that identity. nats-server takes the new users before it
-    checks any client against them, so a refusal, even of a client it dropped mid-handshake
-    while reloading, means every later connection meets the new users; and the same check
-    closes the connections the removed identity still had.
-
-    Raises:
-        TimeoutError: still let in (or not answering) after `timeout` seconds; says which.
-        CredentialsError: `creds` holds no usable nkey seed.
-    """
-    options = creds.connect_options()
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        try:
-            nc = await nats.connect(
-                nats_servers(url),
-                allow_reconnect=False,
-                connect_timeout=2,
-                error_cb=_ignore,
-                **options,
-            )
-        except nats.errors.Error as exc:
-            if "authorization violation" in str(exc).lower():
-                return
-            outcome = str(exc) or type(exc).__name__
-        except OSError as exc:  # a reset mid-reload, or no answer: not a refusal yet
-            outcome = str(exc) or type(exc).__name__
-        else:
-            await nc.close()
-            outcome = "it was let in"
-        if loop.time() > deadline:
-            raise TimeoutError(
-                f"the nats-server at {redacted(url)} does not refuse {creds.path} yet "
-                f"after {timeout:.0f}s: {outcome}"
-            )
-        await asyncio.sleep(0.1)
-
-
-async def _ignore(exc: Exception) -> None:
-    """nats-py reports each refused attempt to the error callback too; the caller decides."""

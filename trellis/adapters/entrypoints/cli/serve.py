@@ -44,8 +44,7 @@ from trellis.adapters.nats.auth import (
     inbox_prefix,
     public_key,
 )
-from trellis.adapters.nats.connect import accepts_anonymous, until_accepted
-from trellis.adapters.nats.issuing import until_refused
+from trellis.adapters.nats.connect import accepts_anonymous, until_accepted, until_refused
 from trellis.adapters.settings import Settings, redacted
 
 
