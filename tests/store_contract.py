@@ -81,6 +81,15 @@ class EventStoreContract:
         assert await events_of(stores.log, "d1") == []
         assert "d1" not in await stores.log.domains()
 
+    async def test_the_last_position_is_the_highest_any_domain_was_given(
+        self, stores: Stores
+    ) -> None:
+        assert await stores.log.last_position() == 0
+        first = await stores.log.append("d1", Head(), pending(2), [])
+        second = await stores.log.append("d2", Head(), pending(1), [])
+        assert await stores.log.last_position() == second.head.position
+        assert second.head.position > first.head.position
+
     async def test_a_barrier_records_nothing(self, stores: Stores) -> None:
         # What it waits for (the synchronous standby) is tests/chaos/test_primary_loss.py's.
         appended = await stores.log.append("d1", Head(), pending(1), [])

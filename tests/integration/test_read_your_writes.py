@@ -121,3 +121,21 @@ async def test_a_position_the_log_never_reaches_is_unavailable_and_writes_nothin
     assert error["details"] == {"domain": DOMAIN, "min_position": far, "head": head}
     assert str(far) in error["message"] and DOMAIN in error["message"]
     assert await row_counts(database_url, pg_schema) == before
+
+
+async def test_a_position_another_domain_was_given_is_one_an_idle_domain_includes(
+    impatient: Harness,
+) -> None:
+    """Positions are global, and a scheduler passes a condition's `observed_position` as
+    `min_position` whatever the domain (docs/integrations.md): an idle domain's log includes
+    every position the log has given out. It was `unavailable` (scheduler-author probe)."""
+    reply = await impatient.client.intent(DOMAIN, "acme", "compose", COMPOSE)
+    cid = expect_ok(reply)["composition_id"]
+    elsewhere = await impatient.client.admin("hall-2", "import-topology", fabric())
+    later = expect_ok(elsewhere) and elsewhere["position"]
+    head = (await impatient.store.head(DOMAIN)).position
+    assert later > head
+
+    answer = await impatient.client.query(DOMAIN, "composition", {"id": cid, "min_position": later})
+
+    assert expect_ok(answer)["composition_id"] == cid and answer["position"] == head

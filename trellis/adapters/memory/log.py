@@ -65,6 +65,10 @@ class MemoryLog:
         events = self._domains.get(domain, [])
         return events[version - 1] if 0 < version <= len(events) else None
 
+    async def last_position(self) -> int:
+        await self._round_trip()
+        return self._log[-1].position if self._log else 0
+
     async def locate(self, domain: str, at: datetime | int) -> tuple[Head, datetime] | None:
         await self._round_trip()
         found = None

@@ -233,6 +233,11 @@ class PostgresEventStore:
             )
         return Head(rows[0]["version"], rows[0]["position"], rows[0]["hash"]) if rows else Head()
 
+    async def last_position(self) -> int:
+        # One row per domain, each holding its head's position: no scan of the log.
+        rows = await self._fetch("SELECT coalesce(max(position), 0) AS p FROM trellis_streams")
+        return int(rows[0]["p"])
+
     async def locate(self, domain: str, at: datetime | int) -> tuple[Head, datetime] | None:
         """The domain's last event at or before `at` (a time, or a log position)."""
         column = "position" if isinstance(at, int) else "recorded_at"

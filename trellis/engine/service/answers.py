@@ -45,6 +45,7 @@ _encode = msgspec.json.Encoder().encode
 # Answered by the AuditTrail (signed Merkle checkpoints), not from state or projections.
 AUDIT_QUERIES = ("proof", "consistency", "checkpoint-key")
 _REACH_POLL_S = 0.01  # how often a query waiting for its `min_position` looks at the head
+_GIVEN_OUT_EVERY = 10  # polls between asking the log how far its positions have gone
 
 
 class QueryAnswers:
@@ -127,6 +128,12 @@ class QueryAnswers:
         """Wait, at most `read_wait` seconds, until the domain's log as the writer holds it
         includes `min_position` (read-your-writes; the read models then wait for the head).
 
+        Positions are global: a position another domain's event was given (a scheduler's
+        `observed_position` across domains) is one this domain's log includes once the log
+        has given it out and no append of this writer is in flight. An append in flight may
+        have drawn a lower position and not committed yet; every later append draws a higher
+        one.
+
         Raises:
             IntentRejected: `unavailable` when the head has not reached it in time.
         """
@@ -134,8 +141,15 @@ class QueryAnswers:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._read_wait
+        given_out = 0  # the highest position the log had given out, when last asked
+        polls = 0
         # The head moves only by this writer's commits: a short poll, no hook in the writer.
         while writer.head.position < min_position and loop.time() < deadline:
+            if given_out < min_position and polls % _GIVEN_OUT_EVERY == 0:
+                given_out = await self._store.last_position()
+            if given_out >= min_position and not writer.appending:
+                return
+            polls += 1
             await asyncio.sleep(min(_REACH_POLL_S, max(0.0, deadline - loop.time())))
         head = writer.head.position
         if head < min_position:

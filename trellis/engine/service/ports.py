@@ -89,6 +89,10 @@ class EventStore(Protocol):
 
     async def head(self, domain: str) -> Head: ...
 
+    async def last_position(self) -> int:
+        """The highest position the log has given an event of any domain (0: none yet)."""
+        ...
+
     async def locate(self, domain: str, at: datetime | int) -> tuple[Head, datetime] | None:
         """The domain's last event at or before `at` (a time, or a log position) and its time;
         None when the domain had no event yet then."""
