@@ -391,10 +391,16 @@ def _check_allocations(rows: list[LogRow], findings: Findings) -> None:
 
 
 def _same_reply(told: dict[str, Any], stored: str) -> bool:
-    """The stored answer is what the client got; a resend's copy is marked `replayed`."""
+    """The stored answer is what the client got; a resend's copy is marked `replayed` (a
+    refusal's in its `details`)."""
 
     def comparable(reply: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in reply.items() if k != "replayed"}
+        out = {k: v for k, v in reply.items() if k != "replayed"}
+        error = out.get("error")
+        if isinstance(error, dict) and isinstance(error.get("details"), dict):
+            details = {k: v for k, v in error["details"].items() if k != "replayed"}
+            out["error"] = {**error, "details": details}
+        return out
 
     return comparable(told) == comparable(json.loads(stored))
 

@@ -339,6 +339,15 @@ def test_a_reply_other_than_the_stored_one_is_found() -> None:
     assert broken(log.findings()) == {checker.REPLY_DIFFERS}
 
 
+def test_a_resent_refusal_marked_replayed_is_the_stored_one() -> None:
+    log = busy_day()
+    ack = next(a for a in log.acks if a.request_id == "t2-c2")
+    error = ack.reply["error"]
+    again = {**ack.reply, "error": {**error, "details": {**error["details"], "replayed": True}}}
+    log.acks.append(dataclasses.replace(ack, reply=again))  # the client's resend, told again
+    assert broken(log.findings()) == set()
+
+
 def test_a_compose_reply_naming_other_devices_than_the_log_is_found() -> None:
     log = busy_day()
     index, ack = next((i, a) for i, a in enumerate(log.acks) if a.request_id == "t1-c1")
