@@ -113,22 +113,7 @@ async def until_accepted(
         TimeoutError: still refused after `timeout` seconds; says with what.
         CredentialsError: `creds` holds no usable nkey seed.
     """
-    options = creds.connect_options()
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        try:
-            await _connect_once(url, options)
-        except (nats.errors.Error, OSError) as exc:  # TimeoutError is an OSError
-            if loop.time() > deadline:
-                reason = str(exc) or type(exc).__name__
-                raise TimeoutError(
-                    f"the nats-server at {redacted(url)} still refuses {creds.path} "
-                    f"after {timeout:.0f}s: {reason}"
-                ) from None
-            await asyncio.sleep(0.1)
-        else:
-            return
+    await _until_the_server(url, creds, timeout, accepts=True)
 
 
 async def until_refused(
@@ -138,31 +123,42 @@ async def until_refused(
     the reload (SIGHUP) that removed that identity. nats-server takes the new users before it
     checks any client against them, so a refusal, even of a client it dropped mid-handshake
     while reloading, means every later connection meets the new users; and the same check
-    closes the connections the removed identity still had.
+    closes the connections the removed identity still had. A reset mid-reload, or no answer,
+    is not a refusal yet.
 
     Raises:
         TimeoutError: still let in (or not answering) after `timeout` seconds; says which.
         CredentialsError: `creds` holds no usable nkey seed.
     """
+    await _until_the_server(url, creds, timeout, accepts=False)
+
+
+async def _until_the_server(
+    url: str, creds: NkeyCredentials, timeout: float, *, accepts: bool
+) -> None:
+    """Connect with `creds` every 0.1 s until the server `accepts` them (or, False, refuses
+    them as unknown), or `timeout` seconds have passed."""
     options = creds.connect_options()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
         try:
             await _connect_once(url, options)
-        except nats.errors.Error as exc:
-            if "authorization violation" in str(exc).lower():
-                return
-            outcome = str(exc) or type(exc).__name__
-        except OSError as exc:  # a reset mid-reload, or no answer: not a refusal yet
-            outcome = str(exc) or type(exc).__name__
-        else:
-            outcome = "it was let in"
+            failure: BaseException | None = None
+        except (nats.errors.Error, OSError) as exc:  # TimeoutError is an OSError
+            failure = exc
+        refused = isinstance(failure, nats.errors.Error) and (
+            "authorization violation" in str(failure).lower()
+        )
+        if (failure is None) if accepts else refused:
+            return
         if loop.time() > deadline:
+            outcome = "it was let in" if failure is None else str(failure) or type(failure).__name__
+            still = "still refuses" if accepts else "does not refuse"
             raise TimeoutError(
-                f"the nats-server at {redacted(url)} does not refuse {creds.path} yet "
-                f"after {timeout:.0f}s: {outcome}"
-            )
+                f"the nats-server at {redacted(url)} {still} {creds.path}"
+                f"{'' if accepts else ' yet'} after {timeout:.0f}s: {outcome}"
+            ) from None
         await asyncio.sleep(0.1)
 
 
