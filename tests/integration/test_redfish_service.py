@@ -54,6 +54,23 @@ async def h(
 
 
 @pytest_asyncio.fixture
+async def clocked(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, tmp_path: Path
+) -> AsyncIterator[tuple[Harness, ManualClock]]:
+    """The Redfish service over an engine on a clock the test moves, the fabric imported."""
+    clock = ManualClock()
+    options = RedfishOptions(
+        accounts=tmp_path / "redfish-accounts.json", admin_password=ADMIN_PASSWORD
+    )
+    async with serving(
+        nats_url, database_url, pg_schema, subject_prefix, redfish=options, clock=clock
+    ) as h:
+        assert (await h.client.import_topology(DOMAIN, FABRIC))["ok"]
+        assert h.redfish_url is not None
+        yield h, clock
+
+
+@pytest_asyncio.fixture
 async def admin(h: Harness) -> RedfishHttp:
     assert h.redfish_url is not None
     return RedfishHttp(h.redfish_url, "admin", ADMIN_PASSWORD)
@@ -698,113 +715,97 @@ async def test_a_tenant_sees_and_applies_only_its_own_reservations(
 
 
 async def test_an_expired_reservation_is_refused_naming_it_and_nothing_is_created(
-    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, tmp_path: Path
+    clocked: tuple[Harness, ManualClock],
 ) -> None:
-    clock = ManualClock()
-    options = RedfishOptions(
-        accounts=tmp_path / "redfish-accounts.json", admin_password=ADMIN_PASSWORD
-    )
-    async with serving(
-        nats_url, database_url, pg_schema, subject_prefix, redfish=options, clock=clock
-    ) as h:
-        assert (await h.client.import_topology(DOMAIN, FABRIC))["ok"]
-        assert h.redfish_url is not None
-        acme = await tenant_account(RedfishHttp(h.redfish_url, "admin", ADMIN_PASSWORD),
-                                    "alice", "acme")  # fmt: skip
-        made = await acme("POST", COMPOSE, compose_action("PreviewReserve", "host-01", "gpu-002"))
-        assert made.status == 200, made
-        rid = made.body["ReservationId"]
-        clock.advance(301)
-        await h.engine.expire_due_leases()
-        refused = await acme("POST", COMPOSE, apply_reservation(rid))
-        assert refused.status == 409, refused
-        info = refused.body["error"]["@Message.ExtendedInfo"]
-        assert rid in json.dumps(info) and "expired" in json.dumps(info), info
-        assert await connections(h) == []
-        assert (await acme.get(RESERVATIONS)).body["Members"] == []
-        gpu = await acme.get(f"{BLOCKS}/{DOMAIN}.gpu-002")
-        assert gpu.body["CompositionStatus"]["Reserved"] is False
+    h, clock = clocked
+    acme = await tenant_account(RedfishHttp(h.redfish_url, "admin", ADMIN_PASSWORD),
+                                "alice", "acme")  # fmt: skip
+    made = await acme("POST", COMPOSE, compose_action("PreviewReserve", "host-01", "gpu-002"))
+    assert made.status == 200, made
+    rid = made.body["ReservationId"]
+    clock.advance(301)
+    await h.engine.expire_due_leases()
+    refused = await acme("POST", COMPOSE, apply_reservation(rid))
+    assert refused.status == 409, refused
+    info = refused.body["error"]["@Message.ExtendedInfo"]
+    assert rid in json.dumps(info) and "expired" in json.dumps(info), info
+    assert await connections(h) == []
+    assert (await acme.get(RESERVATIONS)).body["Members"] == []
+    gpu = await acme.get(f"{BLOCKS}/{DOMAIN}.gpu-002")
+    assert gpu.body["CompositionStatus"]["Reserved"] is False
 
 
 async def test_the_event_stream_tells_a_reservations_tenant_and_administrators_of_it(
-    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, tmp_path: Path
+    clocked: tuple[Harness, ManualClock],
 ) -> None:
     """ARCHITECTURE §11: a reservation is a resource (CompositionReservations/<id>); made, it is
     ResourceCreated, and applied, cancelled or expired, ResourceRemoved, to its tenant's
     accounts and Administrators only. The stream said nothing of reservations before."""
-    clock = ManualClock()
-    options = RedfishOptions(
-        accounts=tmp_path / "redfish-accounts.json", admin_password=ADMIN_PASSWORD
-    )
-    async with serving(
-        nats_url, database_url, pg_schema, subject_prefix, redfish=options, clock=clock
-    ) as h:
-        assert (await h.client.import_topology(DOMAIN, FABRIC))["ok"]
-        assert h.redfish_url is not None
-        admin = RedfishHttp(h.redfish_url, "admin", ADMIN_PASSWORD)
-        acme = await tenant_account(admin, "alice", "acme")
-        bolt = await tenant_account(admin, "bob", "bolt")
-        seen: dict[str, list[dict[str, Any]]] = {"admin": [], "acme": [], "bolt": []}
-        ready = {name: asyncio.Event() for name in seen}
-        tasks = [
-            asyncio.create_task(listen(client, seen[name], ready[name]))
-            for name, client in (("admin", admin), ("acme", acme), ("bolt", bolt))
-        ]
-        try:
-            await asyncio.wait_for(asyncio.gather(*(r.wait() for r in ready.values())), 10)
+    h, clock = clocked
+    admin = RedfishHttp(h.redfish_url, "admin", ADMIN_PASSWORD)
+    acme = await tenant_account(admin, "alice", "acme")
+    bolt = await tenant_account(admin, "bob", "bolt")
+    seen: dict[str, list[dict[str, Any]]] = {"admin": [], "acme": [], "bolt": []}
+    ready = {name: asyncio.Event() for name in seen}
+    tasks = [
+        asyncio.create_task(listen(client, seen[name], ready[name]))
+        for name, client in (("admin", admin), ("acme", acme), ("bolt", bolt))
+    ]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(r.wait() for r in ready.values())), 10)
 
-            async def reserve() -> str:
-                made = await acme(
-                    "POST", COMPOSE, compose_action("PreviewReserve", "host-01", "gpu-002")
-                )
-                assert made.status == 200, made
-                return str(made.body["ReservationId"])
+        async def reserve() -> str:
+            made = await acme(
+                "POST", COMPOSE, compose_action("PreviewReserve", "host-01", "gpu-002")
+            )
+            assert made.status == 200, made
+            return str(made.body["ReservationId"])
 
-            cancelled = await reserve()
-            assert (await acme("DELETE", f"{RESERVATIONS}/{cancelled}")).status == 204
-            applied = await reserve()
-            answer = await acme("POST", COMPOSE, apply_reservation(applied))
-            assert answer.status == 200, answer
-            cid = answer.body["Manifest"]["Stanzas"][0]["Response"]["Id"]
-            assert (await acme("DELETE", f"{R}/Systems/{cid}")).status == 204
-            expired = await reserve()
-            clock.advance(301)
-            await h.engine.expire_due_leases()
+        cancelled = await reserve()
+        assert (await acme("DELETE", f"{RESERVATIONS}/{cancelled}")).status == 204
+        applied = await reserve()
+        answer = await acme("POST", COMPOSE, apply_reservation(applied))
+        assert answer.status == 200, answer
+        cid = answer.body["Manifest"]["Stanzas"][0]["Response"]["Id"]
+        assert (await acme("DELETE", f"{R}/Systems/{cid}")).status == 204
+        expired = await reserve()
+        clock.advance(301)
+        await h.engine.expire_due_leases()
 
-            def records(name: str) -> list[tuple[str, str]]:
-                return [
-                    (e["MessageId"].rsplit(".", 1)[-1], e["OriginOfCondition"]["@odata.id"])
-                    for event in seen[name]
-                    for e in event["Events"]
-                    if e["OriginOfCondition"]["@odata.id"].startswith(RESERVATIONS)
-                ]
-
-            expected = [
-                (message, f"{RESERVATIONS}/{rid}")
-                for rid in (cancelled, applied, expired)
-                for message in ("ResourceCreated", "ResourceRemoved")
-            ]
-            for _ in range(100):
-                if records("admin") == expected and records("acme") == expected:
-                    break
-                await asyncio.sleep(0.1)
-            assert records("admin") == expected
-            assert records("acme") == expected
-            assert records("bolt") == []
-            kinds = [
-                e["Oem"]["Trellis"]["EventType"]
-                for event in seen["acme"]
+        def records(name: str) -> list[tuple[str, str]]:
+            return [
+                (e["MessageId"].rsplit(".", 1)[-1], e["OriginOfCondition"]["@odata.id"])
+                for event in seen[name]
                 for e in event["Events"]
                 if e["OriginOfCondition"]["@odata.id"].startswith(RESERVATIONS)
             ]
-            assert kinds == [
-                "ReservationMade", "ReservationCancelled", "ReservationMade",
-                "ReservationApplied", "ReservationMade", "ReservationExpired",
-            ]  # fmt: skip
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+
+        expected = [
+            (message, f"{RESERVATIONS}/{rid}")
+            for rid in (cancelled, applied, expired)
+            for message in ("ResourceCreated", "ResourceRemoved")
+        ]
+        for _ in range(100):
+            if records("admin") == expected and records("acme") == expected:
+                break
+            await asyncio.sleep(0.1)
+        assert records("admin") == expected
+        assert records("acme") == expected
+        assert records("bolt") == []
+        kinds = [
+            e["Oem"]["Trellis"]["EventType"]
+            for event in seen["acme"]
+            for e in event["Events"]
+            if e["OriginOfCondition"]["@odata.id"].startswith(RESERVATIONS)
+        ]
+        assert kinds == [
+            "ReservationMade", "ReservationCancelled", "ReservationMade",
+            "ReservationApplied", "ReservationMade", "ReservationExpired",
+        ]  # fmt: skip
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def test_an_administrator_sets_the_session_timeout_and_it_outlives_the_service(
