@@ -178,7 +178,7 @@ async def test_trellis_engines_lists_each_engine_and_the_domains_it_writes(
     env = cli_env(tmp_path, nats_url, database_url, pg_schema, h.client.prefix)
     code, out, err = await run_cli(env, "engines", "-o", "json")
     assert code == 0, err
-    assert json.loads(out) == [{"engine": h.engine.identity, "writes": [], "domains": "*"}]
+    assert json.loads(out) == [{"engine": h.engine.identity, "writes": [], "serves": ["*"]}]
     expect_ok(await h.client.admin(DOMAIN, "import-topology", fabric()))
     code, out, err = await run_cli(env, "engines")
     assert code == 0, err

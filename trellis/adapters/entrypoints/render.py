@@ -471,7 +471,7 @@ _ENGINES: list[Column] = [
     ("engine", lambda e: e["engine"], False),
     ("writes", lambda e: ", ".join(e["writes"]) or "-", False),  # the domains it writes now
     # The domains it may write (TRELLIS_DOMAINS; `*`: every one).
-    ("serves", lambda e: ", ".join(e["domains"].split(",")), False),
+    ("serves", lambda e: ", ".join(e["serves"]), False),
 ]
 
 

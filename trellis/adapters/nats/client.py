@@ -242,8 +242,9 @@ class TrellisClient:
 
     async def engines(self, quiet: float = 0.5) -> list[dict[str, Any]]:
         """Every engine of this prefix, as its micro service's STATS tell (adapters/nats/
-        micro.py): `engine`, `writes` (the domains it writes now) and `domains` (what it
-        serves), sorted by engine. Answers are gathered until none came for `quiet` seconds."""
+        micro.py): `engine`, `writes` (the domains it writes now) and `serves` (those it may
+        write, TRELLIS_DOMAINS; `["*"]`: every one), sorted by engine. Answers are gathered
+        until none came for `quiet` seconds."""
         inbox = self.nc.new_inbox()
         answers: asyncio.Queue[bytes] = asyncio.Queue()
 
@@ -267,7 +268,7 @@ class TrellisClient:
                 found[meta["engine"]] = {
                     "engine": meta["engine"],
                     "writes": writes,
-                    "domains": meta.get("domains", "*"),
+                    "serves": meta.get("domains", "*").split(","),
                 }
         finally:
             await sub.unsubscribe()
