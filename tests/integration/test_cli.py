@@ -16,6 +16,7 @@ from harness import Harness, cli_env, serving
 from harness import run_cli as trellis
 
 from trellis.adapters.fabric.sim import SimulatedFabric
+from trellis.adapters.postgres.migrations import migration_files
 from trellis.engine.core.fabric import FabricBinding
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fabric.json"
@@ -348,9 +349,13 @@ async def test_an_operator_drains_faults_adds_and_removes_from_the_cli(
     assert code == 0 and "ComponentDrained" in out and "ComponentUndrained" in out, out
 
 
-async def test_the_cli_names_its_version(env: dict[str, str]) -> None:
+async def test_the_cli_names_its_version_and_the_last_migration_it_carries(
+    env: dict[str, str],
+) -> None:
     code, out, _ = await trellis(env, "--version")
+    last = migration_files()[-1][0]
     assert code == 0 and out.startswith("trellis ") and out.split()[1][0].isdigit(), out
+    assert out.rstrip().endswith(f"(schema {last:03d})"), out
 
 
 async def test_compositions_are_listed_and_shown_and_events_watched_from_the_cli(

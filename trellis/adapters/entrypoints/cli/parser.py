@@ -198,7 +198,9 @@ def make_parser() -> argparse.ArgumentParser:
         formatter_class=_RawEpilog,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
-    parser.add_argument("--version", action="version", version=f"trellis {_version()}")
+    parser.add_argument(
+        "--version", action=_Version, nargs=0, help="show the version and the schema it migrates to"
+    )
     _shared_before_command(parser)
     sub = parser.add_subparsers(metavar="COMMAND")
     # In the order `--help` lists them.
@@ -261,11 +263,27 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Version(argparse.Action):
+    """`--version`, worked out only when asked (the schema folder is read then)."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> Any:
+        print(f"trellis {_version()}")
+        parser.exit()
+
+
 def _version() -> str:
+    """The package's version and the last schema migration it carries: two builds of one
+    version may migrate further, and an engine refuses a schema migrated past its own."""
+    from trellis.adapters.postgres.migrations import MigrationError, migration_files
+
     try:
-        return importlib.metadata.version(DISTRIBUTION)
+        version = importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
-        return "unknown"
+        version = "unknown"
+    try:
+        return f"{version} (schema {migration_files()[-1][0]:03d})"
+    except MigrationError as exc:  # TRELLIS_SCHEMA_DIR names no usable folder
+        return f"{version} (schema: {exc})"
 
 
 def _completion(args: argparse.Namespace) -> int:
