@@ -107,6 +107,7 @@ async def test_trellis_up_waits_for_postgres_then_nats_and_then_serves(
         await asyncio.to_thread(nats.start)
         # ...and serves once both are up: a client's intent succeeds.
         await engine.says("trellis engine up")
+        await engine.says(f"serving {prefix}.* for every domain (writing now: none yet)")
         async with TrellisClient.connected(nats.url, prefix=prefix, name="test-client") as client:
             expect_ok(await client.admin(DOMAIN, "import-topology", fabric()))
         assert await engine.stopped_by_sigint() == 0

@@ -150,9 +150,13 @@ def up(args: argparse.Namespace) -> int:
                     )
                 settle_for_serving()
                 nats, postgres = redacted(running.nats_url), redacted(running.database_url)
-                domains = ", ".join(running.engine.domains) or "none yet"
-                if settings.domains:  # limited: what it serves, and what it writes so far
-                    domains = f"{', '.join(settings.domains)} (TRELLIS_DOMAINS; writing: {domains})"
+                # Every engine serves every domain it may (forwarding to the writer); it writes
+                # those whose lease it holds, which a restart takes up over its first ticks.
+                writing = ", ".join(running.engine.domains) or "none yet"
+                domains = f"every domain (writing now: {writing})"
+                if settings.domains:
+                    limited = ", ".join(settings.domains)
+                    domains = f"domains {limited} (TRELLIS_DOMAINS; writing now: {writing})"
                 print(f"trellis engine up: NATS {nats}, Postgres {postgres}")
                 print(f"event loop: {event_loop.running()} (TRELLIS_EVENT_LOOP)")
                 if running.nats_monitor_url:
@@ -179,7 +183,7 @@ def up(args: argparse.Namespace) -> int:
                     print(f"generated the checkpoint signing key {key} (verifier key: {key}.pub)")
                 if running.checkpoint_key_warning:
                     print(f"WARNING: {running.checkpoint_key_warning}")
-                print(f"serving {running.subject_prefix}.* for domains: {domains}. Ctrl-C stops.")
+                print(f"serving {running.subject_prefix}.* for {domains}. Ctrl-C stops.")
                 sys.stdout.flush()
                 await stop.wait()
         except asyncio.CancelledError:
