@@ -18,14 +18,17 @@ TTFT; queueing adds nothing to the served ones beyond the wait measured.
 
 from __future__ import annotations
 
+import math
 import textwrap
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trellis.adapters.entrypoints.economics.runs import WEIGHTS_GIB, boxes, hbm_headroom
 from trellis.adapters.entrypoints.economics.workload import (
     BATCH,
+    KV_MIB_PER_TOKEN,
     OUTPUT_TOKENS_PER_SECOND,
     PREFILL_SECONDS,
     TOKENS_PER_PREFILL_GPU,
@@ -35,6 +38,7 @@ PREFILL_TOKENS_PER_GPU_S = TOKENS_PER_PREFILL_GPU / PREFILL_SECONDS
 DECODE_TOKENS_PER_GPU_S = float(OUTPUT_TOKENS_PER_SECOND)
 TOKENS_PER_MILLION = 1e6
 SECONDS_PER_HOUR = 3600.0
+MIB_PER_GIB = 1024
 
 
 @dataclass(frozen=True)
@@ -100,9 +104,98 @@ def prices(hall: dict[str, Any]) -> list[Assumption]:
     ]
 
 
+def request_kv_gib_per_token() -> float:
+    """The GiB of KV cache one token of a request takes: a batch of BATCH sessions' worth."""
+    return KV_MIB_PER_TOKEN * BATCH / MIB_PER_GIB
+
+
+def model(hall: dict[str, Any]) -> list[Assumption]:
+    """The model the figures rest on: its weights, its KV cache per token, the batch a request
+    stands for, and what a fixed box's HBM holds of it, one line per box kind."""
+    per_request = request_kv_gib_per_token()
+    return [
+        Assumption(
+            "model",
+            f"70B, fp16, weights {WEIGHTS_GIB:g}",
+            "GiB",
+            "a Llama-2-70B-shaped model (runs.py); its weights fill a fixed box's HBM before"
+            " any KV cache. The pooled arm's composes do not place the weights: its decode's"
+            " one GPU is not checked to hold them, which favours pooled",
+        ),
+        Assumption(
+            "KV cache per token",
+            f"{KV_MIB_PER_TOKEN:g}",
+            "MiB per token per session",
+            "Llama-2-70B's, fp16, grouped-query attention: layers x KV heads x head size x 2"
+            " (K and V) x 2 bytes (workload.py)",
+        ),
+        Assumption(
+            "batch",
+            f"{BATCH}",
+            "sessions per request",
+            f"a trace request stands for {BATCH} concurrent sessions like it, so its KV cache"
+            f" is {per_request:g} GiB per token of context + output (workload.py)",
+        ),
+        *headroom(hall),
+    ]
+
+
+def headroom(hall: dict[str, Any]) -> list[Assumption]:
+    """Each box kind's HBM beyond the weights (runs.py's hbm_headroom): the KV cache a fixed
+    request may have before it is refused."""
+    hbm = {n["id"]: n.get("memory_gib") or 0.0 for n in hall["nodes"]}
+    model_of = {n["id"]: n.get("model") or n["id"] for n in hall["nodes"]}
+    kinds: dict[str, tuple[float, float]] = {}
+    for gpus in boxes(hall).values():
+        models = sorted({model_of[g] for g in gpus})
+        kind = f"{len(gpus)} x {' + '.join(models)}"
+        kinds[kind] = (sum(hbm[g] for g in gpus), hbm_headroom(gpus, hbm))
+    per_token = request_kv_gib_per_token()
+    return [
+        Assumption(
+            f"HBM headroom, {kind} box",
+            f"{room:,.0f}",
+            "GiB for KV cache",
+            f"the box's {total:,.0f} GiB of HBM less the weights' {WEIGHTS_GIB:g}: a request"
+            f" of up to {math.floor(max(room, 0.0) / per_token):,} tokens (context + output,"
+            f" at batch {BATCH}); a fixed request needing more is refused, a box has no pooled"
+            " memory",
+        )
+        for kind, (total, room) in sorted(kinds.items())
+    ]
+
+
+def rates_caveat(hall: dict[str, Any]) -> Assumption:
+    """The token rates are per GPU whatever its kind, while prices differ by kind."""
+    gpu_prices = {
+        node.get("model") or node["id"]: node["cost_per_hour"]
+        for node in hall["nodes"]
+        if node["kind"] == "device"
+        and node["device_kind"] == "gpu"
+        and node.get("cost_per_hour") is not None
+    }
+    span = ""
+    if gpu_prices:
+        cheap = min(gpu_prices, key=lambda m: gpu_prices[m])
+        dear = max(gpu_prices, key=lambda m: gpu_prices[m])
+        span = (
+            f" (from {cheap} ${gpu_prices[cheap]:.2f} to {dear} ${gpu_prices[dear]:.2f}"
+            " per GPU-hour)"
+        )
+    return Assumption(
+        "rates by GPU kind",
+        "the same for every kind",
+        "tokens/s per GPU",
+        "the prefill and decode rates above do not depend on the GPU's kind, while its price"
+        f" does{span}: $ per million tokens depends on which kinds were picked, not on their"
+        " speed",
+    )
+
+
 def assumptions(hall: dict[str, Any]) -> list[Assumption]:
     """Every constant behind the seeds' units, with its unit and its source."""
     return [
+        *model(hall),
         Assumption(
             "prefill rate",
             f"{PREFILL_TOKENS_PER_GPU_S:,.0f}",
@@ -119,6 +212,7 @@ def assumptions(hall: dict[str, Any]) -> list[Assumption]:
             " no tensor-parallel cost), so it holds the box an eighth as long; a decode lease"
             " holds 1 s more than its output takes, rounded up to whole seconds",
         ),
+        rates_caveat(hall),
         Assumption(
             "wait for GPUs",
             "measured",
