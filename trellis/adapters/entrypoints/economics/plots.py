@@ -43,6 +43,7 @@ def draw(
 
     matplotlib.use("Agg")
     from matplotlib import pyplot
+    from matplotlib.ticker import MaxNLocator
 
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "utilization.png", out / "latency.png", out / "refusals.png"]
@@ -62,17 +63,20 @@ def draw(
         axes.grid(alpha=0.3)
         axes.axvspan(*storm, color="grey", alpha=0.2, label="failure storm")
         axes.axvline(arrivals_end, color="black", linestyle="--", linewidth=1)
+    # Above the axes, where no data is drawn: why the time axis runs past the run.
     gpu.annotate(
-        "last arrival: then the drain,\nleases running out",
-        (arrivals_end, 100),
-        xytext=(4, -4),
+        "last arrival (dashed line); past it, the drain: leases running out",
+        (arrivals_end, 1.0),
+        xycoords=("data", "axes fraction"),
+        xytext=(0, 3),
         textcoords="offset points",
-        va="top",
+        ha="right",
+        va="bottom",
         fontsize=8,
-        bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"},
+        annotation_clip=False,
     )
     memory.legend(loc="upper right")  # pooled memory is low there, fixed pods hold none
-    gpu.set_title("What was held over time (from the log's history)")
+    figure.suptitle("What was held over time (from the log's history)")
     memory.set_xlabel("seconds into the run")
     figure.tight_layout()
     figure.savefig(paths[0], dpi=100)
@@ -95,14 +99,29 @@ def draw(
     pyplot.close(figure)
 
     figure, axes = pyplot.subplots(figsize=(8, 4))
-    reasons = sorted(set(pooled.refused) | set(fixed.refused)) or ["none"]
-    for offset, (name, figures, colour) in zip((-width / 2, width / 2), runs, strict=True):
-        xs = [k + offset for k in range(len(reasons))]
-        axes.bar(xs, [figures.refused.get(r, 0) for r in reasons], width, label=name, color=colour)
-    axes.set_xticks(range(len(reasons)), reasons)
+    reasons = sorted(set(pooled.refused) | set(fixed.refused))
+    if reasons:
+        for offset, (name, figures, colour) in zip((-width / 2, width / 2), runs, strict=True):
+            xs = [k + offset for k in range(len(reasons))]
+            counts = [figures.refused.get(r, 0) for r in reasons]
+            axes.bar(xs, counts, width, label=name, color=colour)
+        axes.set_xticks(range(len(reasons)), reasons)
+        axes.legend()
+    else:  # nothing to draw: say so, on a count axis that still starts at 0
+        axes.set_xticks([])
+        axes.set_ylim(0, 1)
+        axes.text(
+            0.5,
+            0.5,
+            "no refusals in either run",
+            transform=axes.transAxes,
+            ha="center",
+            va="center",
+        )
+    axes.set_ylim(bottom=0)  # a count: never below 0
+    axes.yaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_ylabel("requests refused")
     axes.set_title(f"Refusals by reason (of {pooled.requests} requests each)")
-    axes.legend()
     axes.grid(axis="y", alpha=0.3)
     figure.tight_layout()
     figure.savefig(paths[2], dpi=100)
