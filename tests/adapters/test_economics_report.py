@@ -35,6 +35,7 @@ from trellis.adapters.entrypoints.economics.figures import (
 from trellis.adapters.entrypoints.economics.runs import (
     Plan,
     Run,
+    Why,
     best_box,
     box_body,
     boxes,
@@ -55,6 +56,7 @@ from trellis.adapters.entrypoints.economics.workload import (
     TraceRow,
     compress,
 )
+from trellis.adapters.settings import Settings
 
 
 def event(type: str, position: int = 0, **data: Any) -> dict[str, Any]:
@@ -88,9 +90,21 @@ def test_the_storms_first_refusal_is_the_first_one_while_something_is_faulted() 
         "code": "no_path",
         "message": "no path",
         "funnel": {"gpu": 3},
+        "then_composed": False,
     }
     healed = [*events[:2], event("ComponentRecovered", 3, component="tray-1"), events[0]]
     assert storm_refusal(healed) is None
+    # A fixed request one box refused, composed on the next: the refusal says so.
+    box = {"labels": {"scheduler": "fixed-pods", "demand": "7"}, "devices": []}
+    tried = [
+        events[1],
+        event("CompositionRejected", 3, request=box, **refused),
+        event("CompositionRequested", 4, request=box, composition_id="c7"),
+    ]
+    assert storm_refusal(tried)["then_composed"] is True  # type: ignore[index]
+    other = {"labels": {"scheduler": "fixed-pods", "demand": "8"}, "devices": []}
+    tried[2] = event("CompositionRequested", 4, request=other, composition_id="c8")
+    assert storm_refusal(tried)["then_composed"] is False  # type: ignore[index]
 
 
 def test_percentiles_are_nearest_rank_in_milliseconds() -> None:
@@ -324,6 +338,29 @@ def test_a_fixed_run_s_figures_by_hand() -> None:
     assert got.tpot_ms == {"p50": pytest.approx(10)}
 
 
+def test_the_held_figures_are_exact_steps_not_samples() -> None:
+    """The run samples the shares about once a second for its sparklines; the figures must
+    not: a moment both GPUs were held between two samples is the peak, the mean is the
+    GPU-seconds over the hall's GPUs and the span, and 'while GPUs >= 90% held' counts that
+    moment's free GiB, weighted by how long it lasted."""
+    demand = [Request(0, 0.0, 1024, 100), Request(1, 1.2, 1024, 100)]
+    events = [
+        asked("CompositionRequested", 0, 1, "fixed-pods", 0.0, 4),
+        asked("CompositionRequested", 1, 1, "fixed-pods", 1.2, 1),
+    ]
+    intervals = [
+        held("gpu", 0, 4, 2.0, cid="c0"),
+        held("gpu", 1.2, 1.6, 2.0, cid="c1"),  # between the samples at 1 s and 2 s
+        held("memory", 1.2, 1.6, 0.5, gib=25.0, cid="c1"),
+    ]
+    got = figures(HALL, events, intervals, demand, latencies=[0.1, 0.1], waits={0: 0.1, 1: 0.1})
+    assert max(got.gpus_held_share) == 0.5  # the samples never see both held
+    assert got.gpu_held_peak == 100.0
+    assert got.gpu_held_mean == pytest.approx(100 * got.gpu_seconds / (2 * got.span_s))
+    assert got.free_gib_gpus_full == pytest.approx(75.0)  # 100 GiB, 25 of them held then
+    assert got.memory_held_mean == pytest.approx(100 * (25 * 0.4) / (100 * 4))
+
+
 def test_a_pooled_run_s_figures_by_hand() -> None:
     got, _ = pooled_run()
     assert (got.served, got.tokens_served) == (2, (2048 + 50) + (1024 + 100))
@@ -439,7 +476,10 @@ def test_the_report_prints_its_assumptions_beside_the_figures(tmp_path: Path) ->
     record = json.loads((tmp_path / "figures.json").read_text())
     assert {a["what"] for a in record["assumptions"]} >= {"prefill rate", "decode rate"}
     fixed = record["runs"]["fixed"]["figures"]
-    assert fixed["ttft_ms"] == {"p50": pytest.approx(1500)}
+    # Every percentile is named; one its count (two served) cannot support is null.
+    assert fixed["ttft_ms"] == {"p50": pytest.approx(1500), "p99": None}
+    assert fixed["latency_ms"] == {"p50": pytest.approx(250), "p90": None, "p99": None,
+                                   "p99.9": None}  # fmt: skip
     assert fixed["billed_per_million_tokens"] == pytest.approx(3.0 / 0.003472)
     assert fixed["gpu_hours"] == pytest.approx(1.5)
 
@@ -558,3 +598,53 @@ def test_progress_never_shows_seconds_past_the_run_as_into_it() -> None:
     assert live.seconds(run, Plan(seconds=45, requests=50)) == "45/45 s +5 s"
     run.ended, run.started = None, time.monotonic() - 10.2
     assert live.seconds(run, Plan(seconds=45, requests=50)) == "10/45 s"
+
+
+def test_requests_neither_served_nor_refused_are_a_row_of_their_own() -> None:
+    """A compose the log has no answer to (the client gave up, or it was throttled, which
+    writes nothing) vanished between 'served' and 'refused'; the rows now add up."""
+    pooled, fixed = pooled_run()[0], fixed_run()[0]
+    assert "neither served nor refused" not in comparison(pooled, fixed)  # 2 + 0, 2 + 1
+    lost = dataclasses.replace(fixed, requests=fixed.requests + 4)
+    assert row_of(comparison(pooled, lost), "neither served nor refused") == ["0", "4", "0.00x"]
+
+
+def test_the_report_says_when_each_why_was_asked_and_what_whole_hall_prices(
+    tmp_path: Path,
+) -> None:
+    got = outcome()
+    got.runs["pooled"].whys = [
+        Why(5.0, "tray-1", "tray-1 carries the paths from h to g", ["TopologyImported"],
+            "before the fault"),
+        Why(5.1, "tray-1", "tray-1 carries nothing", ["ComponentFaulted"]),
+    ]  # fmt: skip
+    text = demo.report(got, Plan(seconds=2, requests=2))
+    assert "why tray-1 (5 s in, before the fault): tray-1 carries the paths" in text
+    assert "why tray-1 (5.1 s in, in the storm): tray-1 carries nothing" in text
+    spans = (
+        f"pooled {got.figures['pooled'].span_s:.1f} s, fixed {got.figures['fixed'].span_s:.1f} s"
+    )
+    assert f"priced over each run's own span: {spans}" in text
+
+
+async def test_the_demo_runs_its_engine_unthrottled_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A throttled compose writes nothing, so the log's figures cannot count it: the demo's
+    engine has no tenant rate limit, whatever TRELLIS_TENANT_RATE says, and the assumptions
+    say so."""
+    started: list[Any] = []
+
+    class Stop(Exception):
+        pass
+
+    def running_engine(settings: Any) -> Any:
+        started.append(settings)
+        raise Stop
+
+    monkeypatch.setattr(demo, "running_engine", running_engine)
+    settings = Settings.from_env({"TRELLIS_TENANT_RATE": "5"})
+    assert settings.tenant_rate.per_second == 5
+    with pytest.raises(Stop):
+        await demo.main(Plan(seconds=5, requests=1), settings, tmp_path / "out", show="off")
+    assert started[0].tenant_rate.per_second == 0  # engine/core/throttle.py: no limit

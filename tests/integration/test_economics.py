@@ -181,12 +181,16 @@ async def test_the_economics_figures_are_the_logs_and_pooling_serves_more(
     table = comparison(pooled, fixed)
     assert "served" in table and str(pooled.served) in table
 
-    # The storm cut the busiest GPU tray off in each run, and `why` was asked about it then.
+    # The storm cut the busiest GPU tray off in each run; `why` was asked about it just before
+    # (what it carried: the repairs that come with the fault may leave it carrying nothing)
+    # and then.
     for run in outcome.runs.values():
         tray = run.struck[0]
         assert tray.startswith("tray-"), run.struck
-        assert [w.id for w in run.whys][:1] == [tray]
-        assert "ComponentFaulted" in run.whys[0].chain, run.whys[0]
+        before, during = run.whys[:2]
+        assert (before.id, before.moment, during.id) == (tray, "before the fault", tray)
+        assert "carries the paths" in before.text and "ComponentFaulted" not in before.chain
+        assert "ComponentFaulted" in during.chain, during
     # Pooled compositions on the tray get GPUs from another tray; a fixed box has no other.
     assert pooled.impaired >= 1 and pooled.repaired >= 1
     assert fixed.impaired >= 1 and fixed.repaired == 0

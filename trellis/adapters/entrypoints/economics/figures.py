@@ -15,6 +15,7 @@ and the plots only show it.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -54,14 +55,14 @@ class Figures:
     times: list[float]  # each sample's seconds since the first compose
     gpus_held_share: list[float]  # per sample (at most a second apart), held / all GPUs
     memory_held_share: list[float]  # per sample, held / all pooled GiB
-    gpu_held_mean: float  # % of the hall's GPUs, over the samples
-    gpu_held_peak: float
+    gpu_held_mean: float  # % of the hall's GPUs, time-weighted over the span (exact)
+    gpu_held_peak: float  # the most held at any moment (exact, not sampled)
     memory_held_mean: float  # % of the hall's pooled GiB
     gpu_seconds: float
     gpu_hours: float  # held, not busy
     idle_gpu_seconds: float  # held, but not needed by the work
-    # Mean free GPUs while pooled memory was >= 90% held, and mean free GiB while GPUs were;
-    # None when no sample met the condition (a mean over nothing is no figure).
+    # Mean free GPUs while pooled memory was >= 90% held, and mean free GiB while GPUs were,
+    # time-weighted; None when it never was (a mean over nothing is no figure).
     free_gpus_memory_full: float | None
     free_gib_gpus_full: float | None
     billed: float  # dollars: held device-hours x cost_per_hour (a memory slice: its share)
@@ -79,6 +80,11 @@ class Figures:
     recovered: int  # active again only once the fault healed
     # Compose latency percentiles, "p50" .. "p99.9": only those the sample count supports.
     latency_ms: dict[str, float]
+
+    def unanswered(self) -> int:
+        """Requests the log neither served nor refused: a compose the client gave up on
+        (timed out, or throttled: an answer that writes nothing)."""
+        return self.requests - self.served - sum(self.refused.values())
 
 
 # ---- the figures, from the log ----
@@ -223,20 +229,24 @@ def figures(
             if i["kind"] == kind and s <= at and (e is None or e > at)
         )
 
+    # The sparklines and plots sample the shares about once a second; the figures below are
+    # exact: the shares are steps that change only where an interval starts or ends.
     samples = math.ceil(seconds)
     times = [(end - begin).total_seconds() * k / samples for k in range(samples)]
     moments = [begin + timedelta(seconds=t) for t in times]
     gpu_share = [held("gpu", t) / gpus for t in moments]
     memory_share = [held("memory", t) / pool_gib if pool_gib else 0.0 for t in moments]
-    both = list(zip(gpu_share, memory_share, strict=True))
-    memory_full = [(1 - g) * gpus for g, m in both if m >= 0.9]
-    gpus_full = [(1 - m) * pool_gib for g, m in both if g >= 0.9]
+    steps = held_steps(spans, begin, end, gpus, pool_gib)
+    memory_full = [(d, (1 - g) * gpus) for d, g, m in steps if m >= 0.9]
+    gpus_full = [(d, (1 - m) * pool_gib) for d, g, m in steps if g >= 0.9]
 
     def length(s: datetime, e: datetime | None) -> float:
         return ((e or end) - s).total_seconds()
 
-    def mean(values: Sequence[float]) -> float | None:
-        return sum(values) / len(values) if values else None
+    def mean(weighted: Sequence[tuple[float, float]]) -> float | None:
+        """The time-weighted mean of (seconds, value) steps; None over no time."""
+        total = sum(d for d, _ in weighted)
+        return sum(d * v for d, v in weighted) / total if total > 0 else None
 
     def per_served(dollars: float) -> float | None:
         return dollars / len(served) if served else None
@@ -280,9 +290,9 @@ def figures(
         times=times,
         gpus_held_share=gpu_share,
         memory_held_share=memory_share,
-        gpu_held_mean=100 * sum(gpu_share) / len(gpu_share),
-        gpu_held_peak=100 * max(gpu_share),
-        memory_held_mean=100 * sum(memory_share) / len(memory_share),
+        gpu_held_mean=100 * (mean([(d, g) for d, g, _ in steps]) or 0.0),
+        gpu_held_peak=100 * max((g for _, g, _ in steps), default=0.0),
+        memory_held_mean=100 * (mean([(d, m) for d, _, m in steps]) or 0.0),
         gpu_seconds=gpu_seconds,
         gpu_hours=gpu_seconds / SECONDS_PER_HOUR,
         idle_gpu_seconds=stranded,
@@ -301,6 +311,41 @@ def figures(
         recovered=len(recovered),
         latency_ms=percentiles(latencies, PERCENTILES),
     )
+
+
+def held_steps(
+    spans: Sequence[tuple[datetime, datetime | None, dict[str, Any]]],
+    begin: datetime,
+    end: datetime,
+    gpus: int,
+    pool_gib: float,
+) -> list[tuple[float, float, float]]:
+    """The shares of the hall's GPUs and pooled GiB held, as steps over [begin, end]:
+    (seconds the step lasts, GPU share, memory share), one step between each two moments an
+    interval starts or ends (an open interval runs to `end`)."""
+    changes: dict[datetime, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for start, stop, interval in spans:
+        column = 0 if interval["kind"] == "gpu" else 1 if interval["kind"] == "memory" else -1
+        if column < 0:
+            continue
+        amount = 1.0 if column == 0 else interval["capacity_gib"] or 0.0
+        changes[max(start, begin)][column] += amount
+        changes[min(stop or end, end)][column] -= amount
+    out = []
+    held_gpus = held_gib = 0.0
+    moments = sorted({begin, end, *changes})
+    for at, then in itertools.pairwise(moments):
+        step = changes.get(at, [0.0, 0.0])
+        held_gpus, held_gib = held_gpus + step[0], held_gib + step[1]
+        if at >= begin and then <= end and then > at:
+            out.append(
+                (
+                    (then - at).total_seconds(),
+                    held_gpus / gpus if gpus else 0.0,
+                    held_gib / pool_gib if pool_gib else 0.0,
+                )
+            )
+    return out
 
 
 def hourly_price(interval: dict[str, Any], device_gib: dict[str, float | None]) -> float:
@@ -336,18 +381,27 @@ def storm_refusal(events: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """The log's first refusal recorded while a component was faulted: the why-not of a
     request in the storm (its code, message and funnel), or None."""
     faulted: set[str] = set()
-    for e in events:
+    for k, e in enumerate(events):
         if e["type"] == "ComponentFaulted":
             faulted.add(e["data"]["component"])
         elif e["type"] == "ComponentRecovered":
             faulted.discard(e["data"]["component"])
         elif e["type"] == "CompositionRejected" and faulted:
             details = e["data"].get("details") or {}
+            labels = (e["data"].get("request") or {}).get("labels") or {}
             return {
                 "position": e["position"],
                 "code": e["data"]["code"],
                 "message": e["data"]["message"],
                 "funnel": details.get("funnel"),
+                # A fixed request refused by one box tries another: a refusal is not the
+                # request's end.
+                "then_composed": "demand" in labels
+                and any(
+                    later["type"] == "CompositionRequested"
+                    and request_of(later["data"]["request"]["labels"]) == request_of(labels)
+                    for later in events[k + 1 :]
+                ),
             }
     return None
 
@@ -372,6 +426,8 @@ def comparison(pooled_figures: Figures, fixed_figures: Figures) -> str:
     ]
     for reason in sorted(set(p.refused) | set(f.refused)):
         rows.append(row(f"  refused: {reason}", p.refused[reason], f.refused[reason]))
+    if p.unanswered() or f.unanswered():
+        rows.append(row("neither served nor refused", p.unanswered(), f.unanswered()))
     for q in SERVING_PERCENTILES:
         name = f"p{q:g}"
         rows.append(
@@ -416,7 +472,7 @@ def comparison(pooled_figures: Figures, fixed_figures: Figures) -> str:
             f.latency_ms.get("p99"),
             "{:.1f}",
         ),
-        row("billed $ (held x cost_per_hour)", p.billed, f.billed, "{:.2f}"),
+        row("billed $ (held x cost_per_hour)", p.billed, f.billed, "{:.4f}"),
         row("billed $ per served request", p.billed_per_served, f.billed_per_served, "{:.4f}"),
         row("hall $ per served request", p.hall_per_served, f.hall_per_served, "{:.4f}"),
         row("compositions impaired", p.impaired, f.impaired),

@@ -72,6 +72,7 @@ class Why:
     id: str
     text: str
     chain: list[str]  # the event types that made it so
+    moment: str = "in the storm"  # or "before the fault"
 
 
 @dataclass
@@ -302,23 +303,28 @@ async def busiest_tray(client: TrellisClient, domain: str) -> tuple[str, str | N
     return tray, example[tray]
 
 
-async def ask_why(client: TrellisClient, run: Run, id: str) -> None:
+async def ask_why(client: TrellisClient, run: Run, id: str, moment: str = "in the storm") -> None:
     reply = await client.query(run.domain, "why", {"id": id})
+    at = round(run.elapsed(), 1)
     if reply["ok"]:
         result = reply["result"]
         chain = [entry["type"] for entry in result["chain"]]
-        run.whys.append(Why(round(run.elapsed(), 1), id, result["text"], chain))
+        run.whys.append(Why(at, id, result["text"], chain, moment))
     else:
-        run.whys.append(Why(round(run.elapsed(), 1), id, reply["error"]["message"], []))
+        run.whys.append(Why(at, id, reply["error"]["message"], [], moment))
 
 
 async def storm(nc: Any, prefix: str, run: Run, plan: Plan) -> None:
     """The busiest GPU tray's switch and a group of OCS ports fail midway, and heal later;
-    `why` is asked about the tray and a composition on it while they are down."""
+    `why` is asked about the tray before it fails, and about it and a composition that
+    crossed it while they are down."""
     client = TrellisClient(nc, prefix=prefix)
     await asyncio.sleep(plan.storm_at)
     tray, composition = await busiest_tray(client, run.domain)
     run.struck = [tray, *STORM_PORTS]
+    # What the tray carries just before it fails: the repairs that come with the fault move
+    # what they can at once, and the tray then carries nothing.
+    await ask_why(client, run, tray, "before the fault")
     run.stage = "storm"
     for component in run.struck:
         fault = {"component": component, "state": "failed", "detail": "economics storm"}
