@@ -9,6 +9,7 @@ from typing import Any
 from trellis.adapters.entrypoints import (
     render,
 )
+from trellis.adapters.entrypoints.cli.errors import EXIT_USAGE, CliError
 from trellis.adapters.entrypoints.cli.options import (
     finite_number,
     identifier,
@@ -74,7 +75,7 @@ def extend(args: argparse.Namespace) -> int:
 
 def manifest_options(p: argparse.ArgumentParser, file_help: str) -> None:
     """What to compose (compose, reserve, preview): flags, or a JSON body with --file."""
-    p.add_argument("--file", type=Path, help=file_help)
+    p.add_argument("--file", type=Path, help=file_help + " (no other flag of the body with it)")
     p.add_argument("--host", type=identifier("host id"), help="the host to compose on")
     p.add_argument(
         "--host-label",
@@ -117,9 +118,50 @@ def manifest_options(p: argparse.ArgumentParser, file_help: str) -> None:
     p.add_argument("--reason", default="", help="why, recorded with the event")
 
 
+# The flags `manifest_options` builds a body from, by dest: --file takes the place of every one
+# of them (a compose given both went out as the file's, the flags dropped without a word).
+_BODY_FLAGS = {
+    "host": "--host",
+    "host_label": "--host-label",
+    "gpu": "--gpu",
+    "model": "--model",
+    "min_generation": "--min-generation",
+    "memory": "--memory",
+    "nic": "--nic",
+    "nvme": "--nvme",
+    "device_id": "--device-id",
+    "bandwidth": "--bandwidth",
+    "max_hops": "--max-hops",
+    "max_latency_ns": "--max-latency-ns",
+    "exclusive": "--exclusive",
+    "label": "--label",
+    "lease": "--lease",
+    "reason": "--reason",
+}
+
+
 def manifest(args: argparse.Namespace) -> dict[str, Any]:
-    """The body `manifest_options` describe: read from --file, or built from the flags."""
-    return read_json(args.file) if args.file else _compose_body(args)
+    """The body `manifest_options` describe: read from --file, or built from the flags; a body
+    flag given with --file is a usage error (nothing is sent), the file being the whole body."""
+    if not args.file:
+        return _compose_body(args)
+    given = [flag for dest, flag in _BODY_FLAGS.items() if _given(getattr(args, dest))]
+    if given:
+        raise CliError(
+            f"--file is the whole body: {', '.join(given)} cannot be given with it",
+            code="usage",
+            hint="put them in the file, or drop --file",
+            exit=EXIT_USAGE,
+        )
+    return read_json(args.file)
+
+
+def _given(value: Any) -> bool:
+    """Whether a body flag holds other than its default (None, [], False, "", --bandwidth's
+    0.0); an --min-generation 0 is given."""
+    if isinstance(value, float):
+        return value != 0.0
+    return value is not None and value is not False and value != "" and value != []
 
 
 def add_commands(sub: Any) -> None:
