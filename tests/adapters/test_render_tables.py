@@ -47,3 +47,25 @@ def test_extend_says_the_position_its_reply_was_recorded_at() -> None:
     assert render.extend_summary(result, {"position": 12}) == (
         "composition c-1 extended at position 12: now expires at 2026-12-01T10:00:00+00:00"
     )
+
+
+def test_an_impaired_composition_names_what_impairs_it_in_either_shape() -> None:
+    """`composition get -o wide` on an impaired composition crashed (TypeError: sequence item
+    0: expected str instance, dict found): the composition query's impaired_by holds
+    Impairment objects, `composition list`'s holds component ids."""
+    device = {
+        "id": "gpu-004", "kind": "gpu", "path": ["host-01", "gpu-004"], "hops": 1,
+        "latency_ns": 100, "bandwidth_gbps": 25.0,
+    }  # fmt: skip
+    got = {
+        "composition_id": "c-1", "host": "host-01", "state": "impaired", "expires_at": None,
+        "devices": [device], "tenant": "acme",
+        "impaired_by": [{"component": "ocs-1:3", "reason": "failed: los"}],
+    }  # fmt: skip
+    text = render.compose_summary(got, {"position": 9}, wide=True)
+    assert "impaired by: ocs-1:3 (failed: los)" in text, text
+    listed = {
+        "id": "c-1", "tenant": "acme", "host": "host-01", "state": "impaired",
+        "devices": [device], "impaired_by": ["ocs-1:3"],
+    }  # fmt: skip
+    assert "ocs-1:3" in render.composition_rows([listed], wide=True)

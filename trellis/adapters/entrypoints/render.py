@@ -273,6 +273,19 @@ def component_summary(result: Row, reply: Row, wide: bool = False, *, verb: str 
     return "\n".join(parts) + f"\nat position {reply.get('position')}{replayed}"
 
 
+def impairments(items: list[Any]) -> str:
+    """What impairs a composition, in either shape it comes in: the composition query's
+    Impairment objects (`component (reason)`), or `composition list`'s component ids."""
+    said = []
+    for item in items:
+        if isinstance(item, dict):
+            reason = item.get("reason")
+            said.append(f"{item['component']} ({reason})" if reason else str(item["component"]))
+        else:
+            said.append(str(item))
+    return ", ".join(said)
+
+
 _LIVE: list[Column] = [
     ("composition", lambda r: r["id"], False),
     ("tenant", lambda r: r["tenant"], False),
@@ -280,7 +293,7 @@ _LIVE: list[Column] = [
     ("state", lambda r: r["state"], False),
     ("devices", lambda r: ", ".join(d["id"] for d in r["devices"]), False),
     ("expires", lambda r: r.get("expires_at") or "no lease", False),
-    ("impaired by", lambda r: ", ".join(r.get("impaired_by") or []), True),
+    ("impaired by", lambda r: impairments(r.get("impaired_by") or []), True),
     ("position", lambda r: r.get("position", ""), True),
 ]
 
@@ -329,7 +342,7 @@ def compose_summary(result: Row, reply: Row, wide: bool = False) -> str:
         if result.get("labels"):
             asked.append(f"labels: {_labels(result['labels'])}")
         if result.get("impaired_by"):
-            asked.append(f"impaired by: {', '.join(result['impaired_by'])}")
+            asked.append(f"impaired by: {impairments(result['impaired_by'])}")
         lines += asked
     return "\n".join([*lines, columns(_BOUND, result["devices"], wide)])
 
