@@ -3,6 +3,8 @@ nothing sent), or an answer that says what it is, instead of a silent surprise."
 
 from __future__ import annotations
 
+import asyncio
+import re
 from pathlib import Path
 from typing import Any
 
@@ -50,3 +52,68 @@ def test_a_body_flag_with_file_is_a_usage_error_naming_the_flags(
     # The file alone is the body: it goes out.
     assert cli.main([command, "--file", str(body)]) == cli.EXIT_UNAVAILABLE
     assert len(nothing_sent) == 1
+
+
+class _SilentEngine:
+    """A client whose every request times out (the engine's Postgres paused)."""
+
+    async def _never(self) -> dict[str, Any]:
+        return {}
+
+    def raw(self, subject: str, data: bytes) -> Any:
+        return self._never()
+
+    def all_pages(self, subject: str, body: Any) -> Any:
+        return self._never()
+
+    async def unrefused(self, asked: Any, timeout: float | None = None) -> Any:
+        asked.close()
+        raise TimeoutError
+
+
+@pytest.fixture
+def timing_out(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Any]:
+    sent: list[Any] = []
+    monkeypatch.setenv("TRELLIS_DATA_DIR", str(tmp_path / "data"))
+
+    def on_nats(args: Any, subject_tail: str, work: Any) -> Any:
+        sent.append(subject_tail)
+        return asyncio.run(work(_SilentEngine(), None, "nats://127.0.0.1:4222", "nobody"))
+
+    monkeypatch.setattr(talk, "on_nats", on_nats)
+    return sent
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["compose", "--host", "h1", "--gpu", "1"],
+        ["drain", "gpu-1", "--reason", "x"],
+        ["quota", "set", "acme", "gpu", "--count", "2"],
+    ],
+    ids=["intent", "admin", "quota"],
+)
+def test_a_timed_out_change_may_be_committed_and_names_its_request_id_to_resend(
+    argv: list[str], timing_out: list[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It said `unavailable: no reply within 5.0s` and nothing more: the change landed later
+    (Postgres was paused), and the request id to resend it safely was never shown."""
+    assert cli.main(argv) == cli.EXIT_UNAVAILABLE
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "may have been committed" in err, err
+    found = re.search(r"\(request id ([^)]+)\)", err)
+    assert found, err
+    rid = found.group(1)
+    assert f"resend the same command with --request-id {rid}:" in err, err
+    # The id it names is the one given, when one was.
+    assert cli.main([*argv, "--request-id", "r-42"]) == cli.EXIT_UNAVAILABLE
+    assert "(request id r-42)" in capsys.readouterr().err
+
+
+def test_a_timed_out_query_says_only_that_it_timed_out(
+    timing_out: list[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["free"]) == cli.EXIT_UNAVAILABLE
+    err = capsys.readouterr().err
+    assert "no reply within" in err and "committed" not in err, err

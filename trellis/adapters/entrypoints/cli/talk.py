@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import shlex
 import sys
 import uuid
 from collections.abc import Awaitable, Callable
@@ -79,10 +80,12 @@ def request(
     subject_tail: str,
     body: dict[str, Any],
     send: Callable[[TrellisClient], Awaitable[dict[str, Any]]] | None = None,
+    request_id: str | None = None,
 ) -> dict[str, Any]:
     """Send `body` on `subject_tail` (or have `send` talk to the engine, e.g. an import in
     parts) and return the reply, every failure turned into one CliError line. `--timeout` is
-    each request's: `send` may make many (pages, parts)."""
+    each request's: `send` may make many (pages, parts). `request_id` is the intent's or admin
+    request's when `send` sends it (else the body's): a timeout names it, to resend."""
 
     async def ask(client: TrellisClient, settings: Settings, url: str, who: str) -> Any:
         asked = send(client) if send else client.raw(subject_tail, msgspec.json.encode(body))
@@ -98,15 +101,34 @@ def request(
                 exit=EXIT_UNAVAILABLE,
             ) from None
         except TimeoutError:
-            raise CliError(
-                f"no reply within {args.timeout}s from {url}",
-                code="unavailable",
-                hint="is the engine busy or stopped? try a longer --timeout",
-                exit=EXIT_UNAVAILABLE,
-            ) from None
+            raise _no_reply(args, url, subject_tail, request_id or body.get("request_id")) from None
 
     reply: dict[str, Any] = on_nats(args, subject_tail, ask)
     return reply
+
+
+def _no_reply(args: argparse.Namespace, url: str, subject_tail: str, rid: Any) -> CliError:
+    """No reply in time. A query can simply be asked again; an intent or admin request may
+    have been committed all the same (a paused Postgres commits it later), so the line says so
+    and names its request id: resent with it, the engine answers from its log (ARCHITECTURE
+    §3), never applying it twice."""
+    changes = subject_tail.split(".", 1)[0] in ("intent", "admin")
+    if not changes or not isinstance(rid, str):
+        return CliError(
+            f"no reply within {args.timeout}s from {url}",
+            code="unavailable",
+            hint="is the engine busy or stopped? try a longer --timeout",
+            exit=EXIT_UNAVAILABLE,
+        )
+    return CliError(
+        f"no reply within {args.timeout}s from {url}: the request may have been committed "
+        f"all the same (request id {rid})",
+        code="unavailable",
+        hint=f"resend the same command with --request-id {shlex.quote(rid)}: the engine answers "
+        "a request id it has seen from its log and applies it once; a fresh id could apply "
+        "it twice",
+        exit=EXIT_UNAVAILABLE,
+    )
 
 
 async def reading_jetstream(client: TrellisClient, step: Awaitable[T], who: str) -> T:

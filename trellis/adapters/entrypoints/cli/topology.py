@@ -58,6 +58,7 @@ def topology_import(args: argparse.Namespace) -> int:
         f"admin.{args.domain}.import-topology",
         body,
         send=lambda client: client.import_topology(args.domain, body, request_id),
+        request_id=request_id,
     )
     return print_reply(args, reply, render.import_summary)
 
