@@ -4,9 +4,9 @@
 several engines in one process (the tests) keep separate counts. It is the engine's Telemetry
 (engine/service/ports.py: decisions, group commits, saga outcomes), the intake's request observer
 (every answer by family, verb and reply code, and how long it took) and the timed fabric's observer
-(adapters/fabric/timed.py). Gauges of state (devices free and used, utilization, how far the
-projections and the relay trail the log) are read from the engine when scraped, so they are
-never stale and cost nothing between scrapes.
+(adapters/fabric/timed.py). Gauges of state (devices free and used, utilization, compositions
+by state, components out of use, how far the projections and the relay trail the log) are read
+from the engine when scraped, so they are never stale and cost nothing between scrapes.
 """
 
 from __future__ import annotations
@@ -22,7 +22,13 @@ from prometheus_client.registry import Collector
 
 from trellis.engine.core.ids import is_valid_id
 from trellis.engine.core.intents import INTENTS
-from trellis.engine.core.state import DomainState, usable
+from trellis.engine.core.state import (
+    Component,
+    CompositionState,
+    DomainState,
+    NodeState,
+    usable,
+)
 from trellis.engine.service.follower import Followers
 from trellis.engine.service.ports import SagaOutcome
 from trellis.engine.service.router import Engine
@@ -39,6 +45,11 @@ OTHER = "other"
 _MEMORY = "memory"
 # A memory pool with less than this many GiB unsliced has none left (as the `free` query says).
 _NO_GIB = 1e-9
+# The states of a live composition (released and failed ones leave the state): each is reported
+# per domain, 0 too, so an alert on impaired ones has a series to read before the first one.
+_LIVE: tuple[CompositionState, ...] = ("pending", "active", "impaired")
+# Why a component carries no paths: its health, or (healthy) a drain.
+_UNUSABLE = ("failed", "degraded", "drained")
 
 # Seconds: decisions take microseconds, commits and replies milliseconds, and a compose is
 # answered only once its fabric saga settled (up to the saga deadline, 10 s by default).
@@ -191,12 +202,13 @@ class _StateGauges(Collector):
         return iter(self._families())
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        free, used, utilization, *lags = families = self._families()
+        free, used, utilization, compositions, unusable, *lags = families = self._families()
         for domain in self._engine.domains:
             state, head = self._engine.state(domain), self._engine.head(domain)
             if state is None or head is None:
                 continue  # dropped since `domains` was read
             _devices(domain, state, free, used, utilization)
+            _fabric_faults(domain, state, compositions, unusable)
             for (sink, _, _), gauge in zip(self._lags, lags, strict=True):
                 follower = self._followers.of(sink, domain)
                 if follower is not None:
@@ -221,6 +233,19 @@ class _StateGauges(Collector):
                 "held / GiB of usable pools).",
                 labels=["domain", "kind"],
             ),
+            GaugeMetricFamily(
+                "trellis_compositions",
+                "Live compositions by state: pending (its saga runs), active, impaired (a "
+                "component on its paths failed, degraded or was drained and no repair avoided "
+                "it yet).",
+                labels=["domain", "state"],
+            ),
+            GaugeMetricFamily(
+                "trellis_components_unusable",
+                "Components that carry no paths, by kind (host, switch, ocs, link, or a "
+                "device's kind) and state (failed, degraded, or drained while healthy).",
+                labels=["domain", "kind", "state"],
+            ),
             *(
                 GaugeMetricFamily(
                     name,
@@ -230,6 +255,44 @@ class _StateGauges(Collector):
                 for _, name, what in self._lags
             ),
         ]
+
+
+def _fabric_faults(
+    domain: str,
+    state: DomainState,
+    compositions: GaugeMetricFamily,
+    unusable: GaugeMetricFamily,
+) -> None:
+    """Add one domain's live compositions by state, and its unusable components, to the
+    gauges. Every live state is reported, 0 too, and every state of each kind the domain has
+    (a handful of series): an alert or a graph has a series to read before the first fault."""
+    by_state = Tally(composition.state for composition in state.compositions.values())
+    for name in _LIVE:
+        compositions.add_metric([domain, name], by_state[name])
+    kinds: set[str] = set()
+    out: Tally[tuple[str, str]] = Tally()
+    components: list[tuple[str, Component]] = [
+        *((_kind(node), node) for node in state.nodes.values()),
+        *(("link", link) for link in state.links.values()),
+    ]
+    for kind, component in components:
+        kinds.add(kind)
+        if not usable(component):
+            out[kind, _why_unusable(component)] += 1
+    for kind in sorted(kinds):
+        for why in _UNUSABLE:
+            unusable.add_metric([domain, kind, why], out[kind, why])
+
+
+def _kind(node: NodeState) -> str:
+    """A node's kind as the gauges name it: a device by its kind (gpu, memory, ...)."""
+    spec = node.spec
+    return spec.device_kind if spec.kind == "device" and spec.device_kind else spec.kind
+
+
+def _why_unusable(component: Component) -> str:
+    """An unusable component's state: its health, or, healthy, that it is drained."""
+    return "drained" if component.health == "healthy" else component.health
 
 
 def _devices(
