@@ -28,6 +28,7 @@ from trellis.engine.core.events import (
     PathRerouted,
 )
 from trellis.engine.core.intents import Drain, ExpireLeases
+from trellis.engine.core.results import Moved
 from trellis.engine.core.state import DomainState, evolve
 
 GPU = {"kind": "gpu"}
@@ -62,6 +63,9 @@ def test_a_failed_link_on_the_path_is_routed_around_to_the_same_device() -> None
     composition = after.compositions[result.composition_id]
     assert composition.state == "active" and composition.impaired_by == []
     assert outcome.impaired == [] and outcome.compositions == [result.composition_id]
+    assert outcome.moved == [
+        Moved(composition_id=result.composition_id, device="g1", to="g1", path=["h", "sw-b", "g1"])
+    ]
     assert after.reserved_gbps.get("l-a1", 0.0) == 0.0
 
 
@@ -69,10 +73,14 @@ def test_a_failed_device_is_replaced_by_one_that_meets_the_original_request() ->
     state, result = composed(one_path_each(), "t", host="h", devices=[GPU])
     assert result.devices[0].id == "g1"  # the older generation goes first
 
-    events, _ = report_fault(state, "g1", detail="ECC errors")
+    events, outcome = report_fault(state, "g1", detail="ECC errors")
 
     replaced = next(e for e in events if isinstance(e, DeviceReplaced))
     assert (replaced.old_device, replaced.binding.device) == ("g1", "g2")
+    # The reply says what moved where, as the log does.
+    assert [(m.composition_id, m.device, m.to) for m in outcome.moved] == [
+        (result.composition_id, "g1", "g2")
+    ]
     after = apply(state, events)
     assert after.device_owner == {"g2": result.composition_id}
     assert after.compositions[result.composition_id].state == "active"
@@ -82,7 +90,7 @@ def test_without_a_way_around_the_composition_stays_impaired_until_recovery() ->
     state, result = composed(one_path_each(), "t", host="h", devices=[GPU])
     events, outcome = report_fault(state, "l-h")
     assert [type(e) for e in events[1:]] == [CompositionImpaired]
-    assert outcome.impaired == [result.composition_id]
+    assert outcome.impaired == [result.composition_id] and outcome.moved == []
     state = apply(state, events)
 
     events, outcome = report_fault(state, "l-h", "healthy")
@@ -109,6 +117,7 @@ def test_a_drain_moves_compositions_off_the_component_first() -> None:
     after = apply(state, events)
     assert not after.compositions[result.composition_id].uses("sw-a")
     assert outcome.impaired == []
+    assert [(m.device, m.to, m.path) for m in outcome.moved] == [("g1", "g1", ["h", "sw-b", "g1"])]
 
 
 def test_a_drain_refuses_to_break_an_exclusive_composition_unless_forced() -> None:

@@ -137,6 +137,16 @@ class ImportResult(msgspec.Struct, frozen=True, kw_only=True):
 MAX_LISTED = 1000
 
 
+class Moved(msgspec.Struct, frozen=True, kw_only=True):
+    """A device of a composition the change moved off the component: onto another device
+    (`to`, DeviceReplaced) or over another path (`to` is the device itself, PathRerouted)."""
+
+    composition_id: str
+    device: str
+    to: str
+    path: list[str]  # the path it has now
+
+
 class ComponentResult(msgspec.Struct, frozen=True, kw_only=True):
     """add-node, add-link, remove, drain, undrain and report-fault."""
 
@@ -148,6 +158,7 @@ class ComponentResult(msgspec.Struct, frozen=True, kw_only=True):
     removed: list[str] = []
     impaired: list[str] = []  # compositions this change left impaired
     compositions: list[str] = []  # compositions this change impaired, moved or mended
+    moved: list[Moved] = []  # what it moved, in the order the log records it
 
 
 # ---- quotas (admin set-quota / clear-quota, query quotas) ----

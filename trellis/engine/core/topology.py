@@ -43,7 +43,7 @@ from trellis.engine.core.intents import (
 )
 from trellis.engine.core.model import LinkSpec, NodeSpec
 from trellis.engine.core.repair import impair_and_repair, repair, retry_impaired
-from trellis.engine.core.results import MAX_LISTED, ComponentResult, ImportResult
+from trellis.engine.core.results import MAX_LISTED, ComponentResult, ImportResult, Moved
 from trellis.engine.core.state import DomainState, evolve, resolve_ref
 
 
@@ -337,8 +337,19 @@ def _then(
         decision.result,
         impaired=[cid for cid in touched if final.compositions[cid].state == "impaired"],
         compositions=touched,
+        moved=[_moved(e) for e in more if isinstance(e, DeviceReplaced | PathRerouted)],
     )
     return Decision([*decision.events, *more], result)
+
+
+def _moved(event: DeviceReplaced | PathRerouted) -> Moved:
+    old = event.old_device if isinstance(event, DeviceReplaced) else event.device
+    return Moved(
+        composition_id=event.composition_id,
+        device=old,
+        to=event.binding.device,
+        path=list(event.binding.path),
+    )
 
 
 def _after_health(state: DomainState, cid: str, health: str, why: str) -> list[Event]:
