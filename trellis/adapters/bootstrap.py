@@ -66,7 +66,7 @@ from trellis.adapters.fabric.timed import TimedFabric
 from trellis.adapters.follow_process import CommitSignal, FollowerProcess, follower_env
 from trellis.adapters.health import FollowerGauges, FollowerHealth
 from trellis.adapters.http.fabric_page import FabricPage
-from trellis.adapters.http.metrics import MetricsServer
+from trellis.adapters.http.metrics import MetricsServer, problems_check
 from trellis.adapters.http.redfish.accounts import admin_password
 from trellis.adapters.http.redfish.serve import ACCOUNTS_FILE, RedfishOptions, serve_redfish
 from trellis.adapters.instruments import EngineMetrics
@@ -677,23 +677,18 @@ async def engine_on(
                     "store": lambda: _answers(store),
                     # A store that answers reads may still take no writes (a full disk, a
                     # synchronous standby gone): the lease ticks write, and say so.
-                    "leases": lambda: _true(engine.lease_problem() is None),
-                    "followers": lambda: _true(lag.healthy()),
+                    # Each check that names problems reads its source once, for both its
+                    # result and its lines in `problems` (a lease problem depends on the time
+                    # it is asked: read twice, the body could contradict itself).
+                    "leases": problems_check(lambda: [engine.lease_problem()]),
+                    "followers": problems_check(lag.problems),
                     # A fabric manager that does not answer fails every compose (the
                     # simulated fabric always answers).
-                    "fabric": lambda: _true(watch is None or not watch.problems()),
+                    "fabric": problems_check(lambda: watch.problems() if watch is not None else []),
                 },
                 host=metrics_at[0],
                 port=metrics_at[1],
-                details=lambda: {
-                    "problems": [
-                        *server_problems(),
-                        *filter(None, [engine.lease_problem()]),
-                        *lag.problems(),
-                        *(watch.problems() if watch is not None else []),
-                    ],
-                    "domains": lag.domains(),
-                },
+                details=lambda: {"problems": server_problems(), "domains": lag.domains()},
                 allowed_hosts=allowed_hosts,
             )
             try:
