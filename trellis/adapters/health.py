@@ -67,9 +67,6 @@ class FollowerHealth:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    def healthy(self) -> bool:
-        return all(part.ok for part in self.report)
-
     def problems(self) -> list[str]:
         return [part.reason for part in self.report if not part.ok]
 
