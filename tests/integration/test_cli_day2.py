@@ -3,6 +3,7 @@ nothing sent), or an answer that says what it is, instead of a silent surprise."
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import re
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from trellis.adapters.entrypoints import cli
 from trellis.adapters.entrypoints.cli import talk
+from trellis.adapters.entrypoints.cli.parser import make_parser
 
 
 @pytest.fixture
@@ -117,3 +119,34 @@ def test_a_timed_out_query_says_only_that_it_timed_out(
     assert cli.main(["free"]) == cli.EXIT_UNAVAILABLE
     err = capsys.readouterr().err
     assert "no reply within" in err and "committed" not in err, err
+
+
+def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in set(action.choices.values()):
+                found += _parsers(sub)
+    return found
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["compose", "--ten", "acme", "--host", "h1", "--gpu", "1", "--reas", "x"],
+        ["compose", "--tenant", "acme", "--host", "h1", "--gpu", "1", "--reas", "x"],
+        ["quota", "set", "acme", "gpu", "--cou", "2"],
+        ["--out", "json", "free"],
+    ],
+)
+def test_an_abbreviated_long_option_is_a_usage_error(
+    argv: list[str], nothing_sent: list[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`compose --ten acme --reas x` composed, as --tenant and --reason."""
+    assert cli.main(argv) == cli.EXIT_USAGE
+    usage_line(capsys)
+    assert nothing_sent == []
+
+
+def test_no_parser_takes_abbreviations() -> None:
+    assert all(not p.allow_abbrev for p in _parsers(make_parser()))

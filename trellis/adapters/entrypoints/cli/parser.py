@@ -69,10 +69,15 @@ class _Commands(argparse._SubParsersAction):  # type: ignore[type-arg]
 
 class _Parser(argparse.ArgumentParser):
     """argparse, with a mistake reported as one line (not the usage block) and exit code 2,
-    and help that names defaults (every subcommand's parser is one of these)."""
+    no abbreviated long option, and help that names defaults (every subcommand's parser is
+    one of these)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _Help)
+        # A long option by its name only, as kubectl takes them: `--ten` taken as --tenant (or
+        # `--reas` as --reason) composed, and a new option starting alike would change its
+        # meaning unsaid.
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self.register("action", "parsers", _Commands)
         # Shared options given before this command (set by _Commands as it is chosen).
