@@ -150,3 +150,36 @@ def test_an_abbreviated_long_option_is_a_usage_error(
 
 def test_no_parser_takes_abbreviations() -> None:
     assert all(not p.allow_abbrev for p in _parsers(make_parser()))
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["quota", "set", "globex", "gpu", "--count", "-1"], "a count is 0 or more, not -1"),
+        (["quota", "set", "globex", "memory", "--gib", "-0.5"], "an amount is 0 or more"),
+        (["why", "ocs-1:0"], "'ocs-1:0' is an OCS port: why takes a node, link or composition"),
+        (["why", "ocs-1:0"], "`trellis why ocs-1`"),
+    ],
+)
+def test_input_the_engine_would_refuse_is_a_usage_error_before_sending(
+    argv: list[str], says: str, nothing_sent: list[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """They reached the engine and came back `invalid`, exit 1 (`why ocs-1:0`: `Expected an
+    id`, though drain and blast-radius take a port)."""
+    assert cli.main(argv) == cli.EXIT_USAGE
+    assert says in usage_line(capsys)
+    assert nothing_sent == []
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["quota", "set", "globex", "gpu", "--count", "0"],
+        ["quota", "set", "globex", "memory", "--gib", "0"],
+        ["why", "ocs-1"],
+        ["blast-radius", "ocs-1:0"],
+    ],
+)
+def test_what_the_engine_takes_is_still_sent(argv: list[str], nothing_sent: list[Any]) -> None:
+    assert cli.main(argv) == cli.EXIT_UNAVAILABLE
+    assert len(nothing_sent) == 1

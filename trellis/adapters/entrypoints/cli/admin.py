@@ -14,8 +14,9 @@ from trellis.adapters.entrypoints import (
 from trellis.adapters.entrypoints.cli.options import (
     DEVICE_KINDS,
     client_options,
-    finite_number,
     identifier,
+    non_negative_count,
+    non_negative_number,
     query_options,
     request_id_option,
 )
@@ -145,10 +146,13 @@ def add_quota(sub: Any) -> None:
     set_.add_argument("tenant", type=identifier("tenant"))
     set_.add_argument("kind", choices=DEVICE_KINDS)
     set_.add_argument(
-        "--count", type=int, metavar="N", help="devices held at once (memory: slices)"
+        "--count",
+        type=non_negative_count,
+        metavar="N",
+        help="devices held at once (memory: slices)",
     )
     set_.add_argument(
-        "--gib", type=finite_number, metavar="GIB", help="memory only: GiB held at once"
+        "--gib", type=non_negative_number, metavar="GIB", help="memory only: GiB held at once"
     )
     set_.add_argument("--reason", default="", help="why, recorded with the event")
     request_id_option(set_)

@@ -75,6 +75,17 @@ def positive_count(text: str) -> int:
     return value
 
 
+def non_negative_count(text: str) -> int:
+    """An argparse type: a whole number, 0 or more (a quota's --count: 0 holds none)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a count is 0 or more, not {value}")
+    return value
+
+
 def key_value(text: str) -> tuple[str, str]:
     """An argparse type: a label as K=V (V may be empty; K may not)."""
     key, sep, value = text.partition("=")
@@ -99,6 +110,14 @@ def positive_number(text: str) -> float:
     value = finite_number(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"an amount is above 0, not {text}")
+    return value
+
+
+def non_negative_number(text: str) -> float:
+    """An argparse type: a finite number, 0 or more (a quota's --gib)."""
+    value = finite_number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"an amount is 0 or more, not {text}")
     return value
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 import msgspec
@@ -36,6 +37,22 @@ from trellis.adapters.nats.jetstream import (
 from trellis.adapters.nats.kv_state import bucket_entry
 from trellis.adapters.settings import Settings
 from trellis.engine.core.ids import COMPONENT_REF_PATTERN
+
+_ANY_ID = identifier("component or composition id")
+_PORT = re.compile(COMPONENT_REF_PATTERN)
+
+
+def _why_id(text: str) -> str:
+    """`why`'s id: the query takes a node, link or composition id, not an OCS port (which
+    drain and blast-radius take); a port was refused by the engine, exit 1, as `Expected an
+    id`."""
+    if _PORT.fullmatch(text) and ":" in text:
+        ocs = text.split(":", 1)[0]
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is an OCS port: why takes a node, link or composition id "
+            f"(ask `trellis why {ocs}` for the OCS)"
+        )
+    return str(_ANY_ID(text))
 
 
 def composition_get(args: argparse.Namespace) -> int:
@@ -159,7 +176,7 @@ def add_commands(sub: Any) -> None:
 
     why_parser = sub.add_parser("why", help="why a device, host, composition or link is as it is")
     why_parser.add_argument(
-        "id", type=identifier("component or composition id", COMPONENT_REF_PATTERN)
+        "id", type=_why_id, help="a node, a link or a composition (not an OCS port)"
     )
     query_options(why_parser)
     why_parser.set_defaults(run=why)
