@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import json
+import logging
 import re
 import urllib.error
 import urllib.request
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import pytest
 import pytest_asyncio
 from engines import Fleet
 from fabrics import expect_error, expect_ok, fabric
@@ -332,11 +334,18 @@ async def test_health_fails_naming_the_domain_and_part_while_the_relay_stalls(
 
 
 async def test_health_is_503_while_the_store_takes_no_writes(
-    nats_url: str, database_url: str, owner_url: str, pg_schema: str, subject_prefix: str
+    nats_url: str,
+    database_url: str,
+    owner_url: str,
+    pg_schema: str,
+    subject_prefix: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A full disk (or a synchronous standby gone) leaves Postgres answering reads and taking
     no writes: every intent was `unavailable` while /healthz stayed 200. The writer lease
-    ticks write, so their failing for a lease time fails the health check, naming it."""
+    ticks write, so their failing for a lease time fails the health check, naming it. The log
+    tells the streak once, not once a tick, and says when it ends."""
+    caplog.set_level(logging.WARNING, logger="trellis.engine.service.custody")
     async with serving(
         nats_url, database_url, pg_schema, subject_prefix, metrics_at=LOOPBACK_ANY_PORT
     ) as h:
@@ -354,6 +363,11 @@ async def test_health_is_503_while_the_store_takes_no_writes(
             await until_health(h.metrics_url, 200)
         finally:
             await owner.close()
+    # The streak is told once (its ticks failed the same way throughout), and its end.
+    said = [r.getMessage() for r in caplog.records]
+    failed = [m for m in said if m.startswith("writer lease tick failed")]
+    assert len(failed) == 1 and "could not extend file" in failed[0], said
+    assert any(m.startswith("writer lease ticks succeed again after") for m in said), said
 
 
 # Writes to the engines' heartbeat table fail as on a full disk (SQLSTATE 53100).

@@ -130,6 +130,8 @@ class Custody:
         # the leases still naming us, another engine's view placing it here) made a domain
         # pass to and fro under load instead of reaching its place.
         self._handed: dict[str, tuple[str, float]] = {}
+        # Domains it warned it stopped writing: taking one back is worth a warning too.
+        self._stopped: set[str] = set()
         # What a tick and a load are given, and a drop (see above): a drop only cancels tasks
         # and waits for them, so it is given a tick, and the tick goes on to claim what is free.
         self._patience = lease_ttl
@@ -246,6 +248,7 @@ class Custody:
     async def _own_loop(self) -> None:
         assert self._ownership is not None
         loop = asyncio.get_running_loop()
+        said: str | None = None  # the failure the log last told of, in this streak
         while True:
             slept_at = loop.time()
             await asyncio.sleep(self._ownership.tick)
@@ -257,6 +260,7 @@ class Custody:
                 # keeps only what is still ours, and drops the rest quietly.
                 self._say_stalled(stalled)
             failure = await self._bounded_tick()
+            streak = self._failing  # the failing ticks before this one, if any
             self._note_tick(failure)
             # A pause that began during the tick shows as a tick past its bound (a bounded
             # tick returns within one lease time when the loop runs).
@@ -264,6 +268,11 @@ class Custody:
             if stalled_in_tick > self._patience:
                 self._say_stalled(stalled_in_tick)
             if failure is None:
+                if streak is not None:
+                    log.warning(
+                        "writer lease ticks succeed again after %.0f s", loop.time() - streak[0]
+                    )
+                said = None
                 continue
             what, exc = failure
             if max(stalled, stalled_in_tick) > self._patience:
@@ -271,8 +280,11 @@ class Custody:
                 # pause fires as the loop runs again: the pause's doing, said above. The
                 # next tick tries again, as after any failed tick.
                 log.warning("%s after the pause%s", what, f": {exc!r}" if exc else "")
-            else:
+            elif said != (failing := f"{what}: {exc!r}"):
+                # Said once a streak, and again only when it fails otherwise; /healthz's
+                # `leases` problem tells how long it has failed meanwhile.
                 log.error(what, exc_info=exc)
+                said = failing
 
     def _note_tick(self, failure: tuple[str, BaseException | None] | None) -> None:
         if failure is None:
@@ -475,7 +487,15 @@ class Custody:
             self._followers.follow(domain)
         sync.kick()  # finish or undo the sagas a crash or the last writer left, remove leftovers
         if lease is not None:
-            log.info("domain %s: writing it under epoch %d", domain, lease.epoch)
+            again = domain in self._stopped
+            self._stopped.discard(domain)
+            log.log(
+                logging.WARNING if again else logging.INFO,
+                "domain %s: writing it%s under epoch %d",
+                domain,
+                " again" if again else "",
+                lease.epoch,
+            )
         return served
 
     async def _still_ours(self, domain: str, served: Served) -> bool:
@@ -528,6 +548,8 @@ class Custody:
         served = self._served.pop(domain, None)
         if served is None:
             return
+        if why != "the engine stops":
+            self._stopped.add(domain)
         log.log(
             logging.INFO if why == "the engine stops" else logging.WARNING,
             "domain %s: this engine stops writing it: %s",
