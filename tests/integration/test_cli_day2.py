@@ -183,3 +183,25 @@ def test_input_the_engine_would_refuse_is_a_usage_error_before_sending(
 def test_what_the_engine_takes_is_still_sent(argv: list[str], nothing_sent: list[Any]) -> None:
     assert cli.main(argv) == cli.EXIT_UNAVAILABLE
     assert len(nothing_sent) == 1
+
+
+@pytest.fixture
+def head_at_66(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TRELLIS_DATA_DIR", str(tmp_path / "data"))
+    answer = {"ok": True, "result": {"connections": []}, "position": 66}
+    monkeypatch.setattr(talk, "on_nats", lambda args, subject, work: answer)
+
+
+@pytest.mark.parametrize("output", ["table", "json"])
+def test_an_at_past_the_head_says_the_answer_is_the_state_now(
+    output: str, head_at_66: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`connections --at 9999` with the head at 66 printed `0 connections at position 66`
+    and nothing of the position asked for."""
+    assert cli.main(["connections", "--at", "9999", "-o", output]) == cli.EXIT_OK
+    err = capsys.readouterr().err
+    assert "(position 9999 is past the log's head, 66: this is the state now)" in err, err
+    # At or below the head: no note.
+    for at in ("66", "12"):
+        assert cli.main(["connections", "--at", at, "-o", output]) == cli.EXIT_OK
+        assert capsys.readouterr().err == ""

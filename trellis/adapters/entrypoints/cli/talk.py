@@ -209,8 +209,21 @@ def print_reply(args: argparse.Namespace, reply: dict[str, Any], show: Any) -> i
     else:
         print(render.error_text(render.visible(reply["error"])), file=sys.stderr)
     if ok:
+        _past_the_head(args, reply)
         return EXIT_OK
     return EXIT_UNAVAILABLE if reply["error"].get("code") == "unavailable" else EXIT_FAILED
+
+
+def _past_the_head(args: argparse.Namespace, reply: dict[str, Any]) -> None:
+    """A note on stderr when `--at` named a log position past the head: the engine answers
+    with the state now, at its head, and the answer said only that position (`--at 9999` with
+    the head at 66 printed `10 connections at position 66`, unsaid)."""
+    asked, position = getattr(args, "at", None), reply.get("position")
+    if type(asked) is int and type(position) is int and position < asked:
+        print(
+            f"(position {asked} is past the log's head, {position}: this is the state now)",
+            file=sys.stderr,
+        )
 
 
 def as_json(value: Any) -> str:
