@@ -69,3 +69,20 @@ def test_an_impaired_composition_names_what_impairs_it_in_either_shape() -> None
         "devices": [device], "impaired_by": ["ocs-1:3"],
     }  # fmt: skip
     assert "ocs-1:3" in render.composition_rows([listed], wide=True)
+
+
+def test_a_refusal_names_the_compositions_and_reservations_in_the_way() -> None:
+    """`remove gpu-004` said `in use by 1 live composition(s)` without naming it, though the
+    reply's details did."""
+    error = {
+        "code": "conflict",
+        "message": "gpu-004 in use by 1 live composition(s)",
+        "details": {"in_use": ["gpu-004"], "compositions": ["c-7"]},
+    }
+    assert render.error_text(error).splitlines()[1:] == ["compositions: c-7"]
+    error = {
+        "code": "conflict",
+        "message": "gpu-004 reserved by 2 live reservation(s)",
+        "details": {"reserved": ["gpu-004"], "reservations": ["r-1", "r-2"]},
+    }
+    assert render.error_text(error).splitlines()[1:] == ["reservations: r-1, r-2"]

@@ -238,7 +238,14 @@ def error_text(error: Row) -> str:
     lines = [f"error [{error['code']}]: {error['message']}"]
     if error.get("details", {}).get("replayed"):
         lines[0] += " (replayed: the answer this request_id got before; a new one tries again)"
-    funnel = error.get("details", {}).get("funnel")
+    details = error.get("details") or {}
+    # A refusal that counts what stands in the way (`in use by 1 live composition(s)`) names
+    # them in its details: the line names them too, the ids the operator acts on next.
+    for key in ("compositions", "reservations"):
+        ids = details.get(key)
+        if isinstance(ids, list) and ids and all(isinstance(i, str) for i in ids):
+            lines.append(f"{key}: {', '.join(ids)}")
+    funnel = details.get("funnel")
     if funnel:
         rows = [[f["stage"], f["removed"], f["remaining"]] for f in funnel]
         lines.append(table(["constraint", "removed", "remaining"], rows))
