@@ -86,3 +86,28 @@ def test_a_refusal_names_the_compositions_and_reservations_in_the_way() -> None:
         "details": {"reserved": ["gpu-004"], "reservations": ["r-1", "r-2"]},
     }
     assert render.error_text(error).splitlines()[1:] == ["reservations: r-1, r-2"]
+
+
+def test_a_drain_s_summary_says_what_moved_where() -> None:
+    """The reply's `moved`: a replaced device names its stand-in, a reroute its new path."""
+    result = {
+        "component": "gpu-003",
+        "changed": True,
+        "health": "healthy",
+        "drained": True,
+        "compositions": ["c-1", "c-2"],
+        "moved": [
+            {"composition_id": "c-1", "device": "gpu-003", "to": "gpu-010",
+             "path": ["host-01", "sw-1", "gpu-010"]},
+            {"composition_id": "c-2", "device": "gpu-004", "to": "gpu-004",
+             "path": ["host-02", "sw-2", "gpu-004"]},
+        ],
+    }  # fmt: skip
+    said = render.component_summary(result, {"position": 9}, verb="drain").splitlines()
+    assert said == [
+        "gpu-003: healthy, drained",
+        "compositions touched: c-1, c-2",
+        "  c-1: gpu-003 replaced by gpu-010 (path host-01 > sw-1 > gpu-010)",
+        "  c-2: gpu-004 rerouted (path host-02 > sw-2 > gpu-004)",
+        "at position 9",
+    ]

@@ -274,6 +274,10 @@ def component_summary(result: Row, reply: Row, wide: bool = False, *, verb: str 
         parts.append("removed with it: " + ", ".join(result["removed"]))
     if result.get("compositions"):
         parts.append("compositions touched: " + ", ".join(result["compositions"]))
+    for move in result.get("moved") or []:
+        how = "rerouted" if move["to"] == move["device"] else f"replaced by {move['to']}"
+        path = " > ".join(move["path"])
+        parts.append(f"  {move['composition_id']}: {move['device']} {how} (path {path})")
     if result.get("impaired"):
         parts.append("left impaired: " + ", ".join(result["impaired"]))
     replayed = " (replayed)" if reply.get("replayed") else ""
