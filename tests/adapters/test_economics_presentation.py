@@ -150,15 +150,21 @@ def test_the_drain_note_hides_no_plotted_line(
     # The probe's case: a 10 s run whose fixed pods hold 90-100% of the GPUs from the last
     # arrival at 10.2 s to 11.5 s, right where the note used to sit.
     times = [k / 10 for k in range(0, 121)]
+    shares = [0.9 + 0.1 * (10.2 <= t <= 11.5) for t in times]
     fixed = dataclasses.replace(
         one_run(),
         span_s=12.0,
         last_arrival_s=10.2,
         times=times,
-        gpus_held_share=[0.9 + 0.1 * (10.2 <= t <= 11.5) for t in times],
+        gpus_held_share=shares,
         memory_held_share=[0.0 for _ in times],
+        held_steps=[(t, g, 0.0) for t, g in zip(times, shares, strict=True)],
     )
-    pooled = dataclasses.replace(fixed, gpus_held_share=[0.5 for _ in times])
+    pooled = dataclasses.replace(
+        fixed,
+        gpus_held_share=[0.5 for _ in times],
+        held_steps=[(t, 0.5, 0.0) for t in times],
+    )
     kept = drawn(pooled, fixed, tmp_path, monkeypatch, 10.0)
     utilization = kept[0]
     try:
@@ -175,5 +181,27 @@ def test_the_drain_note_hides_no_plotted_line(
         assert utilization.bbox.contains(box.x0, box.y0) and utilization.bbox.contains(
             box.x1, box.y1
         )
+    finally:
+        close(kept)
+
+
+def test_the_held_plot_draws_the_exact_steps_and_so_the_table_s_peak(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plot drew the once-a-second samples: a run whose table said a peak of 100% showed
+    86% at most. It draws the history's steps, ending at the span's end."""
+    run = dataclasses.replace(
+        one_run(),
+        times=[0.0, 1.0],
+        gpus_held_share=[0.5, 0.5],  # the samples miss the moment both GPUs were held
+        held_steps=[(0.0, 0.5, 0.0), (1.2, 1.0, 0.0), (1.6, 0.5, 0.0), (2.0, 0.5, 0.0)],
+        gpu_held_peak=100.0,
+    )
+    kept = drawn(run, run, tmp_path, monkeypatch, 2.0)
+    try:
+        gpu = kept[0].axes[0]
+        for line in gpu.get_lines()[:2]:  # pooled's and fixed's
+            assert max(line.get_ydata()) == run.gpu_held_peak
+            assert line.get_drawstyle() == "steps-post"
     finally:
         close(kept)

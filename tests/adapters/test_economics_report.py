@@ -356,6 +356,12 @@ def test_the_held_figures_are_exact_steps_not_samples() -> None:
     got = figures(HALL, events, intervals, demand, latencies=[0.1, 0.1], waits={0: 0.1, 1: 0.1})
     assert max(got.gpus_held_share) == 0.5  # the samples never see both held
     assert got.gpu_held_peak == 100.0
+    assert got.held_steps == [
+        (0.0, 0.5, 0.0),
+        (pytest.approx(1.2), 1.0, 0.25),
+        (pytest.approx(1.6), 0.5, 0.0),
+        (pytest.approx(4.0), 0.5, 0.0),  # the span's end
+    ]
     assert got.gpu_held_mean == pytest.approx(100 * got.gpu_seconds / (2 * got.span_s))
     assert got.free_gib_gpus_full == pytest.approx(75.0)  # 100 GiB, 25 of them held then
     assert got.memory_held_mean == pytest.approx(100 * (25 * 0.4) / (100 * 4))

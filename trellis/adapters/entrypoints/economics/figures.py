@@ -55,6 +55,9 @@ class Figures:
     times: list[float]  # each sample's seconds since the first compose
     gpus_held_share: list[float]  # per sample (at most a second apart), held / all GPUs
     memory_held_share: list[float]  # per sample, held / all pooled GiB
+    # The same shares exactly, as steps: (seconds since the first compose, GPU share, memory
+    # share) at each moment they change, and once more at the span's end (for the plots).
+    held_steps: list[tuple[float, float, float]]
     gpu_held_mean: float  # % of the hall's GPUs, time-weighted over the span (exact)
     gpu_held_peak: float  # the most held at any moment (exact, not sampled)
     memory_held_mean: float  # % of the hall's pooled GiB
@@ -290,6 +293,7 @@ def figures(
         times=times,
         gpus_held_share=gpu_share,
         memory_held_share=memory_share,
+        held_steps=step_starts(steps),
         gpu_held_mean=100 * (mean([(d, g) for d, g, _ in steps]) or 0.0),
         gpu_held_peak=100 * max((g for _, g, _ in steps), default=0.0),
         memory_held_mean=100 * (mean([(d, m) for d, _, m in steps]) or 0.0),
@@ -345,6 +349,18 @@ def held_steps(
                     held_gib / pool_gib if pool_gib else 0.0,
                 )
             )
+    return out
+
+
+def step_starts(steps: Sequence[tuple[float, float, float]]) -> list[tuple[float, float, float]]:
+    """`held_steps`' (seconds it lasts, GPU share, memory share) as (seconds since the first
+    compose it starts at, GPU share, memory share), and the last step again at its end."""
+    out, at = [], 0.0
+    for lasts, gpu, memory in steps:
+        out.append((at, gpu, memory))
+        at += lasts
+    if out:
+        out.append((at, out[-1][1], out[-1][2]))
     return out
 
 

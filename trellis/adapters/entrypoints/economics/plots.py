@@ -25,8 +25,9 @@ def available() -> bool:
 
 def time_axis(pooled: Figures, fixed: Figures, seconds: float) -> tuple[float, float]:
     """The held plot's time axis: the whole run (its `seconds`, where the storm and the last
-    arrival fall) and every sample, to the last lease's end."""
-    return 0.0, max(seconds, pooled.span_s, fixed.span_s, *pooled.times, *fixed.times)
+    arrival fall) and every step, to the last lease's end."""
+    steps = [t for f in (pooled, fixed) for t, _, _ in f.held_steps]
+    return 0.0, max(seconds, pooled.span_s, fixed.span_s, *steps)
 
 
 def draw(
@@ -52,10 +53,12 @@ def draw(
     figure, (gpu, memory) = pyplot.subplots(2, 1, figsize=(9, 6), sharex=True)
     arrivals_end = max(pooled.last_arrival_s, fixed.last_arrival_s)
     for name, figures, colour in runs:
-        gpus = [100 * u for u in figures.gpus_held_share]
-        gpu.plot(figures.times, gpus, label=name, color=colour)
-        memory_held = [100 * u for u in figures.memory_held_share]
-        memory.plot(figures.times, memory_held, label=name, color=colour)
+        # The exact steps (not the sparklines' samples), so the plot shows the table's peak.
+        times = [t for t, _, _ in figures.held_steps]
+        gpus = [100 * g for _, g, _ in figures.held_steps]
+        gpu.plot(times, gpus, label=name, color=colour, drawstyle="steps-post")
+        memory_held = [100 * m for _, _, m in figures.held_steps]
+        memory.plot(times, memory_held, label=name, color=colour, drawstyle="steps-post")
     for axes, what in ((gpu, "GPUs held, %"), (memory, "pooled memory held, %")):
         axes.set_ylabel(what)
         axes.set_ylim(0, 105)
