@@ -111,3 +111,17 @@ def test_a_drain_s_summary_says_what_moved_where() -> None:
         "  c-2: gpu-004 rerouted (path host-02 > sw-2 > gpu-004)",
         "at position 9",
     ]
+
+
+def test_an_undrain_of_a_failed_component_says_what_would_clear_it() -> None:
+    """The ops probe's `undrain gpu-001` (failed, not drained) said only 'already so'."""
+    result = {"component": "gpu-001", "changed": False, "health": "failed", "drained": False}
+    said = render.component_summary(result, {"position": 4}, verb="undrain")
+    assert said.splitlines()[0] == (
+        "gpu-001: already so, nothing changed"
+        " (it is failed: `trellis report-fault gpu-001 --state healthy` clears that)"
+    )
+    healthy = {**result, "health": "healthy"}
+    assert render.component_summary(healthy, {"position": 4}, verb="undrain").startswith(
+        "gpu-001: already so, nothing changed\n"
+    )

@@ -264,6 +264,11 @@ def component_summary(result: Row, reply: Row, wide: bool = False, *, verb: str 
         name += f" (link {result['link']})"
     if not result.get("changed"):
         line = f"{name}: already so, nothing changed"
+        health = result.get("health", "healthy")
+        if verb == "undrain" and health != "healthy":
+            # Not drained, but still unusable: an undrain does not clear a fault report.
+            ref = result["component"]
+            line += f" (it is {health}: `trellis report-fault {ref} --state healthy` clears that)"
     elif verb in _COMPONENT_DONE:
         line = f"{name}: {_COMPONENT_DONE[verb]}"
     else:
