@@ -13,7 +13,12 @@ from setuptools import Extension, find_packages, setup
 MAPPED = {"trellis.schema": "schema", "trellis.examples": "examples"}
 
 setup(
-    packages=[*find_packages(include=["trellis", "trellis.*"]), *MAPPED],
+    # web/ holds the fabric page's files, no Python: listed, so setuptools ships it as data.
+    packages=[
+        *find_packages(include=["trellis", "trellis.*"]),
+        "trellis.adapters.http.web",
+        *MAPPED,
+    ],
     package_dir=MAPPED,
     ext_modules=cythonize(
         [

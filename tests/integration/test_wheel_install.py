@@ -131,8 +131,15 @@ async def test_the_wheel_installs_into_a_fresh_venv_and_serves_a_compose(
     run(python, "-m", "venv", venv, cwd=tmp_path)
     source = tmp_path / "src"
     shutil.copytree(REPO, source, ignore=SKIP, symlinks=True)  # the root links stay links
-    run(venv / "bin" / "python", "-m", "pip", "wheel", "--no-deps", "-q", "-w", tmp_path / "wheel",
-        ".", cwd=source, env={**os.environ, **UNOPTIMISED})  # fmt: skip
+    built = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "wheel", "--no-deps", "-w",
+         str(tmp_path / "wheel"), "."],
+        cwd=source, env={**os.environ, **UNOPTIMISED}, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    # Every folder of the package is in setuptools' `packages` (web/ holds no Python): a newcomer's
+    # `make demo` printed a 30-line "Package would be ignored" warning.
+    assert "would be ignored" not in built.stderr + built.stdout, built.stderr
     (wheel,) = (tmp_path / "wheel").glob("trellis_fabric-*.whl")
     with zipfile.ZipFile(wheel) as built:
         names = set(built.namelist())
