@@ -227,6 +227,8 @@ async def test_no_engine_at_all_says_how_to_start_one(tmp_path: Path) -> None:
     code, _, err = await run_cli(base_env(tmp_path), "free")
     line = one_line(err)
     assert code == EXIT_UNAVAILABLE and "no engine found" in line and "trellis up" in line, err
+    # Where it looked: an engine started on another data dir is the newcomer's usual miss.
+    assert f"no engine found on data dir {tmp_path / 'data'}" in line, line
 
 
 @pytest.mark.parametrize(

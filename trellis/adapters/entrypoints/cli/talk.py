@@ -152,9 +152,10 @@ def on_nats(args: argparse.Namespace, subject_tail: str, work: Any) -> Any:
     url = find_endpoint(settings, "nats_url")
     if url is None:
         raise CliError(
-            "no engine found",
+            f"no engine found on data dir {settings.data_dir or default_data_dir()}",
             code="unavailable",
-            hint="start one with `trellis up`, or set TRELLIS_NATS_URL",
+            hint="start one with `trellis up` (one starting writes its address once it serves), "
+            "or set TRELLIS_NATS_URL; TRELLIS_DATA_DIR names the data dir",
             exit=EXIT_UNAVAILABLE,
         )
     try:
