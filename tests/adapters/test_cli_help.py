@@ -50,3 +50,19 @@ def test_every_command_opens_its_help_with_a_description() -> None:
     assert not undescribed, f"`--help` without a description line: {undescribed}"
     up = dict(commands(make_parser()))["trellis up"].format_help()
     assert "run the engine (embedded NATS/Postgres unless configured)" in up
+
+
+def test_every_positional_argument_says_what_it_takes() -> None:
+    """`trellis drain --help` listed a bare `id`, not that an OCS port (`ocs-1:3`) is one;
+    `topology import`'s `file` said nothing."""
+    bare = [
+        f"{path} {action.dest}"
+        for path, parser in commands(make_parser())
+        for action in parser._actions
+        if not action.option_strings
+        and not isinstance(action, argparse._SubParsersAction)
+        and not (action.help or "").strip()
+    ]
+    assert not bare, f"positional arguments with no help: {bare}"
+    drain = dict(commands(make_parser()))["trellis drain"].format_help()
+    assert "<ocs>:<port>" in drain

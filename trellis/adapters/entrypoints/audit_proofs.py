@@ -284,15 +284,17 @@ def register(sub: Any, request: Request, client_options: Callable[[Any], None]) 
     cp.set_defaults(run=lambda args: _checkpoint(args, request))
 
     proof = sub.add_parser("proof", help="an RFC 9162 inclusion proof of an event (JSON)")
-    proof.add_argument("event_id")
+    proof.add_argument(
+        "event_id", help="the event's id (a UUID; `trellis watch -o json` shows each event's)"
+    )
     proof.add_argument("--size", type=int, help="tree size (default: the latest checkpoint's)")
     proof.add_argument("--view", metavar="TENANT", help="ask as TENANT's view")
     client_options(proof)
     proof.set_defaults(run=lambda args: _proof(args, request))
 
     cons = sub.add_parser("consistency", help="an RFC 9162 consistency proof (JSON)")
-    cons.add_argument("from_size", type=int)
-    cons.add_argument("to_size", type=int)
+    cons.add_argument("from_size", type=int, help="the older tree size (a checkpoint's)")
+    cons.add_argument("to_size", type=int, help="the newer tree size")
     cons.add_argument("--view", metavar="TENANT", help="ask as TENANT's view")
     client_options(cons)
     cons.set_defaults(run=lambda args: _consistency_command(args, request))

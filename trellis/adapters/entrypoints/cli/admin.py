@@ -12,6 +12,7 @@ from trellis.adapters.entrypoints import (
     render,
 )
 from trellis.adapters.entrypoints.cli.options import (
+    COMPONENT_HELP,
     DEVICE_KINDS,
     client_options,
     identifier,
@@ -91,7 +92,7 @@ def add_commands(sub: Any) -> None:
     component = identifier("component id (a node, a link or <ocs>:<port>)", COMPONENT_REF_PATTERN)
     # What the engine does (engine/core/topology.py, drain): live compositions are moved off.
     drain_parser = sub.add_parser("drain", help=_DRAIN, description=_DRAIN)
-    drain_parser.add_argument("id", type=component)
+    drain_parser.add_argument("id", type=component, help=COMPONENT_HELP)
     drain_parser.add_argument(
         "--force",
         action="store_true",
@@ -99,11 +100,11 @@ def add_commands(sub: Any) -> None:
         "(without: the drain is refused, `conflict`)",
     )
     undrain_parser = sub.add_parser("undrain", help="put a drained component back in service")
-    undrain_parser.add_argument("id", type=component)
+    undrain_parser.add_argument("id", type=component, help=COMPONENT_HELP)
     fault = sub.add_parser(
         "report-fault", help="record a component's health: failed, degraded or healthy again"
     )
-    fault.add_argument("id", type=component)
+    fault.add_argument("id", type=component, help=COMPONENT_HELP)
     fault.add_argument(
         "--state",
         choices=["failed", "degraded", "healthy"],
@@ -120,7 +121,7 @@ def add_commands(sub: Any) -> None:
     )
     add_link_parser.add_argument("file", type=Path, help=_SPEC_FILE.format("link"))
     remove_parser = sub.add_parser("remove", help="remove a node or link no live composition uses")
-    remove_parser.add_argument("id", type=identifier("node or link id"))
+    remove_parser.add_argument("id", type=identifier("node or link id"), help="a node or link id")
     for p, run in (
         (drain_parser, drain),
         (undrain_parser, undrain),
@@ -143,8 +144,8 @@ def add_quota(sub: Any) -> None:
     set_ = quota_sub.add_parser(
         "set", help="set a tenant's whole quota for a kind (a limit left out: no limit)"
     )
-    set_.add_argument("tenant", type=identifier("tenant"))
-    set_.add_argument("kind", choices=DEVICE_KINDS)
+    set_.add_argument("tenant", type=identifier("tenant"), help="the tenant the quota is for")
+    set_.add_argument("kind", choices=DEVICE_KINDS, help="the device kind it limits")
     set_.add_argument(
         "--count",
         type=non_negative_count,
@@ -159,8 +160,8 @@ def add_quota(sub: Any) -> None:
     client_options(set_)
     set_.set_defaults(run=quota_set)
     clear = quota_sub.add_parser("clear", help="remove a tenant's quota for a kind")
-    clear.add_argument("tenant", type=identifier("tenant"))
-    clear.add_argument("kind", choices=DEVICE_KINDS)
+    clear.add_argument("tenant", type=identifier("tenant"), help="the tenant whose quota goes")
+    clear.add_argument("kind", choices=DEVICE_KINDS, help="the device kind it limited")
     clear.add_argument("--reason", default="", help="why, recorded with the event")
     request_id_option(clear)
     client_options(clear)

@@ -86,7 +86,12 @@ def manifest_options(p: argparse.ArgumentParser, file_help: str) -> None:
         help="pick a host by label",
     )
     p.add_argument("--gpu", type=positive_count, metavar="N", help="number of GPUs")
-    p.add_argument("--model", action="append", default=[], help="acceptable GPU model")
+    p.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        help="an acceptable GPU model (repeatable: any of them)",
+    )
     p.add_argument(
         "--min-generation", type=int, metavar="N", help="GPUs of generation N or newer only"
     )
@@ -172,7 +177,9 @@ def add_commands(sub: Any) -> None:
     compose_parser.set_defaults(run=compose)
 
     release_parser = sub.add_parser("release", help="release a composition")
-    release_parser.add_argument("composition_id", type=identifier("composition id"))
+    release_parser.add_argument(
+        "composition_id", type=identifier("composition id"), help="the composition to release"
+    )
     release_parser.add_argument("--reason", default="", help="why, recorded with the event")
     intent_options(release_parser)
     release_parser.set_defaults(run=release)
@@ -181,7 +188,11 @@ def add_commands(sub: Any) -> None:
 def add_extend(sub: Any) -> None:
     """`extend`."""
     extend_parser = sub.add_parser("extend", help="extend a composition's lease")
-    extend_parser.add_argument("composition_id", type=identifier("composition id"))
+    extend_parser.add_argument(
+        "composition_id",
+        type=identifier("composition id"),
+        help="the composition whose lease runs on",
+    )
     extend_parser.add_argument(
         "--lease",
         type=lease_seconds,

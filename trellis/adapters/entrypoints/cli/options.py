@@ -22,6 +22,10 @@ DEFAULT_DOMAIN = "default"
 DEFAULT_TENANT = "default"
 
 
+#: What an admin verb's or blast-radius's component argument may be.
+COMPONENT_HELP = "a node or link id, or an OCS port as <ocs>:<port> (ocs-1:3: the cable on it)"
+
+
 def identifier(what: str, pattern: str = ID_PATTERN) -> Any:
     """An argparse type: a value the contract takes as an id (checked here, before sending)."""
     compiled = re.compile(pattern)

@@ -224,9 +224,9 @@ def make_parser() -> argparse.ArgumentParser:
     # (audit_proofs), else the log against the database (audit_verify.run dispatches).
     verify = sub.add_parser(
         "verify",
-        help="check the hash chain, the invariants, the projections and the KV bucket against "
-        "the log (exit 1 on any finding, 2 when it cannot run); with --proof, check a proof "
-        "offline against signed checkpoints",
+        help="check the hash chain, the invariants, the projections, the event stream and the "
+        "KV bucket against the log (exit 1 on any finding, 2 when it cannot run); with "
+        "--proof, check a proof offline against signed checkpoints",
     )
     audit_verify.add_arguments(verify)
     audit_proofs.add_offline_verify(verify)
@@ -262,7 +262,7 @@ def make_parser() -> argparse.ArgumentParser:
         "completion",
         help="print a shell completion script (`source <(trellis completion bash)`)",
     )
-    complete.add_argument("shell", choices=completion.SHELLS)
+    complete.add_argument("shell", choices=completion.SHELLS, help="the shell to complete in")
     complete.set_defaults(run=_completion)
     _verbose_anywhere(parser)
     return parser

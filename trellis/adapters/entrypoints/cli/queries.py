@@ -14,6 +14,7 @@ from trellis.adapters.entrypoints import (
     render,
 )
 from trellis.adapters.entrypoints.cli.options import (
+    COMPONENT_HELP,
     DEVICE_KINDS,
     client_options,
     identifier,
@@ -146,7 +147,7 @@ def add_composition(sub: Any) -> None:
     comp = sub.add_parser("composition", help="one composition, or the live ones")
     comp_sub = comp.add_subparsers(metavar="ACTION")
     get = comp_sub.add_parser("get", help="a composition: host, devices, state and lease")
-    get.add_argument("id", type=identifier("composition id"))
+    get.add_argument("id", type=identifier("composition id"), help="a composition id (c-...)")
     query_options(get)
     get.set_defaults(run=composition_get)
     listing = comp_sub.add_parser(
@@ -207,6 +208,8 @@ def add_commands(sub: Any) -> None:
     engines_parser.set_defaults(run=engines)
 
     blast = sub.add_parser("blast-radius", help="what a failure of a component would hit")
-    blast.add_argument("id", type=identifier("component id", COMPONENT_REF_PATTERN))
+    blast.add_argument(
+        "id", type=identifier("component id", COMPONENT_REF_PATTERN), help=COMPONENT_HELP
+    )
     query_options(blast)
     blast.set_defaults(run=blast_radius)

@@ -75,7 +75,9 @@ def add_commands(sub: Any) -> None:
     reserve_parser.set_defaults(run=reserve)
 
     apply_parser = sub.add_parser("apply", help="compose the devices of a reservation")
-    apply_parser.add_argument("reservation_id", type=identifier("reservation id"))
+    apply_parser.add_argument(
+        "reservation_id", type=identifier("reservation id"), help="the reservation to compose"
+    )
     intent_options(apply_parser)
     apply_parser.set_defaults(run=apply)
 
@@ -88,7 +90,9 @@ def add_commands(sub: Any) -> None:
     query_options(list_parser)
     list_parser.set_defaults(run=listing)
     cancel_parser = resv_sub.add_parser("cancel", help="give a reservation's devices back")
-    cancel_parser.add_argument("reservation_id", type=identifier("reservation id"))
+    cancel_parser.add_argument(
+        "reservation_id", type=identifier("reservation id"), help="the reservation to cancel"
+    )
     cancel_parser.add_argument("--reason", default="", help="why, recorded with the event")
     intent_options(cancel_parser)
     cancel_parser.set_defaults(run=cancel)

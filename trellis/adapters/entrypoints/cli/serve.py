@@ -454,7 +454,7 @@ def add_commands(sub: Any) -> None:
     tenant_add_parser = tenant_sub.add_parser(
         "add", help="issue a tenant's credentials; a running embedded NATS takes them at once"
     )
-    tenant_add_parser.add_argument("name", type=identifier("tenant"))
+    tenant_add_parser.add_argument("name", type=identifier("tenant"), help="the tenant's name")
     tenant_add_parser.set_defaults(run=tenant_add)
     tenant_list_parser = tenant_sub.add_parser(
         "list", help="the tenants with an identity: name, public key, seed file"
@@ -466,5 +466,7 @@ def add_commands(sub: Any) -> None:
         help="take a tenant's identity away; a running embedded NATS refuses it and cuts off "
         "its connections at once (its compositions stay held)",
     )
-    tenant_revoke_parser.add_argument("name", type=identifier("tenant"))
+    tenant_revoke_parser.add_argument(
+        "name", type=identifier("tenant"), help="the tenant whose identity is revoked"
+    )
     tenant_revoke_parser.set_defaults(run=tenant_revoke)

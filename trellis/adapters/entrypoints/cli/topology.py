@@ -125,7 +125,13 @@ def add_commands(sub: Any) -> None:
     imp = topo_sub.add_parser(
         "import", help="import a topology document (JSON), or one read from a Redfish service"
     )
-    imp.add_argument("file", type=Path, nargs="?")
+    imp.add_argument(
+        "file",
+        type=Path,
+        nargs="?",
+        help="the topology document (nodes and links; `trellis schema export` writes its schema); "
+        "none with --from-redfish",
+    )
     request_id_option(imp)
     imp.add_argument(
         "--reason",
