@@ -360,7 +360,7 @@ def test_the_held_figures_are_exact_steps_not_samples() -> None:
         (0.0, 0.5, 0.0),
         (pytest.approx(1.2), 1.0, 0.25),
         (pytest.approx(1.6), 0.5, 0.0),
-        (pytest.approx(4.0), 0.5, 0.0),  # the span's end
+        (pytest.approx(4.0), 0.0, 0.0),  # the span's end: the last lease has run out
     ]
     assert got.gpu_held_mean == pytest.approx(100 * got.gpu_seconds / (2 * got.span_s))
     assert got.free_gib_gpus_full == pytest.approx(75.0)  # 100 GiB, 25 of them held then

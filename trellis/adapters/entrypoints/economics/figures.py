@@ -56,7 +56,8 @@ class Figures:
     gpus_held_share: list[float]  # per sample (at most a second apart), held / all GPUs
     memory_held_share: list[float]  # per sample, held / all pooled GiB
     # The same shares exactly, as steps: (seconds since the first compose, GPU share, memory
-    # share) at each moment they change, and once more at the span's end (for the plots).
+    # share) at each moment they change, the last at the span's end (0 when every lease ran
+    # out by then).
     held_steps: list[tuple[float, float, float]]
     gpu_held_mean: float  # % of the hall's GPUs, time-weighted over the span (exact)
     gpu_held_peak: float  # the most held at any moment (exact, not sampled)
@@ -240,6 +241,7 @@ def figures(
     gpu_share = [held("gpu", t) / gpus for t in moments]
     memory_share = [held("memory", t) / pool_gib if pool_gib else 0.0 for t in moments]
     steps = held_steps(spans, begin, end, gpus, pool_gib)
+    memory_at_end = held("memory", end) / pool_gib if pool_gib else 0.0
     memory_full = [(d, (1 - g) * gpus) for d, g, m in steps if m >= 0.9]
     gpus_full = [(d, (1 - m) * pool_gib) for d, g, m in steps if g >= 0.9]
 
@@ -293,7 +295,7 @@ def figures(
         times=times,
         gpus_held_share=gpu_share,
         memory_held_share=memory_share,
-        held_steps=step_starts(steps),
+        held_steps=step_starts(steps, (held("gpu", end) / gpus, memory_at_end)),
         gpu_held_mean=100 * (mean([(d, g) for d, g, _ in steps]) or 0.0),
         gpu_held_peak=100 * max((g for _, g, _ in steps), default=0.0),
         memory_held_mean=100 * (mean([(d, m) for d, _, m in steps]) or 0.0),
@@ -352,16 +354,17 @@ def held_steps(
     return out
 
 
-def step_starts(steps: Sequence[tuple[float, float, float]]) -> list[tuple[float, float, float]]:
+def step_starts(
+    steps: Sequence[tuple[float, float, float]], final: tuple[float, float]
+) -> list[tuple[float, float, float]]:
     """`held_steps`' (seconds it lasts, GPU share, memory share) as (seconds since the first
-    compose it starts at, GPU share, memory share), and the last step again at its end."""
+    compose it starts at, GPU share, memory share), then the shares held at the span's end
+    (`final`: 0 once the last lease has run out), so a plot ends where the run did."""
     out, at = [], 0.0
     for lasts, gpu, memory in steps:
         out.append((at, gpu, memory))
         at += lasts
-    if out:
-        out.append((at, out[-1][1], out[-1][2]))
-    return out
+    return [*out, (at, *final)] if out else out
 
 
 def hourly_price(interval: dict[str, Any], device_gib: dict[str, float | None]) -> float:
