@@ -98,17 +98,18 @@ def test_a_drain_s_summary_says_what_moved_where() -> None:
         "compositions": ["c-1", "c-2"],
         "moved": [
             {"composition_id": "c-1", "device": "gpu-003", "to": "gpu-010",
-             "path": ["host-01", "sw-1", "gpu-010"]},
+             "path": ["host-01", "sw-1", "gpu-010"], "links": ["l-1", "l-10"]},
             {"composition_id": "c-2", "device": "gpu-004", "to": "gpu-004",
-             "path": ["host-02", "sw-2", "gpu-004"]},
+             "path": ["host-02", "sw-2", "gpu-004"], "links": ["l-2b", "l-4"]},
         ],
     }  # fmt: skip
     said = render.component_summary(result, {"position": 9}, verb="drain").splitlines()
     assert said == [
         "gpu-003: healthy, drained",
         "compositions touched: c-1, c-2",
-        "  c-1: gpu-003 replaced by gpu-010 (path host-01 > sw-1 > gpu-010)",
-        "  c-2: gpu-004 rerouted (path host-02 > sw-2 > gpu-004)",
+        "  c-1: gpu-003 replaced by gpu-010 (path host-01 > sw-1 > gpu-010; links l-1, l-10)",
+        # Over the same nodes, another cable: what moved is in the links.
+        "  c-2: gpu-004 rerouted (path host-02 > sw-2 > gpu-004; links l-2b, l-4)",
         "at position 9",
     ]
 

@@ -64,7 +64,13 @@ def test_a_failed_link_on_the_path_is_routed_around_to_the_same_device() -> None
     assert composition.state == "active" and composition.impaired_by == []
     assert outcome.impaired == [] and outcome.compositions == [result.composition_id]
     assert outcome.moved == [
-        Moved(composition_id=result.composition_id, device="g1", to="g1", path=["h", "sw-b", "g1"])
+        Moved(
+            composition_id=result.composition_id,
+            device="g1",
+            to="g1",
+            path=["h", "sw-b", "g1"],
+            links=["l-hb", "l-b1"],
+        )
     ]
     assert after.reserved_gbps.get("l-a1", 0.0) == 0.0
 

@@ -281,8 +281,10 @@ def component_summary(result: Row, reply: Row, wide: bool = False, *, verb: str 
         parts.append("compositions touched: " + ", ".join(result["compositions"]))
     for move in result.get("moved") or []:
         how = "rerouted" if move["to"] == move["device"] else f"replaced by {move['to']}"
-        path = " > ".join(move["path"])
-        parts.append(f"  {move['composition_id']}: {move['device']} {how} (path {path})")
+        path, links = " > ".join(move["path"]), ", ".join(move.get("links") or [])
+        parts.append(
+            f"  {move['composition_id']}: {move['device']} {how} (path {path}; links {links})"
+        )
     if result.get("impaired"):
         parts.append("left impaired: " + ", ".join(result["impaired"]))
     replayed = " (replayed)" if reply.get("replayed") else ""

@@ -144,7 +144,8 @@ class Moved(msgspec.Struct, frozen=True, kw_only=True):
     composition_id: str
     device: str
     to: str
-    path: list[str]  # the path it has now
+    path: list[str]  # the path it has now, node ids
+    links: list[str]  # its cables, in path order: a reroute may keep the nodes and change these
 
 
 class ComponentResult(msgspec.Struct, frozen=True, kw_only=True):

@@ -349,6 +349,7 @@ def _moved(event: DeviceReplaced | PathRerouted) -> Moved:
         device=old,
         to=event.binding.device,
         path=list(event.binding.path),
+        links=list(event.binding.links),
     )
 
 
