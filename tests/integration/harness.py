@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import nats.errors
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 
@@ -128,6 +129,7 @@ async def serving(
         engine_at(nats_url, database_url, schema=schema, prefix=prefix, **engine_kwargs) as running,
         TrellisClient.connected(nats_url, prefix=prefix, name="test-client") as client,
     ):
+        await answering(client)
         yield Harness(
             engine=running.engine,
             fabric=running.fabric,
@@ -144,6 +146,24 @@ async def serving(
             fabric_watch=running.fabric_watch,
             redfish_url=running.redfish_url,
         )
+
+
+async def answering(client: TrellisClient, within: float = 10.0) -> None:
+    """Until an engine answers `client` (any answer: a query of a domain nobody created is
+    `not_found`). CI once saw a test's first request after `serving` answered "no responders"
+    by the server, though the engine had subscribed and flushed before it; this waits for the
+    engine to be reachable from the client's own connection, and says so if it never is."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        try:
+            await client.query("harness-readiness", "free")
+            return
+        except nats.errors.NoRespondersError:
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(
+                    f"no engine answered the test's client within {within} s"
+                ) from None
+            await asyncio.sleep(0.05)
 
 
 class ManualClock:
