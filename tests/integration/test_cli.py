@@ -394,6 +394,15 @@ async def test_compositions_are_listed_and_shown_and_events_watched_from_the_cli
     assert code == 0 and ids[1] in out and ids[0] not in out, out
     code, out, _ = await trellis(env, "composition", "list", "--host", "host-01", "--json")
     assert code == 0 and [r["id"] for r in json.loads(out)] == [ids[0]], out
+    # `composition get` for people shows its conditions as the bucket holds them (kubectl
+    # describe's); its JSON stays the query's result.
+    code, out, err = await trellis(env, "composition", "get", ids[0])
+    assert code == 0, err
+    rows = [line.split()[:3] for line in out.splitlines()]
+    assert ["condition", "status", "reason"] in rows, out
+    assert ["Bound", "True", "DevicesReserved"] in rows and ["Ready", "True", "Activated"] in rows
+    code, out, _ = await trellis(env, "composition", "get", ids[0], "-o", "json")
+    assert code == 0 and "conditions" not in json.loads(out), out
     for tenant, cid in zip(("acme", "globex"), ids, strict=True):
         code, _, err = await trellis(env, "release", cid, "--tenant", tenant)
         assert code == 0, err

@@ -342,6 +342,20 @@ _BOUND: list[Column] = [
 ]
 
 
+_CONDITIONS: list[Column] = [
+    ("condition", lambda c: c["type"], False),
+    ("status", lambda c: c["status"], False),
+    ("reason", lambda c: c["reason"], False),
+    ("since (position)", lambda c: f"{c['last_transition_time']} ({c['observed_position']})", True),
+    ("message", lambda c: c["message"], False),
+]
+
+
+def conditions_table(conditions: Sequence[Row], wide: bool = False) -> str:
+    """A composition's conditions (engine/core/conditions.py), as the KV bucket holds them."""
+    return columns(_CONDITIONS, conditions, wide)
+
+
 def compose_summary(result: Row, reply: Row, wide: bool = False) -> str:
     """A compose's answer, or `composition get`'s; with `wide`, who asked, why and when."""
     expires = result.get("expires_at") or "no lease"

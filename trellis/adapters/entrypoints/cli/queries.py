@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 import msgspec
+import nats.errors
 from nats.js.errors import NoKeysError
 
 from trellis.adapters.entrypoints import (
@@ -57,8 +58,42 @@ def _why_id(text: str) -> str:
 
 
 def composition_get(args: argparse.Namespace) -> int:
-    reply = request(args, query_subject(args, "composition"), at(args, {"id": args.id}))
-    return print_reply(args, reply, render.compose_summary)
+    """The composition query's answer; for people, with its conditions now, as the KV bucket
+    holds them (kubectl describe's Conditions): a live composition's, not a past moment's nor
+    a tenant's view (the query's JSON stays the reply's result)."""
+    subject, body = query_subject(args, "composition"), at(args, {"id": args.id})
+    conditions: list[dict[str, Any]] = []
+
+    async def ask(client: TrellisClient) -> dict[str, Any]:
+        reply = await client.raw(subject, msgspec.json.encode(body))
+        live = args.output != "json" and args.at is None and args.view is None
+        if reply.get("ok") and live:
+            conditions[:] = await _conditions(client, args.domain, args.id)
+        return reply
+
+    reply = request(args, subject, body, send=ask)
+
+    def show(result: dict[str, Any], seen: dict[str, Any], wide: bool = False) -> str:
+        said = render.compose_summary(result, seen, wide=wide)
+        if not conditions:
+            return said
+        return f"{said}\n{render.conditions_table(render.visible(conditions), wide)}"
+
+    return print_reply(args, reply, show)
+
+
+async def _conditions(client: TrellisClient, domain: str, cid: str) -> list[dict[str, Any]]:
+    """The composition's conditions in the bucket; none when it holds no value for it (it
+    ended) or may not be read (an identity without the bucket): they only add to the answer."""
+    settings = Settings.from_env()
+    try:
+        kv = await client.nc.jetstream().key_value(bucket_name(settings.subject_prefix))
+        entry = await kv.get(f"{domain}.composition.{cid}")
+        value = msgspec.json.decode(entry.value) if entry.value else {}
+    except (nats.errors.Error, TimeoutError, msgspec.DecodeError):
+        return []  # no such key or bucket, a permission refused, a value not the contract's
+    conditions = value.get("conditions") if isinstance(value, dict) else None
+    return conditions if isinstance(conditions, list) else []
 
 
 def composition_list(args: argparse.Namespace) -> int:
