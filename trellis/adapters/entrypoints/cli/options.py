@@ -68,26 +68,24 @@ def request_id_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-id", type=request_id, help="resend-safe id (default: a fresh one)")
 
 
-def positive_count(text: str) -> int:
-    """An argparse type: a whole number, 1 or more (a count of 0 would never be reached)."""
+def _count(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"a count is 1 or more, not {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"a count is {least} or more, not {value}")
     return value
+
+
+def positive_count(text: str) -> int:
+    """An argparse type: a whole number, 1 or more (a count of 0 would never be reached)."""
+    return _count(text, 1)
 
 
 def non_negative_count(text: str) -> int:
     """An argparse type: a whole number, 0 or more (a quota's --count: 0 holds none)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"a count is 0 or more, not {value}")
-    return value
+    return _count(text, 0)
 
 
 def key_value(text: str) -> tuple[str, str]:
