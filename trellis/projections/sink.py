@@ -29,10 +29,10 @@ from collections.abc import AsyncGenerator, Iterator, Sequence
 
 import asyncpg
 
-from trellis.adapters.postgres import follower_checkpoints
 from trellis.engine.core.checkpoints import Signer
 from trellis.engine.core.records import RecordedEvent
 from trellis.engine.service.follower import DomainLog, Follower, Progress, Rewound, Stalled
+from trellis.projections import follower_checkpoints
 from trellis.projections.base import Fact, Projection
 from trellis.projections.compositions import CompositionsProjection
 from trellis.projections.connections import ConnectionsProjection

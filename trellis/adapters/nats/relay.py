@@ -76,9 +76,9 @@ from trellis.adapters.nats.jetstream import (
 )
 from trellis.adapters.nats.kv_audit import bucket_entries
 from trellis.adapters.nats.kv_state import KeyChange, View, changes, coalesce, everything
-from trellis.adapters.postgres import follower_checkpoints
 from trellis.engine.core.records import RecordedEvent
 from trellis.engine.service.follower import Progress, Rewound, Stalled
+from trellis.projections import follower_checkpoints
 
 log = logging.getLogger("trellis.relay")
 

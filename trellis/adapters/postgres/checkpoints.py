@@ -39,7 +39,6 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 import asyncpg
 import msgspec
 
-from trellis.adapters.postgres import follower_checkpoints
 from trellis.engine.core.actors import OPERATOR
 from trellis.engine.core.checkpoints import Checkpoint, NoteError, Signer, origin_of, signers_of
 from trellis.engine.core.errors import IntentRejected, StoreUnavailable
@@ -53,6 +52,7 @@ from trellis.engine.core.results import (
     ProofResult,
 )
 from trellis.engine.service.follower import Progress
+from trellis.projections import follower_checkpoints
 
 log = logging.getLogger("trellis.checkpoints")
 
