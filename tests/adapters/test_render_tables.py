@@ -3,6 +3,8 @@ spaces, and the reply's log position in what an intent prints (docs/operations.m
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from trellis.adapters.entrypoints import render
@@ -122,7 +124,29 @@ def test_an_undrain_of_a_failed_component_says_what_would_clear_it() -> None:
         "gpu-001: already so, nothing changed"
         " (it is failed: `trellis report-fault gpu-001 --state healthy` clears that)"
     )
+    # Drained and failed: the undrain changes the mark, and it is still failed.
+    undrained = {**result, "changed": True}
+    assert render.component_summary(undrained, {"position": 5}, verb="undrain").startswith(
+        "gpu-001: failed (it is failed: `trellis report-fault gpu-001 --state healthy` clears"
+    )
     healthy = {**result, "health": "healthy"}
     assert render.component_summary(healthy, {"position": 4}, verb="undrain").startswith(
         "gpu-001: already so, nothing changed\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("show", "result"),
+    [
+        (
+            render.release_summary,
+            {"composition_id": "c-1", "devices": ["g"], "circuits_removed": []},
+        ),
+        (render.extend_summary, {"composition_id": "c-1", "expires_at": "2026-12-07T13:00:00Z"}),
+    ],
+)
+def test_a_replayed_release_or_extend_says_so(show: Any, result: dict[str, Any]) -> None:
+    """The SRE probe resent a timed-out release with its request id: it printed as if done
+    again; a compose said "(replayed)"."""
+    assert "(replayed)" in show(result, {"position": 9, "replayed": True})
+    assert "(replayed)" not in show(result, {"position": 9})

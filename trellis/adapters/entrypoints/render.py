@@ -166,7 +166,7 @@ def import_summary(result: Row, reply: Row, wide: bool = False) -> str:
         return f"domain {result['domain']}: unchanged ({size})"
     lines = [
         f"domain {result['domain']}: imported {result['nodes']} nodes, {result['links']} links"
-        f" at position {reply['position']}" + (" (replayed)" if reply.get("replayed") else "")
+        f" at position {reply['position']}" + replayed(reply)
     ]
     for key in ("added", "updated", "removed"):
         ids, total = result[key], result.get(f"{key}_count") or len(result[key])
@@ -262,18 +262,17 @@ def component_summary(result: Row, reply: Row, wide: bool = False, *, verb: str 
     name = result["component"]
     if result.get("link") and result["link"] != name:
         name += f" (link {result['link']})"
+    health = result.get("health", "healthy")
     if not result.get("changed"):
         line = f"{name}: already so, nothing changed"
-        health = result.get("health", "healthy")
-        if verb == "undrain" and health != "healthy":
-            # Not drained, but still unusable: an undrain does not clear a fault report.
-            ref = result["component"]
-            line += f" (it is {health}: `trellis report-fault {ref} --state healthy` clears that)"
     elif verb in _COMPONENT_DONE:
         line = f"{name}: {_COMPONENT_DONE[verb]}"
     else:
-        state = result.get("health", "healthy") + (", drained" if result.get("drained") else "")
-        line = f"{name}: {state}"
+        line = f"{name}: {health}" + (", drained" if result.get("drained") else "")
+    if verb == "undrain" and health != "healthy":
+        # Undrained or never drained, it is still unusable: an undrain clears no fault report.
+        ref = result["component"]
+        line += f" (it is {health}: `trellis report-fault {ref} --state healthy` clears that)"
     parts = [line]
     if result.get("removed"):
         parts.append("removed with it: " + ", ".join(result["removed"]))
@@ -287,8 +286,7 @@ def component_summary(result: Row, reply: Row, wide: bool = False, *, verb: str 
         )
     if result.get("impaired"):
         parts.append("left impaired: " + ", ".join(result["impaired"]))
-    replayed = " (replayed)" if reply.get("replayed") else ""
-    return "\n".join(parts) + f"\nat position {reply.get('position')}{replayed}"
+    return "\n".join(parts) + f"\nat position {reply.get('position')}{replayed(reply)}"
 
 
 def impairments(items: list[Any]) -> str:
@@ -361,8 +359,7 @@ def compose_summary(result: Row, reply: Row, wide: bool = False) -> str:
     expires = result.get("expires_at") or "no lease"
     head = (
         f"composition {result['composition_id']} on {result['host']}: {result['state']}"
-        f" (expires: {expires}) at position {reply['position']}"
-        + (" (replayed)" if reply.get("replayed") else "")
+        f" (expires: {expires}) at position {reply['position']}" + replayed(reply)
     )
     lines = [head]
     if wide:
@@ -383,8 +380,7 @@ def reservation_summary(result: Row, reply: Row, wide: bool = False) -> str:
     """A reserve's answer: what is held, on which host, until when."""
     head = (
         f"reservation {result['reservation_id']} on {result['host']}: {result['state']} until "
-        f"{result['expires_at']} at position {reply['position']}"
-        + (" (replayed)" if reply.get("replayed") else "")
+        f"{result['expires_at']} at position {reply['position']}" + replayed(reply)
     )
     return "\n".join([head, columns(_BOUND, result["devices"], wide)])
 
@@ -417,18 +413,24 @@ def cancel_summary(result: Row, reply: Row, wide: bool = False) -> str:
     )
 
 
+def replayed(reply: Row) -> str:
+    """What a summary adds for a stored answer to a request_id sent again: nothing was done
+    twice."""
+    return " (replayed)" if reply.get("replayed") else ""
+
+
 def release_summary(result: Row, reply: Row, wide: bool = False) -> str:
     circuits = ", ".join(result["circuits_removed"]) or "none"
     return (
-        f"composition {result['composition_id']} released at position {reply['position']}; "
-        f"returned {', '.join(result['devices'])}; circuits removed: {circuits}"
+        f"composition {result['composition_id']} released at position {reply['position']}"
+        f"{replayed(reply)}; returned {', '.join(result['devices'])}; circuits removed: {circuits}"
     )
 
 
 def extend_summary(result: Row, reply: Row, wide: bool = False) -> str:
     return (
-        f"composition {result['composition_id']} extended at position {reply['position']}:"
-        f" now expires at {result['expires_at']}"
+        f"composition {result['composition_id']} extended at position {reply['position']}"
+        f"{replayed(reply)}: now expires at {result['expires_at']}"
     )
 
 
