@@ -41,7 +41,14 @@ USAGE = [
     # An argument no command takes is the innermost command's to explain, not the root's.
     (["release", "c-x", "extra"], "unrecognized arguments: extra (hint: `trellis release --help`)"),
     (["topology", "show", "x"], "unrecognized arguments: x (hint: `trellis topology show --help`)"),
-    (["--bogus", "free"], "unrecognized arguments: --bogus (hint: `trellis --help`)"),
+    (["--bogus", "free"], "unrecognized option --bogus (hint: `trellis --help`)"),
+    # With no abbreviations, an unknown option before the command left its value to be taken
+    # for the command ("invalid choice: 'json'"): the option is named, and the one meant.
+    (
+        ["--out", "json", "engines"],
+        "unrecognized option --out (did you mean --output?) (hint: `trellis --help`)",
+    ),
+    (["-o", "json", "--tim", "3", "free"], "unrecognized option --tim (did you mean --timeout?)"),
     # The shared options are taken before the command too, but only by a command that has them.
     (
         ["-o", "json", "up"],

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import functools
 import importlib.metadata
+import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -99,11 +101,32 @@ class _Parser(argparse.ArgumentParser):
             namespace = argparse.Namespace(**self.given_before)
             if self._subparsers is None:
                 self._takes_all(self.given_before)
+        if self._subparsers is not None:
+            self._known_options_before_command(sys.argv[1:] if args is None else list(args))
         namespace, extras = super().parse_known_args(args, namespace)
         if extras and not hasattr(namespace, _LEFT_TO):
             # The innermost command returns first: it names the help that lists its options.
             setattr(namespace, _LEFT_TO, self.prog)
         return namespace, extras
+
+    def _known_options_before_command(self, args: list[str]) -> None:
+        """An option this parser does not know, before its command, is named as such: with no
+        abbreviations, `trellis --out json engines` left `--out` over and took `json` for the
+        command ("invalid choice: 'json'")."""
+        rest = iter(args)
+        for arg in rest:
+            if not arg.startswith("-") or arg in ("-", "--"):
+                return  # the command: what follows is its own
+            # `--output=json`, and a short option's value attached to it (`-ojson`).
+            name = arg[:2] if arg[1] != "-" else arg.split("=", 1)[0]
+            action = self._option_string_actions.get(name)
+            if action is None:
+                known = [o for o in self._option_string_actions if o.startswith("--")]
+                close = difflib.get_close_matches(name, known, n=1, cutoff=0.7)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                raise UsageError(f"unrecognized option {name}{hint}", f"`{self.prog} --help`")
+            if action.nargs != 0 and name == arg:
+                next(rest, None)  # its value, the next argument
 
     def _takes_all(self, given: dict[str, Any]) -> None:
         """A shared option given before a command that has no such option is a mistake, not
