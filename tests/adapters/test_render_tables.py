@@ -150,3 +150,26 @@ def test_a_replayed_release_or_extend_says_so(show: Any, result: dict[str, Any])
     again; a compose said "(replayed)"."""
     assert "(replayed)" in show(result, {"position": 9, "replayed": True})
     assert "(replayed)" not in show(result, {"position": 9})
+
+
+def test_a_released_composition_says_when_it_ended_not_a_lease() -> None:
+    """The verify probe's `composition get` of a released composition said "released
+    (expires: no lease)" over its devices, as if live; its chain has the release."""
+    result = {
+        "composition_id": "c-1",
+        "host": "host-01",
+        "state": "released",
+        "expires_at": None,
+        "devices": [],
+        "chain": [
+            {"type": "CompositionRequested", "position": 2, "time": "2026-12-07T12:00:00Z"},
+            {"type": "CompositionReleased", "position": 9, "time": "2026-12-07T12:05:00Z"},
+        ],
+    }
+    head = render.compose_summary(result, {"position": 11}).splitlines()[0]
+    assert head == (
+        "composition c-1 on host-01: released (since 2026-12-07T12:05:00Z, position 9;"
+        " it held the devices below) at position 11"
+    )
+    live = {**result, "state": "active", "expires_at": "2026-12-07T13:00:00Z"}
+    assert "(expires: 2026-12-07T13:00:00Z)" in render.compose_summary(live, {"position": 11})

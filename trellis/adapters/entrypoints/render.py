@@ -356,10 +356,10 @@ def conditions_table(conditions: Sequence[Row], wide: bool = False) -> str:
 
 def compose_summary(result: Row, reply: Row, wide: bool = False) -> str:
     """A compose's answer, or `composition get`'s; with `wide`, who asked, why and when."""
-    expires = result.get("expires_at") or "no lease"
+    when = _ended(result) or f"expires: {result.get('expires_at') or 'no lease'}"
     head = (
         f"composition {result['composition_id']} on {result['host']}: {result['state']}"
-        f" (expires: {expires}) at position {reply['position']}" + replayed(reply)
+        f" ({when}) at position {reply['position']}" + replayed(reply)
     )
     lines = [head]
     if wide:
@@ -374,6 +374,22 @@ def compose_summary(result: Row, reply: Row, wide: bool = False) -> str:
             asked.append(f"impaired by: {impairments(result['impaired_by'])}")
         lines += asked
     return "\n".join([*lines, columns(_BOUND, result["devices"], wide)])
+
+
+#: The events that end a composition, as its chain (`composition get`) names them.
+_ENDS = ("CompositionReleased", "CompositionFailed")
+
+
+def _ended(result: Row) -> str:
+    """When and where a released or failed composition ended, from its chain ("" while live
+    or for a compose's answer, which has none): its devices are shown as they were held."""
+    if result.get("state") not in ("released", "failed"):
+        return ""
+    ends = [e for e in result.get("chain") or [] if e.get("type") in _ENDS]
+    if not ends:
+        return ""
+    end = ends[-1]
+    return f"since {end['time']}, position {end['position']}; it held the devices below"
 
 
 def reservation_summary(result: Row, reply: Row, wide: bool = False) -> str:
