@@ -36,7 +36,7 @@ from trellis.adapters.nats.foreign import ForeignMessages
 from trellis.adapters.nats.jetstream import (
     bucket_name,
 )
-from trellis.adapters.nats.kv_state import bucket_entry
+from trellis.adapters.nats.kv_state import CompositionEntry, bucket_entry
 from trellis.adapters.settings import Settings
 from trellis.engine.core.ids import COMPONENT_REF_PATTERN
 
@@ -85,15 +85,17 @@ def composition_get(args: argparse.Namespace) -> int:
 async def _conditions(client: TrellisClient, domain: str, cid: str) -> list[dict[str, Any]]:
     """The composition's conditions in the bucket; none when it holds no value for it (it
     ended) or may not be read (an identity without the bucket): they only add to the answer."""
-    settings = Settings.from_env()
+    key = f"{domain}.composition.{cid}"
     try:
-        kv = await client.nc.jetstream().key_value(bucket_name(settings.subject_prefix))
-        entry = await kv.get(f"{domain}.composition.{cid}")
-        value = msgspec.json.decode(entry.value) if entry.value else {}
-    except (nats.errors.Error, TimeoutError, msgspec.DecodeError):
-        return []  # no such key or bucket, a permission refused, a value not the contract's
-    conditions = value.get("conditions") if isinstance(value, dict) else None
-    return conditions if isinstance(conditions, list) else []
+        kv = await client.nc.jetstream().key_value(bucket_name(client.prefix))
+        value = (await kv.get(key)).value
+    except (nats.errors.Error, TimeoutError):
+        return []  # no such key or bucket, or a permission refused
+    entry = bucket_entry(key, value) if value else None  # the contract's shape, or nothing
+    if not isinstance(entry, CompositionEntry):
+        return []
+    conditions: list[dict[str, Any]] = msgspec.to_builtins(entry.conditions)
+    return conditions
 
 
 def composition_list(args: argparse.Namespace) -> int:
