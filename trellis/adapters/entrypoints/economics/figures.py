@@ -15,6 +15,7 @@ and the plots only show it.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections import Counter, defaultdict
@@ -226,22 +227,18 @@ def figures(
         kind = wanted[entry]["kind"] if isinstance(entry, int) and entry < len(wanted) else "-"
         refused[f"{e['data']['code']} ({kind})"] += 1
 
-    def held(kind: str, at: datetime) -> float:
-        return sum(
-            (i["capacity_gib"] or 0.0) if kind == "memory" else 1.0
-            for s, e, i in spans
-            if i["kind"] == kind and s <= at and (e is None or e > at)
-        )
-
-    # The sparklines and plots sample the shares about once a second; the figures below are
-    # exact: the shares are steps that change only where an interval starts or ends.
+    # The shares held are steps that change only where an interval starts or ends: the
+    # figures below are exact; the sparklines sample them about once a second.
+    held = held_over_time(spans, begin, end, gpus, pool_gib)
+    steps = [((b - a).total_seconds(), g, m) for (a, g, m), (b, _, _) in itertools.pairwise(held)]
     samples = math.ceil(seconds)
     times = [(end - begin).total_seconds() * k / samples for k in range(samples)]
-    moments = [begin + timedelta(seconds=t) for t in times]
-    gpu_share = [held("gpu", t) / gpus for t in moments]
-    memory_share = [held("memory", t) / pool_gib if pool_gib else 0.0 for t in moments]
-    steps = held_steps(spans, begin, end, gpus, pool_gib)
-    memory_at_end = held("memory", end) / pool_gib if pool_gib else 0.0
+    changes_at = [at for at, _, _ in held]
+    sampled = [
+        held[bisect.bisect_right(changes_at, begin + timedelta(seconds=t)) - 1] for t in times
+    ]
+    gpu_share = [g for _, g, _ in sampled]
+    memory_share = [m for _, _, m in sampled]
     memory_full = [(d, (1 - g) * gpus) for d, g, m in steps if m >= 0.9]
     gpus_full = [(d, (1 - m) * pool_gib) for d, g, m in steps if g >= 0.9]
 
@@ -295,7 +292,7 @@ def figures(
         times=times,
         gpus_held_share=gpu_share,
         memory_held_share=memory_share,
-        held_steps=step_starts(steps, (held("gpu", end) / gpus, memory_at_end)),
+        held_steps=[((at - begin).total_seconds(), g, m) for at, g, m in held],
         gpu_held_mean=100 * (mean([(d, g) for d, g, _ in steps]) or 0.0),
         gpu_held_peak=100 * max((g for _, g, _ in steps), default=0.0),
         memory_held_mean=100 * (mean([(d, m) for d, _, m in steps]) or 0.0),
@@ -319,52 +316,34 @@ def figures(
     )
 
 
-def held_steps(
+def held_over_time(
     spans: Sequence[tuple[datetime, datetime | None, dict[str, Any]]],
     begin: datetime,
     end: datetime,
     gpus: int,
     pool_gib: float,
-) -> list[tuple[float, float, float]]:
-    """The shares of the hall's GPUs and pooled GiB held, as steps over [begin, end]:
-    (seconds the step lasts, GPU share, memory share), one step between each two moments an
-    interval starts or ends (an open interval runs to `end`)."""
+) -> list[tuple[datetime, float, float]]:
+    """The shares of the hall's GPUs and pooled GiB held, as steps: (moment, GPU share, memory
+    share) held from that moment on, at `begin`, at each moment an interval starts or ends, and
+    at `end` (what is held then: an open interval, none once every lease has run out)."""
     changes: dict[datetime, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for start, stop, interval in spans:
-        column = 0 if interval["kind"] == "gpu" else 1 if interval["kind"] == "memory" else -1
-        if column < 0:
+        column = {"gpu": 0, "memory": 1}.get(interval["kind"])
+        if column is None:
             continue
         amount = 1.0 if column == 0 else interval["capacity_gib"] or 0.0
         changes[max(start, begin)][column] += amount
-        changes[min(stop or end, end)][column] -= amount
+        if stop is not None:
+            changes[stop][column] -= amount
     out = []
     held_gpus = held_gib = 0.0
-    moments = sorted({begin, end, *changes})
-    for at, then in itertools.pairwise(moments):
+    for at in sorted({begin, end, *changes}):
         step = changes.get(at, [0.0, 0.0])
         held_gpus, held_gib = held_gpus + step[0], held_gib + step[1]
-        if at >= begin and then <= end and then > at:
-            out.append(
-                (
-                    (then - at).total_seconds(),
-                    held_gpus / gpus if gpus else 0.0,
-                    held_gib / pool_gib if pool_gib else 0.0,
-                )
-            )
+        out.append(
+            (at, held_gpus / gpus if gpus else 0.0, held_gib / pool_gib if pool_gib else 0.0)
+        )
     return out
-
-
-def step_starts(
-    steps: Sequence[tuple[float, float, float]], final: tuple[float, float]
-) -> list[tuple[float, float, float]]:
-    """`held_steps`' (seconds it lasts, GPU share, memory share) as (seconds since the first
-    compose it starts at, GPU share, memory share), then the shares held at the span's end
-    (`final`: 0 once the last lease has run out), so a plot ends where the run did."""
-    out, at = [], 0.0
-    for lasts, gpu, memory in steps:
-        out.append((at, gpu, memory))
-        at += lasts
-    return [*out, (at, *final)] if out else out
 
 
 def hourly_price(interval: dict[str, Any], device_gib: dict[str, float | None]) -> float:
