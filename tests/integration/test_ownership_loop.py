@@ -283,3 +283,33 @@ async def test_a_pause_while_a_lease_statement_waits_is_no_error_of_the_driver(
 
     store.heartbeat = heartbeat_waiting_through_a_pause  # type: ignore[method-assign]
     await paused_once(h, caplog, paused)
+
+
+async def test_a_pause_while_a_drop_ends_is_no_error_of_the_drop(
+    engine: Harness, database_url: str, pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A process stopped just after it began to stop writing a domain (CI's frozen-engine run
+    handed a domain over a moment before its SIGSTOP): the drop's wait for the writer to end
+    is past when it runs again. That time was not the ending's, which gets its bound again."""
+    h = engine
+    expect_ok(await h.client.admin(DOMAIN, "import-topology", {"request_id": "imp", **fabric()}))
+    writer = h.engine.custody._served[DOMAIN].writer
+    close = writer.close
+    paused = asyncio.Event()
+
+    async def close_through_a_pause() -> None:
+        paused.set()
+        time.sleep(2.5 * TTL)  # the event loop does not run: as under SIGSTOP
+        await close()
+
+    writer.close = close_through_a_pause  # type: ignore[method-assign]
+    # The lease runs out in the store: the next tick finds it lost and drops the domain.
+    await fetch(
+        database_url,
+        pg_schema,
+        "UPDATE trellis_writer_leases SET expires_at = clock_timestamp() WHERE domain = $1",
+        DOMAIN,
+    )
+    await paused_once(h, caplog, paused)
+    said = [m for _, m in ((r.levelname, r.getMessage()) for r in caplog.records)]
+    assert any("stops writing it" in m for m in said), said

@@ -560,7 +560,8 @@ class Custody:
             self._end(domain, served, release=release, unfollow=unfollow), name=f"drop-{domain}"
         )
         self._keep(ending)
-        await asyncio.wait({ending}, timeout=self._drop_within)
+        # A pause of the process (a SIGSTOP just after the drop began) is not the ending's time.
+        await wait_running(ending, self._drop_within)
         if not ending.done():
             log.error(
                 "domain %s: its writer, fabric or followers still running %.1f s after this "
