@@ -187,6 +187,9 @@ async def test_an_operator_previews_reserves_lists_applies_and_cancels(
     code, out, _ = await trellis(env, "free", "--kind", "gpu")
     assert code == 0 and previewed not in out
 
+    # Asked as the default tenant, acme's reservation is not found (§3); the CLI says who asked.
+    code, _, err = await trellis(env, "apply", rid)
+    assert code == 1 and "not_found" in err and "asked as tenant 'default'" in err, err
     code, out, _ = await trellis(env, "apply", rid, "--tenant", "acme")
     assert code == 0 and "active" in out and previewed in out
     code, _, err = await trellis(env, "apply", rid, "--tenant", "acme")

@@ -57,7 +57,16 @@ def query_subject(args: argparse.Namespace, what: str) -> str:
 def send_intent(args: argparse.Namespace, verb: str, body: dict[str, Any], show: Any) -> int:
     body = {**body, "request_id": args.request_id or body.get("request_id") or str(uuid.uuid4())}
     reply = request(args, f"intent.{args.domain}.{args.tenant}.{verb}", body)
-    return print_reply(args, reply, show)
+    code = print_reply(args, reply, show)
+    if not reply.get("ok") and reply["error"].get("code") == "not_found" and args.output != "json":
+        # The contract answers another tenant's composition or reservation as not found: say
+        # who asked, since the default tenant is easily not the one that made it.
+        print(
+            f"(asked as tenant {args.tenant!r}: what another tenant holds is not found either;"
+            " --tenant names who asks)",
+            file=sys.stderr,
+        )
+    return code
 
 
 def read_json(path: Path) -> dict[str, Any]:
