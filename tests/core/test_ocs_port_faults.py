@@ -189,3 +189,75 @@ def test_draining_a_port_moves_compositions_off_its_cable_and_undrain_gives_it_b
     events, outcome = run(state, Undrain(request_id=request_id(), id="o:1"))
     assert events == [ComponentUndrained(component="l-02", reason="o port 1")]
     assert apply(state, events).links["l-02"].drained is False
+
+
+def two_host_cables_one_circuit(gbps: float = 256) -> DomainState:
+    """h -l-01- o:0, h -l-02- o:1 (`gbps`) | o:2 -l-03- sw -l-04- g1, sw -l-05- g2: every path
+    to sw goes through o:2, so two GPUs composed on h share one circuit, 0-2."""
+    b = FabricBuilder().host("h").ocs("o", ports=4).switch("sw").gpu("g1").gpu("g2")
+    b.link("h", "o").link("h", "o", gbps=gbps).link("o", "sw")
+    return b.link("sw", "g1").link("sw", "g2").state()
+
+
+def on_one_circuit(state: DomainState, together: bool, gbps: float | None = None) -> DomainState:
+    """g1 and g2 composed on h over circuit 0-2: by one composition or by two."""
+    entry = {**GPU, "bandwidth_gbps": gbps} if gbps else GPU
+    if together:
+        state, _ = composed(state, "t", host="h", devices=[{**entry, "count": 2}])
+    else:
+        state, _ = composed(state, "t", host="h", devices=[entry])
+        state, _ = composed(state, "t", host="h", devices=[entry])
+    assert {(c.a_port, c.b_port) for c in state.circuits.values()} == {(0, 2)}
+    return state
+
+
+def circuits_and_paths(state: DomainState) -> tuple[set[tuple[int, int]], list[str]]:
+    """The circuits up, and each composition's state and circuits, as a check reads them."""
+    up = {(c.a_port, c.b_port) for c in state.circuits.values()}
+    each = [
+        f"{c.state} {sorted({(r.a_port, r.b_port) for b in c.bindings for r in b.circuits})}"
+        for c in state.compositions.values()
+    ]
+    return up, each
+
+
+@pytest.mark.parametrize("one_composition", [True, False], ids=["one-composition", "two"])
+@pytest.mark.parametrize("how", ["fault", "drain"])
+def test_paths_sharing_a_circuit_whose_port_goes_down_all_move_to_a_new_one(
+    one_composition: bool, how: str
+) -> None:
+    """The probe's case: a host's two paths share circuit 0-2 and port 0 goes down. Each path
+    alone could not move while the other held port 2; together they move to circuit 1-2."""
+    state = on_one_circuit(two_host_cables_one_circuit(), one_composition)
+
+    events, _ = report_fault(state, "o:0") if how == "fault" else run(state, Drain(
+        request_id=request_id(), id="o:0"))  # fmt: skip
+
+    first = min(state.compositions)  # repaired first: the circuit comes down with its path
+    assert [e for e in events if isinstance(e, CircuitRemoved | CircuitCreated)] == [
+        CircuitRemoved(
+            ocs="o", a_port=0, b_port=2, host="h", reason="unused after repair",
+            composition_id=first,
+        ),
+        CircuitCreated(ocs="o", a_port=1, b_port=2, host="h", composition_id=first),
+    ]  # fmt: skip
+    assert sum(isinstance(e, PathRerouted) for e in events) == 2
+    after = apply(state, events)
+    up, each = circuits_and_paths(after)
+    assert up == {(1, 2)} and set(each) == {"active [(1, 2)]"}, each
+
+
+@pytest.mark.parametrize("how", ["fault", "drain"])
+def test_a_shared_circuit_stays_up_while_a_path_on_it_cannot_move(how: str) -> None:
+    """Only one of the two paths fits the other cable (150 Gbps, 100 each): moving one would
+    take the circuit down under the other. A drained port still carries it, and a failed one
+    is no worse with the circuit kept: neither moves, both wait impaired, circuit 0-2 stays."""
+    state = on_one_circuit(two_host_cables_one_circuit(gbps=150), False, gbps=100)
+
+    events, outcome = report_fault(state, "o:0") if how == "fault" else run(state, Drain(
+        request_id=request_id(), id="o:0"))  # fmt: skip
+
+    assert not [e for e in events if isinstance(e, CircuitRemoved | CircuitCreated | PathRerouted)]
+    up, each = circuits_and_paths(apply(state, events))
+    assert up == {(0, 2)} and each == ["impaired [(0, 2)]"] * 2, each
+    assert sorted(outcome.impaired) == sorted(state.compositions)

@@ -114,3 +114,46 @@ async def test_a_fault_is_repaired_over_the_wire_and_why_says_so(h: Harness) -> 
     assert "PathRerouted" in [e["type"] for e in why["chain"]]
     state = await h.client.query(DOMAIN, "composition", {"id": result["composition_id"]})
     assert state["result"]["state"] == "active"
+
+
+SHARED_CIRCUIT: dict[str, Any] = {
+    "nodes": [
+        {"id": "host-1", "kind": "host"},
+        {"id": "ocs-1", "kind": "ocs", "ports": 4},
+        {"id": "sw-p", "kind": "switch"},
+        {"id": "gpu-1", "kind": "device", "device_kind": "gpu"},
+        {"id": "gpu-2", "kind": "device", "device_kind": "gpu"},
+    ],
+    "links": [
+        {"id": "l-h0", "a": "host-1", "b": "ocs-1", "b_port": 0, "capacity_gbps": 100},
+        {"id": "l-h1", "a": "host-1", "b": "ocs-1", "b_port": 1, "capacity_gbps": 100},
+        {"id": "l-p2", "a": "ocs-1", "a_port": 2, "b": "sw-p", "capacity_gbps": 100},
+        {"id": "l-g1", "a": "sw-p", "b": "gpu-1", "capacity_gbps": 100},
+        {"id": "l-g2", "a": "sw-p", "b": "gpu-2", "capacity_gbps": 100},
+    ],
+}
+
+
+async def test_two_compositions_on_one_circuit_move_together_when_its_port_fails(
+    h: Harness,
+) -> None:
+    """A scheduler author's probe: a host's two compositions shared circuit 0-2, port 0 failed,
+    and both were left impaired, though circuit 1-2 could carry both. Over the wire and the
+    simulated fabric: both move, and the fabric holds circuit 1-2 alone."""
+    await h.client.admin(DOMAIN, "import-topology", SHARED_CIRCUIT)
+    first = await composed(h, devices=[{"kind": "gpu"}])
+    second = await composed(h, devices=[{"kind": "gpu"}])
+
+    fault = {"component": "ocs-1:0", "state": "failed", "detail": "loss of light"}
+    reply = await h.client.admin(DOMAIN, "report-fault", fault)
+
+    assert reply["ok"] and reply["result"]["impaired"] == [], reply
+    moved = {m["composition_id"] for m in reply["result"]["moved"]}
+    assert moved == {first["composition_id"], second["composition_id"]}
+    for result in (first, second):
+        cid = result["composition_id"]
+        state = await h.client.query(DOMAIN, "composition", {"id": cid})
+        assert state["result"]["state"] == "active", state
+    hardware = (await h.client.query(DOMAIN, "fabric", {}))["result"]
+    assert hardware["circuits"] == [{"ocs": "ocs-1", "a_port": 1, "b_port": 2}], hardware
+    assert hardware["in_step"] and hardware["findings"] == [], hardware

@@ -4,14 +4,22 @@ A binding is broken when anything on its path (or its device) is unusable. Repai
 order: the same device over another path (PathRerouted), then another device that meets the
 binding's original request entry (DeviceReplaced). A composition whose bindings are all whole
 again is activated; one that cannot be mended stays impaired and says why.
+
+A circuit whose port or OCS is down breaks every path through it, so all of them must leave
+it, and its ports are free for their new paths only once the last one has. A step (a fault's
+repair, a drain, a retry) is first decided letting each path leave such a circuit as if the
+others had already: kept when every path through it did leave, else decided again keeping the
+circuit for those still on it (a drained port still carries them).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import reduce
 
 import msgspec
 
+from trellis.engine.core.errors import IntentRejected
 from trellis.engine.core.events import (
     CircuitCreated,
     CircuitRef,
@@ -34,10 +42,14 @@ def broken(state: DomainState, binding: DeviceBinding) -> list[str]:
     return [p for p in parts if (c := state.component(p)) is None or not usable(c)]
 
 
-def repair(state: DomainState, composition: Composition, why: str) -> list[Event]:
+def repair(
+    state: DomainState, composition: Composition, why: str, *, leave_down: bool = False
+) -> list[Event]:
     """Events that mend every broken binding of `composition` that can be mended.
 
-    `state` already holds the fault (or drain) and any CompositionImpaired for it.
+    `state` already holds the fault (or drain) and any CompositionImpaired for it. With
+    `leave_down`, a binding leaves a circuit that is down even while others still pass it
+    (`together` keeps that only when they all leave it too).
     """
     events: list[Event] = []
     host = state.nodes.get(composition.host)
@@ -47,8 +59,8 @@ def repair(state: DomainState, composition: Composition, why: str) -> list[Event
     for binding in composition.bindings:
         if not broken(state, binding):
             continue
-        fix = _reroute(state, composition, binding, why) or _replace(
-            state, composition, binding, why
+        fix = _reroute(state, composition, binding, why, leave_down) or _replace(
+            state, composition, binding, why, leave_down
         )
         if fix is None:
             mended_all = False
@@ -61,9 +73,39 @@ def repair(state: DomainState, composition: Composition, why: str) -> list[Event
     return events
 
 
+def together(step: Callable[[DomainState, bool], list[Event]], state: DomainState) -> list[Event]:
+    """`step(state, leave_down)`'s events: first letting paths leave a circuit that is down
+    while others still pass it, kept when no live path is left on a circuit that came down;
+    else `step` again keeping such circuits up (as a refused trial is, too)."""
+    try:
+        events = step(state, True)
+    except IntentRejected:
+        return step(state, False)
+    took_down = any(isinstance(e, CircuitRemoved) for e in events)
+    if took_down and _stranded(reduce(evolve, events, state)):
+        return step(state, False)
+    return events
+
+
+def _stranded(state: DomainState) -> bool:
+    """True when a live composition's path names a circuit that is no longer up."""
+    return any(
+        _up(state, c) is None
+        for composition in state.compositions.values()
+        for b in composition.bindings
+        for c in b.circuits
+    )
+
+
 def impair_and_repair(state: DomainState, component: str, why: str) -> list[Event]:
     """After `component` became unusable: impair each live composition whose path uses it,
     then mend what can be mended."""
+    return together(lambda s, leave_down: _impair_and_repair(s, component, why, leave_down), state)
+
+
+def _impair_and_repair(
+    state: DomainState, component: str, why: str, leave_down: bool
+) -> list[Event]:
     events: list[Event] = []
     for cid in sorted(state.compositions):
         composition = state.compositions[cid]
@@ -73,7 +115,7 @@ def impair_and_repair(state: DomainState, component: str, why: str) -> list[Even
             continue  # failed -> degraded (or back): it was unusable and still is; nothing new
         impaired = CompositionImpaired(composition_id=cid, component=component, reason=why)
         state = evolve(state, impaired)
-        mended = repair(state, state.compositions[cid], why)
+        mended = repair(state, state.compositions[cid], why, leave_down=leave_down)
         state = reduce(evolve, mended, state)
         events += [impaired, *mended]
     return events
@@ -81,25 +123,33 @@ def impair_and_repair(state: DomainState, component: str, why: str) -> list[Even
 
 def retry_impaired(state: DomainState, why: str) -> list[Event]:
     """After a recovery or an undrain: give every impaired composition another try."""
+    return together(lambda s, leave_down: _retry_impaired(s, why, leave_down), state)
+
+
+def _retry_impaired(state: DomainState, why: str, leave_down: bool) -> list[Event]:
     events: list[Event] = []
     for cid in sorted(state.compositions):
         composition = state.compositions[cid]
         if composition.state != "impaired":
             continue
-        mended = repair(state, composition, why)
+        mended = repair(state, composition, why, leave_down=leave_down)
         state = reduce(evolve, mended, state)
         events += mended
     return events
 
 
 def _reroute(
-    state: DomainState, composition: Composition, binding: DeviceBinding, why: str
+    state: DomainState,
+    composition: Composition,
+    binding: DeviceBinding,
+    why: str,
+    leave_down: bool = False,
 ) -> list[Event] | None:
     """The same device over the best path that is usable now, under the original bounds.
     (A memory slice shares its pool, so it moves through `_replace`, which may keep the pool.)"""
     if binding.capacity_gib is not None or not usable(state.nodes[binding.device]):
         return None
-    scratch = _without(state, composition, binding)
+    scratch = _without(state, composition, binding, leave_down)
     kind = DeviceRequest(kind=binding.kind)  # type: ignore[arg-type]  # a stored device kind
     probe = _single(composition, kind, device=binding.device)
     found = place(scratch, probe, composition.tenant, composition.host)
@@ -115,17 +165,21 @@ def _reroute(
         binding=new,
         reason=why,
     )
-    return _with_circuits(state, composition, binding, found, event)
+    return _with_circuits(state, composition, binding, found, event, leave_down)
 
 
 def _replace(
-    state: DomainState, composition: Composition, binding: DeviceBinding, why: str
+    state: DomainState,
+    composition: Composition,
+    binding: DeviceBinding,
+    why: str,
+    leave_down: bool = False,
 ) -> list[Event] | None:
     """Another device that meets the binding's original request entry."""
     if binding.entry < 0:
         return None  # a device asked for by id has no stand-in
     entry = msgspec.structs.replace(composition.request.devices[binding.entry], count=1)
-    scratch = _without(state, composition, binding)
+    scratch = _without(state, composition, binding, leave_down)
     found = place(scratch, _single(composition, entry), composition.tenant, composition.host)
     if not isinstance(found, Placement):
         return None
@@ -145,7 +199,7 @@ def _replace(
             composition_id=composition.id, old_device=binding.device, binding=new, reason=why
         )
     )
-    return _with_circuits(state, composition, binding, found, event)
+    return _with_circuits(state, composition, binding, found, event, leave_down)
 
 
 def _single(composition: Composition, entry: DeviceRequest, device: str | None = None) -> Compose:
@@ -178,9 +232,10 @@ def _bandwidth_fits(state: DomainState, binding: DeviceBinding) -> bool:
 
 
 def _freed_circuits(
-    state: DomainState, composition: Composition, binding: DeviceBinding
+    state: DomainState, composition: Composition, binding: DeviceBinding, leave_down: bool
 ) -> list[CircuitRef]:
-    """Circuits only `binding` passes: no other path of its composition or of its host does."""
+    """Circuits still up that only `binding` passes (no other path of its composition or of
+    its host does), and with `leave_down` those of them that are down whoever passes them."""
     others = {
         _key(c)
         for comp in state.compositions.values()
@@ -189,18 +244,50 @@ def _freed_circuits(
         if not (comp.id == composition.id and b.device == binding.device)
         for c in b.circuits
     }
-    return [c for c in binding.circuits if _key(c) not in others]
+    return [
+        c
+        for c in binding.circuits
+        if _up(state, c) is not None
+        and (_key(c) not in others or (leave_down and _down(state, binding, c)))
+    ]
+
+
+def _up(state: DomainState, circuit: CircuitRef) -> CircuitRef | None:
+    """`circuit` when it is up (made and not removed since), else None."""
+    now = state.circuits.get(f"{circuit.ocs}:{circuit.a_port}")
+    if now is None or (now.a_port, now.b_port) != (circuit.a_port, circuit.b_port):
+        return None
+    return circuit
+
+
+def _down(state: DomainState, binding: DeviceBinding, circuit: CircuitRef) -> bool:
+    """True when `circuit` cannot carry any path: its OCS, or the cable on one of its ports
+    (which every path through it passes, as `binding` does), is unusable."""
+    ocs = state.nodes.get(circuit.ocs)
+    if ocs is None or not usable(ocs):
+        return True
+    ports = {(circuit.ocs, circuit.a_port), (circuit.ocs, circuit.b_port)}
+    for link_id in binding.links:
+        link = state.links.get(link_id)
+        if link is None:
+            return True
+        ends = {(link.spec.a, link.spec.a_port), (link.spec.b, link.spec.b_port)}
+        if ends & ports and not usable(link):
+            return True
+    return False
 
 
 def _key(circuit: CircuitRef) -> tuple[str, int, int]:
     return (circuit.ocs, circuit.a_port, circuit.b_port)
 
 
-def _without(state: DomainState, composition: Composition, binding: DeviceBinding) -> DomainState:
+def _without(
+    state: DomainState, composition: Composition, binding: DeviceBinding, leave_down: bool
+) -> DomainState:
     """`state` as if `binding` were gone, with the circuits only it passes: the search for its
     new path may use those ports again (a reroute within one OCS usually must)."""
     scratch = without_binding(state, composition.id, binding.device)
-    for c in _freed_circuits(state, composition, binding):
+    for c in _freed_circuits(state, composition, binding, leave_down):
         gone = CircuitRemoved(ocs=c.ocs, a_port=c.a_port, b_port=c.b_port, host=composition.host)
         scratch = evolve(scratch, gone)
     return scratch
@@ -212,10 +299,11 @@ def _with_circuits(
     old: DeviceBinding,
     found: Placement,
     event: Event,
+    leave_down: bool,
 ) -> list[Event]:
     """Circuits only the old path passed come down first (freeing their ports), then the new
     path's circuits go up, then the binding moves. A circuit both paths pass stays."""
-    freed = {_key(c): c for c in _freed_circuits(state, composition, old)}
+    freed = {_key(c): c for c in _freed_circuits(state, composition, old, leave_down)}
     new = {_key(c): c for c in found.new_circuits}
     removed: list[Event] = [
         CircuitRemoved(

@@ -42,7 +42,7 @@ from trellis.engine.core.intents import (
     Undrain,
 )
 from trellis.engine.core.model import LinkSpec, NodeSpec
-from trellis.engine.core.repair import impair_and_repair, repair, retry_impaired
+from trellis.engine.core.repair import impair_and_repair, repair, retry_impaired, together
 from trellis.engine.core.results import MAX_LISTED, ComponentResult, ImportResult, Moved
 from trellis.engine.core.state import DomainState, evolve, resolve_ref
 
@@ -362,12 +362,18 @@ def _after_health(state: DomainState, cid: str, health: str, why: str) -> list[E
 def _move_off(state: DomainState, cid: str, why: str, force: bool) -> list[Event]:
     """Drain: move every composition off the component first. One that cannot be moved is
     impaired, except that an exclusive one stops the drain unless it is forced."""
+    return together(lambda s, leave_down: _move_each_off(s, cid, why, force, leave_down), state)
+
+
+def _move_each_off(
+    state: DomainState, cid: str, why: str, force: bool, leave_down: bool
+) -> list[Event]:
     events: list[Event] = []
     for comp_id in sorted(state.compositions):
         composition = state.compositions[comp_id]
         if composition.state == "pending" or not composition.uses(cid):
             continue  # a pending one is checked when it is established
-        moved = repair(state, composition, why)
+        moved = repair(state, composition, why, leave_down=leave_down)
         after = reduce(evolve, moved, state)
         if after.compositions[comp_id].uses(cid):
             if composition.exclusive and not force:
