@@ -440,6 +440,11 @@ async def test_the_event_stream_tells_each_account_only_what_it_may_see(
         "POST", f"{R}/Systems", {"Links": {"ResourceBlocks": [block("host-01"), block("gpu-002")]}}
     )
     assert made.status == 201
+    # Its GPU fails and recovers: impaired, then activated again, a change of a system the
+    # client has (a probe's inventory saw that activation announced as a second creation).
+    for health in ("failed", "healthy"):
+        fault = {"component": "gpu-002", "state": health}
+        assert (await h.client.admin(DOMAIN, "report-fault", fault))["ok"]
     assert (await acme("DELETE", f"{R}/Systems/{made.body['Id']}")).status == 204
     system = f"{R}/Systems/{made.body['Id']}"
 
@@ -453,7 +458,12 @@ async def test_the_event_stream_tells_each_account_only_what_it_may_see(
             if e["OriginOfCondition"]["@odata.id"].startswith(f"{R}/Systems/")
         ]
 
-    expected = [("ResourceCreated", system), ("ResourceRemoved", system)]
+    expected = [
+        ("ResourceCreated", system),
+        ("ResourceChanged", system),  # impaired
+        ("ResourceChanged", system),  # activated again
+        ("ResourceRemoved", system),
+    ]
     for _ in range(100):
         if records("admin") == expected and records("acme") == expected:
             break

@@ -4,7 +4,8 @@
 Each event of the log that changes a Redfish resource becomes one Redfish `Event` with one
 record from DMTF's `ResourceEvent` registry, `OriginOfCondition` = the resource:
 
-- CompositionActivated: ResourceCreated of `Systems/<composition>`;
+- CompositionActivated after its CompositionRequested: ResourceCreated of
+  `Systems/<composition>`; after an impairment (a repair or a recovery), ResourceChanged of it;
 - CompositionReleased, CompositionFailed: ResourceRemoved of `Systems/<composition>`;
 - CompositionImpaired, PathRerouted, DeviceReplaced, LeaseExtended: ResourceChanged of
   `Systems/<composition>`;
@@ -88,6 +89,9 @@ class EventFeed:
         self._prefix = prefix
         self._listeners: set[_Listener] = set()
         self._tenants: dict[tuple[str, str], str] = {}  # (domain, composition) -> tenant
+        # Compositions requested on this stream and not yet activated: only their activation
+        # creates a system; a later one (after an impairment) changes it.
+        self._starting: set[tuple[str, str]] = set()
         self._reservers: dict[tuple[str, str], str] = {}  # (domain, reservation) -> tenant
         self._sub: Any = None
         self.foreign = ForeignMessages("redfish", on_foreign)
@@ -140,6 +144,7 @@ class EventFeed:
         domain, kind = envelope.domain, envelope.type
         if kind == "CompositionRequested" and data.composition_id and data.tenant:
             self._tenants[(domain, data.composition_id)] = data.tenant
+            self._starting.add((domain, data.composition_id))
             return
         record: tuple[str, str] | None = None
         tenant: str | None = None
@@ -155,9 +160,13 @@ class EventFeed:
             tenant = self._reservers.pop((domain, data.reservation_id), None)
             record = ("ResourceRemoved", f"{RESERVATIONS}/{data.reservation_id}")
         elif data.composition_id and kind in CREATED | REMOVED | CHANGED:
+            key = (domain, data.composition_id)
+            created = kind in CREATED and key in self._starting
+            if kind in CREATED | REMOVED:
+                self._starting.discard(key)
             message = (
                 "ResourceCreated"
-                if kind in CREATED
+                if created
                 else "ResourceRemoved"
                 if kind in REMOVED
                 else "ResourceChanged"
@@ -165,7 +174,7 @@ class EventFeed:
             record = (message, f"{R}/Systems/{data.composition_id}")
             tenant = await self._tenant_of(domain, data.composition_id)
             if kind in REMOVED:
-                self._tenants.pop((domain, data.composition_id), None)
+                self._tenants.pop(key, None)
         elif kind in COMPONENT and data.component:
             # A node or a link (or an OCS port): the fabric is the resource every account
             # reads that holds them all.
