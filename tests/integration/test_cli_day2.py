@@ -200,8 +200,25 @@ def test_an_at_past_the_head_says_the_answer_is_the_state_now(
     and nothing of the position asked for."""
     assert cli.main(["connections", "--at", "9999", "-o", output]) == cli.EXIT_OK
     err = capsys.readouterr().err
-    assert "(position 9999 is past the log's head, 66: this is the state now)" in err, err
+    assert "(position 9999 is past the domain's head, 66: this is the state now)" in err, err
     # At or below the head: no note.
     for at in ("66", "12"):
         assert cli.main(["connections", "--at", at, "-o", output]) == cli.EXIT_OK
         assert capsys.readouterr().err == ""
+
+
+def test_an_at_between_a_domains_events_is_no_past_the_head(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An auditor's probe: `--at 47` in a log whose position 47 is another domain's event was
+    answered at the domain's 43 (right) and noted as past the head (wrong: it is at 54)."""
+    monkeypatch.setenv("TRELLIS_DATA_DIR", str(tmp_path / "data"))
+
+    def on_nats(args: argparse.Namespace, subject: str, work: Any) -> dict[str, Any]:
+        at_47 = subject.endswith(".connections")
+        return {"ok": True, "result": {"connections": []}, "position": 43 if at_47 else 54}
+
+    monkeypatch.setattr(talk, "on_nats", on_nats)
+    assert cli.main(["connections", "--at", "47"]) == cli.EXIT_OK
+    out, err = capsys.readouterr()
+    assert "at position 43" in out and err == "", (out, err)

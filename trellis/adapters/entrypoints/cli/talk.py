@@ -225,13 +225,20 @@ def print_reply(args: argparse.Namespace, reply: dict[str, Any], show: Any) -> i
 
 
 def _past_the_head(args: argparse.Namespace, reply: dict[str, Any]) -> None:
-    """A note on stderr when `--at` named a log position past the head: the engine answers
-    with the state now, at its head, and the answer said only that position (`--at 9999` with
-    the head at 66 printed `10 connections at position 66`, unsaid)."""
+    """A note on stderr when `--at` named a log position past the domain's head: the engine
+    answers with the state now, and the answer said only its position (`--at 9999` with the
+    head at 66 printed `10 connections at position 66`, unsaid).
+
+    An answer below the position asked is also the domain's last event before it when other
+    domains' events (or a gap) lie between, so the domain's head is asked for (a small query
+    without `--at`) before saying so."""
     asked, position = getattr(args, "at", None), reply.get("position")
-    if type(asked) is int and type(position) is int and position < asked:
+    if not (type(asked) is int and type(position) is int and position < asked):
+        return
+    head = request(args, query_subject(args, "quotas"), {}).get("position")
+    if type(head) is int and position >= head:
         print(
-            f"(position {asked} is past the log's head, {position}: this is the state now)",
+            f"(position {asked} is past the domain's head, {position}: this is the state now)",
             file=sys.stderr,
         )
 
