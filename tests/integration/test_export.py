@@ -27,6 +27,7 @@ from history_day import DOMAIN, T0, Day, at, day_served, play
 
 from trellis.adapters.fabric.sim import SimulatedFabric
 from trellis.adapters.postgres.export import MANIFEST, DomainExport, export_parquet
+from trellis.engine.core.checkpoints import Checkpoint, Signer, origin_of
 
 ROOT = Path(__file__).parents[2]
 
@@ -136,38 +137,83 @@ async def test_the_export_holds_every_event_of_the_log_in_typed_columns(
     assert meta[b"trellis.chain_head_hash"] == log[-1]["hash"].encode()
 
 
-async def test_the_files_name_the_latest_checkpoint_the_export_covers(
-    pool: asyncpg.Pool, owner_url: str, pg_schema: str, day: Day, tmp_path: Path
+async def stored_checkpoints(
+    owner_url: str, pg_schema: str, rows: list[tuple[int, str, str]]
 ) -> None:
-    # Checkpoint rows as schema/010 (signed Merkle checkpoints) holds them: roots are base64
-    # of 32 bytes. The export reads only size and root.
+    """Checkpoint rows (size, root, note) as schema/010 holds them, written by the table's
+    owner (the engine signs its own; here the notes are made to measure)."""
     owner = await asyncpg.connect(owner_url, server_settings={"search_path": pg_schema})
     try:
-        head = (await log_rows(pool))[-1]["version"]
-        roots = [base64.b64encode(bytes([n]) * 32).decode() for n in (1, 2, 3)]
-        for size, root in zip((2, head, head + 1), roots, strict=True):
+        for size, root, note in rows:
             await owner.execute(
-                "INSERT INTO trellis_checkpoints VALUES ($1, $2, $3, now(), '')"
+                "INSERT INTO trellis_checkpoints VALUES ($1, $2, $3, now(), $4)"
                 " ON CONFLICT DO NOTHING",
                 DOMAIN,
                 size,
                 root,
+                note,
             )
     finally:
         await owner.close()
-    expected = await pool.fetchrow(
-        "SELECT size, root FROM trellis_checkpoints WHERE domain = $1 AND size <= $2"
-        " ORDER BY size DESC LIMIT 1",
-        DOMAIN,
-        head,
-    )
+
+
+def signed(size: int, root: str) -> str:
+    """A checkpoint note of `size` events with `root` (base64), signed by a key of its own."""
+    body = Checkpoint(origin=origin_of(DOMAIN), size=size, root=base64.b64decode(root)).body()
+    return Signer.generate().sign(body)
+
+
+async def test_the_files_name_the_latest_checkpoint_the_export_covers_and_carry_its_note(
+    pool: asyncpg.Pool, owner_url: str, pg_schema: str, day: Day, tmp_path: Path
+) -> None:
+    head = (await log_rows(pool))[-1]["version"]
+    roots = [base64.b64encode(bytes([n]) * 32).decode() for n in (1, 2, 3)]
+    sizes = (2, head, head + 1)
+    notes = [signed(size, root) for size, root in zip(sizes, roots, strict=True)]
+    await stored_checkpoints(owner_url, pg_schema, list(zip(sizes, roots, notes, strict=True)))
+
     done = await export(pool, tmp_path)
+
+    assert done.checkpoint_problem is None
     for name in done.files:
         meta = pq.read_schema(tmp_path / name).metadata
-        assert (
-            meta[b"trellis.checkpoint_size"] == str(expected["size"]).encode() == str(head).encode()
-        )
-        assert meta[b"trellis.checkpoint_root"] == expected["root"].encode()
+        assert meta[b"trellis.checkpoint_size"] == str(head).encode()
+        assert meta[b"trellis.checkpoint_root"] == roots[1].encode()
+        # The signed statement itself: an auditor checks it with the key they hold.
+        assert meta[b"trellis.checkpoint_note"] == notes[1].encode()
+
+
+async def test_a_checkpoint_row_unlike_its_signed_note_is_named_and_not_stamped(
+    pool: asyncpg.Pool,
+    owner_url: str,
+    database_url: str,
+    pg_schema: str,
+    day: Day,
+    tmp_path: Path,
+) -> None:
+    """An auditor's probe rewrote the log and the checkpoint rows' roots as a superuser, and
+    left the signed notes: the export stamped the forged root as the one to check against."""
+    head = (await log_rows(pool))[-1]["version"]
+    signed_root, forged_root = (base64.b64encode(bytes([n]) * 32).decode() for n in (1, 2))
+    await stored_checkpoints(owner_url, pg_schema, [(head, forged_root, signed(head, signed_root))])
+
+    done = await export(pool, tmp_path)
+
+    assert done.files and done.checkpoint_problem is not None
+    assert forged_root in done.checkpoint_problem and signed_root in done.checkpoint_problem
+    for name in done.files:
+        meta = pq.read_schema(tmp_path / name).metadata
+        assert not {k for k in meta if k.startswith(b"trellis.checkpoint_")}, meta
+    # The CLI says so and fails, though it wrote the events.
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TRELLIS_")},
+        "TRELLIS_DATA_DIR": str(tmp_path / "data"),
+        "TRELLIS_DATABASE_URL": database_url,
+        "TRELLIS_DB_SCHEMA": pg_schema,
+    }
+    code, text = await trellis(env, "export", "--parquet", str(tmp_path / "by-cli"))
+    assert code == 1 and f"{DOMAIN}: exported positions 1-" in text, text
+    assert "trellis: checkpoint: " in text and "the checkpoint table was edited" in text, text
 
 
 async def test_history_and_compositions_are_exported_with_their_lifecycle(

@@ -73,7 +73,14 @@ def run(args: argparse.Namespace) -> int:
     diverged = [done.diverged for done in exported if done.diverged is not None]
     for why in diverged:
         say("diverged", f"{why}; nothing was exported for it", _DIVERGED_HINT)
-    return EXIT_FAILED if diverged else EXIT_OK
+    edited = [done for done in exported if done.checkpoint_problem is not None]
+    for done in edited:
+        say(
+            "checkpoint",
+            f"{done.domain}: {done.checkpoint_problem}; its files carry no checkpoint",
+            "check the log against a checkpoint note you kept: trellis verify --key-file ...",
+        )
+    return EXIT_FAILED if diverged or edited else EXIT_OK
 
 
 def _summary(done: DomainExport) -> str:

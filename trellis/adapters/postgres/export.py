@@ -37,12 +37,16 @@ the same stretch of the log; a domain whose projection lags is exported up to wh
 
 Every file carries key-value metadata: the domain, the export's first and last position, the
 chain head at the last one (version and hash) and, if the deployment keeps signed Merkle
-checkpoints (trellis_checkpoints), the latest checkpoint that covers no more than the export
-(size and root), so the exported hashes can be checked against it.
+checkpoints (trellis_checkpoints), the latest checkpoint that covers no more than the export:
+its size and root as its signed note states them, and the note itself, so the exported hashes
+can be checked against what was signed, offline, with the deployment's verifier key. A stored
+checkpoint whose row disagrees with its own note (the table was edited) is named in
+`DomainExport.checkpoint_problem`, and the files carry no checkpoint.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 from collections.abc import Sequence
@@ -54,6 +58,8 @@ from typing import Any
 import asyncpg
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from trellis.engine.core.checkpoints import NoteError, stated
 
 MANIFEST = "trellis-export.json"
 FORMAT = 1
@@ -201,6 +207,7 @@ class DomainExport:
     chain_head_version: int = 0  # the chain head at last_position
     chain_head_hash: str = ""
     diverged: str | None = None  # why the log no longer continues the export: nothing written
+    checkpoint_problem: str | None = None  # why the files carry no checkpoint though one is stored
 
 
 async def export_parquet(
@@ -326,8 +333,9 @@ async def _export_domain(
         "trellis.last_position": str(last),
         "trellis.chain_head_version": str(chain["version"]),
         "trellis.chain_head_hash": chain["hash"],
-        **await _checkpoint(conn, domain, chain["version"]),
     }
+    checkpoint, result.checkpoint_problem = await _checkpoint(conn, domain, chain["version"])
+    meta.update(checkpoint)
     part = f"part-{after + 1:020d}-{last:020d}.parquet"
 
     def write(path: Path, schema: pa.Schema, rows: list[dict[str, Any]]) -> None:
@@ -438,20 +446,41 @@ def _write_events(
     return len(rows)
 
 
-async def _checkpoint(conn: asyncpg.Connection, domain: str, version: int) -> dict[str, str]:
-    """The latest signed checkpoint covering no more than the exported events, if the
-    deployment records checkpoints (the table exists from schema/010 on)."""
+async def _checkpoint(
+    conn: asyncpg.Connection, domain: str, version: int
+) -> tuple[dict[str, str], str | None]:
+    """The metadata of the latest signed checkpoint covering no more than the exported
+    events, if the deployment records checkpoints (the table exists from schema/010 on): what
+    its note states, and the note. Else none, and why when one is stored: a row whose size or
+    root is not its note's was edited, and the note is what was signed."""
     if await conn.fetchval("SELECT to_regclass('trellis_checkpoints')") is None:
-        return {}
+        return {}, None
     row = await conn.fetchrow(
-        "SELECT size, root FROM trellis_checkpoints WHERE domain = $1 AND size <= $2"
+        "SELECT size, root, note FROM trellis_checkpoints WHERE domain = $1 AND size <= $2"
         " ORDER BY size DESC LIMIT 1",
         domain,
         version,
     )
     if row is None:
-        return {}
-    return {"trellis.checkpoint_size": str(row["size"]), "trellis.checkpoint_root": row["root"]}
+        return {}, None
+    size, root, note = row["size"], row["root"], row["note"]
+    try:
+        signed = stated(note)
+    except NoteError as exc:
+        return {}, f"the stored checkpoint of {size} events holds no signed note ({exc})"
+    signed_root = base64.b64encode(signed.root).decode()
+    if (signed.size, signed_root) != (size, root):
+        return {}, (
+            f"the stored checkpoint of {size} events has root {root}, but its signed note"
+            f" states {signed.size} events and root {signed_root}: the checkpoint table was"
+            " edited"
+        )
+    meta = {
+        "trellis.checkpoint_size": str(size),
+        "trellis.checkpoint_root": root,
+        "trellis.checkpoint_note": note,
+    }
+    return meta, None
 
 
 def _day(row: dict[str, Any]) -> str:

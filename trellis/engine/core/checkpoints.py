@@ -225,6 +225,18 @@ def open_checkpoint_by_any(note: str, verifiers: Iterable[Verifier]) -> tuple[Ch
     raise NoteError("; ".join(dict.fromkeys(broken or failed.values())))
 
 
+def stated(note: str) -> Checkpoint:
+    """The checkpoint `note` states, its signatures unchecked (the reader's, with its key).
+
+    Raises:
+        NoteError: it is no signed note of a checkpoint.
+    """
+    split = note.rfind("\n\n")
+    if split < 0:
+        raise NoteError("a signed note is its text, a blank line and signature lines")
+    return parse_checkpoint(note[: split + 1])
+
+
 def signers_of(note: str) -> set[str]:
     """The key ids (`<name>+<hex key hash>`, as `Verifier.key_id`) that `note`'s signature
     lines name, whether or not each signature holds; a line that is no signature is passed
