@@ -181,3 +181,12 @@ def test_after_a_key_rotation_each_note_holds_with_one_of_the_keys_given(
     # A key that is no key is not passed over for the good ones.
     assert cli.main([*both, "--key", "trellis+00000000+AAAA"]) == 1
     assert "FAILED: the verifier key" in capsys.readouterr().err
+
+
+def test_an_inclusion_proof_without_its_event_is_a_usage_error(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An auditor's probe left out --event: exit 1 read as a proof that does not hold."""
+    assert cli.main(verify(files)) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("trellis: usage: an inclusion proof is of an event: give --event"), line

@@ -390,6 +390,13 @@ def verify_offline(args: argparse.Namespace) -> int:
         if not isinstance(proof, dict):
             raise ProofRejected(f"{args.proof} holds no proof object")
         event_hash = args.event_hash
+        if "leaf_index" in proof and event_hash is None and args.event is None:
+            # The command line lacks the event: nothing was checked (exit 1 is a proof that
+            # does not hold).
+            raise FileUnreadable(
+                "an inclusion proof is of an event: give --event FILE or --event-hash HASH",
+                _EVENT_HINT,
+            )
         if args.event is not None:
             event_hash, version = event_file_hash(args.event)
             if "leaf_index" in proof and int(proof["leaf_index"]) != version - 1:
