@@ -766,5 +766,6 @@ async def test_a_stalled_relay_is_a_finding_never_a_pass(
     messages = {f["check"]: f["message"] for f in findings(report)}
     assert messages["kv"].startswith(f"the relay is behind the log: at version 1 of {head.version}")
     assert messages["stream"].startswith(
-        f"the stream ends at version 1; the log is at {head.version}"
+        f"the stream carries the log's own events only up to version 1; the log is at "
+        f"{head.version}"
     )

@@ -563,8 +563,9 @@ async def _stream(
             Finding(
                 check="stream",
                 domain=domain,
-                message=f"the stream ends at version {carried}; the log is at {head} and "
-                f"the relay says it published up to {relayed}",
+                message=f"the stream carries the log's own events only up to version "
+                f"{carried}; the log is at {head} and the relay says it published up to "
+                f"{relayed}",
                 details={"version": carried, "head": head, "relayed": relayed},
             )
         )

@@ -7,7 +7,8 @@ its version, and must be, but for one documented exception. What is a finding:
 
 - a second copy of an event the stream already carried (same id, or the log's event at a
   version the stream already carried the log's event of): the relay publishes each event once;
-- an event with the id of the log's event at its version but other content;
+- an event with the id of the log's event at its version but another hash (a log row edited
+  in place under its old hash is the chain check's: this side compares hashes);
 - an event the log does not hold (another id or hash than the log's at its version, or a
   version past the log's head) that no failover explains.
 
