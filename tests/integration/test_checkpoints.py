@@ -308,8 +308,12 @@ async def test_an_auditor_fetches_and_checks_a_proof_with_the_cli(
     assert code == 0 and note.startswith(f"trellis/{HALL}\n")
     code, key, _ = await trellis(env, "checkpoint-key")
     assert code == 0 and key.startswith("trellis+")
-    code, proof, _ = await trellis(env, "proof", event.id)
-    assert code == 0 and msgspec.json.decode(proof)["leaf_index"] == 2
+    code, proof, err = await trellis(env, "proof", event.id)
+    assert code == 0 and msgspec.json.decode(proof)["leaf_index"] == 2 and err == "", err
+    # At a size no checkpoint was taken at, the root is only the log's word: said so.
+    code, other, err = await trellis(env, "proof", event.id, "--size", "3")
+    assert code == 0 and msgspec.json.decode(other)["checkpoint"] is None
+    assert "no signed checkpoint of 3 events comes with this proof" in err, err
     for name, text in {"note": note, "key": key, "proof.json": proof}.items():
         (tmp_path / name).write_text(text)
 

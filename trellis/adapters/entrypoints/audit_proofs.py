@@ -440,7 +440,18 @@ def _proof(args: argparse.Namespace, request: Request) -> int:
     if args.size is not None:
         body["size"] = args.size
     reply = request(args, _subject(args, "proof"), body)
-    return _print(args, reply, _pretty)
+    code = _print(args, reply, _pretty)
+    result = reply.get("result") if reply.get("ok") else None
+    if isinstance(result, dict) and result.get("checkpoint") is None:
+        # The root is then only the log's word (the log's own checkpoint at that size may
+        # even have been refused as not this deployment's): say what vouches for it.
+        print(
+            f"(no signed checkpoint of {result.get('tree_size')} events comes with this proof: "
+            "its root is the log's as it is now; check it against a checkpoint note you kept, "
+            "with `trellis verify --checkpoint NOTE --proof FILE`)",
+            file=sys.stderr,
+        )
+    return code
 
 
 def _consistency_command(args: argparse.Namespace, request: Request) -> int:
