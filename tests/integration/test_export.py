@@ -329,6 +329,7 @@ async def test_the_auditing_guide_finds_who_was_on_a_device_during_an_outage(
     guide = (ROOT / "docs" / "auditing.md").read_text()
     section = guide[guide.index("### Who was on gpu-042 during the outage") :]
     query = sql_block(section).replace("'export/", f"'{tmp_path}/").replace("gpu-042", "gpu-2")
+    query = query.replace("'hall-1'", f"'{DOMAIN}'")
     query = query.replace("2026-11-30 12:30:00+00", at(2000)).replace(
         "2026-11-30 12:40:00+00", at(2100)
     )
