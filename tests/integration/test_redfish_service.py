@@ -707,6 +707,16 @@ async def test_a_tenant_sees_and_applies_only_its_own_reservations(
     stolen = await zeta("POST", COMPOSE, apply_reservation(rid))
     assert stolen.status == 404, stolen
     assert (await zeta("DELETE", f"{RESERVATIONS}/{rid}")).status == 404
+    # Composing the reserved block: acme is told the reservation to apply (a probe got only
+    # ResourceBlockInUse); zeta only that the block is in use, no reservation named to it.
+    blocks = {"Links": {"ResourceBlocks": [block("host-01"), block("gpu-002")]}}
+    own = await acme("POST", f"{R}/Systems", blocks)
+    assert (own.status, own.messages()) == (409, ["SpecifiedResourceAlreadyReserved"]), own
+    extended = own.body["error"]["@Message.ExtendedInfo"][0]
+    assert extended["MessageArgs"] == [f"{DOMAIN}.gpu-002", rid], extended
+    other = await zeta("POST", f"{R}/Systems", blocks)
+    assert (other.status, other.messages()) == (409, ["ResourceBlockInUse"]), other
+    assert rid not in json.dumps(other.body)
     # The block is taken for everyone but acme, and only acme (and the Administrator) is told
     # it is reserved: to zeta it is Unavailable, like another tenant's.
     gpu = await zeta.get(f"{BLOCKS}/{DOMAIN}.gpu-002")

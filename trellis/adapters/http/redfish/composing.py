@@ -131,7 +131,7 @@ class Composer:
         intent: dict[str, Any] = {"request_id": _request_id(request), **manifest}
         reply = await (await self._acting_as(tenant)).intent(domain, tenant, "compose", intent)
         if not reply.get("ok"):
-            raise await self._refusal(plan, reply)
+            raise await self._refusal(plan, reply, Viewer(account.tenant))
         self.reader.wrote(domain, reply.get("position"))
         result = reply["result"]
         cid = result["composition_id"]
@@ -217,7 +217,7 @@ class Composer:
             }
             reply = await acting.intent(domain, tenant, "reserve", intent)
             if not reply.get("ok"):
-                raise await self._refusal(plan, reply)
+                raise await self._refusal(plan, reply, Viewer(account.tenant))
             self.reader.wrote(domain, reply.get("position"))
             made = reply["result"]
             stanza["Response"] = _blocks_request(domain, made["host"], made["devices"])
@@ -228,7 +228,7 @@ class Composer:
         intent = {"request_id": _request_id(request), "manifest": manifest}
         reply = await acting.intent(domain, tenant, "apply", intent)
         if not reply.get("ok"):
-            raise await self._refusal(plan, reply)
+            raise await self._refusal(plan, reply, Viewer(account.tenant))
         system = self._applied(domain, tenant, reply, manifest)
         stanza["Response"] = system
         answer["Manifest"] = {"Stanzas": [stanza]}
@@ -269,17 +269,24 @@ class Composer:
                 headers=[("Location", system["@odata.id"])], allow="POST", etag=False)  # fmt: skip
         raise error(404, "ResourceNotFound", "CompositionReservation", rid)
 
-    async def _refusal(self, plan: _Plan, reply: dict[str, Any]) -> RedfishError:
-        """The engine's refusal of a plan's intent: ResourceBlockInUse for the named blocks
-        held now when it found no room for them."""
+    async def _refusal(self, plan: _Plan, reply: dict[str, Any], viewer: Viewer) -> RedfishError:
+        """The engine's refusal of a plan's intent, when it found no room for named blocks
+        held now: per block, SpecifiedResourceAlreadyReserved naming the reservation when
+        `viewer` may see it (the reserver is to apply it instead), else ResourceBlockInUse
+        (another tenant's reservation is not named to it)."""
         failure = reply.get("error", {})
         if failure.get("code") in ("no_capacity", "no_path") and plan.device_ids:
             now = await self.reader.domain(plan.domain)
-            held = [d for d in plan.device_ids if d in now.by_device or d in now.reserved]
-            if held:
-                return RedfishError(
-                    409, [message("ResourceBlockInUse", rs.block_id(plan.domain, d)) for d in held]
-                )
+            said = []
+            for device in plan.device_ids:
+                block = rs.block_id(plan.domain, device)
+                reservation = None if device in now.by_device else _holding(now, device, viewer)
+                if reservation is not None:
+                    said.append(message("SpecifiedResourceAlreadyReserved", block, reservation))
+                elif device in now.by_device or device in now.reserved:
+                    said.append(message("ResourceBlockInUse", block))
+            if said:
+                return RedfishError(409, said)
         return from_engine(failure, "ResourceBlock")
 
     def _applied(
@@ -482,6 +489,15 @@ class Composer:
             raise from_engine(reply.get("error", {}), "ComputerSystem")
         self.reader.wrote(domain, reply.get("position"))
         return Reply(status=204, body=None, allow="GET, HEAD, DELETE")
+
+
+def _holding(domain: rs.Domain, device: str, viewer: Viewer) -> str | None:
+    """The id of a live reservation holding `device` that `viewer` may see, if any."""
+    for reservation in domain.reservations:
+        held = {d["id"] for d in reservation.get("devices", [])}
+        if device in held and viewer.sees(str(reservation["tenant"])):
+            return str(reservation["reservation_id"])
+    return None
 
 
 class _Plan(msgspec.Struct, kw_only=True):

@@ -181,6 +181,13 @@ MESSAGES: dict[str, Message] = {
         "Warning",
         "Remove the resource block from the request and resubmit the request.",
     ),
+    "SpecifiedResourceAlreadyReserved": Message(
+        COMPOSITION,
+        "Resource block '%1' is already reserved under reservation '%2'.",
+        "Critical",
+        "Delete the reservation containing the resource block or select a different resource "
+        "block and resubmit the request.",
+    ),
     "ResourceBlockInvalid": Message(
         COMPOSITION,
         "Resource block '%1' is not valid.",
