@@ -685,6 +685,15 @@ async def test_compose_action_refuses_bad_requests_with_registry_messages(
         (compose_action("Sideways", "host-01", "gpu-002"), 400, "PropertyValueNotInList"),
         (compose_action("Preview"), 400, "PropertyMissing"),
         (compose_action("Apply", ReservationId="rsv-0000000000000000"), 404, "ResourceNotFound"),
+        # The registry's EmptyManifest (a probe got PropertyValueFormatError and PropertyMissing).
+        (compose_action("Preview") | {"Manifest": {"Stanzas": []}}, 400, "EmptyManifest"),
+        (compose_action("Preview") | {"Manifest": {}}, 400, "EmptyManifest"),
+        (
+            compose_action("Preview")
+            | {"Manifest": {"Stanzas": [{"StanzaType": "ComposeSystem"}]}},
+            400,
+            "EmptyManifest",
+        ),
     ]:
         answer = await acme("POST", COMPOSE, body)
         assert answer.status == status, answer

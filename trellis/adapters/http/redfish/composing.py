@@ -524,10 +524,10 @@ def _stanza(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     if not isinstance(manifest, dict):
         raise wrong_type(manifest, "Manifest")
     stanzas = manifest.get("Stanzas")
-    if stanzas is None:
-        raise error(400, "PropertyMissing", "Manifest/Stanzas")
-    if not isinstance(stanzas, list):
+    if stanzas is not None and not isinstance(stanzas, list):
         raise wrong_type(stanzas, "Manifest/Stanzas")
+    if not stanzas:  # none, or an empty list: the registry's own case
+        raise error(400, "EmptyManifest")
     if len(stanzas) != 1:
         raise error(400, "PropertyValueFormatError", _shown(stanzas), "Manifest/Stanzas",
                     resolution="A Manifest holds one ComposeSystem stanza; send one per "
@@ -540,8 +540,8 @@ def _stanza(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     if kind != "ComposeSystem":
         raise error(400, "PropertyValueNotInList", str(kind), "Manifest/Stanzas/0/StanzaType")
     system_request = stanza.get("Request")
-    if system_request is None:
-        raise error(400, "PropertyMissing", "Manifest/Stanzas/0/Request")
+    if system_request is None:  # a stanza with no request: EmptyManifest's other case
+        raise error(400, "EmptyManifest")
     if not isinstance(system_request, dict):
         raise wrong_type(system_request, "Manifest/Stanzas/0/Request")
     return stanza, system_request

@@ -181,6 +181,12 @@ MESSAGES: dict[str, Message] = {
         "Warning",
         "Remove the resource block from the request and resubmit the request.",
     ),
+    "EmptyManifest": Message(
+        COMPOSITION,
+        "The provided manifest is empty or a stanza in the manifest contains no request.",
+        "Warning",
+        "Provide a request content for the manifest and resubmit.",
+    ),
     "SpecifiedResourceAlreadyReserved": Message(
         COMPOSITION,
         "Resource block '%1' is already reserved under reservation '%2'.",
