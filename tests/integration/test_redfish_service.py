@@ -229,6 +229,14 @@ async def test_an_idempotency_key_makes_a_retried_post_one_compose(
     assert (first.status, again.status) == (201, 201), again
     assert len(await connections(h)) == 1
     assert again.body["Id"] == first.body["Id"]
+    # The same key with another body: refused in the client's own terms (a probe read
+    # "request_id 'retry-me-1' was already used", a name no Redfish client sent).
+    other = {"Links": {"ResourceBlocks": [block("host-01"), block("gpu-002")]}}
+    reused = await acme("POST", f"{R}/Systems", other, headers=key)
+    assert (reused.status, reused.messages()) == (409, ["ResourceInUse"]), reused
+    resolution = reused.body["error"]["@Message.ExtendedInfo"][0]["Resolution"]
+    assert resolution.startswith("Idempotency-Key 'retry-me-1' was already used with"), resolution
+    assert "request_id" not in resolution
 
 
 async def test_concurrent_posts_for_one_block_have_one_winner(

@@ -336,6 +336,13 @@ def from_engine(error_reply: dict[str, Any], kind: str = "Resource") -> RedfishE
         return RedfishError(404, [message("ResourceNotFound", kind, str(details.get("id", "")))])
     if code == "forbidden":
         return RedfishError(403, [message("InsufficientPrivilege", resolution=text or None)])
+    if code == "conflict" and "request_id" in details:
+        # The engine's request_id is this service's Idempotency-Key (a request without one
+        # gets a fresh id, which nothing reuses): say it in the client's terms.
+        text = (
+            f"Idempotency-Key {str(details['request_id'])!r} was already used with a different"
+            " body; send this request under a new key."
+        )
     if code in ("conflict", "quota"):
         return RedfishError(409, [message("ResourceInUse", resolution=text or None)])
     if code == "invalid":
