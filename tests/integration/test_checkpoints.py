@@ -314,6 +314,7 @@ async def test_an_auditor_fetches_and_checks_a_proof_with_the_cli(
     code, other, err = await trellis(env, "proof", event.id, "--size", "3")
     assert code == 0 and msgspec.json.decode(other)["checkpoint"] is None
     assert "no signed checkpoint of 3 events comes with this proof" in err, err
+    assert "--key-file KEY --event EVENT" in err, err  # the command it names can succeed
     for name, text in {"note": note, "key": key, "proof.json": proof}.items():
         (tmp_path / name).write_text(text)
 

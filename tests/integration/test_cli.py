@@ -190,6 +190,11 @@ async def test_an_operator_previews_reserves_lists_applies_and_cancels(
     # Asked as the default tenant, acme's reservation is not found (§3); the CLI says who asked.
     code, _, err = await trellis(env, "apply", rid)
     assert code == 1 and "not_found" in err and "asked as tenant 'default'" in err, err
+    # An unknown host or domain is unknown whoever asks: no tenant hint.
+    for wrong in (["compose", "--host", "no-such-host", "--gpu", "1"],
+                  ["apply", rid, "--domain", "no-such-domain"]):  # fmt: skip
+        code, _, err = await trellis(env, *wrong)
+        assert code == 1 and "not_found" in err and "asked as tenant" not in err, (wrong, err)
     code, out, _ = await trellis(env, "apply", rid, "--tenant", "acme")
     assert code == 0 and "active" in out and previewed in out
     code, _, err = await trellis(env, "apply", rid, "--tenant", "acme")

@@ -731,6 +731,7 @@ async def test_a_tenant_sees_and_applies_only_its_own_reservations(
     assert (own.status, own.messages()) == (409, ["SpecifiedResourceAlreadyReserved"]), own
     extended = own.body["error"]["@Message.ExtendedInfo"][0]
     assert extended["MessageArgs"] == [f"{DOMAIN}.gpu-002", rid], extended
+    assert extended["Resolution"].startswith(f"Apply reservation {rid} "), extended
     other = await zeta("POST", f"{R}/Systems", blocks)
     assert (other.status, other.messages()) == (409, ["ResourceBlockInUse"]), other
     assert rid not in json.dumps(other.body)

@@ -448,7 +448,8 @@ def _proof(args: argparse.Namespace, request: Request) -> int:
         print(
             f"(no signed checkpoint of {result.get('tree_size')} events comes with this proof: "
             "its root is the log's as it is now; check it against a checkpoint note you kept, "
-            "with `trellis verify --checkpoint NOTE --proof FILE`)",
+            "with `trellis verify --checkpoint NOTE --proof FILE --key-file KEY "
+            "--event EVENT`)",
             file=sys.stderr,
         )
     return code

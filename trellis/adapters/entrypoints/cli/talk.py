@@ -54,13 +54,20 @@ def query_subject(args: argparse.Namespace, what: str) -> str:
     return f"query.{args.domain}.{what}"
 
 
+#: The intents that name a composition or reservation of the tenant's own.
+_OWNED = {"release", "extend", "apply", "cancel-reservation"}
+
+
 def send_intent(args: argparse.Namespace, verb: str, body: dict[str, Any], show: Any) -> int:
     body = {**body, "request_id": args.request_id or body.get("request_id") or str(uuid.uuid4())}
     reply = request(args, f"intent.{args.domain}.{args.tenant}.{verb}", body)
     code = print_reply(args, reply, show)
-    if not reply.get("ok") and reply["error"].get("code") == "not_found" and args.output != "json":
+    error = {} if reply.get("ok") else reply["error"]
+    unknown = error.get("code") == "not_found" and "domain" not in (error.get("details") or {})
+    if unknown and verb in _OWNED and args.output != "json":
         # The contract answers another tenant's composition or reservation as not found: say
-        # who asked, since the default tenant is easily not the one that made it.
+        # who asked, since the default tenant is easily not the one that made it. (An unknown
+        # domain, host or device is unknown whoever asks.)
         print(
             f"(asked as tenant {args.tenant!r}: what another tenant holds is not found either;"
             " --tenant names who asks)",

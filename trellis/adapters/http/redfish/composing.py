@@ -282,7 +282,16 @@ class Composer:
                 block = rs.block_id(plan.domain, device)
                 reservation = None if device in now.by_device else _holding(now, device, viewer)
                 if reservation is not None:
-                    said.append(message("SpecifiedResourceAlreadyReserved", block, reservation))
+                    said.append(
+                        message(
+                            "SpecifiedResourceAlreadyReserved",
+                            block,
+                            reservation,
+                            resolution=f"Apply reservation {reservation} (the Compose action,"
+                            " RequestType Apply, with its ReservationId), or delete it, or select"
+                            " a different resource block and resubmit the request.",
+                        )
+                    )
                 elif device in now.by_device or device in now.reserved:
                     said.append(message("ResourceBlockInUse", block))
             if said:
