@@ -133,10 +133,7 @@ class Verifier(msgspec.Struct, frozen=True):
         """
         if len(note.encode()) > MAX_NOTE_BYTES:
             raise NoteError("the note is too large")
-        split = note.rfind("\n\n")
-        if split < 0 or not note.endswith("\n"):
-            raise NoteError("a signed note is its text, a blank line and signature lines")
-        text, signatures = note[: split + 1], note[split + 2 : -1].split("\n")
+        text, signatures = _split(note)
         signed = False
         for line in signatures:
             if not line.startswith(_DASH):
@@ -231,10 +228,20 @@ def stated(note: str) -> Checkpoint:
     Raises:
         NoteError: it is no signed note of a checkpoint.
     """
+    text, _ = _split(note)
+    return parse_checkpoint(text)
+
+
+def _split(note: str) -> tuple[str, list[str]]:
+    """A signed note's text (newline-terminated) and its signature lines.
+
+    Raises:
+        NoteError: it is not a text, a blank line and signature lines.
+    """
     split = note.rfind("\n\n")
-    if split < 0:
+    if split < 0 or not note.endswith("\n"):
         raise NoteError("a signed note is its text, a blank line and signature lines")
-    return parse_checkpoint(note[: split + 1])
+    return note[: split + 1], note[split + 2 : -1].split("\n")
 
 
 def signers_of(note: str) -> set[str]:

@@ -90,7 +90,7 @@ def together(step: Callable[[DomainState, bool], list[Event]], state: DomainStat
 def _stranded(state: DomainState) -> bool:
     """True when a live composition's path names a circuit that is no longer up."""
     return any(
-        _up(state, c) is None
+        not _is_up(state, c)
         for composition in state.compositions.values()
         for b in composition.bindings
         for c in b.circuits
@@ -143,7 +143,7 @@ def _reroute(
     composition: Composition,
     binding: DeviceBinding,
     why: str,
-    leave_down: bool = False,
+    leave_down: bool,
 ) -> list[Event] | None:
     """The same device over the best path that is usable now, under the original bounds.
     (A memory slice shares its pool, so it moves through `_replace`, which may keep the pool.)"""
@@ -173,7 +173,7 @@ def _replace(
     composition: Composition,
     binding: DeviceBinding,
     why: str,
-    leave_down: bool = False,
+    leave_down: bool,
 ) -> list[Event] | None:
     """Another device that meets the binding's original request entry."""
     if binding.entry < 0:
@@ -247,17 +247,14 @@ def _freed_circuits(
     return [
         c
         for c in binding.circuits
-        if _up(state, c) is not None
-        and (_key(c) not in others or (leave_down and _down(state, binding, c)))
+        if _is_up(state, c) and (_key(c) not in others or (leave_down and _down(state, binding, c)))
     ]
 
 
-def _up(state: DomainState, circuit: CircuitRef) -> CircuitRef | None:
-    """`circuit` when it is up (made and not removed since), else None."""
+def _is_up(state: DomainState, circuit: CircuitRef) -> bool:
+    """True when `circuit` is up: made and not removed since."""
     now = state.circuits.get(f"{circuit.ocs}:{circuit.a_port}")
-    if now is None or (now.a_port, now.b_port) != (circuit.a_port, circuit.b_port):
-        return None
-    return circuit
+    return now is not None and (now.a_port, now.b_port) == (circuit.a_port, circuit.b_port)
 
 
 def _down(state: DomainState, binding: DeviceBinding, circuit: CircuitRef) -> bool:
