@@ -6,12 +6,15 @@ from datetime import timedelta
 from functools import reduce
 
 import msgspec
+import pytest
 from core.fabric_builder import (
     NOW,
     FabricBuilder,
     apply,
     compose,
+    compose_pending,
     composed,
+    release,
     report_fault,
     run,
 )
@@ -27,7 +30,18 @@ from trellis.engine.core.events import (
     LeaseExpired,
     PathRerouted,
 )
-from trellis.engine.core.intents import Drain, ExpireLeases
+from trellis.engine.core.intents import (
+    AddLink,
+    AddNode,
+    CancelReservation,
+    Drain,
+    ExpireLeases,
+    ExpireReservations,
+    FailComposition,
+    Reserve,
+    settle_request_id,
+)
+from trellis.engine.core.model import LinkSpec, NodeSpec
 from trellis.engine.core.results import Moved
 from trellis.engine.core.state import DomainState, evolve
 
@@ -184,3 +198,125 @@ def test_a_reroute_inside_one_ocs_frees_the_old_circuit_before_making_the_new() 
     [moved] = after.compositions[result.composition_id].bindings
     assert up not in moved.links and moved.circuits[0] != old
     assert sorted(after.circuits) == [f"o:{p}" for p in sorted((1, 4 - old.a_port))]
+
+
+# ---- capacity freed or added gives impaired compositions another try ----
+
+
+def one_spare_taken() -> tuple[DomainState, str, str]:
+    """h - sw - {g1, g2}: t holds g1, u holds g2, then g1 fails. t is impaired: no spare."""
+    state, t = composed(one_path_each(), "t", host="h", devices=[GPU])
+    state, u = composed(state, "u", host="h", devices=[GPU])
+    state = apply(state, report_fault(state, "g1")[0])
+    assert state.compositions[t.composition_id].state == "impaired"
+    assert state.impaired == {t.composition_id}
+    return state, t.composition_id, u.composition_id
+
+
+def _mended_by(events: list, cid: str, reason: str) -> None:
+    replaced = [e for e in events if isinstance(e, DeviceReplaced)]
+    assert [(e.composition_id, e.old_device, e.binding.device) for e in replaced] == [
+        (cid, "g1", "g2")
+    ]
+    assert replaced[0].reason == reason
+    assert [e.composition_id for e in events if isinstance(e, CompositionActivated)] == [cid]
+
+
+def test_a_release_gives_the_devices_it_frees_to_an_impaired_composition_in_its_commit() -> None:
+    state, t, u = one_spare_taken()
+
+    events, outcome = release(state, "u", u)
+
+    assert isinstance(events[0], CompositionReleased) and outcome.devices == ["g2"]
+    # The reason names no composition: the one released may be another tenant's.
+    _mended_by(events, t, "devices freed by a release")
+    after = apply(state, events)
+    assert after.compositions[t].state == "active" and after.impaired == frozenset()
+    assert after.device_owner == {"g2": t}
+
+
+def test_an_expired_lease_gives_what_it_frees_to_an_impaired_composition() -> None:
+    state, t = composed(one_path_each(), "t", host="h", devices=[GPU])
+    state, _ = composed(state, "u", host="h", devices=[GPU], lease_seconds=60)
+    state = apply(state, report_fault(state, "g1")[0])
+
+    events, _ = run(state, ExpireLeases(request_id="x"), now=NOW + timedelta(seconds=60))
+
+    assert [type(e) for e in events[:2]] == [LeaseExpired, CompositionReleased]
+    _mended_by(events, t.composition_id, "devices freed by an expired lease")
+
+
+def test_a_failed_compose_gives_what_it_held_to_an_impaired_composition() -> None:
+    state, t = composed(one_path_each(), "t", host="h", devices=[GPU])
+    # u's compose of g2 is pending when g1 fails, so t cannot take g2; the fabric then fails
+    # u's compose.
+    events, pending = compose_pending(state, "u", host="h", device_ids=["g2"])
+    state = apply(state, events)
+    state = apply(state, report_fault(state, "g1")[0])
+    assert state.impaired == {t.composition_id}
+    fail = FailComposition(
+        request_id=settle_request_id(pending.composition_id),
+        composition_id=pending.composition_id,
+        step="bind",
+        target="g2",
+    )
+
+    events, _ = run(state, fail, "engine")
+
+    _mended_by(events, t.composition_id, "devices freed by a failed compose")
+
+
+@pytest.mark.parametrize("end", ["cancel", "expire"])
+def test_a_reservation_that_ends_gives_its_devices_to_an_impaired_composition(end: str) -> None:
+    state, t = composed(one_path_each(), "t", host="h", devices=[GPU])
+    body = {"request_id": "r", "manifest": {"host": "h", "device_ids": ["g2"]}}
+    made, _ = run(state, msgspec.convert({**body, "duration_seconds": 60}, Reserve), "u")
+    state = apply(state, made)
+    state = apply(state, report_fault(state, "g1")[0])
+    assert state.impaired == {t.composition_id}
+    rid = state.reserved_by["g2"]
+
+    if end == "cancel":
+        events, _ = run(state, CancelReservation(request_id="c", reservation_id=rid), "u")
+        why = "devices freed by a cancelled reservation"
+    else:
+        later = NOW + timedelta(seconds=60)
+        events, _ = run(state, ExpireReservations(request_id="e"), now=later)
+        why = "devices freed by an expired reservation"
+
+    _mended_by(events, t.composition_id, why)
+    assert apply(state, events).reserved_by == {}
+
+
+def test_a_node_added_where_a_path_can_reach_it_mends_an_impaired_composition() -> None:
+    """h - sw - g1 alone: g1 fails and t is impaired; a new GPU cabled to sw takes its place
+    (AddNode, then AddLink: the link is what makes it reachable)."""
+    b = FabricBuilder().host("h").switch("sw").gpu("g1")
+    b.link("h", "sw", id="l-h").link("sw", "g1", id="l-1")
+    state, t = composed(b.state(), "t", host="h", devices=[GPU])
+    state = apply(state, report_fault(state, "g1")[0])
+    gpu = msgspec.convert(
+        {"id": "g9", "kind": "device", "device_kind": "gpu", "generation": 8}, NodeSpec
+    )
+    node_events, added = run(state, AddNode(request_id="n", node=gpu))
+    assert added.moved == [] and state.impaired  # unreachable yet: still impaired
+    state = apply(state, node_events)
+    link = LinkSpec(id="l-9", a="sw", b="g9", capacity_gbps=256)
+
+    events, outcome = run(state, AddLink(request_id="l", link=link))
+
+    replaced = next(e for e in events if isinstance(e, DeviceReplaced))
+    assert (replaced.old_device, replaced.binding.device) == ("g1", "g9")
+    assert replaced.reason == "l-9 added"
+    assert outcome.compositions == [t.composition_id] and outcome.impaired == []
+    assert [m.to for m in outcome.moved] == ["g9"]
+    assert apply(state, events).impaired == frozenset()
+
+
+def test_with_nothing_impaired_a_release_records_only_itself() -> None:
+    state, t = composed(one_path_each(), "t", host="h", devices=[GPU])
+    assert state.impaired == frozenset()
+
+    events, _ = release(state, "t", t.composition_id)
+
+    assert [type(e) for e in events] == [CompositionReleased]

@@ -157,3 +157,37 @@ async def test_two_compositions_on_one_circuit_move_together_when_its_port_fails
     hardware = (await h.client.query(DOMAIN, "fabric", {}))["result"]
     assert hardware["circuits"] == [{"ocs": "ocs-1", "a_port": 1, "b_port": 2}], hardware
     assert hardware["in_step"] and hardware["findings"] == [], hardware
+
+
+async def test_a_release_gives_its_device_to_another_tenants_impaired_composition(
+    h: Harness,
+) -> None:
+    """gpu-1 fails under acme while globex holds the only spare; globex's release hands
+    gpu-2 to acme in the release's own commit, and the fabric follows."""
+    await h.client.admin(DOMAIN, "import-topology", FABRIC)
+    acme = await composed(h, devices=[{"kind": "gpu"}])
+    assert [d["id"] for d in acme["devices"]] == ["gpu-1"]
+    reply = await h.client.intent(
+        DOMAIN, "globex", "compose", {"host": "host-1", "devices": [{"kind": "gpu"}]}
+    )
+    globex = reply["result"]
+    fault = {"component": "gpu-1", "state": "failed", "detail": "ECC errors"}
+    reply = await h.client.admin(DOMAIN, "report-fault", fault)
+    assert reply["result"]["impaired"] == [acme["composition_id"]]
+
+    released = await h.client.intent(
+        DOMAIN, "globex", "release", {"composition_id": globex["composition_id"]}
+    )
+
+    assert released["ok"] and released["result"]["devices"] == ["gpu-2"], released
+    cid = acme["composition_id"]
+    state = (await h.client.query(DOMAIN, "composition", {"id": cid}))["result"]
+    assert state["state"] == "active" and [d["id"] for d in state["devices"]] == ["gpu-2"]
+    why = (await h.client.query(DOMAIN, "why", {"id": cid}))["result"]
+    # The repair is the engine's: acme's history names neither globex nor its composition.
+    assert [e["actor"] for e in why["chain"] if e["type"] == "DeviceReplaced"] == ["engine"]
+    assert "globex" not in str(why) and globex["composition_id"] not in str(why), why
+    (replaced,) = [e async for e in h.store.read(DOMAIN) if e.type == "DeviceReplaced"]
+    assert b'"reason":"devices freed by a release"' in replaced.data
+    hardware = (await h.client.query(DOMAIN, "fabric", {}))["result"]
+    assert hardware["in_step"] and hardware["findings"] == [], hardware

@@ -225,6 +225,11 @@ def check_invariants(state: DomainState) -> None:
             circuits_in_use |= {(c.ocs, c.a_port, c.b_port, comp.host) for c in b.circuits}
             switches_of[cid] |= {n for n in b.path if state.nodes[n].spec.kind == "switch"}
 
+    # The impaired index names exactly the impaired compositions.
+    assert state.impaired == {
+        c for c, comp in state.compositions.items() if comp.state == "impaired"
+    }
+
     # Reservations: each whole device held by one, none by a composition too; slices add up.
     reserved_whole: dict[str, list[str]] = defaultdict(list)
     reserved_sliced: dict[str, float] = defaultdict(float)

@@ -27,3 +27,7 @@ class Decision(msgspec.Struct, frozen=True):
     events: list[Event]
     result: Any = None
     error: IntentRejected | None = None
+    # Events from this index on are the engine's own follow-up, recorded as actor `engine`:
+    # a composition mended with what a tenant's intent freed may be another tenant's, which
+    # must not read that tenant's name in its history.
+    engine_from: int | None = None

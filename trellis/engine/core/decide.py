@@ -9,6 +9,10 @@ and their settlement after the fabric saga (engine.core.settle).
 
 from __future__ import annotations
 
+from functools import reduce
+
+import msgspec
+
 from trellis.engine.core import quotas, reservations, topology
 from trellis.engine.core.compose import compose, expire_leases, extend, release
 from trellis.engine.core.context import Context, Decision
@@ -35,10 +39,22 @@ from trellis.engine.core.intents import (
     SetQuota,
     Undrain,
 )
+from trellis.engine.core.repair import retry_impaired
 from trellis.engine.core.settle import establish, fail
-from trellis.engine.core.state import DomainState
+from trellis.engine.core.state import DomainState, evolve
 
 __all__ = ["Context", "Decision", "decide"]
+
+# What these intents free (devices, slices, bandwidth, OCS ports) may mend an impaired
+# composition, so each gets another try in the same commit, as at a recovery. The reason
+# names no composition or reservation: the repaired one may be another tenant's.
+_FREEING: dict[type[Intent], str] = {
+    Release: "devices freed by a release",
+    ExpireLeases: "devices freed by an expired lease",
+    FailComposition: "devices freed by a failed compose",
+    CancelReservation: "devices freed by a cancelled reservation",
+    ExpireReservations: "devices freed by an expired reservation",
+}
 
 
 def decide(state: DomainState, intent: Intent, ctx: Context) -> Decision:
@@ -53,6 +69,18 @@ def decide(state: DomainState, intent: Intent, ctx: Context) -> Decision:
             f"domain {ctx.domain!r} does not exist; import a topology first",
             {"domain": ctx.domain},
         )
+    decision = _decide(state, intent, ctx)
+    freed = _FREEING.get(type(intent))
+    if freed is not None and state.impaired and decision.events:
+        after = reduce(evolve, decision.events, state)
+        if mended := retry_impaired(after, freed):
+            events = [*decision.events, *mended]
+            own = len(decision.events)
+            decision = msgspec.structs.replace(decision, events=events, engine_from=own)
+    return decision
+
+
+def _decide(state: DomainState, intent: Intent, ctx: Context) -> Decision:
     match intent:
         case ImportTopology():
             return topology.import_topology(state, intent, ctx)

@@ -122,16 +122,17 @@ def _impair_and_repair(
 
 
 def retry_impaired(state: DomainState, why: str) -> list[Event]:
-    """After a recovery or an undrain: give every impaired composition another try."""
+    """After a recovery, an undrain, or capacity freed or added: give every impaired
+    composition another try."""
+    if not state.impaired:
+        return []
     return together(lambda s, leave_down: _retry_impaired(s, why, leave_down), state)
 
 
 def _retry_impaired(state: DomainState, why: str, leave_down: bool) -> list[Event]:
     events: list[Event] = []
-    for cid in sorted(state.compositions):
+    for cid in sorted(state.impaired):
         composition = state.compositions[cid]
-        if composition.state != "impaired":
-            continue
         mended = repair(state, composition, why, leave_down=leave_down)
         state = reduce(evolve, mended, state)
         events += mended

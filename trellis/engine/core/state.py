@@ -161,6 +161,9 @@ class DomainState(msgspec.Struct, frozen=True, kw_only=True):
     exclusive_tenants: dict[str, dict[str, int]] = {}  # switch -> tenant -> exclusive paths
     quotas: dict[str, dict[str, Quota]] = {}  # tenant -> device kind -> its limits
     held: dict[str, dict[str, Held]] = {}  # tenant -> device kind -> what its live ones hold
+    # The impaired compositions: what a release or new capacity gives another try, found
+    # without scanning every composition on each release.
+    impaired: frozenset[str] = frozenset()
     # Reservations (engine/core/reservations.py): the live ones, what they hold (apart from
     # what compositions hold, though placement treats both as taken) and how ended ones ended.
     reservations: dict[str, Reservation] = {}
@@ -306,7 +309,8 @@ def evolve(state: DomainState, event: Event) -> DomainState:
             return replace(state, compositions={**state.compositions, cid: updated})
         case CompositionActivated(composition_id=cid):
             # Also the end of a repair: whatever impaired it no longer lies on its paths.
-            return _set_composition(state, cid, state="active", impaired_by=[])
+            state = _set_composition(state, cid, state="active", impaired_by=[])
+            return _mended(state, cid)
         case PathRerouted(composition_id=cid, device=device, binding=new):
             return _swap_binding(state, cid, device, new)
         case DeviceReplaced(composition_id=cid, old_device=device, binding=new):
@@ -314,15 +318,17 @@ def evolve(state: DomainState, event: Event) -> DomainState:
         case CompositionImpaired(composition_id=cid, component=component):
             before = state.compositions[cid].impaired_by
             impaired_by = before if component in before else [*before, component]
+            state = replace(state, impaired=state.impaired | {cid})
             return _set_composition(state, cid, state="impaired", impaired_by=impaired_by)
         case LeaseExtended(composition_id=cid, expires_at=expires_at):
             return _set_composition(state, cid, expires_at=expires_at)
         case CompositionReleased(composition_id=cid) | CompositionFailed(composition_id=cid):
             composition = state.compositions[cid]
             state = _reserve(state, composition, composition.bindings, sign=-1)
-            return replace(
+            state = replace(
                 state, compositions={k: v for k, v in state.compositions.items() if k != cid}
             )
+            return _mended(state, cid)
         case ReservationMade():
             reservation = Reservation(
                 id=event.reservation_id,
@@ -391,6 +397,13 @@ def _hold_reservation(state: DomainState, reservation: Reservation, sign: int) -
     return msgspec.structs.replace(
         state, reserved_by=reserved_by, reserved_gib=reserved_gib, held=by_tenant
     )
+
+
+def _mended(state: DomainState, cid: str) -> DomainState:
+    """`cid` is no longer impaired (repaired, or gone)."""
+    if cid not in state.impaired:
+        return state
+    return msgspec.structs.replace(state, impaired=state.impaired - {cid})
 
 
 def _set_composition(domain: DomainState, cid: str, **changes: object) -> DomainState:

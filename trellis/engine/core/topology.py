@@ -50,7 +50,8 @@ from trellis.engine.core.state import DomainState, evolve, resolve_ref
 def add_node(state: DomainState, intent: AddNode) -> Decision:
     node = intent.node
     _require_unused_id(state, node.id)
-    return Decision([NodeAdded(node=node, reason=intent.reason)], _component_result(node.id))
+    decision = Decision([NodeAdded(node=node, reason=intent.reason)], _component_result(node.id))
+    return _capacity_added(state, decision, node.id)
 
 
 def add_link(state: DomainState, intent: AddLink) -> Decision:
@@ -58,7 +59,8 @@ def add_link(state: DomainState, intent: AddLink) -> Decision:
     _require_unused_id(state, link.id)
     specs = [c.spec for c in state.links.values()]
     _check_links([link], {n: s.spec for n, s in state.nodes.items()}, existing=specs)
-    return Decision([LinkAdded(link=link, reason=intent.reason)], _component_result(link.id))
+    decision = Decision([LinkAdded(link=link, reason=intent.reason)], _component_result(link.id))
+    return _capacity_added(state, decision, link.id)
 
 
 def drain(state: DomainState, intent: Drain) -> Decision:
@@ -323,10 +325,17 @@ def _refuse_if_in_use(state: DomainState, components: list[str]) -> None:
         )
 
 
+def _capacity_added(state: DomainState, decision: Decision, cid: str) -> Decision:
+    """A new node or link may mend an impaired composition: each gets another try."""
+    if not state.impaired:
+        return decision  # nothing to try: no fold of the new state
+    return _then(state, decision, lambda after: retry_impaired(after, f"{cid} added"))
+
+
 def _then(
     state: DomainState, decision: Decision, follow: Callable[[DomainState], list[Event]]
 ) -> Decision:
-    """Append what follows from a component's new mark (nothing if the mark did not change)."""
+    """Append what follows from a component's change (nothing if it did not change)."""
     if not decision.events:
         return decision
     after = reduce(evolve, decision.events, state)

@@ -19,6 +19,7 @@ from datetime import datetime
 import msgspec
 
 from trellis.engine.core import replies
+from trellis.engine.core.actors import ENGINE
 from trellis.engine.core.context import Context
 from trellis.engine.core.decide import decide
 from trellis.engine.core.errors import (
@@ -340,15 +341,16 @@ class DomainWriter:
                 continue
             finally:
                 self._telemetry.decided(req.verb, time.perf_counter() - started)
+            own = decision.engine_from
             decided = [
                 PendingEvent.of(
                     event,
-                    actor=req.actor,
+                    actor=req.actor if own is None or i < own else ENGINE,
                     causation_id=req.intent.request_id,
                     correlation_id=req.correlation_id or req.intent.request_id,
                     at=now,
                 )
-                for event in decision.events
+                for i, event in enumerate(decision.events)
             ]
             largest = max((len(e.data) for e in decided), default=0)
             if largest > MAX_EVENT_BYTES:  # the stream could never carry it: record nothing
