@@ -830,8 +830,37 @@ async def test_why_of_a_released_composition_says_when_it_ended(h: Harness, log)
     assert "released" in why["text"] and "host-01" in why["text"]
     types = await check_chain(why["chain"], log)
     assert types[-2:] == ["CompositionReleased", "CircuitRemoved"]
+
+
+async def test_why_of_a_device_that_holds_nothing_names_what_let_it_go_to_whom_may_see(
+    h: Harness, log
+) -> None:
+    await imported(h)
+    cid = (await composed(h, "acme", FULL_COMPOSE))["composition_id"]
+    released = await h.client.intent(
+        DOMAIN, "acme", "release", {"request_id": "r-rel", "composition_id": cid}
+    )
+    position = expect_ok(released) and released["position"]
+
     device = await query(h, "why", {"id": "gpu-02"})
-    assert "nothing" in device["text"]
+
+    one_sentence(device["text"])
+    assert device["text"].startswith("gpu-02 is connected to nothing; it is free and healthy;")
+    assert (
+        f"last connected to host-01 in composition {cid} for tenant acme until " in (device["text"])
+    )
+    assert device["text"].endswith(", when the composition was released.")
+    types = await check_chain(device["chain"], log)
+    assert types[-1] == "CompositionReleased" and device["chain"][-1]["position"] < position
+    # The tenant whose it was reads the same; another tenant learns nothing of it.
+    own = expect_ok(await h.client.view(DOMAIN, "acme", "why", {"id": "gpu-02"}))
+    assert own["text"] == device["text"]
+    other = expect_ok(await h.client.view(DOMAIN, "globex", "why", {"id": "gpu-02"}))
+    assert other["text"] == "gpu-02 is connected to nothing; it is free and healthy."
+    assert "CompositionReleased" not in [e["type"] for e in other["chain"]]
+    # At the moment of the release, from a fold in memory, the same answer.
+    past = expect_ok(await h.client.query(DOMAIN, "why", {"id": "gpu-02", "at": position}))
+    assert (past["text"], past["chain"]) == (device["text"], device["chain"])
 
 
 async def test_why_at_a_past_moment_tells_that_moment_and_before_the_domain_not_found(

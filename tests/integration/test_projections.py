@@ -790,8 +790,14 @@ async def test_why_says_a_free_device_is_connected_to_nothing(
     assert drained["text"] == (
         "gpu-012 is connected to nothing; it is free and healthy and drained."
     )
-    given_back = wire(await models.why(HALL, played.initech["devices"][0]["id"]))
+    gpu = played.initech["devices"][0]["id"]
+    given_back = wire(await models.why(HALL, gpu))
     assert given_back is not None and given_back["connected_to"] == []
+    assert given_back["text"].startswith(
+        f"{gpu} is connected to nothing; it is free and healthy; it was last connected to"
+        f" host-02 in composition {played.initech['composition_id']} for tenant initech until "
+    )
+    assert given_back["chain"][-1]["type"] == "CompositionReleased"
 
 
 async def test_why_explains_a_host(models: PostgresReadModels, played: Scenario) -> None:

@@ -162,6 +162,18 @@ def interval_query(domain: str, window: Window, *, ended_by: int | None = None) 
     return (sql, *values)
 
 
+def last_ended_query(domain: str, device: str, *, ended_by: int | None = None) -> tuple[Any, ...]:
+    """The SQL (and its arguments) for the interval of `device` that ended last (with
+    `ended_by`, at or before that position): why a device that holds nothing is free."""
+    bound = "" if ended_by is None else " AND end_position <= $3"
+    sql = (
+        f"SELECT {', '.join(INTERVALS.names)} FROM {INTERVALS.name}"
+        f" WHERE domain = $1 AND device = $2 AND end_position IS NOT NULL{bound}"
+        " ORDER BY end_position DESC LIMIT 1"
+    )
+    return (sql, domain, device) if ended_by is None else (sql, domain, device, ended_by)
+
+
 # The event types the fold below changes rows for (its `match` arms); it never sees the rest.
 FOLDED: frozenset[type[Event]] = frozenset(
     {

@@ -31,7 +31,7 @@ from trellis.engine.service.follower import DomainLog
 from trellis.engine.service.ports import Snapshot, SnapshotStore
 from trellis.engine.service.snapshots import first_usable, seal
 from trellis.projections.base import Fact, Projection
-from trellis.projections.history import Window, interval_query
+from trellis.projections.history import Window, interval_query, last_ended_query
 from trellis.projections.table import Key, Row, Table, as_stored
 
 # Bump when a projection's fold changes meaning, so older read-model snapshots are ignored;
@@ -168,6 +168,17 @@ class PastReader:
             ended = interval_query(domain, window, ended_by=self.since)
             rows += [dict(r) for r in await self._db.fetch(*ended)]
         return sorted(rows, key=lambda r: (r["start_position"], r["device"]))
+
+    async def last_ended(self, domain: str, device: str) -> Row | None:
+        rows = [
+            r
+            for r in self.memory.rows("proj_history_intervals")
+            if r["device"] == device and r["end_position"] is not None
+        ]
+        if self.since:
+            record = await self._db.fetchrow(*last_ended_query(domain, device, ended_by=self.since))
+            rows += [] if record is None else [dict(record)]
+        return max(rows, key=lambda r: r["end_position"], default=None)
 
     async def _ended(self, name: str, domain: str, column: str, ids: list[str]) -> list[Row]:
         table = self.memory._tables[name]

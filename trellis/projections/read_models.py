@@ -34,7 +34,7 @@ from trellis.engine.core.views import IN_USE_BY_OTHERS, may_see, split_rows
 from trellis.engine.service.follower import DomainLog, Failure
 from trellis.engine.service.ports import SnapshotStore
 from trellis.projections.base import iso
-from trellis.projections.history import Window, interval_query
+from trellis.projections.history import Window, interval_query, last_ended_query
 from trellis.projections.past import fold_past
 from trellis.projections.sink import SINK_NAME, default_projections
 from trellis.projections.table import Row
@@ -117,6 +117,10 @@ class RowReader(Protocol):
         """proj_history_intervals rows in `window`, by start position and device."""
         ...
 
+    async def last_ended(self, domain: str, device: str) -> Row | None:
+        """The proj_history_intervals row of `device` that ended last; None if none did."""
+        ...
+
 
 class Answers:
     """`composition`, `connections`, `why` and `history` built from one RowReader: the same
@@ -171,12 +175,24 @@ class Answers:
         chains = [c.chain for c in compositions]
         if component is not None:
             chains.append(_chain(component["chain"]))
+        last = None
+        if kind == "device" and not rows:
+            # It holds nothing: the event that let it go last says why, if the viewer may
+            # see whose it was.
+            last = await reader.last_ended(domain, target)
+            if last is not None and may_see(last["tenant"], viewer):
+                ended = await self._compositions(domain, [last["composition_id"]])
+                chains += [
+                    [e for c in ended for e in c.chain if e.position == last["end_position"]]
+                ]
+            else:
+                last = None
         if own:
             text = _composition_text(own[0])
         elif component is None:
             raise AssertionError("a target is a composition or a component")
         elif kind == "device":
-            text = _device_text(target, connected, states, component, others)
+            text = _device_text(target, connected, states, component, others, last)
         elif kind == "host":
             text = _host_text(target, connected, states, component, others)
         else:
@@ -242,6 +258,10 @@ class _TableReader:
 
     async def intervals(self, domain: str, window: Window) -> list[Row]:
         return [dict(r) for r in await self._db.fetch(*interval_query(domain, window))]
+
+    async def last_ended(self, domain: str, device: str) -> Row | None:
+        record = await self._db.fetchrow(*last_ended_query(domain, device))
+        return None if record is None else dict(record)
 
 
 class PostgresReadModels(Answers):
@@ -403,12 +423,14 @@ def _device_text(
     states: dict[str, CompositionResult],
     component: Row,
     others: bool = False,
+    last: Row | None = None,
 ) -> str:
     marks = _marks(component)
     if not connected:
         if others:
             return f"{device} is {IN_USE_BY_OTHERS}; it is {marks}."
-        return f"{device} is connected to nothing; it is free and {marks}."
+        was = "" if last is None else _last_held(last)
+        return f"{device} is connected to nothing; it is free and {marks}{was}."
     clauses = []
     for c in connected:
         share = f" with {_num(c.capacity_gib)} GiB" if c.capacity_gib is not None else ""
@@ -419,6 +441,24 @@ def _device_text(
         )
     note = "" if marks == "healthy" else f"; the device is {marks}"
     return f"{device} is connected to {'; and to '.join(clauses)}{_also(others)}{note}."
+
+
+# How the last interval of a device that holds nothing ended (EndReason).
+_LET_GO = {
+    "released": "when the composition was released",
+    "lease_expired": "when the composition's lease expired",
+    "failed": "when the composition failed",
+    "replaced": "when another device replaced it there",
+}
+
+
+def _last_held(last: Row) -> str:
+    """A clause for what last held a device, and how that ended."""
+    return (
+        f"; it was last connected to {last['host']} in composition {last['composition_id']}"
+        f" for tenant {last['tenant']} until {iso(last['ended_at'])},"
+        f" {_LET_GO.get(last['end_reason'], 'when that ended')}"
+    )
 
 
 def _host_text(
