@@ -101,7 +101,11 @@ async def play(h: Harness) -> Played:
             HALL,
             "globex",
             "compose",
-            {"host": "host-01", "devices": [{"kind": "memory", "capacity_gib": 256}]},
+            {
+                "host": "host-01",
+                "devices": [{"kind": "memory", "capacity_gib": 256}],
+                "labels": {"job": "kv-cache"},
+            },
         )
     )
     await relayed(h)
@@ -657,7 +661,8 @@ async def test_the_bucket_holds_exactly_what_the_engine_believes(
     await relayed(h)
     await assert_bucket_is_the_state(h, nc, subject_prefix)
     kv: KeyValue = await nc.jetstream().key_value(bucket_name(subject_prefix))
-    assert value(await kv.get(f"{HALL}.composition.{played.globex}"))["state"] == "impaired"
+    globex = value(await kv.get(f"{HALL}.composition.{played.globex}"))
+    assert (globex["state"], globex["labels"]) == ("impaired", {"job": "kv-cache"})
     with pytest.raises(KeyNotFoundError):  # ended: deleted
         await kv.get(f"{HALL}.composition.{played.acme}")
 

@@ -40,7 +40,7 @@ import msgspec
 
 from trellis.engine.core.conditions import Condition, Track, observe
 from trellis.engine.core.events import CompositionFailed, DeviceBinding, Event
-from trellis.engine.core.ids import is_valid_id
+from trellis.engine.core.ids import Labels, is_valid_id
 from trellis.engine.core.model import Health
 from trellis.engine.core.records import format_time
 from trellis.engine.core.results import Time
@@ -112,6 +112,7 @@ class CompositionEntry(msgspec.Struct, kw_only=True):
     position: int
     # Bound, PathEstablished, Ready, Impaired, Failed, in that order (engine/core/conditions.py).
     conditions: list[Condition] = []
+    labels: Labels = {}  # the compose request's, to select by (as kubectl -l does)
 
 
 class HostEntry(msgspec.Struct, kw_only=True):
@@ -311,6 +312,7 @@ def composition_entry(
         impaired_by=list(composition.impaired_by),
         position=position,
         conditions=list(track.conditions) if track is not None else [],
+        labels=composition.request.labels,
     )
 
 
