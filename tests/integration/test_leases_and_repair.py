@@ -176,17 +176,23 @@ async def test_a_release_gives_its_device_to_another_tenants_impaired_compositio
     assert reply["result"]["impaired"] == [acme["composition_id"]]
 
     released = await h.client.intent(
-        DOMAIN, "globex", "release", {"composition_id": globex["composition_id"]}
+        DOMAIN,
+        "globex",
+        "release",
+        {"composition_id": globex["composition_id"], "request_id": "r-globex-project-falcon"},
     )
 
     assert released["ok"] and released["result"]["devices"] == ["gpu-2"], released
     cid = acme["composition_id"]
     state = (await h.client.query(DOMAIN, "composition", {"id": cid}))["result"]
     assert state["state"] == "active" and [d["id"] for d in state["devices"]] == ["gpu-2"]
-    why = (await h.client.query(DOMAIN, "why", {"id": cid}))["result"]
-    # The repair is the engine's: acme's history names neither globex nor its composition.
-    assert [e["actor"] for e in why["chain"] if e["type"] == "DeviceReplaced"] == ["engine"]
-    assert "globex" not in str(why) and globex["composition_id"] not in str(why), why
+    why = (await h.client.view(DOMAIN, "acme", "why", {"id": cid}))["result"]
+    # The repair is the engine's: acme's history names neither globex, nor its composition,
+    # nor its request (which a client may have named for its project).
+    (entry,) = [e for e in why["chain"] if e["type"] == "DeviceReplaced"]
+    assert entry["actor"] == "engine" and entry["request_id"].startswith("freed-"), entry
+    for told in ("globex", globex["composition_id"], "r-globex-project-falcon"):
+        assert told not in str(why), why
     (replaced,) = [e async for e in h.store.read(DOMAIN) if e.type == "DeviceReplaced"]
     assert b'"reason":"devices freed by a release"' in replaced.data
     hardware = (await h.client.query(DOMAIN, "fabric", {}))["result"]

@@ -31,7 +31,7 @@ from trellis.engine.core.errors import (
     WriterFenced,
 )
 from trellis.engine.core.events import MAX_EVENT_BYTES, Event
-from trellis.engine.core.intents import ImportTopology, Intent
+from trellis.engine.core.intents import ImportTopology, Intent, freed_request_id
 from trellis.engine.core.records import Head, PendingEvent
 from trellis.engine.core.state import DomainState, evolve
 from trellis.engine.service import snapshots
@@ -341,17 +341,26 @@ class DomainWriter:
                 continue
             finally:
                 self._telemetry.decided(req.verb, time.perf_counter() - started)
-            own = decision.engine_from
+            cause = req.intent.request_id
             decided = [
                 PendingEvent.of(
                     event,
-                    actor=req.actor if own is None or i < own else ENGINE,
-                    causation_id=req.intent.request_id,
-                    correlation_id=req.correlation_id or req.intent.request_id,
+                    actor=req.actor,
+                    causation_id=cause,
+                    correlation_id=req.correlation_id or cause,
                     at=now,
                 )
-                for i, event in enumerate(decision.events)
+                for event in decision.events[: decision.engine_from]
             ]
+            if decision.engine_from is not None:
+                # The engine's follow-up: no trace of the tenant whose intent allowed it.
+                freed = freed_request_id(req.actor, cause)
+                decided += [
+                    PendingEvent.of(
+                        event, actor=ENGINE, causation_id=freed, correlation_id=freed, at=now
+                    )
+                    for event in decision.events[decision.engine_from :]
+                ]
             largest = max((len(e.data) for e in decided), default=0)
             if largest > MAX_EVENT_BYTES:  # the stream could never carry it: record nothing
                 answers.append(replies.rejection(_too_large(req.verb, largest)))
