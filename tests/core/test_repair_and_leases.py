@@ -320,3 +320,36 @@ def test_with_nothing_impaired_a_release_records_only_itself() -> None:
     events, _ = release(state, "t", t.composition_id)
 
     assert [type(e) for e in events] == [CompositionReleased]
+
+
+def test_a_drain_that_moves_a_composition_gives_the_device_it_left_to_an_impaired_one() -> None:
+    """hA reaches g1 only over s1 (and g3 over s3); hB reaches g1 and g2 over s2. t holds g1
+    from hA, u holds g2 from hB, and g2 fails: u is impaired (g1 taken, g3 out of reach).
+    Draining s1 moves t to g3, and the g1 it left, healthy, mends u in the same decision (an
+    operator's probe: it stayed impaired until an unrelated undrain)."""
+    b = FabricBuilder().host("hA").host("hB").switch("s1").switch("s2").switch("s3")
+    b.gpu("g1", generation=8).gpu("g2", generation=9).gpu("g3", generation=10)
+    b.link("hA", "s1").link("s1", "g1").link("hA", "s3").link("s3", "g3")
+    b.link("hB", "s2").link("s2", "g1").link("s2", "g2")
+    state, t = composed(b.state(), "t", host="hA", devices=[GPU])
+    state, u = composed(state, "u", host="hB", devices=[GPU])
+    assert [d.id for d in t.devices] == ["g1"] and [d.id for d in u.devices] == ["g2"]
+    state = apply(state, report_fault(state, "g2")[0])
+    assert state.impaired == {u.composition_id}
+
+    events, outcome = run(state, Drain(request_id="d", id="s1"))
+
+    replaced = [
+        (e.composition_id, e.old_device, e.binding.device, e.reason)
+        for e in events
+        if isinstance(e, DeviceReplaced)
+    ]
+    assert replaced == [
+        (t.composition_id, "g1", "g3", "s1 drained"),
+        (u.composition_id, "g2", "g1", "devices freed by a move"),
+    ]
+    assert outcome.impaired == [] and outcome.compositions == sorted(
+        [t.composition_id, u.composition_id]
+    )
+    after = apply(state, events)
+    assert after.impaired == frozenset() and after.device_owner["g1"] == u.composition_id

@@ -341,6 +341,11 @@ def _then(
     after = reduce(evolve, decision.events, state)
     more = follow(after)
     final = reduce(evolve, more, after)
+    if final.impaired and any(isinstance(e, DeviceReplaced | PathRerouted) for e in more):
+        # What a move let go (a healthy device a drain moved off, the links and ports of a
+        # rerouted path) may mend another impaired composition, or one this step impaired.
+        freed = retry_impaired(final, "devices freed by a move")
+        more, final = [*more, *freed], reduce(evolve, freed, final)
     touched = sorted({e.composition_id for e in more if isinstance(e, _ABOUT)})
     result = msgspec.structs.replace(
         decision.result,
