@@ -112,8 +112,24 @@ def test_a_drain_s_summary_says_what_moved_where() -> None:
         "  c-1: gpu-003 replaced by gpu-010 (path host-01 > sw-1 > gpu-010; links l-1, l-10)",
         # Over the same nodes, another cable: what moved is in the links.
         "  c-2: gpu-004 rerouted (path host-02 > sw-2 > gpu-004; links l-2b, l-4)",
+        "active now: c-1, c-2",
         "at position 9",
     ]
+
+
+def test_an_undrain_says_which_compositions_it_mended_and_which_it_could_not() -> None:
+    """An operator's probe: `undrain sw-r2` said only 'compositions touched' of the one it
+    brought back to active."""
+    result = {
+        "component": "sw-r2",
+        "changed": True,
+        "health": "healthy",
+        "drained": False,
+        "compositions": ["c-1", "c-2"],
+        "impaired": ["c-2"],
+    }
+    said = render.component_summary(result, {"position": 9}, verb="undrain").splitlines()
+    assert said[-3:] == ["active now: c-1", "left impaired: c-2", "at position 9"]
 
 
 def test_an_undrain_of_a_failed_component_says_what_would_clear_it() -> None:

@@ -284,6 +284,12 @@ def component_summary(result: Row, reply: Row, wide: bool = False, *, verb: str 
         parts.append(
             f"  {move['composition_id']}: {move['device']} {how} (path {path}; links {links})"
         )
+    # Touched and not left impaired: moved while active, or mended (an undrain's, a
+    # recovery's): either way active now, which an operator reading an undrain asks first.
+    if active := [
+        c for c in result.get("compositions") or [] if c not in result.get("impaired", [])
+    ]:
+        parts.append("active now: " + ", ".join(active))
     if result.get("impaired"):
         parts.append("left impaired: " + ", ".join(result["impaired"]))
     return "\n".join(parts) + f"\nat position {reply.get('position')}{replayed(reply)}"
