@@ -252,7 +252,9 @@ async def rebuild(
     `batch_size` events per transaction.
 
     Queries see the tables empty, then filling, until the replay ends; engines following the
-    domains notice the checkpoints moved back and take part. Returns the events applied.
+    domains notice the checkpoints moved back and take part. Returns the events the rebuilt
+    projections hold, whoever applied them (`trellis projections rebuild` once printed "from 0
+    events" when the engine's follower had replayed the log first).
     """
     sink = ProjectionSink(pool)
     async with pool.acquire() as conn, conn.transaction():
@@ -263,15 +265,17 @@ async def rebuild(
             sink.checkpoint_names,
         )
         await _start_over(conn, sink)
-    applied = 0
+    held = 0
     for domain in domains:
         # Around the call, not inside it: the replay's rows are freed (by reference counting)
         # before the collector runs again, or its first pass would scan every one of them.
         with _collector_paused():
-            applied += await _replay(sink, log, domain, batch_size)
+            await _replay(sink, log, domain, batch_size)
         # The rest, if the replay handed over (or the log grew since): the ordinary way.
-        applied += await Follower(domain, log, sink, batch_size=batch_size).catch_up()
-    return applied
+        follower = Follower(domain, log, sink, batch_size=batch_size)
+        await follower.catch_up()
+        held += follower.progress.version  # versions are gap-free: the events folded
+    return held
 
 
 async def _start_over(
@@ -294,9 +298,9 @@ async def _start_over(
     await conn.execute(_SAVE, names, domain, [0] * len(names), [0] * len(names))
 
 
-async def _replay(sink: ProjectionSink, log: DomainLog, domain: str, batch_size: int) -> int:
+async def _replay(sink: ProjectionSink, log: DomainLog, domain: str, batch_size: int) -> None:
     """Fold `domain`'s log into the emptied tables with the rows carried in memory
-    (projections/replay.py) while no one else moves its checkpoints; the events applied.
+    (projections/replay.py) while no one else moves its checkpoints.
 
     Each batch is written while the next is folded, and the log is read ahead of the fold:
     Postgres stores and reads on its own core while this one folds.
@@ -307,7 +311,7 @@ async def _replay(sink: ProjectionSink, log: DomainLog, domain: str, batch_size:
     """
     saved, _ = await sink.resume(domain)
     if saved != 0:
-        return 0
+        return
     rows = ReplayRows(sink.pool, sink.table_defs)
     writes = _Writes(sink, domain)
 
@@ -315,7 +319,7 @@ async def _replay(sink: ProjectionSink, log: DomainLog, domain: str, batch_size:
         for projection in sink.projections:
             await projection.apply(rows, facts)
         last = facts[-1].record
-        return await writes.start(rows.changes(), Progress(last.version, last.position), len(facts))
+        return await writes.start(rows.changes(), Progress(last.version, last.position))
 
     try:
         # Closed on leaving, so the reader stops at once when the replay stops early.
@@ -335,7 +339,6 @@ async def _replay(sink: ProjectionSink, log: DomainLog, domain: str, batch_size:
         # The batch in flight was folded from the log as it stands: finish it, whatever
         # stopped the replay (the log read failing, say).
         await writes.settle()
-    return writes.applied
 
 
 class _Writes:
@@ -345,10 +348,9 @@ class _Writes:
         self._sink = sink
         self._domain = domain
         self._committed = Progress()
-        self.applied = 0  # events of the batches committed
-        self._in_flight: tuple[asyncio.Task[bool], Progress, int] | None = None
+        self._in_flight: tuple[asyncio.Task[bool], Progress] | None = None
 
-    async def start(self, changes: list[Changes], progress: Progress, events: int) -> bool:
+    async def start(self, changes: list[Changes], progress: Progress) -> bool:
         """Wait for the batch in flight, then start writing this one; False (nothing more
         written) when a checkpoint moved under the replay."""
         if not await self.settle():
@@ -356,19 +358,18 @@ class _Writes:
         task = asyncio.create_task(
             _write_batch(self._sink, self._domain, changes, self._committed, progress)
         )
-        self._in_flight = (task, progress, events)
+        self._in_flight = (task, progress)
         return True
 
     async def settle(self) -> bool:
         """Wait for the batch in flight; False when it found a checkpoint moved."""
         if self._in_flight is None:
             return True
-        task, progress, events = self._in_flight
+        task, progress = self._in_flight
         self._in_flight = None
         if not await task:
             return False
         self._committed = progress
-        self.applied += events
         return True
 
 
