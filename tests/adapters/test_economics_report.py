@@ -420,8 +420,8 @@ def test_served_says_how_many_a_release_cut_short_in_the_table_the_json_and_the_
     cut = figures(HALL, [*events, *ended], intervals, demand, [], {})
     assert (cut.served, cut.served_cut_short, cut.tokens_cut_short) == (2, 1, 1024 + 100)
     table = comparison(cut, fixed_run()[0])
-    assert row_of(table, "  of them cut short by a release") == ["1", "0", "-"]
-    assert row_of(table, "  of requests cut short") == ["1124", "0", "-"]
+    assert row_of(table, "  of them cut short by a release") == ["1", "0", "-", "worse"]
+    assert row_of(table, "  of requests cut short") == ["1124", "0", "-", "worse"]
     (served,) = [a for a in assumptions(HALL) if a.what == "served"]
     assert "released before its lease ran out" in served.why and "cut short" in served.why
     plan = Plan(seconds=2, requests=2)
@@ -441,7 +441,7 @@ def test_a_percentile_the_sample_cannot_support_is_hidden_not_printed() -> None:
         (line,) = [line for line in table.splitlines() if line.startswith(name)]
         assert line.split()[-3:] == ["-", "-", "-"]
     (line,) = [line for line in table.splitlines() if line.startswith("TTFT p50")]
-    assert line.split()[-3:] == ["1100.0", "1500.0", "0.73x"]
+    assert line.split()[-4:] == ["1100.0", "1500.0", "0.73x", "better"]
 
 
 def outcome() -> demo.Outcome:
@@ -500,7 +500,7 @@ def test_the_comparison_names_what_was_held_and_prints_no_infinite_ratio() -> No
     assert "GPU utilization" not in text and "GPUs held, mean % of the hall's" in text
     assert "inf" not in text
     (refused,) = [line for line in text.splitlines() if line.startswith("refused ")]
-    assert refused.split()[-1] == "-"  # 3 against 0: no ratio
+    assert refused.split()[-2:] == ["-", "worse"]  # 3 against 0: no ratio, and worse
     (cost,) = [line for line in text.splitlines() if line.startswith("$ per million tokens, b")]
     assert cost.split()[-2:] == ["-", "-"]  # no tokens served: no cost per token
 
@@ -612,7 +612,12 @@ def test_requests_neither_served_nor_refused_are_a_row_of_their_own() -> None:
     pooled, fixed = pooled_run()[0], fixed_run()[0]
     assert "neither served nor refused" not in comparison(pooled, fixed)  # 2 + 0, 2 + 1
     lost = dataclasses.replace(fixed, requests=fixed.requests + 4)
-    assert row_of(comparison(pooled, lost), "neither served nor refused") == ["0", "4", "0.00x"]
+    assert row_of(comparison(pooled, lost), "neither served nor refused") == [
+        "0",
+        "4",
+        "0.00x",
+        "better",
+    ]
 
 
 def test_the_report_says_when_each_why_was_asked_and_what_whole_hall_prices(
@@ -654,3 +659,21 @@ async def test_the_demo_runs_its_engine_unthrottled_and_says_so(
     with pytest.raises(Stop):
         await demo.main(Plan(seconds=5, requests=1), settings, tmp_path / "out", show="off")
     assert started[0].tenant_rate.per_second == 0  # engine/core/throttle.py: no limit
+
+
+def test_each_ratio_says_whether_it_is_better_or_worse_for_pooled_by_the_figures_own_sense() -> (
+    None
+):
+    """A front-door probe read 'TTFT p50 3.94x' and '$ per million tokens 0.23x' side by side
+    with no sign of which way is better."""
+    pooled, fixed = pooled_run()[0], fixed_run()[0]
+    faster = dataclasses.replace(pooled, ttft_ms={"p50": 100.0}, served=fixed.served + 1)
+    slower = dataclasses.replace(fixed, ttft_ms={"p50": 400.0})
+    table = comparison(faster, slower)
+    assert table.splitlines()[0].split()[-2:] == ["pooled", "is"]
+    assert row_of(table, "TTFT p50, ms (model)")[-1] == "better"  # lower is better
+    assert row_of(table, "served")[-1] == "better"  # higher is better
+    assert row_of(comparison(slower, faster), "TTFT p50, ms (model)")[-1] == "worse"
+    assert row_of(table, "requests")[-1].endswith("x")  # what was asked: no verdict
+    # The key under the table says what the column and a "-" mean.
+    assert "pooled is: better or worse" in table and "p99 needs 100" in table

@@ -404,80 +404,155 @@ def storm_refusal(events: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     return None
 
 
-def comparison(pooled_figures: Figures, fixed_figures: Figures) -> str:
-    """The side-by-side table: pooled, fixed, and pooled / fixed. The seeds' own units come
-    first (served, TTFT, TPOT, GPU-hours, $ per million tokens), then how they came about."""
+# A figure's own sense: "lower" or "higher" is better for the hall that shows it; None for a
+# figure that is neither (what was asked, what was held: more held may be more served).
+Better = str | None
 
-    def row(what: str, p: float | None, f: float | None, fmt: str = "{:.0f}") -> list[str]:
-        """A figure of both runs and their ratio; "-" for a figure too few samples support,
-        and for a ratio over nothing (no `inf`)."""
+
+def comparison(pooled_figures: Figures, fixed_figures: Figures) -> str:
+    """The side-by-side table: pooled, fixed, pooled / fixed, and whether that is better or
+    worse for pooled by the figure's own sense. The seeds' own units come first (served,
+    TTFT, TPOT, GPU-hours, $ per million tokens), then how they came about."""
+
+    def row(
+        what: str, p: float | None, f: float | None, fmt: str = "{:.0f}", better: Better = None
+    ) -> list[str]:
+        """A figure of both runs, their ratio and the verdict; "-" for a figure too few
+        samples support, and for a ratio over nothing (no `inf`)."""
         shown = [fmt.format(x) if x is not None else "-" for x in (p, f)]
         ratio = f"{p / f:.2f}x" if p is not None and f else "-"
-        return [what, *shown, ratio]
+        return [what, *shown, ratio, verdict(p, f, better)]
 
     p, f = pooled_figures, fixed_figures
     rows = [
         row("requests", p.requests, f.requests),
-        row("served", p.served, f.served),
-        row("  of them cut short by a release", p.served_cut_short, f.served_cut_short),
-        row("refused", sum(p.refused.values()), sum(f.refused.values())),
+        row("served", p.served, f.served, better="higher"),
+        row(
+            "  of them cut short by a release",
+            p.served_cut_short,
+            f.served_cut_short,
+            better="lower",
+        ),
+        row("refused", sum(p.refused.values()), sum(f.refused.values()), better="lower"),
     ]
     for reason in sorted(set(p.refused) | set(f.refused)):
-        rows.append(row(f"  refused: {reason}", p.refused[reason], f.refused[reason]))
-    if p.unanswered() or f.unanswered():
-        rows.append(row("neither served nor refused", p.unanswered(), f.unanswered()))
-    for q in SERVING_PERCENTILES:
-        name = f"p{q:g}"
         rows.append(
-            row(f"TTFT {name}, ms (model)", p.ttft_ms.get(name), f.ttft_ms.get(name), "{:.1f}")
+            row(f"  refused: {reason}", p.refused[reason], f.refused[reason], better="lower")
+        )
+    if p.unanswered() or f.unanswered():
+        rows.append(
+            row("neither served nor refused", p.unanswered(), f.unanswered(), better="lower")
         )
     for q in SERVING_PERCENTILES:
         name = f"p{q:g}"
         rows.append(
-            row(f"TPOT {name}, ms (model)", p.tpot_ms.get(name), f.tpot_ms.get(name), "{:.2f}")
+            row(
+                f"TTFT {name}, ms (model)",
+                p.ttft_ms.get(name),
+                f.ttft_ms.get(name),
+                "{:.1f}",
+                better="lower",
+            )
+        )
+    for q in SERVING_PERCENTILES:
+        name = f"p{q:g}"
+        rows.append(
+            row(
+                f"TPOT {name}, ms (model)",
+                p.tpot_ms.get(name),
+                f.tpot_ms.get(name),
+                "{:.2f}",
+                better="lower",
+            )
         )
     rows += [
-        row("tokens served (context + generated)", p.tokens_served, f.tokens_served),
-        row("  of requests cut short", p.tokens_cut_short, f.tokens_cut_short),
+        row(
+            "tokens served (context + generated)", p.tokens_served, f.tokens_served, better="higher"
+        ),
+        row("  of requests cut short", p.tokens_cut_short, f.tokens_cut_short, better="lower"),
         row("GPU-hours held", p.gpu_hours, f.gpu_hours, "{:.3f}"),
         row(
             "$ per million tokens, billed",
             p.billed_per_million_tokens,
             f.billed_per_million_tokens,
             "{:.2f}",
+            better="lower",
         ),
         row(
             "$ per million tokens, whole hall",
             p.hall_per_million_tokens,
             f.hall_per_million_tokens,
             "{:.2f}",
+            better="lower",
         ),
         row("GPUs held, mean % of the hall's", p.gpu_held_mean, f.gpu_held_mean, "{:.1f}"),
         row("GPUs held, peak % of the hall's", p.gpu_held_peak, f.gpu_held_peak, "{:.1f}"),
         row("pooled memory held, mean %", p.memory_held_mean, f.memory_held_mean, "{:.1f}"),
         row("GPU-seconds held", p.gpu_seconds, f.gpu_seconds),
-        row("  of which held idle (stranded)", p.idle_gpu_seconds, f.idle_gpu_seconds),
+        row(
+            "  of which held idle (stranded)",
+            p.idle_gpu_seconds,
+            f.idle_gpu_seconds,
+            better="lower",
+        ),
         row(
             "free GPUs while memory >= 90% held",
             p.free_gpus_memory_full,
             f.free_gpus_memory_full,
             "{:.1f}",
+            better="lower",
         ),
-        row("free GiB while GPUs >= 90% held", p.free_gib_gpus_full, f.free_gib_gpus_full),
+        row(
+            "free GiB while GPUs >= 90% held",
+            p.free_gib_gpus_full,
+            f.free_gib_gpus_full,
+            better="lower",
+        ),
         row(
             "p99 compose latency, ms (client)",
             p.latency_ms.get("p99"),
             f.latency_ms.get("p99"),
             "{:.1f}",
+            better="lower",
         ),
         row("billed $ (held x cost_per_hour)", p.billed, f.billed, "{:.4f}"),
-        row("billed $ per served request", p.billed_per_served, f.billed_per_served, "{:.4f}"),
-        row("hall $ per served request", p.hall_per_served, f.hall_per_served, "{:.4f}"),
-        row("compositions impaired", p.impaired, f.impaired),
+        row(
+            "billed $ per served request",
+            p.billed_per_served,
+            f.billed_per_served,
+            "{:.4f}",
+            better="lower",
+        ),
+        row(
+            "hall $ per served request",
+            p.hall_per_served,
+            f.hall_per_served,
+            "{:.4f}",
+            better="lower",
+        ),
+        row("compositions impaired", p.impaired, f.impaired, better="lower"),
         row("compositions repaired", p.repaired, f.repaired),
         row("  back only once the fault healed", p.recovered, f.recovered),
     ]
-    return table(["figure", "pooled", "fixed pods", "pooled / fixed"], rows)
+    header = ["figure", "pooled", "fixed pods", "pooled / fixed", "pooled is"]
+    return table(header, rows) + "\n" + COMPARISON_KEY
+
+
+COMPARISON_KEY = (
+    "(pooled is: better or worse for the pooled hall by the figure's own sense, fewer or"
+    " lower where that is better; blank for a figure that is neither, or with a side missing."
+    " -: a percentile its samples cannot support (p99 needs 100, p99.9 1,000), a figure over"
+    " no moment, or a ratio over nothing)"
+)
+
+
+def verdict(p: float | None, f: float | None, better: Better) -> str:
+    """ "better", "worse" or "same" for pooled, by `better`; "" without a sense or a side."""
+    if better is None or p is None or f is None:
+        return ""
+    if p == f:
+        return "same"
+    return "better" if (p > f) == (better == "higher") else "worse"
 
 
 def sparkline(values: Sequence[float]) -> str:
