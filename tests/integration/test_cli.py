@@ -80,6 +80,14 @@ async def test_an_operator_imports_composes_asks_why_and_releases(
 
     code, out, _ = await trellis(env, "release", cid, "--tenant", "acme")
     assert code == 0 and "released" in out
+    # Released twice: not found, as the contract has it, and the CLI says why (a front-door
+    # probe read "no composition" as a wrong id). To another tenant it stays unknown.
+    code, _, err = await trellis(env, "release", cid, "--tenant", "acme")
+    assert code == 1 and "not_found" in err, err
+    assert f"(composition {cid} was released at position " in err and "nothing to release" in err
+    assert "asked as tenant" not in err, err
+    code, _, err = await trellis(env, "extend", cid, "--lease", "60", "--tenant", "globex")
+    assert code == 1 and "asked as tenant 'globex'" in err and "was released" not in err, err
 
     code, out, _ = await trellis(env, "history", "--id", cid)
     assert code == 0 and all(d in out for d in devices) and "released" in out, out

@@ -64,7 +64,11 @@ def send_intent(args: argparse.Namespace, verb: str, body: dict[str, Any], show:
     code = print_reply(args, reply, show)
     error = {} if reply.get("ok") else reply["error"]
     unknown = error.get("code") == "not_found" and "domain" not in (error.get("details") or {})
-    if unknown and verb in _OWNED and args.output != "json":
+    ended = _ended(args, body) if unknown and verb in _ON_A_LIVE_ONE else None
+    if ended is not None and args.output != "json":
+        # `composition get` shows it released: "no composition" alone read as a wrong id.
+        print(f"({ended}: there is nothing to {verb})", file=sys.stderr)
+    elif unknown and verb in _OWNED and args.output != "json":
         # The contract answers another tenant's composition or reservation as not found: say
         # who asked, since the default tenant is easily not the one that made it. (An unknown
         # domain, host or device is unknown whoever asks.)
@@ -74,6 +78,25 @@ def send_intent(args: argparse.Namespace, verb: str, body: dict[str, Any], show:
             file=sys.stderr,
         )
     return code
+
+
+#: The intents on a live composition: one that ended is not found by them.
+_ON_A_LIVE_ONE = {"release", "extend"}
+
+
+def _ended(args: argparse.Namespace, body: dict[str, Any]) -> str | None:
+    """How the tenant's composition of `body` ended ("composition c-1 was released at position
+    12"), or None: unknown to the tenant, still live, or the engine did not say."""
+    cid = body.get("composition_id")
+    with contextlib.suppress(CliError):
+        reply = request(args, f"view.{args.domain}.{args.tenant}.composition", {"id": cid})
+        result = reply.get("result") or {}
+        if reply.get("ok") and result.get("state") in ("released", "failed"):
+            ends = ("CompositionReleased", "CompositionFailed")
+            at = [e["position"] for e in result.get("chain", []) if e["type"] in ends]
+            where = f" at position {at[-1]}" if at else ""
+            return f"composition {cid} was {result['state']}{where}"
+    return None
 
 
 def read_json(path: Path) -> dict[str, Any]:
