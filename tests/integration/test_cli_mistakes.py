@@ -37,6 +37,9 @@ USAGE = [
     (["extend", "c-1", "--lease", "soon"], "not a whole number of seconds"),
     (["why", "bad.id"], "not a valid component or composition id"),
     (["quota", "set", "a b", "gpu", "--count", "1"], "not a valid tenant"),
+    # Said in the flags' terms, not the wire's (`devices`, `count`, `capacity_gib`).
+    (["compose", "--host", "h1"], "nothing to compose: give --gpu, --memory, --nic, --nvme or"),
+    (["quota", "set", "acme", "gpu"], "give --count, --gib or both (hint: `trellis quota clear"),
     (["compose", "--bogus"], "unrecognized arguments: --bogus (hint: `trellis compose --help`)"),
     # An argument no command takes is the innermost command's to explain, not the root's.
     (["release", "c-x", "extra"], "unrecognized arguments: extra (hint: `trellis release --help`)"),

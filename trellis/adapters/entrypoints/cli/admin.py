@@ -11,6 +11,7 @@ from typing import Any
 from trellis.adapters.entrypoints import (
     render,
 )
+from trellis.adapters.entrypoints.cli.errors import EXIT_USAGE, CliError
 from trellis.adapters.entrypoints.cli.options import (
     COMPONENT_HELP,
     DEVICE_KINDS,
@@ -61,6 +62,13 @@ def remove(args: argparse.Namespace) -> int:
 
 
 def quota_set(args: argparse.Namespace) -> int:
+    if args.count is None and args.gib is None:
+        raise CliError(
+            "give --count, --gib or both",
+            code="usage",
+            hint=f"`trellis quota clear {args.tenant} {args.kind}` removes the quota",
+            exit=EXIT_USAGE,
+        )
     body: dict[str, Any] = {"tenant": args.tenant, "kind": args.kind, "reason": args.reason}
     if args.count is not None:
         body["count"] = args.count

@@ -149,7 +149,17 @@ def manifest(args: argparse.Namespace) -> dict[str, Any]:
     """The body `manifest_options` describe: read from --file, or built from the flags; a body
     flag given with --file is a usage error (nothing is sent), the file being the whole body."""
     if not args.file:
-        return _compose_body(args)
+        body = _compose_body(args)
+        if "devices" not in body and "device_ids" not in body:
+            # Said in the flags' terms, before anything is sent (the engine would say it in
+            # the wire's: `devices` or `device_ids`).
+            raise CliError(
+                "nothing to compose: give --gpu, --memory, --nic, --nvme or --device-id",
+                code="usage",
+                hint="--gpu 2 asks for two GPUs, --memory 256 for a 256 GiB slice",
+                exit=EXIT_USAGE,
+            )
+        return body
     given = [flag for dest, flag in _BODY_FLAGS.items() if _given(getattr(args, dest))]
     if given:
         raise CliError(
