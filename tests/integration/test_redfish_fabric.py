@@ -114,6 +114,17 @@ async def trellis_resources(server: MockupServer) -> dict[str, list[dict[str, An
     return await asyncio.to_thread(_trellis_resources, server)
 
 
+def _still_there(server: MockupServer, uri: str) -> Any:
+    """A member's body; None when it went between the collection's read and this one (the
+    engine's reconciliation deletes while a test polls: a CI run read a zone's 404 so)."""
+    try:
+        return server.get(uri)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise
+
+
 def _trellis_resources(server: MockupServer) -> dict[str, list[dict[str, Any]]]:
     found: dict[str, list[dict[str, Any]]] = {}
     for kind, collection in (
@@ -123,8 +134,8 @@ def _trellis_resources(server: MockupServer) -> dict[str, list[dict[str, Any]]]:
         ("chunks", MEM_01_CHUNKS.replace("mem-01", "mem-02")),
     ):
         for uri in server.members(collection):
-            body = server.get(uri)
-            if body.get("Oem", {}).get("Trellis"):
+            body = _still_there(server, uri)
+            if body is not None and body.get("Oem", {}).get("Trellis"):
                 found.setdefault(kind, []).append(body)
     for port in server.members(f"{F}/Switches/ocs-1/Ports"):
         to = (server.get(port).get("Oem") or {}).get("Trellis", {}).get("CircuitTo")
