@@ -524,6 +524,21 @@ def test_min_generation_and_models_filter_before_ranking() -> None:
     assert [d.id for d in compose(state, "t", host="h", devices=[entry])[1].devices] == ["g-b"]
 
 
+def test_a_model_no_device_has_says_models_match_exactly() -> None:
+    """A front-door probe asked for `h100` and read only '0 gpu h100 exist'."""
+    b = FabricBuilder().host("h").gpu("g-1", model="H100")
+    state = b.chain("h", "g-1").state()
+    events, result = compose(state, "t", host="h", devices=[{**GPU, "models": ["h100"]}])
+    error = rejected(events, result, "no_capacity")
+    assert "0 gpu h100 exist (a model is matched exactly, case included)" in error.message
+    # Where the model exists, nothing more is said about it.
+    taken = compose(state, "u", host="h", devices=[{**GPU, "models": ["H100"]}])[0]
+    events, result = compose(
+        apply(state, taken), "t", host="h", devices=[{**GPU, "models": ["H100"]}]
+    )
+    assert "matched exactly" not in rejected(events, result, "no_capacity").message
+
+
 def test_devices_entries_are_served_in_order_each_seeing_the_picks_before() -> None:
     b = FabricBuilder().host("h").switch("sw").gpu("g1").gpu("g2").gpu("g3").nic("n1")
     state = b.chain("h", "sw", "g3").chain("h", "g2").chain("h", "g1").chain("h", "n1").state()

@@ -549,7 +549,10 @@ def _why_not(
         before = remaining
     nearest = _nearest(isolated, within_hops, within_latency)
     what = slot.device or entry.kind + (f" {'/'.join(entry.models)}" if entry.models else "")
-    parts = [f"{counts[0]} {what} exist", f"{counts[1]} healthy", f"{counts[2]} free"]
+    exist = f"{counts[0]} {what} exist"
+    if not counts[0] and entry.models and not slot.device:
+        exist += " (a model is matched exactly, case included)"  # `h100` finds no H100
+    parts = [exist, f"{counts[1]} healthy", f"{counts[2]} free"]
     if c.labels or exclusive or counts[3] != counts[2]:
         parts.append(f"{counts[3]} pass isolation and labels")
     parts.append(f"{counts[4]} reachable" + (f" within {c.max_hops} hops" if c.max_hops else ""))
