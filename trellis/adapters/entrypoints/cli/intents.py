@@ -76,7 +76,12 @@ def extend(args: argparse.Namespace) -> int:
 def manifest_options(p: argparse.ArgumentParser, file_help: str) -> None:
     """What to compose (compose, reserve, preview): flags, or a JSON body with --file."""
     p.add_argument("--file", type=Path, help=file_help + " (no other flag of the body with it)")
-    p.add_argument("--host", type=identifier("host id"), help="the host to compose on")
+    p.add_argument(
+        "--host",
+        type=identifier("host id"),
+        help="the host to compose on (left out: the engine picks one, of those --host-label"
+        " names if given)",
+    )
     p.add_argument(
         "--host-label",
         action="append",
