@@ -304,14 +304,6 @@ def settle_request_id(composition_id: str) -> str:
     return f"settle-{composition_id}"
 
 
-def freed_request_id(actor: str, request_id: str) -> str:
-    """What the engine's own follow-up of a tenant's intent (the repairs what it freed made
-    possible) is recorded under: derived from that intent's key, so an operator who holds the
-    request id finds its follow-up, and opaque to the tenant whose composition was mended."""
-    digest = hashlib.sha256(f"{actor}\n{request_id}".encode()).hexdigest()[:24]
-    return f"freed-{digest}"
-
-
 def lease_expiry_request_id(composition_ids: Iterable[str]) -> str:
     """Named by the compositions it ends, so a resend after a crash replays, not re-decides."""
     digest = hashlib.sha256(",".join(sorted(composition_ids)).encode()).hexdigest()[:24]

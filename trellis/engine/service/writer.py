@@ -31,7 +31,7 @@ from trellis.engine.core.errors import (
     WriterFenced,
 )
 from trellis.engine.core.events import MAX_EVENT_BYTES, Event
-from trellis.engine.core.intents import ImportTopology, Intent, freed_request_id
+from trellis.engine.core.intents import ImportTopology, Intent
 from trellis.engine.core.records import Head, PendingEvent
 from trellis.engine.core.state import DomainState, evolve
 from trellis.engine.service import snapshots
@@ -353,8 +353,11 @@ class DomainWriter:
                 for event in decision.events[: decision.engine_from]
             ]
             if decision.engine_from is not None:
-                # The engine's follow-up: no trace of the tenant whose intent allowed it.
-                freed = freed_request_id(req.actor, cause)
+                # The engine's follow-up, with no trace of the intent that allowed it: not its
+                # actor, and not its request id, nor one derived from it (a hash can be
+                # reversed by guessing). The log's next versions, in the same commit, are
+                # where an operator finds it.
+                freed = f"freed-{secrets.token_hex(12)}"
                 decided += [
                     PendingEvent.of(
                         event, actor=ENGINE, causation_id=freed, correlation_id=freed, at=now
