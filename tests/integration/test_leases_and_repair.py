@@ -184,6 +184,10 @@ async def test_a_release_gives_its_device_to_another_tenants_impaired_compositio
     )
 
     assert released["ok"] and released["result"]["devices"] == ["gpu-2"], released
+    # Its position is its own event's, not that of acme's repair after it in the commit.
+    log = [e async for e in h.store.read(DOMAIN)]
+    (gone,) = [e for e in log if e.type == "CompositionReleased"]
+    assert released["position"] == gone.position < log[-1].position, released
     cid = acme["composition_id"]
     state = (await h.client.query(DOMAIN, "composition", {"id": cid}))["result"]
     assert state["state"] == "active" and [d["id"] for d in state["devices"]] == ["gpu-2"]

@@ -370,6 +370,10 @@ class DomainWriter:
                 continue
             for event in decision.events:
                 state = evolve(state, event)
+            # The reply's position is its own last event's, not the engine's follow-up after
+            # it: a release's reply names its CompositionReleased as `composition` does, and
+            # tells the releasing tenant nothing of another's repair.
+            own = len(events) + len(decision.events[: decision.engine_from])
             events.extend(decided)
             typed.extend(decision.events)
             first_in_batch[req.key] = len(pending)
@@ -387,7 +391,7 @@ class DomainWriter:
                         if decision.error is None
                         else replies.rejection(decision.error)
                     ),
-                    event_index=len(events) - 1 if events else None,
+                    event_index=own - 1 if own else None,
                 )
             )
         if not look_up and any(isinstance(answer, bytes) for answer in answers):
