@@ -863,6 +863,37 @@ async def test_why_of_a_device_that_holds_nothing_names_what_let_it_go_to_whom_m
     assert (past["text"], past["chain"]) == (device["text"], device["chain"])
 
 
+async def test_why_of_a_reserved_device_says_whose_reservation_holds_it_not_free(
+    h: Harness,
+) -> None:
+    """A re-check probe: `why` of a GPU a live reservation held said 'it is free', while
+    `free` left it out and the KV value named the reservation."""
+    await imported(h)
+    made = await h.client.intent(
+        DOMAIN,
+        "beta",
+        "reserve",
+        {"request_id": "rsv-1", "manifest": {"host": "host-01", "device_ids": ["gpu-02"]}},
+    )
+    rid = expect_ok(made)["reservation_id"]
+
+    device = await query(h, "why", {"id": "gpu-02"})
+
+    one_sentence(device["text"])
+    assert f"it is reserved for tenant beta by {rid} until " in device["text"], device
+    assert "free" not in device["text"]
+    own = expect_ok(await h.client.view(DOMAIN, "beta", "why", {"id": "gpu-02"}))
+    assert own["text"] == device["text"]
+    other = expect_ok(await h.client.view(DOMAIN, "acme", "why", {"id": "gpu-02"}))
+    assert other["text"] == "gpu-02 is reserved by others; it is healthy."
+    # At the moment it was reserved, from the state of then, the same; before it, free.
+    at = expect_ok(await h.client.query(DOMAIN, "why", {"id": "gpu-02", "at": made["position"]}))
+    assert at["text"] == device["text"]
+    before = made["position"] - 1
+    earlier = expect_ok(await h.client.query(DOMAIN, "why", {"id": "gpu-02", "at": before}))
+    assert "it is free and healthy" in earlier["text"]
+
+
 async def test_why_at_a_past_moment_tells_that_moment_and_before_the_domain_not_found(
     h: Harness, log, counts
 ) -> None:

@@ -32,7 +32,7 @@ from trellis.engine.core.results import (
 )
 from trellis.engine.core.views import IN_USE_BY_OTHERS, may_see, split_rows
 from trellis.engine.service.follower import DomainLog, Failure
-from trellis.engine.service.ports import SnapshotStore
+from trellis.engine.service.ports import Reserved, SnapshotStore
 from trellis.projections.base import iso
 from trellis.projections.history import Window, interval_query, last_ended_query
 from trellis.projections.past import fold_past
@@ -148,7 +148,14 @@ class Answers:
         given = {column: value for column, value in filters.items() if value is not None}
         return [_connection(r) for r in await self._reader.connections(domain, given)]
 
-    async def why(self, domain: str, target: str, *, viewer: str | None = None) -> WhyResult | None:
+    async def why(
+        self,
+        domain: str,
+        target: str,
+        *,
+        viewer: str | None = None,
+        reserved: Reserved | None = None,
+    ) -> WhyResult | None:
         """What `target` (a device, host, switch, OCS, link or composition) is connected to,
         the events that made it so, and one sentence saying it; None if the id is unknown.
 
@@ -193,6 +200,8 @@ class Answers:
             raise AssertionError("a target is a composition or a component")
         elif kind == "device":
             text = _device_text(target, connected, states, component, others, last)
+            if reserved is not None and not rows:
+                text = _reserved_text(target, reserved, component, viewer, last)
         elif kind == "host":
             text = _host_text(target, connected, states, component, others)
         else:
@@ -316,12 +325,20 @@ class PostgresReadModels(Answers):
             None,
         )
 
-    async def why(self, domain: str, target: str, *, viewer: str | None = None) -> WhyResult | None:
+    async def why(
+        self,
+        domain: str,
+        target: str,
+        *,
+        viewer: str | None = None,
+        reserved: Reserved | None = None,
+    ) -> WhyResult | None:
         # One repeatable-read snapshot for every read, so the sentence, the rows and the
         # chain agree.
         snapshot = {"isolation": "repeatable_read", "readonly": True}
         async with self._pool.acquire() as conn, conn.transaction(**snapshot):
-            return await Answers(_TableReader(conn)).why(domain, target, viewer=viewer)
+            answers = Answers(_TableReader(conn))
+            return await answers.why(domain, target, viewer=viewer, reserved=reserved)
 
     async def past(self, domain: str, head: Head) -> Answers:
         """The answers as they stood right after the domain's event at `head`."""
@@ -441,6 +458,21 @@ def _device_text(
         )
     note = "" if marks == "healthy" else f"; the device is {marks}"
     return f"{device} is connected to {'; and to '.join(clauses)}{_also(others)}{note}."
+
+
+def _reserved_text(
+    device: str, reserved: Reserved, component: Row, viewer: str | None, last: Row | None
+) -> str:
+    """A device no composition holds and a live reservation does: not free. Whose it is, to
+    whom may see it; else only that others hold it."""
+    marks = _marks(component)
+    if not may_see(reserved.tenant, viewer):
+        return f"{device} is reserved by others; it is {marks}."
+    was = "" if last is None else _last_held(last)
+    return (
+        f"{device} is connected to nothing; it is reserved for tenant {reserved.tenant} by"
+        f" {reserved.reservation_id} until {iso(reserved.expires_at)} and is {marks}{was}."
+    )
 
 
 # How the last interval of a device that holds nothing ended (EndReason).

@@ -29,6 +29,7 @@ from trellis.engine.core.paging import paged
 from trellis.engine.core.queries import STATE_QUERIES, answer
 from trellis.engine.core.records import Head
 from trellis.engine.core.results import ConnectionsResult, HistoryResult
+from trellis.engine.core.state import DomainState
 from trellis.engine.service import fabric_report, snapshots
 from trellis.engine.service.custody import Custody, Served, unknown_domain
 from trellis.engine.service.ports import (
@@ -37,6 +38,7 @@ from trellis.engine.service.ports import (
     FabricDriver,
     PastModels,
     ReadModels,
+    Reserved,
     SnapshotStore,
 )
 from trellis.engine.service.writer import DomainWriter
@@ -108,9 +110,17 @@ class QueryAnswers:
                         state = await snapshots.state_at(self._store, self._snapshots, domain, past)
                     result = answer(state, query, verb)
                 else:
-                    # (Only `topology`'s view reads the state, and it is a state query.)
+                    # (Only `topology`'s view reads the state, and it is a state query; `why`
+                    # of a device asks it which reservation holds the device then.)
+                    reserved = None
+                    if isinstance(query, WhyQuery):
+                        if past is not None:
+                            state = await snapshots.state_at(
+                                self._store, self._snapshots, domain, past
+                            )
+                        reserved = reserved_whole(state, query.id)
                     result = await self._read_model_query(
-                        domain, query, head.position, viewer, past
+                        domain, query, head.position, viewer, past, reserved
                     )
                 if viewer is not None:  # (`fabric` has no view: refused above)
                     result = views.scope(verb, result, viewer, state)
@@ -210,6 +220,7 @@ class QueryAnswers:
         head: int,
         viewer: str | None,
         past: Head | None = None,
+        reserved: Reserved | None = None,
     ) -> msgspec.Struct:
         """History-bearing queries: live, from projections that include every committed event
         up to `head` (read-your-writes: a client that just composed sees it); at a past
@@ -249,7 +260,7 @@ class QueryAnswers:
                 rows = await source.connections(domain, host=host, tenant=tenant, device=device)
                 return ConnectionsResult(connections=rows)
             case WhyQuery(id=target):
-                why = await source.why(domain, target, viewer=viewer)
+                why = await source.why(domain, target, viewer=viewer, reserved=reserved)
                 if why is None:
                     raise IntentRejected("not_found", f"nothing named {target!r}", {"id": target})
                 return why
@@ -259,6 +270,15 @@ class QueryAnswers:
                 )
                 return HistoryResult(intervals=intervals)
         raise IntentRejected("invalid", "unknown query")
+
+
+def reserved_whole(state: DomainState, device: str) -> Reserved | None:
+    """The live reservation holding `device` whole in `state`, if one does."""
+    rid = state.reserved_by.get(device)
+    if rid is None:
+        return None
+    held = state.reservations[rid]
+    return Reserved(reservation_id=rid, tenant=held.tenant, expires_at=held.expires_at)
 
 
 class _Pages:

@@ -207,6 +207,16 @@ class Clock(Protocol):
     def now(self) -> datetime: ...
 
 
+class Reserved(msgspec.Struct, frozen=True, kw_only=True):
+    """The live reservation holding a device whole, as the engine's state has it: what `why`
+    says of a device that holds nothing and yet is not free (the projections keep no
+    reservations)."""
+
+    reservation_id: str
+    tenant: str
+    expires_at: datetime
+
+
 class PastModels(Protocol):
     """The answers of the history-bearing queries (`composition`, `connections`, `why`,
     `history`), live or as of one past event.
@@ -225,11 +235,19 @@ class PastModels(Protocol):
         device: str | None = None,
     ) -> list[Connection]: ...
 
-    async def why(self, domain: str, target: str, *, viewer: str | None = None) -> WhyResult | None:
+    async def why(
+        self,
+        domain: str,
+        target: str,
+        *,
+        viewer: str | None = None,
+        reserved: Reserved | None = None,
+    ) -> WhyResult | None:
         """What `target` (device, host, composition or link) is connected to, the chain of
         events that made it so, and one plain sentence; None if the id is unknown. With
         `viewer`, as that tenant's view tells it (engine/core/views.py): only its own connections
-        and their events, and another tenant's composition is unknown."""
+        and their events, and another tenant's composition is unknown. `reserved`: the
+        reservation holding the device target at that moment, if one does."""
         ...
 
     async def history(
