@@ -55,6 +55,7 @@ async def test_an_operator_imports_composes_asks_why_and_releases(
     code, out, _ = await trellis(
         env, "compose", "--host", "host-01", "--gpu", "2", "--memory", "256",
         "--tenant", "acme", "--reason", "decode", "--lease", "600", "--json",
+        "--composition-label", "job=decode-7",
     )  # fmt: skip
     assert code == 0, out
     composed = json.loads(out)  # -o json (--json): the result alone
@@ -65,6 +66,9 @@ async def test_an_operator_imports_composes_asks_why_and_releases(
 
     code, out, _ = await trellis(env, "connections", "--tenant", "acme")
     assert code == 0 and all(d in out for d in devices) and cid in out
+    # --composition-label labels the composition itself (--label constrains devices).
+    shown = (await h.client.query(DOMAIN, "composition", {"id": cid}))["result"]
+    assert shown["labels"] == {"job": "decode-7"}, shown
 
     code, out, _ = await trellis(env, "why", devices[0])
     assert code == 0 and "host-01" in out and "CompositionRequested" in out

@@ -39,6 +39,7 @@ USAGE = [
     (["quota", "set", "a b", "gpu", "--count", "1"], "not a valid tenant"),
     # Said in the flags' terms, not the wire's (`devices`, `count`, `capacity_gib`).
     (["compose", "--host", "h1"], "nothing to compose: give --gpu, --memory, --nic, --nvme or"),
+    (["reserve", "--host", "h1"], "nothing to reserve: give --gpu, --memory, --nic, --nvme or"),
     (["quota", "set", "acme", "gpu"], "give --count, --gib or both (hint: `trellis quota clear"),
     (["compose", "--bogus"], "unrecognized arguments: --bogus (hint: `trellis compose --help`)"),
     # An argument no command takes is the innermost command's to explain, not the root's.

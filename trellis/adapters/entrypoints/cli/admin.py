@@ -150,7 +150,9 @@ def add_quota(sub: Any) -> None:
     quota = sub.add_parser("quota", help="tenants' quotas per device kind, and what they hold")
     quota_sub = quota.add_subparsers(metavar="ACTION")
     set_ = quota_sub.add_parser(
-        "set", help="set a tenant's whole quota for a kind (a limit left out: no limit)"
+        "set",
+        help="set a tenant's whole quota for a kind: --count, --gib or both (the one left out:"
+        " no limit on it)",
     )
     set_.add_argument("tenant", type=identifier("tenant"), help="the tenant the quota is for")
     set_.add_argument("kind", choices=DEVICE_KINDS, help="the device kind it limits")

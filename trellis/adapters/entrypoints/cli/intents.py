@@ -60,6 +60,8 @@ def _compose_body(args: argparse.Namespace) -> dict[str, Any]:
         body["device_ids"] = args.device_id
     if args.lease:
         body["lease_seconds"] = args.lease
+    if args.composition_label:
+        body["labels"] = dict(args.composition_label)
     return body
 
 
@@ -124,6 +126,15 @@ def manifest_options(p: argparse.ArgumentParser, file_help: str) -> None:
         metavar="K=V",
         help="device label constraint",
     )
+    p.add_argument(
+        "--composition-label",
+        action="append",
+        default=[],
+        type=key_value,
+        metavar="K=V",
+        help="a label of the composition itself, kept with it (its KV value, composition get)"
+        " to select by; --label constrains devices",
+    )
     p.add_argument("--lease", type=lease_seconds, metavar="SECONDS", help="lease length")
     p.add_argument("--reason", default="", help="why, recorded with the event")
 
@@ -145,12 +156,13 @@ _BODY_FLAGS = {
     "max_latency_ns": "--max-latency-ns",
     "exclusive": "--exclusive",
     "label": "--label",
+    "composition_label": "--composition-label",
     "lease": "--lease",
     "reason": "--reason",
 }
 
 
-def manifest(args: argparse.Namespace) -> dict[str, Any]:
+def manifest(args: argparse.Namespace, verb: str = "compose") -> dict[str, Any]:
     """The body `manifest_options` describe: read from --file, or built from the flags; a body
     flag given with --file is a usage error (nothing is sent), the file being the whole body."""
     if not args.file:
@@ -159,7 +171,7 @@ def manifest(args: argparse.Namespace) -> dict[str, Any]:
             # Said in the flags' terms, before anything is sent (the engine would say it in
             # the wire's: `devices` or `device_ids`).
             raise CliError(
-                "nothing to compose: give --gpu, --memory, --nic, --nvme or --device-id",
+                f"nothing to {verb}: give --gpu, --memory, --nic, --nvme or --device-id",
                 code="usage",
                 hint="--gpu 2 asks for two GPUs, --memory 256 for a 256 GiB slice",
                 exit=EXIT_USAGE,

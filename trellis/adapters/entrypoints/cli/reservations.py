@@ -26,14 +26,16 @@ _MANIFEST = "a manifest (a compose body without request_id, JSON) instead of fla
 
 
 def reserve(args: argparse.Namespace) -> int:
-    body: dict[str, Any] = {"manifest": manifest(args)}
+    body: dict[str, Any] = {"manifest": manifest(args, "reserve")}
     if args.duration is not None:
         body["duration_seconds"] = args.duration
     return send_intent(args, "reserve", body, render.reservation_summary)
 
 
 def preview(args: argparse.Namespace) -> int:
-    reply = request(args, query_subject(args, "preview"), at(args, {"manifest": manifest(args)}))
+    reply = request(
+        args, query_subject(args, "preview"), at(args, {"manifest": manifest(args, "preview")})
+    )
     return print_reply(args, reply, render.preview_summary)
 
 

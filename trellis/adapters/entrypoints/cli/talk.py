@@ -92,10 +92,16 @@ def _ended(args: argparse.Namespace, body: dict[str, Any]) -> str | None:
         reply = request(args, f"view.{args.domain}.{args.tenant}.composition", {"id": cid})
         result = reply.get("result") or {}
         if reply.get("ok") and result.get("state") in ("released", "failed"):
+            chain = result.get("chain", [])
             ends = ("CompositionReleased", "CompositionFailed")
-            at = [e["position"] for e in result.get("chain", []) if e["type"] in ends]
+            at = [e["position"] for e in chain if e["type"] in ends]
             where = f" at position {at[-1]}" if at else ""
-            return f"composition {cid} was {result['state']}{where}"
+            if result["state"] == "failed":
+                return f"composition {cid} failed{where}"
+            expired = any(e["type"] == "LeaseExpired" for e in chain)
+            return f"composition {cid} was released{where}" + (
+                " (its lease expired)" if expired else ""
+            )
     return None
 
 
