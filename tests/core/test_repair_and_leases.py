@@ -19,6 +19,7 @@ from core.fabric_builder import (
     run,
 )
 
+from trellis.engine.core.decide import TRIES_PER_FREEING
 from trellis.engine.core.errors import IntentRejected
 from trellis.engine.core.events import (
     CircuitRemoved,
@@ -42,6 +43,7 @@ from trellis.engine.core.intents import (
     settle_request_id,
 )
 from trellis.engine.core.model import LinkSpec, NodeSpec
+from trellis.engine.core.repair import in_turn
 from trellis.engine.core.results import Moved
 from trellis.engine.core.state import DomainState, evolve
 
@@ -353,3 +355,20 @@ def test_a_drain_that_moves_a_composition_gives_the_device_it_left_to_an_impaire
     )
     after = apply(state, events)
     assert after.impaired == frozenset() and after.device_owner["g1"] == u.composition_id
+
+
+def test_an_intent_that_frees_capacity_tries_a_few_impaired_compositions_in_turn() -> None:
+    """After a spine's fault left 183 compositions impaired, trying them all made every
+    release take 290 ms: a release tries TRIES_PER_FREEING of them, the first ids after its
+    request id, wrapping, so successive releases go round them all."""
+    state = msgspec.structs.replace(
+        DomainState(domain="d"), impaired=frozenset({"c-1", "c-2", "c-3", "c-4"})
+    )
+    assert TRIES_PER_FREEING == 2
+    assert in_turn(state, "c-1", 2) == {"c-2", "c-3"}
+    assert in_turn(state, "c-3x", 2) == {"c-4", "c-1"}  # wraps
+    assert in_turn(state, "a", 9) == state.impaired
+    seen: set[str] = set()
+    for request_id in ("c-0", "c-2"):  # two releases cover all four
+        seen |= in_turn(state, request_id, TRIES_PER_FREEING)
+    assert seen == state.impaired

@@ -39,14 +39,14 @@ from trellis.engine.core.intents import (
     SetQuota,
     Undrain,
 )
-from trellis.engine.core.repair import retry_impaired
+from trellis.engine.core.repair import in_turn, retry_impaired
 from trellis.engine.core.settle import establish, fail
 from trellis.engine.core.state import DomainState, evolve
 
 __all__ = ["Context", "Decision", "decide"]
 
 # What these intents free (devices, slices, bandwidth, OCS ports) may mend an impaired
-# composition, so each gets another try in the same commit, as at a recovery. The reason
+# composition, so some get another try in the same commit, as at a recovery. The reason
 # names no composition or reservation: the repaired one may be another tenant's.
 _FREEING: dict[type[Intent], str] = {
     Release: "devices freed by a release",
@@ -55,6 +55,10 @@ _FREEING: dict[type[Intent], str] = {
     CancelReservation: "devices freed by a cancelled reservation",
     ExpireReservations: "devices freed by an expired reservation",
 }
+# How many impaired compositions one such intent tries, in turn (repair.in_turn). A try that
+# fails costs a placement: after a spine's fault left 183 of 1,500 impaired on a 4,096-device
+# hall, trying them all made every release take 290 ms where it took a tenth of one.
+TRIES_PER_FREEING = 2
 
 
 def decide(state: DomainState, intent: Intent, ctx: Context) -> Decision:
@@ -73,7 +77,8 @@ def decide(state: DomainState, intent: Intent, ctx: Context) -> Decision:
     freed = _FREEING.get(type(intent))
     if freed is not None and state.impaired and decision.events:
         after = reduce(evolve, decision.events, state)
-        if mended := retry_impaired(after, freed):
+        tried = in_turn(after, intent.request_id, TRIES_PER_FREEING)
+        if mended := retry_impaired(after, freed, among=tried):
             events = [*decision.events, *mended]
             own = len(decision.events)
             decision = msgspec.structs.replace(decision, events=events, engine_from=own)

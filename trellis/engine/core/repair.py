@@ -14,6 +14,7 @@ circuit for those still on it (a drained port still carries them).
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from functools import reduce
 
@@ -121,17 +122,31 @@ def _impair_and_repair(
     return events
 
 
-def retry_impaired(state: DomainState, why: str) -> list[Event]:
+def in_turn(state: DomainState, after: str, n: int) -> frozenset[str]:
+    """`n` impaired compositions, the first ids after `after` in sorted order, wrapping: an
+    intent that frees capacity tries a few, not all (each try that fails costs a placement),
+    and the ones tried move round with the intents' ids, so none waits for ever."""
+    ids = sorted(state.impaired)
+    start = bisect.bisect_right(ids, after)
+    return frozenset((ids[start:] + ids[:start])[:n])
+
+
+def retry_impaired(
+    state: DomainState, why: str, among: frozenset[str] | None = None
+) -> list[Event]:
     """After a recovery, an undrain, or capacity freed or added: give every impaired
-    composition another try."""
-    if not state.impaired:
+    composition (of `among`, if given) another try."""
+    tried = state.impaired if among is None else state.impaired & among
+    if not tried:
         return []
-    return together(lambda s, leave_down: _retry_impaired(s, why, leave_down), state)
+    return together(lambda s, leave_down: _retry_impaired(s, tried, why, leave_down), state)
 
 
-def _retry_impaired(state: DomainState, why: str, leave_down: bool) -> list[Event]:
+def _retry_impaired(
+    state: DomainState, tried: frozenset[str], why: str, leave_down: bool
+) -> list[Event]:
     events: list[Event] = []
-    for cid in sorted(state.impaired):
+    for cid in sorted(tried):
         composition = state.compositions[cid]
         mended = repair(state, composition, why, leave_down=leave_down)
         state = reduce(evolve, mended, state)
