@@ -28,6 +28,7 @@ SMALL_RUNS = {
     "placement.py": "--steps 50",
     "redfish_service.py": "--pairs 20 --chunk 10",
     "relay.py": "--events 300 --runs 1 --workers 8",
+    "repair.py": "--live 200 --switches 2 --releases 10",
     "replay.py": "--events 2999 --fresh",  # its log is kept in schema bench_replay_2999
     "snapshots.py": "--events 2000 --samples 5 --slow-samples 2",
 }
