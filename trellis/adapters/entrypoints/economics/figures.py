@@ -443,28 +443,12 @@ def comparison(pooled_figures: Figures, fixed_figures: Figures) -> str:
         rows.append(
             row("neither served nor refused", p.unanswered(), f.unanswered(), better="lower")
         )
-    for q in SERVING_PERCENTILES:
-        name = f"p{q:g}"
-        rows.append(
-            row(
-                f"TTFT {name}, ms (model)",
-                p.ttft_ms.get(name),
-                f.ttft_ms.get(name),
-                "{:.1f}",
-                better="lower",
-            )
-        )
-    for q in SERVING_PERCENTILES:
-        name = f"p{q:g}"
-        rows.append(
-            row(
-                f"TPOT {name}, ms (model)",
-                p.tpot_ms.get(name),
-                f.tpot_ms.get(name),
-                "{:.2f}",
-                better="lower",
-            )
-        )
+    serving = (("TTFT", p.ttft_ms, f.ttft_ms, "{:.1f}"), ("TPOT", p.tpot_ms, f.tpot_ms, "{:.2f}"))
+    for measure, pooled_ms, fixed_ms, fmt in serving:
+        for q in SERVING_PERCENTILES:
+            name = f"p{q:g}"
+            what = f"{measure} {name}, ms (model)"
+            rows.append(row(what, pooled_ms.get(name), fixed_ms.get(name), fmt, better="lower"))
     rows += [
         row(
             "tokens served (context + generated)", p.tokens_served, f.tokens_served, better="higher"
