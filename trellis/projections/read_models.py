@@ -199,9 +199,11 @@ class Answers:
         elif component is None:
             raise AssertionError("a target is a composition or a component")
         elif kind == "device":
-            text = _device_text(target, connected, states, component, others, last)
-            if reserved is not None and not rows:
-                text = _reserved_text(target, reserved, component, viewer, last)
+            text = (
+                _reserved_text(target, reserved, component, viewer, last)
+                if reserved is not None and not rows
+                else _device_text(target, connected, states, component, others, last)
+            )
         elif kind == "host":
             text = _host_text(target, connected, states, component, others)
         else:

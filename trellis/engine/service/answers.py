@@ -113,7 +113,7 @@ class QueryAnswers:
                     # (Only `topology`'s view reads the state, and it is a state query; `why`
                     # of a device asks it which reservation holds the device then.)
                     reserved = None
-                    if isinstance(query, WhyQuery):
+                    if isinstance(query, WhyQuery) and _may_be_a_device(state, query.id):
                         if past is not None:
                             state = await snapshots.state_at(
                                 self._store, self._snapshots, domain, past
@@ -270,6 +270,13 @@ class QueryAnswers:
                 )
                 return HistoryResult(intervals=intervals)
         raise IntentRejected("invalid", "unknown query")
+
+
+def _may_be_a_device(state: DomainState, target: str) -> bool:
+    """A device now, or nothing now (a device removed since a past moment): only then does a
+    `why` need the state of its moment (a fold, at a past one)."""
+    node = state.nodes.get(target)
+    return node is None or node.spec.kind == "device"
 
 
 def reserved_whole(state: DomainState, device: str) -> Reserved | None:

@@ -342,6 +342,8 @@ class DomainWriter:
             finally:
                 self._telemetry.decided(req.verb, time.perf_counter() - started)
             cause = req.intent.request_id
+            follow_up = decision.engine_from
+            own_events = decision.events if follow_up is None else decision.events[:follow_up]
             decided = [
                 PendingEvent.of(
                     event,
@@ -350,9 +352,9 @@ class DomainWriter:
                     correlation_id=req.correlation_id or cause,
                     at=now,
                 )
-                for event in decision.events[: decision.engine_from]
+                for event in own_events
             ]
-            if decision.engine_from is not None:
+            if follow_up is not None:
                 # The engine's follow-up, with no trace of the intent that allowed it: not its
                 # actor, and not its request id, nor one derived from it (a hash can be
                 # reversed by guessing). The log's next versions, in the same commit, are
@@ -362,7 +364,7 @@ class DomainWriter:
                     PendingEvent.of(
                         event, actor=ENGINE, causation_id=freed, correlation_id=freed, at=now
                     )
-                    for event in decision.events[decision.engine_from :]
+                    for event in decision.events[follow_up:]
                 ]
             largest = max((len(e.data) for e in decided), default=0)
             if largest > MAX_EVENT_BYTES:  # the stream could never carry it: record nothing
@@ -373,7 +375,7 @@ class DomainWriter:
             # The reply's position is its own last event's, not the engine's follow-up after
             # it: a release's reply names its CompositionReleased as `composition` does, and
             # tells the releasing tenant nothing of another's repair.
-            own = len(events) + len(decision.events[: decision.engine_from])
+            own = len(events) + len(own_events)
             events.extend(decided)
             typed.extend(decision.events)
             first_in_batch[req.key] = len(pending)
