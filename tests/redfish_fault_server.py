@@ -2,6 +2,8 @@
 serves a dict of resources (tests/redfish_trees.py's tree) over HTTP/1.1 in threads of its
 own, and answers the requests a test names with whatever the test wants (a 202 with a task
 monitor, a redirect, a relative Location, a refusal), which DMTF's Mockup Server cannot.
+`as_task` runs the requests a test names as tasks (DSP0266): answered 202 at once, carried out
+only when their monitor (or Task resource) has been polled enough.
 
 POST makes the next numbered member and answers 201 with `Location`; PATCH merges (objects key
 by key) and answers 204; DELETE forgets the resource and takes it out of its collection; GET
@@ -41,12 +43,41 @@ class Fault:
         self.body, self.headers, self.times, self.apply = body, headers or {}, times, apply
 
 
+class Task:
+    """A request run as a task: carried out at the `polls`-th poll of its `Location` (a task
+    monitor, or with `style="task"` a Task resource), and then ending `ends`: "done",
+    "failed", "gone" (its monitor answers 404) or "never"."""
+
+    def __init__(
+        self,
+        method: str,
+        contains: str,
+        *,
+        polls: int = 2,
+        style: str = "monitor",
+        ends: str = "done",
+        retry_after: int | None = None,
+    ) -> None:
+        self.method, self.contains, self.polls, self.style = method, contains, polls, style
+        self.ends, self.retry_after = ends, retry_after
+        self.request: tuple[str, bytes, str | None] | None = None  # path, body, If-Match
+        self.made: str | None = None  # what a create made ("" for other changes), once done
+        self.outcome: Any = None  # the request's own answer, once done
+
+    def location(self, n: int) -> str:
+        kind = "Tasks" if self.style == "task" else "TaskMonitors"
+        return f"/redfish/v1/TaskService/{kind}/{n}"
+
+
 class FaultyRedfish:
     """The server; use as a context manager (`url` once entered)."""
 
     def __init__(self, resources: dict[str, Doc]) -> None:
         self.resources = {_norm(uri): copy.deepcopy(body) for uri, body in resources.items()}
         self.faults: list[Fault] = []
+        self.task_specs: list[Task] = []
+        self.tasks: dict[str, Task] = {}  # by Location
+        self.cancelled: list[str] = []  # the task Locations a client DELETEd
         self.requests: list[tuple[str, str]] = []  # (method, path), as received
         self.lock = threading.RLock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -68,6 +99,10 @@ class FaultyRedfish:
     def fail(self, *args: Any, **kwargs: Any) -> None:
         with self.lock:
             self.faults.append(Fault(*args, **kwargs))
+
+    def as_task(self, *args: Any, **kwargs: Any) -> None:
+        with self.lock:
+            self.task_specs.append(Task(*args, **kwargs))
 
     def body(self, uri: str) -> Doc:
         with self.lock:
@@ -106,6 +141,53 @@ class FaultyRedfish:
                         self.faults.remove(fault)
                     return fault
         return None
+
+    def _task(self, method: str, path: str, raw: bytes, if_match: str | None) -> Any:
+        """(status, body, headers) when the request starts or polls a task, else None."""
+        with self.lock:
+            task = self.tasks.get(path)
+            if task is not None:
+                if method == "DELETE":
+                    self.cancelled.append(path)
+                    task.ends = "cancelled"
+                    return 204, None, {}
+                return self._poll(task)
+            for spec in self.task_specs:
+                if spec.method == method and spec.contains in path:
+                    self.task_specs.remove(spec)
+                    spec.request = (path, raw, if_match)
+                    location = spec.location(len(self.tasks) + 1)
+                    self.tasks[location] = spec
+                    headers = {"Location": location}
+                    if spec.retry_after is not None:
+                        headers["Retry-After"] = str(spec.retry_after)
+                    return 202, None, headers
+        return None
+
+    def _poll(self, task: Task) -> Any:
+        task.polls -= 1
+        running = {"@odata.type": "#Task.v1_7_0.Task", "Id": "t", "Name": "t"}
+        if task.ends in ("never", "cancelled") or task.polls > 0:
+            if task.style == "task":
+                return 200, {**running, "TaskState": "Running"}, {}
+            return 202, None, {}
+        if task.ends == "gone":
+            return 404, _error("no such task"), {}
+        if task.ends == "failed":
+            if task.style == "task":
+                messages = [{"MessageId": "Base.1.0.GeneralError", "Message": "switch busy"}]
+                return 200, {**running, "TaskState": "Exception", "Messages": messages}, {}
+            return 400, _error("switch busy"), {}
+        if task.made is None and task.request is not None:
+            path, raw, if_match = task.request
+            status, body, headers = self._carry_out(task.method, path, raw, if_match)
+            task.request = None
+            task.made = headers.get("Location", "")
+            task.outcome = (status, body, headers)
+        if task.style == "task":
+            links = {"CreatedResources": [{"@odata.id": task.made}]} if task.made else {}
+            return 200, {**running, "TaskState": "Completed", "Links": links}, {}
+        return task.outcome
 
     def _carry_out(self, method: str, path: str, raw: bytes, if_match: str | None) -> Any:
         """(status, body, headers) of the request done for real."""
@@ -151,8 +233,11 @@ def _handler(server: FaultyRedfish) -> type[BaseHTTPRequestHandler]:
             raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             with server.lock:
                 server.requests.append((method, self.path))
+            answer = server._task(method, path, raw, self.headers.get("If-Match"))
+            if answer is not None:
+                self._send(*answer)
+                return
             fault = server._fault(method, path)
-            answer = None
             if fault is None or fault.apply:
                 answer = server._carry_out(method, path, raw, self.headers.get("If-Match"))
             if fault is not None:

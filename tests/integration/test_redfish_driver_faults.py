@@ -59,7 +59,7 @@ def gpu(device: str = "gpu-001", host: str = "host-01", cid: str = "c-1") -> Fab
 @pytest.mark.parametrize(
     ("status", "headers"),
     [
-        (202, {"Location": "/redfish/v1/TaskService/TaskMonitors/7"}),
+        (202, {}),  # a task that says not where it is
         (307, {"Location": f"{ZONES}/99"}),
         (200, {"Location": f"{ZONES}/55"}),
     ],
@@ -72,6 +72,79 @@ async def test_a_create_answered_other_than_201_or_204_is_no_success(
         await driver.bind(D, gpu(), fence=1)
     assert failed.value.component == "gpu-001"
     assert (await driver.snapshot(D, fence=1)).bindings == []
+
+
+@pytest.mark.parametrize("style", ["monitor", "task"])
+async def test_changes_run_as_tasks_take_effect_when_their_tasks_end(
+    fm: FaultyRedfish, driver: RedfishFabric, style: str
+) -> None:
+    fm.as_task("POST", "/Zones", polls=3, style=style)
+    await driver.bind(D, gpu(), fence=1)
+    assert fm.members(ZONES) == [f"{ZONES}/1"]
+    assert fm.count("GET", "/TaskService/") == 3
+    fm.as_task("PATCH", f"{ZONES}/1", style=style)  # a PATCH of the zone the task made
+    await driver.bind(D, gpu("gpu-002"), fence=1)
+    assert len(fm.body(f"{ZONES}/1")["Links"]["Endpoints"]) == 3
+    assert (await driver.snapshot(D, fence=1)).bindings == [gpu(), gpu("gpu-002")]
+    fm.as_task("DELETE", f"{ZONES}/1", style=style)
+    await driver.unbind(D, gpu("gpu-002"), fence=1)
+    await driver.unbind(D, gpu(), fence=1)
+    assert fm.members(ZONES) == []
+    assert fm.count("GET", "/TaskService/") == 3 + 2 + 2
+
+
+@pytest.mark.parametrize("style", ["monitor", "task"])
+async def test_a_task_that_fails_is_an_error_with_the_services_message(
+    fm: FaultyRedfish, driver: RedfishFabric, style: str
+) -> None:
+    fm.as_task("POST", "/Zones", ends="failed", style=style)
+    with pytest.raises(FabricError, match="switch busy") as failed:
+        await driver.bind(D, gpu(), fence=1)
+    assert failed.value.component == "gpu-001"
+    assert (await driver.snapshot(D, fence=1)).bindings == []
+    await driver.bind(D, gpu(), fence=1)  # the next try is an ordinary create
+    assert (await driver.snapshot(D, fence=1)).bindings == [gpu()]
+
+
+async def test_a_task_whose_monitor_goes_is_an_unknown_outcome_read_before_the_next_change(
+    fm: FaultyRedfish, driver: RedfishFabric
+) -> None:
+    fm.as_task("POST", "/Zones", ends="gone")
+    with pytest.raises(FabricError, match=r"task monitor .* is gone \(404\)"):
+        await driver.bind(D, gpu(), fence=1)
+    # The service made it after all (behind the test's back): found, not made twice.
+    tagged = zone(1, ["I-host-01", "T-gpu-001"])
+    tagged["Oem"] = {"Trellis": {"CompositionId": "c-1", "Domain": D, "Host": "host-01",
+                                 "Paths": {"gpu-001": "host-01>sw-r1>gpu-001"}}}  # fmt: skip
+    fm.put(f"{ZONES}/1", tagged, member=True)
+    await driver.bind(D, gpu(), fence=1)
+    assert fm.members(ZONES) == [f"{ZONES}/1"]
+
+
+async def test_a_change_given_up_on_mid_task_is_read_before_the_next_change(
+    fm: FaultyRedfish, driver: RedfishFabric
+) -> None:
+    fm.as_task("POST", "/Zones", ends="never")
+    with pytest.raises(TimeoutError):  # the saga's deadline, as the engine gives up
+        await asyncio.wait_for(driver.bind(D, gpu(), fence=1), 0.3)
+    tagged = zone(1, ["I-host-01", "T-gpu-001"])
+    tagged["Oem"] = {"Trellis": {"CompositionId": "c-1", "Domain": D, "Host": "host-01",
+                                 "Paths": {"gpu-001": "host-01>sw-r1>gpu-001"}}}  # fmt: skip
+    fm.put(f"{ZONES}/1", tagged, member=True)  # the task made it after all
+    await driver.bind(D, gpu(), fence=1)
+    assert fm.members(ZONES) == [f"{ZONES}/1"]
+
+
+async def test_a_task_that_does_not_end_in_time_is_asked_to_stop(fm: FaultyRedfish) -> None:
+    fabric = RedfishFabric(RedfishClient(fm.url, timeout=2.0, task_timeout=0.4), resync_s=0.0)
+    try:
+        fm.as_task("POST", "/Zones", ends="never")
+        with pytest.raises(FabricError, match=r"did not end within 0.4 s \(asked to stop, the"):
+            await fabric.bind(D, gpu(), fence=1)
+        assert fm.cancelled == ["/redfish/v1/TaskService/TaskMonitors/1"]
+        assert fm.members(ZONES) == []
+    finally:
+        await fabric.close()
 
 
 async def test_a_relative_location_is_resolved_against_the_collection(

@@ -14,6 +14,11 @@ Changes carry `If-Match` with the ETag of the last read when the service gives E
 `ETag` header, else the body's `@odata.etag`), never `*`. `update` and `delete` read first and
 retry after a fresh read when the service answers 412 (the resource changed since) or 428 (it
 wants `If-Match`), so a concurrent change is never overwritten.
+
+A change answered `202 Accepted` is a task (DSP0266's asynchronous operations): the client
+polls the `Location` it names until the task ends, and the operation's own answer is the
+answer (tasks.py reads a task monitor's and a Task resource's). A task that does not end
+within `task_timeout` is asked to stop (`DELETE` of its monitor) and counts as unanswered.
 """
 
 from __future__ import annotations
@@ -28,9 +33,16 @@ from typing import Any
 
 import msgspec
 
+from trellis.adapters.fabric.redfish.tasks import Ended, Running, TaskFailedState, read_answer
+
 SERVICE_ROOT = "/redfish/v1"
 #: Seconds one request may take, connecting included, unless the client says otherwise.
 DEFAULT_TIMEOUT_S = 5.0
+#: Seconds a task (a change answered 202) may run before the client gives up on it.
+DEFAULT_TASK_TIMEOUT_S = 30.0
+#: The first wait between polls of a task, doubled up to the longest (seconds); a service's
+#: `Retry-After` is taken within the same bounds' reach of the task's deadline.
+TASK_POLL_FIRST_S, TASK_POLL_LONGEST_S = 0.05, 1.0
 #: Fresh reads after a 412 or 428 before `update` and `delete` give up.
 PRECONDITION_RETRIES = 3
 #: Pages of one collection read before it counts as endless.
@@ -67,6 +79,16 @@ class HttpError(RedfishError):
         super().__init__(f"{method} {uri} answered {status}{said}", uri=uri)
         self.method = method
         self.status = status
+
+
+class TaskFailed(HttpError):
+    """A change the service took as a task, and the task ended other than `Completed`."""
+
+    def __init__(self, method: str, uri: str, state: str, message: str = ""):
+        super().__init__(
+            method, uri, 500, f"its task ended {state}" + (f": {message}" if message else "")
+        )
+        self.state = state
 
 
 class Resource(msgspec.Struct, frozen=True):
@@ -110,6 +132,7 @@ class RedfishClient:
         user: The account for HTTP Basic authentication (None: no authentication).
         password: Its password.
         timeout: Seconds each request may take, connecting included.
+        task_timeout: Seconds a change the service runs as a task may take to end.
         max_in_flight: Requests in flight at once; more wait their turn.
         ssl_context: For https URLs (default: the system's trust store, verified).
     """
@@ -121,6 +144,7 @@ class RedfishClient:
         password: str | None = None,
         *,
         timeout: float = DEFAULT_TIMEOUT_S,
+        task_timeout: float = DEFAULT_TASK_TIMEOUT_S,
         max_in_flight: int = 4,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
@@ -136,6 +160,7 @@ class RedfishClient:
             else None
         )
         self.timeout = timeout
+        self.task_timeout = task_timeout
         self._slots = asyncio.Semaphore(max_in_flight)
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
         self.requests = 0  # sent, for tests and benchmarks
@@ -212,9 +237,10 @@ class RedfishClient:
 
         Raises:
             HttpError: The service refused it, said neither where nor what it made, or
-                answered anything but a creation (a 202 task, whose outcome is unknown, a
-                redirect, a 200).
-            Unreachable: It did not answer (the member may or may not exist now).
+                answered anything but a creation (a redirect, a 200; a task that ended
+                without naming what it made).
+            Unreachable: It did not answer, or its task did not end in time or lost its
+                monitor (the member may or may not exist now).
         """
         response = await self._request("POST", collection, body, fresh=True)
         if response.status not in (201, 204):
@@ -295,8 +321,27 @@ class RedfishClient:
         etag: str | None = None,
         fresh: bool = False,
     ) -> _Response:
+        payload = msgspec.json.encode(body) if body is not None else None
+        response = await self._send(method, uri, payload, etag, fresh)
+        if response.status == 202:  # a task: its end is the answer
+            response = await self._task_end(method, uri, response)
+        if response.status >= 400:
+            raise HttpError(method, uri, response.status, _error_message(response.body))
+        if response.status >= 300:  # redirects are not followed: the service is elsewhere
+            where = response.headers.get("location", "nowhere")
+            raise HttpError(method, uri, response.status, f"redirected to {where}, not followed")
+        return response
+
+    async def _send(
+        self,
+        method: str,
+        uri: str,
+        payload: bytes | None = None,
+        etag: str | None = None,
+        fresh: bool = False,
+    ) -> _Response:
+        """One request and its answer, whatever its status."""
         path = self._prefix + uri if uri.startswith("/redfish") else uri
-        payload = msgspec.json.encode(body) if body is not None else b""
         head = [
             f"{method} {path} HTTP/1.1",
             f"Host: {self._host_header()}",
@@ -306,18 +351,18 @@ class RedfishClient:
         ]
         if self._authorization:
             head.append(f"Authorization: {self._authorization}")
-        if body is not None:
+        if payload is not None:
             head += ["Content-Type: application/json", f"Content-Length: {len(payload)}"]
         elif method in ("POST", "PATCH", "DELETE"):
             head.append("Content-Length: 0")
         if etag is not None:
             head.append(f"If-Match: {etag}")
-        request = ("\r\n".join(head) + "\r\n\r\n").encode() + payload
+        request = ("\r\n".join(head) + "\r\n\r\n").encode() + (payload or b"")
         async with self._slots:
             self.requests += 1
             try:
                 async with asyncio.timeout(self.timeout):
-                    response = await self._exchange(method, request, fresh=fresh)
+                    return await self._exchange(method, request, fresh=fresh)
             except TimeoutError:
                 raise Unreachable(
                     f"{method} {uri}: no answer within {self.timeout:g} s", uri=uri
@@ -325,14 +370,56 @@ class RedfishClient:
             except (OSError, ssl.SSLError, asyncio.IncompleteReadError, ValueError) as exc:
                 reason = str(exc) or type(exc).__name__
                 raise Unreachable(f"{method} {uri}: {reason}", uri=uri) from None
-        if response.status >= 400:
-            raise HttpError(method, uri, response.status, _error_message(response.body))
-        if response.status == 202:  # DSP0266's task: done later, or never; not supported
-            raise HttpError(method, uri, 202, "accepted as a task, not done (tasks unsupported)")
-        if response.status >= 300:  # redirects are not followed: the service is elsewhere
-            where = response.headers.get("location", "nowhere")
-            raise HttpError(method, uri, response.status, f"redirected to {where}, not followed")
-        return response
+
+    async def _task_end(self, method: str, uri: str, accepted: _Response) -> _Response:
+        """Poll the task a `202` names until it ends; the operation's own answer.
+
+        Raises:
+            HttpError: The 202 named no task.
+            TaskFailed: The task ended other than `Completed`.
+            Unreachable: Its monitor went (404) before it ended, or it did not end within
+                `task_timeout` (then it is asked to stop): the change may or may not be made.
+        """
+        location = accepted.headers.get("location")
+        if not location:
+            raise HttpError(method, uri, 202, "accepted as a task, but no Location names it")
+        monitor = self._path_of(urllib.parse.urljoin(self._prefix + uri, location))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.task_timeout
+        wait = TASK_POLL_FIRST_S
+        hint = read_answer(accepted.status, accepted.headers, accepted.body)
+        while True:
+            if isinstance(hint, Running) and hint.retry_after is not None:
+                wait = hint.retry_after
+            left = deadline - loop.time()
+            if left <= 0:
+                raise Unreachable(
+                    f"{method} {uri}: its task {monitor} did not end within "
+                    f"{self.task_timeout:g} s ({await self._cancel(monitor)})",
+                    uri=uri,
+                )
+            await asyncio.sleep(min(wait, left))
+            wait = min(wait * 2, TASK_POLL_LONGEST_S)
+            polled = await self._send("GET", monitor)
+            if polled.status == 404:
+                raise Unreachable(
+                    f"{method} {uri}: its task monitor {monitor} is gone (404) before it said "
+                    "how the task ended",
+                    uri=uri,
+                )
+            hint = read_answer(polled.status, polled.headers, polled.body)
+            if isinstance(hint, TaskFailedState):
+                raise TaskFailed(method, uri, hint.state, hint.message)
+            if isinstance(hint, Ended):
+                return _Response(hint.status, hint.headers, hint.body, False)
+
+    async def _cancel(self, monitor: str) -> str:
+        """Ask the service to stop a task (DSP0266: DELETE of its monitor); what it said."""
+        try:
+            answer = await self._send("DELETE", monitor)
+        except Unreachable as exc:
+            return f"asking it to stop got no answer: {exc}"
+        return f"asked to stop, the service answered {answer.status}"
 
     def _host_header(self) -> str:
         default = 443 if self._tls else 80

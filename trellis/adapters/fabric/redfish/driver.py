@@ -719,7 +719,7 @@ class RedfishFabric:
             held.stale = True  # it may have been made: read before the next change
             raise
         except HttpError as exc:
-            if exc.status < 400:  # a task or a redirect: it may be made yet
+            if exc.status < 400:  # a redirect, or a task that named nothing made: it may be
                 held.stale = True
             raise
         held.foreign.pop(made, None)  # a service may give a deleted member's URI again
@@ -781,6 +781,9 @@ class RedfishFabric:
         held.version += 1
         try:
             await work
+        except asyncio.CancelledError:
+            held.stale = True  # given up on mid-change (the saga's deadline): may be half-done
+            raise
         except HttpError as exc:
             if exc.status >= 500:
                 held.stale = True  # a 5xx may have half-done it
