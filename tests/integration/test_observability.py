@@ -9,7 +9,9 @@ import asyncio
 import importlib.metadata
 import json
 import logging
+import os
 import re
+import signal
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
@@ -25,6 +27,7 @@ from harness import Harness, cli_env, run_cli, serving
 from isolation import Database, create_schema, unique_schema_name
 from prometheus_client.parser import text_string_to_metric_families
 
+from trellis.adapters.embedded.nats_server import EmbeddedNats
 from trellis.adapters.embedded.postgres_server import (
     PG_ENGINE_ROLE,
     PG_OWNER_ROLE,
@@ -413,6 +416,34 @@ async def test_health_is_503_while_the_store_is_down(
         assert await asyncio.to_thread(health, h.metrics_url, "/livez") == (200, {"status": "ok"})
         await asyncio.to_thread(own_postgres.start)
         assert await until_healthy(h.metrics_url), "still unhealthy after Postgres came back"
+
+
+async def test_health_is_503_while_the_nats_server_is_hung(
+    database_url: str, pg_schema: str, subject_prefix: str, tmp_path: Path
+) -> None:
+    """A stopped nats-server (as a partition or a server stuck on its disk) keeps the TCP
+    connection open, so the client stays "connected" for minutes: /healthz said ok while no
+    intent could be served. A ping must come back."""
+    server = EmbeddedNats(tmp_path / "nats")
+    server.start()
+    try:
+        async with serving(
+            server.url, database_url, pg_schema, subject_prefix, metrics_at=LOOPBACK_ANY_PORT
+        ) as h:
+            assert h.metrics_url is not None
+            await until_health(h.metrics_url, 200)
+            pid = int(server.pid_path.read_text())
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                body = await until_health(h.metrics_url, 503)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert body["checks"] == {**dict.fromkeys(CHECKS, True), "nats": False}, body
+            (problem,) = body["problems"]
+            assert problem.startswith("nats: no answer to a ping within 2 s"), problem
+            await until_health(h.metrics_url, 200)
+    finally:
+        server.stop()
 
 
 async def until_healthy(url: str, within_s: float = 20.0) -> bool:
