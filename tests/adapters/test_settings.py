@@ -110,6 +110,11 @@ def test_one_port_pinned_for_two_embedded_servers_is_refused() -> None:
         ("TRELLIS_REDFISH_URL", "fm:8000", "TRELLIS_REDFISH_URL: 'fm:8000' is no http://"),
         ("TRELLIS_REDFISH_URL", "https://root:pw@fm", "TRELLIS_REDFISH_URL: give the Redfish"),
         ("TRELLIS_REDFISH_EVENTS", "9000", "TRELLIS_REDFISH_EVENTS must be HOST:PORT"),
+        (
+            "TRELLIS_REDFISH_AUTH",
+            "digest",
+            "TRELLIS_REDFISH_AUTH='digest': valid are basic, session",
+        ),
         ("TRELLIS_REDFISH_EVENTS", "h:port", "TRELLIS_REDFISH_EVENTS must be a TCP port"),
         ("TRELLIS_SAGA_DEADLINE", "0", "TRELLIS_SAGA_DEADLINE must be a number of seconds above 0"),
         ("TRELLIS_SAGA_DEADLINE", "soon", "TRELLIS_SAGA_DEADLINE must be a number of seconds"),
@@ -181,9 +186,11 @@ def test_the_redfish_driver_is_configured_from_the_environment() -> None:
             "TRELLIS_REDFISH_PASSWORD": "s3cret",
             "TRELLIS_REDFISH_FABRIC": "PCIe",
             "TRELLIS_REDFISH_EVENTS": "[::1]:0",
+            "TRELLIS_REDFISH_AUTH": "session",
         }
     )
     assert (settings.redfish_user, settings.redfish_password) == ("trellis", "s3cret")
+    assert settings.redfish_auth == "session" and Settings.from_env({}).redfish_auth == "basic"
     assert settings.redfish_events == ("::1", 0)
     fabric = fabric_from_settings(settings)
     assert isinstance(fabric, RedfishFabric)

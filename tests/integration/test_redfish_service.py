@@ -20,6 +20,7 @@ from redfish_http import RedfishHttp
 from self_signed import self_signed
 
 from trellis.adapters.embedded.nats_server import EmbeddedNats
+from trellis.adapters.fabric.redfish.client import HttpError, RedfishClient
 from trellis.adapters.http.redfish import AccountStore, RedfishService
 from trellis.adapters.http.redfish.reservation_duration import ReservationDuration
 from trellis.adapters.http.redfish.serve import RedfishOptions
@@ -318,6 +319,35 @@ async def test_accounts_need_a_tenant_and_sessions_carry_a_token(admin: RedfishH
         "POST", f"{R}/SessionService/Sessions", {"UserName": "alice", "Password": "wrong-one"}
     )
     assert bad.status == 401
+
+
+async def test_the_fabric_drivers_client_logs_in_once_and_again_when_its_session_ends(
+    admin: RedfishHttp,
+) -> None:
+    """The southbound client (adapters/fabric/redfish/client.py) with `auth="session"`,
+    against a service that checks: one login, then its token; a session deleted behind its
+    back is a 401, answered by logging in again; `close` logs out."""
+    client = RedfishClient(admin.base, "admin", ADMIN_PASSWORD, auth="session")
+    try:
+        assert (await client.get(f"{R}/Systems")).body["Members"] == []
+        assert client.requests == 2  # the login, then the read
+        (first,) = (await admin.get(f"{R}/SessionService/Sessions")).body["Members"]
+        assert (await admin("DELETE", first["@odata.id"])).status == 204
+        assert (await client.get(f"{R}/Systems")).body["Members"] == []
+        assert client.requests == 5  # refused (401), the login again, the read again
+        (second,) = (await admin.get(f"{R}/SessionService/Sessions")).body["Members"]
+        assert second != first
+    finally:
+        await client.close()
+    assert (await admin.get(f"{R}/SessionService/Sessions")).body["Members"] == []
+    wrong = RedfishClient(admin.base, "admin", "not-the-password", auth="session")
+    try:
+        with pytest.raises(
+            HttpError, match=r"POST /redfish/v1/SessionService/Sessions answered 401"
+        ):
+            await wrong.get(f"{R}/Systems")
+    finally:
+        await wrong.close()
 
 
 async def test_serves_over_tls_when_given_a_certificate_and_key(

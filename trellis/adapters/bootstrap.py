@@ -959,7 +959,10 @@ def fabric_from_settings(settings: Settings) -> FabricDriver:
         case "redfish":
             assert settings.redfish_url is not None  # Settings checks it
             client = RedfishClient(
-                settings.redfish_url, settings.redfish_user, settings.redfish_password
+                settings.redfish_url,
+                settings.redfish_user,
+                settings.redfish_password,
+                auth=settings.redfish_auth,
             )
             # Events need an address the service can reach: the one configured, else, for a
             # service on this machine, a free loopback port.

@@ -37,6 +37,8 @@ FabricDriverName = Literal["sim", "redfish"]
 FollowersMode = Literal["inline", "process"]
 FOLLOWERS_MODES: tuple[str, ...] = get_args(FollowersMode)
 FABRIC_DRIVERS: tuple[str, ...] = get_args(FabricDriverName)
+#: How the Redfish driver sends its credentials (adapters/fabric/redfish/client.py).
+REDFISH_AUTH = ("basic", "session")
 MAX_JS_REPLICAS = 5  # JetStream keeps a stream on at most 5 servers
 
 
@@ -72,11 +74,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     fabric_hang_rate: float = 0.0
     fabric_script: list[ScriptedFault] = []
     # The Redfish driver (adapters/fabric/redfish/): the fabric manager's base URL (with or
-    # without /redfish/v1), its credentials, the fabric to drive (None: the one named like the
-    # domain, else the only one), and where to receive its events (None: health is polled).
+    # without /redfish/v1), its credentials and how they are sent ("basic", or "session": a
+    # login, then its token), the fabric to drive (None: the one named like the domain, else
+    # the only one), and where to receive its events (None: health is polled).
     redfish_url: str | None = None
     redfish_user: str | None = None
     redfish_password: str | None = None
+    redfish_auth: str = "basic"
     redfish_fabric: str | None = None
     redfish_events: tuple[str, int] | None = None
     # What the JetStream event stream keeps (adapters/nats/jetstream.py); 0: no limit.
@@ -164,6 +168,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
                 service_base(redfish_url)
             except ValueError as exc:
                 raise SettingsError(f"TRELLIS_REDFISH_URL: {exc}") from None
+        redfish_auth = env.get("TRELLIS_REDFISH_AUTH") or "basic"
+        if redfish_auth not in REDFISH_AUTH:
+            valid = ", ".join(REDFISH_AUTH)
+            raise SettingsError(f"TRELLIS_REDFISH_AUTH={redfish_auth!r}: valid are {valid}")
         followers = env.get("TRELLIS_FOLLOWERS") or "process"
         if followers not in FOLLOWERS_MODES:
             valid = ", ".join(FOLLOWERS_MODES)
@@ -226,6 +234,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             redfish_url=redfish_url,
             redfish_user=env.get("TRELLIS_REDFISH_USER") or None,
             redfish_password=env.get("TRELLIS_REDFISH_PASSWORD") or None,
+            redfish_auth=redfish_auth,
             redfish_fabric=env.get("TRELLIS_REDFISH_FABRIC") or None,
             redfish_events=_address(env, "TRELLIS_REDFISH_EVENTS"),
             stream_limits=_stream_limits(env),

@@ -55,6 +55,14 @@ def add_arguments(imp: argparse.ArgumentParser) -> None:
         "is $TRELLIS_REDFISH_PASSWORD)",
     )
     imp.add_argument(
+        "--auth",
+        choices=("basic", "session"),
+        default=os.environ.get("TRELLIS_REDFISH_AUTH") or "basic",
+        help="with --from-redfish: send the credentials with every request (basic) or log "
+        "in once and send the session's token (session) (default $TRELLIS_REDFISH_AUTH, "
+        "else basic)",
+    )
+    imp.add_argument(
         "--latency",
         action="append",
         default=[],
@@ -101,7 +109,10 @@ def show(doc: dict[str, Any]) -> str:
 async def _discover(args: argparse.Namespace) -> FabricMap:
     try:
         client = RedfishClient(
-            args.from_redfish, args.user, os.environ.get("TRELLIS_REDFISH_PASSWORD")
+            args.from_redfish,
+            args.user,
+            os.environ.get("TRELLIS_REDFISH_PASSWORD"),
+            auth=args.auth,
         )
     except ValueError as exc:
         raise RedfishImportError(str(exc), "usage") from None
