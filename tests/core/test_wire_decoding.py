@@ -32,6 +32,7 @@ def test_decodes_a_valid_import() -> None:
         (b'{"request_id": "", "id": "sw-1"}', "length"),
         (b"[1, 2]", "Expected `object`"),
         (b"{nope", "not valid JSON"),
+        (b'{"request_id": "r", "id": "sw-1", "id": "sw-2"}', "'id' is named twice"),
     ],
 )
 def test_rejects_bad_drain_bodies_with_a_readable_reason(body: bytes, reason: str) -> None:

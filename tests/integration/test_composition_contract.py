@@ -1017,6 +1017,21 @@ def with_(**changes: Any) -> bytes:
 # (case, subject tail, body, a word the message must contain)
 BAD_COMPOSE: list[tuple[str, str, bytes, str]] = [
     ("malformed-json", COMPOSE, b'{"request_id": "r-bad", "host": ', "JSON"),
+    # msgspec keeps the last of a key named twice; a gateway keeping the first would differ.
+    (
+        "key-named-twice",
+        COMPOSE,
+        b'{"request_id": "r-1", "request_id": "r-2", "host": "host-01", '
+        b'"devices": [{"kind": "gpu"}]}',
+        "named twice",
+    ),
+    (
+        "key-named-twice-in-an-entry",
+        COMPOSE,
+        b'{"request_id": "r-3", "host": "host-01", "devices": [{"kind": "gpu", "count": 1, '
+        b'"count": 2}]}',
+        "'count' is named twice",
+    ),
     ("json-array", COMPOSE, js([VALID]), "object"),
     ("unknown-field", COMPOSE, with_(colour="red"), "colour"),
     ("unknown-field-in-entry", COMPOSE, with_(devices=[{"kind": "gpu", "flavour": 1}]), "flavour"),

@@ -7,10 +7,11 @@ each (family, verb) to its Struct and `decode_intent` is the single strict decod
 from __future__ import annotations
 
 import hashlib
+import json
 import uuid
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -513,11 +514,41 @@ def decode_intent(family: Family, verb: str, body: bytes) -> Intent | Query:
     if family == "query" and not body.strip():
         body = b"{}"  # an empty query body means "no filters"
     try:
-        return decoder.decode(body)
+        decoded = decoder.decode(body)
     except msgspec.ValidationError as exc:
         raise InvalidIntent(f"invalid {verb} body: {_readable(str(exc))}") from None
     except msgspec.DecodeError as exc:
         raise InvalidIntent(f"{verb} body is not valid JSON: {exc}") from None
+    twice = _named_twice(body)
+    if twice is not None:
+        raise InvalidIntent(f"invalid {verb} body: {twice!r} is named twice in one object")
+    return decoded
+
+
+class _Twice(Exception):
+    """A key an object names twice (its argument)."""
+
+
+def _refuse_twice(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    named = dict(pairs)
+    if len(named) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _Twice(key)
+            seen.add(key)
+    return named
+
+
+def _named_twice(body: bytes) -> str | None:
+    """A key an object of `body` names twice, if any. msgspec keeps the last one silently;
+    a gateway that kept the first would then see another intent than the engine decided
+    (RFC 8259 leaves it open, I-JSON forbids it). About 8 µs for a compose's body."""
+    try:
+        json.loads(body, object_pairs_hook=_refuse_twice)
+    except _Twice as twice:
+        return str(twice)
+    return None
 
 
 _PATTERN_WORDS = {
