@@ -238,6 +238,9 @@ async def test_history_and_compositions_are_exported_with_their_lifecycle(
         day.globex: ("released", "released"),
         day.failed: ("failed", "failed"),
     }
+    # A lease's end is one moment: the release it causes, where the composition ends too.
+    assert ended[3]["end_position"] == lives[day.acme]["end_position"]
+    assert ended[1]["end_position"] == lives[day.globex]["end_position"]
     assert lives[day.failed]["activated_at"] is None and lives[day.failed]["failure_reason"]
     assert lives[day.globex]["activated_at"] == lives[day.globex]["requested_at"]
     # Nothing was open at the end of the day.

@@ -10,7 +10,8 @@ When an interval starts and ends (times are the `recorded_at` of the events, pos
   that is when GPU-hours are charged, whether or not the fabric has finished programming it.
 - end, with `end_reason`:
   `released`       the composition was released (CompositionReleased);
-  `lease_expired`  its lease ran out (LeaseExpired, just before the release it causes);
+  `lease_expired`  its lease ran out (LeaseExpired; the interval ends at the release it
+                   causes, the next event of the same commit, as the composition does);
   `failed`         the fabric could not establish it (CompositionFailed);
   `replaced`       repair or drain moved the composition to another device (DeviceReplaced;
                    the stand-in's interval starts at the same event).
@@ -248,11 +249,12 @@ class _Batch:
             case CompositionImpaired(composition_id=cid):
                 await self._update_life(cid, domain, state="impaired")
             case LeaseExpired(composition_id=cid):
-                # The release it causes follows; the intervals end here, and say why.
-                await self._close(record, cid, "lease_expired")
+                # The release it causes follows in the same commit, and ends the intervals
+                # there (where `connections` and the composition end them too), saying why.
                 await self._update_life(cid, domain, end_reason="lease_expired")
             case CompositionReleased(composition_id=cid):
-                await self._close(record, cid, "released")
+                life = await self.lives.get((domain, cid))
+                await self._close(record, cid, (life or {}).get("end_reason") or "released")
                 await self._end_life(record, cid, "released")
             case CompositionFailed(composition_id=cid, reason=reason):
                 await self._close(record, cid, "failed")
