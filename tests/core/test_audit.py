@@ -617,6 +617,20 @@ def test_a_consistent_forgery_is_caught_by_the_signed_roots() -> None:
     )
 
 
+def test_a_log_that_changed_under_honest_rows_fails_the_notes_check_too() -> None:
+    """Row and note agree, and the log no longer gives their root: the chain check names the
+    row's root and the notes check the signed one (it once passed, counting on the chain's)."""
+    signer = Signer.generate()
+    log = recorded(6)
+    rows = signed_rows(signer, log, [3, 6])
+
+    from_rows, from_notes = notes_checked(rows, rewritten(log, 2), signer.verifier)
+
+    assert [(f.check, f.version) for f in from_rows] == [("checkpoint", 3), ("checkpoint", 6)]
+    assert [(f.check, f.version) for f in from_notes] == [("checkpoint", 3), ("checkpoint", 6)]
+    assert from_notes[0].message.startswith("the signed note of 3 events has root")
+
+
 # ---- reservations hold devices too ----
 
 

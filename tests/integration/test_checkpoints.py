@@ -315,6 +315,10 @@ async def test_an_auditor_fetches_and_checks_a_proof_with_the_cli(
     assert code == 0 and msgspec.json.decode(other)["checkpoint"] is None
     assert "no signed checkpoint of 3 events comes with this proof" in err, err
     assert "--key-file KEY --event EVENT" in err, err  # the command it names can succeed
+    # A consistency result never carries a checkpoint: its roots are always the log's word.
+    code, consistency, err = await trellis(env, "consistency", "1", "3")
+    assert code == 0 and msgspec.json.decode(consistency)["to_size"] == 3
+    assert err.startswith("(both roots are the log's as it is now;"), err
     for name, text in {"note": note, "key": key, "proof.json": proof}.items():
         (tmp_path / name).write_text(text)
 

@@ -357,7 +357,10 @@ async def test_a_chain_rewritten_consistently_is_caught_by_the_stored_checkpoint
 
     chain = [f for f in findings(report) if f["check"] not in ("projection", "kv", "stream")]
     size = report["domains"][HALL]["latest_checkpoint"]["size"]
-    assert [(f["check"], f["version"]) for f in chain] == [("checkpoint", size)]
+    # The row's root (the chain check) and the signed note's (the notes check) alike.
+    assert [(f["check"], f["version"]) for f in chain] == [("checkpoint", size)] * 2
+    assert chain[1]["message"].startswith(f"the signed note of {size} events has root")
+    assert report["checks"]["notes"]["status"] == "fail"
     # The stream still holds the events as they were: from the changed one on, each carries
     # the id of the log's event at its version, with other content.
     stream = [f for f in findings(report) if f["check"] == "stream"]
@@ -730,7 +733,10 @@ async def test_an_event_this_build_cannot_read_stops_the_replay_there_and_says_s
     report = await verified(h, nats_url, database_url, pg_schema, subject_prefix, wait=0.5)
 
     found = findings(report)
-    assert [(f["check"], f["position"]) for f in found if "position" in f] == [
+    # Every key of the documented shape, in every finding (null, 0 or {} where it fits not).
+    shape = {"check", "domain", "message", "position", "version", "table", "key", "details"}
+    assert all(set(f) == shape for f in found), found
+    assert [(f["check"], f["position"]) for f in found if f["position"]] == [
         ("replay", future.position)
     ]
     # The projections and the relay stopped before it, and are told as behind, never passed.

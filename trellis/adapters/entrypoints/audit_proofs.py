@@ -458,7 +458,17 @@ def _proof(args: argparse.Namespace, request: Request) -> int:
 def _consistency_command(args: argparse.Namespace, request: Request) -> int:
     body = {"from_size": args.from_size, "to_size": args.to_size}
     reply = request(args, _subject(args, "consistency"), body)
-    return _print(args, reply, _pretty)
+    code = _print(args, reply, _pretty)
+    if reply.get("ok"):
+        # A consistency result carries no checkpoint (§6): both roots are the log's word, as
+        # a proof's is without one; say what would vouch for them.
+        print(
+            "(both roots are the log's as it is now; check them against checkpoint notes you "
+            "kept, with `trellis verify --checkpoint OLD --checkpoint NEW --proof FILE "
+            "--key-file KEY`)",
+            file=sys.stderr,
+        )
+    return code
 
 
 def _checkpoint_key(args: argparse.Namespace, request: Request) -> int:

@@ -726,5 +726,9 @@ def text(report: dict[str, Any]) -> str:
                 reason = f" ({noted}, {noun} {signers} from {check['key_from']})"
         lines.append(f"check {name}: {check['status']}{reason}")
     count = sum(len(d["findings"]) for d in report["domains"].values())
-    lines.append("verified: no findings" if report["ok"] else f"NOT verified: {count} findings")
+    lines.append(
+        "verified: no findings"
+        if report["ok"]
+        else f"NOT verified: {count} finding{'' if count == 1 else 's'}"
+    )
     return "\n".join(lines)

@@ -52,11 +52,13 @@ from trellis.engine.core.records import GENESIS_HASH, RecordedEvent, hash_of
 _EPSILON = 1e-9
 
 
-class Finding(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class Finding(msgspec.Struct, frozen=True, kw_only=True):
     """One thing `trellis verify` found wrong: which check, where, and a sentence saying what.
 
     `position` and `version` name the first event where it shows (0 when it is about no event,
-    e.g. a projection row); `key` names a projection row or KV key; `details` the rest."""
+    e.g. a projection row); `key` names a projection row or KV key; `details` the rest. Every
+    key is always present in the report (null, 0 or {} when it does not apply), so a script
+    can read `f["position"]` of any finding."""
 
     check: str
     domain: str
@@ -231,15 +233,17 @@ class CheckpointCheck:
         }
         row = {"origin": origin_of(self.domain), "size": str(stored.size), "root": stored.root}
         differ = [what for what in said if said[what] != row[what]]
-        if not differ:
-            return
-        self._note(
-            stored,
-            f"{where} signed {', '.join(f'{w} {said[w]}' for w in differ)}; the row says "
-            f"{', '.join(f'{w} {row[w]}' for w in differ)}",
-            {"signed": said, "row": row},
-        )
-        if signed.origin == row["origin"]:  # the engine's promise about this log
+        if differ:
+            self._note(
+                stored,
+                f"{where} signed {', '.join(f'{w} {said[w]}' for w in differ)}; the row says "
+                f"{', '.join(f'{w} {row[w]}' for w in differ)}",
+                {"signed": said, "row": row},
+            )
+        # The engine's promise about this log, checked against the log whether or not the row
+        # agrees: when both were kept and the log changed, the chain check names the row's
+        # root and this check the signed one (both fail, each for its own reason).
+        if signed.origin == row["origin"]:
             self._signed.append((signed.size, said["root"]))
 
     def _note(
