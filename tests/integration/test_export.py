@@ -422,3 +422,48 @@ def gpu_hours_from_the_log(log: list[dict[str, Any]]) -> dict[tuple[str, str], t
                     end(cid, device, when)
     assert not held, "the scripted day ends with every GPU given back"
     return {key: (hours, cost) for key, (hours, cost) in totals.items()}
+
+
+async def test_the_open_snapshot_says_impaired_and_each_file_says_where_its_rows_come_from(
+    h: Harness, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    """An impaired composition was exported as `active` (the auditor probe); and the history
+    and compositions files carry the chain head and checkpoint of the events they sit beside,
+    which vouch for the events files only: `trellis.source` says what each file's rows are."""
+    acme = expect_ok(
+        await h.client.intent(
+            DOMAIN,
+            "acme",
+            "compose",
+            {
+                "request_id": "r-a100",
+                "host": "host-1",
+                "devices": [{"kind": "gpu", "models": ["A100"]}],
+            },
+        )
+    )
+    for gpu in ("gpu-1", "gpu-3"):  # the A100 and then its stand-in, the other A100
+        fault = {"component": gpu, "state": "failed", "detail": "xid 79"}
+        expect_ok(await h.client.admin(DOMAIN, "report-fault", fault))
+    await h.projected(DOMAIN)
+
+    await export(pool, tmp_path)
+
+    (snapshot,) = (tmp_path / "open" / f"domain={DOMAIN}").iterdir()
+    live = pq.read_table(snapshot / "compositions.parquet").to_pylist()
+    assert [(r["composition_id"], r["state"]) for r in live] == [
+        (acme["composition_id"], "impaired")
+    ]
+    sources = {
+        str(p.relative_to(tmp_path)).split("/")[0] + "/" + p.name.split("-")[0]: pq.read_schema(
+            p
+        ).metadata[b"trellis.source"]
+        for p in tmp_path.rglob("*.parquet")
+    }
+    assert sources == {
+        "events/part": b"log",
+        "history/part": b"projection proj_history_intervals",
+        "compositions/part": b"projection proj_history_compositions",
+        "open/history.parquet": b"projection proj_history_intervals",
+        "open/compositions.parquet": b"projection proj_history_compositions",
+    }

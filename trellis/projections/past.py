@@ -36,7 +36,7 @@ from trellis.projections.table import Key, Row, Table, as_stored
 
 # Bump when a projection's fold changes meaning, so older read-model snapshots are ignored;
 # a change of the tables' shape changes the format by itself.
-FOLD_REVISION = 1
+FOLD_REVISION = 2  # 2: a lease-expired interval ends at its release (history.py)
 _BATCH = 1000
 
 _encode = msgspec.msgpack.encode

@@ -123,6 +123,10 @@ COMPOSITIONS = pa.schema(
     ]
 )
 
+#: `trellis.source` of the files not made of the log's rows.
+INTERVALS_SOURCE = "projection proj_history_intervals"
+LIVES_SOURCE = "projection proj_history_compositions"
+
 _EVENTS_SQL = """
 SELECT position, version, recorded_at AS time, domain, id::text AS id, type, schema_version,
        actor, causation_id AS causation, correlation_id AS correlation, prev_hash, hash,
@@ -154,10 +158,14 @@ SELECT domain, composition_id, tenant, host, state, requested_at, activated_at, 
  WHERE domain = $1 AND end_position > $2 AND end_position <= $3
  ORDER BY end_position
 """
-# As of position $2: activation after it has not happened yet, and nothing has ended.
+# As of position $2: activation after it has not happened yet, and nothing has ended. The
+# row's own state (`impaired` too) is the state at $2 only when the projection stands there
+# ($3); an export cut earlier by --until says `active` for an activated one.
 _LIVE_COMPOSITIONS = """
 SELECT domain, composition_id, tenant, host,
-       CASE WHEN activated_position <= $2 THEN 'active' ELSE 'pending' END AS state,
+       CASE WHEN activated_position > $2 OR activated_position IS NULL THEN 'pending'
+            WHEN $3 AND state = 'impaired' THEN 'impaired'
+            ELSE 'active' END AS state,
        requested_at,
        CASE WHEN activated_position <= $2 THEN activated_at END AS activated_at,
        NULL::timestamptz AS ended_at, NULL AS end_reason, NULL AS failure_reason,
@@ -338,8 +346,10 @@ async def _export_domain(
     meta.update(checkpoint)
     part = f"part-{after + 1:020d}-{last:020d}.parquet"
 
-    def write(path: Path, schema: pa.Schema, rows: list[dict[str, Any]]) -> None:
-        _write_parquet(out / path, schema, rows, meta)
+    def write(
+        path: Path, schema: pa.Schema, rows: list[dict[str, Any]], source: str = "log"
+    ) -> None:
+        _write_parquet(out / path, schema, rows, {**meta, "trellis.source": source})
         result.files.append(str(path))
 
     events: list[dict[str, Any]] = []
@@ -356,18 +366,22 @@ async def _export_domain(
     ended = [dict(r) for r in await conn.fetch(_ENDED_INTERVALS, domain, after, last)]
     lives = [dict(r) for r in await conn.fetch(_ENDED_COMPOSITIONS, domain, after, last)]
     result.history, result.compositions = len(ended), len(lives)
-    write(Path("history", f"domain={domain}", part), HISTORY, ended)
-    write(Path("compositions", f"domain={domain}", part), COMPOSITIONS, lives)
+    # Rows of the history projection, not of the log: the chain head and the checkpoint in
+    # their metadata vouch for the events files; `trellis verify` checks the projection.
+    write(Path("history", f"domain={domain}", part), HISTORY, ended, INTERVALS_SOURCE)
+    write(Path("compositions", f"domain={domain}", part), COMPOSITIONS, lives, LIVES_SOURCE)
     snapshot = Path("open", f"domain={domain}", f"as_of={last:020d}")
     write(
         snapshot / "history.parquet",
         HISTORY,
         _rows(await conn.fetch(_OPEN_INTERVALS, domain, last)),
+        INTERVALS_SOURCE,
     )
     write(
         snapshot / "compositions.parquet",
         COMPOSITIONS,
-        _rows(await conn.fetch(_LIVE_COMPOSITIONS, domain, last)),
+        _rows(await conn.fetch(_LIVE_COMPOSITIONS, domain, last, last == folded)),
+        LIVES_SOURCE,
     )
     return result
 
@@ -441,7 +455,7 @@ def _write_events(
 ) -> int:
     name = f"part-{rows[0]['position']:020d}-{rows[-1]['position']:020d}.parquet"
     path = Path("events", f"domain={domain}", f"day={_day(rows[0])}", name)
-    _write_parquet(out / path, EVENTS, rows, meta)
+    _write_parquet(out / path, EVENTS, rows, {**meta, "trellis.source": "log"})
     result.files.append(str(path))
     return len(rows)
 
