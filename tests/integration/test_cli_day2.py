@@ -113,6 +113,44 @@ def test_a_timed_out_change_may_be_committed_and_names_its_request_id_to_resend(
     assert "(request id r-42)" in capsys.readouterr().err
 
 
+class _StalledStore(_SilentEngine):
+    """An engine that answers `unavailable`: its Postgres stalled past the statement bound."""
+
+    async def unrefused(self, asked: Any, timeout: float | None = None) -> Any:
+        asked.close()
+        error = {"code": "unavailable", "message": "event store unavailable: TimeoutError"}
+        return {"ok": False, "error": error}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["compose", "--host", "h1", "--gpu", "1"], ["drain", "gpu-1", "--reason", "x"]],
+    ids=["intent", "admin"],
+)
+def test_an_engines_unavailable_to_a_change_names_its_request_id_to_resend(
+    argv: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The chaos probe froze Postgres: `error [unavailable]: event store unavailable` and no
+    request id, and the compose committed on resume; the retry with a fresh id made a second
+    composition."""
+    monkeypatch.setenv("TRELLIS_DATA_DIR", str(tmp_path / "data"))
+
+    def on_nats(args: Any, subject_tail: str, work: Any) -> Any:
+        return asyncio.run(work(_StalledStore(), None, "nats://127.0.0.1:4222", "nobody"))
+
+    monkeypatch.setattr(talk, "on_nats", on_nats)
+    assert cli.main([*argv, "--request-id", "r-42"]) == cli.EXIT_UNAVAILABLE
+    err = capsys.readouterr().err
+    assert err.startswith("error [unavailable]: event store unavailable"), err
+    assert "(the request may have been committed all the same (request id r-42): resend" in err
+    assert "--request-id r-42;" in err, err
+    assert cli.main([*argv, "-o", "json"]) == cli.EXIT_UNAVAILABLE  # json: the reply alone
+    assert capsys.readouterr().err == ""
+
+
 def test_a_timed_out_query_says_only_that_it_timed_out(
     timing_out: list[Any], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -39,7 +39,24 @@ def at(args: argparse.Namespace, body: dict[str, Any]) -> dict[str, Any]:
 def send_admin(args: argparse.Namespace, verb: str, body: dict[str, Any], show: Any) -> int:
     body = {**body, "request_id": args.request_id or str(uuid.uuid4())}
     reply = request(args, f"admin.{args.domain}.{verb}", body)
-    return print_reply(args, reply, show)
+    code = print_reply(args, reply, show)
+    _may_have_been_committed(args, reply, body["request_id"])
+    return code
+
+
+def _may_have_been_committed(args: argparse.Namespace, reply: dict[str, Any], rid: str) -> None:
+    """After an engine's `unavailable` to an intent or admin request, name its request id:
+    a store that stalled (a paused or overloaded Postgres) may still commit what the engine
+    gave up waiting for, so resending with a fresh id could apply it twice, where the same id
+    is answered from the log (ARCHITECTURE §3: "safe to retry with the same request_id")."""
+    if reply.get("ok") or reply["error"].get("code") != "unavailable" or args.output == "json":
+        return
+    print(
+        f"(the request may have been committed all the same (request id {rid}): resend the "
+        f"same command with --request-id {shlex.quote(rid)}; the engine answers a request id "
+        "it has seen from its log and applies it once, a fresh id could apply it twice)",
+        file=sys.stderr,
+    )
 
 
 def paged(args: argparse.Namespace, subject_tail: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -62,6 +79,7 @@ def send_intent(args: argparse.Namespace, verb: str, body: dict[str, Any], show:
     body = {**body, "request_id": args.request_id or body.get("request_id") or str(uuid.uuid4())}
     reply = request(args, f"intent.{args.domain}.{args.tenant}.{verb}", body)
     code = print_reply(args, reply, show)
+    _may_have_been_committed(args, reply, body["request_id"])
     error = {} if reply.get("ok") else reply["error"]
     unknown = error.get("code") == "not_found" and "domain" not in (error.get("details") or {})
     ended = _ended(args, body) if unknown and verb in _ON_A_LIVE_ONE else None
