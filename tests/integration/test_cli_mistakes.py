@@ -23,6 +23,7 @@ from isolation import unique_subject_prefix
 from trellis.adapters.checkpoint_key import KEY_FILE, load_or_create
 from trellis.adapters.embedded.postgres_server import postgres_bin_dir, postgres_major_version
 from trellis.adapters.embedded.process import free_port
+from trellis.adapters.embedded.watchdog import started_at
 from trellis.adapters.entrypoints import cli
 from trellis.adapters.entrypoints.cli import queries
 
@@ -308,6 +309,36 @@ async def test_endpoints_left_by_a_killed_engine_are_not_used(tmp_path: Path) ->
     code, _, err = await run_cli(env, "free")
     line = one_line(err)
     # Not "cannot reach NATS at ...:port": the stale file is recognised as such.
+    assert code == EXIT_UNAVAILABLE and "no engine found" in line and str(port) not in line, err
+
+
+@pytest.mark.parametrize("left", ["a zombie", "a recycled pid"])
+async def test_endpoints_whose_pid_is_a_zombie_or_another_process_are_not_used(
+    tmp_path: Path, left: str
+) -> None:
+    """The chaos probe: after kill -9, the engine's pid stayed a zombie for seconds, and a
+    pid given to another process after a reboot kept `trellis up` refusing for good."""
+    env = base_env(tmp_path)
+    data = Path(env["TRELLIS_DATA_DIR"])
+    data.mkdir()
+    if left == "a zombie":
+        process = subprocess.Popen([sys.executable, "-c", "pass"])  # exits; never reaped here
+        while started_at(process.pid) is not None:
+            await asyncio.sleep(0.01)
+        assert Path(f"/proc/{process.pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+        started = None
+    else:
+        process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        started = (started_at(process.pid) or 0) - 1  # the engine that wrote it started earlier
+    port = free_port()
+    endpoints = {"nats_url": f"nats://127.0.0.1:{port}", "database_url": "x", "pid": process.pid}
+    (data / "endpoints.json").write_text(json.dumps({**endpoints, "started": started}))
+    try:
+        code, _, err = await run_cli(env, "free")
+    finally:
+        process.kill()
+        process.wait()
+    line = one_line(err)
     assert code == EXIT_UNAVAILABLE and "no engine found" in line and str(port) not in line, err
 
 

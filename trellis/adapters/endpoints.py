@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from trellis.adapters.embedded.process import default_data_dir
+from trellis.adapters.embedded.watchdog import alive, started_at
 from trellis.adapters.settings import Settings
 
 ENDPOINTS_FILE = "endpoints.json"
@@ -20,7 +21,14 @@ def write_endpoints(settings: Settings, nats_url: str, database_url: str) -> Pat
     Readable by this user only: the database URL carries the engine role's password."""
     path = (settings.data_dir or default_data_dir()) / ENDPOINTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    endpoints = {"nats_url": nats_url, "database_url": database_url, "pid": os.getpid()}
+    # The start time tells this process from a later one given its pid (pids wrap).
+    pid = os.getpid()
+    endpoints = {
+        "nats_url": nats_url,
+        "database_url": database_url,
+        "pid": pid,
+        "started": started_at(pid),
+    }
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.fchmod(fd, 0o600)  # an older file may have been created more open
     with os.fdopen(fd, "w") as f:
@@ -30,7 +38,9 @@ def write_endpoints(settings: Settings, nats_url: str, database_url: str) -> Pat
 
 def _endpoints(settings: Settings) -> dict[str, Any] | None:
     """What a local `trellis up` wrote, if that engine still runs; a file left by one that
-    was killed is stale and ignored."""
+    was killed is stale and ignored: its pid runs no more, is a zombie not yet reaped, or is
+    another process's now (another start time; a file without one, from an older version, is
+    taken at its pid's word)."""
     path = (settings.data_dir or default_data_dir()) / ENDPOINTS_FILE
     try:
         written = json.loads(path.read_text())
@@ -38,20 +48,20 @@ def _endpoints(settings: Settings) -> dict[str, Any] | None:
         return None
     if not isinstance(written, dict):
         return None
-    pid = written.get("pid")
-    if isinstance(pid, int) and not _alive(pid):
+    pid, started = written.get("pid"), written.get("started")
+    if isinstance(pid, int) and not _running(pid, started):
         return None
     return written
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
+def _running(pid: int, started: object) -> bool:
+    if not _PROC.exists():  # no /proc to read start times from: the pid's word
+        return alive(pid)
+    now = started_at(pid)
+    return now is not None and (not isinstance(started, int) or now == started)
+
+
+_PROC = Path("/proc/self/stat")
 
 
 def running_engine_pid(settings: Settings) -> int | None:
