@@ -28,7 +28,7 @@ from harness import Harness, bucket_values, cli_env, engine_at, serving
 from isolation import unique_subject_prefix
 from nats.aio.client import Client as NATS
 
-from trellis.adapters import bootstrap
+from trellis.adapters import bootstrap, event_loop
 from trellis.adapters.embedded.nats_server import EmbeddedNats
 from trellis.adapters.event_loop import EVENT_LOOPS
 from trellis.adapters.follow_process import (
@@ -38,7 +38,7 @@ from trellis.adapters.follow_process import (
 )
 from trellis.adapters.nats.auth import Principal, SecureDir
 from trellis.adapters.nats.client import TrellisClient
-from trellis.adapters.nats.connect import connect_nats
+from trellis.adapters.nats.connect import close_nats, connect_nats
 from trellis.adapters.nats.jetstream import Envelope, checkpoint_stream_name, stream_name
 from trellis.adapters.postgres import sessions
 from trellis.adapters.settings import Settings, SettingsError
@@ -469,3 +469,30 @@ async def test_a_start_cancelled_as_its_follower_process_spawns_stops_that_proce
     if left:
         os.kill(pid, signal.SIGKILL)
     assert not left, f"the follower process {pid} outlived its engine's cancelled start"
+
+
+@pytest.mark.parametrize("loop", EVENT_LOOPS)
+def test_closing_a_connection_whose_server_was_killed_raises_nothing(
+    tmp_path: Path, loop: event_loop.EventLoopName
+) -> None:
+    """The chaos probe killed the embedded nats-server: the follower process ended in a
+    traceback from nats-py's close (uvloop's RuntimeError on the closed transport; asyncio's
+    BrokenPipeError), flushing what it held onto the dead socket."""
+    server = EmbeddedNats(tmp_path / "nats")
+    server.start()
+
+    async def close_after_the_kill() -> None:
+        nc = await connect_nats(server.url, name="doomed")
+        for _ in range(200):
+            await nc.publish("doomed.x", b"x" * 1000)
+        os.kill(int(server.pid_path.read_text()), signal.SIGKILL)
+        await asyncio.sleep(0.3)
+        for _ in range(20):  # queued for a server that is gone
+            await nc.publish("doomed.x", b"x" * 1000)
+        await close_nats(nc)
+        assert nc.is_closed
+
+    try:
+        event_loop.run(close_after_the_kill(), loop)
+    finally:
+        server.stop()

@@ -76,7 +76,13 @@ from trellis.adapters.nats.auth import (
     SecureDir,
 )
 from trellis.adapters.nats.checkpoints import CheckpointPublisher
-from trellis.adapters.nats.connect import NatsUnreachable, connect_nats, probe_nats, until_reachable
+from trellis.adapters.nats.connect import (
+    NatsUnreachable,
+    close_nats,
+    connect_nats,
+    probe_nats,
+    until_reachable,
+)
 from trellis.adapters.nats.foreign import ForeignMessages
 from trellis.adapters.nats.intake import NatsIntake
 from trellis.adapters.nats.issuing import (
@@ -384,7 +390,7 @@ async def follower_sinks(
     relay_nc = await connect_nats(
         nats_url, name="trellis-relay", credentials=identity(secure, RELAY_IDENTITY)
     )
-    stack.push_async_callback(relay_nc.close)
+    stack.push_async_callback(close_nats, relay_nc)
     if signer is None:
         log.info("checkpoints and snapshots are signed with a key of this run only (no key file)")
         signer = Signer.generate()
@@ -408,7 +414,7 @@ async def follower_sinks(
             name="trellis-checkpoints",
             credentials=secure.credentials(CHECKPOINTS_IDENTITY),
         )
-        stack.push_async_callback(checkpoint_nc.close)
+        stack.push_async_callback(close_nats, checkpoint_nc)
     checkpoints = CheckpointPublisher(
         checkpoint_nc, prefix=prefix, replicas=(stream_limits or StreamLimits()).replicas
     )
@@ -640,7 +646,7 @@ async def engine_on(
         )
         # close, not drain: intake.stop() below has already unsubscribed and waited for every
         # request in flight, which is what a drain would do (and nats-py's drain can stall).
-        stack.push_async_callback(nc.close)
+        stack.push_async_callback(close_nats, nc)
         intake = NatsIntake(
             nc,
             engine,
@@ -787,7 +793,7 @@ async def _serve_page(
 ) -> str:
     """Serve the fabric page at `at` (closed with `stack`); its URL."""
     page_nc = await connect_nats(nats_url, name="trellis-page", credentials=credentials)
-    stack.push_async_callback(page_nc.close)
+    stack.push_async_callback(close_nats, page_nc)
     foreign = ForeignMessages("page", metrics.foreign_message if metrics is not None else None)
     page = FabricPage(
         page_nc,

@@ -90,6 +90,17 @@ async def connect_nats(
     return nc
 
 
+async def close_nats(nc: NATS) -> None:
+    """Close `nc`. After its server died (a SIGKILL, the stop of a failed engine) nats-py's
+    close still flushes what it holds onto the dead socket and raises from the transport
+    (BrokenPipeError, or uvloop's RuntimeError on a closed handle): the connection is gone
+    either way, and a shutdown should not end in a traceback."""
+    try:
+        await nc.close()
+    except (OSError, RuntimeError) as exc:
+        log.debug("closing the NATS connection %s: %r", nc.options.get("name"), exc)
+
+
 async def _nats_error(exc: Exception) -> None:
     # nats-py's default prints a traceback for every failed (re)connect attempt. Refused
     # credentials or permissions are worth a warning: retrying will not fix them.
