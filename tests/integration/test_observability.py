@@ -405,12 +405,14 @@ async def test_health_is_503_while_the_store_is_down(
         await asyncio.to_thread(own_postgres.stop)
         status, body = await asyncio.to_thread(health, h.metrics_url)
         assert status == 503
+        problems = body.pop("problems")
         assert body == {
             "status": "unavailable",
             "checks": {**dict.fromkeys(CHECKS, True), "store": False},
-            "problems": [],
             "domains": {},
         }
+        (problem,) = problems  # the check names what it saw, as the others do
+        assert problem.startswith("store: a query failed: "), problem
         # Ready no more, but alive: a liveness probe must not restart it for Postgres's outage.
         assert (await asyncio.to_thread(health, h.metrics_url, "/readyz"))[0] == 503
         assert await asyncio.to_thread(health, h.metrics_url, "/livez") == (200, {"status": "ok"})

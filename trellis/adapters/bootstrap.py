@@ -66,10 +66,11 @@ from trellis.adapters.fabric.timed import TimedFabric
 from trellis.adapters.follow_process import CommitSignal, FollowerProcess, follower_env
 from trellis.adapters.health import FollowerGauges, FollowerHealth
 from trellis.adapters.http.fabric_page import FabricPage
-from trellis.adapters.http.metrics import MetricsServer, Verdict, problems_check
+from trellis.adapters.http.metrics import MetricsServer, problems_check
 from trellis.adapters.http.redfish.accounts import admin_password
 from trellis.adapters.http.redfish.serve import ACCOUNTS_FILE, RedfishOptions, serve_redfish
 from trellis.adapters.instruments import EngineMetrics
+from trellis.adapters.liveness import StoreCheck, nats_answers
 from trellis.adapters.nats.auth import (
     NkeyCredentials,
     Principal,
@@ -117,8 +118,6 @@ from trellis.projections import PostgresReadModels, ProjectionSink
 log = logging.getLogger(__name__)
 
 FABRIC_STATE_FILE = "fabric-sim.json"
-#: How long the health check waits for the store to answer.
-HEALTH_CHECK_S = 2.0
 #: How long an asyncpg pool's identical reconnect failures are counted before said again.
 REPEATS_EVERY_S = 60.0
 
@@ -679,10 +678,8 @@ async def engine_on(
                 metrics.registry,
                 {
                     "intake": lambda: _true(intake.serving),
-                    # Connected is only a local flag: a hung server (stopped, partitioned,
-                    # stuck on disk) leaves it set for minutes. A ping must come back.
-                    "nats": lambda: _nats_answers(nc),
-                    "store": lambda: _answers(store),
+                    "nats": lambda: nats_answers(nc),
+                    "store": StoreCheck(store.domains),
                     # A store that answers reads may still take no writes (a full disk, a
                     # synchronous standby gone): the lease ticks write, and say so.
                     # Each check that names problems reads its source once, for both its
@@ -825,27 +822,6 @@ def _heads(engine: Engine) -> dict[str, tuple[int, int]]:
         if head is not None:
             heads[domain] = (head.version, head.position)
     return heads
-
-
-async def _nats_answers(nc: NATS) -> Verdict:
-    """Whether the NATS server answers a ping now (the health check's "nats")."""
-    if not nc.is_connected:
-        return Verdict(False, ("nats: not connected to the server (reconnecting)",))
-    try:
-        await nc.flush(timeout=round(HEALTH_CHECK_S))  # a PING, answered by the server's PONG
-    except Exception as exc:
-        said = str(exc) or type(exc).__name__
-        return Verdict(False, (f"nats: no answer to a ping within {HEALTH_CHECK_S:g} s ({said})",))
-    return Verdict(True)
-
-
-async def _answers(store: PostgresEventStore) -> bool:
-    """Whether the event store answers a query now (the health check's "store")."""
-    try:
-        await asyncio.wait_for(store.domains(), HEALTH_CHECK_S)
-    except Exception:
-        return False
-    return True
 
 
 @contextlib.asynccontextmanager
