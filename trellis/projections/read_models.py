@@ -184,14 +184,13 @@ class Answers:
             chains.append(_chain(component["chain"]))
         last = None
         if kind == "device" and not rows:
-            # It holds nothing: the event that let it go last says why, if the viewer may
-            # see whose it was.
+            # It holds nothing: the events that gave it to its last holder and let it go say
+            # why, if the viewer may see whose it was.
             last = await reader.last_ended(domain, target)
             if last is not None and may_see(last["tenant"], viewer):
                 ended = await self._compositions(domain, [last["composition_id"]])
-                chains += [
-                    [e for c in ended for e in c.chain if e.position == last["end_position"]]
-                ]
+                ends = (last["start_position"], last["end_position"])
+                chains += [[e for c in ended for e in c.chain if e.position in ends]]
             else:
                 last = None
         if own:
