@@ -22,7 +22,7 @@ import asyncpg
 import pytest
 import pytest_asyncio
 from engines import Fleet
-from fabrics import expect_error, expect_ok, fabric
+from fabrics import expect_error, expect_ok, fabric, fetch
 from harness import Harness, cli_env, run_cli, serving
 from isolation import Database, create_schema, unique_schema_name
 from prometheus_client.parser import text_string_to_metric_families
@@ -255,6 +255,38 @@ async def test_metrics_follow_a_compose_a_rejected_compose_and_a_release(h: Harn
     assert sample(after, "trellis_projection_lag_positions", domain=DOMAIN) == 0
     lag = sample(after, "trellis_relay_lag_positions", domain=DOMAIN)
     assert lag == head - relay.position and lag > 0
+
+
+async def test_metrics_tell_which_domains_this_engine_writes_and_when_one_changed_hands(
+    h: Harness, database_url: str, pg_schema: str
+) -> None:
+    """The fleet probe paused and killed engines: the survivors' /metrics said nothing of the
+    domains they took or lost (only the logs did)."""
+    expect_ok(await h.client.admin(DOMAIN, "import-topology", fabric()))
+    first = h.engine.fence(DOMAIN)
+    before = await scraped(h)
+    assert sample(before, "trellis_domains_written") == 1
+    assert sample(before, "trellis_writer_epoch", domain=DOMAIN) == first
+    assert sample(before, "trellis_domains_taken_total") == 1
+
+    # The lease runs out in the store (as after a pause): the engine drops the domain and
+    # takes it again under a newer epoch.
+    await fetch(
+        database_url,
+        pg_schema,
+        "UPDATE trellis_writer_leases SET expires_at = clock_timestamp() WHERE domain = $1",
+        DOMAIN,
+    )
+    deadline = asyncio.get_running_loop().time() + 15
+    while not ((h.engine.fence(DOMAIN) or 0) > (first or 0) and DOMAIN in h.engine.domains):
+        assert asyncio.get_running_loop().time() < deadline, "the domain was not taken again"
+        await asyncio.sleep(0.05)
+    after = await scraped(h)
+    assert sample(after, "trellis_writer_epoch", domain=DOMAIN) == h.engine.fence(DOMAIN)
+    assert sample(after, "trellis_domains_taken_total") == 2
+    reasons = ("lease_lost", "lease_ran_out", "handed_over", "fenced")
+    dropped = {r: sample(after, "trellis_domains_dropped_total", reason=r) for r in reasons}
+    assert sum(n or 0 for n in dropped.values()) == 1, dropped
 
 
 async def test_metrics_count_unknown_verbs_under_one_label(h: Harness) -> None:

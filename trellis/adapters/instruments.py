@@ -30,7 +30,7 @@ from trellis.engine.core.state import (
     usable,
 )
 from trellis.engine.service.follower import Followers
-from trellis.engine.service.ports import SagaOutcome
+from trellis.engine.service.ports import DropReason, SagaOutcome
 from trellis.engine.service.router import Engine
 
 log = logging.getLogger(__name__)
@@ -126,6 +126,20 @@ class EngineMetrics:
             ["outcome"],
             registry=registry,
         )
+        self.domains_dropped = Counter(
+            "trellis_domains_dropped",
+            "Domains this engine stopped writing, by reason: stopping (its own stop), "
+            "lease_lost (a renewal refused), handed_over (to the engine placement prefers), "
+            "lease_ran_out (paused past its lease), fenced (the log or the fabric refused "
+            "its epoch). Anything but stopping means another engine writes the domain now.",
+            ["reason"],
+            registry=registry,
+        )
+        self.domains_taken = Counter(
+            "trellis_domains_taken",
+            "Domains this engine began writing (under a new writer lease epoch).",
+            registry=registry,
+        )
         self.fabric_seconds = Histogram(
             "trellis_fabric_operation_seconds",
             "One call of the fabric driver, by operation and outcome (ok, error, abandoned).",
@@ -145,6 +159,12 @@ class EngineMetrics:
 
     def settled(self, domain: str, outcome: SagaOutcome) -> None:
         self.saga_outcomes.labels(outcome).inc()
+
+    def began_writing(self, domain: str, epoch: int) -> None:
+        self.domains_taken.inc()
+
+    def stopped_writing(self, domain: str, reason: DropReason) -> None:
+        self.domains_dropped.labels(reason).inc()
 
     # ---- the intake's observer (adapters/nats/intake.py) ----
 
@@ -202,17 +222,24 @@ class _StateGauges(Collector):
         return iter(self._families())
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        free, used, utilization, compositions, unusable, *lags = families = self._families()
+        families = self._families()
+        free, used, utilization, compositions, unusable, written, epochs, *lags = families
+        count = 0
         for domain in self._engine.domains:
             state, head = self._engine.state(domain), self._engine.head(domain)
             if state is None or head is None:
                 continue  # dropped since `domains` was read
+            count += 1
+            epoch = self._engine.fence(domain)
+            if epoch is not None:
+                epochs.add_metric([domain], epoch)
             _devices(domain, state, free, used, utilization)
             _fabric_faults(domain, state, compositions, unusable)
             for (sink, _, _), gauge in zip(self._lags, lags, strict=True):
                 follower = self._followers.of(sink, domain)
                 if follower is not None:
                     gauge.add_metric([domain], max(0, head.position - follower.position))
+        written.add_metric([], count)
         return iter(families)
 
     def _families(self) -> list[GaugeMetricFamily]:
@@ -245,6 +272,16 @@ class _StateGauges(Collector):
                 "Components that carry no paths, by kind (host, switch, ocs, link, or a "
                 "device's kind) and state (failed, degraded, or drained while healthy).",
                 labels=["domain", "kind", "state"],
+            ),
+            GaugeMetricFamily(
+                "trellis_domains_written",
+                "Domains this engine writes now (each written by one engine at a time).",
+            ),
+            GaugeMetricFamily(
+                "trellis_writer_epoch",
+                "The writer lease epoch this engine writes the domain under: it grows each "
+                "time the domain changes hands (a takeover, a hand-over, a restart).",
+                labels=["domain"],
             ),
             *(
                 GaugeMetricFamily(

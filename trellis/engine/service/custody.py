@@ -49,6 +49,7 @@ from trellis.engine.service.ownership import (
 )
 from trellis.engine.service.ports import (
     Clock,
+    DropReason,
     EventStore,
     FabricDriver,
     Holder,
@@ -180,7 +181,7 @@ class Custody:
         for domain in list(self._served):
             # The followers stay: whoever closes them drains them first (a clean exit leaves
             # the stream complete).
-            await self._drop(domain, "the engine stops", release=True, unfollow=False)
+            await self._drop(domain, "stopping", "the engine stops", release=True, unfollow=False)
         if self._background:  # drops that overran, ticks that did not end when cancelled
             _, stuck = await asyncio.wait(self._background, timeout=self._patience)
             for task in stuck:
@@ -354,7 +355,7 @@ class Custody:
         await ownership.heartbeat()
         held = {d: s.lease for d, s in self._served.items() if s.lease is not None}
         for domain in await ownership.renew(held):
-            await self._drop(domain, "its writer lease was lost")
+            await self._drop(domain, "lease_lost", "its writer lease was lost")
         await ownership.look()
         domains = [d for d in await self._store.domains() if self.serves(d)]
         ownership.place(domains)
@@ -371,7 +372,9 @@ class Custody:
             if successor not in (None, self.identity) and ownership.stable(successor):
                 until = asyncio.get_running_loop().time() + 2 * self._patience
                 self._handed[domain] = (successor, until)
-                await self._drop(domain, f"handed over to engine {successor}", release=True)
+                await self._drop(
+                    domain, "handed_over", f"handed over to engine {successor}", release=True
+                )
                 break  # one a tick, so domains move gradually
 
     def state(self, domain: str) -> DomainState | None:
@@ -415,7 +418,8 @@ class Custody:
         async with self._loading:  # two first requests for a domain must not load it twice
             served = self._served.get(domain)
             if served is not None and not await self._still_ours(domain, served):
-                await self._drop(domain, "its writer lease ran out")  # paused past it, say
+                # paused past it, say
+                await self._drop(domain, "lease_ran_out", "its writer lease ran out")
                 served = None
             if served is None:
                 served = await self._bounded_load(domain, create=create)
@@ -487,6 +491,7 @@ class Custody:
             self._followers.follow(domain)
         sync.kick()  # finish or undo the sagas a crash or the last writer left, remove leftovers
         if lease is not None:
+            self._telemetry.began_writing(domain, lease.epoch)
             again = domain in self._stopped
             self._stopped.discard(domain)
             log.log(
@@ -532,11 +537,17 @@ class Custody:
         why = (
             f"the fabric has seen writer epoch {seen}" if ahead else "another engine writes it now"
         )
-        drop = self._drop(domain, why, release=ahead)
+        drop = self._drop(domain, "fenced", why, release=ahead)
         self._keep(asyncio.create_task(drop, name=f"fenced-{domain}"))
 
     async def _drop(
-        self, domain: str, why: str, *, release: bool = False, unfollow: bool = True
+        self,
+        domain: str,
+        reason: DropReason,
+        why: str,
+        *,
+        release: bool = False,
+        unfollow: bool = True,
     ) -> None:
         """Stop writing `domain` here: its writer, fabric and (`unfollow`) followers end; with
         `release`, its lease is given up for another engine to take at once.
@@ -548,10 +559,11 @@ class Custody:
         served = self._served.pop(domain, None)
         if served is None:
             return
-        if why != "the engine stops":
+        self._telemetry.stopped_writing(domain, reason)
+        if reason != "stopping":
             self._stopped.add(domain)
         log.log(
-            logging.INFO if why == "the engine stops" else logging.WARNING,
+            logging.INFO if reason == "stopping" else logging.WARNING,
             "domain %s: this engine stops writing it: %s",
             domain,
             why,

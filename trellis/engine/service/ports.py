@@ -360,6 +360,10 @@ class FabricDriver(Protocol):
 
 
 SagaOutcome = Literal["established", "failed"]
+#: Why an engine stopped writing a domain: its own stop, a lease renewal refused, a hand-over
+#: to the engine the placement prefers, a lease that ran out while it was paused, or a refusal
+#: by the log or the fabric of an epoch another writer superseded.
+DropReason = Literal["stopping", "lease_lost", "handed_over", "lease_ran_out", "fenced"]
 
 
 class Telemetry(Protocol):
@@ -378,6 +382,14 @@ class Telemetry(Protocol):
         """A compose saga's outcome was recorded."""
         ...
 
+    def began_writing(self, domain: str, epoch: int) -> None:
+        """This engine began writing `domain` under writer lease `epoch`."""
+        ...
+
+    def stopped_writing(self, domain: str, reason: DropReason) -> None:
+        """This engine stopped writing `domain`."""
+        ...
+
 
 class NoTelemetry:
     """Telemetry that goes nowhere (an engine without metrics)."""
@@ -389,4 +401,10 @@ class NoTelemetry:
         pass
 
     def settled(self, domain: str, outcome: SagaOutcome) -> None:
+        pass
+
+    def began_writing(self, domain: str, epoch: int) -> None:
+        pass
+
+    def stopped_writing(self, domain: str, reason: DropReason) -> None:
         pass
