@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import random
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -24,7 +25,8 @@ import asyncpg
 import msgspec
 import pytest
 import pytest_asyncio
-from harness import undecodable_event
+from fabrics import expect_ok
+from harness import serving, undecodable_event
 
 from trellis.adapters.postgres.store import PostgresEventStore
 from trellis.engine.core.actors import ENGINE, OPERATOR
@@ -41,7 +43,13 @@ from trellis.engine.core.intents import (
 from trellis.engine.core.records import Head, PendingEvent, RecordedEvent
 from trellis.engine.core.state import DomainState, evolve
 from trellis.engine.service.follower import Follower, Stalled
-from trellis.projections.sink import ProjectionSink, rebuild
+from trellis.projections.past import format_of
+from trellis.projections.sink import (
+    ProjectionSink,
+    default_projections,
+    rebuild,
+    rebuild_if_folds_changed,
+)
 
 DOMAIN = "hall-1"
 FABRIC = json.loads((Path(__file__).parents[2] / "examples" / "fabric.json").read_text())
@@ -295,3 +303,58 @@ async def test_the_collector_after_a_rebuild_finds_its_rows_already_freed(
         gc.callbacks.remove(young)
     # With the pause inside the replay, the first collection after it scanned 9,500 objects.
     assert max(scanned, default=0) < 2_500, scanned
+
+
+async def test_tables_another_fold_wrote_are_folded_again_before_anything_follows(
+    pool: asyncpg.Pool, store: PostgresEventStore, logged: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fold that changed meaning in an upgrade (a lease's interval once ended at
+    LeaseExpired, then at its release) left the rows it wrote before as they were, beside the
+    new fold's: verify named them, the export copied them. A start with other folds than the
+    tables were written with rebuilds them first."""
+    assert await followed(pool, store, batch_size=500) == logged
+    live = await dump(pool)
+    # A fresh log keeps no format yet when followed by hand: an older version's tables.
+    assert await pool.fetchval("SELECT format FROM trellis_projection_format") is None
+    await pool.execute("UPDATE proj_history_intervals SET cost_per_hour = 0.01")  # old fold
+
+    with caplog.at_level(logging.WARNING, logger="trellis.projections"):
+        was = await rebuild_if_folds_changed(pool, store, [DOMAIN])
+
+    assert was == "" and await dump(pool) == live
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0].startswith("the projections were folded by an older version, this engine "), said
+    current = await pool.fetchval("SELECT format FROM trellis_projection_format")
+    assert current == format_of(default_projections())
+    # Current: nothing to do. Another format (a newer or older revision): rebuilt again.
+    assert await rebuild_if_folds_changed(pool, store, [DOMAIN]) is None
+    await pool.execute("UPDATE trellis_projection_format SET format = 'read_models-older'")
+    assert await rebuild_if_folds_changed(pool, store, [DOMAIN]) == "read_models-older"
+    assert await dump(pool) == live
+
+
+async def test_a_new_log_records_its_folds_without_a_rebuild(
+    pool: asyncpg.Pool, store: PostgresEventStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="trellis.projections"):
+        assert await rebuild_if_folds_changed(pool, store, []) is None
+    assert caplog.records == []
+    stored = await pool.fetchval("SELECT format FROM trellis_projection_format")
+    assert stored == format_of(default_projections())
+
+
+async def test_an_engine_started_on_tables_of_other_folds_rebuilds_them_first(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, pool: asyncpg.Pool
+) -> None:
+    async with serving(nats_url, database_url, pg_schema, subject_prefix) as h:
+        expect_ok(await h.client.admin(DOMAIN, "import-topology", FABRIC))
+        gpu = {"host": "host-01", "devices": [{"kind": "gpu"}]}
+        expect_ok(await h.client.intent(DOMAIN, "acme", "compose", gpu))
+        await h.projected(DOMAIN)
+    live = await dump(pool)
+    await pool.execute("UPDATE proj_history_intervals SET cost_per_hour = 0.01")
+    await pool.execute("UPDATE trellis_projection_format SET format = 'read_models-older'")
+
+    async with serving(nats_url, database_url, pg_schema, subject_prefix) as h:
+        await h.projected(DOMAIN)
+        assert await dump(pool) == live

@@ -114,6 +114,7 @@ from trellis.engine.service.ownership import tick_of
 from trellis.engine.service.ports import Clock, FabricDriver
 from trellis.engine.service.router import Engine
 from trellis.projections import PostgresReadModels, ProjectionSink
+from trellis.projections.sink import rebuild_if_folds_changed
 
 log = logging.getLogger(__name__)
 
@@ -547,6 +548,8 @@ async def engine_on(
             snapshot_every=snapshot_every,
         )
         projections, relay, audit = sinks.projections, sinks.relay, sinks.audit
+        # Before anything follows the log: tables an older fold wrote are folded again.
+        await rebuild_if_folds_changed(projections.pool, store, await store.domains())
         key_warning = None
         if new_key and checkpoint_key is not None and signer is not None:
             # Before any follower signs: a new key on a log other keys signed is key loss or

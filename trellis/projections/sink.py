@@ -38,7 +38,7 @@ from trellis.projections.compositions import CompositionsProjection
 from trellis.projections.connections import ConnectionsProjection
 from trellis.projections.devices import DevicesProjection
 from trellis.projections.history import HistoryProjection
-from trellis.projections.past import save_snapshot
+from trellis.projections.past import format_of, save_snapshot
 from trellis.projections.replay import Changes, ReplayRows, write
 from trellis.projections.table import PostgresRows, Table
 
@@ -249,7 +249,8 @@ async def rebuild(
     pool: asyncpg.Pool, log: DomainLog, domains: Sequence[str], *, batch_size: int = 10_000
 ) -> int:
     """Empty every projection table, reset the checkpoints and replay the log of `domains`,
-    `batch_size` events per transaction.
+    `batch_size` events per transaction; then record the folds the tables hold
+    (`rebuild_if_folds_changed`).
 
     Queries see the tables empty, then filling, until the replay ends; engines following the
     domains notice the checkpoints moved back and take part. Returns the events the rebuilt
@@ -275,7 +276,55 @@ async def rebuild(
         follower = Follower(domain, log, sink, batch_size=batch_size)
         await follower.catch_up()
         held += follower.progress.version  # versions are gap-free: the events folded
+    async with pool.acquire() as conn:  # the folds the tables now hold (rebuild_if_...)
+        await conn.execute(_SET_FORMAT, format_of(sink.projections))
     return held
+
+
+_FORMAT_LOCK = "SELECT pg_advisory_lock(hashtext(current_schema() || '.trellis_projection_format'))"
+_FORMAT_UNLOCK = (
+    "SELECT pg_advisory_unlock(hashtext(current_schema() || '.trellis_projection_format'))"
+)
+_SET_FORMAT = """
+INSERT INTO trellis_projection_format (format) VALUES ($1)
+ON CONFLICT (only_row) DO UPDATE SET format = excluded.format, set_at = now()
+"""
+
+
+async def rebuild_if_folds_changed(
+    pool: asyncpg.Pool, events: DomainLog, domains: Sequence[str]
+) -> str | None:
+    """Rebuild the projections when their tables were written by other folds than this
+    code's (`format_of`: an upgrade changed a fold's meaning or a table's shape; a schema from
+    before the format was kept counts as other); the format they were written with, or None
+    when nothing was rebuilt.
+
+    A fold that changed meaning leaves the rows it wrote before as they were, and the new rows
+    beside them differ (`trellis verify` names them, an export copies them): the tables are
+    only right folded again from the log. One process at a time (a session advisory lock):
+    engines started together rebuild once, the others find the format current."""
+    current = format_of(default_projections())
+    async with pool.acquire() as conn:
+        await conn.execute(_FORMAT_LOCK)
+        try:
+            stored = await conn.fetchval("SELECT format FROM trellis_projection_format")
+            if stored == current:
+                return None
+            if stored is None and not domains:  # a new log: nothing was folded yet
+                await conn.execute(_SET_FORMAT, current)
+                return None
+            log.warning(
+                "the projections were folded by %s, this engine folds %s: rebuilding them "
+                "from the log (%d domains)",
+                stored or "an older version",
+                current,
+                len(domains),
+            )
+            held = await rebuild(pool, events, domains)
+            log.warning("the projections are rebuilt: %d events folded again", held)
+            return stored or ""
+        finally:
+            await conn.execute(_FORMAT_UNLOCK)
 
 
 async def _start_over(

@@ -43,6 +43,7 @@ TABLES: dict[str, Kind] = {
     "trellis_engines": Kind.BOOKKEEPING,
     "trellis_writer_leases": Kind.BOOKKEEPING,
     "trellis_snapshots": Kind.BOOKKEEPING,
+    "trellis_projection_format": Kind.READ_MODEL,  # rewritten with the tables it describes
     "proj_compositions": Kind.READ_MODEL,
     "proj_connections": Kind.READ_MODEL,
     "proj_connection_requests": Kind.READ_MODEL,
