@@ -315,6 +315,27 @@ def test_a_node_added_where_a_path_can_reach_it_mends_an_impaired_composition() 
     assert apply(state, events).impaired == frozenset()
 
 
+def test_a_repair_that_mends_one_path_of_two_stops_naming_what_it_moved_off() -> None:
+    """h - sw - {g1, g2}, both held: g1 and g2 fail, nothing replaces them; a new GPU mends
+    g1's path only. `impaired_by` named g1 until the composition was whole again."""
+    b = FabricBuilder().host("h").switch("sw").gpu("g1").gpu("g2")
+    b.link("h", "sw", id="l-h").link("sw", "g1", id="l-1").link("sw", "g2", id="l-2")
+    state, t = composed(b.state(), "t", host="h", devices=[{"kind": "gpu", "count": 2}])
+    for gpu in ("g1", "g2"):
+        state = apply(state, report_fault(state, gpu)[0])
+    assert state.compositions[t.composition_id].impaired_by == ["g1", "g2"]
+    spare = msgspec.convert({"id": "g9", "kind": "device", "device_kind": "gpu"}, NodeSpec)
+    state = apply(state, run(state, AddNode(request_id="n", node=spare))[0])
+    link = LinkSpec(id="l-9", a="sw", b="g9", capacity_gbps=256)
+
+    events, _ = run(state, AddLink(request_id="l", link=link))
+
+    replaced = [e for e in events if isinstance(e, DeviceReplaced)]
+    assert [(e.old_device, e.binding.device) for e in replaced] == [("g1", "g9")]
+    after = apply(state, events).compositions[t.composition_id]
+    assert after.state == "impaired" and after.impaired_by == ["g2"]
+
+
 def test_with_nothing_impaired_a_release_records_only_itself() -> None:
     state, t = composed(one_path_each(), "t", host="h", devices=[GPU])
     assert state.impaired == frozenset()

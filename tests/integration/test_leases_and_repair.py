@@ -6,8 +6,9 @@ import hashlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 import pytest_asyncio
-from harness import Harness, ManualClock, serving
+from harness import Harness, ManualClock, bucket_values, serving
 
 DOMAIN = "hall-1"
 
@@ -205,3 +206,47 @@ async def test_a_release_gives_its_device_to_another_tenants_impaired_compositio
     assert b'"reason":"devices freed by a release"' in replaced.data
     hardware = (await h.client.query(DOMAIN, "fabric", {}))["result"]
     assert hardware["in_step"] and hardware["findings"] == [], hardware
+
+
+async def test_a_repair_of_one_path_of_two_names_only_what_still_impairs_it_everywhere(
+    h: Harness, subject_prefix: str
+) -> None:
+    """gpu-1 and gpu-2 of one composition fail with no spare; a GPU added later replaces
+    gpu-1 only. The composition, why, the KV value and its Impaired condition named gpu-1
+    still (the projection has no links to tell what lay on the paths): now gpu-2 alone."""
+    fabric = {
+        "nodes": [
+            {"id": "host-1", "kind": "host"},
+            {"id": "sw-a", "kind": "switch"},
+            {"id": "gpu-1", "kind": "device", "device_kind": "gpu"},
+            {"id": "gpu-2", "kind": "device", "device_kind": "gpu"},
+        ],
+        "links": [
+            {"id": "l-ha", "a": "host-1", "b": "sw-a", "capacity_gbps": 100},
+            {"id": "l-a1", "a": "sw-a", "b": "gpu-1", "capacity_gbps": 100},
+            {"id": "l-a2", "a": "sw-a", "b": "gpu-2", "capacity_gbps": 100},
+        ],
+    }
+    assert (await h.client.admin(DOMAIN, "import-topology", fabric))["ok"]
+    cid = (await composed(h, devices=[{"kind": "gpu", "count": 2}]))["composition_id"]
+    for gpu in ("gpu-1", "gpu-2"):
+        fault = {"component": gpu, "state": "failed", "detail": "xid 79"}
+        assert (await h.client.admin(DOMAIN, "report-fault", fault))["ok"]
+    spare = {"id": "gpu-9", "kind": "device", "device_kind": "gpu"}
+    assert (await h.client.admin(DOMAIN, "add-node", {"node": spare}))["ok"]
+    cable = {"id": "l-a9", "a": "sw-a", "b": "gpu-9", "capacity_gbps": 100}
+    assert (await h.client.admin(DOMAIN, "add-link", {"link": cable}))["ok"]
+
+    await h.projected(DOMAIN)
+    await h.relayed(DOMAIN)
+    got = (await h.client.query(DOMAIN, "composition", {"id": cid}))["result"]
+    assert got["state"] == "impaired"
+    assert [d["id"] for d in got["devices"]] == ["gpu-9", "gpu-2"]
+    assert [i["component"] for i in got["impaired_by"]] == ["gpu-2"]
+    why = (await h.client.query(DOMAIN, "why", {"id": cid}))["result"]
+    assert "impaired by gpu-2" in why["text"] and "gpu-1" not in why["text"], why["text"]
+    bucket = await bucket_values(h.client.nc.jetstream(), subject_prefix)
+    (kv,) = [msgspec.json.decode(v) for k, v in bucket.items() if k.endswith(f".{cid}")]
+    assert kv["impaired_by"] == ["gpu-2"]
+    (impaired,) = [c for c in kv["conditions"] if c["type"] == "Impaired"]
+    assert (impaired["status"], impaired["components"]) == ("True", ["gpu-2"]), impaired

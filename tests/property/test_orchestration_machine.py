@@ -1001,6 +1001,9 @@ def check_state(state: DomainState) -> None:
         else:
             assert composition.impaired_by, composition.id
             assert down, f"{composition.id} is impaired but every part of it is up"
+            # It names only what lies on its paths: a partial repair drops what it moved off.
+            off = [c for c in composition.impaired_by if not composition.uses(c)]
+            assert not off, f"{composition.id} names {off}, which no path of it passes"
 
 
 def test_orchestration_keeps_log_hardware_and_projections_in_step(

@@ -45,6 +45,9 @@ COMPOSITIONS = Table(
         Column("devices", "jsonb"),
         Column("impaired_by", "jsonb"),
         Column("chain", "jsonb"),
+        # {device: [link ids of its path]}: with `devices`' paths, what lies on them, so a
+        # repair that mends some paths stops naming what it moved off (as evolve() does).
+        Column("links", "jsonb"),
         Column("updated_position", "bigint"),
     ),
     key=("domain", "composition_id"),
@@ -108,6 +111,7 @@ def _requested(fact: Fact, event: CompositionRequested) -> Row:
         "devices": [],
         "impaired_by": [],
         "chain": [chain_entry(fact.record)],
+        "links": {},
         "updated_position": fact.record.position,
     }
 
@@ -117,6 +121,7 @@ def _fold(row: Row, event: Event) -> None:
     match event:
         case DevicesReserved(devices=bindings):
             row["devices"].extend(device_entry(b) for b in bindings)
+            row["links"].update({b.device: list(b.links) for b in bindings})
         case CompositionActivated():
             # Also the end of a repair: what impaired it is history (the chain keeps it).
             row["state"] = "active"
@@ -142,3 +147,9 @@ def _fold(row: Row, event: Event) -> None:
 
 def _replace_device(row: Row, device: str, binding: DeviceBinding) -> None:
     row["devices"] = [device_entry(binding) if d["id"] == device else d for d in row["devices"]]
+    links = {k: v for k, v in row["links"].items() if k != device}
+    row["links"] = {**links, binding.device: list(binding.links)}
+    # What the move left behind impairs it no more (engine.core.state's _swap_binding).
+    used = {n for d in row["devices"] for n in d["path"]}
+    used.update(link for path in row["links"].values() for link in path)
+    row["impaired_by"] = [i for i in row["impaired_by"] if i["component"] in used]

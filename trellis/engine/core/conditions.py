@@ -122,10 +122,12 @@ def _next(
             # Still bound (no transition), to what the repair left it, and saying so: a repair
             # and the activation after it come in one batch, which the bucket shows as one value.
             said = f"{new.device} replaced {old}" + (f": {why}" if why else "")
-            return _bound(conditions, composition, now, "DeviceReplaced", said)
+            out = _bound(conditions, composition, now, "DeviceReplaced", said)
+            return _still_impaired(out, composition, now)
         case PathRerouted(device=device, reason=why):
             said = f"{device} rerouted" + (f": {why}" if why else "")
-            return _paths(conditions, composition, now, established, "PathRerouted", said)
+            out = _paths(conditions, composition, now, established, "PathRerouted", said)
+            return _still_impaired(out, composition, now)
         case PathEstablished():
             return _paths(conditions, composition, now, established)
         case CompositionActivated():
@@ -164,6 +166,17 @@ def _next(
 
 
 _PHASES = ("Bound", "PathEstablished")
+
+
+def _still_impaired(conditions: Conditions, composition: Composition, now: _Stamp) -> Conditions:
+    """After a move that mended some of its paths but not all: Impaired names only what still
+    lies on them, as the state's `impaired_by` does (all mended: the activation says so)."""
+    impaired = _get(conditions, "Impaired")
+    parts = list(composition.impaired_by)
+    if impaired.status != "True" or not parts or impaired.components == parts:
+        return conditions
+    message = f"{', '.join(parts)} unusable"
+    return _with(conditions, now, "Impaired", "True", "ComponentUnusable", message, parts)
 
 
 def _bound(

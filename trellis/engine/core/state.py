@@ -418,7 +418,11 @@ def _swap_binding(state: DomainState, cid: str, device: str, new: DeviceBinding)
     state = _reserve(state, composition, old, sign=-1)
     state = _reserve(state, composition, [new], sign=1)
     bindings = [new if b.device == device else b for b in composition.bindings]
-    return _set_composition(state, cid, bindings=bindings)
+    # What the move left behind impairs it no more: a repair that mends one path of several
+    # keeps naming only what still lies on its paths (until CompositionActivated clears all).
+    moved = msgspec.structs.replace(composition, bindings=bindings)
+    impaired_by = [c for c in composition.impaired_by if moved.uses(c)]
+    return _set_composition(state, cid, bindings=bindings, impaired_by=impaired_by)
 
 
 def without_binding(state: DomainState, cid: str, device: str) -> DomainState:

@@ -48,7 +48,10 @@ def fingerprint(kind: str, schema: object) -> str:
     return f"{kind}-{hashlib.sha256(text).hexdigest()[:16]}"
 
 
-STATE_FORMAT = fingerprint("state", msgspec.json.schema(DomainState))
+# Bump when evolve() changes what a state means (a snapshot of the old meaning would then be
+# folded on as if it were new): 1, a partial repair stops naming what it moved off.
+STATE_REVISION = 1
+STATE_FORMAT = fingerprint("state", [STATE_REVISION, msgspec.json.schema(DomainState)])
 _decode_state = msgspec.msgpack.Decoder(DomainState).decode
 
 
