@@ -467,3 +467,27 @@ async def test_the_open_snapshot_says_impaired_and_each_file_says_where_its_rows
         "open/history.parquet": b"projection proj_history_intervals",
         "open/compositions.parquet": b"projection proj_history_compositions",
     }
+
+
+async def test_an_export_continued_after_the_folds_changed_says_so(
+    pool: asyncpg.Pool, day: Day, tmp_path: Path
+) -> None:
+    """The upgrade probe continued an export across an upgrade that changed a fold: the
+    directory then held intervals of both meanings, and nothing told them apart."""
+    first = await export(pool, tmp_path, until=datetime.fromisoformat(at(2000)))
+    assert first.earlier_folds is None and first.folds.startswith("read_models-")
+    await pool.execute("UPDATE trellis_projection_format SET format = 'read_models-newer'")
+
+    second = await export(pool, tmp_path)
+
+    assert (second.folds, second.earlier_folds) == ("read_models-newer", first.folds)
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    assert [e["folds"] for e in manifest["domains"][DOMAIN]["exports"]] == [
+        first.folds,
+        "read_models-newer",
+    ]
+    newest = [
+        p for p in tmp_path.rglob("*.parquet") if str(p.relative_to(tmp_path)) in second.files
+    ]
+    folds = {pq.read_schema(p).metadata.get(b"trellis.folds") for p in newest}
+    assert folds == {None, b"read_models-newer"}  # the events files carry none

@@ -25,7 +25,12 @@ from fabrics import expect_error, expect_ok, fabric, gpu
 from harness import Harness, serving
 from isolation import Database, unique_schema_name
 
-from trellis.adapters.postgres.migrations import MigrationError, migrate, migration_files
+from trellis.adapters.postgres.migrations import (
+    MigrationError,
+    migrate,
+    migration_files,
+    require_current,
+)
 from trellis.engine.core.events import ComponentDrained, encode
 from trellis.engine.core.records import GENESIS_HASH, Head, RecordedEvent, chain_hash, verify_chain
 
@@ -384,6 +389,35 @@ async def test_a_schema_a_newer_trellis_migrated_is_refused_by_an_older_one(
         with pytest.raises(MigrationError, match=f"migration\\(s\\) {newest:03d} that this"):
             await migrate(sql, tmp_path)
         assert await sql.fetchval("SELECT count(*) FROM trellis_migrations") == applied
+    finally:
+        await sql.execute(f"DROP SCHEMA {name} CASCADE")
+        await sql.close()
+
+
+async def test_verify_and_export_refuse_a_schema_of_another_version(
+    database: Database, tmp_path: Path
+) -> None:
+    """The upgrade probe: an older build's verify, against a schema a newer engine migrated,
+    named the newer fold's rows as tamper findings, and its export appended them. Both
+    commands now read only a schema exactly as migrated as this build: newer or older."""
+    name = unique_schema_name()
+    sql = await asyncpg.connect(database.owner_url)
+    try:
+        await sql.execute(f"CREATE SCHEMA {name}; SET search_path = {name}")
+        files = migration_files()
+        newest = files[-1][0]
+        older = tmp_path / "older"
+        older.mkdir()
+        for _, path in files[:-1]:
+            shutil.copy(path, older)
+        await migrate(sql, older)  # an older engine's schema
+
+        with pytest.raises(MigrationError, match=f"lacks migration\\(s\\) {newest:03d} that"):
+            await require_current(sql)
+        await migrate(sql)
+        await require_current(sql)  # current: nothing to say
+        with pytest.raises(MigrationError, match=f"migration\\(s\\) {newest:03d} that this"):
+            await require_current(sql, older)  # the older build, on the newer schema
     finally:
         await sql.execute(f"DROP SCHEMA {name} CASCADE")
         await sql.close()

@@ -775,3 +775,17 @@ async def test_a_stalled_relay_is_a_finding_never_a_pass(
         f"the stream carries the log's own events only up to version 1; the log is at "
         f"{head.version}"
     )
+
+
+async def test_verify_and_export_refuse_a_schema_a_newer_version_migrated(
+    h: Harness, sql: asyncpg.Connection, env: dict[str, str], tmp_path: Path
+) -> None:
+    expect_ok(await h.client.admin(HALL, "import-topology", FABRIC))
+    await sql.execute(
+        "INSERT INTO trellis_migrations (version, name, checksum) VALUES (999, 'x.sql', 'x')"
+    )
+    for command in (["verify"], ["export", "--parquet", str(tmp_path / "out")]):
+        code, out, err = await trellis(env, *command)
+        assert code == 1 and out == "", (command, out)
+        assert "the schema holds migration(s) 999 that this Trellis does not know" in err, err
+    assert not (tmp_path / "out").exists()

@@ -59,6 +59,7 @@ from trellis.adapters.nats.jetstream import DomainEnd, domain_end, stream_name
 from trellis.adapters.nats.kv_state import View, changes, coalesce, everything
 from trellis.adapters.postgres import sessions
 from trellis.adapters.postgres import verify as db
+from trellis.adapters.postgres.migrations import require_current
 from trellis.adapters.postgres.store import connect_pool
 from trellis.adapters.settings import Settings, SettingsError
 from trellis.engine.core.audit import (
@@ -208,6 +209,7 @@ async def verify(
     )
     try:
         async with pool.acquire() as reader, pool.acquire() as scratch:
+            await require_current(reader)
             return await _verify(
                 reader, scratch, nats_url, prefix, domain, credentials, wait, keys, key_from
             )

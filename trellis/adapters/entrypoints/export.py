@@ -22,6 +22,7 @@ from trellis.adapters.postgres.export import (
     SinceWouldSkip,
     export_parquet,
 )
+from trellis.adapters.postgres.migrations import require_current
 from trellis.adapters.postgres.store import connect_pool
 from trellis.adapters.settings import Settings
 
@@ -50,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
             url, schema=settings.db_schema, max_size=2, application_name=sessions.COMMAND
         )
         try:
+            async with pool.acquire() as conn:
+                await require_current(conn)
             domains = [args.domain] if args.domain else None
             return await export_parquet(
                 pool, args.parquet, domains=domains, since=since, until=until
@@ -70,6 +73,16 @@ def run(args: argparse.Namespace) -> int:
     for done in exported:
         if done.diverged is None:
             print(_summary(done))
+        if done.earlier_folds is not None and done.events:
+            say(
+                "folds",
+                f"{done.domain}: the history and compositions rows of this run were folded by "
+                f"{done.folds}, those of earlier runs into {args.parquet} by "
+                f"{done.earlier_folds}; a fold that changed meaning (docs/operations.md, "
+                "Upgrading) reads differently in the two",
+                "export into a new directory for rows of one fold throughout "
+                "(the files' trellis.folds says which)",
+            )
     diverged = [done.diverged for done in exported if done.diverged is not None]
     for why in diverged:
         say("diverged", f"{why}; nothing was exported for it", _DIVERGED_HINT)

@@ -216,6 +216,8 @@ class DomainExport:
     chain_head_hash: str = ""
     diverged: str | None = None  # why the log no longer continues the export: nothing written
     checkpoint_problem: str | None = None  # why the files carry no checkpoint though one is stored
+    folds: str = ""  # the projection folds its history and compositions rows come from
+    earlier_folds: str | None = None  # other folds wrote this directory's earlier rows
 
 
 async def export_parquet(
@@ -344,12 +346,18 @@ async def _export_domain(
     }
     checkpoint, result.checkpoint_problem = await _checkpoint(conn, domain, chain["version"])
     meta.update(checkpoint)
+    # The folds the projection rows were written with (schema/020): an upgrade that changed
+    # one (an interval's end position, say) leaves earlier files of the other meaning.
+    result.folds = await conn.fetchval("SELECT format FROM trellis_projection_format") or ""
+    if state["exports"] and state["exports"][-1].get("folds") != result.folds:
+        result.earlier_folds = state["exports"][-1].get("folds") or "an older version"
     part = f"part-{after + 1:020d}-{last:020d}.parquet"
 
     def write(
         path: Path, schema: pa.Schema, rows: list[dict[str, Any]], source: str = "log"
     ) -> None:
-        _write_parquet(out / path, schema, rows, {**meta, "trellis.source": source})
+        folds = {"trellis.folds": result.folds} if source != "log" else {}
+        _write_parquet(out / path, schema, rows, {**meta, "trellis.source": source, **folds})
         result.files.append(str(path))
 
     events: list[dict[str, Any]] = []
@@ -540,6 +548,7 @@ def _manifest_entry(result: DomainExport) -> dict[str, Any]:
         "compositions": result.compositions,
         "chain_head_version": result.chain_head_version,
         "chain_head_hash": result.chain_head_hash,
+        "folds": result.folds,
         "files": result.files,
         "exported_at": datetime.now(UTC).isoformat(),
     }

@@ -76,6 +76,30 @@ async def _up_to_date(conn: asyncpg.Connection, files: list[tuple[int, Path, str
     return all(version in done for version, _, _ in files)
 
 
+async def require_current(conn: asyncpg.Connection, folder: Path = SCHEMA_DIR) -> None:
+    """Refuse a schema this build's commands would misread: one a newer Trellis migrated, or
+    one that lacks migrations this build expects (its engine was not started on it yet).
+    `verify` and `export`, which read the tables without migrating, check it first: an older
+    build's verify named a newer fold's rows as findings, and an export appended them.
+
+    Raises:
+        MigrationError: which migrations differ, and what to run.
+    """
+    files = [(version, path, path.read_text()) for version, path in migration_files(folder)]
+    if await conn.fetchval("SELECT to_regclass('trellis_migrations')") is None:
+        return  # no Trellis schema here: the command says so in its own words
+    done = dict(await conn.fetch("SELECT version, checksum FROM trellis_migrations"))
+    _check_unchanged(done, files)
+    pending = [version for version, _, _ in files if version not in done]
+    if pending:
+        raise MigrationError(
+            f"the schema lacks migration(s) {', '.join(f'{v:03d}' for v in pending)} that "
+            "this Trellis expects: an older version's engine runs on it. Start this version's "
+            "engine (`trellis up`) once, which migrates it, or use that older version's "
+            "commands"
+        )
+
+
 async def migrate(
     conn: asyncpg.Connection, folder: Path = SCHEMA_DIR, *, engine_role: str | None = None
 ) -> list[int]:

@@ -178,7 +178,7 @@ class PostgresEventStore:
             StoreUnavailable: Postgres cannot be reached (yet).
             MigrationError: See `adapters.postgres.migrations.migrate`.
         """
-        from trellis.adapters.postgres.migrations import migrate, prepare_schema
+        from trellis.adapters.postgres.migrations import migrate, migration_files, prepare_schema
 
         with _translated("*"):
             pool = await connect_pool(
@@ -194,11 +194,17 @@ class PostgresEventStore:
         try:
             with _translated("*"):
                 async with pool.acquire(timeout=ACQUIRE_TIMEOUT_S) as conn:
+                    applied = []
                     if owner_dsn:
-                        await prepare_schema(
+                        applied = await prepare_schema(
                             owner_dsn, schema, await conn.fetchval("SELECT current_user")
                         )
-                    await migrate(conn)
+                    applied += await migrate(conn)
+                    if applied and len(applied) < len(migration_files()):  # not a new schema
+                        log.warning(
+                            "migrated the schema: %s applied",
+                            ", ".join(f"{v:03d}" for v in applied),
+                        )
                     if await bypasses_privileges(conn):
                         log.warning(
                             "the engine's Postgres role %s owns the log or is a superuser, so "
