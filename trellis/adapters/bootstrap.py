@@ -70,7 +70,7 @@ from trellis.adapters.http.metrics import MetricsServer, problems_check
 from trellis.adapters.http.redfish.accounts import admin_password
 from trellis.adapters.http.redfish.serve import ACCOUNTS_FILE, RedfishOptions, serve_redfish
 from trellis.adapters.instruments import EngineMetrics
-from trellis.adapters.liveness import StoreCheck, nats_answers
+from trellis.adapters.liveness import NatsCheck, StoreCheck
 from trellis.adapters.nats.auth import (
     NkeyCredentials,
     Principal,
@@ -681,7 +681,7 @@ async def engine_on(
                 metrics.registry,
                 {
                     "intake": lambda: _true(intake.serving),
-                    "nats": lambda: nats_answers(nc),
+                    "nats": NatsCheck(nc),
                     "store": StoreCheck(store.domains),
                     # A store that answers reads may still take no writes (a full disk, a
                     # synchronous standby gone): the lease ticks write, and say so.

@@ -1,5 +1,5 @@
-"""The health checks that ask a server now (/healthz's "nats" and "store"): a ping of the NATS
-server and a query of PostgreSQL, each answered within `HEALTH_CHECK_S`.
+"""The health checks that ask a server now (/healthz's "nats" and "store"): a ping through the
+NATS server and a query of PostgreSQL, each answered within `HEALTH_CHECK_S`.
 
 A check never waits longer than that, and never piles up: a store query that has not
 returned is left to finish on its own (cancelling it would wait on a cancel request the
@@ -14,23 +14,56 @@ import time
 from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 from trellis.adapters.http.metrics import Verdict
 
 HEALTH_CHECK_S = 2.0
 
 
-async def nats_answers(nc: NATS) -> Verdict:
-    """Whether the NATS server answers a ping now. Connected is only a local flag: a hung
-    server (stopped, partitioned, stuck on its disk) keeps the socket open for minutes."""
-    if not nc.is_connected:
-        return Verdict(False, ("nats: not connected to the server (reconnecting)",))
-    try:
-        await nc.flush(timeout=round(HEALTH_CHECK_S))  # a PING, answered by the server's PONG
-    except Exception as exc:
-        said = str(exc) or type(exc).__name__
-        return Verdict(False, (f"nats: no answer to a ping within {HEALTH_CHECK_S:g} s ({said})",))
-    return Verdict(True)
+class NatsCheck:
+    """Whether the NATS server answers now: a message to this connection's own inbox must come
+    back through the server within `HEALTH_CHECK_S`. Connected is only a local flag: a hung
+    server (stopped, partitioned, stuck on its disk) keeps the socket open for minutes.
+
+    Not nats-py's `flush(timeout=)`: on a timeout it cancels its PONG future but leaves it
+    queued, and the late PONG then ends the client's read loop (InvalidStateError), cutting
+    the engine off NATS for minutes after a stall of seconds. An echo through the inbox uses
+    no future of nats-py's: a late echo finds nobody waiting and is dropped."""
+
+    def __init__(self, nc: NATS) -> None:
+        self._nc = nc
+        self._subject: str | None = None
+        self._waiting: dict[bytes, asyncio.Future[None]] = {}
+        self._sent = 0
+
+    async def __call__(self) -> Verdict:
+        nc = self._nc
+        if not nc.is_connected:
+            return Verdict(False, ("nats: not connected to the server (reconnecting)",))
+        if self._subject is None:
+            self._subject = nc.new_inbox()
+            await nc.subscribe(self._subject, cb=self._echoed)
+        self._sent += 1
+        token = str(self._sent).encode()
+        echoed = asyncio.get_running_loop().create_future()
+        self._waiting[token] = echoed
+        try:
+            await nc.publish(self._subject, token)
+            await asyncio.wait({echoed}, timeout=HEALTH_CHECK_S)
+        except Exception as exc:  # a publish refused while the connection goes
+            said = str(exc) or type(exc).__name__
+            return Verdict(False, (f"nats: a ping could not be sent ({said})",))
+        finally:
+            self._waiting.pop(token, None)
+        if not echoed.done():
+            return Verdict(False, (f"nats: no answer to a ping within {HEALTH_CHECK_S:g} s",))
+        return Verdict(True)
+
+    async def _echoed(self, msg: Msg) -> None:
+        waiting = self._waiting.get(msg.data)
+        if waiting is not None and not waiting.done():
+            waiting.set_result(None)
 
 
 class StoreCheck:
