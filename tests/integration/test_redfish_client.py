@@ -232,3 +232,61 @@ async def test_a_body_up_to_the_close_is_read_whole_when_it_comes_in_pieces() ->
         await client.close()
         server.close()
         await server.wait_closed()
+
+
+class _ForgetfulSessions:
+    """A service that issues sessions and then refuses every token (a BMC whose session
+    store is broken): each refused request makes the client log in again."""
+
+    def __init__(self) -> None:
+        self.made: list[str] = []
+        self.deleted: list[str] = []
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while line := await reader.readline():
+                method, path = line.split()[0].decode(), line.split()[1].decode()
+                length = 0
+                while (header := await reader.readline()) not in (b"\r\n", b""):
+                    name, _, value = header.decode().partition(":")
+                    if name.lower() == "content-length":
+                        length = int(value)
+                await reader.readexactly(length)
+                if method == "POST" and path.endswith("/Sessions"):
+                    made = f"/redfish/v1/SessionService/Sessions/{len(self.made) + 1}"
+                    self.made.append(made)
+                    head = f"HTTP/1.1 201 Created\r\nX-Auth-Token: t{len(self.made)}\r\n"
+                    writer.write(f"{head}Location: {made}\r\nContent-Length: 0\r\n\r\n".encode())
+                elif method == "DELETE" and path in self.made:
+                    self.deleted.append(path)
+                    writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+                else:
+                    writer.write(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n")
+                await writer.drain()
+        finally:
+            writer.close()
+
+
+async def test_a_session_replaced_after_a_401_is_logged_out_not_left_behind() -> None:
+    """The re-check probe: 5 refused reads made 6 sessions and deleted 1."""
+    service = _ForgetfulSessions()
+    async with service as url:
+        client = RedfishClient(url, "trellis", "pw", auth="session")
+        try:
+            for _ in range(3):
+                with pytest.raises(HttpError, match="answered 401"):
+                    await client.get("/redfish/v1/Systems")
+        finally:
+            await client.close()
+    assert len(service.made) == 4  # the first login, then one again per refused read
+    assert sorted(service.deleted) == sorted(service.made)  # each replaced one, then the last

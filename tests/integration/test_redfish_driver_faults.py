@@ -24,7 +24,7 @@ from redfish_trees import tree
 from trellis.adapters.embedded.process import free_port
 from trellis.adapters.entrypoints import render
 from trellis.adapters.entrypoints.cli import main as cli_main
-from trellis.adapters.fabric.redfish.client import HttpError, RedfishClient
+from trellis.adapters.fabric.redfish.client import HttpError, RedfishClient, Unreachable
 from trellis.adapters.fabric.redfish.discovery import DiscoveryError, discover
 from trellis.adapters.fabric.redfish.driver import RedfishFabric
 from trellis.adapters.fabric.redfish.watch import EVENT_POLL_GAP_S, FabricWatch
@@ -568,3 +568,15 @@ async def test_a_slice_left_without_its_chunk_reads_as_over_no_path(
     (held,) = (await driver.snapshot(D, fence=1)).bindings
     (line,) = render.fabric_differences(Reconciliation(unbind=[held]))
     assert line == "holds mem-01 bound to host-01 for c-m over no path, which the log does not"
+
+
+async def test_retry_after_0_on_a_task_is_no_poll_loop(fm: FaultyRedfish) -> None:
+    """The re-check probe: `Retry-After: 0` made the client poll a task 24,000 times in 3 s."""
+    client = RedfishClient(fm.url, timeout=2.0, task_timeout=0.4)
+    try:
+        fm.as_task("POST", "/Zones", ends="never", retry_after=0)
+        with pytest.raises(Unreachable, match=r"did not end within 0\.4 s"):
+            await client.post(ZONES, {"ZoneType": "ZoneOfEndpoints"})
+    finally:
+        await client.close()
+    assert fm.count("GET", "/TaskService/") < 20  # from 50 ms, doubling: a handful

@@ -392,7 +392,12 @@ class RedfishClient:
                 raise HttpError("POST", SESSIONS, answer.status, "no X-Auth-Token: no session")
             location = answer.headers.get("location")
             made = self._path_of(urllib.parse.urljoin(SESSIONS, location)) if location else None
-            self._session = (token, made)
+            replaced, self._session = self._session, (token, made)
+            if replaced is not None and replaced[1] not in (None, made):
+                # The one it replaces, should the service still keep it (a service that
+                # refuses a token it issued must not fill its sessions with ours).
+                with contextlib.suppress(RedfishError):
+                    await self._send_once("DELETE", replaced[1] or "", token=token)
             return token
 
     async def _send_once(
@@ -456,7 +461,8 @@ class RedfishClient:
         hint = read_answer(accepted.status, accepted.headers, accepted.body)
         while True:
             if isinstance(hint, Running) and hint.retry_after is not None:
-                wait = hint.retry_after
+                # Within reason: `Retry-After: 0` must not become a poll loop.
+                wait = max(hint.retry_after, TASK_POLL_FIRST_S)
             left = deadline - loop.time()
             if left <= 0:
                 raise Unreachable(
