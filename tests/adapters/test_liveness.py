@@ -48,3 +48,24 @@ async def test_a_failed_query_names_its_failure() -> None:
 
     verdict = await StoreCheck(query)()
     assert verdict == Verdict(False, ("store: a query failed: connection refused",))
+
+
+async def test_a_query_that_ended_between_two_checks_is_asked_again_not_reported() -> None:
+    """The re-check probe: a query left running by a check during an outage failed later;
+    the first check after the store had recovered (30 s later) reported that old failure."""
+    thawed = asyncio.Event()
+    answers: list[str] = []
+
+    async def query() -> None:
+        if not thawed.is_set():
+            await thawed.wait()
+            answers.append("failed")
+            raise TimeoutError  # what the frozen server's query ended with, later
+        answers.append("ok")
+
+    check = StoreCheck(query)
+    assert not (await check()).ok  # during the outage
+    thawed.set()
+    await asyncio.sleep(0.05)  # the old query fails meanwhile, no check waiting for it
+    assert answers == ["failed"]
+    assert await check() == Verdict(True) and answers == ["failed", "ok"]

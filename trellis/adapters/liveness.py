@@ -75,6 +75,10 @@ class StoreCheck:
         self._since = 0.0
 
     async def __call__(self) -> Verdict:
+        if self._running is not None and self._running.done():
+            # Finished since the last answer, which reported it still waiting: what it found
+            # may be long past (a store that recovered an hour ago). Ask again.
+            self._running = None
         if self._running is None:
             self._running = asyncio.ensure_future(self._query())
             self._since = time.monotonic()

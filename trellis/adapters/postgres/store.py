@@ -140,10 +140,17 @@ def _translated(domain: str, expected: int = 0) -> Iterator[None]:
             raise EventRefused(str(exc)) from exc
         if exc.sqlstate and exc.sqlstate[:2] in ("08", "53", "57", "58"):
             # connection, resources, operator intervention (shutdown), system errors
-            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+            raise StoreUnavailable(_named(exc)) from exc
         raise
     except (OSError, TimeoutError, asyncpg.InterfaceError) as exc:
-        raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        raise StoreUnavailable(_named(exc)) from exc
+
+
+def _named(exc: BaseException) -> str:
+    """`TimeoutError: no answer`, or `TimeoutError` alone when it says nothing more (not a
+    dangling `TimeoutError: `)."""
+    said = str(exc)
+    return f"{type(exc).__name__}: {said}" if said else type(exc).__name__
 
 
 class PostgresEventStore:
