@@ -68,6 +68,9 @@ class _SilentEngine:
     def all_pages(self, subject: str, body: Any) -> Any:
         return self._never()
 
+    def import_topology(self, domain: str, body: Any, request_id: str) -> Any:
+        return self._never()
+
     async def unrefused(self, asked: Any, timeout: float | None = None) -> Any:
         asked.close()
         raise TimeoutError
@@ -124,8 +127,12 @@ class _StalledStore(_SilentEngine):
 
 @pytest.mark.parametrize(
     "argv",
-    [["compose", "--host", "h1", "--gpu", "1"], ["drain", "gpu-1", "--reason", "x"]],
-    ids=["intent", "admin"],
+    [
+        ["compose", "--host", "h1", "--gpu", "1"],
+        ["drain", "gpu-1", "--reason", "x"],
+        ["topology", "import", "FABRIC"],
+    ],
+    ids=["intent", "admin", "import"],
 )
 def test_an_engines_unavailable_to_a_change_names_its_request_id_to_resend(
     argv: list[str],
@@ -133,6 +140,9 @@ def test_an_engines_unavailable_to_a_change_names_its_request_id_to_resend(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    fabric = tmp_path / "fabric.json"
+    fabric.write_text('{"nodes": [], "links": []}')
+    argv = [str(fabric) if a == "FABRIC" else a for a in argv]
     """The chaos probe froze Postgres: `error [unavailable]: event store unavailable` and no
     request id, and the compose committed on resume; the retry with a fresh id made a second
     composition."""

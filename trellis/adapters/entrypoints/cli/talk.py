@@ -40,11 +40,11 @@ def send_admin(args: argparse.Namespace, verb: str, body: dict[str, Any], show: 
     body = {**body, "request_id": args.request_id or str(uuid.uuid4())}
     reply = request(args, f"admin.{args.domain}.{verb}", body)
     code = print_reply(args, reply, show)
-    _may_have_been_committed(args, reply, body["request_id"])
+    may_have_been_committed(args, reply, body["request_id"])
     return code
 
 
-def _may_have_been_committed(args: argparse.Namespace, reply: dict[str, Any], rid: str) -> None:
+def may_have_been_committed(args: argparse.Namespace, reply: dict[str, Any], rid: str) -> None:
     """After an engine's `unavailable` to an intent or admin request, name its request id:
     a store that stalled (a paused or overloaded Postgres) may still commit what the engine
     gave up waiting for, so resending with a fresh id could apply it twice, where the same id
@@ -79,7 +79,7 @@ def send_intent(args: argparse.Namespace, verb: str, body: dict[str, Any], show:
     body = {**body, "request_id": args.request_id or body.get("request_id") or str(uuid.uuid4())}
     reply = request(args, f"intent.{args.domain}.{args.tenant}.{verb}", body)
     code = print_reply(args, reply, show)
-    _may_have_been_committed(args, reply, body["request_id"])
+    may_have_been_committed(args, reply, body["request_id"])
     error = {} if reply.get("ok") else reply["error"]
     unknown = error.get("code") == "not_found" and "domain" not in (error.get("details") or {})
     ended = _ended(args, body) if unknown and verb in _ON_A_LIVE_ONE else None

@@ -27,6 +27,7 @@ from trellis.adapters.entrypoints.cli.options import (
 from trellis.adapters.entrypoints.cli.talk import (
     as_json,
     at,
+    may_have_been_committed,
     paged,
     print_reply,
     read_json,
@@ -60,7 +61,9 @@ def topology_import(args: argparse.Namespace) -> int:
         send=lambda client: client.import_topology(args.domain, body, request_id),
         request_id=request_id,
     )
-    return print_reply(args, reply, render.import_summary)
+    code = print_reply(args, reply, render.import_summary)
+    may_have_been_committed(args, reply, request_id)
+    return code
 
 
 def _import_error(exc: redfish_import.RedfishImportError) -> CliError:
