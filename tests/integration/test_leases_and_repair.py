@@ -250,3 +250,22 @@ async def test_a_repair_of_one_path_of_two_names_only_what_still_impairs_it_ever
     assert kv["impaired_by"] == ["gpu-2"]
     (impaired,) = [c for c in kv["conditions"] if c["type"] == "Impaired"]
     assert (impaired["status"], impaired["components"]) == ("True", ["gpu-2"]), impaired
+
+
+async def test_why_of_a_device_an_expired_lease_let_go_names_the_expiry_in_its_chain(
+    h: Harness, clock: ManualClock
+) -> None:
+    """The re-check probe: once the interval ended at the release, `why` of the device lost
+    the LeaseExpired event its sentence speaks of."""
+    await h.client.admin(DOMAIN, "import-topology", FABRIC)
+    result = await composed(h, devices=[{"kind": "gpu"}], lease_seconds=30)
+    clock.advance(30)
+    await h.engine.expire_due_leases()
+    await h.projected(DOMAIN)
+    gpu = result["devices"][0]["id"]
+
+    why = (await h.client.query(DOMAIN, "why", {"id": gpu}))["result"]
+
+    assert why["text"].endswith("when the composition's lease expired."), why["text"]
+    held = [e["type"] for e in why["chain"] if e["type"] != "TopologyImported"]
+    assert held == ["DevicesReserved", "LeaseExpired", "CompositionReleased"], held

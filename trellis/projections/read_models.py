@@ -190,7 +190,16 @@ class Answers:
             if last is not None and may_see(last["tenant"], viewer):
                 ended = await self._compositions(domain, [last["composition_id"]])
                 ends = (last["start_position"], last["end_position"])
-                chains += [[e for c in ended for e in c.chain if e.position in ends]]
+                # An expired lease's interval ends at the release LeaseExpired causes: both.
+                expired = last["end_reason"] == "lease_expired"
+                chains += [
+                    [
+                        e
+                        for c in ended
+                        for e in c.chain
+                        if e.position in ends or (expired and e.type == "LeaseExpired")
+                    ]
+                ]
             else:
                 last = None
         if own:
