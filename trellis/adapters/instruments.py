@@ -131,7 +131,8 @@ class EngineMetrics:
             "Domains this engine stopped writing, by reason: stopping (its own stop), "
             "lease_lost (a renewal refused), handed_over (to the engine placement prefers), "
             "lease_ran_out (paused past its lease), fenced (the log or the fabric refused "
-            "its epoch). Anything but stopping means another engine writes the domain now.",
+            "its epoch). Anything but stopping: the domain was taken from it (another "
+            "engine, or this one again under a newer epoch, writes it now).",
             ["reason"],
             registry=registry,
         )

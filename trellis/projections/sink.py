@@ -315,10 +315,11 @@ async def rebuild_if_folds_changed(
                 return None
             log.warning(
                 "the projections were folded by %s, this engine folds %s: rebuilding them "
-                "from the log (%d domains)",
+                "from the log (%d domain%s)",
                 stored or "an older version",
                 current,
                 len(domains),
+                "" if len(domains) == 1 else "s",
             )
             held = await rebuild(pool, events, domains)
             log.warning("the projections are rebuilt: %d events folded again", held)

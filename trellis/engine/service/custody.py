@@ -535,7 +535,9 @@ class Custody:
         if ahead:
             self._floors[domain] = max(self._floors.get(domain, 0), seen + 1)
         why = (
-            f"the fabric has seen writer epoch {seen}" if ahead else "another engine writes it now"
+            f"the fabric has seen writer epoch {seen}"
+            if ahead
+            else "the log holds a newer writer epoch (another engine, or this one again)"
         )
         drop = self._drop(domain, "fenced", why, release=ahead)
         self._keep(asyncio.create_task(drop, name=f"fenced-{domain}"))
