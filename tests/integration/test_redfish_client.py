@@ -134,13 +134,11 @@ async def test_a_service_that_is_down_or_silent_is_unreachable_within_the_timeou
         assert time.monotonic() - started < 2.0
 
 
-class _TinyService:
-    """An HTTP/1.1 service of the test's own: chunked answers, kept-alive connections that it
-    closes after one idle answer, and a Redfish error body."""
+class _LocalService:
+    """An HTTP service of the test's own on a free loopback port (its URL once entered);
+    `_serve` answers each connection."""
 
-    def __init__(self) -> None:
-        self.connections = 0
-        self.server: asyncio.Server | None = None
+    server: asyncio.Server | None = None
 
     async def __aenter__(self) -> str:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -150,6 +148,17 @@ class _TinyService:
         assert self.server is not None
         self.server.close()
         await self.server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+
+class _TinyService(_LocalService):
+    """An HTTP/1.1 service of the test's own: chunked answers, kept-alive connections that it
+    closes after one idle answer, and a Redfish error body."""
+
+    def __init__(self) -> None:
+        self.connections = 0
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
@@ -234,23 +243,13 @@ async def test_a_body_up_to_the_close_is_read_whole_when_it_comes_in_pieces() ->
         await server.wait_closed()
 
 
-class _ForgetfulSessions:
+class _ForgetfulSessions(_LocalService):
     """A service that issues sessions and then refuses every token (a BMC whose session
     store is broken): each refused request makes the client log in again."""
 
     def __init__(self) -> None:
         self.made: list[str] = []
         self.deleted: list[str] = []
-        self.server: asyncio.Server | None = None
-
-    async def __aenter__(self) -> str:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-
-    async def __aexit__(self, *_: object) -> None:
-        assert self.server is not None
-        self.server.close()
-        await self.server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
