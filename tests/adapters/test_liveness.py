@@ -4,6 +4,7 @@ within its bound whatever the query does, and keeps one query in flight at a tim
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 
@@ -68,4 +69,8 @@ async def test_a_query_that_ended_between_two_checks_is_asked_again_not_reported
     thawed.set()
     await asyncio.sleep(0.05)  # the old query fails meanwhile, no check waiting for it
     assert answers == ["failed"]
+    unread: list[object] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: unread.append(context))
     assert await check() == Verdict(True) and answers == ["failed", "ok"]
+    gc.collect()  # a failure never read is logged when its task is collected
+    assert unread == []

@@ -77,7 +77,10 @@ class StoreCheck:
     async def __call__(self) -> Verdict:
         if self._running is not None and self._running.done():
             # Finished since the last answer, which reported it still waiting: what it found
-            # may be long past (a store that recovered an hour ago). Ask again.
+            # may be long past (a store that recovered an hour ago). Ask again, the old
+            # failure read (asyncio logs one never read as an error).
+            if not self._running.cancelled():
+                self._running.exception()
             self._running = None
         if self._running is None:
             self._running = asyncio.ensure_future(self._query())
