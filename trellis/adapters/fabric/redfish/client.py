@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import ssl
 import urllib.parse
 from collections.abc import Callable
@@ -368,14 +369,14 @@ class RedfishClient:
     ) -> _Response:
         """One request and its answer, whatever its status; with a session, logged in first,
         and once more when the service no longer knows the session (401)."""
+        once = functools.partial(self._send_once, method, uri, payload, etag, fresh)
         if self._login_body is None:
-            return await self._send_once(method, uri, payload, etag, fresh)
+            return await once()
         token = await self._token()
-        response = await self._send_once(method, uri, payload, etag, fresh, token=token)
+        response = await once(token=token)
         if response.status != 401:
             return response
-        token = await self._token(expired=token)
-        return await self._send_once(method, uri, payload, etag, fresh, token=token)
+        return await once(token=await self._token(expired=token))
 
     async def _token(self, expired: str | None = None) -> str:
         """The session's token: logging in when there is none yet, or when the one given
