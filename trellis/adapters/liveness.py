@@ -14,56 +14,34 @@ import time
 from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 
 from trellis.adapters.http.metrics import Verdict
+from trellis.adapters.nats.roundtrip import RoundTrip
 
 HEALTH_CHECK_S = 2.0
 
 
 class NatsCheck:
     """Whether the NATS server answers now: a message to this connection's own inbox must come
-    back through the server within `HEALTH_CHECK_S`. Connected is only a local flag: a hung
-    server (stopped, partitioned, stuck on its disk) keeps the socket open for minutes.
-
-    Not nats-py's `flush(timeout=)`: on a timeout it cancels its PONG future but leaves it
-    queued, and the late PONG then ends the client's read loop (InvalidStateError), cutting
-    the engine off NATS for minutes after a stall of seconds. An echo through the inbox uses
-    no future of nats-py's: a late echo finds nobody waiting and is dropped."""
+    back through the server within `HEALTH_CHECK_S` (adapters/nats/roundtrip.py says why not
+    nats-py's flush). Connected is only a local flag: a hung server (stopped, partitioned,
+    stuck on its disk) keeps the socket open for minutes."""
 
     def __init__(self, nc: NATS) -> None:
         self._nc = nc
-        self._subject: str | None = None
-        self._waiting: dict[bytes, asyncio.Future[None]] = {}
-        self._sent = 0
+        self._echo = RoundTrip(nc)
 
     async def __call__(self) -> Verdict:
-        nc = self._nc
-        if not nc.is_connected:
+        if not self._nc.is_connected:
             return Verdict(False, ("nats: not connected to the server (reconnecting)",))
-        if self._subject is None:
-            self._subject = nc.new_inbox()
-            await nc.subscribe(self._subject, cb=self._echoed)
-        self._sent += 1
-        token = str(self._sent).encode()
-        echoed = asyncio.get_running_loop().create_future()
-        self._waiting[token] = echoed
         try:
-            await nc.publish(self._subject, token)
-            await asyncio.wait({echoed}, timeout=HEALTH_CHECK_S)
+            answered = await self._echo(HEALTH_CHECK_S)
         except Exception as exc:  # a publish refused while the connection goes
             said = str(exc) or type(exc).__name__
             return Verdict(False, (f"nats: a ping could not be sent ({said})",))
-        finally:
-            self._waiting.pop(token, None)
-        if not echoed.done():
+        if not answered:
             return Verdict(False, (f"nats: no answer to a ping within {HEALTH_CHECK_S:g} s",))
         return Verdict(True)
-
-    async def _echoed(self, msg: Msg) -> None:
-        waiting = self._waiting.get(msg.data)
-        if waiting is not None and not waiting.done():
-            waiting.set_result(None)
 
 
 class StoreCheck:

@@ -21,6 +21,7 @@ from nats.aio.msg import Msg
 
 from trellis.adapters.nats.auth import NkeyCredentials, Principal, SecureDir
 from trellis.adapters.nats.connect import NatsUnreachable, connect_nats, nats_servers
+from trellis.adapters.nats.roundtrip import server_has_read
 
 T = TypeVar("T")
 
@@ -244,7 +245,8 @@ class TrellisClient:
         """Every engine of this prefix, as its micro service's STATS tell (adapters/nats/
         micro.py): `engine`, `writes` (the domains it writes now) and `serves` (those it may
         write, TRELLIS_DOMAINS; `["*"]`: every one), sorted by engine. Answers are gathered
-        until none came for `quiet` seconds."""
+        until none came for `quiet` seconds; TimeoutError when the server did not read the
+        question within the client's timeout."""
         inbox = self.nc.new_inbox()
         answers: asyncio.Queue[bytes] = asyncio.Queue()
 
@@ -255,7 +257,7 @@ class TrellisClient:
         found: dict[str, dict[str, Any]] = {}
         try:
             await self.nc.publish("$SRV.STATS.trellis-engine", b"", reply=inbox)
-            await self.nc.flush()
+            await server_has_read(self.nc, self.timeout)  # the quiet wait starts after it
             while True:
                 try:
                     data = await asyncio.wait_for(answers.get(), quiet)

@@ -25,6 +25,7 @@ from nats.aio.msg import Msg
 
 from trellis.adapters.nats.micro import EndpointCount, EngineService
 from trellis.adapters.nats.replies import AnyInbox, DropLog, ReplyRule
+from trellis.adapters.nats.roundtrip import server_has_read
 from trellis.engine.core import replies
 from trellis.engine.core.errors import ServedElsewhere
 from trellis.engine.service.router import Engine
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 QUEUE_GROUP = "trellis-engine"
 STOP_GRACE_S = 10.0
 SERVICE_STOP_S = 2.0
+SUBSCRIBED_WITHIN_S = 10.0  # a server that has not read the subscriptions by then is not serving
 
 
 FAMILIES = ("intent", "admin", "query", "view")  # view: a tenant's own view of the queries
@@ -131,7 +133,8 @@ class NatsIntake:
         # Only this engine subscribes to its own subject, so it needs no queue group.
         own = f"{self._prefix}.engine.{self._engine.identity}.>"
         await self._serve_endpoint(self.service.add("forwarded", own, "", {"family": "any"}))
-        await self._nc.flush()
+        # Subscribed at the server before anyone is told this engine serves.
+        await server_has_read(self._nc, SUBSCRIBED_WITHIN_S)
         self.serving = True
 
     async def _serve_endpoint(self, endpoint: EndpointCount) -> None:

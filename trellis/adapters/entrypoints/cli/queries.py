@@ -14,6 +14,7 @@ from nats.js.errors import NoKeysError
 from trellis.adapters.entrypoints import (
     render,
 )
+from trellis.adapters.entrypoints.cli.errors import EXIT_UNAVAILABLE, CliError
 from trellis.adapters.entrypoints.cli.options import (
     COMPONENT_HELP,
     DEVICE_KINDS,
@@ -37,7 +38,7 @@ from trellis.adapters.nats.jetstream import (
     bucket_name,
 )
 from trellis.adapters.nats.kv_state import CompositionEntry, bucket_entry
-from trellis.adapters.settings import Settings
+from trellis.adapters.settings import Settings, redacted
 from trellis.engine.core.ids import COMPONENT_REF_PATTERN
 
 _ANY_ID = identifier("component or composition id")
@@ -163,8 +164,16 @@ def free(args: argparse.Namespace) -> int:
 def engines(args: argparse.Namespace) -> int:
     """Who writes which domain: every engine's answer to `$SRV.STATS.trellis-engine`."""
 
-    async def ask(client: TrellisClient, *_: Any) -> list[dict[str, Any]]:
-        return await client.engines()
+    async def ask(client: TrellisClient, settings: Any, url: str, *_: Any) -> list[dict[str, Any]]:
+        try:
+            return await client.engines()
+        except TimeoutError:
+            raise CliError(
+                f"the NATS server at {redacted(url)} did not answer within {args.timeout}s",
+                code="unavailable",
+                hint="is it stalled? try a longer --timeout",
+                exit=EXIT_UNAVAILABLE,
+            ) from None
 
     rows = on_nats(args, "query.engines", ask)
     if args.output == "json":
