@@ -304,8 +304,13 @@ async def test_an_auditor_fetches_and_checks_a_proof_with_the_cli(
     await compose_and_release(h)
     event = (await events(h))[2]
 
-    code, note, _ = await trellis(env, "checkpoint")
+    code, note, _ = await trellis(env, "checkpoint", "--request-id", "cp-1")
     assert code == 0 and note.startswith(f"trellis/{HALL}\n")
+    # The id an `unavailable` names (may_have_been_committed) resends it: answered from the
+    # log, one checkpoint, not a second one.
+    count = len(await events(h))
+    assert await trellis(env, "checkpoint", "--request-id", "cp-1") == (0, note, "")
+    assert len(await events(h)) == count
     code, key, _ = await trellis(env, "checkpoint-key")
     assert code == 0 and key.startswith("trellis+")
     code, proof, err = await trellis(env, "proof", event.id)

@@ -32,13 +32,20 @@ from typing import Any
 import msgspec
 
 from trellis.adapters.entrypoints import render
-from trellis.adapters.entrypoints.cli.errors import EXIT_USAGE, CliError
+from trellis.adapters.entrypoints.cli.errors import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    CliError,
+)
 from trellis.adapters.nats.jetstream import Envelope
 from trellis.engine.core.checkpoints import Checkpoint, NoteError, Verifier, open_checkpoint_by_any
 from trellis.engine.core.merkle import HASH_SIZE, leaf_hash, verify_consistency, verify_inclusion
 from trellis.engine.core.records import format_time
 
 Request = Callable[[argparse.Namespace, str, dict[str, Any]], dict[str, Any]]
+CommittedNote = Callable[[argparse.Namespace, dict[str, Any], str], None]
 
 
 class ProofRejected(Exception):
@@ -277,11 +284,18 @@ def _instant(text: str) -> datetime:
 # ---- the commands ----
 
 
-def register(sub: Any, request: Request, client_options: Callable[[Any], None]) -> None:
+def register(
+    sub: Any,
+    request: Request,
+    committed_note: CommittedNote,
+    client_options: Callable[[Any], None],
+    request_id_option: Callable[[Any], None],
+) -> None:
     """Add checkpoint, proof, consistency and checkpoint-key to the `trellis` parser."""
     cp = sub.add_parser("checkpoint", help="sign and publish a checkpoint of the log now")
+    request_id_option(cp)  # an admin request: resent with its id, it is answered from the log
     client_options(cp)
-    cp.set_defaults(run=lambda args: _checkpoint(args, request))
+    cp.set_defaults(run=lambda args: _checkpoint(args, request, committed_note))
 
     proof = sub.add_parser("proof", help="an RFC 9162 inclusion proof of an event (JSON)")
     proof.add_argument(
@@ -430,9 +444,13 @@ def _read(path: Path) -> str:
         raise FileUnreadable(f"cannot read {path}: {exc}") from None
 
 
-def _checkpoint(args: argparse.Namespace, request: Request) -> int:
-    reply = request(args, f"admin.{args.domain}.checkpoint", {"request_id": str(uuid.uuid4())})
-    return _print(args, reply, lambda result: result["note"].rstrip("\n"))
+def _checkpoint(args: argparse.Namespace, request: Request, committed_note: CommittedNote) -> int:
+    rid = args.request_id or str(uuid.uuid4())
+    reply = request(args, f"admin.{args.domain}.checkpoint", {"request_id": rid})
+    # The note as signed, its lines as they are (no tenant's text is in it).
+    code = _print(args, reply, lambda result: result["note"].rstrip("\n"))
+    committed_note(args, reply, rid)
+    return code
 
 
 def _proof(args: argparse.Namespace, request: Request) -> int:
@@ -492,5 +510,8 @@ def _print(args: argparse.Namespace, reply: dict[str, Any], show: Callable[[Any]
     elif reply.get("ok"):
         print(show(reply["result"]))
     else:
-        print(render.error_text(reply["error"]), file=sys.stderr)
-    return 0 if reply.get("ok") else 1
+        print(render.error_text(render.visible(reply["error"])), file=sys.stderr)
+    if reply.get("ok"):
+        return EXIT_OK
+    # As every command's (talk.print_reply): 3 for `unavailable`, which a retry may get past.
+    return EXIT_UNAVAILABLE if reply["error"].get("code") == "unavailable" else EXIT_FAILED

@@ -29,8 +29,13 @@ from trellis.adapters.entrypoints.cli import (
     watching,
 )
 from trellis.adapters.entrypoints.cli.errors import EXIT_USAGE, UsageError
-from trellis.adapters.entrypoints.cli.options import client_options, identifier, moment
-from trellis.adapters.entrypoints.cli.talk import request
+from trellis.adapters.entrypoints.cli.options import (
+    client_options,
+    identifier,
+    moment,
+    request_id_option,
+)
+from trellis.adapters.entrypoints.cli.talk import may_have_been_committed, request
 
 DESCRIPTION = "The `trellis` command: run the engine, and talk to a running one over NATS."
 
@@ -242,7 +247,7 @@ def make_parser() -> argparse.ArgumentParser:
     admin.add_commands(sub)
     queries.add_commands(sub)
     admin.add_quota(sub)
-    audit_proofs.register(sub, request, client_options)
+    audit_proofs.register(sub, request, may_have_been_committed, client_options, request_id_option)
     # One `verify`, two modes: with --proof / --checkpoint the offline proof check
     # (audit_proofs), else the log against the database (audit_verify.run dispatches).
     verify = sub.add_parser(
