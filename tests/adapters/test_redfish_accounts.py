@@ -94,3 +94,44 @@ def test_a_changed_session_timeout_holds_for_live_sessions_and_is_kept(
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     again = AccountStore(tmp_path / "accounts.json")
     assert SessionTimeout(again, path).seconds == again.session_timeout_s == 30
+
+
+async def test_proven_credentials_need_no_hash_until_the_password_or_account_changes(
+    tmp_path: Path,
+) -> None:
+    store = AccountStore(tmp_path / "accounts.json")
+    store.create("alice", "alice-password", "Operator", "acme")
+    assert store.proven("alice", "alice-password") is None  # nothing proven yet
+    assert await store.verify("alice", "wrong-password") is None
+    assert store.proven("alice", "wrong-password") is None  # a failure is never remembered
+    assert await store.verify("alice", "alice-password") is not None
+    assert store.proven("alice", "alice-password") is not None
+    assert store.proven("alice", "alice-passwor") is None
+    store.update("alice", enabled=False)
+    assert store.proven("alice", "alice-password") is None
+    store.update("alice", enabled=True)
+    assert store.proven("alice", "alice-password") is not None
+    store.update("alice", password="other-password")
+    assert store.proven("alice", "alice-password") is None
+    assert await store.verify("alice", "alice-password") is None
+
+
+def test_an_account_keeps_its_most_recently_used_sessions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that logs in per request and never out ended only its own oldest sessions:
+    memory holds at most SESSIONS_PER_ACCOUNT of each account's."""
+    store = AccountStore(tmp_path / "accounts.json")
+    alice = store.create("alice", "alice-password", "Operator", "acme")
+    bob = store.create("bob", "bob-password", "Operator", "bolt")
+    bobs = store.open_session(bob)
+    now = accounts.time.monotonic()
+    opened = []
+    for i in range(accounts.SESSIONS_PER_ACCOUNT + 2):
+        monkeypatch.setattr(accounts.time, "monotonic", lambda i=i: now + i)
+        opened.append(store.open_session(alice))
+    monkeypatch.setattr(accounts.time, "monotonic", lambda: now + 100)
+    assert [store.by_token(s.token) is not None for s in opened[:3]] == [False, False, True]
+    assert all(store.by_token(s.token) is not None for s in opened[2:])
+    assert store.by_token(bobs.token) is not None  # another account's are not touched
+    assert len(store.sessions()) == accounts.SESSIONS_PER_ACCOUNT + 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import urllib.request
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -16,12 +17,13 @@ import pytest
 import pytest_asyncio
 from harness import Harness, ManualClock, engine_at, serving
 from isolation import unique_subject_prefix
+from prometheus_client.parser import text_string_to_metric_families
 from redfish_http import RedfishHttp
 from self_signed import self_signed
 
 from trellis.adapters.embedded.nats_server import EmbeddedNats
 from trellis.adapters.fabric.redfish.client import HttpError, RedfishClient
-from trellis.adapters.http.redfish import AccountStore, RedfishService
+from trellis.adapters.http.redfish import AccountStore, RedfishService, login_guard
 from trellis.adapters.http.redfish.reservation_duration import ReservationDuration
 from trellis.adapters.http.redfish.serve import RedfishOptions
 from trellis.adapters.http.redfish.service import RESERVATION_DURATION_FILE, SESSION_TIMEOUT_FILE
@@ -319,6 +321,10 @@ async def test_accounts_need_a_tenant_and_sessions_carry_a_token(admin: RedfishH
         "POST", f"{R}/SessionService/Sessions", {"UserName": "alice", "Password": "wrong-one"}
     )
     assert bad.status == 401
+    # A property a session does not take is refused, as on any other POST (Redfish probe).
+    extra = {"UserName": "alice", "Password": "alice-password", "Extra": 1}
+    unknown = await anonymous("POST", f"{R}/SessionService/Sessions", extra)
+    assert (unknown.status, unknown.messages()) == (400, ["PropertyUnknown"]), unknown
 
 
 async def test_the_fabric_drivers_client_logs_in_once_and_again_when_its_session_ends(
@@ -952,3 +958,55 @@ async def test_an_account_create_names_what_is_missing_or_not_in_the_list(
     (info,) = listed.body["error"]["@Message.ExtendedInfo"]
     assert "Administrator, Operator, ReadOnly" in info["Resolution"], info
     assert (await admin.get(accounts)).body["Members"] == before
+
+
+async def test_a_flood_of_wrong_passwords_is_throttled_and_proven_credentials_never_wait(
+    nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, tmp_path: Path
+) -> None:
+    """Every wrong password cost a hash in a small pool every login shares: a flood from one
+    address held other tenants' logins for seconds (hostile-tenant probe). Past its budget an
+    address is answered 429 without a hash; credentials already proven are answered from
+    memory; both show on /metrics."""
+    options = RedfishOptions(
+        accounts=tmp_path / "redfish-accounts.json", admin_password=ADMIN_PASSWORD
+    )
+    async with serving(
+        nats_url,
+        database_url,
+        pg_schema,
+        subject_prefix,
+        redfish=options,
+        metrics_at=("127.0.0.1", 0),
+    ) as h:
+        assert h.redfish_url is not None and h.metrics_url is not None
+        admin = RedfishHttp(h.redfish_url, "admin", ADMIN_PASSWORD)
+        alice = await tenant_account(admin, "alice", "acme")
+        assert (await alice.get(f"{R}/Systems")).status == 200  # proven by a hash
+        guesser = RedfishHttp(h.redfish_url)
+        sessions = f"{R}/SessionService/Sessions"
+        for i in range(login_guard.FAILURE_BURST):
+            wrong = guesser.as_user("alice" if i % 2 else f"nobody{i}", "not-the-password")
+            assert (await wrong.get(f"{R}/Systems")).status == 401
+        throttled = await guesser.as_user("alice", "still-not-it").get(f"{R}/Systems")
+        assert throttled.status == 429 and 1 <= int(throttled.headers["retry-after"]) <= 2
+        assert throttled.messages() == ["ServiceTemporarilyUnavailable"], throttled
+        login = {"UserName": "alice", "Password": "not-the-password"}
+        assert (await guesser("POST", sessions, login)).status == 429
+        # The same address, with what was proven: served, no hash and no wait.
+        assert (await alice.get(f"{R}/Systems")).status == 200
+        assert (await admin.get(f"{R}/AccountService/Accounts")).status == 200
+        text = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(f"{h.metrics_url}/metrics").read().decode()
+        )
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+        refused = "trellis_redfish_logins_refused_total"
+        assert samples[(refused, (("reason", "credentials"),))] == login_guard.FAILURE_BURST
+        assert samples[(refused, (("reason", "throttled"),))] == 2
+        answers = "trellis_redfish_requests_total"
+        assert samples[(answers, (("method", "GET"), ("status", "429")))] == 1
+        assert samples[(answers, (("method", "POST"), ("status", "429")))] == 1
+        assert samples[(answers, (("method", "GET"), ("status", "200")))] >= 3

@@ -739,6 +739,7 @@ async def engine_on(
                         else _tenant_connection(nats_url, secure)  # acts as each tenant
                     ),
                     on_foreign=metrics.foreign_message if metrics is not None else None,
+                    observer=metrics,
                 )
             except (OSError, ValueError) as exc:
                 where = f"{redfish.host}:{redfish.port}"

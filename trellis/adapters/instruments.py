@@ -94,6 +94,22 @@ class EngineMetrics:
             ["consumer", "domain"],
             registry=registry,
         )
+        self.redfish_answers = Counter(
+            "trellis_redfish_requests",
+            "Requests the northbound Redfish service answered, by method and HTTP status "
+            "(a stream of events counts as 200 when it opens).",
+            ["method", "status"],
+            registry=registry,
+        )
+        self.redfish_logins_refused = Counter(
+            "trellis_redfish_logins_refused",
+            "Redfish requests refused for who sent them, by reason: `credentials` (a wrong "
+            "user name or password), `session` (an unknown or ended X-Auth-Token) or "
+            "`throttled` (an address past its budget of failed logins, answered 429 without a "
+            "password check).",
+            ["reason"],
+            registry=registry,
+        )
         self.reply_seconds = Histogram(
             "trellis_reply_seconds",
             "From receiving a request to sending its reply (a compose: after its saga settled).",
@@ -184,6 +200,12 @@ class EngineMetrics:
     def foreign_message(self, consumer: str, domain: str) -> None:
         """`consumer` skipped a message of the stream or the bucket that is not the contract's."""
         self.foreign_messages.labels(consumer, domain).inc()
+
+    def redfish_answered(self, method: str, status: int) -> None:
+        self.redfish_answers.labels(method, str(status)).inc()
+
+    def redfish_login_refused(self, reason: str) -> None:
+        self.redfish_logins_refused.labels(reason).inc()
 
     def follower_counted(self, name: str, labels: tuple[str, ...], grew: int) -> None:
         """The follower process's counter `name` of `labels` grew by `grew` (its report,

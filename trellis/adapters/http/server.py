@@ -61,6 +61,7 @@ class Request(NamedTuple):
     headers: dict[str, str]  # names lower-cased
     body: bytes = b""  # only for a server that takes more than GET and HEAD
     raw_query: str = ""  # the query string as sent (`query` drops names without a value)
+    peer: str = ""  # the client's address (IP), for limits per client
 
 
 class Response(NamedTuple):
@@ -153,8 +154,10 @@ class HttpServer:
             except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
                 head = b""  # answered 400
             request = _parse(head, self._methods)
-            if not isinstance(request, Response) and request.method not in _READ_ONLY:
-                request = await _with_body(reader, request)
+            if not isinstance(request, Response):
+                request = request._replace(peer=_peer(writer))
+                if request.method not in _READ_ONLY:
+                    request = await _with_body(reader, request)
             refusal = request if isinstance(request, Response) else self._refusal(request)
             if refusal is not None and self._render_error is not None:
                 refusal = self._render_error(refusal)
@@ -207,6 +210,11 @@ class HttpServer:
             return False
         own = "https" if self._ssl is not None else "http"
         return scheme == own or (scheme == "https" and _without_port(authority) in self._named)
+
+
+def _peer(writer: asyncio.StreamWriter) -> str:
+    address = writer.get_extra_info("peername")
+    return str(address[0]) if isinstance(address, tuple) and address else ""
 
 
 def _without_port(authority: str) -> str:

@@ -3,6 +3,7 @@ sessions (accounts.py keeps them), as resources."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from trellis.adapters.http.redfish import resources as rs
@@ -121,6 +122,7 @@ def account_service(
 
 async def session_service(
     timeout: SessionTimeout,
+    login: Callable[[Request, str, str], Awaitable[Account]],
     request: Request,
     method: str,
     parts: list[str],
@@ -153,10 +155,10 @@ async def session_service(
             if not isinstance(user, str) or not isinstance(password, str):
                 missing = "UserName" if not isinstance(user, str) else "Password"
                 raise error(400, "PropertyMissing", missing)
-            found = await store.verify(user, password)
-            if found is None:
-                raise error(401, "NoValidSession")
-            session = store.open_session(found)
+            unknown = sorted(k for k in body if k not in ("UserName", "Password"))
+            if unknown:  # as a POST anywhere else: nothing is silently ignored
+                raise error(400, "PropertyUnknown", unknown[0])
+            session = store.open_session(await login(request, user, password))
             return Reply(
                 status=201,
                 body=_session(session.id, session.user_name),

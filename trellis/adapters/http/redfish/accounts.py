@@ -46,6 +46,14 @@ _SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
 #: every core from the engine.
 HASHING_AT_ONCE = max(1, (os.cpu_count() or 2) // 2)
 _HASHER = ThreadPoolExecutor(HASHING_AT_ONCE, thread_name_prefix="redfish-password")
+#: Credentials a hash proved are known again for this long without another hash (a client
+#: sending Basic on every request pays one hash, not one per request, and never queues behind a
+#: flood of wrong passwords); a changed password or a disabled account is never matched.
+PROVEN_S = 300.0
+_PROVEN_MAX = 4096  # entries; past that the memory is cleared, and hashes prove them again
+#: Live sessions per account: opening one more ends its least recently used (a client that
+#: logs in per request and never out fills memory with sessions nobody uses).
+SESSIONS_PER_ACCOUNT = 64
 #: Privileges per role (DSP0266's standard roles).
 PRIVILEGES: dict[Role, list[str]] = {
     "Administrator": ["Login", "ConfigureManager", "ConfigureUsers", "ConfigureSelf",
@@ -126,7 +134,9 @@ class AccountStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._accounts: dict[str, Account] = {}
-        self._sessions: dict[str, Session] = {}  # by token
+        self._sessions: dict[bytes, Session] = {}  # by the SHA-256 of the token
+        self._proof_key = secrets.token_bytes(32)
+        self._proven: dict[bytes, tuple[str, str, float]] = {}  # (user, hash, until) by proof
         #: The idle timeout of every session, read at each use: a change holds at once.
         self.session_timeout_s = SESSION_TIMEOUT_S
         self._load()
@@ -249,39 +259,78 @@ class AccountStore:
         return account if hmac.compare_digest(digest, account.hash) else None
 
     async def verify(self, user_name: str, password: str) -> Account | None:
-        """`check` in a hashing thread, so its hash (tens of ms; scrypt releases the GIL) never
-        stalls the event loop the engine runs on."""
+        """`proven`, or `check` in a hashing thread, so its hash (tens of ms; scrypt releases
+        the GIL) never stalls the event loop the engine runs on."""
+        account = self.proven(user_name, password)
+        if account is not None:
+            return account
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(_HASHER, self.check, user_name, password)
+        account = await loop.run_in_executor(_HASHER, self.check, user_name, password)
+        if account is not None:
+            if len(self._proven) >= _PROVEN_MAX:
+                self._proven.clear()
+            until = time.monotonic() + PROVEN_S
+            self._proven[self._proof(user_name, password)] = (
+                account.user_name,
+                account.hash,
+                until,
+            )
+        return account
+
+    def proven(self, user_name: str, password: str) -> Account | None:
+        """The enabled account these credentials were proven for in the last `PROVEN_S`, its
+        password unchanged since; else None. No hash: a keyed digest of them is looked up."""
+        known = self._proven.get(self._proof(user_name, password))
+        if known is None:
+            return None
+        name, password_hash, until = known
+        account = self._accounts.get(name)
+        if account is None or not account.enabled or account.hash != password_hash:
+            return None
+        return account if time.monotonic() < until else None
+
+    def _proof(self, user_name: str, password: str) -> bytes:
+        """A digest of the credentials under a key of this process: never the password, and of
+        no use outside it."""
+        given = f"{len(user_name)}:{user_name}{password}".encode(errors="surrogatepass")
+        return hmac.new(self._proof_key, given, hashlib.sha256).digest()
 
     # ---- sessions ----
 
     def open_session(self, account: Account) -> Session:
+        """A new session of `account`; past `SESSIONS_PER_ACCOUNT`, its least recently used
+        one ends."""
+        self._expire()
+        own = [
+            (s.last_used, k) for k, s in self._sessions.items() if s.user_name == account.user_name
+        ]
+        for _, key in sorted(own)[: max(0, len(own) - SESSIONS_PER_ACCOUNT + 1)]:
+            del self._sessions[key]
         session = Session(
             id=secrets.token_hex(8),
             token=secrets.token_hex(32),
             user_name=account.user_name,
             last_used=time.monotonic(),
         )
-        self._sessions[session.token] = session
+        self._sessions[_token_key(session.token)] = session
         return session
 
     def by_token(self, token: str) -> tuple[Session, Account] | None:
         """The live session of `token` (its timeout starts again), with its account."""
         self._expire()
-        for known, session in self._sessions.items():
-            if hmac.compare_digest(known, token):
-                account = self._accounts.get(session.user_name)
-                if account is None or not account.enabled:
-                    return None
-                session.last_used = time.monotonic()
-                return session, account
-        return None
+        session = self._sessions.get(_token_key(token))
+        if session is None:
+            return None
+        account = self._accounts.get(session.user_name)
+        if account is None or not account.enabled:
+            return None
+        session.last_used = time.monotonic()
+        return session, account
 
     def has_session(self, token: str) -> bool:
         """Whether `token`'s session is live (without starting its timeout again)."""
         self._expire()
-        return token in self._sessions
+        return _token_key(token) in self._sessions
 
     def sessions(self) -> list[Session]:
         self._expire()
@@ -291,22 +340,28 @@ class AccountStore:
         return next((s for s in self.sessions() if s.id == session_id), None)
 
     def close_session(self, session_id: str) -> bool:
-        for token, session in list(self._sessions.items()):
+        for key, session in list(self._sessions.items()):
             if session.id == session_id:
-                del self._sessions[token]
+                del self._sessions[key]
                 return True
         return False
 
     def _end_sessions(self, user_name: str) -> None:
-        for token, session in list(self._sessions.items()):
+        for key, session in list(self._sessions.items()):
             if session.user_name == user_name:
-                del self._sessions[token]
+                del self._sessions[key]
 
     def _expire(self) -> None:
         now = time.monotonic()
-        for token, session in list(self._sessions.items()):
+        for key, session in list(self._sessions.items()):
             if session.last_used + self.session_timeout_s <= now:
-                del self._sessions[token]
+                del self._sessions[key]
+
+
+def _token_key(token: str) -> bytes:
+    """Sessions are found by the SHA-256 of their token: one lookup, whose time says nothing
+    of the tokens held (a loop of constant-time compares took a scan of every session)."""
+    return hashlib.sha256(token.encode(errors="surrogatepass")).digest()
 
 
 def admin_password(data_dir: Path, given: str | None) -> tuple[str, Path | None]:

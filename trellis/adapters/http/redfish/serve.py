@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 
 from trellis.adapters.http.redfish.accounts import AccountStore
-from trellis.adapters.http.redfish.service import RedfishService
+from trellis.adapters.http.redfish.service import RedfishObserver, RedfishService
 from trellis.adapters.nats.foreign import Counted
 
 ACCOUNTS_FILE = "redfish-accounts.json"
@@ -35,6 +35,7 @@ async def serve_redfish(
     writes: bool = True,
     tenant_connection: Callable[[str], Awaitable[object | None]] | None = None,
     on_foreign: Counted | None = None,
+    observer: RedfishObserver | None = None,
 ) -> str:
     """Serve Redfish as `options` say (closed with `stack`); its URL.
 
@@ -64,6 +65,7 @@ async def serve_redfish(
         writes=writes,
         tenant_connection=tenant_connection,  # type: ignore[arg-type]
         on_foreign=on_foreign,
+        observer=observer,
     )
     await service.start()
     stack.push_async_callback(service.close)

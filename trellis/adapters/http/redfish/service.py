@@ -26,7 +26,7 @@ import ssl
 import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 from nats.aio.client import Client as NATS
@@ -49,6 +49,7 @@ from trellis.adapters.http.redfish.handling import (
     with_notes,
     wrong_type,
 )
+from trellis.adapters.http.redfish.login_guard import LoginGuard
 from trellis.adapters.http.redfish.metadata import metadata_xml
 from trellis.adapters.http.redfish.registries import RedfishError, error, message
 from trellis.adapters.http.redfish.resources import R, Reader, Viewer
@@ -71,6 +72,24 @@ RESERVATION_DURATION_FILE = "redfish-reservation-duration.json"
 SESSION_TIMEOUT_FILE = "redfish-session-timeout.json"
 
 
+class RedfishObserver(Protocol):
+    """What the service tells the engine's metrics (adapters/instruments.py)."""
+
+    def redfish_answered(self, method: str, status: int) -> None: ...
+
+    def redfish_login_refused(self, reason: str) -> None:
+        """`credentials` (a wrong name or password), `session` (an unknown token) or
+        `throttled` (an address past its failed logins)."""
+
+
+class Unobserved:
+    def redfish_answered(self, method: str, status: int) -> None:
+        pass
+
+    def redfish_login_refused(self, reason: str) -> None:
+        pass
+
+
 class RedfishService:
     """Serves `/redfish/v1` at `host`:`port` as a NATS client of the engine."""
 
@@ -88,8 +107,11 @@ class RedfishService:
         writes: bool = True,
         tenant_connection: Callable[[str], Awaitable[NATS | None]] | None = None,
         on_foreign: Counted | None = None,
+        observer: RedfishObserver | None = None,
     ) -> None:
         self.accounts = accounts
+        self.logins = LoginGuard()
+        self._observer = observer or Unobserved()
         # Secure mode: the service's own connection is the operator's, which may not publish
         # tenants' intents; each tenant's intents go over a connection of that tenant's
         # identity (`tenant_connection`, None for a tenant never issued one). Without one,
@@ -165,6 +187,13 @@ class RedfishService:
     # ---- HTTP ----
 
     async def handle(self, request: Request) -> Response | Stream:
+        answer = await self._answer(request)
+        self._observer.redfish_answered(
+            request.method, 200 if isinstance(answer, Stream) else answer.status
+        )
+        return answer
+
+    async def _answer(self, request: Request) -> Response | Stream:
         path = request.path.rstrip("/") or "/"
         try:
             names = [
@@ -257,6 +286,7 @@ class RedfishService:
         if token:
             found = self.accounts.by_token(token)
             if found is None:
+                self._observer.redfish_login_refused("session")
                 raise error(401, "NoValidSession")
             return found[1]
         auth = request.headers.get("authorization", "")
@@ -268,10 +298,32 @@ class RedfishService:
                 )
             except (binascii.Error, UnicodeDecodeError):
                 raise error(401, "NoValidSession") from None
-            account = await self.accounts.verify(user, password) if colon else None
-            if account is not None:
-                return account
+            if colon:
+                return await self.login(request, user, password)
+        self._observer.redfish_login_refused("credentials")
         raise error(401, "NoValidSession")
+
+    async def login(self, request: Request, user: str, password: str) -> Account:
+        """The account these credentials prove, else 401; 429 for an address past its budget
+        of failed logins (login_guard.py), unless they were proven lately (no hash then)."""
+        account = self.accounts.proven(user, password)
+        if account is not None:
+            return account
+        wait = self.logins.wait_s(request.peer)
+        if wait:
+            self._observer.redfish_login_refused("throttled")
+            resolution = (
+                "Too many failed logins from this address: wait as Retry-After says, then "
+                "resubmit the request with the right credentials."
+            )
+            text = [message("ServiceTemporarilyUnavailable", str(wait), resolution=resolution)]
+            raise RedfishError(429, text, (("Retry-After", str(wait)),))
+        account = await self.accounts.verify(user, password)
+        if account is None:
+            self.logins.failed(request.peer)
+            self._observer.redfish_login_refused("credentials")
+            raise error(401, "NoValidSession")
+        return account
 
     async def _while_valid(
         self, request: Request, account: Account, chunks: AsyncIterator[bytes]
@@ -308,7 +360,9 @@ class RedfishService:
         parts = path.removeprefix(f"{R}/").split("/")
         top = parts[0]
         if top == "SessionService":
-            return await session_service(self.session_timeout, request, method, parts[1:], account)
+            return await session_service(
+                self.session_timeout, self.login, request, method, parts[1:], account
+            )
         assert account is not None
         viewer = Viewer(account.tenant)
         if top == "AccountService":
