@@ -15,12 +15,14 @@ import json
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
 from fabrics import expect_ok, fabric
 from harness import Harness, cli_env, run_cli, serving
 
+from trellis.adapters.entrypoints.cli.queries import composition_rows
 from trellis.adapters.nats.jetstream import bucket_name, stream_name
 
 DOMAIN = "hall-1"
@@ -148,3 +150,27 @@ def first_snapshot(page_url: str) -> dict[str, object]:
                 data: dict[str, object] = json.loads(line.removeprefix("data: "))
                 return data
     raise AssertionError("no snapshot")
+
+
+async def test_composition_list_skips_a_composition_released_while_it_reads(h: Harness) -> None:
+    """The list reads the bucket's keys, then each value: a composition released in between
+    has no value any more, which made `composition list` exit 70 under churn (SRE probe)."""
+    expect_ok(await h.client.admin(DOMAIN, "import-topology", fabric()))
+    kept = expect_ok(await h.client.intent(DOMAIN, "acme", "compose", GPU))
+    gone = expect_ok(await h.client.intent(DOMAIN, "acme", "compose", SLICE))
+    await h.relayed(DOMAIN)
+    kv = await h.client.nc.jetstream().key_value(bucket_name(h.client.prefix))
+
+    class ReleasedAfterListing:
+        async def keys(self) -> list[str]:
+            keys: list[str] = await kv.keys()
+            release = {"composition_id": gone["composition_id"]}
+            expect_ok(await h.client.intent(DOMAIN, "acme", "release", release))
+            await h.relayed(DOMAIN)
+            return keys
+
+        async def get(self, key: str) -> Any:
+            return await kv.get(key)
+
+    rows = await composition_rows(ReleasedAfterListing(), DOMAIN)  # type: ignore[arg-type]
+    assert [r["id"] for r in rows] == [kept["composition_id"]]

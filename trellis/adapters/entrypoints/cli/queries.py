@@ -9,7 +9,8 @@ from typing import Any
 
 import msgspec
 import nats.errors
-from nats.js.errors import NoKeysError
+from nats.js.errors import KeyDeletedError, KeyNotFoundError, NoKeysError
+from nats.js.kv import KeyValue
 
 from trellis.adapters.entrypoints import (
     render,
@@ -99,30 +100,38 @@ async def _conditions(client: TrellisClient, domain: str, cid: str) -> list[dict
     return conditions
 
 
+async def composition_rows(kv: KeyValue, domain: str) -> list[dict[str, Any]]:
+    """The live compositions of `domain` in the state bucket, each its value with its `id`."""
+    try:
+        keys = await kv.keys()
+    except NoKeysError:
+        return []
+    rows = []
+    prefix = f"{domain}.composition."
+    foreign = ForeignMessages("composition list")
+    for key in sorted(k for k in keys if k.startswith(prefix)):
+        try:
+            entry = await kv.get(key)
+        except (KeyNotFoundError, KeyDeletedError):  # released since the keys were listed
+            continue
+        if not entry.value:
+            continue
+        if bucket_entry(key, entry.value) is None:  # not the contract's: skipped, counted
+            foreign.skipped(domain, f"key {key}")
+            continue
+        rows.append({"id": key.rsplit(".", 1)[1], **msgspec.json.decode(entry.value)})
+    return rows
+
+
 def composition_list(args: argparse.Namespace) -> int:
     async def read(
         client: TrellisClient, settings: Settings, url: str, who: str
     ) -> list[dict[str, Any]]:
-        return await reading_jetstream(client, bucket_rows(client, settings), who)
+        async def rows() -> list[dict[str, Any]]:
+            kv = await client.nc.jetstream().key_value(bucket_name(settings.subject_prefix))
+            return await composition_rows(kv, args.domain)
 
-    async def bucket_rows(client: TrellisClient, settings: Settings) -> list[dict[str, Any]]:
-        kv = await client.nc.jetstream().key_value(bucket_name(settings.subject_prefix))
-        try:
-            keys = await kv.keys()
-        except NoKeysError:
-            return []
-        rows = []
-        prefix = f"{args.domain}.composition."
-        foreign = ForeignMessages("composition list")
-        for key in sorted(k for k in keys if k.startswith(prefix)):
-            entry = await kv.get(key)
-            if not entry.value:
-                continue
-            if bucket_entry(key, entry.value) is None:  # not the contract's: skipped, counted
-                foreign.skipped(args.domain, f"key {key}")
-                continue
-            rows.append({"id": key.rsplit(".", 1)[1], **msgspec.json.decode(entry.value)})
-        return rows
+        return await reading_jetstream(client, rows(), who)
 
     rows = [
         r
