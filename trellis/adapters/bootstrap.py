@@ -64,7 +64,7 @@ from trellis.adapters.fabric.redfish.watch import FabricWatch
 from trellis.adapters.fabric.sim import SimulatedFabric
 from trellis.adapters.fabric.timed import TimedFabric
 from trellis.adapters.follow_process import CommitSignal, FollowerProcess, follower_env
-from trellis.adapters.health import FollowerGauges, FollowerHealth
+from trellis.adapters.health import FollowerGauges, FollowerHealth, stall_threshold
 from trellis.adapters.http.fabric_page import FabricPage
 from trellis.adapters.http.metrics import MetricsServer, problems_check
 from trellis.adapters.http.redfish.accounts import admin_password
@@ -670,7 +670,7 @@ async def engine_on(
                     **{name: name for name in projections.checkpoint_names},
                     "relay": relay.checkpoint_name,
                 },
-                LagTracker(settings.health_stall_s, settings.health_max_behind),
+                LagTracker(stall_threshold(settings.health_stall_s), settings.health_max_behind),
             )
             lag.start()
             stack.push_async_callback(lag.close)

@@ -6,7 +6,8 @@ its own in the transaction that applies its batch, inline or in the follower pro
 the projections (the slowest of them) and the event relay (the JetStream stream and the KV
 bucket). engine.core.lag judges them; the last judgement is what the health check and the gauges
 report. A relay stopped by a message it cannot pass, or by an event too large to publish,
-thus fails the health check within `stall_s` of its last move, naming the domain and the part.
+thus fails the health check within TRELLIS_HEALTH_STALL_SECONDS of its last move (see
+`stall_threshold`), naming the domain and the part.
 """
 
 from __future__ import annotations
@@ -30,6 +31,14 @@ _CHECKPOINTS = """
 SELECT follower, domain, version, position FROM trellis_follower_checkpoints
  WHERE domain = ANY($1::text[])
 """
+
+
+def stall_threshold(detect_within_s: float) -> float:
+    """How long a part must be seen stalled for `/healthz` to fail within `detect_within_s` of
+    its last move (ARCHITECTURE §10: "within 60 s"): sampled every `EVERY_S`, a move is seen up
+    to one sample late and a stall judged up to one sample after it is due, so two samples
+    less (one at least). Judged at the whole setting, it failed 62-63 s after (SRE probe)."""
+    return max(EVERY_S, detect_within_s - 2 * EVERY_S)
 
 
 class FollowerHealth:
