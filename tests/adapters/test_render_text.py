@@ -46,3 +46,21 @@ def test_a_replayed_refusal_says_it_is_the_answer_the_request_id_got_before() ->
 
     assert render.error_text(first) == "error [quota]: its quota is 0 gpu"
     assert render.error_text(again).startswith("error [quota]: its quota is 0 gpu (replayed: ")
+
+
+def test_one_connection_is_counted_as_one() -> None:
+    one = {
+        "device": "gpu-01",
+        "host": "host-01",
+        "composition_id": "c-1",
+        "tenant": "acme",
+        "path": ["host-01", "sw-1", "gpu-01"],
+        "links": ["l-1", "l-2"],
+        "bandwidth_gbps": 64.0,
+        "since": "2026-12-07T21:00:00Z",
+        "why": {"request_id": "r-1", "actor": "acme", "position": 3, "reason": "train"},
+    }
+    text = render.connections_table({"connections": [one]}, {"position": 3})
+    assert text.endswith("\n1 connection at position 3"), text
+    none = render.connections_table({"connections": []}, {"position": 3})
+    assert none.endswith("\n0 connections at position 3"), none

@@ -91,7 +91,7 @@ async def test_a_hall_past_one_message_imports_relays_and_shows_through_the_cli(
     env = env_of(h, tmp_path, nats_url, database_url, pg_schema)
     out = await imported_by_cli(env, doc, tmp_path)
     assert out.startswith(f"domain {DOMAIN}: imported {len(doc['nodes'])} nodes")
-    assert f"({len(doc['nodes']) + len(doc['links'])} in all)" in out
+    assert f"({len(doc['nodes']) + len(doc['links'])} nodes and links in all)" in out
 
     # The log holds it in parts, each of which the stream carries.
     parts = [e async for e in h.store.read(DOMAIN)]

@@ -174,7 +174,7 @@ def import_summary(result: Row, reply: Row, wide: bool = False) -> str:
             named = ids if wide else ids[:12]
             shown = ", ".join(named)
             if total > len(named):
-                shown += f", ... ({total} in all)"
+                shown += f", ... ({total} nodes and links in all)"
             lines.append(f"  {key}: {shown}")
     return "\n".join(lines)
 
@@ -476,7 +476,8 @@ def _connection_columns(wide: bool) -> list[Column]:
 
 def connections_table(result: Row, reply: Row, wide: bool = False) -> str:
     rows = result["connections"]
-    footer = f"\n{len(rows)} connections at position {reply['position']}"
+    noun = "connection" if len(rows) == 1 else "connections"
+    footer = f"\n{len(rows)} {noun} at position {reply['position']}"
     return columns(_connection_columns(wide), rows, wide) + footer
 
 
