@@ -433,6 +433,8 @@ async def test_sushy_reads_the_composition_service_and_its_blocks(
             conn._conn, f"{R}/CompositionService/ResourceZones"
         ).get_members()
         systems = [s.identity for s in conn.get_system_collection().get_members()]
+        # sushy refused EventService without its required Actions (the Redfish probe).
+        assert conn.get_event_service().service_enabled
         return systems, states, [z.identity for z in zones]
 
     systems, states, zones = await asyncio.to_thread(read)
@@ -525,6 +527,8 @@ async def test_the_event_stream_tells_each_account_only_what_it_may_see(
         (what,) = event["Events"]
         oem = what["Oem"]["Trellis"]
         assert event["sse id"] == event["Id"] == f"{oem['Domain']}.{oem['Position']}", event
+        # What the schema requires of every record (the Redfish probe found both missing).
+        assert (what["MemberId"], what["EventType"]) == ("0", "Other"), what
 
 
 async def test_a_read_only_service_refuses_writes_and_still_reads(

@@ -195,6 +195,8 @@ class EventFeed:
             "Context": "",
             "Events": [
                 {
+                    "MemberId": "0",  # required of every record: its index in Events
+                    "EventType": "Other",  # required in Event v1.0, deprecated since
                     "EventId": envelope.id,
                     "EventTimestamp": envelope.recorded_at,
                     "MessageId": f"{REGISTRY}.{record[0]}",
@@ -251,6 +253,9 @@ def event_service() -> dict[str, Any]:
         "ServiceEnabled": True,
         "Status": {"State": "Enabled", "Health": "OK"},
         "ServerSentEventUri": f"{R}/EventService/SSE",
+        # Required by the schema (Nullable="false"), and by sushy, which refused the resource
+        # without it: no action is offered.
+        "Actions": {},
         "RegistryPrefixes": ["ResourceEvent"],
         "SSEFilterPropertiesSupported": {
             "EventFormatType": False,
