@@ -437,11 +437,14 @@ def test_a_percentile_the_sample_cannot_support_is_hidden_not_printed() -> None:
     assert "p99" not in got.ttft_ms and "p99" not in got.tpot_ms
     assert "p99" not in got.latency_ms  # three composes
     table = comparison(pooled_run()[0], got)
-    for name in ("TTFT p99, ms (model)", "TPOT p99, ms (model)", "p99 compose latency"):
+    for name in ("TTFT p99, ms (model)", "TPOT p99, ms (model)", "compose latency p99,"):
         (line,) = [line for line in table.splitlines() if line.startswith(name)]
         assert line.split()[-3:] == ["-", "-", "-"]
     (line,) = [line for line in table.splitlines() if line.startswith("TTFT p50")]
     assert line.split()[-4:] == ["1100.0", "1500.0", "0.73x", "better"]
+    # The table shows each compose latency percentile the plot and figures.json show.
+    (line,) = [line for line in table.splitlines() if line.startswith("compose latency p50,")]
+    assert line.split()[-3:-1] != ["-", "-"], line
 
 
 def outcome() -> demo.Outcome:
@@ -676,4 +679,21 @@ def test_each_ratio_says_whether_it_is_better_or_worse_for_pooled_by_the_figures
     assert row_of(comparison(slower, faster), "TTFT p50, ms (model)")[-1] == "worse"
     assert row_of(table, "requests")[-1].endswith("x")  # what was asked: no verdict
     # The key under the table says what the column and a "-" mean.
-    assert "pooled is: better or worse" in table and "p99 needs 100" in table
+    assert "pooled is: better or worse" in table and "p99 100" in table
+
+
+def test_a_ratio_within_what_two_runs_differ_by_is_about_the_same() -> None:
+    """'0.99x better' beside '1.04x worse' read as a contradiction (front-door probe): a few
+    percent is what two runs of one arm differ by. Impaired is a share of what was made."""
+    pooled, fixed = pooled_run()[0], fixed_run()[0]
+    close = dataclasses.replace(pooled, hall_per_million_tokens=28.0, hall_per_served=0.0389)
+    other = dataclasses.replace(fixed, hall_per_million_tokens=28.34, hall_per_served=0.0376)
+    table = comparison(close, other)
+    whole_hall = row_of(table, "$ per million tokens, whole hall")
+    assert " ".join(whole_hall[-4:]) == "0.99x about the same"
+    assert " ".join(row_of(table, "hall $ per served request")[-4:]) == "1.03x about the same"
+    apart = dataclasses.replace(other, hall_per_served=0.0300)
+    assert row_of(comparison(close, apart), "hall $ per served request")[-1] == "worse"
+    made = dataclasses.replace(pooled, compositions=80, impaired=5)
+    assert row_of(comparison(made, dataclasses.replace(fixed, compositions=35, impaired=1)),
+                  "compositions impaired, % of made")[:3] == ["6.2", "2.9", "2.19x"]  # fmt: skip

@@ -204,7 +204,19 @@ def _plain(got: Figures) -> dict[str, Any]:
         ("latency_ms", PERCENTILES),
     ):
         out[name] = {f"p{q:g}": out[name].get(f"p{q:g}") for q in qs}
-    return out
+    return _rounded(out)
+
+
+def _rounded(value: Any) -> Any:
+    """`value` with every float to 9 decimals: a sum of time-weighted shares that is 7168 in
+    the table is 7168.0 here too, not 7167.999999999998."""
+    if isinstance(value, float):
+        return round(value, 9)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_rounded(v) for v in value]
+    return value
 
 
 def write(outcome: Outcome, plan: Plan, out: Path, text: str) -> list[Path]:

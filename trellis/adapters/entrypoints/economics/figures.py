@@ -80,6 +80,7 @@ class Figures:
     hall_per_served: float | None
     billed_per_million_tokens: float | None
     hall_per_million_tokens: float | None
+    compositions: int  # made: activated at least once
     impaired: int
     repaired: int  # the engine moved them off the fault, and they were active again
     recovered: int  # active again only once the fault healed
@@ -309,6 +310,9 @@ def figures(
         hall_per_served=per_served(hall_cost),
         billed_per_million_tokens=per_million_tokens(billed, tokens_served),
         hall_per_million_tokens=per_million_tokens(hall_cost, tokens_served),
+        compositions=len(
+            {e["data"]["composition_id"] for e in events if e["type"] == "CompositionActivated"}
+        ),
         impaired=len(impaired),
         repaired=len(repaired),
         recovered=len(recovered),
@@ -492,12 +496,15 @@ def comparison(pooled_figures: Figures, fixed_figures: Figures) -> str:
             f.free_gib_gpus_full,
             better="lower",
         ),
-        row(
-            "p99 compose latency, ms (client)",
-            p.latency_ms.get("p99"),
-            f.latency_ms.get("p99"),
-            "{:.1f}",
-            better="lower",
+        *(
+            row(
+                f"compose latency p{q:g}, ms (client)",
+                p.latency_ms.get(f"p{q:g}"),
+                f.latency_ms.get(f"p{q:g}"),
+                "{:.1f}",
+                better="lower",
+            )
+            for q in PERCENTILES
         ),
         row("billed $ (held x cost_per_hour)", p.billed, f.billed, "{:.4f}"),
         row(
@@ -514,7 +521,15 @@ def comparison(pooled_figures: Figures, fixed_figures: Figures) -> str:
             "{:.4f}",
             better="lower",
         ),
-        row("compositions impaired", p.impaired, f.impaired, better="lower"),
+        row("compositions made", p.compositions, f.compositions),
+        # A share, not a count: pooled makes a composition per phase, fixed one per request.
+        row(
+            "compositions impaired, % of made",
+            share(p.impaired, p.compositions),
+            share(f.impaired, f.compositions),
+            "{:.1f}",
+            better="lower",
+        ),
         row("compositions repaired", p.repaired, f.repaired),
         row("  back only once the fault healed", p.recovered, f.recovered),
     ]
@@ -522,20 +537,33 @@ def comparison(pooled_figures: Figures, fixed_figures: Figures) -> str:
     return table(header, rows) + "\n" + COMPARISON_KEY
 
 
+#: Two runs of the same arm differ by a few percent (which compositions the storm catches,
+#: the engine's timing): a ratio this close to 1 is no verdict either way.
+ABOUT_THE_SAME = 0.05
+
 COMPARISON_KEY = (
     "(pooled is: better or worse for the pooled hall by the figure's own sense, fewer or"
-    " lower where that is better; blank for a figure that is neither, or with a side missing."
-    " -: a percentile its samples cannot support (p99 needs 100, p99.9 1,000), a figure over"
-    " no moment, or a ratio over nothing)"
+    f" lower where that is better; about the same within {ABOUT_THE_SAME:.0%} either way, what"
+    " two runs of one arm differ by; blank for a figure that is neither, or with a side"
+    " missing. -: a percentile its samples cannot support (pN needs 100 / (100 - N): p50 2,"
+    " p90 10, p99 100, p99.9 1,000), a figure over no moment, or a ratio over nothing)"
 )
 
 
+def share(part: int, whole: int) -> float | None:
+    """`part` as a % of `whole`; None over nothing."""
+    return 100 * part / whole if whole else None
+
+
 def verdict(p: float | None, f: float | None, better: Better) -> str:
-    """ "better", "worse" or "same" for pooled, by `better`; "" without a sense or a side."""
+    """ "better", "worse", "same" or "about the same" (within ABOUT_THE_SAME) for pooled, by
+    `better`; "" without a sense or a side."""
     if better is None or p is None or f is None:
         return ""
     if p == f:
         return "same"
+    if f and abs(p / f - 1) < ABOUT_THE_SAME:
+        return "about the same"
     return "better" if (p > f) == (better == "higher") else "worse"
 
 
