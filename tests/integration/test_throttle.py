@@ -10,9 +10,11 @@ and another tenant is served meanwhile.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 import pytest_asyncio
 from fabrics import expect_error, expect_ok, fabric, row_counts
 from harness import Harness, ManualClock, serving
@@ -38,8 +40,9 @@ async def h(
 
 
 async def test_a_flood_is_throttled_writes_only_what_its_rate_allows_and_others_are_served(
-    h: Harness, database_url: str, pg_schema: str
+    h: Harness, database_url: str, pg_schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="trellis.adapters.nats.throttle_log")
     events_before, _ = await row_counts(database_url, pg_schema)
 
     async def flood(i: int) -> dict[str, Any]:
@@ -74,6 +77,9 @@ async def test_a_flood_is_throttled_writes_only_what_its_rate_allows_and_others_
     calm_events = len(served) // 2 * 5  # requested, reserved, path, activated; released
     assert events_after - events_before <= refused + calm_events, (refused, events_after)
     assert all(a.get("state") in ("active", "released") for a in served)
+    # Whose flood it was is in the engine's log (the metrics have no tenant label).
+    said = [r.getMessage() for r in caplog.records if r.name.endswith("throttle_log")]
+    assert said and "tenant 'flooder'" in said[0], said
 
 
 @pytest_asyncio.fixture

@@ -26,6 +26,7 @@ from nats.aio.msg import Msg
 from trellis.adapters.nats.micro import EndpointCount, EngineService
 from trellis.adapters.nats.replies import AnyInbox, DropLog, ReplyRule
 from trellis.adapters.nats.roundtrip import server_has_read
+from trellis.adapters.nats.throttle_log import ThrottleLog
 from trellis.engine.core import replies
 from trellis.engine.core.errors import ServedElsewhere
 from trellis.engine.service.router import Engine
@@ -104,6 +105,7 @@ class NatsIntake:
         self._observer = observer
         self._reply_rule = reply_rule or AnyInbox()
         self._drops = DropLog()
+        self._throttles = ThrottleLog()
         self._subs: list[Any] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(max_in_flight)
@@ -180,6 +182,7 @@ class NatsIntake:
             admit = self._engine.admit if tokens[0] == "intent" else self._engine.admit_view
             refused = admit(tokens[2])
             if refused is not None:
+                self._throttles.throttled(tokens[0], tokens[2])
                 await self._reply(msg, refused, endpoint, endpoint.received(), tokens)
                 return
             admitted = True

@@ -1,0 +1,57 @@
+"""Who is throttled, said in the engine's log: once a minute at most, each tenant throttled since
+the last line with how many of its intents and views were answered `throttled`.
+
+`/metrics` counts throttled answers by family and verb, never by tenant (a label per tenant
+would let a client grow the series without bound), so an operator could see a flood but not
+whose it was (the hostile-tenant probe: 4,709 intents throttled, no line in the log).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+LOG_EVERY_S = 60.0
+#: Tenants told on one line, the busiest first; the rest are summed.
+_NAMED = 5
+#: Tenants counted between two lines at most (made-up tenant tokens are free in plain mode).
+_COUNTED = 1000
+
+
+class ThrottleLog:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._counts: Counter[tuple[str, str]] = Counter()  # (tenant, family): answers
+        self._others = 0  # throttled answers of tenants past _COUNTED
+        self._last = -LOG_EVERY_S
+
+    def throttled(self, family: str, tenant: str) -> None:
+        """One `throttled` answer to `tenant`'s request of `family` (intent or view)."""
+        key = (tenant, family)
+        if key in self._counts or len(self._counts) < _COUNTED:
+            self._counts[key] += 1
+        else:
+            self._others += 1
+        now = self._clock()
+        if now - self._last < LOG_EVERY_S:
+            return
+        self._last = now
+        told = [
+            f"tenant {tenant!r} {count} {family}{'' if count == 1 else 's'}"
+            for (tenant, family), count in self._counts.most_common(_NAMED)
+        ]
+        rest = sum(self._counts.values()) - sum(c for _, c in self._counts.most_common(_NAMED))
+        rest += self._others
+        if rest:
+            told.append(f"{rest} more of other tenants")
+        log.warning(
+            "throttled since the last line (at most one a minute): %s; nothing was written for "
+            "them (trellis_intents_total / trellis_queries_total, code throttled)",
+            ", ".join(told),
+        )
+        self._counts.clear()
+        self._others = 0
