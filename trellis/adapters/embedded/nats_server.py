@@ -9,8 +9,8 @@ Layout under ``data_dir`` (shared with the embedded PostgreSQL)::
     nats.log
     nats.pid         the running nats-server's pid (secure mode reloads it with SIGHUP);
                      removed when the server is stopped
-    nats.conf        the server's name and ping settings; secure mode: an include of the
-                     users' config
+    nats.conf        the server's name, ping settings and connection limit; secure mode:
+                     an include of the users' config
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import contextlib
 import itertools
 import json
 import os
+import resource
 import secrets
 import shutil
 import signal
@@ -35,6 +36,7 @@ from trellis.adapters.embedded.process import HOST, ChildProcess, EmbeddedServer
 __all__ = [
     "MAIN_NATS_CONFIG",
     "EmbeddedNats",
+    "max_connections",
     "nats_server_binary",
     "reload_nats",
     "running_on_store",
@@ -48,6 +50,21 @@ PING_INTERVAL_S = 2.0
 PING_MAX = 3
 
 _HTTP_TIMEOUT_S = 1.0
+#: nats-server's own default limit of client connections.
+_NATS_MAX_CONNECTIONS = 65536
+
+
+def max_connections(open_files_limit: int) -> int:
+    """Client connections the embedded server takes: half the files it may open (nats-server
+    raises its soft limit to this hard one), so a flood of connections (one tenant's key may
+    open as many as it likes: the limit is per account, and every identity is in one) is
+    refused before JetStream's store runs out of files."""
+    return max(64, min(_NATS_MAX_CONNECTIONS, open_files_limit // 2))
+
+
+def _open_files_limit() -> int:
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return _NATS_MAX_CONNECTIONS * 2 if hard == resource.RLIM_INFINITY else hard
 
 
 def nats_server_binary() -> Path:
@@ -177,6 +194,7 @@ class EmbeddedNats(ChildProcess):
             f"server_name: {json.dumps(self._server_name)}\n"
             f"ping_interval: {json.dumps(f'{PING_INTERVAL_S:g}s')}\n"
             f"ping_max: {PING_MAX}\n"
+            f"max_connections: {max_connections(_open_files_limit())}\n"
         )
         if self.config is not None:
             # Included relative to this file's directory (nats-server joins include paths so).
