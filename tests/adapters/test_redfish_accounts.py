@@ -3,9 +3,13 @@ only, 0600, tenants required, sessions that expire."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import stat
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -135,3 +139,51 @@ def test_an_account_keeps_its_most_recently_used_sessions(
     assert all(store.by_token(s.token) is not None for s in opened[2:])
     assert store.by_token(bobs.token) is not None  # another account's are not touched
     assert len(store.sessions()) == accounts.SESSIONS_PER_ACCOUNT + 1
+
+
+async def test_a_password_changed_while_the_old_one_is_hashed_lets_the_old_one_in_nowhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A check of the old password that began before a change and ended after it passed, and
+    was remembered as proven against the new hash: the old password then opened sessions for
+    five minutes more (the re-check probe)."""
+    store = AccountStore(tmp_path / "accounts.json")
+    store.create("alice", "old-password", "Operator", "acme")
+    entered, release = threading.Event(), threading.Event()
+
+    class HeldAfterTheCheck(ThreadPoolExecutor):
+        """The check is done (against the old hash) and its answer waits to be taken up."""
+
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            def held() -> Any:
+                answer = fn(*args, **kwargs)
+                entered.set()
+                release.wait(5)
+                return answer
+
+            return super().submit(held)
+
+    monkeypatch.setattr(accounts, "_HASHER", HeldAfterTheCheck(1))
+    checking = asyncio.create_task(store.verify("alice", "old-password"))
+    assert await asyncio.to_thread(entered.wait, 5)
+    store.update("alice", password="new-password")  # on the loop, as a PATCH does
+    release.set()
+    assert await checking is None
+    assert store.proven("alice", "old-password") is None
+    assert await store.verify("alice", "old-password") is None
+    assert await store.verify("alice", "new-password") is not None
+
+
+async def test_proven_credentials_stay_proven_while_they_are_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy Basic client hashed again every five minutes, and met a flood's 429 then."""
+    store = AccountStore(tmp_path / "accounts.json")
+    store.create("alice", "alice-password", "Operator", "acme")
+    assert await store.verify("alice", "alice-password") is not None
+    now = accounts.time.monotonic()
+    for minutes in (4, 8, 12):
+        monkeypatch.setattr(accounts.time, "monotonic", lambda m=minutes: now + 60 * m)
+        assert store.proven("alice", "alice-password") is not None
+    monkeypatch.setattr(accounts.time, "monotonic", lambda: now + 60 * 12 + accounts.PROVEN_S)
+    assert store.proven("alice", "alice-password") is None  # unused for PROVEN_S

@@ -325,6 +325,11 @@ async def test_accounts_need_a_tenant_and_sessions_carry_a_token(admin: RedfishH
     extra = {"UserName": "alice", "Password": "alice-password", "Extra": 1}
     unknown = await anonymous("POST", f"{R}/SessionService/Sessions", extra)
     assert (unknown.status, unknown.messages()) == (400, ["PropertyUnknown"]), unknown
+    # ...but annotations are skipped, and Context is the client's own note, kept (re-check).
+    noted = {"@odata.type": "#Session.v1_5_0.Session", "Context": "nightly job",
+             "UserName": "alice", "Password": "alice-password"}  # fmt: skip
+    opened = await anonymous("POST", f"{R}/SessionService/Sessions", noted)
+    assert opened.status == 201 and opened.body["Context"] == "nightly job", opened
 
 
 async def test_the_fabric_drivers_client_logs_in_once_and_again_when_its_session_ends(
@@ -968,9 +973,9 @@ async def test_a_flood_of_wrong_passwords_is_throttled_and_proven_credentials_ne
     nats_url: str, database_url: str, pg_schema: str, subject_prefix: str, tmp_path: Path
 ) -> None:
     """Every wrong password cost a hash in a small pool every login shares: a flood from one
-    address held other tenants' logins for seconds (hostile-tenant probe). Past its budget an
-    address is answered 429 without a hash; credentials already proven are answered from
-    memory; both show on /metrics."""
+    address held other tenants' logins for seconds (hostile-tenant probe). Past a budget of
+    failures (per user name at an address, and per address) a login is answered 429 without a
+    hash; credentials already proven are answered from memory; all show on /metrics."""
     options = RedfishOptions(
         accounts=tmp_path / "redfish-accounts.json", admin_password=ADMIN_PASSWORD
     )
@@ -986,19 +991,35 @@ async def test_a_flood_of_wrong_passwords_is_throttled_and_proven_credentials_ne
         admin = RedfishHttp(h.redfish_url, "admin", ADMIN_PASSWORD)
         alice = await tenant_account(admin, "alice", "acme")
         assert (await alice.get(f"{R}/Systems")).status == 200  # proven by a hash
+        bob = await tenant_account(admin, "bob", "bolt")  # never proven yet
         guesser = RedfishHttp(h.redfish_url)
+        assert (await guesser.get(f"{R}/Systems")).status == 401  # no credentials at all
         sessions = f"{R}/SessionService/Sessions"
-        for i in range(login_guard.FAILURE_BURST):
-            wrong = guesser.as_user("alice" if i % 2 else f"nobody{i}", "not-the-password")
+        for _ in range(login_guard.USER_BURST):
+            wrong = guesser.as_user("alice", "not-the-password")
             assert (await wrong.get(f"{R}/Systems")).status == 401
         throttled = await guesser.as_user("alice", "still-not-it").get(f"{R}/Systems")
-        assert throttled.status == 429 and 1 <= int(throttled.headers["retry-after"]) <= 2
+        assert throttled.status == 429 and int(throttled.headers["retry-after"]) == 1
         assert throttled.messages() == ["ServiceTemporarilyUnavailable"], throttled
         login = {"UserName": "alice", "Password": "not-the-password"}
         assert (await guesser("POST", sessions, login)).status == 429
-        # The same address, with what was proven: served, no hash and no wait.
+        # The same address: what was proven is served with no hash; another user's right
+        # password is checked (every local client is 127.0.0.1: one guesser must not lock
+        # them all out; the re-check probe).
         assert (await alice.get(f"{R}/Systems")).status == 200
-        assert (await admin.get(f"{R}/AccountService/Accounts")).status == 200
+        assert (await bob.get(f"{R}/Systems")).status == 200
+        # Made-up user names, each new: limited by the address's own budget (which refills
+        # ten a second meanwhile, each check taking a hash's time).
+        made_up = 0
+        while made_up < 3 * login_guard.ADDRESS_BURST:
+            wrong = guesser.as_user(f"nobody{made_up}", "not-the-password")
+            answer = await wrong.get(f"{R}/Systems")
+            if answer.status == 429:
+                break
+            assert answer.status == 401, answer
+            made_up += 1
+        assert answer.status == 429, answer
+        assert made_up >= login_guard.ADDRESS_BURST - login_guard.USER_BURST
         text = await asyncio.to_thread(
             lambda: urllib.request.urlopen(f"{h.metrics_url}/metrics").read().decode()
         )
@@ -1008,9 +1029,10 @@ async def test_a_flood_of_wrong_passwords_is_throttled_and_proven_credentials_ne
             for s in family.samples
         }
         refused = "trellis_redfish_logins_refused_total"
-        assert samples[(refused, (("reason", "credentials"),))] == login_guard.FAILURE_BURST
-        assert samples[(refused, (("reason", "throttled"),))] == 2
+        assert samples[(refused, (("reason", "credentials"),))] == login_guard.USER_BURST + made_up
+        assert samples[(refused, (("reason", "throttled"),))] == 3
+        assert samples[(refused, (("reason", "missing"),))] == 1
         answers = "trellis_redfish_requests_total"
-        assert samples[(answers, (("method", "GET"), ("status", "429")))] == 1
+        assert samples[(answers, (("method", "GET"), ("status", "429")))] == 2
         assert samples[(answers, (("method", "POST"), ("status", "429")))] == 1
         assert samples[(answers, (("method", "GET"), ("status", "200")))] >= 3

@@ -17,6 +17,7 @@ from trellis.adapters.http.redfish.accounts import (
     AccountError,
     AccountStore,
     LastAdministrator,
+    Session,
 )
 from trellis.adapters.http.redfish.handling import (
     Reply,
@@ -155,13 +156,21 @@ async def session_service(
             if not isinstance(user, str) or not isinstance(password, str):
                 missing = "UserName" if not isinstance(user, str) else "Password"
                 raise error(400, "PropertyMissing", missing)
-            unknown = sorted(k for k in body if k not in ("UserName", "Password"))
-            if unknown:  # as a POST anywhere else: nothing is silently ignored
+            # As on any other POST: annotations are skipped, any other property not taken is
+            # refused, not ignored. Context is the client's own note on its session.
+            taken = ("UserName", "Password", "Context")
+            unknown = sorted(k for k in body if k not in taken and not k.startswith("@"))
+            if unknown:
                 raise error(400, "PropertyUnknown", unknown[0])
-            session = store.open_session(await login(request, user, password))
+            context = body.get("Context", "")
+            if not isinstance(context, str):
+                raise error(400, "PropertyValueTypeError", str(context)[:64], "Context")
+            if len(context) > 256:  # kept in memory with the session
+                raise error(400, "PropertyValueOutOfRange", context[:64], "Context")
+            session = store.open_session(await login(request, user, password), context)
             return Reply(
                 status=201,
-                body=_session(session.id, session.user_name),
+                body=_session(session),
                 headers=[
                     ("X-Auth-Token", session.token),
                     ("Location", f"{base}/Sessions/{session.id}"),
@@ -181,11 +190,11 @@ async def session_service(
         raise error(404, "ResourceNotFound", "Session", parts[1])
     session = known
     if method == "DELETE":
-        if_match(request, _session(session.id, session.user_name))
+        if_match(request, _session(session))
         store.close_session(session.id)
         return Reply(status=204, body=None, allow="GET, HEAD, DELETE")
     only(method, "GET", "DELETE")
-    return Reply(body=_session(session.id, session.user_name), allow="GET, HEAD, DELETE")
+    return Reply(body=_session(session), allow="GET, HEAD, DELETE")
 
 
 def _refuse_unknown_account_properties(body: dict[str, Any]) -> None:
@@ -315,12 +324,13 @@ def _session_service(timeout_s: int) -> dict[str, Any]:
     }
 
 
-def _session(session_id: str, user_name: str) -> dict[str, Any]:
+def _session(session: Session) -> dict[str, Any]:
     return {
-        "@odata.id": f"{R}/SessionService/Sessions/{session_id}",
+        "@odata.id": f"{R}/SessionService/Sessions/{session.id}",
         "@odata.type": "#Session.v1_8_0.Session",
-        "Id": session_id,
-        "Name": f"session of {user_name}",
-        "UserName": user_name,
+        "Id": session.id,
+        "Name": f"session of {session.user_name}",
+        "UserName": session.user_name,
         "SessionType": "Redfish",
+        **({"Context": session.context} if session.context else {}),
     }

@@ -46,9 +46,10 @@ _SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
 #: every core from the engine.
 HASHING_AT_ONCE = max(1, (os.cpu_count() or 2) // 2)
 _HASHER = ThreadPoolExecutor(HASHING_AT_ONCE, thread_name_prefix="redfish-password")
-#: Credentials a hash proved are known again for this long without another hash (a client
-#: sending Basic on every request pays one hash, not one per request, and never queues behind a
-#: flood of wrong passwords); a changed password or a disabled account is never matched.
+#: Credentials a hash proved are known again, without another hash, until this long after their
+#: last use (a client sending Basic on every request pays one hash, not one per request, and
+#: never queues behind a flood of wrong passwords); a changed password or a disabled account is
+#: never matched.
 PROVEN_S = 300.0
 _PROVEN_MAX = 4096  # entries; past that the memory is cleared, and hashes prove them again
 #: Live sessions per account: opening one more ends its least recently used (a client that
@@ -83,6 +84,7 @@ class Session(msgspec.Struct, kw_only=True):
     token: str
     user_name: str
     last_used: float  # monotonic seconds; it ends `session_timeout_s` after
+    context: str = ""  # the client's own note on it (Session.Context), as it gave it
 
 
 class AccountError(ValueError):
@@ -251,30 +253,43 @@ class AccountStore:
     def check(self, user_name: str, password: str) -> Account | None:
         """The enabled account with that name and password, else None (in about the same
         time either way: an unknown name still costs one hash)."""
+        account, _ = self._checked(user_name, password)
+        return account
+
+    def _checked(self, user_name: str, password: str) -> tuple[Account | None, str]:
+        """`check`, with the stored hash it compared against: in a hashing thread, a password
+        change on the loop may replace it meanwhile."""
         account = self._accounts.get(user_name)
-        salt = bytes.fromhex(account.salt) if account else b"\0" * 16
-        _, digest = hash_password(password, salt)
-        if account is None or not account.enabled:
-            return None
-        return account if hmac.compare_digest(digest, account.hash) else None
+        if account is None:
+            hash_password(password, b"\0" * 16)
+            return None, ""
+        expected = account.hash
+        _, digest = hash_password(password, bytes.fromhex(account.salt))
+        if not account.enabled or not hmac.compare_digest(digest, expected):
+            return None, expected
+        return account, expected
 
     async def verify(self, user_name: str, password: str) -> Account | None:
         """`proven`, or `check` in a hashing thread, so its hash (tens of ms; scrypt releases
-        the GIL) never stalls the event loop the engine runs on."""
+        the GIL) never stalls the event loop the engine runs on. A password changed (or the
+        account disabled or deleted) while the hash ran is a failure: the old password was
+        right only before, and must neither pass nor be remembered as proven."""
         account = self.proven(user_name, password)
         if account is not None:
             return account
         loop = asyncio.get_running_loop()
-        account = await loop.run_in_executor(_HASHER, self.check, user_name, password)
-        if account is not None:
-            if len(self._proven) >= _PROVEN_MAX:
-                self._proven.clear()
-            until = time.monotonic() + PROVEN_S
-            self._proven[self._proof(user_name, password)] = (
-                account.user_name,
-                account.hash,
-                until,
-            )
+        account, compared = await loop.run_in_executor(_HASHER, self._checked, user_name, password)
+        if (
+            account is None
+            or self._accounts.get(account.user_name) is not account
+            or not account.enabled
+            or account.hash != compared
+        ):
+            return None
+        if len(self._proven) >= _PROVEN_MAX:
+            self._proven.clear()
+        until = time.monotonic() + PROVEN_S
+        self._proven[self._proof(user_name, password)] = (account.user_name, compared, until)
         return account
 
     def proven(self, user_name: str, password: str) -> Account | None:
@@ -287,7 +302,14 @@ class AccountStore:
         account = self._accounts.get(name)
         if account is None or not account.enabled or account.hash != password_hash:
             return None
-        return account if time.monotonic() < until else None
+        if time.monotonic() >= until:
+            return None
+        self._still_proven(self._proof(user_name, password))  # its time starts again at each use
+        return account
+
+    def _still_proven(self, proof: bytes) -> None:
+        name, password_hash, _ = self._proven[proof]
+        self._proven[proof] = (name, password_hash, time.monotonic() + PROVEN_S)
 
     def _proof(self, user_name: str, password: str) -> bytes:
         """A digest of the credentials under a key of this process: never the password, and of
@@ -297,7 +319,7 @@ class AccountStore:
 
     # ---- sessions ----
 
-    def open_session(self, account: Account) -> Session:
+    def open_session(self, account: Account, context: str = "") -> Session:
         """A new session of `account`; past `SESSIONS_PER_ACCOUNT`, its least recently used
         one ends."""
         self._expire()
@@ -311,6 +333,7 @@ class AccountStore:
             token=secrets.token_hex(32),
             user_name=account.user_name,
             last_used=time.monotonic(),
+            context=context,
         )
         self._sessions[_token_key(session.token)] = session
         return session

@@ -1,61 +1,83 @@
-"""How many failed logins one client address may make: a burst, then a few a second.
+"""How many failed logins a client may make: a burst, then a few a second.
 
 Every password check costs a hash of tens of milliseconds in a small pool of hashing threads
 (accounts.py), shared by every client. A flood of wrong passwords, or of made-up user names,
 from one address filled that queue and held every other client's login behind it for seconds
-(the hostile-tenant probe: 4-6 s). Past its budget an address is answered 429 without a hash,
-until the budget refills; credentials already proven are answered from memory and never wait
-here (accounts.AccountStore.proven). By address, not by user name: made-up names are free to
-invent. A budget is for guesses, not for users: each failure takes one, a success none.
+(the hostile-tenant probe: 4-6 s). So failures are budgeted twice, and past either budget a
+login is answered 429 without a hash until it refills:
+
+- per address and user name, 10 at once then one a second: guessing one user's password is
+  slow, and someone guessing on the same host (every local client shares 127.0.0.1) leaves
+  other users' logins alone;
+- per address, 50 at once then ten a second: made-up user names are free to invent, and ten
+  hashes a second keep the hashing threads mostly free for everyone else.
+
+Whether a user name exists changes neither budget (that would tell a guesser which names do).
+Credentials already proven are answered from memory and never reach here
+(accounts.AccountStore.proven); a success takes nothing from a budget.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
-#: Failures an address may make at once, and how fast its budget refills (one per second): a
-#: person who mistypes a few times never meets it, a script guessing passwords does.
-FAILURE_BURST = 10
-REFILL_PER_S = 1.0
-#: Addresses remembered at most; past that, those whose budget is whole again are forgotten.
-_ADDRESSES = 4096
+#: Failures per address and user name at once, and how fast that budget refills (a second).
+USER_BURST = 10
+USER_REFILL_PER_S = 1.0
+#: Failures per address, whatever the user name.
+ADDRESS_BURST = 50
+ADDRESS_REFILL_PER_S = 10.0
+#: Budgets remembered at most, per kind; past that, those whole again are forgotten first.
+_REMEMBERED = 4096
 
 
-class LoginGuard:
-    def __init__(
-        self,
-        burst: int = FAILURE_BURST,
-        refill_per_s: float = REFILL_PER_S,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+class _Budgets:
+    def __init__(self, burst: int, refill_per_s: float, clock: Callable[[], float]) -> None:
         self._burst = burst
         self._refill = refill_per_s
         self._clock = clock
-        self._budgets: dict[str, tuple[float, float]] = {}  # address: (failures left, when)
+        self._left: dict[Hashable, tuple[float, float]] = {}  # key: (failures left, when)
 
-    def wait_s(self, address: str) -> int:
-        """0 when `address` may try a password now, else the whole seconds until it may."""
-        left = self._left(address)
-        if left >= 1:
-            return 0
-        return max(1, math.ceil((1 - left) / self._refill))
+    def wait_s(self, key: Hashable) -> int:
+        left = self._now_left(key)
+        return 0 if left >= 1 else max(1, math.ceil((1 - left) / self._refill))
 
-    def failed(self, address: str) -> None:
-        """One failed login from `address`."""
-        if len(self._budgets) >= _ADDRESSES and address not in self._budgets:
-            self._forget_whole()
-        self._budgets[address] = (self._left(address) - 1, self._clock())
+    def failed(self, key: Hashable) -> None:
+        if len(self._left) >= _REMEMBERED and key not in self._left:
+            self._forget()
+        self._left[key] = (self._now_left(key) - 1, self._clock())
 
-    def _left(self, address: str) -> float:
-        known = self._budgets.get(address)
+    def _now_left(self, key: Hashable) -> float:
+        known = self._left.get(key)
         if known is None:
             return float(self._burst)
         left, when = known
         return min(float(self._burst), left + (self._clock() - when) * self._refill)
 
-    def _forget_whole(self) -> None:
-        whole = [a for a in self._budgets if self._left(a) >= self._burst]
-        for address in whole or list(self._budgets)[: _ADDRESSES // 2]:
-            del self._budgets[address]
+    def _forget(self) -> None:
+        """Room for one more: the budgets whole again, else those nearest to whole (never the
+        emptiest: a flood from many addresses must not reset the throttled ones)."""
+        whole = [k for k in self._left if self._now_left(k) >= self._burst]
+        if not whole:
+            fullest = sorted(self._left, key=self._now_left, reverse=True)
+            whole = fullest[: len(self._left) // 2]
+        for key in whole:
+            del self._left[key]
+
+
+class LoginGuard:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._users = _Budgets(USER_BURST, USER_REFILL_PER_S, clock)
+        self._addresses = _Budgets(ADDRESS_BURST, ADDRESS_REFILL_PER_S, clock)
+
+    def wait_s(self, address: str, user_name: str) -> int:
+        """0 when a password of `user_name` may be checked for `address` now, else the whole
+        seconds until it may."""
+        return max(self._users.wait_s((address, user_name)), self._addresses.wait_s(address))
+
+    def failed(self, address: str, user_name: str) -> None:
+        """One failed login from `address` as `user_name`."""
+        self._users.failed((address, user_name))
+        self._addresses.failed(address)

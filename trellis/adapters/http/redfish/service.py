@@ -78,8 +78,9 @@ class RedfishObserver(Protocol):
     def redfish_answered(self, method: str, status: int) -> None: ...
 
     def redfish_login_refused(self, reason: str) -> None:
-        """`credentials` (a wrong name or password), `session` (an unknown token) or
-        `throttled` (an address past its failed logins)."""
+        """`missing` (no credentials), `credentials` (a wrong name or password, or a header
+        that is none), `session` (an unknown token) or `throttled` (past a budget of failed
+        logins)."""
 
 
 class Unobserved:
@@ -290,6 +291,9 @@ class RedfishService:
                 raise error(401, "NoValidSession")
             return found[1]
         auth = request.headers.get("authorization", "")
+        if not auth:  # a client's first ask, before it sends what it has: nobody guessing
+            self._observer.redfish_login_refused("missing")
+            raise error(401, "NoValidSession")
         scheme, _, value = auth.partition(" ")
         if scheme.lower() == "basic":
             try:
@@ -297,19 +301,19 @@ class RedfishService:
                     base64.b64decode(value, validate=True).decode().partition(":")
                 )
             except (binascii.Error, UnicodeDecodeError):
-                raise error(401, "NoValidSession") from None
+                colon = ""
             if colon:
                 return await self.login(request, user, password)
-        self._observer.redfish_login_refused("credentials")
+        self._observer.redfish_login_refused("credentials")  # another scheme, or no Basic
         raise error(401, "NoValidSession")
 
     async def login(self, request: Request, user: str, password: str) -> Account:
-        """The account these credentials prove, else 401; 429 for an address past its budget
-        of failed logins (login_guard.py), unless they were proven lately (no hash then)."""
+        """The account these credentials prove, else 401; 429 past a budget of failed logins
+        (login_guard.py), unless they were proven lately (no hash then)."""
         account = self.accounts.proven(user, password)
         if account is not None:
             return account
-        wait = self.logins.wait_s(request.peer)
+        wait = self.logins.wait_s(request.peer, user)
         if wait:
             self._observer.redfish_login_refused("throttled")
             resolution = (
@@ -320,7 +324,7 @@ class RedfishService:
             raise RedfishError(429, text, (("Retry-After", str(wait)),))
         account = await self.accounts.verify(user, password)
         if account is None:
-            self.logins.failed(request.peer)
+            self.logins.failed(request.peer, user)
             self._observer.redfish_login_refused("credentials")
             raise error(401, "NoValidSession")
         return account
