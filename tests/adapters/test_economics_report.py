@@ -692,6 +692,13 @@ def test_a_ratio_within_what_two_runs_differ_by_is_about_the_same() -> None:
     whole_hall = row_of(table, "$ per million tokens, whole hall")
     assert " ".join(whole_hall[-4:]) == "0.99x about the same"
     assert " ".join(row_of(table, "hall $ per served request")[-4:]) == "1.03x about the same"
+    # Symmetric: 5% apart is a verdict whichever side is the larger.
+    high, low = (
+        dataclasses.replace(close, hall_per_served=1.05),
+        dataclasses.replace(other, hall_per_served=1.0),
+    )
+    assert row_of(comparison(high, low), "hall $ per served request")[-1] == "worse"
+    assert row_of(comparison(low, high), "hall $ per served request")[-1] == "better"
     apart = dataclasses.replace(other, hall_per_served=0.0300)
     assert row_of(comparison(close, apart), "hall $ per served request")[-1] == "worse"
     made = dataclasses.replace(pooled, compositions=80, impaired=5)

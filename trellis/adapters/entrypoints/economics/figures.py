@@ -562,7 +562,7 @@ def verdict(p: float | None, f: float | None, better: Better) -> str:
         return ""
     if p == f:
         return "same"
-    if f and abs(p / f - 1) < ABOUT_THE_SAME:
+    if p > 0 and f > 0 and max(p / f, f / p) < 1 + ABOUT_THE_SAME:  # either way alike
         return "about the same"
     return "better" if (p > f) == (better == "higher") else "worse"
 
