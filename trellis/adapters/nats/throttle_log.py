@@ -8,6 +8,7 @@ whose it was (the hostile-tenant probe: 4,709 intents throttled, no line in the 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import Counter
@@ -23,11 +24,21 @@ _COUNTED = 1000
 
 
 class ThrottleLog:
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    """`later(seconds, callback)` schedules the line that tells what came after the last one
+    (the event loop's call_later by default): a flood that ends within the minute is told a
+    minute after its first line, not at the next flood."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        later: Callable[[float, Callable[[], None]], object] | None = None,
+    ) -> None:
         self._clock = clock
+        self._later = later
         self._counts: Counter[tuple[str, str]] = Counter()  # (tenant, family): answers
         self._others = 0  # throttled answers of tenants past _COUNTED
         self._last = -LOG_EVERY_S
+        self._told_later = False  # a line is scheduled
 
     def throttled(self, family: str, tenant: str) -> None:
         """One `throttled` answer to `tenant`'s request of `family` (intent or view)."""
@@ -36,16 +47,26 @@ class ThrottleLog:
             self._counts[key] += 1
         else:
             self._others += 1
-        now = self._clock()
-        if now - self._last < LOG_EVERY_S:
+        wait = self._last + LOG_EVERY_S - self._clock()
+        if wait <= 0:
+            self.tell()
+        elif not self._told_later:
+            self._told_later = True
+            later = self._later or asyncio.get_running_loop().call_later
+            later(wait, self.tell)
+
+    def tell(self) -> None:
+        """The line: every tenant throttled since the last one, if any."""
+        self._told_later = False
+        if not self._counts and not self._others:
             return
-        self._last = now
+        self._last = self._clock()
+        named = self._counts.most_common(_NAMED)
         told = [
             f"tenant {tenant!r} {count} {family}{'' if count == 1 else 's'}"
-            for (tenant, family), count in self._counts.most_common(_NAMED)
+            for (tenant, family), count in named
         ]
-        rest = sum(self._counts.values()) - sum(c for _, c in self._counts.most_common(_NAMED))
-        rest += self._others
+        rest = sum(self._counts.values()) - sum(count for _, count in named) + self._others
         if rest:
             told.append(f"{rest} more of other tenants")
         log.warning(
