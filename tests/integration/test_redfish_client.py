@@ -23,6 +23,7 @@ from trellis.adapters.fabric.redfish.client import (
     Unreachable,
     service_base,
 )
+from trellis.adapters.fabric.redfish.discovery import DiscoveryError, discover
 
 ZONE = "/redfish/v1/Fabrics/CXL/Zones/1"
 
@@ -289,3 +290,17 @@ async def test_a_session_replaced_after_a_401_is_logged_out_not_left_behind() ->
             await client.close()
     assert len(service.made) == 4  # the first login, then one again per refused read
     assert sorted(service.deleted) == sorted(service.made)  # each replaced one, then the last
+
+
+async def test_a_session_login_the_service_cannot_take_is_said_as_such() -> None:
+    """A service without SessionService answered the login 404, which was read as the service
+    root's own: "has no Redfish service root" (the southbound probe)."""
+    with MockupServer(MOCKUPS / "public-cxl-multiswitch", etag=True) as server:
+        client = RedfishClient(server.url, "trellis", "pw", auth="session")
+        try:
+            with pytest.raises(DiscoveryError) as raised:
+                await discover(client)
+        finally:
+            await client.close()
+    said = str(raised.value)
+    assert "SessionService/Sessions answered" in said and "no Redfish service root" not in said

@@ -202,3 +202,23 @@ async def test_the_cli_imports_from_redfish_through_the_intent_and_again_says_un
         server.stop()
         code, _, err = await run_cli(env, *imports)
         assert code == 3 and "cannot read the Redfish service" in err
+
+
+async def test_an_initiator_linked_to_no_system_is_named_in_a_note(tmp_path: Path) -> None:
+    """Hosts whose endpoints linked no ComputerSystem were dropped unsaid: a probe's import of
+    another service came back without its four hosts and no note (the southbound probe)."""
+    tree = write_tree(json.loads(EXAMPLE.read_text()), tmp_path / "tree")
+    for path in sorted((tree / "Fabrics").glob("*/Endpoints/*/index.json")):
+        body = json.loads(path.read_text())
+        entities = body.get("ConnectedEntities") or []
+        if any(e.get("EntityRole") == "Initiator" for e in entities):
+            for entity in entities:
+                entity.pop("EntityLink", None)
+            path.write_text(json.dumps(body))
+            uri = body["@odata.id"]
+            break
+    with MockupServer(tree) as server:
+        fmap = await read(server.url)
+    assert any(note.startswith(f"endpoint {uri} is an initiator") for note in fmap.notes), (
+        fmap.notes
+    )

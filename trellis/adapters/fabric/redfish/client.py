@@ -223,7 +223,9 @@ class RedfishClient:
         try:
             return await self.get(uri)
         except HttpError as exc:
-            if exc.status == 404:
+            # Only the resource's own 404: a login's (a service without SessionService) says
+            # nothing of the resource, and read as "no service root".
+            if exc.status == 404 and exc.method == "GET":
                 return None
             raise
 

@@ -370,6 +370,13 @@ class _Crawl:
                 endpoint_nodes[uri] = sorted(found)
             elif any(e.get("EntityType") in _DEVICE_ENTITIES for e in entities):
                 self.notes.append(f"endpoint {uri} connects no device Trellis can use: skipped")
+            elif any(e.get("EntityRole") in ("Initiator", "Both") for e in entities):
+                # A host is a ComputerSystem the endpoint's entity links to; without that link
+                # there is no host to name (a probe's whole import lost its hosts unsaid).
+                self.notes.append(
+                    f"endpoint {uri} is an initiator whose ConnectedEntities link to no "
+                    "/redfish/v1/Systems/<id>: no host for it, skipped"
+                )
         return hosts, devices, endpoint_nodes
 
     async def _devices_of(self, entities: list[Json]) -> dict[str, Json]:
