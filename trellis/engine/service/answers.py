@@ -69,6 +69,7 @@ class QueryAnswers:
         self._store = store
         self._fabric = fabric
         self._saga_deadline = saga_deadline
+        self._fabric_reads = fabric_report.Reads()
         self._read_models = read_models
         self._snapshots = snapshots
         self._audit = audit
@@ -100,6 +101,7 @@ class QueryAnswers:
                         lambda: served.writer.state,
                         settling=lambda: not served.sync.idle,
                         deadline=min(self._saga_deadline, fabric_report.READ_DEADLINE_S),
+                        reads=self._fabric_reads,
                     )
                 elif verb in AUDIT_QUERIES:
                     result = await self._trail().answer(

@@ -11,9 +11,11 @@ no history, so the query answers for now only.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 from trellis.engine.core.errors import FabricError, IntentRejected
+from trellis.engine.core.fabric import FabricSnapshot
 from trellis.engine.core.fabric_plan import reconcile
 from trellis.engine.core.results import FabricReport
 from trellis.engine.core.state import DomainState
@@ -22,6 +24,44 @@ from trellis.engine.service.ports import FabricDriver
 # At most this long to read the hardware (less when the saga deadline is shorter), so the
 # answer comes before a client's usual 10 s timeout.
 READ_DEADLINE_S = 5.0
+# A read that ended after its caller gave up answers the next caller within this long.
+UNCLAIMED_S = 30.0
+
+
+class Reads:
+    """Reads of each domain's hardware that run on after their caller gave up: a slow fabric
+    manager's read (a probe's took 8 s at 0.7 s an answer, so every `fabric check` gave up at
+    5 s and none could ever answer) then answers the next caller, when it ended in the last
+    UNCLAIMED_S. A read its caller took is not kept: the next caller reads again."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._abandoned: set[asyncio.Future[FabricSnapshot]] = set()
+        self._unclaimed: dict[str, tuple[float, FabricSnapshot]] = {}
+
+    async def read(self, domain: str, fabric: FabricDriver, deadline: float) -> FabricSnapshot:
+        """The domain's hardware now, or as a read whose caller gave up found it.
+
+        Raises:
+            FabricError: the read failed.
+            TimeoutError: no answer within `deadline` (the read runs on).
+        """
+        unclaimed = self._unclaimed.pop(domain, None)
+        if unclaimed is not None and self._clock() - unclaimed[0] <= UNCLAIMED_S:
+            return unclaimed[1]
+        running = asyncio.ensure_future(fabric.snapshot(domain))
+        try:
+            return await asyncio.wait_for(asyncio.shield(running), deadline)
+        except TimeoutError:
+            self._abandoned.add(running)  # held: a task nobody holds may be collected
+            running.add_done_callback(lambda done: self._ended(domain, done))
+            raise
+
+    def _ended(self, domain: str, done: asyncio.Future[FabricSnapshot]) -> None:
+        self._abandoned.discard(done)
+        if done.cancelled() or done.exception() is not None:
+            return  # nobody waits for it; the next caller reads again
+        self._unclaimed[domain] = (self._clock(), done.result())
 
 
 async def report(
@@ -31,6 +71,7 @@ async def report(
     *,
     settling: Callable[[], bool],
     deadline: float,
+    reads: Reads,
 ) -> FabricReport:
     """Read the domain's hardware through `fabric`, then the writer's `state` (in that order,
     as reconcile requires), and compare them.
@@ -41,7 +82,7 @@ async def report(
     """
     try:
         # A read, not a writer's change: no fence (the driver's "a tool's call").
-        snapshot = await asyncio.wait_for(fabric.snapshot(domain), deadline)
+        snapshot = await reads.read(domain, fabric, deadline)
     except FabricError as exc:
         raise IntentRejected(
             "unavailable",
