@@ -321,6 +321,45 @@ async def test_the_redfish_fence_holds_across_drivers_as_across_processes(
         await asyncio.to_thread(wipe, servers[kind])
 
 
+@pytest.mark.parametrize("kind", ["redfish", "redfish-if-match"])
+async def test_another_deployments_engine_is_refused_whatever_its_epoch(
+    servers: dict[str, MockupServer], kind: str, d: str
+) -> None:
+    """Two deployments (two logs) on one fabric manager took the domain from each other in
+    turn, each drawing an epoch above the other's and undoing its work (the southbound probe).
+    Another deployment is refused with no epoch to draw above, until the operator removes the
+    domain's entries; a successor of the same deployment is not."""
+    ours, successor, other = (
+        RedfishFabric(RedfishClient(servers[kind].url), deployment=name)
+        for name in ("dep-a", "dep-a", "dep-b")
+    )
+    try:
+        await ours.bind(d, binding(), fence=3)
+        with pytest.raises(
+            WriterFenced, match="another deployment of Trellis \\(dep-a\\)"
+        ) as refused:
+            await other.bind(d, binding(device="gpu-2"), fence=99)
+        assert refused.value.seen == 0
+        fabric = servers[kind].get(FABRIC_URI)
+        assert fabric["Oem"]["Trellis"]["WriterEpochs"][d] == 3
+        assert fabric["Oem"]["Trellis"]["WriterDeployments"][d] == "dep-a"
+        await successor.snapshot(d, fence=4)  # the same log's next writer: as before
+        with pytest.raises(WriterFenced, match="seen writer epoch 4"):
+            await ours.bind(d, binding(device="gpu-2"), fence=3)
+
+        # The operator moves the domain: the entries removed, the other deployment takes it.
+        def forget(body: dict[str, object]) -> dict[str, object]:
+            return {"Oem": {"Trellis": {"WriterEpochs": {d: None}, "WriterDeployments": {d: None}}}}
+
+        await other.client.update(FABRIC_URI, forget)
+        await other.snapshot(d, fence=1)
+        assert servers[kind].get(FABRIC_URI)["Oem"]["Trellis"]["WriterDeployments"][d] == "dep-b"
+    finally:
+        for driver in (ours, successor, other):
+            await driver.close()
+        await asyncio.to_thread(wipe, servers[kind])
+
+
 def test_the_contract_fabric_is_the_tree_the_driver_discovers(tmp_path: Path) -> None:
     # The ids the tests use are the ones discovery gives this tree (no kind prefixes).
     tree = write_tree(FABRIC, tmp_path)

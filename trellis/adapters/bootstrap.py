@@ -607,6 +607,10 @@ async def engine_on(
             database_url, schema=schema, max_size=2, application_name=sessions.LEASES
         )
         stack.push_async_callback(lease_pool.close)
+        if isinstance(fabric, RedfishFabric) and fabric.deployment is None:
+            # Recorded beside the epochs on the fabric manager: another log's engines are
+            # refused there (schema/022, docs/fabric-drivers.md §3.6).
+            fabric.deployment = str(await lease_pool.fetchval(DEPLOYMENT))
         engine = Engine(
             store,
             clock or SystemClock(),
@@ -926,6 +930,9 @@ def checkpoint_signer(settings: Settings) -> Signer:
         return load_or_create(checkpoint_key_path(settings), make_folder=make_folder)
     except KeyFileError as exc:
         raise SettingsError(str(exc)) from None
+
+
+DEPLOYMENT = "SELECT id FROM trellis_deployment"
 
 
 def fabric_state_path(settings: Settings) -> Path:

@@ -39,6 +39,7 @@ TABLES: dict[str, Kind] = {
     "trellis_checkpoints": Kind.LOG,  # signed tree heads: as permanent as the log
     "trellis_streams": Kind.LOG_HEAD,
     "trellis_migrations": Kind.SCHEMA_VERSION,
+    "trellis_deployment": Kind.SCHEMA_VERSION,  # drawn by the migration, read by the engine
     "trellis_follower_checkpoints": Kind.BOOKKEEPING,
     "trellis_engines": Kind.BOOKKEEPING,
     "trellis_writer_leases": Kind.BOOKKEEPING,

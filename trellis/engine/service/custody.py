@@ -456,7 +456,7 @@ class Custody:
             self._settle,
             deadline=self._saga_deadline,
             fence=fence,
-            on_fenced=lambda seen: self._lost(domain, writer, seen),
+            on_fenced=lambda seen: self._lost(domain, writer, seen, by_fabric=True),
             telemetry=self._telemetry,
             appending=lambda: writer.appending,
         )
@@ -521,7 +521,9 @@ class Custody:
             log.warning("domain %s: could not renew its writer lease: %s", domain, exc)
             return False
 
-    def _lost(self, domain: str, writer: DomainWriter, seen: int = 0) -> None:
+    def _lost(
+        self, domain: str, writer: DomainWriter, seen: int = 0, *, by_fabric: bool = False
+    ) -> None:
         """The log or the fabric refused our epoch: stop writing the domain (once).
 
         A fabric that has seen a later epoch than any lease (`seen`: its record outlived the
@@ -534,11 +536,12 @@ class Custody:
         ahead = served.lease is not None and seen >= served.lease.epoch
         if ahead:
             self._floors[domain] = max(self._floors.get(domain, 0), seen + 1)
-        why = (
-            f"the fabric has seen writer epoch {seen}"
-            if ahead
-            else "the log holds a newer writer epoch (another engine, or this one again)"
-        )
+        if ahead:
+            why = f"the fabric has seen writer epoch {seen}"
+        elif by_fabric:  # its reason is on the saga's line before (another deployment...)
+            why = "the fabric refused this writer"
+        else:
+            why = "the log holds a newer writer epoch (another engine, or this one again)"
         drop = self._drop(domain, "fenced", why, release=ahead)
         self._keep(asyncio.create_task(drop, name=f"fenced-{domain}"))
 

@@ -21,7 +21,9 @@ the Fabric resource (`Oem.Trellis.WriterEpochs`), read before every change and r
 successor has made a call, across processes. Redfish has no transaction across resources: a
 stale writer that read the epoch just before its successor raised it can still make the one
 change it was making (the window is one request), which the successor's reconciliation then
-undoes.
+undoes. Beside each epoch the driver records the deployment (the log, schema/022) whose
+engines drive the domain (`Oem.Trellis.WriterDeployments`): an engine of another deployment
+is refused whatever its epoch, so two logs never take the domain from each other in turn.
 
 The driver reads its own work back on every `snapshot`: the Zones and Connections collections
 and the memory pools' MemoryChunks, each member read, and the OCS ports where cables are. A
@@ -133,8 +135,11 @@ class RedfishFabric:
         resync_s: float = RESYNC_S,
         events_at: tuple[str, int] | None = None,
         poll_s: float = 5.0,
+        deployment: str | None = None,
     ) -> None:
         self.client = client
+        # This engine's deployment (its log's), recorded with the epochs; None: not checked.
+        self.deployment = deployment
         self.fabric = fabric
         self.resync_s = resync_s
         self.events_at = events_at
@@ -743,8 +748,24 @@ class RedfishFabric:
             return
 
         def record(body: Json) -> Json | None:
-            epochs = trellis_oem(body).get("WriterEpochs")
+            oem = trellis_oem(body)
+            epochs = oem.get("WriterEpochs")
             epochs = epochs if isinstance(epochs, dict) else {}
+            deployments = oem.get("WriterDeployments")
+            deployments = deployments if isinstance(deployments, dict) else {}
+            theirs = deployments.get(domain)
+            if self.deployment is not None and theirs not in (None, self.deployment):
+                # Not a successor but another log: drawing an epoch above its would only take
+                # the domain in turn, each log undoing the other's work. Refused with no epoch
+                # (seen 0), so the engine draws none above it.
+                raise WriterFenced(
+                    domain,
+                    f"another deployment of Trellis ({theirs}) drives domain {domain} on this "
+                    f"fabric manager; this engine's is {self.deployment}. Stop that one, then "
+                    f"remove {domain} from Oem.Trellis.WriterEpochs and WriterDeployments of "
+                    f"{fmap.fabric} to move the domain here (docs/fabric-drivers.md §3.6)",
+                    seen=0,
+                )
             recorded = epochs.get(domain, 0)
             if isinstance(recorded, int) and fence < recorded:
                 raise WriterFenced(
@@ -753,9 +774,12 @@ class RedfishFabric:
                     f"{fence}",
                     seen=recorded,
                 )
-            if recorded == fence:
-                return None
-            return {"Oem": {"Trellis": {"WriterEpochs": {**epochs, domain: fence}}}}
+            change: Json = {}
+            if recorded != fence:
+                change["WriterEpochs"] = {**epochs, domain: fence}
+            if self.deployment is not None and theirs is None:
+                change["WriterDeployments"] = {**deployments, domain: self.deployment}
+            return {"Oem": {"Trellis": change}} if change else None
 
         try:
             await self.client.update(fmap.fabric, record)
