@@ -64,3 +64,16 @@ def test_one_connection_is_counted_as_one() -> None:
     assert text.endswith("\n1 connection at position 3"), text
     none = render.connections_table({"connections": []}, {"position": 3})
     assert none.endswith("\n0 connections at position 3"), none
+
+
+def test_history_names_its_price_the_devices_not_the_slices() -> None:
+    """A slice of a 2,048 GiB pool showed 'cost/h 0.8', the whole pool's price: a reader
+    multiplying it by the time over-billed the slice fourfold (front-door probe)."""
+    interval = {
+        "device": "mem-01", "model": "CXL-2.0-pool", "kind": "memory", "host": "host-01",
+        "composition_id": "c-1", "tenant": "acme", "start": "2026-12-07T21:00:00Z",
+        "end": None, "end_reason": None, "cost_per_hour": 0.8, "bandwidth_gbps": 64.0,
+        "capacity_gib": 512.0,
+    }  # fmt: skip
+    header = render.history_table({"intervals": [interval]}, {"position": 3}).splitlines()[0]
+    assert "device $/h" in header and "cost/h" not in header, header

@@ -491,8 +491,10 @@ def _history_columns(wide: bool) -> list[Column]:
         ("start", lambda i: _time(i["start"], wide), False),
         ("end", lambda i: _time(i["end"], wide) or "(held)", False),
         ("ended by", lambda i: i["end_reason"] or "", False),
+        # The device's own price (a memory pool's whole, not a slice's share: a slice pays
+        # its GiB's share of it, docs/demo.md), so named for what it is.
         (
-            "cost/h",
+            "device $/h",
             lambda i: f"{i['cost_per_hour']:g}" if i["cost_per_hour"] is not None else "",
             False,
         ),
