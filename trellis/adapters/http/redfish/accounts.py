@@ -295,21 +295,19 @@ class AccountStore:
     def proven(self, user_name: str, password: str) -> Account | None:
         """The enabled account these credentials were proven for in the last `PROVEN_S`, its
         password unchanged since; else None. No hash: a keyed digest of them is looked up."""
-        known = self._proven.get(self._proof(user_name, password))
+        proof = self._proof(user_name, password)
+        known = self._proven.get(proof)
         if known is None:
             return None
         name, password_hash, until = known
         account = self._accounts.get(name)
         if account is None or not account.enabled or account.hash != password_hash:
             return None
-        if time.monotonic() >= until:
+        now = time.monotonic()
+        if now >= until:
             return None
-        self._still_proven(self._proof(user_name, password))  # its time starts again at each use
+        self._proven[proof] = (name, password_hash, now + PROVEN_S)  # its time starts again
         return account
-
-    def _still_proven(self, proof: bytes) -> None:
-        name, password_hash, _ = self._proven[proof]
-        self._proven[proof] = (name, password_hash, time.monotonic() + PROVEN_S)
 
     def _proof(self, user_name: str, password: str) -> bytes:
         """A digest of the credentials under a key of this process: never the password, and of
