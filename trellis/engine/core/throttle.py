@@ -72,7 +72,7 @@ def kept(
     return {t: b for t, b in buckets.items() if b.tokens + (now - b.at) * per_second < full}
 
 
-def _refilled(bucket: Bucket | None, now: float, per_second: float, full: float) -> Bucket:
+def refilled(bucket: Bucket | None, now: float, per_second: float, full: float) -> Bucket:
     """`bucket` at `now` (None: a tenant not seen yet, its bucket full)."""
     if bucket is None:
         return Bucket(tokens=full, at=now)
@@ -83,7 +83,7 @@ def _refilled(bucket: Bucket | None, now: float, per_second: float, full: float)
 def take(bucket: Bucket | None, now: float, limit: RateLimit) -> tuple[Bucket, int]:
     """Take one token from `bucket` (None: a tenant not seen yet, its bucket full) at `now`:
     the bucket after, and 0 when a token was there, else the milliseconds until one is."""
-    bucket = _refilled(bucket, now, limit.per_second, float(limit.burst))
+    bucket = refilled(bucket, now, limit.per_second, float(limit.burst))
     tokens = bucket.tokens
     if tokens >= 1.0:
         return Bucket(tokens=tokens - 1.0, at=now), 0
@@ -94,7 +94,7 @@ def take(bucket: Bucket | None, now: float, limit: RateLimit) -> tuple[Bucket, i
 def may_view(bucket: Bucket | None, now: float, budget: ViewBudget) -> tuple[Bucket, int]:
     """Whether a view may start at `now`: the bucket, and 0 while it holds time, else the
     milliseconds until it does again."""
-    bucket = _refilled(bucket, now, budget.share, budget.burst_s)
+    bucket = refilled(bucket, now, budget.share, budget.burst_s)
     if bucket.tokens > 0:
         return bucket, 0
     return bucket, max(1, math.ceil(-bucket.tokens / budget.share * 1000))
@@ -103,5 +103,5 @@ def may_view(bucket: Bucket | None, now: float, budget: ViewBudget) -> tuple[Buc
 def charge(bucket: Bucket | None, now: float, budget: ViewBudget, seconds: float) -> Bucket:
     """The bucket once a view that took `seconds` has ended at `now`: it may go below empty
     (one costly view), and the tenant then waits until that time is earned back."""
-    bucket = _refilled(bucket, now, budget.share, budget.burst_s)
+    bucket = refilled(bucket, now, budget.share, budget.burst_s)
     return Bucket(tokens=bucket.tokens - max(0.0, seconds), at=now)

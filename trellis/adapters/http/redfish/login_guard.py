@@ -23,6 +23,8 @@ import math
 import time
 from collections.abc import Callable, Hashable
 
+from trellis.engine.core.throttle import Bucket, RateLimit, refilled, take
+
 #: Failures per address and user name at once, and how fast that budget refills (a second).
 USER_BURST = 10
 USER_REFILL_PER_S = 1.0
@@ -34,37 +36,37 @@ _REMEMBERED = 4096
 
 
 class _Budgets:
+    """Token buckets (engine/core/throttle.py) by key: a failure takes a token, and a login is
+    checked only while its bucket holds one."""
+
     def __init__(self, burst: int, refill_per_s: float, clock: Callable[[], float]) -> None:
-        self._burst = burst
-        self._refill = refill_per_s
+        self._limit = RateLimit(per_second=refill_per_s, burst=burst)
         self._clock = clock
-        self._left: dict[Hashable, tuple[float, float]] = {}  # key: (failures left, when)
+        self._buckets: dict[Hashable, Bucket] = {}
 
     def wait_s(self, key: Hashable) -> int:
-        left = self._now_left(key)
-        return 0 if left >= 1 else max(1, math.ceil((1 - left) / self._refill))
+        left = self._left(key)
+        return 0 if left >= 1 else max(1, math.ceil((1 - left) / self._limit.per_second))
 
     def failed(self, key: Hashable) -> None:
-        if len(self._left) >= _REMEMBERED and key not in self._left:
+        if len(self._buckets) >= _REMEMBERED and key not in self._buckets:
             self._forget()
-        self._left[key] = (self._now_left(key) - 1, self._clock())
+        self._buckets[key], _ = take(self._buckets.get(key), self._clock(), self._limit)
 
-    def _now_left(self, key: Hashable) -> float:
-        known = self._left.get(key)
-        if known is None:
-            return float(self._burst)
-        left, when = known
-        return min(float(self._burst), left + (self._clock() - when) * self._refill)
+    def _left(self, key: Hashable) -> float:
+        limit = self._limit
+        bucket = refilled(self._buckets.get(key), self._clock(), limit.per_second, limit.burst)
+        return bucket.tokens
 
     def _forget(self) -> None:
         """Room for one more: the budgets whole again, else those nearest to whole (never the
         emptiest: a flood from many addresses must not reset the throttled ones)."""
-        whole = [k for k in self._left if self._now_left(k) >= self._burst]
+        whole = [k for k in self._buckets if self._left(k) >= self._limit.burst]
         if not whole:
-            fullest = sorted(self._left, key=self._now_left, reverse=True)
-            whole = fullest[: len(self._left) // 2]
+            fullest = sorted(self._buckets, key=self._left, reverse=True)
+            whole = fullest[: len(self._buckets) // 2]
         for key in whole:
-            del self._left[key]
+            del self._buckets[key]
 
 
 class LoginGuard:
