@@ -156,15 +156,11 @@ async def session_service(
             if not isinstance(user, str) or not isinstance(password, str):
                 missing = "UserName" if not isinstance(user, str) else "Password"
                 raise error(400, "PropertyMissing", missing)
-            # As on any other POST: annotations are skipped, any other property not taken is
-            # refused, not ignored. Context is the client's own note on its session.
-            taken = ("UserName", "Password", "Context")
-            unknown = sorted(k for k in body if k not in taken and not k.startswith("@"))
-            if unknown:
-                raise error(400, "PropertyUnknown", unknown[0])
+            # As on any other POST; Context is the client's own note on its session.
+            refuse_unknown(body, ("UserName", "Password", "Context"))
             context = body.get("Context", "")
             if not isinstance(context, str):
-                raise error(400, "PropertyValueTypeError", str(context)[:64], "Context")
+                raise wrong_type(context, "Context")
             if len(context) > 256:  # kept in memory with the session
                 raise error(400, "PropertyValueOutOfRange", context[:64], "Context")
             session = store.open_session(await login(request, user, password), context)
