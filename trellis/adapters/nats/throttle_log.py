@@ -14,9 +14,10 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+from trellis.adapters.nats.replies import LOG_EVERY_S  # as the dropped requests' lines
+
 log = logging.getLogger(__name__)
 
-LOG_EVERY_S = 60.0
 #: Tenants told on one line, the busiest first; the rest are summed.
 _NAMED = 5
 #: Tenants counted between two lines at most (made-up tenant tokens are free in plain mode).
