@@ -255,6 +255,35 @@ async def test_the_servers_own_refusals_are_redfish_error_bodies(admin: RedfishH
         assert set(json.loads(body)["error"]) == {"code", "message", "@Message.ExtendedInfo"}
 
 
+async def test_a_request_too_large_or_of_an_unknown_method_is_answered_not_reset(
+    admin: RedfishHttp,
+) -> None:
+    """A client that sends a whole oversized body, or headers past the limit, reads the
+    refusal: the server drops what it did not read before closing, where a close over unread
+    data would reset the connection under the answer. A method HTTP does not define is 501."""
+    own = admin.base.split("://", 1)[1]
+    auth = f"Authorization: {basic('admin', ADMIN_PASSWORD)}"
+    big = 2_000_000
+    for data, status in [
+        (
+            f"POST {R}/Systems HTTP/1.1\r\nHost: {own}\r\n{auth}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {big}\r\n\r\n".encode()
+            + b" " * big,
+            413,
+        ),
+        (f"GET {R}/Systems HTTP/1.1\r\nHost: {own}\r\nX-Pad: {'a' * 20_000}\r\n\r\n".encode(), 431),
+        (
+            f"GET {R}/Systems HTTP/1.1\r\nHost: {own}\r\nX-Pad: {'a' * 900_000}\r\n\r\n".encode(),
+            431,
+        ),
+        (f"BREW {R}/Systems HTTP/1.1\r\nHost: {own}\r\n{auth}\r\n\r\n".encode(), 501),
+    ]:
+        answer = await raw_exchange(admin.base, data)
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.split(b" ", 2)[1] == str(status).encode(), answer[:300]
+        assert set(json.loads(body)["error"]) == {"code", "message", "@Message.ExtendedInfo"}
+
+
 async def test_the_last_enabled_administrator_stays_and_an_empty_patch_changes_nothing(
     admin: RedfishHttp,
 ) -> None:

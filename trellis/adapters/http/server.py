@@ -19,9 +19,11 @@ an operator who opened it can read nothing. A request with an `Origin` (a browse
 EventSource from a page) must come from one of those same authorities with the server's own
 scheme (or https for a name given to it: a proxy that ends TLS), else `403`.
 
-The server's own refusals (a malformed request, a body too large, a method it does not take,
-a Host or Origin it does not serve) are plain text, or whatever `render_error` makes of them
-(the Redfish service's error bodies).
+The server's own refusals (a malformed request, a body over 1 MiB: 413, a request line and
+headers over 16 KiB: 431, a method it does not take: 405, or one HTTP does not define: 501, a
+Host or Origin it does not serve) are plain text, or whatever `render_error` makes of them (the
+Redfish service's error bodies). After refusing a request it did not read whole, it drops what
+the client still sends for a moment before closing (_linger), so the answer is read, not reset.
 """
 
 from __future__ import annotations
@@ -47,6 +49,13 @@ _REASONS |= {428: "Precondition Required", 429: "Too Many Requests"}
 _REASONS |= {431: "Request Header Fields Too Large", 500: "Internal Server Error"}
 _REASONS |= {501: "Not Implemented", 502: "Bad Gateway", 503: "Service Unavailable"}
 _READ_ONLY = frozenset({"GET", "HEAD"})
+#: The methods of HTTP (RFC 9110 §9): one of these a server does not take is 405, any other 501.
+_KNOWN = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"})
+#: After refusing a request it did not read whole, the server reads and drops what the client
+#: still sends, this long and this much at most, before it closes: a close with unread data
+#: sends a TCP reset, which can destroy the answer before the client reads it.
+_LINGER_S = 2.0
+_LINGER_BYTES = 4 * _MAX_BODY
 #: Headers a request may carry once (two Hosts or lengths: which one is meant is unknowable).
 _SINGLE = frozenset({"host", "content-length"})
 _DIGITS = re.compile(r"[0-9]{1,19}")
@@ -78,6 +87,8 @@ class Stream(NamedTuple):
     chunks: AsyncIterator[bytes]
     headers: tuple[tuple[str, str], ...] = ()
 
+
+_HEAD_TOO_LARGE = Response(431, "text/plain", b"request line and headers too large\n")
 
 Handler = Callable[[Request], Awaitable[Response | Stream]]
 #: Remakes one of the server's own refusals (a plain-text Response) in the handler's shape.
@@ -126,7 +137,7 @@ class HttpServer:
             OSError: the address cannot be bound (in use, or not this machine's).
         """
         self._server = await asyncio.start_server(
-            self._on_connection, self._host, self._port, ssl=self._ssl
+            self._on_connection, self._host, self._port, ssl=self._ssl, limit=_MAX_HEAD
         )
         bound = self.url.split("://", 1)[1]
         port = bound.rsplit(":", 1)[1]
@@ -151,13 +162,16 @@ class HttpServer:
         try:
             try:
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _READ_TIMEOUT_S)
-            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
-                head = b""  # answered 400
-            request = _parse(head, self._methods)
+                request = _parse(head, self._methods)
+            except asyncio.LimitOverrunError:
+                head, request = b"", _HEAD_TOO_LARGE
+            except (asyncio.IncompleteReadError, TimeoutError):
+                head, request = b"", _parse(b"")  # answered 400
             if not isinstance(request, Response):
                 request = request._replace(peer=_peer(writer))
                 if request.method not in _READ_ONLY:
                     request = await _with_body(reader, request)
+            unread = isinstance(request, Response)  # refused before it was read whole
             refusal = request if isinstance(request, Response) else self._refusal(request)
             if refusal is not None and self._render_error is not None:
                 refusal = self._render_error(refusal)
@@ -179,6 +193,8 @@ class HttpServer:
                 if not head.startswith(b"HEAD "):
                     writer.write(answer.body)
                 await writer.drain()
+            if unread:
+                await _linger(reader, writer)
         except ConnectionError:
             pass  # the client left
         except asyncio.CancelledError:
@@ -210,6 +226,18 @@ class HttpServer:
             return False
         own = "https" if self._ssl is not None else "http"
         return scheme == own or (scheme == "https" and _without_port(authority) in self._named)
+
+
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Say the answer is whole, then drop what the client still sends until it closes (or
+    _LINGER_S and _LINGER_BYTES pass), so that the close sends no reset over the answer."""
+    if writer.can_write_eof():  # not over TLS, whose close_notify is sent at the close
+        writer.write_eof()
+    dropped = 0
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(_LINGER_S):
+            while dropped < _LINGER_BYTES and (chunk := await reader.read(64 * 1024)):
+                dropped += len(chunk)
 
 
 def _peer(writer: asyncio.StreamWriter) -> str:
@@ -261,11 +289,15 @@ async def _with_body(reader: asyncio.StreamReader, request: Request) -> Request 
 
 def _parse(head: bytes, methods: frozenset[str] = _READ_ONLY) -> Request | Response:
     """The request whose line and headers are `head`, or the error response it deserves."""
+    if len(head) > _MAX_HEAD:
+        return _HEAD_TOO_LARGE
     first, *fields = head.decode("latin-1").split("\r\n")
     line = first.split()
-    if len(line) != 3 or len(head) > _MAX_HEAD:
+    if len(line) != 3:
         return Response(400, "text/plain", b"bad request\n")
     method, target, _ = line
+    if method not in _KNOWN:
+        return Response(501, "text/plain", b"not a method of HTTP this server knows\n")
     if method not in methods:
         allowed = ", ".join(sorted(methods))
         return Response(405, "text/plain", f"only {allowed}\n".encode(), (("Allow", allowed),))
