@@ -67,6 +67,36 @@ async def test_bad_basic_credentials_are_hashed_off_the_event_loop_a_few_at_a_ti
     assert login.status == 401 and loop_thread not in threads
 
 
+async def test_a_new_account_and_a_password_change_are_hashed_off_the_event_loop(
+    admin: RedfishHttp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each scrypt (tens of ms) on the loop stalled every domain the engine serves: a tenant
+    changing its own password in a loop held the engine's event loop (hostile-tenant probe)."""
+    loop_thread = threading.get_ident()
+    scrypt = accounts.hashlib.scrypt
+    threads: list[int] = []
+
+    def watched_scrypt(*args: Any, **kwargs: Any) -> bytes:
+        threads.append(threading.get_ident())
+        return scrypt(*args, **kwargs)
+
+    monkeypatch.setattr(accounts.hashlib, "scrypt", watched_scrypt)
+    made = await admin(
+        "POST",
+        f"{R}/AccountService/Accounts",
+        {"UserName": "carol", "Password": "carol-password", "RoleId": "Operator",
+         "Oem": {"Trellis": {"Tenant": "acme"}}},
+    )  # fmt: skip
+    assert made.status == 201, made
+    carol = admin.as_user("carol", "carol-password")
+    changed = await carol(
+        "PATCH", f"{R}/AccountService/Accounts/carol", {"Password": "another-password"}
+    )
+    assert changed.status == 200, changed
+    assert len(threads) >= 3 and loop_thread not in threads  # made, proven, changed
+    assert (await admin.as_user("carol", "another-password").get(f"{R}/Systems")).status == 200
+
+
 async def test_a_retry_with_the_same_idempotency_key_gets_the_first_answer(
     admin: RedfishHttp,
 ) -> None:

@@ -42,7 +42,7 @@ ACCOUNT_PROPERTIES = {"UserName", "Password", "RoleId", "Enabled", "Locked", "Oe
                       "Description"}  # fmt: skip
 
 
-def account_service(
+async def account_service(
     store: AccountStore, request: Request, method: str, parts: list[str], account: Account
 ) -> Reply:
     """`/redfish/v1/AccountService` and below: roles, and accounts an Administrator makes,
@@ -67,7 +67,7 @@ def account_service(
             _check_types(body)
             _check_required(body)
             try:
-                made = store.create(
+                made = await store.create(
                     body["UserName"],
                     body["Password"],
                     body["RoleId"],
@@ -76,7 +76,7 @@ def account_service(
             except AccountError as exc:
                 raise _account_error(exc, str(body.get("UserName"))) from None
             if body.get("Enabled") is False:
-                made = store.update(made.user_name, enabled=False)
+                made = await store.update(made.user_name, enabled=False)
             return Reply(
                 status=201,
                 body=_account(made),
@@ -102,7 +102,7 @@ def account_service(
                 raise error(403, "InsufficientPrivilege")
             _check_types(body)
             try:
-                changed = store.update(
+                changed = await store.update(
                     target.user_name, password=body.get("Password"), enabled=body.get("Enabled")
                 )
             except AccountError as exc:

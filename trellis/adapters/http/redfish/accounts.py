@@ -106,6 +106,12 @@ def hash_password(password: str, salt: bytes | None = None) -> tuple[str, str]:
     return salt.hex(), digest.hex()
 
 
+async def _hashed(password: str) -> tuple[str, str]:
+    """`hash_password(password)` in a hashing thread: its tens of ms would stall the event
+    loop the engine runs on, for every domain, at each password set."""
+    return await asyncio.get_running_loop().run_in_executor(_HASHER, hash_password, password)
+
+
 def _check_password(password: str) -> None:
     if not isinstance(password, str) or not MIN_PASSWORD <= len(password) <= MAX_PASSWORD:
         raise AccountError(
@@ -172,8 +178,8 @@ class AccountStore:
     def get(self, user_name: str) -> Account | None:
         return self._accounts.get(user_name)
 
-    def create(self, user_name: str, password: str, role: str, tenant: str | None) -> Account:
-        """A new account.
+    async def create(self, user_name: str, password: str, role: str, tenant: str | None) -> Account:
+        """A new account; its password hashed in a hashing thread, off the event loop.
 
         Raises:
             AccountError: a bad or taken name, a short password, an unknown role, or a tenant
@@ -193,7 +199,9 @@ class AccountStore:
             raise AccountError(
                 f"an {role} account needs Oem.Trellis.Tenant, a tenant id", "Oem/Trellis/Tenant"
             )
-        salt, digest = hash_password(password)
+        salt, digest = await _hashed(password)
+        if user_name in self._accounts:  # made while the hash ran
+            raise AccountError(f"account {user_name} exists", "UserName")
         account = Account(
             id=user_name,
             user_name=user_name,
@@ -206,23 +214,29 @@ class AccountStore:
         self._save()
         return account
 
-    def update(
+    async def update(
         self, user_name: str, *, password: str | None = None, enabled: bool | None = None
     ) -> Account:
-        """`user_name`'s account with a new password and/or enabled state; unchanged (its
-        version too) when neither is given or `enabled` is what it was.
+        """`user_name`'s account with a new password (hashed in a hashing thread, off the
+        event loop) and/or enabled state; unchanged (its version too) when neither is given or
+        `enabled` is what it was.
 
         Raises:
-            AccountError: a bad password.
+            AccountError: a bad password, or the account deleted while the hash ran.
             LastAdministrator: disabling the last enabled Administrator.
         """
         account = self._accounts[user_name]
+        hashed = None
+        if password is not None:
+            _check_password(password)
+            hashed = await _hashed(password)
+            if self._accounts.get(user_name) is not account:
+                raise AccountError(f"account {user_name} was deleted meanwhile", "UserName")
         if enabled is False and account.enabled and self._last_administrator(account):
             raise LastAdministrator("the last enabled Administrator stays enabled", "Enabled")
         changed = False
-        if password is not None:
-            _check_password(password)
-            account.salt, account.hash = hash_password(password)
+        if hashed is not None:
+            account.salt, account.hash = hashed
             self._end_sessions(user_name)
             changed = True
         if enabled is not None and enabled != account.enabled:

@@ -370,7 +370,7 @@ class RedfishService:
         assert account is not None
         viewer = Viewer(account.tenant)
         if top == "AccountService":
-            return account_service(self.accounts, request, method, parts[1:], account)
+            return await account_service(self.accounts, request, method, parts[1:], account)
         if top == "Systems":
             return await self.composer.systems(request, method, parts[1:], account, viewer)
         if top == "CompositionService":
