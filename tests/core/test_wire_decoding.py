@@ -32,6 +32,10 @@ def test_decodes_a_valid_import() -> None:
         (b'{"request_id": "", "id": "sw-1"}', "length"),
         (b"[1, 2]", "Expected `object`"),
         (b"{nope", "not valid JSON"),
+        (b'{"request_id": "r", "id": "sw-1"', "not valid JSON: Input data was truncated"),
+        (b'{"request_id": "r\\ud800", "id": "sw-1"}', "lone surrogate"),
+        (b'{"request_id": "\\ud800", "id": "sw-1"}', "lone surrogate"),
+        (b'{"request_id": "r\\ud800", "id": NaN}', "not valid JSON: JSON is malformed"),
         (b'{"request_id": "r", "id": "sw-1", "id": "sw-2"}', "'id' is named twice"),
     ],
 )

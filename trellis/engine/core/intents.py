@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import uuid
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -518,11 +519,31 @@ def decode_intent(family: Family, verb: str, body: bytes) -> Intent | Query:
     except msgspec.ValidationError as exc:
         raise InvalidIntent(f"invalid {verb} body: {_readable(str(exc))}") from None
     except msgspec.DecodeError as exc:
-        raise InvalidIntent(f"{verb} body is not valid JSON: {exc}") from None
+        raise InvalidIntent(f"{verb} body is not valid JSON: {_not_json(body, exc)}") from None
     twice = _named_twice(body)
     if twice is not None:
         raise InvalidIntent(f"invalid {verb} body: {twice!r} is named twice in one object")
     return decoded
+
+
+def _not_json(body: bytes, exc: msgspec.DecodeError) -> str:
+    """Why `body` is not JSON: msgspec's reason, unless the body is JSON but for a lone
+    surrogate escape (`\\ud800`, no character), which msgspec calls truncated or an unexpected
+    end (Python's json takes lone surrogates, and little else msgspec refuses)."""
+    if _SURROGATE.search(body):
+        try:
+            json.loads(body, parse_constant=_no_constant)
+        except ValueError:
+            return str(exc)
+        return "a \\u escape is a lone surrogate, which stands for no character"
+    return str(exc)
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
 class _Twice(Exception):
