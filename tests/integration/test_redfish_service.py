@@ -179,6 +179,44 @@ async def test_composes_a_constrained_request_with_a_memory_slice(
     ]
     zone = await acme.get(f"{R}/Fabrics/{DOMAIN}/Zones/{cid}")
     assert zone.status == 200 and zone.body["ZoneType"] == "ZoneOfEndpoints"
+    # What the system holds, as an inventory tool reads a ComputerSystem: its GPUs are its
+    # blocks' processors, its slice a Memory of the slice's size (the Redfish client probe).
+    held = {p: (await acme.get(f"{R}/Systems/{cid}/{p}")).body["Members"] for p in
+            ("Processors", "Memory", "NetworkInterfaces", "Storage")}  # fmt: skip
+    gpus = sorted(r["device"] for r in rows if r["device"].startswith("gpu"))
+    blocks = [f"{R}/CompositionService/ResourceBlocks/{DOMAIN}.{g}" for g in gpus]
+    assert held["Processors"] == [{"@odata.id": f"{b}/Processors/{b.rsplit('/', 1)[1]}"}
+                                  for b in blocks]  # fmt: skip
+    assert held["Memory"] == [
+        {"@odata.id": f"{R}/Systems/{cid}/Memory/{DOMAIN}.{memory['device']}"}
+    ]
+    assert held["NetworkInterfaces"] == held["Storage"] == []
+    for member in held["Processors"]:
+        assert (await acme.get(member["@odata.id"])).body["ProcessorType"] == "GPU"
+    piece = await acme.get(held["Memory"][0]["@odata.id"])
+    assert piece.body["CapacityMiB"] == 64 * 1024, piece
+    assert (await acme.get(f"{R}/Systems/{cid}/Storage/NVMe")).status == 404
+    others = await tenant_account(admin, "bob", "bolt")
+    assert (await others.get(f"{R}/Systems/{cid}/Processors")).status == 404
+
+
+async def test_a_composed_systems_drives_are_in_one_storage(admin: RedfishHttp) -> None:
+    acme = await tenant_account(admin, "alice", "acme")
+    made = await acme(
+        "POST",
+        f"{R}/Systems",
+        {"Links": {"ResourceBlocks": [block("host-01"), block("nvme-01"), block("nic-01")]}},
+    )
+    assert made.status == 201, made
+    cid = made.body["Id"]
+    storage = await acme.get(f"{R}/Systems/{cid}/Storage")
+    assert storage.body["Members"] == [{"@odata.id": f"{R}/Systems/{cid}/Storage/NVMe"}]
+    drives = (await acme.get(f"{R}/Systems/{cid}/Storage/NVMe")).body["Drives"]
+    bid = f"{DOMAIN}.nvme-01"
+    assert drives == [{"@odata.id": f"{R}/CompositionService/ResourceBlocks/{bid}/Drives/{bid}"}]
+    assert (await acme.get(drives[0]["@odata.id"])).body["Protocol"] == "NVMe"
+    nics = (await acme.get(f"{R}/Systems/{cid}/NetworkInterfaces")).body["Members"]
+    assert len(nics) == 1 and (await acme.get(nics[0]["@odata.id"])).status == 200
 
 
 async def test_refuses_bad_compositions_with_registry_messages_and_writes_nothing(
@@ -438,6 +476,11 @@ async def test_sushy_reads_the_composition_service_and_its_blocks(
             conn._conn, f"{R}/CompositionService/ResourceZones"
         ).get_members()
         systems = [s.identity for s in conn.get_system_collection().get_members()]
+        # A composed system's processors, as sushy reads any system's (the Redfish probe).
+        system = conn.get_system(f"{R}/Systems/{systems[0]}")
+        assert [str(p.processor_type) for p in system.processors.get_members()] == [
+            "ProcessorType.GPU"
+        ]
         # sushy refused EventService without its required Actions (the Redfish probe).
         assert conn.get_event_service().service_enabled
         return systems, states, [z.identity for z in zones]

@@ -107,6 +107,12 @@ class Composer:
         if len(parts) == 1 and parts[0] in rs.CAPABILITIES.values():
             only(method, "GET")
             return Reply(body=rs.capabilities(parts[0]))
+        if len(parts) in (2, 3) and parts[1] in rs.SYSTEM_MEMBERS:
+            only(method, "GET")
+            domain, composition = await self.reader.find_system(parts[0], viewer)
+            if len(parts) == 2:
+                return Reply(body=rs.system_collection(domain, composition, parts[1]))
+            return Reply(body=rs.system_member(domain, composition, parts[1], parts[2]))
         if len(parts) != 1:
             raise error(404, "ResourceNotFound", "Resource", "/".join(parts))
         cid = parts[0]

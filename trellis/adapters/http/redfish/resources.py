@@ -388,9 +388,16 @@ def resource_block(domain: Domain, node: str, viewer: Viewer) -> dict[str, Any]:
     if state.client is not None:
         body["Client"] = state.client
     if spec["kind"] == "device":
-        prop, segment, _, _ = MEMBER[spec["device_kind"]]
-        body[prop] = [ref(f"{path}/{segment}/{bid}")]
+        prop = MEMBER[spec["device_kind"]][0]
+        body[prop] = [ref(member_path(domain.name, node, spec["device_kind"]))]
     return body
+
+
+def member_path(domain: str, node: str, kind: str) -> str:
+    """The URI of the device behind a device block (its Processor, Memory, Drive or
+    NetworkInterface)."""
+    bid = block_id(domain, node)
+    return f"{R}/CompositionService/ResourceBlocks/{bid}/{MEMBER[kind][1]}/{bid}"
 
 
 def _oem_node(domain: Domain, spec: dict[str, Any]) -> dict[str, Any]:
@@ -413,7 +420,7 @@ def block_member(domain: Domain, node: str, segment: str, member: str) -> dict[s
     _, want, odata_type, _ = MEMBER[spec["device_kind"]]
     if segment != want:
         raise error(404, "ResourceNotFound", "Resource", member)
-    path = f"{R}/CompositionService/ResourceBlocks/{bid}/{segment}/{bid}"
+    path = member_path(domain.name, node, spec["device_kind"])
     body: dict[str, Any] = {
         "@odata.id": path,
         "@odata.type": odata_type,
@@ -554,7 +561,72 @@ def system(domain: Domain | str, composition: dict[str, Any]) -> dict[str, Any]:
         },
         "Oem": {"Trellis": oem},
     }
+    for prop in SYSTEM_MEMBERS:
+        body[prop] = ref(f"{R}/Systems/{cid}/{prop}")
     return body
+
+
+#: A composed system's collections of what it holds: property (and URI segment) -> the
+#: collection's type and name, and the device kinds in it.
+SYSTEM_MEMBERS = {
+    "Processors": ("ProcessorCollection", "Processors", ("gpu", "accelerator")),
+    "Memory": ("MemoryCollection", "Memory", ("memory",)),
+    "NetworkInterfaces": ("NetworkInterfaceCollection", "Network Interfaces", ("nic",)),
+    "Storage": ("StorageCollection", "Storage", ("nvme",)),
+}
+#: The one Storage of a composed system that holds drives: all its NVMe drives.
+STORAGE_ID = "NVMe"
+
+
+def system_collection(domain: str, composition: dict[str, Any], prop: str) -> dict[str, Any]:
+    """One of a composed system's collections (SYSTEM_MEMBERS). As in DMTF's composability
+    mockup, processors and network interfaces are its blocks' own members and its drives are
+    in one Storage; a memory slice is a Memory of the system's own, of the slice's capacity
+    (the pool's block member has the whole pool's)."""
+    path = f"{R}/Systems/{composition['composition_id']}/{prop}"
+    odata_type, name, kinds = SYSTEM_MEMBERS[prop]
+    devices = [d for d in composition.get("devices", []) if d.get("kind") in kinds]
+    if prop == "Memory":
+        members = [f"{path}/{block_id(domain, d['id'])}" for d in devices]
+    elif prop == "Storage":
+        members = [f"{path}/{STORAGE_ID}"] if devices else []
+    else:
+        members = [member_path(domain, d["id"], d["kind"]) for d in devices]
+    return collection(path, odata_type, name, members)
+
+
+def system_member(
+    domain: str, composition: dict[str, Any], prop: str, member: str
+) -> dict[str, Any]:
+    """A composed system's Memory slice, or its Storage of NVMe drives."""
+    system_path = f"{R}/Systems/{composition['composition_id']}"
+    path = f"{system_path}/{prop}/{member}"
+    status = system(domain, composition)["Status"]
+    devices = composition.get("devices", [])
+    if prop == "Memory":
+        for device in devices:
+            if device.get("kind") == "memory" and block_id(domain, device["id"]) == member:
+                return {
+                    "@odata.id": path,
+                    "@odata.type": "#Memory.v1_23_0.Memory",
+                    "Id": member,
+                    "Name": f"memory slice of {device['id']}",
+                    "CapacityMiB": int((device.get("capacity_gib") or 0) * 1024),
+                    "Status": status,
+                    "Oem": {"Trellis": {"Domain": domain, "Pool": member}},
+                }
+    drives = [member_path(domain, d["id"], "nvme") for d in devices if d.get("kind") == "nvme"]
+    if prop == "Storage" and member == STORAGE_ID and drives:
+        return {
+            "@odata.id": path,
+            "@odata.type": "#Storage.v1_21_0.Storage",
+            "Id": STORAGE_ID,
+            "Name": "NVMe drives",
+            "Status": status,
+            "Drives@odata.count": len(drives),
+            "Drives": [ref(d) for d in drives],
+        }
+    raise error(404, "ResourceNotFound", "Resource", member)
 
 
 # ---- Fabrics ----
