@@ -268,14 +268,16 @@ class RedfishService:
         headers = [*_COMMON, ("Allow", reply.allow), *reply.headers]
         if reply.body is None:
             return Response(reply.status, JSON, b"", tuple(headers))
-        body = msgspec.json.encode(reply.body)
+        payload = reply.body
         if reply.etag and "@odata.id" in reply.body:
             tag = rs.etag(reply.body)
             headers.append(("ETag", tag))
+            payload = {**reply.body, "@odata.etag": tag}  # for clients that keep bodies
             if request.method in ("GET", "HEAD") and matches(
                 request.headers.get("if-none-match"), tag
             ):
                 return Response(304, JSON, b"", tuple(headers))
+        body = msgspec.json.encode(payload)
         if "@odata.id" in reply.body:
             odata_type = str(reply.body.get("@odata.type", "#")).lstrip("#")
             schema = odata_type.split(".")[0]
