@@ -24,7 +24,12 @@ from redfish_trees import tree
 from trellis.adapters.embedded.process import free_port
 from trellis.adapters.entrypoints import render
 from trellis.adapters.entrypoints.cli import main as cli_main
-from trellis.adapters.fabric.redfish.client import HttpError, RedfishClient, Unreachable
+from trellis.adapters.fabric.redfish.client import (
+    READ_RETRIES,
+    HttpError,
+    RedfishClient,
+    Unreachable,
+)
 from trellis.adapters.fabric.redfish.discovery import DiscoveryError, discover
 from trellis.adapters.fabric.redfish.driver import RedfishFabric
 from trellis.adapters.fabric.redfish.watch import EVENT_POLL_GAP_S, FabricWatch
@@ -54,6 +59,26 @@ async def driver(fm: FaultyRedfish) -> AsyncIterator[RedfishFabric]:
 
 def gpu(device: str = "gpu-001", host: str = "host-01", cid: str = "c-1") -> FabricBinding:
     return FabricBinding(host=host, device=device, path=[host, "sw-r1", device], composition_id=cid)
+
+
+async def test_a_read_answered_5xx_is_tried_again_and_a_change_is_not(fm: FaultyRedfish) -> None:
+    """One 500 on a GET failed a whole fabric check or reconciliation pass (the southbound
+    probe): a read changes nothing, so it is sent again; a change's 5xx stays its failure."""
+    client = RedfishClient(fm.url, timeout=2.0)
+    try:
+        fm.fail("GET", F, 500, exact=True)
+        assert (await client.get(F)).body["Id"]
+        assert fm.count("GET", F) == 2
+        fm.fail("GET", F, 503, exact=True, times=1 + READ_RETRIES)
+        with pytest.raises(HttpError, match="answered 503"):
+            await client.get(F)
+        assert fm.count("GET", F) == 2 + 1 + READ_RETRIES
+        fm.fail("PATCH", F, 500, exact=True)
+        with pytest.raises(HttpError, match="answered 500"):
+            await client.update(F, lambda body: {"Description": "changed"})
+        assert fm.count("PATCH", F) == 1
+    finally:
+        await client.close()
 
 
 @pytest.mark.parametrize(

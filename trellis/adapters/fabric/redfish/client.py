@@ -10,6 +10,9 @@ Content-Length, chunked or up to the close (an HTTP/1.0 service such as DMTF's M
 Concurrency is bounded (`max_in_flight`): a fabric manager is one service, often a small one,
 and a burst of requests must queue here rather than overflow its listen backlog.
 
+A read answered `5xx` is sent again, twice at most, after 0.1 s and then 0.2 s (a GET changes
+nothing); a change is not (its `5xx` fails the step, ARCHITECTURE §11).
+
 Changes carry `If-Match` with the ETag of the last read when the service gives ETags (the
 `ETag` header, else the body's `@odata.etag`), never `*`. `update` and `delete` read first and
 retry after a fresh read when the service answers 412 (the resource changed since) or 428 (it
@@ -54,6 +57,9 @@ DEFAULT_TASK_TIMEOUT_S = 30.0
 TASK_POLL_FIRST_S, TASK_POLL_LONGEST_S = 0.05, 1.0
 #: Fresh reads after a 412 or 428 before `update` and `delete` give up.
 PRECONDITION_RETRIES = 3
+#: Reads sent again after a 5xx (a busy or restarting service; a GET changes nothing), the
+#: first after READ_RETRY_FIRST_S, each next after twice the wait before it.
+READ_RETRIES, READ_RETRY_FIRST_S = 2, 0.1
 #: Pages of one collection read before it counts as endless.
 MAX_PAGES = 1000
 _MAX_HEAD = 64 * 1024
@@ -210,10 +216,20 @@ class RedfishClient:
         """Read one resource.
 
         Raises:
-            HttpError: The service answered an error (404: no such resource).
+            HttpError: The service answered an error (404: no such resource; a 5xx after
+                READ_RETRIES more tries).
             Unreachable: It did not answer.
         """
-        response = await self._request("GET", uri)
+        wait = READ_RETRY_FIRST_S
+        for attempt in range(READ_RETRIES + 1):
+            try:
+                response = await self._request("GET", uri)
+                break
+            except HttpError as exc:
+                if exc.status < 500 or attempt == READ_RETRIES:
+                    raise
+            await asyncio.sleep(wait)
+            wait *= 2
         body = _json(response.body, "GET", uri, response.status)
         etag = response.headers.get("etag") or body.get("@odata.etag")
         return Resource(uri=uri, body=body, etag=etag if isinstance(etag, str) else None)
