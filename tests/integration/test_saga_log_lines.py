@@ -112,3 +112,24 @@ async def test_each_repair_of_the_fabric_is_one_line_and_routine_work_none(
         ]
     )  # fmt: skip
     assert await sim.snapshot(DOMAIN) == snapshot
+
+
+async def test_a_repair_that_fails_names_what_it_was_in_words(
+    h: Harness, sim: SimulatedFabric, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The warning printed the binding's Python repr (`FabricBinding(host='host-01', ...)`;
+    the southbound probe)."""
+    sync = h.engine.fabric_sync(DOMAIN)
+    assert sync is not None
+    cid = expect_ok(await h.client.intent(DOMAIN, "acme", "compose", A100))["composition_id"]
+    (bound,) = (await sim.snapshot(DOMAIN)).bindings
+    await sim.unbind(DOMAIN, bound)  # behind the engine's back
+    sim.fail_next("bind")
+    with caplog.at_level(logging.WARNING, logger="trellis.engine.service.saga"):
+        sync.kick()
+        await h.fabric_idle(DOMAIN)
+    failed = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    over = " > ".join(bound.path)
+    assert failed and failed[0].startswith(
+        f"domain {DOMAIN}: bind failed ({bound.device} bound to host-01 for {cid} over {over}): "
+    ), failed

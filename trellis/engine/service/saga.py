@@ -499,7 +499,8 @@ class FabricSync:
                 raise result
         failed = [(item, r) for item, r in zip(items, results, strict=True) if r is not None]
         for item, exc in failed:
-            log.warning("domain %s: %s %s failed: %s", self.domain, op.__name__, item, _why(exc))
+            said = _bound(item) if isinstance(item, FabricBinding) else f"circuit {_circuit(item)}"
+            log.warning("domain %s: %s failed (%s): %s", self.domain, op.__name__, said, _why(exc))
         return not failed
 
     def _fenced(self, exc: WriterFenced) -> None:
