@@ -96,6 +96,10 @@ async def test_an_operator_imports_composes_asks_why_and_releases(
     code, out, _ = await trellis(env, "history", "--id", cid)
     assert code == 0 and all(d in out for d in devices) and "released" in out, out
     assert "3 intervals" in out
+    # As `why` takes it, a positional id (kubectl's habit; the first-time user probe).
+    assert (await trellis(env, "history", cid))[1] == out
+    code, _, err = await trellis(env, "history", cid, "--id", devices[0])
+    assert code == 2 and "two ids" in err, err
     code, out, _ = await trellis(env, "history", "--id", cid, "--at", str(composed_at))
     assert code == 0 and out.count("(held)") == 3 and "released" not in out, out
     code, out, _ = await trellis(env, "history", "--device", devices[0], "--view", "globex")

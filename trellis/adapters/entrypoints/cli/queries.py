@@ -15,7 +15,7 @@ from nats.js.kv import KeyValue
 from trellis.adapters.entrypoints import (
     render,
 )
-from trellis.adapters.entrypoints.cli.errors import EXIT_UNAVAILABLE, CliError
+from trellis.adapters.entrypoints.cli.errors import EXIT_UNAVAILABLE, EXIT_USAGE, CliError
 from trellis.adapters.entrypoints.cli.options import (
     COMPONENT_HELP,
     DEVICE_KINDS,
@@ -159,6 +159,14 @@ def why(args: argparse.Namespace) -> int:
 
 
 def history(args: argparse.Namespace) -> int:
+    if args.target and args.id and args.target != args.id:
+        raise CliError(
+            f"two ids, {args.target} and --id {args.id}",
+            code="usage",
+            hint="`trellis history --help`",
+            exit=EXIT_USAGE,
+        )
+    args.id = args.id or args.target
     filters = {k: getattr(args, k) for k in ("id", "tenant", "since", "until") if getattr(args, k)}
     reply = paged(args, query_subject(args, "history"), at(args, filters))
     return print_reply(args, reply, render.history_table)
@@ -243,6 +251,13 @@ def add_commands(sub: Any) -> None:
     free_parser.set_defaults(run=free)
 
     history_parser = sub.add_parser("history", help="who held which device when")
+    history_parser.add_argument(
+        "target",
+        nargs="?",
+        metavar="ID",
+        type=identifier("device, host or composition id"),
+        help="a device, host or composition, as `why` takes it (or --id)",
+    )
     history_parser.add_argument(
         "--id",
         "--device",
