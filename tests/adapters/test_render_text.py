@@ -75,5 +75,7 @@ def test_history_names_its_price_the_devices_not_the_slices() -> None:
         "end": None, "end_reason": None, "cost_per_hour": 0.8, "bandwidth_gbps": 64.0,
         "capacity_gib": 512.0,
     }  # fmt: skip
-    header = render.history_table({"intervals": [interval]}, {"position": 3}).splitlines()[0]
+    table = render.history_table({"intervals": [interval]}, {"position": 3})
+    header = table.splitlines()[0]
     assert "device $/h" in header and "cost/h" not in header, header
+    assert table.endswith("\n1 interval at position 3"), table  # not "1 intervals"

@@ -210,7 +210,7 @@ def topology_tables(result: Row, reply: Row, wide: bool = False) -> str:
     parts = [columns(_NODES, result["nodes"], wide), columns(_LINKS, result["links"], wide)]
     if wide and result["circuits"]:
         parts.append(columns(_CIRCUITS, result["circuits"], wide))
-    parts.append(f"{len(result['circuits'])} circuits; at position {reply['position']}")
+    parts.append(f"{_count(result['circuits'], 'circuit')}; at position {reply['position']}")
     return "\n\n".join(parts)
 
 
@@ -476,8 +476,7 @@ def _connection_columns(wide: bool) -> list[Column]:
 
 def connections_table(result: Row, reply: Row, wide: bool = False) -> str:
     rows = result["connections"]
-    noun = "connection" if len(rows) == 1 else "connections"
-    footer = f"\n{len(rows)} {noun} at position {reply['position']}"
+    footer = f"\n{_count(rows, 'connection')} at position {reply['position']}"
     return columns(_connection_columns(wide), rows, wide) + footer
 
 
@@ -507,7 +506,7 @@ def _history_columns(wide: bool) -> list[Column]:
 
 def history_table(result: Row, reply: Row, wide: bool = False) -> str:
     rows = result["intervals"]
-    footer = f"\n{len(rows)} intervals at position {reply['position']}"
+    footer = f"\n{_count(rows, 'interval')} at position {reply['position']}"
     return columns(_history_columns(wide), rows, wide) + footer
 
 
