@@ -107,6 +107,12 @@ async def test_serves_the_service_root_without_credentials_and_nothing_else(
     root = await anonymous.get(f"{R}/")
     assert root.status == 200 and root.body["CompositionService"]["@odata.id"]
     assert root.headers["odata-version"] == "4.0"
+    # What the service does not do, said rather than left for a client to find out by a 501
+    # (the Redfish client probe: $top/$skip and deep operations went unsaid).
+    features = root.body["ProtocolFeaturesSupported"]
+    assert features["TopSkipQuery"] is False and features["SelectQuery"] is False
+    assert features["DeepOperations"] == {"DeepPATCH": False, "DeepPOST": False}
+    assert (await admin.get(f"{R}/Systems?$top=1")).status == 501
     assert (await anonymous.get(f"{R}/$metadata")).status == 200
     assert (await anonymous.get(f"{R}/odata")).status == 200
     denied = await anonymous.get(f"{R}/Systems")

@@ -240,6 +240,10 @@ def service_root(service_uuid: uuid.UUID) -> dict[str, Any]:
             "FilterQuery": False,
             "OnlyMemberQuery": False,
             "ExcerptQuery": False,
+            "TopSkipQuery": False,
+            "DeepOperations": {"DeepPATCH": False, "DeepPOST": False},
+            # Many requests at once, each on a connection of its own (no pipelining).
+            "MultipleHTTPRequests": True,
         },
         "Systems": ref(f"{R}/Systems"),
         "Fabrics": ref(f"{R}/Fabrics"),
