@@ -786,9 +786,10 @@ async def test_compose_action_refuses_bad_requests_with_registry_messages(
 ) -> None:
     acme = await tenant_account(admin, "alice", "acme")
     for body, status, name in [
-        ({"RequestType": "Preview"}, 400, "PropertyMissing"),
+        # An action's parameter, missing, is ActionParameterMissing (was PropertyMissing).
+        ({"RequestType": "Preview"}, 400, "ActionParameterMissing"),
         (compose_action("Sideways", "host-01", "gpu-002"), 400, "PropertyValueNotInList"),
-        (compose_action("Preview"), 400, "PropertyMissing"),
+        (compose_action("Preview"), 400, "ActionParameterMissing"),
         (compose_action("Apply", ReservationId="rsv-0000000000000000"), 404, "ResourceNotFound"),
         # The registry's EmptyManifest (a probe got PropertyValueFormatError and PropertyMissing).
         (compose_action("Preview") | {"Manifest": {"Stanzas": []}}, 400, "EmptyManifest"),

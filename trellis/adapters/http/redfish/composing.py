@@ -169,7 +169,7 @@ class Composer:
         _refuse_unknown_parameters(body)
         request_type = body.get("RequestType")
         if request_type is None:
-            raise error(400, "PropertyMissing", "RequestType")
+            raise error(400, "ActionParameterMissing", COMPOSE_ACTION, "RequestType")
         if not isinstance(request_type, str):
             raise wrong_type(request_type, "RequestType")
         if request_type not in REQUEST_TYPES:
@@ -179,7 +179,7 @@ class Composer:
         # format out; every other request says it.
         by_reservation = request_type == "Apply" and "ReservationId" in body
         if request_format is None and not by_reservation:
-            raise error(400, "PropertyMissing", "RequestFormat")
+            raise error(400, "ActionParameterMissing", COMPOSE_ACTION, "RequestFormat")
         if request_format is not None and not isinstance(request_format, str):
             raise wrong_type(request_format, "RequestFormat")
         if request_format not in (None, "Manifest"):
@@ -535,7 +535,7 @@ def _stanza(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The one `ComposeSystem` stanza of a Compose action's Manifest, and its Request."""
     manifest = body.get("Manifest")
     if manifest is None:
-        raise error(400, "PropertyMissing", "Manifest")
+        raise error(400, "ActionParameterMissing", COMPOSE_ACTION, "Manifest")
     if not isinstance(manifest, dict):
         raise wrong_type(manifest, "Manifest")
     stanzas = manifest.get("Stanzas")

@@ -91,6 +91,13 @@ MESSAGES: dict[str, Message] = {
         "Remove the unknown property from the request body and resubmit the request if the "
         "operation failed.",
     ),
+    "ActionParameterMissing": Message(
+        BASE,
+        "The action %1 requires the parameter %2 to be present in the request body.",
+        "Critical",
+        "Supply the action with the required parameter in the request body when the request "
+        "is resubmitted.",
+    ),
     "ActionParameterUnknown": Message(
         BASE,
         "The action %1 was submitted with the invalid parameter %2.",
