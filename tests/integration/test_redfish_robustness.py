@@ -97,6 +97,45 @@ async def test_a_new_account_and_a_password_change_are_hashed_off_the_event_loop
     assert (await admin.as_user("carol", "another-password").get(f"{R}/Systems")).status == 200
 
 
+async def test_password_changes_judged_on_one_etag_make_one_change(
+    admin: RedfishHttp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five PATCHes of a password with the same If-Match all answered 200 while each new
+    password was hashed, and only the last one worked (the re-check probe): the precondition
+    was judged before the hash and not again. One wins; the others are 412. A change whose
+    account is deleted meanwhile is 404, not a 400 about a UserName it never sent."""
+    made = await admin(
+        "POST",
+        f"{R}/AccountService/Accounts",
+        {"UserName": "fred", "Password": "fred-password", "RoleId": "Operator",
+         "Oem": {"Trellis": {"Tenant": "acme"}}},
+    )  # fmt: skip
+    assert made.status == 201, made
+    scrypt = accounts.hashlib.scrypt
+
+    def slow_scrypt(*args: Any, **kwargs: Any) -> bytes:
+        time.sleep(0.05)  # the hashes of all five overlap
+        return scrypt(*args, **kwargs)
+
+    fred = f"{R}/AccountService/Accounts/fred"
+    tag = (await admin.get(fred)).headers["etag"]
+    monkeypatch.setattr(accounts.hashlib, "scrypt", slow_scrypt)
+    answers = await asyncio.gather(*(
+        admin("PATCH", fred, {"Password": f"fred-new-{i}"}, headers={"If-Match": tag})
+        for i in range(5)
+    ))  # fmt: skip
+    assert sorted(a.status for a in answers) == [200, 412, 412, 412, 412], answers
+    won = next(i for i, a in enumerate(answers) if a.status == 200)
+    for i in range(5):
+        status = (await admin.as_user("fred", f"fred-new-{i}").get(f"{R}/Systems")).status
+        assert status == (200 if i == won else 401), (i, won)
+    changing = asyncio.create_task(admin("PATCH", fred, {"Password": "fred-newest"}))
+    await asyncio.sleep(0.02)  # hashing
+    assert (await admin("DELETE", fred)).status == 204
+    gone = await changing
+    assert gone.status == 404 and gone.messages() == ["ResourceNotFound"], gone
+
+
 async def test_a_retry_with_the_same_idempotency_key_gets_the_first_answer(
     admin: RedfishHttp,
 ) -> None:

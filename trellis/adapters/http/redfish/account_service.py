@@ -14,7 +14,9 @@ from trellis.adapters.http.redfish.accounts import (
     ROLES,
     SESSION_TIMEOUT_RANGE,
     Account,
+    AccountChanged,
     AccountError,
+    AccountGone,
     AccountStore,
     LastAdministrator,
     Session,
@@ -103,7 +105,12 @@ async def account_service(
             _check_types(body)
             try:
                 changed = await store.update(
-                    target.user_name, password=body.get("Password"), enabled=body.get("Enabled")
+                    target.user_name,
+                    password=body.get("Password"),
+                    enabled=body.get("Enabled"),
+                    # The If-Match was judged on this version: it must still be the account's
+                    # once the new password is hashed.
+                    unchanged_since=target.version if "if-match" in request.headers else None,
                 )
             except AccountError as exc:
                 raise _account_error(exc, target.user_name) from None
@@ -245,6 +252,10 @@ def _account_error(exc: AccountError, user_name: str) -> RedfishError:
     """The Redfish answer to a refused account change of `user_name`."""
     if isinstance(exc, LastAdministrator):
         return error(409, "ResourceInUse", resolution=f"{exc}: enable another one first.")
+    if isinstance(exc, AccountGone):
+        return error(404, "ResourceNotFound", "ManagerAccount", user_name)
+    if isinstance(exc, AccountChanged):
+        return error(412, "PreconditionFailed")
     if "exists" in str(exc):
         return error(409, "ResourceAlreadyExists", "ManagerAccount", "UserName", user_name)
     return error(400, "PropertyValueFormatError", "(hidden)", exc.field or "Body",

@@ -95,6 +95,15 @@ class AccountError(ValueError):
         self.field = field
 
 
+class AccountGone(AccountError):
+    """The account was deleted while its change was being made (its new password hashed)."""
+
+
+class AccountChanged(AccountError):
+    """The account changed while this change was being made: the caller's precondition (an
+    `If-Match`) was judged on a version that is no longer the account's."""
+
+
 class LastAdministrator(AccountError):
     """A change that would leave no enabled Administrator: nobody could manage accounts."""
 
@@ -215,14 +224,23 @@ class AccountStore:
         return account
 
     async def update(
-        self, user_name: str, *, password: str | None = None, enabled: bool | None = None
+        self,
+        user_name: str,
+        *,
+        password: str | None = None,
+        enabled: bool | None = None,
+        unchanged_since: int | None = None,
     ) -> Account:
         """`user_name`'s account with a new password (hashed in a hashing thread, off the
         event loop) and/or enabled state; unchanged (its version too) when neither is given or
-        `enabled` is what it was.
+        `enabled` is what it was. With `unchanged_since`, only if the account's version is
+        still that one when the change is made (after the hash: two changes judged on one
+        version must not both succeed).
 
         Raises:
-            AccountError: a bad password, or the account deleted while the hash ran.
+            AccountError: a bad password.
+            AccountGone: the account was deleted while the hash ran.
+            AccountChanged: the account is no longer at version `unchanged_since`.
             LastAdministrator: disabling the last enabled Administrator.
         """
         account = self._accounts[user_name]
@@ -231,7 +249,9 @@ class AccountStore:
             _check_password(password)
             hashed = await _hashed(password)
             if self._accounts.get(user_name) is not account:
-                raise AccountError(f"account {user_name} was deleted meanwhile", "UserName")
+                raise AccountGone(f"account {user_name} was deleted meanwhile")
+        if unchanged_since is not None and account.version != unchanged_since:
+            raise AccountChanged(f"account {user_name} was changed meanwhile")
         if enabled is False and account.enabled and self._last_administrator(account):
             raise LastAdministrator("the last enabled Administrator stays enabled", "Enabled")
         changed = False
