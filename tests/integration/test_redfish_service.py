@@ -205,6 +205,12 @@ async def test_composes_a_constrained_request_with_a_memory_slice(
     assert (await acme.get(f"{R}/Systems/{cid}/Storage/NVMe")).status == 404
     others = await tenant_account(admin, "bob", "bolt")
     assert (await others.get(f"{R}/Systems/{cid}/Processors")).status == 404
+    # Read only: a 405 names the collection's own methods; a path that is not there is 404
+    # whatever the method (the re-check probe got 405 naming the system's DELETE).
+    refused = await acme("DELETE", held["Memory"][0]["@odata.id"])
+    assert refused.status == 405 and refused.headers["allow"] == "GET, HEAD", refused
+    assert (await acme("DELETE", f"{R}/Systems/{cid}/Storage/NVMe")).status == 404
+    assert (await acme("POST", f"{R}/Systems/c-0000000000000000/Memory", {})).status == 404
 
 
 async def test_a_composed_systems_drives_are_in_one_storage(admin: RedfishHttp) -> None:

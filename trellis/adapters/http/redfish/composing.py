@@ -108,11 +108,13 @@ class Composer:
             only(method, "GET")
             return Reply(body=rs.capabilities(parts[0]))
         if len(parts) in (2, 3) and parts[1] in rs.SYSTEM_MEMBERS:
-            only(method, "GET")
             domain, composition = await self.reader.find_system(parts[0], viewer)
             if len(parts) == 2:
-                return Reply(body=rs.system_collection(domain, composition, parts[1]))
-            return Reply(body=rs.system_member(domain, composition, parts[1], parts[2]))
+                body = rs.system_collection(domain, composition, parts[1])
+            else:
+                body = rs.system_member(domain, composition, parts[1], parts[2])
+            only(method, "GET")  # once it is known to exist: a path that does not is 404
+            return Reply(body=body)
         if len(parts) != 1:
             raise error(404, "ResourceNotFound", "Resource", "/".join(parts))
         cid = parts[0]

@@ -564,8 +564,9 @@ def _is_json(content_type: str) -> bool:
 
 
 def _allowed(path: str) -> str:
-    if path.removeprefix(f"{R}/Systems/") in rs.CAPABILITIES.values():
-        return "GET, HEAD"
+    below_systems = path.removeprefix(f"{R}/Systems/")
+    if below_systems in rs.CAPABILITIES.values() or "/" in below_systems.rstrip("/"):
+        return "GET, HEAD"  # the capabilities, and what a system holds (its Processors...)
     if path == f"{R}/Systems" or path.endswith(("/Accounts", "/Sessions")):
         return "GET, HEAD, POST"
     if path.endswith("/CompositionService.Compose"):
