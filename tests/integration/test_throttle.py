@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -80,6 +81,34 @@ async def test_a_flood_is_throttled_writes_only_what_its_rate_allows_and_others_
     # Whose flood it was is in the engine's log (the metrics have no tenant label).
     said = [r.getMessage() for r in caplog.records if r.name.endswith("throttle_log")]
     assert said and "tenant 'flooder'" in said[0], said
+
+
+async def test_a_flood_told_at_its_onset_is_told_whole_when_the_engine_stops(
+    nats_url: str,
+    database_url: str,
+    pg_schema: str,
+    subject_prefix: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The log said the flood's first throttled intent at once and the rest a minute later:
+    an engine stopped within the minute lost that line (the scheduler-author probe: 1 of 200
+    told)."""
+    caplog.set_level(logging.WARNING, logger="trellis.adapters.nats.throttle_log")
+    async with serving(
+        nats_url, database_url, pg_schema, subject_prefix, rate_limit=LIMIT
+    ) as harness:
+        expect_ok(await harness.client.admin(DOMAIN, "import-topology", fabric()))
+        flooded = await asyncio.gather(
+            *(harness.client.intent(DOMAIN, "flooder", "compose", IMPOSSIBLE) for _ in range(100))
+        )
+        throttled = sum(r["error"]["code"] == "throttled" for r in flooded)
+    said = [r.getMessage() for r in caplog.records if r.name.endswith("throttle_log")]
+    counted = sum(
+        int(found)
+        for line in said
+        for found in re.findall(r"tenant 'flooder' (\d+) intents?", line)
+    )
+    assert throttled > 1 and counted == throttled, (throttled, said)
 
 
 @pytest_asyncio.fixture

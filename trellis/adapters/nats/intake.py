@@ -162,6 +162,7 @@ class NatsIntake:
             for task in stuck:
                 task.cancel()
             await asyncio.gather(*stuck, return_exceptions=True)
+        self._throttles.tell()  # the throttled since its last line, not lost with the engine
 
     async def _on_msg(self, msg: Msg, endpoint: EndpointCount) -> None:
         tokens = msg.subject.split(".")[self._depth :]
