@@ -23,7 +23,7 @@ import asyncpg
 import msgspec
 import pytest
 import pytest_asyncio
-from fabrics import expect_ok
+from fabrics import expect_error, expect_ok
 from harness import Harness, ManualClock, cli_env, run_cli, serving, undecodable_event
 from isolation import Database
 from nats.js import JetStreamContext
@@ -373,6 +373,26 @@ async def test_a_chain_rewritten_consistently_is_caught_by_the_stored_checkpoint
         if f.get("version")
     ), stream
     assert report["checks"]["chain"]["status"] == "fail"
+
+
+async def test_the_engine_signs_nothing_more_over_a_log_its_checkpoint_contradicts(
+    h: Harness, clock: ManualClock, sql: asyncpg.Connection
+) -> None:
+    """After a consistent rewrite and one more event, the engine signed a checkpoint of the
+    forged log, exit 0, though the one it had signed before no longer matched it (the auditor
+    probe): anyone who can write the database got signed checkpoints of a forged history."""
+    await scripted_run(h, clock)
+    before = await sql.fetch("SELECT size, note FROM trellis_checkpoints WHERE domain = $1", HALL)
+    assert before, "the scripted run signs a checkpoint"
+    forged = await rewrite_chain(h, sql)
+    await h.client.intent(
+        HALL, "acme", "compose", {"host": "host-03", "devices": [{"kind": "gpu"}]}
+    )
+    assert (await h.store.head(HALL)).version > forged[-1].version  # one event more
+    refused = expect_error(await h.client.admin(HALL, "checkpoint", {}), "conflict")
+    assert "contradicts" in refused["message"], refused
+    after = await sql.fetch("SELECT size, note FROM trellis_checkpoints WHERE domain = $1", HALL)
+    assert after == before
 
 
 # ---- the signed notes ----

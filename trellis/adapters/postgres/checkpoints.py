@@ -25,7 +25,9 @@ and published only when it states the log's root and its note holds: signed by t
 key, or, signed by another key only (an earlier deployment key), then signed by this key too.
 Any other row (forged by whoever can insert into the table, or signed over events the log no
 longer holds) is logged as an error and neither published nor answered: that size gets no
-checkpoint.
+checkpoint. Nor is a new size signed while the latest checkpoint stored below it states
+another root than the log's at its size: the log is then no extension of what was signed
+before (a rewrite), and signing would vouch for it.
 """
 
 from __future__ import annotations
@@ -156,9 +158,11 @@ class PostgresAuditTrail:
         if note is None:
             raise IntentRejected(
                 "conflict",
-                f"the checkpoint of {size} events of {domain!r} stored in the database is not "
-                "one this deployment signed over its log (the engine's log says why; `trellis "
-                "verify` checks every stored note); ask again once the log has grown",
+                f"a checkpoint of {domain!r} stored in the database contradicts the log of "
+                f"{size} events: either the stored one at that size is not one this deployment "
+                "signed over its log, or an earlier one no longer matches the log, which this "
+                "deployment then signs no more (the engine's log says which; `trellis verify` "
+                "checks every stored note and names rewritten events)",
                 {"domain": domain, "size": size},
             )
         try:
@@ -236,6 +240,23 @@ class PostgresAuditTrail:
         checkpoint = Checkpoint(origin=origin_of(domain), size=size, root=tree.root(size))
         row = await conn.fetchrow(_ONE, domain, size)
         if row is None:
+            earlier = await conn.fetchrow(_LATEST, domain, size)
+            if earlier is not None and earlier["root"] != _b64(tree.root(earlier["size"])):
+                # The log is no extension of what was signed before: signing it would vouch
+                # for a history that contradicts the deployment's own earlier statement.
+                log.error(
+                    "domain %s: no checkpoint of %d events is signed: the stored checkpoint of "
+                    "%d events has root %s, and the log's first %d events now have root %s. "
+                    "The log was rewritten (or lost a tail a checkpoint covered); `trellis "
+                    "verify` names the events",
+                    domain,
+                    size,
+                    earlier["size"],
+                    earlier["root"],
+                    earlier["size"],
+                    _b64(tree.root(earlier["size"])),
+                )
+                return earlier, None
             note = self._signer.checkpoint(checkpoint)
             root = _b64(checkpoint.root)
             await conn.execute(_INSERT, domain, size, root, note)
