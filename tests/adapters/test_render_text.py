@@ -79,3 +79,15 @@ def test_history_names_its_price_the_devices_not_the_slices() -> None:
     header = table.splitlines()[0]
     assert "device $/h" in header and "cost/h" not in header, header
     assert table.endswith("\n1 interval at position 3"), table  # not "1 intervals"
+
+
+def test_answers_asked_at_a_moment_say_which_position_they_stand_at() -> None:
+    """`why`, `free` and `blast-radius` --at a time never said which position it came to
+    (the auditor probe); connections, history and topology did."""
+    reply = {"position": 12}
+    why = {"text": "gpu-01 is free.", "chain": []}
+    assert render.why_text(why, reply).endswith("\nat position 12")
+    free = {"devices": [{"id": "gpu-01", "device_kind": "gpu", "labels": {}}]}
+    assert render.free_table(free, reply).endswith("\n1 usable device free at position 12")
+    hit = {"compositions": [], "tenants": []}
+    assert render.blast_radius_table(hit, reply).endswith("none; at position 12")

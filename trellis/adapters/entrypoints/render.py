@@ -519,7 +519,8 @@ def why_text(result: Row, reply: Row, wide: bool = False) -> str:
         ("request_id", lambda e: e["request_id"], False),
     ]
     chain = result.get("chain", [])
-    return result["text"] + ("\n\n" + columns(chain_columns, chain, wide) if chain else "")
+    told = result["text"] + ("\n\n" + columns(chain_columns, chain, wide) if chain else "")
+    return f"{told}\nat position {reply['position']}"  # the moment it answers for (--at)
 
 
 _FREE: list[Column] = [
@@ -553,7 +554,8 @@ def engines_table(engines: Sequence[Row], wide: bool = False) -> str:
 
 def free_table(result: Row, reply: Row, wide: bool = False) -> str:
     rows = result["devices"]
-    return columns(_FREE, rows, wide) + f"\n{len(rows)} usable devices free"
+    free = _count(rows, "usable device")
+    return columns(_FREE, rows, wide) + f"\n{free} free at position {reply['position']}"
 
 
 _HIT: list[Column] = [
@@ -568,7 +570,8 @@ _HIT: list[Column] = [
 def blast_radius_table(result: Row, reply: Row, wide: bool = False) -> str:
     tenants = ", ".join(result["tenants"]) or "none"
     link = f" (on link {result['link']})" if wide and result.get("link") else ""
-    return columns(_HIT, result["compositions"], wide) + f"\ntenants affected: {tenants}{link}"
+    affected = f"tenants affected: {tenants}{link}; at position {reply['position']}"
+    return columns(_HIT, result["compositions"], wide) + "\n" + affected
 
 
 def quota_summary(result: Row, reply: Row, wide: bool = False) -> str:
