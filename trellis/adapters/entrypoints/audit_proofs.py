@@ -427,7 +427,15 @@ def verify_offline(args: argparse.Namespace) -> int:
 
 
 def _keys(args: argparse.Namespace) -> list[str]:
-    return [*(args.key or []), *(_read(path).strip() for path in args.key_file or [])]
+    """The verifier keys given, each one a key (else nothing is checked: a key that is no key
+    is the command line's mistake, as a malformed --event-hash is)."""
+    keys = [*(args.key or []), *(_read(path).strip() for path in args.key_file or [])]
+    for key in keys:
+        try:
+            Verifier.parse(key)
+        except NoteError as exc:
+            raise FileUnreadable(f"{key!r} is no verifier key: {exc}") from None
+    return keys
 
 
 def _note_file(path: Path) -> str:

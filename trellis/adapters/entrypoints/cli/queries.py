@@ -21,6 +21,7 @@ from trellis.adapters.entrypoints.cli.options import (
     DEVICE_KINDS,
     client_options,
     identifier,
+    moment,
     query_options,
 )
 from trellis.adapters.entrypoints.cli.talk import (
@@ -167,7 +168,8 @@ def history(args: argparse.Namespace) -> int:
             exit=EXIT_USAGE,
         )
     args.id = args.id or args.target
-    filters = {k: getattr(args, k) for k in ("id", "tenant", "since", "until") if getattr(args, k)}
+    filters = {k: getattr(args, k) for k in ("id", "tenant") if getattr(args, k)}
+    filters |= {k: getattr(args, k).isoformat() for k in ("since", "until") if getattr(args, k)}
     reply = paged(args, query_subject(args, "history"), at(args, filters))
     return print_reply(args, reply, render.history_table)
 
@@ -268,8 +270,10 @@ def add_commands(sub: Any) -> None:
     history_parser.add_argument(
         "--tenant", type=identifier("tenant"), help="only this tenant's intervals"
     )
-    history_parser.add_argument("--since", metavar="TIME", help="ISO time with offset, e.g. ...Z")
-    history_parser.add_argument("--until", metavar="TIME", help="ISO time with offset")
+    history_parser.add_argument(
+        "--since", type=moment, metavar="TIME", help="ISO time with offset, e.g. ...Z"
+    )
+    history_parser.add_argument("--until", type=moment, metavar="TIME", help="ISO time with offset")
     query_options(history_parser)
     history_parser.set_defaults(run=history)
 
