@@ -351,6 +351,10 @@ async def test_a_request_too_large_or_of_an_unknown_method_is_answered_not_reset
         head, _, body = answer.partition(b"\r\n\r\n")
         assert head.split(b" ", 2)[1] == str(status).encode(), answer[:300]
         assert set(json.loads(body)["error"]) == {"code", "message", "@Message.ExtendedInfo"}
+    # A HEAD's refusal has no body, its headers too large or not (the re-check probe).
+    too_large = f"HEAD {R}/Systems HTTP/1.1\r\nHost: {own}\r\nX-Pad: {'a' * 20_000}\r\n\r\n"
+    head, _, body = (await raw_exchange(admin.base, too_large.encode())).partition(b"\r\n\r\n")
+    assert head.split(b" ", 2)[1] == b"431" and body == b"", (head, body)
 
 
 async def test_the_last_enabled_administrator_stays_and_an_empty_patch_changes_nothing(

@@ -164,9 +164,13 @@ class HttpServer:
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _READ_TIMEOUT_S)
                 request = _parse(head, self._methods)
             except asyncio.LimitOverrunError:
-                head, request = b"", _HEAD_TOO_LARGE
-            except (asyncio.IncompleteReadError, TimeoutError):
-                head, request = b"", _parse(b"")  # answered 400
+                # What came, so a HEAD is still answered without a body (the rest is dropped
+                # by _linger).
+                head, request = await reader.read(_MAX_HEAD), _HEAD_TOO_LARGE
+            except asyncio.IncompleteReadError as exc:
+                head, request = exc.partial, _parse(b"")  # answered 400
+            except TimeoutError:
+                head, request = b"", _parse(b"")
             if not isinstance(request, Response):
                 request = request._replace(peer=_peer(writer))
                 if request.method not in _READ_ONLY:
