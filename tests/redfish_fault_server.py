@@ -233,11 +233,14 @@ def _handler(server: FaultyRedfish) -> type[BaseHTTPRequestHandler]:
             raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             with server.lock:
                 server.requests.append((method, self.path))
+            fault = server._fault(method, path)
+            if fault is not None and not fault.apply:  # before a task's poll: a busy monitor
+                self._send(fault.status, fault.body, fault.headers)
+                return
             answer = server._task(method, path, raw, self.headers.get("If-Match"))
             if answer is not None:
                 self._send(*answer)
                 return
-            fault = server._fault(method, path)
             if fault is None or fault.apply:
                 answer = server._carry_out(method, path, raw, self.headers.get("If-Match"))
             if fault is not None:

@@ -18,6 +18,8 @@ def task(**fields: object) -> bytes:
 def test_a_monitor_still_running_answers_202_with_its_hint() -> None:
     assert read_answer(202, {"retry-after": "3"}, b"") == Running(3.0)
     assert read_answer(202, {"retry-after": "Wed, 21 Oct 2026 07:28:00 GMT"}, b"") == Running(None)
+    # A busy monitor says nothing of its task: asked again, as a running one.
+    assert read_answer(503, {"retry-after": "2"}, b"") == Running(2.0)
 
 
 def test_a_monitor_that_ended_hands_back_the_operations_answer() -> None:

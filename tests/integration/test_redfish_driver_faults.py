@@ -77,8 +77,25 @@ async def test_a_read_answered_5xx_is_tried_again_and_a_change_is_not(fm: Faulty
         with pytest.raises(HttpError, match="answered 500"):
             await client.update(F, lambda body: {"Description": "changed"})
         assert fm.count("PATCH", F) == 1
+        # The service's Retry-After is taken (the re-check probe: three tries in 0.3 s).
+        fm.fail("GET", F, 503, exact=True, headers={"Retry-After": "1"})
+        started = time.monotonic()
+        assert (await client.get(F)).body["Id"]
+        assert time.monotonic() - started >= 1.0
     finally:
         await client.close()
+
+
+async def test_a_task_monitor_answering_503_is_polled_again(
+    fm: FaultyRedfish, driver: RedfishFabric
+) -> None:
+    """A 503 on a poll failed the change as if the change had answered 503, though the
+    service had taken it: the zone was made while the step was recorded failed (the
+    re-check probe). The monitor was busy; the task is asked again."""
+    fm.as_task("POST", "/Zones", polls=3)
+    fm.fail("GET", "/TaskService/TaskMonitors/", 503, headers={"Retry-After": "0"})
+    await driver.bind(D, gpu(), fence=1)
+    assert [b.device for b in (await driver.snapshot(D, fence=1)).bindings] == ["gpu-001"]
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,9 @@ Content-Length, chunked or up to the close (an HTTP/1.0 service such as DMTF's M
 Concurrency is bounded (`max_in_flight`): a fabric manager is one service, often a small one,
 and a burst of requests must queue here rather than overflow its listen backlog.
 
-A read answered `5xx` is sent again, twice at most, after 0.1 s and then 0.2 s (a GET changes
-nothing); a change is not (its `5xx` fails the step, ARCHITECTURE §11).
+A read answered `5xx` is sent again, twice at most, after 0.1 s and then 0.2 s, or after the
+service's `Retry-After` (5 s at most) (a GET changes nothing); a change is not (its `5xx` fails
+the step, ARCHITECTURE §11). A task monitor answering 503 is polled again, as a running task.
 
 Changes carry `If-Match` with the ETag of the last read when the service gives ETags (the
 `ETag` header, else the body's `@odata.etag`), never `*`. `update` and `delete` read first and
@@ -43,7 +44,13 @@ from typing import Any
 
 import msgspec
 
-from trellis.adapters.fabric.redfish.tasks import Ended, Running, TaskFailedState, read_answer
+from trellis.adapters.fabric.redfish.tasks import (
+    Ended,
+    Running,
+    TaskFailedState,
+    read_answer,
+    retry_after_s,
+)
 
 SERVICE_ROOT = "/redfish/v1"
 #: Where DSP0266 puts the sessions collection (a login POSTs there).
@@ -58,8 +65,9 @@ TASK_POLL_FIRST_S, TASK_POLL_LONGEST_S = 0.05, 1.0
 #: Fresh reads after a 412 or 428 before `update` and `delete` give up.
 PRECONDITION_RETRIES = 3
 #: Reads sent again after a 5xx (a busy or restarting service; a GET changes nothing), the
-#: first after READ_RETRY_FIRST_S, each next after twice the wait before it.
-READ_RETRIES, READ_RETRY_FIRST_S = 2, 0.1
+#: first after READ_RETRY_FIRST_S, each next after twice the wait before it, or after the
+#: service's `Retry-After` up to READ_RETRY_LONGEST_S.
+READ_RETRIES, READ_RETRY_FIRST_S, READ_RETRY_LONGEST_S = 2, 0.1, 5.0
 #: Pages of one collection read before it counts as endless.
 MAX_PAGES = 1000
 _MAX_HEAD = 64 * 1024
@@ -89,11 +97,20 @@ class HttpError(RedfishError):
     """The service answered with an error status; `message` carries its first
     `@Message.ExtendedInfo` message, when it sent one."""
 
-    def __init__(self, method: str, uri: str, status: int, message: str = ""):
+    def __init__(
+        self,
+        method: str,
+        uri: str,
+        status: int,
+        message: str = "",
+        *,
+        retry_after: float | None = None,
+    ):
         said = f": {message}" if message else ""
         super().__init__(f"{method} {uri} answered {status}{said}", uri=uri)
         self.method = method
         self.status = status
+        self.retry_after = retry_after  # the service's Retry-After, in seconds
 
 
 class TaskFailed(HttpError):
@@ -228,7 +245,8 @@ class RedfishClient:
             except HttpError as exc:
                 if exc.status < 500 or attempt == READ_RETRIES:
                     raise
-            await asyncio.sleep(wait)
+                asked = min(exc.retry_after or 0.0, READ_RETRY_LONGEST_S)
+            await asyncio.sleep(max(wait, asked))
             wait *= 2
         body = _json(response.body, "GET", uri, response.status)
         etag = response.headers.get("etag") or body.get("@odata.etag")
@@ -371,7 +389,13 @@ class RedfishClient:
         if response.status == 202:  # a task: its end is the answer
             response = await self._task_end(method, uri, response)
         if response.status >= 400:
-            raise HttpError(method, uri, response.status, _error_message(response.body))
+            raise HttpError(
+                method,
+                uri,
+                response.status,
+                _error_message(response.body),
+                retry_after=retry_after_s(response.headers),
+            )
         if response.status >= 300:  # redirects are not followed: the service is elsewhere
             where = response.headers.get("location", "nowhere")
             raise HttpError(method, uri, response.status, f"redirected to {where}, not followed")

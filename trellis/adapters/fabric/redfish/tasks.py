@@ -45,15 +45,16 @@ class TaskFailedState(msgspec.Struct, frozen=True):
 def read_answer(
     status: int, headers: dict[str, str], body: bytes
 ) -> Running | Ended | TaskFailedState:
-    """What one GET of a task's `Location` says."""
-    if status == 202:
-        return Running(_retry_after(headers))
+    """What one GET of a task's `Location` says. A 503 (the service busy, or restarting) says
+    nothing of the task: it is asked again, as a running one is."""
+    if status in (202, 503):
+        return Running(retry_after_s(headers))
     task = _task(body) if status == 200 else None
     if task is None:
         return Ended(status, headers, body)  # a monitor hands back the operation's answer
     state = task.get("TaskState")
     if state in RUNNING_STATES:
-        return Running(_retry_after(headers))
+        return Running(retry_after_s(headers))
     if state != "Completed":
         return TaskFailedState(str(state), _first_message(task))
     created = _created(task)
@@ -88,7 +89,7 @@ def _first_message(task: dict[str, object]) -> str:
     return str(text) if text else ""
 
 
-def _retry_after(headers: dict[str, str]) -> float | None:
+def retry_after_s(headers: dict[str, str]) -> float | None:
     """`Retry-After` in seconds; an HTTP date (also allowed) is not worth parsing here."""
     value = headers.get("retry-after", "")
     return float(value) if value.isdigit() else None
