@@ -213,6 +213,20 @@ async def test_composes_a_constrained_request_with_a_memory_slice(
     assert (await acme("POST", f"{R}/Systems/c-0000000000000000/Memory", {})).status == 404
 
 
+async def test_a_whole_memory_pool_held_reads_as_the_pools_capacity(admin: RedfishHttp) -> None:
+    """A pool composed without a capacity is held whole: its Memory read CapacityMiB 0 (the
+    re-check probe)."""
+    acme = await tenant_account(admin, "alice", "acme")
+    made = await acme(
+        "POST", f"{R}/Systems", {"Links": {"ResourceBlocks": [block("host-02"), block("mem-02")]}}
+    )
+    assert made.status == 201, made
+    bid = f"{DOMAIN}.mem-02"
+    pool = await acme.get(f"{BLOCKS}/{bid}/Memory/{bid}")
+    held = await acme.get(f"{R}/Systems/{made.body['Id']}/Memory/{bid}")
+    assert held.body["CapacityMiB"] == pool.body["CapacityMiB"] > 0, (held, pool)
+
+
 async def test_a_composed_systems_drives_are_in_one_storage(admin: RedfishHttp) -> None:
     acme = await tenant_account(admin, "alice", "acme")
     made = await acme(

@@ -110,7 +110,11 @@ async def account_service(
                     enabled=body.get("Enabled"),
                     # The If-Match was judged on this version: it must still be the account's
                     # once the new password is hashed.
-                    unchanged_since=target.version if "if-match" in request.headers else None,
+                    unchanged_since=(
+                        target.version
+                        if request.headers.get("if-match", "*").strip() != "*"
+                        else None  # `*` holds while the account exists (RFC 9110 13.1.1)
+                    ),
                 )
             except AccountError as exc:
                 raise _account_error(exc, target.user_name) from None

@@ -112,7 +112,8 @@ class Composer:
             if len(parts) == 2:
                 body = rs.system_collection(domain, composition, parts[1])
             else:
-                body = rs.system_member(domain, composition, parts[1], parts[2])
+                held = await self.reader.domain(domain)  # a whole pool's capacity
+                body = rs.system_member(held, composition, parts[1], parts[2])
             only(method, "GET")  # once it is known to exist: a path that does not is 404
             return Reply(body=body)
         if len(parts) != 1:

@@ -600,26 +600,31 @@ def system_collection(domain: str, composition: dict[str, Any], prop: str) -> di
 
 
 def system_member(
-    domain: str, composition: dict[str, Any], prop: str, member: str
+    domain: Domain, composition: dict[str, Any], prop: str, member: str
 ) -> dict[str, Any]:
-    """A composed system's Memory slice, or its Storage of NVMe drives."""
+    """A composed system's Memory slice (a whole pool when it holds one without a capacity),
+    or its Storage of NVMe drives."""
     system_path = f"{R}/Systems/{composition['composition_id']}"
     path = f"{system_path}/{prop}/{member}"
     status = system(domain, composition)["Status"]
     devices = composition.get("devices", [])
     if prop == "Memory":
         for device in devices:
-            if device.get("kind") == "memory" and block_id(domain, device["id"]) == member:
+            if device.get("kind") == "memory" and block_id(domain.name, device["id"]) == member:
+                whole = domain.nodes.get(device["id"], {}).get("capacity_gib") or 0
+                gib = device.get("capacity_gib") or whole  # none: the whole pool
                 return {
                     "@odata.id": path,
                     "@odata.type": "#Memory.v1_23_0.Memory",
                     "Id": member,
                     "Name": f"memory slice of {device['id']}",
-                    "CapacityMiB": int((device.get("capacity_gib") or 0) * 1024),
+                    "CapacityMiB": int(gib * 1024),
                     "Status": status,
-                    "Oem": {"Trellis": {"Domain": domain, "Pool": member}},
+                    "Oem": {"Trellis": {"Domain": domain.name, "Pool": member}},
                 }
-    drives = [member_path(domain, d["id"], "nvme") for d in devices if d.get("kind") == "nvme"]
+    drives = [
+        member_path(domain.name, d["id"], "nvme") for d in devices if d.get("kind") == "nvme"
+    ]
     if prop == "Storage" and member == STORAGE_ID and drives:
         return {
             "@odata.id": path,
