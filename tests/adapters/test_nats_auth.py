@@ -40,7 +40,8 @@ def allowed(principal: Principal, prefix: str = "trellis") -> tuple[list[str], l
 
 def test_a_tenant_may_publish_only_its_own_intents_and_views() -> None:
     publish, subscribe = allowed(Principal("tenant", "acme"))
-    assert publish == ["trellis.intent.*.acme.>", "trellis.view.*.acme.>"]
+    # ...and its own inbox, which only it reads (the echo of adapters/nats/roundtrip.py).
+    assert publish == ["trellis.intent.*.acme.>", "trellis.view.*.acme.>", f"_INBOX.{KEY}.>"]
     assert subscribe == [f"_INBOX.{KEY}.>"]
 
 
@@ -82,9 +83,10 @@ def test_the_operator_administers_queries_reads_the_feed_and_is_no_tenant() -> N
     discovery = [
         f"$SRV.{v}.trellis-engine{one}" for v in ("PING", "INFO", "STATS") for one in ("", ".*")
     ]
-    assert publish[:2] == ["p1.admin.>", "p1.query.>"] and publish[-len(discovery) :] == discovery
+    assert publish[:2] == ["p1.admin.>", "p1.query.>"] and publish[-1] == f"_INBOX.{KEY}.>"
+    assert publish[-1 - len(discovery) : -1] == discovery
     # The stream and the bucket, read as the auditor reads them (the live fabric page)...
-    reads = publish[2 : -len(discovery)]
+    reads = publish[2 : -1 - len(discovery)]
     assert "$JS.API.CONSUMER.CREATE.TRELLIS_EVENTS_p1.>" in reads
     assert "$JS.API.STREAM.INFO.KV_TRELLIS_STATE_p1" in reads
     changes = ("STREAM.CREATE", "STREAM.UPDATE", "STREAM.DELETE", "STREAM.PURGE", "MSG.DELETE")

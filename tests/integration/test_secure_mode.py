@@ -326,6 +326,10 @@ async def test_the_operator_administers_and_queries_but_is_no_tenant(rig: Rig) -
     pong = msgspec.json.decode((await operator.nc.request("$SRV.PING.trellis-engine", b"")).data)
     assert pong["name"] == "trellis-engine"
     await (await rig.connect(ACME)).denied("$SRV.PING.trellis-engine")
+    # `trellis engines` as the operator: its echo through its own inbox was refused, and the
+    # command said NATS had stalled (the day-2 probe).
+    engines = await operator.client.engines()
+    assert [e["engine"] for e in engines] == [rig.running.engine.identity], engines
 
 
 async def test_the_auditor_reads_the_queries_stream_and_bucket_and_changes_nothing(

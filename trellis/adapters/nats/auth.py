@@ -26,6 +26,7 @@ statistics count every tenant's requests.
 Replies travel on the requester's inbox, so nobody but the engine may subscribe to `_INBOX.>`:
 every identity subscribes only under its own inbox prefix, `_INBOX.<its public key>`
 (`inbox_prefix`; nats-py `connect(inbox_prefix=...)`), and no one can read another's replies.
+Each may publish there too (a message only it can read: roundtrip.py's echo).
 
 nkeys rather than user/password: the server config then holds only public keys (a leaked
 config grants nothing), a client proves itself by signing the server's nonce, and nats-py
@@ -127,7 +128,9 @@ def tenant_name_problem(name: str) -> str | None:
 
 
 def permissions(principal: Principal, key: str, prefix: str) -> dict[str, Any]:
-    """What `principal` (public key `key`) may publish and subscribe to."""
+    """What `principal` (public key `key`) may publish and subscribe to. Every identity may
+    publish under its own inbox prefix, which only it reads: the echo through the server that
+    proves the server has read what came before (adapters/nats/roundtrip.py)."""
     inbox = [f"{inbox_prefix(key)}.>"]
     match principal.role:
         case "engine":
@@ -169,7 +172,8 @@ def permissions(principal: Principal, key: str, prefix: str) -> dict[str, Any]:
                 f"{prefix}.view.*.{principal.name}.>",
             ]
             subscribe = inbox
-    return {"publish": {"allow": publish}, "subscribe": {"allow": subscribe}}
+    own = [] if principal.role == "engine" else inbox  # the engine's `_INBOX.>` holds its own
+    return {"publish": {"allow": [*publish, *own]}, "subscribe": {"allow": subscribe}}
 
 
 def _jetstream_writes(streams: list[str]) -> list[str]:

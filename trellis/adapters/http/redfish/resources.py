@@ -622,9 +622,7 @@ def system_member(
                     "Status": status,
                     "Oem": {"Trellis": {"Domain": domain.name, "Pool": member}},
                 }
-    drives = [
-        member_path(domain.name, d["id"], "nvme") for d in devices if d.get("kind") == "nvme"
-    ]
+    drives = [member_path(domain.name, d["id"], "nvme") for d in devices if d.get("kind") == "nvme"]
     if prop == "Storage" and member == STORAGE_ID and drives:
         return {
             "@odata.id": path,
