@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import socket
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -252,6 +253,15 @@ async def test_verify_that_cannot_run_is_one_line_exit_2_or_3_for_an_outage(
     code, out, err = await trellis(dead, "verify")
     assert code == 3 and out == "" and len(err.splitlines()) == 1, err
     assert err.startswith("trellis: unavailable: cannot reach Postgres"), err
+
+    # One that takes the connection and never answers (stopped: SIGSTOP) too: it printed
+    # "cannot read the database: " with no reason, exit 2 (the day-2 probe).
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # listens; never answers
+        port = silent.getsockname()[1]
+        stalled = {**env, "TRELLIS_DATABASE_URL": f"postgresql://127.0.0.1:{port}/none"}
+        code, out, err = await trellis(stalled, "verify")
+    assert code == 3 and out == "" and len(err.splitlines()) == 1, err
+    assert err.startswith("trellis: unavailable: Postgres did not answer in time"), err
 
 
 async def test_without_nats_the_kv_check_is_skipped_not_passed(

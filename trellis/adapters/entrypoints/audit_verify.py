@@ -50,7 +50,7 @@ from trellis.adapters.checkpoint_key import public_key_path
 from trellis.adapters.embedded.process import default_data_dir
 from trellis.adapters.endpoints import find_endpoint
 from trellis.adapters.entrypoints import audit_proofs, render
-from trellis.adapters.entrypoints.cli.errors import no_database
+from trellis.adapters.entrypoints.cli.errors import EXIT_UNAVAILABLE, CliError, no_database
 from trellis.adapters.nats import kv_audit, kv_state, stream_audit
 from trellis.adapters.nats.auth import CredentialsError, NkeyCredentials, Principal, SecureDir
 from trellis.adapters.nats.client import TrellisClient
@@ -139,9 +139,16 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+    except TimeoutError:  # a stalled Postgres is an outage: exit 3, as every command says it
+        raise CliError(
+            "Postgres did not answer in time",
+            code="unavailable",
+            hint="is Postgres stalled or overloaded? verify reads the log and the projections",
+            exit=EXIT_UNAVAILABLE,
+        ) from None
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         print(
-            f"trellis verify: cannot read the database: {exc or type(exc).__name__}",
+            f"trellis verify: cannot read the database: {str(exc) or type(exc).__name__}",
             file=sys.stderr,
         )
         return 2
@@ -621,7 +628,7 @@ async def _engine_key(
     except nats.errors.NoRespondersError:
         return None, f"no engine answers {asked}"
     except (nats.errors.Error, TimeoutError, msgspec.DecodeError) as exc:
-        return None, f"{asked} failed: {exc or type(exc).__name__}"
+        return None, f"{asked} failed: {str(exc) or type(exc).__name__}"
     if not reply.get("ok"):
         return None, f"{asked} was refused: {reply.get('error')}"
     try:
@@ -653,7 +660,7 @@ async def _jetstream(url: str | None, credentials: NkeyCredentials | None) -> tu
     except TimeoutError:
         return None, None, f"NATS unreachable at {url}: no connection in {NATS_TIMEOUT_S:g} s"
     except Exception as exc:
-        return None, None, f"NATS unreachable at {url}: {exc or type(exc).__name__}"
+        return None, None, f"NATS unreachable at {url}: {str(exc) or type(exc).__name__}"
     return nc.jetstream(timeout=NATS_TIMEOUT_S), nc, ""
 
 

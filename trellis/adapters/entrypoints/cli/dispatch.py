@@ -91,7 +91,7 @@ def _main(argv: Sequence[str] | None) -> int:
     except _POSTGRES_DOWN as exc:  # the local commands that read the database themselves
         say(
             "unavailable",
-            f"cannot reach Postgres: {exc or type(exc).__name__}",
+            f"cannot reach Postgres: {str(exc) or type(exc).__name__}",
             "is `trellis up` or Postgres running? see TRELLIS_DATABASE_URL",
         )
         return EXIT_UNAVAILABLE
