@@ -2,8 +2,9 @@
 hand: the owner deletes a domain's events past a version behind the append-only triggers and
 sets the stream's head back to it. The followers' checkpoints stay where they were, unless
 `relay_checkpoint`: the relay's goes back with the log, as when the standby lacked its moves
-too. `reuse_positions`: the next events take the positions the lost ones had, as in a log
-restored from a backup (pg_dump keeps the sequence's value)."""
+too. `signed_checkpoints`: the signed checkpoints past it go too, as they would (each was
+committed after the events it covers). `reuse_positions`: the next events take the positions
+the lost ones had, as in a log restored from a backup (pg_dump keeps the sequence's value)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ async def lose_tail(
     *,
     relay_checkpoint: bool = False,
     reuse_positions: bool = False,
+    signed_checkpoints: bool = False,
 ) -> None:
     """Leave `domain`'s log at version `keep`."""
     sql = await asyncpg.connect(owner_url, server_settings={"search_path": schema})
@@ -42,6 +44,12 @@ async def lose_tail(
                     "AND e.domain = $1 AND e.version = $2",
                     domain, keep,
                 )  # fmt: skip
+            if signed_checkpoints:
+                await sql.execute("ALTER TABLE trellis_checkpoints DISABLE TRIGGER USER")
+                await sql.execute(
+                    "DELETE FROM trellis_checkpoints WHERE domain = $1 AND size > $2", domain, keep
+                )
+                await sql.execute("ALTER TABLE trellis_checkpoints ENABLE TRIGGER USER")
             if reuse_positions:
                 await sql.execute(
                     "SELECT setval(pg_get_serial_sequence('trellis_events', 'position'), "

@@ -57,13 +57,13 @@ async def store(database_url: str, pg_schema: str) -> AsyncIterator[PostgresEven
     await log.close()
 
 
-Lose = Callable[[int], Awaitable[None]]
+Lose = Callable[..., Awaitable[None]]  # (keep, **what else the standby lacked)
 
 
 @pytest.fixture
 def lose(owner_url: str, pg_schema: str) -> Lose:
     """Leave the domain's log at a version, as a promoted standby that lacked the rest."""
-    return lambda keep: lose_tail(owner_url, pg_schema, DOMAIN, keep)
+    return lambda keep, **lost: lose_tail(owner_url, pg_schema, DOMAIN, keep, **lost)
 
 
 class Published(list[tuple[str, int, str]]):
@@ -93,14 +93,15 @@ def root_of(log: list[RecordedEvent], size: int) -> str:
 async def test_a_tail_lost_and_written_anew_is_signed_as_the_log_holds_it(
     store: PostgresEventStore, lose: Lose, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Given: checkpoints of 10 and 17 events, then the log loses 16 and 17 in a failover and
-    # the writer writes 16 to 19 anew.
+    # Given: checkpoints of 10 and 17 events, then the log loses 16 and 17 in a failover (and
+    # with them the checkpoint of 17, committed after them) and the writer writes 16 to 19
+    # anew. The checkpointer read the 17 before.
     signer, published = Signer.generate(), Published()
     trail = trail_of(store, signer, published)
     await grown_to(store, 17)
     await trail.checkpoint(DOMAIN, 10)
     await trail.checkpoint(DOMAIN, 17)
-    await lose(15)
+    await lose(15, signed_checkpoints=True)
     log = await grown_to(store, 19, hours=1)
 
     # When: the checkpoint of 19 is asked for.
