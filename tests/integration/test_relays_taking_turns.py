@@ -9,10 +9,12 @@ was live again for good (`trellis verify`: "in the bucket but not in the log").
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 
 import asyncpg
 import msgspec
+import pytest
 import pytest_asyncio
 from fabrics import expect_ok, fabric
 from harness import Harness, bucket_values, serving, without_positions
@@ -144,7 +146,11 @@ async def test_a_relay_that_finds_a_bucket_another_made_again_refills_the_domain
 
 
 async def test_a_lost_stream_is_filled_again_from_the_log_once_the_checkpoint_is_reset(
-    h: Harness, nc: NATS, pool: asyncpg.Pool, subject_prefix: str
+    h: Harness,
+    nc: NATS,
+    pool: asyncpg.Pool,
+    subject_prefix: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """docs/deployment.md: a stream made again holds only later events, until the operator
     puts the relay's checkpoints back to 0; then every event is published again, in order."""
@@ -152,6 +158,13 @@ async def test_a_lost_stream_is_filled_again_from_the_log_once_the_checkpoint_is
     await relay_all(pool, nc, subject_prefix)
     js: JetStreamContext = nc.jetstream()
     await js.delete_stream(stream_name(subject_prefix))
+    # Made again empty, it lacks what the relay published: said once, with the way back (the
+    # day-2 probe restored a log onto a fresh data dir and was told nothing).
+    with caplog.at_level(logging.WARNING, logger="trellis.relay"):
+        again = await relay_all(pool, nc, subject_prefix)
+        await Follower(HALL, PostgresEventStore(pool), again).catch_up()  # not said twice
+    said = [r.getMessage() for r in caplog.records if "holds none of the domain" in r.getMessage()]
+    assert len(said) == 1 and "checkpoints back to 0" in said[0], said
     await pool.execute(
         "UPDATE trellis_follower_checkpoints SET version = 0, position = 0"
         " WHERE follower LIKE 'relay:%'"

@@ -173,6 +173,7 @@ class RelaySink:
         self._ends: dict[str, _End] = {}  # cached; dropped whenever it may be stale
         self._checkpoints: dict[str, Progress] = {}
         self._synced: dict[str, int] = {}  # domain -> bucket generation its keys were put in
+        self._told_empty: set[str] = set()  # domains whose stream lacks what was published
         self.foreign = ForeignMessages("relay")  # skipped in the stream (metrics set on_skip)
         self._foreign_counted: dict[str, int] = {}  # domain -> highest stream seq counted
         self.resyncs = 0  # batches refused because the domain's stream moved, then redone
@@ -215,7 +216,32 @@ class RelaySink:
         # every take-up: what relays before this one left may be another version's wording (an
         # upgrade, a rollback and back), a bucket made again, or values edited by hand.
         self._synced[domain] = -1
+        await self._say_if_the_stream_lacks(domain, checkpoint)
         return 0, checkpoint
+
+    async def _say_if_the_stream_lacks(self, domain: str, checkpoint: Progress) -> None:
+        """Warn, once, when the stream holds none of a domain the relay published events of:
+        a JetStream store lost, or a log restored onto a fresh data dir. The relay then goes
+        on from its checkpoint (an operator who purged the stream on purpose wants no
+        history back); docs/deployment.md says how to publish it again."""
+        if not checkpoint.version or domain in self._told_empty:
+            return
+        try:
+            end = await domain_end(self._js, self.prefix, domain, lambda _, __: None)
+        except Exception:  # NATS away: the publishing that follows says so
+            return
+        if end.seq:
+            return
+        self._told_empty.add(domain)
+        log.warning(
+            "relay of domain %s: the stream holds none of the domain's events, though the relay "
+            "published up to version %d (the JetStream store lost, or the log restored onto a "
+            "fresh data dir?): a consumer from the start sees only what comes next. To publish "
+            "the history again, put the relay's checkpoints back to 0 (docs/deployment.md, "
+            "'When the JetStream store is lost')",
+            domain,
+            checkpoint.version,
+        )
 
     async def apply(self, domain: str, records: Sequence[RecordedEvent]) -> Progress:
         checkpoint = self._checkpoints[domain]
