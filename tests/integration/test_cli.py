@@ -99,7 +99,7 @@ async def test_an_operator_imports_composes_asks_why_and_releases(
     # As `why` takes it, a positional id (kubectl's habit; the first-time user probe).
     assert (await trellis(env, "history", cid))[1] == out
     code, _, err = await trellis(env, "history", cid, "--id", devices[0])
-    assert code == 2 and "two ids" in err, err
+    assert code == 2 and "two values" in err, err
     code, out, _ = await trellis(env, "history", "--id", cid, "--at", str(composed_at))
     assert code == 0 and out.count("(held)") == 3 and "released" not in out, out
     code, out, _ = await trellis(env, "history", "--device", devices[0], "--view", "globex")
@@ -172,6 +172,10 @@ async def test_an_operator_sets_shows_and_clears_a_quota(h: Harness, env: dict[s
     assert any(line.split()[:4] == ["acme", "memory", "512", "GiB"] for line in lines), out
     code, out, _ = await trellis(env, "quota", "show", "--view", "globex")
     assert code == 0 and "acme" not in out and "0 tenant and kind pairs" in out, out
+    # The tenant as quota set takes it, positional (the day-2 probe: a usage error).
+    assert await trellis(env, "quota", "show", "acme") == await trellis(
+        env, "quota", "show", "--tenant", "acme"
+    )
 
     code, _, err = await trellis(env, "quota", "set", "acme", "gpu", "--gib", "8")
     assert code == 1 and "error [invalid]" in err and "memory only" in err, err
@@ -356,6 +360,8 @@ async def test_an_operator_drains_faults_adds_and_removes_from_the_cli(
         env, "report-fault", "ocs-1:4", "--state", "degraded", "--detail", "CRC errors"
     )
     assert code == 0 and "ocs-1:4 (link " in out and ": degraded" in out, (out, err)
+    code, out, err = await trellis(env, "report-fault", "ocs-1:4", "healthy")  # positional too
+    assert code == 0 and ": healthy" in out, (out, err)
     node = tmp_path / "node.json"
     node.write_text(json.dumps({"id": "gpu-100", "kind": "device", "device_kind": "gpu"}))
     code, out, err = await trellis(env, "add-node", str(node), "--reason", "racked")

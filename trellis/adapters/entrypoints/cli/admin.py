@@ -19,6 +19,7 @@ from trellis.adapters.entrypoints.cli.options import (
     identifier,
     non_negative_count,
     non_negative_number,
+    positional_or_flag,
     query_options,
     request_id_option,
 )
@@ -45,7 +46,9 @@ def undrain(args: argparse.Namespace) -> int:
 
 
 def report_fault(args: argparse.Namespace) -> int:
-    body = {"component": args.id, "state": args.state, "detail": args.detail}
+    positional_or_flag(args, "state_given", "state")
+    state = args.state or "failed"
+    body = {"component": args.id, "state": state, "detail": args.detail}
     return _admin(args, "report-fault", body)
 
 
@@ -83,6 +86,7 @@ def quota_clear(args: argparse.Namespace) -> int:
 
 
 def quota_show(args: argparse.Namespace) -> int:
+    positional_or_flag(args, "tenant_given", "tenant")
     filters = {k: getattr(args, k) for k in ("tenant", "kind") if getattr(args, k)}
     reply = request(args, query_subject(args, "quotas"), filters)
     return print_reply(args, reply, render.quota_table)
@@ -113,11 +117,10 @@ def add_commands(sub: Any) -> None:
         "report-fault", help="record a component's health: failed, degraded or healthy again"
     )
     fault.add_argument("id", type=component, help=COMPONENT_HELP)
+    states = ["failed", "degraded", "healthy"]
+    fault.add_argument("state_given", nargs="?", choices=states, metavar="STATE", help="as --state")
     fault.add_argument(
-        "--state",
-        choices=["failed", "degraded", "healthy"],
-        default="failed",
-        help="what the component is now",
+        "--state", choices=states, help="what the component is now (default: failed)"
     )
     fault.add_argument("--detail", default="", help="what was seen (free text)")
     add_node_parser = sub.add_parser(
@@ -177,6 +180,9 @@ def add_quota(sub: Any) -> None:
     client_options(clear)
     clear.set_defaults(run=quota_clear)
     show = quota_sub.add_parser("show", help="quotas and holdings, by tenant and kind")
+    show.add_argument(
+        "tenant_given", nargs="?", type=identifier("tenant"), metavar="TENANT", help="as --tenant"
+    )
     show.add_argument("--tenant", type=identifier("tenant"), help="only this tenant")
     show.add_argument("--kind", choices=DEVICE_KINDS, help="only this kind of device")
     query_options(show)

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from trellis.adapters.entrypoints import render
+from trellis.adapters.entrypoints.cli.errors import EXIT_USAGE, CliError
 from trellis.adapters.settings import SettingsError, metrics_port
 from trellis.engine.core.ids import ID_PATTERN, RequestId
 from trellis.engine.core.intents import LEASE_SECONDS_RANGE
@@ -249,3 +250,17 @@ def redfish_port_arg(text: str) -> int | None:
         return metrics_port(text, "--redfish")
     except SettingsError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def positional_or_flag(args: argparse.Namespace, positional: str, flag: str) -> None:
+    """Take a value given as a positional argument or as its `--flag` (kubectl's habit, and
+    the tour's), into the flag's attribute; both, naming different values, is a usage error."""
+    given, named = getattr(args, positional), getattr(args, flag)
+    if given is not None and named is not None and given != named:
+        raise CliError(
+            f"two values, {given} and --{flag.replace('_', '-')} {named}",
+            code="usage",
+            hint="see the command's --help",
+            exit=EXIT_USAGE,
+        )
+    setattr(args, flag, named if named is not None else given)

@@ -15,13 +15,14 @@ from nats.js.kv import KeyValue
 from trellis.adapters.entrypoints import (
     render,
 )
-from trellis.adapters.entrypoints.cli.errors import EXIT_UNAVAILABLE, EXIT_USAGE, CliError
+from trellis.adapters.entrypoints.cli.errors import EXIT_UNAVAILABLE, CliError
 from trellis.adapters.entrypoints.cli.options import (
     COMPONENT_HELP,
     DEVICE_KINDS,
     client_options,
     identifier,
     moment,
+    positional_or_flag,
     query_options,
 )
 from trellis.adapters.entrypoints.cli.talk import (
@@ -160,14 +161,7 @@ def why(args: argparse.Namespace) -> int:
 
 
 def history(args: argparse.Namespace) -> int:
-    if args.target and args.id and args.target != args.id:
-        raise CliError(
-            f"two ids, {args.target} and --id {args.id}",
-            code="usage",
-            hint="`trellis history --help`",
-            exit=EXIT_USAGE,
-        )
-    args.id = args.id or args.target
+    positional_or_flag(args, "target", "id")
     filters = {k: getattr(args, k) for k in ("id", "tenant") if getattr(args, k)}
     filters |= {k: getattr(args, k).isoformat() for k in ("since", "until") if getattr(args, k)}
     reply = paged(args, query_subject(args, "history"), at(args, filters))
