@@ -81,14 +81,7 @@ async def test_a_new_account_and_a_password_change_are_hashed_off_the_event_loop
         return scrypt(*args, **kwargs)
 
     monkeypatch.setattr(accounts.hashlib, "scrypt", watched_scrypt)
-    made = await admin(
-        "POST",
-        f"{R}/AccountService/Accounts",
-        {"UserName": "carol", "Password": "carol-password", "RoleId": "Operator",
-         "Oem": {"Trellis": {"Tenant": "acme"}}},
-    )  # fmt: skip
-    assert made.status == 201, made
-    carol = admin.as_user("carol", "carol-password")
+    carol = await tenant_account(admin, "carol", "acme")
     changed = await carol(
         "PATCH", f"{R}/AccountService/Accounts/carol", {"Password": "another-password"}
     )
@@ -104,13 +97,7 @@ async def test_password_changes_judged_on_one_etag_make_one_change(
     password was hashed, and only the last one worked (the re-check probe): the precondition
     was judged before the hash and not again. One wins; the others are 412. A change whose
     account is deleted meanwhile is 404, not a 400 about a UserName it never sent."""
-    made = await admin(
-        "POST",
-        f"{R}/AccountService/Accounts",
-        {"UserName": "fred", "Password": "fred-password", "RoleId": "Operator",
-         "Oem": {"Trellis": {"Tenant": "acme"}}},
-    )  # fmt: skip
-    assert made.status == 201, made
+    await tenant_account(admin, "fred", "acme")
     scrypt = accounts.hashlib.scrypt
 
     def slow_scrypt(*args: Any, **kwargs: Any) -> bytes:
