@@ -633,6 +633,8 @@ async def test_the_cli_connects_as_the_identity_the_data_dir_holds(
         # The stream and the bucket are the operator's and the auditor's to read.
         (["composition", "list", "--creds", globex], "may not read the stream or the bucket"),
         (["watch", "--creds", globex], "may not read the stream or the bucket"),
+        # A tenant may not ask the micro service: refused, not "no engine" (the re-check).
+        (["engines", "--creds", globex], "permissions violation"),
     ]
     for args, words in refusals:
         code, out, err = await trellis_cli(env, *args)

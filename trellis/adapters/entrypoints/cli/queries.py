@@ -35,7 +35,7 @@ from trellis.adapters.entrypoints.cli.talk import (
     reading_jetstream,
     request,
 )
-from trellis.adapters.nats.client import TrellisClient
+from trellis.adapters.nats.client import NatsRefused, TrellisClient
 from trellis.adapters.nats.foreign import ForeignMessages
 from trellis.adapters.nats.jetstream import (
     bucket_name,
@@ -177,9 +177,17 @@ def free(args: argparse.Namespace) -> int:
 def engines(args: argparse.Namespace) -> int:
     """Who writes which domain: every engine's answer to `$SRV.STATS.trellis-engine`."""
 
-    async def ask(client: TrellisClient, settings: Any, url: str, *_: Any) -> list[dict[str, Any]]:
+    async def ask(client: TrellisClient, settings: Any, url: str, who: str) -> list[dict[str, Any]]:
         try:
-            return await client.engines()
+            # A refused question (a tenant may not ask the micro service) is said as such, not
+            # taken for no engine at all: its answers simply never come.
+            return await client.unrefused(client.engines())
+        except NatsRefused as exc:
+            raise CliError(
+                f"{exc} ({who} may not ask the engines' micro service)",
+                code="forbidden",
+                hint="the operator's or the auditor's identity may (--creds)",
+            ) from None
         except TimeoutError:
             raise CliError(
                 f"the NATS server at {redacted(url)} did not answer within {args.timeout}s",
