@@ -220,17 +220,20 @@ class RelaySink:
         return 0, checkpoint
 
     async def _say_if_the_stream_lacks(self, domain: str, checkpoint: Progress) -> None:
-        """Warn, once, when the stream holds none of a domain the relay published events of:
-        a JetStream store lost, or a log restored onto a fresh data dir. The relay then goes
-        on from its checkpoint (an operator who purged the stream on purpose wants no
-        history back); docs/deployment.md says how to publish it again."""
+        """Warn, once, when the stream holds none of a domain the relay published events of,
+        and never dropped a message by its limits (its first sequence is still 1: a stream
+        that aged out a quiet domain's events is no loss): a JetStream store lost, or a log
+        restored onto a fresh data dir. The relay then goes on from its checkpoint (an operator
+        who purged the stream on purpose wants no history back); docs/deployment.md says how
+        to publish it again."""
         if not checkpoint.version or domain in self._told_empty:
             return
         try:
             end = await domain_end(self._js, self.prefix, domain, lambda _, __: None)
+            first = (await self._js.stream_info(self.stream)).state.first_seq
         except Exception:  # NATS away: the publishing that follows says so
             return
-        if end.seq:
+        if end.seq or first > 1:
             return
         self._told_empty.add(domain)
         log.warning(
