@@ -28,6 +28,7 @@ from test_redfish_service import (
     tenant_account,
 )
 
+from trellis.adapters.http import server
 from trellis.adapters.http.redfish import accounts
 
 __all__ = ["admin", "h"]  # fixtures
@@ -301,6 +302,9 @@ async def test_the_servers_own_refusals_are_redfish_error_bodies(admin: RedfishH
     post = f"POST {R}/Systems HTTP/1.1"
     for request_line, headers, status in [
         (f"GET {R}/Systems HTTP/1.1", ("Host: evil.example", auth), 421),
+        # RFC 9112 5.1: no whitespace before a field's colon, and no line without one.
+        (f"GET {R}/Systems HTTP/1.1", (f"Host: {own}", auth, "X-Pad : y"), 400),
+        (f"GET {R}/Systems HTTP/1.1", (f"Host: {own}", auth, "garbage line"), 400),
         (f"GET {R}/Systems HTTP/1.1", (f"Host: {own}", auth, "Origin: http://evil.example"), 403),
         (f"TRACE {R}/Systems HTTP/1.1", (f"Host: {own}", auth), 405),
         ("GET //[ HTTP/1.1", (f"Host: {own}",), 400),
@@ -318,7 +322,7 @@ async def test_the_servers_own_refusals_are_redfish_error_bodies(admin: RedfishH
 
 
 async def test_a_request_too_large_or_of_an_unknown_method_is_answered_not_reset(
-    admin: RedfishHttp,
+    admin: RedfishHttp, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A client that sends a whole oversized body, or headers past the limit, reads the
     refusal: the server drops what it did not read before closing, where a close over unread
@@ -344,10 +348,16 @@ async def test_a_request_too_large_or_of_an_unknown_method_is_answered_not_reset
         head, _, body = answer.partition(b"\r\n\r\n")
         assert head.split(b" ", 2)[1] == str(status).encode(), answer[:300]
         assert set(json.loads(body)["error"]) == {"code", "message", "@Message.ExtendedInfo"}
-    # A HEAD's refusal has no body, its headers too large or not (the re-check probe).
+    # A HEAD's refusal has no body: its headers too large, or too slow to come (the
+    # re-checks).
     too_large = f"HEAD {R}/Systems HTTP/1.1\r\nHost: {own}\r\nX-Pad: {'a' * 20_000}\r\n\r\n"
     head, _, body = (await raw_exchange(admin.base, too_large.encode())).partition(b"\r\n\r\n")
     assert head.split(b" ", 2)[1] == b"431" and body == b"", (head, body)
+    monkeypatch.setattr(server, "_READ_TIMEOUT_S", 0.3)
+    unfinished = f"HEAD {R}/Systems HTTP/1.1\r\nHost: {own}\r\n".encode()  # no blank line
+    answer = await raw_exchange(admin.base, unfinished)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b" ", 2)[1] == b"400" and body == b"", answer
 
 
 async def test_the_last_enabled_administrator_stays_and_an_empty_patch_changes_nothing(

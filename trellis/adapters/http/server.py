@@ -59,6 +59,7 @@ _LINGER_BYTES = 4 * _MAX_BODY
 #: Headers a request may carry once (two Hosts or lengths: which one is meant is unknowable).
 _SINGLE = frozenset({"host", "content-length"})
 _DIGITS = re.compile(r"[0-9]{1,19}")
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a field name (RFC 9110 5.1)
 _PORTED = re.compile(r".*:[0-9]+")  # an allowed name that names its port
 _PATH = re.compile(r"[A-Za-z0-9\-._~%!$&'()*+,;=:@/]*")  # RFC 3986 path characters
 
@@ -164,13 +165,13 @@ class HttpServer:
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _READ_TIMEOUT_S)
                 request = _parse(head, self._methods)
             except asyncio.LimitOverrunError:
-                # What came, so a HEAD is still answered without a body (the rest is dropped
-                # by _linger).
-                head, request = await reader.read(_MAX_HEAD), _HEAD_TOO_LARGE
+                # What came is kept, so a HEAD is still answered without a body (the rest is
+                # dropped by _linger).
+                head, request = await _buffered(reader), _HEAD_TOO_LARGE
             except asyncio.IncompleteReadError as exc:
                 head, request = exc.partial, _parse(b"")  # answered 400
             except TimeoutError:
-                head, request = b"", _parse(b"")
+                head, request = await _buffered(reader), _parse(b"")
             if not isinstance(request, Response):
                 request = request._replace(peer=_peer(writer))
                 if request.method not in _READ_ONLY:
@@ -230,6 +231,14 @@ class HttpServer:
             return False
         own = "https" if self._ssl is not None else "http"
         return scheme == own or (scheme == "https" and _without_port(authority) in self._named)
+
+
+async def _buffered(reader: asyncio.StreamReader) -> bytes:
+    """What the client sent that was not read yet (up to _MAX_HEAD; nothing if it sent
+    nothing more)."""
+    with contextlib.suppress(TimeoutError):
+        return await asyncio.wait_for(reader.read(_MAX_HEAD), 0.1)
+    return b""
 
 
 async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -307,12 +316,17 @@ def _parse(head: bytes, methods: frozenset[str] = _READ_ONLY) -> Request | Respo
         return Response(405, "text/plain", f"only {allowed}\n".encode(), (("Allow", allowed),))
     headers: dict[str, str] = {}
     for field in fields:
+        if not field:
+            continue  # the blank line that ends the head
         name, colon, value = field.partition(":")
-        if colon:
-            name = name.strip().lower()
-            if name in _SINGLE and name in headers:
-                return Response(400, "text/plain", f"more than one {name} header\n".encode())
-            headers[name] = value.strip()
+        # RFC 9112 5.1: a field line is a name, then at once a colon; whitespace before the
+        # colon (or a line with none) is a 400, lest a proxy read another header than we do.
+        if not colon or not _TOKEN.fullmatch(name):
+            return Response(400, "text/plain", b"bad header field\n")
+        name = name.lower()
+        if name in _SINGLE and name in headers:
+            return Response(400, "text/plain", f"more than one {name} header\n".encode())
+        headers[name] = value.strip()
     if target.startswith("/"):  # origin-form: a path ("//x" too, not an authority) and query
         path, _, raw_query = target.partition("?")
         if not _PATH.fullmatch(path):
