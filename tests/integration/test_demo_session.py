@@ -30,6 +30,8 @@ async def test_the_scripted_demo_session_runs_to_its_end(
     assert proc.returncode == 0, err.decode()[-3000:]
     said = out.decode()
     assert said.startswith("engine up: ") and "engine stopped" in said, said[-3000:]
+    # Counted in the noun's number (the first-time user read "1 circuits").
+    assert "hardware: 1 circuit, " in said and "1 circuits" not in said, said[-3000:]
 
 
 @pytest.mark.parametrize("engine", ["serving", "starting"])

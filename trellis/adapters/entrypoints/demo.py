@@ -21,6 +21,7 @@ from trellis.adapters.entrypoints.render import (
     blast_radius_table,
     compose_summary,
     connections_table,
+    counted,
     error_text,
     free_table,
     import_summary,
@@ -221,7 +222,8 @@ async def hardware_check(fabric: FabricDriver, client: TrellisClient, domain: st
         logged_bindings == sorted((b.device, b.composition_id) for b in held.bindings)
     )
     verdict = "agrees with the log" if agree else "DIFFERS from the log"
-    return f"hardware: {len(held.circuits)} circuits, {len(held.bindings)} bindings; {verdict}"
+    held_now = f"{counted(held.circuits, 'circuit')}, {counted(held.bindings, 'binding')}"
+    return f"hardware: {held_now}; {verdict}"
 
 
 async def show_log(running: Any, domain: str) -> None:

@@ -111,8 +111,8 @@ def fabric_tables(result: Row, reply: Row, wide: bool = False) -> str:
         wide,
     )
     held = (
-        f"the hardware of domain {report.domain} holds {_count(report.circuits, 'circuit')}, "
-        f"{_count(report.bindings, 'binding')}"
+        f"the hardware of domain {report.domain} holds {counted(report.circuits, 'circuit')}, "
+        f"{counted(report.bindings, 'binding')}"
         if report.circuits or report.bindings
         else f"the hardware of domain {report.domain} holds nothing"
     )
@@ -148,7 +148,8 @@ def _findings(report: FabricReport) -> list[str]:
     return [f"  found, not Trellis's to change: {finding}" for finding in report.findings]
 
 
-def _count(items: Sequence[object], noun: str) -> str:
+def counted(items: Sequence[object], noun: str) -> str:
+    """`1 circuit`, `3 circuits`: how many `items`, the noun in its number."""
     return f"{len(items)} {noun}" + ("" if len(items) == 1 else "s")
 
 
@@ -210,7 +211,7 @@ def topology_tables(result: Row, reply: Row, wide: bool = False) -> str:
     parts = [columns(_NODES, result["nodes"], wide), columns(_LINKS, result["links"], wide)]
     if wide and result["circuits"]:
         parts.append(columns(_CIRCUITS, result["circuits"], wide))
-    parts.append(f"{_count(result['circuits'], 'circuit')}; at position {reply['position']}")
+    parts.append(f"{counted(result['circuits'], 'circuit')}; at position {reply['position']}")
     return "\n\n".join(parts)
 
 
@@ -476,7 +477,7 @@ def _connection_columns(wide: bool) -> list[Column]:
 
 def connections_table(result: Row, reply: Row, wide: bool = False) -> str:
     rows = result["connections"]
-    footer = f"\n{_count(rows, 'connection')} at position {reply['position']}"
+    footer = f"\n{counted(rows, 'connection')} at position {reply['position']}"
     return columns(_connection_columns(wide), rows, wide) + footer
 
 
@@ -506,7 +507,7 @@ def _history_columns(wide: bool) -> list[Column]:
 
 def history_table(result: Row, reply: Row, wide: bool = False) -> str:
     rows = result["intervals"]
-    footer = f"\n{_count(rows, 'interval')} at position {reply['position']}"
+    footer = f"\n{counted(rows, 'interval')} at position {reply['position']}"
     return columns(_history_columns(wide), rows, wide) + footer
 
 
@@ -554,7 +555,7 @@ def engines_table(engines: Sequence[Row], wide: bool = False) -> str:
 
 def free_table(result: Row, reply: Row, wide: bool = False) -> str:
     rows = result["devices"]
-    free = _count(rows, "usable device")
+    free = counted(rows, "usable device")
     return columns(_FREE, rows, wide) + f"\n{free} free at position {reply['position']}"
 
 
