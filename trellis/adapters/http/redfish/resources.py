@@ -556,10 +556,7 @@ def system(domain: Domain | str, composition: dict[str, Any]) -> dict[str, Any]:
         # The Name (or Description) a Redfish client composed it with is its reason.
         "Name": composition.get("reason") or f"composition {cid}",
         "SystemType": "Composed",
-        "Status": {
-            "State": "Starting" if state == "pending" else "Enabled",
-            "Health": "Warning" if state == "impaired" else "OK",
-        },
+        "Status": _system_status(state),
         "Links": {
             "ResourceBlocks": [ref(f"{R}/CompositionService/ResourceBlocks/{b}") for b in blocks]
         },
@@ -568,6 +565,14 @@ def system(domain: Domain | str, composition: dict[str, Any]) -> dict[str, Any]:
     for prop in SYSTEM_MEMBERS:
         body[prop] = ref(f"{R}/Systems/{cid}/{prop}")
     return body
+
+
+def _system_status(state: str) -> dict[str, str]:
+    """A composed system's Status (and its members'), from its composition's state."""
+    return {
+        "State": "Starting" if state == "pending" else "Enabled",
+        "Health": "Warning" if state == "impaired" else "OK",
+    }
 
 
 #: A composed system's collections of what it holds: property (and URI segment) -> the
@@ -606,7 +611,7 @@ def system_member(
     or its Storage of NVMe drives."""
     system_path = f"{R}/Systems/{composition['composition_id']}"
     path = f"{system_path}/{prop}/{member}"
-    status = system(domain, composition)["Status"]
+    status = _system_status(composition.get("state", "active"))
     devices = composition.get("devices", [])
     if prop == "Memory":
         for device in devices:
